@@ -1,0 +1,5 @@
+"""``python -m attnforge``."""
+
+from attnforge.cli import run
+
+run()

@@ -1,0 +1,110 @@
+"""Subprocesses behind one protocol, so tests can replay real recorded outputs (pypa/build's ``runner=``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+#: Return code reported when the program does not exist (as a shell would).
+NOT_FOUND = 127
+#: Return code reported when the program ran past its timeout (as coreutils ``timeout`` does).
+TIMED_OUT = 124
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completed:
+    """The outcome of one subprocess.
+
+    Attributes:
+        argv: what was run.
+        returncode: the exit status; ``NOT_FOUND`` (127) if the program is missing, ``TIMED_OUT`` (124) on timeout.
+        stdout: decoded standard output (UTF-8, undecodable bytes replaced).
+        stderr: decoded standard error.
+        duration_s: wall time in seconds.
+    """
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    @property
+    def output(self) -> str:
+        """stdout and stderr together, for parsers that do not care which stream a line came on."""
+        return self.stdout + ("\n" if self.stdout and self.stderr else "") + self.stderr
+
+
+class Runner(Protocol):
+    """Runs one program to completion. Never raises for a missing program or a timeout."""
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> Completed: ...
+
+
+class SubprocessRunner:
+    """The real runner: :func:`subprocess.run` with captured text output."""
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> Completed:
+        argv_t = tuple(str(a) for a in argv)
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(
+                argv_t,
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                capture_output=True,
+                timeout=timeout_s,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
+        except FileNotFoundError as exc:
+            return Completed(argv=argv_t, returncode=NOT_FOUND, stderr=str(exc))
+        except PermissionError as exc:
+            return Completed(argv=argv_t, returncode=126, stderr=str(exc))
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else ""
+            return Completed(
+                argv=argv_t,
+                returncode=TIMED_OUT,
+                stdout=out,
+                stderr=f"timed out after {timeout_s} s",
+                duration_s=time.monotonic() - start,
+            )
+        return Completed(
+            argv=argv_t,
+            returncode=proc.returncode,
+            stdout=proc.stdout.decode("utf-8", "replace"),
+            stderr=proc.stderr.decode("utf-8", "replace"),
+            duration_s=time.monotonic() - start,
+        )
+
+
+def which(name: str, environ: Mapping[str, str]) -> Path | None:
+    """Find ``name`` on ``environ['PATH']`` (not on this process's PATH), like :func:`shutil.which`."""
+    import shutil
+
+    found = shutil.which(name, path=environ.get("PATH", os.defpath))
+    return Path(found) if found else None

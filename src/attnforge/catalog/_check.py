@@ -1,0 +1,108 @@
+"""Strict reading of TOML tables: every problem is collected with its dotted path before one error is raised.
+
+Modelled on pypa/packaging's ``_ErrorCollector``: a data file with five bad fields reports all five.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from attnforge.errors import CatalogError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+T = TypeVar("T")
+
+
+class Collector:
+    """Gathers ``path: problem`` lines; :meth:`finish` raises one :class:`CatalogError` listing them all."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.problems: list[str] = []
+
+    def add(self, path: str, problem: str) -> None:
+        self.problems.append(f"{path}: {problem}")
+
+    def finish(self) -> None:
+        if self.problems:
+            raise CatalogError(
+                f"{self.source} has {len(self.problems)} bad field(s)",
+                problems=tuple(self.problems),
+                hint="fix the listed fields; each names its dotted path in the file",
+            )
+
+    # -- typed field readers: return a fallback and record the problem instead of raising ----------------
+    def get(self, table: Mapping[str, Any], key: str, path: str, kind: type[T], default: T | None = None) -> T:
+        sub = f"{path}.{key}" if path else key
+        if key not in table:
+            if default is not None:
+                return default
+            self.add(sub, "missing")
+            return _zero(kind)
+        value = table[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return value  # type: ignore[return-value]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            self.add(sub, f"expected {kind.__name__}, got {type(value).__name__} {value!r}")
+            return _zero(kind)
+        return value
+
+    def str_list(self, table: Mapping[str, Any], key: str, path: str, *, allow_empty: bool = True) -> tuple[str, ...]:
+        sub = f"{path}.{key}"
+        raw = self.get(table, key, path, list)
+        out: list[str] = []
+        for i, item in enumerate(raw):
+            if isinstance(item, str):
+                out.append(item)
+            else:
+                self.add(f"{sub}[{i}]", f"expected str, got {type(item).__name__} {item!r}")
+        if not allow_empty and key in table and not raw:
+            self.add(sub, "must not be empty")
+        return tuple(out)
+
+    def parsed(self, value: str, path: str, parse: Callable[[str], T], fallback: T) -> T:
+        try:
+            return parse(value)
+        except (ValueError, TypeError) as exc:
+            self.add(path, str(exc))
+            return fallback
+
+    def unknown_keys(self, table: Mapping[str, Any], allowed: set[str], path: str) -> None:
+        for key in sorted(set(table) - allowed):
+            self.add(f"{path}.{key}" if path else key, "unknown field")
+
+    @contextmanager
+    def table(self, parent: Mapping[str, Any], key: str, path: str) -> Iterator[Mapping[str, Any]]:
+        value = parent.get(key)
+        if not isinstance(value, dict):
+            self.add(f"{path}.{key}" if path else key, "missing table" if value is None else "expected a table")
+            yield {}
+        else:
+            yield value
+
+
+def _zero(kind: type[T]) -> T:
+    return kind()
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse one TOML file.
+
+    Raises:
+        CatalogError: the file is missing or is not valid TOML (line and column in the cause).
+    """
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise CatalogError(f"cannot read catalog file {path}", cause=exc.strerror) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{path.name} is not valid TOML", cause=str(exc)) from None

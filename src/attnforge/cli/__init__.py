@@ -1,0 +1,89 @@
+"""The command line: a thin skin over the library. One module per verb; the only code that prints or exits.
+
+``main(argv) -> int`` is what tests call; ``run()`` is the console-script entry point.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from attnforge import __version__
+from attnforge.cli._output import emit_error
+from attnforge.errors import AttnforgeError
+
+#: verb -> "module:attribute" of its click command; imported only when the verb runs (fast start-up).
+VERBS: dict[str, str] = {
+    "doctor": "attnforge.cli.doctor:command",
+    "probe": "attnforge.cli.probe:command",
+    "plan": "attnforge.cli.plan:command",
+    "build": "attnforge.cli.build:command",
+    "diagnose": "attnforge.cli.diagnose:command",
+    "install": "attnforge.cli.install:command",
+    "verify": "attnforge.cli.verify:command",
+    "bench": "attnforge.cli.bench:command",
+    "cache": "attnforge.cli.cache:command",
+    "cargo-env": "attnforge.cli.cargo_env:command",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose sub-commands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [v for v in VERBS if _module_exists(VERBS[v])]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = VERBS.get(cmd_name)
+        if target is None or not _module_exists(target):
+            return None
+        module, _, attr = target.partition(":")
+        cmd = getattr(importlib.import_module(module), attr)
+        assert isinstance(cmd, click.Command)
+        return cmd
+
+
+def _module_exists(target: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(target.partition(":")[0]) is not None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, "-V", "--version", prog_name="attnforge")
+def cli() -> None:
+    """Get the fastest attention kernel working on this NVIDIA machine, prove it works, and keep using it.
+
+    Start with `attnforge doctor`.
+    """
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command line and return its exit code: 0 ok, 1 not possible here, 2 bad usage or input."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        result: Any = cli.main(args=args, prog_name="attnforge", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    except AttnforgeError as exc:
+        emit_error(exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return 130
+    return int(result) if isinstance(result, int) else 0
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

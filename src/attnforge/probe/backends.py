@@ -1,0 +1,71 @@
+"""The installed state of each catalog backend, read in subprocesses so a crashing import cannot hurt us."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from attnforge.catalog import Catalog
+from attnforge.catalog.backends import Backend
+from attnforge.probe.context import ProbeContext
+from attnforge.probe.snapshot import InstalledBackend, NativeModule
+
+_SCRIPT = Path(__file__).with_name("_backend_script.py")
+
+
+def installed_distribution(backend: Backend) -> tuple[str, str] | None:
+    """(distribution, version) of the first installed distribution that provides ``backend`` and whose version
+    fits its ``version_spec`` (sageattention 1.x vs 2.x), read from package metadata without importing."""
+    for dist in backend.distributions:
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        try:
+            if backend.version_spec and Version(version) not in backend.version_spec:
+                continue
+        except InvalidVersion:
+            continue
+        return dist, version
+    return None
+
+
+def collect_backends(ctx: ProbeContext, catalog: Catalog, *, torch_ok: bool) -> list[InstalledBackend]:
+    """One record per packaged backend (built-ins are described by the torch section)."""
+    packaged = [b for b in catalog.backends.values() if not b.builtin]
+    found = {b.id: installed_distribution(b) for b in packaged}
+
+    def probe(b: Backend) -> InstalledBackend:
+        dist = found[b.id]
+        if dist is None:
+            return InstalledBackend(backend=b.id, distribution=None, version=None, imports=None)
+        return _probe_import(ctx, b, dist[0], dist[1]) if torch_ok else InstalledBackend(
+            backend=b.id, distribution=dist[0], version=dist[1], imports=False,
+            import_error="torch is not importable, so this backend cannot load")
+
+    todo = [b for b in packaged if found[b.id] is not None]
+    with ThreadPoolExecutor(max_workers=max(1, min(4, len(todo)))) as pool:
+        probed = dict(zip([b.id for b in todo], pool.map(probe, todo), strict=True))
+    return [probed.get(b.id) or probe(b) for b in packaged]
+
+
+def _probe_import(ctx: ProbeContext, b: Backend, dist: str, version: str) -> InstalledBackend:
+    env = {**ctx.environ, "XFORMERS_MORE_DETAILS": "1", "PYTHONWARNINGS": "ignore"}
+    res = ctx.runner.run((ctx.python, str(_SCRIPT), b.import_name, *b.native_modules), env=env,
+                         timeout_s=ctx.timeout_s * 4)
+    try:
+        data = json.loads(res.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        tail = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
+        return InstalledBackend(backend=b.id, distribution=dist, version=version, imports=False,
+                                import_error=f"the import crashed the interpreter: {tail}")
+    return InstalledBackend(
+        backend=b.id, distribution=dist, version=version, imports=data["imports"],
+        import_error=data["import_error"],
+        native=tuple(NativeModule(name=m["name"], ok=m["ok"], error=m["error"]) for m in data["native"]),
+        details=tuple(data["details"]),
+    )

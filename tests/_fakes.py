@@ -1,0 +1,58 @@
+"""Fakes at the seams: a runner that replays real recorded outputs (tests/fixtures/outputs/)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PureWindowsPath
+
+from attnforge._system.runner import NOT_FOUND, Completed
+
+FIXTURES = Path(__file__).parent / "fixtures"
+OUTPUTS = FIXTURES / "outputs"
+
+
+def recorded(name: str) -> str:
+    """The text of a recorded real output, ``tests/fixtures/outputs/<name>``."""
+    return (OUTPUTS / name).read_text(encoding="utf-8")
+
+
+def _key(argv: Sequence[str]) -> tuple[str, ...]:
+    first = str(argv[0])
+    base = PureWindowsPath(first).name if "\\" in first else Path(first).name
+    return (base, *map(str, argv[1:]))
+
+
+@dataclass
+class FakeRunner:
+    """Replays ``Completed`` results keyed by ``(basename(argv[0]), *argv[1:])``.
+
+    Programs with no recording behave as missing (exit 127), like a machine without them. Every call is
+    recorded in ``calls`` so tests can assert what would have run.
+    """
+
+    responses: dict[tuple[str, ...], Completed] = field(default_factory=dict)
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+    envs: list[Mapping[str, str] | None] = field(default_factory=list)
+
+    def add(self, argv: Sequence[str], stdout: str = "", *, stderr: str = "", returncode: int = 0) -> FakeRunner:
+        key = _key(argv)
+        self.responses[key] = Completed(argv=tuple(argv), returncode=returncode, stdout=stdout, stderr=stderr)
+        return self
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> Completed:
+        key = _key(argv)
+        self.calls.append(tuple(map(str, argv)))
+        self.envs.append(env)
+        hit = self.responses.get(key)
+        if hit is None:
+            return Completed(argv=tuple(map(str, argv)), returncode=NOT_FOUND, stderr=f"{argv[0]}: not found")
+        return Completed(argv=tuple(map(str, argv)), returncode=hit.returncode, stdout=hit.stdout,
+                         stderr=hit.stderr)
