@@ -1,0 +1,136 @@
+"""The values the resolver produces: a :class:`Request` goes in, a :class:`Plan` with every candidate comes out.
+
+These types are the contract between ``resolve/`` (pure decisions), ``build/`` (executes a :class:`BuildSpec`),
+``cache/`` and ``install/`` (execute the chosen :class:`Candidate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from attnforge.probe.snapshot import ComputeCapability, CudaToolkit
+
+
+class CandidateKind(StrEnum):
+    """Where a binary can come from, in the order the resolver tries them."""
+
+    INSTALLED = "installed"  # already installed and its native modules load
+    CACHE = "cache"  # an artifact in the local content-addressed cache
+    WHEEL = "wheel"  # a prebuilt wheel from --find-links or a PEP 503 index
+    SOURCE = "source"  # a build from source
+
+
+class SourceKind(StrEnum):
+    PYPI_SDIST = "pypi-sdist"  # the sdist of NAME==VERSION from the package index
+    GIT = "git"  # git clone URL@REF, optionally a subdirectory
+    PATH = "path"  # a local sdist archive or source directory
+    URL = "url"  # an sdist archive at a URL
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceSpec:
+    """Where the source of a build comes from."""
+
+    kind: SourceKind
+    location: str  # distribution name (pypi-sdist), URL (git/url) or path (path)
+    version: str | None = None  # pypi-sdist: the exact version to fetch
+    ref: str | None = None  # git: branch, tag or commit
+    subdirectory: str | None = None  # git/path: where setup.py lives inside the tree
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """What the user asked for.
+
+    Attributes:
+        backend: catalog id (``flash-attn``), or a free name for ``attnforge build --source``.
+        version: PEP 440 specifier text (``"==2.8.3.post2"``, ``""`` for any).
+        archs: target compute capabilities; None means the detected GPUs'.
+        find_links: local directories of wheels/sdists.
+        index_urls: PEP 503 simple indexes.
+        from_source: skip prebuilt wheels and build.
+        offline: never touch the network (only cache, find-links, file:// indexes).
+        source: an explicit source for the build, overriding the catalog's.
+    """
+
+    backend: str
+    version: str = ""
+    archs: tuple[ComputeCapability, ...] | None = None
+    find_links: tuple[str, ...] = ()
+    index_urls: tuple[str, ...] = ()
+    from_source: bool = False
+    offline: bool = False
+    source: SourceSpec | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuildSpec:
+    """Everything a source build needs, decided before any compiler runs.
+
+    Attributes:
+        name: distribution name being built (``flash-attn``).
+        version: version being built when known.
+        source: where the source comes from.
+        archs: target compute capabilities, e.g. ``((9, 0),)``.
+        max_jobs: ninja parallelism (``MAX_JOBS``).
+        nvcc_threads: nvcc ``--threads`` (``NVCC_THREADS``); jobs x threads <= cores.
+        env: the variables to set on top of the user's environment (arch list in the backend's format,
+            ``FLASH_ATTENTION_FORCE_BUILD=TRUE``, ``MAX_JOBS``, ``NVCC_THREADS``, ``CUDA_HOME``, ...).
+        build_root: a short directory under which the source is unpacked and built.
+        toolkit: the CUDA toolkit the build uses.
+        python: the interpreter that builds (and whose torch the extension links against).
+        use_sccache: route nvcc and the host compiler through sccache.
+        notes: human-readable explanations of the choices (why these jobs, why these archs).
+    """
+
+    name: str
+    version: str | None
+    source: SourceSpec
+    archs: tuple[ComputeCapability, ...]
+    max_jobs: int
+    nvcc_threads: int
+    env: dict[str, str] = field(default_factory=dict)
+    build_root: str = ""
+    toolkit: CudaToolkit | None = None
+    python: str = ""
+    use_sccache: bool = False
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WheelRef:
+    """A prebuilt wheel found in a find-links directory or an index."""
+
+    filename: str
+    url: str  # file path or URL
+    sha256: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """One way to satisfy a request, accepted or rejected with reasons."""
+
+    kind: CandidateKind
+    description: str
+    accepted: bool
+    reasons: tuple[str, ...] = ()
+    wheel: WheelRef | None = None
+    build: BuildSpec | None = None
+    cache_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """The resolver's answer: every candidate in order, and the chosen one (the first accepted)."""
+
+    request: Request
+    candidates: tuple[Candidate, ...]
+
+    @property
+    def chosen(self) -> Candidate | None:
+        return next((c for c in self.candidates if c.accepted), None)
+
+    @property
+    def viable(self) -> bool:
+        return self.chosen is not None
