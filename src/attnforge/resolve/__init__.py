@@ -1,6 +1,7 @@
 """Pure decisions: ``(SystemSnapshot, Catalog, Request) -> Plan``."""
 
 from attnforge.resolve.types import (
+    CachedArtifact,
     BuildSpec,
     Candidate,
     CandidateKind,
@@ -11,4 +12,4 @@ from attnforge.resolve.types import (
     WheelRef,
 )
 
-__all__ = ["BuildSpec", "Candidate", "CandidateKind", "Plan", "Request", "SourceKind", "SourceSpec", "WheelRef"]
+__all__ = ["BuildSpec", "CachedArtifact", "Candidate", "CandidateKind", "Plan", "Request", "SourceKind", "SourceSpec", "WheelRef"]

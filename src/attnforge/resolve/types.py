@@ -134,3 +134,22 @@ class Plan:
     @property
     def viable(self) -> bool:
         return self.chosen is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CachedArtifact:
+    """What the resolver needs to know about one artifact in the local cache (the store owns the bytes).
+
+    The resolver matches it like a wheel: wheel tags from ``filename``, then torch version, CUDA, C++11 ABI and
+    the compute capabilities it was built for.
+    """
+
+    key: str  # the cache key, ``sha256:...``
+    name: str
+    version: str
+    filename: str  # the wheel's filename (carries its tags)
+    archs: tuple[ComputeCapability, ...]
+    torch_version: str | None
+    cuda_version: str | None
+    cxx11_abi: bool | None
+    sha256: str
