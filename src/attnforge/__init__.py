@@ -27,4 +27,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["__version__", "attention", "explain", "patch_sdpa", "use_backend"]  # noqa: F822 - lazy (see _LAZY)
+__all__ = ["__version__", "attention", "explain", "patch_sdpa", "use_backend"]

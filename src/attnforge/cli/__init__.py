@@ -43,7 +43,8 @@ class LazyGroup(click.Group):
             return None
         module, _, attr = target.partition(":")
         cmd = getattr(importlib.import_module(module), attr)
-        assert isinstance(cmd, click.Command)
+        if not isinstance(cmd, click.Command):
+            raise TypeError(f"{target} is not a click command")
         return cmd
 
 

@@ -18,9 +18,16 @@ JSON_SCHEMA_VERSION = 1
 
 def console(*, stderr: bool = False) -> Any:
     """A rich console; colour only on a terminal, plain text in CI logs and pipes."""
+    import os
+    import shutil
+
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    stream = sys.stderr if stderr else sys.stdout
+    width = None
+    if not stream.isatty():  # CI logs and pipes: wide enough for the doctor table
+        width = int(os.environ.get("COLUMNS", "0") or 0) or max(shutil.get_terminal_size().columns, 160)
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
 def emit_json(kind: str, payload: Any) -> None:

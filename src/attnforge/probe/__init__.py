@@ -1,7 +1,9 @@
 """Reading the machine: collectors that return one frozen :class:`SystemSnapshot`."""
 
-from attnforge.probe.collect import BUILD_ENV_VARS, collect_snapshot
-from attnforge.probe.context import ProbeContext
+from __future__ import annotations
+
+from typing import Any
+
 from attnforge.probe.snapshot import (
     SCHEMA_VERSION,
     Compiler,
@@ -19,6 +21,19 @@ from attnforge.probe.snapshot import (
     format_cc,
     parse_cc,
 )
+
+# The collectors import the catalog, which imports the snapshot types above: load them on first use.
+_LAZY = {"collect_snapshot": "attnforge.probe.collect", "BUILD_ENV_VARS": "attnforge.probe.collect",
+         "ProbeContext": "attnforge.probe.context"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'attnforge.probe' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)
+
 
 __all__ = [
     "BUILD_ENV_VARS", "SCHEMA_VERSION", "Compiler", "ComputeCapability", "CudaToolkit", "GpuInfo",

@@ -10,6 +10,7 @@ import io
 import json
 import sys
 from contextlib import redirect_stderr, redirect_stdout
+from typing import Any
 
 
 def _last_line(exc: BaseException) -> str:
@@ -19,7 +20,7 @@ def _last_line(exc: BaseException) -> str:
 
 def main(argv: list[str]) -> None:
     import_name, natives = argv[0], argv[1:]
-    out = {"imports": None, "import_error": None, "native": [], "details": []}
+    out: dict[str, Any] = {"imports": None, "import_error": None, "native": [], "details": []}
     captured = io.StringIO()
     with redirect_stdout(captured), redirect_stderr(captured):
         try:

@@ -5,12 +5,13 @@ Kept dependency-free and defensive: every field is read on its own so one broken
 
 import json
 import sys
+from typing import Any
 
 
 def main() -> None:
-    out = {}
+    out: dict[str, Any] = {}
     try:
-        import torch
+        import torch  # type: ignore[import-not-found,unused-ignore]
     except BaseException as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
         print(json.dumps(out))
@@ -19,7 +20,7 @@ def main() -> None:
     out["cuda_version"] = getattr(torch.version, "cuda", None)
     out["hip_version"] = getattr(torch.version, "hip", None)
     try:
-        out["cxx11_abi"] = bool(torch.compiled_with_cxx11_abi())
+        out["cxx11_abi"] = bool(torch.compiled_with_cxx11_abi())  # type: ignore[no-untyped-call,unused-ignore]
     except Exception:
         out["cxx11_abi"] = None
     try:
@@ -27,7 +28,8 @@ def main() -> None:
     except Exception:
         out["arch_list"] = []
     try:
-        out["cudnn_version"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        cudnn = torch.backends.cudnn
+        out["cudnn_version"] = cudnn.version() if cudnn.is_available() else None  # type: ignore[no-untyped-call,unused-ignore]
     except Exception:
         out["cudnn_version"] = None
     try:

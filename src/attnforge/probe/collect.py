@@ -15,7 +15,7 @@ from attnforge.probe.backends import collect_backends
 from attnforge.probe.context import ProbeContext
 from attnforge.probe.gpus import collect_gpus
 from attnforge.probe.snapshot import PlatformInfo, ProbeProblem, SystemSnapshot, TorchInfo
-from attnforge.probe.toolchain import collect_compilers, collect_toolkits, collect_tool
+from attnforge.probe.toolchain import collect_compilers, collect_tool, collect_toolkits
 from attnforge.probe.windows import collect_cl, collect_visual_studio
 
 #: Environment variables that change what a CUDA extension build does (install-anchors.md §1.4, §8).

@@ -1,8 +1,8 @@
 """Pure decisions: ``(SystemSnapshot, Catalog, Request) -> Plan``."""
 
 from attnforge.resolve.types import (
-    CachedArtifact,
     BuildSpec,
+    CachedArtifact,
     Candidate,
     CandidateKind,
     Plan,
@@ -12,4 +12,7 @@ from attnforge.resolve.types import (
     WheelRef,
 )
 
-__all__ = ["BuildSpec", "CachedArtifact", "Candidate", "CandidateKind", "Plan", "Request", "SourceKind", "SourceSpec", "WheelRef"]
+__all__ = [
+    "BuildSpec", "CachedArtifact", "Candidate", "CandidateKind", "Plan", "Request", "SourceKind", "SourceSpec",
+    "WheelRef",
+]

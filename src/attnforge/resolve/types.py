@@ -7,8 +7,8 @@ These types are the contract between ``resolve/`` (pure decisions), ``build/`` (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
+from attnforge._compat import StrEnum
 from attnforge.probe.snapshot import ComputeCapability, CudaToolkit
 
 

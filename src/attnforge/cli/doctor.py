@@ -1,0 +1,41 @@
+"""``attnforge doctor``: the main job — what this machine has, where every backend stands, what to do next."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from attnforge.cli._output import console, emit_json, json_option, load_or_probe, snapshot_option
+
+
+@click.command("doctor")
+@json_option
+@snapshot_option
+def command(as_json: bool, snapshot_path: Path | None) -> int:
+    """Report this machine, the state of every attention backend and the next step for each.
+
+    Exit 0 when a GPU backend is ready, 1 when only the CPU fallback runs here.
+    """
+    from attnforge._system.paths import home_dir
+    from attnforge.catalog import load_catalog
+    from attnforge.records import RecordStore
+    from attnforge.report.doctor import Status, doctor_report
+    from attnforge.report.identity import snapshot_device_key
+    from attnforge.report.preflight import build_blockers
+
+    snapshot = load_or_probe(snapshot_path)
+    catalog = load_catalog()
+    store = RecordStore(home_dir(os.environ))
+    key = snapshot_device_key(snapshot)
+    report = doctor_report(snapshot, catalog, verified=store.latest_verify(key), bench=store.bench_records(key),
+                           build_blockers=build_blockers(snapshot, catalog))
+    if as_json:
+        emit_json("doctor", {"device_key": key, "report": report, "snapshot": snapshot})
+    else:
+        from attnforge.report.render import render_doctor
+
+        render_doctor(console(), report, snapshot)
+    gpu_ready = any(r.status is Status.READY and r.backend != "sdpa-math" for r in report.rows)
+    return 0 if gpu_ready else 1
