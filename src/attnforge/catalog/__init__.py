@@ -70,8 +70,11 @@ class Catalog:
             ) from None
 
     def recipe(self, backend_id: str) -> Recipe | None:
-        """The build recipe of a backend; the generic torch-extension recipe for a name the catalog does not know;
-        None for backends built into torch."""
+        """The build recipe of a backend.
+
+        The generic torch-extension recipe for a name the catalog does not know; None for backends built into
+        torch.
+        """
         from attnforge.catalog.recipes import GENERIC_RECIPE
 
         if backend_id in self.recipes:

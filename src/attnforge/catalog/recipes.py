@@ -1,10 +1,10 @@
-"""Build recipes and wheel filename grammars (``catalog/data/backends.toml``, tables ``recipes`` and
-``wheel_grammars``).
+"""Build recipes and wheel filename grammars (``catalog/data/backends.toml``, tables
+``recipes`` and ``wheel_grammars``).
 
 A recipe says how a backend is compiled: which variable carries the arch list and in what format
-(``FLASH_ATTN_CUDA_ARCHS="90;120"`` versus ``TORCH_CUDA_ARCH_LIST="9.0;12.0"``), which nvcc targets it can emit and
-what nvcc each needs. A wheel grammar says how a publisher spells torch/CUDA/C++11 ABI in the PEP 440 local version
-label (``2.8.3+cu12torch2.8cxx11abiTRUE``). Sources: shared/research/install-anchors.md §1-§7.
+(``FLASH_ATTN_CUDA_ARCHS="90;120"`` versus ``TORCH_CUDA_ARCH_LIST="9.0;12.0"``), which nvcc targets it can
+emit and what nvcc each needs. A wheel grammar says how a publisher spells torch/CUDA/C++11 ABI in the PEP 440
+local version label (``2.8.3+cu12torch2.8cxx11abiTRUE``). Sources: shared/research/install-anchors.md §1-§7.
 """
 
 from __future__ import annotations
@@ -150,7 +150,9 @@ class WheelGrammar:
         return re.compile(f"^{body}$")
 
     def parse(self, local: str) -> WheelLabel | None:
-        """Read a local label (``packaging.version.Version(v).local``, lower-case) or return None if it does not fit."""
+        """Read a local label (``packaging.version.Version(v).local``, lower-case) or
+        return None if it does not fit.
+        """
         m = self.regex().match(local.lower())
         if m is None:
             return None
@@ -179,9 +181,23 @@ class WheelGrammar:
 
 
 _RECIPE_FIELDS = {
-    "kind", "distribution", "arch_env", "arch_format", "targets", "adds_ptx", "min_nvcc", "min_nvcc_targets", "env",
-    "nvcc_threads", "gb_per_nvcc_thread", "min_free_disk_gb", "source_kinds", "sdist", "git_url",
-    "git_subdirectory", "sources",
+    "kind",
+    "distribution",
+    "arch_env",
+    "arch_format",
+    "targets",
+    "adds_ptx",
+    "min_nvcc",
+    "min_nvcc_targets",
+    "env",
+    "nvcc_threads",
+    "gb_per_nvcc_thread",
+    "min_free_disk_gb",
+    "source_kinds",
+    "sdist",
+    "git_url",
+    "git_subdirectory",
+    "sources",
 }
 _SOURCE_KINDS = ("pypi-sdist", "git", "path", "url")
 _GRAMMAR_FIELDS = {"distribution", "label", "torch_match", "archs", "example", "sources"}
@@ -197,7 +213,7 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
                 errors.add(path, "expected a table")
                 continue
             errors.unknown_keys(raw, _RECIPE_FIELDS, path)
-            kind = _enum(errors, raw, "kind", path, RecipeKind, RecipeKind.BUILD)
+            kind = _enum(errors, raw, "kind", path, enum=RecipeKind, fallback=RecipeKind.BUILD)
             targets = _targets(errors, raw, "targets", path)
             if kind is RecipeKind.BUILD and "targets" in raw and not targets:
                 errors.add(f"{path}.targets", "a build recipe needs at least one target")
@@ -215,11 +231,14 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
                 kind=kind,
                 distribution=errors.get(raw, "distribution", path, str),
                 arch_env=errors.get(raw, "arch_env", path, str),
-                arch_format=_enum(errors, raw, "arch_format", path, ArchFormat, ArchFormat.DOTTED),
+                arch_format=_enum(
+                    errors, raw, "arch_format", path, enum=ArchFormat, fallback=ArchFormat.DOTTED
+                ),
                 targets=targets,
                 adds_ptx=errors.get(raw, "adds_ptx", path, bool),
-                min_nvcc=errors.parsed(errors.get(raw, "min_nvcc", path, str), f"{path}.min_nvcc",
-                                       parse_major_minor, (0, 0)),
+                min_nvcc=errors.parsed(
+                    errors.get(raw, "min_nvcc", path, str), f"{path}.min_nvcc", parse_major_minor, (0, 0)
+                ),
                 min_nvcc_targets=_min_nvcc_targets(errors, raw, path),
                 env=_str_table(errors, raw, "env", path),
                 nvcc_threads=max(threads, 1),
@@ -256,7 +275,9 @@ def parse_wheel_grammars(doc: Mapping[str, Any], errors: Collector) -> dict[str,
                 id=gid,
                 distribution=errors.get(raw, "distribution", path, str),
                 label=label,
-                torch_match=_enum(errors, raw, "torch_match", path, TorchMatch, TorchMatch.NONE),
+                torch_match=_enum(
+                    errors, raw, "torch_match", path, enum=TorchMatch, fallback=TorchMatch.NONE
+                ),
                 archs=_targets(errors, raw, "archs", path),
                 example=errors.get(raw, "example", path, str),
                 sources=errors.str_list(raw, "sources", path, allow_empty=False),
@@ -274,7 +295,7 @@ def parse_wheel_grammars(doc: Mapping[str, Any], errors: Collector) -> dict[str,
     return out
 
 
-def _enum(errors: Collector, raw: Mapping[str, Any], key: str, path: str, enum: Any, fallback: Any) -> Any:
+def _enum(errors: Collector, raw: Mapping[str, Any], key: str, path: str, *, enum: Any, fallback: Any) -> Any:
     text = errors.get(raw, key, path, str)
     try:
         return enum(text)
@@ -318,5 +339,16 @@ def _min_nvcc_targets(errors: Collector, raw: Mapping[str, Any], path: str) -> d
     return out
 
 
-__all__ = ["GENERIC_RECIPE", "ArchFormat", "CudaTag", "Recipe", "RecipeKind", "TorchMatch", "WheelGrammar",
-           "WheelLabel", "format_major_minor", "parse_recipes", "parse_wheel_grammars"]
+__all__ = [
+    "GENERIC_RECIPE",
+    "ArchFormat",
+    "CudaTag",
+    "Recipe",
+    "RecipeKind",
+    "TorchMatch",
+    "WheelGrammar",
+    "WheelLabel",
+    "format_major_minor",
+    "parse_recipes",
+    "parse_wheel_grammars",
+]

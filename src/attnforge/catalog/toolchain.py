@@ -1,7 +1,7 @@
-"""CUDA toolchain knowledge (``catalog/data/toolchain.toml``): GPUs, nvcc targets, drivers, host compilers, torch.
+"""CUDA toolchain knowledge (``catalog/data/toolchain.toml``): GPUs, nvcc targets, drivers, host compilers.
 
-The predicates here answer the questions the resolver asks — can this nvcc emit ``sm_120``? does an ``sm_90a``
-cubin run on a ``(9, 0)`` GPU? which gcc does nvcc 12.4 accept? — from the data file, never from if/elif chains.
+The predicates here answer the questions the resolver asks (can this nvcc emit ``sm_120``? does an ``sm_90a``
+cubin run on a ``(9, 0)`` GPU? which gcc does nvcc 12.4 accept?) from the data file, not from if/elif chains.
 Sources: shared/research/toolchain-facts.md §1-§5 (each row of the data file names its own).
 """
 
@@ -92,7 +92,8 @@ class Target:
 
     @property
     def sass_name(self) -> str:
-        """The ``sm_*`` name nvcc support is recorded under (PTX ``compute_120`` needs what ``sm_120`` needs)."""
+        """The ``sm_*`` name nvcc support is recorded under (PTX ``compute_120`` needs what ``sm_120`` needs).
+        """
         return str(Target(cc=self.cc, kind=TargetKind.SASS)) if self.kind is TargetKind.PTX else str(self)
 
 
@@ -106,7 +107,9 @@ class GpuModel:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TargetSupport:
-    """The CUDA releases whose nvcc can emit a target: ``first_cuda`` through ``last_cuda`` (None: still supported)."""
+    """The CUDA releases whose nvcc can emit a target: ``first_cuda`` through
+    ``last_cuda`` (None: still supported).
+    """
 
     name: str
     first_cuda: MajorMinor
@@ -197,7 +200,8 @@ class Toolchain:
         return None
 
     def runs_on(self, target: Target, cc: ComputeCapability) -> bool:
-        """Whether code for ``target`` runs on a GPU of compute capability ``cc`` (toolchain-facts.md §1.1)."""
+        """Whether code for ``target`` runs on a GPU of compute capability ``cc``
+        (toolchain-facts.md §1.1)."""
         rule = self.compat[target.kind]
         if rule is RunsOn.EXACT:
             return cc == target.cc
@@ -215,8 +219,17 @@ class Toolchain:
         return next((d for d in self.drivers if d.cuda == cuda), None)
 
 
-_SECTIONS = {"schema_version", "gpus", "targets", "compat", "drivers", "driver_families", "host_compilers",
-             "torch", "rules"}
+_SECTIONS = {
+    "schema_version",
+    "gpus",
+    "targets",
+    "compat",
+    "drivers",
+    "driver_families",
+    "host_compilers",
+    "torch",
+    "rules",
+}
 
 
 def parse_toolchain(doc: Mapping[str, Any], errors: Collector) -> Toolchain:
@@ -262,12 +275,14 @@ def _gpus(doc: Mapping[str, Any], errors: Collector) -> list[GpuModel]:
     out = []
     for path, row in _rows(doc, "gpus", errors):
         errors.unknown_keys(row, {"cc", "arch", "names", "sources"}, path)
-        out.append(GpuModel(
-            cc=errors.parsed(errors.get(row, "cc", path, str), f"{path}.cc", parse_cc, (0, 0)),
-            arch=errors.get(row, "arch", path, str),
-            names=errors.str_list(row, "names", path, allow_empty=False),
-            sources=_sources(errors, row, path),
-        ))
+        out.append(
+            GpuModel(
+                cc=errors.parsed(errors.get(row, "cc", path, str), f"{path}.cc", parse_cc, (0, 0)),
+                arch=errors.get(row, "arch", path, str),
+                names=errors.str_list(row, "names", path, allow_empty=False),
+                sources=_sources(errors, row, path),
+            )
+        )
     return out
 
 
@@ -309,7 +324,9 @@ def _compat(doc: Mapping[str, Any], errors: Collector) -> dict[TargetKind, RunsO
                 try:
                     out[kind] = RunsOn(rule)
                 except ValueError:
-                    errors.add(f"{path}.runs_on", f"expected one of {[r.value for r in RunsOn]}, got {rule!r}")
+                    errors.add(
+                        f"{path}.runs_on", f"expected one of {[r.value for r in RunsOn]}, got {rule!r}"
+                    )
     return out
 
 
@@ -317,12 +334,16 @@ def _drivers(doc: Mapping[str, Any], errors: Collector) -> list[DriverFloor]:
     out = []
     for path, row in _rows(doc, "drivers", errors):
         errors.unknown_keys(row, {"cuda", "linux_min", "windows_min", "sources"}, path)
-        out.append(DriverFloor(
-            cuda=_mm(errors, row, "cuda", path),
-            linux_min=_driver_version(errors, row, "linux_min", path),
-            windows_min=_driver_version(errors, row, "windows_min", path) if "windows_min" in row else None,
-            sources=_sources(errors, row, path),
-        ))
+        out.append(
+            DriverFloor(
+                cuda=_mm(errors, row, "cuda", path),
+                linux_min=_driver_version(errors, row, "linux_min", path),
+                windows_min=_driver_version(errors, row, "windows_min", path)
+                if "windows_min" in row
+                else None,
+                sources=_sources(errors, row, path),
+            )
+        )
     return out
 
 
@@ -377,9 +398,17 @@ def _torch(doc: Mapping[str, Any], errors: Collector) -> list[TorchRelease]:
         )
         default = _mm(errors, row, "pypi_default", path) if "pypi_default" in row else None
         if default is not None and default not in cudas:
-            errors.add(f"{path}.pypi_default", f"{format_major_minor(default)} is not one of the cuda variants")
-        out.append(TorchRelease(version=_mm(errors, row, "version", path), cuda=cudas, pypi_default=default,
-                                sources=_sources(errors, row, path)))
+            errors.add(
+                f"{path}.pypi_default", f"{format_major_minor(default)} is not one of the cuda variants"
+            )
+        out.append(
+            TorchRelease(
+                version=_mm(errors, row, "version", path),
+                cuda=cudas,
+                pypi_default=default,
+                sources=_sources(errors, row, path),
+            )
+        )
     return out
 
 
@@ -394,5 +423,16 @@ def _rules(doc: Mapping[str, Any], errors: Collector) -> bool:
         return errors.get(row, "major_must_match", path, bool)
 
 
-__all__ = ["GpuModel", "HostCompilerRange", "MajorMinor", "Target", "TargetKind", "Toolchain", "TorchRelease",
-           "format_cc", "format_major_minor", "parse_major_minor", "parse_toolchain"]
+__all__ = [
+    "GpuModel",
+    "HostCompilerRange",
+    "MajorMinor",
+    "Target",
+    "TargetKind",
+    "Toolchain",
+    "TorchRelease",
+    "format_cc",
+    "format_major_minor",
+    "parse_major_minor",
+    "parse_toolchain",
+]

@@ -1,7 +1,7 @@
 """``attnforge plan BACKEND[==VERSION]``: what attnforge would do here, and why every other way is ruled out.
 
-Exit codes: 0 something is viable, 1 nothing is (every reason shown), 2 bad input (unknown backend, unreadable
-snapshot, bad --arch) with a hint.
+Exit codes: 0 something is viable, 1 nothing is (every reason shown), 2 bad input (unknown
+backend, unreadable snapshot, bad --arch) with a hint.
 """
 
 from __future__ import annotations
@@ -41,11 +41,15 @@ def parse_requirement(text: str) -> tuple[str, str]:
     try:
         req = Requirement(text)
     except InvalidRequirement:
-        raise UsageError(f"not a backend requirement: {text!r}",
-                         hint="write BACKEND or BACKEND==VERSION, e.g. flash-attn==2.8.3") from None
+        raise UsageError(
+            f"not a backend requirement: {text!r}",
+            hint="write BACKEND or BACKEND==VERSION, e.g. flash-attn==2.8.3",
+        ) from None
     if req.extras or req.marker or req.url:
-        raise UsageError(f"extras, markers and URLs are not supported here: {text!r}",
-                         hint="write BACKEND or BACKEND==VERSION; use --find-links/--index-url for wheels")
+        raise UsageError(
+            f"extras, markers and URLs are not supported here: {text!r}",
+            hint="write BACKEND or BACKEND==VERSION; use --find-links/--index-url for wheels",
+        )
     return req.name, str(req.specifier)
 
 
@@ -72,15 +76,33 @@ def parse_archs(values: tuple[str, ...]) -> tuple[ComputeCapability, ...] | None
 @click.command("plan")
 @click.argument("requirement")
 @snapshot_option
-@click.option("--arch", "archs", multiple=True, metavar="CC[,CC]",
-              help="Target compute capabilities, e.g. 9.0,12.0 (default: the detected GPUs').")
-@click.option("--find-links", "find_links", multiple=True, metavar="DIR", help="A directory of wheels to consider.")
+@click.option(
+    "--arch",
+    "archs",
+    multiple=True,
+    metavar="CC[,CC]",
+    help="Target compute capabilities, e.g. 9.0,12.0 (default: the detected GPUs').",
+)
+@click.option(
+    "--find-links", "find_links", multiple=True, metavar="DIR", help="A directory of wheels to consider."
+)
 @click.option("--index-url", "index_urls", multiple=True, metavar="URL", help="A PEP 503 index to consider.")
 @click.option("--from-source", is_flag=True, help="Skip prebuilt binaries and plan a build.")
-@click.option("--offline", is_flag=True, help="Never touch the network (find-links and file:// indexes only).")
+@click.option(
+    "--offline", is_flag=True, help="Never touch the network (find-links and file:// indexes only)."
+)
 @json_option
-def command(requirement: str, snapshot_path: Path | None, archs: tuple[str, ...], find_links: tuple[str, ...],
-            index_urls: tuple[str, ...], from_source: bool, offline: bool, as_json: bool) -> int:
+def command(
+    *,
+    requirement: str,
+    snapshot_path: Path | None,
+    archs: tuple[str, ...],
+    find_links: tuple[str, ...],
+    index_urls: tuple[str, ...],
+    from_source: bool,
+    offline: bool,
+    as_json: bool,
+) -> int:
     """Explain what attnforge would do to get BACKEND working here: every candidate, accepted or rejected."""
     from attnforge.catalog import load_catalog
     from attnforge.resolve.listing import list_wheels
@@ -90,15 +112,28 @@ def command(requirement: str, snapshot_path: Path | None, archs: tuple[str, ...]
     name, spec = parse_requirement(requirement)
     catalog = load_catalog()
     backend = catalog.backend(name)  # UsageError (exit 2) with the known ids
-    request = Request(backend=backend.id, version=spec, archs=parse_archs(archs), find_links=find_links,
-                      index_urls=index_urls, from_source=from_source, offline=offline)
+    request = Request(
+        backend=backend.id,
+        version=spec,
+        archs=parse_archs(archs),
+        find_links=find_links,
+        index_urls=index_urls,
+        from_source=from_source,
+        offline=offline,
+    )
     snapshot = load_or_probe(snapshot_path)
     recipe = catalog.recipe(backend.id)
     projects = list(backend.distributions) + ([recipe.distribution] if recipe and recipe.distribution else [])
     listing = list_wheels(find_links, index_urls, projects, offline=offline)
     plan = resolve(snapshot, catalog, request, wheels=listing.wheels)
-    result = PlanResult(backend=backend.id, viable=plan.viable, chosen=plan.chosen, candidates=plan.candidates,
-                        request=request, listing_problems=listing.problems)
+    result = PlanResult(
+        backend=backend.id,
+        viable=plan.viable,
+        chosen=plan.chosen,
+        candidates=plan.candidates,
+        request=request,
+        listing_problems=listing.problems,
+    )
     if as_json:
         emit_json("plan", result)
     else:

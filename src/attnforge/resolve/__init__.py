@@ -16,4 +16,7 @@ from attnforge.resolve.types import (
     WheelRef,
 )
 
-__all__ = ["BuildSpec", "CachedArtifact", "Candidate", "CandidateKind", "Plan", "Request", "SourceKind", "SourceSpec", "WheelRef", "build_spec", "plan_build"]
+__all__ = [
+    "BuildSpec", "CachedArtifact", "Candidate", "CandidateKind", "Plan", "Request", "SourceKind",
+    "SourceSpec", "WheelRef", "build_spec", "plan_build",
+]

@@ -1,4 +1,4 @@
-"""From an accepted preflight to a :class:`BuildSpec`: archs, MAX_JOBS/NVCC_THREADS, the environment, the root.
+"""From an accepted preflight to a :class:`BuildSpec`: archs, MAX_JOBS/NVCC_THREADS, environment, root.
 
 ``build_spec(snapshot, catalog, request)`` is what ``attnforge build`` calls; the resolver uses
 :func:`plan_build` to get the same answer together with the reasons.
@@ -42,20 +42,24 @@ def pinned_version(version_spec: str) -> str | None:
     try:
         spec = SpecifierSet(text)
     except InvalidSpecifier:
-        raise UsageError(f"not a version specifier: {version_spec!r}", hint="write e.g. ==2.8.3 or >=2.8") from None
+        raise UsageError(
+            f"not a version specifier: {version_spec!r}", hint="write e.g. ==2.8.3 or >=2.8"
+        ) from None
     pins = [s for s in spec if s.operator in ("==", "===") and "*" not in s.version]
     return pins[0].version if len(pins) == 1 and len(spec) == 1 else None
 
 
 def default_source(recipe: Recipe, request: Request) -> SourceSpec:
-    """The request's own source, else the recipe's: the PyPI sdist when it has one, else its git repository."""
+    """The request's own source, else the recipe's: the PyPI sdist when it has one, else
+    its git repository."""
     if request.source is not None:
         return request.source
     version = pinned_version(request.version)
     if recipe.sdist and "pypi-sdist" in recipe.source_kinds:
         return SourceSpec(kind=SourceKind.PYPI_SDIST, location=recipe.sdist, version=version)
-    return SourceSpec(kind=SourceKind.GIT, location=recipe.git_url, ref=None,
-                      subdirectory=recipe.git_subdirectory or None)
+    return SourceSpec(
+        kind=SourceKind.GIT, location=recipe.git_url, ref=None, subdirectory=recipe.git_subdirectory or None
+    )
 
 
 def plan_build(
@@ -68,9 +72,13 @@ def plan_build(
     """
     recipe = catalog.recipe(request.backend)
     if recipe is None or recipe.kind is not RecipeKind.BUILD:
-        what = "ships inside torch" if recipe is None else "is pure Python (pip installs it, nothing to compile)"
-        raise UsageError(f"{request.backend} has nothing to build: it {what}",
-                         hint=f"attnforge plan {request.backend} shows how to get it")
+        what = (
+            "ships inside torch" if recipe is None else "is pure Python (pip installs it, nothing to compile)"
+        )
+        raise UsageError(
+            f"{request.backend} has nothing to build: it {what}",
+            hint=f"attnforge plan {request.backend} shows how to get it",
+        )
     pre = run_preflight(snapshot, catalog, request, recipe)
     if not pre.ok:
         return BuildDecision(recipe=recipe, preflight=pre, spec=None)
@@ -83,12 +91,12 @@ def build_spec(
     """Everything a source build of ``request`` on ``snapshot`` needs, decided before any compiler runs.
 
     Args:
-        snapshot: the machine that builds (``collect_snapshot()`` or a saved ``--snapshot`` file).
-        catalog: ``load_catalog()``.
+        snapshot: the machine that builds (``collect_snapshot()`` or a saved
+        ``--snapshot`` file). catalog: ``load_catalog()``.
         request: backend (a catalog id, or any name with ``request.source`` set), version, ``archs`` (None =
             the detected GPUs'), ``source`` (None = the recipe's default).
-        home: the attnforge home the build root goes under; default: the snapshot's ``disk_path`` (where its
-            cache lives).
+        home: the attnforge home the build root goes under; default: the snapshot's
+            ``disk_path`` (where its cache lives).
 
     Returns:
         The :class:`BuildSpec`: ``env`` holds the arch variable in the recipe's format
@@ -113,12 +121,16 @@ def build_spec(
 def _spec(
     snapshot: SystemSnapshot, request: Request, recipe: Recipe, pre: Preflight, home: str | None
 ) -> BuildSpec:
-    assert pre.toolkit is not None  # a passed preflight has a toolkit
+    if pre.toolkit is None:  # a passed preflight always chose a toolkit
+        raise ResolveError("internal: a passed preflight without a toolkit")
     windows = snapshot.platform.os == "windows"
     gencode_targets = len(pre.targets) + (1 if recipe.adds_ptx else 0)
-    sizing = size_jobs(cores=snapshot.platform.cores, ram_available_bytes=snapshot.platform.ram_available_bytes,
-                       gib_per_thread=recipe.gb_per_nvcc_thread,
-                       max_threads=min(recipe.nvcc_threads, max(gencode_targets, 1)))
+    sizing = size_jobs(
+        cores=snapshot.platform.cores,
+        ram_available_bytes=snapshot.platform.ram_available_bytes,
+        gib_per_thread=recipe.gb_per_nvcc_thread,
+        max_threads=min(recipe.nvcc_threads, max(gencode_targets, 1)),
+    )
     env: dict[str, str] = {}
     if recipe.arch_env:
         env[recipe.arch_env] = recipe.arch_value(pre.targets)
@@ -138,8 +150,10 @@ def _spec(
     notes = [c.reason for c in pre.checks if c.name == "archs"]
     notes.append(sizing.note)
     if not recipe.arch_env:
-        notes.append(f"{recipe.id} fixes its archs in setup.py ({', '.join(str(t) for t in recipe.targets)}); "
-                     "no arch variable is set")
+        notes.append(
+            f"{recipe.id} fixes its archs in setup.py ({', '.join(str(t) for t in recipe.targets)}); "
+            "no arch variable is set"
+        )
     notes.extend(pre.notes)
     base = home or snapshot.platform.disk_path
     if windows:
@@ -169,7 +183,16 @@ def _spec(
 
 def _leaf(name: str, version: str | None, pre: Preflight, source: SourceSpec) -> str:
     """An 8-hex directory name: short (Windows paths) and stable for the same build."""
-    text = "|".join([name, version or "", source.kind.value, source.location, source.ref or "",
-                     source.subdirectory or "", ",".join(format_cc(c) for c in pre.archs),
-                     pre.toolkit.version if pre.toolkit else ""])
+    text = "|".join(
+        [
+            name,
+            version or "",
+            source.kind.value,
+            source.location,
+            source.ref or "",
+            source.subdirectory or "",
+            ",".join(format_cc(c) for c in pre.archs),
+            pre.toolkit.version if pre.toolkit else "",
+        ]
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:8]

@@ -28,7 +28,8 @@ def size_jobs(*, cores: int, ram_available_bytes: int, gib_per_thread: int, max_
         cores: logical CPUs of the build machine.
         ram_available_bytes: memory free for the build.
         gib_per_thread: peak host memory of one nvcc thread, in GiB (5 for FlashAttention, PR #2079).
-        max_threads: the most nvcc threads worth using: nvcc ``--threads`` works on the ``-gencode`` targets in
+        max_threads: the most nvcc threads worth using: nvcc ``--threads`` works on the
+        ``-gencode`` targets in
             parallel, so more threads than targets sit idle.
 
     Returns:
@@ -39,15 +40,20 @@ def size_jobs(*, cores: int, ram_available_bytes: int, gib_per_thread: int, max_
     slots = ram_available_bytes // (gib_per_thread * GIB)
     if slots < 1:
         return JobSizing(
-            max_jobs=1, nvcc_threads=1, fits_in_ram=False,
-            note=f"{ram_available_bytes / GIB:.1f} GiB available is less than the {gib_per_thread} GiB one nvcc "
-                 "thread needs",
+            max_jobs=1,
+            nvcc_threads=1,
+            fits_in_ram=False,
+            note=f"{ram_available_bytes / GIB:.1f} GiB available is less than the {gib_per_thread} GiB one "
+                 f"nvcc "
+            "thread needs",
         )
     threads = max(1, min(max_threads, cores, slots))
     jobs = max(1, min(cores // threads, slots // threads))
     return JobSizing(
-        max_jobs=jobs, nvcc_threads=threads, fits_in_ram=True,
+        max_jobs=jobs,
+        nvcc_threads=threads,
+        fits_in_ram=True,
         note=f"MAX_JOBS={jobs} x NVCC_THREADS={threads} = {jobs * threads} <= {cores} cores and "
-             f"{jobs * threads} x {gib_per_thread} GiB = {jobs * threads * gib_per_thread} GiB <= "
-             f"{ram_available_bytes / GIB:.0f} GiB available",
+        f"{jobs * threads} x {gib_per_thread} GiB = {jobs * threads * gib_per_thread} GiB <= "
+        f"{ram_available_bytes / GIB:.0f} GiB available",
     )

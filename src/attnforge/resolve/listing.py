@@ -1,8 +1,8 @@
 """The only I/O in ``resolve/``: list the wheels in ``--find-links`` directories and PEP 503 indexes.
 
-A find-links directory is read with ``os.scandir``; an index page ``<index>/<project>/`` is fetched with urllib
-(``file://`` works offline; ``http(s)://`` is skipped with a note when offline). Anchors are read as PEP 503
-says: the text of the link is the filename, ``#sha256=...`` in the URL is the hash.
+A find-links directory is read with ``os.scandir``; an index page ``<index>/<project>/`` is fetched with
+urllib (``file://`` works offline; ``http(s)://`` is skipped with a note when offline). Anchors are read as
+PEP 503 says: the text of the link is the filename, ``#sha256=...`` in the URL is the hash.
 """
 
 from __future__ import annotations
@@ -44,8 +44,11 @@ def list_find_links(directory: str) -> list[WheelRef]:
     try:
         entries = sorted(e.name for e in os.scandir(path) if e.is_file() and e.name.endswith(".whl"))
     except OSError as exc:
-        raise UsageError(f"cannot read --find-links directory {directory}", cause=exc.strerror,
-                         hint="pass a directory that holds .whl files") from None
+        raise UsageError(
+            f"cannot read --find-links directory {directory}",
+            cause=exc.strerror,
+            hint="pass a directory that holds .whl files",
+        ) from None
     return [WheelRef(filename=name, url=str(path / name)) for name in entries]
 
 
@@ -85,8 +88,9 @@ def parse_simple_page(page: str, page_url: str) -> list[WheelRef]:
         sha256 = None
         if parsed.fragment.startswith("sha256="):
             sha256 = parsed.fragment.removeprefix("sha256=")
-        out.append(WheelRef(filename=name, url=urllib.parse.urlunsplit(parsed._replace(fragment="")),
-                            sha256=sha256))
+        out.append(
+            WheelRef(filename=name, url=urllib.parse.urlunsplit(parsed._replace(fragment="")), sha256=sha256)
+        )
     return out
 
 
@@ -98,7 +102,9 @@ def _urlopen(url: str, timeout_s: float) -> IO[bytes]:
     return urllib.request.urlopen(url, timeout=timeout_s)  # type: ignore[no-any-return]  # noqa: S310
 
 
-def list_index(index_url: str, project: str, *, timeout_s: float = 30.0, opener: Opener = _urlopen) -> list[WheelRef]:
+def list_index(
+    index_url: str, project: str, *, timeout_s: float = 30.0, opener: Opener = _urlopen
+) -> list[WheelRef]:
     """The wheels of ``project`` on the PEP 503 index ``index_url``.
 
     Raises:
@@ -111,7 +117,11 @@ def list_index(index_url: str, project: str, *, timeout_s: float = 30.0, opener:
 
 
 def list_wheels(
-    find_links: Sequence[str], index_urls: Sequence[str], projects: Sequence[str], *, offline: bool,
+    find_links: Sequence[str],
+    index_urls: Sequence[str],
+    projects: Sequence[str],
+    *,
+    offline: bool,
     opener: Opener = _urlopen,
 ) -> Listing:
     """Wheels of ``projects`` from every find-links dir and index, with a problem line per place that failed.

@@ -1,9 +1,9 @@
 """The pure resolver: ``resolve(snapshot, catalog, request) -> Plan``.
 
-Candidates come in a fixed order — installed, local cache, prebuilt wheels, source build — and each is accepted
-or rejected with its reasons, so "nothing fits" can print them all (the trace huggingface/kernels gives with
-``variants_trace_str``, plus the GPU's compute capability, which kernels does not check; install-anchors §4.3).
-The plan's chosen action is the first accepted candidate.
+Candidates come in a fixed order (installed, local cache, prebuilt wheels, source build) and each is
+accepted or rejected with its reasons, so "nothing fits" can print them all. This is the trace
+huggingface/kernels gives with ``variants_trace_str``, plus the GPU's compute capability, which kernels does
+not check (install-anchors §4.3). The plan's chosen action is the first accepted candidate.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.tags import Tag
 from packaging.version import InvalidVersion, Version
 
 from attnforge.catalog import Catalog
@@ -46,7 +47,8 @@ def resolve(
     """Every way to satisfy ``request`` on ``snapshot``, in order, each accepted or rejected with reasons.
 
     Args:
-        snapshot: the machine (a fresh probe or a saved ``--snapshot``); its Python, glibc and GPUs are used, never
+        snapshot: the machine (a fresh probe or a saved ``--snapshot``); its Python, glibc
+        and GPUs are used, never
             the running interpreter's.
         catalog: ``load_catalog()``.
         request: backend id, version specifier, archs, sources allowed.
@@ -56,8 +58,8 @@ def resolve(
 
     Raises:
         UsageError: the version specifier is not PEP 440. (An unknown backend with no ``request.source`` is
-            rejected by ``catalog.backend`` in the CLI before this is called; here it resolves as a generic
-            torch extension.)
+            rejected by ``catalog.backend`` in the CLI before this is called; here it
+            resolves as a generic torch extension.)
     """
     _check_version_text(request.version)
     backend = catalog.backends.get(request.backend)
@@ -77,14 +79,32 @@ def resolve(
         try:
             facts = read_cached(art)
         except ValueError as exc:
-            candidates.append(_rejected(CandidateKind.CACHE, desc, [f"unreadable cache record: {exc}"],
-                                        cache_key=art.key))
+            candidates.append(
+                _rejected(CandidateKind.CACHE, desc, [f"unreadable cache record: {exc}"], cache_key=art.key)
+            )
             continue
-        m = check_binary(facts, snapshot, catalog, backend, request, tags)
-        candidates.append(Candidate(kind=CandidateKind.CACHE, description=desc, accepted=m.ok,
-                                    reasons=m.problems or m.notes or ("matches this machine",), cache_key=art.key))
+        m = check_binary(facts, snapshot, catalog, backend=backend, request=request, supported=tags)
+        candidates.append(
+            Candidate(
+                kind=CandidateKind.CACHE,
+                description=desc,
+                accepted=m.ok,
+                reasons=m.problems or m.notes or ("matches this machine",),
+                cache_key=art.key,
+            )
+        )
 
-    candidates.extend(_wheel_candidates(snapshot, catalog, backend, request, wheels, distributions, tags))
+    candidates.extend(
+        _wheel_candidates(
+            snapshot,
+            catalog,
+            backend=backend,
+            request=request,
+            wheels=wheels,
+            distributions=distributions,
+            tags=tags,
+        )
+    )
     candidates.extend(_index_candidate(snapshot, catalog, backend, request))
     source = _source(snapshot, catalog, request, home)
     if source is not None:
@@ -97,7 +117,9 @@ def _check_version_text(version: str) -> None:
         try:
             SpecifierSet(version)
         except InvalidSpecifier:
-            raise UsageError(f"not a version specifier: {version!r}", hint="write e.g. ==2.8.3 or >=2.8") from None
+            raise UsageError(
+                f"not a version specifier: {version!r}", hint="write e.g. ==2.8.3 or >=2.8"
+            ) from None
 
 
 def _distributions(catalog: Catalog, backend: Backend | None, request: Request) -> tuple[str, ...]:
@@ -108,11 +130,13 @@ def _distributions(catalog: Catalog, backend: Backend | None, request: Request) 
     return tuple(names) or (request.backend,)
 
 
-def _rejected(kind: CandidateKind, desc: str, reasons: Sequence[str], **kw: str | None) -> Candidate:
-    return Candidate(kind=kind, description=desc, accepted=False, reasons=tuple(reasons), **kw)  # type: ignore[arg-type]
+def _rejected(
+    kind: CandidateKind, desc: str, reasons: Sequence[str], *, cache_key: str | None = None
+) -> Candidate:
+    return Candidate(kind=kind, description=desc, accepted=False, reasons=tuple(reasons), cache_key=cache_key)
 
 
-# -- installed -------------------------------------------------------------------------------------------------------
+# -- installed -----------------------------------------------------------------------------------------------
 def _builtin(snapshot: SystemSnapshot, backend: Backend) -> Candidate:
     desc = f"{backend.display_name} ({backend.install})"
     t = snapshot.torch
@@ -120,12 +144,19 @@ def _builtin(snapshot: SystemSnapshot, backend: Backend) -> Candidate:
         return _rejected(CandidateKind.INSTALLED, desc, ["torch is not installed"])
     if backend.family != "sdpa" or backend.min_cc > (0, 0):
         reasons = [] if t.cuda_version else [f"torch {t.version} is a CPU build"]
-        reasons += [f"needs compute capability {backend.cc_range_text()}, the GPU is {format_cc(cc)}"
-                    for cc in snapshot.compute_capabilities if not backend.supports_cc(cc)]
+        reasons += [
+            f"needs compute capability {backend.cc_range_text()}, the GPU is {format_cc(cc)}"
+            for cc in snapshot.compute_capabilities
+            if not backend.supports_cc(cc)
+        ]
         if reasons:
             return _rejected(CandidateKind.INSTALLED, desc, reasons)
-    return Candidate(kind=CandidateKind.INSTALLED, description=desc, accepted=True,
-                     reasons=(f"comes with torch {t.version}",))
+    return Candidate(
+        kind=CandidateKind.INSTALLED,
+        description=desc,
+        accepted=True,
+        reasons=(f"comes with torch {t.version}",),
+    )
 
 
 def _installed(snapshot: SystemSnapshot, backend: Backend | None, request: Request) -> Candidate:
@@ -156,10 +187,16 @@ def _installed(snapshot: SystemSnapshot, backend: Backend | None, request: Reque
     return Candidate(kind=CandidateKind.INSTALLED, description=desc, accepted=True, reasons=(ok,))
 
 
-# -- wheels ----------------------------------------------------------------------------------------------------------
+# -- wheels --------------------------------------------------------------------------------------------------
 def _wheel_candidates(
-    snapshot: SystemSnapshot, catalog: Catalog, backend: Backend | None, request: Request,
-    wheels: Sequence[WheelRef], distributions: Sequence[str], tags: Sequence[object],
+    snapshot: SystemSnapshot,
+    catalog: Catalog,
+    *,
+    backend: Backend | None,
+    request: Request,
+    wheels: Sequence[WheelRef],
+    distributions: Sequence[str],
+    tags: Sequence[Tag],
 ) -> list[Candidate]:
     accepted: list[tuple[tuple[object, ...], Candidate]] = []
     rejected: list[Candidate] = []
@@ -174,23 +211,35 @@ def _wheel_candidates(
         if not same_distribution(facts.name, distributions):
             continue
         if request.from_source:
-            rejected.append(Candidate(kind=CandidateKind.WHEEL, description=desc, accepted=False,
-                                      reasons=(_FROM_SOURCE,), wheel=ref))
+            rejected.append(
+                Candidate(
+                    kind=CandidateKind.WHEEL,
+                    description=desc,
+                    accepted=False,
+                    reasons=(_FROM_SOURCE,),
+                    wheel=ref,
+                )
+            )
             continue
-        m = check_binary(facts, snapshot, catalog, backend, request, tags)  # type: ignore[arg-type]
-        cand = Candidate(kind=CandidateKind.WHEEL, description=desc, accepted=m.ok,
-                         reasons=m.problems or m.notes or ("matches this machine",), wheel=ref)
+        m = check_binary(facts, snapshot, catalog, backend=backend, request=request, supported=tags)
+        cand = Candidate(
+            kind=CandidateKind.WHEEL,
+            description=desc,
+            accepted=m.ok,
+            reasons=m.problems or m.notes or ("matches this machine",),
+            wheel=ref,
+        )
         if m.ok:
             accepted.append(((_neg_version(facts.version), m.tag_rank or 0, ref.filename), cand))
         else:
             rejected.append(cand)
-    accepted.sort(key=lambda item: item[0])  # type: ignore[arg-type,return-value]
+    accepted.sort(key=lambda item: item[0])
     return [c for _, c in accepted] + sorted(rejected, key=lambda c: c.description)
 
 
 def _neg_version(v: Version) -> tuple[object, ...]:
     """Sort key that puts the newest version first."""
-    return tuple(-x for x in v.release) + ((0,) if v.is_prerelease else (1,),)
+    return (*tuple(-x for x in v.release), (0,) if v.is_prerelease else (1,))
 
 
 def _index_candidate(
@@ -209,16 +258,28 @@ def _index_candidate(
     if t is None or t.cuda_version is None:
         reasons.append(f"torch {t.version if t else '(none)'} is not a CUDA build; the kernels need one")
     if backend is not None:
-        reasons += [f"{backend.display_name} supports compute capability {backend.cc_range_text()}, the GPU is "
-                    f"{format_cc(cc)}" for cc in target_ccs(snapshot, request) if not backend.supports_cc(cc)]
+        reasons += [
+            f"{backend.display_name} supports compute capability {backend.cc_range_text()}, the GPU is "
+            f"{format_cc(cc)}"
+            for cc in target_ccs(snapshot, request)
+            if not backend.supports_cc(cc)
+        ]
     if reasons:
         return [_rejected(CandidateKind.WHEEL, desc, reasons)]
-    return [Candidate(kind=CandidateKind.WHEEL, description=desc, accepted=True,
-                      reasons=(f"{recipe.distribution} is pure Python; its kernels compile on first call",))]
+    return [
+        Candidate(
+            kind=CandidateKind.WHEEL,
+            description=desc,
+            accepted=True,
+            reasons=(f"{recipe.distribution} is pure Python; its kernels compile on first call",),
+        )
+    ]
 
 
-# -- source ----------------------------------------------------------------------------------------------------------
-def _source(snapshot: SystemSnapshot, catalog: Catalog, request: Request, home: str | None) -> Candidate | None:
+# -- source --------------------------------------------------------------------------------------------------
+def _source(
+    snapshot: SystemSnapshot, catalog: Catalog, request: Request, home: str | None
+) -> Candidate | None:
     recipe = catalog.recipe(request.backend)
     if recipe is None or recipe.kind is not RecipeKind.BUILD:
         return None
@@ -230,8 +291,15 @@ def _source(snapshot: SystemSnapshot, catalog: Catalog, request: Request, home: 
     decision = plan_build(snapshot, catalog, request, home=home)
     reasons = [f.text() for f in decision.preflight.failures]
     if request.offline and source.kind is not SourceKind.PATH:
-        reasons.append(f"--offline: the {source.kind.value} source cannot be downloaded; pass a local --source")
+        reasons.append(
+            f"--offline: the {source.kind.value} source cannot be downloaded; pass a local --source"
+        )
     if reasons or decision.spec is None:
         return _rejected(CandidateKind.SOURCE, desc, reasons)
-    return Candidate(kind=CandidateKind.SOURCE, description=desc, accepted=True, reasons=decision.spec.notes,
-                     build=decision.spec)
+    return Candidate(
+        kind=CandidateKind.SOURCE,
+        description=desc,
+        accepted=True,
+        reasons=decision.spec.notes,
+        build=decision.spec,
+    )

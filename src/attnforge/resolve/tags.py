@@ -1,8 +1,8 @@
-"""Wheel tags a snapshot's interpreter accepts, computed from the snapshot (not from the running interpreter).
+"""Wheel tags a snapshot's interpreter accepts, computed from the snapshot, not the running interpreter.
 
-``packaging.tags.sys_tags()`` describes the Python attnforge runs in; a plan for a saved H200 snapshot must use
-that machine's Python, ABI and glibc instead. The order is pip's: most specific first, ``manylinux`` before plain
-``linux`` (pypa/packaging ``tags.py``; toolchain-facts.md §6.1).
+``packaging.tags.sys_tags()`` describes the Python attnforge runs in; a plan for a saved H200 snapshot must
+use that machine's Python, ABI and glibc instead. The order is pip's: most specific first, ``manylinux``
+before plain ``linux`` (pypa/packaging ``tags.py``; toolchain-facts.md §6.1).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ _ARCH = {"amd64": "x86_64", "x86_64": "x86_64", "aarch64": "aarch64", "arm64": "
 
 
 def platform_tags(platform: PlatformInfo) -> list[str]:
-    """Platform tags in preference order: ``manylinux_2_39_x86_64`` ... ``manylinux_2_5_x86_64``, ``linux_x86_64``
+    """Platform tags in preference order: ``manylinux_2_39_x86_64`` ...
+    ``manylinux_2_5_x86_64``, ``linux_x86_64``
     on glibc Linux; the snapshot's own platform tag elsewhere (``win_amd64``)."""
     best = _best_tag(platform)
     own = best.platform if best is not None else ""

@@ -1,9 +1,10 @@
-"""Does a prebuilt binary fit this machine? Wheel tags, local version label, torch, CUDA, C++11 ABI, GPU archs.
+"""Does a prebuilt binary fit this machine? Tags, local label, torch, CUDA, C++11 ABI, GPU archs.
 
-Installers check only the tag triple; the torch/CUDA/ABI a wheel was built for hides in its local version label
-(``2.8.3+cu12torch2.8cxx11abiTRUE``), and its GPU code in its binary. This module checks all of them and says
-"built for X, you have Y" for each mismatch. Sources: toolchain-facts.md §6.1 and §8 predicates 1 and 6;
-install-anchors.md §4.3 (CUDA: same major, wheel minor <= torch minor, as huggingface/kernels does) and KB-07.
+Installers check only the tag triple; the torch/CUDA/ABI a wheel was built for hides in its local version
+label (``2.8.3+cu12torch2.8cxx11abiTRUE``), and its GPU code in its binary. This module checks all of them
+and says "built for X, you have Y" for each mismatch. Sources: toolchain-facts.md §6.1 and §8 predicates
+1 and 6; install-anchors.md §4.3 (CUDA: same major, wheel minor <= torch minor, as huggingface/kernels
+does) and KB-07.
 """
 
 from __future__ import annotations
@@ -62,7 +63,11 @@ def read_wheel(filename: str, catalog: Catalog) -> BinaryFacts:
         raise ValueError(str(exc)) from None
     label, grammar = _label(catalog.grammars_for(name), version.local)
     return BinaryFacts(
-        filename=filename, name=name, version=version, tags=tags, label=label,
+        filename=filename,
+        name=name,
+        version=version,
+        tags=tags,
+        label=label,
         torch_match=grammar.torch_match if grammar else TorchMatch.NONE,
         archs=grammar.archs if grammar else (),
     )
@@ -84,11 +89,20 @@ def read_cached(artifact: CachedArtifact) -> BinaryFacts:
         cuda = CudaTag(major=major, minor=minor)
     label = WheelLabel(grammar="cache", cuda=cuda, torch=artifact.torch_version, cxx11_abi=artifact.cxx11_abi)
     archs = tuple(Target(cc=cc, kind=TargetKind.SASS) for cc in artifact.archs)
-    return BinaryFacts(filename=artifact.filename, name=name, version=version, tags=tags, label=label,
-                       torch_match=TorchMatch.EXACT, archs=archs)
+    return BinaryFacts(
+        filename=artifact.filename,
+        name=name,
+        version=version,
+        tags=tags,
+        label=label,
+        torch_match=TorchMatch.EXACT,
+        archs=archs,
+    )
 
 
-def _label(grammars: Sequence[WheelGrammar], local: str | None) -> tuple[WheelLabel | None, WheelGrammar | None]:
+def _label(
+    grammars: Sequence[WheelGrammar], local: str | None
+) -> tuple[WheelLabel | None, WheelGrammar | None]:
     if local is None:
         return None, None
     for g in grammars:
@@ -103,7 +117,12 @@ def target_ccs(snapshot: SystemSnapshot, request: Request) -> tuple[ComputeCapab
 
 
 def check_binary(
-    facts: BinaryFacts, snapshot: SystemSnapshot, catalog: Catalog, backend: Backend | None, request: Request,
+    facts: BinaryFacts,
+    snapshot: SystemSnapshot,
+    catalog: Catalog,
+    *,
+    backend: Backend | None,
+    request: Request,
     supported: Sequence[Tag],
 ) -> Match:
     """Every reason ``facts`` cannot serve ``request`` on ``snapshot`` (all of them, not just the first)."""
@@ -113,22 +132,29 @@ def check_binary(
     rank = min((i for i, t in enumerate(supported) if t in facts.tags), default=None)
     if rank is None:
         wheel_tags = ", ".join(sorted(str(t) for t in facts.tags))
-        problems.append(f"wheel tags {wheel_tags} do not fit Python {snapshot.platform.python_version} on "
-                        f"{snapshot.platform.wheel_tag.split('-', 2)[-1]} (best tag here: {snapshot.platform.wheel_tag})")
+        problems.append(
+            f"wheel tags {wheel_tags} do not fit Python {snapshot.platform.python_version} on "
+            f"{snapshot.platform.wheel_tag.split('-', 2)[-1]} (best tag here: {snapshot.platform.wheel_tag})"
+        )
     elif all(t.platform.startswith("linux_") for t in facts.tags):
-        notes.append("plain linux_* tag: the glibc it needs is not stated (a too-new build fails with "
-                     "'GLIBC_2.xx not found')")
+        notes.append(
+            "plain linux_* tag: the glibc it needs is not stated (a too-new build fails with "
+            "'GLIBC_2.xx not found')"
+        )
     native = backend is None or bool(backend.native_modules)
     if native:
         problems.extend(_label_problems(facts, snapshot, notes))
-    problems.extend(_arch_problems(facts, snapshot, catalog, backend, request, notes))
+    problems.extend(_arch_problems(facts, snapshot, catalog, backend=backend, request=request, notes=notes))
     return Match(problems=tuple(problems), notes=tuple(notes), tag_rank=rank)
 
 
 def _version_problems(facts: BinaryFacts, backend: Backend | None, request: Request) -> list[str]:
     out = []
-    if backend is not None and backend.version_spec and not backend.version_spec.contains(facts.version,
-                                                                                       prereleases=True):
+    if (
+        backend is not None
+        and backend.version_spec
+        and not backend.version_spec.contains(facts.version, prereleases=True)
+    ):
         out.append(f"version {facts.version} is not {backend.display_name} ({backend.version_spec})")
     if request.version:
         try:
@@ -164,10 +190,16 @@ def _label_problems(facts: BinaryFacts, snapshot: SystemSnapshot, notes: list[st
     out.extend(_torch_problems(facts, torch.version))
     if label.torch is None or facts.torch_match is TorchMatch.NONE:
         notes.append("the filename does not say which torch it needs (pip checks Requires-Dist)")
-    if label.cxx11_abi is not None and torch.cxx11_abi is not None and snapshot.platform.os == "linux" \
-            and label.cxx11_abi != torch.cxx11_abi:
-        out.append(f"built with cxx11abi{str(label.cxx11_abi).upper()}, torch here uses "
-                   f"cxx11abi{str(torch.cxx11_abi).upper()} (undefined symbols at import)")
+    if (
+        label.cxx11_abi is not None
+        and torch.cxx11_abi is not None
+        and snapshot.platform.os == "linux"
+        and label.cxx11_abi != torch.cxx11_abi
+    ):
+        out.append(
+            f"built with cxx11abi{str(label.cxx11_abi).upper()}, torch here uses "
+            f"cxx11abi{str(torch.cxx11_abi).upper()} (undefined symbols at import)"
+        )
     return out
 
 
@@ -183,7 +215,7 @@ def _torch_problems(facts: BinaryFacts, torch_version: str) -> list[str]:
     built = f"built for torch {label.torch}"
     if facts.torch_match is TorchMatch.MAJOR_MINOR and have.release[:2] != want.release[:2]:
         return [f"{built}, you have torch {torch_version}"]
-    if facts.torch_match is TorchMatch.EXACT and have.release[:3] != (want.release + (0, 0))[:3]:
+    if facts.torch_match is TorchMatch.EXACT and have.release[:3] != ((*want.release, 0, 0))[:3]:
         return [f"{built} exactly, you have torch {torch_version}"]
     if facts.torch_match is TorchMatch.AT_LEAST and have < want:
         return [f"{built} or newer (stable ABI), you have torch {torch_version}"]
@@ -191,7 +223,12 @@ def _torch_problems(facts: BinaryFacts, torch_version: str) -> list[str]:
 
 
 def _arch_problems(
-    facts: BinaryFacts, snapshot: SystemSnapshot, catalog: Catalog, backend: Backend | None, request: Request,
+    facts: BinaryFacts,
+    snapshot: SystemSnapshot,
+    catalog: Catalog,
+    *,
+    backend: Backend | None,
+    request: Request,
     notes: list[str],
 ) -> list[str]:
     out = []
@@ -199,8 +236,10 @@ def _arch_problems(
     if backend is not None:
         for cc in ccs:
             if not backend.supports_cc(cc):
-                out.append(f"{backend.display_name} supports compute capability {backend.cc_range_text()}, "
-                           f"the GPU is {format_cc(cc)}")
+                out.append(
+                    f"{backend.display_name} supports compute capability {backend.cc_range_text()}, "
+                    f"the GPU is {format_cc(cc)}"
+                )
     if not facts.archs:
         if backend is None or backend.native_modules:
             notes.append("the wheel's GPU archs are not known; attnforge verify checks them after install")
@@ -211,9 +250,14 @@ def _arch_problems(
     built = ", ".join(str(t) for t in facts.archs)
     for cc in ccs:
         if not any(catalog.tools.runs_on(t, cc) for t in facts.archs):
-            name = next((g.name for g in snapshot.gpus if g.compute_capability == cc), f"compute capability {format_cc(cc)}")
-            out.append(f"has no code for {format_cc(cc)} ({name}): built for {built}; it would fail with "
-                       "'no kernel image is available for execution on the device'")
+            name = next(
+                (g.name for g in snapshot.gpus if g.compute_capability == cc),
+                f"compute capability {format_cc(cc)}",
+            )
+            out.append(
+                f"has no code for {format_cc(cc)} ({name}): built for {built}; it would fail with "
+                "'no kernel image is available for execution on the device'"
+            )
     return out
 
 
