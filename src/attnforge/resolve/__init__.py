@@ -1,5 +1,9 @@
-"""Pure decisions: ``(SystemSnapshot, Catalog, Request) -> Plan``."""
+"""Pure decisions: ``(SystemSnapshot, Catalog, Request) -> Plan``.
 
+``build_spec(snapshot, catalog, request) -> BuildSpec`` is the entry point of ``attnforge build``.
+"""
+
+from attnforge.resolve.buildspec import build_spec, plan_build
 from attnforge.resolve.types import (
     BuildSpec,
     CachedArtifact,
@@ -13,6 +17,6 @@ from attnforge.resolve.types import (
 )
 
 __all__ = [
-    "BuildSpec", "CachedArtifact", "Candidate", "CandidateKind", "Plan", "Request", "SourceKind", "SourceSpec",
-    "WheelRef",
+    "BuildSpec", "CachedArtifact", "Candidate", "CandidateKind", "Plan", "Request", "SourceKind",
+    "SourceSpec", "WheelRef", "build_spec", "plan_build",
 ]

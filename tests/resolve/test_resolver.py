@@ -1,0 +1,313 @@
+"""The resolver over snapshot fixtures: which candidate wins, and the reasons for the rest."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from attnforge.catalog import Catalog
+from attnforge.probe.snapshot import Compiler, InstalledBackend, NativeModule, SystemSnapshot, TorchInfo
+from attnforge.resolve.listing import list_find_links
+from attnforge.resolve.resolver import resolve
+from attnforge.resolve.types import CachedArtifact, CandidateKind, Plan, Request
+from tests.resolve.conftest import WHEELS, snapshot
+
+H200 = "h200_torch2.11_cu130"
+CPU = "cpu_dev_torch2.13_cpu"
+RTX5090 = "rtx5090_torch2.8_cu128_nvcc12.4"
+CU13_NVCC12 = "h100_torch2.11_cu130_nvcc12.6"
+WINDOWS = "windows_vs17.10_cuda12.3_torch2.5_cu124"
+
+
+def _source(plan: Plan) -> str:
+    cand = next(c for c in plan.candidates if c.kind is CandidateKind.SOURCE)
+    return "\n".join(cand.reasons)
+
+
+@pytest.mark.parametrize(
+    ("snap", "viable", "must_say", "must_not_say"),
+    [
+        pytest.param(H200, True, ["9.0 -> sm_90"], [], id="h200-builds-for-9.0"),
+        pytest.param(CPU, False, ["CPU-only build"], ["set CUDA_HOME"], id="cpu-torch"),
+        pytest.param(
+            RTX5090,
+            False,
+            ["sm_120 needs nvcc >= 12.8", "NVIDIA GeForce RTX 5090"],
+            [],
+            id="rtx5090-nvcc-12.4",
+        ),
+        pytest.param(
+            CU13_NVCC12,
+            False,
+            ["CUDA majors must match", "CUDA 13.0", "nvcc 12.6"],
+            [],
+            id="cu13-torch-nvcc-12",
+        ),
+        pytest.param(
+            WINDOWS,
+            False,
+            ["_MSC_VER 1940", "[1910, 1940)", "-vcvars_ver=14.39", "CUDA 12.4 or newer 12.x"],
+            [],
+            id="windows-vs17.10-cuda12.3",
+        ),
+    ],
+)
+def test_flash_attn_source_build(
+    catalog: Catalog, snap: str, viable: bool, must_say: list[str], must_not_say: list[str]
+) -> None:
+    plan = resolve(snapshot(snap), catalog, Request(backend="flash-attn"))
+    assert plan.viable is viable
+    text = _source(plan)
+    for phrase in must_say:
+        assert phrase in text
+    for phrase in must_not_say:
+        assert phrase not in text
+
+
+def test_h200_build_spec(catalog: Catalog) -> None:
+    snap = snapshot(H200)
+    plan = resolve(snap, catalog, Request(backend="flash-attn"))
+    chosen = plan.chosen
+    assert chosen is not None
+    assert chosen.kind is CandidateKind.SOURCE
+    spec = chosen.build
+    assert spec is not None
+    assert spec.archs == ((9, 0),)
+    assert spec.env["FLASH_ATTN_CUDA_ARCHS"] == "90"
+    assert spec.env["FLASH_ATTENTION_FORCE_BUILD"] == "TRUE"
+    assert spec.env["CUDA_HOME"] == "/usr/local/cuda"
+    assert spec.max_jobs * spec.nvcc_threads <= snap.platform.cores
+    assert spec.max_jobs * spec.nvcc_threads * 5 * 2**30 <= snap.platform.ram_available_bytes
+    assert spec.build_root.startswith(snap.platform.disk_path)
+
+
+def test_rtx5090_plan_rejects_only_the_arch(catalog: Catalog) -> None:
+    plan = resolve(snapshot(RTX5090), catalog, Request(backend="flash-attn"))
+    text = _source(plan)
+    assert "CUDA majors" not in text  # nvcc 12.4 and torch cu128 share major 12
+    assert text.count("nvcc 12.4 cannot build") == 1  # the PTX of the same arch is not repeated
+
+
+def test_arch_override(catalog: Catalog) -> None:
+    plan = resolve(snapshot(H200), catalog, Request(backend="flash-attn", archs=((9, 0), (12, 0))))
+    assert plan.chosen is not None
+    assert plan.chosen.build is not None
+    assert plan.chosen.build.env["FLASH_ATTN_CUDA_ARCHS"] == "90;120"
+
+
+def test_sageattention_uses_torch_arch_list(catalog: Catalog) -> None:
+    plan = resolve(snapshot(H200), catalog, Request(backend="sageattention-2"))
+    assert plan.chosen is not None
+    assert plan.chosen.build is not None
+    assert plan.chosen.build.env["TORCH_CUDA_ARCH_LIST"] == "9.0"
+    assert "FLASH_ATTN_CUDA_ARCHS" not in plan.chosen.build.env
+
+
+def test_windows_with_a_fitting_toolset_builds(catalog: Catalog) -> None:
+    snap = snapshot(WINDOWS)
+    vs = dataclasses.replace(snap.visual_studio[0], msvc_toolsets=("14.40.33807", "14.39.33519"))
+    snap = dataclasses.replace(snap, visual_studio=(vs,))
+    plan = resolve(snap, catalog, Request(backend="flash-attn"))
+    assert plan.chosen is not None
+    assert plan.chosen.build is not None
+    spec = plan.chosen.build
+    assert spec.msvc_toolset == "14.39"
+    assert spec.env["DISTUTILS_USE_SDK"] == "1"
+    assert spec.env["FLASH_ATTN_CUDA_ARCHS"] == "80"  # an 8.9 GPU runs the sm_80 cubin
+    assert spec.env["CUDA_HOME"].endswith("v12.3")
+    assert len(spec.build_root) <= 40
+    assert spec.build_root.startswith("C:\\afb\\")
+
+
+def test_gcc_too_new(catalog: Catalog) -> None:
+    snap = snapshot(H200)
+    gcc = Compiler(kind="g++", path="/usr/bin/g++", version="16.1.0", banner="g++ 16.1.0")
+    plan = resolve(dataclasses.replace(snap, compilers=(gcc,)), catalog, Request(backend="flash-attn"))
+    assert not plan.viable
+    assert "CC=gcc-15 CXX=g++-15" in _source(plan)
+
+
+def test_wrapper_nvcc_is_not_chosen_as_cuda_home(catalog: Catalog) -> None:
+    snap = snapshot(CPU)
+    torch = dataclasses.replace(snap.torch, version="2.13.0+cu130", cuda_version="13.0")
+    snap = dataclasses.replace(snap, torch=torch)
+    plan = resolve(snap, catalog, Request(backend="flash-attn", archs=((9, 0),)))
+    assert plan.chosen is not None
+    assert plan.chosen.build is not None
+    assert plan.chosen.build.env["CUDA_HOME"] == "/usr/local/cuda"
+
+
+def test_no_torch_is_reported_as_missing(catalog: Catalog) -> None:
+    snap = dataclasses.replace(snapshot(H200), torch=None)
+    text = _source(resolve(snap, catalog, Request(backend="flash-attn")))
+    assert "torch is not importable" in text
+
+
+def test_find_links_picks_the_right_wheel(catalog: Catalog) -> None:
+    wheels = list_find_links(str(WHEELS / "h200_flash_attn"))
+    plan = resolve(snapshot(H200), catalog, Request(backend="flash-attn"), wheels=wheels)
+    chosen = plan.chosen
+    assert chosen is not None
+    assert chosen.wheel is not None
+    assert chosen.wheel.filename == "flash_attn-2.8.3+cu13torch2.11cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
+    rejected = {c.wheel.filename: " ".join(c.reasons) for c in plan.candidates if c.wheel and not c.accepted}
+    assert (
+        "built for torch 2.10"
+        in rejected["flash_attn-2.8.3+cu13torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"]
+    )
+    assert (
+        "cp311-cp311-linux_x86_64 do not fit Python 3.12"
+        in rejected["flash_attn-2.8.3+cu13torch2.11cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"]
+    )
+    assert (
+        "CUDA majors must match"
+        in rejected["flash_attn-2.8.3+cu12torch2.11cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"]
+    )
+    assert all("torch-2.11.0" not in c.description for c in plan.candidates)  # another distribution
+
+
+def test_wheel_without_the_gpus_arch_is_rejected(catalog: Catalog) -> None:
+    snap = snapshot(RTX5090)
+    # upstream wheels carry sm_80/90/100/120 + compute_120: Thor (11.0) runs none of them
+    gpu = dataclasses.replace(snap.gpus[0], name="NVIDIA Jetson AGX Thor", compute_capability=(11, 0))
+    wheels = list_find_links(str(WHEELS / "h200_flash_attn"))
+    torch = dataclasses.replace(snap.torch, version="2.11.0+cu130", cuda_version="13.0")
+    snap = dataclasses.replace(
+        snap,
+        gpus=(gpu,),
+        torch=torch,
+        platform=dataclasses.replace(snap.platform, wheel_tag="cp312-cp312-linux_x86_64"),
+    )
+    plan = resolve(snap, catalog, Request(backend="flash-attn"), wheels=wheels)
+    right = next(
+        c
+        for c in plan.candidates
+        if c.wheel and c.wheel.filename.startswith("flash_attn-2.8.3+cu13torch2.11cxx11abiTRUE-cp312")
+    )
+    assert not right.accepted
+    assert "has no code for 11.0 (NVIDIA Jetson AGX Thor)" in " ".join(right.reasons)
+
+
+def test_from_source_skips_wheels(catalog: Catalog) -> None:
+    wheels = list_find_links(str(WHEELS / "h200_flash_attn"))
+    plan = resolve(snapshot(H200), catalog, Request(backend="flash-attn", from_source=True), wheels=wheels)
+    assert plan.chosen is not None
+    assert plan.chosen.kind is CandidateKind.SOURCE
+
+
+def _cached(**kw: object) -> CachedArtifact:
+    base = {
+        "key": "sha256:" + "a" * 64,
+        "name": "flash-attn",
+        "version": "2.8.3",
+        "filename": "flash_attn-2.8.3-cp312-cp312-linux_x86_64.whl",
+        "archs": ((9, 0),),
+        "torch_version": "2.11.0+cu130",
+        "cuda_version": "13.0",
+        "cxx11_abi": True,
+        "sha256": "b" * 64,
+    }
+    base.update(kw)
+    return CachedArtifact(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("art", "accepted", "reason"),
+    [
+        pytest.param(_cached(), True, None, id="fits"),
+        pytest.param(_cached(archs=((8, 0),)), False, "has no code for 9.0", id="wrong-arch"),
+        pytest.param(
+            _cached(torch_version="2.10.0+cu130"), False, "built for torch 2.10.0", id="wrong-torch"
+        ),
+    ],
+)
+def test_cache_candidate(catalog: Catalog, art: CachedArtifact, accepted: bool, reason: str | None) -> None:
+    plan = resolve(snapshot(H200), catalog, Request(backend="flash-attn"), cached=[art])
+    cand = next(c for c in plan.candidates if c.kind is CandidateKind.CACHE)
+    assert cand.accepted is accepted
+    assert cand.cache_key == art.key
+    if reason:
+        assert reason in " ".join(cand.reasons)
+    else:
+        assert plan.chosen is cand
+
+
+@pytest.mark.parametrize(
+    ("state", "accepted"),
+    [
+        pytest.param(
+            InstalledBackend(
+                backend="flash-attn",
+                distribution="flash-attn",
+                version="2.8.3",
+                imports=True,
+                native=(NativeModule(name="flash_attn_2_cuda", ok=True),),
+            ),
+            True,
+            id="works",
+        ),
+        pytest.param(
+            InstalledBackend(
+                backend="flash-attn",
+                distribution="flash-attn",
+                version="2.8.3",
+                imports=True,
+                native=(NativeModule(name="flash_attn_2_cuda", ok=False, error="undefined symbol: _ZN3c10"),),
+            ),
+            False,
+            id="native-broken",
+        ),
+    ],
+)
+def test_installed_candidate(catalog: Catalog, state: InstalledBackend, accepted: bool) -> None:
+    snap = snapshot(H200)
+    snap = dataclasses.replace(snap, backends=(state,))
+    plan = resolve(snap, catalog, Request(backend="flash-attn"))
+    first = plan.candidates[0]
+    assert first.kind is CandidateKind.INSTALLED
+    assert first.accepted is accepted
+    if not accepted:
+        assert "undefined symbol" in " ".join(first.reasons)
+        assert plan.chosen is not None
+        assert plan.chosen.kind is CandidateKind.SOURCE
+
+
+def test_pure_python_backend_is_a_pip_install(catalog: Catalog) -> None:
+    plan = resolve(snapshot(H200), catalog, Request(backend="flash-attn-4"))
+    assert plan.chosen is not None
+    assert plan.chosen.kind is CandidateKind.WHEEL
+    offline = resolve(snapshot(H200), catalog, Request(backend="flash-attn-4", offline=True))
+    assert not offline.viable
+
+
+def test_builtin_backend(catalog: Catalog) -> None:
+    assert resolve(snapshot(H200), catalog, Request(backend="sdpa-flash")).viable
+    assert not resolve(snapshot(CPU), catalog, Request(backend="sdpa-flash")).viable
+
+
+def test_flash_attn_3_not_on_rtx5090(catalog: Catalog) -> None:
+    text = _source(resolve(snapshot(RTX5090), catalog, Request(backend="flash-attn-3")))
+    assert "12.0" in text
+    assert "outside" in text or "cannot build code" in text
+
+
+def test_snapshot_tags_not_the_running_interpreter(catalog: Catalog) -> None:
+    """The H200 snapshot is Python 3.12; this machine runs 3.11. The cp312 wheel must still be chosen."""
+    wheels = list_find_links(str(WHEELS / "h200_flash_attn"))
+    snap: SystemSnapshot = snapshot(H200)
+    plan = resolve(snap, catalog, Request(backend="flash-attn"), wheels=wheels)
+    assert plan.chosen is not None
+    assert plan.chosen.wheel is not None
+    assert "cp312" in plan.chosen.wheel.filename
+
+
+def test_bad_version_text_is_usage_error(catalog: Catalog) -> None:
+    from attnforge.errors import UsageError
+
+    with pytest.raises(UsageError):
+        resolve(snapshot(H200), catalog, Request(backend="flash-attn", version="==>2"))
+
+
+def test_torch_info_helpers_unchanged() -> None:
+    assert TorchInfo.__dataclass_fields__["version"]  # contract types still import
