@@ -43,7 +43,7 @@ def test_cpu_machine_says_cpu_build_once_and_why_flash_attn_cannot_be_built() ->
     assert all(r.status is Status.UNSUPPORTED for k, r in rows.items() if k != "sdpa-math")
     fa2 = rows["flash-attn"]
     assert fa2.problem is not None and fa2.problem.startswith("cannot be built here")
-    assert "CPU build" in fa2.problem and "no GPU" in fa2.problem
+    assert "CPU-only build" in fa2.problem and "no GPU" in fa2.problem
     assert fa2.next_step == SEE_BLOCKER
     assert report.verdict.fastest_now == "SDPA math"
     assert "CPU build" in report.verdict.to_go_faster

@@ -4,6 +4,7 @@
 """
 
 from attnforge.resolve.buildspec import build_spec, plan_build
+from attnforge.resolve.resolver import resolve
 from attnforge.resolve.types import (
     BuildSpec,
     CachedArtifact,
@@ -18,5 +19,5 @@ from attnforge.resolve.types import (
 
 __all__ = [
     "BuildSpec", "CachedArtifact", "Candidate", "CandidateKind", "Plan", "Request", "SourceKind",
-    "SourceSpec", "WheelRef", "build_spec", "plan_build",
+    "SourceSpec", "WheelRef", "build_spec", "plan_build", "resolve",
 ]
