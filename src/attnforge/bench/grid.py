@@ -1,4 +1,4 @@
-"""Which shapes ``attnforge bench`` times: the FlashAttention papers' grid, a tiny CPU grid, or the user's shape.
+"""The shapes ``attnforge bench`` times: the FlashAttention papers' grid, a tiny CPU grid, the user's shape.
 
 The papers' grid (FlashAttention-2 ``benchmarks/benchmark_flash_attention.py``, FlashAttention-2 paper §4.1,
 FlashAttention-3 paper §4.1): 16k tokens per batch (``B = 16384 // S``), ``S`` from 512 to 16k, hidden size
@@ -53,8 +53,9 @@ class BenchShape:
     @property
     def flops(self) -> float:
         """FLOPs per call (:func:`attnforge.bench.flops.attention_flops`)."""
-        return attention_flops(batch=self.batch, heads=self.heads, seqlen_q=self.seqlen_q, seqlen_k=self.seqlen_k,
-                               head_dim=self.head_dim, causal=self.causal, mode=self.mode)
+        return attention_flops(batch=self.batch, heads=self.heads, seqlen_q=self.seqlen_q,
+                               seqlen_k=self.seqlen_k, head_dim=self.head_dim, causal=self.causal,
+                               mode=self.mode)
 
     @property
     def label(self) -> str:
@@ -64,12 +65,14 @@ class BenchShape:
         mask = "causal" if self.causal else "full"
         return f"{self.mode.value} {mask} D{self.head_dim} B{self.batch} {heads} {seq}"
 
-    def call(self, *, device_type: str, compute_capability: tuple[int, int] | None) -> AttentionCall:
+    def call(self, *, device_type: str, compute_capability: tuple[int, int] | None,
+             precision: str = "exact") -> AttentionCall:
         """The adapter-facing description (``needs_grad`` for fwd+bwd)."""
         return AttentionCall(
-            device_type=device_type, compute_capability=compute_capability, dtype=self.dtype, batch=self.batch,
-            heads_q=self.heads, heads_kv=self.kv_heads, seqlen_q=self.seqlen_q, seqlen_k=self.seqlen_k,
-            head_dim=self.head_dim, causal=self.causal, needs_grad=self.mode is Mode.FWD_BWD,
+            device_type=device_type, compute_capability=compute_capability, dtype=self.dtype,
+            batch=self.batch, heads_q=self.heads, heads_kv=self.kv_heads, seqlen_q=self.seqlen_q,
+            seqlen_k=self.seqlen_k, head_dim=self.head_dim, causal=self.causal,
+            needs_grad=self.mode is Mode.FWD_BWD, precision=precision,
         )
 
 
@@ -92,8 +95,9 @@ def paper_grid(
             for head_dim in head_dims:
                 heads = max(1, hidden // head_dim)
                 for s in seqlens:
-                    out.append(BenchShape(batch=max(1, tokens // s), heads=heads, kv_heads=heads, head_dim=head_dim,
-                                          seqlen_q=s, seqlen_k=s, causal=causal, mode=mode, dtype=dtype))
+                    out.append(BenchShape(batch=max(1, tokens // s), heads=heads, kv_heads=heads,
+                                          head_dim=head_dim, seqlen_q=s, seqlen_k=s, causal=causal, mode=mode,
+                                          dtype=dtype))
     return out
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-#: ``step(i)`` runs one call on input set ``i % sets`` and returns once the work is queued (GPU) or done (CPU).
+#: ``step(i)`` runs one call on input set ``i % sets``; it returns once the work is queued (GPU) or done.
 Step = Callable[[int], object]
 
 
@@ -67,7 +67,7 @@ class Timing:
         min_ms, p20_ms, p80_ms: spread of the repetitions.
         reps: timed repetitions.
         warmup_calls: untimed calls after the first.
-        first_call_s: the first call alone, wall time: compile/JIT/autotuning plus one run; never in the median.
+        first_call_s: the first call alone, wall time: compile/JIT/autotuning plus one run; not in the median.
         input_sets: how many input sets the calls rotated through.
         method: the timer.
     """
@@ -83,7 +83,8 @@ class Timing:
     method: TimerMethod
 
 
-def rotation_sets(*, set_bytes: int, l2_bytes: int | None, budget_bytes: int | None, max_sets: int = 64) -> int:
+def rotation_sets(*, set_bytes: int, l2_bytes: int | None, budget_bytes: int | None,
+                  max_sets: int = 64) -> int:
     """How many input sets to rotate through: enough that they exceed twice the L2 cache together.
 
     Args:
@@ -103,7 +104,7 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
     """Time ``step`` the same way for every backend.
 
     1. The first call is timed alone (compile, JIT, autotuning, cuDNN plan building) and reported apart.
-    2. Three calls estimate the cost of one; the budgets then give the warm-up and repetition counts.
+    2. The fastest of three calls estimates one; the budgets then give the warm-up and repetition counts.
     3. Warm-up calls run untimed; each repetition is timed on its own; the median is reported.
 
     Args:
@@ -122,11 +123,8 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
     sync()
     first_call_s = clock() - start
 
-    start = clock()
-    for _ in range(3):
-        step(counter.next())
-    sync()
-    estimate_ms = max((clock() - start) * 1e3 / 3, 1e-6)
+    # The fastest of three calls estimates one call: a call slowed by a neighbour must not shrink the budget.
+    estimate_ms = max(min(_wall(step, counter, 3, sync, clock)), 1e-6)
     warmup = max(1, math.ceil(config.warmup_ms / estimate_ms))
     reps = min(config.max_reps, max(config.min_reps, math.ceil(config.rep_ms / estimate_ms)))
 
@@ -155,8 +153,8 @@ def summarize(times_ms: list[float], *, warmup_calls: int, first_call_s: float, 
     else:
         p20 = p80 = ordered[0]
     return Timing(median_ms=statistics.median(ordered), min_ms=ordered[0], p20_ms=p20, p80_ms=p80,
-                  reps=len(ordered), warmup_calls=warmup_calls, first_call_s=first_call_s, input_sets=input_sets,
-                  method=method)
+                  reps=len(ordered), warmup_calls=warmup_calls, first_call_s=first_call_s,
+                  input_sets=input_sets, method=method)
 
 
 class _Rotation:
@@ -184,7 +182,8 @@ def _wall(step: Step, counter: _Rotation, reps: int, sync: Callable[[], None],
 def _cuda_events(step: Step, counter: _Rotation, reps: int) -> list[float]:
     import torch
 
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    event = torch.cuda.Event
+    pairs = [(event(enable_timing=True), event(enable_timing=True)) for _ in range(reps)]  # type: ignore[no-untyped-call]
     for begin, end in pairs:
         i = counter.next()
         begin.record()

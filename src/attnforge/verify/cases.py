@@ -40,13 +40,14 @@ class VerifyCase:
     causal: bool
     seed: int
 
-    def call(self, *, device_type: str, compute_capability: tuple[int, int] | None) -> AttentionCall:
-        """The adapter-facing description of this case (forward only, exact precision requested)."""
+    def call(self, *, device_type: str, compute_capability: tuple[int, int] | None,
+             precision: str = "exact") -> AttentionCall:
+        """The adapter-facing description of this case (forward only)."""
         return AttentionCall(
             device_type=device_type, compute_capability=compute_capability, dtype=self.dtype,
             batch=self.batch, heads_q=self.heads_q, heads_kv=self.heads_kv, seqlen_q=self.seqlen_q,
             seqlen_k=self.seqlen_k,
-            head_dim=self.head_dim, causal=self.causal, needs_grad=False,
+            head_dim=self.head_dim, causal=self.causal, needs_grad=False, precision=precision,
         )
 
     @property

@@ -205,8 +205,10 @@ def summarize(results: Sequence[CaseResult], device: DeviceInfo) -> str:
 
 def _run_case(adapter: BackendAdapter, case: VerifyCase, *, device: DeviceInfo, tolerances: Tolerances,
               kind: PrecisionKind) -> CaseResult:
+    precision = "allow_quantized" if kind is PrecisionKind.QUANTIZED else "exact"
     reasons = adapter.unsupported_reasons(case.call(device_type=device.type.value,
-                                                    compute_capability=device.compute_capability))
+                                                    compute_capability=device.compute_capability,
+                                                    precision=precision))
     if reasons:
         return CaseResult(case=case, status=CaseStatus.SKIPPED, detail="; ".join(reasons))
     import torch

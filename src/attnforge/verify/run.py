@@ -93,14 +93,14 @@ def run_verify(
     for name in chosen:
         adapter = adapters[name]
         cases = cases_for(adapter, catalog, device, seed=seed)
+        entry = catalog.backends.get(name)
+        kind = PrecisionKind.QUANTIZED if entry is not None and entry.quantized else PrecisionKind.EXACT
         if not names:
-            why = _why_not_here(adapter, cases, device)
+            why = _why_not_here(adapter, cases, device, kind)
             if why is not None:
                 skipped[name] = why
                 continue
-        entry = catalog.backends.get(name)
         native = check_native_import(entry, runner=runner, python=python, environ=env) if entry else None
-        kind = PrecisionKind.QUANTIZED if entry is not None and entry.quantized else PrecisionKind.EXACT
         result = verify_backend(adapter, device=device, cases=cases, tolerances=tolerances, kind=kind,
                                 native=native)
         results.append(result)
@@ -109,15 +109,17 @@ def run_verify(
     return VerifyReport(device=device, results=tuple(results), skipped=skipped)
 
 
-def _why_not_here(adapter: BackendAdapter, cases: Sequence[VerifyCase], device: DeviceInfo) -> str | None:
+def _why_not_here(adapter: BackendAdapter, cases: Sequence[VerifyCase], device: DeviceInfo,
+                  kind: PrecisionKind) -> str | None:
     load = adapter.load_error()
     if load is not None:
         return load
     if not cases:
         return f"claims no dtype or head dim that runs on {device.type.value}"
     cc = device.compute_capability
-    reasons = [adapter.unsupported_reasons(c.call(device_type=device.type.value, compute_capability=cc))
-               for c in cases]
+    precision = "allow_quantized" if kind is PrecisionKind.QUANTIZED else "exact"
+    reasons = [adapter.unsupported_reasons(c.call(device_type=device.type.value, compute_capability=cc,
+                                                  precision=precision)) for c in cases]
     if all(reasons):
         return f"no path on {device.type.value}: {reasons[0][0]}"
     return None
