@@ -12,6 +12,7 @@ bottom-right agree; otherwise the adapter passes an explicit bottom-right boolea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +45,9 @@ class SdpaAdapter(AdapterBase):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None) -> torch.Tensor:
         """SDPA on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns ``[B, Hq, Sq, D]``."""
-        import torch.nn.functional as F  # noqa: N812 - the name everyone uses
+        from attnforge.dispatch.sdpa_patch import original_sdpa
 
+        sdpa: Callable[..., torch.Tensor] = original_sdpa()
         kwargs: dict[str, Any] = {}
         if q.shape[1] != k.shape[1]:
             if self.caps.gqa is GqaMode.NATIVE:
@@ -59,12 +61,12 @@ class SdpaAdapter(AdapterBase):
             else:
                 kwargs["attn_mask"], empty = bottom_right_mask(q.shape[2], k.shape[2], q.device)
         if self.kernel is None:
-            out = F.scaled_dot_product_attention(q, k, v, scale=scale, **kwargs)
+            out = sdpa(q, k, v, scale=scale, **kwargs)
         else:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             with sdpa_kernel([getattr(SDPBackend, self.kernel)]):
-                out = F.scaled_dot_product_attention(q, k, v, scale=scale, **kwargs)
+                out = sdpa(q, k, v, scale=scale, **kwargs)
         if empty is not None:
             out = out.masked_fill(empty, 0.0)
         return out
