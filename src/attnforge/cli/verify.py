@@ -87,7 +87,7 @@ def render_verify(out: Any, report: VerifyReport, *, store_path: str) -> None:
 def _render_failures(out: Any, result: BackendVerification) -> None:
     failures = result.failures
     for case in failures[:SHOWN_FAILURES]:
-        out.print(f"[red]{result.backend}[/red] {case.case.label}: {case.detail}")
+        out.print(f"[red]{result.backend}[/red] {case.case.label}: {case.detail}", soft_wrap=True)
     if len(failures) > SHOWN_FAILURES:
         out.print(f"  ... and {len(failures) - SHOWN_FAILURES} more failed case(s); --json lists them all")
     errors = [c for c in failures if c.status is CaseStatus.ERROR]
