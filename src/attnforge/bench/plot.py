@@ -1,0 +1,81 @@
+"""``--plot PNG``: TFLOP/s against sequence length, one line per backend, one panel per head dim/causal/mode.
+
+Drawn with matplotlib's object API on an Agg canvas, so the caller's pyplot backend and state are untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from attnforge.bench.run import BenchReport, CellStatus
+from attnforge.errors import UsageError
+
+PANEL_SIZE_IN = (4.2, 3.2)
+
+
+def write_plot(report: BenchReport, path: Path) -> Path:
+    """Write the report's TFLOP/s curves to ``path`` as a PNG.
+
+    Raises:
+        UsageError: matplotlib is not installed, no cell was measured, or ``path`` cannot be written.
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UsageError("--plot needs matplotlib", hint="pip install 'attnforge[plot]'") from None
+    panels = _panels(report)
+    if not panels:
+        raise UsageError("nothing to plot: no backend ran on any shape")
+    cols = min(4, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(PANEL_SIZE_IN[0] * cols, PANEL_SIZE_IN[1] * rows + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    backends = [b.name for b in report.backends]
+    colours = {name: f"C{i % 10}" for i, name in enumerate(backends)}
+    for ax, (title, lines) in zip(axes.flat, panels.items(), strict=False):
+        for name in backends:
+            points = sorted(lines.get(name, []))
+            if not points:
+                continue
+            style = "--" if name == report.baseline else "-"
+            ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", markersize=3,
+                    color=colours[name], label=name)
+        ax.set_xscale("log", base=2)
+        ticks = sorted({p[0] for points in lines.values() for p in points})
+        ax.set_xticks(ticks, [_seqlen_label(t) for t in ticks])
+        ax.set_ylim(bottom=0)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("TFLOP/s")
+        ax.grid(visible=True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    dev = report.device
+    fig.suptitle(f"attention TFLOP/s on {dev.name} (torch {dev.torch_version})", fontsize=10)
+    try:
+        fig.savefig(path, format="png", dpi=110)
+    except OSError as exc:
+        raise UsageError(f"cannot write the plot to {path}", cause=exc.strerror) from None
+    return path
+
+
+def _panels(report: BenchReport) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """title -> backend -> [(seqlen, TFLOP/s)], panels ordered as the rows are."""
+    panels: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for row in report.rows:
+        s = row.shape
+        title = f"{s.mode.value}, {'causal' if s.causal else 'non-causal'}, head dim {s.head_dim}, {s.dtype}"
+        for cell in row.cells:
+            if cell.status is CellStatus.OK and cell.tflops is not None:
+                panels.setdefault(title, {}).setdefault(cell.backend, []).append(
+                    (max(s.seqlen_q, s.seqlen_k), cell.tflops))
+    return panels
+
+
+def _seqlen_label(seqlen: int) -> str:
+    """``512``, ``1k``, ``16k``."""
+    return f"{seqlen // 1024}k" if seqlen >= 1024 and seqlen % 1024 == 0 else str(seqlen)

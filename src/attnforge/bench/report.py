@@ -1,0 +1,90 @@
+"""The JSON form of a bench report (``attnforge bench --json``), validated by ``schema/bench.schema.json``."""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import metadata, resources
+from typing import Any
+
+from attnforge.bench.run import BenchCell, BenchReport
+from attnforge.catalog import Catalog
+from attnforge.probe.backends import installed_distribution
+from attnforge.verify.device import DeviceInfo
+
+SCHEMA_RESOURCE = "schema/bench.schema.json"
+
+
+def report_json(report: BenchReport) -> dict[str, Any]:
+    """The ``--json`` payload (without the ``schema_version``/``kind`` envelope ``emit_json`` adds)."""
+    dev = report.device
+    return {
+        "run_id": report.run_id,
+        "created_at": report.created_at,
+        "device": device_json(dev),
+        "baseline": report.baseline,
+        "flops_formula": report.flops_formula,
+        "timing": {"method": report.timing.method.value, "warmup_ms": report.timing.warmup_ms,
+                   "rep_ms": report.timing.rep_ms, "min_reps": report.timing.min_reps,
+                   "max_reps": report.timing.max_reps},
+        "backends": [{"name": b.name, "version": b.version, "verified": b.verified} for b in report.backends],
+        "rows": [
+            {
+                "shape": {"batch": r.shape.batch, "heads": r.shape.heads, "kv_heads": r.shape.kv_heads,
+                          "head_dim": r.shape.head_dim, "seqlen_q": r.shape.seqlen_q,
+                          "seqlen_k": r.shape.seqlen_k, "causal": r.shape.causal, "mode": r.shape.mode.value,
+                          "dtype": r.shape.dtype},
+                "flops": r.flops,
+                "best": r.best,
+                "cells": [_cell_json(c) for c in r.cells],
+            }
+            for r in report.rows
+        ],
+    }
+
+
+def device_json(dev: DeviceInfo) -> dict[str, Any]:
+    """The device as JSON (shared by ``bench --json`` and ``verify --json``)."""
+    cc = list(dev.compute_capability) if dev.compute_capability else None
+    return {"type": dev.type.value, "name": dev.name, "torch_version": dev.torch_version, "key": dev.key,
+            "compute_capability": cc}
+
+
+def _cell_json(cell: BenchCell) -> dict[str, Any]:
+    t = cell.timing
+    return {
+        "backend": cell.backend, "status": cell.status.value, "detail": cell.detail, "ms": _num(cell.ms),
+        "tflops": _num(cell.tflops), "ratio_to_baseline": _num(cell.ratio_to_baseline),
+        "peak_mem_bytes": cell.peak_mem_bytes,
+        "first_call_s": _num(t.first_call_s) if t else None,
+        "p20_ms": _num(t.p20_ms) if t else None, "p80_ms": _num(t.p80_ms) if t else None,
+        "reps": t.reps if t else None, "input_sets": t.input_sets if t else None,
+    }
+
+
+def _num(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def load_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of the ``--json`` document, shipped with the package."""
+    text = resources.files("attnforge.bench").joinpath(SCHEMA_RESOURCE).read_text(encoding="utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+def backend_versions(names: list[str], catalog: Catalog) -> dict[str, str | None]:
+    """name -> installed version: torch's for built-ins (SDPA, FlexAttention), else the distribution's."""
+    try:
+        torch_version: str | None = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = None
+    out: dict[str, str | None] = {}
+    for name in names:
+        entry = catalog.backends.get(name)
+        if entry is None or entry.builtin:
+            out[name] = torch_version  # the SDPA fallback and built-ins ship with torch
+            continue
+        found = installed_distribution(entry)
+        out[name] = found[1] if found else None
+    return out

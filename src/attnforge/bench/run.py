@@ -1,0 +1,298 @@
+"""``attnforge bench`` as a library call: time every backend on every shape with one harness.
+
+Per shape the input sets are drawn once (standard normal, never zeros) and shared by every backend; each
+backend then goes through :func:`attnforge.bench.timing.measure`. A backend that cannot serve a shape is
+skipped with its reasons; one that raises (out of memory, a kernel error) gets an error cell, and the run
+goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from attnforge.bench.flops import FORMULA, Mode, tflops
+from attnforge.bench.grid import BenchShape
+from attnforge.bench.timing import Timing, TimingConfig, measure, rotation_sets
+from attnforge.dispatch.adapter import BackendAdapter
+from attnforge.verify.device import DeviceInfo, DeviceType
+
+#: The share of free GPU memory the rotating input sets of one shape may take.
+INPUT_MEMORY_SHARE = 0.25
+
+
+class CellStatus(StrEnum):
+    """The outcome of one backend on one shape."""
+
+    OK = "ok"
+    SKIPPED = "skipped"  # the backend does not support the shape (its unsupported_reasons)
+    ERROR = "error"  # it raised: out of memory, a kernel error
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchCell:
+    """One backend on one shape.
+
+    Attributes:
+        backend: the adapter's name.
+        status: ok, skipped or error.
+        detail: skip reasons or the error's last line ("" when ok).
+        ms: median milliseconds per call.
+        tflops: TFLOP/s from :mod:`attnforge.bench.flops` and ``ms``.
+        ratio_to_baseline: the baseline's ``ms`` divided by this ``ms`` (> 1: faster than SDPA's default).
+        peak_mem_bytes: device memory the call allocated at its peak, beyond its inputs (None on CPU).
+        timing: the measurement behind ``ms``.
+    """
+
+    backend: str
+    status: CellStatus
+    detail: str = ""
+    ms: float | None = None
+    tflops: float | None = None
+    ratio_to_baseline: float | None = None
+    peak_mem_bytes: int | None = None
+    timing: Timing | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchRow:
+    """One shape: its FLOP count, a cell per backend and the fastest backend."""
+
+    shape: BenchShape
+    flops: float
+    cells: tuple[BenchCell, ...]
+
+    @property
+    def best(self) -> str | None:
+        """The backend with the highest TFLOP/s on this shape (None when no cell ran)."""
+        done = [c for c in self.cells if c.status is CellStatus.OK and c.tflops is not None]
+        return max(done, key=lambda c: c.tflops or 0.0).backend if done else None
+
+    def cell(self, backend: str) -> BenchCell | None:
+        return next((c for c in self.cells if c.backend == backend), None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendInfo:
+    """A benched backend: its installed version and whether ``attnforge verify`` passed it on this device."""
+
+    name: str
+    version: str | None
+    verified: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchReport:
+    """The result of one ``attnforge bench``.
+
+    Attributes:
+        run_id: unique per run; every stored record carries it.
+        created_at: UTC, ISO 8601.
+        device: where it ran.
+        baseline: the backend every ratio is relative to (SDPA with no kernel forced).
+        backends: the benched backends, baseline included.
+        timing: the budgets and timer used for every cell.
+        flops_formula: the FLOP convention behind every TFLOP/s.
+        rows: one per shape.
+    """
+
+    run_id: str
+    created_at: str
+    device: DeviceInfo
+    baseline: str
+    backends: tuple[BackendInfo, ...]
+    timing: TimingConfig
+    flops_formula: str = FORMULA
+    rows: tuple[BenchRow, ...] = field(default_factory=tuple)
+
+
+#: Builds the input sets of one shape on a device: ``(shape, sets, device) -> [(q, k, v, dout|None), ...]``.
+InputFactory = Callable[[BenchShape, int, str], list[tuple[Any, ...]]]
+
+
+def random_inputs(shape: BenchShape, sets: int, device: str) -> list[tuple[Any, ...]]:
+    """``sets`` independent standard-normal ``(q, k, v, dout)`` in ``shape.dtype`` on ``device``.
+
+    ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]``; ``dout [B, Hq, Sq, D]`` for fwd+bwd (else None), and
+    q/k/v require grad then. Never zeros: kernels that skip work on zero blocks would look fast.
+    """
+    import torch
+
+    dtype = getattr(torch, shape.dtype)
+    grad = shape.mode is Mode.FWD_BWD
+    out = []
+    for _ in range(sets):
+        q = torch.randn(shape.batch, shape.heads, shape.seqlen_q, shape.head_dim, device=device, dtype=dtype)
+        kv_shape = (shape.batch, shape.kv_heads, shape.seqlen_k, shape.head_dim)
+        k = torch.randn(kv_shape, device=device, dtype=dtype)
+        v = torch.randn(kv_shape, device=device, dtype=dtype)
+        dout = torch.randn_like(q) if grad else None
+        out.append((q.requires_grad_(grad), k.requires_grad_(grad), v.requires_grad_(grad), dout))
+    return out
+
+
+def set_bytes(shape: BenchShape) -> int:
+    """Bytes of one input set: q, k, v, plus dout for fwd+bwd."""
+    itemsize = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(shape.dtype, 2)
+    q = shape.batch * shape.heads * shape.seqlen_q * shape.head_dim
+    kv = 2 * shape.batch * shape.kv_heads * shape.seqlen_k * shape.head_dim
+    return itemsize * (q + kv + (q if shape.mode is Mode.FWD_BWD else 0))
+
+
+def make_step(adapter: BackendAdapter, inputs: Sequence[tuple[Any, ...]],
+              shape: BenchShape) -> Callable[[int], object]:
+    """The call ``measure`` times: forward under ``no_grad``, or forward then ``autograd.grad`` of dout."""
+    import torch
+
+    causal = shape.causal
+    if shape.mode is Mode.FWD:
+        def fwd(i: int) -> object:
+            q, k, v, _ = inputs[i]
+            with torch.no_grad():
+                return adapter(q, k, v, causal=causal, scale=None)
+        return fwd
+
+    def fwd_bwd(i: int) -> object:
+        q, k, v, dout = inputs[i]
+        out = adapter(q, k, v, causal=causal, scale=None)
+        return torch.autograd.grad(out, (q, k, v), dout)  # no .grad accumulation between calls
+    return fwd_bwd
+
+
+def run_bench(
+    shapes: Sequence[BenchShape], *, adapters: Mapping[str, BackendAdapter], baseline: str,
+    device: DeviceInfo, timing: TimingConfig, versions: Mapping[str, str | None] | None = None,
+    verified: Sequence[str] = (), quantized: Sequence[str] = (), make_inputs: InputFactory = random_inputs,
+    progress: Callable[[BenchShape, str], None] | None = None,
+) -> BenchReport:
+    """Time every adapter on every shape.
+
+    Args:
+        shapes: the grid (:mod:`attnforge.bench.grid`).
+        adapters: name -> adapter, the baseline included.
+        baseline: the name every ratio is relative to.
+        device: where to run.
+        timing: budgets and timer, the same for every cell.
+        versions: name -> installed version, for the report and the records.
+        verified: the names ``attnforge verify`` passed on this device.
+        quantized: the names that quantize Q/K/V (asked with ``precision="allow_quantized"``).
+        make_inputs: builds the input sets (injected by tests).
+        progress: called before each cell with the shape and backend (the CLI shows a status line).
+
+    Returns:
+        The report; cells that raised are errors, not exceptions.
+    """
+    versions = versions or {}
+    rows = [_run_shape(shape, adapters=adapters, baseline=baseline, device=device, timing=timing,
+                       quantized=quantized, make_inputs=make_inputs, progress=progress) for shape in shapes]
+    return BenchReport(
+        run_id=uuid.uuid4().hex[:12],
+        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        device=device, baseline=baseline, timing=timing, rows=tuple(rows),
+        backends=tuple(BackendInfo(name=n, version=versions.get(n), verified=n in verified)
+                       for n in adapters),
+    )
+
+
+def _run_shape(shape: BenchShape, *, adapters: Mapping[str, BackendAdapter], baseline: str,
+               device: DeviceInfo, timing: TimingConfig, quantized: Sequence[str], make_inputs: InputFactory,
+               progress: Callable[[BenchShape, str], None] | None) -> BenchRow:
+    cells: dict[str, BenchCell] = {}
+    runnable: list[str] = []
+    for name, adapter in adapters.items():
+        call = shape.call(device_type=device.type.value, compute_capability=device.compute_capability,
+                          precision="allow_quantized" if name in quantized else "exact")
+        reasons = adapter.unsupported_reasons(call)
+        if reasons:
+            cells[name] = BenchCell(backend=name, status=CellStatus.SKIPPED, detail="; ".join(reasons))
+        else:
+            runnable.append(name)
+    if runnable:
+        try:
+            sets = rotation_sets(set_bytes=set_bytes(shape), l2_bytes=device.l2_cache_bytes,
+                                 budget_bytes=_input_budget(device))
+            inputs = make_inputs(shape, sets, device.torch_device)
+        except Exception as exc:  # out of memory for the inputs themselves: every runnable cell is an error
+            detail = _last_line(exc)
+            cells.update({n: BenchCell(backend=n, status=CellStatus.ERROR, detail=detail) for n in runnable})
+            runnable = []
+        for name in runnable:
+            if progress is not None:
+                progress(shape, name)
+            cells[name] = _time_cell(name, adapters[name], inputs, shape=shape, device=device, timing=timing)
+        inputs = []
+        _release(device)
+    base = cells.get(baseline)
+    base_ms = base.ms if base is not None and base.status is CellStatus.OK else None
+    ordered = tuple(_with_ratio(cells[n], base_ms) for n in adapters)
+    return BenchRow(shape=shape, flops=shape.flops, cells=ordered)
+
+
+def _time_cell(name: str, adapter: BackendAdapter, inputs: Sequence[tuple[Any, ...]], *, shape: BenchShape,
+               device: DeviceInfo, timing: TimingConfig) -> BenchCell:
+    step = make_step(adapter, inputs, shape)
+    sync = _sync(device)
+    try:
+        result = measure(step, sets=len(inputs), config=timing, sync=sync)
+        peak = _peak_memory(step, device, sync)
+    except Exception as exc:  # a backend may raise anything; the cell records it
+        _release(device)
+        return BenchCell(backend=name, status=CellStatus.ERROR, detail=_last_line(exc))
+    return BenchCell(backend=name, status=CellStatus.OK, ms=result.median_ms,
+                     tflops=tflops(shape.flops, result.median_ms), peak_mem_bytes=peak, timing=result)
+
+
+def _with_ratio(cell: BenchCell, base_ms: float | None) -> BenchCell:
+    if cell.status is not CellStatus.OK or not base_ms or not cell.ms:
+        return cell
+    return dataclasses.replace(cell, ratio_to_baseline=base_ms / cell.ms)
+
+
+def _sync(device: DeviceInfo) -> Callable[[], None]:
+    if device.type is DeviceType.CUDA:
+        import torch
+
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def _peak_memory(step: Callable[[int], object], device: DeviceInfo, sync: Callable[[], None]) -> int | None:
+    """Bytes one call allocates at its peak beyond what was allocated before it (CUDA only)."""
+    if device.type is not DeviceType.CUDA:
+        return None
+    import torch
+
+    sync()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    result = step(0)
+    sync()
+    peak = int(torch.cuda.max_memory_allocated() - before)
+    del result
+    return peak
+
+
+def _input_budget(device: DeviceInfo) -> int | None:
+    if device.type is not DeviceType.CUDA:
+        return None
+    import torch
+
+    free, _total = torch.cuda.mem_get_info()
+    return int(free * INPUT_MEMORY_SHARE)
+
+
+def _release(device: DeviceInfo) -> None:
+    if device.type is DeviceType.CUDA:
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def _last_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[-1] if text else type(exc).__name__

@@ -1,0 +1,88 @@
+"""From ``attnforge bench`` options to the backends, shapes and timing configuration of a run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from attnforge.bench.flops import Mode
+from attnforge.bench.grid import BenchShape, ShapeSet, cpu_grid, model_shapes, paper_grid
+from attnforge.bench.timing import CPU_PERF_COUNTER, GPU_DO_BENCH, GPU_EVENTS, TimingConfig
+from attnforge.dispatch.adapter import BackendAdapter
+from attnforge.errors import UsageError
+from attnforge.verify.device import DeviceInfo, DeviceType
+
+_CAUSAL = {"both": (False, True), "on": (True,), "off": (False,)}
+_MODES = {"both": (Mode.FWD, Mode.FWD_BWD), "fwd": (Mode.FWD,), "fwd+bwd": (Mode.FWD_BWD,)}
+
+
+def choose_backends(names: Sequence[str], verified: Sequence[str]) -> tuple[dict[str, BackendAdapter], str]:
+    """The adapters to time (the SDPA fallback first, as the baseline) and the baseline's name.
+
+    Without names: every verified backend. Named backends are timed even if unverified (the report says so).
+
+    Raises:
+        UsageError: a name has no adapter.
+    """
+    from attnforge.dispatch.registry import FALLBACK, adapters, fallback
+
+    registry = adapters()
+    unknown = [n for n in names if n not in registry and n != FALLBACK]
+    if unknown:
+        raise UsageError(f"unknown backend(s): {', '.join(unknown)}",
+                         hint=f"known: {', '.join([FALLBACK, *sorted(registry)])}")
+    wanted = list(dict.fromkeys(names)) if names else [n for n in verified if n in registry]
+    chosen: dict[str, BackendAdapter] = {FALLBACK: fallback()}
+    chosen.update({n: registry[n] for n in wanted if n != FALLBACK})
+    return chosen, FALLBACK
+
+
+def choose_shapes(
+    shape_set: ShapeSet, *, device: DeviceInfo, dtype: str, causal: str, mode: str, batch: int | None,
+    heads: int | None, kv_heads: int | None, head_dims: Sequence[int], seqlens: Sequence[int],
+    seqlen_k: int | None,
+) -> list[BenchShape]:
+    """The grid for ``--shapes``, restricted by ``--head-dim``/``--seqlen`` when given.
+
+    Raises:
+        UsageError: model-only options with a grid, a missing model size, or a filter that leaves nothing.
+    """
+    causals, modes = _CAUSAL[causal], _MODES[mode]
+    if shape_set is ShapeSet.MODEL:
+        return model_shapes(batch=batch, heads=heads, kv_heads=kv_heads, head_dims=head_dims, seqlens=seqlens,
+                            seqlen_k=seqlen_k, dtype=dtype, causals=causals, modes=modes)
+    model_only = [flag for flag, value in (("--batch", batch), ("--heads", heads), ("--kv-heads", kv_heads),
+                                           ("--seqlen-k", seqlen_k)) if value is not None]
+    if model_only:
+        raise UsageError(f"{', '.join(model_only)} only apply to --shapes model",
+                         hint="add --shapes model to time your own shape")
+    tiny = shape_set is ShapeSet.DEFAULT and device.type is DeviceType.CPU
+    grid = (cpu_grid if tiny else paper_grid)(dtype=dtype, causals=causals, modes=modes)
+    shapes = [s for s in grid
+              if (not head_dims or s.head_dim in head_dims) and (not seqlens or s.seqlen_q in seqlens)]
+    if not shapes:
+        have_d = sorted({s.head_dim for s in grid})
+        have_s = sorted({s.seqlen_q for s in grid})
+        raise UsageError("--head-dim/--seqlen leave no shape of the grid",
+                         hint=f"the grid has head dims {have_d} and seqlens {have_s}; or use --shapes model")
+    return shapes
+
+
+def choose_timing(device: DeviceInfo, timer: str) -> TimingConfig:
+    """perf_counter on a CPU; on a GPU triton's do_bench when it imports (the H200 fixture's method), else
+    CUDA events.
+
+    Raises:
+        UsageError: ``do_bench`` was asked for and triton does not import.
+    """
+    if device.type is DeviceType.CPU:
+        return CPU_PERF_COUNTER
+    if timer == "events":
+        return GPU_EVENTS
+    try:
+        import triton.testing  # noqa: F401
+    except Exception:  # triton missing or broken: CUDA events time the same way
+        if timer == "do_bench":
+            raise UsageError("--timer do_bench needs triton",
+                             hint="pip install triton, or use --timer events") from None
+        return GPU_EVENTS
+    return GPU_DO_BENCH

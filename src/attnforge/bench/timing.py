@@ -1,0 +1,200 @@
+"""One timing harness for every backend: first call apart, warm-up, then the median of many repetitions.
+
+The method follows ``triton.testing.do_bench`` (the one behind tests/fixtures/h200_bench_2026-11-21.json:
+median, warm-up 50 ms, repetitions 200 ms): the number of warm-up calls and repetitions is derived from a
+time budget and an estimate of one call, each repetition is timed on its own, and the median is reported.
+On a GPU each repetition is bracketed by CUDA events (or handed to ``do_bench`` itself); on a CPU by
+``time.perf_counter``. Every call uses the next of several input sets, so a GPU cannot serve a call from
+inputs the previous call left in L2 (see :func:`rotation_sets`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+#: ``step(i)`` runs one call on input set ``i % sets``; it returns once the work is queued (GPU) or done.
+Step = Callable[[int], object]
+
+
+class TimerMethod(StrEnum):
+    """How a repetition is timed."""
+
+    CUDA_EVENTS = "cuda-events"
+    DO_BENCH = "triton-do_bench"
+    PERF_COUNTER = "perf_counter"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimingConfig:
+    """Budgets of one measurement.
+
+    Attributes:
+        warmup_ms: time spent in warm-up calls after the first call (do_bench's ``warmup``).
+        rep_ms: time spent in timed repetitions (do_bench's ``rep``).
+        min_reps / max_reps: bounds on the number of timed repetitions.
+        method: the timer.
+    """
+
+    warmup_ms: float
+    rep_ms: float
+    min_reps: int
+    max_reps: int
+    method: TimerMethod
+
+
+#: The method of the H200 fixture: triton's do_bench, median, warm-up 50 ms, repetitions 200 ms.
+GPU_DO_BENCH = TimingConfig(warmup_ms=50.0, rep_ms=200.0, min_reps=10, max_reps=10_000,
+                            method=TimerMethod.DO_BENCH)
+#: The same budgets with CUDA events, for machines without triton.
+GPU_EVENTS = TimingConfig(warmup_ms=50.0, rep_ms=200.0, min_reps=10, max_reps=10_000,
+                          method=TimerMethod.CUDA_EVENTS)
+#: Small budgets for CPU runs (CI): a handful of repetitions of tiny shapes.
+CPU_PERF_COUNTER = TimingConfig(warmup_ms=5.0, rep_ms=30.0, min_reps=3, max_reps=25,
+                                method=TimerMethod.PERF_COUNTER)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    """One measured call.
+
+    Attributes:
+        median_ms: the median repetition (what TFLOP/s are computed from).
+        min_ms, p20_ms, p80_ms: spread of the repetitions.
+        reps: timed repetitions.
+        warmup_calls: untimed calls after the first.
+        first_call_s: the first call alone, wall time: compile/JIT/autotuning plus one run; not in the median.
+        input_sets: how many input sets the calls rotated through.
+        method: the timer.
+    """
+
+    median_ms: float
+    min_ms: float
+    p20_ms: float
+    p80_ms: float
+    reps: int
+    warmup_calls: int
+    first_call_s: float
+    input_sets: int
+    method: TimerMethod
+
+
+def rotation_sets(*, set_bytes: int, l2_bytes: int | None, budget_bytes: int | None,
+                  max_sets: int = 64) -> int:
+    """How many input sets to rotate through: enough that they exceed twice the L2 cache together.
+
+    Args:
+        set_bytes: bytes of one input set (q, k, v and, for backward, the output gradient).
+        l2_bytes: the device's L2 size (None on CPU: two sets, so consecutive calls still differ).
+        budget_bytes: memory the sets may take; the count is reduced to fit (never below 1).
+        max_sets: an upper bound for tiny shapes.
+    """
+    want = 2 if not l2_bytes else max(2, math.ceil(2 * l2_bytes / max(1, set_bytes)))
+    if budget_bytes is not None:
+        want = min(want, max(1, budget_bytes // max(1, set_bytes)))
+    return max(1, min(want, max_sets))
+
+
+def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], None] = lambda: None,
+            clock: Callable[[], float] = time.perf_counter) -> Timing:
+    """Time ``step`` the same way for every backend.
+
+    1. The first call is timed alone (compile, JIT, autotuning, cuDNN plan building) and reported apart.
+    2. The fastest of three calls estimates one; the budgets then give the warm-up and repetition counts.
+    3. Warm-up calls run untimed; each repetition is timed on its own; the median is reported.
+
+    Args:
+        step: runs one call on input set ``i % sets``.
+        sets: the number of input sets ``step`` rotates through.
+        config: budgets and timer.
+        sync: waits for the device (``torch.cuda.synchronize`` on a GPU).
+        clock: seconds, monotonic (``time.perf_counter``; injected by tests).
+
+    Raises:
+        Exception: whatever ``step`` raises (out of memory, unsupported input); the caller records it.
+    """
+    counter = _Rotation(sets)
+    start = clock()
+    step(counter.next())
+    sync()
+    first_call_s = clock() - start
+
+    # The fastest of three calls estimates one call: a call slowed by a neighbour must not shrink the budget.
+    estimate_ms = max(min(_wall(step, counter, 3, sync, clock)), 1e-6)
+    warmup = max(1, math.ceil(config.warmup_ms / estimate_ms))
+    reps = min(config.max_reps, max(config.min_reps, math.ceil(config.rep_ms / estimate_ms)))
+
+    if config.method is TimerMethod.DO_BENCH:
+        times_ms = _do_bench(lambda: step(counter.next()), config)
+        warmup = 0  # do_bench ran its own warm-up inside its budget
+    else:
+        for _ in range(warmup):
+            step(counter.next())
+        sync()
+        if config.method is TimerMethod.CUDA_EVENTS:
+            times_ms = _cuda_events(step, counter, reps)
+        else:
+            times_ms = _wall(step, counter, reps, sync, clock)
+    return summarize(times_ms, warmup_calls=warmup, first_call_s=first_call_s, input_sets=sets,
+                     method=config.method)
+
+
+def summarize(times_ms: list[float], *, warmup_calls: int, first_call_s: float, input_sets: int,
+              method: TimerMethod) -> Timing:
+    """Median and spread of the repetition times (``statistics.quantiles``, inclusive method)."""
+    ordered = sorted(times_ms)
+    if len(ordered) >= 2:
+        deciles = statistics.quantiles(ordered, n=10, method="inclusive")
+        p20, p80 = deciles[1], deciles[7]
+    else:
+        p20 = p80 = ordered[0]
+    return Timing(median_ms=statistics.median(ordered), min_ms=ordered[0], p20_ms=p20, p80_ms=p80,
+                  reps=len(ordered), warmup_calls=warmup_calls, first_call_s=first_call_s,
+                  input_sets=input_sets, method=method)
+
+
+class _Rotation:
+    def __init__(self, sets: int) -> None:
+        self.sets = max(1, sets)
+        self.i = -1
+
+    def next(self) -> int:
+        self.i = (self.i + 1) % self.sets
+        return self.i
+
+
+def _wall(step: Step, counter: _Rotation, reps: int, sync: Callable[[], None],
+          clock: Callable[[], float]) -> list[float]:
+    times = []
+    for _ in range(reps):
+        i = counter.next()
+        start = clock()
+        step(i)
+        sync()
+        times.append((clock() - start) * 1e3)
+    return times
+
+
+def _cuda_events(step: Step, counter: _Rotation, reps: int) -> list[float]:
+    import torch
+
+    event = torch.cuda.Event
+    pairs = [(event(enable_timing=True), event(enable_timing=True)) for _ in range(reps)]  # type: ignore[no-untyped-call]
+    for begin, end in pairs:
+        i = counter.next()
+        begin.record()
+        step(i)
+        end.record()
+    torch.cuda.synchronize()
+    return [float(begin.elapsed_time(end)) for begin, end in pairs]
+
+
+def _do_bench(fn: Callable[[], object], config: TimingConfig) -> list[float]:
+    from triton.testing import do_bench
+
+    times = do_bench(fn, warmup=config.warmup_ms, rep=config.rep_ms, return_mode="all")
+    return [float(t) for t in times]

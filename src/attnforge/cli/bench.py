@@ -1,0 +1,150 @@
+"""``attnforge bench``: TFLOP/s of every verified backend per shape, as a table, JSON and a plot; stored."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from attnforge.bench.run import BenchCell, BenchReport, CellStatus
+from attnforge.cli._output import console, emit_json, json_option
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@click.command("bench")
+@click.argument("backends", nargs=-1)
+@click.option("--shapes", "shape_set", type=click.Choice(["default", "paper", "model"]), default="default",
+              show_default=True,
+              help="default: the papers' grid on a GPU, a tiny one on a CPU; paper: the papers' grid "
+                   "(16k tokens, S 512..16k, D 64/128); model: your shape "
+                   "(--batch --heads --head-dim --seqlen).")
+@click.option("--batch", type=int, default=None, help="B (--shapes model).")
+@click.option("--heads", type=int, default=None, help="query heads Hq (--shapes model).")
+@click.option("--kv-heads", type=int, default=None, help="K/V heads Hkv, GQA (--shapes model; default Hq).")
+@click.option("--head-dim", "head_dims", type=int, multiple=True,
+              help="head dim D; repeatable. Restricts the grid, or sets the model shape.")
+@click.option("--seqlen", "seqlens", type=int, multiple=True,
+              help="query length S; repeatable. Restricts the grid, or sets the model shape.")
+@click.option("--seqlen-k", type=int, default=None, help="key length Sk if not S (--shapes model).")
+@click.option("--dtype", type=click.Choice(sorted(_DTYPES)), default=None,
+              help="bf16 (default on a GPU), fp16, or fp32 (default on a CPU).")
+@click.option("--causal", type=click.Choice(["both", "on", "off"]), default="both", show_default=True)
+@click.option("--mode", type=click.Choice(["fwd", "fwd+bwd", "both"]), default="both", show_default=True)
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
+              help="default: the GPU when torch sees one, else the CPU.")
+@click.option("--timer", type=click.Choice(["auto", "do_bench", "events"]), default="auto", show_default=True,
+              help="GPU timer: triton's do_bench (auto when triton imports) or CUDA events.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Write TFLOP/s vs sequence length to this PNG.")
+@json_option
+def command(*, backends: tuple[str, ...], shape_set: str, batch: int | None, heads: int | None,
+            kv_heads: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...], seqlen_k: int | None,
+            dtype: str | None, causal: str, mode: str, device: str | None, timer: str, plot_path: Path | None,
+            as_json: bool) -> int:
+    """Measure attention backends on this machine: TFLOP/s per shape, best per row, ratio to SDPA's default.
+
+    Without BACKENDS, every backend `attnforge verify` passed on this device is measured; SDPA with no kernel
+    forced (`sdpa`) is always measured as the baseline. Results are stored for the dispatcher.
+    """
+    from attnforge._system.paths import home_dir
+    from attnforge.bench import ShapeSet, to_records
+    from attnforge.bench.report import backend_versions, report_json
+    from attnforge.bench.run import run_bench
+    from attnforge.bench.select import choose_backends, choose_shapes, choose_timing
+    from attnforge.catalog import load_catalog
+    from attnforge.records import RecordStore
+    from attnforge.verify.device import DeviceType, current_device
+
+    dev = current_device(device)
+    catalog = load_catalog()
+    store = RecordStore(home_dir(os.environ))
+    verified = sorted(n for n, r in store.latest_verify(dev.key).items() if r.ok)
+    chosen, baseline = choose_backends(backends, verified)
+    dtype_name = _DTYPES[dtype] if dtype else ("bfloat16" if dev.type is DeviceType.CUDA else "float32")
+    shapes = choose_shapes(ShapeSet(shape_set), device=dev, dtype=dtype_name, causal=causal, mode=mode,
+                           batch=batch, heads=heads, kv_heads=kv_heads, head_dims=head_dims, seqlens=seqlens,
+                           seqlen_k=seqlen_k)
+    quantized = [n for n in chosen if (e := catalog.backends.get(n)) is not None and e.quantized]
+    out = console(stderr=True)
+    with out.status("benchmarking", spinner="dots") as status:
+        def progress(shape: Any, name: str) -> None:
+            if not as_json:
+                status.update(f"{shape.label}: {name}")
+
+        report = run_bench(shapes, adapters=chosen, baseline=baseline, device=dev,
+                           timing=choose_timing(dev, timer), versions=backend_versions(list(chosen), catalog),
+                           verified=verified, quantized=quantized, progress=progress)
+    records = to_records(report)
+    store.add_bench(records)
+    if plot_path is not None:
+        from attnforge.bench.plot import write_plot
+
+        write_plot(report, plot_path)
+    if as_json:
+        emit_json("bench", report_json(report))
+    else:
+        render_bench(console(), report, plot_path=plot_path, stored=len(records), store_path=store.path)
+    return 0 if records else 1
+
+
+def render_bench(out: Any, report: BenchReport, *, plot_path: Path | None, stored: int,
+                 store_path: Path) -> None:
+    """The table (shapes x backends, best per row in bold green, ratio to the baseline) and its footnotes."""
+    from rich.table import Table
+
+    dev = report.device
+    dtypes = ", ".join(dict.fromkeys(r.shape.dtype for r in report.rows))
+    table = Table(title=f"attention TFLOP/s on {dev.name} (torch {dev.torch_version}), {dtypes}",
+                  title_justify="left")
+    table.add_column("shape")
+    names = [b.name for b in report.backends]
+    unverified = {b.name for b in report.backends if not b.verified and b.name != report.baseline}
+    for name in names:
+        table.add_column(name + ("*" if name in unverified else ""), justify="right")
+    table.add_column("best")
+    for row in report.rows:
+        best = row.best
+        cells = [_cell_text(row.cell(n), best=n == best, baseline=n == report.baseline) for n in names]
+        table.add_row(row.shape.label, *cells, f"[bold green]{best}[/bold green]" if best else "[dim]-[/dim]")
+    out.print(table)
+    out.print(f"TFLOP/s: {report.flops_formula}. In brackets: speed relative to {report.baseline} "
+              f"(SDPA, no kernel forced). Timer: {report.timing.method.value}, median of repetitions "
+              f"after {report.timing.warmup_ms:g} ms warm-up.")
+    if unverified:
+        out.print(f"* not verified on this device: run `attnforge verify {' '.join(sorted(unverified))}` "
+                  "before the dispatcher will use them.")
+    first = _slowest_first_calls(report)
+    if first:
+        out.print("first call (compile/JIT + one run, not in the median): "
+                  + ", ".join(f"{n} {s:.2f} s" for n, s in first.items()))
+    errors = sorted({(c.backend, c.detail) for r in report.rows for c in r.cells
+                     if c.status is CellStatus.ERROR})
+    for name, detail in errors[:5]:
+        out.print(f"[red]error[/red] {name}: {detail}")
+    out.print(f"stored {stored} result(s) for {dev.key} in {store_path}")
+    if plot_path is not None:
+        out.print(f"plot: {plot_path}")
+
+
+def _cell_text(cell: BenchCell | None, *, best: bool, baseline: bool) -> str:
+    if cell is None or cell.status is CellStatus.SKIPPED:
+        return "[dim]-[/dim]"
+    if cell.status is CellStatus.ERROR or cell.tflops is None:
+        return "[red]error[/red]"
+    text = f"{cell.tflops:.3g}" if cell.tflops < 100 else f"{cell.tflops:.0f}"
+    if not baseline and cell.ratio_to_baseline is not None:
+        text += f" ({cell.ratio_to_baseline:.2f}x)"
+    return f"[bold green]{text}[/bold green]" if best else text
+
+
+def _slowest_first_calls(report: BenchReport) -> dict[str, float]:
+    """backend -> its slowest first call, for backends whose first call took over a second (JIT, compile)."""
+    slowest: dict[str, float] = {}
+    for row in report.rows:
+        for cell in row.cells:
+            if cell.timing is not None:
+                slowest[cell.backend] = max(slowest.get(cell.backend, 0.0), cell.timing.first_call_s)
+    return {n: s for n, s in slowest.items() if s >= 1.0}

@@ -1,0 +1,31 @@
+"""The runtime: ``attention()`` picks the fastest verified kernel for each call and falls back to SDPA.
+
+Submodules: ``adapter`` (the call convention and float64 reference), ``capabilities`` (what each backend
+serves, as data), ``registry`` (one adapter per catalog backend), ``policy`` (the pure choice), ``runtime``
+(``attention``, ``explain``, ``use_backend``), ``sdpa_patch``. Importing this package loads no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "attention": "attnforge.dispatch.runtime",
+    "explain": "attnforge.dispatch.runtime",
+    "use_backend": "attnforge.dispatch.runtime",
+    "refresh": "attnforge.dispatch.runtime",
+    "Explanation": "attnforge.dispatch.runtime",
+    "patch_sdpa": "attnforge.dispatch.sdpa_patch",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'attnforge.dispatch' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = ["Explanation", "attention", "explain", "patch_sdpa", "refresh", "use_backend"]

@@ -1,0 +1,126 @@
+"""What every concrete adapter shares: its capabilities, a lazy import check, and small tensor helpers.
+
+Nothing here imports torch or a backend package at import time; :meth:`AdapterBase.load_error` imports the
+backend on first use and remembers the answer.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from attnforge.dispatch.adapter import AttentionCall
+from attnforge.dispatch.capabilities import Capabilities
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Requirement:
+    """What must import (and at which distribution version) for a backend to be usable.
+
+    Attributes:
+        modules: modules to import, in order (the backend's package, then native modules its package would
+            otherwise hide, like ``xformers._C``).
+        distributions: PyPI distributions that may provide the package (the first one installed is checked).
+        version_spec: the versions of that distribution this backend id covers ("" = any).
+    """
+
+    modules: tuple[str, ...]
+    distributions: tuple[str, ...] = ()
+    version_spec: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class AdapterBase:
+    """Capabilities plus a remembered import check; subclasses implement ``__call__``."""
+
+    name: str
+    caps: Capabilities
+    requirement: Requirement
+    _load_error: list[str | None] = field(default_factory=list, repr=False)
+
+    def load_error(self) -> str | None:
+        """None when the backend's package imports here, else why not (computed once)."""
+        if not self._load_error:
+            self._load_error.append(_check_requirement(self.requirement))
+        return self._load_error[0]
+
+    def unsupported_reasons(self, call: AttentionCall) -> list[str]:
+        """Pure: every reason this backend cannot serve ``call`` (from its declared capabilities)."""
+        return self.caps.unsupported_reasons(call)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None) -> torch.Tensor:
+        """Run the kernel (see :mod:`attnforge.dispatch.adapter` for shapes and the causal rule)."""
+        raise NotImplementedError
+
+    def module(self, index: int = 0) -> Any:
+        """The imported module ``requirement.modules[index]`` (already in sys.modules after load_error)."""
+        return importlib.import_module(self.requirement.modules[index])
+
+
+def _check_requirement(req: Requirement) -> str | None:
+    for name in req.modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # ImportError, OSError (ABI), RuntimeError: any of them means "not usable"
+            return f"{name} does not import: {type(exc).__name__}: {exc}"
+    if req.version_spec and req.distributions:
+        spec = SpecifierSet(req.version_spec)
+        for dist in req.distributions:
+            try:
+                text = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                continue
+            try:
+                version = Version(text)
+            except InvalidVersion:
+                return f"{dist} has an unreadable version {text!r}"
+            if version not in spec:
+                return f"{dist} {version} is installed; this backend needs {dist}{spec}"
+            return None
+        return f"none of {', '.join(req.distributions)} is installed"
+    return None
+
+
+def expand_kv(k: torch.Tensor, v: torch.Tensor, heads_q: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Repeat K/V heads so Hkv == Hq (GQA for kernels that need equal heads): ``[B, Hkv, S, D]`` in,
+    ``[B, Hq, S, D]`` out."""
+    groups = heads_q // k.shape[1]
+    if groups == 1:
+        return k, v
+    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+
+@functools.lru_cache(maxsize=64)
+def bottom_right_mask(seqlen_q: int, seqlen_k: int, device: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The bottom-right causal mask for SDPA's ``attn_mask`` and the rows that see no key.
+
+    Query ``i`` may attend key ``j`` when ``j <= i + Sk - Sq`` (FlashAttention's convention). When Sq > Sk the
+    first ``Sq - Sk`` rows see no key; they are opened to every key here (so softmax has no empty row and no
+    NaN reaches the gradient) and the caller must zero them afterwards with the returned ``[Sq, 1]`` mask.
+
+    Returns:
+        ``(allowed [Sq, Sk] bool, empty_rows [Sq, 1] bool or None)`` on ``device``.
+    """
+    import torch
+
+    ones = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    allowed = ones.tril(diagonal=seqlen_k - seqlen_q)
+    if seqlen_q <= seqlen_k:
+        return allowed, None
+    empty = torch.arange(seqlen_q, device=device).unsqueeze(1) < seqlen_q - seqlen_k
+    return allowed | empty, empty
+
+
+def first(result: Any) -> Any:
+    """The output tensor of kernels that return ``(out, lse)`` in some versions and ``out`` in others."""
+    return result[0] if isinstance(result, tuple | list) else result

@@ -1,0 +1,94 @@
+"""``attnforge::attention`` as a ``torch.library`` custom op, so ``torch.compile`` sees one opaque node.
+
+The dispatcher (dict lookups, records, context variables, try/except fallback) is not traceable, and tracing
+it would graph-break on every call. Under ``torch.compile``, :func:`attnforge.attention` therefore validates
+its inputs in traced code and emits this op; the op's real implementation runs the dispatcher eagerly at run
+time (where :func:`attnforge.use_backend` is honoured), and its fake implementation gives the output's shape.
+
+Backward: the op's autograd formula calls ``attnforge::attention_backward``, which recomputes the forward
+through the dispatcher with autograd on and differentiates it: correct for every backend, at the cost of one
+extra forward per backward (like activation checkpointing). Eager calls do not use the op and differentiate
+through the chosen backend directly.
+
+No ``from __future__ import annotations`` here: ``torch.library`` reads the annotations to infer the schema,
+which is positional by nature (PLR0917 is silenced for the op signatures).
+"""
+
+from typing import Any
+
+import torch
+
+_NAMESPACE = "attnforge"
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::attention", mutates_args=())
+def attention_op(  # noqa: PLR0917 - op schema
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
+                 backend: str | None, precision: str, needs_grad: bool) -> torch.Tensor:
+    """Dispatch ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns a contiguous ``[B, Hq, Sq, D]``."""
+    from attnforge.dispatch.runtime import get_dispatcher
+
+    out = get_dispatcher().run(q, k, v, causal=causal, scale=scale, backend=backend, precision=precision,
+                               needs_grad=needs_grad)
+    return out.contiguous()
+
+
+@attention_op.register_fake
+def _attention_fake(  # noqa: PLR0917 - op schema
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
+                    backend: str | None, precision: str, needs_grad: bool) -> torch.Tensor:
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::attention_backward", mutates_args=())
+def attention_backward_op(  # noqa: PLR0917 - op schema
+    grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                          scale: float | None, backend: str | None,
+                          precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of :func:`attention_op` for q, k, v by recomputing the forward with autograd on."""
+    from attnforge.dispatch.runtime import get_dispatcher
+
+    with _autograd_on(), torch.enable_grad():
+        qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
+        out = get_dispatcher().run(qd, kd, vd, causal=causal, scale=scale, backend=backend,
+                                   precision=precision, needs_grad=True)
+        dq, dk, dv = torch.autograd.grad(out, (qd, kd, vd), grad)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+
+
+@attention_backward_op.register_fake
+def _attention_backward_fake(  # noqa: PLR0917 - op schema
+    grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             causal: bool, scale: float | None, backend: str | None,
+                             precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))  # type: ignore[return-value]
+
+
+def _autograd_on() -> Any:
+    """Re-admit autograd inside an op implementation, which runs with the autograd dispatch keys excluded.
+
+    Uses the private ``torch._C._ForceDispatchKeyGuard`` (torch >= 2.4): the exclude set minus the autograd
+    keys. ``tests/dispatch/test_compile.py`` checks the gradients eagerly and compiled, so a torch release
+    that changes this fails there.
+    """
+    keys = torch._C.DispatchKey
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in (keys.AutogradFunctionality, keys.AutogradOther, keys.AutogradNestedTensor,
+                keys.ADInplaceOrView):
+        exclude = exclude.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    q, k, v, causal, scale, backend, precision, _needs_grad = inputs
+    ctx.save_for_backward(q, k, v)
+    ctx.options = (causal, scale, backend, precision)
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    q, k, v = ctx.saved_tensors
+    dq, dk, dv = attention_backward_op(grad.contiguous(), q, k, v, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None
+
+
+attention_op.register_autograd(_backward, setup_context=_setup_context)

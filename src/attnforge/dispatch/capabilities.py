@@ -1,0 +1,222 @@
+"""What a backend can serve, as data: ``catalog/data/backends.toml`` plus ``catalog/data/runtime.toml``.
+
+The support check is a pure function of a :class:`Capabilities` and an :class:`AttentionCall`, so a decision
+can be replayed and tested without a GPU or the backend's package.
+
+Causal alignment rule (applies to every backend): ``attention(..., causal=True)`` aligns the mask to the
+bottom-right, i.e. query ``i`` sees key ``j`` when ``j <= i + Sk - Sq`` (FlashAttention >= 2.1). When Sq == Sk
+this is the same as SDPA's top-left ``is_causal``. Backends whose ``causal`` mode is ``"mask"`` (SDPA
+efficient, cuDNN, math) get an explicit bottom-right boolean mask when Sq != Sk; ``"square-only"`` backends
+(SDPA flash, SageAttention) accept no mask and are refused for causal calls with Sq != Sk.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import attnforge.probe  # noqa: F401 - loads probe before catalog: catalog.backends <-> probe.collect cycle
+from attnforge.catalog import DATA_DIR, Catalog, load_catalog
+from attnforge.catalog._check import Collector, read_toml
+from attnforge.dispatch.adapter import AttentionCall
+from attnforge.probe.snapshot import ComputeCapability, format_cc
+
+SCHEMA_VERSION = 1
+_FIELDS = {
+    "devices", "layout", "causal", "empty_rows_zero", "gqa", "backward", "head_dim_multiple", "sources",
+}
+DEVICES = ("cuda", "cpu")
+
+
+class Layout(StrEnum):
+    """Tensor layouts: ``bhsd`` = ``[B, H, S, D]`` (SDPA), ``bshd`` = ``[B, S, H, D]`` (FlashAttention)."""
+
+    BHSD = "bhsd"
+    BSHD = "bshd"
+
+
+class CausalMode(StrEnum):
+    """How a kernel masks causally (see the module docstring for the alignment rule)."""
+
+    BOTTOM_RIGHT = "bottom-right"
+    MASK = "mask"
+    SQUARE_ONLY = "square-only"
+    NONE = "none"
+
+
+class GqaMode(StrEnum):
+    """How a kernel serves Hq != Hkv: natively, or by the adapter repeating K/V heads."""
+
+    NATIVE = "native"
+    EXPAND = "expand"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Capabilities:
+    """Everything the dispatcher checks before it calls a backend.
+
+    Attributes:
+        backend: catalog id.
+        devices: torch device types the kernel runs on.
+        min_cc, max_cc: inclusive compute capability range on CUDA.
+        dtypes: accepted dtypes (``"float16"`` ...).
+        max_head_dim: largest head dim D.
+        head_dim_multiple: D must be a multiple of this.
+        layout: the kernel's native layout.
+        causal: causal masking mode.
+        empty_rows_zero: rows with no visible key come back as zeros (causal, Sq > Sk).
+        gqa: how Hq != Hkv is served.
+        backward: the kernel has a backward pass.
+        quantized: the kernel quantizes Q/K/V (served only with precision="allow_quantized").
+        priority: tie-break when nothing was measured, lower first.
+    """
+
+    backend: str
+    devices: tuple[str, ...]
+    min_cc: ComputeCapability
+    max_cc: ComputeCapability
+    dtypes: tuple[str, ...]
+    max_head_dim: int
+    head_dim_multiple: int
+    layout: Layout
+    causal: CausalMode
+    empty_rows_zero: bool
+    gqa: GqaMode
+    backward: bool
+    quantized: bool
+    priority: int
+
+    def unsupported_reasons(self, call: AttentionCall) -> list[str]:
+        """Every reason this backend cannot serve ``call``; empty when it can. Pure."""
+        reasons: list[str] = []
+        if call.device_type not in self.devices:
+            reasons.append(f"runs on {'/'.join(self.devices)}, the tensors are on {call.device_type}")
+        elif call.device_type == "cuda":
+            cc = call.compute_capability
+            if cc is None or not self.min_cc <= cc <= self.max_cc:
+                have = "unknown" if cc is None else format_cc(cc)
+                span = f"{format_cc(self.min_cc)}-{format_cc(self.max_cc)}"
+                reasons.append(f"supports compute capability {span}, this GPU is {have}")
+        if call.dtype not in self.dtypes:
+            reasons.append(f"dtype {call.dtype} not supported ({', '.join(self.dtypes)})")
+        if call.head_dim > self.max_head_dim:
+            reasons.append(f"head dim {call.head_dim} > {self.max_head_dim}")
+        if call.head_dim % self.head_dim_multiple:
+            reasons.append(f"head dim {call.head_dim} is not a multiple of {self.head_dim_multiple}")
+        if call.causal:
+            if self.causal is CausalMode.NONE:
+                reasons.append("no causal masking")
+            elif self.causal is CausalMode.SQUARE_ONLY and call.seqlen_q != call.seqlen_k:
+                reasons.append(f"causal only with Sq == Sk (top-left aligned, no mask argument);"
+                               f" got Sq={call.seqlen_q}, Sk={call.seqlen_k}")
+            elif call.seqlen_q > call.seqlen_k and not self.empty_rows_zero:
+                reasons.append(f"causal with Sq={call.seqlen_q} > Sk={call.seqlen_k} leaves rows with no key,"
+                               " and this kernel's output for them is not known to be zero")
+        if call.needs_grad and not self.backward:
+            reasons.append("no backward pass (inference only), and an input requires grad")
+        if self.quantized and call.precision != "allow_quantized":
+            reasons.append("quantizes Q/K/V; used only with precision='allow_quantized'")
+        return reasons
+
+
+def load_capabilities(
+    catalog: Catalog | None = None, data_dir: Path | None = None
+) -> dict[str, Capabilities]:
+    """Join the catalog's backend rows with ``runtime.toml`` into one :class:`Capabilities` per backend id.
+
+    Args:
+        catalog: the loaded catalog (the packaged one when None).
+        data_dir: the directory holding ``runtime.toml`` (the packaged data when None).
+
+    Raises:
+        CatalogError: ``runtime.toml`` is invalid or its ids differ from ``backends.toml``; every bad dotted
+            path is listed.
+    """
+    if catalog is None and data_dir is None:
+        return dict(_packaged())
+    return _load(catalog or load_catalog(), data_dir or DATA_DIR)
+
+
+@functools.cache
+def _packaged() -> Mapping[str, Capabilities]:
+    return _load(load_catalog(), DATA_DIR)
+
+
+def _load(catalog: Catalog, data_dir: Path) -> dict[str, Capabilities]:
+    doc = read_toml(data_dir / "runtime.toml")
+    errors = Collector("runtime.toml")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        errors.add("schema_version", f"expected {SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
+    out: dict[str, Capabilities] = {}
+    with errors.table(doc, "runtime", "") as tables:
+        for bid in sorted(set(catalog.backends) - set(tables)):
+            errors.add(f"runtime.{bid}", "missing (every backend of backends.toml needs a runtime row)")
+        for bid, raw in tables.items():
+            path = f"runtime.{bid}"
+            backend = catalog.backends.get(bid)
+            if backend is None:
+                errors.add(path, "not a backend of backends.toml")
+                continue
+            if not isinstance(raw, dict):
+                errors.add(path, "expected a table")
+                continue
+            errors.unknown_keys(raw, _FIELDS, path)
+            devices = errors.str_list(raw, "devices", path, allow_empty=False)
+            for i, dev in enumerate(devices):
+                if dev not in DEVICES:
+                    errors.add(f"{path}.devices[{i}]", f"expected one of {DEVICES}, got {dev!r}")
+            multiple = errors.get(raw, "head_dim_multiple", path, int)
+            if multiple is not None and multiple <= 0:
+                errors.add(f"{path}.head_dim_multiple", "must be positive")
+            errors.str_list(raw, "sources", path, allow_empty=False)
+            out[bid] = Capabilities(
+                backend=bid,
+                devices=devices,
+                min_cc=backend.min_cc,
+                max_cc=backend.max_cc,
+                dtypes=backend.dtypes,
+                max_head_dim=backend.max_head_dim,
+                head_dim_multiple=multiple or 1,
+                layout=_enum(errors, raw, "layout", path, Layout),
+                causal=_enum(errors, raw, "causal", path, CausalMode),
+                empty_rows_zero=errors.get(raw, "empty_rows_zero", path, bool),
+                gqa=_enum(errors, raw, "gqa", path, GqaMode),
+                backward=errors.get(raw, "backward", path, bool),
+                quantized=backend.quantized,
+                priority=backend.priority,
+            )
+    errors.finish()
+    return out
+
+
+def _enum(errors: Collector, raw: Mapping[str, Any], key: str, path: str, kind: type[StrEnum]) -> Any:
+    text = errors.get(raw, key, path, str)
+    try:
+        return kind(text)
+    except ValueError:
+        if text:
+            errors.add(f"{path}.{key}", f"expected one of {[m.value for m in kind]}, got {text!r}")
+        return next(iter(kind))
+
+
+#: The capabilities of the always-available fallback: PyTorch SDPA with no backend forced.
+SDPA_FALLBACK = Capabilities(
+    backend="sdpa",
+    devices=DEVICES,
+    min_cc=(0, 0),
+    max_cc=(99, 9),
+    dtypes=("float16", "bfloat16", "float32", "float64"),
+    max_head_dim=1 << 30,
+    head_dim_multiple=1,
+    layout=Layout.BHSD,
+    causal=CausalMode.MASK,
+    empty_rows_zero=True,
+    gqa=GqaMode.NATIVE,
+    backward=True,
+    quantized=False,
+    priority=1000,
+)

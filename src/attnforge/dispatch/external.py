@@ -1,0 +1,71 @@
+"""Adapters of the kernels that come from their own packages: FlashAttention 2/3/4, SageAttention, xFormers.
+
+Every adapter takes ``[B, H, S, D]`` tensors (the :mod:`attnforge.dispatch.adapter` convention) and hands a
+transposed *view* to the BSHD kernels, so no copy is made; the output view is transposed back. The packages
+are imported on first use only. Kernel signatures: runtime-anchors.md §5.1 (FA2), §5.2 (FA3), §5.3 (FA4), §5.4
+(SageAttention), §4 (xFormers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from attnforge.dispatch._base import AdapterBase, expand_kv, first
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _bshd(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2)
+
+
+@dataclass(slots=True, kw_only=True)
+class FlashAttnAdapter(AdapterBase):
+    """FlashAttention 2 (``flash_attn.flash_attn_func``), 3 (``flash_attn_interface.flash_attn_func``) or 4
+    (``flash_attn.cute.flash_attn_func``): BSHD, native GQA, causal bottom-right. FA3 and FA4 return
+    ``(out, lse)`` in some versions; only ``out`` is used."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None) -> torch.Tensor:
+        """Run the kernel on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns ``[B, Hq, Sq, D]``."""
+        kernel = self.module().flash_attn_func
+        out = first(kernel(_bshd(q), _bshd(k), _bshd(v), softmax_scale=scale, causal=causal))
+        return _bshd(out)
+
+
+@dataclass(slots=True, kw_only=True)
+class SageAdapter(AdapterBase):
+    """SageAttention's ``sageattn`` (quantized; its capabilities limit causal to Sq == Sk and forbid grad)."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None) -> torch.Tensor:
+        """Run ``sageattn(tensor_layout="HND")`` on ``[B, Hq, S, D]``; returns ``[B, Hq, S, D]``."""
+        out = self.module().sageattn(q, k, v, tensor_layout="HND", is_causal=causal, sm_scale=scale)
+        return first(out)  # type: ignore[no-any-return]
+
+
+@dataclass(slots=True, kw_only=True)
+class XformersAdapter(AdapterBase):
+    """xFormers ``memory_efficient_attention`` (BMHK).
+
+    Causal uses ``LowerTriangularMask`` when Sq == Sk and ``LowerTriangularFromBottomRightMask`` otherwise;
+    GQA repeats K/V heads (xFormers' own 5-D GQA form is forward-only).
+    """
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None) -> torch.Tensor:
+        """Run the kernel on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns ``[B, Hq, Sq, D]``."""
+        xops = self.module()
+        k, v = expand_kv(k, v, q.shape[1])
+        bias = None
+        if causal:
+            from xformers.ops.fmha import attn_bias
+
+            if q.shape[2] == k.shape[2]:
+                bias = attn_bias.LowerTriangularMask()
+            else:
+                bias = attn_bias.LowerTriangularFromBottomRightMask()
+        out = xops.memory_efficient_attention(_bshd(q), _bshd(k), _bshd(v), attn_bias=bias, scale=scale)
+        return _bshd(out)

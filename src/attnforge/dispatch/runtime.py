@@ -1,0 +1,399 @@
+"""``attention()``: every call served by the fastest verified backend that supports it, SDPA as the fallback.
+
+Shapes: ``B`` batch, ``Hq`` query heads, ``Hkv`` key/value heads (Hq a multiple of Hkv: GQA), ``Sq``/``Sk``
+query/key lengths, ``D`` head dim. Causal masks are aligned to the bottom-right when Sq != Sk (query ``i``
+sees key ``j`` when ``j <= i + Sk - Sq``, as in FlashAttention >= 2.1); :mod:`attnforge.dispatch.capabilities`
+documents how each backend is made to follow that rule.
+
+State per process (thread-safe): verify and bench records, read once per device on first use
+(:func:`refresh` re-reads them); the decision per call class; the backends that raised at run time.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from attnforge.dispatch import _op
+from attnforge.dispatch.adapter import AttentionCall, BackendAdapter
+from attnforge.dispatch.policy import (
+    FALLBACK,
+    Decision,
+    Rejection,
+    ShapeClass,
+    bucket,
+    decide,
+    measured_tflops,
+)
+from attnforge.errors import DispatchError
+from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
+
+LAYOUTS = ("bhsd", "bshd")
+PRECISIONS = ("exact", "allow_quantized")
+
+_FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnforge_forced_backend", default=None)
+
+
+class RecordSource(Protocol):
+    """Where verify and bench results come from (:class:`attnforge.records.RecordStore` in production)."""
+
+    def latest_verify(self, device_key: str) -> dict[str, VerifyRecord]: ...
+
+    def bench_records(self, device_key: str) -> list[BenchRecord]: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Explanation:
+    """Why a call goes where it goes (the result of :func:`explain`).
+
+    Attributes:
+        call: the call's properties.
+        device: the device key records are looked up under.
+        shape_class: the bench shape class the call falls in.
+        chosen: the backend that serves the call; None when a forced backend cannot.
+        forced: the backend was forced (``backend=`` or :func:`use_backend`).
+        order: every backend that would be tried, in order (later ones serve if earlier ones raise).
+        basis: for each entry of ``order``, why it stands there.
+        rejected: every backend that will not be tried, with all its reasons.
+    """
+
+    call: AttentionCall
+    device: str
+    shape_class: str
+    chosen: str | None
+    forced: bool
+    order: tuple[str, ...]
+    basis: tuple[str, ...]
+    rejected: tuple[Rejection, ...]
+
+    def __str__(self) -> str:
+        c = self.call
+        head = (f"attention B={c.batch} Hq={c.heads_q} Hkv={c.heads_kv} Sq={c.seqlen_q} Sk={c.seqlen_k}"
+                f" D={c.head_dim} {c.dtype}{' causal' if c.causal else ''}{' +grad' if c.needs_grad else ''}"
+                f" on {self.device} (shape class: {self.shape_class})")
+        lines = [head]
+        if self.chosen is None:
+            lines.append("  forced backend cannot serve this call")
+        for i, (name, why) in enumerate(zip(self.order, self.basis, strict=True)):
+            label = ("forced" if self.forced else "chosen") if i == 0 else "then"
+            lines.append(f"  {label:7} {name}: {why}")
+        if self.rejected:
+            lines.append("  skipped:")
+            for rej in self.rejected:
+                lines.append(f"    {rej.backend}: {'; '.join(rej.reasons)}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class _Device:
+    key: str
+    compute_capability: tuple[int, int] | None
+
+
+class Dispatcher:
+    """The selection state of one process: adapters, records, cached decisions, broken backends.
+
+    Args:
+        adapters: backends by catalog id (the registry's when None); the SDPA fallback is separate.
+        fallback: the adapter of last resort (unforced SDPA when None).
+        priorities: catalog priority per id (from the adapters' capabilities when None).
+        records: verify/bench source (``RecordStore($ATTNFORGE_HOME)``, opened on first use, when None).
+    """
+
+    def __init__(self, adapters: Mapping[str, BackendAdapter] | None = None, *,
+                 fallback: BackendAdapter | None = None, priorities: Mapping[str, int] | None = None,
+                 records: RecordSource | None = None) -> None:
+        from attnforge.dispatch import registry
+
+        self.adapters: dict[str, BackendAdapter] = dict(registry.adapters() if adapters is None else adapters)
+        self.fallback = fallback if fallback is not None else registry.fallback()
+        self.priorities = dict(priorities) if priorities is not None else {
+            name: getattr(getattr(a, "caps", None), "priority", 1 << 30) for name, a in self.adapters.items()}
+        self._records = records
+        self._lock = threading.RLock()
+        self._devices: dict[Any, _Device] = {}
+        self._verified: dict[str, dict[str, VerifyRecord]] = {}
+        self._bench: dict[str, list[BenchRecord]] = {}
+        self._plans: dict[tuple[Any, ...], tuple[Decision, tuple[BackendAdapter, ...]]] = {}
+        self.broken: dict[str, str] = {}
+
+    # -- state ------------------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Forget records and cached decisions; the next call re-reads them. Broken backends stay broken."""
+        with self._lock:
+            self._verified.clear()
+            self._bench.clear()
+            self._plans.clear()
+
+    def _source(self) -> RecordSource:
+        if self._records is None:
+            from attnforge._system.paths import home_dir
+
+            self._records = RecordStore(home_dir(os.environ))
+        return self._records
+
+    def _device(self, device: torch.device) -> _Device:
+        found = self._devices.get(device)
+        if found is None:
+            if device.type == "cuda":
+                index = device.index if device.index is not None else torch.cuda.current_device()
+                major, minor = torch.cuda.get_device_capability(index)
+                name = torch.cuda.get_device_name(index)
+                found = _Device(device_key(name, (major, minor), torch.__version__), (major, minor))
+            else:
+                found = _Device(device_key(device.type, None, torch.__version__), None)
+            self._devices[device] = found
+        return found
+
+    def _records_for(self, key: str) -> tuple[dict[str, VerifyRecord], list[BenchRecord]]:
+        with self._lock:
+            if key not in self._verified:
+                source = self._source()
+                self._verified[key] = source.latest_verify(key)
+                self._bench[key] = source.bench_records(key)
+            return self._verified[key], self._bench[key]
+
+    # -- deciding ---------------------------------------------------------------------------------------
+    def _plan(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
+              forced: str | None) -> tuple[Decision, tuple[BackendAdapter, ...]]:
+        sq, sk = q.shape[2], k.shape[2]
+        key = (q.device, q.dtype, q.shape[3], causal, q.shape[1] != k.shape[1], bucket(sq), bucket(sk),
+               (sq > sk) - (sq < sk), needs_grad, precision, forced)
+        plan = self._plans.get(key)
+        if plan is None:
+            call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad)
+            dev_key = self._device(q.device).key
+            decision = self._forced_decision(call, forced) if forced else self._decide(call, dev_key)
+            plan = (decision, tuple(self._adapter(name) for name in decision.order))
+            with self._lock:
+                self._plans[key] = plan
+        return plan
+
+    def describe(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str,
+                 needs_grad: bool) -> AttentionCall:
+        """The :class:`AttentionCall` of ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]`` tensors."""
+        dev = self._device(q.device)
+        return AttentionCall(device_type=q.device.type, compute_capability=dev.compute_capability,
+                             dtype=str(q.dtype).removeprefix("torch."), batch=q.shape[0],
+                             heads_q=q.shape[1], heads_kv=k.shape[1], seqlen_q=q.shape[2],
+                             seqlen_k=k.shape[2], head_dim=q.shape[3], causal=causal, needs_grad=needs_grad,
+                             precision=precision)
+
+    def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
+        verified, bench = self._records_for(dev_key)
+        tflops = measured_tflops(bench, ShapeClass.of_call(call))
+        return decide(call, self.adapters, priorities=self.priorities, verified=verified, tflops=tflops,
+                      broken=dict(self.broken))
+
+    def _forced_decision(self, call: AttentionCall, name: str) -> Decision:
+        adapter = self._adapter(name)
+        reasons = [f"not usable: {err}"] if (err := adapter.load_error()) else []
+        reasons += adapter.unsupported_reasons(call)
+        if reasons:
+            return Decision(order=(), basis=(), rejected=(Rejection(backend=name, reasons=tuple(reasons)),))
+        return Decision(order=(name,), basis=("forced",), rejected=())
+
+    def _adapter(self, name: str) -> BackendAdapter:
+        if name == FALLBACK:
+            return self.fallback
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            known = ", ".join(sorted([*self.adapters, FALLBACK]))
+            raise DispatchError(f"unknown attention backend {name!r}", hint=f"known backends: {known}")
+        return adapter
+
+    def explain(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
+                backend: str | None) -> Explanation:
+        """The decision for bhsd tensors, as an :class:`Explanation` (see :func:`explain`)."""
+        forced = backend or _FORCED.get()
+        call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad)
+        dev_key = self._device(q.device).key
+        decision = self._forced_decision(call, forced) if forced else self._decide(call, dev_key)
+        return Explanation(call=call, device=dev_key, shape_class=str(ShapeClass.of_call(call)),
+                           chosen=decision.order[0] if decision.order else None, forced=forced is not None,
+                           order=decision.order, basis=decision.basis, rejected=decision.rejected)
+
+    # -- running ----------------------------------------------------------------------------------------
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float | None,
+            backend: str | None, precision: str, needs_grad: bool) -> torch.Tensor:
+        """Serve one call on validated ``[B, H, S, D]`` tensors.
+
+        Raises:
+            DispatchError: a forced backend is unknown or cannot serve the call.
+        """
+        forced = backend or _FORCED.get()
+        decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
+                                        forced=forced)
+        if forced:
+            if not adapters:
+                reasons = "; ".join(decision.rejected[0].reasons)
+                raise DispatchError(f"forced attention backend {forced!r} cannot serve this call",
+                                    cause=reasons, hint="drop the forced backend or change the inputs")
+            return adapters[0](q, k, v, causal=causal, scale=scale)
+        for name, adapter in zip(decision.order, adapters, strict=True):
+            if name in self.broken:
+                continue
+            if name == FALLBACK:
+                return adapter(q, k, v, causal=causal, scale=scale)
+            try:
+                return adapter(q, k, v, causal=causal, scale=scale)
+            except torch.OutOfMemoryError:
+                raise  # not the backend's fault; a fallback would need more memory still
+            except Exception as exc:
+                self._mark_broken(name, exc)
+        return self.fallback(q, k, v, causal=causal, scale=scale)
+
+    def _mark_broken(self, name: str, exc: Exception) -> None:
+        with self._lock:
+            if name in self.broken:
+                return
+            self.broken[name] = f"{type(exc).__name__}: {exc}"
+            self._plans.clear()
+        warnings.warn(f"attnforge: attention backend {name!r} raised {type(exc).__name__}: {exc}; it is"
+                      " skipped for the rest of this process and the next backend serves the call",
+                      RuntimeWarning, stacklevel=4)
+
+
+_DISPATCHER: Dispatcher | None = None
+_DISPATCHER_LOCK = threading.Lock()
+
+
+def get_dispatcher() -> Dispatcher:
+    """The process-wide dispatcher (built on first use)."""
+    global _DISPATCHER  # noqa: PLW0603 - one lazily built process-wide state
+    if _DISPATCHER is None:
+        with _DISPATCHER_LOCK:
+            if _DISPATCHER is None:
+                _DISPATCHER = Dispatcher()
+    return _DISPATCHER
+
+
+def set_dispatcher(dispatcher: Dispatcher | None) -> Dispatcher | None:
+    """Replace the process-wide dispatcher (None: rebuild on next use); returns the previous one.
+
+    The seam for embedding attnforge with custom adapters or record sources, and for tests.
+    """
+    global _DISPATCHER
+    with _DISPATCHER_LOCK:
+        previous, _DISPATCHER = _DISPATCHER, dispatcher
+    return previous
+
+
+def refresh() -> None:
+    """Re-read verify and bench records on the next call (after ``attnforge verify`` or ``bench`` ran)."""
+    get_dispatcher().refresh()
+
+
+@contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Force one backend for every :func:`attention` call in this context (per thread / asyncio task).
+
+    Args:
+        name: a catalog backend id (``"flash-attn"``, ``"sdpa-cudnn"`` ...) or ``"sdpa"``.
+
+    Raises:
+        DispatchError: ``name`` is unknown (the hint lists the known names); a call inside the context that
+            the forced backend cannot serve raises with the backend's reasons.
+    """
+    get_dispatcher()._adapter(name)  # validate now, not at the first call
+    token = _FORCED.set(name)
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
+def _validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
+              scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if layout not in LAYOUTS:
+        raise DispatchError(f"unknown layout {layout!r}", hint="use layout='bhsd' ([B, H, S, D]) or 'bshd'")
+    if precision not in PRECISIONS:
+        raise DispatchError(f"unknown precision {precision!r}", hint="use 'exact' or 'allow_quantized'")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise DispatchError(f"{name} is a {type(t).__name__}, not a torch.Tensor")
+        if t.dim() != 4:
+            raise DispatchError(f"{name} has {t.dim()} dimensions, expected 4",
+                                hint=f"layout={layout!r} means [{', '.join(layout.upper())}]")
+    if layout == "bshd":
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if k.shape != v.shape:
+        raise DispatchError(f"k and v differ in shape: {tuple(k.shape)} vs {tuple(v.shape)}"
+                            " (as [B, H, S, D])")
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise DispatchError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim"
+                            " (as [B, H, S, D])", hint=f"check layout={layout!r}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise DispatchError(f"query heads Hq={q.shape[1]} is not a multiple of key/value heads"
+                            f" Hkv={k.shape[1]}",
+                            hint=f"GQA needs Hq % Hkv == 0; check layout={layout!r}")
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise DispatchError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.device != k.device or q.device != v.device:
+        raise DispatchError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+    if not q.is_floating_point():
+        raise DispatchError(f"attention needs floating-point tensors, got {q.dtype}")
+    if scale is not None and not scale > 0:
+        raise DispatchError(f"scale must be positive, got {scale!r}")
+    return q, k, v
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              scale: float | None = None, layout: str = "bhsd", backend: str | None = None,
+              precision: str = "exact") -> torch.Tensor:
+    """Scaled dot-product attention on the fastest backend this machine verified for these inputs.
+
+    Args:
+        q: ``[B, Hq, Sq, D]`` (``[B, Sq, Hq, D]`` with ``layout="bshd"``), float16/bfloat16/float32/float64,
+            CPU or CUDA.
+        k, v: ``[B, Hkv, Sk, D]`` (or ``[B, Sk, Hkv, D]``), same dtype and device as q; Hq a multiple of Hkv.
+        causal: mask future keys, aligned to the bottom-right when Sq != Sk (query ``i`` sees key ``j`` iff
+            ``j <= i + Sk - Sq``; rows that see no key are zeros).
+        scale: softmax scale; None means ``1/sqrt(D)``.
+        layout: ``"bhsd"`` or ``"bshd"``; the output uses the same layout.
+        backend: force a backend id (``"flash-attn"``, ``"sdpa-cudnn"``, ``"sdpa"`` ...); see
+            :func:`use_backend`.
+        precision: ``"exact"``, or ``"allow_quantized"`` to admit SageAttention's int8/fp8 kernels.
+
+    Returns:
+        ``[B, Hq, Sq, D]`` (or ``[B, Sq, Hq, D]``) in q's dtype; differentiable through the chosen backend.
+        Under ``torch.compile`` the call is one custom op (``attnforge::attention``) and its backward
+        recomputes the forward through the dispatcher.
+
+    Raises:
+        DispatchError: bad shapes, dtypes, devices, layout or precision; an unknown forced backend; a forced
+            backend that cannot serve the call (with its reasons).
+    """
+    qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if torch.compiler.is_compiling():
+        out: torch.Tensor = _op.attention_op(qh, kh, vh, causal, scale, backend, precision, needs_grad)
+    else:
+        out = get_dispatcher().run(qh, kh, vh, causal=causal, scale=scale, backend=backend,
+                                   precision=precision, needs_grad=needs_grad)
+    return out.transpose(1, 2) if layout == "bshd" else out
+
+
+def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+            scale: float | None = None, layout: str = "bhsd", backend: str | None = None,
+            precision: str = "exact") -> Explanation:
+    """Which backend :func:`attention` would use for these inputs, and why every other one is skipped.
+
+    Takes the same arguments as :func:`attention`; runs no kernel.
+
+    Raises:
+        DispatchError: bad inputs or an unknown forced backend (a forced backend that cannot serve the call is
+            reported in the explanation instead).
+    """
+    qh, kh, _ = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return get_dispatcher().explain(qh, kh, causal=causal, precision=precision, needs_grad=needs_grad,
+                                    backend=backend)

@@ -1,0 +1,72 @@
+"""PyTorch SDPA adapters: one per forced kernel (flash, memory-efficient, cuDNN, math) and the default.
+
+Forcing uses ``torch.nn.attention.sdpa_kernel([backend])`` (source: runtime-anchors.md §3.1), which enables
+only that kernel for the call and restores the previous flags on exit; if the kernel cannot serve the inputs
+SDPA raises instead of silently running another kernel, so a forced adapter never returns another kernel's
+result.
+
+Causal alignment: SDPA's ``is_causal`` is top-left. It is used only when Sq == Sk, where top-left and
+bottom-right agree; otherwise the adapter passes an explicit bottom-right boolean ``attn_mask`` (capability
+``causal = "mask"``) and zeroes the rows that see no key, as the float64 reference and FlashAttention do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnforge.dispatch._base import AdapterBase, bottom_right_mask, expand_kv
+from attnforge.dispatch.capabilities import GqaMode
+
+if TYPE_CHECKING:
+    import torch
+
+#: catalog id -> name of the ``torch.nn.attention.SDPBackend`` member it forces (None: SDPA chooses)
+SDPA_KERNELS: dict[str, str | None] = {
+    "sdpa-flash": "FLASH_ATTENTION",
+    "sdpa-efficient": "EFFICIENT_ATTENTION",
+    "sdpa-cudnn": "CUDNN_ATTENTION",
+    "sdpa-math": "MATH",
+    "sdpa": None,
+}
+
+
+@dataclass(slots=True, kw_only=True)
+class SdpaAdapter(AdapterBase):
+    """``torch.nn.functional.scaled_dot_product_attention``, optionally forced to one kernel.
+
+    Attributes:
+        kernel: the ``SDPBackend`` member name to force, or None to let SDPA choose (the fallback).
+    """
+
+    kernel: str | None = None
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None) -> torch.Tensor:
+        """SDPA on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns ``[B, Hq, Sq, D]``."""
+        from attnforge.dispatch.sdpa_patch import original_sdpa
+
+        sdpa: Callable[..., torch.Tensor] = original_sdpa()
+        kwargs: dict[str, Any] = {}
+        if q.shape[1] != k.shape[1]:
+            if self.caps.gqa is GqaMode.NATIVE:
+                kwargs["enable_gqa"] = True
+            else:
+                k, v = expand_kv(k, v, q.shape[1])
+        empty = None
+        if causal:
+            if q.shape[2] == k.shape[2]:
+                kwargs["is_causal"] = True
+            else:
+                kwargs["attn_mask"], empty = bottom_right_mask(q.shape[2], k.shape[2], q.device)
+        if self.kernel is None:
+            out = sdpa(q, k, v, scale=scale, **kwargs)
+        else:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel([getattr(SDPBackend, self.kernel)]):
+                out = sdpa(q, k, v, scale=scale, **kwargs)
+        if empty is not None:
+            out = out.masked_fill(empty, 0.0)
+        return out

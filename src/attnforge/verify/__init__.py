@@ -1,0 +1,19 @@
+"""Numerical verification of attention backends against a float64 reference (``attnforge verify``).
+
+Nothing runs at import time; torch is imported by the functions that need it.
+"""
+
+from __future__ import annotations
+
+# attnforge.catalog and attnforge.probe import each other; entering through probe resolves the cycle.
+import attnforge.probe  # noqa: F401
+from attnforge.verify.cases import VerifyCase, generate_cases
+from attnforge.verify.check import BackendVerification, CaseResult, CaseStatus, verify_backend
+from attnforge.verify.compare import Comparison, compare
+from attnforge.verify.device import DeviceInfo, DeviceType, current_device
+from attnforge.verify.run import VerifyReport, run_verify
+
+__all__ = [
+    "BackendVerification", "CaseResult", "CaseStatus", "Comparison", "DeviceInfo", "DeviceType", "VerifyCase",
+    "VerifyReport", "compare", "current_device", "generate_cases", "run_verify", "verify_backend",
+]

@@ -1,0 +1,41 @@
+"""Bench records as the dispatcher reads them: every measured shape class is found and ordered by TFLOP/s."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnforge.bench.grid import cpu_grid
+from attnforge.bench.records import to_records
+from attnforge.bench.run import run_bench
+from attnforge.bench.timing import TimerMethod, TimingConfig
+from attnforge.dispatch.policy import ShapeClass, decide, measured_tflops
+from attnforge.dispatch.registry import adapters, fallback
+from attnforge.records import RecordStore, VerifyRecord
+from attnforge.verify.device import current_device
+
+FAST = TimingConfig(warmup_ms=1.0, rep_ms=3.0, min_reps=2, max_reps=5, method=TimerMethod.PERF_COUNTER)
+
+
+def test_the_dispatcher_orders_by_what_bench_stored(tmp_path: Path) -> None:
+    cpu = current_device("cpu")
+    registry = adapters()
+    benched = {"sdpa": fallback(), "sdpa-math": registry["sdpa-math"], "flex": registry["flex"]}
+    shapes = [s for s in cpu_grid(dtype="float32") if s.seqlen_q == 64 and s.head_dim == 32 and not s.causal]
+    report = run_bench(shapes, adapters={k: benched[k] for k in ("sdpa", "sdpa-math")}, baseline="sdpa",
+                       device=cpu, timing=FAST)
+    store = RecordStore(tmp_path)
+    store.add_bench(to_records(report))
+    for name in ("sdpa-math", "flex"):
+        store.add_verify(VerifyRecord(device_key=cpu.key, backend=name, backend_version=None, ok=True,
+                                      summary="ok"))
+    records = store.bench_records(cpu.key)
+    for row in report.rows:
+        call = row.shape.call(device_type="cpu", compute_capability=None)
+        tflops = measured_tflops(records, ShapeClass.of_call(call))
+        assert set(tflops) == {"sdpa", "sdpa-math"}  # every stored cell is found for its class
+        decision = decide(call, {"sdpa-math": registry["sdpa-math"], "flex": registry["flex"]},
+                          priorities={"sdpa-math": 90, "flex": 50}, verified=store.latest_verify(cpu.key),
+                          tflops=tflops, broken={})
+        measured = sorted(tflops, key=lambda n: -tflops[n])
+        assert [n for n in decision.order if n in tflops] == measured  # measured ones by TFLOP/s
+        assert decision.order.index("flex") > max(decision.order.index(n) for n in measured if n != "sdpa")

@@ -1,0 +1,93 @@
+"""The timing harness with a fake clock: first call apart, budgets, rotation, median."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnforge.bench.timing import TimerMethod, TimingConfig, measure, rotation_sets, summarize
+
+CONFIG = TimingConfig(warmup_ms=10.0, rep_ms=50.0, min_reps=3, max_reps=100, method=TimerMethod.PERF_COUNTER)
+
+
+class FakeKernel:
+    """A step whose every call advances a fake clock by a chosen duration (seconds)."""
+
+    def __init__(self, durations_s: list[float], default_s: float) -> None:
+        self.now = 0.0
+        self.durations_s = list(durations_s)
+        self.default_s = default_s
+        self.sets_used: list[int] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def step(self, i: int) -> None:
+        self.sets_used.append(i)
+        self.now += self.durations_s.pop(0) if self.durations_s else self.default_s
+
+
+def test_first_call_is_reported_apart_and_not_in_the_median() -> None:
+    kernel = FakeKernel([30.0], default_s=0.002)  # a 30 s compile, then 2 ms calls
+    t = measure(kernel.step, sets=3, config=CONFIG, clock=kernel.clock)
+    assert t.first_call_s == pytest.approx(30.0)
+    assert t.median_ms == pytest.approx(2.0)
+    assert t.min_ms == pytest.approx(2.0)
+
+
+def test_budgets_set_warmup_and_repetitions_from_the_estimate() -> None:
+    kernel = FakeKernel([], default_s=0.002)
+    t = measure(kernel.step, sets=2, config=CONFIG, clock=kernel.clock)
+    assert t.warmup_calls == 5  # 10 ms / 2 ms
+    assert t.reps == 25  # 50 ms / 2 ms
+    assert len(kernel.sets_used) == 1 + 3 + 5 + 25  # first, estimate, warm-up, timed
+
+
+@pytest.mark.parametrize(("call_s", "want_reps"), [
+    pytest.param(1.0, 3, id="slow-call-min-reps"),
+    pytest.param(1e-6, 100, id="fast-call-max-reps"),
+])
+def test_repetitions_are_bounded(call_s: float, want_reps: int) -> None:
+    kernel = FakeKernel([], default_s=call_s)
+    assert measure(kernel.step, sets=1, config=CONFIG, clock=kernel.clock).reps == want_reps
+
+
+def test_calls_rotate_through_every_input_set_in_turn() -> None:
+    kernel = FakeKernel([], default_s=0.002)
+    t = measure(kernel.step, sets=4, config=CONFIG, clock=kernel.clock)
+    assert t.input_sets == 4
+    assert kernel.sets_used[:8] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert all(b == (a + 1) % 4 for a, b in zip(kernel.sets_used, kernel.sets_used[1:], strict=False))
+
+
+def test_a_slow_neighbour_during_the_estimate_does_not_shrink_the_budget() -> None:
+    kernel = FakeKernel([0.5, 0.5, 0.002], default_s=0.002)  # first call, then one slow estimate call
+    t = measure(kernel.step, sets=2, config=CONFIG, clock=kernel.clock)
+    assert t.reps == 25
+
+
+def test_median_and_spread_of_outliers() -> None:
+    t = summarize([1.0, 1.0, 1.0, 1.0, 100.0], warmup_calls=0, first_call_s=0.0, input_sets=1,
+                  method=TimerMethod.PERF_COUNTER)
+    assert t.median_ms == 1.0
+    assert t.p20_ms == 1.0
+    assert t.p80_ms > 1.0
+
+
+def test_errors_of_the_step_propagate() -> None:
+    def boom(i: int) -> None:
+        raise RuntimeError("CUDA out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        measure(boom, sets=1, config=CONFIG)
+
+
+@pytest.mark.parametrize(("set_bytes", "l2", "budget", "want"), [
+    pytest.param(64 << 20, 50 << 20, None, 2, id="h200-paper-shape-one-set-exceeds-l2"),
+    pytest.param(1 << 20, 50 << 20, None, 64, id="tiny-shape-capped"),
+    pytest.param(10 << 20, 50 << 20, None, 10, id="ten-sets-twice-l2"),
+    pytest.param(10 << 20, 50 << 20, 35 << 20, 3, id="memory-budget"),
+    pytest.param(10 << 20, 50 << 20, 1 << 20, 1, id="budget-below-one-set"),
+    pytest.param(1 << 10, None, None, 2, id="cpu-two-sets"),
+])
+def test_rotation_sets(set_bytes: int, l2: int | None, budget: int | None, want: int) -> None:
+    assert rotation_sets(set_bytes=set_bytes, l2_bytes=l2, budget_bytes=budget) == want

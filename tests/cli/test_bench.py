@@ -1,0 +1,93 @@
+"""`attnforge bench --device cpu`: the whole path in seconds (table, JSON + schema, PNG, records)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import attnforge.probe  # noqa: F401  (catalog <-> probe import cycle: enter through probe)
+from attnforge.bench.report import load_schema
+from attnforge.cli import main
+from attnforge.records import RecordStore, VerifyRecord
+from attnforge.verify.device import current_device
+
+TINY = ["--device", "cpu", "--head-dim", "32", "--seqlen", "64"]
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_json_plot_and_records(attnforge_home: Path, tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "bench.png"
+    assert main(["bench", "sdpa-math", *TINY, "--json", "--plot", str(png)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    jsonschema.validate(doc, load_schema())
+    assert doc["kind"] == "bench"
+    assert doc["baseline"] == "sdpa"
+    assert [b["name"] for b in doc["backends"]] == ["sdpa", "sdpa-math"]
+    assert len(doc["rows"]) == 4  # causal on/off x fwd, fwd+bwd
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 10_000
+    stored = RecordStore(attnforge_home).bench_records(current_device("cpu").key)
+    assert len(stored) == 8
+    assert {r.run_id for r in stored} == {doc["run_id"]}
+
+
+def test_table_marks_unverified_and_best(attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "sdpa-math", *TINY, "--mode", "fwd", "--causal", "on"]) == 0
+    out = capsys.readouterr().out
+    assert "fwd causal D32 B4 H4 S64" in out
+    assert "best" in out
+    assert "sdpa-math*" in out
+    assert "attnforge verify sdpa-math" in out
+    assert "fwd = 4*B*Hq*Sq*Sk*D" in out
+    assert "stored 2 result(s)" in out
+
+
+def test_without_names_the_verified_backends_are_benched(attnforge_home: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    key = current_device("cpu").key
+    store = RecordStore(attnforge_home)
+    for name, ok in (("sdpa-math", True), ("flex", False)):
+        store.add_verify(VerifyRecord(device_key=key, backend=name, backend_version=None, ok=ok, summary="-"))
+    assert main(["bench", *TINY, "--mode", "fwd", "--causal", "off", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(b["name"], b["verified"]) for b in doc["backends"]] == [("sdpa", False), ("sdpa-math", True)]
+
+
+def test_model_shape(attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "sdpa-math", "--device", "cpu", "--shapes", "model", "--batch", "1", "--heads", "4",
+            "--kv-heads", "2", "--head-dim", "16", "--seqlen", "32", "--seqlen-k", "48", "--mode", "fwd",
+            "--json"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["shape"] for r in rows] == [
+        {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 16, "seqlen_q": 32, "seqlen_k": 48, "causal": c,
+         "mode": "fwd", "dtype": "float32"} for c in (False, True)]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    pytest.param(["nope-attn"], "unknown backend(s): nope-attn", id="unknown-backend"),
+    pytest.param(["--batch", "2"], "--batch only apply to --shapes model", id="model-option-on-grid"),
+    pytest.param(["--shapes", "model", "--batch", "1"], "--shapes model needs --heads",
+                 id="incomplete-model"),
+    pytest.param(["--head-dim", "999"], "leave no shape of the grid", id="empty-filter"),
+])
+def test_bad_input_exits_2_with_a_message(attnforge_home: Path, capsys: pytest.CaptureFixture[str],
+                                          argv: list[str], message: str) -> None:
+    assert main(["bench", "--device", "cpu", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err

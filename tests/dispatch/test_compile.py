@@ -1,0 +1,79 @@
+"""torch.compile: a model calling attention() compiles into one graph, forward and backward correct."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import attnforge
+from attnforge.dispatch import runtime
+from attnforge.dispatch.adapter import reference_attention
+from attnforge.records import RecordStore
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch internals imported by inductor
+
+
+@pytest.fixture(autouse=True)
+def empty_records(tmp_path: Path) -> Any:
+    previous = runtime.set_dispatcher(runtime.Dispatcher(records=RecordStore(tmp_path)))
+    torch._dynamo.reset()
+    yield
+    runtime.set_dispatcher(previous)
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        a = attnforge.attention(q, k, v, causal=True, layout="bshd")
+        b = attnforge.attention(a, k, v, causal=True, layout="bshd")
+        return self.proj(b)
+
+
+def _inputs(grad: bool) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(3)
+    shapes = ((2, 6, 4, 16), (2, 9, 2, 16), (2, 9, 2, 16))  # bshd, GQA, Sq < Sk
+    return tuple(torch.randn(*s, generator=g).requires_grad_(grad) for s in shapes)
+
+
+def test_no_graph_break() -> None:
+    explained = torch._dynamo.explain(Block())(*_inputs(grad=False))
+    assert explained.graph_break_count == 0
+    assert explained.graph_count == 1
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_fullgraph_compile_matches_eager(grad: bool) -> None:
+    block = Block()
+    q, k, v = _inputs(grad)
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    out = compiled(q, k, v)
+    eager = block(q, k, v)
+    torch.testing.assert_close(out, eager)
+    if grad:
+        got = torch.autograd.grad(out.sum(), (q, k, v))
+        want = torch.autograd.grad(eager.sum(), (q, k, v))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+
+
+def test_custom_op_backward_matches_reference() -> None:
+    q, k, v = (t.transpose(1, 2) for t in _inputs(grad=True))
+    out = torch.ops.attnforge.attention(q, k, v, True, 0.5, None, "exact", True)
+    ref = reference_attention(q, k, v, causal=True, scale=0.5)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
+    got = torch.autograd.grad(out.sum(), (q, k, v))
+    want = torch.autograd.grad(ref.sum(), (q, k, v))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.double(), w.double(), atol=1e-5, rtol=1e-4)
+
+
+def test_custom_op_passes_torch_library_checks() -> None:
+    q, k, v = (t.transpose(1, 2).contiguous() for t in _inputs(grad=True))
+    torch.library.opcheck(torch.ops.attnforge.attention.default, (q, k, v, True, None, None, "exact", True),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))

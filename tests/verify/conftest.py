@@ -1,0 +1,20 @@
+"""Verify tests: enter through probe (the catalog <-> probe import cycle), one torch thread per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import attnforge.probe  # noqa: F401
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread() -> Iterator[None]:
+    """CI machines are small and shared: spinning intra-op threads turn 0.1 ms calls into 20 ms ones."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
