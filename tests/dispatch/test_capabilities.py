@@ -28,7 +28,8 @@ def test_every_catalog_backend_has_runtime_capabilities() -> None:
 
 
 def _copy_data(tmp_path: Path, edit: tuple[str, str]) -> Path:
-    shutil.copy(DATA_DIR / "backends.toml", tmp_path / "backends.toml")
+    for toml in DATA_DIR.glob("*.toml"):  # the catalog loads every data file, not only backends.toml
+        shutil.copy(toml, tmp_path / toml.name)
     text = (DATA_DIR / "runtime.toml").read_text()
     assert edit[0] in text
     (tmp_path / "runtime.toml").write_text(text.replace(edit[0], edit[1], 1))
