@@ -17,13 +17,15 @@ source "$(dirname "$0")/_lib.sh"
 ensure_attnforge || { finish; exit 1; }
 (($#)) || set -- sage xformers fa4 verify
 
-# install_backend ID [ALT_ID]: ALT_ID is tried when ID is refused as bad usage (exit 2, e.g. an unknown id).
+# install_backend LIMIT_S ID [ALT_ID]: ALT_ID is tried when ID is refused as bad usage (exit 2, an unknown id).
+# The limits are short on purpose: these are wheel installs (seconds), and one stuck behind a lock the running
+# FA2 build holds should cost minutes, not the whole call.
 install_backend() {
-    local id=$1 alt=${2:-}
-    step "install-$id" 600 attnforge install "$id" --find-links "$WH" --offline
+    local limit=$1 id=$2 alt=${3:-}
+    step "install-$id" "$limit" attnforge install "$id" --find-links "$WH" --offline
     local rc=$?
     if [[ $rc -eq 2 && -n $alt ]]; then
-        step "install-$alt" 600 attnforge install "$alt" --find-links "$WH" --offline
+        step "install-$alt" "$limit" attnforge install "$alt" --find-links "$WH" --offline
         rc=$?
     fi
     return $rc
@@ -32,11 +34,11 @@ install_backend() {
 for what in "$@"; do
     case $what in
     sage)
-        install_backend sageattention-1 sageattention
+        install_backend 180 sageattention-1 sageattention
         step sage-import 180 python -c 'import sageattention, torch; from sageattention import sageattn; print(sageattention.__file__)'
         ;;
     xformers)
-        install_backend xformers
+        install_backend 180 xformers
         note "attnforge install xformers: rc=$? (a refusal that names the cause is the right outcome)"
         rm -rf /tmp/xf /tmp/cu12rt
         step xformers-raw-install 180 python -m pip install -q --no-deps --no-index --target /tmp/xf "$WH"/xformers-0.0.35-*.whl
@@ -69,16 +71,18 @@ EOF
             continue
         fi
         json_step flash-attn-overlap-before 60 python scripts/gpu/flash_attn_overlap.py
-        install_backend flash-attn-4
+        install_backend 300 flash-attn-4
         step fa4-import 300 python -c 'import cutlass, flash_attn.cute as fc; from flash_attn.cute import flash_attn_func; print("cutlass", cutlass.__file__); print("flash_attn.cute", fc.__file__)'
         step fa4-pth 60 bash -c 'd=$(python -c "import sysconfig; print(sysconfig.get_paths()[\"purelib\"])"); ls "$d"/*.pth; cat "$d"/nvidia_cutlass_dsl_packages.pth; python -m pip list 2>/dev/null | grep -i -E "cutlass|flash|quack|tvm|dlpack"'
         json_step flash-attn-overlap-after 60 python scripts/gpu/flash_attn_overlap.py
         step fa2-still-imports 180 python -c 'import flash_attn, flash_attn_2_cuda; from flash_attn import flash_attn_func; print("flash_attn", flash_attn.__version__)'
         ;;
     verify)
+        vname=verify-all
+        [[ -n ${VERIFY_BACKENDS:-} ]] && vname="verify-${VERIFY_BACKENDS// /-}"
         # shellcheck disable=SC2086 # a list of backend ids on purpose
-        json_step verify-all "$(( $(call_left_s) > 120 ? $(call_left_s) : 120 ))" attnforge verify ${VERIFY_BACKENDS:-} --json
-        python - "$STEP_DIR/verify-all.json" <<'EOF' || true
+        json_step "$vname" "$(( $(call_left_s) > 120 ? $(call_left_s) : 120 ))" attnforge verify ${VERIFY_BACKENDS:-} --json
+        python - "$STEP_DIR/$vname.json" <<'EOF' || true
 import json, sys
 try:
     doc = json.load(open(sys.argv[1]))
@@ -95,4 +99,4 @@ EOF
     *) echo "unknown part '$what' (sage, xformers, fa4, verify)"; exit 2 ;;
     esac
 done
-finish "$STEP_DIR/verify-all.json"
+finish "$STEP_DIR/${vname:-verify-all}.json"

@@ -8,6 +8,7 @@
 #                 on the merged code first: the options are those of issue 7).
 #   BENCH_WAIT_S  how long `wait` waits at most (default 480 s; it also stops 30 s before the call's budget)
 #   CHECK_ARGS    extra arguments for check_dispatch.py (e.g. "--max-shapes 12 --no-retime")
+#   BENCH_FORCE=1 start even while the FA2 build runs (it refuses otherwise: the compile jobs skew timings)
 source "$(dirname "$0")/_lib.sh"
 ensure_attnforge || { finish; exit 1; }
 (($#)) || set -- start wait check
@@ -19,12 +20,18 @@ for what in "$@"; do
     start)
         step bench-help 60 attnforge bench --help
         if [[ $(bg_state bench) == running ]]; then note "bench already running"; continue; fi
+        if [[ $(bg_state fa2) == running && -z ${BENCH_FORCE:-} ]]; then
+            note "bench not started: the FA2 build is still running (16 compile jobs would skew the timings)"
+            FAILED_STEPS+=("bench(not started)")
+            continue
+        fi
         rm -f "$STEP_DIR/bench.json" "$STEP_DIR/bench.png"
         # shellcheck disable=SC2086 # BENCH_ARGS is a list of options on purpose
         bg_start bench bash -c "attnforge bench $bench_args --json --plot '$STEP_DIR/bench.png' > '$STEP_DIR/bench.json' 2> '$STEP_DIR/bench-stderr.log'"
         note "bench started: attnforge bench $bench_args --json --plot bench.png"
         ;;
     wait)
+        [[ $(bg_state bench) == absent ]] && { note "nothing to wait for: no bench was started"; continue; }
         last=-999
         while [[ $(bg_state bench) == running ]] && (( $(time_left_s "$wait_s") > 0 && $(call_left_s) > 30 )); do
             e=$(bg_elapsed_s bench)
@@ -54,7 +61,7 @@ print(f"  bench JSON: {len(rows)} rows; keys {sorted(doc)[:12]}")
 EOF
         ;;
     check)
-        if [[ $(bg_state bench) == running ]]; then note "check skipped: bench still running"; continue; fi
+        if [[ $(bg_state bench) != done:* ]]; then note "check skipped: bench $(bg_state bench)"; continue; fi
         need_call_time 90 "check_dispatch.py"
         limit=${CHECK_TIMEOUT_S:-$(( $(call_left_s) - 10 ))}
         # shellcheck disable=SC2086

@@ -405,6 +405,8 @@ def main() -> int:
     print("-" * len(header))
     for shape in shapes:
         for precision in precisions:
+            if precision != "exact" and shape.mode != "fwd":
+                continue  # quantized kernels are forward-only in practice; keeps the run short
             try:
                 row = check_one(
                     shape,

@@ -334,7 +334,7 @@ def main() -> int:
         ),
         "## Verify\n",
         verify_section(
-            ("05-fa4-sage-xformers/verify-all.json", load_json(d05 / "verify-all.json")),
+            *[(f"05-fa4-sage-xformers/{p.name}", load_json(p)) for p in sorted(d05.glob("verify-*.json"))],
             ("07-cache/verify-flash-attn.json", load_json(d07 / "verify-flash-attn.json")),
         ),
         "\n## xFormers 0.0.35 from PyPI: why its extension does not load\n",

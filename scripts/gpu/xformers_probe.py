@@ -22,12 +22,11 @@ import subprocess
 import sys
 
 
-def main() -> int:
-    report: dict[str, object] = {"python": sys.version.split()[0]}
+def probe(report: dict[str, object]) -> None:
     spec = importlib.util.find_spec("xformers")
     if spec is None or spec.origin is None:
-        print(json.dumps({"error": "xformers is not importable"}))
-        return 1
+        report["error"] = "xformers is not importable"
+        return
     pkg = os.path.dirname(spec.origin)
     so = os.path.join(pkg, "_C.so")
     report["package_dir"] = pkg
@@ -48,7 +47,10 @@ def main() -> int:
     except OSError as exc:
         report["dlopen_C_so"] = str(exc)
     ldd = subprocess.run(["ldd", so], capture_output=True, text=True, check=False)
-    report["ldd_not_found"] = [ln.strip() for ln in ldd.stdout.splitlines() if "not found" in ln]
+    missing = [ln.strip() for ln in ldd.stdout.splitlines() if "not found" in ln]
+    # torch's own libraries are always "not found" to ldd (no RUNPATH); in-process they are already loaded
+    report["ldd_not_found"] = [ln for ln in missing if not ln.startswith(("libc10", "libtorch"))]
+    report["ldd_not_found_torch_libs"] = [ln for ln in missing if ln.startswith(("libc10", "libtorch"))]
     report["ldd_cuda"] = [ln.strip() for ln in ldd.stdout.splitlines() if "cuda" in ln or "cudart" in ln]
 
     import xformers
@@ -68,7 +70,7 @@ def main() -> int:
     ref = reference_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=False, scale=None
     )
-    ops = {"default": None}
+    ops: dict[str, object] = {"default": None}
     try:
         from xformers.ops.fmha import cutlass
 
@@ -86,8 +88,16 @@ def main() -> int:
         except Exception as e:
             results[label] = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:600]}"}
     report["memory_efficient_attention"] = results
-    print(json.dumps(report, indent=2))
-    return 0
+
+
+def main() -> int:
+    report: dict[str, object] = {"python": sys.version.split()[0]}
+    try:
+        probe(report)
+    except Exception as exc:
+        report["probe_error"] = f"{type(exc).__name__}: {str(exc)[:600]}"
+    print(json.dumps(report, indent=2, default=str))
+    return 0 if "probe_error" not in report and "error" not in report else 1
 
 
 if __name__ == "__main__":
