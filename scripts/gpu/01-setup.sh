@@ -13,7 +13,10 @@ echo "$AF_OUTER_PY" > "$RUN/outer_python"
 step outer-python 60 "$AF_OUTER_PY" -c 'import sys, torch; print(sys.executable, sys.version.split()[0], sys.prefix); print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())'
 
 if [[ ! -x "$VENV/bin/python" ]]; then
-    step make-venv 120 "$AF_OUTER_PY" -m venv --system-site-packages "$VENV"
+    # A base interpreter without ensurepip (a uv-made outer venv, Debian without python3-venv) cannot seed pip:
+    # then the venv goes without, and `python -m pip` finds the outer venv's pip through the bridge below.
+    step make-venv 120 "$AF_OUTER_PY" -m venv --system-site-packages "$VENV" \
+        || { rm -rf "$VENV"; step make-venv-without-pip 120 "$AF_OUTER_PY" -m venv --system-site-packages --without-pip "$VENV"; }
 fi
 site_dir=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 "$AF_OUTER_PY" - "$site_dir/zz_attnforge_outer_env.pth" <<'EOF'
@@ -23,6 +26,7 @@ open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 print("bridge:", sys.argv[1]); print("\n".join(lines))
 EOF
 export VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH"
+step venv-pip 60 python -m pip --version
 step venv-sees-torch 120 python -c 'import sys, torch, numpy, triton; print(sys.prefix, torch.__version__, triton.__version__, torch.cuda.get_device_name())'
 
 # attnforge from this checkout, editable (a later call's re-sent tree is picked up), its dependencies from the

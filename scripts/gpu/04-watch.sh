@@ -13,8 +13,9 @@ log="$RUN/bg/fa2/output.log"
 # progress: the last ninja [n/N] in the install output or in the newest build log attnforge keeps.
 progress() {
     local newest best=""
-    newest=$(find "$ATTNFORGE_HOME" /tmp/fa2src -name '*.log' -newer "$RUN/bg/fa2/start_epoch" -printf '%T@ %p\n' 2>/dev/null \
-        | sort -n | tail -1 | cut -d' ' -f2-)
+    # attnforge keeps its build log in the cache home or its build root: any fresh *.log under /tmp will do.
+    newest=$(find "$ATTNFORGE_HOME" /tmp -maxdepth 6 -name '*.log' -newer "$RUN/bg/fa2/start_epoch" \
+        -not -path "$RUN/*" -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -1 | cut -d' ' -f2-)
     for f in "$log" $newest; do
         [[ -f "$f" ]] || continue
         local p
@@ -54,7 +55,10 @@ printf '%s\t%s\n' "fa2_build_rc" "${state#done:}" "fa2_build_wall_s" "$elapsed" 
 note "fa2 build ended: $state, wall ${elapsed}s (start to end of 'attnforge install flash-attn')"
 tail -n 30 "$log" | sed 's/^/    | /'
 # Keep attnforge's own build log (the full compiler output) next to the install output.
-find "$ATTNFORGE_HOME" -name '*.log' -newer "$RUN/bg/fa2/start_epoch" -size -8M -exec cp {} "$STEP_DIR/" \; 2>/dev/null
+mkdir -p "$STEP_DIR/buildlogs"
+find "$ATTNFORGE_HOME" /tmp -maxdepth 6 -name '*.log' -newer "$RUN/bg/fa2/start_epoch" -not -path "$RUN/*" \
+    -size -8M -printf '%s %p\n' -exec cp --backup=numbered {} "$STEP_DIR/buildlogs/" \; 2>/dev/null \
+    > "$STEP_DIR/buildlogs/where.txt"
 find "$ATTNFORGE_HOME" /tmp/fa2-wheel -name 'flash_attn-*.whl' -printf '%s %p\n' 2>/dev/null | tee "$STEP_DIR/fa2-wheels.txt"
 
 if [[ $state == done:0 ]]; then
