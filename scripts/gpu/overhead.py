@@ -53,7 +53,7 @@ def chosen_name(expl: Any) -> str | None:
 
 
 def raw_callable(name: str, q: Any, k: Any, v: Any, causal: bool) -> tuple[Callable[[], Any], Any, str]:
-    """(fn, context manager to hold while timing, native layout) for the backend's own entry point."""
+    """(fn, factory of the context to hold while timing, native layout) for the backend's own entry point."""
     import torch.nn.functional as F  # noqa: N812
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -67,29 +67,29 @@ def raw_callable(name: str, q: Any, k: Any, v: Any, causal: bool) -> tuple[Calla
     if name in kernels:
         return (
             (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)),
-            sdpa_kernel(kernels[name]),
+            (lambda: sdpa_kernel(kernels[name])),
             "bhsd",
         )
     if name in ("sdpa", "flex"):
         return (
             (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)),
-            contextlib.nullcontext(),
+            contextlib.nullcontext,
             "bhsd",
         )
     if name == "flash-attn":
         from flash_attn import flash_attn_func
 
-        return (lambda: flash_attn_func(qs, ks, vs, causal=causal)), contextlib.nullcontext(), "bshd"
+        return (lambda: flash_attn_func(qs, ks, vs, causal=causal)), contextlib.nullcontext, "bshd"
     if name == "flash-attn-4":
         from flash_attn.cute import flash_attn_func as fa4
 
-        return (lambda: fa4(qs, ks, vs, causal=causal)), contextlib.nullcontext(), "bshd"
+        return (lambda: fa4(qs, ks, vs, causal=causal)), contextlib.nullcontext, "bshd"
     if name.startswith("sageattention"):
         from sageattention import sageattn
 
         return (
             (lambda: sageattn(q, k, v, tensor_layout="HND", is_causal=causal)),
-            contextlib.nullcontext(),
+            contextlib.nullcontext,
             "bhsd",
         )
     if name == "xformers":
@@ -98,7 +98,7 @@ def raw_callable(name: str, q: Any, k: Any, v: Any, causal: bool) -> tuple[Calla
         bias = xops.LowerTriangularMask() if causal else None
         return (
             (lambda: xops.memory_efficient_attention(qs, ks, vs, attn_bias=bias)),
-            contextlib.nullcontext(),
+            contextlib.nullcontext,
             "bshd",
         )
     raise KeyError(name)
@@ -108,17 +108,22 @@ def first(x: Any) -> Any:
     return x[0] if isinstance(x, tuple) else x
 
 
-def time_variant(fn: Callable[[], Any], ctx: Any, n: int) -> tuple[float, float]:
-    """(host us per call, wall us per call) for n back-to-back calls."""
+def sync() -> None:
     import torch
 
-    with ctx:
+    if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def time_variant(fn: Callable[[], Any], ctx: Callable[[], Any], n: int) -> tuple[float, float]:
+    """(host us per call, wall us per call) for n back-to-back calls."""
+    with ctx():  # a fresh context each time: sdpa_kernel() is a one-shot context manager
+        sync()
         t0 = time.perf_counter_ns()
         for _ in range(n):
             fn()
         t1 = time.perf_counter_ns()
-        torch.cuda.synchronize()
+        sync()
         t2 = time.perf_counter_ns()
     return (t1 - t0) / n / 1e3, (t2 - t0) / n / 1e3
 
@@ -128,13 +133,15 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))]
 
 
-def measure_shape(shape: tuple[int, int, int, int], *, causal: bool, n: int, rounds: int) -> dict[str, Any]:
+def measure_shape(
+    shape: tuple[int, int, int, int], *, causal: bool, n: int, rounds: int, device: str
+) -> dict[str, Any]:
     import torch
 
     import attnforge
 
     b, h, s, d = shape
-    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(b, h, s, d, device=device, dtype=torch.bfloat16) for _ in range(3))
     expl = attnforge.explain(q, k, v, causal=causal)
     name = chosen_name(expl)
     row: dict[str, Any] = {"shape_bhsd": list(shape), "causal": causal, "dtype": "bfloat16", "chosen": name}
@@ -152,17 +159,17 @@ def measure_shape(shape: tuple[int, int, int, int], *, causal: bool, n: int, rou
         from attnforge.dispatch import registry
 
         adapter = registry.adapters().get(name) or registry.fallback()
-        variants["adapter"] = (lambda: adapter(q, k, v, causal=causal, scale=None), contextlib.nullcontext())
+        variants["adapter"] = (lambda: adapter(q, k, v, causal=causal, scale=None), contextlib.nullcontext)
     except Exception as exc:
         row["adapter_error"] = f"{type(exc).__name__}: {exc}"[:300]
-    variants["dispatch"] = (lambda: attnforge.attention(q, k, v, causal=causal), contextlib.nullcontext())
+    variants["dispatch"] = (lambda: attnforge.attention(q, k, v, causal=causal), contextlib.nullcontext)
     if native == "bshd":
         qs, ks, vs = (t.transpose(1, 2) for t in (q, k, v))
         variants["dispatch_native"] = (
             lambda: attnforge.attention(qs, ks, vs, causal=causal, layout="bshd"),
-            contextlib.nullcontext(),
+            contextlib.nullcontext,
         )
-    variants["empty_loop"] = (lambda: None, contextlib.nullcontext())
+    variants["empty_loop"] = (lambda: None, contextlib.nullcontext)
 
     for fn, ctx in variants.values():  # warm-up: JIT, autotuning, caches, the dispatcher's choice cache
         for _ in range(3):
@@ -194,7 +201,7 @@ def measure_shape(shape: tuple[int, int, int, int], *, causal: bool, n: int, rou
     if "adapter" in med:
         row["overhead_vs_adapter_us"] = med["dispatch"] - med["adapter"]
     if "raw" in variants:
-        with torch.no_grad(), variants["raw"][1]:
+        with torch.no_grad(), variants["raw"][1]():
             a = first(variants["raw"][0]())
         out = attnforge.attention(q, k, v, causal=causal)
         a_bhsd = a.transpose(1, 2) if native == "bshd" else a
@@ -209,6 +216,9 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=100, help="calls per timed loop (N)")
     ap.add_argument("--rounds", type=int, default=40, help="interleaved rounds (R)")
     ap.add_argument("--target-us", type=float, default=5.0)
+    ap.add_argument(
+        "--device", default="cuda", help="cuda (the real measurement); cpu only to test this script"
+    )
     args = ap.parse_args()
 
     import torch
@@ -217,7 +227,7 @@ def main() -> int:
 
     report: dict[str, Any] = {
         "what": "attnforge.attention dispatch overhead per call",
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "torch": torch.__version__,
         "attnforge": attnforge.__version__,
         "calls_per_loop": args.calls,
@@ -233,7 +243,9 @@ def main() -> int:
     for shape in SHAPES:
         for causal in (False, True):
             try:
-                row = measure_shape(shape, causal=causal, n=args.calls, rounds=args.rounds)
+                row = measure_shape(
+                    shape, causal=causal, n=args.calls, rounds=args.rounds, device=args.device
+                )
             except Exception as exc:
                 row = {
                     "shape_bhsd": list(shape),
