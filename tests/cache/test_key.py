@@ -121,11 +121,12 @@ _maybe = st.none() | st.text(alphabet="0123456789.+abcu", min_size=1, max_size=1
     cuda=_maybe,
     abi=st.none() | st.booleans(),
     glibc=_maybe,
-    toolchain=st.dictionaries(st.sampled_from(["nvcc", "gcc", "cl", "clang"]), st.text(max_size=10), max_size=4),
+    toolchain=st.dictionaries(st.sampled_from(["nvcc", "gcc", "cl"]), st.text(max_size=10), max_size=3),
 )
-def test_inputs_round_trip_through_json_and_keep_their_key(
+def test_inputs_round_trip_through_json_and_keep_their_key(  # noqa: PLR0917 - one argument per strategy
     name: str, version: str, kind: ArtifactKind, source: str, archs: list[tuple[int, int]], flags: list[str],
-    torch_version: str | None, cuda: str | None, abi: bool | None, glibc: str | None, toolchain: dict[str, str],
+    torch_version: str | None, cuda: str | None, abi: bool | None, glibc: str | None,
+    toolchain: dict[str, str],
 ) -> None:
     original = CacheKeyInputs(
         name=name, version=version, kind=kind, source_sha256=source, archs=tuple(archs), flags=tuple(flags),

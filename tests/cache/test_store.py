@@ -168,7 +168,9 @@ def test_prune_by_age_removes_entries_unused_since(store: Store, clock: FakeCloc
     assert result.freed_bytes == old.stat().st_size
 
 
-def test_prune_by_size_removes_least_recently_used_first(store: Store, clock: FakeClock, tmp_path: Path) -> None:
+def test_prune_by_size_removes_least_recently_used_first(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
     wheels = [make_wheel(tmp_path / str(i), version=f"{i}.0", padding_bytes=4000) for i in range(3)]
     keys = []
     for w in wheels:

@@ -38,7 +38,7 @@ def make_wheel(
     }
     if padding_bytes:
         files[f"{module}/padding.bin"] = hashlib.shake_256(name.encode()).digest(padding_bytes)
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Requires-Dist: {r}" for r in requires]
     files[f"{dist}.dist-info/METADATA"] = ("\n".join(meta) + "\n").encode()
     files[f"{dist}.dist-info/WHEEL"] = (
