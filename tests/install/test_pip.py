@@ -30,7 +30,9 @@ INSTALLED = {"torch": "2.11.0+cu130", "einops": "0.8.1", "numpy": None}
         pytest.param(meta("torch==2.11.0"), (), id="local-label-satisfies"),
     ],
 )
-def test_requirements_other_than_torch_are_reported(wheel_meta: WheelMetadata, missing: tuple[str, ...]) -> None:
+def test_requirements_other_than_torch_are_reported(
+    wheel_meta: WheelMetadata, missing: tuple[str, ...]
+) -> None:
     assert check_requirements(wheel_meta, INSTALLED) == missing
 
 
