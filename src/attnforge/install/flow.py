@@ -72,6 +72,12 @@ class Verifier(Protocol):
     def __call__(self, backend: str) -> VerifyOutcome: ...
 
 
+class IndexFetcher(Protocol):
+    """Downloads the wheel a request names from the package index into a directory (``pip download``)."""
+
+    def __call__(self, request: Request, into: Path) -> Path: ...
+
+
 class Action:
     """How the artifact was obtained (plain strings so JSON stays readable)."""
 
@@ -118,6 +124,7 @@ class _Run:
     planner: Planner
     builder: Builder
     snapshot: SystemSnapshot
+    fetch_index: IndexFetcher | None
     warnings: list[str] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
 
@@ -132,6 +139,7 @@ def install(
     verifier: Verifier | None,
     runner: Runner,
     python: str = sys.executable,
+    fetch_index: IndexFetcher | None = None,
 ) -> InstallResult:
     """Install what ``request`` asks for into ``python``.
 
@@ -144,6 +152,7 @@ def install(
         verifier: checks the installed backend; None skips verification (``--no-verify``).
         runner: the subprocess seam (pip).
         python: the interpreter to install into.
+        fetch_index: downloads a wheel from the package index (for the resolver's pure-Python candidate).
 
     Raises:
         ResolveError: nothing viable; the message lists every candidate and why it was rejected.
@@ -151,7 +160,7 @@ def install(
         BuildError: the source build failed (with its log path).
         InstallError: pip failed or the artifact would change torch.
     """
-    run = _Run(store=store, planner=planner, builder=builder, snapshot=snapshot)
+    run = _Run(store=store, planner=planner, builder=builder, snapshot=snapshot, fetch_index=fetch_index)
     start = time.perf_counter()
     plan = planner(request, cached=store.cached_artifacts())
     run.timings_s["plan"] = time.perf_counter() - start
@@ -209,7 +218,7 @@ def _obtain(run: _Run, request: Request, plan: Plan, chosen: Candidate) -> tuple
             return plan, Action.CACHE_HIT, hit, str(chosen.cache_key)
         plan = run.planner(request, cached=store.cached_artifacts())  # the corrupt entry is gone now
         return _obtain(run, request, plan, _chosen(plan))
-    if chosen.kind is CandidateKind.WHEEL and chosen.wheel is not None:
+    if chosen.kind is CandidateKind.WHEEL and (chosen.wheel is not None or run.fetch_index is not None):
         path, key = _from_wheel(run, chosen.wheel, request)
         return plan, Action.WHEEL, path, key
     if chosen.kind is CandidateKind.SOURCE and chosen.build is not None:
@@ -246,13 +255,18 @@ def _job_name(spec: BuildSpec, snapshot: SystemSnapshot) -> str:
     return f"build|{spec.name}|{spec.version}|{spec.source}|{spec.archs}|{env}|{torch}|{spec.python}"
 
 
-def _from_wheel(run: _Run, ref: WheelRef, request: Request) -> tuple[Path, str]:
+def _from_wheel(run: _Run, ref: WheelRef | None, request: Request) -> tuple[Path, str]:
+    """A prebuilt wheel from find-links, an index page (``ref``), or the package index (``ref`` None)."""
     store, snapshot = run.store, run.snapshot
     archs = request.archs if request.archs is not None else snapshot.compute_capabilities
-    with store.job_lock(f"wheel|{ref.url}|{ref.sha256}"), tempfile.TemporaryDirectory(
-        dir=_downloads(store), prefix="fetch-"
-    ) as tmp:
-        local = _fetch(ref, request, Path(tmp))
+    job = f"wheel|{ref.url}|{ref.sha256}" if ref is not None else f"index|{request.backend}{request.version}"
+    with store.job_lock(job), tempfile.TemporaryDirectory(dir=_downloads(store), prefix="fetch-") as tmp:
+        if ref is None:
+            assert run.fetch_index is not None  # checked by the caller  # noqa: S101
+            local = run.fetch_index(request, Path(tmp))
+            ref = WheelRef(filename=local.name, url=f"package index: {local.name}", sha256=sha256_file(local))
+        else:
+            local = _fetch(ref, request, Path(tmp))
         sha = sha256_file(local)
         if ref.sha256 is None:
             run.warnings.append(f"{ref.filename} has no published sha256; its hash {sha} is now recorded")
