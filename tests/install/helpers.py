@@ -72,6 +72,7 @@ class Built:
     wheel_path: Path
     log_path: Path | None
     source_sha256: str
+    owned_dir: Path | None = None
 
 
 def pip_wheel_builder(spec: BuildSpec, *, home: Path) -> Built:

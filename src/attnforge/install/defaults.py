@@ -10,6 +10,7 @@ import importlib.util
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from attnforge._system.runner import Runner
@@ -36,16 +37,23 @@ def source_builder(spec: BuildSpec, *, home: Path) -> BuiltWheel:
     """``attnforge.build.execute``: the source build with its log.
 
     Raises:
-        BuildError: the build failed (with its log path).
-        InstallError: this attnforge has no build stage.
+        BuildError: the build failed (``BuildFailure`` carries its log path and diagnosis).
     """
-    try:
-        from attnforge.build import execute
-    except ImportError as exc:
-        raise InstallError("this attnforge cannot build from source", cause=str(exc),
-                           hint="install a prebuilt wheel with --find-links or --index-url") from None
-    result: BuiltWheel = execute(spec, home=home)
-    return result
+    from attnforge.build import execute
+
+    result = execute(spec, home=home)
+    return BuiltFiles(wheel_path=result.wheel, log_path=result.log_path, source_sha256=result.source_sha256,
+                      owned_dir=result.wheel.parent)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuiltFiles:
+    """A finished build as the installer needs it; ``owned_dir`` is the builder's staging dir to remove."""
+
+    wheel_path: Path
+    log_path: Path | None
+    source_sha256: str
+    owned_dir: Path | None
 
 
 def subprocess_verifier(runner: Runner, catalog: Catalog, python: str = sys.executable) -> Verifier:

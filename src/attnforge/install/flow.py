@@ -23,7 +23,7 @@ from typing import Protocol
 
 from attnforge._system.runner import Runner
 from attnforge.cache import CacheKey, Store
-from attnforge.cache._files import sha256_file
+from attnforge.cache._files import remove_tree, sha256_file
 from attnforge.errors import CacheError, InstallError, ResolveError
 from attnforge.install.keys import built_wheel_inputs, prebuilt_wheel_inputs
 from attnforge.install.pip import PipInstallResult, pip_install
@@ -54,6 +54,9 @@ class BuiltWheel(Protocol):
     def log_path(self) -> Path | None: ...
     @property
     def source_sha256(self) -> str: ...
+    @property
+    def owned_dir(self) -> Path | None:
+        """A directory the installer removes once the wheel is in the cache (the builder's staging dir)."""
 
 
 class Builder(Protocol):
@@ -236,7 +239,11 @@ def _obtain(run: _Run, request: Request, plan: Plan, chosen: Candidate) -> tuple
                 wheel=wheel, spec=spec, source_sha256=built.source_sha256, snapshot=run.snapshot
             )
             origin = {"origin": "source-build", "source": spec.source.location, "notes": list(spec.notes)}
-            entry = store.put(wheel, inputs, log_path=built.log_path, provenance=origin).entry
+            try:
+                entry = store.put(wheel, inputs, log_path=built.log_path, provenance=origin).entry
+            finally:
+                if built.owned_dir is not None:
+                    remove_tree(built.owned_dir)
         return plan, Action.BUILT, store.get(entry.key), entry.key
     raise InstallError(f"the plan chose {chosen.kind.value} without the details to act on it: {chosen}")
 
