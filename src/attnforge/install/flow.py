@@ -216,10 +216,19 @@ def _obtain(run: _Run, request: Request, plan: Plan, chosen: Candidate) -> tuple
     """(plan, action, verified artifact path, cache key) for the chosen candidate."""
     store = run.store
     if chosen.kind is CandidateKind.CACHE:
-        hit = _from_cache(chosen, run)
-        if hit is not None:
-            return plan, Action.CACHE_HIT, hit, str(chosen.cache_key)
+        key = str(chosen.cache_key)
+        try:
+            return plan, Action.CACHE_HIT, store.get(CacheKey.parse(key)), key
+        except CacheError as exc:
+            corrupt = exc
+        run.warnings.append(f"{corrupt.message}; {corrupt.cause}")
         plan = run.planner(request, cached=store.cached_artifacts())  # the corrupt entry is gone now
+        if not plan.viable:
+            raise CacheError(
+                corrupt.message, cause=f"{corrupt.cause}; and nothing else can install it here",
+                hint="rebuild it where it was built and `attnforge cache import` it again, or "
+                "`attnforge plan` to see why nothing else fits",
+            )
         return _obtain(run, request, plan, _chosen(plan))
     if chosen.kind is CandidateKind.WHEEL and (chosen.wheel is not None or run.fetch_index is not None):
         path, key = _from_wheel(run, chosen.wheel, request)
@@ -233,6 +242,7 @@ def _obtain(run: _Run, request: Request, plan: Plan, chosen: Candidate) -> tuple
                 hit = _from_cache(again.chosen, run)
                 if hit is not None:
                     return again, Action.CACHE_HIT, hit, str(again.chosen.cache_key)
+                plan = again
             built = run.builder(spec, home=store.root)
             wheel = Path(built.wheel_path)
             inputs = built_wheel_inputs(
