@@ -36,8 +36,9 @@ from attnforge.cache._files import (
     sha256_file,
     write_atomic,
 )
+from attnforge.cache._provenance import BUILD_LOG, PROVENANCE, PROVENANCE_SCHEMA
 from attnforge.cache.key import ArtifactKind, CacheKey, CacheKeyInputs
-from attnforge.cache.store import BUILD_LOG, PROVENANCE, PROVENANCE_SCHEMA, STAGING_PREFIX, Store
+from attnforge.cache.store import STAGING_PREFIX, Store
 from attnforge.errors import CacheError, UsageError
 
 

@@ -31,10 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import filelock
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import Version
+from packaging.utils import parse_wheel_filename
 
-from attnforge import __version__
 from attnforge.cache._files import (
     CopyFn,
     copy_hashed,
@@ -45,6 +43,7 @@ from attnforge.cache._files import (
     sha256_file,
     write_atomic,
 )
+from attnforge.cache._provenance import BUILD_LOG, PROVENANCE, check_wheel_name, provenance_doc
 from attnforge.cache.key import ArtifactKind, CacheKey, CacheKeyInputs
 from attnforge.errors import CacheError, UsageError
 from attnforge.resolve.types import CachedArtifact
@@ -52,11 +51,7 @@ from attnforge.resolve.types import CachedArtifact
 if TYPE_CHECKING:
     from attnforge.cache.share import ExportResult, ImportResult
 
-PROVENANCE = "provenance.json"
-BUILD_LOG = "build.log"
 STAGING_PREFIX = ".staging-"
-#: Version of provenance.json; readers refuse other versions.
-PROVENANCE_SCHEMA = 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS artifacts (
@@ -265,7 +260,7 @@ class Store:
         if not artifact.is_file():
             raise UsageError(f"no such artifact file: {artifact}")
         if inputs.kind is ArtifactKind.WHEEL:
-            _check_wheel_name(artifact.name, inputs)
+            check_wheel_name(artifact.name, inputs)
         key = CacheKey.of(inputs)
         with self._writer():
             existing = self._row(key)
@@ -570,32 +565,3 @@ class Store:
             created_at_s=created, last_used_at_s=used, provenance=dict(extra),
         )
 
-
-def provenance_doc(
-    *, key: CacheKey, inputs: CacheKeyInputs, filename: str, sha256: str, size_bytes: int,
-    created_at_s: float, has_log: bool, extra: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The ``provenance.json`` kept next to every artifact (and carried by exports)."""
-    return {
-        "schema": PROVENANCE_SCHEMA,
-        "key": str(key),
-        "inputs": inputs.to_json(),
-        "filename": filename,
-        "sha256": sha256,
-        "size_bytes": size_bytes,
-        "created_at": _dt.datetime.fromtimestamp(created_at_s, tz=_dt.timezone.utc).isoformat(),
-        "log": BUILD_LOG if has_log else None,
-        "stored_by": f"attnforge {__version__}",
-        "details": dict(extra),
-    }
-
-
-def _check_wheel_name(filename: str, inputs: CacheKeyInputs) -> None:
-    try:
-        name, version, _, _ = parse_wheel_filename(filename)
-    except InvalidWheelFilename as exc:
-        raise UsageError(f"not a wheel file name: {filename}", cause=str(exc)) from None
-    if canonicalize_name(name) != inputs.name:
-        raise UsageError(f"wheel {filename} is {name}, but the cache key says {inputs.name}")
-    if version.public != Version(inputs.version).public:
-        raise UsageError(f"wheel {filename} is version {version}, but the cache key says {inputs.version}")
