@@ -1,0 +1,200 @@
+"""Run one long build command: every output line goes to the log file at once and to the reporter.
+
+A reader thread moves lines from the child's pipe into a queue, so the calling thread can send heartbeats
+while a compiler step is silent and can stop the child's whole process group on Ctrl-C or SIGTERM.
+The child runs in its own session (POSIX) or process group (Windows): an interrupt stops ninja, nvcc and
+cicc with it, and nothing keeps writing into a directory that is being removed.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol
+
+from attnforge.build.progress import (
+    EtaEstimator,
+    HeartbeatEvent,
+    LineEvent,
+    NinjaStep,
+    Reporter,
+    StepEvent,
+    parse_step,
+)
+
+#: Seconds a stopped build gets to exit after SIGTERM before SIGKILL.
+_GRACE_S = 10.0
+
+
+class Launcher(Protocol):
+    """Starts the build process with stdout and stderr merged into one binary pipe (the seam for tests)."""
+
+    def __call__(
+        self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str]
+    ) -> subprocess.Popen[bytes]: ...
+
+
+def launch(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """The real launcher: own session / process group, stdin closed, stderr into stdout."""
+    extra: dict[str, object] = {}
+    if sys.platform == "win32":
+        extra["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP
+    else:
+        extra["start_new_session"] = True
+    return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
+        list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, **extra,
+    )
+
+
+class Interrupted(BaseException):
+    """The build was stopped by SIGTERM (Ctrl-C is KeyboardInterrupt); ``except Exception`` skips it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamOutcome:
+    """How the command ended.
+
+    Attributes:
+        returncode: the exit status.
+        duration_s: wall time.
+        steps_done / steps_total: the last ninja step seen (0/0 when ninja never ran).
+    """
+
+    returncode: int
+    duration_s: float
+    steps_done: int
+    steps_total: int
+
+
+def run_streamed(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    log: IO[str],
+    reporter: Reporter,
+    launcher: Launcher = launch,
+    heartbeat_s: float = 30.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> StreamOutcome:
+    """Run ``argv`` to the end, logging and reporting each line as it arrives.
+
+    Args:
+        argv: the command.
+        cwd: its working directory.
+        env: its complete environment.
+        log: an open text file; each line is written and flushed before it is reported.
+        reporter: receives LineEvent, StepEvent and HeartbeatEvent.
+        launcher: the process seam.
+        heartbeat_s: report a heartbeat after this many seconds without output (and every as many after).
+        clock: monotonic seconds (a seam for tests).
+
+    Raises:
+        KeyboardInterrupt, Interrupted: the caller was interrupted; the child's process group was stopped
+        first.
+    """
+    start = clock()
+    proc = launcher(argv, cwd=cwd, env=env)
+    lines: queue.Queue[str | None] = queue.Queue()
+    reader = threading.Thread(target=_pump, args=(proc, lines), daemon=True, name="attnforge-build-reader")
+    reader.start()
+    eta = EtaEstimator()
+    last_step: NinjaStep | None = None
+    last_output = clock()
+    next_beat = last_output + heartbeat_s
+    previous = _install_sigterm()
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=max(0.05, min(heartbeat_s, next_beat - clock())))
+            except queue.Empty:
+                now = clock()
+                if now >= next_beat:
+                    reporter.report(HeartbeatEvent(idle_s=now - last_output, elapsed_s=now - start,
+                                                   last_step=last_step))
+                    next_beat = now + heartbeat_s
+                continue
+            if line is None:
+                break
+            log.write(line + "\n")
+            log.flush()
+            now = clock()
+            last_output, next_beat = now, now + heartbeat_s
+            reporter.report(LineEvent(text=line))
+            step = parse_step(line)
+            if step is not None:
+                last_step = step
+                reporter.report(StepEvent(step=step, elapsed_s=now - start,
+                                          eta_s=eta.update(now, step.done, step.total)))
+        returncode = proc.wait()
+    except BaseException:
+        stop(proc)
+        raise
+    finally:
+        _restore_sigterm(previous)
+        reader.join(timeout=5)
+    return StreamOutcome(returncode=returncode, duration_s=clock() - start,
+                         steps_done=last_step.done if last_step else 0,
+                         steps_total=last_step.total if last_step else 0)
+
+
+def _pump(proc: subprocess.Popen[bytes], lines: queue.Queue[str | None]) -> None:
+    if proc.stdout is None:
+        lines.put(None)
+        return
+    try:
+        for raw in iter(proc.stdout.readline, b""):
+            lines.put(raw.decode("utf-8", "replace").rstrip("\r\n"))
+    except (OSError, ValueError):  # the pipe was closed under us while stopping
+        pass
+    finally:
+        lines.put(None)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the child and everything it started: SIGTERM to the group, SIGKILL after a grace period."""
+    if proc.poll() is not None:
+        return
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=_GRACE_S)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc, getattr(signal, "SIGKILL", signal.SIGTERM))
+        proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        if sys.platform == "win32":
+            proc.send_signal(signal.CTRL_BREAK_EVENT if sig == signal.SIGTERM else sig)
+            if sig != signal.SIGTERM:
+                proc.kill()
+        else:
+            os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError, OSError):
+        proc.kill()
+
+
+def _install_sigterm() -> object:
+    """Turn SIGTERM into an exception so ``finally`` blocks clean up (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted(f"stopped by signal {signum}")
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _restore_sigterm(previous: object) -> None:
+    if previous is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]

@@ -1,0 +1,118 @@
+"""``attnforge install BACKEND[==VER]``: plan, then cache / wheel / build, then pip install, then verify.
+
+Acts on this machine and the interpreter attnforge runs in (no ``--snapshot``: installing is not a what-if).
+Exit codes: 0 installed (and verified, unless --no-verify), 1 not possible here or verification failed,
+2 bad input.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from attnforge.cli._output import console, emit_json, json_option
+
+if TYPE_CHECKING:
+    from attnforge.install.flow import InstallResult
+    from attnforge.resolve.types import SourceSpec
+
+
+def parse_source(text: str) -> SourceSpec:
+    """``--source``: a local directory or archive, a ``git+URL[@REF]``, or an archive URL."""
+    from attnforge.resolve.types import SourceKind, SourceSpec
+
+    if text.startswith("git+"):
+        url, _, ref = text.removeprefix("git+").partition("@") if text.count("@") == 1 else (text[4:], "", "")
+        return SourceSpec(kind=SourceKind.GIT, location=url, ref=ref or None)
+    if "://" in text:
+        return SourceSpec(kind=SourceKind.URL, location=text)
+    return SourceSpec(kind=SourceKind.PATH, location=str(Path(text).expanduser().resolve()))
+
+
+@click.command("install")
+@click.argument("requirement")
+@click.option("--source", "source", default=None, metavar="PATH_OR_URL",
+              help="Build from this source (a directory, sdist, git+URL@REF or URL); allows names outside "
+              "the catalog.")
+@click.option("--from-source", is_flag=True, help="Skip prebuilt wheels and build (the cache is still used).")
+@click.option("--find-links", "find_links", multiple=True, metavar="DIR",
+              help="A directory of wheels to consider.")
+@click.option("--index-url", "index_urls", multiple=True, metavar="URL",
+              help="A PEP 503 index to consider (e.g. file:///shared/attnforge/simple from `cache export`).")
+@click.option("--offline", is_flag=True, help="Never touch the network (cache, find-links, file:// indexes).")
+@click.option("--arch", "archs", multiple=True, metavar="CC[,CC]",
+              help="Target compute capabilities, e.g. 9.0,12.0 (default: the detected GPUs').")
+@click.option("--no-verify", is_flag=True, help="Skip the numerical check after installing.")
+@json_option
+def command(requirement: str, *, source: str | None, from_source: bool, find_links: tuple[str, ...],
+            index_urls: tuple[str, ...], offline: bool, archs: tuple[str, ...], no_verify: bool,
+            as_json: bool) -> int:
+    """Get BACKEND working in this interpreter: from the cache, a hash-checked wheel, or a build."""
+    from attnforge._system.runner import SubprocessRunner
+    from attnforge.cache import open_store
+    from attnforge.catalog import load_catalog
+    from attnforge.cli.plan import parse_archs, parse_requirement
+    from attnforge.install import defaults
+    from attnforge.install.flow import install
+    from attnforge.probe import collect_snapshot
+    from attnforge.resolve.listing import list_wheels
+    from attnforge.resolve.types import Request
+
+    name, spec = parse_requirement(requirement)
+    catalog = load_catalog()
+    if source is None:
+        name = catalog.backend(name).id  # UsageError (exit 2) listing the known ids
+    request = Request(backend=name, version=spec, archs=parse_archs(archs), find_links=find_links,
+                      index_urls=index_urls, from_source=from_source, offline=offline,
+                      source=parse_source(source) if source else None)
+    store = open_store()
+    snapshot = collect_snapshot()
+    backend = catalog.backends.get(name)
+    recipe = catalog.recipe(name)
+    projects = [*(backend.distributions if backend else (name,)),
+                *([recipe.distribution] if recipe and recipe.distribution else [])]
+    listing = list_wheels(find_links, index_urls, projects, offline=offline)
+    runner = SubprocessRunner()
+    result = install(
+        request, snapshot=snapshot, store=store,
+        planner=defaults.resolver_planner(snapshot, catalog, listing.wheels, store.root),
+        builder=defaults.source_builder,
+        verifier=None if no_verify else defaults.subprocess_verifier(runner, catalog),
+        runner=runner, python=sys.executable, fetch_index=defaults.index_fetcher(catalog, runner),
+    )
+    if as_json:
+        emit_json("install", result)
+    else:
+        _render(result)
+    return 0 if result.ok else 1
+
+
+def _render(result: InstallResult) -> None:
+    out = console()
+    what = {
+        "cache-hit": "from the cache", "wheel": "from a hash-checked wheel, now cached",
+        "built": "built from source, now cached", "already-installed": "already installed",
+    }[result.action]
+    chosen = result.plan.chosen
+    out.print(f"[bold]{result.request.backend}[/bold]: {what}", soft_wrap=True)
+    if chosen is not None:
+        out.print(f"  plan: [{chosen.kind.value}] {chosen.description}", soft_wrap=True, markup=False)
+    if result.cache_key:
+        out.print(f"  cache key: {result.cache_key}", soft_wrap=True)
+    if result.pip is not None:
+        out.print(f"  installed {result.pip.name} {result.pip.version} into {result.pip.python} "
+                  f"(torch {result.pip.torch_version or 'absent'}, unchanged)", soft_wrap=True, markup=False)
+    if result.verification is not None:
+        v = result.verification
+        mark = {True: "[green]verified[/green]", False: "[red]verification failed[/red]"}.get(
+            v.ok, "not verified"  # type: ignore[arg-type]
+        )
+        out.print(f"  {mark}: {v.summary}", soft_wrap=True)
+    for w in result.warnings:
+        out.print(f"  [yellow]note[/yellow]: {w}", soft_wrap=True)
+    timings = ", ".join(f"{k} {v:.2f} s" for k, v in result.timings_s.items())
+    if timings:
+        out.print(f"  time: {timings}", soft_wrap=True)

@@ -1,0 +1,245 @@
+"""Cause and fix for a failed build or import log.
+
+:func:`diagnose_text` finds the real failure (:mod:`attnforge.diagnose.extract`), matches it against the
+failure signatures in ``catalog/data/failures*.toml``, and says in one sentence what went wrong, which log
+lines show it, and which commands fix it. The snapshot, when given, sharpens the answer: "CUDA_HOME is not
+set" from a CPU-only torch is a torch problem, not a toolkit problem. A log that matches nothing is reported
+as unknown, with the excerpt that looked most like the failure.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnforge.catalog.failures import Condition, FailureCatalog, FailureSignature, load_failures
+from attnforge.diagnose.extract import FailureSite, LogLine, find_failure
+from attnforge.errors import UsageError
+from attnforge.probe.snapshot import SystemSnapshot  # before the catalog: see catalog/failures.py's imports
+
+_CONTEXT_LINES = 2
+_EXCERPT_LINES = 20
+_ERRORISH = re.compile(r"\berror\b|fatal|killed|not found|exhausted|no module named", re.IGNORECASE)
+_LOCATION = re.compile(
+    r"(?P<file>[^\s:()]+\.(?:cu|cuh|cpp|cc|cxx|c|h|hpp|hxx|inl))(?::(?P<line>\d+)(?::\d+)?:|\((?P<line2>\d+)\):)"
+    r"\s+(?:fatal )?error"
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evidence:
+    """A log line that shows the failure; ``line`` counts from 1."""
+
+    line: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Diagnosis:
+    """What a log says went wrong.
+
+    Attributes:
+        known: a signature matched; False means "attnforge does not recognise this" and ``evidence`` is the
+            excerpt that looked most like the failure.
+        signature: the matched signature's id (``out-of-memory``), None when unknown.
+        title: a short name for the failure.
+        stage: where it happened (``metadata``, ``compile``, ``import``, ...), None when unknown.
+        cause: one sentence.
+        fix: commands (or steps) in order.
+        evidence: the lines that matter, with their line numbers in the log.
+        location: ``file:line`` of the compiler error in the *source*, when the log names one.
+        failed_target: what ninja failed to build, when it got that far.
+        log_path: the log the evidence line numbers refer to.
+        sources: where the knowledge behind the answer comes from.
+    """
+
+    known: bool
+    signature: str | None
+    title: str
+    stage: str | None
+    cause: str
+    fix: tuple[str, ...]
+    evidence: tuple[Evidence, ...]
+    location: str | None
+    failed_target: str | None
+    log_path: str | None
+    sources: tuple[str, ...] = ()
+
+
+def diagnose_file(
+    path: Path, *, snapshot: SystemSnapshot | object | None = None, name: str | None = None,
+    failures: FailureCatalog | None = None,
+) -> Diagnosis:
+    """Diagnose the log at ``path`` (see :func:`diagnose_text`).
+
+    Raises:
+        UsageError: the file cannot be read.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"cannot read the log {path}", cause=exc.strerror,
+                         hint="give the path of a build log, e.g. one under $ATTNFORGE_HOME/logs") from None
+    return diagnose_text(text, snapshot=snapshot, log_path=str(path), name=name, failures=failures)
+
+
+def diagnose_text(
+    text: str, *, snapshot: SystemSnapshot | object | None = None, log_path: str | None = None,
+    name: str | None = None, failures: FailureCatalog | None = None,
+) -> Diagnosis:
+    """Find and explain the failure in a build or import log.
+
+    Signatures are tried first on the first ``FAILED:`` block (the compiler's words), then on the rest of the
+    log without wrapper lines. Among the signatures that match one region, the highest ``priority`` wins, then
+    the earliest line. Signatures with ``when`` conditions apply only when the snapshot shows them.
+
+    Args:
+        text: the log.
+        snapshot: the machine the log came from (a :class:`SystemSnapshot`), optional.
+        log_path: shown in the fix commands and the evidence.
+        name: the package being built, used in fix commands (``<package>`` when None).
+        failures: the signatures (the packaged ones when None).
+
+    Raises:
+        CatalogError: the packaged signatures are malformed.
+    """
+    catalog = failures or load_failures()
+    snap = snapshot if isinstance(snapshot, SystemSnapshot) else None
+    site = find_failure(text)
+    applicable = [s for s in catalog.signatures if _conditions_hold(s, snap) and _context_holds(s, text)]
+    for region in (site.block, site.rest):
+        found = _best_match(applicable, region)
+        if found is not None:
+            sig, line, match = found
+            return _known(sig, line, match, region, site=site, snap=snap, log_path=log_path, name=name)
+    return _unknown(site, log_path)
+
+
+def _best_match(
+    signatures: list[FailureSignature], region: tuple[LogLine, ...]
+) -> tuple[FailureSignature, LogLine, re.Match[str]] | None:
+    best: tuple[FailureSignature, LogLine, re.Match[str]] | None = None
+    for sig in signatures:
+        hit = _first_hit(sig, region)
+        if hit is None:
+            continue
+        line, match = hit
+        if best is None or (sig.priority, -line.number) > (best[0].priority, -best[1].number):
+            best = (sig, line, match)
+    return best
+
+
+def _first_hit(sig: FailureSignature, region: tuple[LogLine, ...]) -> tuple[LogLine, re.Match[str]] | None:
+    for line in region:
+        for pattern in sig.patterns:
+            m = pattern.search(line.text)
+            if m is not None:
+                return line, m
+    return None
+
+
+def _context_holds(sig: FailureSignature, text: str) -> bool:
+    return not sig.context or any(p.search(text) for p in sig.context)
+
+
+def _conditions_hold(sig: FailureSignature, snap: SystemSnapshot | None) -> bool:
+    if not sig.when:
+        return True
+    if snap is None:
+        return False
+    return all(_condition(c, snap) for c in sig.when)
+
+
+def _condition(cond: Condition, snap: SystemSnapshot) -> bool:
+    torch = snap.torch
+    toolkit = snap.primary_toolkit
+    if cond is Condition.TORCH_CPU:
+        return torch is not None and torch.cuda_version is None and torch.hip_version is None
+    if cond is Condition.TORCH_CUDA:
+        return torch is not None and torch.cuda_version is not None
+    if cond is Condition.NO_CUDA_TOOLKIT:
+        return toolkit is None
+    if cond is Condition.CUDA_MAJOR_MISMATCH:
+        return (torch is not None and torch.cuda_version is not None and toolkit is not None
+                and torch.cuda_version.split(".")[0] != toolkit.version.split(".")[0])
+    if cond is Condition.NO_NINJA:
+        return snap.ninja is None
+    if cond is Condition.WINDOWS:
+        return snap.platform.os == "windows"
+    return snap.platform.os == "linux"
+
+
+def facts(snap: SystemSnapshot | None, *, name: str | None, log_path: str | None) -> dict[str, str]:
+    """The values of the placeholders a signature may use besides its own groups."""
+    out = {"name": name or "<package>", "log": log_path or "<log>", "python": "python"}
+    if snap is None:
+        return out
+    out["python"] = snap.platform.python_executable or "python"
+    toolkit = snap.primary_toolkit
+    if snap.torch is not None:
+        out["torch_version"] = snap.torch.version
+        if snap.torch.cuda_version:
+            out["torch_cuda"] = snap.torch.cuda_version
+    if toolkit is not None:
+        out["nvcc_version"] = toolkit.version
+    cuda = (snap.torch.cuda_version if snap.torch and snap.torch.cuda_version else None) or (
+        toolkit.version if toolkit else None)
+    if cuda:
+        out["cuda_index_tag"] = "cu" + cuda.replace(".", "")[:3]
+    return out
+
+
+class _Values(dict[str, str]):
+    def __missing__(self, key: str) -> str:
+        return f"<{key}>"
+
+
+def _fill(template: str, values: _Values) -> str:
+    return template.format_map(values)
+
+
+def _known(
+    sig: FailureSignature, line: LogLine, match: re.Match[str], region: tuple[LogLine, ...], *,
+    site: FailureSite, snap: SystemSnapshot | None, log_path: str | None, name: str | None,
+) -> Diagnosis:
+    values = _Values(facts(snap, name=name, log_path=log_path))
+    values.update({k: v.strip() for k, v in match.groupdict().items() if v})
+    at = region.index(line)
+    shown = region[max(0, at - _CONTEXT_LINES) : at + _CONTEXT_LINES + 1]
+    return Diagnosis(
+        known=True, signature=sig.id, title=sig.title, stage=sig.stage, cause=_fill(sig.cause, values),
+        fix=tuple(_fill(step, values) for step in sig.fix),
+        evidence=tuple(Evidence(line=ln.number, text=ln.text.strip()) for ln in shown),
+        location=_location(region, match), failed_target=site.target, log_path=log_path, sources=sig.sources,
+    )
+
+
+def _location(region: tuple[LogLine, ...], match: re.Match[str]) -> str | None:
+    groups = match.groupdict()
+    if groups.get("file") and groups.get("line"):
+        return f"{groups['file']}:{groups['line']}"
+    for ln in region:
+        m = _LOCATION.search(ln.text)
+        if m is not None:
+            return f"{m['file']}:{m['line'] or m['line2']}"
+    return None
+
+
+def _unknown(site: FailureSite, log_path: str | None) -> Diagnosis:
+    if site.block:
+        excerpt = list(site.block[:_EXCERPT_LINES])
+    else:
+        errorish = [ln for ln in site.rest if _ERRORISH.search(ln.text)]
+        excerpt = errorish[:_EXCERPT_LINES] or list(site.rest[-_EXCERPT_LINES:])
+    where = f" (ninja failed to build {site.target})" if site.target else ""
+    return Diagnosis(
+        known=False, signature=None, title="unrecognised failure", stage=None,
+        cause=f"attnforge does not recognise this failure{where}; the lines below are the likeliest cause",
+        fix=(f"read the full log: {log_path}" if log_path else "read the full log",),
+        evidence=tuple(Evidence(line=ln.number, text=ln.text.strip()) for ln in excerpt),
+        location=None, failed_target=site.target, log_path=log_path,
+    )
+
+
+__all__ = ["Diagnosis", "Evidence", "diagnose_file", "diagnose_text", "facts"]

@@ -1,0 +1,120 @@
+"""The real collaborators of :func:`attnforge.install.flow.install`: resolver, builder, verifier, index fetch.
+
+Each is imported when used, so ``attnforge install`` starts fast and this module works in builds of attnforge
+where a stage is missing (the error then says which).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnforge._system.runner import Runner
+from attnforge.catalog import Catalog
+from attnforge.errors import InstallError
+from attnforge.install.flow import BuiltWheel, IndexFetcher, Planner, Verifier, VerifyOutcome
+from attnforge.probe.snapshot import SystemSnapshot
+from attnforge.resolve.types import BuildSpec, CachedArtifact, Plan, Request, WheelRef
+
+
+def resolver_planner(
+    snapshot: SystemSnapshot, catalog: Catalog, wheels: Sequence[WheelRef], home: Path
+) -> Planner:
+    """``attnforge.resolve.resolver.resolve`` bound to this machine, catalog and wheel listing."""
+    from attnforge.resolve.resolver import resolve
+
+    def plan(request: Request, *, cached: Sequence[CachedArtifact]) -> Plan:
+        return resolve(snapshot, catalog, request, cached=cached, wheels=wheels, home=str(home))
+
+    return plan
+
+
+def source_builder(spec: BuildSpec, *, home: Path) -> BuiltWheel:
+    """``attnforge.build.execute``: the source build with its log.
+
+    Raises:
+        BuildError: the build failed (``BuildFailure`` carries its log path and diagnosis).
+    """
+    from attnforge.build import execute
+
+    result = execute(spec, home=home)
+    return BuiltFiles(wheel_path=result.wheel, log_path=result.log_path, source_sha256=result.source_sha256,
+                      owned_dir=result.wheel.parent)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuiltFiles:
+    """A finished build as the installer needs it; ``owned_dir`` is the builder's staging dir to remove."""
+
+    wheel_path: Path
+    log_path: Path | None
+    source_sha256: str
+    owned_dir: Path | None
+
+
+def subprocess_verifier(runner: Runner, catalog: Catalog, python: str = sys.executable) -> Verifier:
+    """Run ``attnforge verify BACKEND --json`` in a fresh interpreter (so the new install is what loads)."""
+
+    def verify(backend: str) -> VerifyOutcome:
+        if importlib.util.find_spec("attnforge.cli.verify") is None:
+            return VerifyOutcome(ok=None, summary="skipped: this attnforge has no verify stage")
+        if backend not in catalog.backends:
+            why = f"skipped: {backend} is not a catalog backend, so there is no attention kernel to check"
+            return VerifyOutcome(ok=None, summary=why)
+        done = runner.run([python, "-m", "attnforge", "verify", backend, "--json"], timeout_s=1800)
+        return VerifyOutcome(ok=done.ok, summary=_summary(done.stdout, done.returncode, done.stderr))
+
+    return verify
+
+
+def _summary(stdout: str, returncode: int, stderr: str) -> str:
+    try:
+        doc = json.loads(stdout)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        results = doc.get("results")
+        first = results[0] if isinstance(results, list) and results else None
+        if isinstance(first, dict) and first.get("summary"):
+            return str(first["summary"])
+    if returncode == 0:
+        return "verify passed"
+    tail = (stderr.strip().splitlines() or [f"exit status {returncode}"])[-1]
+    return f"verify failed: {tail}"
+
+
+def index_fetcher(catalog: Catalog, runner: Runner, python: str = sys.executable) -> IndexFetcher:
+    """Fetch a pure-Python backend (the resolver's "pip install from the package index" candidate)."""
+
+    def fetch(request: Request, into: Path) -> Path:
+        recipe = catalog.recipe(request.backend)
+        distribution = recipe.distribution if recipe is not None and recipe.distribution else request.backend
+        return download_from_index(distribution, request.version, request, into, runner=runner, python=python)
+
+    return fetch
+
+
+def download_from_index(
+    distribution: str, version: str, request: Request, into: Path, *, runner: Runner,
+    python: str = sys.executable,
+) -> Path:
+    """``pip download --no-deps --only-binary=:all:`` of one pure-Python backend from the package index.
+
+    Raises:
+        InstallError: pip could not download it (its last lines are the cause).
+    """
+    argv = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--disable-pip-version-check", "--no-input", "--quiet", "--dest", str(into)]
+    for i, url in enumerate(request.index_urls):
+        argv += ["--index-url" if i == 0 else "--extra-index-url", url]
+    argv.append(f"{distribution}{version}")
+    done = runner.run(argv, timeout_s=900)
+    wheels = sorted(into.glob("*.whl"))
+    if not done.ok or not wheels:
+        raise InstallError(f"pip could not download {distribution}{version}",
+                           cause="\n".join(done.output.strip().splitlines()[-10:]))
+    return wheels[0]

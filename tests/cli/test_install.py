@@ -1,0 +1,64 @@
+"""``attnforge install`` argument handling and error paths (the real installs are in tests/install)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attnforge.cli import main
+from attnforge.cli.install import parse_source
+from attnforge.resolve.types import SourceKind
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "location", "ref"),
+    [
+        pytest.param("git+https://github.com/Dao-AILab/flash-attention@v2.8.3", SourceKind.GIT,
+                     "https://github.com/Dao-AILab/flash-attention", "v2.8.3", id="git-ref"),
+        pytest.param("git+https://example.org/x.git", SourceKind.GIT, "https://example.org/x.git", None,
+                     id="git-no-ref"),
+        pytest.param("https://example.org/flash_attn-2.8.3.tar.gz", SourceKind.URL,
+                     "https://example.org/flash_attn-2.8.3.tar.gz", None, id="url"),
+    ],
+)
+def test_parse_source(text: str, kind: SourceKind, location: str, ref: str | None) -> None:
+    spec = parse_source(text)
+    assert (spec.kind, spec.location, spec.ref) == (kind, location, ref)
+
+
+def test_a_local_source_becomes_an_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    spec = parse_source("ext_pkg")
+    assert spec.kind is SourceKind.PATH
+    assert spec.location == str(tmp_path / "ext_pkg")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["install", "no-such-backend"], "unknown backend", id="unknown-backend"),
+        pytest.param(["install", "flash attn!"], "not a backend requirement", id="bad-requirement"),
+        pytest.param(["install", "flash-attn", "--arch", "ninety"], "not a compute capability",
+                     id="bad-arch"),
+    ],
+)
+def test_bad_input_exits_2_with_a_hint(
+    attnforge_home: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"error: {message}" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.integration
+def test_nothing_viable_exits_1_with_every_reason(
+    attnforge_home: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """No GPU, a CPU torch and an offline request: nothing can install flash-attn here, and it says why."""
+    assert main(["install", "flash-attn", "--offline", "--no-verify"]) == 1
+    err = capsys.readouterr().err
+    assert "error: nothing can install flash-attn" in err
+    assert "cause:" in err
+    assert "hint: see `attnforge plan flash-attn`" in err
