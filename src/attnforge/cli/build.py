@@ -44,7 +44,8 @@ _ARCHIVES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")
 @json_option
 def command(
     *, backend: str | None, source_text: str | None, name: str | None, archs: tuple[str, ...],
-    jobs: int | None, keep_build_dir: bool, use_sccache: bool, quiet: bool, snapshot_path: Path | None, as_json: bool,
+    jobs: int | None, keep_build_dir: bool, use_sccache: bool, quiet: bool, snapshot_path: Path | None,
+    as_json: bool,
 ) -> int:
     """Build BACKEND (a catalog id such as flash-attn, optionally ==VERSION) or any torch-extension source.
 

@@ -205,6 +205,13 @@ def _known(
 ) -> Diagnosis:
     values = _Values(facts(snap, name=name, log_path=log_path))
     values.update({k: v.strip() for k, v in match.groupdict().items() if v})
+    for other in region:  # groups another line of the same failure fills (xFormers' "built for" block)
+        for pattern in sig.patterns:
+            m = pattern.search(other.text)
+            if m is not None:
+                for key, value in m.groupdict().items():
+                    if value and key not in values:
+                        values[key] = value.strip()
     at = region.index(line)
     shown = region[max(0, at - _CONTEXT_LINES) : at + _CONTEXT_LINES + 1]
     return Diagnosis(
