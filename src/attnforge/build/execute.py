@@ -199,6 +199,7 @@ def build_environment(spec: BuildSpec, base: Mapping[str, str]) -> dict[str, str
         if key not in spec.env:
             env[key] = value
     env.setdefault("PYTHONUNBUFFERED", "1")  # setup.py prints reach the log as they happen
+    env.setdefault("LC_MESSAGES", "C")  # compiler messages in English: the failure signatures are English
     return env
 
 
