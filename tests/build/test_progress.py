@@ -22,7 +22,8 @@ def test_real_flash_attn_log_has_73_ordered_steps_each_naming_its_source() -> No
     files = [s.file for s in steps]
     assert all(f is not None and f.endswith((".cu", ".cpp")) for f in files)
     assert len(set(files)) == 73, "every step compiles a different file"
-    assert files[0] is not None and files[0].endswith("csrc/flash_attn/flash_api.cpp")
+    assert files[0] is not None
+    assert files[0].endswith("csrc/flash_attn/flash_api.cpp")
     assert steps[-1].fraction == 1.0
 
 

@@ -18,9 +18,13 @@ H200 = SystemSnapshot.load(FIXTURES / "snapshots" / "h200_torch2.11_cu130.json")
 
 def test_real_out_of_memory_log_points_at_the_compiler_line_not_the_wrappers() -> None:
     d = diagnose_file(LOGS / "af_ext_fixture_ulimit_v_800000.log", name="af_ext_fixture")
-    assert d.known and d.signature == "out-of-memory"
-    assert [(e.line, e.text) for e in d.evidence] == [(30, "virtual memory exhausted: Cannot allocate memory")]
-    assert d.failed_target is not None and d.failed_target.endswith("af_ext_fixture/add.o")
+    assert d.known
+    assert d.signature == "out-of-memory"
+    assert [(e.line, e.text) for e in d.evidence] == [
+        (30, "virtual memory exhausted: Cannot allocate memory")
+    ]
+    assert d.failed_target is not None
+    assert d.failed_target.endswith("af_ext_fixture/add.o")
     assert any("--jobs 1" in step for step in d.fix)
 
 
@@ -33,51 +37,96 @@ def test_real_build_isolation_log() -> None:
 
 def test_a_successful_log_is_not_a_known_failure() -> None:
     d = diagnose_file(LOGS / "flash_attn-2.8.3.post2_sm90_cu130_success.log")
-    assert not d.known and d.signature is None
+    assert not d.known
+    assert d.signature is None
 
 
-# One real line per signature (quoted in shared/research/install-anchors.md section 10 and the sources it cites).
+# One real line per signature (quoted in shared/research/install-anchors.md section 10 and its sources).
 EXAMPLES = [
-    ("build-isolation-no-torch", "  Getting requirements to build wheel: started\n"
-                                 "  ModuleNotFoundError: No module named 'torch'"),
+    (
+        "build-isolation-no-torch",
+        "  Getting requirements to build wheel: started\n  ModuleNotFoundError: No module named 'torch'",
+    ),
     ("torch-not-installed", "    import torch\nModuleNotFoundError: No module named 'torch'"),
-    ("cuda-home-missing", "OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root."),
-    ("cutlass-missing", "AssertionError: csrc/cutlass is missing, please use source distribution or git clone"),
+    (
+        "cuda-home-missing",
+        "OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root.",
+    ),
+    (
+        "cutlass-missing",
+        "AssertionError: csrc/cutlass is missing, please use source distribution or git clone",
+    ),
     ("nvcc-too-old", "RuntimeError: FlashAttention is only supported on CUDA 11.7 and above."),
-    ("no-target-archs", "RuntimeError: No target compute capabilities. Set TORCH_CUDA_ARCH_LIST or build on a machine "
-                        "with GPUs."),
+    (
+        "no-target-archs",
+        "RuntimeError: No target compute capabilities. Set TORCH_CUDA_ARCH_LIST or build on a machine "
+        "with GPUs.",
+    ),
     ("unknown-torch-arch", "ValueError: Unknown CUDA arch (12.1) or GPU not supported"),
-    ("cuda-major-mismatch", "RuntimeError: The detected CUDA version (12.4) mismatches the version that was used to "
-                            "compile PyTorch (13.0). Please make sure to use the same CUDA versions."),
+    (
+        "cuda-major-mismatch",
+        "RuntimeError: The detected CUDA version (12.4) mismatches the version that was used to "
+        "compile PyTorch (13.0). Please make sure to use the same CUDA versions.",
+    ),
     ("unsupported-gpu-arch", "nvcc fatal   : Unsupported gpu architecture 'compute_128'"),
-    ("unsupported-gcc", "/usr/local/cuda/include/crt/host_config.h:143:2: error: #error -- unsupported GNU version! "
-                        "gcc versions later than 13 are not supported!"),
-    ("unsupported-msvc", "host_config.h(164): fatal error C1189: #error:  -- unsupported Microsoft Visual Studio "
-                         "version! Only the versions between 2017 and 2022 (inclusive) are supported!"),
+    (
+        "unsupported-gcc",
+        "/usr/local/cuda/include/crt/host_config.h:143:2: error: #error -- unsupported GNU version! "
+        "gcc versions later than 13 are not supported!",
+    ),
+    (
+        "unsupported-msvc",
+        "host_config.h(164): fatal error C1189: #error:  -- unsupported Microsoft Visual Studio "
+        "version! Only the versions between 2017 and 2022 (inclusive) are supported!",
+    ),
     ("out-of-memory", "nvcc error   : 'cicc' died due to signal 9 (Kill signal)"),
     ("compiler-crash", "nvcc error   : 'ptxas' died due to signal 11 (Invalid memory reference)"),
     ("msvc-conformance", "compiled_autograd.h(1134): error C2872: 'std': ambiguous symbol"),
-    ("long-paths", "ninja: error: Stat(C:/Users/me/flash-attention/build/temp.win-amd64-cpython-312/Release/x.obj): "
-                   "Filename longer than 260 characters"),
-    ("missing-cl", "UserWarning: Error checking compiler version for cl: [WinError 2] The system cannot find the "
-                   "file specified"),
-    ("distutils-use-sdk", "UserWarning: It seems that the VC environment is activated but DISTUTILS_USE_SDK is not "
-                          "set.This may lead to multiple activations of the VC env."),
-    ("ninja-missing", "UserWarning: Attempted to use ninja as the BuildExtension backend but we could not find "
-                      "ninja.. Falling back to using the slow distutils backend."),
+    (
+        "long-paths",
+        "ninja: error: Stat(C:/Users/me/flash-attention/build/temp.win-amd64-cpython-312/Release/x.obj): "
+        "Filename longer than 260 characters",
+    ),
+    (
+        "missing-cl",
+        "UserWarning: Error checking compiler version for cl: [WinError 2] The system cannot find the "
+        "file specified",
+    ),
+    (
+        "distutils-use-sdk",
+        "UserWarning: It seems that the VC environment is activated but DISTUTILS_USE_SDK is not "
+        "set.This may lead to multiple activations of the VC env.",
+    ),
+    (
+        "ninja-missing",
+        "UserWarning: Attempted to use ninja as the BuildExtension backend but we could not find "
+        "ninja.. Falling back to using the slow distutils backend.",
+    ),
     ("disk-full", "OSError: [Errno 28] No space left on device"),
     ("source-compile-error", "/src/csrc/add.cpp:12:5: error: 'foo' was not declared in this scope"),
     ("linker-error", "/usr/bin/ld: cannot find -lcudart: No such file or directory"),
     ("no-matching-distribution", "ERROR: No matching distribution found for flash-attn==9.9.9"),
-    ("undefined-symbol", "ImportError: /venv/lib/python3.12/site-packages/flash_attn_2_cuda.cpython-312-x86_64-linux-"
-                         "gnu.so: undefined symbol: _ZN3c104cuda9SetDeviceEi"),
-    ("dll-load-failed", "ImportError: DLL load failed while importing flash_attn_2_cuda: The specified procedure "
-                        "could not be found."),
-    ("glibc-too-old", "ImportError: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.32' not found (required by "
-                      "flash_attn_2_cuda.so)"),
+    (
+        "undefined-symbol",
+        "ImportError: /venv/lib/python3.12/site-packages/flash_attn_2_cuda.cpython-312-x86_64-linux-"
+        "gnu.so: undefined symbol: _ZN3c104cuda9SetDeviceEi",
+    ),
+    (
+        "dll-load-failed",
+        "ImportError: DLL load failed while importing flash_attn_2_cuda: The specified procedure "
+        "could not be found.",
+    ),
+    (
+        "glibc-too-old",
+        "ImportError: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.32' not found (required by "
+        "flash_attn_2_cuda.so)",
+    ),
     ("no-kernel-image", "RuntimeError: CUDA error: no kernel image is available for execution on the device"),
-    ("xformers-built-for", "WARNING[XFORMERS]: xFormers can't load C++/CUDA extensions. xFormers was built for:\n"
-                           "    PyTorch 2.5.1+cu121 with CUDA 1201 (you have 2.6.0+cpu)"),
+    (
+        "xformers-built-for",
+        "WARNING[XFORMERS]: xFormers can't load C++/CUDA extensions. xFormers was built for:\n"
+        "    PyTorch 2.5.1+cu121 with CUDA 1201 (you have 2.6.0+cpu)",
+    ),
     ("fa-ampere-only", "RuntimeError: FlashAttention only supports Ampere GPUs or newer."),
 ]
 
@@ -98,15 +147,17 @@ def test_every_packaged_signature_without_conditions_has_an_example() -> None:
 
 
 def test_the_failed_block_wins_over_errors_elsewhere_and_names_the_source_location() -> None:
-    log = "\n".join([
-        "  [1/2] c++ -MMD -MF /b/add.o.d -I/torch/include -c -c /src/add.cpp -o /b/add.o -DTORCH_EXTENSION_NAME=_C",
-        "  FAILED: [code=1] /b/add.o",
-        "  c++ -MMD -MF /b/add.o.d -I/torch/include -c -c /src/add.cpp -o /b/add.o -DTORCH_EXTENSION_NAME=_C x",
-        "  /src/add.cpp:7:1: error: expected ';' before '}' token",
-        "  ninja: build stopped: subcommand failed.",
-        "  RuntimeError: Error compiling objects for extension",
-        "ImportError: x.so: undefined symbol: _ZN3c10foo",
-    ])
+    log = "\n".join(
+        [
+            "  [1/2] c++ -MMD -MF /b/add.o.d -I/torch/include -c -c /src/add.cpp -o /b/add.o -DTORCH_EXT=_C",
+            "  FAILED: [code=1] /b/add.o",
+            "  c++ -MMD -MF /b/add.o.d -I/torch/include -c -c /src/add.cpp -o /b/add.o -DTORCH_EXT=_C -DX=1",
+            "  /src/add.cpp:7:1: error: expected ';' before '}' token",
+            "  ninja: build stopped: subcommand failed.",
+            "  RuntimeError: Error compiling objects for extension",
+            "ImportError: x.so: undefined symbol: _ZN3c10foo",
+        ]
+    )
     d = diagnose_text(log)
     assert d.signature == "source-compile-error"
     assert d.location == "/src/add.cpp:7"
@@ -116,18 +167,22 @@ def test_the_failed_block_wins_over_errors_elsewhere_and_names_the_source_locati
 
 
 def test_wrapper_lines_alone_are_not_a_cause() -> None:
-    log = ("  ninja: build stopped: subcommand failed.\n"
-           "  subprocess.CalledProcessError: Command '['ninja', '-v']' returned non-zero exit status 1.\n"
-           "  RuntimeError: Error compiling objects for extension\n"
-           "  error: subprocess-exited-with-error\n")
+    log = (
+        "  ninja: build stopped: subcommand failed.\n"
+        "  subprocess.CalledProcessError: Command '['ninja', '-v']' returned non-zero exit status 1.\n"
+        "  RuntimeError: Error compiling objects for extension\n"
+        "  error: subprocess-exited-with-error\n"
+    )
     d = diagnose_text(log, log_path="x.log")
     assert not d.known
     assert d.cause.startswith("attnforge does not recognise this failure")
     assert not any("ninja: build stopped" in e.text for e in d.evidence)
 
 
-CUDA_HOME_LOG = ("  torch.__version__  = 2.13.0+cpu\n"
-                 "  OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root.\n")
+CUDA_HOME_LOG = (
+    "  torch.__version__  = 2.13.0+cpu\n"
+    "  OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root.\n"
+)
 
 
 @pytest.mark.parametrize(
@@ -142,7 +197,8 @@ def test_the_snapshot_sharpens_cuda_home_not_set(snapshot: SystemSnapshot | None
     d = diagnose_text(CUDA_HOME_LOG, snapshot=snapshot, name="flash-attn")
     assert d.signature == expected
     if snapshot is CPU:
-        assert "2.13.0+cpu" in d.cause and "CPU-only" in d.cause
+        assert "2.13.0+cpu" in d.cause
+        assert "CPU-only" in d.cause
         assert any("download.pytorch.org/whl/cu130" in step for step in d.fix), "cu130 from the 13.0 toolkit"
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-import attnforge.probe  # noqa: F401  (import order: probe before catalog, see the lead's note on the cycle)
 from attnforge.catalog.failures import DATA_DIR, load_failures
 from attnforge.errors import CatalogError
 
@@ -24,7 +23,10 @@ def _write(tmp_path: Path, name: str, text: str) -> None:
 
 
 def test_a_bad_file_lists_every_problem_with_its_dotted_path(tmp_path: Path) -> None:
-    _write(tmp_path, "failures.toml", """
+    _write(
+        tmp_path,
+        "failures.toml",
+        """
 schema_version = 1
 [signatures.bad]
 title = "bad"
@@ -34,7 +36,8 @@ when = ["torch-gpu"]
 cause = "uses {arch} and {nope}"
 fix = ["{also_nope"]
 colour = "red"
-""")
+""",
+    )
     with pytest.raises(CatalogError) as info:
         load_failures(tmp_path)
     problems = "\n".join(info.value.problems)
@@ -53,7 +56,10 @@ colour = "red"
 
 def test_extra_files_add_signatures_after_the_main_one_and_may_not_redefine(tmp_path: Path) -> None:
     shutil.copy(DATA_DIR / "failures.toml", tmp_path / "failures.toml")
-    _write(tmp_path, "failures_windows.toml", """
+    _write(
+        tmp_path,
+        "failures_windows.toml",
+        """
 schema_version = 1
 [signatures.windows-only]
 title = "w"
@@ -62,12 +68,16 @@ patterns = ['some windows error']
 cause = "c"
 fix = []
 sources = ["a test"]
-""")
+""",
+    )
     catalog = load_failures(tmp_path)
     assert catalog.signatures[-1].id == "windows-only"
     assert catalog.signatures[-1].origin == "failures_windows.toml"
 
-    _write(tmp_path, "failures_windows.toml", """
+    _write(
+        tmp_path,
+        "failures_windows.toml",
+        """
 schema_version = 1
 [signatures.out-of-memory]
 title = "again"
@@ -76,7 +86,8 @@ patterns = ['x']
 cause = "c"
 fix = []
 sources = ["a test"]
-""")
+""",
+    )
     with pytest.raises(CatalogError) as info:
         load_failures(tmp_path)
     assert "signatures.out-of-memory: already defined in failures.toml" in info.value.problems

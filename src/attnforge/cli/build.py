@@ -113,7 +113,7 @@ def run_build(
     out = console()
     out.print(f"[bold green]built[/] {result.wheel.name} in {_clock(result.duration_s)}"
               + (f" ({result.steps_total} compile steps)" if result.steps_total else "")
-              + (" [dim](resumed a kept build tree)[/]" if result.resumed else ""))
+              + (" [dim](resumed a kept build tree)[/]" if result.resumed else ""), soft_wrap=True)
     out.print(f"wheel: {result.wheel}", soft_wrap=True)
     out.print(f"log:   {result.log_path}", soft_wrap=True)
     out.print(f"source sha256: {result.source_sha256}")

@@ -44,11 +44,11 @@ def render_diagnosis(out: Any, diagnosis: Any) -> None:
     from rich.markup import escape
 
     label = "[bold red]cause[/]" if diagnosis.known else "[bold yellow]unrecognised[/]"
-    out.print(f"{label}: {escape(diagnosis.cause)}")
+    out.print(f"{label}: {escape(diagnosis.cause)}", soft_wrap=True)
     if diagnosis.signature:
         out.print(f"[dim]signature: {diagnosis.signature} ({escape(diagnosis.title)}, {diagnosis.stage})[/]")
     if diagnosis.failed_target:
-        out.print(f"[dim]ninja could not build: {escape(diagnosis.failed_target)}[/]")
+        out.print(f"[dim]ninja could not build: {escape(diagnosis.failed_target)}[/]", soft_wrap=True)
     if diagnosis.location:
         out.print(f"source: {escape(diagnosis.location)}")
     if diagnosis.evidence:
@@ -61,4 +61,4 @@ def render_diagnosis(out: Any, diagnosis: Any) -> None:
         for step in diagnosis.fix:
             out.print(f"  [bold]{escape(step)}[/]", soft_wrap=True)
     if diagnosis.sources:
-        out.print(f"[dim]known from: {escape(', '.join(diagnosis.sources))}[/]")
+        out.print(f"[dim]known from: {escape(', '.join(diagnosis.sources))}[/]", soft_wrap=True)
