@@ -187,7 +187,13 @@ def test_diagnose_json_with_a_snapshot(tmp_path: Path, capsys: pytest.CaptureFix
     assert doc["evidence"][0]["line"] == 1
 
 
-def test_diagnose_unknown_and_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["diagnose", str(FA_LOG)]) == 1
-    assert "unrecognised" in capsys.readouterr().out
+def test_diagnose_unknown_success_and_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    odd = tmp_path / "odd.log"
+    odd.write_text("step 1\nfatal: the flux capacitor is cold\n", encoding="utf-8")
+    assert main(["diagnose", str(odd)]) == 1
+    out = capsys.readouterr().out
+    assert "unrecognised" in out
+    assert f"{odd}:2" in out
+    assert main(["diagnose", str(FA_LOG)]) == 0
+    assert "no failure" in capsys.readouterr().out
     assert main(["diagnose", str(tmp_path / "nope.log")]) == 2

@@ -39,6 +39,7 @@ def test_a_successful_log_is_not_a_known_failure() -> None:
     d = diagnose_file(LOGS / "flash_attn-2.8.3.post2_sm90_cu130_success.log")
     assert not d.known
     assert d.signature is None
+    assert "successful build" in d.cause
 
 
 # One real line per signature (quoted in shared/research/install-anchors.md section 10 and its sources).

@@ -22,7 +22,8 @@ def command(
 ) -> int:
     """Explain a failed build or import log: cause, evidence (log lines), and the fix as commands.
 
-    Exit status 0 when the failure is recognised, 1 when it is not (the likeliest lines are shown).
+    Exit status 0 when the failure is recognised (or the log shows none), 1 when it is not recognised (the
+    likeliest lines are shown).
     """
     from attnforge.diagnose import diagnose_file
 
@@ -36,14 +37,19 @@ def command(
         emit_json("diagnosis", diagnosis)
     else:
         render_diagnosis(console(), diagnosis)
-    return 0 if diagnosis.known else 1
+    return 0 if diagnosis.known or diagnosis.title == "no failure" else 1
 
 
 def render_diagnosis(out: Any, diagnosis: Any) -> None:
     """Print a :class:`~attnforge.diagnose.Diagnosis` for people: cause, evidence with line numbers, fix."""
     from rich.markup import escape
 
-    label = "[bold red]cause[/]" if diagnosis.known else "[bold yellow]unrecognised[/]"
+    if diagnosis.known:
+        label = "[bold red]cause[/]"
+    elif diagnosis.title == "no failure":
+        label = "[bold green]no failure[/]"
+    else:
+        label = "[bold yellow]unrecognised[/]"
     out.print(f"{label}: {escape(diagnosis.cause)}", soft_wrap=True)
     if diagnosis.signature:
         out.print(f"[dim]signature: {diagnosis.signature} ({escape(diagnosis.title)}, {diagnosis.stage})[/]")
