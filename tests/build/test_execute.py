@@ -231,6 +231,13 @@ def test_sccache_routes_compilers_through_wrappers_and_reports_the_difference(
     assert cxx.stat().st_mode & 0o111
 
 
+def test_another_machines_python_is_refused_before_anything_runs(src: Path, tmp_path: Path) -> None:
+    spec = fixture_spec(src, tmp_path / "b", python="/opt/torch/.venv/bin/python3")
+    with pytest.raises(BuildError, match="does not exist on this machine"):
+        execute(spec, home=tmp_path / "home", launcher=ReplayLauncher(FA_LOG))
+    assert not (tmp_path / "home").exists()
+
+
 def test_sccache_missing_says_how_to_install_it(src: Path, tmp_path: Path) -> None:
     spec = fixture_spec(src, tmp_path / "b", use_sccache=True, env={"PATH": str(tmp_path / "empty")})
     with pytest.raises(BuildError, match="sccache") as info:
