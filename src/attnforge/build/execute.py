@@ -114,7 +114,8 @@ def execute(
 
     Raises:
         BuildFailure: pip wheel failed; ``log_path`` and ``diagnosis`` say where and why.
-        BuildError: the source could not be fetched, another build holds the same tree, or sccache is missing.
+        BuildError: the build interpreter is missing, the source could not be fetched, another build holds
+            the same tree, or sccache is missing.
         UsageError: a local source path that is not a source.
         KeyboardInterrupt: Ctrl-C, after cleaning up (SIGTERM arrives as
         :class:`~attnforge.build.stream.Interrupted`).
@@ -124,6 +125,9 @@ def execute(
     runner = runner or SubprocessRunner()
     env = build_environment(spec, os.environ if environ is None else environ)
     python = spec.python or sys.executable
+    if not (Path(python).is_file() or shutil.which(python)):
+        raise BuildError(f"the build interpreter {python} does not exist on this machine",
+                         hint="build on the machine the snapshot describes, or plan without --snapshot")
     build_root = Path(spec.build_root).expanduser() if spec.build_root else home / "build"
     build_root.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_scratch(build_root)
@@ -199,6 +203,7 @@ def build_environment(spec: BuildSpec, base: Mapping[str, str]) -> dict[str, str
         if key not in spec.env:
             env[key] = value
     env.setdefault("PYTHONUNBUFFERED", "1")  # setup.py prints reach the log as they happen
+    env.setdefault("LC_MESSAGES", "C")  # compiler messages in English: the failure signatures are English
     return env
 
 

@@ -64,7 +64,7 @@ def _step_file(command: str) -> str | None:
     try:
         tokens = shlex.split(command, posix=True)
     except ValueError:  # an unbalanced quote in a truncated line
-        tokens = command.split()
+        tokens = [t.strip("'\"") for t in command.split()]
     sources = [t for t in tokens if t.endswith(_SOURCE_SUFFIXES) and not t.startswith("-")]
     if sources:
         return sources[-1]
@@ -155,10 +155,13 @@ class EtaEstimator:
 
     def __init__(self) -> None:
         self._first: tuple[float, int] | None = None
+        self._last: tuple[int, int] = (0, 0)
 
     def update(self, now_s: float, done: int, total: int) -> float | None:
         """Feed one step; return the estimate, or None until a rate is known."""
-        if self._first is None or done < self._first[1]:  # a second ninja run (another extension) restarts
+        last_done, last_total = self._last
+        self._last = (done, total)
+        if self._first is None or total != last_total or done < last_done:  # another ninja run restarts
             self._first = (now_s, done)
             return None
         t0, d0 = self._first

@@ -142,6 +142,8 @@ def run_streamed(
     finally:
         _restore_sigterm(previous)
         reader.join(timeout=5)
+        if proc.stdout is not None:
+            proc.stdout.close()
     return StreamOutcome(returncode=returncode, duration_s=clock() - start,
                          steps_done=last_step.done if last_step else 0,
                          steps_total=last_step.total if last_step else 0)

@@ -18,6 +18,7 @@ from attnforge.diagnose.extract import FailureSite, LogLine, find_failure
 from attnforge.errors import UsageError
 from attnforge.probe.snapshot import SystemSnapshot  # before the catalog: see catalog/failures.py's imports
 
+_SUCCESS = re.compile(r"^\s*(?:Successfully built |attnforge: built )", re.MULTILINE)
 _CONTEXT_LINES = 2
 _EXCERPT_LINES = 20
 _ERRORISH = re.compile(r"\berror\b|fatal|killed|not found|exhausted|no module named", re.IGNORECASE)
@@ -113,6 +114,12 @@ def diagnose_text(
         if found is not None:
             sig, line, match = found
             return _known(sig, line, match, region, site=site, snap=snap, log_path=log_path, name=name)
+    if not site.block and _SUCCESS.search(text):
+        return Diagnosis(
+            known=False, signature=None, title="no failure", stage=None,
+            cause="this log ends in a successful build: there is no failure to explain", fix=(),
+            evidence=(), location=None, failed_target=None, log_path=log_path,
+        )
     return _unknown(site, log_path)
 
 
@@ -205,6 +212,13 @@ def _known(
 ) -> Diagnosis:
     values = _Values(facts(snap, name=name, log_path=log_path))
     values.update({k: v.strip() for k, v in match.groupdict().items() if v})
+    for other in region:  # groups another line of the same failure fills (xFormers' "built for" block)
+        for pattern in sig.patterns:
+            m = pattern.search(other.text)
+            if m is not None:
+                for key, value in m.groupdict().items():
+                    if value and key not in values:
+                        values[key] = value.strip()
     at = region.index(line)
     shown = region[max(0, at - _CONTEXT_LINES) : at + _CONTEXT_LINES + 1]
     return Diagnosis(

@@ -1,0 +1,268 @@
+"""``attnforge build``: a source build with a progress bar, a log, and a diagnosis when it fails.
+
+The spec comes from the resolver (``attnforge.resolve.build_spec``: preflight, archs, jobs, environment); this
+module only turns options into a request, renders progress events, and prints the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from attnforge.build.progress import BuildEvent, HeartbeatEvent, PhaseEvent, StepEvent
+from attnforge.cli._output import console, emit_json, json_option, snapshot_option
+from attnforge.resolve.types import BuildSpec, Request, SourceKind, SourceSpec
+
+_ARCHIVES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")
+
+
+@click.command("build")
+@click.argument("backend", required=False)
+@click.option("--source", "source_text", default=None, metavar="PATH_OR_URL",
+              help="Build this instead of the catalog's source: a directory, an sdist, an sdist URL, "
+                   "or git+URL[@REF][#subdirectory=DIR].")
+@click.option("--name", default=None,
+              help="Distribution name for a --source build (default: from the source).")
+@click.option("--arch", "archs", multiple=True, metavar="CC",
+              help="Target compute capability, e.g. 9.0 (repeat or comma-separate; default: this machine's "
+                   "GPUs).")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="At most N compiler processes (MAX_JOBS=N, NVCC_THREADS=1); lower it when memory runs "
+                   "out.")
+@click.option("--keep-build-dir", is_flag=True,
+              help="Keep the build tree so a rerun resumes instead of starting over.")
+@click.option("--sccache", "use_sccache", is_flag=True,
+              help="Route nvcc and the C++ compiler through sccache.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress output; only the result.")
+@snapshot_option
+@json_option
+def command(
+    *, backend: str | None, source_text: str | None, name: str | None, archs: tuple[str, ...],
+    jobs: int | None, keep_build_dir: bool, use_sccache: bool, quiet: bool, snapshot_path: Path | None,
+    as_json: bool,
+) -> int:
+    """Build BACKEND (a catalog id such as flash-attn, optionally ==VERSION) or any torch-extension source.
+
+    The wheel is left in attnforge's staging directory and the full log under its logs directory; a failed
+    build prints the cause, the log lines that show it, and the fix.
+    """
+    from attnforge._system.paths import home_dir
+    from attnforge.catalog import load_catalog
+    from attnforge.cli._output import load_or_probe
+    from attnforge.errors import UsageError
+    from attnforge.resolve import build_spec
+
+    if backend is None and source_text is None:
+        raise UsageError("name a backend or give --source", hint="attnforge build flash-attn, or "
+                         "attnforge build --source ./causal-conv1d")
+    source = parse_source(source_text) if source_text else None
+    dist, _, version = (backend or "").partition("==")
+    dist = name or dist or _name_from_source(source)
+    request = Request(backend=dist, version=f"=={version}" if version else "", archs=_parse_archs(archs),
+                      from_source=True, source=source)
+    home = home_dir(os.environ)
+    snapshot = load_or_probe(snapshot_path)
+    spec = apply_options(build_spec(snapshot, load_catalog(), request, home=str(home)), jobs=jobs,
+                         use_sccache=use_sccache, name=name)
+    return run_build(spec, home=home, snapshot=snapshot, keep_build_dir=keep_build_dir, quiet=quiet,
+                     as_json=as_json)
+
+
+def run_build(
+    spec: BuildSpec, *, home: Path, snapshot: Any, keep_build_dir: bool, quiet: bool, as_json: bool,
+    launcher: Any = None,
+) -> int:
+    """Execute ``spec`` with progress on stderr and the result (or the diagnosis) for people or as JSON.
+
+    Returns:
+        The exit code: 0 built, 1 the build failed (diagnosis printed).
+    """
+    from attnforge.build import BuildFailure, NullReporter, execute
+    from attnforge.build.stream import launch
+
+    err = console(stderr=True)
+    if quiet:
+        reporter: Any = NullReporter()
+    elif err.is_terminal and not as_json:
+        reporter = RichReporter(err, spec)
+    else:
+        reporter = PlainReporter(lambda line: click.echo(line, err=True))
+    try:
+        with reporter if isinstance(reporter, RichReporter) else _nothing():
+            result = execute(spec, home=home, reporter=reporter, keep_build_dir=keep_build_dir,
+                             snapshot=snapshot, launcher=launcher or launch)
+    except BuildFailure as failure:
+        if as_json:
+            emit_json("build", {"ok": False, "log_path": failure.log_path, "diagnosis": failure.diagnosis})
+            return 1
+        from attnforge.cli.diagnose import render_diagnosis
+
+        render_diagnosis(err, failure.diagnosis)
+        click.echo(f"error: {failure.message}", err=True)
+        click.echo(f"log: {failure.log_path}", err=True)
+        return 1
+    if as_json:
+        emit_json("build", {"ok": True, "result": result, "spec": spec})
+        return 0
+    out = console()
+    out.print(f"[bold green]built[/] {result.wheel.name} in {_clock(result.duration_s)}"
+              + (f" ({result.steps_total} compile steps)" if result.steps_total else "")
+              + (" [dim](resumed a kept build tree)[/]" if result.resumed else ""), soft_wrap=True)
+    out.print(f"wheel: {result.wheel}", soft_wrap=True)
+    out.print(f"log:   {result.log_path}", soft_wrap=True)
+    out.print(f"source sha256: {result.source_sha256}")
+    if result.sccache is not None:
+        out.print(f"sccache: {result.sccache.hits} hits, {result.sccache.misses} misses")
+    if result.build_dir is not None:
+        out.print(f"build tree kept at {result.build_dir}", soft_wrap=True)
+    out.print(f"install it with: {spec.python or sys.executable} -m pip install --no-deps {result.wheel}",
+              soft_wrap=True)
+    return 0
+
+
+def parse_source(text: str) -> SourceSpec:
+    """``--source`` text -> :class:`SourceSpec`.
+
+    ``git+URL[@REF][#subdirectory=DIR]`` (pip's VCS syntax) or a URL ending in ``.git`` is a git checkout; an
+    ``http(s)`` URL of an archive is an sdist download; anything else is a local directory or sdist.
+
+    Raises:
+        UsageError: a URL that is neither a git repository nor an sdist archive.
+    """
+    from attnforge.errors import UsageError
+
+    body, _, fragment = text.partition("#")
+    subdirectory = fragment.removeprefix("subdirectory=") if fragment.startswith("subdirectory=") else None
+    if body.startswith("git+") or body.endswith(".git") or ".git@" in body:
+        url = body.removeprefix("git+")
+        ref = None
+        scheme, sep, rest = url.partition("://")
+        if "@" in rest.rsplit("/", 1)[-1]:
+            rest, _, ref = rest.rpartition("@")
+        return SourceSpec(kind=SourceKind.GIT, location=f"{scheme}{sep}{rest}", ref=ref,
+                          subdirectory=subdirectory)
+    if body.startswith(("http://", "https://")):
+        if not body.lower().split("?", 1)[0].endswith(_ARCHIVES):
+            raise UsageError(f"{text} is neither a git repository nor an sdist archive",
+                             hint="use git+URL@REF for a repository, or a URL ending in .tar.gz / .zip")
+        return SourceSpec(kind=SourceKind.URL, location=body)
+    return SourceSpec(kind=SourceKind.PATH, location=str(Path(body).expanduser().resolve()),
+                      subdirectory=subdirectory)
+
+
+def apply_options(spec: BuildSpec, *, jobs: int | None, use_sccache: bool, name: str | None) -> BuildSpec:
+    """The command line's last word on a resolver spec: ``--jobs``, ``--sccache``, ``--name``."""
+    env = dict(spec.env)
+    changes: dict[str, Any] = {}
+    if jobs is not None:
+        env["MAX_JOBS"], env["NVCC_THREADS"] = str(jobs), "1"
+        changes.update(max_jobs=jobs, nvcc_threads=1,
+                       notes=(*spec.notes, f"--jobs {jobs}: MAX_JOBS={jobs} NVCC_THREADS=1"))
+    if use_sccache:
+        changes["use_sccache"] = True
+    if name:
+        changes["name"] = name
+    return dataclasses.replace(spec, env=env, **changes)
+
+
+def _parse_archs(values: tuple[str, ...]) -> tuple[tuple[int, int], ...] | None:
+    from attnforge.errors import UsageError
+    from attnforge.probe.snapshot import parse_cc
+
+    texts = [t for v in values for t in v.replace(";", ",").split(",") if t.strip()]
+    if not texts:
+        return None
+    try:
+        return tuple(parse_cc(t) for t in texts)
+    except ValueError as exc:
+        raise UsageError(str(exc), hint="write compute capabilities like --arch 9.0 --arch 12.0") from None
+
+
+def _name_from_source(source: SourceSpec | None) -> str:
+    if source is None:
+        return "source"
+    leaf = source.location.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
+    for suffix in _ARCHIVES:
+        if leaf.lower().endswith(suffix):
+            leaf = leaf[: -len(suffix)].rsplit("-", 1)[0]  # name-1.0.tar.gz -> name
+    return (source.subdirectory or leaf).rstrip("/").rsplit("/", 1)[-1] or "source"
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "--"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class _nothing:  # noqa: N801 - a null context manager that reads like a keyword
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class PlainReporter:
+    """One line per event for logs and pipes (CI): phases, ``[n/N]`` with elapsed/ETA/file, heartbeats."""
+
+    def __init__(self, emit: Any) -> None:
+        self._emit = emit
+
+    def report(self, event: BuildEvent) -> None:
+        if isinstance(event, PhaseEvent):
+            self._emit(f"attnforge: {event.phase.value}: {event.detail}")
+        elif isinstance(event, StepEvent):
+            step = event.step
+            self._emit(f"[{step.done}/{step.total}] {step.fraction:4.0%} elapsed {_clock(event.elapsed_s)} "
+                       f"eta {_clock(event.eta_s)}  {step.file or ''}")
+        elif isinstance(event, HeartbeatEvent):
+            file = event.last_step.file if event.last_step else None
+            last = f" (last finished: {file})" if file else ""
+            self._emit(f"attnforge: still building, {_clock(event.idle_s)} without output, "
+                       f"{_clock(event.elapsed_s)} elapsed{last}")
+
+
+class RichReporter:
+    """A live progress bar on a terminal: steps, elapsed, ETA, current file, and a heartbeat when silent."""
+
+    def __init__(self, out: Any, spec: BuildSpec) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+
+        self._out = out
+        self._progress = Progress(
+            SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[clock]}"), TextColumn("[dim]{task.fields[file]}"),
+            console=out, transient=False,
+        )
+        self._task = self._progress.add_task(f"{spec.name}: starting", total=None, clock="", file="")
+        self._started = time.monotonic()
+        self._name = spec.name
+
+    def __enter__(self) -> RichReporter:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def report(self, event: BuildEvent) -> None:
+        if isinstance(event, PhaseEvent):
+            self._progress.update(self._task, description=f"{self._name}: {event.phase.value}")
+            if event.detail:
+                self._progress.console.print(f"[dim]{event.phase.value}: {event.detail}[/]", soft_wrap=True)
+        elif isinstance(event, StepEvent):
+            step = event.step
+            file = (step.file or "").rsplit("/", 1)[-1]
+            self._progress.update(self._task, description=f"{self._name}: compiling", completed=step.done,
+                                  total=step.total, file=file,
+                                  clock=f"{_clock(event.elapsed_s)} eta {_clock(event.eta_s)}")
+        elif isinstance(event, HeartbeatEvent):
+            self._progress.update(self._task, description=f"{self._name}: still compiling "
+                                  f"({_clock(event.idle_s)} without output)")

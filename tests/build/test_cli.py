@@ -1,0 +1,199 @@
+"""``attnforge build`` and ``attnforge diagnose`` from the command line (the build replays real logs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attnforge.cli import main
+from attnforge.cli.build import apply_options, parse_source, run_build
+from attnforge.resolve.types import SourceKind, SourceSpec
+from tests._fakes import FIXTURES
+from tests.build._helpers import FA_LOG, OOM_LOG, ReplayLauncher, copy_fixture, fixture_spec
+
+CPU_SNAPSHOT = FIXTURES / "snapshots" / "cpu_dev_torch2.13_cpu.json"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            "git+https://github.com/Dao-AILab/causal-conv1d@v1.5.0",
+            SourceSpec(
+                kind=SourceKind.GIT, location="https://github.com/Dao-AILab/causal-conv1d", ref="v1.5.0"
+            ),
+            id="git-with-ref",
+        ),
+        pytest.param(
+            "git+https://github.com/Dao-AILab/flash-attention@main#subdirectory=hopper",
+            SourceSpec(
+                kind=SourceKind.GIT,
+                location="https://github.com/Dao-AILab/flash-attention",
+                ref="main",
+                subdirectory="hopper",
+            ),
+            id="git-subdirectory",
+        ),
+        pytest.param(
+            "https://github.com/NVIDIA/apex.git",
+            SourceSpec(kind=SourceKind.GIT, location="https://github.com/NVIDIA/apex.git"),
+            id="dot-git",
+        ),
+        pytest.param(
+            "https://example.org/mamba_ssm-2.2.4.tar.gz",
+            SourceSpec(kind=SourceKind.URL, location="https://example.org/mamba_ssm-2.2.4.tar.gz"),
+            id="sdist-url",
+        ),
+        pytest.param("/abs/dir", SourceSpec(kind=SourceKind.PATH, location="/abs/dir"), id="local"),
+    ],
+)
+def test_parse_source(text: str, expected: SourceSpec) -> None:
+    assert parse_source(text) == expected
+
+
+def test_a_url_that_is_no_source_is_bad_usage() -> None:
+    from attnforge.errors import UsageError
+
+    with pytest.raises(UsageError):
+        parse_source("https://example.org/page.html")
+
+
+def test_jobs_option_caps_parallelism_to_n_processes(tmp_path: Path) -> None:
+    spec = apply_options(
+        fixture_spec(tmp_path, tmp_path, env={"MAX_JOBS": "8", "NVCC_THREADS": "4"}),
+        jobs=1,
+        use_sccache=True,
+        name=None,
+    )
+    assert (spec.max_jobs, spec.nvcc_threads) == (1, 1)
+    assert (spec.env["MAX_JOBS"], spec.env["NVCC_THREADS"]) == ("1", "1")
+    assert spec.use_sccache
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        pytest.param(["build"], 2, "name a backend or give --source", id="nothing-to-build"),
+        pytest.param(
+            ["build", "--source", ".", "--arch", "ninety", "--snapshot", str(CPU_SNAPSHOT)],
+            2,
+            "not a compute capability",
+            id="bad-arch",
+        ),
+        pytest.param(
+            [
+                "build",
+                "--source",
+                str(FIXTURES / "ext_pkg"),
+                "--arch",
+                "9.0",
+                "--snapshot",
+                str(CPU_SNAPSHOT),
+            ],
+            1,
+            "CPU-only build",
+            id="preflight-cpu-torch",
+        ),
+    ],
+)
+def test_build_refusals(
+    argv: list[str], code: int, message: str, capsys: pytest.CaptureFixture[str], attnforge_home: Path
+) -> None:
+    assert main(argv) == code
+    assert message in capsys.readouterr().err
+
+
+def test_plain_progress_and_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = fixture_spec(copy_fixture(tmp_path / "src"), tmp_path / "b")
+    code = run_build(
+        spec,
+        home=tmp_path / "home",
+        snapshot=None,
+        keep_build_dir=False,
+        quiet=False,
+        as_json=False,
+        launcher=ReplayLauncher(FA_LOG),
+    )
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "attnforge: fetch:" in err
+    assert "attnforge: build:" in err
+    assert "[73/73] 100%" in err
+    assert "flash_api.cpp" in err
+    assert "built af_ext_fixture-0.1.0" in out
+    assert "73 compile steps" in out
+    assert "pip install --no-deps" in out
+
+
+def test_failed_build_prints_cause_evidence_fix_and_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = fixture_spec(copy_fixture(tmp_path / "src"), tmp_path / "b")
+    code = run_build(
+        spec,
+        home=tmp_path / "home",
+        snapshot=None,
+        keep_build_dir=False,
+        quiet=True,
+        as_json=False,
+        launcher=ReplayLauncher(OOM_LOG, returncode=1),
+    )
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "cause: the compiler ran out of memory" in err
+    assert "virtual memory exhausted" in err
+    assert "--jobs 1" in err
+    assert "log: " in err
+    assert str(tmp_path / "home" / "logs") in err
+
+
+def test_failed_build_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = fixture_spec(copy_fixture(tmp_path / "src"), tmp_path / "b")
+    code = run_build(
+        spec,
+        home=tmp_path / "home",
+        snapshot=None,
+        keep_build_dir=False,
+        quiet=True,
+        as_json=True,
+        launcher=ReplayLauncher(OOM_LOG, returncode=1),
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert (doc["schema_version"], doc["kind"], doc["ok"]) == (1, "build", False)
+    assert doc["diagnosis"]["signature"] == "out-of-memory"
+
+
+def test_diagnose_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diagnose", str(OOM_LOG), "--name", "af_ext_fixture"]) == 0
+    out = capsys.readouterr().out
+    assert "out of memory" in out
+    assert f"{OOM_LOG}:30" in out
+    assert "attnforge build af_ext_fixture --jobs 1" in out
+
+
+def test_diagnose_json_with_a_snapshot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "x.log"
+    log.write_text(
+        "OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root.\n",
+        encoding="utf-8",
+    )
+    assert main(["diagnose", str(log), "--snapshot", str(CPU_SNAPSHOT), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "diagnosis"
+    assert doc["signature"] == "cuda-home-cpu-torch"
+    assert doc["evidence"][0]["line"] == 1
+
+
+def test_diagnose_unknown_success_and_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    odd = tmp_path / "odd.log"
+    odd.write_text("step 1\nfatal: the flux capacitor is cold\n", encoding="utf-8")
+    assert main(["diagnose", str(odd)]) == 1
+    out = capsys.readouterr().out
+    assert "unrecognised" in out
+    assert f"{odd}:2" in out
+    assert main(["diagnose", str(FA_LOG)]) == 0
+    assert "no failure" in capsys.readouterr().out
+    assert main(["diagnose", str(tmp_path / "nope.log")]) == 2
