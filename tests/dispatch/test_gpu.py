@@ -22,7 +22,8 @@ CASES = [
 @pytest.mark.parametrize("name", BUILTIN)
 @pytest.mark.parametrize(("hq", "hkv", "sq", "sk", "causal"), CASES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_builtin_adapter_matches_reference(name: str, hq: int, hkv: int, sq: int, sk: int, causal: bool,
+def test_builtin_adapter_matches_reference(  # noqa: PLR0917 - parametrized
+        name: str, hq: int, hkv: int, sq: int, sk: int, causal: bool,
                                            dtype: torch.dtype) -> None:
     adapter = registry.fallback() if name == "sdpa" else registry.adapters()[name]
     cc = torch.cuda.get_device_capability()
