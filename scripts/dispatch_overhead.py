@@ -8,8 +8,9 @@ that backend directly; no kernel runs, so nothing but the dispatcher is timed. (
 real registry chooses here, called through ``attention()`` and directly, on tiny inputs (``[1, 2, 16, 64]``)
 so that the kernel costs little. Each variant is called ``iters`` times in a loop; the per-call time is the
 loop's wall time divided by ``iters`` (CUDA: synchronised before and after the loop only, so kernels queue
-as in real use; with tiny kernels the loop is bound by the CPU-side launch cost, which dispatch adds to). ``repeats`` loops per
-variant, interleaved, and the median is reported. Overhead = median(attention) - median(direct adapter call).
+as in real use; with tiny kernels the loop is bound by the CPU-side launch cost, which dispatch adds to).
+``repeats`` loops per variant, interleaved, and the median is reported. Overhead = median(attention) -
+median(direct call).
 The decision cache is warm (the first call decides; later calls look the decision up).
 """
 
