@@ -29,15 +29,11 @@ from attnforge.dispatch.policy import (
     Decision,
     Rejection,
     ShapeClass,
-    bucket,
     decide,
     measured_tflops,
 )
 from attnforge.errors import DispatchError
 from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
-
-LAYOUTS = ("bhsd", "bshd")
-PRECISIONS = ("exact", "allow_quantized")
 
 _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnforge_forced_backend", default=None)
 
@@ -164,11 +160,15 @@ class Dispatcher:
     # -- deciding ---------------------------------------------------------------------------------------
     def _plan(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
               forced: str | None) -> tuple[Decision, tuple[BackendAdapter, ...]]:
-        sq, sk = q.shape[2], k.shape[2]
-        key = (q.device, q.dtype, q.shape[3], causal, q.shape[1] != k.shape[1], bucket(sq), bucket(sk),
+        _, hq, sq, d = q.shape
+        _, hkv, sk, _ = k.shape
+        # the call class: everything unsupported_reasons looks at; (n - 1).bit_length() is bench's S bucket
+        key = (q.device, q.dtype, d, causal, hq != hkv, (sq - 1).bit_length(), (sk - 1).bit_length(),
                (sq > sk) - (sq < sk), needs_grad, precision, forced)
         plan = self._plans.get(key)
         if plan is None:
+            if not q.is_floating_point():
+                raise DispatchError(f"attention needs floating-point tensors, got {q.dtype}")
             call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad)
             dev_key = self._device(q.device).key
             decision = self._forced_decision(call, forced) if forced else self._decide(call, dev_key)
@@ -232,23 +232,19 @@ class Dispatcher:
         forced = backend or _FORCED.get()
         decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
                                         forced=forced)
-        if forced:
-            if not adapters:
-                reasons = "; ".join(decision.rejected[0].reasons)
-                raise DispatchError(f"forced attention backend {forced!r} cannot serve this call",
-                                    cause=reasons, hint="drop the forced backend or change the inputs")
-            return adapters[0](q, k, v, causal=causal, scale=scale)
-        for name, adapter in zip(decision.order, adapters, strict=True):
-            if name in self.broken:
-                continue
-            if name == FALLBACK:
-                return adapter(q, k, v, causal=causal, scale=scale)
+        if forced and not adapters:
+            reasons = "; ".join(decision.rejected[0].reasons)
+            raise DispatchError(f"forced attention backend {forced!r} cannot serve this call", cause=reasons,
+                                hint="drop the forced backend or change the inputs")
+        for adapter in adapters:
             try:
                 return adapter(q, k, v, causal=causal, scale=scale)
             except torch.OutOfMemoryError:
                 raise  # not the backend's fault; a fallback would need more memory still
             except Exception as exc:
-                self._mark_broken(name, exc)
+                if forced or adapter is self.fallback:
+                    raise  # a forced backend's error is the user's to see; SDPA is the last resort
+                self._mark_broken(adapter.name, exc)
         return self.fallback(q, k, v, causal=causal, scale=scale)
 
     def _mark_broken(self, name: str, exc: Exception) -> None:
@@ -313,37 +309,55 @@ def use_backend(name: str) -> Iterator[None]:
 
 def _validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
               scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if layout not in LAYOUTS:
+    """``(q, k, v)`` as ``[B, H, S, D]`` views, or a :class:`DispatchError` naming the problem.
+
+    Kept to integer and identity comparisons: it runs on every call (docs/dispatch-overhead.md).
+    """
+    if layout == "bshd":
+        try:
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        except (AttributeError, IndexError, RuntimeError, TypeError):
+            _raise_for_input(q, k, v, layout)
+    elif layout != "bhsd":
         raise DispatchError(f"unknown layout {layout!r}", hint="use layout='bhsd' ([B, H, S, D]) or 'bshd'")
-    if precision not in PRECISIONS:
+    if precision != "exact" and precision != "allow_quantized":  # noqa: PLR1714 - fast path
         raise DispatchError(f"unknown precision {precision!r}", hint="use 'exact' or 'allow_quantized'")
+    try:
+        b, hq, _, d = q.shape
+        kb, hkv, sk, kd = k.shape
+        vb, vh, vs, vd = v.shape
+        dtype = q.dtype
+        ok = (b == kb == vb and d == kd == vd and hkv == vh and sk == vs and hkv > 0 and hq % hkv == 0
+              and dtype is k.dtype and dtype is v.dtype and q.device == k.device and q.device == v.device
+              and (scale is None or scale > 0))
+    except (AttributeError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        _raise_for_input(q, k, v, layout, scale)
+    return q, k, v
+
+
+def _raise_for_input(q: Any, k: Any, v: Any, layout: str, scale: float | None = None) -> None:
+    """The slow path of :func:`_validate`: find what is wrong with the inputs and say it."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise DispatchError(f"{name} is a {type(t).__name__}, not a torch.Tensor")
         if t.dim() != 4:
             raise DispatchError(f"{name} has {t.dim()} dimensions, expected 4",
                                 hint=f"layout={layout!r} means [{', '.join(layout.upper())}]")
-    if layout == "bshd":
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    where = f" (as [B, H, S, D]; layout={layout!r})"
     if k.shape != v.shape:
-        raise DispatchError(f"k and v differ in shape: {tuple(k.shape)} vs {tuple(v.shape)}"
-                            " (as [B, H, S, D])")
+        raise DispatchError(f"k and v differ in shape: {tuple(k.shape)} vs {tuple(v.shape)}{where}")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise DispatchError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim"
-                            " (as [B, H, S, D])", hint=f"check layout={layout!r}")
+        raise DispatchError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim{where}")
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         raise DispatchError(f"query heads Hq={q.shape[1]} is not a multiple of key/value heads"
-                            f" Hkv={k.shape[1]}",
-                            hint=f"GQA needs Hq % Hkv == 0; check layout={layout!r}")
+                            f" Hkv={k.shape[1]}{where}", hint="GQA needs Hq % Hkv == 0")
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise DispatchError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if q.device != k.device or q.device != v.device:
         raise DispatchError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
-    if not q.is_floating_point():
-        raise DispatchError(f"attention needs floating-point tensors, got {q.dtype}")
-    if scale is not None and not scale > 0:
-        raise DispatchError(f"scale must be positive, got {scale!r}")
-    return q, k, v
+    raise DispatchError(f"scale must be positive, got {scale!r}")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,

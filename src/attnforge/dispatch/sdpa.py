@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from attnforge.dispatch import sdpa_patch
 from attnforge.dispatch._base import AdapterBase, bottom_right_mask, expand_kv
 from attnforge.dispatch.capabilities import GqaMode
 
@@ -45,9 +46,12 @@ class SdpaAdapter(AdapterBase):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None) -> torch.Tensor:
         """SDPA on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns ``[B, Hq, Sq, D]``."""
-        from attnforge.dispatch.sdpa_patch import original_sdpa
-
-        sdpa: Callable[..., torch.Tensor] = original_sdpa()
+        sdpa: Callable[..., torch.Tensor] = sdpa_patch.original_sdpa()
+        if q.shape[1] == k.shape[1] and not causal:  # the common case, kept short: it runs on every call
+            if self.kernel is None:
+                return sdpa(q, k, v, scale=scale)
+            with _force(self.kernel):
+                return sdpa(q, k, v, scale=scale)
         kwargs: dict[str, Any] = {}
         if q.shape[1] != k.shape[1]:
             if self.caps.gqa is GqaMode.NATIVE:
@@ -63,10 +67,15 @@ class SdpaAdapter(AdapterBase):
         if self.kernel is None:
             out = sdpa(q, k, v, scale=scale, **kwargs)
         else:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            with sdpa_kernel([getattr(SDPBackend, self.kernel)]):
+            with _force(self.kernel):
                 out = sdpa(q, k, v, scale=scale, **kwargs)
         if empty is not None:
             out = out.masked_fill(empty, 0.0)
         return out
+
+
+def _force(kernel: str) -> Any:
+    """``sdpa_kernel([SDPBackend.<kernel>])``: only that SDPA kernel may run inside the context."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, kernel)])

@@ -1,0 +1,45 @@
+"""On a CUDA GPU: every torch built-in adapter against the float64 reference (skipped without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnforge.dispatch import registry
+from attnforge.dispatch.adapter import AttentionCall, reference_attention
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+BUILTIN = ["sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "flex", "sdpa"]
+CASES = [
+    pytest.param(8, 8, 128, 128, False, id="plain"),
+    pytest.param(8, 8, 128, 128, True, id="causal-square"),
+    pytest.param(8, 2, 96, 160, True, id="causal-sq<sk-gqa"),
+    pytest.param(8, 8, 160, 96, True, id="causal-sq>sk"),
+]
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize(("hq", "hkv", "sq", "sk", "causal"), CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_builtin_adapter_matches_reference(  # noqa: PLR0917 - parametrized
+        name: str, hq: int, hkv: int, sq: int, sk: int, causal: bool,
+                                           dtype: torch.dtype) -> None:
+    adapter = registry.fallback() if name == "sdpa" else registry.adapters()[name]
+    cc = torch.cuda.get_device_capability()
+    call = AttentionCall(device_type="cuda", compute_capability=(cc[0], cc[1]), dtype=str(dtype)[6:], batch=2,
+                         heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=sk, head_dim=64, causal=causal,
+                         needs_grad=True)
+    reasons = adapter.unsupported_reasons(call)
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, h, s, 64, device="cuda", dtype=dtype, generator=g).requires_grad_()
+               for h, s in ((hq, sq), (hkv, sk), (hkv, sk)))
+    out = adapter(q, k, v, causal=causal, scale=None)
+    ref = reference_attention(q, k, v, causal=causal, scale=None)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+    grads = torch.autograd.grad(out.float().sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got.double(), want.double(), atol=5e-2, rtol=5e-2)
