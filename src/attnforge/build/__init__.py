@@ -1,0 +1,1 @@
+"""Executors that turn a BuildSpec into an artifact: source builds and their environments."""
