@@ -7,12 +7,41 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from attnforge.catalog._check import Collector, read_toml
-from attnforge.catalog.backends import Backend, parse_backends
 from attnforge.errors import CatalogError, UsageError
+
+# The loaders import attnforge.probe.snapshot, whose package imports this one: keep this module's import light
+# (submodules load on first use) so either package can be imported first.
+if TYPE_CHECKING:
+    from attnforge.catalog.backends import Backend
+    from attnforge.catalog.recipes import Recipe, WheelGrammar
+    from attnforge.catalog.toolchain import Toolchain
+
+_LAZY = {
+    "Backend": "attnforge.catalog.backends",
+    "Recipe": "attnforge.catalog.recipes",
+    "WheelGrammar": "attnforge.catalog.recipes",
+    "Toolchain": "attnforge.catalog.toolchain",
+}
+
+
+def _load_probe_first() -> None:
+    """Import ``attnforge.probe`` before the loaders: probe.backends imports catalog.backends, which imports
+    probe.snapshot, so the probe package must be the one that starts the chain."""
+    import attnforge.probe  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        _load_probe_first()
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 DATA_DIR = Path(__file__).parent / "data"
 SCHEMA_VERSION = 1
@@ -23,6 +52,9 @@ class Catalog:
     """Everything attnforge knows, loaded from one data directory."""
 
     backends: Mapping[str, Backend]
+    toolchain: Toolchain | None = None
+    recipes: Mapping[str, Recipe] = field(default_factory=dict)
+    wheel_grammars: Mapping[str, WheelGrammar] = field(default_factory=dict)
 
     def backend(self, backend_id: str) -> Backend:
         """Look a backend up by id.
@@ -36,6 +68,35 @@ class Catalog:
             raise UsageError(
                 f"unknown backend {backend_id!r}", hint=f"known backends: {', '.join(sorted(self.backends))}"
             ) from None
+
+    def recipe(self, backend_id: str) -> Recipe | None:
+        """The build recipe of a backend; the generic torch-extension recipe for a name the catalog does not know;
+        None for backends built into torch."""
+        from attnforge.catalog.recipes import GENERIC_RECIPE
+
+        if backend_id in self.recipes:
+            return self.recipes[backend_id]
+        if backend_id in self.backends:
+            return None
+        return self.recipes.get(GENERIC_RECIPE)
+
+    def grammars_for(self, distribution: str) -> tuple[WheelGrammar, ...]:
+        """The wheel label grammars of one distribution (names compared after PEP 503 normalisation)."""
+        from packaging.utils import canonicalize_name
+
+        want = canonicalize_name(distribution)
+        return tuple(g for g in self.wheel_grammars.values() if canonicalize_name(g.distribution) == want)
+
+    @property
+    def tools(self) -> Toolchain:
+        """The toolchain tables (always present in a catalog made by :func:`load_catalog`).
+
+        Raises:
+            CatalogError: this catalog was built without them.
+        """
+        if self.toolchain is None:
+            raise CatalogError("this catalog has no toolchain tables", hint="load it with load_catalog()")
+        return self.toolchain
 
 
 def load_catalog(data_dir: Path | None = None) -> Catalog:
@@ -58,13 +119,31 @@ def _packaged() -> Catalog:
 
 
 def _load(data_dir: Path) -> Catalog:
-    doc = read_toml(data_dir / "backends.toml")
-    errors = Collector("backends.toml")
-    if doc.get("schema_version") != SCHEMA_VERSION:
-        errors.add("schema_version", f"expected {SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
-    backends = parse_backends(doc, errors)
-    errors.finish()
-    return Catalog(backends=backends)
+    """Read every file, then raise once with the problems of all files (each prefixed by its file name)."""
+    _load_probe_first()
+    from attnforge.catalog.backends import parse_backends
+    from attnforge.catalog.recipes import parse_recipes, parse_wheel_grammars
+    from attnforge.catalog.toolchain import parse_toolchain
+
+    backends_doc = read_toml(data_dir / "backends.toml")
+    toolchain_doc = read_toml(data_dir / "toolchain.toml")
+    b_errors, t_errors = Collector("backends.toml"), Collector("toolchain.toml")
+    for doc, errors in ((backends_doc, b_errors), (toolchain_doc, t_errors)):
+        if doc.get("schema_version") != SCHEMA_VERSION:
+            errors.add("schema_version", f"expected {SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
+    backends = parse_backends(backends_doc, b_errors)
+    recipes = parse_recipes(backends_doc, b_errors)
+    grammars = parse_wheel_grammars(backends_doc, b_errors)
+    toolchain = parse_toolchain(toolchain_doc, t_errors)
+    problems = tuple(f"{c.source}: {p}" for c in (b_errors, t_errors) for p in c.problems)
+    if problems:
+        files = sorted({c.source for c in (b_errors, t_errors) if c.problems})
+        raise CatalogError(
+            f"{', '.join(files)} {'has' if len(files) == 1 else 'have'} {len(problems)} bad field(s)",
+            problems=problems,
+            hint="fix the listed fields; each names its file and dotted path",
+        )
+    return Catalog(backends=backends, toolchain=toolchain, recipes=recipes, wheel_grammars=grammars)
 
 
-__all__ = ["Backend", "Catalog", "CatalogError", "load_catalog"]
+__all__ = ["Backend", "Catalog", "CatalogError", "Recipe", "Toolchain", "WheelGrammar", "load_catalog"]

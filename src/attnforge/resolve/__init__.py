@@ -1,8 +1,12 @@
-"""Pure decisions: ``(SystemSnapshot, Catalog, Request) -> Plan``."""
+"""Pure decisions: ``(SystemSnapshot, Catalog, Request) -> Plan``.
 
+``build_spec(snapshot, catalog, request) -> BuildSpec`` is the entry point of ``attnforge build``.
+"""
+
+from attnforge.resolve.buildspec import build_spec, plan_build
 from attnforge.resolve.types import (
-    CachedArtifact,
     BuildSpec,
+    CachedArtifact,
     Candidate,
     CandidateKind,
     Plan,
@@ -12,4 +16,4 @@ from attnforge.resolve.types import (
     WheelRef,
 )
 
-__all__ = ["BuildSpec", "CachedArtifact", "Candidate", "CandidateKind", "Plan", "Request", "SourceKind", "SourceSpec", "WheelRef"]
+__all__ = ["BuildSpec", "CachedArtifact", "Candidate", "CandidateKind", "Plan", "Request", "SourceKind", "SourceSpec", "WheelRef", "build_spec", "plan_build"]

@@ -82,6 +82,7 @@ class BuildSpec:
         python: the interpreter that builds (and whose torch the extension links against).
         use_sccache: route nvcc and the host compiler through sccache.
         notes: human-readable explanations of the choices (why these jobs, why these archs).
+        msvc_toolset: Windows: the MSVC toolset nvcc accepts, for ``vcvarsall.bat x64 -vcvars_ver=14.39``.
     """
 
     name: str
@@ -96,6 +97,7 @@ class BuildSpec:
     python: str = ""
     use_sccache: bool = False
     notes: tuple[str, ...] = ()
+    msvc_toolset: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,322 @@
+"""Build recipes and wheel filename grammars (``catalog/data/backends.toml``, tables ``recipes`` and
+``wheel_grammars``).
+
+A recipe says how a backend is compiled: which variable carries the arch list and in what format
+(``FLASH_ATTN_CUDA_ARCHS="90;120"`` versus ``TORCH_CUDA_ARCH_LIST="9.0;12.0"``), which nvcc targets it can emit and
+what nvcc each needs. A wheel grammar says how a publisher spells torch/CUDA/C++11 ABI in the PEP 440 local version
+label (``2.8.3+cu12torch2.8cxx11abiTRUE``). Sources: shared/research/install-anchors.md §1-§7.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from attnforge.catalog._check import Collector
+from attnforge.catalog.toolchain import MajorMinor, Target, format_major_minor, parse_major_minor
+from attnforge.probe.snapshot import ComputeCapability
+
+
+class RecipeKind(StrEnum):
+    BUILD = "build"  # compile a torch CUDA extension from source
+    PIP = "pip"  # a pure-Python wheel from the package index: nothing to compile
+
+
+class ArchFormat(StrEnum):
+    DIGITS = "digits"  # "90;120" (FLASH_ATTN_CUDA_ARCHS)
+    DOTTED = "dotted"  # "9.0;12.0" (TORCH_CUDA_ARCH_LIST)
+
+
+class TorchMatch(StrEnum):
+    MAJOR_MINOR = "major-minor"  # the wheel's torch M.m must equal the installed one
+    EXACT = "exact"  # M.m.p must be equal
+    AT_LEAST = "at-least"  # libtorch stable ABI: any torch >= the wheel's
+    NONE = "none"  # the label does not say (pinned through Requires-Dist)
+
+
+#: The recipe used for a name the catalog does not know (``attnforge build NAME --source PATH``).
+GENERIC_RECIPE = "torch-extension"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recipe:
+    """How to build (or pip-install) one backend. See the header of ``backends.toml`` for each field."""
+
+    id: str
+    kind: RecipeKind
+    distribution: str
+    arch_env: str
+    arch_format: ArchFormat
+    targets: tuple[Target, ...]
+    adds_ptx: bool
+    min_nvcc: MajorMinor
+    min_nvcc_targets: Mapping[str, MajorMinor]
+    env: Mapping[str, str]
+    nvcc_threads: int
+    gb_per_nvcc_thread: int
+    min_free_disk_gb: int
+    source_kinds: tuple[str, ...]
+    sdist: str
+    git_url: str
+    git_subdirectory: str
+    sources: tuple[str, ...]
+
+    def target_for(self, cc: ComputeCapability, runs_on: Any) -> Target | None:
+        """The best target this recipe can emit whose code runs on ``cc`` (the highest one), or None.
+
+        ``runs_on(target, cc) -> bool`` is :meth:`Toolchain.runs_on`.
+        """
+        fitting = [t for t in self.targets if runs_on(t, cc)]
+        return max(fitting, key=lambda t: t.cc, default=None)
+
+    def arch_value(self, targets: tuple[Target, ...]) -> str:
+        """The arch variable's value: ``"90;120"`` (digits) or ``"9.0;12.0"`` (dotted), in ascending order."""
+        ccs = sorted({t.cc for t in targets})
+        if self.arch_format is ArchFormat.DIGITS:
+            return ";".join(f"{major}{minor}" for major, minor in ccs)
+        return ";".join(f"{major}.{minor}" for major, minor in ccs)
+
+    def min_nvcc_for(self, target: Target) -> MajorMinor:
+        return max(self.min_nvcc, self.min_nvcc_targets.get(str(target), (0, 0)))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CudaTag:
+    """The CUDA part of a wheel label: ``cu12`` (major only) or ``cu128`` (12.8)."""
+
+    major: int
+    minor: int | None
+
+    @classmethod
+    def parse(cls, digits: str) -> CudaTag:
+        """``"12"`` -> 12, ``"128"`` -> 12.8, ``"118"`` -> 11.8, ``"130"`` -> 13.0.
+
+        Raises:
+            ValueError: not 1-3 digits.
+        """
+        if not digits.isdigit() or not 1 <= len(digits) <= 3:
+            raise ValueError(f"not a CUDA tag: cu{digits}")
+        if len(digits) <= 2:
+            return cls(major=int(digits), minor=None)
+        return cls(major=int(digits[:2]), minor=int(digits[2]))
+
+    def __str__(self) -> str:
+        return f"{self.major}" if self.minor is None else f"{self.major}{self.minor}"
+
+    def text(self) -> str:
+        """For people: ``12`` or ``12.8``."""
+        return f"{self.major}" if self.minor is None else f"{self.major}.{self.minor}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WheelLabel:
+    """What a local version label says about the build a wheel came from."""
+
+    grammar: str
+    cuda: CudaTag | None
+    torch: str | None
+    cxx11_abi: bool | None
+    post: int | None = None
+    commit: str | None = None
+
+
+_FIELD_RE = {
+    "cuda": r"(?P<cuda>\d{1,3})",
+    "torch": r"(?P<torch>\d+\.\d+(?:\.\d+)?)",
+    "cxx11abi": r"(?P<cxx11abi>true|false)",
+    "post": r"(?P<post>\d+)",
+    "commit": r"(?P<commit>[0-9a-f]+)",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WheelGrammar:
+    """One publisher's local-label grammar; :meth:`parse` and :meth:`format` round-trip."""
+
+    id: str
+    distribution: str
+    label: str
+    torch_match: TorchMatch
+    archs: tuple[Target, ...]
+    example: str
+    sources: tuple[str, ...]
+
+    def regex(self) -> re.Pattern[str]:
+        parts = re.split(r"(\{[a-z0-9]+\})", self.label)
+        body = "".join(_FIELD_RE[p[1:-1]] if p.startswith("{") else re.escape(p.lower()) for p in parts if p)
+        return re.compile(f"^{body}$")
+
+    def parse(self, local: str) -> WheelLabel | None:
+        """Read a local label (``packaging.version.Version(v).local``, lower-case) or return None if it does not fit."""
+        m = self.regex().match(local.lower())
+        if m is None:
+            return None
+        groups = m.groupdict()
+        abi = groups.get("cxx11abi")
+        post = groups.get("post")
+        return WheelLabel(
+            grammar=self.id,
+            cuda=CudaTag.parse(groups["cuda"]) if groups.get("cuda") else None,
+            torch=groups.get("torch"),
+            cxx11_abi=None if abi is None else abi == "true",
+            post=None if post is None else int(post),
+            commit=groups.get("commit"),
+        )
+
+    def format(self, label: WheelLabel) -> str:
+        """Write a label the way this publisher does (``cu12torch2.8cxx11abiTRUE``)."""
+        values = {
+            "cuda": "" if label.cuda is None else str(label.cuda),
+            "torch": label.torch or "",
+            "cxx11abi": "" if label.cxx11_abi is None else str(label.cxx11_abi).upper(),
+            "post": "" if label.post is None else str(label.post),
+            "commit": label.commit or "",
+        }
+        return re.sub(r"\{([a-z0-9]+)\}", lambda m: values[m.group(1)], self.label)
+
+
+_RECIPE_FIELDS = {
+    "kind", "distribution", "arch_env", "arch_format", "targets", "adds_ptx", "min_nvcc", "min_nvcc_targets", "env",
+    "nvcc_threads", "gb_per_nvcc_thread", "min_free_disk_gb", "source_kinds", "sdist", "git_url",
+    "git_subdirectory", "sources",
+}
+_SOURCE_KINDS = ("pypi-sdist", "git", "path", "url")
+_GRAMMAR_FIELDS = {"distribution", "label", "torch_match", "archs", "example", "sources"}
+
+
+def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe]:
+    """Read ``[recipes.*]``, recording every bad field in ``errors``."""
+    out: dict[str, Recipe] = {}
+    with errors.table(doc, "recipes", "") as tables:
+        for rid, raw in tables.items():
+            path = f"recipes.{rid}"
+            if not isinstance(raw, dict):
+                errors.add(path, "expected a table")
+                continue
+            errors.unknown_keys(raw, _RECIPE_FIELDS, path)
+            kind = _enum(errors, raw, "kind", path, RecipeKind, RecipeKind.BUILD)
+            targets = _targets(errors, raw, "targets", path)
+            if kind is RecipeKind.BUILD and "targets" in raw and not targets:
+                errors.add(f"{path}.targets", "a build recipe needs at least one target")
+            kinds = errors.str_list(raw, "source_kinds", path, allow_empty=False)
+            for i, k in enumerate(kinds):
+                if k not in _SOURCE_KINDS:
+                    errors.add(f"{path}.source_kinds[{i}]", f"expected one of {_SOURCE_KINDS}, got {k!r}")
+            threads = errors.get(raw, "nvcc_threads", path, int)
+            gb = errors.get(raw, "gb_per_nvcc_thread", path, int)
+            for key, value in (("nvcc_threads", threads), ("gb_per_nvcc_thread", gb)):
+                if key in raw and value <= 0:
+                    errors.add(f"{path}.{key}", "must be positive")
+            out[rid] = Recipe(
+                id=rid,
+                kind=kind,
+                distribution=errors.get(raw, "distribution", path, str),
+                arch_env=errors.get(raw, "arch_env", path, str),
+                arch_format=_enum(errors, raw, "arch_format", path, ArchFormat, ArchFormat.DOTTED),
+                targets=targets,
+                adds_ptx=errors.get(raw, "adds_ptx", path, bool),
+                min_nvcc=errors.parsed(errors.get(raw, "min_nvcc", path, str), f"{path}.min_nvcc",
+                                       parse_major_minor, (0, 0)),
+                min_nvcc_targets=_min_nvcc_targets(errors, raw, path),
+                env=_str_table(errors, raw, "env", path),
+                nvcc_threads=max(threads, 1),
+                gb_per_nvcc_thread=max(gb, 1),
+                min_free_disk_gb=errors.get(raw, "min_free_disk_gb", path, int),
+                source_kinds=kinds,
+                sdist=errors.get(raw, "sdist", path, str),
+                git_url=errors.get(raw, "git_url", path, str),
+                git_subdirectory=errors.get(raw, "git_subdirectory", path, str),
+                sources=errors.str_list(raw, "sources", path, allow_empty=False),
+            )
+    if GENERIC_RECIPE not in out and "recipes" in doc:
+        errors.add(f"recipes.{GENERIC_RECIPE}", "missing (the recipe for sources the catalog does not know)")
+    return out
+
+
+def parse_wheel_grammars(doc: Mapping[str, Any], errors: Collector) -> dict[str, WheelGrammar]:
+    """Read ``[wheel_grammars.*]``; each grammar must parse its own ``example``."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    out: dict[str, WheelGrammar] = {}
+    with errors.table(doc, "wheel_grammars", "") as tables:
+        for gid, raw in tables.items():
+            path = f"wheel_grammars.{gid}"
+            if not isinstance(raw, dict):
+                errors.add(path, "expected a table")
+                continue
+            errors.unknown_keys(raw, _GRAMMAR_FIELDS, path)
+            label = errors.get(raw, "label", path, str)
+            for name in re.findall(r"\{([^}]*)\}", label):
+                if name not in _FIELD_RE:
+                    errors.add(f"{path}.label", f"unknown field {{{name}}}; known: {sorted(_FIELD_RE)}")
+            grammar = WheelGrammar(
+                id=gid,
+                distribution=errors.get(raw, "distribution", path, str),
+                label=label,
+                torch_match=_enum(errors, raw, "torch_match", path, TorchMatch, TorchMatch.NONE),
+                archs=_targets(errors, raw, "archs", path),
+                example=errors.get(raw, "example", path, str),
+                sources=errors.str_list(raw, "sources", path, allow_empty=False),
+            )
+            out[gid] = grammar
+            if not grammar.example or any(p.startswith(f"{path}.label") for p in errors.problems):
+                continue
+            try:
+                _, version, _, _ = parse_wheel_filename(grammar.example)
+            except InvalidWheelFilename as exc:
+                errors.add(f"{path}.example", str(exc))
+                continue
+            if version.local is None or grammar.parse(version.local) is None:
+                errors.add(f"{path}.example", f"its label {version.local!r} does not fit {label!r}")
+    return out
+
+
+def _enum(errors: Collector, raw: Mapping[str, Any], key: str, path: str, enum: Any, fallback: Any) -> Any:
+    text = errors.get(raw, key, path, str)
+    try:
+        return enum(text)
+    except ValueError:
+        if key in raw:
+            errors.add(f"{path}.{key}", f"expected one of {[e.value for e in enum]}, got {text!r}")
+        return fallback
+
+
+def _targets(errors: Collector, raw: Mapping[str, Any], key: str, path: str) -> tuple[Target, ...]:
+    out = []
+    for i, name in enumerate(errors.str_list(raw, key, path)):
+        try:
+            out.append(Target.parse(name))
+        except ValueError as exc:
+            errors.add(f"{path}.{key}[{i}]", str(exc))
+    return tuple(out)
+
+
+def _str_table(errors: Collector, raw: Mapping[str, Any], key: str, path: str) -> dict[str, str]:
+    table = errors.get(raw, key, path, dict)
+    out = {}
+    for k, v in table.items():
+        if isinstance(v, str):
+            out[str(k)] = v
+        else:
+            errors.add(f"{path}.{key}.{k}", f"expected str, got {type(v).__name__} {v!r}")
+    return out
+
+
+def _min_nvcc_targets(errors: Collector, raw: Mapping[str, Any], path: str) -> dict[str, MajorMinor]:
+    out = {}
+    for name, text in _str_table(errors, raw, "min_nvcc_targets", path).items():
+        sub = f"{path}.min_nvcc_targets.{name}"
+        try:
+            Target.parse(name)
+        except ValueError as exc:
+            errors.add(sub, str(exc))
+            continue
+        out[name] = errors.parsed(text, sub, parse_major_minor, (0, 0))
+    return out
+
+
+__all__ = ["GENERIC_RECIPE", "ArchFormat", "CudaTag", "Recipe", "RecipeKind", "TorchMatch", "WheelGrammar",
+           "WheelLabel", "format_major_minor", "parse_recipes", "parse_wheel_grammars"]

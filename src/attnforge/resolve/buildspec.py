@@ -1,0 +1,175 @@
+"""From an accepted preflight to a :class:`BuildSpec`: archs, MAX_JOBS/NVCC_THREADS, the environment, the root.
+
+``build_spec(snapshot, catalog, request)`` is what ``attnforge build`` calls; the resolver uses
+:func:`plan_build` to get the same answer together with the reasons.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from attnforge.catalog import Catalog
+from attnforge.catalog.recipes import Recipe, RecipeKind
+from attnforge.errors import ResolveError, UsageError
+from attnforge.probe.snapshot import SystemSnapshot, format_cc
+from attnforge.resolve.jobs import size_jobs
+from attnforge.resolve.preflight import Preflight, run_preflight
+from attnforge.resolve.types import BuildSpec, Request, SourceKind, SourceSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuildDecision:
+    """A preflight and, when it passed, the spec."""
+
+    recipe: Recipe
+    preflight: Preflight
+    spec: BuildSpec | None
+
+
+def pinned_version(version_spec: str) -> str | None:
+    """``"==2.8.3"`` -> ``"2.8.3"``; anything that is not one exact pin -> None.
+
+    Raises:
+        UsageError: not a PEP 440 specifier.
+    """
+    text = version_spec.strip()
+    if not text:
+        return None
+    try:
+        spec = SpecifierSet(text)
+    except InvalidSpecifier:
+        raise UsageError(f"not a version specifier: {version_spec!r}", hint="write e.g. ==2.8.3 or >=2.8") from None
+    pins = [s for s in spec if s.operator in ("==", "===") and "*" not in s.version]
+    return pins[0].version if len(pins) == 1 and len(spec) == 1 else None
+
+
+def default_source(recipe: Recipe, request: Request) -> SourceSpec:
+    """The request's own source, else the recipe's: the PyPI sdist when it has one, else its git repository."""
+    if request.source is not None:
+        return request.source
+    version = pinned_version(request.version)
+    if recipe.sdist and "pypi-sdist" in recipe.source_kinds:
+        return SourceSpec(kind=SourceKind.PYPI_SDIST, location=recipe.sdist, version=version)
+    return SourceSpec(kind=SourceKind.GIT, location=recipe.git_url, ref=None,
+                      subdirectory=recipe.git_subdirectory or None)
+
+
+def plan_build(
+    snapshot: SystemSnapshot, catalog: Catalog, request: Request, *, home: str | None = None
+) -> BuildDecision:
+    """Run the preflight and, when nothing fails, size the build.
+
+    Raises:
+        UsageError: the backend has no build recipe (it ships in torch) or the version text is not PEP 440.
+    """
+    recipe = catalog.recipe(request.backend)
+    if recipe is None or recipe.kind is not RecipeKind.BUILD:
+        what = "ships inside torch" if recipe is None else "is pure Python (pip installs it, nothing to compile)"
+        raise UsageError(f"{request.backend} has nothing to build: it {what}",
+                         hint=f"attnforge plan {request.backend} shows how to get it")
+    pre = run_preflight(snapshot, catalog, request, recipe)
+    if not pre.ok:
+        return BuildDecision(recipe=recipe, preflight=pre, spec=None)
+    return BuildDecision(recipe=recipe, preflight=pre, spec=_spec(snapshot, request, recipe, pre, home))
+
+
+def build_spec(
+    snapshot: SystemSnapshot, catalog: Catalog, request: Request, *, home: str | None = None
+) -> BuildSpec:
+    """Everything a source build of ``request`` on ``snapshot`` needs, decided before any compiler runs.
+
+    Args:
+        snapshot: the machine that builds (``collect_snapshot()`` or a saved ``--snapshot`` file).
+        catalog: ``load_catalog()``.
+        request: backend (a catalog id, or any name with ``request.source`` set), version, ``archs`` (None =
+            the detected GPUs'), ``source`` (None = the recipe's default).
+        home: the attnforge home the build root goes under; default: the snapshot's ``disk_path`` (where its
+            cache lives).
+
+    Returns:
+        The :class:`BuildSpec`: ``env`` holds the arch variable in the recipe's format
+        (``FLASH_ATTN_CUDA_ARCHS="90"`` or ``TORCH_CUDA_ARCH_LIST="9.0"``), the recipe's fixed variables
+        (``FLASH_ATTENTION_FORCE_BUILD=TRUE``), ``MAX_JOBS``/``NVCC_THREADS`` and ``CUDA_HOME``/``CUDA_PATH``.
+
+    Raises:
+        ResolveError: the preflight failed; ``cause`` lists every failed check with its fix.
+        UsageError: nothing to build for this backend, or a bad version text.
+    """
+    decision = plan_build(snapshot, catalog, request, home=home)
+    if decision.spec is None:
+        failures = decision.preflight.failures
+        raise ResolveError(
+            f"{request.backend} cannot be built on this machine ({len(failures)} problem(s))",
+            cause="\n".join(f.text() for f in failures),
+            hint=failures[0].fix,
+        )
+    return decision.spec
+
+
+def _spec(
+    snapshot: SystemSnapshot, request: Request, recipe: Recipe, pre: Preflight, home: str | None
+) -> BuildSpec:
+    assert pre.toolkit is not None  # a passed preflight has a toolkit
+    windows = snapshot.platform.os == "windows"
+    gencode_targets = len(pre.targets) + (1 if recipe.adds_ptx else 0)
+    sizing = size_jobs(cores=snapshot.platform.cores, ram_available_bytes=snapshot.platform.ram_available_bytes,
+                       gib_per_thread=recipe.gb_per_nvcc_thread,
+                       max_threads=min(recipe.nvcc_threads, max(gencode_targets, 1)))
+    env: dict[str, str] = {}
+    if recipe.arch_env:
+        env[recipe.arch_env] = recipe.arch_value(pre.targets)
+    env.update(recipe.env)
+    env["MAX_JOBS"] = str(sizing.max_jobs)
+    env["NVCC_THREADS"] = str(sizing.nvcc_threads)
+    env["CUDA_HOME"] = pre.toolkit.path
+    env["CUDA_PATH"] = pre.toolkit.path
+    if windows:
+        env["DISTUTILS_USE_SDK"] = "1"
+        env["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] = "1"
+
+    source = default_source(recipe, request)
+    version = source.version or pinned_version(request.version)
+    name = recipe.distribution or request.backend
+    leaf = _leaf(name, version, pre, source)
+    notes = [c.reason for c in pre.checks if c.name == "archs"]
+    notes.append(sizing.note)
+    if not recipe.arch_env:
+        notes.append(f"{recipe.id} fixes its archs in setup.py ({', '.join(str(t) for t in recipe.targets)}); "
+                     "no arch variable is set")
+    notes.extend(pre.notes)
+    base = home or snapshot.platform.disk_path
+    if windows:
+        from attnforge.resolve.windows import short_build_root
+
+        build_root, why = short_build_root(base, leaf)
+        if why:
+            notes.append(why)
+    else:
+        build_root = str(PurePosixPath(base) / "b" / leaf)
+    return BuildSpec(
+        name=name,
+        version=version,
+        source=source,
+        archs=pre.archs,
+        max_jobs=sizing.max_jobs,
+        nvcc_threads=sizing.nvcc_threads,
+        env=env,
+        build_root=build_root,
+        toolkit=pre.toolkit,
+        python=snapshot.platform.python_executable,
+        use_sccache=False,
+        notes=tuple(notes),
+        msvc_toolset=pre.msvc_toolset,
+    )
+
+
+def _leaf(name: str, version: str | None, pre: Preflight, source: SourceSpec) -> str:
+    """An 8-hex directory name: short (Windows paths) and stable for the same build."""
+    text = "|".join([name, version or "", source.kind.value, source.location, source.ref or "",
+                     source.subdirectory or "", ",".join(format_cc(c) for c in pre.archs),
+                     pre.toolkit.version if pre.toolkit else ""])
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
