@@ -361,8 +361,8 @@ class WindowsBuildEnv:
         vcvars_ver: the ``-vcvars_ver`` toolset, None for the instance's default.
         vcvars_command: the same capture as a command people can run.
         toolkit: the CUDA toolkit (exported as both CUDA_HOME and CUDA_PATH, its ``bin`` first on PATH).
-        build_root: ``C:\\af\\b\\<key8>``: short, so object paths stay under MAX_PATH.
-        temp_dir: ``C:\\af\\t\\<key8>``: TMP/TEMP, so pip's build dirs are short too.
+        build_root: short (``C:\\afb\\<key8>`` from the resolver), so object paths stay under MAX_PATH.
+        temp_dir: ``<build_root>\\t``: TMP/TEMP, so pip's build dirs are short too.
         env: the variables to set on top of the captured vcvars environment.
         msvc: the MSVC-vs-nvcc check this environment was chosen by.
         notes: why each choice was made.
@@ -394,6 +394,8 @@ def windows_build_env(
     key8: str,
     windows: Sequence[MsvcWindow],
     msvc: MsvcCatalog,
+    build_root: str | None = None,
+    msvc_toolset: str | None = None,
     allow_unsupported_compiler: bool = False,
     short_root: str = SHORT_ROOT,
 ) -> WindowsBuildEnv:
@@ -409,9 +411,13 @@ def windows_build_env(
 
     Args:
         snapshot: a Windows snapshot with Visual Studio instances and CUDA toolkits.
-        key8: the first 8 characters of the build's cache key (names the short directories).
+        key8: 8 hex digits naming this build (the BuildSpec's leaf); names the default build root.
         windows: nvcc host-compiler rows (``toolchain.host_compilers``).
         msvc: the MSVC catalog (STL floors, conformance flags).
+        build_root: the resolver's short build root (``BuildSpec.build_root``); default ``C:\\af\\b\\<key8>``.
+            TMP/TEMP go to ``<build_root>\\t``.
+        msvc_toolset: the toolset the resolver selected (``BuildSpec.msvc_toolset``, ``"14.44"``), else the
+            newest instance's newest toolset.
         allow_unsupported_compiler: accept ``-allow-unsupported-compiler`` when nothing else fits.
         short_root: the short root (``C:\\af``).
 
@@ -432,7 +438,7 @@ def windows_build_env(
             cause=f"missing {', '.join(missing)}",
             hint=f"copy the 'include' and 'libs' folders of CPython {snapshot.platform.python_version} into "
                  f"{PureWindowsPath(dev.include_dir).parent}, or build with a full CPython install")
-    chosen = default_toolset(snapshot)
+    chosen = _instance_with(snapshot, msvc_toolset) if msvc_toolset else default_toolset(snapshot)
     if chosen is None:
         raise BuildError("no Visual Studio instance with an MSVC x64 toolset was found",
                          cause=snapshot.problem("visual_studio"),
@@ -446,15 +452,16 @@ def windows_build_env(
                               r"C:\Program Files\NVIDIA GPU Computing Toolkit\CUDA\vX.Y and sets CUDA_PATH")
     torch_cuda = _mm(snapshot.torch.cuda_version) if snapshot.torch and snapshot.torch.cuda_version else None
     msc = toolset_msc_ver(toolset)
+    vcvars_ver = ".".join(toolset.split(".")[:2]) if msvc_toolset else None
     notes = [f"Visual Studio: {vs.display_name} {vs.version}, MSVC {toolset} (_MSC_VER {msc})"]
+    everywhere = tuple(ts for v in snapshot.visual_studio for ts in v.msvc_toolsets)
 
     primary = snapshot.primary_toolkit or toolkits[0]
     ordered = sorted(toolkits, key=lambda t: (t is not primary, _major_mismatch(t, torch_cuda)))
     checks = [(t, check_msvc(msc=msc, cuda=_mm(t.version), windows=windows, msvc=msvc,
-                             installed_toolsets=vs.msvc_toolsets, torch_cuda=torch_cuda))
+                             installed_toolsets=everywhere, torch_cuda=torch_cuda))
               for t in ordered]
     toolkit, check = checks[0]
-    vcvars_ver: str | None = None
     extra_flags: tuple[str, ...] = ()
     if check.ok is False:
         good = next(((t, c) for t, c in checks if c.ok and not _major_mismatch(t, torch_cuda)), None)
@@ -464,9 +471,10 @@ def windows_build_env(
             notes.append(f"CUDA {toolkit.version} refuses this MSVC ({check.problem}); using the installed "
                          f"CUDA {good[0].version} instead")
             toolkit, check = good
-        elif older is not None:
+        elif older is not None and older.vcvars_ver is not None:
+            vs, toolset = _instance_with(snapshot, older.vcvars_ver) or (vs, toolset)
             vcvars_ver = older.vcvars_ver
-            notes.append(f"{check.problem}; {older.text}")
+            notes.append(f"{check.problem}; {older.text} (in {vs.display_name})")
         elif allow is not None and allow_unsupported_compiler:
             extra_flags = allow.nvcc_flags
             notes.append(f"{check.problem}; {allow.text}")
@@ -481,8 +489,8 @@ def windows_build_env(
     torch_mm = _mm(snapshot.torch.version) if snapshot.torch else None
     flags = [f.flag for f in msvc.flags_for(cuda=cuda, torch=torch_mm)] + list(extra_flags)
     user_flags = snapshot.env.get("NVCC_APPEND_FLAGS", "").split()
-    build_root = str(PureWindowsPath(short_root) / "b" / key8)
-    temp_dir = str(PureWindowsPath(short_root) / "t" / key8)
+    build_root = build_root or str(PureWindowsPath(short_root) / "b" / key8)
+    temp_dir = str(PureWindowsPath(build_root) / "t")
     env = {
         "DISTUTILS_USE_SDK": "1",
         "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES": "1",
@@ -498,6 +506,15 @@ def windows_build_env(
     return WindowsBuildEnv(visual_studio=vs, vcvars_ver=vcvars_ver,
                            vcvars_command=vcvars_command_line(vs, vcvars_ver), toolkit=toolkit,
                            build_root=build_root, temp_dir=temp_dir, env=env, msvc=check, notes=tuple(notes))
+
+
+def _instance_with(snapshot: SystemSnapshot, toolset: str) -> tuple[VisualStudio, str] | None:
+    """The newest instance holding the toolset ``toolset`` (``"14.39"`` or ``"14.39.33519"``)."""
+    for vs in sorted(snapshot.visual_studio, key=lambda v: _version_key(v.version), reverse=True):
+        for ts in vs.msvc_toolsets:
+            if ts == toolset or ts.startswith(toolset + "."):
+                return vs, ts
+    return None
 
 
 def _major_mismatch(toolkit: CudaToolkit, torch_cuda: MajorMinor | None) -> bool:
