@@ -93,7 +93,7 @@ def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, 
 
     needed = _needed_nvcc(catalog, recipe, targets)
     want_major = torch_cuda(snapshot)
-    toolkit, tk_checks = _toolkit_checks(snapshot, want_major, needed)
+    toolkit, tk_checks = _toolkit_checks(snapshot, catalog, want_major, needed)
     checks.extend(tk_checks)
     tk_version = toolkit_version(toolkit) if toolkit else None
 
@@ -163,6 +163,18 @@ def _torch_suggestion(snapshot: SystemSnapshot, catalog: Catalog) -> str:
             return cu_tag(release.pypi_default)
     versions = sorted(v for tk in snapshot.cuda_toolkits if (v := toolkit_version(tk)) is not None)
     return cu_tag(versions[-1]) if versions else "cu128"
+
+
+def _torch_variant_for(snapshot: SystemSnapshot, catalog: Catalog, cuda_major: int) -> str | None:
+    """The newest CUDA variant with major ``cuda_major`` of the installed torch release (``cu128``), if any."""
+    if snapshot.torch is None:
+        return None
+    try:
+        release = catalog.tools.torch_release(parse_major_minor(snapshot.torch.version))
+    except ValueError:
+        return None
+    fitting = [c for c in release.cuda if c[0] == cuda_major] if release else []
+    return cu_tag(max(fitting)) if fitting else None
 
 
 # -- archs ---------------------------------------------------------------------------------------------------------
@@ -240,7 +252,7 @@ def choose_toolkit(
 
 
 def _toolkit_checks(
-    snapshot: SystemSnapshot, want: MajorMinor | None, needed: MajorMinor
+    snapshot: SystemSnapshot, catalog: Catalog, want: MajorMinor | None, needed: MajorMinor
 ) -> tuple[CudaToolkit | None, list[Check]]:
     toolkit = choose_toolkit(snapshot, want, needed)
     wanted = f"CUDA {want[0]}.x" if want else "a CUDA toolkit"
@@ -258,7 +270,7 @@ def _toolkit_checks(
     if want is not None and version[0] != want[0]:
         t = snapshot.torch
         torch_text = t.version if t else "torch"
-        other = f"{TORCH_INDEX}/{cu_tag(version)}"
+        other = f"{TORCH_INDEX}/{_torch_variant_for(snapshot, catalog, version[0]) or cu_tag(version)}"
         return toolkit, [Check(
             name="nvcc-major", ok=False,
             reason=f"nvcc {toolkit.version} ({toolkit.path}) is CUDA {version[0]} but torch {torch_text} was built "
@@ -281,7 +293,10 @@ def _nvcc_target_checks(
                             reason=f"{recipe.id} needs nvcc >= {format_major_minor(recipe.min_nvcc)}, "
                                    f"found {toolkit.version}",
                             fix=f"install CUDA >= {format_major_minor(recipe.min_nvcc)} and set CUDA_HOME"))
+    failed: set[ComputeCapability] = set()
     for t in _with_ptx(recipe, targets):
+        if t.kind is TargetKind.PTX and t.cc in failed:
+            continue  # the PTX of an arch whose cubin already failed adds nothing new
         problem = catalog.tools.nvcc_can_emit(version, t)
         floor = recipe.min_nvcc_for(t)
         who = f"{_gpu_name(snapshot, t.cc)}, compute capability {format_cc(t.cc)}"
@@ -294,6 +309,7 @@ def _nvcc_target_checks(
                    "or leave this arch out with --arch")
             if support is not None and support.last_cuda is not None and version > support.last_cuda:
                 fix = f"build with CUDA {format_major_minor(support.last_cuda)} or older for this arch"
+            failed.add(t.cc)
             checks.append(Check(name="nvcc-arch", ok=False,
                                 reason=f"nvcc {toolkit.version} cannot build {t} ({who}): {problem}", fix=fix))
     if not checks:

@@ -1,0 +1,252 @@
+"""Sharing the store: export it as a PEP 503 simple index, import an export or another cache.
+
+An export directory is served as is by any static file server or bucket::
+
+    DIR/simple/index.html                    the project list (PEP 503)
+    DIR/simple/<normalized-name>/index.html  one link per wheel, with a ``#sha256=`` fragment
+    DIR/artifacts/<digest>/                  artifact, provenance.json, build.log (the cache's own layout)
+
+so ``pip install --index-url file://DIR/simple NAME`` (or ``uv pip install``) installs from it, and
+``attnforge cache import DIR`` recovers full cache entries (keys, provenance, logs) from it. Exporting into a
+directory that already holds an export adds to it and rewrites the index from everything there.
+Source of the index format: PEP 503 (https://peps.python.org/pep-0503/).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import filelock
+from packaging.utils import canonicalize_name
+
+from attnforge.cache._files import (
+    copy_hashed,
+    fsync_dir,
+    is_no_space,
+    no_space_error,
+    remove_tree,
+    sha256_file,
+    write_atomic,
+)
+from attnforge.cache.key import ArtifactKind, CacheKey, CacheKeyInputs
+from attnforge.cache.store import BUILD_LOG, PROVENANCE, PROVENANCE_SCHEMA, STAGING_PREFIX, Store
+from attnforge.errors import CacheError, UsageError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExportResult:
+    """What ``export`` wrote.
+
+    Attributes:
+        index_url: the ``file://`` URL to give pip's ``--index-url``.
+        exported: keys copied by this call; ``already``: keys that were there, intact.
+        projects: the normalized project names in the index.
+        skipped: one line per artifact left out (corrupt entry, duplicate file name).
+    """
+
+    dest: str
+    index_url: str
+    exported: tuple[str, ...]
+    already: tuple[str, ...]
+    projects: tuple[str, ...]
+    skipped: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImportResult:
+    """What ``import_`` merged: new keys, keys already present, every rejected artifact with its reason."""
+
+    source: str
+    imported: tuple[str, ...]
+    already: tuple[str, ...]
+    rejected: tuple[str, ...]
+
+
+def export(store: Store, dest: Path) -> ExportResult:
+    """Copy every intact entry of ``store`` into ``dest`` and (re)write the PEP 503 index there.
+
+    Raises:
+        CacheError: the disk under ``dest`` is full (files already copied stay valid; the index is rewritten
+            only after every copy succeeded).
+    """
+    dest = Path(dest).resolve()
+    (dest / "artifacts").mkdir(parents=True, exist_ok=True)
+    exported: list[str] = []
+    already: list[str] = []
+    skipped: list[str] = []
+    with filelock.FileLock(str(dest / ".attnforge-export.lock")):
+        for entry in store.list():
+            try:
+                path = store.get(entry.key)  # re-hashes; a corrupt entry is quarantined, not exported
+            except CacheError as exc:
+                skipped.append(f"{entry.key} ({entry.filename}): {exc.message}")
+                continue
+            target = dest / "artifacts" / CacheKey.parse(entry.key).digest
+            if (target / entry.filename).is_file() and sha256_file(target / entry.filename) == entry.sha256:
+                already.append(entry.key)
+                continue
+            try:
+                _copy_entry(path.parent, target)
+            except OSError as exc:
+                if is_no_space(exc):
+                    raise no_space_error(f"export {entry.filename}", dest, exc) from None
+                raise
+            exported.append(entry.key)
+        projects, dupes = write_index(dest)
+    return ExportResult(
+        dest=str(dest), index_url=(dest / "simple").as_uri(), exported=tuple(exported),
+        already=tuple(already), projects=tuple(projects), skipped=(*skipped, *dupes),
+    )
+
+
+def _copy_entry(src_dir: Path, target: Path) -> None:
+    staging = target.parent / f"{STAGING_PREFIX}{target.name[:16]}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        for child in src_dir.iterdir():
+            if child.is_file():
+                copy_hashed(child, staging / child.name)
+        remove_tree(target)
+        os.replace(staging, target)
+        fsync_dir(target.parent)
+    except BaseException:
+        remove_tree(staging)
+        raise
+
+
+def write_index(dest: Path) -> tuple[list[str], list[str]]:
+    """Write ``dest/simple`` from every ``dest/artifacts/*/provenance.json``; returns (projects, skipped).
+
+    Two different entries with the same wheel file name (e.g. built for different archs without a local
+    version label) cannot both be in one index, since pip picks among links by file name: the newest wins and
+    the others are reported.
+    """
+    by_project: dict[str, dict[str, tuple[str, dict[str, Any]]]] = defaultdict(dict)
+    skipped: list[str] = []
+    for digest_dir, doc in _exported_entries(dest):
+        if doc["inputs"].get("kind") != ArtifactKind.WHEEL.value:
+            continue
+        name = canonicalize_name(doc["inputs"]["name"])
+        previous = by_project[name].get(doc["filename"])
+        if previous is not None:
+            older, newer = sorted([previous, (digest_dir, doc)], key=lambda p: str(p[1]["created_at"]))
+            by_project[name][doc["filename"]] = newer
+            skipped.append(f"{older[1]['key']} ({doc['filename']}): same file name as {newer[1]['key']}")
+            continue
+        by_project[name][doc["filename"]] = (digest_dir, doc)
+    simple = dest / "simple"
+    simple.mkdir(parents=True, exist_ok=True)
+    for project, files in by_project.items():
+        links = [
+            f'<a href="../../artifacts/{digest}/{quote(fn)}#sha256={doc["sha256"]}">'
+            f"{html.escape(fn)}</a><br/>"
+            for fn, (digest, doc) in sorted(files.items())
+        ]
+        (simple / project).mkdir(exist_ok=True)
+        write_atomic(simple / project / "index.html", _page(f"Links for {project}", links).encode())
+    projects = sorted(by_project)
+    root_links = [f'<a href="{quote(n)}/">{html.escape(n)}</a><br/>' for n in projects]
+    write_atomic(simple / "index.html", _page("Simple index", root_links).encode())
+    return projects, skipped
+
+
+def _page(title: str, links: list[str]) -> str:
+    body = "\n".join(links)
+    return (
+        "<!DOCTYPE html>\n<html>\n<head>\n"
+        '<meta name="pypi:repository-version" content="1.0">\n'
+        f"<title>{html.escape(title)}</title>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
+        f"{body}\n</body>\n</html>\n"
+    )
+
+
+def _exported_entries(root: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(digest, provenance) of each complete entry directory under ``root/artifacts`` (export or cache)."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    base = root / "artifacts"
+    if not base.is_dir():
+        return out
+    for child in sorted(base.iterdir()):
+        if child.name.startswith(".") or not (child / PROVENANCE).is_file():
+            continue
+        try:
+            doc = json.loads((child / PROVENANCE).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("schema") == PROVENANCE_SCHEMA:
+            out.append((child.name, doc))
+    return out
+
+
+def import_(store: Store, source: Path) -> ImportResult:
+    """Merge the entries of an export directory or another cache root into ``store``.
+
+    Each entry is accepted only if its key is the hash of its recorded inputs and its file hashes to the
+    recorded sha256; anything else is rejected with the reason and never stored.
+
+    Raises:
+        UsageError: ``source`` holds neither an export nor a cache (no ``artifacts/*/provenance.json``).
+        CacheError: the store's disk is full.
+    """
+    source = Path(source).resolve()
+    if not (source / "artifacts").is_dir():
+        raise UsageError(
+            f"{source} is not an attnforge export or cache",
+            cause=f"{source / 'artifacts'} does not exist",
+            hint="give the directory written by `attnforge cache export DIR`, or another ATTNFORGE_HOME",
+        )
+    imported: list[str] = []
+    already: list[str] = []
+    rejected: list[str] = []
+    for digest, doc in _exported_entries(source):
+        folder = source / "artifacts" / digest
+        problem, inputs = _check_provenance(folder, digest, doc)
+        if problem is not None or inputs is None:
+            rejected.append(f"{folder}: {problem}")
+            continue
+        log = folder / BUILD_LOG
+        raw_details = doc.get("details")
+        details: dict[str, Any] = raw_details if isinstance(raw_details, dict) else {}
+        try:
+            result = store.put(
+                folder / doc["filename"], inputs, log_path=log if log.is_file() else None,
+                provenance={**details, "imported_from": str(source)}, expected_sha256=doc["sha256"],
+            )
+        except CacheError as exc:
+            if "disk space" in exc.message:
+                raise
+            rejected.append(f"{folder}: {exc.message}")
+            continue
+        (imported if result.stored else already).append(result.entry.key)
+    return ImportResult(
+        source=str(source), imported=tuple(imported), already=tuple(already), rejected=tuple(rejected)
+    )
+
+
+def _check_provenance(
+    folder: Path, digest: str, doc: dict[str, Any]
+) -> tuple[str | None, CacheKeyInputs | None]:
+    try:
+        inputs = CacheKeyInputs.from_json(doc["inputs"])
+        key = CacheKey.of(inputs)
+        filename = str(doc["filename"])
+        recorded_sha = str(doc["sha256"])
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"unreadable provenance.json ({exc})", None
+    if str(key) != doc.get("key") or key.digest != digest:
+        return f"its key {doc.get('key')} is not the hash of its recorded inputs ({key})", None
+    artifact = folder / filename
+    if not artifact.is_file() or "/" in filename or "\\" in filename:
+        return f"artifact {filename} is missing", None
+    actual = sha256_file(artifact)
+    if actual != recorded_sha:
+        return f"{filename} fails its hash check (sha256 {actual}, recorded {recorded_sha})", None
+    return None, inputs

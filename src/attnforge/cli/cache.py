@@ -1,0 +1,219 @@
+"""``attnforge cache``: list, show, rm, prune, export and import the artifact store."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from attnforge.cli._output import console, emit_json, json_option
+from attnforge.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnforge.cache import Entry, Store
+
+_DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SIZE_BYTES = {
+    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+
+
+def parse_duration_s(text: str) -> float:
+    """``"30d"`` -> 2592000.0; units s, m, h, d, w.
+
+    Raises:
+        UsageError: not a number followed by one of those units.
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
+    if match is None:
+        raise UsageError(f"not a duration: {text!r}", hint="write it like 30d, 12h or 2w")
+    return float(match.group(1)) * _DURATION_S[match.group(2)]
+
+
+def parse_size_bytes(text: str) -> int:
+    """``"20GB"`` -> 20000000000 (decimal units; ``GiB`` and friends are binary).
+
+    Raises:
+        UsageError: not a number followed by a size unit.
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b)\s*", text.lower())
+    if match is None or match.group(2) not in _SIZE_BYTES:
+        raise UsageError(f"not a size: {text!r}", hint="write it like 20GB, 500MB or 8GiB")
+    return int(float(match.group(1)) * _SIZE_BYTES[match.group(2)])
+
+
+def _store() -> Store:
+    from attnforge.cache import open_store
+
+    return open_store()
+
+
+def entry_json(entry: Entry) -> dict[str, Any]:
+    """One entry as JSON: key, what it is, where it lives, and everything its key was computed from."""
+    return {
+        "key": entry.key,
+        "kind": entry.kind.value,
+        "name": entry.name,
+        "version": entry.version,
+        "filename": entry.filename,
+        "sha256": entry.sha256,
+        "size_bytes": entry.size_bytes,
+        "path": entry.path,
+        "log_path": entry.log_path,
+        "created_at": _iso(entry.created_at_s),
+        "last_used_at": _iso(entry.last_used_at_s),
+        "inputs": entry.inputs.to_json(),
+        "provenance": dict(entry.provenance),
+    }
+
+
+def _iso(seconds: float) -> str:
+    return _dt.datetime.fromtimestamp(seconds, tz=_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _size(size_bytes: int) -> str:
+    """Decimal units, as disks are sold and as --max-size reads them."""
+    value = float(size_bytes)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
+@click.group("cache")
+def command() -> None:
+    """The artifact cache: built wheels and libraries, keyed by everything that changes the binary."""
+
+
+@command.command("list")
+@json_option
+def list_(as_json: bool) -> int:
+    """Every entry, newest first."""
+    store = _store()
+    entries = store.list()
+    if as_json:
+        emit_json("cache.list", {"root": str(store.root), "entries": [entry_json(e) for e in entries]})
+        return 0
+    from rich import box
+    from rich.table import Table
+
+    out = console()
+    if not entries:
+        out.print(f"the cache at {store.root} is empty")
+        return 0
+    out.print(f"cache: {store.root}")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("key", "name", "version", "archs", "torch", "size", "last used"):
+        table.add_column(col, no_wrap=col in ("key", "name"))
+    for e in entries:
+        archs = ",".join(f"{a}.{b}" for a, b in e.inputs.archs) or "-"
+        torch = e.inputs.torch_version or "-"
+        used = _iso(e.last_used_at_s)[:10]
+        table.add_row(e.key[7:19], e.name, e.version, archs, torch, _size(e.size_bytes), used)
+    out.print(table)
+    total = sum(e.size_bytes for e in entries)
+    out.print(f"{len(entries)} entries, {_size(total)}")
+    return 0
+
+
+@command.command("show")
+@click.argument("key")
+@json_option
+def show(key: str, as_json: bool) -> int:
+    """One entry in full (KEY may be a unique prefix)."""
+    entry = _store().show(key)
+    doc = entry_json(entry)
+    if as_json:
+        emit_json("cache.show", doc)
+        return 0
+    out = console()
+    for field in ("key", "kind", "name", "version", "filename", "sha256", "size_bytes", "path", "log_path",
+                  "created_at", "last_used_at"):
+        out.print(f"[bold]{field}[/bold]: {doc[field]}")
+    out.print("[bold]built from[/bold]:")
+    for name, value in doc["inputs"].items():
+        out.print(f"  {name}: {value}")
+    if doc["provenance"]:
+        out.print("[bold]provenance[/bold]:")
+        for name, value in doc["provenance"].items():
+            out.print(f"  {name}: {value}")
+    return 0
+
+
+@command.command("rm")
+@click.argument("key")
+@json_option
+def rm(key: str, as_json: bool) -> int:
+    """Delete one entry (KEY may be a unique prefix)."""
+    entry = _store().remove(key)
+    if as_json:
+        emit_json("cache.rm", {"removed": entry_json(entry)})
+    else:
+        console().print(f"removed {entry.key} ({entry.filename}, {_size(entry.size_bytes)})")
+    return 0
+
+
+@command.command("prune")
+@click.option("--older-than", "older_than", default=None, metavar="AGE",
+              help="Remove entries not used for AGE (30d, 12h, 2w).")
+@click.option("--max-size", "max_size", default=None, metavar="SIZE",
+              help="Then remove least recently used entries until the cache holds at most SIZE (20GB, 8GiB).")
+@json_option
+def prune(older_than: str | None, max_size: str | None, as_json: bool) -> int:
+    """Free space: old entries, then least recently used ones over a size budget; also clears debris."""
+    older_s = parse_duration_s(older_than) if older_than is not None else None
+    max_bytes = parse_size_bytes(max_size) if max_size is not None else None
+    result = _store().prune(older_than_s=older_s, max_size_bytes=max_bytes)
+    if as_json:
+        emit_json("cache.prune", {
+            "removed": [entry_json(e) for e in result.removed], "freed_bytes": result.freed_bytes,
+            "kept_bytes": result.kept_bytes, "debris_removed": list(result.debris_removed),
+        })
+        return 0
+    out = console()
+    for e in result.removed:
+        out.print(f"removed {e.key[:19]} {e.filename} ({_size(e.size_bytes)})")
+    out.print(f"freed {_size(result.freed_bytes)}; {_size(result.kept_bytes)} kept")
+    return 0
+
+
+@command.command("export")
+@click.argument("dest", type=click.Path(path_type=Path, file_okay=False))
+@json_option
+def export(dest: Path, as_json: bool) -> int:
+    """Write every entry and a PEP 503 index into DEST (serve it from any static file server or bucket)."""
+    result = _store().export(dest)
+    if as_json:
+        emit_json("cache.export", result)
+        return 0
+    out = console()
+    out.print(f"exported {len(result.exported)} new, {len(result.already)} already there, to {result.dest}")
+    for line in result.skipped:
+        out.print(f"[yellow]skipped[/yellow] {line}")
+    out.print(f"install from it with: pip install --index-url {result.index_url} NAME")
+    return 0
+
+
+@command.command("import")
+@click.argument("source", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@json_option
+def import_(source: Path, as_json: bool) -> int:
+    """Merge an export directory or another cache into this one; every file's hash and key are checked.
+
+    Exit code 1 when anything was rejected.
+    """
+    result = _store().import_(source)
+    if as_json:
+        emit_json("cache.import", result)
+    else:
+        out = console()
+        out.print(f"imported {len(result.imported)} new, {len(result.already)} already here, "
+                  f"from {result.source}")
+        for line in result.rejected:
+            out.print(f"[red]rejected[/red] {line}")
+    return 1 if result.rejected else 0

@@ -1,0 +1,298 @@
+"""``attnforge install``: plan -> cache hit, hash-checked wheel, or build, into the cache -> pip -> verify.
+
+Every artifact goes through the store before pip sees it, so what is installed is always a file whose sha256
+was checked on the way in and again on the way out, and a second install of the same thing is a cache hit.
+Concurrent installs of one thing serialise on a per-job lock: the first builds, the others find its entry.
+
+The resolver, the builder and the verifier are injected (:class:`Planner`, :class:`Builder`,
+:class:`Verifier`); :mod:`attnforge.install.defaults` wires the real ones.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from attnforge._system.runner import Runner
+from attnforge.cache import CacheKey, Store
+from attnforge.cache._files import sha256_file
+from attnforge.errors import CacheError, InstallError, ResolveError
+from attnforge.install.keys import built_wheel_inputs, prebuilt_wheel_inputs
+from attnforge.install.pip import PipInstallResult, pip_install
+from attnforge.probe.snapshot import SystemSnapshot
+from attnforge.resolve.types import (
+    BuildSpec,
+    CachedArtifact,
+    Candidate,
+    CandidateKind,
+    Plan,
+    Request,
+    WheelRef,
+)
+
+
+class Planner(Protocol):
+    """``resolve(snapshot, catalog, request, cached=..., wheels=...)`` with the machine already bound."""
+
+    def __call__(self, request: Request, *, cached: Sequence[CachedArtifact]) -> Plan: ...
+
+
+class BuiltWheel(Protocol):
+    """What a source build hands back (``attnforge.build.BuildResult``)."""
+
+    @property
+    def wheel_path(self) -> Path: ...
+    @property
+    def log_path(self) -> Path | None: ...
+    @property
+    def source_sha256(self) -> str: ...
+
+
+class Builder(Protocol):
+    def __call__(self, spec: BuildSpec, *, home: Path) -> BuiltWheel: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VerifyOutcome:
+    """What the verify step said: ``ok`` is None when it was skipped (``summary`` says why)."""
+
+    ok: bool | None
+    summary: str
+
+
+class Verifier(Protocol):
+    def __call__(self, backend: str) -> VerifyOutcome: ...
+
+
+class Action:
+    """How the artifact was obtained (plain strings so JSON stays readable)."""
+
+    CACHE_HIT = "cache-hit"
+    WHEEL = "wheel"
+    BUILT = "built"
+    ALREADY_INSTALLED = "already-installed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstallResult:
+    """The outcome of one install.
+
+    Attributes:
+        action: ``cache-hit``, ``wheel`` (fetched, hash-checked, stored), ``built`` or ``already-installed``.
+        cache_key: the store entry that was installed.
+        artifact: the verified file pip installed.
+        pip: pip's part (None when nothing was installed).
+        verification: the verify step's outcome (None with ``--no-verify``).
+        warnings: things the user should know (requirements left to them, a quarantined entry).
+        timings_s: seconds per step: ``plan``, ``obtain``, ``pip``, ``verify``.
+    """
+
+    request: Request
+    plan: Plan
+    action: str
+    cache_key: str | None = None
+    artifact: str | None = None
+    pip: PipInstallResult | None = None
+    verification: VerifyOutcome | None = None
+    warnings: tuple[str, ...] = ()
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.verification is None or self.verification.ok is not False
+
+
+@dataclass(slots=True, kw_only=True)
+class _Run:
+    """The collaborators of one install, and what it has noted so far."""
+
+    store: Store
+    planner: Planner
+    builder: Builder
+    snapshot: SystemSnapshot
+    warnings: list[str] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+
+def install(
+    request: Request,
+    *,
+    snapshot: SystemSnapshot,
+    store: Store,
+    planner: Planner,
+    builder: Builder,
+    verifier: Verifier | None,
+    runner: Runner,
+    python: str = sys.executable,
+) -> InstallResult:
+    """Install what ``request`` asks for into ``python``.
+
+    Args:
+        request: backend, version, sources allowed.
+        snapshot: this machine (its torch decides the cache key of what gets built or fetched).
+        store: the artifact cache.
+        planner: the resolver bound to this machine and catalog.
+        builder: runs a :class:`BuildSpec` and returns the wheel, its log and the source hash.
+        verifier: checks the installed backend; None skips verification (``--no-verify``).
+        runner: the subprocess seam (pip).
+        python: the interpreter to install into.
+
+    Raises:
+        ResolveError: nothing viable; the message lists every candidate and why it was rejected.
+        CacheError: a fetched wheel fails its hash check, or the disk is full.
+        BuildError: the source build failed (with its log path).
+        InstallError: pip failed or the artifact would change torch.
+    """
+    run = _Run(store=store, planner=planner, builder=builder, snapshot=snapshot)
+    start = time.perf_counter()
+    plan = planner(request, cached=store.cached_artifacts())
+    run.timings_s["plan"] = time.perf_counter() - start
+    chosen = _chosen(plan)
+    if chosen.kind is CandidateKind.INSTALLED:
+        return InstallResult(request=request, plan=plan, action=Action.ALREADY_INSTALLED, warnings=(
+            f"{chosen.description}: already installed and working; nothing to do",
+        ))
+
+    start = time.perf_counter()
+    plan, action, path, key = _obtain(run, request, plan, chosen)
+    run.timings_s["obtain"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    pip = pip_install(path, runner=runner, python=python)
+    run.timings_s["pip"] = time.perf_counter() - start
+    if pip.missing_requirements:
+        quoted = " ".join(f"'{r}'" for r in pip.missing_requirements)
+        run.warnings.append(
+            "left to you (installed with --no-deps): " + ", ".join(pip.missing_requirements)
+            + f"; install with: {python} -m pip install {quoted}"
+        )
+
+    verification = None
+    if verifier is not None:
+        start = time.perf_counter()
+        verification = verifier(request.backend)
+        run.timings_s["verify"] = time.perf_counter() - start
+    return InstallResult(
+        request=request, plan=plan, action=action, cache_key=key, artifact=str(path), pip=pip,
+        verification=verification, warnings=tuple(run.warnings), timings_s=run.timings_s,
+    )
+
+
+def _chosen(plan: Plan) -> Candidate:
+    chosen = plan.chosen
+    if chosen is None:
+        lines = [
+            f"{c.kind.value}: {c.description}: {'; '.join(c.reasons) or 'rejected'}" for c in plan.candidates
+        ]
+        raise ResolveError(
+            f"nothing can install {plan.request.backend}{plan.request.version} on this machine",
+            cause="\n".join(lines) or "no candidates",
+            hint=f"see `attnforge plan {plan.request.backend}` for the full explanation",
+        )
+    return chosen
+
+
+def _obtain(run: _Run, request: Request, plan: Plan, chosen: Candidate) -> tuple[Plan, str, Path, str]:
+    """(plan, action, verified artifact path, cache key) for the chosen candidate."""
+    store = run.store
+    if chosen.kind is CandidateKind.CACHE:
+        hit = _from_cache(chosen, run)
+        if hit is not None:
+            return plan, Action.CACHE_HIT, hit, str(chosen.cache_key)
+        plan = run.planner(request, cached=store.cached_artifacts())  # the corrupt entry is gone now
+        return _obtain(run, request, plan, _chosen(plan))
+    if chosen.kind is CandidateKind.WHEEL and chosen.wheel is not None:
+        path, key = _from_wheel(run, chosen.wheel, request)
+        return plan, Action.WHEEL, path, key
+    if chosen.kind is CandidateKind.SOURCE and chosen.build is not None:
+        spec = chosen.build
+        with store.job_lock(_job_name(spec, run.snapshot)):
+            # Another process may have built it while this one waited for the lock: plan again.
+            again = run.planner(request, cached=store.cached_artifacts())
+            if again.chosen is not None and again.chosen.kind is CandidateKind.CACHE:
+                hit = _from_cache(again.chosen, run)
+                if hit is not None:
+                    return again, Action.CACHE_HIT, hit, str(again.chosen.cache_key)
+            built = run.builder(spec, home=store.root)
+            wheel = Path(built.wheel_path)
+            inputs = built_wheel_inputs(
+                wheel=wheel, spec=spec, source_sha256=built.source_sha256, snapshot=run.snapshot
+            )
+            origin = {"origin": "source-build", "source": spec.source.location, "notes": list(spec.notes)}
+            entry = store.put(wheel, inputs, log_path=built.log_path, provenance=origin).entry
+        return plan, Action.BUILT, store.get(entry.key), entry.key
+    raise InstallError(f"the plan chose {chosen.kind.value} without the details to act on it: {chosen}")
+
+
+def _from_cache(chosen: Candidate, run: _Run) -> Path | None:
+    try:
+        return run.store.get(CacheKey.parse(str(chosen.cache_key)))
+    except CacheError as exc:
+        run.warnings.append(f"{exc.message}; {exc.cause}")
+        return None
+
+
+def _job_name(spec: BuildSpec, snapshot: SystemSnapshot) -> str:
+    torch = snapshot.torch.version if snapshot.torch else "no-torch"
+    env = ",".join(f"{k}={v}" for k, v in sorted(spec.env.items()))
+    return f"build|{spec.name}|{spec.version}|{spec.source}|{spec.archs}|{env}|{torch}|{spec.python}"
+
+
+def _from_wheel(run: _Run, ref: WheelRef, request: Request) -> tuple[Path, str]:
+    store, snapshot = run.store, run.snapshot
+    archs = request.archs if request.archs is not None else snapshot.compute_capabilities
+    with store.job_lock(f"wheel|{ref.url}|{ref.sha256}"), tempfile.TemporaryDirectory(
+        dir=_downloads(store), prefix="fetch-"
+    ) as tmp:
+        local = _fetch(ref, request, Path(tmp))
+        sha = sha256_file(local)
+        if ref.sha256 is None:
+            run.warnings.append(f"{ref.filename} has no published sha256; its hash {sha} is now recorded")
+        elif sha != ref.sha256.lower():
+            raise CacheError(
+                f"{ref.filename} does not match its published sha256; it was not installed",
+                cause=f"expected {ref.sha256}, got {sha} ({ref.url})",
+                hint="the file was corrupted or replaced; fetch it again from a trusted index",
+            )
+        inputs = prebuilt_wheel_inputs(wheel=local, sha256=sha, archs=tuple(archs), snapshot=snapshot)
+        entry = store.put(local, inputs, provenance={"origin": ref.url}, expected_sha256=sha).entry
+    return store.get(entry.key), entry.key
+
+
+def _downloads(store: Store) -> Path:
+    path = store.root / "downloads"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _fetch(ref: WheelRef, request: Request, into: Path) -> Path:
+    """The wheel as a local file named ``ref.filename`` (always a copy; the original is never moved)."""
+    target = into / ref.filename
+    parsed = urllib.parse.urlparse(ref.url)
+    if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and ref.url[1:3] in (":\\", ":/")):
+        source = Path(urllib.request.url2pathname(parsed.path)) if parsed.scheme == "file" else Path(ref.url)
+        if not source.is_file():
+            raise InstallError(f"wheel {ref.filename} not found at {source}")
+        shutil.copyfile(source, target)
+        return target
+    if request.offline:
+        raise InstallError(
+            f"{ref.filename} is at {ref.url}, but --offline forbids the network",
+            hint="drop --offline, or download it into a --find-links directory first",
+        )
+    if parsed.scheme not in ("http", "https"):
+        raise InstallError(f"cannot fetch {ref.url}: unsupported URL scheme {parsed.scheme!r}")
+    try:
+        with urllib.request.urlopen(ref.url, timeout=300) as resp, target.open("wb") as out:  # noqa: S310
+            shutil.copyfileobj(resp, out, length=1 << 20)
+    except OSError as exc:
+        raise InstallError(f"could not download {ref.url}", cause=str(exc)) from None
+    return target

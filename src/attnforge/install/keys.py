@@ -1,0 +1,82 @@
+"""Cache-key inputs for what the installer stores: a wheel it built, or a prebuilt wheel it fetched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from packaging.utils import parse_wheel_filename
+
+from attnforge.cache import ArtifactKind, CacheKeyInputs
+from attnforge.probe.snapshot import ComputeCapability, SystemSnapshot
+from attnforge.resolve.types import BuildSpec
+
+#: Build variables that change how fast or where a build runs, not the bytes it produces; every other variable
+#: a build spec sets is part of the cache key (flags such as FLASH_ATTENTION_DISABLE_DROPOUT or
+#: FLASH_ATTN_CUDA_ARCHS change the binary). Paths are left out because the toolkit's version is in the key.
+NOT_IN_KEY = frozenset({
+    "MAX_JOBS", "NVCC_THREADS", "FLASH_ATTENTION_FORCE_BUILD", "CUDA_HOME", "CUDA_PATH", "PATH", "TMP",
+    "TEMP", "TMPDIR", "SCCACHE_DIR", "CCACHE_DIR", "PIP_NO_BUILD_ISOLATION", "DISTUTILS_USE_SDK",
+})
+
+
+def wheel_tags(filename: str) -> tuple[str, str]:
+    """``(python tag, platform tag)`` of a wheel file name; compressed tag sets are joined with ``.``."""
+    _, _, _, tags = parse_wheel_filename(filename)
+    interpreters = ".".join(sorted({t.interpreter for t in tags}))
+    platforms = ".".join(sorted({t.platform for t in tags}))
+    return interpreters, platforms
+
+
+def toolchain_of(snapshot: SystemSnapshot, spec: BuildSpec | None) -> tuple[tuple[str, str], ...]:
+    """The compilers that shaped a build: the spec's nvcc and the snapshot's host C++ compiler."""
+    tools: dict[str, str] = {}
+    toolkit = spec.toolkit if spec is not None and spec.toolkit is not None else None
+    if toolkit is not None:
+        tools["nvcc"] = toolkit.version
+    for kind in ("g++", "gcc", "cl", "clang"):
+        compiler = snapshot.compiler(kind)
+        if compiler is not None:
+            tools[kind] = compiler.version
+            break
+    return tuple(tools.items())
+
+
+def _torch_fields(snapshot: SystemSnapshot) -> tuple[str | None, str | None, bool | None]:
+    """(torch version, torch's CUDA, C++11 ABI) of the interpreter the artifact is for."""
+    torch = snapshot.torch
+    if torch is None:
+        return None, None, None
+    return torch.version, torch.cuda_version, torch.cxx11_abi
+
+
+def built_wheel_inputs(
+    *, wheel: Path, spec: BuildSpec, source_sha256: str, snapshot: SystemSnapshot
+) -> CacheKeyInputs:
+    """Key inputs of a wheel built from ``spec`` on the machine ``snapshot`` describes."""
+    name, version, _, _ = parse_wheel_filename(wheel.name)
+    python_tag, platform_tag = wheel_tags(wheel.name)
+    torch_version, cuda_version, cxx11_abi = _torch_fields(snapshot)
+    flags = tuple(f"{k}={v}" for k, v in spec.env.items() if k not in NOT_IN_KEY)
+    return CacheKeyInputs(
+        name=name, version=str(version), kind=ArtifactKind.WHEEL, source_sha256=source_sha256,
+        archs=spec.archs, flags=flags, python_tag=python_tag, platform_tag=platform_tag,
+        glibc=snapshot.platform.glibc, toolchain=toolchain_of(snapshot, spec),
+        torch_version=torch_version, cuda_version=cuda_version, cxx11_abi=cxx11_abi,
+    )
+
+
+def prebuilt_wheel_inputs(
+    *, wheel: Path, sha256: str, archs: tuple[ComputeCapability, ...], snapshot: SystemSnapshot
+) -> CacheKeyInputs:
+    """Key inputs of a prebuilt wheel taken as is: its own bytes are the "source".
+
+    ``archs`` are the compute capabilities it was accepted for, so the cache offers it again only to them.
+    """
+    name, version, _, _ = parse_wheel_filename(wheel.name)
+    python_tag, platform_tag = wheel_tags(wheel.name)
+    torch_version, cuda_version, cxx11_abi = _torch_fields(snapshot)
+    return CacheKeyInputs(
+        name=name, version=str(version), kind=ArtifactKind.WHEEL, source_sha256=sha256, archs=archs,
+        flags=("prebuilt",), python_tag=python_tag, platform_tag=platform_tag, glibc=snapshot.platform.glibc,
+        torch_version=torch_version, cuda_version=cuda_version, cxx11_abi=cxx11_abi,
+    )

@@ -1,0 +1,206 @@
+"""``pip install --no-deps`` of one artifact into an interpreter, without ever changing its torch.
+
+Three guards keep the user's torch as it is: the wheel may not *be* a protected distribution (torch and its
+companions); a ``Requires-Dist`` on torch that the installed torch does not satisfy refuses the install (the
+wheel was built for another torch, and satisfying it would mean replacing torch); and pip runs with
+``--no-deps --no-index`` while torch's version is read before and after, so a change cannot pass silently.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email.parser import HeaderParser
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from attnforge._system.runner import Completed, Runner
+from attnforge.errors import InstallError
+
+#: Distributions attnforge never installs, replaces or upgrades: the user's torch stack.
+PROTECTED = frozenset({"torch", "torchvision", "torchaudio", "triton", "triton-windows", "pytorch-triton"})
+
+_VERSIONS_SCRIPT = """
+import importlib.metadata as m, json, sys
+out = {}
+for name in sys.argv[1:]:
+    try:
+        out[name] = m.version(name)
+    except m.PackageNotFoundError:
+        out[name] = None
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WheelMetadata:
+    """The parts of a wheel's ``METADATA`` that decide whether it may be installed."""
+
+    name: str
+    version: str
+    requires_dist: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipInstallResult:
+    """One ``pip install``.
+
+    Attributes:
+        wheel: the file installed.
+        python: the interpreter it went into.
+        torch_version: torch's version before and after (unchanged, or pip would have been reported).
+        missing_requirements: requirements of the wheel (other than torch) not installed; ``--no-deps`` left
+            them for the user, with the command to get them.
+        duration_s: wall time of pip itself.
+    """
+
+    wheel: str
+    python: str
+    name: str
+    version: str
+    torch_version: str | None
+    missing_requirements: tuple[str, ...]
+    duration_s: float
+
+
+def read_wheel_metadata(wheel: Path) -> WheelMetadata:
+    """Read ``*.dist-info/METADATA`` from a wheel.
+
+    Raises:
+        InstallError: not a readable wheel.
+    """
+    try:
+        name, _, _, _ = parse_wheel_filename(wheel.name)
+        with zipfile.ZipFile(wheel) as zf:
+            meta_name = next(
+                n for n in zf.namelist()
+                if n.count("/") == 1 and n.endswith(".dist-info/METADATA")
+                and canonicalize_name(n.split("-", 1)[0]) == canonicalize_name(name)
+            )
+            text = zf.read(meta_name).decode("utf-8")
+    except (OSError, zipfile.BadZipFile, StopIteration, ValueError) as exc:
+        why = str(exc) or type(exc).__name__
+        raise InstallError(f"{wheel.name} is not a readable wheel", cause=why) from None
+    msg = HeaderParser().parsestr(text)
+    return WheelMetadata(
+        name=str(msg.get("Name", name)), version=str(msg.get("Version", "")),
+        requires_dist=tuple(str(r) for r in msg.get_all("Requires-Dist") or ()),
+    )
+
+
+def check_requirements(meta: WheelMetadata, installed: Mapping[str, str | None]) -> tuple[str, ...]:
+    """Refuse a wheel that would need a different torch; return the other requirements not met.
+
+    Args:
+        meta: the wheel's metadata.
+        installed: distribution name -> installed version (None when absent) in the target interpreter, for
+            torch and every requirement of the wheel.
+
+    Raises:
+        InstallError: the wheel is a protected distribution, or requires a torch the interpreter lacks.
+    """
+    if canonicalize_name(meta.name) in PROTECTED:
+        raise InstallError(
+            f"refusing to install {meta.name}: attnforge never replaces the torch stack",
+            hint="install torch yourself from https://pytorch.org/get-started/locally/",
+        )
+    missing: list[str] = []
+    for text in meta.requires_dist:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = canonicalize_name(req.name)
+        have = installed.get(name)
+        ok = have is not None and _satisfies(have, req)
+        if name in PROTECTED and not ok:
+            raise InstallError(
+                f"{meta.name} {meta.version} requires {req}, but this interpreter has "
+                f"{req.name} {have or '(not installed)'}",
+                cause="installing it would need a different torch, and attnforge never changes your torch",
+                hint="build it for the torch you have: `attnforge install "
+                f"{canonicalize_name(meta.name)} --from-source`",
+            )
+        if not ok:
+            missing.append(str(req))
+    return tuple(missing)
+
+
+def _satisfies(version: str, req: Requirement) -> bool:
+    try:
+        return req.specifier.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def installed_versions(python: str, names: list[str], runner: Runner) -> dict[str, str | None]:
+    """Versions of ``names`` as ``importlib.metadata`` sees them in the interpreter ``python``.
+
+    Raises:
+        InstallError: the interpreter could not be run.
+    """
+    done = runner.run([python, "-c", _VERSIONS_SCRIPT, *names], timeout_s=120)
+    if not done.ok:
+        raise InstallError(f"could not read installed packages of {python}", cause=_tail(done))
+    raw = json.loads(done.stdout.strip().splitlines()[-1])
+    return {canonicalize_name(k): v for k, v in raw.items()}
+
+
+def pip_install(
+    wheel: Path, *, runner: Runner, python: str = sys.executable, timeout_s: float = 900
+) -> PipInstallResult:
+    """Install one wheel with ``python -m pip install --no-deps --no-index --force-reinstall``.
+
+    Args:
+        wheel: a verified wheel (from :meth:`attnforge.cache.Store.get`).
+        runner: the subprocess seam.
+        python: the interpreter to install into (the running one by default).
+
+    Raises:
+        InstallError: the wheel would change torch, pip failed (its last lines are the cause), or torch's
+            version changed anyway.
+    """
+    meta = read_wheel_metadata(wheel)
+    names = sorted({"torch", *(_req_name(r) for r in meta.requires_dist)} - {""})
+    before = installed_versions(python, names, runner)
+    missing = check_requirements(meta, before)
+    argv = [
+        python, "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall",
+        "--disable-pip-version-check", "--no-input", "--quiet", str(wheel),
+    ]
+    done = runner.run(argv, timeout_s=timeout_s)
+    if not done.ok:
+        raise InstallError(
+            f"pip could not install {wheel.name} into {python}", cause=_tail(done),
+            hint="run the same command with -v to see pip's full output: " + " ".join(argv),
+        )
+    after = installed_versions(python, ["torch"], runner)
+    if after.get("torch") != before.get("torch"):
+        raise InstallError(
+            f"torch changed from {before.get('torch')} to {after.get('torch')} while installing {wheel.name}",
+            cause="something other than attnforge's --no-deps install touched torch",
+            hint="reinstall the torch you had: pip install torch==" + str(before.get("torch")),
+        )
+    return PipInstallResult(
+        wheel=str(wheel), python=python, name=meta.name, version=meta.version,
+        torch_version=after.get("torch"), missing_requirements=missing, duration_s=done.duration_s,
+    )
+
+
+def _req_name(text: str) -> str:
+    try:
+        return canonicalize_name(Requirement(text).name)
+    except InvalidRequirement:
+        return ""
+
+
+def _tail(done: Completed, lines: int = 15) -> str:
+    return "\n".join(done.output.strip().splitlines()[-lines:]) or f"exit status {done.returncode}"

@@ -1,0 +1,141 @@
+"""The only I/O in ``resolve/``: list the wheels in ``--find-links`` directories and PEP 503 indexes.
+
+A find-links directory is read with ``os.scandir``; an index page ``<index>/<project>/`` is fetched with urllib
+(``file://`` works offline; ``http(s)://`` is skipped with a note when offline). Anchors are read as PEP 503
+says: the text of the link is the filename, ``#sha256=...`` in the URL is the hash.
+"""
+
+from __future__ import annotations
+
+import html.parser
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from packaging.utils import canonicalize_name
+
+from attnforge.errors import UsageError
+from attnforge.resolve.types import WheelRef
+
+#: ``opener(url, timeout_s) -> file-like``; tests pass a fake, the CLI uses urllib.
+Opener = Callable[[str, float], IO[bytes]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Listing:
+    """Wheels found, and why some places gave none (unreachable index, offline)."""
+
+    wheels: tuple[WheelRef, ...]
+    problems: tuple[str, ...] = ()
+
+
+def list_find_links(directory: str) -> list[WheelRef]:
+    """Every ``*.whl`` directly inside ``directory``, sorted by name.
+
+    Raises:
+        UsageError: the directory does not exist or cannot be read.
+    """
+    path = Path(directory).expanduser()
+    try:
+        entries = sorted(e.name for e in os.scandir(path) if e.is_file() and e.name.endswith(".whl"))
+    except OSError as exc:
+        raise UsageError(f"cannot read --find-links directory {directory}", cause=exc.strerror,
+                         hint="pass a directory that holds .whl files") from None
+    return [WheelRef(filename=name, url=str(path / name)) for name in entries]
+
+
+class _Anchors(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[tuple[str, str]] = []
+        self._href: str | None = None
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+            self._text = []
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None:
+            self._text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "a" and self._href is not None:
+            self.links.append((self._href, "".join(self._text).strip()))
+            self._href = None
+
+
+def parse_simple_page(page: str, page_url: str) -> list[WheelRef]:
+    """The wheels linked from one PEP 503 project page."""
+    parser = _Anchors()
+    parser.feed(page)
+    out = []
+    for href, text in parser.links:
+        url = urllib.parse.urljoin(page_url, href)
+        parsed = urllib.parse.urlsplit(url)
+        name = text or urllib.parse.unquote(parsed.path.rsplit("/", 1)[-1])
+        if not name.endswith(".whl"):
+            continue
+        sha256 = None
+        if parsed.fragment.startswith("sha256="):
+            sha256 = parsed.fragment.removeprefix("sha256=")
+        out.append(WheelRef(filename=name, url=urllib.parse.urlunsplit(parsed._replace(fragment="")),
+                            sha256=sha256))
+    return out
+
+
+def _urlopen(url: str, timeout_s: float) -> IO[bytes]:
+    if url.startswith("file:"):
+        path = Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path))
+        if path.is_dir():
+            url = (path / "index.html").as_uri()
+    return urllib.request.urlopen(url, timeout=timeout_s)  # type: ignore[no-any-return]  # noqa: S310
+
+
+def list_index(index_url: str, project: str, *, timeout_s: float = 30.0, opener: Opener = _urlopen) -> list[WheelRef]:
+    """The wheels of ``project`` on the PEP 503 index ``index_url``.
+
+    Raises:
+        OSError: the page cannot be fetched (urllib's URLError is an OSError).
+    """
+    page_url = f"{index_url.rstrip('/')}/{canonicalize_name(project)}/"
+    with opener(page_url, timeout_s) as fh:
+        page = fh.read().decode("utf-8", errors="replace")
+    return parse_simple_page(page, page_url)
+
+
+def list_wheels(
+    find_links: Sequence[str], index_urls: Sequence[str], projects: Sequence[str], *, offline: bool,
+    opener: Opener = _urlopen,
+) -> Listing:
+    """Wheels of ``projects`` from every find-links dir and index, with a problem line per place that failed.
+
+    Raises:
+        UsageError: a find-links directory does not exist, or an index URL has an unknown scheme.
+    """
+    wheels: list[WheelRef] = []
+    problems: list[str] = []
+    for d in find_links:
+        wheels.extend(list_find_links(d))
+    for index in index_urls:
+        scheme = urllib.parse.urlsplit(index).scheme
+        if scheme not in ("file", "http", "https"):
+            raise UsageError(f"not an index URL: {index}", hint="use https://..., http://... or file:///...")
+        if offline and scheme != "file":
+            problems.append(f"--offline: skipped the index {index}")
+            continue
+        for project in dict.fromkeys(canonicalize_name(p) for p in projects):
+            try:
+                wheels.extend(list_index(index, project, opener=opener))
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404:
+                    problems.append(f"{index}: {project}: HTTP {exc.code}")
+            except OSError as exc:
+                problems.append(f"{index}: {project}: {getattr(exc, 'reason', None) or exc}")
+    return Listing(wheels=tuple(wheels), problems=tuple(problems))

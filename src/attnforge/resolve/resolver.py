@@ -1,0 +1,237 @@
+"""The pure resolver: ``resolve(snapshot, catalog, request) -> Plan``.
+
+Candidates come in a fixed order — installed, local cache, prebuilt wheels, source build — and each is accepted
+or rejected with its reasons, so "nothing fits" can print them all (the trace huggingface/kernels gives with
+``variants_trace_str``, plus the GPU's compute capability, which kernels does not check; install-anchors §4.3).
+The plan's chosen action is the first accepted candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from attnforge.catalog import Catalog
+from attnforge.catalog.backends import Backend
+from attnforge.catalog.recipes import RecipeKind
+from attnforge.errors import UsageError
+from attnforge.probe.snapshot import SystemSnapshot, format_cc
+from attnforge.resolve.buildspec import default_source, plan_build
+from attnforge.resolve.tags import supported_tags
+from attnforge.resolve.types import (
+    CachedArtifact,
+    Candidate,
+    CandidateKind,
+    Plan,
+    Request,
+    SourceKind,
+    WheelRef,
+)
+from attnforge.resolve.wheels import check_binary, read_cached, read_wheel, same_distribution, target_ccs
+
+_FROM_SOURCE = "--from-source: prebuilt binaries are skipped"
+
+
+def resolve(
+    snapshot: SystemSnapshot,
+    catalog: Catalog,
+    request: Request,
+    *,
+    cached: Sequence[CachedArtifact] = (),
+    wheels: Sequence[WheelRef] = (),
+    home: str | None = None,
+) -> Plan:
+    """Every way to satisfy ``request`` on ``snapshot``, in order, each accepted or rejected with reasons.
+
+    Args:
+        snapshot: the machine (a fresh probe or a saved ``--snapshot``); its Python, glibc and GPUs are used, never
+            the running interpreter's.
+        catalog: ``load_catalog()``.
+        request: backend id, version specifier, archs, sources allowed.
+        cached: artifacts in the local cache (the cache owns listing them).
+        wheels: wheels found in ``--find-links`` dirs and ``--index-url`` indexes (see :mod:`.listing`).
+        home: attnforge home for the build root (default: the snapshot's cache dir).
+
+    Raises:
+        UsageError: the version specifier is not PEP 440. (An unknown backend with no ``request.source`` is
+            rejected by ``catalog.backend`` in the CLI before this is called; here it resolves as a generic
+            torch extension.)
+    """
+    _check_version_text(request.version)
+    backend = catalog.backends.get(request.backend)
+    if backend is not None and backend.builtin:
+        return Plan(request=request, candidates=(_builtin(snapshot, backend),))
+    candidates: list[Candidate] = [_installed(snapshot, backend, request)]
+    distributions = _distributions(catalog, backend, request)
+    tags = supported_tags(snapshot.platform)
+
+    for art in cached:
+        if not same_distribution(art.name, distributions):
+            continue
+        desc = f"cached {art.name} {art.version} ({art.key[:19]})"
+        if request.from_source:
+            candidates.append(_rejected(CandidateKind.CACHE, desc, [_FROM_SOURCE], cache_key=art.key))
+            continue
+        try:
+            facts = read_cached(art)
+        except ValueError as exc:
+            candidates.append(_rejected(CandidateKind.CACHE, desc, [f"unreadable cache record: {exc}"],
+                                        cache_key=art.key))
+            continue
+        m = check_binary(facts, snapshot, catalog, backend, request, tags)
+        candidates.append(Candidate(kind=CandidateKind.CACHE, description=desc, accepted=m.ok,
+                                    reasons=m.problems or m.notes or ("matches this machine",), cache_key=art.key))
+
+    candidates.extend(_wheel_candidates(snapshot, catalog, backend, request, wheels, distributions, tags))
+    candidates.extend(_index_candidate(snapshot, catalog, backend, request))
+    source = _source(snapshot, catalog, request, home)
+    if source is not None:
+        candidates.append(source)
+    return Plan(request=request, candidates=tuple(candidates))
+
+
+def _check_version_text(version: str) -> None:
+    if version.strip():
+        try:
+            SpecifierSet(version)
+        except InvalidSpecifier:
+            raise UsageError(f"not a version specifier: {version!r}", hint="write e.g. ==2.8.3 or >=2.8") from None
+
+
+def _distributions(catalog: Catalog, backend: Backend | None, request: Request) -> tuple[str, ...]:
+    names = list(backend.distributions) if backend else []
+    recipe = catalog.recipe(request.backend)
+    if recipe is not None and recipe.distribution:
+        names.append(recipe.distribution)
+    return tuple(names) or (request.backend,)
+
+
+def _rejected(kind: CandidateKind, desc: str, reasons: Sequence[str], **kw: str | None) -> Candidate:
+    return Candidate(kind=kind, description=desc, accepted=False, reasons=tuple(reasons), **kw)  # type: ignore[arg-type]
+
+
+# -- installed -------------------------------------------------------------------------------------------------------
+def _builtin(snapshot: SystemSnapshot, backend: Backend) -> Candidate:
+    desc = f"{backend.display_name} ({backend.install})"
+    t = snapshot.torch
+    if t is None:
+        return _rejected(CandidateKind.INSTALLED, desc, ["torch is not installed"])
+    if backend.family != "sdpa" or backend.min_cc > (0, 0):
+        reasons = [] if t.cuda_version else [f"torch {t.version} is a CPU build"]
+        reasons += [f"needs compute capability {backend.cc_range_text()}, the GPU is {format_cc(cc)}"
+                    for cc in snapshot.compute_capabilities if not backend.supports_cc(cc)]
+        if reasons:
+            return _rejected(CandidateKind.INSTALLED, desc, reasons)
+    return Candidate(kind=CandidateKind.INSTALLED, description=desc, accepted=True,
+                     reasons=(f"comes with torch {t.version}",))
+
+
+def _installed(snapshot: SystemSnapshot, backend: Backend | None, request: Request) -> Candidate:
+    state = snapshot.backend(request.backend)
+    desc = f"{request.backend} installed in {snapshot.platform.python_executable}"
+    if state is None or not state.installed:
+        why = "not probed" if state is None and backend is None else "not installed"
+        return _rejected(CandidateKind.INSTALLED, desc, [why])
+    desc = f"{state.distribution} {state.version} installed in {snapshot.platform.python_executable}"
+    reasons = []
+    if request.from_source:
+        reasons.append("--from-source asks for a new build")
+    if request.version and state.version:
+        try:
+            if not SpecifierSet(request.version).contains(Version(state.version), prereleases=True):
+                reasons.append(f"version {state.version} does not satisfy {request.version}")
+        except InvalidVersion:
+            reasons.append(f"installed version {state.version!r} is not PEP 440")
+    if state.imports is False:
+        reasons.append(f"does not import: {state.import_error or 'unknown error'}")
+    broken = [m for m in state.native if not m.ok]
+    reasons += [f"native module {m.name} does not import: {m.error or 'unknown error'}" for m in broken]
+    if reasons:
+        return _rejected(CandidateKind.INSTALLED, desc, reasons)
+    ok = "imports and its native modules load" if state.native else "imports"
+    if state.imports is None:
+        ok = "installed (its import was not tried)"
+    return Candidate(kind=CandidateKind.INSTALLED, description=desc, accepted=True, reasons=(ok,))
+
+
+# -- wheels ----------------------------------------------------------------------------------------------------------
+def _wheel_candidates(
+    snapshot: SystemSnapshot, catalog: Catalog, backend: Backend | None, request: Request,
+    wheels: Sequence[WheelRef], distributions: Sequence[str], tags: Sequence[object],
+) -> list[Candidate]:
+    accepted: list[tuple[tuple[object, ...], Candidate]] = []
+    rejected: list[Candidate] = []
+    for ref in wheels:
+        desc = f"{ref.filename} ({ref.url})"
+        try:
+            facts = read_wheel(ref.filename, catalog)
+        except ValueError as exc:
+            if ref.filename.endswith(".whl"):
+                rejected.append(_rejected(CandidateKind.WHEEL, desc, [f"not a valid wheel filename: {exc}"]))
+            continue
+        if not same_distribution(facts.name, distributions):
+            continue
+        if request.from_source:
+            rejected.append(Candidate(kind=CandidateKind.WHEEL, description=desc, accepted=False,
+                                      reasons=(_FROM_SOURCE,), wheel=ref))
+            continue
+        m = check_binary(facts, snapshot, catalog, backend, request, tags)  # type: ignore[arg-type]
+        cand = Candidate(kind=CandidateKind.WHEEL, description=desc, accepted=m.ok,
+                         reasons=m.problems or m.notes or ("matches this machine",), wheel=ref)
+        if m.ok:
+            accepted.append(((_neg_version(facts.version), m.tag_rank or 0, ref.filename), cand))
+        else:
+            rejected.append(cand)
+    accepted.sort(key=lambda item: item[0])  # type: ignore[arg-type,return-value]
+    return [c for _, c in accepted] + sorted(rejected, key=lambda c: c.description)
+
+
+def _neg_version(v: Version) -> tuple[object, ...]:
+    """Sort key that puts the newest version first."""
+    return tuple(-x for x in v.release) + ((0,) if v.is_prerelease else (1,),)
+
+
+def _index_candidate(
+    snapshot: SystemSnapshot, catalog: Catalog, backend: Backend | None, request: Request
+) -> list[Candidate]:
+    """A pure-Python backend (FA4, SageAttention 1) is a plain ``pip install`` from the package index."""
+    recipe = catalog.recipe(request.backend)
+    if recipe is None or recipe.kind is not RecipeKind.PIP:
+        return []
+    spec = request.version or (str(backend.version_spec) if backend else "")
+    desc = f"pip install {recipe.distribution}{spec} from the package index (pure Python: nothing to compile)"
+    reasons = []
+    if request.offline:
+        reasons.append("--offline: the package index cannot be reached (put the wheel in a --find-links dir)")
+    t = snapshot.torch
+    if t is None or t.cuda_version is None:
+        reasons.append(f"torch {t.version if t else '(none)'} is not a CUDA build; the kernels need one")
+    if backend is not None:
+        reasons += [f"{backend.display_name} supports compute capability {backend.cc_range_text()}, the GPU is "
+                    f"{format_cc(cc)}" for cc in target_ccs(snapshot, request) if not backend.supports_cc(cc)]
+    if reasons:
+        return [_rejected(CandidateKind.WHEEL, desc, reasons)]
+    return [Candidate(kind=CandidateKind.WHEEL, description=desc, accepted=True,
+                      reasons=(f"{recipe.distribution} is pure Python; its kernels compile on first call",))]
+
+
+# -- source ----------------------------------------------------------------------------------------------------------
+def _source(snapshot: SystemSnapshot, catalog: Catalog, request: Request, home: str | None) -> Candidate | None:
+    recipe = catalog.recipe(request.backend)
+    if recipe is None or recipe.kind is not RecipeKind.BUILD:
+        return None
+    source = default_source(recipe, request)
+    where = source.location + (f"=={source.version}" if source.version else "")
+    if source.subdirectory:
+        where += f" (subdirectory {source.subdirectory})"
+    desc = f"build {recipe.distribution or request.backend} from {source.kind.value} {where}"
+    decision = plan_build(snapshot, catalog, request, home=home)
+    reasons = [f.text() for f in decision.preflight.failures]
+    if request.offline and source.kind is not SourceKind.PATH:
+        reasons.append(f"--offline: the {source.kind.value} source cannot be downloaded; pass a local --source")
+    if reasons or decision.spec is None:
+        return _rejected(CandidateKind.SOURCE, desc, reasons)
+    return Candidate(kind=CandidateKind.SOURCE, description=desc, accepted=True, reasons=decision.spec.notes,
+                     build=decision.spec)

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from attnforge.cache import CacheKeyInputs, Store
+from attnforge.cache._files import sha256_file
+from tests.cache.wheelmaker import make_wheel
+
+
+class FakeClock:
+    """A settable clock for prune tests (Unix seconds)."""
+
+    def __init__(self, now_s: float = 1_700_000_000.0) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def inputs_for(artifact: Path, **changes: Any) -> CacheKeyInputs:
+    """Key inputs for a test wheel: name and version from its file name, source = its own bytes."""
+    name, version = artifact.name.split("-")[:2]
+    fields: dict[str, Any] = {
+        "name": name, "version": version, "source_sha256": sha256_file(artifact), "archs": ((9, 0),),
+        "torch_version": "2.13.0+cpu", "cuda_version": None, "cxx11_abi": True, "python_tag": "cp311",
+        "platform_tag": "linux_x86_64", "glibc": "2.36", "toolchain": (("gcc", "12.2.0"),),
+    }
+    fields.update(changes)
+    return CacheKeyInputs(**fields)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: FakeClock) -> Store:
+    return Store(tmp_path / "home", clock=clock)
+
+
+@pytest.fixture
+def wheel(tmp_path: Path) -> Path:
+    return make_wheel(tmp_path / "dist")

@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from attnforge.cache import Store
+from attnforge.cli import main
+from attnforge.cli.cache import parse_duration_s, parse_size_bytes
+from attnforge.errors import UsageError
+from tests.cache.conftest import inputs_for
+from tests.cache.wheelmaker import flip_byte, make_wheel
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    code = main([*argv, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else {}
+
+
+@pytest.fixture
+def filled(attnforge_home: Path, tmp_path: Path) -> tuple[Store, list[str]]:
+    store = Store(attnforge_home)
+    keys = []
+    for i in range(2):
+        wheel = make_wheel(tmp_path / f"w{i}", version=f"{i}.0")
+        keys.append(store.put(wheel, inputs_for(wheel), provenance={"host": "test"}).entry.key)
+    return store, keys
+
+
+def test_list_json_names_every_entry_with_its_inputs(
+    filled: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, keys = filled
+    code, doc = run_json(capsys, "cache", "list")
+    assert code == 0
+    assert doc["schema_version"] == 1
+    assert doc["kind"] == "cache.list"
+    assert sorted(e["key"] for e in doc["entries"]) == sorted(keys)
+    assert all(e["inputs"]["torch_version"] == "2.13.0+cpu" for e in doc["entries"])
+
+
+def test_list_for_people_shows_a_table(
+    filled: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "af-pure-fixture" in out
+    assert "2 entries" in out
+
+
+def test_show_by_prefix_and_rm(filled: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]) -> None:
+    store, keys = filled
+    code, doc = run_json(capsys, "cache", "show", keys[0][:16])
+    assert code == 0
+    assert doc["key"] == keys[0]
+    assert doc["provenance"] == {"host": "test"}
+    code, doc = run_json(capsys, "cache", "rm", keys[0])
+    assert code == 0
+    assert doc["removed"]["key"] == keys[0]
+    assert [e.key for e in store.list()] == [keys[1]]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        pytest.param(["cache", "show", "zz"], 2, "not a cache key", id="bad-key"),
+        pytest.param(["cache", "show", "sha256:" + "0" * 64], 1, "no cache entry", id="unknown-key"),
+        pytest.param(["cache", "prune", "--older-than", "soon"], 2, "not a duration", id="bad-duration"),
+        pytest.param(["cache", "prune", "--max-size", "lots"], 2, "not a size", id="bad-size"),
+    ],
+)
+def test_bad_input_is_an_error_line_not_a_traceback(
+    attnforge_home: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, message: str
+) -> None:
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") or f"error: {message}" in err
+    assert "Traceback" not in err
+
+
+def test_prune_json(filled: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = run_json(capsys, "cache", "prune", "--max-size", "1B")
+    assert code == 0
+    assert len(doc["removed"]) == 2
+    assert doc["kept_bytes"] == 0
+
+
+def test_export_then_import_through_the_cli(
+    filled: tuple[Store, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, keys = filled
+    code, doc = run_json(capsys, "cache", "export", str(tmp_path / "share"))
+    assert code == 0
+    assert sorted(doc["exported"]) == sorted(keys)
+    assert doc["index_url"].startswith("file://")
+    monkeypatch.setenv("ATTNFORGE_HOME", str(tmp_path / "other-home"))
+    code, doc = run_json(capsys, "cache", "import", str(tmp_path / "share"))
+    assert code == 0
+    assert sorted(doc["imported"]) == sorted(keys)
+
+
+def test_import_with_a_tampered_file_exits_1_and_names_it(
+    filled: tuple[Store, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    main(["cache", "export", str(tmp_path / "share"), "--json"])
+    capsys.readouterr()
+    victim = next((tmp_path / "share" / "artifacts").glob("*/*.whl"))
+    flip_byte(victim)
+    monkeypatch.setenv("ATTNFORGE_HOME", str(tmp_path / "other-home"))
+    assert main(["cache", "import", str(tmp_path / "share")]) == 1
+    out = capsys.readouterr().out
+    assert "rejected" in out
+    assert "fails its hash check" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [pytest.param("30d", 30 * 86400, id="days"), pytest.param("12h", 43200, id="hours"),
+     pytest.param("2w", 14 * 86400, id="weeks"), pytest.param("90s", 90, id="seconds")],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration_s(text) == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [pytest.param("20GB", 20 * 10**9, id="GB"), pytest.param("8GiB", 8 * 2**30, id="GiB"),
+     pytest.param("500mb", 500 * 10**6, id="mb"), pytest.param("1.5TB", 15 * 10**11, id="fraction")],
+)
+def test_sizes(text: str, size: int) -> None:
+    assert parse_size_bytes(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "20", "GB", "-1GB", "20XB"])
+def test_bad_sizes(text: str) -> None:
+    with pytest.raises(UsageError):
+        parse_size_bytes(text)
