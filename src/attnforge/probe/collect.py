@@ -16,13 +16,15 @@ from attnforge.probe.context import ProbeContext
 from attnforge.probe.gpus import collect_gpus
 from attnforge.probe.snapshot import PlatformInfo, ProbeProblem, SystemSnapshot, TorchInfo
 from attnforge.probe.toolchain import collect_compilers, collect_tool, collect_toolkits
-from attnforge.probe.windows import collect_cl, collect_visual_studio
+from attnforge.probe.windows import collect_cl, collect_python_dev, collect_visual_studio
 
 #: Environment variables that change what a CUDA extension build does (install-anchors.md §1.4, §8).
 BUILD_ENV_VARS = (
     "CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST", "FLASH_ATTN_CUDA_ARCHS", "MAX_JOBS", "NVCC_THREADS",
     "DISTUTILS_USE_SDK", "CC", "CXX", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "FLASH_ATTENTION_FORCE_BUILD",
     "PYTORCH_NVCC", "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES",
+    # An active VS developer prompt (toolchain-facts.md §4.2): torch refuses it without DISTUTILS_USE_SDK.
+    "VSCMD_ARG_TGT_ARCH", "VCToolsVersion",
 )
 _TORCH_SCRIPT = Path(__file__).with_name("_torch_script.py")
 
@@ -56,7 +58,11 @@ def collect_snapshot(ctx: ProbeContext | None = None, catalog: Catalog | None = 
     compilers = collect_compilers(ctx)
     visual_studio: list[Any] = []
     long_paths: bool | None = None
+    python_dev = None
     if ctx.os_name == "windows":
+        python_dev, dev_why = collect_python_dev(ctx)
+        if dev_why:
+            problems.append(ProbeProblem(section="python_dev", reason=dev_why))
         visual_studio, vs_why = collect_visual_studio(ctx)
         if vs_why:
             problems.append(ProbeProblem(section="visual_studio", reason=vs_why))
@@ -85,6 +91,7 @@ def collect_snapshot(ctx: ProbeContext | None = None, catalog: Catalog | None = 
         ninja=collect_tool(ctx, "ninja"),
         sccache=collect_tool(ctx, "sccache"),
         long_paths_enabled=long_paths,
+        python_dev=python_dev,
         env=env,
         backends=tuple(backends),
         problems=tuple(problems),

@@ -17,6 +17,10 @@ _GNU_VERSION = re.compile(r"^(?:gcc|g\+\+|cc|c\+\+|x86_64-linux-gnu-gcc(?:-\d+)?
                           r"[^\n]*?\s(\d+\.\d+(?:\.\d+)?)\s*$", re.MULTILINE)
 _CLANG_VERSION = re.compile(r"clang version (\d+\.\d+(?:\.\d+)?)")
 _CL_BANNER = re.compile(r"Compiler Version (\d+\.\d+\.\d+(?:\.\d+)?) for (\S+)")
+# Localised banners keep the number but not the words
+# ("用于 x64 的 Microsoft (R) C/C++ 优化编译器 19.51.36248 版").
+_CL_BANNER_ANY = re.compile(r"Microsoft[^\n]*?\b(19\.\d{2}\.\d{5}(?:\.\d+)?)\b")
+_REG_DWORD = re.compile(r"^\s*(\S+)\s+REG_DWORD\s+0x([0-9a-fA-F]+)\s*$", re.MULTILINE)
 _SMI_CUDA = re.compile(r"CUDA Version:\s*(\d+\.\d+)")
 _MIB = 1024 * 1024
 
@@ -52,18 +56,65 @@ def clang_version(text: str) -> tuple[str, str] | None:
 
 
 def cl_banner(text: str) -> tuple[str, str] | None:
-    """The banner ``cl`` prints with no arguments -> (``"19.44.35207"``, banner line); target must be x64."""
+    """The banner ``cl`` prints with no arguments -> (``"19.44.35207"``, banner line).
+
+    English banners read ``Microsoft (R) C/C++ Optimizing Compiler Version 19.44.35207 for x64``; localised
+    ones keep only the number, which is matched as a fallback (a ``19.xx.yyyyy`` on a line naming Microsoft).
+    """
     m = _CL_BANNER.search(text)
-    if not m:
-        return None
-    line = next(ln for ln in text.splitlines() if "Compiler Version" in ln).strip()
-    return m.group(1), line
+    if m:
+        line = next(ln for ln in text.splitlines() if "Compiler Version" in ln).strip()
+        return m.group(1), line
+    m = _CL_BANNER_ANY.search(text)
+    if m:
+        line = next(ln for ln in text.splitlines() if m.group(1) in ln).strip()
+        return m.group(1), line
+    return None
 
 
 def msc_ver(cl_version: str) -> int:
     """``"19.44.35207"`` -> ``_MSC_VER`` 1944 (major*100 + minor)."""
     major, minor, *_ = (int(p) for p in cl_version.split("."))
     return major * 100 + minor
+
+
+def toolset_msc_ver(toolset: str) -> int:
+    """MSVC toolset directory name -> ``_MSC_VER``: ``"14.44.35207"`` -> 1944, ``"14.29.30133"`` -> 1929.
+
+    The toolset minor and the ``cl`` minor move together from VS 2017 on (14.1x/19.1x ... 14.50/19.50);
+    source: shared/research/toolchain-facts.md §3.2.
+
+    Raises:
+        ValueError: not a ``14.xx[.yyyyy]`` toolset version.
+    """
+    parts = toolset.strip().split(".")
+    if len(parts) < 2 or parts[0] != "14" or not parts[1].isdigit():
+        raise ValueError(f"not an MSVC toolset version: {toolset!r} (expected e.g. 14.44.35207)")
+    return 1900 + int(parts[1])
+
+
+def reg_query_dword(text: str, name: str) -> int | None:
+    """The value of ``name`` in ``reg query <key> /v <name>`` output, None when reg reports it absent.
+
+    ``    LongPathsEnabled    REG_DWORD    0x1`` -> 1. An absent value makes reg print ``ERROR: The system was
+    unable to find the specified registry key or value.`` (and exit 1), which has no REG_DWORD line.
+    """
+    for m in _REG_DWORD.finditer(text):
+        if m.group(1).lower() == name.lower():
+            return int(m.group(2), 16)
+    return None
+
+
+def python_dev_json(text: str) -> dict[str, Any] | None:
+    """The JSON line printed by :data:`attnforge.probe.windows.PYTHON_DEV_SCRIPT`; None if it is not there."""
+    for line in reversed(text.strip().splitlines()):
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(data, dict) and "include_dir" in data:
+            return data
+    return None
 
 
 def nvidia_smi_csv(text: str, cuda_driver_version: str | None) -> list[GpuInfo]:

@@ -198,6 +198,36 @@ class VisualStudio:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PythonDevFiles:
+    """Whether the target interpreter can compile and link C extensions (``Python.h``; on Windows also
+    ``pythonXY.lib``).
+
+    Embedded ("portable") CPython distributions, such as ComfyUI's ``python_embeded``, ship neither
+    ``include`` nor ``libs`` and mark themselves with a ``pythonXY._pth`` file next to ``python.exe``.
+    Source: shared/research/install-anchors.md §8.5, §5.4; toolchain-facts.md §4.2.
+
+    Attributes:
+        include_dir: ``sysconfig.get_paths()["include"]``.
+        has_python_h: ``<include_dir>/Python.h`` exists.
+        libs_dir: ``<sys.base_exec_prefix>\\libs`` (Windows only; None elsewhere).
+        import_lib: the import library torch's link step needs, e.g. ``python312.lib`` (Windows only).
+        has_import_lib: ``<libs_dir>/<import_lib>`` exists (None off Windows).
+        embedded: a ``._pth`` file sits next to the executable (the embeddable distribution's marker).
+    """
+
+    include_dir: str
+    has_python_h: bool
+    libs_dir: str | None
+    import_lib: str | None
+    has_import_lib: bool | None
+    embedded: bool
+
+    @property
+    def can_build_extensions(self) -> bool:
+        return self.has_python_h and self.has_import_lib is not False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Tool:
     """A build tool such as ninja or sccache.
 
@@ -279,6 +309,7 @@ class SystemSnapshot:
     ninja: Tool | None = None
     sccache: Tool | None = None
     long_paths_enabled: bool | None = None
+    python_dev: PythonDevFiles | None = None
     env: dict[str, str] = field(default_factory=dict)
     backends: tuple[InstalledBackend, ...] = ()
     problems: tuple[ProbeProblem, ...] = ()

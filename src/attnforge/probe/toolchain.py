@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import sysconfig
+from collections.abc import Mapping
 from pathlib import Path
 
 from attnforge._system.runner import which
@@ -12,6 +14,7 @@ from attnforge.probe.context import ProbeContext
 from attnforge.probe.snapshot import Compiler, CudaToolkit, Tool
 
 _NVCC = {"windows": "nvcc.exe"}
+_CUDA_PATH_V = re.compile(r"CUDA_PATH_V\d+_\d+")
 
 
 def toolkit_candidates(ctx: ProbeContext) -> list[tuple[Path, str]]:
@@ -28,14 +31,36 @@ def toolkit_candidates(ctx: ProbeContext) -> list[tuple[Path, str]]:
     if nvcc is not None:
         out.append((nvcc.resolve().parent.parent, "PATH"))
     if ctx.os_name == "windows":
-        pf = ctx.environ.get("ProgramFiles", r"C:\Program Files")
-        base = Path(pf) / "NVIDIA GPU Computing Toolkit" / "CUDA"
-        if base.is_dir():
-            out.extend((p, "glob") for p in sorted(base.glob("v*")))
+        out.extend(windows_toolkit_candidates(ctx.environ))
     else:
         for pattern in ("usr/local/cuda*", "opt/cuda*"):
             out.extend((p, "glob") for p in sorted(ctx.fs_root.glob(pattern)) if p.is_dir())
     return out
+
+
+def windows_toolkit_candidates(environ: Mapping[str, str]) -> list[tuple[Path, str]]:
+    """Toolkits a Windows machine has besides ``CUDA_PATH``: the installer's per-version ``CUDA_PATH_V12_8``
+    variables, then every ``%ProgramFiles%\\NVIDIA GPU Computing Toolkit\\CUDA\\v*`` folder, newest first.
+
+    The installer sets ``CUDA_PATH`` to whichever toolkit was installed last and one
+    ``CUDA_PATH_V<major>_<minor>`` per toolkit; it never sets ``CUDA_HOME`` (toolchain-facts.md §4.4).
+    Folders are ordered by version, not by name (torch's own glob takes the lexically first, which is why
+    attnforge lists them all).
+    """
+    out: list[tuple[Path, str]] = []
+    per_version = [(k, v) for k, v in environ.items() if _CUDA_PATH_V.fullmatch(k) and v]
+    for key, value in sorted(per_version, key=lambda kv: _dotted_key(kv[0]), reverse=True):
+        out.append((Path(value), key))
+    pf = environ.get("ProgramFiles", r"C:\Program Files")
+    base = Path(pf) / "NVIDIA GPU Computing Toolkit" / "CUDA"
+    if base.is_dir():
+        folders = [p for p in base.glob("v*") if p.is_dir()]
+        out.extend((p, "glob") for p in sorted(folders, key=lambda p: _dotted_key(p.name), reverse=True))
+    return out
+
+
+def _dotted_key(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text))
 
 
 def collect_toolkits(ctx: ProbeContext) -> tuple[list[CudaToolkit], list[str]]:

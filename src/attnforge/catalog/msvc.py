@@ -1,0 +1,192 @@
+"""MSVC knowledge beyond the host-compiler window (``catalog/data/msvc.toml``): the STL's own CUDA floor,
+the conformance flags nvcc needs on Windows, and Visual Studio release names.
+
+The ``_MSC_VER`` window each nvcc accepts is toolchain data (``toolchain.toml`` ``[[host_compilers]]``);
+this file only adds what sits on top of it. Nothing is read at import time: call :func:`load_msvc`.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnforge.catalog._check import Collector, read_toml
+
+DATA_FILE = Path(__file__).parent / "data" / "msvc.toml"
+SCHEMA_VERSION = 1
+
+MajorMinor = tuple[int, int]
+
+
+def _major_minor(text: str) -> MajorMinor:
+    m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", text)
+    if m is None:
+        raise ValueError(f"not a MAJOR.MINOR version: {text!r}")
+    return (int(m.group(1)), int(m.group(2)))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StlFloor:
+    """From ``_MSC_VER`` ``msc_min`` on, MSVC's STL refuses nvcc older than ``cuda_min`` with ``error``."""
+
+    msc_min: int
+    cuda_min: MajorMinor
+    error: str
+    override: str
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConformanceFlag:
+    """One nvcc argument that makes cl accept torch/CUDA headers, with the versions it applies to."""
+
+    flag: str
+    why: str
+    cuda_min: MajorMinor | None
+    torch_min: MajorMinor | None
+    sources: tuple[str, ...]
+
+    def applies(self, *, cuda: MajorMinor | None, torch: MajorMinor | None) -> bool:
+        """Whether the flag is needed for this nvcc and torch (an unknown version counts as new enough)."""
+        if self.cuda_min is not None and cuda is not None and cuda < self.cuda_min:
+            return False
+        return not (self.torch_min is not None and torch is not None and torch < self.torch_min)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VsRelease:
+    msc_min: int
+    msc_max: int
+    name: str
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MsvcCatalog:
+    """Everything in ``msvc.toml``."""
+
+    stl_floors: tuple[StlFloor, ...]
+    conformance: tuple[ConformanceFlag, ...]
+    releases: tuple[VsRelease, ...]
+
+    def release_name(self, msc_ver: int) -> str | None:
+        """``1944`` -> ``"VS 2022 17.11-17.14"``; None for a ``_MSC_VER`` no row covers."""
+        return next((r.name for r in self.releases if r.msc_min <= msc_ver <= r.msc_max), None)
+
+    def stl_floor(self, msc_ver: int) -> StlFloor | None:
+        """The strictest STL floor in force for this ``_MSC_VER`` (None before any)."""
+        floors = [f for f in self.stl_floors if msc_ver >= f.msc_min]
+        return max(floors, key=lambda f: f.cuda_min, default=None)
+
+    def flags_for(self, *, cuda: MajorMinor | None, torch: MajorMinor | None) -> tuple[ConformanceFlag, ...]:
+        return tuple(f for f in self.conformance if f.applies(cuda=cuda, torch=torch))
+
+
+def load_msvc(path: Path | None = None) -> MsvcCatalog:
+    """Load and validate ``msvc.toml``.
+
+    Args:
+        path: a data file to read instead of the packaged one.
+
+    Raises:
+        CatalogError: the file is missing, not TOML, or has bad fields (each named by its dotted path).
+    """
+    if path is None:
+        return _packaged()
+    return _load(path)
+
+
+@functools.cache
+def _packaged() -> MsvcCatalog:
+    return _load(DATA_FILE)
+
+
+def _load(path: Path) -> MsvcCatalog:
+    doc = read_toml(path)
+    errors = Collector(path.name)
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        errors.add("schema_version", f"expected {SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
+    errors.unknown_keys(doc, {"schema_version", "stl_floors", "conformance", "releases"}, "")
+    catalog = MsvcCatalog(
+        stl_floors=tuple(_stl_floors(doc, errors)),
+        conformance=tuple(_conformance(doc, errors)),
+        releases=tuple(_releases(doc, errors)),
+    )
+    errors.finish()
+    return catalog
+
+
+def _rows(doc: Mapping[str, Any], key: str, errors: Collector) -> list[tuple[str, Mapping[str, Any]]]:
+    raw = doc.get(key)
+    if not isinstance(raw, list) or not raw:
+        errors.add(key, "missing array of tables" if raw is None else "expected a non-empty array of tables")
+        return []
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    for i, row in enumerate(raw):
+        if isinstance(row, dict):
+            out.append((f"{key}[{i}]", row))
+        else:
+            errors.add(f"{key}[{i}]", "expected a table")
+    return out
+
+
+def _msc(errors: Collector, row: Mapping[str, Any], key: str, path: str) -> int:
+    value = errors.get(row, key, path, int)
+    if key in row and not 1900 <= value < 2100:
+        errors.add(f"{path}.{key}", f"{value} is not an _MSC_VER (19xx)")
+    return value
+
+
+def _optional_mm(errors: Collector, row: Mapping[str, Any], key: str, path: str) -> MajorMinor | None:
+    text = errors.get(row, key, path, str)
+    if not text:
+        return None
+    return errors.parsed(text, f"{path}.{key}", _major_minor, (0, 0))
+
+
+def _stl_floors(doc: Mapping[str, Any], errors: Collector) -> list[StlFloor]:
+    out = []
+    for path, row in _rows(doc, "stl_floors", errors):
+        errors.unknown_keys(row, {"msc_min", "cuda_min", "error", "override", "sources"}, path)
+        out.append(StlFloor(
+            msc_min=_msc(errors, row, "msc_min", path),
+            cuda_min=errors.parsed(errors.get(row, "cuda_min", path, str), f"{path}.cuda_min", _major_minor,
+                                   (0, 0)),
+            error=errors.get(row, "error", path, str),
+            override=errors.get(row, "override", path, str),
+            sources=errors.str_list(row, "sources", path, allow_empty=False),
+        ))
+    return out
+
+
+def _conformance(doc: Mapping[str, Any], errors: Collector) -> list[ConformanceFlag]:
+    out = []
+    for path, row in _rows(doc, "conformance", errors):
+        errors.unknown_keys(row, {"flag", "why", "cuda_min", "torch_min", "sources"}, path)
+        flag = errors.get(row, "flag", path, str)
+        if not flag.startswith("-") or any(c.isspace() for c in flag):
+            errors.add(f"{path}.flag", f"expected one nvcc argument starting with '-', got {flag!r}")
+        out.append(ConformanceFlag(
+            flag=flag,
+            why=errors.get(row, "why", path, str),
+            cuda_min=_optional_mm(errors, row, "cuda_min", path),
+            torch_min=_optional_mm(errors, row, "torch_min", path),
+            sources=errors.str_list(row, "sources", path, allow_empty=False),
+        ))
+    return out
+
+
+def _releases(doc: Mapping[str, Any], errors: Collector) -> list[VsRelease]:
+    out = []
+    for path, row in _rows(doc, "releases", errors):
+        errors.unknown_keys(row, {"msc_min", "msc_max", "name", "sources"}, path)
+        lo, hi = _msc(errors, row, "msc_min", path), _msc(errors, row, "msc_max", path)
+        if lo > hi:
+            errors.add(f"{path}.msc_max", f"{hi} is below msc_min {lo}")
+        out.append(VsRelease(msc_min=lo, msc_max=hi, name=errors.get(row, "name", path, str),
+                             sources=errors.str_list(row, "sources", path, allow_empty=False)))
+    return out
