@@ -58,7 +58,7 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
     from attnforge.install import defaults
     from attnforge.install.flow import install
     from attnforge.probe import collect_snapshot
-    from attnforge.resolve.listing import list_wheels
+    from attnforge.resolve.listing import list_wheels, with_local_sdist
     from attnforge.resolve.types import Request
 
     name, spec = parse_requirement(requirement)
@@ -74,6 +74,7 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
     recipe = catalog.recipe(name)
     projects = [*(backend.distributions if backend else (name,)),
                 *([recipe.distribution] if recipe and recipe.distribution else [])]
+    request = with_local_sdist(request, projects)  # an sdist in the wheelhouse builds offline
     listing = list_wheels(find_links, index_urls, projects, offline=offline)
     runner = SubprocessRunner()
     result = install(

@@ -105,7 +105,7 @@ def command(
 ) -> int:
     """Explain what attnforge would do to get BACKEND working here: every candidate, accepted or rejected."""
     from attnforge.catalog import load_catalog
-    from attnforge.resolve.listing import list_wheels
+    from attnforge.resolve.listing import list_wheels, with_local_sdist
     from attnforge.resolve.resolver import resolve
     from attnforge.resolve.types import Request
 
@@ -124,6 +124,7 @@ def command(
     snapshot = load_or_probe(snapshot_path)
     recipe = catalog.recipe(backend.id)
     projects = list(backend.distributions) + ([recipe.distribution] if recipe and recipe.distribution else [])
+    request = with_local_sdist(request, projects)
     listing = list_wheels(find_links, index_urls, projects, offline=offline)
     plan = resolve(snapshot, catalog, request, wheels=listing.wheels)
     result = PlanResult(

@@ -20,7 +20,7 @@ from typing import IO
 from packaging.utils import canonicalize_name
 
 from attnforge.errors import UsageError
-from attnforge.resolve.types import WheelRef
+from attnforge.resolve.types import Request, SourceKind, SourceSpec, WheelRef
 
 #: ``opener(url, timeout_s) -> file-like``; tests pass a fake, the CLI uses urllib.
 Opener = Callable[[str, float], IO[bytes]]
@@ -149,3 +149,52 @@ def list_wheels(
             except OSError as exc:
                 problems.append(f"{index}: {project}: {getattr(exc, 'reason', None) or exc}")
     return Listing(wheels=tuple(wheels), problems=tuple(problems))
+
+
+def find_sdist(directories: Sequence[str], projects: Sequence[str], version_spec: str = "") -> Path | None:
+    """The newest sdist (``NAME-VERSION.tar.gz``/``.zip``) of one of ``projects`` in the find-links
+    ``directories`` whose version fits ``version_spec``, or None.
+
+    This is how an offline machine builds from source: the sdist travels in the same wheelhouse as the wheels
+    (``attnforge install flash-attn --find-links ./wheelhouse --offline``).
+    """
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.utils import InvalidSdistFilename, parse_sdist_filename
+    from packaging.version import Version
+
+    try:
+        spec = SpecifierSet(version_spec or "")
+    except InvalidSpecifier:
+        return None
+    wanted = {canonicalize_name(p) for p in projects}
+    best: tuple[Version, Path] | None = None
+    for directory in directories:
+        path = Path(directory).expanduser()
+        if not path.is_dir():
+            continue
+        for entry in sorted(path.iterdir()):
+            if not entry.name.endswith((".tar.gz", ".zip")):
+                continue
+            try:
+                name, version = parse_sdist_filename(entry.name)
+            except InvalidSdistFilename:
+                continue
+            if name in wanted and spec.contains(version, prereleases=True) and (best is None or version > best[0]):
+                best = (version, entry)
+    return best[1] if best else None
+
+
+def with_local_sdist(request: Request, projects: Sequence[str]) -> Request:
+    """``request`` with its source set to a matching sdist from its find-links directories, when there is one
+    and the request names no source of its own."""
+    if request.source is not None or not request.find_links:
+        return request
+    sdist = find_sdist(request.find_links, projects, request.version)
+    if sdist is None:
+        return request
+    from dataclasses import replace
+
+    from packaging.utils import parse_sdist_filename
+
+    version = str(parse_sdist_filename(sdist.name)[1])
+    return replace(request, source=SourceSpec(kind=SourceKind.PATH, location=str(sdist), version=version))
