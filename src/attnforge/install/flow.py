@@ -26,7 +26,7 @@ from attnforge.cache import CacheKey, Store
 from attnforge.cache._files import remove_tree, sha256_file
 from attnforge.errors import CacheError, InstallError, ResolveError
 from attnforge.install.keys import built_wheel_inputs, prebuilt_wheel_inputs
-from attnforge.install.pip import PipInstallResult, pip_install
+from attnforge.install.pip import PipInstallResult, install_requirements, pip_install
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import (
     BuildSpec,
@@ -181,11 +181,14 @@ def install(
     pip = pip_install(path, runner=runner, python=python)
     run.timings_s["pip"] = time.perf_counter() - start
     if pip.missing_requirements:
-        quoted = " ".join(f"'{r}'" for r in pip.missing_requirements)
-        run.warnings.append(
-            "left to you (installed with --no-deps): " + ", ".join(pip.missing_requirements)
-            + f"; install with: {python} -m pip install {quoted}"
+        start = time.perf_counter()
+        done = install_requirements(
+            pip.missing_requirements, runner=runner, python=python, find_links=request.find_links,
+            index_urls=request.index_urls, offline=request.offline, scratch=store.root / "tmp",
         )
+        run.timings_s["requirements"] = time.perf_counter() - start
+        if done:
+            run.warnings.append("also installed its requirements (torch pinned): " + ", ".join(done))
 
     verification = None
     if verifier is not None:

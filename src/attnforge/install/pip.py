@@ -204,3 +204,58 @@ def _req_name(text: str) -> str:
 
 def _tail(done: Completed, lines: int = 15) -> str:
     return "\n".join(done.output.strip().splitlines()[-lines:]) or f"exit status {done.returncode}"
+
+
+def install_requirements(
+    requirements: tuple[str, ...],
+    *,
+    runner: Runner,
+    python: str = sys.executable,
+    find_links: tuple[str, ...] = (),
+    index_urls: tuple[str, ...] = (),
+    offline: bool = False,
+    scratch: Path,
+    timeout_s: float = 900,
+) -> tuple[str, ...]:
+    """Install the requirements a backend needs (FlashAttention-4's CuTe DSL, say), with the torch stack pinned.
+
+    A constraints file pins every installed protected distribution (torch, triton, ...) to its current version,
+    so pip can satisfy the rest but never replace torch; offline, only ``find_links`` are used.
+
+    Returns:
+        The requirements pip installed (empty when there was nothing to do).
+
+    Raises:
+        InstallError: pip could not satisfy them (its last lines are the cause), or torch changed anyway.
+    """
+    reqs = tuple(r for r in requirements if _req_name(r) not in PROTECTED)
+    if not reqs:
+        return ()
+    pinned = {k: v for k, v in installed_versions(python, sorted(PROTECTED), runner).items() if v}
+    scratch.mkdir(parents=True, exist_ok=True)
+    constraints = scratch / "attnforge-torch-constraints.txt"
+    constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(pinned.items())))
+    argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--quiet",
+            "-c", str(constraints)]
+    for d in find_links:
+        argv += ["--find-links", d]
+    if offline:
+        argv.append("--no-index")
+    elif index_urls:
+        argv += ["--index-url", index_urls[0], *(a for u in index_urls[1:] for a in ("--extra-index-url", u))]
+    done = runner.run([*argv, *reqs], timeout_s=timeout_s)
+    if not done.ok:
+        raise InstallError(
+            "pip could not install the backend's requirements: " + ", ".join(reqs), cause=_tail(done),
+            hint="put their wheels in a --find-links directory (offline), or install them yourself: "
+                 + " ".join([python, "-m", "pip", "install", *reqs]),
+        )
+    after = installed_versions(python, sorted(pinned), runner)
+    changed = {k: (v, after.get(k)) for k, v in pinned.items() if after.get(k) != v}
+    if changed:
+        raise InstallError(
+            "the torch stack changed while installing requirements: "
+            + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()),
+            hint="reinstall the torch you had: pip install " + " ".join(f"{k}=={a}" for k, (a, _) in changed.items()),
+        )
+    return reqs

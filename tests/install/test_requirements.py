@@ -1,0 +1,62 @@
+"""A backend's own requirements (FlashAttention-4's CuTe DSL) are installed with the torch stack pinned."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from attnforge._system.runner import Completed
+from attnforge.errors import InstallError
+from attnforge.install.pip import install_requirements
+
+
+class ScriptedPip:
+    """Answers the versions script from ``versions`` (then ``after`` once pip ran) and records pip's argv."""
+
+    def __init__(self, versions: dict[str, str | None], after: dict[str, str | None] | None = None,
+                 pip_rc: int = 0) -> None:
+        self.versions, self.after, self.pip_rc = versions, after, pip_rc
+        self.pip_argv: list[str] | None = None
+
+    def run(self, argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
+            timeout_s: float | None = None) -> Completed:
+        if argv[1] == "-c":  # the versions script
+            table = self.after if (self.pip_argv is not None and self.after is not None) else self.versions
+            return Completed(argv=tuple(argv), returncode=0, stdout=json.dumps({n: table.get(n) for n in argv[3:]}))
+        self.pip_argv = list(argv)
+        return Completed(argv=tuple(argv), returncode=self.pip_rc, stderr="ERROR: No matching distribution")
+
+
+def test_offline_requirements_come_from_find_links_with_torch_pinned(tmp_path: Path) -> None:
+    pip = ScriptedPip({"torch": "2.11.0+cu130", "triton": "3.6.0"})
+    done = install_requirements(("nvidia-cutlass-dsl[cu13]>=4.8", "torch>=2.8", "quack-kernels"), runner=pip,
+                                python="py", find_links=("/tmp/wh",), offline=True, scratch=tmp_path)
+    assert done == ("nvidia-cutlass-dsl[cu13]>=4.8", "quack-kernels")  # torch itself is never asked for
+    argv = pip.pip_argv
+    assert argv is not None
+    assert argv[argv.index("--find-links") + 1] == "/tmp/wh" and "--no-index" in argv
+    constraints = Path(argv[argv.index("-c") + 1]).read_text().splitlines()
+    assert constraints == ["torch==2.11.0+cu130", "triton==3.6.0"]
+
+
+def test_torch_changing_anyway_is_an_error(tmp_path: Path) -> None:
+    pip = ScriptedPip({"torch": "2.11.0+cu130"}, after={"torch": "2.12.0"})
+    with pytest.raises(InstallError, match=r"torch 2\.11\.0\+cu130 -> 2\.12\.0"):
+        install_requirements(("einops",), runner=pip, python="py", scratch=tmp_path)
+
+
+def test_pip_failure_names_the_requirements_and_a_fix(tmp_path: Path) -> None:
+    pip = ScriptedPip({"torch": "2.11.0+cu130"}, pip_rc=1)
+    with pytest.raises(InstallError) as info:
+        install_requirements(("einops",), runner=pip, python="py", offline=True, scratch=tmp_path)
+    assert "einops" in info.value.message and "No matching distribution" in (info.value.cause or "")
+    assert info.value.hint and "--find-links" in info.value.hint
+
+
+def test_nothing_to_do(tmp_path: Path) -> None:
+    pip = ScriptedPip({})
+    assert install_requirements(("torch>=2",), runner=pip, python="py", scratch=tmp_path) == ()
+    assert pip.pip_argv is None
