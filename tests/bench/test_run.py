@@ -60,7 +60,9 @@ def test_every_backend_goes_through_the_same_inputs_and_harness() -> None:
     assert len(distinct) >= 2
     for q, k, v in spy.seen:
         for t in (q, k, v):
-            assert bool((t != 0).all())
+            # standard normal, not zero-filled: CPU randn can draw an exact 0.0 (about 1 in 10^7 elements)
+            assert float((t == 0).float().mean()) < 1e-4
+            assert float(t.std()) > 0.5
 
 
 def test_unsupported_shapes_are_skipped_and_errors_are_cells() -> None:
