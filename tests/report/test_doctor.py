@@ -77,9 +77,31 @@ def test_bench_records_drive_the_verdict() -> None:
     assert "612 TFLOP/s" in report.verdict.evidence
 
 
+def test_xformers_cuda_12_wheel_under_cu130_torch_names_the_real_cause() -> None:
+    """Seen on the H200: PyPI's xformers 0.0.35 is the cu128 build; 'built for PyTorch 2.10' is not the cause."""
+    details = ("xformers._cpp_lib.xFormersInvalidLibException: xFormers can't load C++/CUDA extensions. "
+               "xFormers was built for:", "PyTorch 2.10.0+cu128 with CUDA 1208 (you have 2.11.0+cu130)",
+               "Python  3.10.19 (you have 3.12.3)")
+    inst = InstalledBackend(backend="xformers", distribution="xformers", version="0.0.35", imports=True,
+                            native=(NativeModule(name="xformers._C", ok=False,
+                                                 error="OSError: libcudart.so.12: cannot open shared object file"),),
+                            details=details)
+    _, rows = _rows(_with_backend(H200, inst))
+    row = rows["xformers"]
+    assert row.status is Status.BROKEN
+    assert row.problem == ("xFormers 0.0.35 is a CUDA 12.8 build (its _C needs libcudart.so.12) but torch is a "
+                           "CUDA 13.0 build: its CUDA kernels are not loaded")
+    assert "--index-url https://download.pytorch.org/whl/cu130" in row.next_step
+
+
+def test_missing_xformers_points_at_the_pytorch_index_of_this_cuda() -> None:
+    _, rows = _rows(H200)
+    assert rows["xformers"].next_step == "attnforge install xformers --index-url https://download.pytorch.org/whl/cu130"
+
+
 def test_xformers_built_for_another_torch_is_broken_with_the_reason() -> None:
     details = ("WARNING[XFORMERS]: xFormers can't load C++/CUDA extensions. xFormers was built for:",
-               "PyTorch 2.10.0+cu128 with CUDA 1208 (you have 2.11.0+cu130)",
+               "PyTorch 2.10.0+cu130 with CUDA 1300 (you have 2.11.0+cu130)",
                "Python  3.10.18 (you have 3.12.3)")
     inst = InstalledBackend(backend="xformers", distribution="xformers", version="0.0.35", imports=True,
                             native=(NativeModule(name="xformers._C", ok=False,
@@ -88,7 +110,7 @@ def test_xformers_built_for_another_torch_is_broken_with_the_reason() -> None:
     row = rows["xformers"]
     assert row.status is Status.BROKEN
     assert row.problem is not None
-    assert "built for PyTorch 2.10.0+cu128 / Python 3.10, you have 2.11.0+cu130 / 3.12" in row.problem
+    assert "built for PyTorch 2.10.0+cu130 / Python 3.10, you have 2.11.0+cu130 / 3.12" in row.problem
     assert "pip uninstall xformers" in row.next_step
 
 

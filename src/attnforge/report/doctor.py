@@ -216,7 +216,7 @@ def _row(s: SystemSnapshot, b: Backend, machine: tuple[str, str] | None, ver: Ve
     if inst.installed and (inst.imports is False or inst.native_ok is False):
         problem = _load_problem(s, inst)
         return row(status=Status.BROKEN, problem=problem,
-                          next_step=_broken_next_step(b, inst, machine))
+                          next_step=_broken_next_step(s, b, inst, machine))
     if machine is not None and not inst.installed:
         if b.needs_build and blockers:
             return row(status=Status.UNSUPPORTED, problem="cannot be built here: " + "; ".join(blockers),
@@ -234,8 +234,8 @@ def _row(s: SystemSnapshot, b: Backend, machine: tuple[str, str] | None, ver: Ve
     if b.needs_build and blockers:
         return row(status=Status.UNSUPPORTED,
                           problem="cannot be built here: " + "; ".join(blockers),
-                          next_step="fix the first build blocker, then: " + b.install)
-    return row(status=Status.MISSING, problem="not installed", next_step=b.install)
+                          next_step="fix the first build blocker, then: " + install_step(s, b))
+    return row(status=Status.MISSING, problem="not installed", next_step=install_step(s, b))
 
 
 def _builtin_row(s: SystemSnapshot, b: Backend, machine: tuple[str, str] | None, supported: bool | None,
@@ -271,9 +271,30 @@ _XF_BUILT_FOR = re.compile(r"PyTorch (\S+) with CUDA (\d+) \(you have (\S+)\)")
 _XF_PYTHON = re.compile(r"Python\s+(\d+\.\d+)\S*\s+\(you have (\d+\.\d+)\S*\)")
 
 
+def torch_index_url(s: SystemSnapshot) -> str:
+    """The PyTorch wheel index matching this torch's CUDA (``.../whl/cu130``), where CUDA-specific builds of
+    xFormers live (install-anchors.md §7.1); the CPU index for a CPU torch."""
+    cuda = s.torch.cuda_version if s.torch else None
+    tag = "cu" + cuda.replace(".", "") if cuda else "cpu"
+    return f"https://download.pytorch.org/whl/{tag}"
+
+
+def install_step(s: SystemSnapshot, b: Backend) -> str:
+    """The catalog's install command for ``b`` with ``{torch_index}`` filled in for this machine."""
+    return b.install.replace("{torch_index}", torch_index_url(s))
+
+
 def _load_problem(s: SystemSnapshot, inst: InstalledBackend) -> str:
     details = " ".join(inst.details)
     m = _XF_BUILT_FOR.search(details)
+    torch_cuda = s.torch.cuda_version if s.torch else None
+    if m and torch_cuda and int(m.group(2)) // 100 != int(torch_cuda.split(".")[0]):
+        # Seen on the H200: xFormers >= 0.0.34 use torch's stable ABI, so the torch/Python versions it names are
+        # not the cause; its _C.so links the CUDA runtime of its own major (libcudart.so.12), which a cu13 torch
+        # does not ship.
+        code = int(m.group(2))  # xFormers writes CUDA 12.8 as 1208
+        return (f"xFormers {inst.version} is a CUDA {code // 100}.{code % 100} build (its _C needs libcudart.so."
+                f"{code // 100}) but torch is a CUDA {torch_cuda} build: its CUDA kernels are not loaded")
     if m:
         py = _XF_PYTHON.search(details)
         built_py = f" / Python {py.group(1)}" if py else ""
@@ -286,12 +307,13 @@ def _load_problem(s: SystemSnapshot, inst: InstalledBackend) -> str:
     return "native module does not load: " + "; ".join(failed)
 
 
-def _broken_next_step(b: Backend, inst: InstalledBackend, machine: tuple[str, str] | None) -> str:
+def _broken_next_step(s: SystemSnapshot, b: Backend, inst: InstalledBackend,
+                      machine: tuple[str, str] | None) -> str:
     if machine is not None:
         return machine[1]
     if b.needs_build:
         return f"attnforge install {b.id} --from-source (rebuilds against this torch)"
-    return (f"pip uninstall {inst.distribution} and {b.install} (picks a build that matches this torch), "
+    return (f"pip uninstall {inst.distribution}, then {install_step(s, b)} (a build that matches this torch), "
             f"or `attnforge diagnose` the error")
 
 
