@@ -227,8 +227,9 @@ def _row(s: SystemSnapshot, b: Backend, machine: tuple[str, str] | None, ver: Ve
                           next_step="use another backend (see the verdict)")
     if inst.installed:
         if ver is not None and not ver.ok:
-            return row(status=Status.BROKEN, problem=f"verify failed: {ver.summary}",
-                              next_step=f"attnforge install {b.id} --from-source")
+            step = (f"attnforge install {b.id} --from-source" if b.needs_build else
+                    "attnforge.attention() will not use it; `attnforge verify --json` has every failing case")
+            return row(status=Status.BROKEN, problem=f"verify failed: {ver.summary}", next_step=step)
         step = "ready" if ver is not None else f"attnforge verify {b.id}"
         return row(status=Status.READY, problem=None, next_step=step)
     if b.needs_build and blockers:
