@@ -62,3 +62,17 @@ def test_nothing_viable_exits_1_with_every_reason(
     assert "error: nothing can install flash-attn" in err
     assert "cause:" in err
     assert "hint: see `attnforge plan flash-attn`" in err
+
+
+def test_xformers_refused_from_pypi_points_at_the_pytorch_index(
+    attnforge_home: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Seen on the H200: PyPI's xformers wheel has no local label and is the CUDA 12.8 build."""
+    wheelhouse = tmp_path / "wh"
+    wheelhouse.mkdir()
+    (wheelhouse / "xformers-0.0.35-py39-none-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    assert main(["install", "xformers", "--find-links", str(wheelhouse), "--offline", "--no-verify"]) == 1
+    err = capsys.readouterr().err
+    assert "no local version label" in err
+    assert "hint: this torch needs the xFormers build for its CUDA: attnforge install xformers --index-url " \
+           "https://download.pytorch.org/whl/cpu" in err  # this machine's torch is the CPU build

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from attnforge.cli._output import console, emit_json, json_option
+from attnforge.errors import ResolveError
 
 if TYPE_CHECKING:
     from attnforge.install.flow import InstallResult
@@ -58,6 +59,7 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
     from attnforge.install import defaults
     from attnforge.install.flow import install
     from attnforge.probe import collect_snapshot
+    from attnforge.report.doctor import install_step
     from attnforge.resolve.listing import list_wheels, with_local_sdist
     from attnforge.resolve.types import Request
 
@@ -77,13 +79,20 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
     request = with_local_sdist(request, projects)  # an sdist in the wheelhouse builds offline
     listing = list_wheels(find_links, index_urls, projects, offline=offline)
     runner = SubprocessRunner()
-    result = install(
-        request, snapshot=snapshot, store=store,
-        planner=defaults.resolver_planner(snapshot, catalog, listing.wheels, store.root),
-        builder=defaults.source_builder,
-        verifier=None if no_verify else defaults.subprocess_verifier(runner, catalog),
-        runner=runner, python=sys.executable, fetch_index=defaults.index_fetcher(catalog, runner),
-    )
+    try:
+        result = install(
+            request, snapshot=snapshot, store=store,
+            planner=defaults.resolver_planner(snapshot, catalog, listing.wheels, store.root),
+            builder=defaults.source_builder,
+            verifier=None if no_verify else defaults.subprocess_verifier(runner, catalog),
+            runner=runner, python=sys.executable, fetch_index=defaults.index_fetcher(catalog, runner),
+        )
+    except ResolveError as exc:
+        if backend is not None and "{torch_index}" in backend.install and not index_urls:
+            # e.g. PyPI's xformers is the CUDA 12.8 build; a cu130 torch needs the PyTorch index's build
+            exc.hint = (f"this torch needs the {backend.display_name} build for its CUDA: "
+                        f"{install_step(snapshot, backend)}")
+        raise
     if as_json:
         emit_json("install", result)
     else:
