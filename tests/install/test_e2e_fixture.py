@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import venv
 from concurrent.futures import ThreadPoolExecutor
@@ -90,7 +91,8 @@ def test_plain_pip_installs_the_export_into_a_fresh_venv(
 
 
 def test_uv_installs_the_export_too(built: tuple[Store, Entry, Path], tmp_path: Path) -> None:
-    uv = shutil.which("uv")
+    # the dev extras install uv next to this interpreter, which need not be on PATH (pyenv shims, venvs)
+    uv = shutil.which("uv") or shutil.which("uv", path=sysconfig.get_path("scripts"))
     if uv is None:
         pytest.skip("uv is not installed on this machine")
     _, _, share = built
