@@ -95,3 +95,10 @@ def test_real_probe_and_doctor_on_this_machine(attnforge_argv: list[str], cli_en
         assert "is a CPU build" in out
     assert "cannot be built here" in out  # why flash-attn cannot be built on this machine
     assert "Traceback" not in doctor.stderr
+
+
+def test_a_misspelt_backend_gets_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "flash-atn", "--snapshot", str(H200)]) == 2
+    err = capsys.readouterr().err
+    assert "error: unknown backend 'flash-atn'" in err
+    assert "hint: did you mean 'flash-attn'?" in err

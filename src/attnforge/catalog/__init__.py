@@ -65,8 +65,12 @@ class Catalog:
         try:
             return self.backends[backend_id]
         except KeyError:
+            import difflib
+
+            close = difflib.get_close_matches(backend_id, list(self.backends), n=1)
+            guess = f"did you mean {close[0]!r}? " if close else ""
             raise UsageError(
-                f"unknown backend {backend_id!r}", hint=f"known backends: {', '.join(sorted(self.backends))}"
+                f"unknown backend {backend_id!r}", hint=f"{guess}known backends: {', '.join(sorted(self.backends))}"
             ) from None
 
     def recipe(self, backend_id: str) -> Recipe | None:
