@@ -137,7 +137,8 @@ def execute(
     if not (Path(python).is_file() or shutil.which(python)):
         raise BuildError(f"the build interpreter {python} does not exist on this machine",
                          hint="build on the machine the snapshot describes, or plan without --snapshot")
-    build_root = Path(spec.build_root).expanduser() if spec.build_root else home / "build"
+    # absolute: pip runs in the project dir, so a relative --wheel-dir would land elsewhere
+    build_root = (Path(spec.build_root).expanduser() if spec.build_root else home / "build").absolute()
     build_root.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_scratch(build_root)
     log_path = _new_log_path(home, spec)
@@ -248,7 +249,8 @@ def _prepare_windows(spec: BuildSpec, snapshot: object | None, *, base: Mapping[
         from attnforge.probe import collect_snapshot
 
         machine = collect_snapshot()
-    prepared = prepare_windows_build(spec, machine, base=base, build_root=str(build_root), runner=runner,
+    prepared = prepare_windows_build(spec, machine, base=base, build_root=spec.build_root or str(build_root),
+                                     runner=runner,
                                      scratch_dir=scratch / "vcvars")
     # TMP/TEMP must exist, or Python's tempfile (pip, setuptools) falls back to the long user temp dir
     Path(prepared.plan.temp_dir).mkdir(parents=True, exist_ok=True)

@@ -428,7 +428,7 @@ def allowed_unsupported(check: Check) -> Check:
     """A failed host-compiler check the user overrode with ``--allow-unsupported-compiler``."""
     return Check(name=check.name, ok=True,
                  reason=f"{check.reason}; --allow-unsupported-compiler: building with "
-                        f"{ALLOW_UNSUPPORTED_FLAG} {UNSUPPORTED_RISK} (the safe fix: {check.fix})")
+                        f"{ALLOW_UNSUPPORTED_FLAG} {UNSUPPORTED_RISK}")
 
 
 def _host_compiler_check(
@@ -484,7 +484,7 @@ def _host_compiler_check(
         "stops with 'unsupported GNU version'",
         fix=f"install gcc-{n} and g++-{n} and build with CC=gcc-{n} CXX=g++-{n} (cpp_extension passes "
         f"-ccbin $CC), "
-        "or use a newer CUDA",
+        "or use a newer CUDA, or (at your own risk) build with --allow-unsupported-compiler",
     )
     if allow_unsupported:
         return allowed_unsupported(refused), (ALLOW_UNSUPPORTED_FLAG,)

@@ -160,6 +160,8 @@ def _msvc_check(
             f"or install CUDA {format_major_minor(newer.cuda_min)} or newer {version[0]}.x (accepts "
             f"_MSC_VER [{newer.msc_min}, {newer.msc_end})) and point CUDA_HOME/CUDA_PATH at it"
         )
+    fixes.append("or, at your own risk, build with --allow-unsupported-compiler (nvcc's "
+                 "-allow-unsupported-compiler)")
     stl = [t for t in toolsets if t.msc_ver >= 1941]
     extra = ""
     if stl and version < (12, 4):
