@@ -197,3 +197,74 @@ def test_diagnose_unknown_success_and_missing(tmp_path: Path, capsys: pytest.Cap
     assert main(["diagnose", str(FA_LOG)]) == 0
     assert "no failure" in capsys.readouterr().out
     assert main(["diagnose", str(tmp_path / "nope.log")]) == 2
+
+
+# -- --allow-unsupported-compiler on Linux ----------------------------------------------------------------------
+H200 = FIXTURES / "snapshots" / "h200_torch2.11_cu130.json"
+
+
+def _h200_with_gcc(tmp_path: Path, version: str, python: str) -> Path:
+    """The real H200 snapshot with another gcc (nvcc 13.0 accepts gcc 6-15) and build interpreter."""
+    doc = json.loads(H200.read_text(encoding="utf-8"))
+    for compiler in doc["compilers"]:
+        compiler["banner"] = compiler["banner"].replace(compiler["version"], version)
+        compiler["version"] = version
+    doc["platform"]["python_executable"] = python
+    path = tmp_path / f"h200_gcc{version}.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def test_gcc_outside_nvccs_range_is_refused_and_names_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], attnforge_home: Path
+) -> None:
+    snap = _h200_with_gcc(tmp_path, "16.1.0", "/nonexistent/python3")
+    assert main(["build", "flash-attn", "--snapshot", str(snap)]) == 1
+    err = capsys.readouterr().err
+    assert "unsupported GNU version" in err
+    assert "--allow-unsupported-compiler" in err
+
+
+def test_allow_unsupported_compiler_builds_past_the_preflight_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], attnforge_home: Path
+) -> None:
+    # the snapshot's interpreter does not exist here, so the build stops right after the preflight passed
+    snap = _h200_with_gcc(tmp_path, "16.1.0", "/nonexistent/python3")
+    assert main(["build", "flash-attn", "--allow-unsupported-compiler", "--snapshot", str(snap)]) == 1
+    err = capsys.readouterr().err
+    assert "warning: building with nvcc -allow-unsupported-compiler, at your own risk" in err
+    assert "g++ 16.1.0 is outside what nvcc 13.0 accepts" in err
+    assert "/nonexistent/python3 does not exist" in err
+    assert "unsupported GNU version'; fix" not in err
+
+
+@pytest.mark.parametrize(("gcc", "user_flags", "expected"), [
+    pytest.param("16.1.0", None, "-allow-unsupported-compiler", id="gcc16-added"),
+    pytest.param("16.1.0", "--threads 2", "--threads 2 -allow-unsupported-compiler", id="gcc16-after-user"),
+    pytest.param("13.3.0", None, None, id="gcc13-inside-not-added"),
+])
+def test_allow_unsupported_compiler_reaches_the_build_only_when_gcc_is_outside(
+    tmp_path: Path, gcc: str, user_flags: str | None, expected: str | None
+) -> None:
+    import dataclasses
+    import sys
+
+    from attnforge.build import execute
+    from attnforge.catalog import load_catalog
+    from attnforge.cli.build import unsupported_compiler_warning
+    from attnforge.probe.snapshot import SystemSnapshot
+    from attnforge.resolve import build_spec
+    from attnforge.resolve.types import Request
+
+    snap = SystemSnapshot.load(_h200_with_gcc(tmp_path, gcc, sys.executable))
+    if user_flags:
+        snap = dataclasses.replace(snap, env={**snap.env, "NVCC_APPEND_FLAGS": user_flags})
+    spec = build_spec(snap, load_catalog(), Request(backend="flash-attn", allow_unsupported_compiler=True),
+                      home=str(tmp_path / "home"))
+    spec = dataclasses.replace(spec, source=SourceSpec(kind=SourceKind.PATH,
+                                                       location=str(copy_fixture(tmp_path / "src"))))
+    launcher = ReplayLauncher(FA_LOG)
+    execute(spec, home=tmp_path / "home", launcher=launcher, environ={"PATH": "/usr/bin:/bin"})
+    assert launcher.env.get("NVCC_APPEND_FLAGS") == expected
+    warning = unsupported_compiler_warning(spec) or ""
+    assert ("at your own risk" in warning) and (("outside what nvcc" in warning) is (expected is not None))

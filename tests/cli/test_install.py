@@ -41,6 +41,8 @@ def test_a_local_source_becomes_an_absolute_path(tmp_path: Path, monkeypatch: py
         pytest.param(["install", "flash attn!"], "not a backend requirement", id="bad-requirement"),
         pytest.param(["install", "flash-attn", "--arch", "ninety"], "not a compute capability",
                      id="bad-arch"),
+        pytest.param(["install", "no-such-backend", "--from-source", "--allow-unsupported-compiler"],
+                     "unknown backend", id="allow-unsupported-compiler-is-an-option"),
     ],
 )
 def test_bad_input_exits_2_with_a_hint(

@@ -36,7 +36,9 @@ from attnforge.build.progress import NullReporter, Phase, PhaseEvent, Reporter
 from attnforge.build.sccache import SccacheStats
 from attnforge.build.source import FetchedSource, fetch, lay_out
 from attnforge.build.stream import Interrupted, Launcher, launch, run_streamed
+from attnforge.build.windows_layer import WindowsBuild, builds_on_windows, prepare_windows_build
 from attnforge.errors import BuildError
+from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import BuildSpec
 
 #: Written into a laid-out build tree; its content is the source sha256 the tree came from.
@@ -103,10 +105,14 @@ def execute(
         home: attnforge's state directory; logs go to ``home/logs``, the wheel to ``home/staging/<id>/``.
         reporter: receives progress events (:mod:`attnforge.build.progress`); ignored when None.
         keep_build_dir: keep the build tree after the build (success or failure) so a rerun resumes.
-        runner: runs the short commands (pip download, git, sccache stats).
+        runner: runs the short commands (pip download, git, sccache stats, vcvars64 on Windows).
         launcher: starts the long build command (seam for tests: wrap argv, limit memory, ...).
         environ: the base environment (``os.environ`` when None); ``spec.env`` goes on top.
         snapshot: a :class:`~attnforge.probe.snapshot.SystemSnapshot` that sharpens the diagnosis on failure.
+            A Windows snapshot (or none, on Windows) makes this a Windows build: ``vcvars64.bat`` is captured
+            through ``runner`` and the environment is layered as :mod:`attnforge.build.windows_layer` says
+            (``DISTUTILS_USE_SDK=1``, short TMP/TEMP, conformance flags in ``NVCC_APPEND_FLAGS``, the chosen
+            toolkit as ``CUDA_HOME``/``CUDA_PATH``).
         heartbeat_s: seconds of silence before a heartbeat event.
 
     Returns:
@@ -115,7 +121,8 @@ def execute(
     Raises:
         BuildFailure: pip wheel failed; ``log_path`` and ``diagnosis`` say where and why.
         BuildError: the build interpreter is missing, the source could not be fetched, another build holds
-            the same tree, or sccache is missing.
+            the same tree, sccache is missing (or asked for on Windows), or the Windows environment could not
+            be set up (no Visual Studio toolset nvcc accepts, vcvars64 failed).
         UsageError: a local source path that is not a source.
         KeyboardInterrupt: Ctrl-C, after cleaning up (SIGTERM arrives as
         :class:`~attnforge.build.stream.Interrupted`).
@@ -123,12 +130,15 @@ def execute(
     started = time.monotonic()
     reporter = reporter or NullReporter()
     runner = runner or SubprocessRunner()
-    env = build_environment(spec, os.environ if environ is None else environ)
+    base = os.environ if environ is None else environ
+    on_windows = builds_on_windows(snapshot)
+    env = build_environment(spec, base)  # on Windows replaced below, once vcvars64 has run
     python = spec.python or sys.executable
     if not (Path(python).is_file() or shutil.which(python)):
         raise BuildError(f"the build interpreter {python} does not exist on this machine",
                          hint="build on the machine the snapshot describes, or plan without --snapshot")
-    build_root = Path(spec.build_root).expanduser() if spec.build_root else home / "build"
+    # absolute: pip runs in the project dir, so a relative --wheel-dir would land elsewhere
+    build_root = (Path(spec.build_root).expanduser() if spec.build_root else home / "build").absolute()
     build_root.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_scratch(build_root)
     log_path = _new_log_path(home, spec)
@@ -136,6 +146,11 @@ def execute(
     work: Path | None = None
     with log_path.open("w", encoding="utf-8", errors="replace") as log:
         try:
+            if on_windows:
+                windows = _prepare_windows(spec, snapshot, base=base, build_root=build_root, runner=runner,
+                                           scratch=scratch)
+                env = windows.env
+                log.writelines(f"attnforge: {line}\n" for line in windows.log_lines())
             _log_header(log, spec, env)
             reporter.report(PhaseEvent(phase=Phase.FETCH, detail=_describe_source(spec)))
             fetched = fetch(spec.source, scratch=scratch, python=python, env=env, runner=runner)
@@ -146,7 +161,7 @@ def execute(
                 work = tree  # ours to clean up only once the lock is held
                 resumed = _prepare_tree(fetched, work, scratch, reporter, log)
                 project = work / spec.source.subdirectory if spec.source.subdirectory else work
-                sccache_path, before = _sccache_setup(spec, env, work, runner)
+                sccache_path, before = _sccache_setup(spec, env, work, runner, windows=on_windows)
                 out = scratch / "wheel"
                 argv = [python, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
                         "--disable-pip-version-check", "--wheel-dir", str(out), str(project)]
@@ -224,12 +239,30 @@ def _prepare_tree(
     return False
 
 
+def _prepare_windows(spec: BuildSpec, snapshot: object | None, *, base: Mapping[str, str], build_root: Path,
+                     runner: Runner, scratch: Path) -> WindowsBuild:
+    """The Windows environment (vcvars64 captured through ``runner``); probes the machine when the caller
+    gave no snapshot (``attnforge install`` on Windows)."""
+    if isinstance(snapshot, SystemSnapshot):
+        machine = snapshot
+    else:
+        from attnforge.probe import collect_snapshot
+
+        machine = collect_snapshot()
+    prepared = prepare_windows_build(spec, machine, base=base, build_root=spec.build_root or str(build_root),
+                                     runner=runner,
+                                     scratch_dir=scratch / "vcvars")
+    # TMP/TEMP must exist, or Python's tempfile (pip, setuptools) falls back to the long user temp dir
+    Path(prepared.plan.temp_dir).mkdir(parents=True, exist_ok=True)
+    return prepared
+
+
 def _sccache_setup(
-    spec: BuildSpec, env: dict[str, str], work: Path, runner: Runner
+    spec: BuildSpec, env: dict[str, str], work: Path, runner: Runner, *, windows: bool
 ) -> tuple[Path | None, SccacheStats | None]:
     if not spec.use_sccache:
         return None, None
-    if sys.platform == "win32":
+    if windows:
         raise BuildError("--sccache is supported on Linux only for now",
                          hint="build without --sccache on Windows")
     found = which("sccache", env)

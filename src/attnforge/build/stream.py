@@ -8,6 +8,7 @@ cicc with it, and nothing keeps writing into a directory that is being removed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -19,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
+
+import psutil
 
 from attnforge.build.progress import (
     EtaEstimator,
@@ -163,27 +166,47 @@ def _pump(proc: subprocess.Popen[bytes], lines: queue.Queue[str | None]) -> None
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the child and everything it started: SIGTERM to the group, SIGKILL after a grace period."""
+    """Stop the child and everything it started: SIGTERM to the group, SIGKILL after a grace period.
+
+    On Windows the child's process group gets ``CTRL_BREAK_EVENT`` (the console's Ctrl-Break, which Python,
+    ninja and cl.exe stop on); after the grace period every descendant is terminated and then the child
+    (:func:`kill_tree`), since Windows has no signal that reaches a whole group by force.
+    """
     if proc.poll() is not None:
         return
     _signal_group(proc, signal.SIGTERM)
     try:
         proc.wait(timeout=_GRACE_S)
     except subprocess.TimeoutExpired:
-        _signal_group(proc, getattr(signal, "SIGKILL", signal.SIGTERM))
+        if sys.platform == "win32":
+            kill_tree(proc.pid)
+        else:
+            _signal_group(proc, signal.SIGKILL)
         proc.wait()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     try:
         if sys.platform == "win32":
-            proc.send_signal(signal.CTRL_BREAK_EVENT if sig == signal.SIGTERM else sig)
-            if sig != signal.SIGTERM:
-                proc.kill()
+            proc.send_signal(signal.CTRL_BREAK_EVENT)
         else:
             os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError, OSError):
         proc.kill()
+
+
+def kill_tree(pid: int) -> None:
+    """Kill ``pid`` and all its descendants, descendants first (found before anything is killed, so an
+    orphan cannot escape). Processes that are already gone are skipped."""
+    try:
+        root = psutil.Process(pid)
+        family = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            p.kill()
+    psutil.wait_procs(family, timeout=_GRACE_S)
 
 
 def _install_sigterm() -> object:

@@ -398,6 +398,7 @@ def windows_build_env(
     msvc_toolset: str | None = None,
     allow_unsupported_compiler: bool = False,
     short_root: str = SHORT_ROOT,
+    toolkit: CudaToolkit | None = None,
 ) -> WindowsBuildEnv:
     """Choose the Visual Studio toolset and CUDA toolkit for a Windows build and the variables around them.
 
@@ -420,6 +421,8 @@ def windows_build_env(
             newest instance's newest toolset.
         allow_unsupported_compiler: accept ``-allow-unsupported-compiler`` when nothing else fits.
         short_root: the short root (``C:\\af``).
+        toolkit: the toolkit the resolver chose (``BuildSpec.toolkit``), tried first; default the
+            snapshot's primary toolkit.
 
     Raises:
         BuildError: no Visual Studio with a toolset, no CUDA toolkit, a Python that cannot build extensions,
@@ -456,8 +459,8 @@ def windows_build_env(
     notes = [f"Visual Studio: {vs.display_name} {vs.version}, MSVC {toolset} (_MSC_VER {msc})"]
     everywhere = tuple(ts for v in snapshot.visual_studio for ts in v.msvc_toolsets)
 
-    primary = snapshot.primary_toolkit or toolkits[0]
-    ordered = sorted(toolkits, key=lambda t: (t is not primary, _major_mismatch(t, torch_cuda)))
+    primary = toolkit or snapshot.primary_toolkit or toolkits[0]
+    ordered = sorted(toolkits, key=lambda t: (t.path != primary.path, _major_mismatch(t, torch_cuda)))
     checks = [(t, check_msvc(msc=msc, cuda=_mm(t.version), windows=windows, msvc=msvc,
                              installed_toolsets=everywhere, torch_cuda=torch_cuda))
               for t in ordered]

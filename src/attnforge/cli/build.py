@@ -21,6 +21,11 @@ from attnforge.resolve.types import BuildSpec, Request, SourceKind, SourceSpec
 
 _ARCHIVES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")
 
+allow_unsupported_option = click.option(
+    "--allow-unsupported-compiler", is_flag=True,
+    help="When nvcc refuses the host compiler (gcc/clang/MSVC outside its supported range), build anyway "
+         "with nvcc's -allow-unsupported-compiler. At your own risk: the build may fail later or miscompile.")
+
 
 @click.command("build")
 @click.argument("backend", required=False)
@@ -39,13 +44,14 @@ _ARCHIVES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")
               help="Keep the build tree so a rerun resumes instead of starting over.")
 @click.option("--sccache", "use_sccache", is_flag=True,
               help="Route nvcc and the C++ compiler through sccache.")
+@allow_unsupported_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress output; only the result.")
 @snapshot_option
 @json_option
 def command(
     *, backend: str | None, source_text: str | None, name: str | None, archs: tuple[str, ...],
-    jobs: int | None, keep_build_dir: bool, use_sccache: bool, quiet: bool, snapshot_path: Path | None,
-    as_json: bool,
+    jobs: int | None, keep_build_dir: bool, use_sccache: bool, allow_unsupported_compiler: bool, quiet: bool,
+    snapshot_path: Path | None, as_json: bool,
 ) -> int:
     """Build BACKEND (a catalog id such as flash-attn, optionally ==VERSION) or any torch-extension source.
 
@@ -65,11 +71,14 @@ def command(
     dist, _, version = (backend or "").partition("==")
     dist = name or dist or _name_from_source(source)
     request = Request(backend=dist, version=f"=={version}" if version else "", archs=_parse_archs(archs),
-                      from_source=True, source=source)
+                      from_source=True, source=source, allow_unsupported_compiler=allow_unsupported_compiler)
     home = home_dir(os.environ)
     snapshot = load_or_probe(snapshot_path)
     spec = apply_options(build_spec(snapshot, load_catalog(), request, home=str(home)), jobs=jobs,
                          use_sccache=use_sccache, name=name)
+    warning = unsupported_compiler_warning(spec)
+    if warning:
+        click.echo(warning, err=True)
     return run_build(spec, home=home, snapshot=snapshot, keep_build_dir=keep_build_dir, quiet=quiet,
                      as_json=as_json)
 
@@ -124,6 +133,18 @@ def run_build(
     out.print(f"install it with: {spec.python or sys.executable} -m pip install --no-deps {result.wheel}",
               soft_wrap=True)
     return 0
+
+
+def unsupported_compiler_warning(spec: BuildSpec) -> str | None:
+    """The at-your-own-risk line for ``--allow-unsupported-compiler``, or None when it was not given."""
+    if not spec.allow_unsupported_compiler:
+        return None
+    if "-allow-unsupported-compiler" in spec.env.get("NVCC_APPEND_FLAGS", "").split():
+        why = next((n for n in spec.notes if "--allow-unsupported-compiler" in n), "")
+        return (f"warning: building with nvcc -allow-unsupported-compiler, at your own risk: {why}"
+                if why else "warning: building with nvcc -allow-unsupported-compiler, at your own risk")
+    return ("warning: --allow-unsupported-compiler: nvcc gets -allow-unsupported-compiler only if it would "
+            "refuse the host compiler (on Windows: when no installed MSVC toolset fits), at your own risk")
 
 
 def parse_source(text: str) -> SourceSpec:

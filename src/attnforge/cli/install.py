@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from attnforge.cli._output import console, emit_json, json_option
+from attnforge.cli.build import allow_unsupported_option, unsupported_compiler_warning
 from attnforge.errors import ResolveError
 
 if TYPE_CHECKING:
@@ -47,10 +48,11 @@ def parse_source(text: str) -> SourceSpec:
 @click.option("--arch", "archs", multiple=True, metavar="CC[,CC]",
               help="Target compute capabilities, e.g. 9.0,12.0 (default: the detected GPUs').")
 @click.option("--no-verify", is_flag=True, help="Skip the numerical check after installing.")
+@allow_unsupported_option
 @json_option
 def command(requirement: str, *, source: str | None, from_source: bool, find_links: tuple[str, ...],
             index_urls: tuple[str, ...], offline: bool, archs: tuple[str, ...], no_verify: bool,
-            as_json: bool) -> int:
+            allow_unsupported_compiler: bool, as_json: bool) -> int:
     """Get BACKEND working in this interpreter: from the cache, a hash-checked wheel, or a build."""
     from attnforge._system.runner import SubprocessRunner
     from attnforge.cache import open_store
@@ -69,7 +71,8 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
         name = catalog.backend(name).id  # UsageError (exit 2) listing the known ids
     request = Request(backend=name, version=spec, archs=parse_archs(archs), find_links=find_links,
                       index_urls=index_urls, from_source=from_source, offline=offline,
-                      source=parse_source(source) if source else None)
+                      source=parse_source(source) if source else None,
+                      allow_unsupported_compiler=allow_unsupported_compiler)
     store = open_store()
     snapshot = collect_snapshot()
     backend = catalog.backends.get(name)
@@ -93,6 +96,10 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
             exc.hint = (f"this torch needs the {backend.display_name} build for its CUDA: "
                         f"{install_step(snapshot, backend)}")
         raise
+    built = result.plan.chosen.build if result.action == "built" and result.plan.chosen else None
+    warning = unsupported_compiler_warning(built) if built is not None else None
+    if warning:
+        click.echo(warning, err=True)
     if as_json:
         emit_json("install", result)
     else:

@@ -142,6 +142,9 @@ def _spec(
     if windows:
         env["DISTUTILS_USE_SDK"] = "1"
         env["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] = "1"
+    if pre.nvcc_flags:  # Linux --allow-unsupported-compiler (Windows: the executor adds it with vcvars)
+        user = snapshot.env.get("NVCC_APPEND_FLAGS", "").split()
+        env["NVCC_APPEND_FLAGS"] = " ".join(user + [f for f in pre.nvcc_flags if f not in user])
 
     source = default_source(recipe, request)
     version = source.version or pinned_version(request.version)
@@ -178,6 +181,7 @@ def _spec(
         use_sccache=False,
         notes=tuple(notes),
         msvc_toolset=pre.msvc_toolset,
+        allow_unsupported_compiler=request.allow_unsupported_compiler,
     )
 
 

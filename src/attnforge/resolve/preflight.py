@@ -50,6 +50,7 @@ class Preflight:
     toolkit: CudaToolkit | None
     msvc_toolset: str | None = None
     notes: tuple[str, ...] = ()
+    nvcc_flags: tuple[str, ...] = ()  # what the build adds to NVCC_APPEND_FLAGS (-allow-unsupported-compiler)
 
     @property
     def failures(self) -> tuple[Check, ...]:
@@ -110,15 +111,21 @@ def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, 
             )
 
     msvc_toolset = None
+    nvcc_flags: tuple[str, ...] = ()
     if snapshot.platform.os == "windows":
         from attnforge.resolve.windows import windows_checks
 
-        win = windows_checks(snapshot, catalog, toolkit)
+        win = windows_checks(snapshot, catalog, toolkit,
+                             allow_unsupported_compiler=request.allow_unsupported_compiler)
         checks.extend(win.checks)
         notes.extend(win.notes)
         msvc_toolset = win.msvc_toolset
     else:
-        checks.append(_host_compiler_check(snapshot, catalog, toolkit, tk_version))
+        host, nvcc_flags = _host_compiler_check(snapshot, catalog, toolkit, tk_version,
+                                                allow_unsupported=request.allow_unsupported_compiler)
+        checks.append(host)
+        if nvcc_flags:
+            notes.append(host.reason)
 
     checks.append(_ninja_check(snapshot))
     checks.append(_ram_check(snapshot, recipe))
@@ -130,6 +137,7 @@ def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, 
         toolkit=toolkit,
         msvc_toolset=msvc_toolset,
         notes=tuple(notes),
+        nvcc_flags=nvcc_flags,
     )
 
 
@@ -409,9 +417,26 @@ def _nvcc_target_checks(
 
 
 # -- host compiler, ninja, memory, disk ----------------------------------------------------------------------
+#: nvcc's switch to skip its host-compiler version check (toolchain-facts.md §3.3); the build may then fail
+#: later or, in nvcc's words, "cause compilation failure or incorrect run time execution".
+ALLOW_UNSUPPORTED_FLAG = "-allow-unsupported-compiler"
+UNSUPPORTED_RISK = ("at your own risk: nvcc warns that an unsupported host compiler 'may cause compilation "
+                    "failure or incorrect run time execution'")
+
+
+def allowed_unsupported(check: Check) -> Check:
+    """A failed host-compiler check the user overrode with ``--allow-unsupported-compiler``."""
+    return Check(name=check.name, ok=True,
+                 reason=f"{check.reason}; --allow-unsupported-compiler: building with "
+                        f"{ALLOW_UNSUPPORTED_FLAG} {UNSUPPORTED_RISK}")
+
+
 def _host_compiler_check(
-    snapshot: SystemSnapshot, catalog: Catalog, toolkit: CudaToolkit | None, version: MajorMinor | None
-) -> Check:
+    snapshot: SystemSnapshot, catalog: Catalog, toolkit: CudaToolkit | None, version: MajorMinor | None,
+    *, allow_unsupported: bool = False,
+) -> tuple[Check, tuple[str, ...]]:
+    """The host compiler against nvcc's range, and the nvcc flags the build then needs (only
+    ``-allow-unsupported-compiler``, only for a compiler outside the range and only when allowed)."""
     cxx = snapshot.compiler("g++") or snapshot.compiler("gcc") or snapshot.compiler("clang")
     if cxx is None:
         return Check(
@@ -419,11 +444,11 @@ def _host_compiler_check(
             ok=False,
             reason="no host C++ compiler (g++) found",
             fix="install g++ (e.g. apt-get install g++)",
-        )
+        ), ()
     if toolkit is None or version is None:
         return Check(
             name="host-compiler", ok=True, reason=f"{cxx.kind} {cxx.version} (no nvcc to check it against)"
-        )
+        ), ()
     window = catalog.tools.host_range(version)
     if window is None:
         return Check(
@@ -431,13 +456,13 @@ def _host_compiler_check(
             ok=True,
             reason=f"{cxx.kind} {cxx.version}; the catalog has no host-compiler table for CUDA "
             f"{toolkit.version}, nvcc's host_config.h will decide",
-        )
+        ), ()
     try:
         major = int(cxx.version.split(".", 1)[0])
     except ValueError:
         return Check(
             name="host-compiler", ok=True, reason=f"{cxx.kind} version {cxx.version!r} not understood"
-        )
+        ), ()
     if cxx.kind == "clang":
         ok = major <= window.clang_max
         limit = f"clang <= {window.clang_max}"
@@ -449,9 +474,9 @@ def _host_compiler_check(
             name="host-compiler",
             ok=True,
             reason=f"{cxx.kind} {cxx.version} is inside what nvcc {toolkit.version} accepts ({limit})",
-        )
+        ), ()
     n = window.gcc_max
-    return Check(
+    refused = Check(
         name="host-compiler",
         ok=False,
         reason=f"{cxx.kind} {cxx.version} is outside what nvcc {toolkit.version} accepts ({limit}); "
@@ -459,8 +484,11 @@ def _host_compiler_check(
         "stops with 'unsupported GNU version'",
         fix=f"install gcc-{n} and g++-{n} and build with CC=gcc-{n} CXX=g++-{n} (cpp_extension passes "
         f"-ccbin $CC), "
-        "or use a newer CUDA",
+        "or use a newer CUDA, or (at your own risk) build with --allow-unsupported-compiler",
     )
+    if allow_unsupported:
+        return allowed_unsupported(refused), (ALLOW_UNSUPPORTED_FLAG,)
+    return refused, ()
 
 
 def _ninja_check(snapshot: SystemSnapshot) -> Check:

@@ -52,6 +52,8 @@ class Request:
         from_source: skip prebuilt wheels and build.
         offline: never touch the network (only cache, find-links, file:// indexes).
         source: an explicit source for the build, overriding the catalog's.
+        allow_unsupported_compiler: let nvcc take a host compiler outside its supported range
+            (``-allow-unsupported-compiler``, at the user's risk) instead of refusing the build.
     """
 
     backend: str
@@ -62,6 +64,7 @@ class Request:
     from_source: bool = False
     offline: bool = False
     source: SourceSpec | None = None
+    allow_unsupported_compiler: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +86,8 @@ class BuildSpec:
         use_sccache: route nvcc and the host compiler through sccache.
         notes: human-readable explanations of the choices (why these jobs, why these archs).
         msvc_toolset: Windows: the MSVC toolset nvcc accepts, for ``vcvarsall.bat x64 -vcvars_ver=14.39``.
+        allow_unsupported_compiler: the user accepted ``-allow-unsupported-compiler`` (at their risk); on
+            Windows the executor adds it when no toolset fits, on Linux ``env`` already carries it.
     """
 
     name: str
@@ -98,6 +103,7 @@ class BuildSpec:
     use_sccache: bool = False
     notes: tuple[str, ...] = ()
     msvc_toolset: str | None = None
+    allow_unsupported_compiler: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

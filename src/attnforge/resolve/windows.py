@@ -14,7 +14,7 @@ from pathlib import PureWindowsPath
 from attnforge.catalog import Catalog
 from attnforge.catalog.toolchain import HostCompilerRange, MajorMinor, format_major_minor
 from attnforge.probe.snapshot import CudaToolkit, SystemSnapshot
-from attnforge.resolve.preflight import Check, toolkit_version
+from attnforge.resolve.preflight import Check, allowed_unsupported, toolkit_version
 
 #: Longest build root attnforge uses on Windows. ninja object paths repeat the absolute source path under
 #: build\temp.win-amd64-...\Release\, and cl.exe is not long-path aware (KB-14; mjun0812 builds from C:\b\fa).
@@ -78,11 +78,21 @@ def msvc_toolsets(snapshot: SystemSnapshot) -> list[MsvcToolset]:
     return found
 
 
-def windows_checks(snapshot: SystemSnapshot, catalog: Catalog, toolkit: CudaToolkit | None) -> WindowsChecks:
-    """The MSVC toolset, path-length and dev-shell checks for a Windows build."""
+def windows_checks(snapshot: SystemSnapshot, catalog: Catalog, toolkit: CudaToolkit | None, *,
+                   allow_unsupported_compiler: bool = False) -> WindowsChecks:
+    """The MSVC toolset, path-length and dev-shell checks for a Windows build.
+
+    With ``allow_unsupported_compiler`` an MSVC that nvcc refuses passes, at the user's risk: the newest
+    toolset is kept and the build executor adds ``-allow-unsupported-compiler`` (and the STL override where
+    MSVC's own STL refuses the CUDA version; :func:`attnforge.build.windows_env.check_msvc`).
+    """
     notes: list[str] = []
     checks: list[Check] = []
     msvc, msvc_check = _msvc_check(snapshot, catalog, toolkit)
+    if not msvc_check.ok and allow_unsupported_compiler and msvc is None and msvc_toolsets(snapshot):
+        msvc = max(msvc_toolsets(snapshot), key=lambda t: t.msc_ver)
+        msvc_check = allowed_unsupported(msvc_check)
+        notes.append(msvc_check.reason)
     checks.append(msvc_check)
     if snapshot.long_paths_enabled is not True:
         notes.append(
@@ -150,6 +160,8 @@ def _msvc_check(
             f"or install CUDA {format_major_minor(newer.cuda_min)} or newer {version[0]}.x (accepts "
             f"_MSC_VER [{newer.msc_min}, {newer.msc_end})) and point CUDA_HOME/CUDA_PATH at it"
         )
+    fixes.append("or, at your own risk, build with --allow-unsupported-compiler (nvcc's "
+                 "-allow-unsupported-compiler)")
     stl = [t for t in toolsets if t.msc_ver >= 1941]
     extra = ""
     if stl and version < (12, 4):
