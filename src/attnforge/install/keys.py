@@ -57,6 +57,8 @@ def built_wheel_inputs(
     python_tag, platform_tag = wheel_tags(wheel.name)
     torch_version, cuda_version, cxx11_abi = _torch_fields(snapshot)
     flags = tuple(f"{k}={v}" for k, v in spec.env.items() if k not in NOT_IN_KEY)
+    if spec.allow_unsupported_compiler:  # on Windows the flag reaches nvcc at build time, not via spec.env
+        flags = (*flags, "nvcc:-allow-unsupported-compiler")
     return CacheKeyInputs(
         name=name, version=str(version), kind=ArtifactKind.WHEEL, source_sha256=source_sha256,
         archs=spec.archs, flags=flags, python_tag=python_tag, platform_tag=platform_tag,

@@ -1,0 +1,31 @@
+"""What goes into the cache key of a built wheel."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from attnforge.cache.key import CacheKey
+from attnforge.install.keys import built_wheel_inputs
+from attnforge.probe import SystemSnapshot
+from attnforge.resolve.types import BuildSpec, SourceKind, SourceSpec
+from tests._fakes import FIXTURES
+
+H200 = SystemSnapshot.load(FIXTURES / "snapshots" / "h200_torch2.11_cu130.json")
+WHEEL = Path("flash_attn-2.8.3.post2-cp312-cp312-linux_x86_64.whl")
+SPEC = BuildSpec(name="flash-attn", version="2.8.3.post2",
+                 source=SourceSpec(kind=SourceKind.PYPI_SDIST, location="flash-attn", version="2.8.3.post2"),
+                 archs=((9, 0),), max_jobs=16, nvcc_threads=1,
+                 env={"FLASH_ATTN_CUDA_ARCHS": "90", "MAX_JOBS": "16", "NVCC_THREADS": "1"})
+
+
+def _key(spec: BuildSpec) -> CacheKey:
+    return CacheKey.of(built_wheel_inputs(wheel=WHEEL, spec=spec, source_sha256="ab" * 32, snapshot=H200))
+
+
+def test_parallelism_does_not_change_the_key_but_flags_and_archs_do() -> None:
+    base = _key(SPEC)
+    assert _key(dataclasses.replace(SPEC, max_jobs=2, env={**SPEC.env, "MAX_JOBS": "2"})) == base
+    assert _key(dataclasses.replace(SPEC, archs=((9, 0), (12, 0)))) != base
+    assert _key(dataclasses.replace(SPEC, env={**SPEC.env, "FLASH_ATTENTION_DISABLE_DROPOUT": "TRUE"})) != base
+    assert _key(dataclasses.replace(SPEC, allow_unsupported_compiler=True)) != base
