@@ -78,3 +78,24 @@ def test_xformers_refused_from_pypi_points_at_the_pytorch_index(
     assert "no local version label" in err
     assert "hint: this torch needs the xFormers build for its CUDA: attnforge install xformers --index-url " \
            "https://download.pytorch.org/whl/cpu" in err  # this machine's torch is the CPU build
+
+
+def test_allow_overlap_is_offered(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["install", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--allow-overlap" in out
+    assert "refused by default" in out
+
+
+def test_an_overlap_warning_is_printed_as_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    from attnforge.cli.install import _render
+    from attnforge.install.flow import InstallResult
+    from attnforge.resolve.types import Plan, Request
+
+    request = Request(backend="flash-attn")
+    note = ("flash-attn 2.8.3.post2 ships flash_attn/cute/ which flash-attn-4 4.0.0b36 installed: installing it "
+            "replaced 20 of flash-attn-4's files; reinstalling restores them: `python -m pip install "
+            "'flash-attn-4[cu13]==4.0.0b36'`")
+    _render(InstallResult(request=request, plan=Plan(request=request, candidates=()), action="cache-hit",
+                          warnings=(note,)))
+    assert f"note: {note}" in capsys.readouterr().out  # [cu13] survives: no rich markup in warnings

@@ -6,10 +6,12 @@ real: it runs ``pip wheel`` on a project directory, as a source build of a pure-
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import subprocess
 import sys
 import textwrap
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,3 +121,28 @@ def make_project(
         packages = ["{module}"]
     """))
     return root
+
+
+def write_wheel(
+    dest: Path, *, name: str, version: str, files: dict[str, str], root_is_purelib: bool = True
+) -> Path:
+    """A pip-installable wheel holding exactly ``files`` (member path -> text), with a correct RECORD."""
+    dest.mkdir(parents=True, exist_ok=True)
+    dist = f"{canonicalize_name(name).replace('-', '_')}-{version}"
+    members = {path: text.encode() for path, text in files.items()}
+    members[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    members[f"{dist}.dist-info/WHEEL"] = (
+        f"Wheel-Version: 1.0\nGenerator: attnforge-tests\nRoot-Is-Purelib: {str(root_is_purelib).lower()}\n"
+        "Tag: py3-none-any\n"
+    ).encode()
+    record = [f"{path},sha256={_b64_sha256(data)},{len(data)}" for path, data in members.items()]
+    members[f"{dist}.dist-info/RECORD"] = ("\n".join([*record, f"{dist}.dist-info/RECORD,,"]) + "\n").encode()
+    path = dest / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for member, data in members.items():
+            zf.writestr(member, data)
+    return path
+
+
+def _b64_sha256(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()

@@ -48,11 +48,14 @@ def parse_source(text: str) -> SourceSpec:
 @click.option("--arch", "archs", multiple=True, metavar="CC[,CC]",
               help="Target compute capabilities, e.g. 9.0,12.0 (default: the detected GPUs').")
 @click.option("--no-verify", is_flag=True, help="Skip the numerical check after installing.")
+@click.option("--allow-overlap", is_flag=True,
+              help="Install even if the wheel ships files another installed distribution owns (they are "
+              "replaced, and uninstalling either later deletes them for both); refused by default.")
 @allow_unsupported_option
 @json_option
 def command(requirement: str, *, source: str | None, from_source: bool, find_links: tuple[str, ...],
             index_urls: tuple[str, ...], offline: bool, archs: tuple[str, ...], no_verify: bool,
-            allow_unsupported_compiler: bool, as_json: bool) -> int:
+            allow_overlap: bool, allow_unsupported_compiler: bool, as_json: bool) -> int:
     """Get BACKEND working in this interpreter: from the cache, a hash-checked wheel, or a build."""
     from attnforge._system.runner import SubprocessRunner
     from attnforge.cache import open_store
@@ -89,6 +92,7 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
             builder=defaults.source_builder,
             verifier=None if no_verify else defaults.subprocess_verifier(runner, catalog),
             runner=runner, python=sys.executable, fetch_index=defaults.index_fetcher(catalog, runner),
+            allow_overlap=allow_overlap,
         )
     except ResolveError as exc:
         if backend is not None and "{torch_index}" in backend.install and not index_urls:
@@ -108,6 +112,8 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
 
 
 def _render(result: InstallResult) -> None:
+    from rich.text import Text
+
     out = console()
     what = {
         "cache-hit": "from the cache", "wheel": "from a hash-checked wheel, now cached",
@@ -128,8 +134,8 @@ def _render(result: InstallResult) -> None:
             v.ok, "not verified"  # type: ignore[arg-type]
         )
         out.print(f"  {mark}: {v.summary}", soft_wrap=True)
-    for w in result.warnings:
-        out.print(f"  [yellow]note[/yellow]: {w}", soft_wrap=True)
+    for w in result.warnings:  # plain text: a path or requirement may hold [brackets]
+        out.print(Text.assemble("  ", ("note", "yellow"), ": ", w), soft_wrap=True)
     timings = ", ".join(f"{k} {v:.2f} s" for k, v in result.timings_s.items())
     if timings:
         out.print(f"  time: {timings}", soft_wrap=True)

@@ -26,6 +26,7 @@ from attnforge.cache import CacheKey, Store
 from attnforge.cache._files import remove_tree, sha256_file
 from attnforge.errors import CacheError, InstallError, ResolveError
 from attnforge.install.keys import built_wheel_inputs, prebuilt_wheel_inputs
+from attnforge.install.overlap import warning as overlap_warning
 from attnforge.install.pip import PipInstallResult, install_requirements, pip_install
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import (
@@ -143,6 +144,7 @@ def install(
     runner: Runner,
     python: str = sys.executable,
     fetch_index: IndexFetcher | None = None,
+    allow_overlap: bool = False,
 ) -> InstallResult:
     """Install what ``request`` asks for into ``python``.
 
@@ -156,12 +158,15 @@ def install(
         runner: the subprocess seam (pip).
         python: the interpreter to install into.
         fetch_index: downloads a wheel from the package index (for the resolver's pure-Python candidate).
+        allow_overlap: install even if the artifact ships files another installed distribution owns; the
+            result then carries a warning naming them and the command that restores them.
 
     Raises:
         ResolveError: nothing viable; the message lists every candidate and why it was rejected.
         CacheError: a fetched wheel fails its hash check, or the disk is full.
         BuildError: the source build failed (with its log path).
-        InstallError: pip failed or the artifact would change torch.
+        InstallError: pip failed, the artifact would change torch, or it would overwrite another
+            distribution's files (without ``allow_overlap``; the artifact stays cached for the next try).
     """
     run = _Run(store=store, planner=planner, builder=builder, snapshot=snapshot, fetch_index=fetch_index)
     start = time.perf_counter()
@@ -178,8 +183,10 @@ def install(
     run.timings_s["obtain"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    pip = pip_install(path, runner=runner, python=python)
+    pip = pip_install(path, runner=runner, python=python, allow_overlap=allow_overlap)
     run.timings_s["pip"] = time.perf_counter() - start
+    if pip.overlaps:
+        run.warnings.append(overlap_warning(pip.overlaps, name=pip.name, version=pip.version, python=python))
     if pip.missing_requirements:
         start = time.perf_counter()
         done = install_requirements(

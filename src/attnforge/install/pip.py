@@ -1,9 +1,13 @@
-"""``pip install --no-deps`` of one artifact into an interpreter, without ever changing its torch.
+"""``pip install --no-deps`` of one artifact into an interpreter, without ever changing its torch or
+silently overwriting another distribution's files.
 
 Three guards keep the user's torch as it is: the wheel may not *be* a protected distribution (torch and its
 companions); a ``Requires-Dist`` on torch that the installed torch does not satisfy refuses the install (the
 wheel was built for another torch, and satisfying it would mean replacing torch); and pip runs with
 ``--no-deps --no-index`` while torch's version is read before and after, so a change cannot pass silently.
+
+A wheel that ships files another installed distribution owns (flash-attn 2's ``flash_attn/cute/`` over
+flash-attn-4's) is refused unless the caller allows the overlap; see :mod:`attnforge.install.overlap`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from packaging.version import InvalidVersion, Version
 
 from attnforge._system.runner import Completed, Runner
 from attnforge.errors import InstallError
+from attnforge.install.overlap import Overlap, installed_overlaps, refusal
 
 #: Distributions attnforge never installs, replaces or upgrades: the user's torch stack.
 PROTECTED = frozenset({"torch", "torchvision", "torchaudio", "triton", "triton-windows", "pytorch-triton"})
@@ -58,6 +63,7 @@ class PipInstallResult:
         missing_requirements: requirements of the wheel (other than torch) not installed; ``--no-deps`` left
             them for the user, with the command to get them.
         duration_s: wall time of pip itself.
+        overlaps: files of other distributions the install replaced (only with ``allow_overlap``).
     """
 
     wheel: str
@@ -67,6 +73,7 @@ class PipInstallResult:
     torch_version: str | None
     missing_requirements: tuple[str, ...]
     duration_s: float
+    overlaps: tuple[Overlap, ...] = ()
 
 
 def read_wheel_metadata(wheel: Path) -> WheelMetadata:
@@ -155,7 +162,12 @@ def installed_versions(python: str, names: list[str], runner: Runner) -> dict[st
 
 
 def pip_install(
-    wheel: Path, *, runner: Runner, python: str = sys.executable, timeout_s: float = 900
+    wheel: Path,
+    *,
+    runner: Runner,
+    python: str = sys.executable,
+    allow_overlap: bool = False,
+    timeout_s: float = 900,
 ) -> PipInstallResult:
     """Install one wheel with ``python -m pip install --no-deps --no-index --force-reinstall``.
 
@@ -163,15 +175,21 @@ def pip_install(
         wheel: a verified wheel (from :meth:`attnforge.cache.Store.get`).
         runner: the subprocess seam.
         python: the interpreter to install into (the running one by default).
+        allow_overlap: install even when the wheel ships files another installed distribution owns (they are
+            replaced; the result's ``overlaps`` says which). Files of the torch stack are never replaced.
 
     Raises:
-        InstallError: the wheel would change torch, pip failed (its last lines are the cause), or torch's
-            version changed anyway.
+        InstallError: the wheel would change torch, would overwrite another distribution's files (without
+            ``allow_overlap``; the message names the distribution, the files and the fix), pip failed (its last
+            lines are the cause), or torch's version changed anyway.
     """
     meta = read_wheel_metadata(wheel)
     names = sorted({"torch", *(_req_name(r) for r in meta.requires_dist)} - {""})
     before = installed_versions(python, names, runner)
     missing = check_requirements(meta, before)
+    overlaps = installed_overlaps(wheel, name=meta.name, python=python, runner=runner)
+    if overlaps and (not allow_overlap or any(canonicalize_name(o.distribution) in PROTECTED for o in overlaps)):
+        raise refusal(overlaps, name=meta.name, version=meta.version, python=python, protected=PROTECTED)
     argv = [
         python, "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall",
         "--disable-pip-version-check", "--no-input", "--quiet", str(wheel),
@@ -192,6 +210,7 @@ def pip_install(
     return PipInstallResult(
         wheel=str(wheel), python=python, name=meta.name, version=meta.version,
         torch_version=after.get("torch"), missing_requirements=missing, duration_s=done.duration_s,
+        overlaps=overlaps,
     )
 
 

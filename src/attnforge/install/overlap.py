@@ -1,0 +1,275 @@
+"""Files a wheel would install over files that another installed distribution owns.
+
+pip installs a wheel file by file and records what it wrote in the distribution's ``RECORD``; it never checks
+whether another distribution's ``RECORD`` already lists the same path. Two distributions that ship the same
+file therefore overwrite each other on install, and uninstalling either deletes the file for both. Seen on the
+H200 (``docs/benchmarks.md`` section 7): flash-attn 2.8.3.post2 ships its own ``flash_attn/cute/``, the package
+that flash-attn-4 installs; 20 of FA2's 21 ``cute`` files are also in the flash-attn-4 4.0.0b36 wheel, none of
+them with the same bytes.
+
+What counts: a regular file of the wheel, at the path it would be installed to (``purelib`` or ``platlib`` for
+the wheel's root per its ``Root-Is-Purelib``, ``scripts`` and ``data`` for ``*.data/<scheme>/``), that the
+``RECORD`` of a distribution with another name lists at the same absolute path. Directories never count: the
+flash-attn-4 wheel has no ``flash_attn/__init__.py`` (``flash_attn`` is a PEP 420 namespace package to it), so
+sharing the ``flash_attn/`` directory with flash-attn 2 is by design and not an overlap. A pkgutil-style
+namespace ``__init__.py`` shipped by two distributions *is* one (pip overwrites it and an uninstall deletes it).
+``*.dist-info/`` entries, ``__pycache__/`` and ``*.data/headers/`` (installed under a directory named after the
+distribution) never count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import zipfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from email.parser import HeaderParser
+from pathlib import Path, PurePosixPath
+
+from packaging.utils import canonicalize_name
+
+from attnforge._system.runner import Runner
+from attnforge.errors import InstallError
+
+#: Schemes of ``*.data/<scheme>/`` that install to a shared place (``headers`` goes under the distribution's name).
+_DATA_SCHEMES = frozenset({"purelib", "platlib", "scripts", "data"})
+#: How many example paths a message names.
+EXAMPLES = 3
+
+# Runs in the target interpreter (stdlib only). argv: a JSON object scheme -> first path parts of the wheel's
+# files there. Prints the interpreter's install roots and, per installed distribution, the absolute paths in its
+# RECORD that start with one of those (a coarse filter; the exact match is made by the caller). RECORD is read
+# as text and only lines naming one of the parts are parsed: the whole check took 0.4 s against the dev machine's
+# 148 distributions (torch's 14.6k-line RECORD included), interpreter start-up included.
+_OWNERS_SCRIPT = """
+import csv, importlib.metadata as m, json, os, sys, sysconfig
+wanted = json.loads(sys.argv[1])
+paths = sysconfig.get_paths()
+roots = {s: os.path.realpath(paths[s]) for s in wanted if s in paths}
+prefixes = tuple(os.path.join(roots[s], p) for s, parts in wanted.items() if s in roots for p in parts)
+needles = {os.path.basename(p) for parts in wanted.values() for p in parts}
+owners = []
+for dist in m.distributions():
+    try:
+        base = os.path.realpath(str(dist.locate_file("")))
+        text = dist.read_text("RECORD")
+        if text is None:
+            rels = [str(p) for p in dist.files or ()]
+        else:
+            lines = [line for line in text.splitlines() if any(n in line for n in needles)]
+            rels = [row[0] for row in csv.reader(lines) if row]
+        hits = [f for f in (os.path.normpath(os.path.join(base, r)) for r in rels) if f.startswith(prefixes)]
+    except Exception:
+        continue
+    if hits:
+        owners.append({"name": dist.metadata["Name"] or "", "version": dist.version or "", "files": hits})
+print(json.dumps({"roots": roots, "owners": owners}))
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """Where one file of a wheel is installed: a ``sysconfig`` scheme and a ``/``-separated path under it."""
+
+    scheme: str
+    path: str
+
+    @property
+    def label(self) -> str:
+        """How a message names it: the import path for site-packages files, ``scripts/NAME`` for the others."""
+        return self.path if self.scheme in ("purelib", "platlib") else f"{self.scheme}/{self.path}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstalledOwner:
+    """An installed distribution and the absolute paths its ``RECORD`` lists (those the query asked about)."""
+
+    name: str
+    version: str
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Overlap:
+    """Files of the wheel that another installed distribution owns.
+
+    Attributes:
+        distribution: the other distribution's name, as its metadata spells it.
+        version: its installed version.
+        files: the shared files, as :attr:`Target.label` names them (``flash_attn/cute/__init__.py``), sorted.
+    """
+
+    distribution: str
+    version: str
+    files: tuple[str, ...]
+
+
+def install_targets(names: Iterable[str], *, root_is_purelib: bool) -> tuple[Target, ...]:
+    """Map a wheel's member names to where pip installs them (PEP 427's layout).
+
+    Args:
+        names: the wheel's members (``ZipFile.namelist()``), ``/``-separated.
+        root_is_purelib: the ``Root-Is-Purelib`` field of the wheel's ``WHEEL`` file.
+
+    Returns:
+        One target per regular file, in the order given; ``*.dist-info/``, ``__pycache__/``, ``headers`` and
+        directory entries are left out.
+    """
+    root = "purelib" if root_is_purelib else "platlib"
+    targets: list[Target] = []
+    for name in names:
+        parts = PurePosixPath(name).parts
+        if name.endswith("/") or not parts or "__pycache__" in parts or parts[0].endswith(".dist-info"):
+            continue
+        if parts[0].endswith(".data"):
+            if len(parts) < 3 or parts[1] not in _DATA_SCHEMES:
+                continue
+            targets.append(Target(scheme=parts[1], path="/".join(parts[2:])))
+        else:
+            targets.append(Target(scheme=root, path="/".join(parts)))
+    return tuple(targets)
+
+
+def read_install_targets(wheel: Path) -> tuple[Target, ...]:
+    """:func:`install_targets` of a wheel file.
+
+    Raises:
+        InstallError: not a readable wheel (no ``*.dist-info/WHEEL``).
+    """
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            names = zf.namelist()
+            wheel_file = next(n for n in names if n.count("/") == 1 and n.endswith(".dist-info/WHEEL"))
+            fields = HeaderParser().parsestr(zf.read(wheel_file).decode("utf-8"))
+    except (OSError, zipfile.BadZipFile, StopIteration, UnicodeDecodeError) as exc:
+        raise InstallError(f"{wheel.name} is not a readable wheel", cause=str(exc) or type(exc).__name__) from None
+    purelib = str(fields.get("Root-Is-Purelib", "true")).strip().lower() == "true"
+    return install_targets(names, root_is_purelib=purelib)
+
+
+def find_overlaps(
+    targets: Sequence[Target],
+    *,
+    roots: dict[str, str],
+    owners: Sequence[InstalledOwner],
+    name: str,
+) -> tuple[Overlap, ...]:
+    """The files of ``targets`` that a distribution other than ``name`` already owns.
+
+    Args:
+        targets: where the wheel's files go (:func:`install_targets`).
+        roots: scheme -> absolute install directory in the target interpreter.
+        owners: installed distributions and the absolute paths their ``RECORD`` lists.
+        name: the wheel's distribution (its own files are replaced on purpose: an upgrade or reinstall).
+
+    Returns:
+        One :class:`Overlap` per other distribution, most shared files first.
+    """
+    by_path = {
+        os.path.normpath(os.path.join(roots[t.scheme], *t.path.split("/"))): t for t in targets if t.scheme in roots
+    }
+    own = canonicalize_name(name)
+    found: list[Overlap] = []
+    for owner in owners:
+        if canonicalize_name(owner.name) == own:
+            continue
+        shared = sorted({by_path[f].label for f in map(os.path.normpath, owner.files) if f in by_path})
+        if shared:
+            found.append(Overlap(distribution=owner.name, version=owner.version, files=tuple(shared)))
+    return tuple(sorted(found, key=lambda o: (-len(o.files), canonicalize_name(o.distribution))))
+
+
+def installed_overlaps(wheel: Path, *, name: str, python: str, runner: Runner) -> tuple[Overlap, ...]:
+    """The overlaps of ``wheel`` with what is installed in the interpreter ``python`` (one subprocess).
+
+    Args:
+        wheel: the wheel about to be installed.
+        name: its distribution name.
+        python: the interpreter pip will install into; its ``sysconfig`` paths and installed distributions
+            are the ones that count.
+        runner: the subprocess seam.
+
+    Raises:
+        InstallError: the wheel is unreadable, or the interpreter could not list its distributions.
+    """
+    targets = read_install_targets(wheel)
+    wanted: dict[str, set[str]] = {}
+    for t in targets:
+        wanted.setdefault(t.scheme, set()).add(t.path.split("/", 1)[0])
+    if not wanted:
+        return ()
+    query = json.dumps({scheme: sorted(parts) for scheme, parts in sorted(wanted.items())})
+    done = runner.run([python, "-c", _OWNERS_SCRIPT, query], timeout_s=120)
+    try:
+        if not done.ok:
+            raise ValueError(done.returncode)
+        raw = json.loads(done.stdout.strip().splitlines()[-1])
+        roots = {str(k): str(v) for k, v in raw["roots"].items()}
+        owners = [
+            InstalledOwner(name=str(o["name"]), version=str(o["version"]), files=tuple(map(str, o["files"])))
+            for o in raw["owners"]
+        ]
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError):
+        tail = "\n".join(done.output.strip().splitlines()[-15:]) or f"exit status {done.returncode}"
+        raise InstallError(f"could not read the installed files of {python}", cause=tail) from None
+    return find_overlaps(targets, roots=roots, owners=owners, name=name)
+
+
+def describe(overlap: Overlap, *, name: str, version: str, installed: bool) -> str:
+    """One sentence: what ``name`` ships that ``overlap.distribution`` owns, and what installing it does.
+
+    ``installed`` says whether the install already happened (a warning) or is about to (a refusal).
+    """
+    files = overlap.files
+    common = posixpath.commonpath(files) if len(files) > 1 else ""
+    where = files[0] if len(files) == 1 else f"{common}/" if common else "files"
+    examples = ", ".join(files[:EXAMPLES]) + (", ..." if len(files) > EXAMPLES else "")
+    verb = "installing it replaced" if installed else "installing it replaces"
+    them = "it" if len(files) == 1 else "them"
+    return (
+        f"{name} {version} ships {where} which {overlap.distribution} {overlap.version} installed: {verb} "
+        f"{len(files)} of {overlap.distribution}'s files ({examples}), and uninstalling either one later "
+        f"deletes {them} for both"
+    )
+
+
+def restore_command(overlaps: Sequence[Overlap], *, python: str) -> str:
+    """The pip command that puts the other distributions' own files back (after an overlapping install)."""
+    pins = " ".join(f"'{o.distribution}=={o.version}'" for o in overlaps)
+    return f"{python} -m pip install --force-reinstall --no-deps {pins}"
+
+
+def warning(overlaps: Sequence[Overlap], *, name: str, version: str, python: str) -> str:
+    """What an install allowed to overlap (``--allow-overlap``) tells the user it did, and how to undo it."""
+    done = "; ".join(describe(o, name=name, version=version, installed=True) for o in overlaps)
+    return f"{done}; reinstalling restores them: `{restore_command(overlaps, python=python)}`"
+
+
+def refusal(
+    overlaps: Sequence[Overlap], *, name: str, version: str, python: str, protected: frozenset[str] = frozenset()
+) -> InstallError:
+    """The error that stops an install whose wheel overlaps another distribution's files.
+
+    An overlap with a ``protected`` distribution (the torch stack) gets no ``--allow-overlap`` way out.
+    """
+    guarded = [o for o in overlaps if canonicalize_name(o.distribution) in protected]
+    if guarded:
+        torch = ", ".join(f"{o.distribution} {o.version}" for o in guarded)
+        return InstallError(
+            f"refusing to install {name} {version}: it would overwrite files of {torch}",
+            cause="; ".join(describe(o, name=name, version=version, installed=False) for o in guarded),
+            hint="attnforge never changes the torch stack, not even with --allow-overlap; a wheel that ships "
+            "torch's own files is broken or mislabelled: get another build of it",
+        )
+    others = ", ".join(f"{o.distribution} {o.version}" for o in overlaps)
+    restore = restore_command(overlaps, python=python)
+    return InstallError(
+        f"refusing to install {name} {version}: it would overwrite files of {others}",
+        cause="; ".join(describe(o, name=name, version=version, installed=False) for o in overlaps),
+        hint=f"rerun with --allow-overlap to install it anyway (it replaces those files; reinstalling "
+        f"afterwards restores them: `{restore}`), or first "
+        f"`{python} -m pip uninstall {' '.join(o.distribution for o in overlaps)}` if you no longer need "
+        f"{'it' if len(overlaps) == 1 else 'them'}",
+    )
