@@ -11,10 +11,10 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "attention": "attnforge.dispatch",
-    "explain": "attnforge.dispatch",
-    "use_backend": "attnforge.dispatch",
-    "patch_sdpa": "attnforge.dispatch",
+    "attention": "attnforge.dispatch.runtime",
+    "explain": "attnforge.dispatch.runtime",
+    "use_backend": "attnforge.dispatch.runtime",
+    "patch_sdpa": "attnforge.dispatch.sdpa_patch",
 }
 
 
@@ -24,7 +24,13 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'attnforge' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
+    if getattr(value, "__module__", None) == module:
+        # held from now on, so the next access is a plain attribute (a ``__getattr__`` call costs a
+        # microsecond or more, on every ``attnforge.attention`` call); a stand-in patched onto the module
+        # (tests) is not held
+        globals()[name] = value
+    return value
 
 
 __all__ = ["__version__", "attention", "explain", "patch_sdpa", "use_backend"]

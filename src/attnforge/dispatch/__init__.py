@@ -25,7 +25,13 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'attnforge.dispatch' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
+    if getattr(value, "__module__", None) == module:
+        # held from now on, so the next access is a plain attribute (a ``__getattr__`` call costs a
+        # microsecond or more, on every ``attnforge.attention`` call); a stand-in patched onto the module
+        # (tests) is not held
+        globals()[name] = value
+    return value
 
 
 __all__ = ["Explanation", "attention", "explain", "patch_sdpa", "refresh", "use_backend"]

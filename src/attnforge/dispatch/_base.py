@@ -46,6 +46,7 @@ class AdapterBase:
     caps: Capabilities
     requirement: Requirement
     _load_error: list[str | None] = field(default_factory=list, repr=False)
+    _modules: dict[int, Any] = field(default_factory=dict, repr=False)
 
     def load_error(self) -> str | None:
         """None when the backend's package imports here, else why not (computed once)."""
@@ -63,8 +64,12 @@ class AdapterBase:
         raise NotImplementedError
 
     def module(self, index: int = 0) -> Any:
-        """The imported module ``requirement.modules[index]`` (already in sys.modules after load_error)."""
-        return importlib.import_module(self.requirement.modules[index])
+        """The imported module ``requirement.modules[index]``, imported once per adapter and then held
+        (``importlib.import_module`` costs about a microsecond per call; this runs on every call)."""
+        found = self._modules.get(index)
+        if found is None:
+            found = self._modules[index] = importlib.import_module(self.requirement.modules[index])
+        return found
 
 
 def _check_requirement(req: Requirement) -> str | None:
@@ -91,13 +96,14 @@ def _check_requirement(req: Requirement) -> str | None:
     return None
 
 
-def expand_kv(k: torch.Tensor, v: torch.Tensor, heads_q: int) -> tuple[torch.Tensor, torch.Tensor]:
+def expand_kv(k: torch.Tensor, v: torch.Tensor, heads_q: int, *,
+              dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Repeat K/V heads so Hkv == Hq (GQA for kernels that need equal heads): ``[B, Hkv, S, D]`` in,
-    ``[B, Hq, S, D]`` out."""
-    groups = heads_q // k.shape[1]
+    ``[B, Hq, S, D]`` out (``dim=2``: ``[B, S, Hkv, D]`` in, ``[B, S, Hq, D]`` out)."""
+    groups = heads_q // k.shape[dim]
     if groups == 1:
         return k, v
-    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return k.repeat_interleave(groups, dim=dim), v.repeat_interleave(groups, dim=dim)
 
 
 @functools.lru_cache(maxsize=64)
@@ -123,4 +129,4 @@ def bottom_right_mask(seqlen_q: int, seqlen_k: int, device: Any) -> tuple[torch.
 
 def first(result: Any) -> Any:
     """The output tensor of kernels that return ``(out, lse)`` in some versions and ``out`` in others."""
-    return result[0] if isinstance(result, tuple | list) else result
+    return result[0] if isinstance(result, (tuple, list)) else result  # a tuple: faster than a union

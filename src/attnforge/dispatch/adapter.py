@@ -6,6 +6,12 @@ Conventions for every adapter call (they are the ones of :func:`attnforge.attent
     FlashAttention >= 2.1; adapters of top-left backends convert.
     scale: softmax scale; None means 1/sqrt(D).
     Returns ``[B, Hq, Sq, D]`` in q's dtype.
+
+Optional: an adapter whose kernel takes ``[B, S, H, D]`` natively (FlashAttention, xFormers, SageAttention
+with ``tensor_layout="NHD"``) also defines ``call_bshd(q, k, v, *, causal, scale)``, which takes
+``[B, Sq, Hq, D]`` / ``[B, Sk, Hkv, D]`` and returns ``[B, Sq, Hq, D]``. The dispatcher gives it
+``layout="bshd"`` inputs as they are, so neither side transposes; adapters without it get ``[B, H, S, D]``
+views and the dispatcher transposes the output back.
 """
 
 from __future__ import annotations

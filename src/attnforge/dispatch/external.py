@@ -1,9 +1,11 @@
 """Adapters of the kernels that come from their own packages: FlashAttention 2/3/4, SageAttention, xFormers.
 
-Every adapter takes ``[B, H, S, D]`` tensors (the :mod:`attnforge.dispatch.adapter` convention) and hands a
-transposed *view* to the BSHD kernels, so no copy is made; the output view is transposed back. The packages
-are imported on first use only. Kernel signatures: runtime-anchors.md §5.1 (FA2), §5.2 (FA3), §5.3 (FA4), §5.4
-(SageAttention), §4 (xFormers).
+Each adapter has two entries. ``__call__`` takes ``[B, H, S, D]`` tensors (the :mod:`attnforge.dispatch.adapter`
+convention); ``call_bshd`` takes and returns ``[B, S, H, D]``, the layout these kernels take natively, so the
+dispatcher hands ``layout="bshd"`` inputs straight to the kernel. ``__call__`` passes transposed *views* to
+``call_bshd`` and transposes the output view back: no copy either way, and at most one conversion per call.
+The packages are imported on first use only. Kernel signatures: runtime-anchors.md §5.1 (FA2), §5.2 (FA3),
+§5.3 (FA4), §5.4 (SageAttention, ``tensor_layout="NHD"``), §4 (xFormers, BMHK).
 """
 
 from __future__ import annotations
@@ -17,10 +19,6 @@ if TYPE_CHECKING:
     import torch
 
 
-def _bshd(t: torch.Tensor) -> torch.Tensor:
-    return t.transpose(1, 2)
-
-
 @dataclass(slots=True, kw_only=True)
 class FlashAttnAdapter(AdapterBase):
     """FlashAttention 2 (``flash_attn.flash_attn_func``), 3 (``flash_attn_interface.flash_attn_func``) or 4
@@ -30,9 +28,14 @@ class FlashAttnAdapter(AdapterBase):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None) -> torch.Tensor:
         """Run the kernel on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns ``[B, Hq, Sq, D]``."""
-        kernel = self.module().flash_attn_func
-        out = first(kernel(_bshd(q), _bshd(k), _bshd(v), softmax_scale=scale, causal=causal))
-        return _bshd(out)
+        out = self.call_bshd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                             scale=scale)
+        return out.transpose(1, 2)
+
+    def call_bshd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                  scale: float | None) -> torch.Tensor:
+        """Run the kernel on ``[B, Sq, Hq, D]`` / ``[B, Sk, Hkv, D]``; returns ``[B, Sq, Hq, D]``."""
+        return first(self.module().flash_attn_func(q, k, v, softmax_scale=scale, causal=causal))  # type: ignore[no-any-return]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -43,6 +46,12 @@ class SageAdapter(AdapterBase):
                  scale: float | None) -> torch.Tensor:
         """Run ``sageattn(tensor_layout="HND")`` on ``[B, Hq, S, D]``; returns ``[B, Hq, S, D]``."""
         out = self.module().sageattn(q, k, v, tensor_layout="HND", is_causal=causal, sm_scale=scale)
+        return first(out)  # type: ignore[no-any-return]
+
+    def call_bshd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                  scale: float | None) -> torch.Tensor:
+        """Run ``sageattn(tensor_layout="NHD")`` on ``[B, S, Hq, D]``; returns ``[B, S, Hq, D]``."""
+        out = self.module().sageattn(q, k, v, tensor_layout="NHD", is_causal=causal, sm_scale=scale)
         return first(out)  # type: ignore[no-any-return]
 
 
@@ -57,15 +66,21 @@ class XformersAdapter(AdapterBase):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None) -> torch.Tensor:
         """Run the kernel on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns ``[B, Hq, Sq, D]``."""
+        out = self.call_bshd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                             scale=scale)
+        return out.transpose(1, 2)
+
+    def call_bshd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                  scale: float | None) -> torch.Tensor:
+        """Run the kernel on ``[B, Sq, Hq, D]`` / ``[B, Sk, Hkv, D]``; returns ``[B, Sq, Hq, D]``."""
         xops = self.module()
-        k, v = expand_kv(k, v, q.shape[1])
+        k, v = expand_kv(k, v, q.shape[2], dim=2)
         bias = None
         if causal:
             from xformers.ops.fmha import attn_bias
 
-            if q.shape[2] == k.shape[2]:
+            if q.shape[1] == k.shape[1]:
                 bias = attn_bias.LowerTriangularMask()
             else:
                 bias = attn_bias.LowerTriangularFromBottomRightMask()
-        out = xops.memory_efficient_attention(_bshd(q), _bshd(k), _bshd(v), attn_bias=bias, scale=scale)
-        return _bshd(out)
+        return xops.memory_efficient_attention(q, k, v, attn_bias=bias, scale=scale)  # type: ignore[no-any-return]

@@ -6,7 +6,13 @@ sees key ``j`` when ``j <= i + Sk - Sq``, as in FlashAttention >= 2.1); :mod:`at
 documents how each backend is made to follow that rule.
 
 State per process (thread-safe): verify and bench records, read once per device on first use
-(:func:`refresh` re-reads them); the decision per call class; the backends that raised at run time.
+(:func:`refresh` re-reads them); the decision per call class; the backends that raised at run time; and the
+*route* per exact call signature (shapes, dtypes, devices, causal, layout, precision, forced backend, grad).
+
+The hot path (docs/dispatch-overhead.md): a call whose exact signature was served before looks its route up
+in one dict and runs it; validation and the decision ran when the signature was first seen, and they depend
+on nothing but the signature, the records and the broken set. :meth:`Dispatcher.refresh` and a backend that
+raises clear the routes (a generation counter keeps a route decided before that from being stored after it).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import contextvars
 import os
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,6 +42,14 @@ from attnforge.errors import DispatchError
 from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
 
 _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnforge_forced_backend", default=None)
+
+#: most routes held per dispatcher; past it the routes are dropped and rebuilt from the (bucketed) plans
+ROUTES_MAX = 4096
+
+#: one backend of a route: (adapter, the callable to run, transpose in and out around it)
+_Step = tuple[BackendAdapter, Callable[..., torch.Tensor], bool]
+#: the backends to try in order, and the SDPA fallback after them
+_Route = tuple[tuple[_Step, ...], _Step]
 
 
 class RecordSource(Protocol):
@@ -119,15 +133,19 @@ class Dispatcher:
         self._verified: dict[str, dict[str, VerifyRecord]] = {}
         self._bench: dict[str, list[BenchRecord]] = {}
         self._plans: dict[tuple[Any, ...], tuple[Decision, tuple[BackendAdapter, ...]]] = {}
+        self._routes: dict[tuple[Any, ...], _Route] = {}
+        self._generation = 0  # bumped whenever plans and routes are dropped
         self.broken: dict[str, str] = {}
 
     # -- state ------------------------------------------------------------------------------------------
     def refresh(self) -> None:
         """Forget records and cached decisions; the next call re-reads them. Broken backends stay broken."""
         with self._lock:
+            self._generation += 1
             self._verified.clear()
             self._bench.clear()
             self._plans.clear()
+            self._routes.clear()
 
     def _source(self) -> RecordSource:
         if self._records is None:
@@ -167,6 +185,7 @@ class Dispatcher:
                (sq > sk) - (sq < sk), needs_grad, precision, forced)
         plan = self._plans.get(key)
         if plan is None:
+            generation = self._generation
             if not q.is_floating_point():
                 raise DispatchError(f"attention needs floating-point tensors, got {q.dtype}")
             call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad)
@@ -174,8 +193,33 @@ class Dispatcher:
             decision = self._forced_decision(call, forced) if forced else self._decide(call, dev_key)
             plan = (decision, tuple(self._adapter(name) for name in decision.order))
             with self._lock:
-                self._plans[key] = plan
+                if self._generation == generation:  # else a backend broke or records changed meanwhile
+                    self._plans[key] = plan
         return plan
+
+    def _route(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: tuple[Any, ...] | None, *,
+               causal: bool, scale: float | None, layout: str, precision: str, forced: str | None) -> _Route:
+        """Validate a call seen for the first time, decide it, and remember its route under ``key``.
+
+        Takes the caller's tensors in ``layout``. Raises what :func:`attention` raises for bad input or a
+        forced backend that cannot serve the call; nothing is remembered then.
+        """
+        qh, kh, _ = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        generation = self._generation
+        decision, adapters = self._plan(qh, kh, causal=causal, precision=precision, needs_grad=needs_grad,
+                                        forced=forced)
+        if forced and not adapters:
+            _raise_forced(forced, decision)
+        bshd = layout == "bshd"
+        route = (tuple(_step(a, bshd=bshd) for a in adapters), _step(self.fallback, bshd=bshd))
+        if key is not None:
+            with self._lock:
+                if self._generation == generation:
+                    if len(self._routes) >= ROUTES_MAX:
+                        self._routes.clear()
+                    self._routes[key] = route
+        return route
 
     def describe(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str,
                  needs_grad: bool) -> AttentionCall:
@@ -233,29 +277,58 @@ class Dispatcher:
         decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
                                         forced=forced)
         if forced and not adapters:
-            reasons = "; ".join(decision.rejected[0].reasons)
-            raise DispatchError(f"forced attention backend {forced!r} cannot serve this call", cause=reasons,
-                                hint="drop the forced backend or change the inputs")
-        for adapter in adapters:
+            _raise_forced(forced, decision)
+        route = (tuple((a, a, False) for a in adapters), (self.fallback, self.fallback, False))
+        return self._serve(route, q, k, v, causal, scale, forced)
+
+    def _serve(self, route: _Route, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - hot path
+               causal: bool, scale: float | None, forced: str | None) -> torch.Tensor:
+        """Run ``route`` on the caller's tensors: the first backend that does not raise serves the call."""
+        steps, last = route
+        for adapter, fn, transpose in steps:
             try:
-                return adapter(q, k, v, causal=causal, scale=scale)
+                if transpose:
+                    return fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                              scale=scale).transpose(1, 2)
+                return fn(q, k, v, causal=causal, scale=scale)
             except torch.OutOfMemoryError:
                 raise  # not the backend's fault; a fallback would need more memory still
             except Exception as exc:
                 if forced or adapter is self.fallback:
                     raise  # a forced backend's error is the user's to see; SDPA is the last resort
                 self._mark_broken(adapter.name, exc)
-        return self.fallback(q, k, v, causal=causal, scale=scale)
+        _, fn, transpose = last
+        if transpose:
+            return fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                      scale=scale).transpose(1, 2)
+        return fn(q, k, v, causal=causal, scale=scale)
 
     def _mark_broken(self, name: str, exc: Exception) -> None:
         with self._lock:
             if name in self.broken:
                 return
             self.broken[name] = f"{type(exc).__name__}: {exc}"
+            self._generation += 1
             self._plans.clear()
+            self._routes.clear()
         warnings.warn(f"attnforge: attention backend {name!r} raised {type(exc).__name__}: {exc}; it is"
                       " skipped for the rest of this process and the next backend serves the call",
                       RuntimeWarning, stacklevel=4)
+
+
+def _step(adapter: BackendAdapter, *, bshd: bool) -> _Step:
+    """How a route runs ``adapter`` on the caller's tensors: bhsd as they are; bshd through the adapter's
+    ``call_bshd`` when its kernel takes that layout natively, else as transposed views (and back)."""
+    if not bshd:
+        return adapter, adapter, False
+    native: Callable[..., torch.Tensor] | None = getattr(adapter, "call_bshd", None)
+    return (adapter, native, False) if native is not None else (adapter, adapter, True)
+
+
+def _raise_forced(forced: str, decision: Decision) -> None:
+    reasons = "; ".join(decision.rejected[0].reasons)
+    raise DispatchError(f"forced attention backend {forced!r} cannot serve this call", cause=reasons,
+                        hint="drop the forced backend or change the inputs")
 
 
 _DISPATCHER: Dispatcher | None = None
@@ -386,14 +459,28 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         DispatchError: bad shapes, dtypes, devices, layout or precision; an unknown forced backend; a forced
             backend that cannot serve the call (with its reasons).
     """
-    qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if torch.compiler.is_compiling():
+        qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         out: torch.Tensor = _op.attention_op(qh, kh, vh, causal, scale, backend, precision, needs_grad)
-    else:
-        out = get_dispatcher().run(qh, kh, vh, causal=causal, scale=scale, backend=backend,
-                                   precision=precision, needs_grad=needs_grad)
-    return out.transpose(1, 2) if layout == "bshd" else out
+        return out.transpose(1, 2) if layout == "bshd" else out
+    dispatcher = _DISPATCHER or get_dispatcher()
+    forced = backend or _FORCED.get()
+    # the hot path: the exact signature of a call served before names its route (see the module docstring)
+    try:
+        needs_grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
+        signature = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+                     causal, layout, precision, forced, needs_grad)
+        route = dispatcher._routes.get(signature)
+        key: tuple[Any, ...] | None = signature
+        if route is not None and scale is not None and not scale > 0:
+            route = None  # validation says why
+    except (AttributeError, TypeError):  # not tensors, or unhashable arguments: validation says why
+        key = route = None
+    if route is None:
+        route = dispatcher._route(q, k, v, key, causal=causal, scale=scale, layout=layout, precision=precision,
+                                  forced=forced)
+    return dispatcher._serve(route, q, k, v, causal, scale, forced)
 
 
 def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
