@@ -136,8 +136,7 @@ def _load(data_dir: Path) -> Catalog:
     toolchain_doc = read_toml(data_dir / "toolchain.toml")
     b_errors, t_errors = Collector("backends.toml"), Collector("toolchain.toml")
     for doc, errors in ((backends_doc, b_errors), (toolchain_doc, t_errors)):
-        if doc.get("schema_version") != SCHEMA_VERSION:
-            errors.add("schema_version", f"expected {SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
+        errors.schema_version(doc, SCHEMA_VERSION)
     backends = parse_backends(backends_doc, b_errors)
     recipes = parse_recipes(backends_doc, b_errors)
     grammars = parse_wheel_grammars(backends_doc, b_errors)

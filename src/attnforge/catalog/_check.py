@@ -31,6 +31,11 @@ class Collector:
     def add(self, path: str, problem: str) -> None:
         self.problems.append(f"{path}: {problem}")
 
+    def schema_version(self, doc: Mapping[str, Any], expected: int) -> None:
+        """Record a problem unless the file's top-level ``schema_version`` is ``expected``."""
+        if doc.get("schema_version") != expected:
+            self.add("schema_version", f"expected {expected}, got {doc.get('schema_version')!r}")
+
     def finish(self) -> None:
         if self.problems:
             raise CatalogError(

@@ -105,8 +105,7 @@ def _load(data_dir: Path) -> FailureCatalog:
     for path in files:
         errors = Collector(path.name)
         doc = read_toml(path)
-        if doc.get("schema_version") != SCHEMA_VERSION:
-            errors.add("schema_version", f"expected {SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
+        errors.schema_version(doc, SCHEMA_VERSION)
         errors.unknown_keys(doc, {"schema_version", "signatures"}, "")
         for sig in parse_signatures(doc, errors, origin=path.name):
             if sig.id in seen:

@@ -108,8 +108,7 @@ def _packaged() -> MsvcCatalog:
 def _load(path: Path) -> MsvcCatalog:
     doc = read_toml(path)
     errors = Collector(path.name)
-    if doc.get("schema_version") != SCHEMA_VERSION:
-        errors.add("schema_version", f"expected {SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
+    errors.schema_version(doc, SCHEMA_VERSION)
     errors.unknown_keys(doc, {"schema_version", "stl_floors", "conformance", "releases"}, "")
     catalog = MsvcCatalog(
         stl_floors=tuple(_stl_floors(doc, errors)),

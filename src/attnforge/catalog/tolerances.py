@@ -96,8 +96,7 @@ def _packaged() -> Tolerances:
 def _load(path: Path) -> Tolerances:
     doc = read_toml(path)
     errors = Collector(path.name)
-    if doc.get("schema_version") != SCHEMA_VERSION:
-        errors.add("schema_version", f"expected {SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
+    errors.schema_version(doc, SCHEMA_VERSION)
     errors.unknown_keys(doc, {"schema_version", *(k.value for k in PrecisionKind)}, "")
     rows = parse_tolerances(doc, errors)
     errors.finish()

@@ -149,8 +149,7 @@ def _packaged() -> Mapping[str, Capabilities]:
 def _load(catalog: Catalog, data_dir: Path) -> dict[str, Capabilities]:
     doc = read_toml(data_dir / "runtime.toml")
     errors = Collector("runtime.toml")
-    if doc.get("schema_version") != SCHEMA_VERSION:
-        errors.add("schema_version", f"expected {SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
+    errors.schema_version(doc, SCHEMA_VERSION)
     out: dict[str, Capabilities] = {}
     with errors.table(doc, "runtime", "") as tables:
         for bid in sorted(set(catalog.backends) - set(tables)):
