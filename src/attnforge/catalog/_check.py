@@ -84,6 +84,23 @@ class Collector:
         for key in sorted(set(table) - allowed):
             self.add(f"{path}.{key}" if path else key, "unknown field")
 
+    def rows(
+        self, doc: Mapping[str, Any], key: str, fields: set[str]
+    ) -> Iterator[tuple[str, Mapping[str, Any], str]]:
+        """``(id, table, dotted path)`` for each sub-table of ``doc[key]`` (``[backends.flash-attn]``...).
+
+        A missing ``[key]`` table, an entry that is not a table, and unknown fields are recorded; entries that
+        are not tables are skipped.
+        """
+        with self.table(doc, key, "") as tables:
+            for rid, raw in tables.items():
+                path = f"{key}.{rid}"
+                if not isinstance(raw, dict):
+                    self.add(path, "expected a table")
+                    continue
+                self.unknown_keys(raw, fields, path)
+                yield rid, raw, path
+
     @contextmanager
     def table(self, parent: Mapping[str, Any], key: str, path: str) -> Iterator[Mapping[str, Any]]:
         value = parent.get(key)

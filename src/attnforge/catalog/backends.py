@@ -55,47 +55,41 @@ class Backend:
 def parse_backends(doc: Mapping[str, Any], errors: Collector) -> dict[str, Backend]:
     """Read the ``[backends.*]`` tables, recording every bad field in ``errors``."""
     out: dict[str, Backend] = {}
-    with errors.table(doc, "backends", "") as tables:
-        for bid, raw in tables.items():
-            path = f"backends.{bid}"
-            if not isinstance(raw, dict):
-                errors.add(path, "expected a table")
-                continue
-            errors.unknown_keys(raw, _FIELDS, path)
-            family = errors.get(raw, "family", path, str)
-            if family and family not in FAMILIES:
-                errors.add(f"{path}.family", f"expected one of {FAMILIES}, got {family!r}")
-            dtypes = errors.str_list(raw, "dtypes", path, allow_empty=False)
-            for i, d in enumerate(dtypes):
-                if d not in DTYPES:
-                    errors.add(f"{path}.dtypes[{i}]", f"unknown dtype {d!r}")
-            spec_text = errors.get(raw, "version_spec", path, str, default="")
-            spec = errors.parsed(spec_text, f"{path}.version_spec", _specifier, SpecifierSet())
-            min_cc = errors.parsed(errors.get(raw, "min_cc", path, str), f"{path}.min_cc", parse_cc, (0, 0))
-            max_cc = errors.parsed(errors.get(raw, "max_cc", path, str), f"{path}.max_cc", parse_cc, (0, 0))
-            if min_cc > max_cc:
-                errors.add(f"{path}.min_cc", f"{format_cc(min_cc)} is above max_cc {format_cc(max_cc)}")
-            head = errors.get(raw, "max_head_dim", path, int)
-            if head is not None and head <= 0:
-                errors.add(f"{path}.max_head_dim", "must be positive")
-            out[bid] = Backend(
-                id=bid,
-                display_name=errors.get(raw, "display_name", path, str),
-                family=family,
-                distributions=errors.str_list(raw, "distributions", path),
-                version_spec=spec,
-                import_name=errors.get(raw, "import_name", path, str),
-                native_modules=errors.str_list(raw, "native_modules", path),
-                min_cc=min_cc,
-                max_cc=max_cc,
-                dtypes=dtypes,
-                max_head_dim=head,
-                quantized=errors.get(raw, "quantized", path, bool),
-                needs_build=errors.get(raw, "needs_build", path, bool),
-                install=errors.get(raw, "install", path, str),
-                priority=errors.get(raw, "priority", path, int),
-                sources=errors.str_list(raw, "sources", path, allow_empty=False),
-            )
+    for bid, raw, path in errors.rows(doc, "backends", _FIELDS):
+        family = errors.get(raw, "family", path, str)
+        if family and family not in FAMILIES:
+            errors.add(f"{path}.family", f"expected one of {FAMILIES}, got {family!r}")
+        dtypes = errors.str_list(raw, "dtypes", path, allow_empty=False)
+        for i, d in enumerate(dtypes):
+            if d not in DTYPES:
+                errors.add(f"{path}.dtypes[{i}]", f"unknown dtype {d!r}")
+        spec_text = errors.get(raw, "version_spec", path, str, default="")
+        spec = errors.parsed(spec_text, f"{path}.version_spec", _specifier, SpecifierSet())
+        min_cc = errors.parsed(errors.get(raw, "min_cc", path, str), f"{path}.min_cc", parse_cc, (0, 0))
+        max_cc = errors.parsed(errors.get(raw, "max_cc", path, str), f"{path}.max_cc", parse_cc, (0, 0))
+        if min_cc > max_cc:
+            errors.add(f"{path}.min_cc", f"{format_cc(min_cc)} is above max_cc {format_cc(max_cc)}")
+        head = errors.get(raw, "max_head_dim", path, int)
+        if head is not None and head <= 0:
+            errors.add(f"{path}.max_head_dim", "must be positive")
+        out[bid] = Backend(
+            id=bid,
+            display_name=errors.get(raw, "display_name", path, str),
+            family=family,
+            distributions=errors.str_list(raw, "distributions", path),
+            version_spec=spec,
+            import_name=errors.get(raw, "import_name", path, str),
+            native_modules=errors.str_list(raw, "native_modules", path),
+            min_cc=min_cc,
+            max_cc=max_cc,
+            dtypes=dtypes,
+            max_head_dim=head,
+            quantized=errors.get(raw, "quantized", path, bool),
+            needs_build=errors.get(raw, "needs_build", path, bool),
+            install=errors.get(raw, "install", path, str),
+            priority=errors.get(raw, "priority", path, int),
+            sources=errors.str_list(raw, "sources", path, allow_empty=False),
+        )
     return out
 
 

@@ -120,46 +120,40 @@ def _load(data_dir: Path) -> FailureCatalog:
 def parse_signatures(doc: Mapping[str, Any], errors: Collector, *, origin: str) -> list[FailureSignature]:
     """Read the ``[signatures.*]`` tables, recording every bad field in ``errors``."""
     out: list[FailureSignature] = []
-    with errors.table(doc, "signatures", "") as tables:
-        for sid, raw in tables.items():
-            path = f"signatures.{sid}"
-            if not isinstance(raw, dict):
-                errors.add(path, "expected a table")
-                continue
-            errors.unknown_keys(raw, _FIELDS, path)
-            stage = errors.get(raw, "stage", path, str)
-            if stage and stage not in STAGES:
-                errors.add(f"{path}.stage", f"expected one of {STAGES}, got {stage!r}")
-            patterns = _regexes(errors.str_list(raw, "patterns", path, allow_empty=False), f"{path}.patterns",
-                                errors)
-            context = _regexes(errors.str_list(raw, "context", path) if "context" in raw else (),
-                               f"{path}.context", errors)
-            when: list[Condition] = []
-            for i, text in enumerate(errors.str_list(raw, "when", path) if "when" in raw else ()):
-                try:
-                    when.append(Condition(text))
-                except ValueError:
-                    known = [c.value for c in Condition]
-                    errors.add(f"{path}.when[{i}]", f"unknown condition {text!r}; known: {known}")
-            groups = {name for p in patterns for name in p.groupindex}
-            cause = errors.get(raw, "cause", path, str)
-            fix = errors.str_list(raw, "fix", path)
-            _check_placeholders(cause, f"{path}.cause", groups, errors)
-            for i, step in enumerate(fix):
-                _check_placeholders(step, f"{path}.fix[{i}]", groups, errors)
-            out.append(FailureSignature(
-                id=sid,
-                title=errors.get(raw, "title", path, str),
-                stage=stage,
-                patterns=tuple(patterns),
-                context=tuple(context),
-                when=tuple(when),
-                priority=errors.get(raw, "priority", path, int, default=0),
-                cause=cause,
-                fix=fix,
-                sources=errors.str_list(raw, "sources", path, allow_empty=False),
-                origin=origin,
-            ))
+    for sid, raw, path in errors.rows(doc, "signatures", _FIELDS):
+        stage = errors.get(raw, "stage", path, str)
+        if stage and stage not in STAGES:
+            errors.add(f"{path}.stage", f"expected one of {STAGES}, got {stage!r}")
+        patterns = _regexes(errors.str_list(raw, "patterns", path, allow_empty=False), f"{path}.patterns",
+                            errors)
+        context = _regexes(errors.str_list(raw, "context", path) if "context" in raw else (),
+                           f"{path}.context", errors)
+        when: list[Condition] = []
+        for i, text in enumerate(errors.str_list(raw, "when", path) if "when" in raw else ()):
+            try:
+                when.append(Condition(text))
+            except ValueError:
+                known = [c.value for c in Condition]
+                errors.add(f"{path}.when[{i}]", f"unknown condition {text!r}; known: {known}")
+        groups = {name for p in patterns for name in p.groupindex}
+        cause = errors.get(raw, "cause", path, str)
+        fix = errors.str_list(raw, "fix", path)
+        _check_placeholders(cause, f"{path}.cause", groups, errors)
+        for i, step in enumerate(fix):
+            _check_placeholders(step, f"{path}.fix[{i}]", groups, errors)
+        out.append(FailureSignature(
+            id=sid,
+            title=errors.get(raw, "title", path, str),
+            stage=stage,
+            patterns=tuple(patterns),
+            context=tuple(context),
+            when=tuple(when),
+            priority=errors.get(raw, "priority", path, int, default=0),
+            cause=cause,
+            fix=fix,
+            sources=errors.str_list(raw, "sources", path, allow_empty=False),
+            origin=origin,
+        ))
     return out
 
 

@@ -206,50 +206,44 @@ _GRAMMAR_FIELDS = {"distribution", "label", "torch_match", "archs", "example", "
 def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe]:
     """Read ``[recipes.*]``, recording every bad field in ``errors``."""
     out: dict[str, Recipe] = {}
-    with errors.table(doc, "recipes", "") as tables:
-        for rid, raw in tables.items():
-            path = f"recipes.{rid}"
-            if not isinstance(raw, dict):
-                errors.add(path, "expected a table")
-                continue
-            errors.unknown_keys(raw, _RECIPE_FIELDS, path)
-            kind = _enum(errors, raw, "kind", path, enum=RecipeKind, fallback=RecipeKind.BUILD)
-            targets = _targets(errors, raw, "targets", path)
-            if kind is RecipeKind.BUILD and "targets" in raw and not targets:
-                errors.add(f"{path}.targets", "a build recipe needs at least one target")
-            kinds = errors.str_list(raw, "source_kinds", path, allow_empty=False)
-            for i, k in enumerate(kinds):
-                if k not in _SOURCE_KINDS:
-                    errors.add(f"{path}.source_kinds[{i}]", f"expected one of {_SOURCE_KINDS}, got {k!r}")
-            threads = errors.get(raw, "nvcc_threads", path, int)
-            gb = errors.get(raw, "gb_per_nvcc_thread", path, int)
-            for key, value in (("nvcc_threads", threads), ("gb_per_nvcc_thread", gb)):
-                if key in raw and value <= 0:
-                    errors.add(f"{path}.{key}", "must be positive")
-            out[rid] = Recipe(
-                id=rid,
-                kind=kind,
-                distribution=errors.get(raw, "distribution", path, str),
-                arch_env=errors.get(raw, "arch_env", path, str),
-                arch_format=_enum(
-                    errors, raw, "arch_format", path, enum=ArchFormat, fallback=ArchFormat.DOTTED
-                ),
-                targets=targets,
-                adds_ptx=errors.get(raw, "adds_ptx", path, bool),
-                min_nvcc=errors.parsed(
-                    errors.get(raw, "min_nvcc", path, str), f"{path}.min_nvcc", parse_major_minor, (0, 0)
-                ),
-                min_nvcc_targets=_min_nvcc_targets(errors, raw, path),
-                env=_str_table(errors, raw, "env", path),
-                nvcc_threads=max(threads, 1),
-                gb_per_nvcc_thread=max(gb, 1),
-                min_free_disk_gb=errors.get(raw, "min_free_disk_gb", path, int),
-                source_kinds=kinds,
-                sdist=errors.get(raw, "sdist", path, str),
-                git_url=errors.get(raw, "git_url", path, str),
-                git_subdirectory=errors.get(raw, "git_subdirectory", path, str),
-                sources=errors.str_list(raw, "sources", path, allow_empty=False),
-            )
+    for rid, raw, path in errors.rows(doc, "recipes", _RECIPE_FIELDS):
+        kind = _enum(errors, raw, "kind", path, enum=RecipeKind, fallback=RecipeKind.BUILD)
+        targets = _targets(errors, raw, "targets", path)
+        if kind is RecipeKind.BUILD and "targets" in raw and not targets:
+            errors.add(f"{path}.targets", "a build recipe needs at least one target")
+        kinds = errors.str_list(raw, "source_kinds", path, allow_empty=False)
+        for i, k in enumerate(kinds):
+            if k not in _SOURCE_KINDS:
+                errors.add(f"{path}.source_kinds[{i}]", f"expected one of {_SOURCE_KINDS}, got {k!r}")
+        threads = errors.get(raw, "nvcc_threads", path, int)
+        gb = errors.get(raw, "gb_per_nvcc_thread", path, int)
+        for key, value in (("nvcc_threads", threads), ("gb_per_nvcc_thread", gb)):
+            if key in raw and value <= 0:
+                errors.add(f"{path}.{key}", "must be positive")
+        out[rid] = Recipe(
+            id=rid,
+            kind=kind,
+            distribution=errors.get(raw, "distribution", path, str),
+            arch_env=errors.get(raw, "arch_env", path, str),
+            arch_format=_enum(
+                errors, raw, "arch_format", path, enum=ArchFormat, fallback=ArchFormat.DOTTED
+            ),
+            targets=targets,
+            adds_ptx=errors.get(raw, "adds_ptx", path, bool),
+            min_nvcc=errors.parsed(
+                errors.get(raw, "min_nvcc", path, str), f"{path}.min_nvcc", parse_major_minor, (0, 0)
+            ),
+            min_nvcc_targets=_min_nvcc_targets(errors, raw, path),
+            env=_str_table(errors, raw, "env", path),
+            nvcc_threads=max(threads, 1),
+            gb_per_nvcc_thread=max(gb, 1),
+            min_free_disk_gb=errors.get(raw, "min_free_disk_gb", path, int),
+            source_kinds=kinds,
+            sdist=errors.get(raw, "sdist", path, str),
+            git_url=errors.get(raw, "git_url", path, str),
+            git_subdirectory=errors.get(raw, "git_subdirectory", path, str),
+            sources=errors.str_list(raw, "sources", path, allow_empty=False),
+        )
     if GENERIC_RECIPE not in out and "recipes" in doc:
         errors.add(f"recipes.{GENERIC_RECIPE}", "missing (the recipe for sources the catalog does not know)")
     return out
@@ -260,38 +254,32 @@ def parse_wheel_grammars(doc: Mapping[str, Any], errors: Collector) -> dict[str,
     from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
     out: dict[str, WheelGrammar] = {}
-    with errors.table(doc, "wheel_grammars", "") as tables:
-        for gid, raw in tables.items():
-            path = f"wheel_grammars.{gid}"
-            if not isinstance(raw, dict):
-                errors.add(path, "expected a table")
-                continue
-            errors.unknown_keys(raw, _GRAMMAR_FIELDS, path)
-            label = errors.get(raw, "label", path, str)
-            for name in re.findall(r"\{([^}]*)\}", label):
-                if name not in _FIELD_RE:
-                    errors.add(f"{path}.label", f"unknown field {{{name}}}; known: {sorted(_FIELD_RE)}")
-            grammar = WheelGrammar(
-                id=gid,
-                distribution=errors.get(raw, "distribution", path, str),
-                label=label,
-                torch_match=_enum(
-                    errors, raw, "torch_match", path, enum=TorchMatch, fallback=TorchMatch.NONE
-                ),
-                archs=_targets(errors, raw, "archs", path),
-                example=errors.get(raw, "example", path, str),
-                sources=errors.str_list(raw, "sources", path, allow_empty=False),
-            )
-            out[gid] = grammar
-            if not grammar.example or any(p.startswith(f"{path}.label") for p in errors.problems):
-                continue
-            try:
-                _, version, _, _ = parse_wheel_filename(grammar.example)
-            except InvalidWheelFilename as exc:
-                errors.add(f"{path}.example", str(exc))
-                continue
-            if version.local is None or grammar.parse(version.local) is None:
-                errors.add(f"{path}.example", f"its label {version.local!r} does not fit {label!r}")
+    for gid, raw, path in errors.rows(doc, "wheel_grammars", _GRAMMAR_FIELDS):
+        label = errors.get(raw, "label", path, str)
+        for name in re.findall(r"\{([^}]*)\}", label):
+            if name not in _FIELD_RE:
+                errors.add(f"{path}.label", f"unknown field {{{name}}}; known: {sorted(_FIELD_RE)}")
+        grammar = WheelGrammar(
+            id=gid,
+            distribution=errors.get(raw, "distribution", path, str),
+            label=label,
+            torch_match=_enum(
+                errors, raw, "torch_match", path, enum=TorchMatch, fallback=TorchMatch.NONE
+            ),
+            archs=_targets(errors, raw, "archs", path),
+            example=errors.get(raw, "example", path, str),
+            sources=errors.str_list(raw, "sources", path, allow_empty=False),
+        )
+        out[gid] = grammar
+        if not grammar.example or any(p.startswith(f"{path}.label") for p in errors.problems):
+            continue
+        try:
+            _, version, _, _ = parse_wheel_filename(grammar.example)
+        except InvalidWheelFilename as exc:
+            errors.add(f"{path}.example", str(exc))
+            continue
+        if version.local is None or grammar.parse(version.local) is None:
+            errors.add(f"{path}.example", f"its label {version.local!r} does not fit {label!r}")
     return out
 
 
