@@ -15,9 +15,10 @@ from attnforge._compat import StrEnum
 from attnforge.catalog import Backend, Catalog
 from attnforge.probe.snapshot import ComputeCapability, InstalledBackend, SystemSnapshot, TorchInfo, format_cc
 from attnforge.records import BenchRecord, VerifyRecord
+from attnforge.resolve.preflight import TORCH_INDEX, cu_tag, torch_cuda
 
 #: Where people get a CUDA build of torch (pytorch.org "Get Started"; toolchain-facts.md §5.1).
-TORCH_CUDA_HINT = "pip install torch --index-url https://download.pytorch.org/whl/cu130"
+TORCH_CUDA_HINT = f"pip install torch --index-url {TORCH_INDEX}/cu130"
 
 
 #: The next step of rows held up by the machine-wide blocker, which the report states once.
@@ -275,9 +276,8 @@ _XF_PYTHON = re.compile(r"Python\s+(\d+\.\d+)\S*\s+\(you have (\d+\.\d+)\S*\)")
 def torch_index_url(s: SystemSnapshot) -> str:
     """The PyTorch wheel index matching this torch's CUDA (``.../whl/cu130``), where CUDA-specific builds of
     xFormers live (install-anchors.md §7.1); the CPU index for a CPU torch."""
-    cuda = s.torch.cuda_version if s.torch else None
-    tag = "cu" + cuda.replace(".", "") if cuda else "cpu"
-    return f"https://download.pytorch.org/whl/{tag}"
+    cuda = torch_cuda(s)
+    return f"{TORCH_INDEX}/{cu_tag(cuda) if cuda else 'cpu'}"
 
 
 def install_step(s: SystemSnapshot, b: Backend) -> str:
