@@ -19,7 +19,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import attnforge.probe  # noqa: F401 - loads probe before catalog: catalog.backends <-> probe.collect cycle
 from attnforge.catalog import DATA_DIR, Catalog, load_catalog
 from attnforge.catalog._check import Collector, read_toml
 from attnforge.dispatch.adapter import AttentionCall
