@@ -62,7 +62,7 @@ def _edges() -> dict[tuple[str, str], list[str]]:
     edges: dict[tuple[str, str], list[str]] = defaultdict(list)
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC.parent).with_suffix("").parts
-        pkg = rel[:-1] if rel[-1] != "__init__" else rel[:-1]
+        pkg = rel[:-1]
         module = rel if rel[-1] != "__init__" else rel[:-1]
         here = _unit(module)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
