@@ -10,14 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnforge.catalog._check import Collector, read_toml
+from attnforge.catalog._check import DATA_DIR, SCHEMA_VERSION, read_checked
 from attnforge.catalog.backends import Backend, parse_backends
 from attnforge.catalog.recipes import GENERIC_RECIPE, Recipe, WheelGrammar, parse_recipes, parse_wheel_grammars
 from attnforge.catalog.toolchain import Toolchain, parse_toolchain
 from attnforge.errors import CatalogError, UsageError
-
-DATA_DIR = Path(__file__).parent / "data"
-SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,11 +95,8 @@ def _packaged() -> Catalog:
 
 def _load(data_dir: Path) -> Catalog:
     """Read every file, then raise once with the problems of all files (each prefixed by its file name)."""
-    backends_doc = read_toml(data_dir / "backends.toml")
-    toolchain_doc = read_toml(data_dir / "toolchain.toml")
-    b_errors, t_errors = Collector("backends.toml"), Collector("toolchain.toml")
-    for doc, errors in ((backends_doc, b_errors), (toolchain_doc, t_errors)):
-        errors.schema_version(doc, SCHEMA_VERSION)
+    backends_doc, b_errors = read_checked(data_dir / "backends.toml")
+    toolchain_doc, t_errors = read_checked(data_dir / "toolchain.toml")
     backends = parse_backends(backends_doc, b_errors)
     recipes = parse_recipes(backends_doc, b_errors)
     grammars = parse_wheel_grammars(backends_doc, b_errors)
@@ -118,4 +112,7 @@ def _load(data_dir: Path) -> Catalog:
     return Catalog(backends=backends, toolchain=toolchain, recipes=recipes, wheel_grammars=grammars)
 
 
-__all__ = ["Backend", "Catalog", "CatalogError", "Recipe", "Toolchain", "WheelGrammar", "load_catalog"]
+__all__ = [
+    "DATA_DIR", "SCHEMA_VERSION", "Backend", "Catalog", "CatalogError", "Recipe", "Toolchain", "WheelGrammar",
+    "load_catalog",
+]

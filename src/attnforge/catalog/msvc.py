@@ -7,17 +7,13 @@ this file only adds what sits on top of it. Nothing is read at import time: call
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnforge.catalog._check import Collector, read_toml
-
-DATA_FILE = Path(__file__).parent / "data" / "msvc.toml"
-SCHEMA_VERSION = 1
+from attnforge.catalog._check import Collector, load_file
 
 MajorMinor = tuple[int, int]
 
@@ -95,28 +91,15 @@ def load_msvc(path: Path | None = None) -> MsvcCatalog:
     Raises:
         CatalogError: the file is missing, not TOML, or has bad fields (each named by its dotted path).
     """
-    if path is None:
-        return _packaged()
-    return _load(path)
+    return load_file("msvc.toml", _parse, path=path, top_keys={"stl_floors", "conformance", "releases"})
 
 
-@functools.cache
-def _packaged() -> MsvcCatalog:
-    return _load(DATA_FILE)
-
-
-def _load(path: Path) -> MsvcCatalog:
-    doc = read_toml(path)
-    errors = Collector(path.name)
-    errors.schema_version(doc, SCHEMA_VERSION)
-    errors.unknown_keys(doc, {"schema_version", "stl_floors", "conformance", "releases"}, "")
-    catalog = MsvcCatalog(
+def _parse(doc: Mapping[str, Any], errors: Collector) -> MsvcCatalog:
+    return MsvcCatalog(
         stl_floors=tuple(_stl_floors(doc, errors)),
         conformance=tuple(_conformance(doc, errors)),
         releases=tuple(_releases(doc, errors)),
     )
-    errors.finish()
-    return catalog
 
 
 def _rows(doc: Mapping[str, Any], key: str, errors: Collector) -> list[tuple[str, Mapping[str, Any]]]:
