@@ -48,7 +48,7 @@ def _source(plan: Plan) -> str:
         pytest.param(
             WINDOWS,
             False,
-            ["_MSC_VER 1940", "[1910, 1940)", "-vcvars_ver=14.39", "CUDA 12.4 or newer 12.x"],
+            ["_MSC_VER 1940", "_MSC_VER 1910-1939", "VS 2022 17.10", "-vcvars_ver=14.39", "CUDA 12.4 or newer"],
             [],
             id="windows-vs17.10-cuda12.3",
         ),

@@ -62,12 +62,22 @@ class VsRelease:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class BuildRoot:
+    """Where a Windows build runs: ``<home>\\b\\<key8>`` up to ``max_chars``, else ``<drive>:\\<short_dir>\\<key8>``."""
+
+    short_dir: str
+    max_chars: int
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MsvcCatalog:
     """Everything in ``msvc.toml``."""
 
     stl_floors: tuple[StlFloor, ...]
     conformance: tuple[ConformanceFlag, ...]
     releases: tuple[VsRelease, ...]
+    build_root: BuildRoot
 
     def release_name(self, msc_ver: int) -> str | None:
         """``1944`` -> ``"VS 2022 17.11-17.14"``; None for a ``_MSC_VER`` no row covers."""
@@ -91,7 +101,8 @@ def load_msvc(path: Path | None = None) -> MsvcCatalog:
     Raises:
         CatalogError: the file is missing, not TOML, or has bad fields (each named by its dotted path).
     """
-    return load_file("msvc.toml", _parse, path=path, top_keys={"stl_floors", "conformance", "releases"})
+    return load_file("msvc.toml", _parse, path=path,
+                     top_keys={"stl_floors", "conformance", "releases", "build_root"})
 
 
 def _parse(doc: Mapping[str, Any], errors: Collector) -> MsvcCatalog:
@@ -99,7 +110,21 @@ def _parse(doc: Mapping[str, Any], errors: Collector) -> MsvcCatalog:
         stl_floors=tuple(_stl_floors(doc, errors)),
         conformance=tuple(_conformance(doc, errors)),
         releases=tuple(_releases(doc, errors)),
+        build_root=_build_root(doc, errors),
     )
+
+
+def _build_root(doc: Mapping[str, Any], errors: Collector) -> BuildRoot:
+    with errors.table(doc, "build_root", "") as row:
+        errors.unknown_keys(row, {"short_dir", "max_chars", "sources"}, "build_root")
+        short_dir = errors.get(row, "short_dir", "build_root", str)
+        if "short_dir" in row and not re.fullmatch(r"[A-Za-z0-9_]{1,8}", short_dir):
+            errors.add("build_root.short_dir", f"expected a short plain directory name, got {short_dir!r}")
+        max_chars = errors.get(row, "max_chars", "build_root", int)
+        if "max_chars" in row and not 10 <= max_chars <= 200:
+            errors.add("build_root.max_chars", f"expected 10..200, got {max_chars}")
+        return BuildRoot(short_dir=short_dir, max_chars=max_chars,
+                         sources=errors.str_list(row, "sources", "build_root", allow_empty=False))
 
 
 def _rows(doc: Mapping[str, Any], key: str, errors: Collector) -> list[tuple[str, Mapping[str, Any]]]:
