@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-import attnforge.probe  # noqa: F401 - loads probe before catalog: catalog.backends <-> probe.collect cycle
 from attnforge.catalog import Backend, load_catalog
 from attnforge.dispatch._base import AdapterBase, Requirement
 from attnforge.dispatch.adapter import BackendAdapter
