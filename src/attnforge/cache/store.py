@@ -73,6 +73,8 @@ CREATE TABLE IF NOT EXISTS artifacts (
 );
 CREATE INDEX IF NOT EXISTS artifacts_name ON artifacts(name);
 """
+#: The table as a connection-private, empty stand-in (readers never write the database).
+_EMPTY_TABLE = _SCHEMA.split(";", maxsplit=1)[0].replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE")
 _SELECT_ALL = (
     "SELECT key, filename, sha256, size_bytes, inputs, provenance, has_log, created_at, last_used_at"
     " FROM artifacts ORDER BY created_at DESC"
@@ -257,11 +259,12 @@ class Store:
             if not self.db_path.exists():
                 conn = sqlite3.connect(":memory:")  # no cache yet: an empty one, without creating a file
                 conn.row_factory = sqlite3.Row
-                conn.executescript(_SCHEMA)
             elif self.read_only:
                 conn = connect_read_only(self.db_path)
             else:
                 conn = self._open_for_reading()
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'artifacts'").fetchone() is None:
+                conn.execute(_EMPTY_TABLE)  # a writer created the file but not yet its table: no entries
             try:
                 yield conn
             finally:
