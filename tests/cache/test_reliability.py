@@ -93,7 +93,7 @@ def test_sigkill_between_rename_and_commit_leaves_no_entry(tmp_path: Path) -> No
     wheel = make_wheel(tmp_path / "dist")
     home = tmp_path / "home"
     store = Store(home, lock_timeout_s=10)
-    store.list()  # create the database
+    store._connect().close()  # create the database (a read never creates it)
     key = CacheKey.of(inputs_for(wheel))
     blocker = sqlite3.connect(store.db_path, timeout=1)
     blocker.execute("BEGIN IMMEDIATE")  # the writer's INSERT now waits, after its rename

@@ -17,6 +17,7 @@ the file; a mismatch moves the entry to quarantine and raises, so a corrupt arti
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import filelock
 from packaging.utils import parse_wheel_filename
 
+from attnforge.cache._db import check_root, connect_read_only, db_error, is_disk_problem, writable
 from attnforge.cache._files import (
     CopyFn,
     copy_hashed,
@@ -43,13 +45,14 @@ from attnforge.cache._files import (
     sha256_file,
     write_atomic,
 )
-from attnforge.cache._provenance import BUILD_LOG, PROVENANCE, check_wheel_name, provenance_doc
+from attnforge.cache._provenance import BUILD_LOG, PROVENANCE, check_wheel_name, provenance_doc, unsafe_member
 from attnforge.cache.key import ArtifactKind, CacheKey, CacheKeyInputs
 from attnforge.errors import CacheError, UsageError
 from attnforge.resolve.types import CachedArtifact
 
 if TYPE_CHECKING:
     from attnforge.cache.share import ExportResult, ImportResult
+    from attnforge.cache.verify import VerifyReport
 
 STAGING_PREFIX = ".staging-"
 
@@ -70,6 +73,8 @@ CREATE TABLE IF NOT EXISTS artifacts (
 );
 CREATE INDEX IF NOT EXISTS artifacts_name ON artifacts(name);
 """
+#: The table as a connection-private, empty stand-in (readers never write the database).
+_EMPTY_TABLE = _SCHEMA.split(";", maxsplit=1)[0].replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE")
 _SELECT_ALL = (
     "SELECT key, filename, sha256, size_bytes, inputs, provenance, has_log, created_at, last_used_at"
     " FROM artifacts ORDER BY created_at DESC"
@@ -98,6 +103,8 @@ class Entry:
         log_path: the build log kept with it, if any.
         created_at_s / last_used_at_s: Unix times.
         provenance: free-form facts from whoever stored it (builder, source URL, host).
+        problem: why this row cannot be trusted (its key does not match its inputs: the database was
+            altered), else None; :meth:`Store.get` refuses such an entry.
     """
 
     key: str
@@ -110,6 +117,7 @@ class Entry:
     created_at_s: float
     last_used_at_s: float
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    problem: str | None = None  # set when the row's key is not the hash of its recorded inputs
 
     @property
     def kind(self) -> ArtifactKind:
@@ -181,7 +189,7 @@ class Store:
 
     @contextmanager
     def _writer(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
+        check_root(self.root, write=True)
         if self._lock is None:  # one instance per store: re-entrant within this process
             self._lock = filelock.FileLock(str(self.root / "cache.lock"), timeout=self._lock_timeout_s)
         try:
@@ -193,6 +201,13 @@ class Store:
                 cause=f"lock file {self.root / 'cache.lock'}",
                 hint="wait for the other build or install to finish, then retry",
             ) from None
+        except OSError as exc:
+            if exc.filename is None or "cache.lock" not in str(exc.filename):
+                raise
+            raise CacheError(
+                f"cannot take the cache's writer lock {self.root / 'cache.lock'}",
+                cause=str(exc), hint="make it writable by you, or point ATTNFORGE_HOME elsewhere",
+            ) from None
 
     @contextmanager
     def job_lock(self, name: str) -> Iterator[None]:
@@ -201,6 +216,7 @@ class Store:
         Concurrent installs take it around *look up, else build and put*, so the second process finds the
         first one's entry instead of building again.
         """
+        check_root(self.root, write=True)
         locks = self.root / "locks"
         locks.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256(name.encode()).hexdigest()[:32]
@@ -209,7 +225,7 @@ class Store:
             yield
 
     def _connect(self) -> sqlite3.Connection:
-        self.root.mkdir(parents=True, exist_ok=True)
+        check_root(self.root, write=True)
         conn = sqlite3.connect(self.db_path, timeout=60.0)
         conn.row_factory = sqlite3.Row
         if not self._schema_ready:
@@ -220,13 +236,58 @@ class Store:
         return conn
 
     @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        conn = self._connect()
+    def _db(self, doing: str = "update the cache", *, raw: bool = False) -> Iterator[sqlite3.Connection]:
+        """A writer's connection (one transaction); SQLite errors become :class:`CacheError` unless ``raw``."""
+        check_root(self.root, write=True)
         try:
-            with conn:
+            conn = self._connect()
+            try:
+                with conn:
+                    yield conn
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            if raw:
+                raise
+            raise db_error(exc, self.db_path, doing) from None
+
+    @contextmanager
+    def _read(self, doing: str = "read the cache") -> Iterator[sqlite3.Connection]:
+        """A reader's connection: creates nothing, and works on a read-only or full disk (see ``_db.py``)."""
+        check_root(self.root, write=False)
+        try:
+            if not self.db_path.exists():
+                conn = sqlite3.connect(":memory:")  # no cache yet: an empty one, without creating a file
+                conn.row_factory = sqlite3.Row
+            elif self.read_only:
+                conn = connect_read_only(self.db_path)
+            else:
+                conn = self._open_for_reading()
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'artifacts'").fetchone() is None:
+                conn.execute(_EMPTY_TABLE)  # a writer created the file but not yet its table: no entries
+            try:
                 yield conn
-        finally:
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            raise db_error(exc, self.db_path, doing) from None
+
+    def _open_for_reading(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.db_path, timeout=60.0)
+        conn.row_factory = sqlite3.Row
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the WAL index now
+        except sqlite3.OperationalError as exc:
             conn.close()
+            if not is_disk_problem(exc):
+                raise
+            return connect_read_only(self.db_path)  # e.g. no room for the -shm file on a full disk
+        return conn
+
+    @property
+    def read_only(self) -> bool:
+        """True when this user cannot write the state directory (a shared, read-only cache)."""
+        return self.root.exists() and not writable(self.root)
 
     # -- writing --------------------------------------------------------------------------------------------
 
@@ -261,6 +322,10 @@ class Store:
             raise UsageError(f"no such artifact file: {artifact}")
         if inputs.kind is ArtifactKind.WHEEL:
             check_wheel_name(artifact.name, inputs)
+            bad = unsafe_member(artifact)
+            if bad is not None:
+                raise CacheError(f"{artifact.name} was not stored: {bad}",
+                                 hint="it is not a sound wheel; rebuild it or get it from a trusted source")
         key = CacheKey.of(inputs)
         with self._writer():
             existing = self._row(key)
@@ -364,8 +429,14 @@ class Store:
                 moved to quarantine; the error says where).
         """
         entry = self.show(key)
-        problem = self._integrity_problem(entry)
+        problem = entry.problem or self._integrity_problem(entry)
         if problem is not None:
+            if self.read_only:
+                raise CacheError(
+                    f"cache entry {entry.key} ({entry.filename}) is corrupt and was not used",
+                    cause=f"{problem}; the cache is read-only, so it stays where it is",
+                    hint=f"ask the owner of {self.root} to run `attnforge cache verify`",
+                )
             where = self.quarantine(entry, problem)
             raise CacheError(
                 f"cache entry {entry.key} ({entry.filename}) is corrupt and was not used",
@@ -373,8 +444,12 @@ class Store:
                 hint="it will be rebuilt or fetched again on the next install; "
                 "inspect the quarantined copy if this keeps happening (disk or memory errors)",
             )
-        with self._db() as conn:
-            conn.execute("UPDATE artifacts SET last_used_at = ? WHERE key = ?", (self._clock(), entry.key))
+        if not self.read_only:
+            try:
+                with self._db(raw=True) as conn:
+                    conn.execute("UPDATE artifacts SET last_used_at = ? WHERE key = ?", (self._clock(), entry.key))
+            except sqlite3.Error:
+                pass  # the last-used time only orders `prune`; a full disk must not stop an install
         return Path(entry.path)
 
     def find(self, key: CacheKey | str) -> Entry | None:
@@ -395,7 +470,7 @@ class Store:
 
     def list(self) -> list[Entry]:
         """Every complete entry, newest first."""
-        with self._db() as conn:
+        with self._read("list the cache") as conn:
             rows = conn.execute(_SELECT_ALL).fetchall()
         return [self._entry_from_row(r) for r in rows]
 
@@ -431,7 +506,7 @@ class Store:
             raise UsageError(
                 f"not a cache key or key prefix: {text!r}", hint="copy a key from `attnforge cache list`"
             )
-        with self._db() as conn:
+        with self._read() as conn:
             rows = conn.execute("SELECT key FROM artifacts WHERE key LIKE ?", (f"sha256:{t}%",)).fetchall()
         if len(rows) == 1:
             return CacheKey.parse(rows[0]["key"])
@@ -449,10 +524,25 @@ class Store:
         """
         entry = self.show(key)
         with self._writer():
-            with self._db() as conn:
-                conn.execute("DELETE FROM artifacts WHERE key = ?", (entry.key,))
-            remove_tree(Path(entry.path).parent)
+            self._delete_locked([entry])
         return entry
+
+    def _delete_locked(self, entries: builtins.list[Entry]) -> None:
+        """Rows first, then files. On a full disk (no room for SQLite's journal) the files go first to make
+        room: a row whose file is gone is never installed (:meth:`get` finds the file missing)."""
+        keys = [(e.key,) for e in entries]
+        try:
+            with self._db(raw=True) as conn:
+                conn.executemany("DELETE FROM artifacts WHERE key = ?", keys)
+        except sqlite3.Error as exc:
+            if not is_disk_problem(exc):
+                raise db_error(exc, self.db_path, "remove entries") from None
+            for e in entries:
+                remove_tree(Path(e.path).parent)
+            with self._db("remove entries") as conn:
+                conn.executemany("DELETE FROM artifacts WHERE key = ?", keys)
+        for e in entries:
+            remove_tree(Path(e.path).parent)
 
     def quarantine(self, entry: Entry, reason: str) -> Path:
         """Move an entry aside (never deleted, never installed) and drop its row; returns where it went."""
@@ -491,10 +581,7 @@ class Store:
                     victim = kept.pop(0)
                     doomed.append(victim)
                     total -= victim.size_bytes
-            with self._db() as conn:
-                conn.executemany("DELETE FROM artifacts WHERE key = ?", [(e.key,) for e in doomed])
-            for e in doomed:
-                remove_tree(Path(e.path).parent)
+            self._delete_locked(doomed)
         return PruneResult(
             removed=tuple(doomed), freed_bytes=sum(e.size_bytes for e in doomed), kept_bytes=total,
             debris_removed=tuple(debris),
@@ -504,8 +591,8 @@ class Store:
         """Staging dirs and row-less entry dirs; safe only under the writer lock (no live writer then)."""
         if not self.artifacts_dir.is_dir():
             return []
-        with self._db() as conn:
-            known = {CacheKey.parse(r["key"]).digest for r in conn.execute("SELECT key FROM artifacts")}
+        with self._read() as conn:
+            known = {str(r["key"]).removeprefix("sha256:") for r in conn.execute("SELECT key FROM artifacts")}
         removed = []
         for child in self.artifacts_dir.iterdir():
             if child.name.startswith(STAGING_PREFIX) or (child.is_dir() and child.name not in known):
@@ -521,6 +608,12 @@ class Store:
 
         return export(self, dest)
 
+    def verify(self) -> VerifyReport:
+        """Re-hash every entry and re-check its key; quarantine what fails (see verify.py)."""
+        from attnforge.cache.verify import verify
+
+        return verify(self)
+
     def import_(self, source: Path) -> ImportResult:
         """Merge an export directory or another cache root, verifying keys and hashes."""
         from attnforge.cache.share import import_
@@ -530,7 +623,7 @@ class Store:
     # -- helpers --------------------------------------------------------------------------------------------
 
     def _row(self, key: CacheKey) -> Entry | None:
-        with self._db() as conn:
+        with self._read() as conn:
             row = conn.execute(_SELECT_ONE, (str(key),)).fetchone()
         return None if row is None else self._entry_from_row(row)
 
@@ -547,12 +640,34 @@ class Store:
         return self._integrity_problem(entry) is None
 
     def _entry_from_row(self, row: sqlite3.Row) -> Entry:
-        inputs = CacheKeyInputs.from_json(json.loads(row["inputs"]))
-        return self._entry_from(
-            key=CacheKey.parse(row["key"]), inputs=inputs, filename=row["filename"], sha=row["sha256"],
-            size=row["size_bytes"], has_log=bool(row["has_log"]), created=row["created_at"],
-            used=row["last_used_at"], extra=json.loads(row["provenance"]),
-        )
+        """The entry of a row, its key re-checked against its recorded inputs (``problem`` says if not).
+
+        Raises:
+            CacheError: the row cannot be read at all (the database was damaged).
+        """
+        try:
+            inputs = CacheKeyInputs.from_json(json.loads(row["inputs"]))
+            key = CacheKey.parse(str(row["key"]))
+            extra = json.loads(row["provenance"])
+            filename = str(row["filename"])
+            if not isinstance(extra, dict) or "/" in filename or "\\" in filename or filename in ("", ".", ".."):
+                raise ValueError("bad provenance or file name")
+            entry = self._entry_from(
+                key=key, inputs=inputs, filename=filename, sha=str(row["sha256"]), size=int(row["size_bytes"]),
+                has_log=bool(row["has_log"]), created=float(row["created_at"]), used=float(row["last_used_at"]),
+                extra=extra,
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CacheError(
+                f"a row of the cache database is damaged: {str(row['key'])[:80]!r}",
+                cause=f"{self.db_path}: {exc}",
+                hint="run `attnforge cache verify`: it moves damaged entries to quarantine",
+            ) from None
+        expected = CacheKey.of(inputs)
+        if expected != key:
+            problem = f"its key {key} is not the hash of its recorded inputs ({expected}): the database was altered"
+            return dataclasses.replace(entry, problem=problem)
+        return entry
 
     def _entry_from(
         self, *, key: CacheKey, inputs: CacheKeyInputs, filename: str, sha: str, size: int, has_log: bool,

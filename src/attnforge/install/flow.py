@@ -10,16 +10,21 @@ The resolver, the builder and the verifier are injected (:class:`Planner`, :clas
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import sys
 import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+import filelock
 
 from attnforge._system.runner import Runner
 from attnforge.cache import CacheKey, Store
@@ -183,19 +188,22 @@ def install(
     run.timings_s["obtain"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    pip = pip_install(path, runner=runner, python=python, allow_overlap=allow_overlap)
-    run.timings_s["pip"] = time.perf_counter() - start
-    if pip.overlaps:
-        run.warnings.append(overlap_warning(pip.overlaps, name=pip.name, version=pip.version, python=python))
-    if pip.missing_requirements:
+    with interpreter_lock(store, python):  # pip itself does not serialise installs into one environment
+        run.timings_s["wait"] = time.perf_counter() - start
         start = time.perf_counter()
-        done = install_requirements(
-            pip.missing_requirements, runner=runner, python=python, find_links=request.find_links,
-            index_urls=request.index_urls, offline=request.offline, scratch=store.root / "tmp",
-        )
-        run.timings_s["requirements"] = time.perf_counter() - start
-        if done:
-            run.warnings.append("also installed its requirements (torch pinned): " + ", ".join(done))
+        pip = pip_install(path, runner=runner, python=python, allow_overlap=allow_overlap)
+        run.timings_s["pip"] = time.perf_counter() - start
+        if pip.overlaps:
+            run.warnings.append(overlap_warning(pip.overlaps, name=pip.name, version=pip.version, python=python))
+        if pip.missing_requirements:
+            start = time.perf_counter()
+            done = install_requirements(
+                pip.missing_requirements, runner=runner, python=python, find_links=request.find_links,
+                index_urls=request.index_urls, offline=request.offline, scratch=_scratch(store),
+            )
+            run.timings_s["requirements"] = time.perf_counter() - start
+            if done:
+                run.warnings.append("also installed its requirements (torch pinned): " + ", ".join(done))
 
     verification = None
     if verifier is not None:
@@ -206,6 +214,29 @@ def install(
         request=request, plan=plan, action=action, cache_key=key, artifact=str(path), pip=pip,
         verification=verification, warnings=tuple(run.warnings), timings_s=run.timings_s,
     )
+
+
+@contextmanager
+def interpreter_lock(store: Store, python: str) -> Iterator[None]:
+    """Hold the install lock of the environment ``python`` belongs to, across processes.
+
+    Keyed by the interpreter's directory with directory symlinks resolved but not the interpreter file
+    itself (every venv's ``bin/python`` links to the same base interpreter, yet each venv is its own
+    target). Kept in ``<home>/locks``, or in a per-user directory under the temp dir when the home is
+    read-only (a shared cache).
+    """
+    env_dir = Path(python).absolute().parent.resolve()
+    digest = hashlib.sha256(str(env_dir).encode()).hexdigest()[:32]
+    locks = store.root / "locks"
+    if store.read_only:
+        locks = Path(tempfile.gettempdir()) / f"attnforge-locks-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    locks.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(locks / f"interpreter-{digest}.lock"), timeout=-1):
+        yield
+
+
+def _scratch(store: Store) -> Path:
+    return Path(tempfile.gettempdir()) if store.read_only else store.root / "tmp"
 
 
 def _chosen(plan: Plan) -> Candidate:
