@@ -56,3 +56,32 @@ def nested_venv(env_dir: Path) -> str:
     python = bin_python(env_dir)
     inherit_outer(python)
     return str(python)
+
+
+def uv_venv(env_dir: Path) -> str:
+    """A ``uv venv`` (no pip in it) made from this interpreter, seeing nothing but its own site-packages.
+
+    Skips the test when uv is not installed (it comes with the dev extras).
+    """
+    import pytest
+
+    from attnforge.install.installer import find_uv
+
+    uv = find_uv()
+    if uv is None:
+        pytest.skip("uv is not installed (it comes with the dev extras)")
+    subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(env_dir)], check=True,
+                   capture_output=True, text=True)
+    return str(bin_python(env_dir))
+
+
+def inherit_outer_without_pip(python: Path | str, scratch: Path) -> None:
+    """Like :func:`inherit_outer`, but pip stays invisible: the new env keeps "no pip", as ``uv venv`` makes it."""
+    deps = scratch / "outer-without-pip"
+    deps.mkdir(parents=True, exist_ok=True)
+    for root in outer_site_packages():
+        for entry in Path(root).iterdir():
+            if entry.name.lower().startswith(("pip", "_attnforge_tests")) or (deps / entry.name).exists():
+                continue
+            (deps / entry.name).symlink_to(entry)
+    (site_packages_of(python) / "_attnforge_tests_outer.pth").write_text(f"{deps}\n")
