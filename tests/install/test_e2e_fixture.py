@@ -15,7 +15,6 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
-import venv
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from attnforge.cache import Entry, Store
 from tests.cache.wheelmaker import flip_byte
 from tests.conftest import REPO, SRC
 from tests.install.fixture_build import EXT_PKG, build_fixture_into
+from tests.venvs import nested_venv
 
 pytestmark = [
     pytest.mark.integration,
@@ -49,8 +49,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, Entry, Path]
 
 
 def make_venv(path: Path) -> str:
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(path)
-    return str(path / "bin" / "python")
+    return nested_venv(path)
 
 
 def imports_fixture(python: str) -> bool:

@@ -69,13 +69,19 @@ def command(
         raise UsageError("name a backend or give --source", hint="attnforge build flash-attn, or "
                          "attnforge build --source ./causal-conv1d")
     source = parse_source(source_text) if source_text else None
+    if source is not None and source.kind is SourceKind.PATH and not Path(source.location).exists():
+        raise UsageError(f"--source {source_text}: no such file or directory",
+                         hint="give a source directory, an sdist, git+URL@REF or an sdist URL")
     dist, _, version = (backend or "").partition("==")
     dist = name or dist or _name_from_source(source)
     request = Request(backend=dist, version=f"=={version}" if version else "", archs=parse_archs(archs),
                       from_source=True, source=source, allow_unsupported_compiler=allow_unsupported_compiler)
+    catalog = load_catalog()
+    if source is None:
+        catalog.backend(dist)  # UsageError (exit 2) listing the known ids, before any probing
     home = home_dir(os.environ)
     snapshot = load_or_probe(snapshot_path)
-    spec = apply_options(build_spec(snapshot, load_catalog(), request, home=str(home)), jobs=jobs,
+    spec = apply_options(build_spec(snapshot, catalog, request, home=str(home)), jobs=jobs,
                          use_sccache=use_sccache, name=name)
     warning = unsupported_compiler_warning(spec)
     if warning:

@@ -26,6 +26,7 @@ from packaging.version import InvalidVersion, Version
 
 from attnforge._system.runner import Completed, Runner
 from attnforge.errors import InstallError
+from attnforge.install.installer import installer_for
 from attnforge.install.overlap import Overlap, installed_overlaps, refusal
 
 #: Distributions attnforge never installs, replaces or upgrades: the user's torch stack.
@@ -171,6 +172,8 @@ def pip_install(
 ) -> PipInstallResult:
     """Install one wheel with ``python -m pip install --no-deps --no-index --force-reinstall``.
 
+    In an environment without pip (``uv venv``), ``uv pip install --python PY`` does it instead.
+
     Args:
         wheel: a verified wheel (from :meth:`attnforge.cache.Store.get`).
         runner: the subprocess seam.
@@ -190,14 +193,13 @@ def pip_install(
     overlaps = installed_overlaps(wheel, name=meta.name, python=python, runner=runner)
     if overlaps and (not allow_overlap or any(canonicalize_name(o.distribution) in PROTECTED for o in overlaps)):
         raise refusal(overlaps, name=meta.name, version=meta.version, python=python, protected=PROTECTED)
-    argv = [
-        python, "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall",
-        "--disable-pip-version-check", "--no-input", "--quiet", str(wheel),
-    ]
+    installer = installer_for(python, runner=runner)
+    argv = installer.argv("install", "--no-deps", "--no-index", "--force-reinstall", "--disable-pip-version-check",
+                          "--no-input", "--quiet", str(wheel))
     done = runner.run(argv, timeout_s=timeout_s)
     if not done.ok:
         raise InstallError(
-            f"pip could not install {wheel.name} into {python}", cause=_tail(done),
+            f"{installer.kind} could not install {wheel.name} into {python}", cause=_tail(done),
             hint="run the same command with -v to see pip's full output: " + " ".join(argv),
         )
     after = installed_versions(python, ["torch"], runner)
@@ -254,8 +256,8 @@ def install_requirements(
     scratch.mkdir(parents=True, exist_ok=True)
     constraints = scratch / "attnforge-torch-constraints.txt"
     constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(pinned.items())))
-    argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--quiet",
-            "-c", str(constraints)]
+    installer = installer_for(python, runner=runner)
+    argv = installer.argv("install", "--disable-pip-version-check", "--no-input", "--quiet", "-c", str(constraints))
     for d in find_links:
         argv += ["--find-links", d]
     if offline:
@@ -265,9 +267,9 @@ def install_requirements(
     done = runner.run([*argv, *reqs], timeout_s=timeout_s)
     if not done.ok:
         raise InstallError(
-            "pip could not install the backend's requirements: " + ", ".join(reqs), cause=_tail(done),
+            f"{installer.kind} could not install the backend's requirements: " + ", ".join(reqs), cause=_tail(done),
             hint="put their wheels in a --find-links directory (offline), or install them yourself: "
-                 + " ".join([python, "-m", "pip", "install", *reqs]),
+                 + " ".join(installer.argv("install", *reqs)),
         )
     after = installed_versions(python, sorted(pinned), runner)
     changed = {k: (v, after.get(k)) for k, v in pinned.items() if after.get(k) != v}
