@@ -1,6 +1,6 @@
 """Adapters of the kernels that come from their own packages: FlashAttention 2/3/4, SageAttention, xFormers.
 
-Each adapter has two entries. ``__call__`` takes ``[B, H, S, D]`` tensors (the :mod:`attnforge.dispatch.adapter`
+Each adapter has two entries. ``__call__`` takes ``[B, H, S, D]`` tensors (the :mod:`attnforge.backends.adapter`
 convention); ``call_bshd`` takes and returns ``[B, S, H, D]``, the layout these kernels take natively, so the
 dispatcher hands ``layout="bshd"`` inputs straight to the kernel. ``__call__`` passes transposed *views* to
 ``call_bshd`` and transposes the output view back: no copy either way, and at most one conversion per call.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from attnforge.dispatch._base import AdapterBase, expand_kv, first
+from attnforge.backends._base import AdapterBase, expand_kv, first
 
 if TYPE_CHECKING:
     import torch
