@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     import attnforge
     from attnforge.backends import registry
     from attnforge.backends._base import Requirement
-    from attnforge.backends.external import FlashAttnAdapter
+    from attnforge.backends.flash import FlashAttnAdapter
     from attnforge.dispatch import runtime
     from attnforge.records import RecordStore, VerifyRecord
 

@@ -8,13 +8,20 @@ backend: it is :func:`fallback`, named ``"sdpa"``.
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 
 import attnforge.probe  # noqa: F401 - loads probe before catalog: catalog.backends <-> probe.collect cycle
 from attnforge.backends._base import AdapterBase, Requirement
 from attnforge.backends.adapter import BackendAdapter
 from attnforge.backends.capabilities import SDPA_FALLBACK, Capabilities, load_capabilities
-from attnforge.backends.external import FlashAttnAdapter, SageAdapter, XformersAdapter
+from attnforge.backends.external import SageAdapter, XformersAdapter
+from attnforge.backends.flash import (
+    FlashAttn3Adapter,
+    FlashAttn4Adapter,
+    FlashAttnAdapter,
+    capabilities_from_build,
+)
 from attnforge.backends.flex import FlexAdapter
 from attnforge.backends.sdpa import SDPA_KERNELS, SdpaAdapter
 from attnforge.catalog import Backend, load_catalog
@@ -49,7 +56,25 @@ def _fallback() -> SdpaAdapter:
 def _built() -> dict[str, BackendAdapter]:
     catalog = load_catalog()
     caps = load_capabilities()
-    return {bid: make_adapter(backend, caps[bid]) for bid, backend in catalog.backends.items()}
+    return {bid: make_adapter(backend, _with_build(backend, caps[bid])) for bid, backend in catalog.backends.items()}
+
+
+def _with_build(backend: Backend, caps: Capabilities) -> Capabilities:
+    """``caps`` narrowed to what the installed build compiled, when the build recorded it (a slim build's
+    ``provenance.json``, read back by ``attnforge.cache.capabilities``); ``caps`` as they are otherwise."""
+    if backend.builtin:
+        return caps
+    try:
+        recorded = importlib.import_module("attnforge.cache.capabilities").installed_capabilities(
+            backend.distributions)
+    except (ImportError, AttributeError):  # no reader of recorded capabilities in this version
+        return caps
+    if recorded is None:
+        return caps
+    try:
+        return capabilities_from_build(caps, recorded.to_json() if hasattr(recorded, "to_json") else recorded)
+    except ValueError:
+        return caps
 
 
 def make_adapter(backend: Backend, caps: Capabilities) -> BackendAdapter:
@@ -62,7 +87,8 @@ def make_adapter(backend: Backend, caps: Capabilities) -> BackendAdapter:
                       distributions=backend.distributions, version_spec=str(backend.version_spec))
     if backend.family == "sdpa":
         return SdpaAdapter(name=backend.id, caps=caps, requirement=req, kernel=SDPA_KERNELS[backend.id])
-    return _FAMILIES[backend.family](name=backend.id, caps=caps, requirement=req)
+    cls = _BY_ID.get(backend.id) or _FAMILIES[backend.family]
+    return cls(name=backend.id, caps=caps, requirement=req)
 
 
 _FAMILIES: dict[str, Callable[..., AdapterBase]] = {
@@ -70,4 +96,9 @@ _FAMILIES: dict[str, Callable[..., AdapterBase]] = {
     "flash-attn": FlashAttnAdapter,
     "sageattention": SageAdapter,
     "xformers": XformersAdapter,
+}
+#: ids of a family whose versions spell features differently
+_BY_ID: dict[str, Callable[..., AdapterBase]] = {
+    "flash-attn-3": FlashAttn3Adapter,
+    "flash-attn-4": FlashAttn4Adapter,
 }

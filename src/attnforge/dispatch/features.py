@@ -78,28 +78,70 @@ def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops
 
 def close_with_fallback(decision: Decision, call: AttentionCall, fallback: BackendAdapter,
                         refused: list[Rejection]) -> Decision:
-    """Add ``refused`` to the rejections; when SDPA lacks a feature of the call, the exact math serves
-    instead of it at the end of the order."""
+    """Take the ``refused`` backends out of the order (their reasons join the others); when SDPA lacks a
+    feature of the call, the exact math serves instead of it at the end of the order."""
+    extra = {r.backend: r.reasons for r in refused}
+    kept = [(n, b) for n, b in zip(decision.order, decision.basis, strict=True) if n not in extra]
+    rejected = [Rejection(backend=r.backend, reasons=tuple(dict.fromkeys((*r.reasons, *extra.pop(r.backend, ())))))
+                for r in decision.rejected]
+    rejected += [Rejection(backend=name, reasons=reasons) for name, reasons in extra.items()]
     missing = call.features - features_of(fallback)
-    if not missing:
-        return dataclasses.replace(decision, rejected=(*decision.rejected, *refused))
-    why = f"exact fallback: float32 math in torch (SDPA does not support {', '.join(sorted(missing))})"
-    order = tuple(EXACT if n == FALLBACK else n for n in decision.order)
-    basis = tuple(why if n == FALLBACK else b for n, b in zip(decision.order, decision.basis, strict=True))
-    if EXACT not in order:
-        order, basis = (*order, EXACT), (*basis, why)
-    rejected = (*decision.rejected, *refused, Rejection(backend=FALLBACK, reasons=(f"does not support"
-                                                                                 f" {', '.join(sorted(missing))}",)))
-    return Decision(order=order, basis=basis, rejected=rejected)
+    if missing:
+        lacks = f"does not support {', '.join(sorted(missing))}"
+        why = f"exact fallback: float32 math in torch (SDPA {lacks})"
+        kept = [(EXACT, why) if n == FALLBACK else (n, b) for n, b in kept]
+        if all(n != EXACT for n, _ in kept):
+            kept.append((EXACT, why))
+        rejected.append(Rejection(backend=FALLBACK, reasons=(lacks,)))
+    return Decision(order=tuple(n for n, _ in kept), basis=tuple(b for _, b in kept), rejected=tuple(rejected))
 
 
-def attention(
-    q: Any, k: Any, v: Any, *, attn_mask: Any, dropout_p: float, scale: float | None, causal: bool,
-    causal_alignment: str, enable_gqa: bool, window: Any, softcap: float | None, sinks: Any,
-    return_lse: bool, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int | None,
-    max_seqlen_k: int | None, layout: str, backend: str | None, precision: str, is_causal: bool | None,
-) -> Any:
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Prepared:
+    """A checked feature call: the tensors the backend gets, what the decision sees, the keywords to pass.
+
+    Attributes:
+        q, k, v: bhsd views (dense) or the packed tensors (varlen).
+        probe: bhsd tensors with the call's sizes, for the decision (the q and k views when dense).
+        empty: a zero-sized call (served without a kernel).
+        uses: the features the call uses (:data:`~attnforge.backends.adapter.FEATURES` names).
+        head_dim_v: Dv when it differs from D.
+        opts: the feature keywords every backend in the order gets.
+        causal, needs_grad: as the call.
+    """
+
+    q: Any
+    k: Any
+    v: Any
+    probe: tuple[Any, Any]
+    empty: bool
+    uses: frozenset[str]
+    head_dim_v: int | None
+    opts: dict[str, Any]
+    causal: bool
+    needs_grad: bool
+
+
+def attention(q: Any, k: Any, v: Any, *, layout: str, backend: str | None, precision: str,
+              scale: float | None, **kwargs: Any) -> Any:
     """Serve a call that uses a feature (see the module docstring); arguments as :func:`attnforge.attention`."""
+    from attnforge.dispatch import runtime
+
+    call = prepare(q, k, v, layout=layout, precision=precision, scale=scale, **kwargs)
+    out = _serve(runtime.get_dispatcher(), call, scale=scale, backend=backend, precision=precision)
+    if layout == "bshd" and "varlen" not in call.uses:
+        return (out[0].transpose(1, 2), out[1]) if "lse" in call.uses else out.transpose(1, 2)
+    return out
+
+
+def prepare(
+    q: Any, k: Any, v: Any, *, attn_mask: Any = None, dropout_p: float = 0.0, scale: float | None = None,
+    causal: bool = False, causal_alignment: str = "bottom_right", enable_gqa: bool = True, window: Any = None,
+    softcap: float | None = None, sinks: Any = None, return_lse: bool = False, cu_seqlens_q: Any = None,
+    cu_seqlens_k: Any = None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    layout: str = "bhsd", precision: str = "exact", is_causal: bool | None = None,
+) -> Prepared:
+    """Check a call's arguments and name its features; raises :class:`DispatchError` for bad input."""
     import torch
 
     from attnforge.dispatch import runtime
@@ -138,10 +180,9 @@ def attention(
         uses.add("lse")
         opts["return_lse"] = True
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
-        return _varlen(q, k, v, uses=uses, opts=opts, attn_mask=attn_mask, scale=scale, causal=causal,
+        return _varlen(q, k, v, uses=uses, opts=opts, attn_mask=attn_mask, causal=causal,
                        alignment=causal_alignment, enable_gqa=enable_gqa, sinks=sinks, cu_q=cu_seqlens_q,
-                       cu_k=cu_seqlens_k, max_q=max_seqlen_q, max_k=max_seqlen_k, backend=backend,
-                       precision=precision)
+                       cu_k=cu_seqlens_k, max_q=max_seqlen_q, max_k=max_seqlen_k)
     if isinstance(q, torch.Tensor) and q.dim() == 3:
         raise DispatchError(f"q has 3 dimensions {tuple(q.shape)}: packed [total, H, D] inputs need"
                             " cu_seqlens_q and cu_seqlens_k (varlen)",
@@ -163,32 +204,32 @@ def attention(
     dv = vh.shape[3] if vh.shape[3] != qh.shape[3] else None
     if dv is not None:
         uses.add("dv")
-    out = _serve(runtime.get_dispatcher(), qh, kh, vh, probe=(qh, kh), empty=is_empty(qh, kh), uses=uses,
-                 dv=dv, opts=opts, causal=causal, scale=scale, backend=backend, precision=precision,
-                 grad_inputs=(q, k, v, sinks))
-    if layout == "bshd":
-        return (out[0].transpose(1, 2), out[1]) if return_lse else out.transpose(1, 2)
-    return out
+    return Prepared(q=qh, k=kh, v=vh, probe=(qh, kh), empty=is_empty(qh, kh), uses=frozenset(uses),
+                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks))
 
 
-def _serve(dispatcher: Any, q: Any, k: Any, v: Any, *, probe: tuple[Any, Any], empty: bool, uses: set[str],
-           dv: int | None, opts: dict[str, Any], causal: bool, scale: float | None, backend: str | None,
-           precision: str, grad_inputs: tuple[Any, ...]) -> Any:
-    """Run the decided order on ``q, k, v`` with ``opts``; ``probe`` are bhsd tensors describing the call."""
+def _needs_grad(*tensors: Any) -> bool:
+    import torch
+
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
+def _serve(dispatcher: Any, call: Prepared, *, scale: float | None, backend: str | None,
+           precision: str) -> Any:
+    """Run the decided order on the prepared call: the first backend that does not raise serves it."""
     import torch
 
     from attnforge.dispatch import runtime
 
-    if empty:  # no kernel ever sees a zero-sized input; the exact math returns the right empty/zero result
+    q, k, v, causal, opts = call.q, call.k, call.v, call.causal, call.opts
+    if call.empty:  # no kernel ever sees a zero-sized input; the exact math returns the right empty/zero result
         return dispatcher.exact(q, k, v, causal=causal, scale=scale, **opts)
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and getattr(t, "requires_grad", False) for t in grad_inputs)
-    qp, kp = probe
-    decision, adapters = dispatcher._plan(qp, kp, causal=causal, precision=precision, needs_grad=needs_grad,
-                                          forced=backend, uses=frozenset(uses), head_dim_v=dv)
+    qp, kp = call.probe
+    decision, adapters = dispatcher._plan(qp, kp, causal=causal, precision=precision,
+                                          needs_grad=call.needs_grad, forced=backend, uses=call.uses,
+                                          head_dim_v=call.head_dim_v)
     if backend and not adapters:
         runtime._raise_forced(backend, decision)
-    cls = dispatcher.shape_class(qp, kp, causal, needs_grad)
     for i, adapter in enumerate(adapters):
         try:
             return adapter(q, k, v, causal=causal, scale=scale, **opts)
@@ -197,17 +238,15 @@ def _serve(dispatcher: Any, q: Any, k: Any, v: Any, *, probe: tuple[Any, Any], e
         except Exception as exc:
             if backend or i == len(adapters) - 1 or adapter is dispatcher.exact:
                 raise
-            dispatcher._mark_broken(adapter.name, exc, cls)
+            dispatcher._mark_broken(adapter.name, exc, dispatcher.shape_class(qp, kp, causal, call.needs_grad))
     return dispatcher.exact(q, k, v, causal=causal, scale=scale, **opts)  # only SDPA was left, and it broke
 
 
 def _varlen(q: Any, k: Any, v: Any, *, uses: set[str], opts: dict[str, Any], attn_mask: Any,
-            scale: float | None, causal: bool, alignment: str, enable_gqa: bool, sinks: Any, cu_q: Any,
-            cu_k: Any, max_q: int | None, max_k: int | None, backend: str | None, precision: str) -> Any:
+            causal: bool, alignment: str, enable_gqa: bool, sinks: Any, cu_q: Any, cu_k: Any,
+            max_q: int | None, max_k: int | None) -> Prepared:
     """Packed ``[total, H, D]`` sequences with ``cu_seqlens``: checked, then served like a dense call."""
     import torch
-
-    from attnforge.dispatch import runtime
 
     if cu_q is None or cu_k is None:
         raise DispatchError("varlen needs both cu_seqlens_q and cu_seqlens_k",
@@ -253,9 +292,9 @@ def _varlen(q: Any, k: Any, v: Any, *, uses: set[str], opts: dict[str, Any], att
     # bhsd stand-ins that describe the call to the decision (zero strides over q's and k's first elements)
     probe = None if empty else (q.as_strided((batch, q.shape[1], max_q, q.shape[2]), (0, 0, 0, 1)),
                                 k.as_strided((batch, k.shape[1], max_k, k.shape[2]), (0, 0, 0, 1)))
-    return _serve(runtime.get_dispatcher(), q, k, v, probe=probe or (q, k), empty=empty or not max_q,
-                  uses=uses, dv=dv, opts=opts, causal=causal, scale=scale, backend=backend,
-                  precision=precision, grad_inputs=(q, k, v, sinks))
+    return Prepared(q=q, k=k, v=v, probe=probe or (q, k), empty=empty or not max_q or not max_k,
+                    uses=frozenset(uses), head_dim_v=dv, opts=opts, causal=causal,
+                    needs_grad=_needs_grad(q, k, v, sinks))
 
 
 def _window(window: Any) -> tuple[int | None, int | None]:

@@ -93,6 +93,9 @@ class Explanation:
                 f" D={c.head_dim} {c.dtype}{' causal' if c.causal else ''}{' +grad' if c.needs_grad else ''}"
                 f" on {self.device} (shape class: {self.shape_class})")
         lines = [head]
+        if c.features:
+            dv = f"; Dv={c.head_dim_v}" if c.head_dim_v is not None else ""
+            lines.append(f"  features: {', '.join(sorted(c.features))}{dv}")
         if self.chosen is None:
             lines.append("  forced backend cannot serve this call")
         for i, (name, why) in enumerate(zip(self.order, self.basis, strict=True)):
@@ -275,8 +278,8 @@ class Dispatcher:
         broken = {name: by_class[cls] for name, by_class in self.broken.items() if cls in by_class}
         seen = len(self._shapes_seen.get(str(ShapeClass.of_call(
             dataclasses.replace(call, causal=False, precision="exact"))), ()))
-        candidates, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen)
-        decision = decide(call, candidates, priorities=self.priorities, verified=verified, tflops=tflops,
+        _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen)
+        decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, tflops=tflops,
                           broken=broken)
         return features.close_with_fallback(decision, call, self.fallback, refused)
 
@@ -303,10 +306,12 @@ class Dispatcher:
         return adapter
 
     def explain(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
-                backend: str | None) -> Explanation:
+                backend: str | None, uses: frozenset[str] = frozenset(),
+                head_dim_v: int | None = None) -> Explanation:
         """The decision for bhsd tensors, as an :class:`Explanation` (see :func:`explain`)."""
         forced = backend or _FORCED.get()
-        call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad)
+        call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
+                             head_dim_v=head_dim_v)
         dev_key = self._device(q.device).key
         decision = self._forced_decision(call, forced) if forced else self._decide(call, dev_key)
         return Explanation(call=call, device=dev_key, shape_class=str(ShapeClass.of_call(call)),
@@ -572,18 +577,18 @@ def attention(
     return dispatcher._serve(route, q, k, v, causal, scale, forced)
 
 
-def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-            scale: float | None = None, layout: str = "bhsd", backend: str | None = None,
-            precision: str = "exact") -> Explanation:
+def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
+            layout: str = "bhsd", backend: str | None = None, precision: str = "exact",
+            **kwargs: Any) -> Explanation:
     """Which backend :func:`attention` would use for these inputs, and why every other one is skipped.
 
-    Takes the same arguments as :func:`attention`; runs no kernel.
+    Takes the same arguments as :func:`attention` (features included); runs no kernel.
 
     Raises:
         DispatchError: bad inputs or an unknown forced backend (a forced backend that cannot serve the call is
             reported in the explanation instead).
     """
-    qh, kh, _ = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    return get_dispatcher().explain(qh, kh, causal=causal, precision=precision, needs_grad=needs_grad,
-                                    backend=backend)
+    call = features.prepare(q, k, v, scale=scale, layout=layout, precision=precision, **kwargs)
+    qp, kp = call.probe
+    return get_dispatcher().explain(qp, kp, causal=call.causal, precision=precision, needs_grad=call.needs_grad,
+                                    backend=backend, uses=call.uses, head_dim_v=call.head_dim_v)
