@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attnforge.bench.flops import Mode
-from attnforge.bench.grid import BenchShape, ShapeSet, cpu_grid, model_shapes, paper_grid
+from attnforge.bench.grid import ShapeSet, cpu_grid, model_shapes, paper_grid
 from attnforge.bench.timing import CPU_PERF_COUNTER, GPU_DO_BENCH, GPU_EVENTS, TimingConfig
 from attnforge.dispatch.adapter import BackendAdapter
 from attnforge.errors import UsageError
+from attnforge.types.shapes import AttentionShape, Mode
 from attnforge.verify.device import DeviceInfo, DeviceType
 
 _CAUSAL = {"both": (False, True), "on": (True,), "off": (False,)}
@@ -40,7 +40,7 @@ def choose_shapes(
     shape_set: ShapeSet, *, device: DeviceInfo, dtype: str, causal: str, mode: str, batch: int | None,
     heads: int | None, kv_heads: int | None, head_dims: Sequence[int], seqlens: Sequence[int],
     seqlen_k: int | None,
-) -> list[BenchShape]:
+) -> list[AttentionShape]:
     """The grid for ``--shapes``, restricted by ``--head-dim``/``--seqlen`` when given.
 
     Raises:

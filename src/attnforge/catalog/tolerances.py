@@ -51,10 +51,20 @@ class Tolerance:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchGate:
+    """``[gate.quantized]``: the error a quantized kernel may show on a shape class to be dispatched there."""
+
+    max_rel_l1: float
+    min_cosine: float
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Tolerances:
-    """Every tolerance row, by ``(kind, dtype)``."""
+    """Every tolerance row, by ``(kind, dtype)``, and the dispatch gate for quantized kernels."""
 
     rows: Mapping[tuple[PrecisionKind, str], Tolerance]
+    gate: DispatchGate | None = None
 
     def get(self, kind: PrecisionKind, dtype: str) -> Tolerance:
         """The row for ``kind`` and ``dtype``.
@@ -97,10 +107,22 @@ def _load(path: Path) -> Tolerances:
     doc = read_toml(path)
     errors = Collector(path.name)
     errors.schema_version(doc, SCHEMA_VERSION)
-    errors.unknown_keys(doc, {"schema_version", *(k.value for k in PrecisionKind)}, "")
+    errors.unknown_keys(doc, {"schema_version", "gate", *(k.value for k in PrecisionKind)}, "")
     rows = parse_tolerances(doc, errors)
+    gate = None
+    raw = doc.get("gate", {}).get("quantized") if isinstance(doc.get("gate"), dict) else None
+    if isinstance(raw, dict):
+        errors.unknown_keys(raw, {"max_rel_l1", "min_cosine", "sources"}, "gate.quantized")
+        gate = DispatchGate(max_rel_l1=_positive(errors, raw, "max_rel_l1", "gate.quantized"),
+                            min_cosine=_positive(errors, raw, "min_cosine", "gate.quantized"),
+                            sources=errors.str_list(raw, "sources", "gate.quantized", allow_empty=False))
     errors.finish()
-    return Tolerances(rows=rows)
+    return Tolerances(rows=rows, gate=gate)
+
+
+def load_quantized_gate() -> DispatchGate | None:
+    """The packaged ``[gate.quantized]`` (None when the file has none)."""
+    return _packaged().gate
 
 
 def parse_tolerances(doc: Mapping[str, Any], errors: Collector) -> dict[tuple[PrecisionKind, str], Tolerance]:
@@ -131,4 +153,5 @@ def _positive(errors: Collector, raw: Mapping[str, Any], name: str, path: str) -
     return value
 
 
-__all__ = ["CatalogError", "PrecisionKind", "Tolerance", "Tolerances", "load_tolerances"]
+__all__ = ["CatalogError", "DispatchGate", "PrecisionKind", "Tolerance", "Tolerances", "load_quantized_gate",
+           "load_tolerances"]

@@ -34,9 +34,9 @@ from attnforge.dispatch.policy import (
     FALLBACK,
     Decision,
     Rejection,
-    ShapeClass,
+    class_of_call,
     decide,
-    measured_tflops,
+    measurements,
 )
 from attnforge.errors import DispatchError
 from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
@@ -181,7 +181,7 @@ class Dispatcher:
         _, hq, sq, d = q.shape
         _, hkv, sk, _ = k.shape
         # the call class: everything unsupported_reasons looks at; (n - 1).bit_length() is bench's S bucket
-        key = (q.device, q.dtype, d, causal, hq != hkv, (sq - 1).bit_length(), (sk - 1).bit_length(),
+        key = (q.device, q.dtype, d, causal, hq // hkv, (sq - 1).bit_length(), (sk - 1).bit_length(),
                (sq > sk) - (sq < sk), needs_grad, precision, forced)
         plan = self._plans.get(key)
         if plan is None:
@@ -233,9 +233,8 @@ class Dispatcher:
 
     def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
         verified, bench = self._records_for(dev_key)
-        tflops = measured_tflops(bench, ShapeClass.of_call(call))
-        return decide(call, self.adapters, priorities=self.priorities, verified=verified, tflops=tflops,
-                      broken=dict(self.broken))
+        return decide(call, self.adapters, priorities=self.priorities, verified=verified,
+                      measured=measurements(bench, class_of_call(call)), broken=dict(self.broken))
 
     def _forced_decision(self, call: AttentionCall, name: str) -> Decision:
         adapter = self._adapter(name)
@@ -261,7 +260,7 @@ class Dispatcher:
         call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad)
         dev_key = self._device(q.device).key
         decision = self._forced_decision(call, forced) if forced else self._decide(call, dev_key)
-        return Explanation(call=call, device=dev_key, shape_class=str(ShapeClass.of_call(call)),
+        return Explanation(call=call, device=dev_key, shape_class=str(class_of_call(call)),
                            chosen=decision.order[0] if decision.order else None, forced=forced is not None,
                            order=decision.order, basis=decision.basis, rejected=decision.rejected)
 
