@@ -37,6 +37,7 @@ def report() -> BenchReport:
 def test_json_validates_against_the_shipped_schema(report: BenchReport) -> None:
     envelope = {"schema_version": 1, "kind": "bench", **report_json(report)}
     doc = json.loads(json.dumps(envelope, allow_nan=False))
+    assert doc["schema_version"] == 2  # the bench document's own version overrides the envelope's
     jsonschema.validate(doc, load_schema(), format_checker=jsonschema.FormatChecker())
     statuses = {c["status"] for row in doc["rows"] for c in row["cells"]}
     assert statuses == {"ok", "skipped", "error"}
@@ -47,6 +48,9 @@ def test_json_validates_against_the_shipped_schema(report: BenchReport) -> None:
     pytest.param(("rows", 0, "shape", "batch"), 0, id="zero-batch"),
     pytest.param(("device", "type"), "tpu", id="unknown-device"),
     pytest.param(("rows", 0, "cells", 0, "ms"), None, id="ok-cell-without-time"),
+    pytest.param(("schema_version",), 1, id="version-1-document"),
+    pytest.param(("rows", 0, "shape", "features"), ["telepathy"], id="unknown-feature"),
+    pytest.param(("rows", 0, "margin"), "big", id="margin-not-a-number"),
 ])
 def test_the_schema_rejects_broken_documents(report: BenchReport, path: tuple[object, ...],
                                              value: object) -> None:
