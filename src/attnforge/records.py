@@ -17,6 +17,7 @@ from typing import Any
 
 # The one device-key constructor lives with the value types; re-exported for the runtime, verify and bench.
 from attnforge.types.device import device_key as device_key  # noqa: PLC0414
+from attnforge.types.shapes import AttentionShape, Feature, Mode
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS verify (
@@ -48,10 +49,22 @@ CREATE TABLE IF NOT EXISTS bench (
     tflops REAL NOT NULL,
     peak_mem_bytes INTEGER,
     run_id TEXT NOT NULL,
-    created_at TEXT NOT NULL
+    created_at TEXT NOT NULL,
+    head_dim_v INTEGER,
+    features TEXT NOT NULL DEFAULT '',
+    ms_lo REAL,
+    ms_hi REAL,
+    rel_l1 REAL,
+    cosine REAL
 );
 CREATE INDEX IF NOT EXISTS bench_device ON bench(device_key, backend);
 """
+#: columns added to ``bench`` after its first release: ``records.db`` files from before get them on open
+_BENCH_ADDED = (("head_dim_v", "INTEGER"), ("features", "TEXT NOT NULL DEFAULT ''"), ("ms_lo", "REAL"),
+                ("ms_hi", "REAL"), ("rel_l1", "REAL"), ("cosine", "REAL"))
+_BENCH_COLUMNS = ("device_key, backend, backend_version, dtype, mode, causal, batch, heads, kv_heads, head_dim,"
+                  " seqlen_q, seqlen_k, ms, tflops, peak_mem_bytes, run_id, created_at, head_dim_v, features,"
+                  " ms_lo, ms_hi, rel_l1, cosine")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,7 +87,15 @@ class VerifyRecord:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BenchRecord:
-    """One timed shape of one backend. ``tflops`` uses the formula documented in ``attnforge.bench``."""
+    """One timed shape of one backend. ``tflops`` uses the formula documented in ``attnforge.bench``.
+
+    Attributes:
+        ms: the median of the rounds' medians; ``ms_lo``/``ms_hi`` the fastest and slowest round's median (the
+            spread the "fastest" rule calls a tie within; None for records from before rounds).
+        head_dim_v: ``Dv`` when it differs from ``D``.
+        features: the call's features (:class:`attnforge.types.shapes.Feature`), comma-separated.
+        rel_l1, cosine: the output's error against the float32 reference on this shape (quantized backends).
+    """
 
     device_key: str
     backend: str
@@ -93,6 +114,20 @@ class BenchRecord:
     peak_mem_bytes: int | None
     run_id: str
     created_at: str = ""
+    head_dim_v: int | None = None
+    features: str = ""
+    ms_lo: float | None = None
+    ms_hi: float | None = None
+    rel_l1: float | None = None
+    cosine: float | None = None
+
+    @property
+    def shape(self) -> AttentionShape:
+        """The measured shape."""
+        return AttentionShape(batch=self.batch, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
+                              seqlen_q=self.seqlen_q, seqlen_k=self.seqlen_k, causal=self.causal,
+                              mode=Mode(self.mode), dtype=self.dtype, head_dim_v=self.head_dim_v,
+                              features=frozenset(Feature(f) for f in self.features.split(",") if f))
 
 
 def _now() -> str:
@@ -112,6 +147,10 @@ class RecordStore:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(_SCHEMA)
+            have = {row[1] for row in conn.execute("PRAGMA table_info(bench)")}
+            for name, decl in _BENCH_ADDED:
+                if name not in have:
+                    conn.execute(f"ALTER TABLE bench ADD COLUMN {name} {decl}")
             with conn:
                 yield conn
         finally:
@@ -145,12 +184,11 @@ class RecordStore:
     def add_bench(self, records: list[BenchRecord]) -> None:
         with self._connect() as conn:
             conn.executemany(
-                "INSERT INTO bench (device_key, backend, backend_version, dtype, mode, causal, batch, heads,"
-                " kv_heads, head_dim, seqlen_q, seqlen_k, ms, tflops, peak_mem_bytes, run_id, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO bench ({_BENCH_COLUMNS}) VALUES ({', '.join('?' * 23)})",  # noqa: S608 - constants
                 [(r.device_key, r.backend, r.backend_version, r.dtype, r.mode, int(r.causal), r.batch, r.heads,
                   r.kv_heads, r.head_dim, r.seqlen_q, r.seqlen_k, r.ms, r.tflops, r.peak_mem_bytes, r.run_id,
-                  r.created_at or _now()) for r in records],
+                  r.created_at or _now(), r.head_dim_v, r.features, r.ms_lo, r.ms_hi, r.rel_l1, r.cosine)
+                 for r in records],
             )
 
     def bench_records(self, device_key: str) -> list[BenchRecord]:
@@ -158,11 +196,10 @@ class RecordStore:
         if not self.path.exists():
             return []
         with self._connect() as conn:
-            rows = conn.execute(
-                "SELECT device_key, backend, backend_version, dtype, mode, causal, batch, heads, kv_heads,"
-                " head_dim, seqlen_q, seqlen_k, ms, tflops, peak_mem_bytes, run_id, created_at FROM bench"
-                " WHERE device_key = ? ORDER BY id", (device_key,)).fetchall()
+            rows = conn.execute(f"SELECT {_BENCH_COLUMNS} FROM bench WHERE device_key = ? ORDER BY id",  # noqa: S608
+                                (device_key,)).fetchall()
         return [BenchRecord(device_key=r[0], backend=r[1], backend_version=r[2], dtype=r[3], mode=r[4],
                             causal=bool(r[5]), batch=r[6], heads=r[7], kv_heads=r[8], head_dim=r[9],
                             seqlen_q=r[10], seqlen_k=r[11], ms=r[12], tflops=r[13], peak_mem_bytes=r[14],
-                            run_id=r[15], created_at=r[16]) for r in rows]
+                            run_id=r[15], created_at=r[16], head_dim_v=r[17], features=r[18] or "",
+                            ms_lo=r[19], ms_hi=r[20], rel_l1=r[21], cosine=r[22]) for r in rows]

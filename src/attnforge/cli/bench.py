@@ -10,17 +10,21 @@ import click
 
 from attnforge.bench.run import BenchCell, BenchReport, CellStatus
 from attnforge.cli._output import console, emit_json, json_option
+from attnforge.ranking import Ranking
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 @click.command("bench")
 @click.argument("backends", nargs=-1)
-@click.option("--shapes", "shape_set", type=click.Choice(["default", "paper", "model"]), default="default",
-              show_default=True,
+@click.option("--shapes", "shape_set", type=click.Choice(["default", "paper", "grid", "diffusion", "model"]),
+              default="default", show_default=True,
               help="default: the papers' grid on a GPU, a tiny one on a CPU; paper: the papers' grid "
-                   "(16k tokens, S 512..16k, D 64/128); model: your shape "
-                   "(--batch --heads --head-dim --seqlen).")
+                   "(16k tokens, S 512..16k, D 64/128); grid: GQA, chunked prefill, decode, D 64/128/256; "
+                   "diffusion: Flux (S4608) and Wan (S32760) lengths; model: --model config.json, or your "
+                   "shape (--batch --heads --head-dim --seqlen). grid/diffusion/model run small on a CPU.")
+@click.option("--model", "model_config", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="A Hugging Face config.json (--shapes model): time the model's real shape classes.")
 @click.option("--batch", type=int, default=None, help="B (--shapes model).")
 @click.option("--heads", type=int, default=None, help="query heads Hq (--shapes model).")
 @click.option("--kv-heads", type=int, default=None, help="K/V heads Hkv, GQA (--shapes model; default Hq).")
@@ -40,7 +44,8 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write TFLOP/s vs sequence length to this PNG.")
 @json_option
-def command(*, backends: tuple[str, ...], shape_set: str, batch: int | None, heads: int | None,
+def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | None, batch: int | None,
+            heads: int | None,
             kv_heads: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...], seqlen_k: int | None,
             dtype: str | None, causal: str, mode: str, device: str | None, timer: str, plot_path: Path | None,
             as_json: bool) -> int:
@@ -66,7 +71,7 @@ def command(*, backends: tuple[str, ...], shape_set: str, batch: int | None, hea
     dtype_name = _DTYPES[dtype] if dtype else ("bfloat16" if dev.type is DeviceType.CUDA else "float32")
     shapes = choose_shapes(ShapeSet(shape_set), device=dev, dtype=dtype_name, causal=causal, mode=mode,
                            batch=batch, heads=heads, kv_heads=kv_heads, head_dims=head_dims, seqlens=seqlens,
-                           seqlen_k=seqlen_k)
+                           seqlen_k=seqlen_k, model_config=model_config)
     quantized = [n for n in chosen if (e := catalog.backends.get(n)) is not None and e.quantized]
     out = console(stderr=True)
     with out.status("benchmarking", spinner="dots") as status:
@@ -92,7 +97,8 @@ def command(*, backends: tuple[str, ...], shape_set: str, batch: int | None, hea
 
 def render_bench(out: Any, report: BenchReport, *, plot_path: Path | None, stored: int,
                  store_path: Path) -> None:
-    """The table (shapes x backends, best per row in bold green, ratio to the baseline) and its footnotes."""
+    """The table (shapes x backends, the winner in bold green, ratio to the baseline and the spread of rounds;
+    then the winner, its margin and any tie) and its footnotes."""
     from rich.table import Table
 
     dev = report.device
@@ -104,15 +110,18 @@ def render_bench(out: Any, report: BenchReport, *, plot_path: Path | None, store
     unverified = {b.name for b in report.backends if not b.verified and b.name != report.baseline}
     for name in names:
         table.add_column(name + ("*" if name in unverified else ""), justify="right")
-    table.add_column("best")
+    table.add_column("best (margin)")
     for row in report.rows:
-        best = row.best
+        ranking = row.ranking
+        best = ranking.winner
         cells = [_cell_text(row.cell(n), best=n == best, baseline=n == report.baseline) for n in names]
-        table.add_row(row.shape.label, *cells, f"[bold green]{best}[/bold green]" if best else "[dim]-[/dim]")
+        table.add_row(row.shape.label, *cells, _best_text(ranking))
     out.print(table)
     out.print(f"TFLOP/s: {report.flops_formula}. In brackets: speed relative to {report.baseline} "
-              f"(SDPA, no kernel forced). Timer: {report.timing.method.value}, median of repetitions "
-              f"after {report.timing.warmup_ms:g} ms warm-up.")
+              f"(SDPA, no kernel forced); ±: half the spread of {report.timing.rounds} interleaved rounds. "
+              f"Timer: {report.timing.method.value}, median of repetitions after {report.timing.warmup_ms:g} ms "
+              "warm-up. Backends within each other's spread are a tie, won by the lower-overhead path "
+              "(plain SDPA, then a forced SDPA kernel, then other kernels).")
     if unverified:
         out.print(f"* not verified on this device: run `attnforge verify {' '.join(sorted(unverified))}` "
                   "before the dispatcher will use them.")
@@ -129,6 +138,16 @@ def render_bench(out: Any, report: BenchReport, *, plot_path: Path | None, store
         out.print(f"plot: {plot_path}")
 
 
+def _best_text(ranking: Ranking) -> str:
+    best = ranking.winner
+    if best is None:
+        return "[dim]-[/dim]"
+    text = f"[bold green]{best}[/bold green]"
+    if len(ranking.tied) > 1:
+        return text + f" (tie: {', '.join(n for n in ranking.tied if n != best)})"
+    return text + (f" (+{ranking.margin:.1%})" if ranking.margin is not None else "")
+
+
 def _cell_text(cell: BenchCell | None, *, best: bool, baseline: bool) -> str:
     if cell is None or cell.status is CellStatus.SKIPPED:
         return "[dim]-[/dim]"
@@ -137,6 +156,11 @@ def _cell_text(cell: BenchCell | None, *, best: bool, baseline: bool) -> str:
     text = f"{cell.tflops:.3g}" if cell.tflops < 100 else f"{cell.tflops:.0f}"
     if not baseline and cell.ratio_to_baseline is not None:
         text += f" ({cell.ratio_to_baseline:.2f}x)"
+    t = cell.timing
+    if t is not None and t.median_ms > 0 and len(t.rounds_ms) > 1:
+        text += f" ±{(t.hi_ms - t.lo_ms) / 2 / t.median_ms:.1%}"
+    if cell.rel_l1 is not None and cell.cosine is not None:
+        text += f" [dim]L1 {cell.rel_l1:.3f} cos {cell.cosine:.4f}[/dim]"
     return f"[bold green]{text}[/bold green]" if best else text
 
 

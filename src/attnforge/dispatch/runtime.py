@@ -36,9 +36,9 @@ from attnforge.dispatch.policy import (
     FALLBACK,
     Decision,
     Rejection,
-    ShapeClass,
+    class_of_call,
     decide,
-    measured_tflops,
+    measurements,
 )
 from attnforge.errors import DispatchError
 from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
@@ -192,7 +192,7 @@ class Dispatcher:
         _, hq, sq, d = q.shape
         _, hkv, sk, _ = k.shape
         # the call class: everything unsupported_reasons looks at; (n - 1).bit_length() is bench's S bucket
-        key = (q.device, q.dtype, d, causal, hq != hkv, (sq - 1).bit_length(), (sk - 1).bit_length(),
+        key = (q.device, q.dtype, d, causal, hq // hkv, (sq - 1).bit_length(), (sk - 1).bit_length(),
                (sq > sk) - (sq < sk), needs_grad, precision, forced, uses, head_dim_v)
         plan = self._plans.get(key)
         if plan is None:
@@ -254,7 +254,7 @@ class Dispatcher:
 
     def shape_class(self, q: torch.Tensor, k: torch.Tensor, causal: bool, needs_grad: bool) -> str:
         """The bench shape class of bhsd tensors, as its string (the key of broken backends)."""
-        return str(ShapeClass.of_call(self.describe(q, k, causal=causal, precision="exact",
+        return str(class_of_call(self.describe(q, k, causal=causal, precision="exact",
                                                     needs_grad=needs_grad)))
 
     def _note_shape(self, q: torch.Tensor, k: torch.Tensor, needs_grad: bool) -> None:
@@ -272,14 +272,15 @@ class Dispatcher:
 
     def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
         verified, bench = self._records_for(dev_key)
-        shape = ShapeClass.of_call(call)
-        tflops = measured_tflops(bench, shape)
+        shape = class_of_call(call)
+        measured = measurements(bench, shape)
+        tflops = {name: m.tflops for name, m in measured.items()}
         cls = str(shape)
         broken = {name: by_class[cls] for name, by_class in self.broken.items() if cls in by_class}
-        seen = len(self._shapes_seen.get(str(ShapeClass.of_call(
+        seen = len(self._shapes_seen.get(str(class_of_call(
             dataclasses.replace(call, causal=False, precision="exact"))), ()))
         _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen)
-        decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, tflops=tflops,
+        decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, measured=measured,
                           broken=broken)
         return features.close_with_fallback(decision, call, self.fallback, refused)
 
@@ -314,7 +315,7 @@ class Dispatcher:
                              head_dim_v=head_dim_v)
         dev_key = self._device(q.device).key
         decision = self._forced_decision(call, forced) if forced else self._decide(call, dev_key)
-        return Explanation(call=call, device=dev_key, shape_class=str(ShapeClass.of_call(call)),
+        return Explanation(call=call, device=dev_key, shape_class=str(class_of_call(call)),
                            chosen=decision.order[0] if decision.order else None, forced=forced is not None,
                            order=decision.order, basis=decision.basis, rejected=decision.rejected)
 

@@ -14,6 +14,7 @@ from functools import partial
 from attnforge._compat import StrEnum
 from attnforge.catalog import Backend, Catalog
 from attnforge.probe.snapshot import ComputeCapability, InstalledBackend, SystemSnapshot, TorchInfo, format_cc
+from attnforge.ranking import PLAIN_SDPA, overhead_tier, wins_per_backend
 from attnforge.records import BenchRecord, VerifyRecord
 from attnforge.resolve.preflight import TORCH_INDEX, cu_tag, torch_cuda
 
@@ -351,14 +352,15 @@ def _verdict(s: SystemSnapshot, catalog: Catalog, rows: Sequence[BackendRow], be
 
 
 def _fastest_measured(ready: Sequence[BackendRow], bench: Sequence[BenchRecord]) -> tuple[str | None, str]:
-    if not bench:
+    """The backend that wins most measured forward shape classes by the one rule (:mod:`attnforge.ranking`),
+    among ready backends that verify passed (and plain SDPA, which needs no verify): never an unverified one."""
+    names = {r.backend: r.name for r in ready if r.verified}
+    names.setdefault(PLAIN_SDPA, "PyTorch SDPA (default)")
+    wins = wins_per_backend(bench, among=names)
+    if not wins:
         return None, ""
-    names = {r.backend: r.name for r in ready}
-    best: dict[str, float] = {}
-    for rec in bench:
-        if rec.mode == "fwd" and rec.backend in names:
-            best[rec.backend] = max(best.get(rec.backend, 0.0), rec.tflops)
-    if not best:
-        return None, ""
-    winner = max(best, key=lambda k: best[k])
-    return names[winner], f"measured by `attnforge bench`: up to {best[winner]:.0f} TFLOP/s forward"
+    winner = max(wins, key=lambda n: (len(wins[n]), -overhead_tier(n), n))
+    total = sum(len(v) for v in wins.values())
+    top = max(wins[winner], key=lambda r: r.measurements[winner].tflops)
+    return names[winner], (f"measured by `attnforge bench`: fastest verified backend in {len(wins[winner])} of "
+                           f"{total} forward shape classes, up to {top.measurements[winner].tflops:.0f} TFLOP/s")
