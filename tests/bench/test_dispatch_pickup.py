@@ -39,4 +39,7 @@ def test_the_dispatcher_orders_by_what_bench_stored(tmp_path: Path) -> None:
                           measured=measured, broken={})
         assert decision.ranking is not None
         assert decision.order[0] == decision.ranking.winner == row.best  # bench's best is the dispatcher's choice
-        assert decision.order.index("flex") > max(decision.order.index(n) for n in measured)
+        if "flex" in decision.order:  # unmeasured: after every measured backend
+            assert decision.order.index("flex") > max(decision.order.index(n) for n in measured)
+        else:  # fwd+bwd on a CPU: flex has no CPU backward (runtime.toml), so it is rejected with that reason
+            assert [r.backend for r in decision.rejected] == ["flex"] and "backward" in decision.rejected[0].reasons[0]

@@ -112,7 +112,7 @@ class AttentionShape:
 
 _CLASS_RE = re.compile(
     r"(?P<dtype>\w+) (?P<mode>fwd\+bwd|fwd) (?P<mask>causal|full) D(?P<d>\d+)(?:/(?P<dv>\d+))?"
-    r" gqa(?P<gqa>\d+) Sq(?P<sq>\d+) Sk(?P<sk>\d+)(?P<features>(?: \+[a-z]+)*)")
+    r" gqa(?P<gqa>\d+) Sq(?P<sq>\d+) Sk(?P<sk>\d+)(?P<features>(?: \+[a-z_]+)*)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
