@@ -13,7 +13,7 @@ bench recorded (read from the record store the dispatcher itself reads, ``$ATTNF
    whose latest verify passed (plus the SDPA fallback); quantized backends count only for
    ``precision="allow_quantized"``. Verdict: ``best``; ``within_noise`` (chosen time <= best x (1 + --noise));
    ``not_best``; ``chosen_not_measured``.
-3. The output is compared with the float64 reference (``attnforge.dispatch.adapter.reference_attention``) on a
+3. The output is compared with the float64 reference (``attnforge.backends.adapter.reference_attention``) on a
    few single (batch, head) slices, so 16k-token shapes stay within memory: ``||out - ref|| / ||ref||`` must
    be
    under the bf16/fp16 tolerance (exact) or the quantized one; NaN or Inf fails.
@@ -195,7 +195,7 @@ def slices(shape: Shape, n: int) -> list[tuple[int, int]]:
 def compare(q: Any, k: Any, v: Any, out: Any, *, shape: Shape, n_slices: int) -> dict[str, Any]:
     import torch
 
-    from attnforge.dispatch.adapter import reference_attention
+    from attnforge.backends.adapter import reference_attention
 
     group = shape.heads // shape.kv_heads
     diff2 = ref2 = 0.0

@@ -8,13 +8,13 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from attnforge.backends.registry import adapters, fallback
 from attnforge.bench.grid import cpu_grid
 from attnforge.bench.plot import write_plot
 from attnforge.bench.reference import compare_to_reference, load_reference
 from attnforge.bench.report import load_schema, report_json
 from attnforge.bench.run import BenchReport, run_bench
 from attnforge.bench.timing import TimerMethod, TimingConfig
-from attnforge.dispatch.registry import adapters, fallback
 from attnforge.errors import UsageError
 from attnforge.verify.device import current_device
 from tests.verify.adapters import RaisingAdapter, SdpaMathAdapter

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import torch
 
+from attnforge.backends.registry import adapters, fallback
 from attnforge.bench.flops import Mode, tflops
 from attnforge.bench.grid import BenchShape, cpu_grid, model_shapes
 from attnforge.bench.records import ShapeClass, fastest_backend, to_records
 from attnforge.bench.run import CellStatus, random_inputs, run_bench, set_bytes
 from attnforge.bench.timing import CPU_PERF_COUNTER, TimerMethod, TimingConfig
-from attnforge.dispatch.registry import adapters, fallback
 from attnforge.records import RecordStore
 from attnforge.verify.device import current_device
 from tests.verify.adapters import RaisingAdapter, SdpaMathAdapter

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import attnforge
+from attnforge.backends.adapter import reference_attention
 from attnforge.dispatch import runtime
-from attnforge.dispatch.adapter import reference_attention
 from attnforge.records import RecordStore
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch internals imported by inductor

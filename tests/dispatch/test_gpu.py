@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnforge.dispatch import registry
-from attnforge.dispatch.adapter import AttentionCall, reference_attention
+from attnforge.backends import registry
+from attnforge.backends.adapter import AttentionCall, reference_attention
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from attnforge.backends.adapter import AttentionCall
 from attnforge.bench.flops import Mode, attention_flops
-from attnforge.dispatch.adapter import AttentionCall
 from attnforge.errors import UsageError
 
 PAPER_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)

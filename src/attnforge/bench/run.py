@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from attnforge.backends.adapter import BackendAdapter
 from attnforge.bench.flops import FORMULA, Mode, tflops
 from attnforge.bench.grid import BenchShape
 from attnforge.bench.timing import Timing, TimingConfig, measure, rotation_sets
-from attnforge.dispatch.adapter import BackendAdapter
 from attnforge.verify.device import DeviceInfo, DeviceType
 
 #: The share of free GPU memory the rotating input sets of one shape may take.

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from attnforge.backends.adapter import BackendAdapter
 from attnforge.bench.flops import Mode
 from attnforge.bench.grid import BenchShape, ShapeSet, cpu_grid, model_shapes, paper_grid
 from attnforge.bench.timing import CPU_PERF_COUNTER, GPU_DO_BENCH, GPU_EVENTS, TimingConfig
-from attnforge.dispatch.adapter import BackendAdapter
 from attnforge.errors import UsageError
 from attnforge.verify.device import DeviceInfo, DeviceType
 
@@ -23,7 +23,7 @@ def choose_backends(names: Sequence[str], verified: Sequence[str]) -> tuple[dict
     Raises:
         UsageError: a name has no adapter.
     """
-    from attnforge.dispatch.registry import FALLBACK, adapters, fallback
+    from attnforge.backends.registry import FALLBACK, adapters, fallback
 
     registry = adapters()
     unknown = [n for n in names if n not in registry and n != FALLBACK]

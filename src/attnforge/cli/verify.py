@@ -31,9 +31,9 @@ def command(backends: tuple[str, ...], device: str | None, seed: int, as_json: b
     verified backend passed, 1 when one failed. Verdicts are stored for `attnforge doctor` and the dispatcher.
     """
     from attnforge._system.paths import home_dir
+    from attnforge.backends.registry import adapters
     from attnforge.catalog import load_catalog
     from attnforge.catalog.tolerances import load_tolerances
-    from attnforge.dispatch.registry import adapters
     from attnforge.records import RecordStore
     from attnforge.verify.device import current_device
     from attnforge.verify.run import run_verify

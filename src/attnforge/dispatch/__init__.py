@@ -1,8 +1,8 @@
 """The runtime: ``attention()`` picks the fastest verified kernel for each call and falls back to SDPA.
 
-Submodules: ``adapter`` (the call convention and float64 reference), ``capabilities`` (what each backend
-serves, as data), ``registry`` (one adapter per catalog backend), ``policy`` (the pure choice), ``runtime``
-(``attention``, ``explain``, ``use_backend``), ``sdpa_patch``. Importing this package loads no torch.
+Submodules: ``policy`` (the pure choice), ``runtime`` (``attention``, ``explain``, ``use_backend``),
+``features`` (the feature path of ``attention``), ``sdpa_patch``. The adapters, capability tables and the
+registry live in :mod:`attnforge.backends`. Importing this package loads no torch.
 """
 
 from __future__ import annotations

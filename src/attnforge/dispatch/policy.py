@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from attnforge.dispatch.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.adapter import AttentionCall, BackendAdapter
 from attnforge.records import BenchRecord, VerifyRecord
 
 FALLBACK = "sdpa"

@@ -2,7 +2,7 @@
 
 Shapes: ``B`` batch, ``Hq`` query heads, ``Hkv`` key/value heads (Hq a multiple of Hkv: GQA), ``Sq``/``Sk``
 query/key lengths, ``D`` head dim. Causal masks are aligned to the bottom-right when Sq != Sk (query ``i``
-sees key ``j`` when ``j <= i + Sk - Sq``, as in FlashAttention >= 2.1); :mod:`attnforge.dispatch.capabilities`
+sees key ``j`` when ``j <= i + Sk - Sq``, as in FlashAttention >= 2.1); :mod:`attnforge.backends.capabilities`
 documents how each backend is made to follow that rule.
 
 State per process (thread-safe): verify and bench records, read once per device on first use
@@ -18,6 +18,7 @@ raises clear the routes (a generation counter keeps a route decided before that 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import os
 import threading
 import warnings
@@ -28,8 +29,9 @@ from typing import Any, Protocol
 
 import torch
 
-from attnforge.dispatch import _op
-from attnforge.dispatch.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.exact import EXACT, ExactAdapter
+from attnforge.dispatch import _op, features
 from attnforge.dispatch.policy import (
     FALLBACK,
     Decision,
@@ -48,8 +50,9 @@ ROUTES_MAX = 4096
 
 #: one backend of a route: (adapter, the callable to run, transpose in and out around it)
 _Step = tuple[BackendAdapter, Callable[..., torch.Tensor], bool]
-#: the backends to try in order, and the SDPA fallback after them
-_Route = tuple[tuple[_Step, ...], _Step]
+#: the backends to try in order, the fallback after them (SDPA, or the exact math when SDPA lacks a feature the
+#: call uses), and the call's shape class (a backend that raises is disabled for that class only)
+_Route = tuple[tuple[_Step, ...], _Step, str]
 
 
 class RecordSource(Protocol):
@@ -90,6 +93,9 @@ class Explanation:
                 f" D={c.head_dim} {c.dtype}{' causal' if c.causal else ''}{' +grad' if c.needs_grad else ''}"
                 f" on {self.device} (shape class: {self.shape_class})")
         lines = [head]
+        if c.features:
+            dv = f"; Dv={c.head_dim_v}" if c.head_dim_v is not None else ""
+            lines.append(f"  features: {', '.join(sorted(c.features))}{dv}")
         if self.chosen is None:
             lines.append("  forced backend cannot serve this call")
         for i, (name, why) in enumerate(zip(self.order, self.basis, strict=True)):
@@ -121,7 +127,7 @@ class Dispatcher:
     def __init__(self, adapters: Mapping[str, BackendAdapter] | None = None, *,
                  fallback: BackendAdapter | None = None, priorities: Mapping[str, int] | None = None,
                  records: RecordSource | None = None) -> None:
-        from attnforge.dispatch import registry
+        from attnforge.backends import registry
 
         self.adapters: dict[str, BackendAdapter] = dict(registry.adapters() if adapters is None else adapters)
         self.fallback = fallback if fallback is not None else registry.fallback()
@@ -135,7 +141,11 @@ class Dispatcher:
         self._plans: dict[tuple[Any, ...], tuple[Decision, tuple[BackendAdapter, ...]]] = {}
         self._routes: dict[tuple[Any, ...], _Route] = {}
         self._generation = 0  # bumped whenever plans and routes are dropped
-        self.broken: dict[str, str] = {}
+        self.exact: BackendAdapter = ExactAdapter()
+        #: backends that raised at run time: name -> {shape class: the error's first line}
+        self.broken: dict[str, dict[str, str]] = {}
+        #: exact shapes seen per shape class (a class with many is dynamic: no per-shape JIT kernel for it)
+        self._shapes_seen: dict[str, set[tuple[int, ...]]] = {}
 
     # -- state ------------------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -177,18 +187,20 @@ class Dispatcher:
 
     # -- deciding ---------------------------------------------------------------------------------------
     def _plan(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
-              forced: str | None) -> tuple[Decision, tuple[BackendAdapter, ...]]:
+              forced: str | None, uses: frozenset[str] = frozenset(),
+              head_dim_v: int | None = None) -> tuple[Decision, tuple[BackendAdapter, ...]]:
         _, hq, sq, d = q.shape
         _, hkv, sk, _ = k.shape
         # the call class: everything unsupported_reasons looks at; (n - 1).bit_length() is bench's S bucket
         key = (q.device, q.dtype, d, causal, hq != hkv, (sq - 1).bit_length(), (sk - 1).bit_length(),
-               (sq > sk) - (sq < sk), needs_grad, precision, forced)
+               (sq > sk) - (sq < sk), needs_grad, precision, forced, uses, head_dim_v)
         plan = self._plans.get(key)
         if plan is None:
             generation = self._generation
             if not q.is_floating_point():
                 raise DispatchError(f"attention needs floating-point tensors, got {q.dtype}")
-            call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad)
+            call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
+                                 head_dim_v=head_dim_v)
             dev_key = self._device(q.device).key
             decision = self._forced_decision(call, forced) if forced else self._decide(call, dev_key)
             plan = (decision, tuple(self._adapter(name) for name in decision.order))
@@ -204,15 +216,23 @@ class Dispatcher:
         Takes the caller's tensors in ``layout``. Raises what :func:`attention` raises for bad input or a
         forced backend that cannot serve the call; nothing is remembered then.
         """
-        qh, kh, _ = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+        qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         generation = self._generation
-        decision, adapters = self._plan(qh, kh, causal=causal, precision=precision, needs_grad=needs_grad,
-                                        forced=forced)
-        if forced and not adapters:
-            _raise_forced(forced, decision)
         bshd = layout == "bshd"
-        route = (tuple(_step(a, bshd=bshd) for a in adapters), _step(self.fallback, bshd=bshd))
+        if features.is_empty(qh, kh):  # no kernel ever sees a zero-sized input (SIGFPE in some)
+            route: _Route = ((), _step(self.exact, bshd=bshd), "empty")
+        else:
+            dv = vh.shape[3] if vh.shape[3] != qh.shape[3] else None
+            uses = frozenset(("dv",)) if dv is not None else frozenset()
+            decision, adapters = self._plan(qh, kh, causal=causal, precision=precision, needs_grad=needs_grad,
+                                            forced=forced, uses=uses, head_dim_v=dv)
+            if forced and not adapters:
+                _raise_forced(forced, decision)
+            self._note_shape(qh, kh, needs_grad)
+            steps = tuple(_step(a, bshd=bshd) for a in adapters if a is not self.exact)
+            last = self.exact if adapters and adapters[-1] is self.exact else self.fallback
+            route = (steps, _step(last, bshd=bshd), self.shape_class(qh, kh, causal, needs_grad))
         if key is not None:
             with self._lock:
                 if self._generation == generation:
@@ -222,25 +242,54 @@ class Dispatcher:
         return route
 
     def describe(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str,
-                 needs_grad: bool) -> AttentionCall:
+                 needs_grad: bool, uses: frozenset[str] = frozenset(),
+                 head_dim_v: int | None = None) -> AttentionCall:
         """The :class:`AttentionCall` of ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]`` tensors."""
         dev = self._device(q.device)
         return AttentionCall(device_type=q.device.type, compute_capability=dev.compute_capability,
                              dtype=str(q.dtype).removeprefix("torch."), batch=q.shape[0],
                              heads_q=q.shape[1], heads_kv=k.shape[1], seqlen_q=q.shape[2],
                              seqlen_k=k.shape[2], head_dim=q.shape[3], causal=causal, needs_grad=needs_grad,
-                             precision=precision)
+                             precision=precision, features=uses, head_dim_v=head_dim_v)
+
+    def shape_class(self, q: torch.Tensor, k: torch.Tensor, causal: bool, needs_grad: bool) -> str:
+        """The bench shape class of bhsd tensors, as its string (the key of broken backends)."""
+        return str(ShapeClass.of_call(self.describe(q, k, causal=causal, precision="exact",
+                                                    needs_grad=needs_grad)))
+
+    def _note_shape(self, q: torch.Tensor, k: torch.Tensor, needs_grad: bool) -> None:
+        """Count the exact shapes of a shape class; when it turns dynamic, decide its calls again (so a
+        backend compiled per shape drops out of it, see :func:`attnforge.dispatch.features.admit`)."""
+        cls = self.shape_class(q, k, False, needs_grad)
+        seen = self._shapes_seen.setdefault(cls, set())
+        before = len(seen)
+        seen.add((*q.shape, *k.shape))
+        if before == features.DYNAMIC_AFTER and len(seen) > before:
+            with self._lock:
+                self._generation += 1
+                self._plans.clear()
+                self._routes.clear()
 
     def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
         verified, bench = self._records_for(dev_key)
-        tflops = measured_tflops(bench, ShapeClass.of_call(call))
-        return decide(call, self.adapters, priorities=self.priorities, verified=verified, tflops=tflops,
-                      broken=dict(self.broken))
+        shape = ShapeClass.of_call(call)
+        tflops = measured_tflops(bench, shape)
+        cls = str(shape)
+        broken = {name: by_class[cls] for name, by_class in self.broken.items() if cls in by_class}
+        seen = len(self._shapes_seen.get(str(ShapeClass.of_call(
+            dataclasses.replace(call, causal=False, precision="exact"))), ()))
+        _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen)
+        decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, tflops=tflops,
+                          broken=broken)
+        return features.close_with_fallback(decision, call, self.fallback, refused)
 
     def _forced_decision(self, call: AttentionCall, name: str) -> Decision:
         adapter = self._adapter(name)
         reasons = [f"not usable: {err}"] if (err := adapter.load_error()) else []
         reasons += adapter.unsupported_reasons(call)
+        missing = call.features - features.features_of(adapter)
+        if missing and not any(r.startswith("does not support") for r in reasons):
+            reasons.append(f"does not support {', '.join(sorted(missing))}")
         if reasons:
             return Decision(order=(), basis=(), rejected=(Rejection(backend=name, reasons=tuple(reasons)),))
         return Decision(order=(name,), basis=("forced",), rejected=())
@@ -248,17 +297,21 @@ class Dispatcher:
     def _adapter(self, name: str) -> BackendAdapter:
         if name == FALLBACK:
             return self.fallback
+        if name == EXACT:
+            return self.exact
         adapter = self.adapters.get(name)
         if adapter is None:
-            known = ", ".join(sorted([*self.adapters, FALLBACK]))
+            known = ", ".join(sorted([*self.adapters, FALLBACK, EXACT]))
             raise DispatchError(f"unknown attention backend {name!r}", hint=f"known backends: {known}")
         return adapter
 
     def explain(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
-                backend: str | None) -> Explanation:
+                backend: str | None, uses: frozenset[str] = frozenset(),
+                head_dim_v: int | None = None) -> Explanation:
         """The decision for bhsd tensors, as an :class:`Explanation` (see :func:`explain`)."""
         forced = backend or _FORCED.get()
-        call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad)
+        call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
+                             head_dim_v=head_dim_v)
         dev_key = self._device(q.device).key
         decision = self._forced_decision(call, forced) if forced else self._decide(call, dev_key)
         return Explanation(call=call, device=dev_key, shape_class=str(ShapeClass.of_call(call)),
@@ -273,18 +326,22 @@ class Dispatcher:
         Raises:
             DispatchError: a forced backend is unknown or cannot serve the call.
         """
+        if features.is_empty(q, k):  # no kernel ever sees a zero-sized input
+            return self.exact(q, k, v, causal=causal, scale=scale)
         forced = backend or _FORCED.get()
         decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
                                         forced=forced)
         if forced and not adapters:
             _raise_forced(forced, decision)
-        route = (tuple((a, a, False) for a in adapters), (self.fallback, self.fallback, False))
+        last = self.exact if adapters and adapters[-1] is self.exact else self.fallback
+        route = (tuple((a, a, False) for a in adapters if a is not self.exact), (last, last, False),
+                 self.shape_class(q, k, causal, needs_grad))
         return self._serve(route, q, k, v, causal, scale, forced)
 
     def _serve(self, route: _Route, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - hot path
                causal: bool, scale: float | None, forced: str | None) -> torch.Tensor:
         """Run ``route`` on the caller's tensors: the first backend that does not raise serves the call."""
-        steps, last = route
+        steps, last, cls = route
         for adapter, fn, transpose in steps:
             try:
                 if transpose:
@@ -296,23 +353,26 @@ class Dispatcher:
             except Exception as exc:
                 if forced or adapter is self.fallback:
                     raise  # a forced backend's error is the user's to see; SDPA is the last resort
-                self._mark_broken(adapter.name, exc)
+                self._mark_broken(adapter.name, exc, cls)
         _, fn, transpose = last
         if transpose:
             return fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
                       scale=scale).transpose(1, 2)
         return fn(q, k, v, causal=causal, scale=scale)
 
-    def _mark_broken(self, name: str, exc: Exception) -> None:
+    def _mark_broken(self, name: str, exc: Exception, cls: str) -> None:
+        """Disable ``name`` for shape class ``cls`` for the rest of the process, with one warning line."""
+        error = features.one_line(exc)
         with self._lock:
-            if name in self.broken:
+            by_class = self.broken.setdefault(name, {})
+            if cls in by_class:
                 return
-            self.broken[name] = f"{type(exc).__name__}: {exc}"
+            by_class[cls] = error
             self._generation += 1
             self._plans.clear()
             self._routes.clear()
-        warnings.warn(f"attnforge: attention backend {name!r} raised {type(exc).__name__}: {exc}; it is"
-                      " skipped for the rest of this process and the next backend serves the call",
+        warnings.warn(f"attnforge: attention backend {name!r} raised {error}; it is skipped for shape class"
+                      f" {cls} for the rest of this process and the next backend serves the call",
                       RuntimeWarning, stacklevel=4)
 
 
@@ -398,9 +458,9 @@ def _validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
     try:
         b, hq, _, d = q.shape
         kb, hkv, sk, kd = k.shape
-        vb, vh, vs, vd = v.shape
+        vb, vh, vs, _ = v.shape
         dtype = q.dtype
-        ok = (b == kb == vb and d == kd == vd and hkv == vh and sk == vs and hkv > 0 and hq % hkv == 0
+        ok = (b == kb == vb and d == kd and hkv == vh and sk == vs and hkv > 0 and hq % hkv == 0
               and dtype is k.dtype and dtype is v.dtype and q.device == k.device and q.device == v.device
               and (scale is None or scale > 0))
     except (AttributeError, TypeError, ValueError):
@@ -419,8 +479,9 @@ def _raise_for_input(q: Any, k: Any, v: Any, layout: str, scale: float | None = 
             raise DispatchError(f"{name} has {t.dim()} dimensions, expected 4",
                                 hint=f"layout={layout!r} means [{', '.join(layout.upper())}]")
     where = f" (as [B, H, S, D]; layout={layout!r})"
-    if k.shape != v.shape:
-        raise DispatchError(f"k and v differ in shape: {tuple(k.shape)} vs {tuple(v.shape)}{where}")
+    if k.shape[:3] != v.shape[:3]:
+        raise DispatchError(f"k and v differ in shape: {tuple(k.shape)} vs {tuple(v.shape)}{where}",
+                            hint="k and v need the same batch, heads and length (v's head dim may differ)")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise DispatchError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim{where}")
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
@@ -433,32 +494,65 @@ def _raise_for_input(q: Any, k: Any, v: Any, layout: str, scale: float | None = 
     raise DispatchError(f"scale must be positive, got {scale!r}")
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              scale: float | None = None, layout: str = "bhsd", backend: str | None = None,
-              precision: str = "exact") -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0, scale: float | None = None, causal: bool = False,
+    causal_alignment: str = "bottom_right", enable_gqa: bool = True,
+    window: tuple[int | None, int | None] | None = None, softcap: float | None = None,
+    sinks: torch.Tensor | None = None, return_lse: bool = False, cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    layout: str = "bhsd", backend: str | None = None, precision: str = "exact", is_causal: bool | None = None,
+) -> Any:
     """Scaled dot-product attention on the fastest backend this machine verified for these inputs.
 
+    Every feature is served exactly: a call goes only to a backend whose capability table lists every feature
+    it uses, and the exact fallback (float32-accumulating math in torch, :mod:`attnforge.backends.exact`)
+    serves what no verified backend does. Nothing is dropped.
+
     Args:
-        q: ``[B, Hq, Sq, D]`` (``[B, Sq, Hq, D]`` with ``layout="bshd"``), float16/bfloat16/float32/float64,
-            CPU or CUDA.
-        k, v: ``[B, Hkv, Sk, D]`` (or ``[B, Sk, Hkv, D]``), same dtype and device as q; Hq a multiple of Hkv.
-        causal: mask future keys, aligned to the bottom-right when Sq != Sk (query ``i`` sees key ``j`` iff
-            ``j <= i + Sk - Sq``; rows that see no key are zeros).
+        q: ``[B, Hq, Sq, D]`` (``[B, Sq, Hq, D]`` with ``layout="bshd"``; packed ``[total_q, Hq, D]`` with
+            ``cu_seqlens_q``), float16/bfloat16/float32/float64, CPU or CUDA.
+        k: ``[B, Hkv, Sk, D]`` (or ``[B, Sk, Hkv, D]``; packed ``[total_k, Hkv, D]``), Hq a multiple of Hkv.
+        v: as k, with its own head dim ``Dv`` (may differ from ``D``).
+        attn_mask: bool (True = attend) or additive float mask broadcastable to ``[B, Hq, Sq, Sk]`` (SDPA's).
+        dropout_p: dropout probability on the attention weights, applied when > 0 (as SDPA: pass 0 in eval).
         scale: softmax scale; None means ``1/sqrt(D)``.
-        layout: ``"bhsd"`` or ``"bshd"``; the output uses the same layout.
-        backend: force a backend id (``"flash-attn"``, ``"sdpa-cudnn"``, ``"sdpa"`` ...); see
-            :func:`use_backend`.
+        causal: mask future keys. ``is_causal`` is accepted as SDPA's name for it.
+        causal_alignment: ``"bottom_right"`` (FlashAttention: query ``i`` sees key ``j`` iff
+            ``j <= i + Sk - Sq``) or ``"top_left"`` (SDPA's ``is_causal``: ``j <= i``); they agree when Sq == Sk.
+            Windows are aligned the same way. Rows that see no key are zeros.
+        enable_gqa: allow Hq != Hkv (a multiple); False makes Hq != Hkv an error, as in SDPA.
+        window: sliding window ``(left, right)``: query ``i`` sees keys ``i' - left .. i' + right`` where ``i'``
+            is ``i`` aligned as above; a None or negative side is unbounded.
+        softcap: logit soft-capping ``softcap * tanh(logits / softcap)`` (Gemma 2); None or 0: off.
+        sinks: ``[Hq]`` float tensor: an extra logit per head in the softmax denominator that carries no
+            value (GPT-OSS ``s_aux``).
+        return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]`` (``[Hq, total_q]`` for varlen).
+        cu_seqlens_q, cu_seqlens_k: int32 offsets ``[batch + 1]`` of packed sequences (varlen).
+        max_seqlen_q, max_seqlen_k: the longest sequence of each (computed when None).
+        layout: ``"bhsd"`` or ``"bshd"`` for 4-D inputs; the output uses the same layout.
+        backend: force a backend id (``"flash-attn"``, ``"sdpa"``, ``"exact"`` ...); see :func:`use_backend`.
         precision: ``"exact"``, or ``"allow_quantized"`` to admit SageAttention's int8/fp8 kernels.
 
     Returns:
-        ``[B, Hq, Sq, D]`` (or ``[B, Sq, Hq, D]``) in q's dtype; differentiable through the chosen backend.
-        Under ``torch.compile`` the call is one custom op (``attnforge::attention``) and its backward
-        recomputes the forward through the dispatcher.
+        The output ``[B, Hq, Sq, Dv]`` (in the input layout) in q's dtype, or ``(out, lse)`` with
+        ``return_lse``; differentiable. Zero-sized inputs return the right empty (or zero) result without
+        running a kernel. Under ``torch.compile`` a plain call is one custom op (``attnforge::attention``).
 
     Raises:
-        DispatchError: bad shapes, dtypes, devices, layout or precision; an unknown forced backend; a forced
-            backend that cannot serve the call (with its reasons).
+        DispatchError: bad shapes, dtypes, devices, layout, precision or feature arguments (nested tensors and
+            packed inputs without ``cu_seqlens`` included); an unknown forced backend; a forced backend that
+            cannot serve the call (with its reasons).
     """
+    if not (attn_mask is window is softcap is sinks is cu_seqlens_q is cu_seqlens_k is is_causal is None  # type: ignore[comparison-overlap]
+            and dropout_p == 0.0 and return_lse is False and enable_gqa is True
+            and causal_alignment == "bottom_right"):
+        return features.attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, causal=causal,
+            causal_alignment=causal_alignment, enable_gqa=enable_gqa, window=window, softcap=softcap,
+            sinks=sinks, return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, layout=layout,
+            backend=backend or _FORCED.get(), precision=precision, is_causal=is_causal)
     if torch.compiler.is_compiling():
         qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -483,18 +577,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     return dispatcher._serve(route, q, k, v, causal, scale, forced)
 
 
-def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-            scale: float | None = None, layout: str = "bhsd", backend: str | None = None,
-            precision: str = "exact") -> Explanation:
+def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
+            layout: str = "bhsd", backend: str | None = None, precision: str = "exact",
+            **kwargs: Any) -> Explanation:
     """Which backend :func:`attention` would use for these inputs, and why every other one is skipped.
 
-    Takes the same arguments as :func:`attention`; runs no kernel.
+    Takes the same arguments as :func:`attention` (features included); runs no kernel.
 
     Raises:
         DispatchError: bad inputs or an unknown forced backend (a forced backend that cannot serve the call is
             reported in the explanation instead).
     """
-    qh, kh, _ = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    return get_dispatcher().explain(qh, kh, causal=causal, precision=precision, needs_grad=needs_grad,
-                                    backend=backend)
+    call = features.prepare(q, k, v, scale=scale, layout=layout, precision=precision, **kwargs)
+    qp, kp = call.probe
+    return get_dispatcher().explain(qp, kp, causal=call.causal, precision=precision, needs_grad=call.needs_grad,
+                                    backend=backend, uses=call.uses, head_dim_v=call.head_dim_v)

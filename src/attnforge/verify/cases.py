@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from attnforge.dispatch.adapter import AttentionCall
+from attnforge.backends.adapter import AttentionCall
 
 #: dtypes verified per device when the backend claims them: fp16/bf16 on CUDA (what the kernels are for);
 #: float32/bfloat16 on CPU (what CPU paths such as SDPA math compute in).

@@ -16,9 +16,9 @@ from importlib import metadata
 from typing import Any
 
 from attnforge._system.runner import Runner
+from attnforge.backends.adapter import BackendAdapter, reference_attention
 from attnforge.catalog.backends import Backend
 from attnforge.catalog.tolerances import PrecisionKind, Tolerances
-from attnforge.dispatch.adapter import BackendAdapter, reference_attention
 from attnforge.probe.backends import _probe_import, installed_distribution
 from attnforge.probe.context import ProbeContext
 from attnforge.probe.snapshot import InstalledBackend

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from attnforge._system.runner import Runner, SubprocessRunner
+from attnforge.backends.adapter import BackendAdapter
 from attnforge.catalog import Catalog
 from attnforge.catalog.tolerances import PrecisionKind, Tolerances
-from attnforge.dispatch.adapter import BackendAdapter
 from attnforge.errors import UsageError
 from attnforge.records import RecordStore
 from attnforge.verify.cases import (
@@ -68,7 +68,7 @@ def run_verify(
 
     Args:
         names: backend ids; empty for "everything that can run here".
-        adapters: the registry (:func:`attnforge.dispatch.registry.adapters`).
+        adapters: the registry (:func:`attnforge.backends.registry.adapters`).
         catalog: claims (dtypes, head dims, quantized) and native modules.
         device: where to run.
         tolerances: the pass rules.

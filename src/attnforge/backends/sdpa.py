@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnforge.dispatch import sdpa_patch
-from attnforge.dispatch._base import AdapterBase, bottom_right_mask, expand_kv
-from attnforge.dispatch.capabilities import GqaMode
+from attnforge.backends._base import AdapterBase, bottom_right_mask, expand_kv
+from attnforge.backends.capabilities import GqaMode
+from attnforge.backends.exact import visible_keys
+from attnforge.backends.sdpa_original import original_sdpa
 
 if TYPE_CHECKING:
     import torch
@@ -44,9 +45,15 @@ class SdpaAdapter(AdapterBase):
     kernel: str | None = None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-                 scale: float | None) -> torch.Tensor:
-        """SDPA on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns ``[B, Hq, Sq, D]``."""
-        sdpa: Callable[..., torch.Tensor] = sdpa_patch.original_sdpa()
+                 scale: float | None, **features: Any) -> torch.Tensor:
+        """SDPA on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns ``[B, Hq, Sq, D]``.
+
+        ``features``: ``attn_mask``, ``dropout_p``, ``window``, ``causal_alignment`` (its capabilities'
+        ``features``); causal, window and mask are folded into one SDPA ``attn_mask`` when needed.
+        """
+        sdpa: Callable[..., torch.Tensor] = original_sdpa()
+        if features:
+            return self._with_features(sdpa, q, k, v, causal=causal, scale=scale, **features)
         if q.shape[1] == k.shape[1] and not causal:  # the common case, kept short: it runs on every call
             if self.kernel is None:
                 return sdpa(q, k, v, scale=scale)
@@ -72,6 +79,45 @@ class SdpaAdapter(AdapterBase):
         if empty is not None:
             out = out.masked_fill(empty, 0.0)
         return out
+
+
+    def _with_features(self, sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor, *, causal: bool, scale: float | None, attn_mask: Any = None,
+                       dropout_p: float = 0.0, window: Any = None,
+                       causal_alignment: str = "bottom_right") -> torch.Tensor:
+        import torch
+
+        kwargs: dict[str, Any] = {"dropout_p": dropout_p, "scale": scale}
+        if q.shape[1] != k.shape[1]:
+            if self.caps.gqa is GqaMode.NATIVE:
+                kwargs["enable_gqa"] = True
+            else:
+                k, v = expand_kv(k, v, q.shape[1])
+        sq, sk = q.shape[2], k.shape[2]
+        top_left = causal_alignment == "top_left" or sq == sk
+        empty = None
+        if attn_mask is None and window is None and causal and top_left:
+            kwargs["is_causal"] = True  # SDPA's own top-left causal
+        else:
+            visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=q.device)
+            mask = attn_mask
+            if visible is not None:
+                if mask is None or mask.dtype == torch.bool:
+                    mask = visible if mask is None else mask & visible
+                else:
+                    mask = mask.masked_fill(~visible, float("-inf"))
+            if mask is not None:
+                # rows that see no key are opened to every key (no NaN in softmax or its gradient) and zeroed
+                seen = mask if mask.dtype == torch.bool else mask > float("-inf")
+                empty = ~seen.any(dim=-1, keepdim=True)
+                mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
+            kwargs["attn_mask"] = mask
+        if self.kernel is None:
+            out = sdpa(q, k, v, **kwargs)
+        else:
+            with _force(self.kernel):
+                out = sdpa(q, k, v, **kwargs)
+        return out if empty is None else out.masked_fill(empty, 0.0)
 
 
 def _force(kernel: str) -> Any:
