@@ -32,14 +32,3 @@ def isolated_dispatcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     yield
     runtime.set_dispatcher(previous)
 
-
-def full_api() -> bool:
-    """Whether ``attnforge.attention`` speaks the shared contract (masks, sinks, softcap, ...) yet."""
-    import inspect
-
-    import attnforge
-
-    return "attn_mask" in inspect.signature(attnforge.attention).parameters
-
-
-needs_full_api = pytest.mark.skipif(not full_api(), reason="needs attention() with attn_mask/sinks/softcap (dispatch)")

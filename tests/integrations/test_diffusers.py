@@ -13,7 +13,6 @@ import torch.nn.functional as F  # noqa: N812
 
 import attnforge
 from attnforge.integrations.diffusers import AttnforgeProcessor
-from tests.integrations.conftest import needs_full_api
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 
@@ -55,7 +54,6 @@ def _standin(heads: int = 2, dim: int = 16) -> Any:
                            rescale_output_factor=2.0)
 
 
-@needs_full_api
 def test_processor_logic_matches_hand_written_attention() -> None:
     attn = _standin()
     x = torch.randn(2, 5, 16)
@@ -76,7 +74,6 @@ diffusers = pytest.importorskip("diffusers")
 from attnforge.integrations import diffusers as df_integration  # noqa: E402
 
 
-@needs_full_api
 def test_matches_attn_processor_2_0_in_a_real_attention_with_a_padding_mask(served: list[Any]) -> None:
     from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 
@@ -130,7 +127,6 @@ def _unet() -> tuple[Any, dict[str, torch.Tensor]]:
     return model, inputs
 
 
-@needs_full_api
 @pytest.mark.parametrize("build", [_flux, _wan], ids=["flux", "wan"])
 def test_set_attention_backend_matches_the_default(build: Any, served: list[Any]) -> None:
     df_integration.register()
@@ -144,7 +140,6 @@ def test_set_attention_backend_matches_the_default(build: Any, served: list[Any]
     assert served
 
 
-@needs_full_api
 @pytest.mark.parametrize("build", [_flux, _unet], ids=["flux", "unet"])
 def test_attnforge_processor_matches_the_default(build: Any, served: list[Any]) -> None:
     model, inputs = build()
@@ -156,7 +151,6 @@ def test_attnforge_processor_matches_the_default(build: Any, served: list[Any]) 
     assert served
 
 
-@needs_full_api
 def test_backend_masks_and_causal_alignment_match_native() -> None:
     """The backend function against diffusers' native one: a [B, Sk] padding mask, top-left causal, lse."""
     from diffusers.models.attention_dispatch import AttentionBackendName, dispatch_attention_fn

@@ -13,7 +13,6 @@ from attnforge.errors import DispatchError
 
 transformers = pytest.importorskip("transformers")
 from attnforge.integrations import transformers as tf_integration  # noqa: E402
-from tests.integrations.conftest import needs_full_api  # noqa: E402
 
 VOCAB = 97
 _COMMON = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -71,7 +70,6 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor, where: torch.Tensor | None = Non
     return float((d[where.bool()] if where is not None else d).max())
 
 
-@needs_full_api
 @pytest.mark.parametrize("name", list(MODELS))
 def test_logits_match_eager_with_and_without_left_padding(name: str, served: list[tuple[int, ...]]) -> None:
     ids, mask = _inputs()
@@ -85,7 +83,6 @@ def test_logits_match_eager_with_and_without_left_padding(name: str, served: lis
     assert len(served) == 2 * 2  # two layers, two forwards: every call served by attnforge, none by eager
 
 
-@needs_full_api
 @pytest.mark.parametrize("name", list(MODELS))
 def test_training_step_gradients_match_eager(name: str, served: list[tuple[int, ...]]) -> None:
     ids, mask = _inputs()
@@ -104,7 +101,6 @@ def test_training_step_gradients_match_eager(name: str, served: list[tuple[int, 
     assert served
 
 
-@needs_full_api
 def test_packed_position_ids_match_eager(served: list[tuple[int, ...]]) -> None:
     """Two sequences packed in one row, told apart by position_ids alone (a padding-free training batch)."""
     ids, _ = _inputs(batch=1, length=11)
@@ -133,7 +129,6 @@ def test_output_attentions_goes_to_the_models_own_eager(served: list[tuple[int, 
     assert _max_diff(got.logits, want.logits, mask) <= TOL
 
 
-@needs_full_api
 def test_generate_with_cache_matches_eager(served: list[tuple[int, ...]]) -> None:
     ids, mask = _inputs(length=6, left_pad=2)
     kwargs = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
@@ -152,3 +147,38 @@ def test_a_model_without_an_eager_function_gets_a_hint() -> None:
         tf_integration.attention_forward(Bare(), q, q, q, None, output_attentions=True)
     assert info.value.hint is not None
     assert "eager" in info.value.hint
+
+
+def _mask(length: int, mask_function: Any) -> torch.Tensor:
+    """transformers' own bool mask ``[1, 1, S, S]`` for ``mask_function``."""
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(batch_size=1, q_length=length, kv_length=length, mask_function=mask_function,
+                     allow_is_causal_skip=False)
+
+
+def test_sliding_window_without_a_mask_is_transformers_window(served: list[tuple[int, ...]]) -> None:
+    """A causal call with no mask and ``sliding_window=W`` sees what transformers' sliding-window mask allows."""
+    from transformers.masking_utils import sliding_window_causal_mask_function
+
+    module = torch.nn.Module().eval()
+    q, k, v = (torch.randn(1, 2, 9, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    got, _ = tf_integration.attention_forward(module, q, k, v, None, sliding_window=3)
+    want, _ = tf_integration.attention_forward(module, q, k, v, _mask(9, sliding_window_causal_mask_function(3)))
+    plain, _ = tf_integration.attention_forward(module, q, k, v, None)
+    assert _max_diff(got, want) <= 1e-6
+    assert _max_diff(got, plain) > 1e-3  # the window mattered
+    assert len(served) == 3
+
+
+def test_flash_style_cu_seq_lens_are_varlen(served: list[tuple[int, ...]]) -> None:
+    """``cu_seq_lens_q/k`` (transformers' FlashAttention kwargs) on a packed row: each sequence alone."""
+    q, k, v = (torch.randn(1, 2, 7, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    got, _ = tf_integration.attention_forward(torch.nn.Module().eval(), q, k, v, None, cu_seq_lens_q=cu,
+                                              cu_seq_lens_k=cu, max_length_q=4, max_length_k=4)
+    parts = [attnforge.attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], causal=True).transpose(1, 2)
+             for a, b in ((0, 3), (3, 7))]
+    assert got.shape == (1, 7, 2, 8)
+    assert _max_diff(got, torch.cat(parts, dim=1)) <= 1e-6
+    assert served[0] == (7, 2, 8)  # one packed varlen call

@@ -1,4 +1,4 @@
-"""``attn_implementation="attnforge"`` for transformers models (transformers >= 5.0 ``AttentionInterface``).
+"""``attn_implementation="attnforge"`` for transformers models (transformers 5.23+ ``AttentionInterface``).
 
 After :func:`register`, ``AutoModel.from_pretrained(..., attn_implementation="attnforge")`` (or
 ``model.set_attn_implementation("attnforge")``) sends every attention call to :func:`attnforge.attention`,
