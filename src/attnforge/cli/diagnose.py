@@ -22,17 +22,20 @@ def command(
 ) -> int:
     """Explain a failed build or import log: cause, evidence (log lines), and the fix as commands.
 
-    Exit status 0 when the failure is recognised (or the log shows none), 1 when it is not recognised (the
+    Without --snapshot, values the log does not state (nvcc and torch versions) come from this machine's probe,
+    and the answer says so. Exit status 0 when the failure is recognised (or the log shows none), 1 when it is not recognised (the
     likeliest lines are shown).
     """
     from attnforge.diagnose import diagnose_file
 
-    snapshot = None
-    if snapshot_path is not None or this_machine:
-        from attnforge.cli._output import load_or_probe
+    from attnforge.cli._output import load_or_probe
 
+    snapshot = machine = None
+    if snapshot_path is not None or this_machine:
         snapshot = load_or_probe(snapshot_path)
-    diagnosis = diagnose_file(log, snapshot=snapshot, name=name)
+    else:  # no machine named: this one's probe fills the placeholders the log leaves open (the notes say so)
+        machine = load_or_probe(None)
+    diagnosis = diagnose_file(log, snapshot=snapshot, name=name, machine=machine)
     if as_json:
         emit_json("diagnosis", diagnosis)
     else:
@@ -66,5 +69,7 @@ def render_diagnosis(out: Any, diagnosis: Any) -> None:
         out.print("fix:")
         for step in diagnosis.fix:
             out.print(f"  [bold]{escape(step)}[/]", soft_wrap=True)
+    for note in diagnosis.notes:
+        out.print(f"[dim]note: {escape(note)}[/]", soft_wrap=True)
     if diagnosis.sources:
         out.print(f"[dim]known from: {escape(', '.join(diagnosis.sources))}[/]", soft_wrap=True)
