@@ -11,7 +11,7 @@ from attnforge.cli._output import console, emit_json, json_option, snapshot_opti
 
 
 @click.command("diagnose")
-@click.argument("log", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("log", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 @snapshot_option
 @click.option("--this-machine", is_flag=True,
               help="Probe this machine and use what it finds (e.g. a CPU-only torch) to sharpen the answer.")
@@ -22,13 +22,14 @@ def command(
 ) -> int:
     """Explain a failed build or import log: cause, evidence (log lines), and the fix as commands.
 
-    Without --snapshot, values the log does not state (nvcc and torch versions) come from this machine's probe,
-    and the answer says so. Exit status 0 when the failure is recognised (or the log shows none), 1 when it is not recognised (the
+    Without --snapshot, values the log does not state (nvcc and torch versions) come from this machine's
+    probe, and the answer says so.
+
+    Exit status 0 when the failure is recognised (or the log shows none), 1 when it is not recognised (the
     likeliest lines are shown).
     """
-    from attnforge.diagnose import diagnose_file
-
     from attnforge.cli._output import load_or_probe
+    from attnforge.diagnose import diagnose_file
 
     snapshot = machine = None
     if snapshot_path is not None or this_machine:
