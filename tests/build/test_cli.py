@@ -86,7 +86,7 @@ def test_jobs_option_caps_parallelism_to_n_processes(tmp_path: Path) -> None:
             [
                 "build",
                 "--source",
-                str(FIXTURES / "ext_pkg"),
+                str(FIXTURES / "cuda_ext_pkg"),  # ext_pkg is C++-only: it builds on a CPU torch
                 "--arch",
                 "9.0",
                 "--snapshot",

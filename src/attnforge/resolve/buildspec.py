@@ -121,7 +121,7 @@ def build_spec(
 def _spec(
     snapshot: SystemSnapshot, request: Request, recipe: Recipe, pre: Preflight, home: str | None
 ) -> BuildSpec:
-    if pre.toolkit is None:  # a passed preflight always chose a toolkit
+    if pre.toolkit is None and not pre.cpu_only:  # a passed CUDA preflight always chose a toolkit
         raise ResolveError("internal: a passed preflight without a toolkit")
     windows = snapshot.platform.os == "windows"
     gencode_targets = len(pre.targets) + (1 if recipe.adds_ptx else 0)
@@ -132,13 +132,14 @@ def _spec(
         max_threads=min(recipe.nvcc_threads, max(gencode_targets, 1)),
     )
     env: dict[str, str] = {}
-    if recipe.arch_env:
+    if recipe.arch_env and not pre.cpu_only:
         env[recipe.arch_env] = recipe.arch_value(pre.targets)
     env.update(recipe.env)
     env["MAX_JOBS"] = str(sizing.max_jobs)
     env["NVCC_THREADS"] = str(sizing.nvcc_threads)
-    env["CUDA_HOME"] = pre.toolkit.path
-    env["CUDA_PATH"] = pre.toolkit.path
+    if pre.toolkit is not None:
+        env["CUDA_HOME"] = pre.toolkit.path
+        env["CUDA_PATH"] = pre.toolkit.path
     if windows:
         env["DISTUTILS_USE_SDK"] = "1"
         env["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] = "1"

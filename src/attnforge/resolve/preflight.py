@@ -51,6 +51,7 @@ class Preflight:
     msvc_toolset: str | None = None
     notes: tuple[str, ...] = ()
     nvcc_flags: tuple[str, ...] = ()  # what the build adds to NVCC_APPEND_FLAGS (-allow-unsupported-compiler)
+    cpu_only: bool = False  # a C++-only extension (resolve/cpu_only.py): no CUDA checks, no toolkit
 
     @property
     def failures(self) -> tuple[Check, ...]:
@@ -88,6 +89,18 @@ def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, 
     checks: list[Check] = []
     notes: list[str] = []
 
+    from attnforge.resolve.cpu_only import cpu_only_source
+
+    cpu_only = None if snapshot.platform.os == "windows" else cpu_only_source(request.source)
+    if cpu_only is not None:  # host compiler, ninja, memory, disk: the questions a CppExtension asks
+        torch_check = next((c for c in _torch_checks(snapshot, catalog) if c.name == "torch"), None) or Check(
+            name="torch", ok=True, reason=f"torch {snapshot.torch.version if snapshot.torch else ''} (any build)")
+        host, _ = _host_compiler_check(snapshot, catalog, None, None)
+        return Preflight(
+            checks=(torch_check, host, _ninja_check(snapshot), _ram_check(snapshot, recipe),
+                    _disk_check(snapshot, recipe)),
+            archs=(), targets=(), toolkit=None, notes=(cpu_only,), cpu_only=True,
+        )
     checks.extend(_torch_checks(snapshot, catalog))
     archs, targets, arch_checks = _arch_checks(snapshot, catalog, request, recipe)
     checks.extend(arch_checks)
