@@ -105,12 +105,15 @@ def command(
 ) -> int:
     """Explain what attnforge would do to get BACKEND working here: every candidate, accepted or rejected."""
     from attnforge.catalog import load_catalog
-    from attnforge.resolve.listing import list_wheels, with_local_sdist
+    from attnforge.fetch.listings import known_source_wheels, merged
+    from attnforge.resolve.listing import Listing, list_wheels, with_local_sdist
     from attnforge.resolve.resolver import resolve
+    from attnforge.resolve.sources import resolve_name
     from attnforge.resolve.types import Request
 
     name, spec = parse_requirement(requirement)
     catalog = load_catalog()
+    name, name_note = resolve_name(name, catalog)
     backend = catalog.backend(name)  # UsageError (exit 2) with the known ids
     request = Request(
         backend=backend.id,
@@ -125,7 +128,12 @@ def command(
     recipe = catalog.recipe(backend.id)
     projects = list(backend.distributions) + ([recipe.distribution] if recipe and recipe.distribution else [])
     request = with_local_sdist(request, projects)
-    listing = list_wheels(find_links, index_urls, projects, offline=offline)
+    listing = merged(
+        list_wheels(find_links, index_urls, projects, offline=offline),
+        known_source_wheels(backend.id, snapshot, offline=offline, from_source=from_source),
+    )
+    if name_note:
+        listing = merged(Listing(wheels=(), problems=(name_note,)), listing)
     plan = resolve(snapshot, catalog, request, wheels=listing.wheels)
     result = PlanResult(
         backend=backend.id,
@@ -149,7 +157,7 @@ def _render(plan: Plan, problems: tuple[str, ...]) -> None:
     out.print(f"[bold]plan for {escape(plan.request.backend + plan.request.version)}[/bold]")
     for i, c in enumerate(plan.candidates, 1):
         mark = "[green]accepted[/green]" if c.accepted else "[red]rejected[/red]"
-        out.print(f"{i}. {escape(f'[{c.kind.value}] {c.description}')}: {mark}", soft_wrap=True)
+        out.print(f"{i}. {escape(f'[{c.kind.value}] {c.description}')}: {mark}{_expected(plan, c)}", soft_wrap=True)
         for r in c.reasons:
             out.print(f"     - {r}", soft_wrap=True, markup=False)
     for p in problems:
@@ -165,3 +173,13 @@ def _render(plan: Plan, problems: tuple[str, ...]) -> None:
         out.print("build environment:")
         for k, v in b.env.items():
             out.print(f"  {k}={v}", soft_wrap=True, markup=False)
+
+
+def _expected(plan: Plan, c: Candidate) -> str:
+    """`` (expected ~15 s)``: the route's time from wheel_sources.toml [route_times]."""
+    from attnforge.resolve.sources import load_wheel_sources
+
+    secs = load_wheel_sources().route_times.expected_s(c.kind.value, plan.request.backend)
+    if secs is None or not c.accepted:
+        return ""
+    return f" (expected ~{secs / 60:.0f} min)" if secs >= 120 else f" (expected ~{secs:.0f} s)"

@@ -198,12 +198,12 @@ def _wheel_candidates(
     distributions: Sequence[str],
     tags: Sequence[Tag],
 ) -> list[Candidate]:
-    accepted: list[tuple[tuple[object, ...], Candidate]] = []
+    accepted: list[tuple[tuple[object, ...], Version, Candidate]] = []
     rejected: list[Candidate] = []
     for ref in wheels:
-        desc = f"{ref.filename} ({ref.url})"
+        desc = f"{ref.filename} ({ref.url})" + (f" [source {ref.source}]" if ref.source else "")
         try:
-            facts = read_wheel(ref.filename, catalog)
+            facts = read_wheel(ref.filename, catalog, ref)
         except ValueError as exc:
             if ref.filename.endswith(".whl"):
                 rejected.append(_rejected(CandidateKind.WHEEL, desc, [f"not a valid wheel filename: {exc}"]))
@@ -230,11 +230,15 @@ def _wheel_candidates(
             wheel=ref,
         )
         if m.ok:
-            accepted.append(((_neg_version(facts.version), m.tag_rank or 0, ref.filename), cand))
+            # a wheel whose archs are declared (and cover this GPU) before one whose archs are unknown
+            known = 0 if facts.archs else 1
+            accepted.append(((_neg_version(facts.version), known, m.tag_rank or 0), facts.version, cand))
         else:
             rejected.append(cand)
+    accepted.sort(key=lambda item: item[2].description)
+    accepted.sort(key=lambda item: item[1], reverse=True)  # ties: the newer local label (.post3 > .post2)
     accepted.sort(key=lambda item: item[0])
-    return [c for _, c in accepted] + sorted(rejected, key=lambda c: c.description)
+    return [c for _, _, c in accepted] + sorted(rejected, key=lambda c: c.description)
 
 
 def _neg_version(v: Version) -> tuple[object, ...]:
