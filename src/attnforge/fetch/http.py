@@ -91,6 +91,7 @@ class Fetcher:
                     return int(resp.status), resp.read(), dict(resp.headers.items())
             except urllib.error.HTTPError as exc:
                 hdrs = dict(exc.headers.items()) if exc.headers else {}
+                exc.close()
                 if exc.code == 304:
                     return 304, b"", hdrs
                 limited = rate_limit_message(exc.code, hdrs, url, token=token)

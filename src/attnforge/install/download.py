@@ -47,6 +47,8 @@ def stream(
                     digest.update(chunk)
                     advance(len(chunk))
     except (urllib.error.URLError, OSError) as exc:
+        if isinstance(exc, urllib.error.HTTPError):
+            exc.close()
         target.unlink(missing_ok=True)
         raise InstallError(
             f"could not download {url}", cause=str(getattr(exc, "reason", None) or exc),
