@@ -123,6 +123,7 @@ def test_windows_5090_sageattention_picks_a_2_2_0_wheel_with_sm120(
     assert chosen["kind"] == "wheel"
     assert chosen["wheel"]["filename"] == "sageattention-2.2.0+cu128torch2.8.0.post3-cp39-abi3-win_amd64.whl"
     assert chosen["wheel"]["source"] == "woct0rdho"
+    assert any("declares code for 12.0: sm_120a" in r for r in chosen["reasons"])
     assert "v2.2.0-windows.post3" in chosen["wheel"]["url"]
     # the name people type resolves to SageAttention 2, never the PyPI 1.x sdist
     assert doc["backend"] == "sageattention-2"
@@ -154,9 +155,10 @@ def test_windows_5090_flash_attn_picks_a_windows_wheel_for_torch_2_8(
         "do not fit Python 3.12.10" in r
         for r in _reasons(doc, "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp312-cp312-linux_x86_64.whl")
     )
-    # the source build is still listed after the wheels
+    # the source build is still listed after the wheels, and each route has its expected time
     kinds = [c["kind"] for c in doc["candidates"]]
     assert kinds.index("source") > kinds.index("wheel")
+    assert doc["expected_s"]["wheel"] < doc["expected_s"]["source"] == 830
 
 
 def test_linux_h100_torch_2_8_picks_an_upstream_or_mjun0812_fa2_wheel(

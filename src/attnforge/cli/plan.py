@@ -28,6 +28,7 @@ class PlanResult:
     candidates: tuple[Candidate, ...]
     request: Any
     listing_problems: tuple[str, ...]
+    expected_s: dict[str, float | None]  # expected seconds of each route kind (wheel_sources.toml)
 
 
 def parse_requirement(text: str) -> tuple[str, str]:
@@ -142,6 +143,7 @@ def command(
         candidates=plan.candidates,
         request=request,
         listing_problems=listing.problems,
+        expected_s={k: _route_s(k, backend.id) for k in dict.fromkeys(c.kind.value for c in plan.candidates)},
     )
     if as_json:
         emit_json("plan", result)
@@ -177,9 +179,13 @@ def _render(plan: Plan, problems: tuple[str, ...]) -> None:
 
 def _expected(plan: Plan, c: Candidate) -> str:
     """`` (expected ~15 s)``: the route's time from wheel_sources.toml [route_times]."""
-    from attnforge.resolve.sources import load_wheel_sources
-
-    secs = load_wheel_sources().route_times.expected_s(c.kind.value, plan.request.backend)
+    secs = _route_s(c.kind.value, plan.request.backend)
     if secs is None or not c.accepted:
         return ""
     return f" (expected ~{secs / 60:.0f} min)" if secs >= 120 else f" (expected ~{secs:.0f} s)"
+
+
+def _route_s(kind: str, backend: str) -> float | None:
+    from attnforge.resolve.sources import load_wheel_sources
+
+    return load_wheel_sources().route_times.expected_s(kind, backend)

@@ -289,7 +289,10 @@ def _arch_problems(
         return out
     built = ", ".join(str(t) for t in facts.archs)
     for cc in ccs:
-        if not any(catalog.tools.runs_on(t, cc) for t in facts.archs):
+        fits = [str(t) for t in facts.archs if catalog.tools.runs_on(t, cc)]
+        if fits and out == []:
+            notes.append(f"declares code for {format_cc(cc)}: {', '.join(fits)} (checked in the binary after download)")
+        if not fits:
             name = next(
                 (g.name for g in snapshot.gpus if g.compute_capability == cc),
                 f"compute capability {format_cc(cc)}",
