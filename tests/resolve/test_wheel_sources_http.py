@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -231,3 +232,38 @@ def test_token_is_sent_as_bearer(
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_test")
     _plan(capsys, "sageattention-2", "--snapshot", str(SNAP / "windows_rtx5090_torch2.8_cu128.json"))
     assert any(h.get("Authorization") == "Bearer ghp_test" for _, h in server.hits)
+
+
+def test_a_source_that_is_down_is_one_line_and_the_plan_goes_on(
+    server: _Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.mode = "down"
+    rc, doc = _plan(capsys, "sageattention-2", "--snapshot", str(SNAP / "windows_rtx5090_torch2.8_cu128.json"))
+    lines = [p for p in doc["listing_problems"] if p.startswith("wheel source woct0rdho")]
+    assert len(lines) == 1 and "HTTP 503" in lines[0] and "after 3 attempts" in lines[0]
+    assert doc["chosen"]["kind"] == "source"  # falls through to the build from git
+    assert rc == 0
+
+
+def test_a_teams_find_links_page_is_a_source(
+    server: _Server, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    team = tmp_path / "team.toml"
+    team.write_text(
+        'schema_version = 1\n[sources.team]\nkind = "find-links"\n'
+        f'index = "{base}/whl/cu130/flash-attn-3/flash-attn-3/"\n'
+        'backends = ["flash-attn-3"]\ndistributions = ["flash-attn-3"]\ngrammars = []\n'
+        'implied = { cuda = "130", torch = "2.10", torch_match = "at-least" }\n'
+        'covers = "our builds"\nsources = ["our CI"]\n'
+        # keep the fixture's 127.0.0.1 copy of the PyTorch index, so nothing reaches download.pytorch.org
+        + Path(os.environ["ATTNFORGE_EXTRA_WHEEL_SOURCES"]).read_text().replace("schema_version = 1\n", "")
+    )
+    monkeypatch.setenv("ATTNFORGE_EXTRA_WHEEL_SOURCES", str(team))
+    rc, doc = _plan(capsys, "flash-attn-3", "--snapshot", str(SNAP / "h200_torch2.11_cu130.json"))
+    assert rc == 0
+    team_rows = [c for c in doc["candidates"] if c["wheel"] and c["wheel"]["source"] == "team"]
+    assert [c["wheel"]["filename"] for c in team_rows if c["accepted"]] == [
+        "flash_attn_3-3.0.0-cp39-abi3-manylinux_2_28_x86_64.whl"
+    ]
+    assert team_rows[0]["wheel"]["implied_torch"] == "2.10"
