@@ -267,3 +267,21 @@ def test_a_teams_find_links_page_is_a_source(
         "flash_attn_3-3.0.0-cp39-abi3-manylinux_2_28_x86_64.whl"
     ]
     assert team_rows[0]["wheel"]["implied_torch"] == "2.10"
+
+
+def test_the_build_route_time_comes_from_an_earlier_build_here(
+    attnforge_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnforge.cache import Store
+    from tests.cache.conftest import inputs_for
+    from tests.cache.wheelmaker import make_wheel
+
+    wheel = make_wheel(tmp_path / "w", name="flash-attn", version="2.8.3")
+    log = tmp_path / "build.log"
+    log.write_text("[97/97] Linking\nattnforge: built flash_attn-2.8.3-cp312-cp312-linux_x86_64.whl in 512.0 s\n")
+    Store(attnforge_home).put(wheel, inputs_for(wheel), log_path=log)
+    rc, doc = _plan(capsys, "flash-attn", "--snapshot", str(SNAP / "h200_torch2.11_cu130.json"))
+    assert rc == 0
+    assert doc["expected_s"]["source"] == 512.0
+    main(["plan", "flash-attn", "--snapshot", str(SNAP / "h200_torch2.11_cu130.json")])
+    assert "(expected ~9 min, measured by an earlier build here)" in capsys.readouterr().out

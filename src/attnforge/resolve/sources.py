@@ -8,6 +8,7 @@ to take. The network side (listing, cache of listings, download) lives in :mod:`
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -63,6 +64,15 @@ class RouteTimes:
         if str(kind) == "source":
             return self.source_s.get(backend, self.default_source_s)
         return table.get(str(kind))
+
+
+_BUILT = re.compile(r"^attnforge: built \S+ in ([0-9.]+) s$", re.MULTILINE)
+
+
+def build_seconds(log_text: str) -> float | None:
+    """The duration a build log of ``attnforge build`` ends with (``attnforge: built X.whl in 830.2 s``)."""
+    found = _BUILT.findall(log_text)
+    return float(found[-1]) if found else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
