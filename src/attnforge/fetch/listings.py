@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -147,11 +147,6 @@ def _page(url: str, etag: str | None, fetcher: Fetcher) -> tuple[int, str, str |
     if status == 304:
         return 304, "", etag
     return 200, body.decode("utf-8", errors="replace"), hdrs.get("ETag") or hdrs.get("etag")
-
-
-def release_assets(releases: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Every asset name in a releases answer (for tests and `plan --json`)."""
-    return [str(a.get("name")) for r in releases for a in r.get("assets") or ()]
 
 
 def known_source_wheels(

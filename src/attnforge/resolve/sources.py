@@ -186,11 +186,12 @@ def torch_cuda_tag(snapshot: SystemSnapshot) -> str | None:
     t = snapshot.torch
     if t is None or not t.cuda_version:
         return None
+    from attnforge.resolve.preflight import cu_tag
+
     try:
-        major, minor = parse_major_minor(t.cuda_version)
+        return cu_tag(parse_major_minor(t.cuda_version))
     except ValueError:
         return None
-    return f"cu{major}{minor}"
 
 
 def index_url(source: WheelSource, snapshot: SystemSnapshot) -> str | None:
