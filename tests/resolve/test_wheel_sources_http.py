@@ -49,7 +49,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.server.mode == "down":
             self._send(503, b"down", {})
             return
-        path, _, query = self.path.partition("?")
+        target = self.path
+        if target.startswith("http://"):  # asked as a proxy: the request line holds the absolute URL
+            target = "/" + target.split("/", 3)[3]
+        path, _, query = target.partition("?")
         if path.startswith("/repos/") and path.endswith("/releases"):
             repo = path.removeprefix("/repos/").removesuffix("/releases")
             releases = json.loads((LISTINGS / f"{REPOS[repo]}.releases.json").read_text())
@@ -285,3 +288,16 @@ def test_the_build_route_time_comes_from_an_earlier_build_here(
     assert doc["expected_s"]["source"] == 512.0
     main(["plan", "flash-attn", "--snapshot", str(SNAP / "h200_torch2.11_cu130.json")])
     assert "(expected ~9 min, measured by an earlier build here)" in capsys.readouterr().out
+
+
+def test_the_proxy_from_the_environment_is_used(
+    server: _Server, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GITHUB_API_URL", "http://github-api.invalid")
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.delenv("no_proxy")
+    rc, doc = _plan(capsys, "sageattention-2", "--snapshot", str(SNAP / "windows_rtx5090_torch2.8_cu128.json"))
+    assert rc == 0 and doc["chosen"]["kind"] == "wheel"
+    assert any(
+        path.startswith("http://github-api.invalid/repos/woct0rdho/SageAttention/releases") for path, _ in server.hits
+    )

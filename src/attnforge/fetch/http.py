@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 USER_AGENT = "attnforge (+https://github.com/attnforge)"
 
@@ -63,6 +64,11 @@ def rate_limit_message(code: int, headers: Mapping[str, str], url: str, *, token
     return f"GitHub API rate limit reached (HTTP {code}) for {url}; it resets {when}{hint}"
 
 
+def open_url(req: urllib.request.Request, timeout: float) -> Any:
+    """``urlopen`` with the proxies the environment has now (``urlopen`` keeps the ones of its first call)."""
+    return urllib.request.build_opener().open(req, timeout=timeout)
+
+
 @dataclass(slots=True, kw_only=True)
 class Fetcher:
     """GET with ``retries`` attempts and exponential backoff; ``opener`` and ``sleep`` are seams for tests."""
@@ -71,7 +77,7 @@ class Fetcher:
     retries: int = 3
     backoff_s: float = 0.5
     sleep: Callable[[float], None] = time.sleep
-    opener: Callable[..., object] = urllib.request.urlopen
+    opener: Callable[..., object] = open_url
 
     def get(
         self, url: str, headers: Mapping[str, str] | None = None, *, token: bool = False

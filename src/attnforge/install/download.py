@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attnforge.errors import CacheError, InstallError
-from attnforge.fetch.http import USER_AGENT
+from attnforge.fetch.http import USER_AGENT, open_url
 
 CHUNK = 1 << 20
 
@@ -26,7 +26,7 @@ def stream(
     *,
     timeout_s: float = 300.0,
     progress: bool | None = None,
-    opener: Callable[..., Any] = urllib.request.urlopen,
+    opener: Callable[..., Any] = open_url,
 ) -> str:
     """Download ``url`` into ``target`` and return its sha256 (hex).
 
