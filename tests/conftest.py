@@ -18,6 +18,10 @@ from typing import Any
 import platformdirs as _platformdirs
 import pytest
 
+# Tests never list the real wheel sources (GitHub, download.pytorch.org); tests of them turn this back on and
+# point GITHUB_API_URL at a server on 127.0.0.1 (tests/resolve/test_wheel_sources_http.py).
+os.environ.setdefault("ATTNFORGE_WHEEL_SOURCES", "off")
+
 REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "src"
 

@@ -71,6 +71,11 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
     name, spec = parse_requirement(requirement)
     catalog = load_catalog()
     if source is None:
+        from attnforge.resolve.sources import resolve_name
+
+        name, name_note = resolve_name(name, catalog)  # sageattention -> sageattention-2, flash_attn -> flash-attn
+        if name_note:
+            click.echo(f"note: {name_note}", err=True)
         name = catalog.backend(name).id  # UsageError (exit 2) listing the known ids
     request = Request(backend=name, version=spec, archs=parse_archs(archs), find_links=find_links,
                       index_urls=index_urls, from_source=from_source, offline=offline,
@@ -83,7 +88,12 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
     projects = [*(backend.distributions if backend else (name,)),
                 *([recipe.distribution] if recipe and recipe.distribution else [])]
     request = with_local_sdist(request, projects)  # an sdist in the wheelhouse builds offline
-    listing = list_wheels(find_links, index_urls, projects, offline=offline)
+    from attnforge.fetch.listings import known_source_wheels, merged
+
+    listing = merged(list_wheels(find_links, index_urls, projects, offline=offline),
+                     known_source_wheels(name, snapshot, offline=offline, from_source=from_source or bool(source)))
+    for line in listing.problems:
+        click.echo(f"note: {line}", err=True)
     runner = SubprocessRunner()
     try:
         result = install(

@@ -28,6 +28,7 @@ class PlanResult:
     candidates: tuple[Candidate, ...]
     request: Any
     listing_problems: tuple[str, ...]
+    expected_s: dict[str, float | None]  # expected seconds of each route kind (wheel_sources.toml)
 
 
 def parse_requirement(text: str) -> tuple[str, str]:
@@ -97,12 +98,15 @@ def command(
 ) -> int:
     """Explain what attnforge would do to get BACKEND working here: every candidate, accepted or rejected."""
     from attnforge.catalog import load_catalog
-    from attnforge.resolve.listing import list_wheels, with_local_sdist
+    from attnforge.fetch.listings import known_source_wheels, merged
+    from attnforge.resolve.listing import Listing, list_wheels, with_local_sdist
     from attnforge.resolve.resolver import resolve
+    from attnforge.resolve.sources import resolve_name
     from attnforge.resolve.types import Request
 
     name, spec = parse_requirement(requirement)
     catalog = load_catalog()
+    name, name_note = resolve_name(name, catalog)
     backend = catalog.backend(name)  # UsageError (exit 2) with the known ids
     request = Request(
         backend=backend.id,
@@ -117,8 +121,17 @@ def command(
     recipe = catalog.recipe(backend.id)
     projects = list(backend.distributions) + ([recipe.distribution] if recipe and recipe.distribution else [])
     request = with_local_sdist(request, projects)
-    listing = list_wheels(find_links, index_urls, projects, offline=offline)
+    listing = merged(
+        list_wheels(find_links, index_urls, projects, offline=offline),
+        known_source_wheels(backend.id, snapshot, offline=offline, from_source=from_source),
+    )
+    if name_note:
+        listing = merged(Listing(wheels=(), problems=(name_note,)), listing)
     plan = resolve(snapshot, catalog, request, wheels=listing.wheels)
+    expected = {k: _route_s(k, backend.id) for k in dict.fromkeys(c.kind.value for c in plan.candidates)}
+    measured = _measured_build_s(projects) if "source" in expected else None
+    if measured is not None:
+        expected["source"] = measured
     result = PlanResult(
         backend=backend.id,
         viable=plan.viable,
@@ -126,22 +139,24 @@ def command(
         candidates=plan.candidates,
         request=request,
         listing_problems=listing.problems,
+        expected_s=expected,
     )
     if as_json:
         emit_json("plan", result)
     else:
-        _render(plan, listing.problems)
+        _render(plan, listing.problems, result.expected_s, measured is not None)
     return 0 if plan.viable else 1
 
 
-def _render(plan: Plan, problems: tuple[str, ...]) -> None:
+def _render(plan: Plan, problems: tuple[str, ...], expected: dict[str, float | None], measured: bool) -> None:
     from rich.markup import escape
 
     out = console()
     out.print(f"[bold]plan for {escape(plan.request.backend + plan.request.version)}[/bold]")
     for i, c in enumerate(plan.candidates, 1):
         mark = "[green]accepted[/green]" if c.accepted else "[red]rejected[/red]"
-        out.print(f"{i}. {escape(f'[{c.kind.value}] {c.description}')}: {mark}", soft_wrap=True)
+        when = _expected(c, expected, measured)
+        out.print(f"{i}. {escape(f'[{c.kind.value}] {c.description}')}: {mark}{when}", soft_wrap=True)
         for r in c.reasons:
             out.print(f"     - {r}", soft_wrap=True, markup=False)
     for p in problems:
@@ -157,3 +172,47 @@ def _render(plan: Plan, problems: tuple[str, ...]) -> None:
         out.print("build environment:")
         for k, v in b.env.items():
             out.print(f"  {k}={v}", soft_wrap=True, markup=False)
+
+
+def _expected(c: Candidate, expected: dict[str, float | None], measured: bool) -> str:
+    """`` (expected ~15 s)``: the route's time, measured here or from wheel_sources.toml [route_times]."""
+    secs = expected.get(c.kind.value)
+    if secs is None or not c.accepted:
+        return ""
+    how = ", measured by an earlier build here" if measured and c.kind.value == "source" else ""
+    return f" (expected ~{secs / 60:.0f} min{how})" if secs >= 120 else f" (expected ~{secs:.0f} s{how})"
+
+
+def _measured_build_s(projects: list[str]) -> float | None:
+    """The duration of the newest build of one of ``projects`` in the local cache (its build log), if any."""
+    import os
+
+    from packaging.utils import canonicalize_name
+
+    from attnforge._system.paths import home_dir
+    from attnforge.cache import Store
+    from attnforge.resolve.sources import build_seconds
+
+    home = home_dir(os.environ)
+    if not (home / "cache.db").exists() and not (home / "artifacts").is_dir():
+        return None  # no cache here: do not create one for a what-if
+    wanted = {canonicalize_name(p) for p in projects}
+    entries = sorted(
+        (e for e in Store(home).list() if canonicalize_name(e.name) in wanted and e.log_path),
+        key=lambda e: e.created_at_s,
+        reverse=True,
+    )
+    for e in entries:
+        try:
+            secs = build_seconds(Path(str(e.log_path)).read_text(encoding="utf-8", errors="replace")[-4096:])
+        except OSError:
+            continue
+        if secs is not None:
+            return secs
+    return None
+
+
+def _route_s(kind: str, backend: str) -> float | None:
+    from attnforge.resolve.sources import load_wheel_sources
+
+    return load_wheel_sources().route_times.expected_s(kind, backend)

@@ -30,10 +30,11 @@ from attnforge._system.runner import Runner
 from attnforge.cache import CacheKey, Store
 from attnforge.cache._files import remove_tree, sha256_file
 from attnforge.errors import CacheError, InstallError, ResolveError
+from attnforge.install.download import check_digest, stream
 from attnforge.install.keys import built_wheel_inputs, prebuilt_wheel_inputs
 from attnforge.install.overlap import warning as overlap_warning
 from attnforge.install.pip import PipInstallResult, install_requirements, pip_install
-from attnforge.probe.snapshot import SystemSnapshot
+from attnforge.probe.snapshot import ComputeCapability, SystemSnapshot
 from attnforge.resolve.types import (
     BuildSpec,
     CachedArtifact,
@@ -326,16 +327,14 @@ def _from_wheel(run: _Run, ref: WheelRef | None, request: Request) -> tuple[Path
         else:
             local = _fetch(ref, request, Path(tmp))
         sha = sha256_file(local)
+        trust = check_digest(ref.filename, ref.url, sha, ref.sha256)  # CacheError on a mismatch
         if ref.sha256 is None:
             run.warnings.append(f"{ref.filename} has no published sha256; its hash {sha} is now recorded")
-        elif sha != ref.sha256.lower():
-            raise CacheError(
-                f"{ref.filename} does not match its published sha256; it was not installed",
-                cause=f"expected {ref.sha256}, got {sha} ({ref.url})",
-                hint="the file was corrupted or replaced; fetch it again from a trusted index",
-            )
+        _refuse_missing_archs(local, tuple(archs))
         inputs = prebuilt_wheel_inputs(wheel=local, sha256=sha, archs=tuple(archs), snapshot=snapshot)
-        entry = store.put(local, inputs, provenance={"origin": ref.url}, expected_sha256=sha).entry
+        provenance = {"origin": ref.url, "source": ref.source or "find-links/index", "url": ref.url,
+                      "sha256": sha, "digest": trust, "listed_at": ref.listed_at}
+        entry = store.put(local, inputs, provenance=provenance, expected_sha256=sha).entry
     return store.get(entry.key), entry.key
 
 
@@ -362,9 +361,21 @@ def _fetch(ref: WheelRef, request: Request, into: Path) -> Path:
         )
     if parsed.scheme not in ("http", "https"):
         raise InstallError(f"cannot fetch {ref.url}: unsupported URL scheme {parsed.scheme!r}")
-    try:
-        with urllib.request.urlopen(ref.url, timeout=300) as resp, target.open("wb") as out:  # noqa: S310
-            shutil.copyfileobj(resp, out, length=1 << 20)
-    except OSError as exc:
-        raise InstallError(f"could not download {ref.url}", cause=str(exc)) from None
+    stream(ref.url, target)  # a progress bar on a terminal; InstallError on failure
     return target
+
+
+def _refuse_missing_archs(wheel: Path, archs: tuple[ComputeCapability, ...]) -> None:
+    """Refuse a wheel whose fatbins hold no SASS or compatible PTX for a target GPU, listing what they hold."""
+    if not archs:
+        return
+    from attnforge.catalog import load_catalog
+    from attnforge.install.fatbin import arch_problems, wheel_targets
+
+    problems = arch_problems(wheel_targets(wheel), archs, load_catalog().tools.runs_on)
+    if problems:
+        raise InstallError(
+            f"{wheel.name} has no GPU code for this machine; it was not installed",
+            cause="; ".join(problems),
+            hint="take a wheel built for this GPU (`attnforge plan` lists them) or build it: --from-source",
+        )

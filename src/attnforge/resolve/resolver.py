@@ -199,12 +199,12 @@ def _wheel_candidates(
     distributions: Sequence[str],
     tags: Sequence[Tag],
 ) -> list[Candidate]:
-    accepted: list[tuple[tuple[Version, int, str], Candidate]] = []
+    accepted: list[tuple[tuple[object, ...], Version, Candidate]] = []
     rejected: list[Candidate] = []
     for ref in wheels:
-        desc = f"{ref.filename} ({ref.url})"
+        desc = f"{ref.filename} ({ref.url})" + (f" [source {ref.source}]" if ref.source else "")
         try:
-            facts = read_wheel(ref.filename, catalog)
+            facts = read_wheel(ref.filename, catalog, ref)
         except ValueError as exc:
             if ref.filename.endswith(".whl"):
                 rejected.append(_rejected(CandidateKind.WHEEL, desc, [f"not a valid wheel filename: {exc}"]))
@@ -231,11 +231,16 @@ def _wheel_candidates(
             wheel=ref,
         )
         if m.ok:
-            accepted.append(((facts.version, m.tag_rank or 0, ref.filename), cand))
+            # a wheel whose archs are declared (and cover this GPU) before one whose archs are unknown
+            known = 0 if facts.archs else 1
+            accepted.append(((known, m.tag_rank or 0), facts.version, cand))
         else:
             rejected.append(cand)
-    ordered = newest_first(accepted, lambda item: item[0][0], lambda item: item[0][1:])
-    return [c for _, c in ordered] + sorted(rejected, key=lambda c: c.description)
+    accepted.sort(key=lambda item: item[2].description)
+    accepted.sort(key=lambda item: item[1], reverse=True)  # ties: the newer local label (.post3 > .post2)
+    # newest public version first (a final release before its pre-releases), then declared archs, then tag rank
+    ordered = newest_first(accepted, lambda item: Version(item[1].public), lambda item: item[0])
+    return [c for _, _, c in ordered] + sorted(rejected, key=lambda c: c.description)
 
 
 def _index_candidate(

@@ -113,6 +113,13 @@ class WheelRef:
     filename: str
     url: str  # file path or URL
     sha256: str | None = None
+    source: str | None = None  # the wheel_sources.toml id it was listed by (None: --find-links/--index-url)
+    listed_at: str | None = None  # ISO time of the listing it came from
+    grammars: tuple[str, ...] = ()  # the source's label grammars, tried first (wheel_grammars ids)
+    # What the index itself says about a wheel without a local label (the PyTorch index's ``cu130/``):
+    implied_cuda: str | None = None  # "130"
+    implied_torch: str | None = None  # "2.9"
+    implied_torch_match: str | None = None  # a TorchMatch value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
