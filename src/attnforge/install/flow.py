@@ -29,6 +29,7 @@ import filelock
 from attnforge._system.runner import Runner
 from attnforge.cache import CacheKey, Store
 from attnforge.cache._files import remove_tree, sha256_file
+from attnforge.cache.label import LocalLabel, label_wheel
 from attnforge.errors import CacheError, InstallError, ResolveError
 from attnforge.install.keys import built_wheel_inputs, prebuilt_wheel_inputs
 from attnforge.install.overlap import warning as overlap_warning
@@ -285,7 +286,7 @@ def _obtain(run: _Run, request: Request, plan: Plan, chosen: Candidate) -> tuple
                     return again, Action.CACHE_HIT, hit, str(again.chosen.cache_key)
                 plan = again
             built = run.builder(spec, home=store.root)
-            wheel = Path(built.wheel_path)
+            wheel = pinned_to_torch(Path(built.wheel_path), spec, run.snapshot)
             inputs = built_wheel_inputs(
                 wheel=wheel, spec=spec, source_sha256=built.source_sha256, snapshot=run.snapshot
             )
@@ -297,6 +298,18 @@ def _obtain(run: _Run, request: Request, plan: Plan, chosen: Candidate) -> tuple
                     remove_tree(built.owned_dir)
         return plan, Action.BUILT, store.get(entry.key), entry.key
     raise InstallError(f"the plan chose {chosen.kind.value} without the details to act on it: {chosen}")
+
+
+def pinned_to_torch(wheel: Path, spec: BuildSpec, snapshot: SystemSnapshot) -> Path:
+    """The built wheel with a local label naming the torch/CUDA/ABI/archs it was built for and
+    ``Requires-Dist: torch==X.Y.*`` (see :mod:`attnforge.cache.label`), written next to it; unchanged when
+    there is no torch, the wheel is pure Python (platform ``any``: it links nothing of torch's), or the
+    project set its own local label."""
+    torch = snapshot.torch
+    if torch is None or "+" in wheel.name.split("-")[1] or wheel.name.endswith("-any.whl"):
+        return wheel
+    label = LocalLabel.for_torch(torch.version, torch.cuda_version, torch.cxx11_abi, spec.archs)
+    return label_wheel(wheel, label, wheel.parent)
 
 
 def _from_cache(chosen: Candidate, run: _Run) -> Path | None:
