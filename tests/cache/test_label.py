@@ -125,7 +125,7 @@ def test_pip_refuses_the_build_for_another_torch_and_picks_the_matching_one(tmp_
 
 
 def test_the_installer_labels_binary_builds_and_leaves_pure_wheels_alone(tmp_path: Path) -> None:
-    from attnforge.install.flow import pinned_to_torch
+    from attnforge.install.guards import pinned_to_torch
     from attnforge.probe.snapshot import SystemSnapshot
     from attnforge.resolve.types import BuildSpec, SourceKind, SourceSpec
     from tests.conftest import REPO
