@@ -31,6 +31,7 @@ def command(backends: tuple[str, ...], device: str | None, seed: int, as_json: b
     verified backend passed, 1 when one failed. Verdicts are stored for `attnforge doctor` and the dispatcher.
     """
     from attnforge._system.paths import home_dir
+    from attnforge.cache._db import check_root
     from attnforge.catalog import load_catalog
     from attnforge.catalog.tolerances import load_tolerances
     from attnforge.dispatch.registry import adapters
@@ -38,6 +39,7 @@ def command(backends: tuple[str, ...], device: str | None, seed: int, as_json: b
     from attnforge.verify.device import current_device
     from attnforge.verify.run import run_verify
 
+    check_root(home_dir(os.environ), write=True)  # before the work: the verdicts are stored there
     dev = current_device(device)
     store = RecordStore(home_dir(os.environ))
     out = console(stderr=True)
