@@ -315,7 +315,7 @@ def test_a_read_only_home_lists_exports_and_verifies(filled: Store, tmp_path: Pa
 
 
 @pytest.mark.parametrize("verb", [["cache", "list"], ["cache", "verify"], ["cache", "prune", "--older-than", "1d"],
-                                  ["cache", "export", "OUT"], ["cache", "rm", "abcd"]])
+                                  ["cache", "export", "OUT"], ["cache", "rm", "abcd"], ["verify"]])
 def test_a_home_that_is_a_file_is_a_clean_error(tmp_path: Path, verb: list[str]) -> None:
     home = tmp_path / "home"
     home.write_text("not a directory\n")

@@ -35,7 +35,7 @@ from attnforge.build import sccache as sccache_mod
 from attnforge.build.progress import NullReporter, Phase, PhaseEvent, Reporter
 from attnforge.build.sccache import SccacheStats
 from attnforge.build.source import FetchedSource, fetch, lay_out
-from attnforge.build.stream import Interrupted, Launcher, launch, run_streamed
+from attnforge.build.stream import Launcher, launch, run_streamed
 from attnforge.build.windows_layer import WindowsBuild, builds_on_windows, prepare_windows_build
 from attnforge.errors import BuildError
 from attnforge.probe.snapshot import SystemSnapshot
@@ -194,7 +194,7 @@ def execute(
                              hint="wait for it to finish, or remove the .lock file if no build is running",
                              ) from None
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt | Interrupted):
+            if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (Interrupted)
                 log.write(f"attnforge: interrupted ({type(exc).__name__}); cleaning up\n")
             raise
         finally:

@@ -91,18 +91,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         result: Any = cli.main(args=args, prog_name="attnforge", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return 130
+    except click.exceptions.Abort as exc:
+        signum = getattr(exc.__cause__, "signum", None)  # SIGTERM during a build: exit 143, no traceback
+        click.echo("aborted" if signum is None else f"interrupted: {exc.__cause__}", err=True)
+        return 130 if signum is None else 128 + int(signum)
     except click.ClickException as exc:
         emit_error(_usage_error(exc, own))
         return 2
     except AttnforgeError as exc:
         emit_error(exc)
         return exc.exit_code
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a build (signum 15: exit 143)
+        click.echo(f"interrupted: {exc}" if str(exc) else "interrupted", err=True)
+        return 128 + int(getattr(exc, "signum", 2))
     except Exception as exc:  # the last resort: a bug or an unforeseen fault, never a raw traceback
         return emit_unexpected(exc, argv=args)
     return int(result) if isinstance(result, int) else 0

@@ -51,11 +51,14 @@ def parse_source(text: str) -> SourceSpec:
 @click.option("--allow-overlap", is_flag=True,
               help="Install even if the wheel ships files another installed distribution owns (they are "
               "replaced, and uninstalling either later deletes them for both); refused by default.")
+@click.option("--require-hashes", is_flag=True,
+              help="Refuse a wheel whose sha256 is not published where it comes from (else its hash is "
+              "recorded on first use and shown as such).")
 @allow_unsupported_option
 @json_option
 def command(requirement: str, *, source: str | None, from_source: bool, find_links: tuple[str, ...],
             index_urls: tuple[str, ...], offline: bool, archs: tuple[str, ...], no_verify: bool,
-            allow_overlap: bool, allow_unsupported_compiler: bool, as_json: bool) -> int:
+            allow_overlap: bool, allow_unsupported_compiler: bool, as_json: bool, require_hashes: bool) -> int:
     """Get BACKEND working in this interpreter: from the cache, a hash-checked wheel, or a build."""
     from attnforge._system.runner import SubprocessRunner
     from attnforge.cache import open_store
@@ -102,7 +105,7 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
             builder=defaults.source_builder,
             verifier=None if no_verify else defaults.subprocess_verifier(runner, catalog),
             runner=runner, python=sys.executable, fetch_index=defaults.index_fetcher(catalog, runner),
-            allow_overlap=allow_overlap,
+            allow_overlap=allow_overlap, require_hashes=require_hashes,
         )
     except ResolveError as exc:
         if backend is not None and "{torch_index}" in backend.install and not index_urls:
@@ -126,7 +129,9 @@ def _render(result: InstallResult) -> None:
 
     out = console()
     what = {
-        "cache-hit": "from the cache", "wheel": "from a hash-checked wheel, now cached",
+        "cache-hit": "from the cache",
+        "wheel": "from a wheel whose published sha256 matched, now cached" if result.hash_source == "published"
+        else "from a wheel with no published sha256 (hash recorded on first use, not published), now cached",
         "built": "built from source, now cached", "already-installed": "already installed",
     }[result.action]
     chosen = result.plan.chosen

@@ -32,12 +32,14 @@ def command(backends: tuple[str, ...], device: str | None, seed: int, as_json: b
     """
     from attnforge._system.paths import home_dir
     from attnforge.backends.registry import adapters
+    from attnforge.cache._db import check_root
     from attnforge.catalog import load_catalog
     from attnforge.catalog.tolerances import load_tolerances
     from attnforge.records import RecordStore
     from attnforge.verify.device import current_device
     from attnforge.verify.run import run_verify
 
+    check_root(home_dir(os.environ), write=True)  # before the work: the verdicts are stored there
     dev = current_device(device)
     store = RecordStore(home_dir(os.environ))
     out = console(stderr=True)

@@ -10,27 +10,23 @@ The resolver, the builder and the verifier are injected (:class:`Planner`, :clas
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 import sys
 import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
-
-import filelock
 
 from attnforge._system.runner import Runner
 from attnforge.cache import CacheKey, Store
 from attnforge.cache._files import remove_tree, sha256_file
 from attnforge.errors import CacheError, InstallError, ResolveError
 from attnforge.install.download import check_digest, stream
+from attnforge.install.guards import interpreter_lock, pinned_to_torch, scratch_dir
 from attnforge.install.keys import built_wheel_inputs, prebuilt_wheel_inputs
 from attnforge.install.overlap import warning as overlap_warning
 from attnforge.install.pip import PipInstallResult, install_requirements, pip_install
@@ -97,6 +93,13 @@ class Action:
     ALREADY_INSTALLED = "already-installed"
 
 
+class HashSource:
+    """Where the sha256 a wheel was checked against came from (plain strings, shown to the user)."""
+
+    PUBLISHED = "published"  # the index or find-links page published it (``#sha256=``): checked on download
+    FIRST_USE = "recorded on first use, not published"  # nothing to check against: recorded, checked later
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstallResult:
     """The outcome of one install.
@@ -109,6 +112,7 @@ class InstallResult:
         verification: the verify step's outcome (None with ``--no-verify``).
         warnings: things the user should know (requirements left to them, a quarantined entry).
         timings_s: seconds per step: ``plan``, ``obtain``, ``pip``, ``verify``.
+        hash_source: for a fetched wheel, whether its sha256 was published or only recorded on first use.
     """
 
     request: Request
@@ -120,6 +124,7 @@ class InstallResult:
     verification: VerifyOutcome | None = None
     warnings: tuple[str, ...] = ()
     timings_s: dict[str, float] = field(default_factory=dict)
+    hash_source: str | None = None  # for ``wheel``: a :class:`HashSource` value
 
     @property
     def ok(self) -> bool:
@@ -135,6 +140,8 @@ class _Run:
     builder: Builder
     snapshot: SystemSnapshot
     fetch_index: IndexFetcher | None
+    require_hashes: bool = False
+    hash_source: str | None = None
     warnings: list[str] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
 
@@ -151,6 +158,7 @@ def install(
     python: str = sys.executable,
     fetch_index: IndexFetcher | None = None,
     allow_overlap: bool = False,
+    require_hashes: bool = False,
 ) -> InstallResult:
     """Install what ``request`` asks for into ``python``.
 
@@ -166,6 +174,8 @@ def install(
         fetch_index: downloads a wheel from the package index (for the resolver's pure-Python candidate).
         allow_overlap: install even if the artifact ships files another installed distribution owns; the
             result then carries a warning naming them and the command that restores them.
+        require_hashes: refuse a wheel whose sha256 was not published by where it came from (instead of
+            recording its hash on first use).
 
     Raises:
         ResolveError: nothing viable; the message lists every candidate and why it was rejected.
@@ -174,7 +184,8 @@ def install(
         InstallError: pip failed, the artifact would change torch, or it would overwrite another
             distribution's files (without ``allow_overlap``; the artifact stays cached for the next try).
     """
-    run = _Run(store=store, planner=planner, builder=builder, snapshot=snapshot, fetch_index=fetch_index)
+    run = _Run(store=store, planner=planner, builder=builder, snapshot=snapshot, fetch_index=fetch_index,
+               require_hashes=require_hashes)
     start = time.perf_counter()
     plan = planner(request, cached=store.cached_artifacts())
     run.timings_s["plan"] = time.perf_counter() - start
@@ -200,7 +211,7 @@ def install(
             start = time.perf_counter()
             done = install_requirements(
                 pip.missing_requirements, runner=runner, python=python, find_links=request.find_links,
-                index_urls=request.index_urls, offline=request.offline, scratch=_scratch(store),
+                index_urls=request.index_urls, offline=request.offline, scratch=scratch_dir(store),
             )
             run.timings_s["requirements"] = time.perf_counter() - start
             if done:
@@ -214,30 +225,8 @@ def install(
     return InstallResult(
         request=request, plan=plan, action=action, cache_key=key, artifact=str(path), pip=pip,
         verification=verification, warnings=tuple(run.warnings), timings_s=run.timings_s,
+        hash_source=run.hash_source if action == Action.WHEEL else None,
     )
-
-
-@contextmanager
-def interpreter_lock(store: Store, python: str) -> Iterator[None]:
-    """Hold the install lock of the environment ``python`` belongs to, across processes.
-
-    Keyed by the interpreter's directory with directory symlinks resolved but not the interpreter file
-    itself (every venv's ``bin/python`` links to the same base interpreter, yet each venv is its own
-    target). Kept in ``<home>/locks``, or in a per-user directory under the temp dir when the home is
-    read-only (a shared cache).
-    """
-    env_dir = Path(python).absolute().parent.resolve()
-    digest = hashlib.sha256(str(env_dir).encode()).hexdigest()[:32]
-    locks = store.root / "locks"
-    if store.read_only:
-        locks = Path(tempfile.gettempdir()) / f"attnforge-locks-{os.getuid() if hasattr(os, 'getuid') else 0}"
-    locks.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(locks / f"interpreter-{digest}.lock"), timeout=-1):
-        yield
-
-
-def _scratch(store: Store) -> Path:
-    return Path(tempfile.gettempdir()) if store.read_only else store.root / "tmp"
 
 
 def _chosen(plan: Plan) -> Candidate:
@@ -286,7 +275,7 @@ def _obtain(run: _Run, request: Request, plan: Plan, chosen: Candidate) -> tuple
                     return again, Action.CACHE_HIT, hit, str(again.chosen.cache_key)
                 plan = again
             built = run.builder(spec, home=store.root)
-            wheel = Path(built.wheel_path)
+            wheel = pinned_to_torch(Path(built.wheel_path), spec, run.snapshot)
             inputs = built_wheel_inputs(
                 wheel=wheel, spec=spec, source_sha256=built.source_sha256, snapshot=run.snapshot
             )
@@ -322,20 +311,38 @@ def _from_wheel(run: _Run, ref: WheelRef | None, request: Request) -> tuple[Path
     with store.job_lock(job), tempfile.TemporaryDirectory(dir=_downloads(store), prefix="fetch-") as tmp:
         if ref is None:
             assert run.fetch_index is not None  # checked by the caller  # noqa: S101
+            _refuse_unhashed(run, f"package index: {request.backend}{request.version}")
             local = run.fetch_index(request, Path(tmp))
-            ref = WheelRef(filename=local.name, url=f"package index: {local.name}", sha256=sha256_file(local))
+            # pip download checks no hash unless given one: the hash below is only what arrived
+            ref = WheelRef(filename=local.name, url=f"package index: {local.name}", sha256=None)
         else:
+            if ref.sha256 is None:
+                _refuse_unhashed(run, ref.url)
             local = _fetch(ref, request, Path(tmp))
         sha = sha256_file(local)
         trust = check_digest(ref.filename, ref.url, sha, ref.sha256)  # CacheError on a mismatch
         if ref.sha256 is None:
-            run.warnings.append(f"{ref.filename} has no published sha256; its hash {sha} is now recorded")
+            run.hash_source = HashSource.FIRST_USE
+            run.warnings.append(f"{ref.filename} has no published sha256; its hash {sha} was recorded on first "
+                                "use (later installs are checked against it; this one could not be)")
         _refuse_missing_archs(local, tuple(archs))
         inputs = prebuilt_wheel_inputs(wheel=local, sha256=sha, archs=tuple(archs), snapshot=snapshot)
+        run.hash_source = run.hash_source or HashSource.PUBLISHED
         provenance = {"origin": ref.url, "source": ref.source or "find-links/index", "url": ref.url,
-                      "sha256": sha, "digest": trust, "listed_at": ref.listed_at}
+                      "sha256": sha, "digest": trust, "sha256_source": run.hash_source, "listed_at": ref.listed_at}
         entry = store.put(local, inputs, provenance=provenance, expected_sha256=sha).entry
     return store.get(entry.key), entry.key
+
+
+def _refuse_unhashed(run: _Run, where: str) -> None:
+    if run.require_hashes:
+        raise InstallError(
+            f"--require-hashes: the wheel from {where} has no published sha256",
+            cause="its source publishes no `#sha256=` (or pip's download checks none), so nothing vouches "
+            "for its bytes",
+            hint="use an index or find-links page that publishes hashes (`attnforge cache export` writes "
+            "them), or drop --require-hashes to record its hash on first use",
+        )
 
 
 def _downloads(store: Store) -> Path:

@@ -32,8 +32,26 @@ from attnforge.install.overlap import Overlap, installed_overlaps, refusal
 #: Distributions attnforge never installs, replaces or upgrades: the user's torch stack.
 PROTECTED = frozenset({"torch", "torchvision", "torchaudio", "triton", "triton-windows", "pytorch-triton"})
 
+#: Run with ``python -S``: site-packages are put on sys.path as ``site`` would (the venv's, then the base's
+#: when pyvenv.cfg allows it) but no ``.pth`` file is executed, so reading versions right after an install
+#: never runs code from the wheel just installed (a ``.pth`` line starting with ``import`` is code).
 _VERSIONS_SCRIPT = """
-import importlib.metadata as m, json, sys
+import os, site, sys, sysconfig
+here = os.path.dirname(os.path.abspath(sys.executable))
+cfgs = [os.path.join(d, "pyvenv.cfg") for d in (here, os.path.dirname(here))]
+cfg = next((c for c in cfgs if os.path.isfile(c)), None)
+paths, system = [], True
+if cfg is not None:
+    root = os.path.dirname(cfg)
+    paths += [sysconfig.get_path(k, vars={"base": root, "platbase": root}) for k in ("purelib", "platlib")]
+    for line in open(cfg, encoding="utf-8"):
+        key, _, value = line.partition("=")
+        if key.strip().lower() == "include-system-site-packages":
+            system = value.strip().lower() == "true"
+if system:
+    paths += site.getsitepackages() + [site.getusersitepackages()]
+sys.path[1:1] = [p for p in dict.fromkeys(paths) if os.path.isdir(p)]
+import importlib.metadata as m, json
 out = {}
 for name in sys.argv[1:]:
     try:
@@ -155,7 +173,7 @@ def installed_versions(python: str, names: list[str], runner: Runner) -> dict[st
     Raises:
         InstallError: the interpreter could not be run.
     """
-    done = runner.run([python, "-c", _VERSIONS_SCRIPT, *names], timeout_s=120)
+    done = runner.run([python, "-S", "-c", _VERSIONS_SCRIPT, *names], timeout_s=120)
     if not done.ok:
         raise InstallError(f"could not read installed packages of {python}", cause=_tail(done))
     raw = json.loads(done.stdout.strip().splitlines()[-1])
