@@ -19,7 +19,9 @@ from tests._fakes import FIXTURES
 
 H200 = str(FIXTURES / "snapshots" / "h200_torch2.11_cu130.json")
 #: The 16 switches set by hand for the measured slim FA3 (issue 15: 5 compile steps, 2 min 09 s on the H200).
-ISSUE_15 = {f"FLASH_ATTENTION_DISABLE_{n}" for n in ["FP16", "FP8", "SPLIT", "PAGEDKV", "APPENDKV", "LOCAL", "SOFTCAP", "VARLEN", "CLUSTER", "SM80", "HDIM64", "HDIM96", "HDIM192", "HDIM256", "HDIMDIFF64", "HDIMDIFF192"]}
+ISSUE_15 = {f"FLASH_ATTENTION_DISABLE_{n}" for n in [
+    "FP16", "FP8", "SPLIT", "PAGEDKV", "APPENDKV", "LOCAL", "SOFTCAP", "VARLEN", "CLUSTER", "SM80", "HDIM64",
+    "HDIM96", "HDIM192", "HDIM256", "HDIMDIFF64", "HDIMDIFF192"]}
 
 
 def fa3() -> object:
