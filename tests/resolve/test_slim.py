@@ -14,7 +14,7 @@ from attnforge.errors import UsageError
 from attnforge.install.keys import built_wheel_inputs
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve import build_spec
-from attnforge.resolve.types import Request
+from attnforge.resolve.types import CachedArtifact, CandidateKind, Request
 from tests._fakes import FIXTURES
 
 H200 = str(FIXTURES / "snapshots" / "h200_torch2.11_cu130.json")
@@ -154,3 +154,59 @@ def test_the_switches_change_the_cache_key_and_the_build_root(tmp_path: Path) ->
     keys = [built_wheel_inputs(wheel=wheel, spec=s, source_sha256="0" * 64, snapshot=snapshot) for s in (full, slim)]
     assert "FLASH_ATTENTION_DISABLE_HDIM64=TRUE" in keys[1].flags
     assert keys[0].flags != keys[1].flags
+
+
+def _cached_fa3(flags: tuple[str, ...]) -> CachedArtifact:
+    return CachedArtifact(key="sha256:" + "a" * 64, name="flash-attn-3", version="3.0.0b1",
+                          filename="flash_attn_3-3.0.0b1-cp39-abi3-linux_x86_64.whl", archs=((9, 0),),
+                          torch_version="2.11.0+cu130", cuda_version="13.0", cxx11_abi=True, sha256="b" * 64,
+                          flags=flags)
+
+
+@pytest.mark.parametrize(
+    ("flags", "slim", "accepted"),
+    [
+        pytest.param((), None, True, id="full-serves-full"),
+        pytest.param((), SlimRequest(head_dims=(128,), dtypes=("bfloat16",)), True, id="full-serves-slim"),
+        pytest.param(tuple(f"{v}=TRUE" for v in ISSUE_15), None, False, id="slim-refused-for-full"),
+        pytest.param(tuple(f"{v}=TRUE" for v in ISSUE_15), SlimRequest(head_dims=(128,), dtypes=("bfloat16",)),
+                     True, id="slim-serves-the-same-slim"),
+        pytest.param(tuple(f"{v}=TRUE" for v in ISSUE_15), SlimRequest(head_dims=(128,)), False,
+                     id="bf16-only-refused-for-fp16"),
+    ],
+)
+def test_a_cached_slim_build_serves_only_requests_inside_it(
+    flags: tuple[str, ...], slim: SlimRequest | None, accepted: bool
+) -> None:
+    from attnforge.resolve.resolver import resolve
+
+    plan = resolve(SystemSnapshot.load(Path(H200)), load_catalog(), Request(backend="flash-attn-3", slim=slim),
+                   cached=[_cached_fa3(flags)])
+    cand = next(c for c in plan.candidates if c.kind is CandidateKind.CACHE)
+    assert cand.accepted is accepted, cand.reasons
+    if not accepted:
+        assert "FLASH_ATTENTION_DISABLE_FP16" in " ".join(cand.reasons)
+
+
+def test_installed_capabilities_come_from_the_cache_entry_pip_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from attnforge.cache import capabilities as caps_mod
+
+    entry = tmp_path / "artifacts" / ("c" * 64)
+    entry.mkdir(parents=True)
+    wheel = entry / "flash_attn_3-3.0.0b1-cp39-abi3-linux_x86_64.whl"
+    wheel.write_bytes(b"")
+    want = Capabilities(head_dims=(128,), dtypes=("bfloat16",), backward=False, features=("varlen",))
+    (entry / "provenance.json").write_text(json.dumps({"details": {"capabilities": want.to_json()}}))
+    site = tmp_path / "site"
+    info = site / "flash_attn_3-3.0.0b1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn_3\nVersion: 3.0.0b1\n")
+    (info / "direct_url.json").write_text(json.dumps({"url": wheel.as_uri(), "archive_info": {}}))
+    monkeypatch.syspath_prepend(str(site))
+    assert caps_mod.installed_capabilities(["flash-attn-3"]) == want
+    assert caps_mod.backend_capabilities("flash-attn-3") == want
+    assert caps_mod.backend_capabilities("sdpa-flash") is None
+    (entry / "provenance.json").write_text(json.dumps({"details": {"origin": "source-build"}}))
+    assert caps_mod.installed_capabilities(["flash-attn-3"]) is None  # a full build: no limits recorded

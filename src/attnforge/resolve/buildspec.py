@@ -82,6 +82,28 @@ def slim_plan(recipe: Recipe, request: Request, *, archs: tuple[tuple[int, int],
     return plan_slim(recipe.id, recipe.slim, request.slim, archs=archs, max_jobs=max_jobs)
 
 
+def cached_switch_problem(recipe: Recipe | None, request: Request, flags: tuple[str, ...],
+                          *, archs: tuple[tuple[int, int], ...]) -> str | None:
+    """Why a cached build's slim switches do not serve ``request`` (it leaves out something asked for), or None.
+
+    A full cached build serves every request; a slim one only requests whose own switches leave out at least
+    as much.
+    """
+    if recipe is None or recipe.slim is None or recipe.slim.unsupported:
+        return None
+    switch_vars = {*recipe.slim.head_dims.values(), *recipe.slim.dtypes.values(), *recipe.slim.features.values(),
+                   *recipe.slim.arch_switches.values(), recipe.slim.backward}
+    cached = {f.partition("=")[0] for f in flags if f.partition("=")[0] in switch_vars}
+    if not cached:
+        return None
+    planned = slim_plan(recipe, request, archs=archs, max_jobs=1)
+    extra = sorted(cached - set(planned.env if planned else {}))
+    if not extra:
+        return None
+    return (f"a slim build that leaves out what this request needs ({', '.join(extra)}); "
+            "ask for the same slim options to reuse it")
+
+
 def slim_offer(recipe: Recipe, *, archs: tuple[tuple[int, int], ...], max_jobs: int) -> str | None:
     """For a full build of a recipe with slim switches: what one head dim in bf16 would cost instead."""
     if recipe.slim is None or recipe.slim.unsupported or not recipe.slim.head_dims:

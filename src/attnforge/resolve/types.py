@@ -171,3 +171,4 @@ class CachedArtifact:
     cuda_version: str | None
     cxx11_abi: bool | None
     sha256: str
+    flags: tuple[str, ...] = ()  # the cache key's build flags (a slim build's FLASH_ATTENTION_DISABLE_*=TRUE)
