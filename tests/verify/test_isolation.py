@@ -80,9 +80,9 @@ def test_bench_records_a_sigsegv_and_a_hang_and_exits_1(
 def test_an_abort_is_named_and_cases_outside_the_capabilities_are_not_run() -> None:
     device = current_device("cpu")
     cases = tuple(generate_cases(dtypes=("float32", "bfloat16"), head_dims=(32,), max_seqlen=64, seed=0))
-    common = dict(device=device, cases=cases, tolerances=load_tolerances(), kind=PrecisionKind.EXACT,
-                  native=None, isolation=Isolation(timeout_s=60), runner=SubprocessRunner(),
-                  environ=dict(os.environ))
+    common = {"device": device, "cases": cases, "tolerances": load_tolerances(), "kind": PrecisionKind.EXACT,
+                  "native": None, "isolation": Isolation(timeout_s=60), "runner": SubprocessRunner(),
+                  "environ": dict(os.environ)}
     aborted = verify_in_child("abort", adapter=AbortAdapter(), caps=None, **common)  # type: ignore[arg-type]
     assert not aborted.ok and aborted.summary.startswith("SIGABRT on float32 D=32")
     bf16_less = Capabilities(head_dims=(64,), dtypes=("float32",), backward=True, features=())
