@@ -107,3 +107,24 @@ def test_the_crash_text_names_the_missing_capability() -> None:
 )
 def test_describe_exit(code: int, stderr: str, text: str) -> None:
     assert describe_exit(code, stderr, 5) == text
+
+
+def test_bench_does_not_measure_outside_the_capabilities() -> None:
+    from attnforge.bench.grid import ShapeSet
+    from attnforge.bench.isolated import bench_in_children
+    from attnforge.bench.select import choose_shapes, choose_timing
+
+    device = current_device("cpu")
+    shapes = choose_shapes(ShapeSet.DEFAULT, device=device, dtype="bfloat16", causal="off", mode="both",
+                           batch=None, heads=None, kv_heads=None, head_dims=(32,), seqlens=(64,), seqlen_k=None)
+    fwd_only_bf16 = Capabilities(head_dims=(64,), dtypes=("bfloat16",), backward=False, features=())
+    got = bench_in_children(shapes, adapters={"segv": SegvAdapter()}, baseline="segv", device=device,
+                            timing=choose_timing(device, "auto"), isolation=Isolation(timeout_s=60),
+                            runner=SubprocessRunner(), environ=dict(os.environ), caps=lambda _: fwd_only_bf16)
+    # forward bf16 is inside and crashes (the build claims it, so that is a real failure); fwd+bwd is skipped
+    by_mode = {row.shape.mode.value: row.cells[0] for row in got.report.rows}
+    assert by_mode["fwd"].status.value == "error" and by_mode["fwd"].detail.startswith("SIGSEGV on bfloat16 D=32")
+    assert by_mode["fwd+bwd"].status.value == "skipped"
+    assert by_mode["fwd+bwd"].detail == \
+        "outside this build's capabilities: this build has no backward kernels (forward only)"
+    assert set(got.crashes) == {"segv"}

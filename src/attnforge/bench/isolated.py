@@ -56,9 +56,10 @@ def bench_in_children(shapes: Sequence[BenchShape], *, adapters: Mapping[str, An
     for name in names:
         if progress is not None and shapes:
             progress(shapes[0], name)
+        outside = _outside(shapes, caps(name))
+        inside = tuple(s for i, s in enumerate(shapes) if i not in outside)
         job = _Job(adapters_ref=isolation.adapters_ref, name=name, adapter=portable(adapters[name]),
-                   shapes=tuple(shapes), device=device,
-                   timing=timing, quantized=tuple(quantized))
+                   shapes=inside, device=device, timing=timing, quantized=tuple(quantized))
         got = run_in_child("attnforge.bench.isolated:child_rows", job, runner=runner, python=isolation.python,
                            env=environ, timeout_s=isolation.timeout_s)
         done: list[BenchCell] = [c for c in got.items if isinstance(c, BenchCell)]
@@ -70,8 +71,10 @@ def bench_in_children(shapes: Sequence[BenchShape], *, adapters: Mapping[str, An
             done.append(BenchCell(backend=name, status=CellStatus.ERROR, detail=text))
             done += [BenchCell(backend=name, status=CellStatus.ERROR,
                                detail="not measured: an earlier shape took the process down")
-                     for _ in range(len(shapes) - len(done))]
-        cells[name] = done
+                     for _ in range(len(inside) - len(done))]
+        measured = iter(done)
+        cells[name] = [BenchCell(backend=name, status=CellStatus.SKIPPED, detail=outside[i]) if i in outside
+                       else next(measured) for i in range(len(shapes))]
     rows = []
     for i, shape in enumerate(shapes):
         row = {n: cells[n][i] for n in names}
@@ -89,6 +92,18 @@ def crash_records(result: IsolatedBench, device: DeviceInfo,
     return [VerifyRecord(device_key=device.key, backend=name, backend_version=(versions or {}).get(name),
                          ok=False, summary=f"crashed during bench: {text}", details={"crash": text})
             for name, text in result.crashes.items()]
+
+
+def _outside(shapes: Sequence[BenchShape], caps: Capabilities | None) -> dict[int, str]:
+    """Index -> why, for the shapes outside a build's recorded capabilities (they are not measured)."""
+    if caps is None:
+        return {}
+    out = {}
+    for i, s in enumerate(shapes):
+        why = caps.outside(dtype=s.dtype, head_dim=s.head_dim, backward=s.mode.value != "fwd")
+        if why is not None:
+            out[i] = f"outside this build's capabilities: {why}"
+    return out
 
 
 def _ratio(cell: BenchCell, base_ms: float | None) -> BenchCell:

@@ -61,8 +61,10 @@ class Capabilities:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"bad capabilities {dict(data)!r}: {exc}") from None
 
-    def outside(self, *, dtype: str, head_dim: int) -> str | None:
+    def outside(self, *, dtype: str, head_dim: int, backward: bool = False) -> str | None:
         """Why a case is outside these capabilities (``"this build has no float16 kernels"``), or None."""
+        if backward and not self.backward:
+            return "this build has no backward kernels (forward only)"
         if dtype not in self.dtypes:
             return f"this build has no {dtype} kernels (it has {', '.join(self.dtypes)})"
         if not any(head_dim <= d for d in self.head_dims):
