@@ -135,6 +135,9 @@ EXAMPLES = [
         "    PyTorch 2.5.1+cu121 with CUDA 1201 (you have 2.6.0+cpu)",
     ),
     ("fa-ampere-only", "RuntimeError: FlashAttention only supports Ampere GPUs or newer."),
+    ("file-outside-source-tree", "FileNotFoundError: [Errno 2] No such file or directory: '../README.md'"),
+    ("cutlass-headers-missing", "/b/hopper/flash.h:9:10: fatal error: cute/tensor.hpp: No such file or directory"),
+    ("slim-build-outside-capabilities", "RuntimeError: This flash attention build does not support FP16."),
 ]
 
 

@@ -43,12 +43,14 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
               help="GPU timer: triton's do_bench (auto when triton imports) or CUDA events.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write TFLOP/s vs sequence length to this PNG.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=1800, show_default=True,
+              help="Seconds each backend may run in its own child process before it counts as hung.")
 @json_option
 def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | None, batch: int | None,
             heads: int | None,
             kv_heads: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...], seqlen_k: int | None,
             dtype: str | None, causal: str, mode: str, device: str | None, timer: str, plot_path: Path | None,
-            as_json: bool) -> int:
+            timeout_s: float, as_json: bool) -> int:
     """Measure attention backends on this machine: TFLOP/s per shape, best per row, ratio to SDPA's default.
 
     Without BACKENDS, every backend `attnforge verify` passed on this device is measured; SDPA with no kernel
@@ -56,8 +58,8 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
     """
     from attnforge._system.paths import home_dir
     from attnforge.bench import ShapeSet, to_records
+    from attnforge.bench.isolated import crash_records
     from attnforge.bench.report import backend_versions, report_json
-    from attnforge.bench.run import run_bench
     from attnforge.bench.select import choose_backends, choose_shapes, choose_timing
     from attnforge.catalog import load_catalog
     from attnforge.records import RecordStore
@@ -79,11 +81,15 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
             if not as_json:
                 status.update(f"{shape.label}: {name}")
 
-        report = run_bench(shapes, adapters=chosen, baseline=baseline, device=dev,
-                           timing=choose_timing(dev, timer), versions=backend_versions(list(chosen), catalog),
-                           verified=verified, quantized=quantized, progress=progress)
+        isolated = _bench_isolated(shapes, chosen=chosen, baseline=baseline, device=dev,
+                                   timing=choose_timing(dev, timer), versions=backend_versions(list(chosen), catalog),
+                                   verified=verified, quantized=quantized, progress=progress, timeout_s=timeout_s)
+    report = isolated.report
     records = to_records(report)
     store.add_bench(records)
+    for crash in crash_records(isolated, dev, backend_versions(list(chosen), catalog)):
+        store.add_verify(crash)
+        click.echo(f"error: {crash.backend} {crash.summary}", err=True)
     if plot_path is not None:
         from attnforge.bench.plot import write_plot
 
@@ -92,7 +98,20 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
         emit_json("bench", report_json(report))
     else:
         render_bench(console(), report, plot_path=plot_path, stored=len(records), store_path=store.path)
-    return 0 if records else 1
+    return 0 if records and not isolated.crashes else 1
+
+
+def _bench_isolated(shapes: Any, *, chosen: Any, timeout_s: float, **kw: Any) -> Any:
+    """Each backend in its own child process (attnforge.bench.isolated): a crash or hang is recorded, not fatal."""
+    import sys
+
+    from attnforge._system.runner import SubprocessRunner
+    from attnforge.bench.isolated import bench_in_children
+    from attnforge.cache.capabilities import backend_capabilities
+    from attnforge.verify.isolated import Isolation
+
+    return bench_in_children(shapes, adapters=chosen, isolation=Isolation(timeout_s=timeout_s, python=sys.executable),
+                             runner=SubprocessRunner(), environ=dict(os.environ), caps=backend_capabilities, **kw)
 
 
 def render_bench(out: Any, report: BenchReport, *, plot_path: Path | None, stored: int,

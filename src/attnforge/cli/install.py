@@ -15,30 +15,19 @@ import click
 
 from attnforge.cli._output import console, emit_json, json_option
 from attnforge.cli.build import allow_unsupported_option, unsupported_compiler_warning
+from attnforge.cli.plan import slim_options, slim_request
 from attnforge.errors import ResolveError
 
 if TYPE_CHECKING:
     from attnforge.install.flow import InstallResult
-    from attnforge.resolve.types import SourceSpec
-
-
-def parse_source(text: str) -> SourceSpec:
-    """``--source``: a local directory or archive, a ``git+URL[@REF]``, or an archive URL."""
-    from attnforge.resolve.types import SourceKind, SourceSpec
-
-    if text.startswith("git+"):
-        url, _, ref = text.removeprefix("git+").partition("@") if text.count("@") == 1 else (text[4:], "", "")
-        return SourceSpec(kind=SourceKind.GIT, location=url, ref=ref or None)
-    if "://" in text:
-        return SourceSpec(kind=SourceKind.URL, location=text)
-    return SourceSpec(kind=SourceKind.PATH, location=str(Path(text).expanduser().resolve()))
 
 
 @click.command("install")
 @click.argument("requirement")
 @click.option("--source", "source", default=None, metavar="PATH_OR_URL",
-              help="Build from this source (a directory, sdist, git+URL@REF or URL); allows names outside "
-              "the catalog.")
+              help="Build from this source (a directory, an sdist, an sdist URL, or "
+              "git+URL[@REF][#subdirectory=DIR]; a directory may end in #subdirectory=DIR too); allows names "
+              "outside the catalog.")
 @click.option("--from-source", is_flag=True, help="Skip prebuilt wheels and build (the cache is still used).")
 @click.option("--find-links", "find_links", multiple=True, metavar="DIR",
               help="A directory of wheels to consider.")
@@ -55,12 +44,16 @@ def parse_source(text: str) -> SourceSpec:
               help="Refuse a wheel whose sha256 is not published where it comes from (else its hash is "
               "recorded on first use and shown as such).")
 @allow_unsupported_option
+@slim_options
 @json_option
-def command(requirement: str, *, source: str | None, from_source: bool, find_links: tuple[str, ...],
+def command(requirement: str, *, head_dims: tuple[str, ...], dtypes: tuple[str, ...], no_backward: bool,
+            features: tuple[str, ...], model_config: Path | None, source: str | None, from_source: bool,
+            find_links: tuple[str, ...],
             index_urls: tuple[str, ...], offline: bool, archs: tuple[str, ...], no_verify: bool,
             allow_overlap: bool, allow_unsupported_compiler: bool, as_json: bool, require_hashes: bool) -> int:
     """Get BACKEND working in this interpreter: from the cache, a hash-checked wheel, or a build."""
     from attnforge._system.runner import SubprocessRunner
+    from attnforge.build.source import parse_source
     from attnforge.cache import open_store
     from attnforge.catalog import load_catalog
     from attnforge.cli.plan import parse_archs, parse_requirement
@@ -83,7 +76,9 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
     request = Request(backend=name, version=spec, archs=parse_archs(archs), find_links=find_links,
                       index_urls=index_urls, from_source=from_source, offline=offline,
                       source=parse_source(source) if source else None,
-                      allow_unsupported_compiler=allow_unsupported_compiler)
+                      allow_unsupported_compiler=allow_unsupported_compiler,
+                      slim=slim_request(head_dims=head_dims, dtypes=dtypes, no_backward=no_backward,
+                                        features=features, model_config=model_config))
     store = open_store()
     snapshot = collect_snapshot(backends=catalog.backends.values())
     backend = catalog.backends.get(name)

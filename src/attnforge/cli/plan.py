@@ -6,9 +6,10 @@ backend, unreadable snapshot, bad --arch) with a hint.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -16,6 +17,11 @@ from attnforge.cli._output import console, emit_json, json_option, load_or_probe
 from attnforge.errors import UsageError
 from attnforge.resolve.types import Candidate, Plan
 from attnforge.types.cc import ComputeCapability, parse_cc_list
+
+if TYPE_CHECKING:
+    from attnforge.catalog.slim import SlimRequest
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,6 +35,7 @@ class PlanResult:
     request: Any
     listing_problems: tuple[str, ...]
     expected_s: dict[str, float | None]  # expected seconds of each route kind (wheel_sources.toml)
+    slim: Any = None  # the chosen build's SlimPlan: switches, what it leaves out, both time estimates
 
 
 def parse_requirement(text: str) -> tuple[str, str]:
@@ -66,6 +73,82 @@ def parse_archs(values: tuple[str, ...]) -> tuple[ComputeCapability, ...] | None
         raise UsageError(str(exc), hint="write compute capabilities like --arch 9.0,12.0") from None
 
 
+def slim_options(func: F) -> F:
+    """``--head-dim``, ``--dtype``, ``--no-backward``, ``--features``, ``--model`` (plan, build, install)."""
+    options = [
+        click.option("--head-dim", "head_dims", multiple=True, metavar="D[,D]",
+                     help="Slim build: only these head dims (e.g. 64,128); a kernel serves every D up to its own."),
+        click.option("--dtype", "dtypes", multiple=True, metavar="T[,T]",
+                     help="Slim build: only these dtypes (bf16, fp16, fp8)."),
+        click.option("--no-backward", is_flag=True, help="Slim build: forward only (inference)."),
+        click.option("--features", "features", multiple=True, metavar="F[,F]",
+                     help="Slim build: optional features to keep (paged-kv, varlen, softcap, local, split, ...); "
+                          "the others are left out."),
+        click.option("--model", "model_config", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="Slim build: take the head dims from a Hugging Face config.json."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def slim_request(*, head_dims: tuple[str, ...], dtypes: tuple[str, ...], no_backward: bool,
+                 features: tuple[str, ...], model_config: Path | None) -> SlimRequest | None:
+    """The slim options as a :class:`SlimRequest`; None when none was given (a full build).
+
+    Raises:
+        UsageError: a bad head dim, dtype or config file.
+    """
+    from attnforge.catalog.slim import SlimRequest, parse_dtypes, parse_head_dims
+
+    dims = parse_head_dims(head_dims)
+    if model_config is not None:
+        dims = tuple(sorted({*dims, *model_head_dims(model_config)}))
+    wanted = [t.strip() for v in features for t in v.split(",") if t.strip()]
+    if not (dims or dtypes or no_backward or wanted):
+        return None
+    return SlimRequest(head_dims=dims, dtypes=parse_dtypes(dtypes), backward=not no_backward,
+                       features=tuple(dict.fromkeys(wanted)))
+
+
+def model_head_dims(path: Path) -> tuple[int, ...]:
+    """Head dims of a Hugging Face ``config.json``: ``head_dim``, else ``hidden_size / num_attention_heads``;
+    ``qk_head_dim`` (or ``qk_nope_head_dim + qk_rope_head_dim``) and ``v_head_dim`` when the model has them;
+    a multimodal config's ``text_config`` when the top level has none.
+
+    Raises:
+        UsageError: unreadable, not JSON, or no head dim in it.
+    """
+    import json
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read the model config {path}: {exc}",
+                         hint="give the model's config.json (Hugging Face format)") from None
+    for cfg in (doc, doc.get("text_config") if isinstance(doc, dict) else None):
+        dims = _config_dims(cfg) if isinstance(cfg, dict) else set()
+        if dims:
+            return tuple(sorted(dims))
+    raise UsageError(f"{path} names no head dim (head_dim, hidden_size/num_attention_heads, qk_head_dim)",
+                     hint="give --head-dim D instead")
+
+
+def _config_dims(cfg: dict[str, Any]) -> set[int]:
+    def num(key: str) -> int | None:
+        value = cfg.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    qk = num("qk_head_dim") or ((num("qk_nope_head_dim") or 0) + (num("qk_rope_head_dim") or 0)) or None
+    dims = {d for d in (qk, num("v_head_dim")) if d}
+    if dims:
+        return dims
+    if num("head_dim"):
+        return {num("head_dim") or 0}
+    hidden, heads = num("hidden_size"), num("num_attention_heads")
+    return {hidden // heads} if hidden and heads and hidden % heads == 0 else set()
+
+
 @click.command("plan")
 @click.argument("requirement")
 @snapshot_option
@@ -84,9 +167,15 @@ def parse_archs(values: tuple[str, ...]) -> tuple[ComputeCapability, ...] | None
 @click.option(
     "--offline", is_flag=True, help="Never touch the network (find-links and file:// indexes only)."
 )
+@slim_options
 @json_option
 def command(
     *,
+    head_dims: tuple[str, ...],
+    dtypes: tuple[str, ...],
+    no_backward: bool,
+    features: tuple[str, ...],
+    model_config: Path | None,
     requirement: str,
     snapshot_path: Path | None,
     archs: tuple[str, ...],
@@ -116,6 +205,8 @@ def command(
         index_urls=index_urls,
         from_source=from_source,
         offline=offline,
+        slim=slim_request(head_dims=head_dims, dtypes=dtypes, no_backward=no_backward, features=features,
+                          model_config=model_config),
     )
     snapshot = load_or_probe(snapshot_path)
     recipe = catalog.recipe(backend.id)
@@ -140,6 +231,7 @@ def command(
         request=request,
         listing_problems=listing.problems,
         expected_s=expected,
+        slim=plan.chosen.build.slim if plan.chosen and plan.chosen.build else None,
     )
     if as_json:
         emit_json("plan", result)
@@ -172,6 +264,7 @@ def _render(plan: Plan, problems: tuple[str, ...], expected: dict[str, float | N
         out.print("build environment:")
         for k, v in b.env.items():
             out.print(f"  {k}={v}", soft_wrap=True, markup=False)
+        _render_slim(out, b)
 
 
 def _expected(c: Candidate, expected: dict[str, float | None], measured: bool) -> str:
@@ -216,3 +309,25 @@ def _route_s(kind: str, backend: str) -> float | None:
     from attnforge.resolve.sources import load_wheel_sources
 
     return load_wheel_sources().route_times.expected_s(kind, backend)
+
+
+def _render_slim(out: Any, build: Any) -> None:
+    from attnforge.resolve.buildspec import minutes
+
+    slim = build.slim
+    if slim is None:
+        offer = next((n for n in build.notes if n.startswith("a slim build is much cheaper")), None)
+        if offer:
+            out.print(f"note: {offer}", soft_wrap=True, markup=False)
+        return
+    out.print("[bold]slim build[/bold] (only what was asked for):")
+    for line in slim.left_out:
+        out.print(f"  leaves out {line}", soft_wrap=True, markup=False)
+    caps = slim.capabilities
+    out.print(f"  can run: head dims {', '.join(map(str, caps.head_dims)) or 'all'}; dtypes "
+              f"{', '.join(caps.dtypes)}; backward {'yes' if caps.backward else 'no'}; features "
+              f"{', '.join(caps.features) or 'none'}", soft_wrap=True, markup=False)
+    if slim.units is not None:
+        out.print(f"  time: slim {slim.units} translation units, ~{minutes(slim.estimate_s)}; full "
+                  f"{slim.full_units} translation units, ~{minutes(slim.full_estimate_s)} (estimated from one "
+                  "recorded build)", soft_wrap=True, markup=False)

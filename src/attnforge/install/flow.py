@@ -279,7 +279,8 @@ def _obtain(run: _Run, request: Request, plan: Plan, chosen: Candidate) -> tuple
             inputs = built_wheel_inputs(
                 wheel=wheel, spec=spec, source_sha256=built.source_sha256, snapshot=run.snapshot
             )
-            origin = {"origin": "source-build", "source": spec.source.location, "notes": list(spec.notes)}
+            origin = {"origin": "source-build", "source": spec.source.location, "notes": list(spec.notes),
+                      "capabilities": spec.capabilities.to_json() if spec.capabilities else None}
             try:
                 entry = store.put(wheel, inputs, log_path=built.log_path, provenance=origin).entry
             finally:

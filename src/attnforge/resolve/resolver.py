@@ -19,7 +19,7 @@ from attnforge.catalog.backends import Backend
 from attnforge.catalog.recipes import RecipeKind
 from attnforge.errors import UsageError
 from attnforge.probe.snapshot import SystemSnapshot, format_cc
-from attnforge.resolve.buildspec import default_source, plan_build
+from attnforge.resolve.buildspec import cached_switch_problem, default_source, plan_build
 from attnforge.resolve.tags import supported_tags
 from attnforge.resolve.types import (
     CachedArtifact,
@@ -85,12 +85,14 @@ def resolve(
             )
             continue
         m = check_binary(facts, snapshot, catalog, backend=backend, request=request, supported=tags)
+        slim = cached_switch_problem(catalog.recipe(request.backend), request, art.flags,
+                                     archs=request.archs or snapshot.compute_capabilities)
         candidates.append(
             Candidate(
                 kind=CandidateKind.CACHE,
                 description=desc,
-                accepted=m.ok,
-                reasons=m.problems or m.notes or ("matches this machine",),
+                accepted=m.ok and slim is None,
+                reasons=(*m.problems, *([slim] if slim else [])) or m.notes or ("matches this machine",),
                 cache_key=art.key,
             )
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from attnforge._compat import StrEnum
+from attnforge.catalog.slim import Capabilities, SlimPlan, SlimRequest
 from attnforge.probe.snapshot import ComputeCapability, CudaToolkit
 
 
@@ -37,6 +38,7 @@ class SourceSpec:
     version: str | None = None  # pypi-sdist: the exact version to fetch
     ref: str | None = None  # git: branch, tag or commit
     subdirectory: str | None = None  # git/path: where setup.py lives inside the tree
+    submodules: tuple[str, ...] = ()  # git submodules the build needs, relative to the tree's root
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +56,8 @@ class Request:
         source: an explicit source for the build, overriding the catalog's.
         allow_unsupported_compiler: let nvcc take a host compiler outside its supported range
             (``-allow-unsupported-compiler``, at the user's risk) instead of refusing the build.
+        slim: build only these head dims / dtypes / features (``--head-dim``, ``--dtype``, ``--no-backward``,
+            ``--features``); None builds everything.
     """
 
     backend: str
@@ -65,6 +69,7 @@ class Request:
     offline: bool = False
     source: SourceSpec | None = None
     allow_unsupported_compiler: bool = False
+    slim: SlimRequest | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,6 +93,9 @@ class BuildSpec:
         msvc_toolset: Windows: the MSVC toolset nvcc accepts, for ``vcvarsall.bat x64 -vcvars_ver=14.39``.
         allow_unsupported_compiler: the user accepted ``-allow-unsupported-compiler`` (at their risk); on
             Windows the executor adds it when no toolset fits, on Linux ``env`` already carries it.
+        capabilities: what the binary will be able to run (a slim build's head dims, dtypes, backward,
+            features); None for a full build (the backend's own table applies). Goes into the provenance.
+        slim: the slim build's switches, what it leaves out and both time estimates (None for a full build).
     """
 
     name: str
@@ -104,6 +112,8 @@ class BuildSpec:
     notes: tuple[str, ...] = ()
     msvc_toolset: str | None = None
     allow_unsupported_compiler: bool = False
+    capabilities: Capabilities | None = None
+    slim: SlimPlan | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,3 +178,4 @@ class CachedArtifact:
     cuda_version: str | None
     cxx11_abi: bool | None
     sha256: str
+    flags: tuple[str, ...] = ()  # the cache key's build flags (a slim build's FLASH_ATTENTION_DISABLE_*=TRUE)

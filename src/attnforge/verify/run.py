@@ -23,6 +23,7 @@ from attnforge.verify.cases import (
 )
 from attnforge.verify.check import BackendVerification, check_native_import, verify_backend
 from attnforge.verify.device import DeviceInfo
+from attnforge.verify.isolated import Isolation
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +64,7 @@ def run_verify(
     names: Sequence[str], *, adapters: Mapping[str, BackendAdapter], catalog: Catalog, device: DeviceInfo,
     tolerances: Tolerances, store: RecordStore | None = None, runner: Runner | None = None,
     python: str = sys.executable, environ: Mapping[str, str] | None = None, seed: int = 0,
+    isolation: Isolation | None = None,
 ) -> VerifyReport:
     """Verify the named backends (every installed backend with a path on ``device`` when none are named).
 
@@ -77,6 +79,7 @@ def run_verify(
         python: the interpreter whose imports are checked (this one: the numerics run here).
         environ: the subprocess environment.
         seed: seeds shapes and inputs.
+        isolation: run each backend in a child process with this timeout (None: in this process).
 
     Raises:
         UsageError: a named backend has no adapter.
@@ -101,8 +104,16 @@ def run_verify(
                 skipped[name] = why
                 continue
         native = check_native_import(entry, runner=runner, python=python, environ=env) if entry else None
-        result = verify_backend(adapter, device=device, cases=cases, tolerances=tolerances, kind=kind,
-                                native=native)
+        if isolation is None:
+            result = verify_backend(adapter, device=device, cases=cases, tolerances=tolerances, kind=kind,
+                                    native=native)
+        else:  # each backend in a child process: a crash or hang becomes this backend's failed verdict
+            from attnforge.cache.capabilities import backend_capabilities
+            from attnforge.verify.isolated import verify_in_child
+
+            result = verify_in_child(name, adapter=adapter, device=device, cases=tuple(cases),
+                                     tolerances=tolerances, kind=kind, native=native, isolation=isolation,
+                                     runner=runner, environ=env, caps=backend_capabilities(name))
         results.append(result)
         if store is not None:
             store.add_verify(result.to_record())
