@@ -25,11 +25,13 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from attnforge._system.runner import Completed, Runner
+from attnforge.catalog import load_catalog
 from attnforge.errors import InstallError
 from attnforge.install.overlap import Overlap, installed_overlaps, refusal
 
-#: Distributions attnforge never installs, replaces or upgrades: the user's torch stack.
-PROTECTED = frozenset({"torch", "torchvision", "torchaudio", "triton", "triton-windows", "pytorch-triton"})
+#: Distributions attnforge never installs, replaces or upgrades: the user's torch stack (toolchain.toml
+#: ``[torch_stack]``, read once when this module is first imported).
+PROTECTED = load_catalog().tools.torch_stack.protected
 
 _VERSIONS_SCRIPT = """
 import importlib.metadata as m, json, sys

@@ -17,8 +17,6 @@ from attnforge.probe.snapshot import ComputeCapability, CudaToolkit, SystemSnaps
 from attnforge.resolve.jobs import GIB
 from attnforge.resolve.types import Request
 
-TORCH_INDEX = "https://download.pytorch.org/whl"
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Check:
@@ -76,11 +74,6 @@ def torch_cuda(snapshot: SystemSnapshot) -> MajorMinor | None:
         return parse_major_minor(t.cuda_version)
     except ValueError:
         return None
-
-
-def cu_tag(version: MajorMinor) -> str:
-    """``(12, 8)`` -> ``cu128`` (the PyTorch index name)."""
-    return f"cu{version[0]}{version[1]}"
 
 
 def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, recipe: Recipe) -> Preflight:
@@ -157,7 +150,7 @@ def _torch_checks(snapshot: SystemSnapshot, catalog: Catalog) -> list[Check]:
                 name="torch",
                 ok=False,
                 reason=f"torch is not importable in {py} ({why})",
-                fix=f"{py} -m pip install torch --index-url {TORCH_INDEX}/{suggestion}",
+                fix=f"{py} -m pip install torch --index-url {suggestion}",
             )
         ]
     if t.hip_version is not None:
@@ -178,8 +171,7 @@ def _torch_checks(snapshot: SystemSnapshot, catalog: Catalog) -> list[Check]:
                 reason=f"torch {t.version} is a CPU-only build (torch.version.cuda is None): a CUDA "
                 f"extension cannot "
                 "be compiled against it, whatever CUDA_HOME says",
-                fix=f"install a CUDA build of torch: {py} -m pip install torch --index-url "
-                f"{TORCH_INDEX}/{suggestion}",
+                fix=f"install a CUDA build of torch: {py} -m pip install torch --index-url {suggestion}",
             )
         ]
     return [Check(name="torch-cuda", ok=True, reason=f"torch {t.version} is a CUDA {t.cuda_version} build")]
@@ -187,7 +179,8 @@ def _torch_checks(snapshot: SystemSnapshot, catalog: Catalog) -> list[Check]:
 
 def _torch_suggestion(snapshot: SystemSnapshot, catalog: Catalog) -> str:
     """The PyTorch index to suggest: the newest CUDA variant of this torch release that matches an installed
-    nvcc's major (so the extension build works afterwards), else the release's PyPI default."""
+    nvcc's major (so the extension build works afterwards), else the release's PyPI default, else the newest
+    installed toolkit's, else the catalog's default variant (all from ``toolchain.toml``)."""
     tools = catalog.tools
     release = None
     if snapshot.torch is not None:
@@ -199,16 +192,15 @@ def _torch_suggestion(snapshot: SystemSnapshot, catalog: Catalog) -> str:
     if release is not None:
         fitting = [c for c in release.cuda if c[0] in majors]
         if fitting:
-            return cu_tag(max(fitting))
+            return tools.torch_index_url(max(fitting))
         if release.pypi_default is not None:
-            return cu_tag(release.pypi_default)
+            return tools.torch_index_url(release.pypi_default)
     versions = sorted(v for tk in snapshot.cuda_toolkits if (v := toolkit_version(tk)) is not None)
-    return cu_tag(versions[-1]) if versions else "cu128"
+    return tools.torch_index_url(versions[-1] if versions else tools.default_torch_cuda())
 
 
-def _torch_variant_for(snapshot: SystemSnapshot, catalog: Catalog, cuda_major: int) -> str | None:
-    """The newest CUDA variant with major ``cuda_major`` of the installed torch release
-    (``cu128``), if any."""
+def _torch_variant_for(snapshot: SystemSnapshot, catalog: Catalog, cuda_major: int) -> MajorMinor | None:
+    """The newest CUDA variant with major ``cuda_major`` of the installed torch release (``(12, 8)``), if any."""
     if snapshot.torch is None:
         return None
     try:
@@ -216,7 +208,7 @@ def _torch_variant_for(snapshot: SystemSnapshot, catalog: Catalog, cuda_major: i
     except ValueError:
         return None
     fitting = [c for c in release.cuda if c[0] == cuda_major] if release else []
-    return cu_tag(max(fitting)) if fitting else None
+    return max(fitting) if fitting else None
 
 
 # -- archs ---------------------------------------------------------------------------------------------------
@@ -344,7 +336,7 @@ def _toolkit_checks(
     if want is not None and version[0] != want[0]:
         t = snapshot.torch
         torch_text = t.version if t else "torch"
-        other = f"{TORCH_INDEX}/{_torch_variant_for(snapshot, catalog, version[0]) or cu_tag(version)}"
+        other = catalog.tools.torch_index_url(_torch_variant_for(snapshot, catalog, version[0]) or version)
         return toolkit, [
             Check(
                 name="nvcc-major",

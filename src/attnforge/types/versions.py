@@ -48,3 +48,25 @@ def newest_first(items: Iterable[T], version: Callable[[T], Version],
         out.sort(key=tiebreak)
     out.sort(key=version, reverse=True)
     return out
+
+
+#: ``"12.8"`` -> ``(12, 8)``: CUDA and torch release numbers compared as integer pairs.
+MajorMinor = tuple[int, int]
+_MAJOR_MINOR = re.compile(r"^\s*(\d+)\.(\d+)")
+
+
+def parse_major_minor(text: str) -> MajorMinor:
+    """``"12.8"``, ``"12.8.1"``, ``"2.11.0+cu130"`` -> ``(12, 8)`` / ``(2, 11)``.
+
+    Raises:
+        ValueError: not ``MAJOR.MINOR[...]``.
+    """
+    m = _MAJOR_MINOR.match(text)
+    if m is None:
+        raise ValueError(f"not a MAJOR.MINOR version: {text!r}")
+    return (int(m.group(1)), int(m.group(2)))
+
+
+def format_major_minor(v: MajorMinor) -> str:
+    """``(12, 8)`` -> ``"12.8"``."""
+    return f"{v[0]}.{v[1]}"
