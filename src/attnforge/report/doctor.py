@@ -15,7 +15,7 @@ from attnforge._compat import StrEnum
 from attnforge.catalog import Backend, Catalog, load_catalog
 from attnforge.probe.snapshot import ComputeCapability, InstalledBackend, SystemSnapshot, TorchInfo, format_cc
 from attnforge.records import BenchRecord, VerifyRecord
-from attnforge.resolve.preflight import torch_cuda
+from attnforge.resolve.torch_checks import torch_cuda
 
 
 def torch_cuda_hint() -> str:

@@ -16,8 +16,8 @@ from attnforge.catalog import Catalog
 from attnforge.catalog.msvc import MsvcCatalog, load_msvc
 from attnforge.errors import BuildError
 from attnforge.probe.snapshot import CudaToolkit, SystemSnapshot
+from attnforge.resolve.checks import Check, allowed_unsupported
 from attnforge.resolve.msvc import FixKind, choose_windows_toolchain
-from attnforge.resolve.preflight import Check, allowed_unsupported
 from attnforge.types.versions import major_minor
 
 
