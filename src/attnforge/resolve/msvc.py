@@ -197,8 +197,9 @@ def check_msvc(
     if floor is not None and cuda < floor.cuda_min:
         flags.append(floor.override)
     fixes.append(MsvcFix(kind=FixKind.ALLOW_UNSUPPORTED, nvcc_flags=tuple(flags), at_users_risk=True, text=(
-        f"at your own risk, set NVCC_APPEND_FLAGS={' '.join(flags)} (nvcc's words: 'using an unsupported "
-        "host compiler may cause compilation failure or incorrect run time execution')")))
+        f"at your own risk, build with --allow-unsupported-compiler (NVCC_APPEND_FLAGS={' '.join(flags)}; "
+        "nvcc's words: 'using an unsupported host compiler may cause compilation failure or incorrect run "
+        "time execution')")))
     return MsvcCheck(ok=False, msc_ver=msc, cuda=cuda, window=(window.msc_min, window.msc_end),
                      problem=problem, fixes=tuple(fixes))
 
