@@ -19,7 +19,8 @@ from attnforge._system.runner import Runner
 from attnforge.catalog.msvc import MsvcCatalog
 from attnforge.errors import BuildError
 from attnforge.probe.snapshot import CudaToolkit, SystemSnapshot, VisualStudio
-from attnforge.resolve.msvc import MsvcCheck, WindowsToolchain, mm
+from attnforge.resolve.msvc import MsvcCheck, WindowsToolchain
+from attnforge.types.versions import parse_major_minor
 
 _CAPTURE_MARKER = "===attnforge-vcvars-set==="
 _ENV_LINE = re.compile(r"^([A-Za-z_][^=\r\n]*)=(.*)$")
@@ -223,8 +224,8 @@ def windows_build_env(
                  f"{PureWindowsPath(dev.include_dir).parent}, or build with a full CPython install")
     tc = toolchain
     vs, vcvars_ver, toolkit, notes = tc.visual_studio, tc.vcvars_ver, tc.toolkit, list(tc.notes)
-    cuda = mm(toolkit.version)
-    torch_mm = mm(snapshot.torch.version) if snapshot.torch else None
+    cuda = parse_major_minor(toolkit.version)
+    torch_mm = parse_major_minor(snapshot.torch.version) if snapshot.torch else None
     flags = [f.flag for f in msvc.flags_for(cuda=cuda, torch=torch_mm)] + list(tc.nvcc_flags)
     user_flags = snapshot.env.get("NVCC_APPEND_FLAGS", "").split()
     build_root = build_root or str(PureWindowsPath("C:\\") / msvc.build_root.short_dir / key8)
