@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from attnforge.errors import CatalogError
+from attnforge.types.versions import parse_major_minor
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -119,8 +120,6 @@ class Collector:
 
     def major_minor(self, row: Mapping[str, Any], key: str, path: str) -> tuple[int, int]:
         """A ``"12.8"`` field as ``(12, 8)`` (``(0, 0)`` and a recorded problem when it is not one)."""
-        from attnforge.types.versions import parse_major_minor
-
         return self.parsed(self.get(row, key, path, str), f"{path}.{key}", parse_major_minor, (0, 0))
 
     @contextmanager
