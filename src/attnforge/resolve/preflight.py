@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from attnforge.catalog import Catalog
 from attnforge.catalog.recipes import Recipe
 from attnforge.catalog.toolchain import MajorMinor, Target, TargetKind, format_major_minor
+from attnforge.catalog.torch import cu_tag
 from attnforge.probe.snapshot import ComputeCapability, CudaToolkit, SystemSnapshot, format_cc
-from attnforge.resolve.checks import Check, disk_check, host_compiler_check, ninja_check, ram_check
+from attnforge.resolve.checks import Check, allowed_unsupported, disk_check, host_compiler_check, ninja_check, ram_check
 from attnforge.resolve.torch_checks import toolkit_version, torch_checks, torch_cuda, torch_variant_for
 from attnforge.resolve.types import Request
 
@@ -303,3 +304,7 @@ def _nvcc_target_checks(
     return checks
 
 
+# Check, allowed_unsupported, toolkit_version, torch_cuda and cu_tag live in checks.py, torch_checks.py and
+# catalog/torch.py; re-exported here for modules written against the single preflight module.
+__all__ = ["Check", "Preflight", "allowed_unsupported", "choose_toolkit", "cu_tag", "run_preflight",
+           "toolkit_version", "torch_cuda"]
