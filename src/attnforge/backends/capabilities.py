@@ -21,10 +21,9 @@ from typing import Any
 
 from attnforge.backends.adapter import FEATURES, AttentionCall
 from attnforge.catalog import DATA_DIR, Catalog, load_catalog
-from attnforge.catalog._check import Collector, read_toml
+from attnforge.catalog._check import Collector, read_checked
 from attnforge.types.cc import ComputeCapability, format_cc
 
-SCHEMA_VERSION = 1
 _FIELDS = {
     "devices", "layout", "causal", "empty_rows_zero", "gqa", "backward", "head_dim_multiple", "sources",
     "features", "offers", "backward_devices", "jit_per_shape",
@@ -162,9 +161,7 @@ def _packaged() -> Mapping[str, Capabilities]:
 
 
 def _load(catalog: Catalog, data_dir: Path) -> dict[str, Capabilities]:
-    doc = read_toml(data_dir / "runtime.toml")
-    errors = Collector("runtime.toml")
-    errors.schema_version(doc, SCHEMA_VERSION)
+    doc, errors = read_checked(data_dir / "runtime.toml")  # the catalog's one reader: schema check included
     out: dict[str, Capabilities] = {}
     with errors.table(doc, "runtime", "") as tables:
         for bid in sorted(set(catalog.backends) - set(tables)):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from attnforge.errors import CatalogError
+from attnforge.types.versions import parse_major_minor
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -101,6 +102,25 @@ class Collector:
                     continue
                 self.unknown_keys(raw, fields, path)
                 yield rid, raw, path
+
+    def array_rows(self, doc: Mapping[str, Any], key: str) -> list[tuple[str, Mapping[str, Any]]]:
+        """``(dotted path, table)`` for each entry of the array of tables ``[[key]]``; a missing or empty array
+        and entries that are not tables are recorded (and skipped)."""
+        raw = doc.get(key)
+        if not isinstance(raw, list) or not raw:
+            self.add(key, "missing array of tables" if raw is None else "expected a non-empty array of tables")
+            return []
+        out: list[tuple[str, Mapping[str, Any]]] = []
+        for i, row in enumerate(raw):
+            if isinstance(row, dict):
+                out.append((f"{key}[{i}]", row))
+            else:
+                self.add(f"{key}[{i}]", "expected a table")
+        return out
+
+    def major_minor(self, row: Mapping[str, Any], key: str, path: str) -> tuple[int, int]:
+        """A ``"12.8"`` field as ``(12, 8)`` (``(0, 0)`` and a recorded problem when it is not one)."""
+        return self.parsed(self.get(row, key, path, str), f"{path}.{key}", parse_major_minor, (0, 0))
 
     @contextmanager
     def table(self, parent: Mapping[str, Any], key: str, path: str) -> Iterator[Mapping[str, Any]]:

@@ -14,15 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnforge.catalog._check import Collector, load_file
-
-MajorMinor = tuple[int, int]
-
-
-def _major_minor(text: str) -> MajorMinor:
-    m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", text)
-    if m is None:
-        raise ValueError(f"not a MAJOR.MINOR version: {text!r}")
-    return (int(m.group(1)), int(m.group(2)))
+from attnforge.types.versions import MajorMinor
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,20 +119,6 @@ def _build_root(doc: Mapping[str, Any], errors: Collector) -> BuildRoot:
                          sources=errors.str_list(row, "sources", "build_root", allow_empty=False))
 
 
-def _rows(doc: Mapping[str, Any], key: str, errors: Collector) -> list[tuple[str, Mapping[str, Any]]]:
-    raw = doc.get(key)
-    if not isinstance(raw, list) or not raw:
-        errors.add(key, "missing array of tables" if raw is None else "expected a non-empty array of tables")
-        return []
-    out: list[tuple[str, Mapping[str, Any]]] = []
-    for i, row in enumerate(raw):
-        if isinstance(row, dict):
-            out.append((f"{key}[{i}]", row))
-        else:
-            errors.add(f"{key}[{i}]", "expected a table")
-    return out
-
-
 def _msc(errors: Collector, row: Mapping[str, Any], key: str, path: str) -> int:
     value = errors.get(row, key, path, int)
     if key in row and not 1900 <= value < 2100:
@@ -152,17 +130,16 @@ def _optional_mm(errors: Collector, row: Mapping[str, Any], key: str, path: str)
     text = errors.get(row, key, path, str)
     if not text:
         return None
-    return errors.parsed(text, f"{path}.{key}", _major_minor, (0, 0))
+    return errors.major_minor(row, key, path)
 
 
 def _stl_floors(doc: Mapping[str, Any], errors: Collector) -> list[StlFloor]:
     out = []
-    for path, row in _rows(doc, "stl_floors", errors):
+    for path, row in errors.array_rows(doc, "stl_floors"):
         errors.unknown_keys(row, {"msc_min", "cuda_min", "error", "override", "sources"}, path)
         out.append(StlFloor(
             msc_min=_msc(errors, row, "msc_min", path),
-            cuda_min=errors.parsed(errors.get(row, "cuda_min", path, str), f"{path}.cuda_min", _major_minor,
-                                   (0, 0)),
+            cuda_min=errors.major_minor(row, "cuda_min", path),
             error=errors.get(row, "error", path, str),
             override=errors.get(row, "override", path, str),
             sources=errors.str_list(row, "sources", path, allow_empty=False),
@@ -172,7 +149,7 @@ def _stl_floors(doc: Mapping[str, Any], errors: Collector) -> list[StlFloor]:
 
 def _conformance(doc: Mapping[str, Any], errors: Collector) -> list[ConformanceFlag]:
     out = []
-    for path, row in _rows(doc, "conformance", errors):
+    for path, row in errors.array_rows(doc, "conformance"):
         errors.unknown_keys(row, {"flag", "why", "cuda_min", "torch_min", "sources"}, path)
         flag = errors.get(row, "flag", path, str)
         if not flag.startswith("-") or any(c.isspace() for c in flag):
@@ -189,7 +166,7 @@ def _conformance(doc: Mapping[str, Any], errors: Collector) -> list[ConformanceF
 
 def _releases(doc: Mapping[str, Any], errors: Collector) -> list[VsRelease]:
     out = []
-    for path, row in _rows(doc, "releases", errors):
+    for path, row in errors.array_rows(doc, "releases"):
         errors.unknown_keys(row, {"msc_min", "msc_max", "name", "sources"}, path)
         lo, hi = _msc(errors, row, "msc_min", path), _msc(errors, row, "msc_max", path)
         if lo > hi:

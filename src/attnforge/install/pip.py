@@ -25,12 +25,14 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from attnforge._system.runner import Completed, Runner
+from attnforge.catalog import load_catalog
 from attnforge.errors import InstallError
 from attnforge.install.installer import installer_for
 from attnforge.install.overlap import Overlap, installed_overlaps, refusal
 
-#: Distributions attnforge never installs, replaces or upgrades: the user's torch stack.
-PROTECTED = frozenset({"torch", "torchvision", "torchaudio", "triton", "triton-windows", "pytorch-triton"})
+#: Distributions attnforge never installs, replaces or upgrades: the user's torch stack (toolchain.toml
+#: ``[torch_stack]``, read once when this module is first imported).
+PROTECTED = load_catalog().tools.torch_stack.protected
 
 #: Run with ``python -S``: site-packages are put on sys.path as ``site`` would (the venv's, then the base's
 #: when pyvenv.cfg allows it) but no ``.pth`` file is executed, so reading versions right after an install

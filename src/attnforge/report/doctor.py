@@ -12,14 +12,17 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from attnforge._compat import StrEnum
-from attnforge.catalog import Backend, Catalog
+from attnforge.catalog import Backend, Catalog, load_catalog
 from attnforge.probe.snapshot import ComputeCapability, InstalledBackend, SystemSnapshot, TorchInfo, format_cc
 from attnforge.ranking import PLAIN_SDPA, overhead_tier, wins_per_backend
 from attnforge.records import BenchRecord, VerifyRecord
-from attnforge.resolve.preflight import TORCH_INDEX, cu_tag, torch_cuda
+from attnforge.resolve.torch_checks import torch_cuda
 
-#: Where people get a CUDA build of torch (pytorch.org "Get Started"; toolchain-facts.md §5.1).
-TORCH_CUDA_HINT = f"pip install torch --index-url {TORCH_INDEX}/cu130"
+
+def torch_cuda_hint() -> str:
+    """Where people get a CUDA build of torch: the catalog's default variant (toolchain.toml ``[[torch]]``)."""
+    tools = load_catalog().tools
+    return f"pip install torch --index-url {tools.torch_index_url(tools.default_torch_cuda())}"
 
 
 #: The next step of rows held up by the machine-wide blocker, which the report states once.
@@ -177,13 +180,14 @@ def _machine_blocker(s: SystemSnapshot) -> tuple[str, str] | None:
     """(problem, next step) that stops every GPU backend on this machine, or None."""
     t = s.torch
     if t is None:
-        return ("torch is not installed or does not import", f"install a CUDA build of torch first ({TORCH_CUDA_HINT})")
+        return ("torch is not installed or does not import",
+                f"install a CUDA build of torch first ({torch_cuda_hint()})")
     if t.hip_version:
         return (f"torch {t.version} is a ROCm build; attnforge targets NVIDIA GPUs",
                 "use a CUDA build of torch on an NVIDIA machine")
     if not t.is_cuda_build:
         return (f"torch {t.version} is a CPU build",
-                f"install a CUDA build of torch first ({TORCH_CUDA_HINT})")
+                f"install a CUDA build of torch first ({torch_cuda_hint()})")
     if not s.gpus:
         return ("no NVIDIA GPU found", "run on a machine with an NVIDIA GPU (and a working driver)")
     return None
@@ -277,8 +281,7 @@ _XF_PYTHON = re.compile(r"Python\s+(\d+\.\d+)\S*\s+\(you have (\d+\.\d+)\S*\)")
 def torch_index_url(s: SystemSnapshot) -> str:
     """The PyTorch wheel index matching this torch's CUDA (``.../whl/cu130``), where CUDA-specific builds of
     xFormers live (install-anchors.md §7.1); the CPU index for a CPU torch."""
-    cuda = torch_cuda(s)
-    return f"{TORCH_INDEX}/{cu_tag(cuda) if cuda else 'cpu'}"
+    return load_catalog().tools.torch_index_url(torch_cuda(s))
 
 
 def install_step(s: SystemSnapshot, b: Backend) -> str:
