@@ -26,15 +26,19 @@ from attnforge.types.shapes import AttentionShape, Feature, Layout, Mode, ShapeC
 FALLBACK = PLAIN_SDPA
 
 
-def class_of_call(call: AttentionCall) -> ShapeClass:
-    """The shape class of ``call`` (features, ``Dv`` and layout where the call carries them)."""
-    shape = AttentionShape(batch=call.batch, heads=call.heads_q, kv_heads=call.heads_kv, head_dim=call.head_dim,
+def shape_of_call(call: AttentionCall) -> AttentionShape:
+    """The :class:`AttentionShape` of ``call`` (features, ``Dv`` and layout where the call carries them)."""
+    return AttentionShape(batch=call.batch, heads=call.heads_q, kv_heads=call.heads_kv, head_dim=call.head_dim,
                            seqlen_q=call.seqlen_q, seqlen_k=call.seqlen_k, causal=call.causal,
                            mode=Mode.FWD_BWD if call.needs_grad else Mode.FWD, dtype=call.dtype,
                            head_dim_v=getattr(call, "head_dim_v", None),
                            layout=Layout(getattr(call, "layout", "bhsd")),
                            features=frozenset(Feature(f) for f in getattr(call, "features", ())))
-    return shape.shape_class
+
+
+def class_of_call(call: AttentionCall) -> ShapeClass:
+    """The shape class of ``call``: the key bench records are matched on."""
+    return shape_of_call(call).shape_class
 
 
 def measurements(records: Iterable[BenchRecord], shape_class: ShapeClass) -> dict[str, Measurement]:

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from attnforge.dispatch import _op
+from attnforge.dispatch import _op, autotune
 from attnforge.dispatch.adapter import AttentionCall, BackendAdapter
 from attnforge.dispatch.policy import (
     FALLBACK,
@@ -204,11 +204,20 @@ class Dispatcher:
         Takes the caller's tensors in ``layout``. Raises what :func:`attention` raises for bad input or a
         forced backend that cannot serve the call; nothing is remembered then.
         """
-        qh, kh, _ = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+        qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         generation = self._generation
         decision, adapters = self._plan(qh, kh, causal=causal, precision=precision, needs_grad=needs_grad,
                                         forced=forced)
+        if not forced and autotune.active() is not None:  # measure on first use (attnforge.dispatch.autotune)
+            call, dev_key = self.describe(qh, kh, causal=causal, precision=precision, needs_grad=needs_grad), \
+                self._device(qh.device).key
+            if autotune.wanted(self, decision, call, dev_key):
+                autotune.tune(self, qh, kh, vh, call=call, decision=decision, device_key=dev_key, causal=causal,
+                              scale=scale, store=self._source())
+                generation = self._generation
+                decision, adapters = self._plan(qh, kh, causal=causal, precision=precision, needs_grad=needs_grad,
+                                                forced=None)
         if forced and not adapters:
             _raise_forced(forced, decision)
         bshd = layout == "bshd"
