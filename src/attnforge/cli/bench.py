@@ -142,10 +142,10 @@ def _best_text(ranking: Ranking) -> str:
     best = ranking.winner
     if best is None:
         return "[dim]-[/dim]"
-    text = f"[bold green]{best}[/bold green]"
+    parts = [f"{ranking.margin:+.1%}"] if ranking.margin is not None else []
     if len(ranking.tied) > 1:
-        return text + f" (tie: {', '.join(n for n in ranking.tied if n != best)})"
-    return text + (f" (+{ranking.margin:.1%})" if ranking.margin is not None else "")
+        parts.append(f"tie: {', '.join(n for n in ranking.tied if n != best)}")
+    return f"[bold green]{best}[/bold green]" + (f" ({'; '.join(parts)})" if parts else "")
 
 
 def _cell_text(cell: BenchCell | None, *, best: bool, baseline: bool) -> str:
