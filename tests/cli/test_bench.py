@@ -135,6 +135,8 @@ def test_the_table_shows_spread_and_winner_margin(attnforge_home: Path, capsys: 
     pytest.param(["--shapes", "model", "--model", "/no/such/config.json"], "cannot read the model config",
                  id="missing-model-config"),
     pytest.param(["--model", "config.json"], "--model only apply to --shapes model", id="model-config-on-grid"),
+    pytest.param(["--shapes", "model", "--model", "config.json", "--heads", "8"], "cannot be combined with --model",
+                 id="model-config-and-sizes"),
 ])
 def test_bad_input_exits_2_with_a_message(attnforge_home: Path, capsys: pytest.CaptureFixture[str],
                                           argv: list[str], message: str) -> None:
