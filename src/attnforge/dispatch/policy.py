@@ -5,8 +5,9 @@ A backend is *eligible* when its package loads, verify passed for it on this dev
 that bench measured for the call's *shape class* are ordered by the one "fastest" rule
 (:mod:`attnforge.ranking`: median TFLOP/s, ties within the measured spread go to the lower-overhead path, so
 plain SDPA stays unless a candidate is faster beyond the spread); backends without a measurement follow, by the
-catalog's ``priority``. PyTorch SDPA (unforced) needs no verify record and closes the order unless it was
-measured.
+catalog's ``priority``, except those that never beat plain SDPA where both were measured: they follow SDPA
+("never slower than doing nothing", issue 16). PyTorch SDPA (unforced) needs no verify record and closes the
+order of the others unless it was measured.
 
 A quantized backend (SageAttention) is eligible only under ``precision="allow_quantized"`` *and* where it was
 measured faster than every measured exact backend beyond the spread *and* its recorded error on the class stays
@@ -19,7 +20,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from attnforge.dispatch.adapter import AttentionCall, BackendAdapter
-from attnforge.ranking import PLAIN_SDPA, Measurement, Ranking, class_measurements, rank
+from attnforge.ranking import (
+    PLAIN_SDPA,
+    Evidence,
+    Measurement,
+    Ranking,
+    class_measurements,
+    never_beat_plain_sdpa,
+    rank,
+)
 from attnforge.records import BenchRecord, VerifyRecord
 from attnforge.types.shapes import AttentionShape, Feature, Layout, Mode, ShapeClass
 
@@ -41,9 +50,13 @@ def class_of_call(call: AttentionCall) -> ShapeClass:
     return shape_of_call(call).shape_class
 
 
-def measurements(records: Iterable[BenchRecord], shape_class: ShapeClass) -> dict[str, Measurement]:
-    """Per backend, what bench (or measure-on-first-use) stored for ``shape_class``."""
-    return class_measurements(records, shape_class)
+def measurements(records: Iterable[BenchRecord], shape_class: ShapeClass) -> Evidence:
+    """Per backend, what bench (or measure-on-first-use) stored for ``shape_class``; ``demoted``: the backends
+    that never beat plain SDPA where both were measured (:func:`attnforge.ranking.never_beat_plain_sdpa`)."""
+    records = list(records)
+    evidence = Evidence(class_measurements(records, shape_class))
+    evidence.demoted = never_beat_plain_sdpa(records)
+    return evidence
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,7 +118,9 @@ def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, prior
         adapters: candidate backends by id, not including the SDPA fallback; their capabilities are dispatch's.
         priorities: catalog priority per backend id (lower first); missing ids go last.
         verified: the newest verify record per backend id on this device.
-        measured: per backend id, the measurement of the call's shape class (may include ``"sdpa"``).
+        measured: per backend id, the measurement of the call's shape class (may include ``"sdpa"``); an
+            :class:`~attnforge.ranking.Evidence` also names the backends that never beat plain SDPA where both
+            were measured: where unmeasured, they follow SDPA instead of preceding it.
         broken: backends that raised at run time in this process, with the error.
         gate: the error bound for quantized backends (:func:`quantized_gate` when None and one is asked).
     """
@@ -124,12 +139,14 @@ def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, prior
     else:
         eligible.append(FALLBACK)
     ranking = rank(measured[n] for n in eligible if n in measured)
+    demoted: frozenset[str] = getattr(measured, "demoted", frozenset())
     unmeasured = sorted((n for n in eligible if n not in ranking.measurements and n != FALLBACK),
                         key=lambda n: (priorities.get(n, 1 << 30), n))
-    order = (*ranking.order, *unmeasured)
+    order = (*ranking.order, *(n for n in unmeasured if n not in demoted))
     if FALLBACK in eligible and FALLBACK not in order:
         order = (*order, FALLBACK)
-    basis = tuple(_basis(name, ranking, priorities) for name in order)
+    order = (*order, *(n for n in unmeasured if n in demoted))
+    basis = tuple(_basis(name, ranking, priorities, demoted) for name in order)
     return Decision(order=order, basis=basis, rejected=tuple(rejected), ranking=ranking if ranking.order else None)
 
 
@@ -172,9 +189,11 @@ def _reasons(name: str, adapter: BackendAdapter, call: AttentionCall, verified: 
     return reasons
 
 
-def _basis(name: str, ranking: Ranking, priorities: Mapping[str, int]) -> str:
+def _basis(name: str, ranking: Ranking, priorities: Mapping[str, int], demoted: frozenset[str]) -> str:
     if name in ranking.measurements:
         return ranking.basis(name)
     if name == FALLBACK:
         return "fallback: PyTorch SDPA, always available"
+    if name in demoted:
+        return "verified, not measured for this shape class; never faster than plain SDPA where both were measured"
     return f"verified, not measured for this shape class; catalog priority {priorities.get(name, '-')}"
