@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -41,14 +42,15 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
               help="default: the GPU when torch sees one, else the CPU.")
 @click.option("--timer", type=click.Choice(["auto", "do_bench", "events"]), default="auto", show_default=True,
               help="GPU timer: triton's do_bench (auto when triton imports) or CUDA events.")
+@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
+              help="Interleaved rounds per cell; their spread decides ties (the repetition budget is shared).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write TFLOP/s vs sequence length to this PNG.")
 @json_option
 def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | None, batch: int | None,
-            heads: int | None,
-            kv_heads: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...], seqlen_k: int | None,
-            dtype: str | None, causal: str, mode: str, device: str | None, timer: str, plot_path: Path | None,
-            as_json: bool) -> int:
+            heads: int | None, kv_heads: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...],
+            seqlen_k: int | None, dtype: str | None, causal: str, mode: str, device: str | None, timer: str,
+            rounds: int, plot_path: Path | None, as_json: bool) -> int:
     """Measure attention backends on this machine: TFLOP/s per shape, best per row, ratio to SDPA's default.
 
     Without BACKENDS, every backend `attnforge verify` passed on this device is measured; SDPA with no kernel
@@ -79,9 +81,10 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
             if not as_json:
                 status.update(f"{shape.label}: {name}")
 
-        report = run_bench(shapes, adapters=chosen, baseline=baseline, device=dev,
-                           timing=choose_timing(dev, timer), versions=backend_versions(list(chosen), catalog),
-                           verified=verified, quantized=quantized, progress=progress)
+        timing = dataclasses.replace(choose_timing(dev, timer), rounds=rounds)
+        report = run_bench(shapes, adapters=chosen, baseline=baseline, device=dev, timing=timing,
+                           versions=backend_versions(list(chosen), catalog), verified=verified, quantized=quantized,
+                           progress=progress)
     records = to_records(report)
     store.add_bench(records)
     if plot_path is not None:
