@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from attnforge.catalog.tolerances import load_quantized_gate
+from attnforge.catalog.tolerances import DispatchGate, load_quantized_gate
 from attnforge.dispatch.adapter import AttentionCall
-from attnforge.dispatch.policy import QuantizedGate, class_of_call, decide, measurements, quantized_gate
+from attnforge.dispatch.policy import class_of_call, decide, measurements, quantized_gate
 from attnforge.ranking import Measurement
 from attnforge.records import BenchRecord, VerifyRecord
 
@@ -48,7 +48,7 @@ def m(name: str, tflops: float, spread: float = 0.01, **err: float) -> Measureme
 
 ADAPTERS = {"flash-attn-4": Adapter("flash-attn-4"), "sageattention-2": Adapter("sageattention-2", quantized=True)}
 VERIFIED = {n: VerifyRecord(device_key="k", backend=n, backend_version="1", ok=True, summary="ok") for n in ADAPTERS}
-GATE = QuantizedGate(max_rel_l1=0.05, min_cosine=0.999)
+GATE = DispatchGate(max_rel_l1=0.05, min_cosine=0.999, sources=("test",))
 
 
 def _decide(measured: list[Measurement], call: AttentionCall = CALL) -> Any:
@@ -96,10 +96,9 @@ def test_measured_ties_go_to_plain_sdpa_then_unmeasured_by_priority() -> None:
 
 
 def test_the_gate_is_data_with_sources() -> None:
-    raw = load_quantized_gate()
-    assert raw is not None and raw.sources
     gate = quantized_gate()
-    assert (gate.max_rel_l1, gate.min_cosine) == (0.05, 0.999)
+    assert gate == load_quantized_gate()
+    assert (gate.max_rel_l1, gate.min_cosine) == (0.05, 0.999) and gate.sources
 
 
 def test_the_call_class_is_the_bench_class() -> None:

@@ -11,13 +11,14 @@ order of the others unless it was measured.
 
 A quantized backend (SageAttention) is eligible only under ``precision="allow_quantized"`` *and* where it was
 measured faster than every measured exact backend beyond the spread *and* its recorded error on the class stays
-within :class:`QuantizedGate` (``[gate.quantized]`` in ``catalog/data/tolerances.toml``).
+within :func:`quantized_gate` (``[gate.quantized]`` in ``catalog/data/tolerances.toml``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from attnforge.dispatch.adapter import AttentionCall, BackendAdapter
 from attnforge.ranking import (
@@ -31,6 +32,9 @@ from attnforge.ranking import (
 )
 from attnforge.records import BenchRecord, VerifyRecord
 from attnforge.types.shapes import AttentionShape, Feature, Layout, Mode, ShapeClass
+
+if TYPE_CHECKING:
+    from attnforge.catalog.tolerances import DispatchGate
 
 FALLBACK = PLAIN_SDPA
 
@@ -59,27 +63,21 @@ def measurements(records: Iterable[BenchRecord], shape_class: ShapeClass) -> Evi
     return evidence
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class QuantizedGate:
-    """The error a quantized backend may show on a shape class (vs the float32 reference) to be dispatched.
+def quantized_gate() -> DispatchGate:
+    """The error a quantized backend may show on a shape class (vs float32) to be dispatched there:
+    ``[gate.quantized]`` of the packaged ``catalog/data/tolerances.toml``, with its sources.
 
-    Defaults are the bounds of issue 17 (rel L1 <= 0.05, cosine >= 0.999); :func:`quantized_gate` reads them from
-    ``catalog/data/tolerances.toml`` with their sources.
+    Raises:
+        CatalogError: the packaged file has no such table.
     """
-
-    max_rel_l1: float = 0.05
-    min_cosine: float = 0.999
-    sources: tuple[str, ...] = field(default=())
-
-
-def quantized_gate() -> QuantizedGate:
-    """The gate of ``[gate.quantized]`` in the packaged tolerances, or the defaults if the file has none."""
     from attnforge.catalog.tolerances import load_quantized_gate
+    from attnforge.errors import CatalogError
 
-    raw = load_quantized_gate()
-    if raw is None:
-        return QuantizedGate()
-    return QuantizedGate(max_rel_l1=raw.max_rel_l1, min_cosine=raw.min_cosine, sources=raw.sources)
+    gate = load_quantized_gate()
+    if gate is None:
+        raise CatalogError("tolerances.toml has no [gate.quantized]",
+                           hint="restore the packaged catalog/data/tolerances.toml")
+    return gate
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,7 +107,7 @@ class Decision:
 
 def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, priorities: Mapping[str, int],
            verified: Mapping[str, VerifyRecord], measured: Mapping[str, Measurement],
-           broken: Mapping[str, str], gate: QuantizedGate | None = None) -> Decision:
+           broken: Mapping[str, str], gate: DispatchGate | None = None) -> Decision:
     """Order the backends that may serve ``call``; reject the rest with reasons. Pure but for ``load_error``,
     which each adapter computes once.
 
@@ -155,7 +153,7 @@ def _quantized(adapter: BackendAdapter) -> bool:
 
 
 def _gate_reasons(name: str, adapters: Mapping[str, BackendAdapter], measured: Mapping[str, Measurement],
-                  gate: QuantizedGate) -> list[str]:
+                  gate: DispatchGate) -> list[str]:
     """Why a quantized backend may not serve this class: not measured, too inaccurate, or not faster."""
     m = measured.get(name)
     if m is None:
