@@ -84,7 +84,7 @@ class Ranking:
     def basis(self, backend: str) -> str:
         """Why ``backend`` stands where it does, for people."""
         m = self.measurements[backend]
-        text = f"{m.tflops:.1f} TFLOP/s measured for this shape class (rounds {m.tflops_lo:.1f}-{m.tflops_hi:.1f})"
+        text = f"{m.tflops:.4g} TFLOP/s measured for this shape class (rounds {m.tflops_lo:.4g}-{m.tflops_hi:.4g})"
         if backend == self.winner and len(self.tied) > 1:
             others = ", ".join(n for n in self.tied if n != backend)
             text += f"; tied with {others} within the spread, the lower-overhead path wins"
