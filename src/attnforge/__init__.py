@@ -15,6 +15,7 @@ _LAZY = {
     "explain": "attnforge.dispatch.runtime",
     "use_backend": "attnforge.dispatch.runtime",
     "patch_sdpa": "attnforge.dispatch.sdpa_patch",
+    "autotune": "attnforge.dispatch.autotune",
 }
 
 
@@ -33,4 +34,4 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["__version__", "attention", "explain", "patch_sdpa", "use_backend"]
+__all__ = ["__version__", "attention", "autotune", "explain", "patch_sdpa", "use_backend"]

@@ -12,7 +12,10 @@ of its slowest and of its fastest round). The rule (:func:`rank`):
    is faster beyond the spread (issues 16 and 17).
 
 Matching is by exact shape class (:class:`attnforge.types.shapes.ShapeClass`): a class that was never measured
-has no ranking, and the caller falls back to its own order (catalog priority, measure-on-first-use).
+has no ranking, and the caller falls back to its own order (catalog priority, measure-on-first-use). One piece of
+evidence does transfer, and only towards doing nothing: a backend that was measured next to plain SDPA and was
+never faster beyond the spread there (:func:`never_beat_plain_sdpa`) is not preferred to SDPA where it is
+unmeasured (issue 16: "never slower than doing nothing").
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ class Ranking:
     def basis(self, backend: str) -> str:
         """Why ``backend`` stands where it does, for people."""
         m = self.measurements[backend]
-        text = f"{m.tflops:.1f} TFLOP/s measured for this shape class (rounds {m.tflops_lo:.1f}-{m.tflops_hi:.1f})"
+        text = f"{m.tflops:.4g} TFLOP/s measured for this shape class (rounds {m.tflops_lo:.4g}-{m.tflops_hi:.4g})"
         if backend == self.winner and len(self.tied) > 1:
             others = ", ".join(n for n in self.tied if n != backend)
             text += f"; tied with {others} within the spread, the lower-overhead path wins"
@@ -148,6 +151,34 @@ def wins_per_backend(records: Iterable[BenchRecord], among: Collection[str] | No
         if ranking.winner is not None:
             out.setdefault(ranking.winner, []).append(ranking)
     return out
+
+
+def never_beat_plain_sdpa(records: Iterable[BenchRecord]) -> frozenset[str]:
+    """Backends measured in a shape class together with plain SDPA, and in none of those classes faster than it
+    beyond the spread."""
+    per_class: dict[ShapeClass, dict[str, list[BenchRecord]]] = {}
+    for r in latest(records):
+        if r.tflops > 0:
+            per_class.setdefault(r.shape.shape_class, {}).setdefault(r.backend, []).append(r)
+    seen: set[str] = set()
+    won: set[str] = set()
+    for backends in per_class.values():
+        if PLAIN_SDPA not in backends:
+            continue
+        sdpa = _mean(PLAIN_SDPA, backends[PLAIN_SDPA])
+        for name, recs in backends.items():
+            if name != PLAIN_SDPA:
+                seen.add(name)
+                if _mean(name, recs).tflops_lo > sdpa.tflops_hi:
+                    won.add(name)
+    return frozenset(seen - won)
+
+
+class Evidence(dict[str, Measurement]):
+    """What the records say about one shape class: a measurement per backend, and the backends that never beat
+    plain SDPA anywhere they were measured with it (``demoted``)."""
+
+    demoted: frozenset[str] = frozenset()
 
 
 def _mean(name: str, recs: list[BenchRecord]) -> Measurement:

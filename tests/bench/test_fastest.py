@@ -4,6 +4,8 @@ to the lower-overhead path, restricted to allowed backends."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attnforge.ranking import Measurement, fastest, overhead_tier, rank, wins_per_backend
 from attnforge.records import BenchRecord
@@ -102,3 +104,25 @@ def test_spread_of_records_makes_a_tie() -> None:
     records = [rec("sdpa", 1024, 600.0, spread=0.02), rec("sdpa-cudnn", 1024, 605.0, spread=0.02)]
     r = fastest(records, cls(1024))
     assert (r.winner, set(r.tied)) == ("sdpa", {"sdpa", "sdpa-cudnn"})
+
+
+measurements = st.lists(
+    st.builds(m, st.sampled_from(["sdpa", "sdpa-cudnn", "sdpa-flash", "fa4", "xf"]),
+              st.floats(1.0, 1000.0), st.floats(0.0, 0.3)),
+    max_size=5, unique_by=lambda x: x.backend)
+
+
+@given(measurements)
+def test_the_rule_is_honest(cands: list[Measurement]) -> None:
+    r = rank(cands)
+    if not cands:
+        assert r.winner is None
+        return
+    top = max(cands, key=lambda c: c.tflops)
+    assert r.winner in r.tied and top.backend in r.tied
+    win = r.measurements[r.winner]
+    assert win.tflops_hi >= top.tflops_lo  # the winner is never slower than the top beyond the spread
+    if "sdpa" in r.tied:
+        assert r.winner == "sdpa"  # plain SDPA wins every tie it is in
+    if all(top.tflops_lo > o.tflops_hi for o in cands if o is not top):
+        assert r.winner == top.backend  # faster beyond every spread: it wins whatever its overhead

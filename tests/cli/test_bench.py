@@ -120,10 +120,10 @@ def test_grid_and_diffusion_sets_on_cpu_keep_their_structure(attnforge_home: Pat
 
 
 def test_the_table_shows_spread_and_winner_margin(attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "sdpa-math", *TINY, "--mode", "fwd", "--causal", "on"]) == 0
+    assert main(["bench", "sdpa-math", *TINY, "--mode", "fwd", "--causal", "on", "--rounds", "4"]) == 0
     out = capsys.readouterr().out
-    assert "±" in out and "interleaved rounds" in out
-    assert "(tie: " in out or "(+" in out
+    assert "±" in out and "4 interleaved rounds" in out
+    assert "(tie: " in out or "(+" in out or "(-" in out
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -135,6 +135,8 @@ def test_the_table_shows_spread_and_winner_margin(attnforge_home: Path, capsys: 
     pytest.param(["--shapes", "model", "--model", "/no/such/config.json"], "cannot read the model config",
                  id="missing-model-config"),
     pytest.param(["--model", "config.json"], "--model only apply to --shapes model", id="model-config-on-grid"),
+    pytest.param(["--shapes", "model", "--model", "config.json", "--heads", "8"], "cannot be combined with --model",
+                 id="model-config-and-sizes"),
 ])
 def test_bad_input_exits_2_with_a_message(attnforge_home: Path, capsys: pytest.CaptureFixture[str],
                                           argv: list[str], message: str) -> None:

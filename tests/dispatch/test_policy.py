@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from attnforge.catalog.tolerances import load_quantized_gate
+from attnforge.catalog.tolerances import DispatchGate, load_quantized_gate
 from attnforge.dispatch.adapter import AttentionCall
-from attnforge.dispatch.policy import QuantizedGate, class_of_call, decide, quantized_gate
+from attnforge.dispatch.policy import class_of_call, decide, measurements, quantized_gate
 from attnforge.ranking import Measurement
-from attnforge.records import VerifyRecord
+from attnforge.records import BenchRecord, VerifyRecord
 
 CALL = AttentionCall(device_type="cuda", compute_capability=(9, 0), dtype="bfloat16", batch=1, heads_q=40,
                      heads_kv=40, seqlen_q=32760, seqlen_k=32760, head_dim=128, causal=False, needs_grad=False,
@@ -48,7 +48,7 @@ def m(name: str, tflops: float, spread: float = 0.01, **err: float) -> Measureme
 
 ADAPTERS = {"flash-attn-4": Adapter("flash-attn-4"), "sageattention-2": Adapter("sageattention-2", quantized=True)}
 VERIFIED = {n: VerifyRecord(device_key="k", backend=n, backend_version="1", ok=True, summary="ok") for n in ADAPTERS}
-GATE = QuantizedGate(max_rel_l1=0.05, min_cosine=0.999)
+GATE = DispatchGate(max_rel_l1=0.05, min_cosine=0.999, sources=("test",))
 
 
 def _decide(measured: list[Measurement], call: AttentionCall = CALL) -> Any:
@@ -96,11 +96,33 @@ def test_measured_ties_go_to_plain_sdpa_then_unmeasured_by_priority() -> None:
 
 
 def test_the_gate_is_data_with_sources() -> None:
-    raw = load_quantized_gate()
-    assert raw is not None and raw.sources
     gate = quantized_gate()
-    assert (gate.max_rel_l1, gate.min_cosine) == (0.05, 0.999)
+    assert gate == load_quantized_gate()
+    assert (gate.max_rel_l1, gate.min_cosine) == (0.05, 0.999) and gate.sources
 
 
 def test_the_call_class_is_the_bench_class() -> None:
     assert str(class_of_call(CALL)) == "bfloat16 fwd full D128 gqa1 Sq32768 Sk32768"
+
+
+def _rec(backend: str, tflops: float, seqlen: int, spread: float = 0.05) -> BenchRecord:
+    return BenchRecord(device_key="cpu", backend=backend, backend_version=None, dtype="float32", mode="fwd",
+                       causal=False, batch=1, heads=4, kv_heads=4, head_dim=32, seqlen_q=seqlen, seqlen_k=seqlen,
+                       ms=1.0, tflops=tflops, peak_mem_bytes=None, run_id="r", ms_lo=1 - spread, ms_hi=1 + spread)
+
+
+def test_unmeasured_classes_keep_plain_sdpa_before_backends_that_never_beat_it() -> None:
+    """Issue 16: after `bench --device cpu`, flex lost to plain SDPA everywhere it was measured, so in the
+    unmeasured decode class it must not come first (20 generated tokens took 115.6 s vs 0.32 s)."""
+    records = [_rec("sdpa", 1.0, 64), _rec("flex", 0.3, 64), _rec("sdpa-math", 0.9, 64),
+               _rec("sdpa", 1.0, 128), _rec("flex", 0.4, 128), _rec("sdpa-math", 1.5, 128, spread=0.01)]
+    decode = AttentionCall(device_type="cpu", compute_capability=None, dtype="float32", batch=1, heads_q=4,
+                           heads_kv=4, seqlen_q=1, seqlen_k=300, head_dim=32, causal=False, needs_grad=False)
+    evidence = measurements(records, class_of_call(decode))
+    assert not evidence and evidence.demoted == {"flex"}  # sdpa-math beat SDPA beyond the spread once
+    adapters = {"flex": Adapter("flex"), "sdpa-math": Adapter("sdpa-math")}
+    ok = {n: VerifyRecord(device_key="cpu", backend=n, backend_version="1", ok=True, summary="ok") for n in adapters}
+    d = decide(decode, adapters, priorities={"flex": 50, "sdpa-math": 90}, verified=ok, measured=evidence,
+               broken={})
+    assert d.order == ("sdpa-math", "sdpa", "flex")
+    assert "never faster than plain SDPA" in d.basis[-1]

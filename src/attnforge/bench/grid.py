@@ -150,8 +150,8 @@ def model_shapes(
     missing += ["--seqlen"] if not seqlens else []
     if missing or batch is None or heads is None:
         raise UsageError(f"--shapes model needs {', '.join(missing)}",
-                         hint="e.g. attnforge bench --shapes model --batch 2 --heads 32 --kv-heads 8 "
-                              "--head-dim 128 --seqlen 4096")
+                         hint="pass a Hugging Face config: attnforge bench --shapes model --model config.json; "
+                              "or the sizes: --batch 2 --heads 32 --kv-heads 8 --head-dim 128 --seqlen 4096")
     hkv = heads if kv_heads is None else kv_heads
     sizes = {"--batch": batch, "--heads": heads, "--kv-heads": hkv, "--seqlen-k": seqlen_k or 1,
              **{f"--head-dim {d}": d for d in head_dims}, **{f"--seqlen {s}": s for s in seqlens}}

@@ -70,11 +70,11 @@ class BenchCell:
 
     def measurement(self, flops: float) -> Measurement | None:
         """The cell for :func:`attnforge.ranking.rank` (None unless it ran)."""
-        if self.status is not CellStatus.OK or self.ms is None or self.timing is None:
+        if self.status is not CellStatus.OK or self.ms is None:
             return None
-        return Measurement(backend=self.backend, tflops=tflops(flops, self.ms),
-                           tflops_lo=tflops(flops, self.timing.hi_ms), tflops_hi=tflops(flops, self.timing.lo_ms),
-                           rel_l1=self.rel_l1, cosine=self.cosine)
+        lo_ms, hi_ms = (self.timing.lo_ms, self.timing.hi_ms) if self.timing is not None else (self.ms, self.ms)
+        return Measurement(backend=self.backend, tflops=tflops(flops, self.ms), tflops_lo=tflops(flops, hi_ms),
+                           tflops_hi=tflops(flops, lo_ms), rel_l1=self.rel_l1, cosine=self.cosine)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -55,6 +55,12 @@ def choose_shapes(
     if shape_set is ShapeSet.MODEL and model_config is not None:
         from attnforge.bench.models import model_config_shapes, read_model_config
 
+        clash = [flag for flag, value in (("--heads", heads), ("--kv-heads", kv_heads), ("--seqlen-k", seqlen_k),
+                                          ("--head-dim", head_dims or None)) if value is not None]
+        if clash:
+            raise UsageError(f"{', '.join(clash)} cannot be combined with --model (the config sets them)",
+                             hint="keep --model with --batch/--seqlen, or drop --model and give the sizes")
+
         return model_config_shapes(read_model_config(model_config), dtype=dtype, batch=batch or 1,
                                    seqlens=tuple(seqlens), modes=modes, cpu=cpu)
     if shape_set is ShapeSet.MODEL:

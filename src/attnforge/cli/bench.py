@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -41,16 +42,17 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
               help="default: the GPU when torch sees one, else the CPU.")
 @click.option("--timer", type=click.Choice(["auto", "do_bench", "events"]), default="auto", show_default=True,
               help="GPU timer: triton's do_bench (auto when triton imports) or CUDA events.")
+@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
+              help="Interleaved rounds per cell; their spread decides ties (the repetition budget is shared).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write TFLOP/s vs sequence length to this PNG.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=1800, show_default=True,
               help="Seconds each backend may run in its own child process before it counts as hung.")
 @json_option
 def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | None, batch: int | None,
-            heads: int | None,
-            kv_heads: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...], seqlen_k: int | None,
-            dtype: str | None, causal: str, mode: str, device: str | None, timer: str, plot_path: Path | None,
-            timeout_s: float, as_json: bool) -> int:
+            heads: int | None, kv_heads: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...],
+            seqlen_k: int | None, dtype: str | None, causal: str, mode: str, device: str | None, timer: str,
+            rounds: int, plot_path: Path | None, timeout_s: float, as_json: bool) -> int:
     """Measure attention backends on this machine: TFLOP/s per shape, best per row, ratio to SDPA's default.
 
     Without BACKENDS, every backend `attnforge verify` passed on this device is measured; SDPA with no kernel
@@ -81,9 +83,10 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
             if not as_json:
                 status.update(f"{shape.label}: {name}")
 
-        isolated = _bench_isolated(shapes, chosen=chosen, baseline=baseline, device=dev,
-                                   timing=choose_timing(dev, timer), versions=backend_versions(list(chosen), catalog),
-                                   verified=verified, quantized=quantized, progress=progress, timeout_s=timeout_s)
+        timing = dataclasses.replace(choose_timing(dev, timer), rounds=rounds)
+        isolated = _bench_isolated(shapes, chosen=chosen, baseline=baseline, device=dev, timing=timing,
+                                   versions=backend_versions(list(chosen), catalog), verified=verified,
+                                   quantized=quantized, progress=progress, timeout_s=timeout_s)
     report = isolated.report
     records = to_records(report)
     store.add_bench(records)
@@ -161,10 +164,10 @@ def _best_text(ranking: Ranking) -> str:
     best = ranking.winner
     if best is None:
         return "[dim]-[/dim]"
-    text = f"[bold green]{best}[/bold green]"
+    parts = [f"{ranking.margin:+.1%}"] if ranking.margin is not None else []
     if len(ranking.tied) > 1:
-        return text + f" (tie: {', '.join(n for n in ranking.tied if n != best)})"
-    return text + (f" (+{ranking.margin:.1%})" if ranking.margin is not None else "")
+        parts.append(f"tie: {', '.join(n for n in ranking.tied if n != best)}")
+    return f"[bold green]{best}[/bold green]" + (f" ({'; '.join(parts)})" if parts else "")
 
 
 def _cell_text(cell: BenchCell | None, *, best: bool, baseline: bool) -> str:

@@ -5,64 +5,79 @@ A backend is *eligible* when its package loads, verify passed for it on this dev
 that bench measured for the call's *shape class* are ordered by the one "fastest" rule
 (:mod:`attnforge.ranking`: median TFLOP/s, ties within the measured spread go to the lower-overhead path, so
 plain SDPA stays unless a candidate is faster beyond the spread); backends without a measurement follow, by the
-catalog's ``priority``. PyTorch SDPA (unforced) needs no verify record and closes the order unless it was
-measured.
+catalog's ``priority``, except those that never beat plain SDPA where both were measured: they follow SDPA
+("never slower than doing nothing", issue 16). PyTorch SDPA (unforced) needs no verify record and closes the
+order of the others unless it was measured.
 
 A quantized backend (SageAttention) is eligible only under ``precision="allow_quantized"`` *and* where it was
 measured faster than every measured exact backend beyond the spread *and* its recorded error on the class stays
-within :class:`QuantizedGate` (``[gate.quantized]`` in ``catalog/data/tolerances.toml``).
+within :func:`quantized_gate` (``[gate.quantized]`` in ``catalog/data/tolerances.toml``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from attnforge.backends.adapter import AttentionCall, BackendAdapter
-from attnforge.ranking import PLAIN_SDPA, Measurement, Ranking, class_measurements, rank
+from attnforge.ranking import (
+    PLAIN_SDPA,
+    Evidence,
+    Measurement,
+    Ranking,
+    class_measurements,
+    never_beat_plain_sdpa,
+    rank,
+)
 from attnforge.records import BenchRecord, VerifyRecord
 from attnforge.types.shapes import AttentionShape, Feature, Layout, Mode, ShapeClass
+
+if TYPE_CHECKING:
+    from attnforge.catalog.tolerances import DispatchGate
 
 FALLBACK = PLAIN_SDPA
 
 
-def class_of_call(call: AttentionCall) -> ShapeClass:
-    """The shape class of ``call`` (features, ``Dv`` and layout where the call carries them)."""
-    shape = AttentionShape(batch=call.batch, heads=call.heads_q, kv_heads=call.heads_kv, head_dim=call.head_dim,
+def shape_of_call(call: AttentionCall) -> AttentionShape:
+    """The :class:`AttentionShape` of ``call`` (features, ``Dv`` and layout where the call carries them)."""
+    return AttentionShape(batch=call.batch, heads=call.heads_q, kv_heads=call.heads_kv, head_dim=call.head_dim,
                            seqlen_q=call.seqlen_q, seqlen_k=call.seqlen_k, causal=call.causal,
                            mode=Mode.FWD_BWD if call.needs_grad else Mode.FWD, dtype=call.dtype,
                            head_dim_v=getattr(call, "head_dim_v", None),
                            layout=Layout(getattr(call, "layout", "bhsd")),
                            features=frozenset(Feature(f) for f in getattr(call, "features", ())))
-    return shape.shape_class
 
 
-def measurements(records: Iterable[BenchRecord], shape_class: ShapeClass) -> dict[str, Measurement]:
-    """Per backend, what bench (or measure-on-first-use) stored for ``shape_class``."""
-    return class_measurements(records, shape_class)
+def class_of_call(call: AttentionCall) -> ShapeClass:
+    """The shape class of ``call``: the key bench records are matched on."""
+    return shape_of_call(call).shape_class
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class QuantizedGate:
-    """The error a quantized backend may show on a shape class (vs the float32 reference) to be dispatched.
+def measurements(records: Iterable[BenchRecord], shape_class: ShapeClass) -> Evidence:
+    """Per backend, what bench (or measure-on-first-use) stored for ``shape_class``; ``demoted``: the backends
+    that never beat plain SDPA where both were measured (:func:`attnforge.ranking.never_beat_plain_sdpa`)."""
+    records = list(records)
+    evidence = Evidence(class_measurements(records, shape_class))
+    evidence.demoted = never_beat_plain_sdpa(records)
+    return evidence
 
-    Defaults are the bounds of issue 17 (rel L1 <= 0.05, cosine >= 0.999); :func:`quantized_gate` reads them from
-    ``catalog/data/tolerances.toml`` with their sources.
+
+def quantized_gate() -> DispatchGate:
+    """The error a quantized backend may show on a shape class (vs float32) to be dispatched there:
+    ``[gate.quantized]`` of the packaged ``catalog/data/tolerances.toml``, with its sources.
+
+    Raises:
+        CatalogError: the packaged file has no such table.
     """
-
-    max_rel_l1: float = 0.05
-    min_cosine: float = 0.999
-    sources: tuple[str, ...] = field(default=())
-
-
-def quantized_gate() -> QuantizedGate:
-    """The gate of ``[gate.quantized]`` in the packaged tolerances, or the defaults if the file has none."""
     from attnforge.catalog.tolerances import load_quantized_gate
+    from attnforge.errors import CatalogError
 
-    raw = load_quantized_gate()
-    if raw is None:
-        return QuantizedGate()
-    return QuantizedGate(max_rel_l1=raw.max_rel_l1, min_cosine=raw.min_cosine, sources=raw.sources)
+    gate = load_quantized_gate()
+    if gate is None:
+        raise CatalogError("tolerances.toml has no [gate.quantized]",
+                           hint="restore the packaged catalog/data/tolerances.toml")
+    return gate
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,7 +107,7 @@ class Decision:
 
 def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, priorities: Mapping[str, int],
            verified: Mapping[str, VerifyRecord], measured: Mapping[str, Measurement],
-           broken: Mapping[str, str], gate: QuantizedGate | None = None) -> Decision:
+           broken: Mapping[str, str], gate: DispatchGate | None = None) -> Decision:
     """Order the backends that may serve ``call``; reject the rest with reasons. Pure but for ``load_error``,
     which each adapter computes once.
 
@@ -101,7 +116,9 @@ def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, prior
         adapters: candidate backends by id, not including the SDPA fallback; their capabilities are dispatch's.
         priorities: catalog priority per backend id (lower first); missing ids go last.
         verified: the newest verify record per backend id on this device.
-        measured: per backend id, the measurement of the call's shape class (may include ``"sdpa"``).
+        measured: per backend id, the measurement of the call's shape class (may include ``"sdpa"``); an
+            :class:`~attnforge.ranking.Evidence` also names the backends that never beat plain SDPA where both
+            were measured: where unmeasured, they follow SDPA instead of preceding it.
         broken: backends that raised at run time in this process, with the error.
         gate: the error bound for quantized backends (:func:`quantized_gate` when None and one is asked).
     """
@@ -120,12 +137,14 @@ def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, prior
     else:
         eligible.append(FALLBACK)
     ranking = rank(measured[n] for n in eligible if n in measured)
+    demoted: frozenset[str] = getattr(measured, "demoted", frozenset())
     unmeasured = sorted((n for n in eligible if n not in ranking.measurements and n != FALLBACK),
                         key=lambda n: (priorities.get(n, 1 << 30), n))
-    order = (*ranking.order, *unmeasured)
+    order = (*ranking.order, *(n for n in unmeasured if n not in demoted))
     if FALLBACK in eligible and FALLBACK not in order:
         order = (*order, FALLBACK)
-    basis = tuple(_basis(name, ranking, priorities) for name in order)
+    order = (*order, *(n for n in unmeasured if n in demoted))
+    basis = tuple(_basis(name, ranking, priorities, demoted) for name in order)
     return Decision(order=order, basis=basis, rejected=tuple(rejected), ranking=ranking if ranking.order else None)
 
 
@@ -134,7 +153,7 @@ def _quantized(adapter: BackendAdapter) -> bool:
 
 
 def _gate_reasons(name: str, adapters: Mapping[str, BackendAdapter], measured: Mapping[str, Measurement],
-                  gate: QuantizedGate) -> list[str]:
+                  gate: DispatchGate) -> list[str]:
     """Why a quantized backend may not serve this class: not measured, too inaccurate, or not faster."""
     m = measured.get(name)
     if m is None:
@@ -168,9 +187,11 @@ def _reasons(name: str, adapter: BackendAdapter, call: AttentionCall, verified: 
     return reasons
 
 
-def _basis(name: str, ranking: Ranking, priorities: Mapping[str, int]) -> str:
+def _basis(name: str, ranking: Ranking, priorities: Mapping[str, int], demoted: frozenset[str]) -> str:
     if name in ranking.measurements:
         return ranking.basis(name)
     if name == FALLBACK:
         return "fallback: PyTorch SDPA, always available"
+    if name in demoted:
+        return "verified, not measured for this shape class; never faster than plain SDPA where both were measured"
     return f"verified, not measured for this shape class; catalog priority {priorities.get(name, '-')}"

@@ -31,7 +31,7 @@ import torch
 
 from attnforge.backends.adapter import AttentionCall, BackendAdapter
 from attnforge.backends.exact import EXACT, ExactAdapter
-from attnforge.dispatch import _op, features
+from attnforge.dispatch import _op, autotune, features
 from attnforge.dispatch.policy import (
     FALLBACK,
     Decision,
@@ -227,6 +227,16 @@ class Dispatcher:
             uses = frozenset(("dv",)) if dv is not None else frozenset()
             decision, adapters = self._plan(qh, kh, causal=causal, precision=precision, needs_grad=needs_grad,
                                             forced=forced, uses=uses, head_dim_v=dv)
+            if not forced and autotune.active() is not None:  # measure on first use (attnforge.dispatch.autotune)
+                call = self.describe(qh, kh, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
+                                     head_dim_v=dv)
+                dev_key = self._device(qh.device).key
+                if autotune.wanted(self, decision, call, dev_key):
+                    autotune.tune(self, qh, kh, vh, call=call, decision=decision, device_key=dev_key,
+                                  causal=causal, scale=scale, store=self._source())
+                    generation = self._generation
+                    decision, adapters = self._plan(qh, kh, causal=causal, precision=precision,
+                                                    needs_grad=needs_grad, forced=None, uses=uses, head_dim_v=dv)
             if forced and not adapters:
                 _raise_forced(forced, decision)
             self._note_shape(qh, kh, needs_grad)
