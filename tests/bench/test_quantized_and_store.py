@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import torch
 
+from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.registry import fallback
 from attnforge.bench.records import to_records
 from attnforge.bench.run import CellStatus, run_bench
 from attnforge.bench.timing import TimerMethod, TimingConfig
-from attnforge.dispatch.adapter import AttentionCall
-from attnforge.dispatch.registry import fallback
 from attnforge.ranking import fastest
 from attnforge.records import BenchRecord, RecordStore
 from attnforge.types.shapes import AttentionShape, Mode

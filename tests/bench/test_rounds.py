@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
+from attnforge.backends.adapter import AttentionCall
 from attnforge.bench.records import to_records
 from attnforge.bench.run import run_bench
 from attnforge.bench.timing import TimerMethod, TimingConfig
-from attnforge.dispatch.adapter import AttentionCall
 from attnforge.ranking import fastest
 from attnforge.types.shapes import AttentionShape, Mode
 from attnforge.verify.device import current_device

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import attnforge
+from attnforge.backends.adapter import AttentionCall, reference_attention
 from attnforge.dispatch import runtime
-from attnforge.dispatch.adapter import AttentionCall, reference_attention
 from attnforge.records import RecordStore, VerifyRecord, device_key
 
 CPU_KEY = device_key("cpu", None, torch.__version__)

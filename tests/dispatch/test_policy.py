@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from attnforge.backends.adapter import AttentionCall
 from attnforge.catalog.tolerances import DispatchGate, load_quantized_gate
-from attnforge.dispatch.adapter import AttentionCall
 from attnforge.dispatch.policy import class_of_call, decide, measurements, quantized_gate
 from attnforge.ranking import Measurement
 from attnforge.records import BenchRecord, VerifyRecord

@@ -40,7 +40,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
         calls.append(tuple(q.shape))
         return real(q, *args, **kwargs)
 
-    monkeypatch.setattr(attnforge, "attention", spy)
+    monkeypatch.setattr("attnforge.dispatch.runtime.attention", spy)
     return calls
 
 

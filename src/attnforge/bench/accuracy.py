@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from attnforge.dispatch.adapter import BackendAdapter
+from attnforge.backends.adapter import BackendAdapter
 
 #: (batch, head) slices compared; query rows per reference chunk
 SLICES = 2

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from attnforge.dispatch.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.adapter import AttentionCall, BackendAdapter
 from attnforge.dispatch.policy import FALLBACK, Decision, class_of_call, shape_of_call
 from attnforge.records import BenchRecord
 

@@ -30,7 +30,7 @@ from attnforge.verify.check import (
 from attnforge.verify.device import DeviceInfo
 
 #: Where the child gets its adapters: a ``module:function`` returning ``{name: adapter}``.
-DEFAULT_ADAPTERS = "attnforge.dispatch.registry:adapters"
+DEFAULT_ADAPTERS = "attnforge.backends.registry:adapters"
 #: A case error that leaves the CUDA context unusable: the child stops, the rest would fail for no reason.
 _POISONED = re.compile(r"illegal memory access|device-side assert|unspecified launch failure|"
                        r"CUDA error: (an illegal|misaligned|unspecified)", re.IGNORECASE)
@@ -145,7 +145,7 @@ def child_adapter(ref: str, name: str, blob: bytes | None) -> Any:
     registry = resolve(ref)()
     if name in registry:
         return registry[name]
-    from attnforge.dispatch.registry import FALLBACK, fallback
+    from attnforge.backends.registry import FALLBACK, fallback
 
     if name == FALLBACK:
         return fallback()
