@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from attnforge.catalog.tolerances import TOLERANCES_FILE, load_quantized_gate, load_tolerances
+from attnforge.catalog import DATA_DIR
+from attnforge.catalog.tolerances import load_quantized_gate, load_tolerances
+
+TOLERANCES_FILE = DATA_DIR / "tolerances.toml"
 from attnforge.errors import CatalogError
 
 
