@@ -8,9 +8,9 @@ import pytest
 
 from attnforge.catalog import DATA_DIR
 from attnforge.catalog.tolerances import load_quantized_gate, load_tolerances
+from attnforge.errors import CatalogError
 
 TOLERANCES_FILE = DATA_DIR / "tolerances.toml"
-from attnforge.errors import CatalogError
 
 
 def test_the_packaged_gate_has_issue_17s_bounds_and_sources() -> None:
