@@ -142,7 +142,6 @@ def prepare(
     layout: str = "bhsd", precision: str = "exact", is_causal: bool | None = None,
 ) -> Prepared:
     """Check a call's arguments and name its features; raises :class:`DispatchError` for bad input."""
-    import torch
 
     from attnforge.dispatch import runtime
 
@@ -153,12 +152,7 @@ def prepare(
     if causal_alignment not in ALIGNMENTS:
         raise DispatchError(f"unknown causal_alignment {causal_alignment!r}",
                             hint="use 'bottom_right' (FlashAttention) or 'top_left' (SDPA's is_causal)")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if getattr(t, "is_nested", False):
-            raise DispatchError(f"{name} is a nested tensor; attention() takes dense or packed tensors",
-                                hint="pass the packed values with cu_seqlens: q.values() ([total, H, D]) and"
-                                     " cu_seqlens_q=q.offsets().int(), or pad with"
-                                     " torch.nested.to_padded_tensor and pass an attn_mask")
+    refuse_nested_or_packed(q, k, v, packed=False)
     uses: set[str] = set()
     opts: dict[str, Any] = {}
     if dropout_p:
@@ -183,11 +177,7 @@ def prepare(
         return _varlen(q, k, v, uses=uses, opts=opts, attn_mask=attn_mask, causal=causal,
                        alignment=causal_alignment, enable_gqa=enable_gqa, sinks=sinks, cu_q=cu_seqlens_q,
                        cu_k=cu_seqlens_k, max_q=max_seqlen_q, max_k=max_seqlen_k)
-    if isinstance(q, torch.Tensor) and q.dim() == 3:
-        raise DispatchError(f"q has 3 dimensions {tuple(q.shape)}: packed [total, H, D] inputs need"
-                            " cu_seqlens_q and cu_seqlens_k (varlen)",
-                            hint="pass cu_seqlens_q/cu_seqlens_k, or add the batch dimension: q.unsqueeze(0)"
-                                 " (then layout='bshd')")
+    refuse_nested_or_packed(q, k, v, packed=True)
     qh, kh, vh = runtime._validate(q, k, v, layout=layout, precision=precision, scale=scale)
     _check_heads(qh.shape[1], kh.shape[1], enable_gqa)
     sq, sk = qh.shape[2], kh.shape[2]
@@ -206,6 +196,21 @@ def prepare(
         uses.add("dv")
     return Prepared(q=qh, k=kh, v=vh, probe=(qh, kh), empty=is_empty(qh, kh), uses=frozenset(uses),
                     head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks))
+
+
+def refuse_nested_or_packed(q: Any, k: Any, v: Any, *, packed: bool) -> None:
+    """Raise the helpful error for nested tensors, and (``packed``) for 3-D inputs without ``cu_seqlens``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if getattr(t, "is_nested", False):
+            raise DispatchError(f"{name} is a nested tensor; attention() takes dense or packed tensors",
+                                hint="pass the packed values with cu_seqlens: q.values() ([total, H, D]) and"
+                                     " cu_seqlens_q=q.offsets().int(), or pad with"
+                                     " torch.nested.to_padded_tensor and pass an attn_mask")
+    if packed and getattr(q, "dim", None) is not None and q.dim() == 3:
+        raise DispatchError(f"q has 3 dimensions {tuple(q.shape)}: packed [total, H, D] inputs need"
+                            " cu_seqlens_q and cu_seqlens_k (varlen)",
+                            hint="pass cu_seqlens_q/cu_seqlens_k, or add the batch dimension: q.unsqueeze(0)"
+                                 " (then layout='bshd')")
 
 
 def _needs_grad(*tensors: Any) -> bool:

@@ -472,6 +472,7 @@ def _validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
 
 def _raise_for_input(q: Any, k: Any, v: Any, layout: str, scale: float | None = None) -> None:
     """The slow path of :func:`_validate`: find what is wrong with the inputs and say it."""
+    features.refuse_nested_or_packed(q, k, v, packed=isinstance(q, torch.Tensor))
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise DispatchError(f"{name} is a {type(t).__name__}, not a torch.Tensor")
