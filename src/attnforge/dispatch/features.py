@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.adapter import AttentionCall, BackendAdapter, supported_features
 from attnforge.backends.exact import EXACT
 from attnforge.dispatch.policy import FALLBACK, Decision, Rejection
 from attnforge.errors import DispatchError
@@ -27,13 +27,6 @@ if TYPE_CHECKING:
 ALIGNMENTS = ("bottom_right", "top_left")
 #: a shape class with more exact shapes than this is dynamic (generation): no per-shape JIT kernel for it
 DYNAMIC_AFTER = 3
-
-
-def features_of(adapter: Any) -> frozenset[str]:
-    """The features an adapter serves: its capabilities' ``features``, else its own ``features``, else none."""
-    caps = getattr(adapter, "caps", None)
-    found = getattr(caps, "features", None) if caps is not None else getattr(adapter, "features", None)
-    return frozenset(found) if found is not None else frozenset()
 
 
 def is_empty(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -60,7 +53,7 @@ def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops
     refused: list[Rejection] = []
     for name, adapter in adapters.items():
         reasons = []
-        missing = call.features - features_of(adapter)
+        missing = call.features - supported_features(adapter)
         if missing:
             reasons.append(f"does not support {', '.join(sorted(missing))}")
         if getattr(getattr(adapter, "caps", None), "jit_per_shape", False):
@@ -85,7 +78,7 @@ def close_with_fallback(decision: Decision, call: AttentionCall, fallback: Backe
     rejected = [Rejection(backend=r.backend, reasons=tuple(dict.fromkeys((*r.reasons, *extra.pop(r.backend, ())))))
                 for r in decision.rejected]
     rejected += [Rejection(backend=name, reasons=reasons) for name, reasons in extra.items()]
-    missing = call.features - features_of(fallback)
+    missing = call.features - supported_features(fallback)
     if missing:
         lacks = f"does not support {', '.join(sorted(missing))}"
         why = f"exact fallback: float32 math in torch (SDPA {lacks})"

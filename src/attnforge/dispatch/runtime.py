@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from attnforge.backends.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.adapter import AttentionCall, BackendAdapter, supported_features
 from attnforge.backends.exact import EXACT, ExactAdapter
 from attnforge.dispatch import _op, features
 from attnforge.dispatch.policy import (
@@ -287,7 +287,7 @@ class Dispatcher:
         adapter = self._adapter(name)
         reasons = [f"not usable: {err}"] if (err := adapter.load_error()) else []
         reasons += adapter.unsupported_reasons(call)
-        missing = call.features - features.features_of(adapter)
+        missing = call.features - supported_features(adapter)
         if missing and not any(r.startswith("does not support") for r in reasons):
             reasons.append(f"does not support {', '.join(sorted(missing))}")
         if reasons:
