@@ -17,7 +17,7 @@ from attnforge.backends.adapter import FEATURES
 from attnforge.backends.capabilities import SDPA_FALLBACK, Capabilities, load_capabilities
 from attnforge.catalog import DATA_DIR
 from attnforge.catalog._check import read_toml
-from attnforge.probe.snapshot import format_cc
+from attnforge.types.cc import format_cc
 
 _HEAD = """# Features x backends
 
