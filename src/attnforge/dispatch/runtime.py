@@ -263,6 +263,8 @@ class Dispatcher:
         cls = self.shape_class(q, k, False, needs_grad)
         seen = self._shapes_seen.setdefault(cls, set())
         before = len(seen)
+        if before > features.DYNAMIC_AFTER:
+            return  # already dynamic; the count needs to go no higher
         seen.add((*q.shape, *k.shape))
         if before == features.DYNAMIC_AFTER and len(seen) > before:
             with self._lock:
