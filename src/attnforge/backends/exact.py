@@ -18,6 +18,8 @@ Semantics (those of :func:`attnforge.attention`), for query ``i`` and key ``j`` 
     lse: ``log(sum_j exp(logit_j) [+ exp(sink)])`` per query row, float32, ``[B, Hq, Sq]``.
     varlen: packed ``[total, H, D]`` tensors with ``cu_seqlens_q/k`` (int32 offsets, ``len = batch + 1``);
         each sequence is attended on its own, masks aligned per sequence; lse is ``[Hq, total_q]``.
+    paged KV: K/V in pages ``[num_blocks, page_size, Hkv, D]`` addressed by ``block_table [B, blocks]``, the
+        first ``seqused_k[b]`` keys of each sequence used; the pages are gathered, then attended as dense.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def exact_attention(
     window: tuple[int | None, int | None] | None = None, softcap: float | None = None,
     sinks: torch.Tensor | None = None, return_lse: bool = False, cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    block_table: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
     accum: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
 ) -> Any:
     """Attention in plain torch with every feature (see the module docstring).
@@ -49,6 +52,9 @@ def exact_attention(
         q: ``[B, Hq, Sq, D]``, or packed ``[total_q, Hq, D]`` with ``cu_seqlens_q``.
         k: ``[B, Hkv, Sk, D]`` (or ``[total_k, Hkv, D]``), Hq a multiple of Hkv.
         v: ``[B, Hkv, Sk, Dv]`` (or ``[total_k, Hkv, Dv]``); Dv may differ from D.
+        block_table: paged KV: ``[B, blocks]`` int indices into ``k``/``v`` given as paged caches
+            ``[num_blocks, page_size, Hkv, D]``; sequence ``b`` is the pages ``block_table[b]`` in order, of which
+            the first ``seqused_k[b]`` keys are used (all of them when ``seqused_k`` is None).
         accum: the dtype computed in (float32, or float64 for float64 inputs, when None).
         out_dtype: the output's dtype (q's when None).
         Others: as :func:`attnforge.attention`.
@@ -65,6 +71,20 @@ def exact_attention(
     opts: dict[str, Any] = {"causal": causal, "scale": scale, "dropout_p": dropout_p,
                             "top_left": causal_alignment == "top_left", "window": window,
                             "softcap": softcap, "sinks": sinks, "accum": accum}
+    if block_table is not None:
+        if attn_mask is not None or cu_seqlens_q is not None:
+            raise ValueError("paged attention takes no attn_mask and no cu_seqlens")
+        pages = block_table.shape[1] * k.shape[1]
+        used = seqused_k.tolist() if seqused_k is not None else [pages] * q.shape[0]
+        outs, lses = [], []
+        for b, blocks in enumerate(block_table.long()):
+            kb, vb = (t[blocks].flatten(0, 1)[: used[b]].transpose(0, 1).unsqueeze(0) for t in (k, v))
+            o, lse = _dense(q[b : b + 1], kb, vb, attn_mask=None, **opts)
+            outs.append(o)
+            lses.append(lse)
+        out = torch.cat(outs).to(dtype) if outs else q.new_zeros((*q.shape[:3], v.shape[-1]))
+        lse_all = torch.cat(lses) if lses else q.new_zeros(q.shape[:3])
+        return (out, lse_all.float()) if return_lse else out
     if cu_seqlens_q is None:
         out, lse = _dense(q, k, v, attn_mask=attn_mask, **opts)
         out = out.to(dtype)

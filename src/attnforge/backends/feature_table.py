@@ -45,8 +45,7 @@ def render(caps: Mapping[str, Capabilities], sources: Mapping[str, Sequence[str]
     for c in rows:
         cells = ["yes" if n in c.features else ("kernel only" if n in c.offers else "-") for n in names]
         lines.append(f"| `{c.backend}` | " + " | ".join(cells) + " |")
-    lines.append("| `exact` | " + " | ".join("yes" if n != "paged_kv" else "- (no paged call is routed)"
-                                            for n in names) + " |")
+    lines.append("| `exact` | " + " | ".join("yes" for _ in names) + " |")
     lines += ["", _FEATURE_LEGEND, "", "## Limits", "",
               "| backend | devices | compute capability | dtypes | max head dim | causal | GQA | backward |"
               " compiled per shape |", "|---|---|---|---|---|---|---|---|---|"]

@@ -505,6 +505,7 @@ def attention(
     sinks: torch.Tensor | None = None, return_lse: bool = False, cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
     layout: str = "bhsd", backend: str | None = None, precision: str = "exact", is_causal: bool | None = None,
+    block_table: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
 ) -> Any:
     """Scaled dot-product attention on the fastest backend this machine verified for these inputs.
 
@@ -533,6 +534,9 @@ def attention(
         return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]`` (``[Hq, total_q]`` for varlen).
         cu_seqlens_q, cu_seqlens_k: int32 offsets ``[batch + 1]`` of packed sequences (varlen).
         max_seqlen_q, max_seqlen_k: the longest sequence of each (computed when None).
+        block_table: paged KV cache: ``[B, blocks]`` int32 page indices; k and v are then the page pools
+            ``[num_blocks, page_size, Hkv, D]`` (``Dv`` for v) in any layout, and ``seqused_k [B]`` int32 says
+            how many keys of each sequence are filled (all pages when None).
         layout: ``"bhsd"`` or ``"bshd"`` for 4-D inputs; the output uses the same layout.
         backend: force a backend id (``"flash-attn"``, ``"sdpa"``, ``"exact"`` ...); see :func:`use_backend`.
         precision: ``"exact"``, or ``"allow_quantized"`` to admit SageAttention's int8/fp8 kernels.
@@ -547,7 +551,8 @@ def attention(
             packed inputs without ``cu_seqlens`` included); an unknown forced backend; a forced backend that
             cannot serve the call (with its reasons).
     """
-    if not (attn_mask is window is softcap is sinks is cu_seqlens_q is cu_seqlens_k is is_causal is None  # type: ignore[comparison-overlap]
+    if not (attn_mask is window is softcap is sinks is cu_seqlens_q is cu_seqlens_k is is_causal is block_table  # type: ignore[comparison-overlap]
+            is seqused_k is None
             and dropout_p == 0.0 and return_lse is False and enable_gqa is True
             and causal_alignment == "bottom_right"):
         return features.attention(
@@ -555,7 +560,8 @@ def attention(
             causal_alignment=causal_alignment, enable_gqa=enable_gqa, window=window, softcap=softcap,
             sinks=sinks, return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, layout=layout,
-            backend=backend or _FORCED.get(), precision=precision, is_causal=is_causal)
+            backend=backend or _FORCED.get(), precision=precision, is_causal=is_causal, block_table=block_table,
+            seqused_k=seqused_k)
     if torch.compiler.is_compiling():
         qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
