@@ -374,11 +374,9 @@ def _check_mask(mask: Any, q: Any, k: Any) -> None:
         raise DispatchError("attn_mask must be a bool or floating-point tensor",
                             cause=f"got {getattr(mask, 'dtype', type(mask).__name__)}")
     full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    try:
-        shape = torch.broadcast_shapes(tuple(mask.shape), full)  # type: ignore[no-untyped-call]
-    except RuntimeError:
-        shape = None
-    if shape != full or mask.device != q.device:
+    dims = tuple(mask.shape)
+    fits = len(dims) <= 4 and all(m in (1, f) for m, f in zip(dims[::-1], full[::-1], strict=False))
+    if not fits or mask.device != q.device:
         raise DispatchError(f"attn_mask {tuple(mask.shape)} on {mask.device} does not broadcast to"
                             f" [B, Hq, Sq, Sk] = {list(full)} on {q.device}",
                             hint="masks are [B or 1, Hq or 1, Sq or 1, Sk], in either layout")
