@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnforge.backends.adapter import AttentionCall, BackendAdapter, supported_features
 from attnforge.backends.exact import EXACT
+from attnforge.dispatch.inputs import validate
 from attnforge.dispatch.policy import FALLBACK, Decision, Rejection
 from attnforge.errors import DispatchError
 
@@ -137,7 +138,6 @@ def prepare(
 ) -> Prepared:
     """Check a call's arguments and name its features; raises :class:`DispatchError` for bad input."""
 
-    from attnforge.dispatch import runtime
 
     if is_causal is not None:
         if causal and not is_causal:
@@ -179,7 +179,7 @@ def prepare(
                        alignment=causal_alignment, enable_gqa=enable_gqa, sinks=sinks, cu_q=cu_seqlens_q,
                        cu_k=cu_seqlens_k, max_q=max_seqlen_q, max_k=max_seqlen_k)
     refuse_nested_or_packed(q, k, v, packed=True)
-    qh, kh, vh = runtime._validate(q, k, v, layout=layout, precision=precision, scale=scale)
+    qh, kh, vh = validate(q, k, v, layout=layout, precision=precision, scale=scale)
     _check_heads(qh.shape[1], kh.shape[1], enable_gqa)
     sq, sk = qh.shape[2], kh.shape[2]
     if causal_alignment == "top_left" and sq != sk and (causal or "window" in uses):
@@ -309,7 +309,6 @@ def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: 
     """A paged KV call: dense q, K/V page pools addressed by ``block_table``."""
     import torch
 
-    from attnforge.dispatch import runtime
 
     if block_table is None:
         raise DispatchError("seqused_k without block_table", hint="pass the block table of the paged cache")
@@ -333,7 +332,7 @@ def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: 
         else t.new_zeros((block_table.shape[0], t.shape[2], pages, t.shape[3])) for t in (k, v))
     if layout == "bshd":
         probe_k, probe_v = probe_k.transpose(1, 2), probe_v.transpose(1, 2)
-    qh, kp, _ = runtime._validate(q, probe_k, probe_v, layout=layout, precision=precision, scale=scale)
+    qh, kp, _ = validate(q, probe_k, probe_v, layout=layout, precision=precision, scale=scale)
     _check_heads(qh.shape[1], kp.shape[1], enable_gqa)
     uses.add("paged_kv")
     opts.update(block_table=block_table, seqused_k=seqused_k)
