@@ -301,3 +301,11 @@ def test_bad_feature_arguments_are_refused(kwargs: dict[str, Any], message: str)
     q, k, v = _inputs(1, 4, 2, 4, 5, 8, 8)
     with pytest.raises(DispatchError, match=message):
         attnforge.attention(q, k, v, **kwargs)
+
+
+def test_an_additive_mask_in_another_dtype_and_causal_combine() -> None:
+    q, k, v = (t.to(torch.bfloat16) for t in _inputs(1, 2, 2, 4, 6, 8, 8))
+    mask = torch.randn(4, 6)  # float32 with bfloat16 inputs
+    out = attnforge.attention(q, k, v, attn_mask=mask, causal=True)
+    want, _ = naive(q, k, v, attn_mask=mask, causal=True)
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)

@@ -426,7 +426,8 @@ def attention(
             ``cu_seqlens_q``), float16/bfloat16/float32/float64, CPU or CUDA.
         k: ``[B, Hkv, Sk, D]`` (or ``[B, Sk, Hkv, D]``; packed ``[total_k, Hkv, D]``), Hq a multiple of Hkv.
         v: as k, with its own head dim ``Dv`` (may differ from ``D``).
-        attn_mask: bool (True = attend) or additive float mask broadcastable to ``[B, Hq, Sq, Sk]`` (SDPA's).
+        attn_mask: bool (True = attend) or additive float mask broadcastable to ``[B, Hq, Sq, Sk]`` (SDPA's);
+            it combines with ``causal`` and ``window`` (all of them apply; SDPA itself refuses both at once).
         dropout_p: dropout probability on the attention weights, applied when > 0 (as SDPA: pass 0 in eval).
         scale: softmax scale; None means ``1/sqrt(D)``.
         causal: mask future keys. ``is_causal`` is accepted as SDPA's name for it.
