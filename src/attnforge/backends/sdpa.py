@@ -114,7 +114,7 @@ class SdpaAdapter(AdapterBase):
         else:
             visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=q.device)
             mask = attn_mask
-            if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+            if mask is not None and mask.dtype not in (torch.bool, q.dtype):
                 mask = mask.to(q.dtype)  # SDPA takes additive masks in q's dtype only
             if visible is not None:
                 if mask is None or mask.dtype == torch.bool:
