@@ -309,3 +309,17 @@ def test_an_additive_mask_in_another_dtype_and_causal_combine() -> None:
     out = attnforge.attention(q, k, v, attn_mask=mask, causal=True)
     want, _ = naive(q, k, v, attn_mask=mask, causal=True)
     torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_the_exact_math_in_row_chunks_equals_one_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnforge.backends import exact
+
+    q, k, v = _inputs(2, 4, 2, 9, 11, 8, 6)
+    mask = torch.randn(2, 1, 9, 11)
+    kwargs: dict[str, Any] = {"causal": True, "window": (4, None), "sinks": torch.randn(4), "attn_mask": mask,
+                              "return_lse": True}
+    whole = exact.exact_attention(q, k, v, **kwargs)
+    monkeypatch.setattr(exact, "CHUNK_ELEMENTS", 2 * 4 * 11 * 2)  # two query rows per step
+    chunked = exact.exact_attention(q, k, v, **kwargs)
+    for a, b in zip(whole, chunked, strict=True):
+        torch.testing.assert_close(a, b)

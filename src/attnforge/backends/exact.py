@@ -105,10 +105,15 @@ def exact_attention(
     return out, lse_all.float()
 
 
+#: the most logits one step of the exact math holds (2**27 float32 = 512 MiB): longer queries go in row chunks
+CHUNK_ELEMENTS = 1 << 27
+
+
 def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_mask: Any,
            dropout_p: float, top_left: bool, window: Any, softcap: float | None, sinks: Any,
            accum: Any) -> tuple[Any, Any]:
-    """``[B, Hq, Sq, Dv]`` output and ``[B, Hq, Sq]`` lse of dense inputs, computed in ``accum``."""
+    """``[B, Hq, Sq, Dv]`` output and ``[B, Hq, Sq]`` lse of dense inputs, computed in ``accum``, in chunks of
+    query rows so no step holds more than :data:`CHUNK_ELEMENTS` logits."""
     import torch
 
     qa, ka, va = q.to(accum), k.to(accum), v.to(accum)
@@ -117,11 +122,31 @@ def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_ma
         ka = ka.repeat_interleave(hq // hkv, dim=1)
         va = va.repeat_interleave(hq // hkv, dim=1)
     s = scale if scale is not None else 1.0 / math.sqrt(qa.shape[-1])
-    logits = torch.matmul(qa, ka.transpose(-1, -2)) * s
+    sq, sk = qa.shape[2], ka.shape[2]
+    step = max(1, CHUNK_ELEMENTS // max(1, qa.shape[0] * hq * sk))
+    parts = []
+    for start in range(0, max(sq, 1), step):
+        rows = slice(start, min(sq, start + step))
+        mask = attn_mask
+        if mask is not None and mask.dim() >= 2 and mask.shape[-2] > 1:
+            mask = mask[..., rows, :]
+        visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=qa.device,
+                               rows=(rows.start, rows.stop))
+        parts.append(_rows(qa[:, :, rows], ka, va, scale=s, visible=visible, attn_mask=mask, dropout_p=dropout_p,
+                           softcap=softcap, sinks=sinks, accum=accum))
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat([o for o, _ in parts], dim=2), torch.cat([lse for _, lse in parts], dim=2)
+
+
+def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any, dropout_p: float,
+          softcap: float | None, sinks: Any, accum: Any) -> tuple[Any, Any]:
+    """One chunk of query rows of :func:`_dense` (K/V already expanded to Hq heads and in ``accum``)."""
+    import torch
+
+    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
-    sq, sk = qa.shape[2], ka.shape[2]
-    visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=qa.device)
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             visible = attn_mask if visible is None else visible & attn_mask
@@ -129,6 +154,7 @@ def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_ma
             logits = logits + attn_mask.to(accum)
     if visible is not None:
         logits = logits.masked_fill(~visible, float("-inf"))
+    sk = k.shape[2]
     peak = logits.amax(dim=-1, keepdim=True) if sk else logits.new_full((*logits.shape[:-1], 1), -math.inf)
     sink = None
     if sinks is not None:
@@ -144,14 +170,16 @@ def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_ma
     probs = weights / safe
     if dropout_p > 0.0:
         probs = torch.nn.functional.dropout(probs, p=dropout_p)
-    out = torch.matmul(probs, va)
+    out = torch.matmul(probs, v)
     lse = torch.where(empty, torch.full_like(denom, -math.inf), torch.log(safe) + peak).squeeze(-1)
     return out, lse
 
 
 def visible_keys(seqlen_q: int, seqlen_k: int, *, causal: bool, top_left: bool,
-                 window: tuple[int | None, int | None] | None, device: Any) -> Any:
-    """The ``[Sq, Sk]`` bool mask of keys each query sees under causal and window, or None for all."""
+                 window: tuple[int | None, int | None] | None, device: Any,
+                 rows: tuple[int, int] | None = None) -> Any:
+    """The ``[Sq, Sk]`` bool mask of keys each query sees under causal and window, or None for all
+    (``rows``: only query rows ``start..stop`` of the ``seqlen_q``)."""
     import torch
 
     left, right = window if window is not None else (None, None)
@@ -162,9 +190,10 @@ def visible_keys(seqlen_q: int, seqlen_k: int, *, causal: bool, top_left: bool,
     if left is None and right is None:
         return None
     offset = 0 if top_left else seqlen_k - seqlen_q
-    i = torch.arange(seqlen_q, device=device).unsqueeze(1) + offset
+    start, stop = rows if rows is not None else (0, seqlen_q)
+    i = torch.arange(start, stop, device=device).unsqueeze(1) + offset
     j = torch.arange(seqlen_k, device=device).unsqueeze(0)
-    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    visible = torch.ones(stop - start, seqlen_k, dtype=torch.bool, device=device)
     if right is not None:
         visible &= j <= i + right
     if left is not None:
