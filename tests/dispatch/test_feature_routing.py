@@ -202,3 +202,27 @@ def test_the_packaged_tables_claim_no_flex_backward_on_cpu_and_mark_flex_as_jit(
                          heads_kv=2, seqlen_q=8, seqlen_k=8, head_dim=16, causal=False, needs_grad=True)
     assert "no backward pass on cpu, and an input requires grad" in caps.unsupported_reasons(call)
     assert features.DYNAMIC_AFTER >= 1
+
+
+@pytest.mark.parametrize(("bench", "chosen"), [
+    pytest.param((), "sdpa", id="unmeasured-plain-sdpa-stays"),
+    pytest.param((("sdpa-math", 2.0), ("sdpa", 3.0)), "sdpa", id="measured-slower"),
+    pytest.param((("sdpa-math", 4.0),), "sdpa", id="sdpa-unmeasured-no-win-known"),
+    pytest.param((("sdpa-math", 4.0), ("sdpa", 3.0)), "sdpa-math", id="measured-win"),
+])
+def test_a_forced_sdpa_kernel_on_cpu_needs_a_measured_win(tmp_path: Path, use: Any,
+                                                          bench: tuple[tuple[str, float], ...], chosen: str) -> None:
+    from attnforge.backends import registry
+
+    store = RecordStore(tmp_path / "home")
+    store.add_verify(VerifyRecord(device_key=CPU_KEY, backend="sdpa-math", backend_version="1", ok=True,
+                                  summary="ok"))
+    if bench:
+        store.add_bench([_bench(name, tflops, 8) for name, tflops in bench])
+    use(runtime.Dispatcher({"sdpa-math": registry.adapters()["sdpa-math"]}, records=store))
+    q, k, v = _qkv(sq=8, sk=8)
+    explanation = attnforge.explain(q, k, v)
+    assert explanation.chosen == chosen
+    if chosen == "sdpa":
+        reasons = {r.backend: r.reasons for r in explanation.rejected}["sdpa-math"]
+        assert any("measured it faster than plain SDPA" in r for r in reasons)

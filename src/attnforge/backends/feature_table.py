@@ -65,7 +65,7 @@ def render(caps: Mapping[str, Capabilities], sources: Mapping[str, Sequence[str]
     lines.append("| `exact` | " + " | ".join("yes" for _ in names) + " |")
     lines += ["", _FEATURE_LEGEND, "", "## Limits", "",
               "| backend | devices | compute capability | dtypes | max head dim | causal | GQA | backward |"
-              " compiled per shape |", "|---|---|---|---|---|---|---|---|---|"]
+              " compiled per shape | chosen only with a measured win on |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in rows:
         backward = "-" if not c.backward else "/".join(c.backward_devices or c.devices)
         span = f"{format_cc(c.min_cc)}-{format_cc(c.max_cc)}" if "cuda" in c.devices else "-"
@@ -75,8 +75,9 @@ def render(caps: Mapping[str, Capabilities], sources: Mapping[str, Sequence[str]
         if c.head_dim_multiple > 1:
             head_dim += f" (multiple of {c.head_dim_multiple})"
         lines.append(f"| `{c.backend}` | {'/'.join(c.devices)} | {span} | {', '.join(c.dtypes)} | {head_dim} |"
-                     f" {c.causal.value} | {c.gqa.value} | {backward} | {'yes' if c.jit_per_shape else '-'} |")
-    lines.append("| `exact` | cuda/cpu | any | any float | any | any alignment | native | cuda/cpu | - |")
+                     f" {c.causal.value} | {c.gqa.value} | {backward} | {'yes' if c.jit_per_shape else '-'} |"
+                     f" {'/'.join(c.devices) if c.jit_per_shape else '/'.join(c.win_required_on) or '-'} |")
+    lines.append("| `exact` | cuda/cpu | any | any float | any | any alignment | native | cuda/cpu | - | - |")
     lines += ["", "## Sources", ""]
     for bid in caps:
         lines.append(f"- `{bid}`: " + "; ".join(sources.get(bid, ())))

@@ -48,7 +48,9 @@ def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops
 
     Refused: an adapter that lacks a feature the call uses; an adapter compiled per exact shape
     (``caps.jit_per_shape``) unless bench measured it fastest for the call's shape class, and always once
-    the class has shown more than :data:`DYNAMIC_AFTER` exact shapes (each would compile anew).
+    the class has shown more than :data:`DYNAMIC_AFTER` exact shapes (each would compile anew); an adapter
+    whose ``caps.win_required_on`` names the call's device unless bench measured it faster than plain SDPA
+    for the class (so plain SDPA stays the default on CPU).
     """
     admitted: dict[str, BackendAdapter] = {}
     refused: list[Rejection] = []
@@ -57,7 +59,12 @@ def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops
         missing = call.features - supported_features(adapter)
         if missing:
             reasons.append(f"does not support {', '.join(sorted(missing))}")
-        if getattr(getattr(adapter, "caps", None), "jit_per_shape", False):
+        caps = getattr(adapter, "caps", None)
+        if call.device_type in getattr(caps, "win_required_on", ()) and not (
+                name in tflops and tflops[name] > tflops.get(FALLBACK, float("inf"))):
+            reasons.append(f"on {call.device_type} chosen only where bench measured it faster than plain SDPA"
+                           f" for this shape class (run: attnforge bench --device {call.device_type})")
+        if getattr(caps, "jit_per_shape", False):
             best = max(tflops.values(), default=0.0)
             if name not in tflops or tflops[name] < best:
                 reasons.append("compiles per shape and bench measured no win for this shape class")
