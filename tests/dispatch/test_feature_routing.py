@@ -226,3 +226,19 @@ def test_a_forced_sdpa_kernel_on_cpu_needs_a_measured_win(tmp_path: Path, use: A
     if chosen == "sdpa":
         reasons = {r.backend: r.reasons for r in explanation.rejected}["sdpa-math"]
         assert any("measured it faster than plain SDPA" in r for r in reasons)
+
+
+def test_a_feature_that_failed_verify_is_not_used_but_the_backend_is(tmp_path: Path, use: Any) -> None:
+    fa = Fake("fa", features=frozenset({"window", "softcap"}))
+    store = RecordStore(tmp_path / "home")
+    store.add_verify(VerifyRecord(device_key=CPU_KEY, backend="fa", backend_version="1", ok=True,
+                                  summary="ok; not used for softcap", details={"failed_features": ["softcap"]}))
+    use(runtime.Dispatcher({"fa": fa}, records=store))
+    q, k, v = _qkv()
+    attnforge.attention(q, k, v, window=(2, 0))
+    attnforge.attention(q, k, v)
+    assert fa.calls == 2
+    attnforge.attention(q, k, v, softcap=2.0)
+    assert fa.calls == 2
+    reasons = {r.backend: r.reasons for r in attnforge.explain(q, k, v, softcap=2.0).rejected}["fa"]
+    assert any("verify failed for softcap" in r for r in reasons)

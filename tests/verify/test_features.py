@@ -20,6 +20,8 @@ from attnforge.verify.device import current_device
 from attnforge.verify.run import cases_for
 
 CPU = current_device("cpu")
+PLAIN = [VerifyCase(batch=1, heads_q=2, heads_kv=1, seqlen_q=6, seqlen_k=9, head_dim=16, dtype="float32",
+                    causal=True, seed=5)]
 
 
 def test_one_case_per_claimed_feature_and_dtype() -> None:
@@ -75,14 +77,34 @@ class Claims(ExactAdapter):
         return ExactAdapter.__call__(self, q, k, v, causal=causal, scale=scale, **opts)
 
 
+@dataclasses.dataclass
+class _NoCausal(ExactAdapter):
+    name: str = "no-causal"
+    features: frozenset[str] = frozenset()
+
+    def __call__(self, q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, **opts: Any) -> Any:
+        return ExactAdapter.__call__(self, q, k, v, causal=False, scale=scale, **opts)
+
+
 @pytest.mark.parametrize("wrong", ["window", "softcap", "lse", "dropout"])
 def test_a_claimed_feature_done_wrong_fails_verify(wrong: str) -> None:
     adapter = Claims(features=frozenset({wrong, "attn_mask"}), wrong=wrong)
     cases = feature_cases(adapter.features, dtypes=("float32",), head_dims=(32,), max_seqlen=24, seed=2)
+    res = verify_backend(adapter, device=CPU, cases=[*PLAIN, *cases], tolerances=load_tolerances())
+    assert res.ok, res.summary  # the backend stays verified for calls without the feature it gets wrong
+    status = {c.case.feature: c.status for c in res.cases if c.case.feature}
+    assert status == {wrong: CaseStatus.FAILED, "attn_mask": CaseStatus.PASSED}
+    assert res.failed_features == (wrong,)
+    assert res.to_record().details["failed_features"] == [wrong]
+    assert f"not used for {wrong}" in res.summary
+
+
+def test_a_backend_that_fails_its_plain_cases_fails_whatever_its_features_do() -> None:
+    adapter = _NoCausal(features=frozenset({"window"}))
+    cases = [*PLAIN, *feature_cases(adapter.features, dtypes=("float32",), head_dims=(32,), max_seqlen=24)]
     res = verify_backend(adapter, device=CPU, cases=cases, tolerances=load_tolerances())
     assert not res.ok
-    status = {c.case.feature: c.status for c in res.cases}
-    assert status == {wrong: CaseStatus.FAILED, "attn_mask": CaseStatus.PASSED}
+    assert "cases failed; first: float32 causal" in res.summary
 
 
 def test_cases_outside_the_claims_are_skipped_not_run() -> None:

@@ -21,6 +21,7 @@ from attnforge.backends.exact import EXACT
 from attnforge.dispatch.inputs import validate
 from attnforge.dispatch.policy import FALLBACK, Decision, Rejection
 from attnforge.errors import DispatchError
+from attnforge.records import VerifyRecord
 
 if TYPE_CHECKING:
     import torch
@@ -43,14 +44,16 @@ def one_line(exc: BaseException, limit: int = 240) -> str:
 
 
 def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops: Mapping[str, float],
-          shapes_seen: int) -> tuple[dict[str, BackendAdapter], list[Rejection]]:
+          shapes_seen: int, verified: Mapping[str, VerifyRecord] | None = None,
+          ) -> tuple[dict[str, BackendAdapter], list[Rejection]]:
     """Split ``adapters`` into those that may serve ``call`` and those refused here, with the reason.
 
     Refused: an adapter that lacks a feature the call uses; an adapter compiled per exact shape
     (``caps.jit_per_shape``) unless bench measured it fastest for the call's shape class, and always once
     the class has shown more than :data:`DYNAMIC_AFTER` exact shapes (each would compile anew); an adapter
     whose ``caps.win_required_on`` names the call's device unless bench measured it faster than plain SDPA
-    for the class (so plain SDPA stays the default on CPU).
+    for the class (so plain SDPA stays the default on CPU); an adapter whose verify record lists a feature
+    of the call among its ``failed_features``.
     """
     admitted: dict[str, BackendAdapter] = {}
     refused: list[Rejection] = []
@@ -59,6 +62,10 @@ def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops
         missing = call.features - supported_features(adapter)
         if missing:
             reasons.append(f"does not support {', '.join(sorted(missing))}")
+        record = (verified or {}).get(name)
+        failed = call.features & set(record.details.get("failed_features", ())) if record is not None else set()
+        if failed:
+            reasons.append(f"verify failed for {', '.join(sorted(failed))} (attnforge verify {name} says why)")
         caps = getattr(adapter, "caps", None)
         if call.device_type in getattr(caps, "win_required_on", ()) and not (
                 name in tflops and tflops[name] > tflops.get(FALLBACK, float("inf"))):

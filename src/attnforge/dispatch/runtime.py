@@ -243,7 +243,7 @@ class Dispatcher:
         broken = {name: by_class[cls] for name, by_class in self.broken.items() if cls in by_class}
         seen = len(self._shapes_seen.get(str(ShapeClass.of_call(
             dataclasses.replace(call, causal=False, precision="exact"))), ()))
-        _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen)
+        _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen, verified=verified)
         decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, tflops=tflops,
                           broken=broken)
         return features.close_with_fallback(decision, call, self.fallback, refused)

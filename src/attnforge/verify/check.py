@@ -85,6 +85,11 @@ class BackendVerification:
     def failures(self) -> tuple[CaseResult, ...]:
         return tuple(c for c in self.cases if c.status in (CaseStatus.FAILED, CaseStatus.ERROR))
 
+    @property
+    def failed_features(self) -> tuple[str, ...]:
+        """Features whose cases failed: the backend stays verified for every call that uses none of them."""
+        return tuple(sorted({c.case.feature for c in self.failures if c.case.feature}))
+
     def to_record(self) -> VerifyRecord:
         """The row stored for doctor and the dispatcher."""
         return VerifyRecord(device_key=self.device_key, backend=self.backend,
@@ -98,6 +103,7 @@ def details_json(v: BackendVerification) -> dict[str, Any]:
 
     return {
         "kind": v.kind.value,
+        "failed_features": list(v.failed_features),
         "native": _finite(to_jsonable(v.native)),
         "cases": [_finite(to_jsonable(c)) for c in v.cases],
     }
@@ -182,8 +188,11 @@ def verify_backend(
 
 
 def _all_ok(results: Sequence[CaseResult]) -> bool:
+    """Every plain case that ran passed, and something passed; a failed feature case only takes that feature
+    away (:attr:`BackendVerification.failed_features`)."""
     ran = [r for r in results if r.status is not CaseStatus.SKIPPED]
-    return bool(ran) and all(r.status is CaseStatus.PASSED for r in ran)
+    plain_ok = all(r.status is CaseStatus.PASSED for r in ran if not r.case.feature)
+    return plain_ok and any(r.status is CaseStatus.PASSED for r in ran)
 
 
 def summarize(results: Sequence[CaseResult], device: DeviceInfo) -> str:
@@ -193,9 +202,14 @@ def summarize(results: Sequence[CaseResult], device: DeviceInfo) -> str:
     if not ran:
         return f"no case runs on {device.type.value}: " + (results[0].detail if results else "no cases")
     bad = [r for r in ran if r.status is not CaseStatus.PASSED]
-    if bad:
-        first = bad[0]
+    if any(not r.case.feature for r in bad) or len(bad) == len(ran):
+        first = next((r for r in bad if not r.case.feature), bad[0])
         return f"{len(bad)} of {len(ran)} cases failed; first: {first.case.label}: {first.detail}"
+    if bad:  # only feature cases failed: the backend serves calls without those features
+        ran = [r for r in ran if r.status is CaseStatus.PASSED]
+        lost = ", ".join(sorted({r.case.feature for r in bad if r.case.feature}))
+        return (f"{summarize(ran, device)}; not used for {lost} (first failure: {bad[0].case.label}:"
+                f" {bad[0].detail})")
     dtypes = ", ".join(dict.fromkeys(r.case.dtype for r in ran))
     dims = sorted({r.case.head_dim for r in ran})
     gqa = any(r.case.heads_q != r.case.heads_kv for r in ran)
