@@ -182,20 +182,9 @@ class Dispatcher:
         qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         generation = self._generation
-        bshd = layout == "bshd"
-        if features.is_empty(qh, kh):  # no kernel ever sees a zero-sized input (SIGFPE in some)
-            route: _Route = ((), _step(self.exact, bshd=bshd), "empty")
-        else:
-            dv = vh.shape[3] if vh.shape[3] != qh.shape[3] else None
-            uses = frozenset(("dv",)) if dv is not None else frozenset()
-            decision, adapters = self._plan(qh, kh, causal=causal, precision=precision, needs_grad=needs_grad,
-                                            forced=forced, uses=uses, head_dim_v=dv)
-            if forced and not adapters:
-                _raise_forced(forced, decision)
-            self._note_shape(qh, kh, needs_grad)
-            steps = tuple(_step(a, bshd=bshd) for a in adapters if a is not self.exact)
-            last = self.exact if adapters and adapters[-1] is self.exact else self.fallback
-            route = (steps, _step(last, bshd=bshd), self.shape_class(qh, kh, causal, needs_grad))
+        route = self._plain_route(qh, kh, vh, causal=causal, precision=precision, needs_grad=needs_grad,
+                                  forced=forced, bshd=layout == "bshd")
+        self._note_shape(qh, kh, needs_grad)
         if key is not None:
             with self._lock:
                 if self._generation == generation:
@@ -203,6 +192,22 @@ class Dispatcher:
                         self._routes.clear()
                     self._routes[key] = route
         return route
+
+    def _plain_route(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                     precision: str, needs_grad: bool, forced: str | None, bshd: bool) -> _Route:
+        """The route of a call without features on bhsd tensors (Dv != D is the only feature it can use);
+        a zero-sized call's route is the exact math: no kernel ever sees one (SIGFPE in some)."""
+        if features.is_empty(q, k):
+            return (), _step(self.exact, bshd=bshd), "empty"
+        dv = v.shape[3] if v.shape[3] != q.shape[3] else None
+        decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
+                                        forced=forced, uses=frozenset(("dv",)) if dv else frozenset(),
+                                        head_dim_v=dv)
+        if forced and not adapters:
+            _raise_forced(forced, decision)
+        steps = tuple(_step(a, bshd=bshd) for a in adapters if a is not self.exact)
+        last = self.exact if adapters and adapters[-1] is self.exact else self.fallback
+        return steps, _step(last, bshd=bshd), self.shape_class(q, k, causal, needs_grad)
 
     def describe(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str,
                  needs_grad: bool, uses: frozenset[str] = frozenset(),
@@ -291,16 +296,9 @@ class Dispatcher:
         Raises:
             DispatchError: a forced backend is unknown or cannot serve the call.
         """
-        if features.is_empty(q, k):  # no kernel ever sees a zero-sized input
-            return self.exact(q, k, v, causal=causal, scale=scale)
         forced = backend or _FORCED.get()
-        decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
-                                        forced=forced)
-        if forced and not adapters:
-            _raise_forced(forced, decision)
-        last = self.exact if adapters and adapters[-1] is self.exact else self.fallback
-        route = (tuple((a, a, False) for a in adapters if a is not self.exact), (last, last, False),
-                 self.shape_class(q, k, causal, needs_grad))
+        route = self._plain_route(q, k, v, causal=causal, precision=precision, needs_grad=needs_grad,
+                                  forced=forced, bshd=False)
         return self._serve(route, q, k, v, causal, scale, forced)
 
     def _serve(self, route: _Route, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - hot path
