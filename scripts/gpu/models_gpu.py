@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""A tiny random Llama (transformers) and a small random Flux transformer (diffusers) on the GPU: attnforge's
+integration against the model's own default attention, outputs compared and time per step measured.
+
+No weights are downloaded: both models are built from configs with random weights (seed 0), bf16 on CUDA.
+- Llama: ``attn_implementation="sdpa"`` (transformers' default) vs ``"attnforge"``
+  (:func:`attnforge.integrations.transformers.register`), logits of one forward pass over a left-padded batch,
+  and the time of one forward+backward training step.
+- Flux: the default attention vs ``model.set_attention_backend("attnforge")``
+  (:func:`attnforge.integrations.diffusers.register`), the output of one denoising step at 4096 image tokens.
+
+Usage: ``python scripts/gpu/models_gpu.py --out models.json`` (14-check.sh runs it). Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+DEV, DT, SMALL = "cuda", "bfloat16", False
+
+
+def _sync(torch: Any) -> None:
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time(torch: Any, fn: Any, reps: int = 10) -> float:
+    """Median wall time of ``fn()`` in ms, CUDA synchronised, after 3 warm-up calls."""
+    for _ in range(3):
+        fn()
+    _sync(torch)
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(torch)
+        out.append((time.perf_counter() - t0) * 1e3)
+    out.sort()
+    return out[len(out) // 2]
+
+
+def llama(torch: Any) -> dict[str, Any]:
+    import transformers
+
+    from attnforge.integrations.transformers import register
+
+    register()
+    cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    base = transformers.LlamaForCausalLM(cfg).to(DEV, getattr(torch, DT))
+    seq = 64 if SMALL else 2048
+    ids = torch.randint(0, 1024, (4, seq), device=DEV)
+    mask = torch.ones_like(ids)
+    mask[1, : seq // 7] = 0  # left padding on one row
+    res: dict[str, Any] = {"model": "llama (random, 4 layers, H8/KV2, D128)", "batch": 4, "seqlen": 2048}
+    logits = {}
+    for impl in ("sdpa", "attnforge"):
+        base.set_attn_implementation(impl)  # the same weights for both
+        with torch.no_grad():
+            logits[impl] = base(input_ids=ids, attention_mask=mask).logits.float()
+            res[f"{impl}_fwd_ms"] = _time(torch, lambda: base(input_ids=ids, attention_mask=mask))
+
+        def step() -> None:
+            out = base(input_ids=ids, attention_mask=mask, labels=ids)
+            out.loss.backward()
+            base.zero_grad(set_to_none=True)
+        res[f"{impl}_train_step_ms"] = _time(torch, step, reps=5)
+    valid = mask.bool()
+    diff = (logits["attnforge"] - logits["sdpa"]).abs()[valid]
+    res["max_abs_diff_logits"] = float(diff.max())
+    res["ref_abs_max"] = float(logits["sdpa"].abs()[valid].max())
+    import attnforge
+
+    q = torch.randn(4, 8, seq, 128, device=DEV, dtype=getattr(torch, DT))
+    kv = torch.randn(4, 2, seq, 128, device=DEV, dtype=getattr(torch, DT))
+    res["attnforge_chosen_for_causal_prefill"] = attnforge.explain(q, kv, kv, causal=True).chosen
+    return res
+
+
+def flux(torch: Any) -> dict[str, Any]:
+    import diffusers
+
+    from attnforge.integrations.diffusers import register
+
+    torch.manual_seed(0)
+    model = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=64, num_layers=2, num_single_layers=4, attention_head_dim=128,
+        num_attention_heads=8, joint_attention_dim=512, pooled_projection_dim=256,
+        axes_dims_rope=(16, 56, 56)).to(DEV, getattr(torch, DT)).eval()
+    n_img, side = (64, 8) if SMALL else (4096, 64)
+    img_ids = torch.zeros(n_img, 3, device=DEV)
+    img_ids[:, 1], img_ids[:, 2] = torch.arange(n_img) // side, torch.arange(n_img) % side
+    inputs = {"hidden_states": torch.randn(1, n_img, 64, device=DEV, dtype=getattr(torch, DT)),
+              "encoder_hidden_states": torch.randn(1, 512, 512, device=DEV, dtype=getattr(torch, DT)),
+              "pooled_projections": torch.randn(1, 256, device=DEV, dtype=getattr(torch, DT)),
+              "timestep": torch.tensor([0.5], device=DEV, dtype=getattr(torch, DT)),
+              "img_ids": img_ids, "txt_ids": torch.zeros(512, 3, device=DEV)}
+    res: dict[str, Any] = {"model": "flux transformer (random, 2+4 blocks, H8, D128)", "tokens": n_img + 512}
+    with torch.no_grad():
+        ref = model(**inputs).sample.float()
+        res["default_step_ms"] = _time(torch, lambda: model(**inputs))
+        register()
+        model.set_attention_backend("attnforge")
+        got = model(**inputs).sample.float()
+        res["attnforge_step_ms"] = _time(torch, lambda: model(**inputs))
+    res["max_abs_diff"] = float((got - ref).abs().max())
+    res["ref_abs_max"] = float(ref.abs().max())
+    res["rel_l2"] = float((got - ref).norm() / ref.norm())
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda", help="cpu: a float32 smoke test at small sizes")
+    args = ap.parse_args()
+    import torch
+
+    global DEV, DT, SMALL
+    DEV, DT, SMALL = args.device, ("bfloat16" if args.device == "cuda" else "float32"), args.device != "cuda"
+    name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"
+    results: dict[str, Any] = {"device": name, "torch": torch.__version__}
+    for name, fn in (("llama", llama), ("flux", flux)):
+        try:
+            results[name] = fn(torch)
+        except Exception as exc:
+            import traceback
+
+            traceback.print_exc()
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        print(name, json.dumps(results[name], indent=1), flush=True)
+    with open(args.out, "w") as fh:
+        json.dump(results, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
