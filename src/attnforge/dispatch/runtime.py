@@ -245,7 +245,8 @@ class Dispatcher:
         shape = ShapeClass.of_call(call)
         tflops = measured_tflops(bench, shape)
         cls = str(shape)
-        broken = {name: by_class[cls] for name, by_class in self.broken.items() if cls in by_class}
+        with self._lock:  # another thread may be marking a backend broken
+            broken = {name: by_class[cls] for name, by_class in self.broken.items() if cls in by_class}
         seen = len(self._shapes_seen.get(str(ShapeClass.of_call(
             dataclasses.replace(call, causal=False, precision="exact"))), ()))
         _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen, verified=verified)
