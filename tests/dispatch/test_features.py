@@ -209,6 +209,16 @@ def test_zero_sized_inputs_return_the_right_empty_result(sizes: tuple[int, ...],
     assert all(t.grad is not None and not t.grad.any() for t in (q, k, v))
 
 
+@pytest.mark.parametrize(("d", "dv"), [(0, 6), (8, 0), (0, 0)])
+def test_zero_head_dims_never_reach_a_kernel(d: int, dv: int) -> None:
+    q, k, v = _inputs(1, 2, 2, 3, 4, d, dv)
+    out = attnforge.attention(q, k, v, causal=True)
+    assert out.shape == (1, 2, 3, dv)
+    if d == 0 and dv:  # every logit is 0: each row averages the values it sees
+        want, _ = naive(q, k, v, causal=True, scale=1.0)
+        _close(out, want)
+
+
 # -- varlen ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window": (1, 1), "softcap": 2.0},
                                     {"causal": True, "causal_alignment": "top_left"}])

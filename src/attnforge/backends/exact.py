@@ -121,7 +121,7 @@ def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_ma
     if hq != hkv:
         ka = ka.repeat_interleave(hq // hkv, dim=1)
         va = va.repeat_interleave(hq // hkv, dim=1)
-    s = scale if scale is not None else 1.0 / math.sqrt(qa.shape[-1])
+    s = scale if scale is not None else 1.0 / math.sqrt(max(1, qa.shape[-1]))
     sq, sk = qa.shape[2], ka.shape[2]
     step = max(1, CHUNK_ELEMENTS // max(1, qa.shape[0] * hq * sk))
     parts = []

@@ -32,8 +32,8 @@ DYNAMIC_AFTER = 3
 
 
 def is_empty(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """bhsd ``q``/``k`` with a zero batch, head count or length: served without a kernel."""
-    return q.shape[0] == 0 or q.shape[1] == 0 or q.shape[2] == 0 or k.shape[2] == 0
+    """bhsd ``q``/``k`` with a zero batch, head count, length or head dim: served without a kernel."""
+    return q.shape[0] == 0 or q.shape[1] == 0 or q.shape[2] == 0 or k.shape[2] == 0 or q.shape[3] == 0
 
 
 def one_line(exc: BaseException, limit: int = 240) -> str:
@@ -209,7 +209,7 @@ def prepare(
     dv = vh.shape[3] if vh.shape[3] != qh.shape[3] else None
     if dv is not None:
         uses.add("dv")
-    return Prepared(q=qh, k=kh, v=vh, probe=(qh, kh), empty=is_empty(qh, kh), uses=frozenset(uses),
+    return Prepared(q=qh, k=kh, v=vh, probe=(qh, kh), empty=is_empty(qh, kh) or vh.shape[3] == 0, uses=frozenset(uses),
                     head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks))
 
 

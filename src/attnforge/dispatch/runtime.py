@@ -197,7 +197,7 @@ class Dispatcher:
                      precision: str, needs_grad: bool, forced: str | None, bshd: bool) -> _Route:
         """The route of a call without features on bhsd tensors (Dv != D is the only feature it can use);
         a zero-sized call's route is the exact math: no kernel ever sees one (SIGFPE in some)."""
-        if features.is_empty(q, k):
+        if features.is_empty(q, k) or v.shape[3] == 0:
             return (), _step(self.exact, bshd=bshd), "empty"
         dv = v.shape[3] if v.shape[3] != q.shape[3] else None
         decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
