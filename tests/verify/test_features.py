@@ -46,7 +46,7 @@ def test_sdpa_math_passes_every_feature_it_claims() -> None:
     res = verify_backend(adapter, device=CPU, cases=cases, tolerances=load_tolerances())
     assert res.ok, res.summary
     assert all(c.status is CaseStatus.PASSED for c in res.cases if c.case.feature)
-    assert "window" in res.summary and "attn_mask" in res.summary
+    assert "window" in res.summary and "mask" in res.summary
 
 
 def test_the_exact_fallback_passes_every_feature() -> None:
@@ -88,12 +88,12 @@ class _NoCausal(ExactAdapter):
 
 @pytest.mark.parametrize("wrong", ["window", "softcap", "lse", "dropout"])
 def test_a_claimed_feature_done_wrong_fails_verify(wrong: str) -> None:
-    adapter = Claims(features=frozenset({wrong, "attn_mask"}), wrong=wrong)
+    adapter = Claims(features=frozenset({wrong, "mask"}), wrong=wrong)
     cases = feature_cases(adapter.features, dtypes=("float32",), head_dims=(32,), max_seqlen=24, seed=2)
     res = verify_backend(adapter, device=CPU, cases=[*PLAIN, *cases], tolerances=load_tolerances())
     assert res.ok, res.summary  # the backend stays verified for calls without the feature it gets wrong
     status = {c.case.feature: c.status for c in res.cases if c.case.feature}
-    assert status == {wrong: CaseStatus.FAILED, "attn_mask": CaseStatus.PASSED}
+    assert status == {wrong: CaseStatus.FAILED, "mask": CaseStatus.PASSED}
     assert res.failed_features == (wrong,)
     assert res.to_record().details["failed_features"] == [wrong]
     assert f"not used for {wrong}" in res.summary

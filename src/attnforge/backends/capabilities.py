@@ -258,5 +258,5 @@ SDPA_FALLBACK = Capabilities(
     priority=1000,
     # what the SDPA adapter serves through SDPA's own arguments (attn_mask, dropout_p, top-left is_causal,
     # Dv != D) or by building a boolean mask (window): runtime-anchors.md §3.1, §3.3 (math: masks, any head dim)
-    features=frozenset({"attn_mask", "dropout", "causal_top_left", "window", "dv"}),
+    features=frozenset({"mask", "dropout", "causal_top_left", "window", "dv"}),
 )

@@ -201,7 +201,7 @@ def prepare(
         opts["causal_alignment"] = "top_left"
     if attn_mask is not None:
         _check_mask(attn_mask, qh, kh)
-        uses.add("attn_mask")
+        uses.add("mask")
         opts["attn_mask"] = attn_mask
     if sinks is not None:
         opts["sinks"] = _check_sinks(sinks, qh)
@@ -348,7 +348,7 @@ def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: 
         probe_k, probe_v = probe_k.transpose(1, 2), probe_v.transpose(1, 2)
     qh, kp, _ = validate(q, probe_k, probe_v, layout=layout, precision=precision, scale=scale)
     _check_heads(qh.shape[1], kp.shape[1], enable_gqa)
-    uses.add("paged_kv")
+    uses.add("paged")
     opts.update(block_table=block_table, seqused_k=seqused_k)
     if alignment == "top_left" and (causal or "window" in uses):
         uses.add("causal_top_left")

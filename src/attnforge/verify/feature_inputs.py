@@ -41,7 +41,7 @@ def case_inputs(case: VerifyCase, device: str) -> tuple[Any, Any, Any, dict[str,
         opts.update(cu_seqlens_q=offsets, cu_seqlens_k=offsets, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
         return q, k, v, opts
     q = draw(case.batch, case.heads_q, case.seqlen_q, case.head_dim)
-    if case.feature == "paged_kv":
+    if case.feature == "paged":
         page = PAGE_SIZE
         per_seq = -(-case.seqlen_k // page)
         blocks = torch.randperm(case.batch * per_seq + 1, generator=gen)[: case.batch * per_seq]
@@ -51,7 +51,7 @@ def case_inputs(case: VerifyCase, device: str) -> tuple[Any, Any, Any, dict[str,
         return (q, draw(pool, page, case.heads_kv, case.head_dim), draw(pool, page, case.heads_kv, dv), opts)
     k = draw(case.batch, case.heads_kv, case.seqlen_k, case.head_dim)
     v = draw(case.batch, case.heads_kv, case.seqlen_k, dv)
-    if case.feature == "attn_mask":
+    if case.feature == "mask":
         opts["attn_mask"] = (torch.rand(case.batch, 1, case.seqlen_q, case.seqlen_k, generator=gen) > 0.2).to(device)
     elif case.feature == "window":
         opts["window"] = (max(1, case.seqlen_k // 4), 0)
