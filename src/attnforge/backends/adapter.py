@@ -58,7 +58,7 @@ class AttentionCall:
 #: The optional features of :func:`attnforge.attention` a backend may support, by the name capability tables
 #: use. A call that uses a feature is only routed to a backend that declares it (the exact fallback has all).
 FEATURES: dict[str, str] = {
-    "attn_mask": "attn_mask: a bool or additive mask broadcastable to [B, Hq, Sq, Sk]",
+    "mask": "attn_mask: a bool or additive mask broadcastable to [B, Hq, Sq, Sk]",
     "dropout": "dropout_p > 0 on the attention probabilities",
     "causal_top_left": "causal with causal_alignment='top_left' and Sq != Sk (SDPA's is_causal)",
     "window": "sliding window (left, right)",
@@ -67,8 +67,16 @@ FEATURES: dict[str, str] = {
     "lse": "return_lse: the softmax log-sum-exp per query row",
     "varlen": "packed [total, H, D] sequences with cu_seqlens_q / cu_seqlens_k",
     "dv": "value head dim Dv != query/key head dim D",
-    "paged_kv": "K/V in a paged cache addressed by a block table",
+    "paged": "paged KV: K/V page pools addressed by block_table (and seqused_k)",
 }
+
+
+def supported_features(adapter: object) -> frozenset[str]:
+    """The features an adapter serves: its capabilities' ``features``, else its own ``features``, else none
+    (an adapter that declares nothing is never given a call that uses a feature)."""
+    caps = getattr(adapter, "caps", None)
+    found = getattr(caps, "features", None) if caps is not None else getattr(adapter, "features", None)
+    return frozenset(found) if found is not None else frozenset()
 
 
 class BackendAdapter(Protocol):

@@ -26,7 +26,7 @@ from attnforge.types.cc import ComputeCapability, format_cc
 
 _FIELDS = {
     "devices", "layout", "causal", "empty_rows_zero", "gqa", "backward", "head_dim_multiple", "sources",
-    "features", "offers", "backward_devices", "jit_per_shape",
+    "features", "offers", "backward_devices", "jit_per_shape", "win_required_on",
 }
 DEVICES = ("cuda", "cpu")
 
@@ -77,6 +77,8 @@ class Capabilities:
         backward_devices: device types with a backward pass (all of ``devices`` when ``backward``).
         jit_per_shape: the kernel is compiled per exact shape (FlexAttention), so it is only chosen where a
             measurement showed it winning (see :mod:`attnforge.dispatch.runtime`).
+        win_required_on: device types where the backend is chosen only when bench measured it faster than
+            plain SDPA for the call's shape class (a forced SDPA kernel on CPU can at best match plain SDPA).
     """
 
     backend: str
@@ -97,6 +99,7 @@ class Capabilities:
     offers: frozenset[str] = frozenset()
     backward_devices: tuple[str, ...] | None = None
     jit_per_shape: bool = False
+    win_required_on: tuple[str, ...] = ()
 
     def unsupported_reasons(self, call: AttentionCall) -> list[str]:
         """Every reason this backend cannot serve ``call``; empty when it can. Pure."""
@@ -207,6 +210,8 @@ def _load(catalog: Catalog, data_dir: Path) -> dict[str, Capabilities]:
                 offers=offers,
                 backward_devices=backward_devices,
                 jit_per_shape=errors.get(raw, "jit_per_shape", path, bool, False),
+                win_required_on=(errors.str_list(raw, "win_required_on", path) if "win_required_on" in raw
+                                 else ()),
             )
     errors.finish()
     return out
@@ -250,5 +255,5 @@ SDPA_FALLBACK = Capabilities(
     priority=1000,
     # what the SDPA adapter serves through SDPA's own arguments (attn_mask, dropout_p, top-left is_causal,
     # Dv != D) or by building a boolean mask (window): runtime-anchors.md §3.1, §3.3 (math: masks, any head dim)
-    features=frozenset({"attn_mask", "dropout", "causal_top_left", "window", "dv"}),
+    features=frozenset({"mask", "dropout", "causal_top_left", "window", "dv"}),
 )

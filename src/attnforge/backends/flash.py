@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 #: slim-build feature names (``catalog/data/backends.toml`` ``[recipes.flash-attn-3.slim] features``) -> the
 #: attention() feature each switch turns off when left out
-_BUILD_FEATURES = {"local": "window", "softcap": "softcap", "varlen": "varlen", "paged-kv": "paged_kv",
-                   "paged_kv": "paged_kv", "window": "window"}
+_BUILD_FEATURES = {"local": "window", "softcap": "softcap", "varlen": "varlen", "paged-kv": "paged",
+                   "paged": "paged", "window": "window"}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "e4m3": "float8_e4m3fn"}
 
 

@@ -16,10 +16,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.adapter import AttentionCall, BackendAdapter, supported_features
 from attnforge.backends.exact import EXACT
+from attnforge.dispatch.inputs import validate
 from attnforge.dispatch.policy import FALLBACK, Decision, Rejection
 from attnforge.errors import DispatchError
+from attnforge.records import VerifyRecord
 
 if TYPE_CHECKING:
     import torch
@@ -29,16 +31,9 @@ ALIGNMENTS = ("bottom_right", "top_left")
 DYNAMIC_AFTER = 3
 
 
-def features_of(adapter: Any) -> frozenset[str]:
-    """The features an adapter serves: its capabilities' ``features``, else its own ``features``, else none."""
-    caps = getattr(adapter, "caps", None)
-    found = getattr(caps, "features", None) if caps is not None else getattr(adapter, "features", None)
-    return frozenset(found) if found is not None else frozenset()
-
-
 def is_empty(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """bhsd ``q``/``k`` with a zero batch, head count or length: served without a kernel."""
-    return q.shape[0] == 0 or q.shape[1] == 0 or q.shape[2] == 0 or k.shape[2] == 0
+    """bhsd ``q``/``k`` with a zero batch, head count, length or head dim: served without a kernel."""
+    return q.shape[0] == 0 or q.shape[1] == 0 or q.shape[2] == 0 or k.shape[2] == 0 or q.shape[3] == 0
 
 
 def one_line(exc: BaseException, limit: int = 240) -> str:
@@ -49,21 +44,34 @@ def one_line(exc: BaseException, limit: int = 240) -> str:
 
 
 def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops: Mapping[str, float],
-          shapes_seen: int) -> tuple[dict[str, BackendAdapter], list[Rejection]]:
+          shapes_seen: int, verified: Mapping[str, VerifyRecord] | None = None,
+          ) -> tuple[dict[str, BackendAdapter], list[Rejection]]:
     """Split ``adapters`` into those that may serve ``call`` and those refused here, with the reason.
 
     Refused: an adapter that lacks a feature the call uses; an adapter compiled per exact shape
     (``caps.jit_per_shape``) unless bench measured it fastest for the call's shape class, and always once
-    the class has shown more than :data:`DYNAMIC_AFTER` exact shapes (each would compile anew).
+    the class has shown more than :data:`DYNAMIC_AFTER` exact shapes (each would compile anew); an adapter
+    whose ``caps.win_required_on`` names the call's device unless bench measured it faster than plain SDPA
+    for the class (so plain SDPA stays the default on CPU); an adapter whose verify record lists a feature
+    of the call among its ``failed_features``.
     """
     admitted: dict[str, BackendAdapter] = {}
     refused: list[Rejection] = []
     for name, adapter in adapters.items():
         reasons = []
-        missing = call.features - features_of(adapter)
+        missing = call.features - supported_features(adapter)
         if missing:
             reasons.append(f"does not support {', '.join(sorted(missing))}")
-        if getattr(getattr(adapter, "caps", None), "jit_per_shape", False):
+        record = (verified or {}).get(name)
+        failed = call.features & set(record.details.get("failed_features", ())) if record is not None else set()
+        if failed:
+            reasons.append(f"verify failed for {', '.join(sorted(failed))} (attnforge verify {name} says why)")
+        caps = getattr(adapter, "caps", None)
+        if call.device_type in getattr(caps, "win_required_on", ()) and not (
+                name in tflops and tflops[name] > tflops.get(FALLBACK, float("inf"))):
+            reasons.append(f"on {call.device_type} chosen only where bench measured it faster than plain SDPA"
+                           f" for this shape class (run: attnforge bench --device {call.device_type})")
+        if getattr(caps, "jit_per_shape", False):
             best = max(tflops.values(), default=0.0)
             if name not in tflops or tflops[name] < best:
                 reasons.append("compiles per shape and bench measured no win for this shape class")
@@ -85,7 +93,7 @@ def close_with_fallback(decision: Decision, call: AttentionCall, fallback: Backe
     rejected = [Rejection(backend=r.backend, reasons=tuple(dict.fromkeys((*r.reasons, *extra.pop(r.backend, ())))))
                 for r in decision.rejected]
     rejected += [Rejection(backend=name, reasons=reasons) for name, reasons in extra.items()]
-    missing = call.features - features_of(fallback)
+    missing = call.features - supported_features(fallback)
     if missing:
         lacks = f"does not support {', '.join(sorted(missing))}"
         why = f"exact fallback: float32 math in torch (SDPA {lacks})"
@@ -139,12 +147,11 @@ def prepare(
     causal: bool = False, causal_alignment: str = "bottom_right", enable_gqa: bool = True, window: Any = None,
     softcap: float | None = None, sinks: Any = None, return_lse: bool = False, cu_seqlens_q: Any = None,
     cu_seqlens_k: Any = None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-    layout: str = "bhsd", precision: str = "exact", is_causal: bool | None = None,
+    layout: str = "bhsd", precision: str = "exact", is_causal: bool | None = None, block_table: Any = None,
+    seqused_k: Any = None,
 ) -> Prepared:
     """Check a call's arguments and name its features; raises :class:`DispatchError` for bad input."""
-    import torch
 
-    from attnforge.dispatch import runtime
 
     if is_causal is not None:
         if causal and not is_causal:
@@ -153,12 +160,7 @@ def prepare(
     if causal_alignment not in ALIGNMENTS:
         raise DispatchError(f"unknown causal_alignment {causal_alignment!r}",
                             hint="use 'bottom_right' (FlashAttention) or 'top_left' (SDPA's is_causal)")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if getattr(t, "is_nested", False):
-            raise DispatchError(f"{name} is a nested tensor; attention() takes dense or packed tensors",
-                                hint="pass the packed values with cu_seqlens: q.values() ([total, H, D]) and"
-                                     " cu_seqlens_q=q.offsets().int(), or pad with"
-                                     " torch.nested.to_padded_tensor and pass an attn_mask")
+    refuse_nested_or_packed(q, k, v, packed=False)
     uses: set[str] = set()
     opts: dict[str, Any] = {}
     if dropout_p:
@@ -179,16 +181,19 @@ def prepare(
     if return_lse:
         uses.add("lse")
         opts["return_lse"] = True
+    if block_table is not None or seqused_k is not None:
+        if cu_seqlens_q is not None or cu_seqlens_k is not None or attn_mask is not None:
+            raise DispatchError("a paged KV call takes no cu_seqlens and no attn_mask",
+                                hint="seqused_k gives each sequence's length in its pages")
+        return _paged(q, k, v, block_table=block_table, seqused_k=seqused_k, layout=layout, precision=precision,
+                      scale=scale, uses=uses, opts=opts, causal=causal, alignment=causal_alignment,
+                      enable_gqa=enable_gqa, sinks=sinks)
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
         return _varlen(q, k, v, uses=uses, opts=opts, attn_mask=attn_mask, causal=causal,
                        alignment=causal_alignment, enable_gqa=enable_gqa, sinks=sinks, cu_q=cu_seqlens_q,
                        cu_k=cu_seqlens_k, max_q=max_seqlen_q, max_k=max_seqlen_k)
-    if isinstance(q, torch.Tensor) and q.dim() == 3:
-        raise DispatchError(f"q has 3 dimensions {tuple(q.shape)}: packed [total, H, D] inputs need"
-                            " cu_seqlens_q and cu_seqlens_k (varlen)",
-                            hint="pass cu_seqlens_q/cu_seqlens_k, or add the batch dimension: q.unsqueeze(0)"
-                                 " (then layout='bshd')")
-    qh, kh, vh = runtime._validate(q, k, v, layout=layout, precision=precision, scale=scale)
+    refuse_nested_or_packed(q, k, v, packed=True)
+    qh, kh, vh = validate(q, k, v, layout=layout, precision=precision, scale=scale)
     _check_heads(qh.shape[1], kh.shape[1], enable_gqa)
     sq, sk = qh.shape[2], kh.shape[2]
     if causal_alignment == "top_left" and sq != sk and (causal or "window" in uses):
@@ -196,7 +201,7 @@ def prepare(
         opts["causal_alignment"] = "top_left"
     if attn_mask is not None:
         _check_mask(attn_mask, qh, kh)
-        uses.add("attn_mask")
+        uses.add("mask")
         opts["attn_mask"] = attn_mask
     if sinks is not None:
         opts["sinks"] = _check_sinks(sinks, qh)
@@ -204,8 +209,23 @@ def prepare(
     dv = vh.shape[3] if vh.shape[3] != qh.shape[3] else None
     if dv is not None:
         uses.add("dv")
-    return Prepared(q=qh, k=kh, v=vh, probe=(qh, kh), empty=is_empty(qh, kh), uses=frozenset(uses),
+    return Prepared(q=qh, k=kh, v=vh, probe=(qh, kh), empty=is_empty(qh, kh) or vh.shape[3] == 0, uses=frozenset(uses),
                     head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks))
+
+
+def refuse_nested_or_packed(q: Any, k: Any, v: Any, *, packed: bool) -> None:
+    """Raise the helpful error for nested tensors, and (``packed``) for 3-D inputs without ``cu_seqlens``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if getattr(t, "is_nested", False):
+            raise DispatchError(f"{name} is a nested tensor; attention() takes dense or packed tensors",
+                                hint="pass the packed values with cu_seqlens: q.values() ([total, H, D]) and"
+                                     " cu_seqlens_q=q.offsets().int(), or pad with"
+                                     " torch.nested.to_padded_tensor and pass an attn_mask")
+    if packed and getattr(q, "dim", None) is not None and q.dim() == 3:
+        raise DispatchError(f"q has 3 dimensions {tuple(q.shape)}: packed [total, H, D] inputs need"
+                            " cu_seqlens_q and cu_seqlens_k (varlen)",
+                            hint="pass cu_seqlens_q/cu_seqlens_k, or add the batch dimension: q.unsqueeze(0)"
+                                 " (then layout='bshd')")
 
 
 def _needs_grad(*tensors: Any) -> bool:
@@ -297,6 +317,52 @@ def _varlen(q: Any, k: Any, v: Any, *, uses: set[str], opts: dict[str, Any], att
                     needs_grad=_needs_grad(q, k, v, sinks))
 
 
+def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: str, precision: str,
+           scale: float | None, uses: set[str], opts: dict[str, Any], causal: bool, alignment: str,
+           enable_gqa: bool, sinks: Any) -> Prepared:
+    """A paged KV call: dense q, K/V page pools addressed by ``block_table``."""
+    import torch
+
+
+    if block_table is None:
+        raise DispatchError("seqused_k without block_table", hint="pass the block table of the paged cache")
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise DispatchError(f"paged {name} must be a page pool [num_blocks, page_size, Hkv, D]")
+    if (not isinstance(block_table, torch.Tensor) or block_table.dim() != 2
+            or block_table.dtype not in (torch.int32, torch.int64)):
+        raise DispatchError("block_table must be a 2-D int32 tensor [B, blocks]")
+    pages = block_table.shape[1] * k.shape[1]
+    if block_table.numel() and (int(block_table.min()) < 0 or int(block_table.max()) >= k.shape[0]):
+        raise DispatchError(f"block_table points outside the {k.shape[0]} pages of the cache")
+    if seqused_k is not None and (not isinstance(seqused_k, torch.Tensor) or tuple(seqused_k.shape) !=
+                                  (block_table.shape[0],) or bool((seqused_k < 0).any() | (seqused_k > pages).any())):
+        raise DispatchError(f"seqused_k must be [B] ints within 0..{pages} (the keys in each sequence's pages)")
+    if isinstance(q, torch.Tensor) and q.dim() == 4 and block_table.shape[0] != q.shape[0]:
+        raise DispatchError(f"block_table has {block_table.shape[0]} rows, q a batch of {q.shape[0]}")
+    # checked as dense calls: q in its layout against a [B, Hkv, pages, D] view of the pool's first page rows
+    probe_k, probe_v = (
+        t.as_strided((block_table.shape[0], t.shape[2], pages, t.shape[3]), (0, t.shape[3], 0, 1)) if t.numel()
+        else t.new_zeros((block_table.shape[0], t.shape[2], pages, t.shape[3])) for t in (k, v))
+    if layout == "bshd":
+        probe_k, probe_v = probe_k.transpose(1, 2), probe_v.transpose(1, 2)
+    qh, kp, _ = validate(q, probe_k, probe_v, layout=layout, precision=precision, scale=scale)
+    _check_heads(qh.shape[1], kp.shape[1], enable_gqa)
+    uses.add("paged")
+    opts.update(block_table=block_table, seqused_k=seqused_k)
+    if alignment == "top_left" and (causal or "window" in uses):
+        uses.add("causal_top_left")
+        opts["causal_alignment"] = "top_left"
+    if sinks is not None:
+        opts["sinks"] = _check_sinks(sinks, qh)
+        uses.add("sinks")
+    dv = v.shape[3] if v.shape[3] != qh.shape[3] else None
+    if dv is not None:
+        uses.add("dv")
+    return Prepared(q=qh, k=k, v=v, probe=(qh, kp), empty=is_empty(qh, kp), uses=frozenset(uses),
+                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks))
+
+
 def _window(window: Any) -> tuple[int | None, int | None]:
     try:
         left, right = window
@@ -321,11 +387,9 @@ def _check_mask(mask: Any, q: Any, k: Any) -> None:
         raise DispatchError("attn_mask must be a bool or floating-point tensor",
                             cause=f"got {getattr(mask, 'dtype', type(mask).__name__)}")
     full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    try:
-        shape = torch.broadcast_shapes(tuple(mask.shape), full)  # type: ignore[no-untyped-call]
-    except RuntimeError:
-        shape = None
-    if shape != full or mask.device != q.device:
+    dims = tuple(mask.shape)
+    fits = len(dims) <= 4 and all(m in (1, f) for m, f in zip(dims[::-1], full[::-1], strict=False))
+    if not fits or mask.device != q.device:
         raise DispatchError(f"attn_mask {tuple(mask.shape)} on {mask.device} does not broadcast to"
                             f" [B, Hq, Sq, Sk] = {list(full)} on {q.device}",
                             hint="masks are [B or 1, Hq or 1, Sq or 1, Sk], in either layout")
