@@ -35,7 +35,7 @@ def _setup(home: Path, device: str) -> list[dict[str, Any]]:
     for argv in ([sys.executable, "-m", "attnforge", "verify"],
                  [sys.executable, "-m", "attnforge", "bench", "--device", device]):
         done = SubprocessRunner().run(argv, env=env, timeout_s=1800)
-        steps.append({"argv": " ".join(argv[1:]), "returncode": done.returncode, "duration_s": done.duration_s})
+        steps.append({"argv": " ".join(argv[3:]), "returncode": done.returncode, "duration_s": done.duration_s})
         if done.returncode not in (0, 1):  # 1: only the CPU fallback runs here, still records
             sys.stderr.write(done.output[-4000:])
             raise SystemExit(f"error: {' '.join(argv[1:])} failed with exit code {done.returncode}")

@@ -170,3 +170,50 @@ def test_backend_masks_and_causal_alignment_match_native() -> None:
     torch.testing.assert_close(out, F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
                                .transpose(1, 2), **TOL)
     torch.testing.assert_close(lse, want_lse, **TOL)
+
+
+def _cogvideox() -> tuple[Any, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = diffusers.CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, text_embed_dim=16,
+        num_layers=1, sample_width=4, sample_height=4, sample_frames=5, patch_size=2, time_embed_dim=8,
+        max_text_seq_length=5).eval()
+    inputs = {"hidden_states": torch.randn(1, 2, 4, 4, 4), "encoder_hidden_states": torch.randn(1, 5, 16),
+              "timestep": torch.tensor([3])}
+    return model, inputs
+
+
+@pytest.mark.parametrize(("build", "kind"), [(_flux, "backend"), (_unet, "processor")], ids=["flux", "unet"])
+def test_route_changes_what_it_can_serve_and_matches(build: Any, kind: str, served: list[Any]) -> None:
+    model, inputs = build()
+    with torch.no_grad():
+        want = model(**inputs).sample
+        routed = df_integration.route(model)
+        got = model(**inputs).sample
+    torch.testing.assert_close(got, want, **TOL)
+    assert getattr(routed, kind)
+    assert routed.unchanged == ()
+    assert served
+
+
+def test_cogvideox_is_left_to_patch_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CogVideoX's joint-attention processor calls SDPA itself: route() leaves it, patch_sdpa serves it."""
+    from attnforge.dispatch import runtime
+
+    calls: list[tuple[int, ...]] = []
+    real = runtime.attention
+
+    def spy(q: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        calls.append(tuple(q.shape))
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(runtime, "attention", spy)
+    model, inputs = _cogvideox()
+    with torch.no_grad():
+        want = model(**inputs).sample
+        routed = df_integration.route(model)
+        with attnforge.patch_sdpa():
+            got = model(**inputs).sample
+    assert routed.unchanged == ("transformer_blocks.0.attn1: CogVideoXAttnProcessor2_0",)
+    assert calls == [(1, 2, 13, 8)]  # joint: 5 text + 2 frames x (4/2)^2 patches
+    torch.testing.assert_close(got, want, **TOL)
