@@ -68,6 +68,10 @@ def _decode(tp: Any, data: Any, path: str) -> Any:
         if data not in get_args(tp):
             raise DecodeError(path, f"expected one of {get_args(tp)}, got {data!r}")
         return data
+    if isinstance(tp, type) and issubclass(tp, tuple) and hasattr(tp, "_fields"):  # a NamedTuple
+        hints = get_type_hints(tp)
+        items = _decode(tuple[tuple(hints[f] for f in tp._fields)], data, path)  # type: ignore[misc]
+        return tp(*items)
     if origin is tuple:
         args = get_args(tp)
         if not isinstance(data, list):

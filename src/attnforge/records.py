@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The one device-key constructor lives with the value types; re-exported for the runtime, verify and bench.
+from attnforge.types.device import device_key as device_key  # noqa: PLC0414
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS verify (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -49,13 +52,6 @@ CREATE TABLE IF NOT EXISTS bench (
 );
 CREATE INDEX IF NOT EXISTS bench_device ON bench(device_key, backend);
 """
-
-
-def device_key(device_name: str, compute_capability: tuple[int, int] | None, torch_version: str) -> str:
-    """``"NVIDIA H200|9.0|torch 2.11.0+cu130"``; ``"cpu|torch 2.13.0+cpu"`` without a GPU."""
-    if compute_capability is None:
-        return f"{device_name}|torch {torch_version}"
-    return f"{device_name}|{compute_capability[0]}.{compute_capability[1]}|torch {torch_version}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,10 +13,8 @@ from typing import Any
 import pytest
 
 from attnforge.build.windows_env import (
-    FixKind,
     WindowsBuildEnv,
     capture_vcvars,
-    check_msvc,
     merge_env,
     parse_set_output,
     vc_env_problems,
@@ -29,6 +27,7 @@ from attnforge.catalog.toolchain import HostCompilerRange
 from attnforge.errors import BuildError
 from attnforge.probe.snapshot import CudaToolkit, PythonDevFiles, SystemSnapshot, TorchInfo
 from attnforge.resolve.buildspec import plan_build
+from attnforge.resolve.msvc import FixKind, check_msvc
 from attnforge.resolve.types import Request
 from tests._fakes import FIXTURES, OUTPUTS, FakeRunner
 
@@ -316,3 +315,38 @@ def test_capture_failure_names_the_command_to_try(snap: SystemSnapshot, tmp_path
 def test_merge_env_is_case_insensitive_and_later_wins() -> None:
     merged = merge_env({"Path": "a", "TMP": "x"}, {"PATH": "b"}, {"tmp": "y"})
     assert merged == {"Path": "b", "TMP": "y"}
+
+
+# -- one decision: the plan's choice is what the build executes -----------------------------------------------
+@pytest.mark.parametrize("case", [
+    pytest.param(((("12.3", "CUDA_PATH"), ("12.8", "glob")), (("14.44.35207",), ("14.39.33519",))),
+                 id="newer-cuda-installed"),
+    pytest.param(((("12.3", "CUDA_PATH"),), (("14.44.35207",), ("14.39.33519",))), id="older-toolset"),
+])
+def test_the_build_executes_the_toolkit_and_toolset_the_plan_chose(
+        snap: SystemSnapshot, case: tuple[tuple[tuple[str, str], ...], tuple[tuple[str, ...], ...]]) -> None:
+    toolkits, toolsets = case
+    s = _with(snap, toolkits=tuple(_toolkit(v, via) for v, via in toolkits), toolsets=toolsets)
+    s = dataclasses.replace(s, torch=dataclasses.replace(s.torch, cuda_version="12.4") if s.torch else None)
+    catalog = load_catalog()
+    decision = plan_build(s, catalog, Request(backend="flash-attn", archs=((8, 0),)))
+    assert decision.spec is not None, [c.text() for c in decision.preflight.checks if not c.ok]
+    spec = decision.spec
+    assert spec.toolkit is not None
+    assert catalog.toolchain is not None
+    env = windows_build_env(s, key8=spec.build_root.rsplit("\\", 1)[-1], windows=catalog.toolchain.host_compilers,
+                            msvc=load_msvc(), build_root=spec.build_root, msvc_toolset=spec.msvc_toolset,
+                            toolkit=spec.toolkit)
+    assert env.toolkit.path == spec.toolkit.path  # the build never switches to a toolkit the plan did not pick
+    assert env.vcvars_ver == spec.msvc_toolset
+    assert env.env["CUDA_HOME"] == spec.env["CUDA_HOME"]
+
+
+def test_the_short_build_root_comes_from_msvc_toml() -> None:
+    from attnforge.resolve.windows import short_build_root
+
+    rule = load_msvc().build_root
+    assert (rule.short_dir, rule.max_chars) == ("afb", 40)
+    assert short_build_root(r"C:\a", "0123abcd") == (r"C:\a\b\0123abcd", None)
+    root, why = short_build_root(r"D:\Users\someone-with-a-long-name\AppData\Local\attnforge", "0123abcd")
+    assert root == r"D:\afb\0123abcd" and why is not None

@@ -70,3 +70,20 @@ def test_missing_file_is_a_catalog_error(tmp_path: Path) -> None:
     (data / "toolchain.toml").unlink()
     with pytest.raises(CatalogError, match="cannot read catalog file"):
         load_catalog(data)
+
+
+def test_one_loader_checks_schema_and_top_keys_and_caches_the_packaged_file(tmp_path: Path) -> None:
+    from attnforge.catalog._check import load_file
+    from attnforge.catalog.msvc import load_msvc
+    from attnforge.catalog.tolerances import load_tolerances
+
+    bad = tmp_path / "x.toml"
+    bad.write_text("schema_version = 2\nstray = 1\n")
+    with pytest.raises(CatalogError) as info:
+        load_file("x.toml", lambda doc, errors: doc, path=bad, top_keys={"rows"})
+    assert info.value.problems == ("schema_version: expected 1, got 2", "stray: unknown field")
+    assert load_msvc() is load_msvc()  # the packaged file is read once
+    assert load_tolerances() is load_tolerances()
+    ok = tmp_path / "y.toml"
+    ok.write_text("schema_version = 1\nrows = 3\n")
+    assert load_file("y.toml", lambda doc, errors: doc["rows"], path=ok, top_keys={"rows"}) == 3

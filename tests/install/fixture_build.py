@@ -28,7 +28,7 @@ def fixture_spec(build_root: Path) -> BuildSpec:
 
 def build_fixture_into(store: Store, snapshot: SystemSnapshot | None = None) -> Entry:
     """Compile the fixture once and store the wheel with its log; returns the cache entry."""
-    snapshot = snapshot or collect_snapshot()
+    snapshot = snapshot or collect_snapshot(backends=())
     spec = fixture_spec(store.root / "build")
     result = execute(spec, home=store.root)
     inputs = built_wheel_inputs(wheel=result.wheel, spec=spec, source_sha256=result.source_sha256,

@@ -159,7 +159,7 @@ def test_eight_concurrent_cold_installs_build_once(tmp_path: Path) -> None:
     from attnforge.probe import collect_snapshot
 
     snapshot = tmp_path / "snapshot.json"
-    snapshot.write_text(collect_snapshot().to_json())
+    snapshot.write_text(collect_snapshot(backends=()).to_json())
     home = tmp_path / "home"
     code = _COLD_DRIVER.format(src=str(SRC), repo=str(REPO), ext=str(EXT_PKG))
     pythons = [make_venv(tmp_path / f"venv{i}") for i in range(8)]

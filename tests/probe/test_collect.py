@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 from attnforge.probe import GpuInfo, ProbeContext, collect_snapshot
 from attnforge.probe.collect import BUILD_ENV_VARS
@@ -53,7 +56,7 @@ def h200_machine(tmp_path: Path) -> tuple[ProbeContext, FakeRunner]:
 
 def test_h200_machine_from_recorded_outputs(h200_machine: tuple[ProbeContext, FakeRunner]) -> None:
     ctx, _ = h200_machine
-    snap = collect_snapshot(ctx)
+    snap = collect_snapshot(ctx, backends=())
     assert [(g.name, g.compute_capability, g.source, g.cuda_driver_version) for g in snap.gpus] == [
         ("NVIDIA H200", (9, 0), "nvidia-smi", "13.0")]
     assert snap.torch is not None
@@ -72,7 +75,7 @@ def test_nvml_is_preferred_when_it_works(h200_machine: tuple[ProbeContext, FakeR
     ctx, runner = h200_machine
     gpu = GpuInfo(index=0, name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0), memory_bytes=80 * 2**30,
                   driver_version="580.159.04", cuda_driver_version="13.0", source="nvml")
-    snap = collect_snapshot(ProbeContext(**{**_fields(ctx), "nvml": lambda: [gpu]}))
+    snap = collect_snapshot(ProbeContext(**{**_fields(ctx), "nvml": lambda: [gpu]}), backends=())
     assert snap.gpus == (gpu,)
     assert not any(call[0] == "nvidia-smi" for call in runner.calls)
 
@@ -80,7 +83,7 @@ def test_nvml_is_preferred_when_it_works(h200_machine: tuple[ProbeContext, FakeR
 def test_torch_is_the_last_gpu_fallback(h200_machine: tuple[ProbeContext, FakeRunner]) -> None:
     ctx, runner = h200_machine
     del runner.responses[("nvidia-smi", *SMI_QUERY[1:])]
-    snap = collect_snapshot(ctx)
+    snap = collect_snapshot(ctx, backends=())
     assert [(g.name, g.source) for g in snap.gpus] == [("NVIDIA H200", "torch")]
 
 
@@ -89,7 +92,7 @@ def test_no_gpu_no_torch_no_nvcc_still_gives_a_snapshot(tmp_path: Path) -> None:
     runner.add([sys.executable, TORCH_SCRIPT], '{"error": "ModuleNotFoundError: No module named \'torch\'"}\n')
     ctx = ProbeContext(runner=runner, environ={"PATH": str(tmp_path)}, os_name="linux", fs_root=tmp_path,
                        cache_dir=tmp_path, nvml=_no_nvml, timeout_s=5)
-    snap = collect_snapshot(ctx)
+    snap = collect_snapshot(ctx, backends=())
     assert snap.gpus == () and snap.torch is None and snap.cuda_toolkits == () and snap.compilers == ()
     reasons = {p.section: p.reason for p in snap.problems}
     assert "No module named 'torch'" in reasons["torch"]
@@ -111,7 +114,7 @@ def test_a_broken_torch_cannot_crash_the_probe(tmp_path: Path, stdout: str, stde
     runner = FakeRunner().add([sys.executable, TORCH_SCRIPT], stdout, stderr=stderr, returncode=code)
     ctx = ProbeContext(runner=runner, environ={"PATH": str(tmp_path)}, os_name="linux", fs_root=tmp_path,
                        cache_dir=tmp_path, nvml=_no_nvml, timeout_s=5)
-    snap = collect_snapshot(ctx)
+    snap = collect_snapshot(ctx, backends=())
     assert snap.torch is None
     assert expected in (snap.problem("torch") or "")
 
@@ -129,7 +132,7 @@ def test_cuda_home_wins_and_wrapper_roots_are_flagged(tmp_path: Path) -> None:
     runner.add([str(real / "bin" / "nvcc"), "--version"], recorded("nvcc_13.0_linux.txt"))
     ctx = ProbeContext(runner=runner, environ={"PATH": str(wrapper_bin), "CUDA_HOME": str(real)}, os_name="linux",
                        fs_root=tmp_path / "empty", cache_dir=tmp_path, nvml=_no_nvml, timeout_s=5)
-    snap = collect_snapshot(ctx)
+    snap = collect_snapshot(ctx, backends=())
     vias = {t.found_via: t.has_headers for t in snap.cuda_toolkits}
     assert vias == {"CUDA_HOME": True, "PATH": False}
     assert snap.primary_toolkit is not None and snap.primary_toolkit.path == str(real)
@@ -139,3 +142,33 @@ def _fields(ctx: ProbeContext) -> dict[str, object]:
     import dataclasses
 
     return {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Query:
+    """A backend to look for, as plain data (the probe never reads the catalog itself)."""
+
+    id: str
+    distributions: tuple[str, ...]
+    version_spec: SpecifierSet = dataclasses.field(default_factory=SpecifierSet)
+    import_name: str = "nothing"
+    native_modules: tuple[str, ...] = ()
+
+    @property
+    def builtin(self) -> bool:
+        return not self.distributions
+
+
+def test_backends_to_look_for_are_data(h200_machine: tuple[ProbeContext, FakeRunner]) -> None:
+    ctx, _ = h200_machine
+    wanted = [_Query("ghost", ("attnforge-no-such-distribution",)), _Query("sdpa", ())]
+    snap = collect_snapshot(ctx, backends=wanted)
+    assert [(b.backend, b.distribution, b.imports) for b in snap.backends] == [("ghost", None, None)]
+    assert collect_snapshot(ctx, backends=()).backends == ()
+
+
+def test_probe_imports_without_the_catalog() -> None:
+    code = ("import sys, attnforge.probe; bad = sorted(m for m in sys.modules if m.startswith('attnforge.catalog'));"
+            " print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr

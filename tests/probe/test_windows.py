@@ -166,7 +166,7 @@ def test_long_paths_from_recorded_reg_output(tmp_path: Path, name: str, rc: int,
     reg = FakeRunner().add(("reg", "query", r"HKLM\SYSTEM\CurrentControlSet\Control\FileSystem", "/v",
                             "LongPathsEnabled"), "" if rc else text, stderr=text if rc else "", returncode=rc)
     assert reg_query_long_paths(reg) == value
-    snap = collect_snapshot(_ctx(FakeRunner(), tmp_path, registry=lambda: reg_query_long_paths(reg)))
+    snap = collect_snapshot(_ctx(FakeRunner(), tmp_path, registry=lambda: reg_query_long_paths(reg)), backends=())
     assert snap.long_paths_enabled is enabled
 
 
@@ -174,7 +174,7 @@ def test_a_registry_error_is_a_problem_not_a_crash(tmp_path: Path) -> None:
     def denied() -> int | None:
         raise PermissionError("[WinError 5] Access is denied")
 
-    snap = collect_snapshot(_ctx(FakeRunner(), tmp_path, registry=denied))
+    snap = collect_snapshot(_ctx(FakeRunner(), tmp_path, registry=denied), backends=())
     assert snap.long_paths_enabled is None
     assert "Access is denied" in (snap.problem("long_paths_enabled") or "")
 
@@ -197,7 +197,7 @@ def test_toolkits_from_cuda_path_and_program_files(tmp_path: Path) -> None:
         runner.add_exact((str(_toolkit(base / folder)), "--version"), win(f"{output}"))
     environ = {"CUDA_PATH": str(base / "v12.8"), "CUDA_PATH_V12_8": str(base / "v12.8"),
                "CUDA_PATH_V12_3": str(base / "v12.3")}
-    snap = collect_snapshot(_ctx(runner, tmp_path, environ=environ))
+    snap = collect_snapshot(_ctx(runner, tmp_path, environ=environ), backends=())
     found = [(t.version, t.found_via) for t in snap.cuda_toolkits]
     # CUDA_PATH first, then the per-version variables newest first, then folders not seen yet
     assert found == [("12.8", "CUDA_PATH"), ("12.3", "CUDA_PATH_V12_3"), ("13.0", "glob")]
@@ -211,12 +211,12 @@ def test_program_files_folders_are_ordered_by_version_not_name(tmp_path: Path) -
     for folder, output in (("v12.8", "nvcc_12.8_windows.txt"), ("v13.0", "nvcc_13.0_windows.txt"),
                            ("v12.10", "nvcc_12.3_windows.txt")):
         runner.add_exact((str(_toolkit(base / folder)), "--version"), win(f"{output}"))
-    snap = collect_snapshot(_ctx(runner, tmp_path))
+    snap = collect_snapshot(_ctx(runner, tmp_path), backends=())
     assert [Path(t.path).name for t in snap.cuda_toolkits] == ["v13.0", "v12.10", "v12.8"]
 
 
 def test_cuda_path_without_nvcc_is_reported(tmp_path: Path) -> None:
-    snap = collect_snapshot(_ctx(FakeRunner(), tmp_path, environ={"CUDA_PATH": str(tmp_path / "gone")}))
+    snap = collect_snapshot(_ctx(FakeRunner(), tmp_path, environ={"CUDA_PATH": str(tmp_path / "gone")}), backends=())
     assert snap.cuda_toolkits == ()
     assert "has no bin/nvcc.exe" in (snap.problem("cuda_toolkits") or "")
 
@@ -228,7 +228,7 @@ def test_cuda_path_without_nvcc_is_reported(tmp_path: Path) -> None:
 ])
 def test_python_dev_files(tmp_path: Path, name: str, can_build: bool, embedded: bool) -> None:
     runner = FakeRunner().add((WIN_PYTHON, "-c", PYTHON_DEV_SCRIPT), win(f"{name}"))
-    snap = collect_snapshot(_ctx(runner, tmp_path))
+    snap = collect_snapshot(_ctx(runner, tmp_path), backends=())
     assert snap.python_dev is not None
     assert snap.python_dev.can_build_extensions is can_build
     assert snap.python_dev.embedded is embedded
@@ -259,6 +259,6 @@ def test_the_python_dev_script_runs_here() -> None:
 def test_windows_snapshot_round_trips_through_json(tmp_path: Path) -> None:
     runner = FakeRunner().add((WIN_PYTHON, "-c", PYTHON_DEV_SCRIPT),
                               win("python_dev_embedded_3.12.json"))
-    snap = collect_snapshot(_ctx(runner, tmp_path, registry=lambda: 0))
+    snap = collect_snapshot(_ctx(runner, tmp_path, registry=lambda: 0), backends=())
     again = type(snap).from_json(snap.to_json())
     assert again == snap

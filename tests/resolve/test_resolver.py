@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -47,7 +48,7 @@ def _source(plan: Plan) -> str:
         pytest.param(
             WINDOWS,
             False,
-            ["_MSC_VER 1940", "[1910, 1940)", "-vcvars_ver=14.39", "CUDA 12.4 or newer 12.x"],
+            ["_MSC_VER 1940", "_MSC_VER 1910-1939", "VS 2022 17.10", "-vcvars_ver=14.39", "CUDA 12.4 or newer"],
             [],
             id="windows-vs17.10-cuda12.3",
         ),
@@ -311,3 +312,15 @@ def test_bad_version_text_is_usage_error(catalog: Catalog) -> None:
 
 def test_torch_info_helpers_unchanged() -> None:
     assert TorchInfo.__dataclass_fields__["version"]  # contract types still import
+
+
+def test_newest_wheel_is_chosen_by_pep440_not_by_hand(catalog: Catalog, tmp_path: Path) -> None:
+    """2.8.3.post1 > 2.8.3 > 2.8.3rc1 > 2.8 (issue 13: a hand-made key chose the rc and crashed on 2.8 vs 2.8.3)."""
+    label = "+cu13torch2.11cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
+    for version in ("2.8", "2.8.3rc1", "2.8.3", "2.8.3.post1"):
+        (tmp_path / f"flash_attn-{version}{label}").touch()
+    plan = resolve(snapshot(H200), catalog, Request(backend="flash-attn"), wheels=list_find_links(str(tmp_path)))
+    order = [c.wheel.filename.split("+")[0] for c in plan.candidates if c.wheel and c.accepted]
+    assert order == ["flash_attn-2.8.3.post1", "flash_attn-2.8.3", "flash_attn-2.8.3rc1", "flash_attn-2.8"]
+    assert plan.chosen is not None and plan.chosen.wheel is not None
+    assert plan.chosen.wheel.filename.startswith("flash_attn-2.8.3.post1+")

@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
 #: Return code reported when the program does not exist (as a shell would).
 NOT_FOUND = 127
@@ -100,6 +100,17 @@ class SubprocessRunner:
             stderr=proc.stderr.decode("utf-8", "replace"),
             duration_s=time.monotonic() - start,
         )
+
+
+def run_attached(argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdout: IO[str] | None = None) -> int:
+    """Run a program with its output going straight to this terminal (or ``stdout``), for commands the user
+    watches (``attnforge cargo-env -- cargo build``); returns the exit status.
+
+    Raises:
+        FileNotFoundError: the program does not exist.
+    """
+    return subprocess.run(list(argv), env=dict(env) if env is not None else None, stdout=stdout,
+                          check=False).returncode
 
 
 def which(name: str, environ: Mapping[str, str]) -> Path | None:

@@ -71,6 +71,14 @@ FEATURES: dict[str, str] = {
 }
 
 
+def supported_features(adapter: object) -> frozenset[str]:
+    """The features an adapter serves: its capabilities' ``features``, else its own ``features``, else none
+    (an adapter that declares nothing is never given a call that uses a feature)."""
+    caps = getattr(adapter, "caps", None)
+    found = getattr(caps, "features", None) if caps is not None else getattr(adapter, "features", None)
+    return frozenset(found) if found is not None else frozenset()
+
+
 class BackendAdapter(Protocol):
     """One attention backend behind the common call convention (see the module docstring)."""
 

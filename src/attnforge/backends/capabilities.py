@@ -19,11 +19,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import attnforge.probe  # noqa: F401 - loads probe before catalog: catalog.backends <-> probe.collect cycle
 from attnforge.backends.adapter import FEATURES, AttentionCall
 from attnforge.catalog import DATA_DIR, Catalog, load_catalog
 from attnforge.catalog._check import Collector, read_toml
-from attnforge.probe.snapshot import ComputeCapability, format_cc
+from attnforge.types.cc import ComputeCapability, format_cc
 
 SCHEMA_VERSION = 1
 _FIELDS = {
@@ -240,8 +239,8 @@ def _enum(errors: Collector, raw: Mapping[str, Any], key: str, path: str, kind: 
 SDPA_FALLBACK = Capabilities(
     backend="sdpa",
     devices=DEVICES,
-    min_cc=(0, 0),
-    max_cc=(99, 9),
+    min_cc=ComputeCapability(0, 0),
+    max_cc=ComputeCapability(99, 9),
     dtypes=("float16", "bfloat16", "float32", "float64"),
     max_head_dim=1 << 30,
     head_dim_multiple=1,

@@ -11,7 +11,6 @@ import functools
 import importlib
 from collections.abc import Callable
 
-import attnforge.probe  # noqa: F401 - loads probe before catalog: catalog.backends <-> probe.collect cycle
 from attnforge.backends._base import AdapterBase, Requirement
 from attnforge.backends.adapter import BackendAdapter
 from attnforge.backends.capabilities import SDPA_FALLBACK, Capabilities, load_capabilities

@@ -17,8 +17,6 @@ Nothing runs at import time.
 
 from __future__ import annotations
 
-# attnforge.catalog and attnforge.probe import each other; entering through probe resolves the cycle.
-import attnforge.probe  # noqa: F401
 from attnforge.bench.flops import FORMULA, Mode, attention_flops, causal_pairs, tflops
 from attnforge.bench.grid import BenchShape, ShapeSet, cpu_grid, model_shapes, paper_grid
 from attnforge.bench.records import ShapeClass, fastest_backend, to_records

@@ -248,7 +248,7 @@ def _prepare_windows(spec: BuildSpec, snapshot: object | None, *, base: Mapping[
     else:
         from attnforge.probe import collect_snapshot
 
-        machine = collect_snapshot()
+        machine = collect_snapshot(backends=())  # the Windows environment needs no backend states
     prepared = prepare_windows_build(spec, machine, base=base, build_root=spec.build_root or str(build_root),
                                      runner=runner,
                                      scratch_dir=scratch / "vcvars")

@@ -21,15 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path, PureWindowsPath
 
 from attnforge._system.runner import Runner
-from attnforge.build.windows_env import (
-    MsvcWindow,
-    WindowsBuildEnv,
-    capture_vcvars,
-    merge_env,
-    windows_build_env,
-)
+from attnforge.build.windows_env import WindowsBuildEnv, capture_vcvars, merge_env, windows_build_env
 from attnforge.catalog.msvc import MsvcCatalog
 from attnforge.probe.snapshot import SystemSnapshot
+from attnforge.resolve.msvc import MsvcWindow
 from attnforge.resolve.types import BuildSpec
 
 _KEY8 = re.compile(r"[0-9a-f]{8}")

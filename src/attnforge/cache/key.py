@@ -127,7 +127,7 @@ def _parse_arch(text: object) -> ComputeCapability:
     if not isinstance(text, str) or not re.fullmatch(r"\d+\.\d+", text):
         raise ValueError(f"bad arch {text!r} (expected e.g. '9.0')")
     major, _, minor = text.partition(".")
-    return (int(major), int(minor))
+    return ComputeCapability(int(major), int(minor))
 
 
 @dataclass(frozen=True, slots=True)

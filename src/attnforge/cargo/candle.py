@@ -211,7 +211,7 @@ def _host_compiler(snapshot: SystemSnapshot) -> str:
         cl = snapshot.compiler("cl")
         if cl is not None:
             return f"cl-{cl.version}"
-        from attnforge.build.windows_env import default_toolset
+        from attnforge.resolve.msvc import default_toolset
 
         chosen = default_toolset(snapshot)  # what a fresh vcvars64 gives: newest instance, newest toolset
         if chosen is not None:

@@ -9,42 +9,12 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from attnforge.catalog._check import Collector, read_toml
+from attnforge.catalog._check import DATA_DIR, SCHEMA_VERSION, read_checked
+from attnforge.catalog.backends import Backend, parse_backends
+from attnforge.catalog.recipes import GENERIC_RECIPE, Recipe, WheelGrammar, parse_recipes, parse_wheel_grammars
+from attnforge.catalog.toolchain import Toolchain, parse_toolchain
 from attnforge.errors import CatalogError, UsageError
-
-# The loaders import attnforge.probe.snapshot, whose package imports this one: keep this module's import light
-# (submodules load on first use) so either package can be imported first.
-if TYPE_CHECKING:
-    from attnforge.catalog.backends import Backend
-    from attnforge.catalog.recipes import Recipe, WheelGrammar
-    from attnforge.catalog.toolchain import Toolchain
-
-_LAZY = {
-    "Backend": "attnforge.catalog.backends",
-    "Recipe": "attnforge.catalog.recipes",
-    "WheelGrammar": "attnforge.catalog.recipes",
-    "Toolchain": "attnforge.catalog.toolchain",
-}
-
-
-def _load_probe_first() -> None:
-    """Import ``attnforge.probe`` before the loaders: probe.backends imports catalog.backends, which imports
-    probe.snapshot, so the probe package must be the one that starts the chain."""
-    import attnforge.probe  # noqa: F401
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        _load_probe_first()
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-DATA_DIR = Path(__file__).parent / "data"
-SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,8 +49,6 @@ class Catalog:
         The generic torch-extension recipe for a name the catalog does not know; None for backends built into
         torch.
         """
-        from attnforge.catalog.recipes import GENERIC_RECIPE
-
         if backend_id in self.recipes:
             return self.recipes[backend_id]
         if backend_id in self.backends:
@@ -127,16 +95,8 @@ def _packaged() -> Catalog:
 
 def _load(data_dir: Path) -> Catalog:
     """Read every file, then raise once with the problems of all files (each prefixed by its file name)."""
-    _load_probe_first()
-    from attnforge.catalog.backends import parse_backends
-    from attnforge.catalog.recipes import parse_recipes, parse_wheel_grammars
-    from attnforge.catalog.toolchain import parse_toolchain
-
-    backends_doc = read_toml(data_dir / "backends.toml")
-    toolchain_doc = read_toml(data_dir / "toolchain.toml")
-    b_errors, t_errors = Collector("backends.toml"), Collector("toolchain.toml")
-    for doc, errors in ((backends_doc, b_errors), (toolchain_doc, t_errors)):
-        errors.schema_version(doc, SCHEMA_VERSION)
+    backends_doc, b_errors = read_checked(data_dir / "backends.toml")
+    toolchain_doc, t_errors = read_checked(data_dir / "toolchain.toml")
     backends = parse_backends(backends_doc, b_errors)
     recipes = parse_recipes(backends_doc, b_errors)
     grammars = parse_wheel_grammars(backends_doc, b_errors)
@@ -152,4 +112,7 @@ def _load(data_dir: Path) -> Catalog:
     return Catalog(backends=backends, toolchain=toolchain, recipes=recipes, wheel_grammars=grammars)
 
 
-__all__ = ["Backend", "Catalog", "CatalogError", "Recipe", "Toolchain", "WheelGrammar", "load_catalog"]
+__all__ = [
+    "DATA_DIR", "SCHEMA_VERSION", "Backend", "Catalog", "CatalogError", "Recipe", "Toolchain", "WheelGrammar",
+    "load_catalog",
+]

@@ -5,6 +5,7 @@ Modelled on pypa/packaging's ``_ErrorCollector``: a data file with five bad fiel
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -128,3 +129,51 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise CatalogError(f"cannot read catalog file {path}", cause=exc.strerror) from None
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError(f"{path.name} is not valid TOML", cause=str(exc)) from None
+
+
+#: The packaged data files (``catalog/data/*.toml``).
+DATA_DIR = Path(__file__).parent / "data"
+#: Every data file carries ``schema_version = 1``; bump here when a field changes meaning or is removed.
+SCHEMA_VERSION = 1
+
+Parse = Callable[[Mapping[str, Any], Collector], T]
+
+
+def read_checked(path: Path, top_keys: set[str] | None = None) -> tuple[dict[str, Any], Collector]:
+    """Read one data file and check what every file must have: its ``schema_version`` and (when ``top_keys``
+    is given) no top-level key outside ``top_keys``. The problems stay in the returned collector.
+
+    Raises:
+        CatalogError: the file is missing or not TOML.
+    """
+    doc = read_toml(path)
+    errors = Collector(path.name)
+    errors.schema_version(doc, SCHEMA_VERSION)
+    if top_keys is not None:
+        errors.unknown_keys(doc, {"schema_version", *top_keys}, "")
+    return doc, errors
+
+
+def load_file(name: str, parse: Parse[T], *, path: Path | None = None, top_keys: set[str] | None = None) -> T:
+    """The one loader of a catalog data file: read, check the schema, ``parse(doc, errors)``, raise once.
+
+    The packaged file (``path`` None) is read once per process and cached; an explicit ``path`` is always read.
+
+    Raises:
+        CatalogError: the file is missing, not TOML, or has bad fields (each named by its dotted path).
+    """
+    if path is None:
+        return _packaged(name, parse, frozenset(top_keys) if top_keys is not None else None)  # type: ignore[no-any-return]
+    return _load_file(path, parse, top_keys)
+
+
+@functools.cache
+def _packaged(name: str, parse: Parse[Any], top_keys: frozenset[str] | None) -> Any:
+    return _load_file(DATA_DIR / name, parse, set(top_keys) if top_keys is not None else None)
+
+
+def _load_file(path: Path, parse: Parse[T], top_keys: set[str] | None) -> T:
+    doc, errors = read_checked(path, top_keys)
+    value = parse(doc, errors)
+    errors.finish()
+    return value

@@ -9,8 +9,9 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from attnforge.catalog._check import Collector
-from attnforge.probe.snapshot import ComputeCapability, format_cc, parse_cc
+from attnforge.types.cc import ComputeCapability, format_cc, parse_cc
 
+_NO_CC = ComputeCapability(0, 0)
 FAMILIES = ("sdpa", "flex", "flash-attn", "sageattention", "xformers")
 DTYPES = ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn")
 _FIELDS = {
@@ -65,8 +66,8 @@ def parse_backends(doc: Mapping[str, Any], errors: Collector) -> dict[str, Backe
                 errors.add(f"{path}.dtypes[{i}]", f"unknown dtype {d!r}")
         spec_text = errors.get(raw, "version_spec", path, str, default="")
         spec = errors.parsed(spec_text, f"{path}.version_spec", _specifier, SpecifierSet())
-        min_cc = errors.parsed(errors.get(raw, "min_cc", path, str), f"{path}.min_cc", parse_cc, (0, 0))
-        max_cc = errors.parsed(errors.get(raw, "max_cc", path, str), f"{path}.max_cc", parse_cc, (0, 0))
+        min_cc = errors.parsed(errors.get(raw, "min_cc", path, str), f"{path}.min_cc", parse_cc, _NO_CC)
+        max_cc = errors.parsed(errors.get(raw, "max_cc", path, str), f"{path}.max_cc", parse_cc, _NO_CC)
         if min_cc > max_cc:
             errors.add(f"{path}.min_cc", f"{format_cc(min_cc)} is above max_cc {format_cc(max_cc)}")
         head = errors.get(raw, "max_head_dim", path, int)

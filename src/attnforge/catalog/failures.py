@@ -19,10 +19,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from attnforge.catalog._check import Collector, read_toml
+from attnforge.catalog._check import DATA_DIR, Collector, read_checked
 
-DATA_DIR = Path(__file__).parent / "data"
-SCHEMA_VERSION = 1
 STAGES = ("fetch", "metadata", "compile", "link", "import", "runtime")
 #: Facts a cause or fix may name besides its patterns' groups.
 FACTS = ("name", "python", "log", "torch_version", "torch_cuda", "nvcc_version", "cuda_index_tag")
@@ -94,7 +92,7 @@ def load_failures(data_dir: Path | None = None) -> FailureCatalog:
 
 
 @functools.cache
-def _packaged() -> FailureCatalog:
+def _packaged() -> FailureCatalog:  # several files (failures*.toml) with cross-file id checks: cached here
     return _load(DATA_DIR)
 
 
@@ -103,10 +101,7 @@ def _load(data_dir: Path) -> FailureCatalog:
     signatures: list[FailureSignature] = []
     seen: dict[str, str] = {}
     for path in files:
-        errors = Collector(path.name)
-        doc = read_toml(path)
-        errors.schema_version(doc, SCHEMA_VERSION)
-        errors.unknown_keys(doc, {"schema_version", "signatures"}, "")
+        doc, errors = read_checked(path, {"signatures"})
         for sig in parse_signatures(doc, errors, origin=path.name):
             if sig.id in seen:
                 errors.add(f"signatures.{sig.id}", f"already defined in {seen[sig.id]}")

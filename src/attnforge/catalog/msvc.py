@@ -7,17 +7,13 @@ this file only adds what sits on top of it. Nothing is read at import time: call
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnforge.catalog._check import Collector, read_toml
-
-DATA_FILE = Path(__file__).parent / "data" / "msvc.toml"
-SCHEMA_VERSION = 1
+from attnforge.catalog._check import Collector, load_file
 
 MajorMinor = tuple[int, int]
 
@@ -66,12 +62,22 @@ class VsRelease:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class BuildRoot:
+    """Where a Windows build runs: ``<home>\\b\\<key8>`` up to ``max_chars``, else ``<drive>:\\<short_dir>\\<key8>``."""
+
+    short_dir: str
+    max_chars: int
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MsvcCatalog:
     """Everything in ``msvc.toml``."""
 
     stl_floors: tuple[StlFloor, ...]
     conformance: tuple[ConformanceFlag, ...]
     releases: tuple[VsRelease, ...]
+    build_root: BuildRoot
 
     def release_name(self, msc_ver: int) -> str | None:
         """``1944`` -> ``"VS 2022 17.11-17.14"``; None for a ``_MSC_VER`` no row covers."""
@@ -95,28 +101,30 @@ def load_msvc(path: Path | None = None) -> MsvcCatalog:
     Raises:
         CatalogError: the file is missing, not TOML, or has bad fields (each named by its dotted path).
     """
-    if path is None:
-        return _packaged()
-    return _load(path)
+    return load_file("msvc.toml", _parse, path=path,
+                     top_keys={"stl_floors", "conformance", "releases", "build_root"})
 
 
-@functools.cache
-def _packaged() -> MsvcCatalog:
-    return _load(DATA_FILE)
-
-
-def _load(path: Path) -> MsvcCatalog:
-    doc = read_toml(path)
-    errors = Collector(path.name)
-    errors.schema_version(doc, SCHEMA_VERSION)
-    errors.unknown_keys(doc, {"schema_version", "stl_floors", "conformance", "releases"}, "")
-    catalog = MsvcCatalog(
+def _parse(doc: Mapping[str, Any], errors: Collector) -> MsvcCatalog:
+    return MsvcCatalog(
         stl_floors=tuple(_stl_floors(doc, errors)),
         conformance=tuple(_conformance(doc, errors)),
         releases=tuple(_releases(doc, errors)),
+        build_root=_build_root(doc, errors),
     )
-    errors.finish()
-    return catalog
+
+
+def _build_root(doc: Mapping[str, Any], errors: Collector) -> BuildRoot:
+    with errors.table(doc, "build_root", "") as row:
+        errors.unknown_keys(row, {"short_dir", "max_chars", "sources"}, "build_root")
+        short_dir = errors.get(row, "short_dir", "build_root", str)
+        if "short_dir" in row and not re.fullmatch(r"[A-Za-z0-9_]{1,8}", short_dir):
+            errors.add("build_root.short_dir", f"expected a short plain directory name, got {short_dir!r}")
+        max_chars = errors.get(row, "max_chars", "build_root", int)
+        if "max_chars" in row and not 10 <= max_chars <= 200:
+            errors.add("build_root.max_chars", f"expected 10..200, got {max_chars}")
+        return BuildRoot(short_dir=short_dir, max_chars=max_chars,
+                         sources=errors.str_list(row, "sources", "build_root", allow_empty=False))
 
 
 def _rows(doc: Mapping[str, Any], key: str, errors: Collector) -> list[tuple[str, Mapping[str, Any]]]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from attnforge.catalog._check import Collector
 from attnforge.catalog.toolchain import MajorMinor, Target, format_major_minor, parse_major_minor
-from attnforge.probe.snapshot import ComputeCapability
+from attnforge.types.cc import ComputeCapability
 
 
 class RecipeKind(StrEnum):

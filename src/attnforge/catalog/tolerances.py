@@ -5,7 +5,6 @@ Nothing is read at import time; call :func:`load_tolerances`.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,12 +12,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from attnforge.catalog._check import Collector, read_toml
+from attnforge.catalog._check import Collector, load_file
 from attnforge.catalog.backends import DTYPES
 from attnforge.errors import CatalogError
 
-TOLERANCES_FILE = Path(__file__).parent / "data" / "tolerances.toml"
-SCHEMA_VERSION = 1
 _FIELDS = {"atol", "rtol", "max_rel_l1", "sources"}
 
 
@@ -83,24 +80,11 @@ def load_tolerances(path: Path | None = None) -> Tolerances:
     Raises:
         CatalogError: the file is missing, not TOML, or has bad fields; ``problems`` names every dotted path.
     """
-    if path is None:
-        return _packaged()
-    return _load(path)
+    return load_file("tolerances.toml", _parse, path=path, top_keys={k.value for k in PrecisionKind})
 
 
-@functools.cache
-def _packaged() -> Tolerances:
-    return _load(TOLERANCES_FILE)
-
-
-def _load(path: Path) -> Tolerances:
-    doc = read_toml(path)
-    errors = Collector(path.name)
-    errors.schema_version(doc, SCHEMA_VERSION)
-    errors.unknown_keys(doc, {"schema_version", *(k.value for k in PrecisionKind)}, "")
-    rows = parse_tolerances(doc, errors)
-    errors.finish()
-    return Tolerances(rows=rows)
+def _parse(doc: Mapping[str, Any], errors: Collector) -> Tolerances:
+    return Tolerances(rows=parse_tolerances(doc, errors))
 
 
 def parse_tolerances(doc: Mapping[str, Any], errors: Collector) -> dict[tuple[PrecisionKind, str], Tolerance]:

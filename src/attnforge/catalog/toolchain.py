@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from attnforge.catalog._check import Collector
-from attnforge.probe.snapshot import ComputeCapability, format_cc, parse_cc
+from attnforge.types.cc import ComputeCapability, format_cc, parse_cc
 
 #: ``"12.8"`` -> ``(12, 8)``: CUDA and torch release numbers compared as integer pairs.
 MajorMinor = tuple[int, int]
@@ -75,7 +75,7 @@ class Target:
                 return cls(cc=parse_cc(t), kind=TargetKind.SASS)
             raise ValueError(f"not an nvcc target: {text!r} (expected e.g. sm_90, sm_90a, compute_120)")
         prefix, major, minor, suffix = m.groups()
-        cc = (int(major), int(minor))
+        cc = ComputeCapability(int(major), int(minor))
         if prefix == "compute":
             if suffix:
                 raise ValueError(f"attnforge only models plain PTX targets, got {text!r}")
@@ -277,7 +277,7 @@ def _gpus(doc: Mapping[str, Any], errors: Collector) -> list[GpuModel]:
         errors.unknown_keys(row, {"cc", "arch", "names", "sources"}, path)
         out.append(
             GpuModel(
-                cc=errors.parsed(errors.get(row, "cc", path, str), f"{path}.cc", parse_cc, (0, 0)),
+                cc=errors.parsed(errors.get(row, "cc", path, str), f"{path}.cc", parse_cc, ComputeCapability(0, 0)),
                 arch=errors.get(row, "arch", path, str),
                 names=errors.str_list(row, "names", path, allow_empty=False),
                 sources=_sources(errors, row, path),

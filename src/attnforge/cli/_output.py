@@ -75,8 +75,9 @@ def load_or_probe(snapshot_path: Path | None) -> Any:
     Raises:
         ProbeError: the snapshot file is missing or invalid.
     """
+    from attnforge.catalog import load_catalog
     from attnforge.probe import SystemSnapshot, collect_snapshot
 
     if snapshot_path is not None:
         return SystemSnapshot.load(snapshot_path)
-    return collect_snapshot()
+    return collect_snapshot(backends=load_catalog().backends.values())

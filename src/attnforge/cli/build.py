@@ -17,6 +17,7 @@ import click
 
 from attnforge.build.progress import BuildEvent, HeartbeatEvent, PhaseEvent, StepEvent
 from attnforge.cli._output import console, emit_json, json_option, snapshot_option
+from attnforge.cli.plan import parse_archs
 from attnforge.resolve.types import BuildSpec, Request, SourceKind, SourceSpec
 
 _ARCHIVES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")
@@ -70,7 +71,7 @@ def command(
     source = parse_source(source_text) if source_text else None
     dist, _, version = (backend or "").partition("==")
     dist = name or dist or _name_from_source(source)
-    request = Request(backend=dist, version=f"=={version}" if version else "", archs=_parse_archs(archs),
+    request = Request(backend=dist, version=f"=={version}" if version else "", archs=parse_archs(archs),
                       from_source=True, source=source, allow_unsupported_compiler=allow_unsupported_compiler)
     home = home_dir(os.environ)
     snapshot = load_or_probe(snapshot_path)
@@ -190,19 +191,6 @@ def apply_options(spec: BuildSpec, *, jobs: int | None, use_sccache: bool, name:
     if name:
         changes["name"] = name
     return dataclasses.replace(spec, env=env, **changes)
-
-
-def _parse_archs(values: tuple[str, ...]) -> tuple[tuple[int, int], ...] | None:
-    from attnforge.errors import UsageError
-    from attnforge.probe.snapshot import parse_cc
-
-    texts = [t for v in values for t in v.replace(";", ",").split(",") if t.strip()]
-    if not texts:
-        return None
-    try:
-        return tuple(parse_cc(t) for t in texts)
-    except ValueError as exc:
-        raise UsageError(str(exc), hint="write compute capabilities like --arch 9.0 --arch 12.0") from None
 
 
 def _name_from_source(source: SourceSpec | None) -> str:

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +92,7 @@ def command(  # noqa: PLR0917 - click passes every option as a positional argume
     Put the cargo command after `--`.
     """
     from attnforge._system.paths import home_dir
-    from attnforge._system.runner import SubprocessRunner
+    from attnforge._system.runner import SubprocessRunner, run_attached
     from attnforge.cache import open_store
     from attnforge.cargo.candle import (
         archive_objects_windows,
@@ -138,7 +137,7 @@ def command(  # noqa: PLR0917 - click passes every option as a positional argume
             # with --json, stdout carries only the JSON document: the command's output goes to stderr
             out = sys.stderr if as_json else None
             env = {**os.environ, **plan.env}
-            returncode = subprocess.run(command, env=env, stdout=out, check=False).returncode
+            returncode = run_attached(command, env=env, stdout=out)
         except FileNotFoundError:
             raise UsageError(f"cannot run {command[0]!r}: not found", hint="is cargo on PATH?") from None
     if returncode == 0 or store_only:

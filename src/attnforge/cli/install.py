@@ -77,7 +77,7 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
                       source=parse_source(source) if source else None,
                       allow_unsupported_compiler=allow_unsupported_compiler)
     store = open_store()
-    snapshot = collect_snapshot()
+    snapshot = collect_snapshot(backends=catalog.backends.values())
     backend = catalog.backends.get(name)
     recipe = catalog.recipe(name)
     projects = [*(backend.distributions if backend else (name,)),

@@ -14,8 +14,8 @@ import click
 
 from attnforge.cli._output import console, emit_json, json_option, load_or_probe, snapshot_option
 from attnforge.errors import UsageError
-from attnforge.probe.snapshot import ComputeCapability, parse_cc
 from attnforge.resolve.types import Candidate, Plan
+from attnforge.types.cc import ComputeCapability, parse_cc_list
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,18 +59,10 @@ def parse_archs(values: tuple[str, ...]) -> tuple[ComputeCapability, ...] | None
     Raises:
         UsageError: an entry is not a compute capability.
     """
-    out: list[ComputeCapability] = []
-    for value in values:
-        for item in value.replace(";", ",").split(","):
-            if not item.strip():
-                continue
-            try:
-                cc = parse_cc(item)
-            except ValueError as exc:
-                raise UsageError(str(exc), hint="write compute capabilities like --arch 9.0,12.0") from None
-            if cc not in out:
-                out.append(cc)
-    return tuple(out) or None
+    try:
+        return parse_cc_list(values) or None
+    except ValueError as exc:
+        raise UsageError(str(exc), hint="write compute capabilities like --arch 9.0,12.0") from None
 
 
 @click.command("plan")

@@ -16,7 +16,7 @@ from pathlib import Path
 from attnforge.catalog.failures import Condition, FailureCatalog, FailureSignature, load_failures
 from attnforge.diagnose.extract import FailureSite, LogLine, find_failure
 from attnforge.errors import UsageError
-from attnforge.probe.snapshot import SystemSnapshot  # before the catalog: see catalog/failures.py's imports
+from attnforge.probe.snapshot import SystemSnapshot
 
 _SUCCESS = re.compile(r"^\s*(?:Successfully built |attnforge: built )", re.MULTILINE)
 _CONTEXT_LINES = 2

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.adapter import AttentionCall, BackendAdapter, supported_features
 from attnforge.backends.exact import EXACT
 from attnforge.dispatch.policy import FALLBACK, Decision, Rejection
 from attnforge.errors import DispatchError
@@ -27,13 +27,6 @@ if TYPE_CHECKING:
 ALIGNMENTS = ("bottom_right", "top_left")
 #: a shape class with more exact shapes than this is dynamic (generation): no per-shape JIT kernel for it
 DYNAMIC_AFTER = 3
-
-
-def features_of(adapter: Any) -> frozenset[str]:
-    """The features an adapter serves: its capabilities' ``features``, else its own ``features``, else none."""
-    caps = getattr(adapter, "caps", None)
-    found = getattr(caps, "features", None) if caps is not None else getattr(adapter, "features", None)
-    return frozenset(found) if found is not None else frozenset()
 
 
 def is_empty(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -60,7 +53,7 @@ def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops
     refused: list[Rejection] = []
     for name, adapter in adapters.items():
         reasons = []
-        missing = call.features - features_of(adapter)
+        missing = call.features - supported_features(adapter)
         if missing:
             reasons.append(f"does not support {', '.join(sorted(missing))}")
         if getattr(getattr(adapter, "caps", None), "jit_per_shape", False):
@@ -85,7 +78,7 @@ def close_with_fallback(decision: Decision, call: AttentionCall, fallback: Backe
     rejected = [Rejection(backend=r.backend, reasons=tuple(dict.fromkeys((*r.reasons, *extra.pop(r.backend, ())))))
                 for r in decision.rejected]
     rejected += [Rejection(backend=name, reasons=reasons) for name, reasons in extra.items()]
-    missing = call.features - features_of(fallback)
+    missing = call.features - supported_features(fallback)
     if missing:
         lacks = f"does not support {', '.join(sorted(missing))}"
         why = f"exact fallback: float32 math in torch (SDPA {lacks})"
@@ -142,7 +135,6 @@ def prepare(
     layout: str = "bhsd", precision: str = "exact", is_causal: bool | None = None,
 ) -> Prepared:
     """Check a call's arguments and name its features; raises :class:`DispatchError` for bad input."""
-    import torch
 
     from attnforge.dispatch import runtime
 
@@ -153,12 +145,7 @@ def prepare(
     if causal_alignment not in ALIGNMENTS:
         raise DispatchError(f"unknown causal_alignment {causal_alignment!r}",
                             hint="use 'bottom_right' (FlashAttention) or 'top_left' (SDPA's is_causal)")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if getattr(t, "is_nested", False):
-            raise DispatchError(f"{name} is a nested tensor; attention() takes dense or packed tensors",
-                                hint="pass the packed values with cu_seqlens: q.values() ([total, H, D]) and"
-                                     " cu_seqlens_q=q.offsets().int(), or pad with"
-                                     " torch.nested.to_padded_tensor and pass an attn_mask")
+    refuse_nested_or_packed(q, k, v, packed=False)
     uses: set[str] = set()
     opts: dict[str, Any] = {}
     if dropout_p:
@@ -183,11 +170,7 @@ def prepare(
         return _varlen(q, k, v, uses=uses, opts=opts, attn_mask=attn_mask, causal=causal,
                        alignment=causal_alignment, enable_gqa=enable_gqa, sinks=sinks, cu_q=cu_seqlens_q,
                        cu_k=cu_seqlens_k, max_q=max_seqlen_q, max_k=max_seqlen_k)
-    if isinstance(q, torch.Tensor) and q.dim() == 3:
-        raise DispatchError(f"q has 3 dimensions {tuple(q.shape)}: packed [total, H, D] inputs need"
-                            " cu_seqlens_q and cu_seqlens_k (varlen)",
-                            hint="pass cu_seqlens_q/cu_seqlens_k, or add the batch dimension: q.unsqueeze(0)"
-                                 " (then layout='bshd')")
+    refuse_nested_or_packed(q, k, v, packed=True)
     qh, kh, vh = runtime._validate(q, k, v, layout=layout, precision=precision, scale=scale)
     _check_heads(qh.shape[1], kh.shape[1], enable_gqa)
     sq, sk = qh.shape[2], kh.shape[2]
@@ -206,6 +189,21 @@ def prepare(
         uses.add("dv")
     return Prepared(q=qh, k=kh, v=vh, probe=(qh, kh), empty=is_empty(qh, kh), uses=frozenset(uses),
                     head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks))
+
+
+def refuse_nested_or_packed(q: Any, k: Any, v: Any, *, packed: bool) -> None:
+    """Raise the helpful error for nested tensors, and (``packed``) for 3-D inputs without ``cu_seqlens``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if getattr(t, "is_nested", False):
+            raise DispatchError(f"{name} is a nested tensor; attention() takes dense or packed tensors",
+                                hint="pass the packed values with cu_seqlens: q.values() ([total, H, D]) and"
+                                     " cu_seqlens_q=q.offsets().int(), or pad with"
+                                     " torch.nested.to_padded_tensor and pass an attn_mask")
+    if packed and getattr(q, "dim", None) is not None and q.dim() == 3:
+        raise DispatchError(f"q has 3 dimensions {tuple(q.shape)}: packed [total, H, D] inputs need"
+                            " cu_seqlens_q and cu_seqlens_k (varlen)",
+                            hint="pass cu_seqlens_q/cu_seqlens_k, or add the batch dimension: q.unsqueeze(0)"
+                                 " (then layout='bshd')")
 
 
 def _needs_grad(*tensors: Any) -> bool:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from attnforge.backends.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.adapter import AttentionCall, BackendAdapter, supported_features
 from attnforge.backends.exact import EXACT, ExactAdapter
 from attnforge.dispatch import _op, features
 from attnforge.dispatch.policy import (
@@ -263,6 +263,8 @@ class Dispatcher:
         cls = self.shape_class(q, k, False, needs_grad)
         seen = self._shapes_seen.setdefault(cls, set())
         before = len(seen)
+        if before > features.DYNAMIC_AFTER:
+            return  # already dynamic; the count needs to go no higher
         seen.add((*q.shape, *k.shape))
         if before == features.DYNAMIC_AFTER and len(seen) > before:
             with self._lock:
@@ -287,7 +289,7 @@ class Dispatcher:
         adapter = self._adapter(name)
         reasons = [f"not usable: {err}"] if (err := adapter.load_error()) else []
         reasons += adapter.unsupported_reasons(call)
-        missing = call.features - features.features_of(adapter)
+        missing = call.features - supported_features(adapter)
         if missing and not any(r.startswith("does not support") for r in reasons):
             reasons.append(f"does not support {', '.join(sorted(missing))}")
         if reasons:
@@ -472,6 +474,7 @@ def _validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
 
 def _raise_for_input(q: Any, k: Any, v: Any, layout: str, scale: float | None = None) -> None:
     """The slow path of :func:`_validate`: find what is wrong with the inputs and say it."""
+    features.refuse_nested_or_packed(q, k, v, packed=isinstance(q, torch.Tensor))
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise DispatchError(f"{name} is a {type(t).__name__}, not a torch.Tensor")

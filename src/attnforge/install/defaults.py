@@ -20,6 +20,9 @@ from attnforge.install.flow import BuiltWheel, IndexFetcher, Planner, Verifier, 
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import BuildSpec, CachedArtifact, Plan, Request, WheelRef
 
+#: The module run in a fresh interpreter to verify a new install (a library entry point, not the CLI).
+VERIFY_CHILD = "attnforge.verify.child"
+
 
 def resolver_planner(
     snapshot: SystemSnapshot, catalog: Catalog, wheels: Sequence[WheelRef], home: Path
@@ -57,15 +60,16 @@ class BuiltFiles:
 
 
 def subprocess_verifier(runner: Runner, catalog: Catalog, python: str = sys.executable) -> Verifier:
-    """Run ``attnforge verify BACKEND --json`` in a fresh interpreter (so the new install is what loads)."""
+    """Verify in a fresh interpreter (so the new install is what loads) through the library's child entry
+    (``python -m attnforge.verify.child BACKEND``), never through the command line."""
 
     def verify(backend: str) -> VerifyOutcome:
-        if importlib.util.find_spec("attnforge.cli.verify") is None:
+        if importlib.util.find_spec(VERIFY_CHILD) is None:
             return VerifyOutcome(ok=None, summary="skipped: this attnforge has no verify stage")
         if backend not in catalog.backends:
             why = f"skipped: {backend} is not a catalog backend, so there is no attention kernel to check"
             return VerifyOutcome(ok=None, summary=why)
-        done = runner.run([python, "-m", "attnforge", "verify", backend, "--json"], timeout_s=1800)
+        done = runner.run([python, "-m", VERIFY_CHILD, backend], timeout_s=1800)
         return VerifyOutcome(ok=done.ok, summary=_summary(done.stdout, done.returncode, done.stderr))
 
     return verify
@@ -81,6 +85,8 @@ def _summary(stdout: str, returncode: int, stderr: str) -> str:
         first = results[0] if isinstance(results, list) and results else None
         if isinstance(first, dict) and first.get("summary"):
             return str(first["summary"])
+        if doc.get("error"):
+            return f"verify failed: {doc['error']}"
     if returncode == 0:
         return "verify passed"
     tail = (stderr.strip().splitlines() or [f"exit status {returncode}"])[-1]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from attnforge.probe.backends import BackendQuery
+from attnforge.probe.collect import BUILD_ENV_VARS, collect_snapshot
+from attnforge.probe.context import ProbeContext
 from attnforge.probe.snapshot import (
     SCHEMA_VERSION,
     Compiler,
@@ -22,21 +23,8 @@ from attnforge.probe.snapshot import (
     parse_cc,
 )
 
-# The collectors import the catalog, which imports the snapshot types above: load them on first use.
-_LAZY = {"collect_snapshot": "attnforge.probe.collect", "BUILD_ENV_VARS": "attnforge.probe.collect",
-         "ProbeContext": "attnforge.probe.context"}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'attnforge.probe' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(_LAZY[name]), name)
-
-
 __all__ = [
-    "BUILD_ENV_VARS", "SCHEMA_VERSION", "Compiler", "ComputeCapability", "CudaToolkit", "GpuInfo",
+    "BUILD_ENV_VARS", "SCHEMA_VERSION", "BackendQuery", "Compiler", "ComputeCapability", "CudaToolkit", "GpuInfo",
     "InstalledBackend", "NativeModule", "PlatformInfo", "ProbeContext", "ProbeProblem", "SystemSnapshot", "Tool",
     "TorchInfo", "VisualStudio", "collect_snapshot", "format_cc", "parse_cc",
 ]

@@ -1,23 +1,45 @@
-"""The installed state of each catalog backend, read in subprocesses so a crashing import cannot hurt us."""
+"""The installed state of each backend asked for, read in subprocesses so a crashing import cannot hurt us.
+
+Which backends to look for is data the caller passes (the catalog's backends, in practice): the probe never
+imports the catalog, which sits above it in the layer table (docs/architecture.md).
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
+from typing import Protocol
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from attnforge.catalog import Catalog
-from attnforge.catalog.backends import Backend
 from attnforge.probe.context import ProbeContext
 from attnforge.probe.snapshot import InstalledBackend, NativeModule
 
 _SCRIPT = Path(__file__).with_name("_backend_script.py")
 
 
-def installed_distribution(backend: Backend) -> tuple[str, str] | None:
+class BackendQuery(Protocol):
+    """What the probe needs to know of a backend to look for it (``catalog.Backend`` has all of it)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def builtin(self) -> bool: ...
+    @property
+    def distributions(self) -> tuple[str, ...]: ...
+    @property
+    def version_spec(self) -> SpecifierSet: ...
+    @property
+    def import_name(self) -> str: ...
+    @property
+    def native_modules(self) -> tuple[str, ...]: ...
+
+
+def installed_distribution(backend: BackendQuery) -> tuple[str, str] | None:
     """(distribution, version) of the first installed distribution that provides ``backend`` and whose version
     fits its ``version_spec`` (sageattention 1.x vs 2.x), read from package metadata without importing."""
     for dist in backend.distributions:
@@ -34,12 +56,12 @@ def installed_distribution(backend: Backend) -> tuple[str, str] | None:
     return None
 
 
-def collect_backends(ctx: ProbeContext, catalog: Catalog, *, torch_ok: bool) -> list[InstalledBackend]:
-    """One record per packaged backend (built-ins are described by the torch section)."""
-    packaged = [b for b in catalog.backends.values() if not b.builtin]
+def collect_backends(ctx: ProbeContext, backends: Iterable[BackendQuery], *, torch_ok: bool) -> list[InstalledBackend]:
+    """One record per packaged backend of ``backends`` (built-ins are described by the torch section)."""
+    packaged = [b for b in backends if not b.builtin]
     found = {b.id: installed_distribution(b) for b in packaged}
 
-    def probe(b: Backend) -> InstalledBackend:
+    def probe(b: BackendQuery) -> InstalledBackend:
         dist = found[b.id]
         if dist is None:
             return InstalledBackend(backend=b.id, distribution=None, version=None, imports=None)
@@ -53,7 +75,7 @@ def collect_backends(ctx: ProbeContext, catalog: Catalog, *, torch_ok: bool) -> 
     return [probed.get(b.id) or probe(b) for b in packaged]
 
 
-def _probe_import(ctx: ProbeContext, b: Backend, dist: str, version: str) -> InstalledBackend:
+def _probe_import(ctx: ProbeContext, b: BackendQuery, dist: str, version: str) -> InstalledBackend:
     env = {**ctx.environ, "XFORMERS_MORE_DETAILS": "1", "PYTHONWARNINGS": "ignore"}
     res = ctx.runner.run((ctx.python, str(_SCRIPT), b.import_name, *b.native_modules), env=env,
                          timeout_s=ctx.timeout_s * 4)

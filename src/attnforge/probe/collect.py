@@ -6,12 +6,12 @@ import datetime as _dt
 import json
 import platform as _platform
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from attnforge._system.paths import home_dir
-from attnforge.catalog import Catalog, load_catalog
-from attnforge.probe.backends import collect_backends
+from attnforge.probe.backends import BackendQuery, collect_backends
 from attnforge.probe.context import ProbeContext
 from attnforge.probe.gpus import collect_gpus
 from attnforge.probe.snapshot import PlatformInfo, ProbeProblem, SystemSnapshot, TorchInfo
@@ -29,18 +29,17 @@ BUILD_ENV_VARS = (
 _TORCH_SCRIPT = Path(__file__).with_name("_torch_script.py")
 
 
-def collect_snapshot(ctx: ProbeContext | None = None, catalog: Catalog | None = None) -> SystemSnapshot:
+def collect_snapshot(ctx: ProbeContext | None = None, *, backends: Iterable[BackendQuery]) -> SystemSnapshot:
     """Read the machine once.
 
     Args:
         ctx: the seams to read through (the real machine when None).
-        catalog: which backends to look for (the packaged catalog when None).
+        backends: which backends to look for, as data (``load_catalog().backends.values()``; ``()`` for none).
 
     Returns:
         A frozen snapshot; sections that could not be read are None/empty with a reason in ``problems``.
     """
     ctx = ctx or ProbeContext()
-    catalog = catalog or load_catalog()
     problems: list[ProbeProblem] = []
 
     torch_raw, torch_info, why = _collect_torch(ctx)
@@ -78,7 +77,7 @@ def collect_snapshot(ctx: ProbeContext | None = None, catalog: Catalog | None = 
         problems.append(ProbeProblem(section="compilers", reason="no gcc, g++, clang or cl found on PATH"))
 
     platform_info = _collect_platform(ctx)
-    backends = collect_backends(ctx, catalog, torch_ok=torch_info is not None)
+    installed = collect_backends(ctx, backends, torch_ok=torch_info is not None)
     env = {k: ctx.environ[k] for k in BUILD_ENV_VARS if k in ctx.environ}
     return SystemSnapshot(
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -93,7 +92,7 @@ def collect_snapshot(ctx: ProbeContext | None = None, catalog: Catalog | None = 
         long_paths_enabled=long_paths,
         python_dev=python_dev,
         env=env,
-        backends=tuple(backends),
+        backends=tuple(installed),
         problems=tuple(problems),
     )
 

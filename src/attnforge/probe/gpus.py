@@ -7,6 +7,7 @@ from typing import Any
 from attnforge.probe import parsers
 from attnforge.probe.context import ProbeContext
 from attnforge.probe.snapshot import GpuInfo
+from attnforge.types.cc import ComputeCapability
 
 SMI_QUERY = ("nvidia-smi", "--query-gpu=index,name,compute_cap,memory.total,driver_version",
              "--format=csv,noheader,nounits")
@@ -28,7 +29,8 @@ def read_nvml() -> list[GpuInfo]:
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
-            gpus.append(GpuInfo(index=i, name=_text(pynvml.nvmlDeviceGetName(h)), compute_capability=(major, minor),
+            gpus.append(GpuInfo(index=i, name=_text(pynvml.nvmlDeviceGetName(h)),
+                                compute_capability=ComputeCapability(major, minor),
                                 memory_bytes=int(mem), driver_version=driver, cuda_driver_version=cuda, source="nvml"))
         return gpus
     finally:
@@ -60,7 +62,7 @@ def collect_gpus(ctx: ProbeContext, torch_raw: dict[str, Any] | None) -> tuple[l
         reasons.append(f"nvidia-smi: {_why(res.returncode, res.stderr)}")
     devices = (torch_raw or {}).get("devices") or []
     if devices:
-        return [GpuInfo(index=d["index"], name=d["name"], compute_capability=(d["cc"][0], d["cc"][1]),
+        return [GpuInfo(index=d["index"], name=d["name"], compute_capability=ComputeCapability(d["cc"][0], d["cc"][1]),
                         memory_bytes=d.get("memory"), driver_version=None, cuda_driver_version=None, source="torch")
                 for d in devices], []
     reasons.append("torch: " + ("no CUDA device visible" if torch_raw and "version" in torch_raw else "not available"))

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from attnforge.probe.snapshot import GpuInfo, VisualStudio
+from attnforge.types.cc import ComputeCapability
 
 _NVCC_RELEASE = re.compile(r"release (\d+\.\d+), V([\d.]+)")
 _NVCC_BUILD = re.compile(r"^(Build cuda_[^\s]+)", re.MULTILINE)
@@ -132,8 +133,9 @@ def nvidia_smi_csv(text: str, cuda_driver_version: str | None) -> list[GpuInfo]:
             idx = int(index)
         except ValueError:
             continue
-        gpus.append(GpuInfo(index=idx, name=name, compute_capability=(major, minor), memory_bytes=memory,
-                            driver_version=driver, cuda_driver_version=cuda_driver_version, source="nvidia-smi"))
+        gpus.append(GpuInfo(index=idx, name=name, compute_capability=ComputeCapability(major, minor),
+                            memory_bytes=memory, driver_version=driver, cuda_driver_version=cuda_driver_version,
+                            source="nvidia-smi"))
     return gpus
 
 

@@ -15,34 +15,13 @@ from pathlib import Path
 from attnforge._serde import DecodeError, from_jsonable, to_jsonable
 from attnforge.errors import ProbeError
 
+# Re-exported for modules that still import them from here; new code imports attnforge.types.cc.
+from attnforge.types.cc import ComputeCapability as ComputeCapability  # noqa: PLC0414
+from attnforge.types.cc import format_cc as format_cc  # noqa: PLC0414
+from attnforge.types.cc import parse_cc as parse_cc  # noqa: PLC0414
+
 #: Bump when a field changes meaning or is removed; adding a field with a default keeps the version.
 SCHEMA_VERSION = 1
-
-ComputeCapability = tuple[int, int]
-
-
-def format_cc(cc: ComputeCapability) -> str:
-    """``(9, 0)`` -> ``"9.0"`` (the way TORCH_CUDA_ARCH_LIST and people write it)."""
-    return f"{cc[0]}.{cc[1]}"
-
-
-def parse_cc(text: str) -> ComputeCapability:
-    """``"9.0"``, ``"90"``, ``"sm_90"``, ``"sm_90a"`` -> ``(9, 0)``.
-
-    Raises:
-        ValueError: not a compute capability.
-    """
-    t = text.strip().lower().removeprefix("sm_").removeprefix("compute_").rstrip("af")
-    if "." in t:
-        major, _, minor = t.partition(".")
-    elif t.isdigit() and len(t) in (2, 3):
-        major, minor = t[:-1], t[-1]
-    else:
-        raise ValueError(f"not a compute capability: {text!r} (expected e.g. 9.0, 90 or sm_90)")
-    if not (major.isdigit() and minor.isdigit()):
-        raise ValueError(f"not a compute capability: {text!r} (expected e.g. 9.0, 90 or sm_90)")
-    return (int(major), int(minor))
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlatformInfo:

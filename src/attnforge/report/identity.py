@@ -1,9 +1,9 @@
-"""The device key of a snapshot, matching the one the runtime computes from torch (``records.device_key``)."""
+"""The device key of a snapshot: the same :func:`attnforge.types.device.device_key` the runtime uses."""
 
 from __future__ import annotations
 
 from attnforge.probe.snapshot import SystemSnapshot
-from attnforge.records import device_key
+from attnforge.types.device import device_key
 
 
 def snapshot_device_key(s: SystemSnapshot) -> str:

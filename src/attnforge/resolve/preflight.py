@@ -119,7 +119,11 @@ def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, 
                              allow_unsupported_compiler=request.allow_unsupported_compiler)
         checks.extend(win.checks)
         notes.extend(win.notes)
-        msvc_toolset = win.msvc_toolset
+        msvc_toolset, nvcc_flags = win.msvc_toolset, win.nvcc_flags
+        if win.toolkit is not None and win.toolkit != toolkit:
+            notes.append(f"nvcc of CUDA {toolkit.version if toolkit else '?'} refuses this MSVC: the build uses "
+                         f"the installed CUDA {win.toolkit.version} at {win.toolkit.path}")
+            toolkit = win.toolkit
     else:
         host, nvcc_flags = _host_compiler_check(snapshot, catalog, toolkit, tk_version,
                                                 allow_unsupported=request.allow_unsupported_compiler)

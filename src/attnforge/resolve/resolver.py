@@ -31,6 +31,7 @@ from attnforge.resolve.types import (
     WheelRef,
 )
 from attnforge.resolve.wheels import check_binary, read_cached, read_wheel, same_distribution, target_ccs
+from attnforge.types.versions import newest_first
 
 _FROM_SOURCE = "--from-source: prebuilt binaries are skipped"
 
@@ -198,7 +199,7 @@ def _wheel_candidates(
     distributions: Sequence[str],
     tags: Sequence[Tag],
 ) -> list[Candidate]:
-    accepted: list[tuple[tuple[object, ...], Candidate]] = []
+    accepted: list[tuple[tuple[Version, int, str], Candidate]] = []
     rejected: list[Candidate] = []
     for ref in wheels:
         desc = f"{ref.filename} ({ref.url})"
@@ -230,16 +231,11 @@ def _wheel_candidates(
             wheel=ref,
         )
         if m.ok:
-            accepted.append(((_neg_version(facts.version), m.tag_rank or 0, ref.filename), cand))
+            accepted.append(((facts.version, m.tag_rank or 0, ref.filename), cand))
         else:
             rejected.append(cand)
-    accepted.sort(key=lambda item: item[0])
-    return [c for _, c in accepted] + sorted(rejected, key=lambda c: c.description)
-
-
-def _neg_version(v: Version) -> tuple[object, ...]:
-    """Sort key that puts the newest version first."""
-    return (*tuple(-x for x in v.release), (0,) if v.is_prerelease else (1,))
+    ordered = newest_first(accepted, lambda item: item[0][0], lambda item: item[0][1:])
+    return [c for _, c in ordered] + sorted(rejected, key=lambda c: c.description)
 
 
 def _index_candidate(

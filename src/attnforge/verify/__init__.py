@@ -5,8 +5,6 @@ Nothing runs at import time; torch is imported by the functions that need it.
 
 from __future__ import annotations
 
-# attnforge.catalog and attnforge.probe import each other; entering through probe resolves the cycle.
-import attnforge.probe  # noqa: F401
 from attnforge.verify.cases import VerifyCase, generate_cases
 from attnforge.verify.check import BackendVerification, CaseResult, CaseStatus, verify_backend
 from attnforge.verify.compare import Comparison, compare

@@ -16,7 +16,7 @@ from importlib import metadata
 from typing import Any
 
 from attnforge._system.runner import Runner
-from attnforge.backends.adapter import BackendAdapter, reference_attention
+from attnforge.backends.adapter import BackendAdapter, reference_attention, supported_features
 from attnforge.catalog.backends import Backend
 from attnforge.catalog.tolerances import PrecisionKind, Tolerances
 from attnforge.probe.backends import _probe_import, installed_distribution
@@ -26,6 +26,7 @@ from attnforge.records import VerifyRecord
 from attnforge.verify.cases import VerifyCase
 from attnforge.verify.compare import Comparison, compare
 from attnforge.verify.device import DeviceInfo, DeviceType
+from attnforge.verify.feature_inputs import case_inputs, check_dropout
 
 
 class CaseStatus(StrEnum):
@@ -199,7 +200,9 @@ def summarize(results: Sequence[CaseResult], device: DeviceInfo) -> str:
     dims = sorted({r.case.head_dim for r in ran})
     gqa = any(r.case.heads_q != r.case.heads_kv for r in ran)
     gqa_text = "; GQA" if gqa else ""
-    text = f"{len(ran)} cases passed ({dtypes}; D {dims[0]}-{dims[-1]}; causal on/off{gqa_text})"
+    feats = sorted({r.case.feature for r in ran if r.case.feature})
+    feat_text = f"; {', '.join(feats)}" if feats else ""
+    text = f"{len(ran)} cases passed ({dtypes}; D {dims[0]}-{dims[-1]}; causal on/off{gqa_text}{feat_text})"
     return text + (f", {skipped} unsupported skipped" if skipped else "")
 
 
@@ -209,28 +212,48 @@ def _run_case(adapter: BackendAdapter, case: VerifyCase, *, device: DeviceInfo, 
     reasons = adapter.unsupported_reasons(case.call(device_type=device.type.value,
                                                     compute_capability=device.compute_capability,
                                                     precision=precision))
+    if case.feature and case.feature not in supported_features(adapter) and not reasons:
+        reasons = [f"does not support {case.feature}"]
     if reasons:
         return CaseResult(case=case, status=CaseStatus.SKIPPED, detail="; ".join(reasons))
     import torch
 
     tol = tolerances.get(kind, case.dtype)
-    q, k, v = make_inputs(case, device.torch_device)
+    q, k, v, opts = case_inputs(case, device.torch_device)
     start = time.perf_counter()
     with no_tf32():
-        ref = reference_attention(q, k, v, causal=case.causal, scale=None)
+        if case.feature == "dropout":
+            try:
+                with torch.no_grad():
+                    problem = check_dropout(adapter, q, k, v, causal=case.causal, seed=case.seed)
+            except Exception as exc:  # a backend may raise anything; it becomes the case's verdict
+                problem = _last_line(exc)
+            return CaseResult(case=case, status=CaseStatus.FAILED if problem else CaseStatus.PASSED,
+                              detail=problem or "reproducible from the seed, finite, changes the output",
+                              duration_s=time.perf_counter() - start)
+        ref = reference_attention(q, k, v, causal=case.causal, scale=None, **opts)
+        ref_lse = None
+        if opts.get("return_lse"):
+            ref, ref_lse = ref
         poison_allocator(tuple(ref.shape), getattr(torch, case.dtype), device.torch_device)
         try:
             with torch.no_grad():
-                out = adapter(q, k, v, causal=case.causal, scale=None)
+                out = adapter(q, k, v, causal=case.causal, scale=None, **opts)
             if device.type is DeviceType.CUDA:
                 torch.cuda.synchronize()
         except Exception as exc:  # a backend may raise anything; it becomes the case's verdict
             return CaseResult(case=case, status=CaseStatus.ERROR, detail=_last_line(exc),
                               duration_s=time.perf_counter() - start)
+    lse_problem = None
+    if ref_lse is not None:
+        out, lse = out
+        lse_check = compare(lse, ref_lse, tol)
+        if not lse_check.ok:
+            lse_problem = f"lse: {lse_check.describe()}"
     result = compare(out, ref, tol)
-    if result.ok and out.dtype != q.dtype:
+    if result.ok and (out.dtype != q.dtype or lse_problem):
         return CaseResult(case=case, status=CaseStatus.FAILED, comparison=result,
-                          detail=f"returned {out.dtype}, expected {q.dtype}",
+                          detail=lse_problem or f"returned {out.dtype}, expected {q.dtype}",
                           duration_s=time.perf_counter() - start)
     return CaseResult(case=case, status=CaseStatus.PASSED if result.ok else CaseStatus.FAILED,
                       detail=result.describe(), comparison=result, duration_s=time.perf_counter() - start)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from attnforge.errors import UsageError
-from attnforge.records import device_key
+from attnforge.types.device import device_key
 
 
 class DeviceType(StrEnum):
@@ -38,7 +38,7 @@ class DeviceInfo:
 
     @property
     def key(self) -> str:
-        """The records key (:func:`attnforge.records.device_key`)."""
+        """The records key (:func:`attnforge.types.device.device_key`)."""
         return device_key(self.name, self.compute_capability, self.torch_version)
 
     @property

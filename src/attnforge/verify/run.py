@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from attnforge._system.runner import Runner, SubprocessRunner
-from attnforge.backends.adapter import BackendAdapter
+from attnforge.backends.adapter import FEATURES, BackendAdapter, supported_features
 from attnforge.catalog import Catalog
 from attnforge.catalog.tolerances import PrecisionKind, Tolerances
 from attnforge.errors import UsageError
@@ -19,6 +19,7 @@ from attnforge.verify.cases import (
     DEVICE_MAX_SEQLEN,
     VerifyCase,
     claimed_matrix,
+    feature_cases,
     generate_cases,
 )
 from attnforge.verify.check import BackendVerification, check_native_import, verify_backend
@@ -47,7 +48,8 @@ class VerifyReport:
 
 def cases_for(adapter: BackendAdapter, catalog: Catalog, device: DeviceInfo, *,
               seed: int = 0) -> list[VerifyCase]:
-    """The cases for ``adapter``: the dtypes and head dims its catalog entry claims that this device runs."""
+    """The cases for ``adapter``: the dtypes and head dims its catalog entry claims that this device runs, and
+    a case per feature its capabilities claim (each checked against the float64 reference)."""
     entry = catalog.backends.get(adapter.name)
     device_type = device.type.value
     if entry is None:
@@ -55,8 +57,11 @@ def cases_for(adapter: BackendAdapter, catalog: Catalog, device: DeviceInfo, *,
     else:
         dtypes, head_dims = claimed_matrix(device_type=device_type, backend_dtypes=entry.dtypes,
                                            max_head_dim=entry.max_head_dim)
-    return generate_cases(dtypes=dtypes, head_dims=head_dims, max_seqlen=DEVICE_MAX_SEQLEN[device_type],
-                          seed=seed)
+    max_seqlen = DEVICE_MAX_SEQLEN[device_type]
+    plain = generate_cases(dtypes=dtypes, head_dims=head_dims, max_seqlen=max_seqlen, seed=seed)
+    claimed = supported_features(adapter) & frozenset(FEATURES)
+    return plain + feature_cases(claimed, dtypes=dtypes, head_dims=head_dims, max_seqlen=max_seqlen // 2,
+                                 seed=seed)
 
 
 def run_verify(

@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""``attnforge.attention`` against every backend called directly, over the issue-17 shape grid (GPU only).
+
+For every cell (shape x mode) of the grid below, each installed backend is called *directly* through its own
+library function in its native layout (no attnforge code on the timed path), and ``attnforge.attention`` is
+called the way a user would (bhsd tensors, and bshd tensors with ``layout="bshd"``). Every timing is the
+median of ``triton.testing.do_bench`` medians over ``--rounds`` interleaved rounds (each round times every
+candidate once, in a rotated order, so clock drift and thermal state hit all candidates alike).
+
+Per cell it reports: TFLOP/s of each candidate (forward FLOPs ``4 B Hq Sq Sk D`` halved for causal square
+shapes, x2.5 for fwd+bwd, FlashAttention's convention), the best exact backend, attnforge's ratio to it, its
+ratio to plain SDPA; and, on ``--quantized`` cells, the best with SageAttention allowed and attnforge with
+``precision="allow_quantized"``. Each direct backend's output is checked against a float32 reference on one
+(batch, head) slice; a backend whose error is over the bound is not counted as "best".
+
+Usage (on the GPU machine, after ``attnforge verify`` and ``attnforge bench``):
+    python scripts/gpu/grid_check.py --out grid.json [--cells NAME,...] [--rounds 3] [--budget-s 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    b: int
+    hq: int
+    hkv: int
+    sq: int
+    sk: int
+    d: int
+    causal: bool
+    modes: tuple[str, ...] = ("fwd", "fwdbwd")
+    quantized: bool = False  # also measure with SageAttention allowed
+
+
+GRID: tuple[Cell, ...] = (
+    Cell("mha-1k", 8, 16, 16, 1024, 1024, 128, False),
+    Cell("mha-1k-causal", 8, 16, 16, 1024, 1024, 128, True),
+    Cell("gqa4-4k-causal", 2, 32, 8, 4096, 4096, 128, True),
+    Cell("gqa8-8k-causal", 1, 64, 8, 8192, 8192, 128, True),
+    Cell("chunked-prefill-gqa", 1, 32, 8, 512, 4096, 128, True),
+    Cell("decode-gqa", 8, 32, 8, 1, 4096, 128, False, modes=("fwd",)),
+    Cell("decode-gqa-causal", 8, 32, 8, 1, 8192, 128, True, modes=("fwd",)),
+    Cell("d64-2k-causal", 4, 16, 16, 2048, 2048, 64, True),
+    Cell("d256-4k-causal", 2, 16, 16, 4096, 4096, 256, True),
+    Cell("16k", 1, 16, 16, 16384, 16384, 128, False, quantized=True),
+    Cell("16k-causal", 1, 16, 16, 16384, 16384, 128, True),
+    Cell("flux-4608", 1, 24, 24, 4608, 4608, 128, False, quantized=True),
+    Cell("wan-32760", 1, 40, 40, 32760, 32760, 128, False, quantized=True),
+)
+
+
+@dataclass
+class Row:
+    cell: str
+    mode: str
+    shape: dict[str, Any]
+    tflops: dict[str, float] = field(default_factory=dict)
+    ms: dict[str, float] = field(default_factory=dict)
+    spread: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, float] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    chosen: str | None = None
+    chosen_quantized: str | None = None
+    best_exact: str | None = None
+    ratio_to_best: float | None = None
+    ratio_bshd_to_best: float | None = None
+    ratio_to_sdpa: float | None = None
+    best_quantized: str | None = None
+    ratio_quantized_to_best: float | None = None
+    ratio_quantized_to_sdpa: float | None = None
+
+
+def flops(c: Cell, mode: str) -> float:
+    f = 4.0 * c.b * c.hq * c.sq * c.sk * c.d
+    if c.causal and c.sq == c.sk:
+        f /= 2
+    return f * (2.5 if mode == "fwdbwd" else 1.0)
+
+
+def direct_backends(torch: Any) -> dict[str, tuple[str, Callable[..., Any]]]:
+    """name -> (layout, fn(q, k, v, causal) -> out) for every backend importable here, each called directly."""
+    import torch.nn.functional as F  # noqa: N812
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def bottom_right_mask(q: Any, k: Any) -> Any:
+        sq, sk = q.shape[-2], k.shape[-2]
+        return torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(diagonal=sk - sq)
+
+    def sdpa(kernel: Any) -> Callable[..., Any]:
+        def call(q: Any, k: Any, v: Any, causal: bool) -> Any:
+            gqa = q.shape[1] != k.shape[1]
+            mask = bottom_right_mask(q, k) if causal and q.shape[-2] != k.shape[-2] else None
+            if kernel is None:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                                      enable_gqa=gqa)
+            with sdpa_kernel([kernel]):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                                      enable_gqa=gqa)
+        return call
+
+    out: dict[str, tuple[str, Callable[..., Any]]] = {
+        "sdpa": ("bhsd", sdpa(None)),
+        "sdpa-cudnn": ("bhsd", sdpa(SDPBackend.CUDNN_ATTENTION)),
+        "sdpa-flash": ("bhsd", sdpa(SDPBackend.FLASH_ATTENTION)),
+        "sdpa-efficient": ("bhsd", sdpa(SDPBackend.EFFICIENT_ATTENTION)),
+    }
+    try:
+        import flash_attn_interface as fa3
+
+        def fa3_call(q: Any, k: Any, v: Any, causal: bool) -> Any:
+            o = fa3.flash_attn_func(q, k, v, causal=causal)
+            return o[0] if isinstance(o, tuple) else o
+        out["flash-attn-3"] = ("bshd", fa3_call)
+    except Exception as exc:
+        print(f"flash-attn-3 not importable: {exc}")
+    try:
+        from flash_attn.cute import flash_attn_func as fa4_func
+
+        def fa4_call(q: Any, k: Any, v: Any, causal: bool) -> Any:
+            o = fa4_func(q, k, v, causal=causal)
+            return o[0] if isinstance(o, tuple) else o
+        out["flash-attn-4"] = ("bshd", fa4_call)
+    except Exception as exc:
+        print(f"flash-attn-4 not importable: {exc}")
+    try:
+        import sageattention
+
+        def sage_call(q: Any, k: Any, v: Any, causal: bool) -> Any:
+            if causal and q.shape[-2] != k.shape[-2]:
+                raise RuntimeError("sageattention: causal with Sq != Sk is top-left aligned; not comparable")
+            return sageattention.sageattn(q, k, v, tensor_layout="HND", is_causal=causal)
+        out["sageattention-2"] = ("bhsd", sage_call)
+    except Exception as exc:
+        print(f"sageattention not importable: {exc}")
+    return out
+
+
+QUANTIZED = {"sageattention-2"}
+
+
+def reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> Any:
+    """float32 reference on batch 0, head 0 (bhsd): q [Sq, D], k/v [Sk, D] of the matching kv head."""
+    q0, k0, v0 = q[0, 0].float(), k[0, 0].float(), v[0, 0].float()
+    s = (q0 @ k0.T) / math.sqrt(q0.shape[-1])
+    if causal:
+        sq, sk = s.shape
+        s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril(sk - sq), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v0
+
+
+def measure(torch: Any, do_bench: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[..., Any]]], *,
+            cell: Cell, mode: str, rounds: int, dtype: Any) -> Row:
+    """One cell in one mode: every direct backend and attnforge, timed in interleaved rounds."""
+    row = Row(cell=cell.name, mode=mode, shape=asdict(cell))
+    torch.manual_seed(0)
+    grad = mode == "fwdbwd"
+    qb = torch.randn(cell.b, cell.hq, cell.sq, cell.d, device="cuda", dtype=dtype, requires_grad=grad)
+    kb = torch.randn(cell.b, cell.hkv, cell.sk, cell.d, device="cuda", dtype=dtype, requires_grad=grad)
+    vb = torch.randn(cell.b, cell.hkv, cell.sk, cell.d, device="cuda", dtype=dtype, requires_grad=grad)
+    qs, ks, vs = (t.detach().transpose(1, 2).contiguous().requires_grad_(grad) for t in (qb, kb, vb))
+    ref = reference(torch, qb.detach(), kb.detach(), vb.detach(), cell.causal)
+    cands: dict[str, Callable[[], Any]] = {}
+
+    def timed(fn: Callable[[], Any], grad: bool = grad) -> Callable[[], Any]:
+        if not grad:
+            return fn
+
+        def fb() -> None:
+            o = fn()
+            o.backward(torch.ones_like(o))
+        return fb
+
+    for name, (lay, fn) in backends.items():
+        args_ = (qs, ks, vs) if lay == "bshd" else (qb, kb, vb)
+        try:
+            with torch.no_grad():
+                o = fn(*(a.detach() for a in args_), cell.causal)
+            o0 = (o[0, :, 0] if lay == "bshd" else o[0, 0]).float()
+            row.errors[name] = float((o0 - ref).norm() / ref.norm())
+            cands[name] = timed(lambda fn=fn, a=args_: fn(*a, cell.causal))
+        except Exception as exc:
+            row.failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    precisions = ["exact"] + (["allow_quantized"] if cell.quantized else [])
+    for prec in precisions:
+        label = "attnforge" if prec == "exact" else "attnforge-q"
+        try:
+            ex = attnforge.explain(qb, kb, vb, causal=cell.causal, precision=prec)
+            chosen = getattr(ex, "chosen", None)
+            if prec == "exact":
+                row.chosen = chosen
+            else:
+                row.chosen_quantized = chosen
+            with torch.no_grad():
+                o = attnforge.attention(qb.detach(), kb.detach(), vb.detach(), causal=cell.causal,
+                                        precision=prec)
+            row.errors[label] = float((o[0, 0].float() - ref).norm() / ref.norm())
+            cands[label] = timed(lambda p=prec: attnforge.attention(qb, kb, vb, causal=cell.causal,
+                                                                    precision=p))
+            if prec == "exact":
+                cands["attnforge-bshd"] = timed(lambda: attnforge.attention(qs, ks, vs, causal=cell.causal,
+                                                                            layout="bshd"))
+        except Exception as exc:
+            row.failed[label] = f"{type(exc).__name__}: {exc}"[:300]
+            traceback.print_exc()
+    samples: dict[str, list[float]] = {n: [] for n in cands}
+    names = list(cands)
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for n in order:
+            if n in row.failed:
+                continue
+            try:
+                samples[n].append(float(do_bench(cands[n], warmup=25, rep=100, return_mode="median")))
+            except Exception as exc:
+                row.failed[n] = f"{type(exc).__name__}: {exc}"[:300]
+        if grad:
+            for t in (qb, kb, vb, qs, ks, vs):
+                t.grad = None
+    f = flops(cell, mode)
+    for n, s in samples.items():
+        if not s:
+            continue
+        s.sort()
+        med = s[len(s) // 2]
+        row.ms[n] = med
+        row.spread[n] = (s[-1] - s[0]) / med if med else 0.0
+        row.tflops[n] = f / (med * 1e-3) / 1e12
+    exact_ok = [n for n in backends if n in row.ms and n not in QUANTIZED and row.errors.get(n, 1) < 2e-2]
+    if exact_ok and "attnforge" in row.ms:
+        best = min(exact_ok, key=lambda n: row.ms[n])
+        row.best_exact = best
+        row.ratio_to_best = row.ms[best] / row.ms["attnforge"]
+        if "attnforge-bshd" in row.ms:
+            row.ratio_bshd_to_best = row.ms[best] / row.ms["attnforge-bshd"]
+        if "sdpa" in row.ms:
+            row.ratio_to_sdpa = row.ms["sdpa"] / row.ms["attnforge"]
+    if cell.quantized and "attnforge-q" in row.ms:
+        q_ok = [n for n in backends if n in row.ms and row.errors.get(n, 1) < 0.1]
+        if q_ok:
+            bq = min(q_ok, key=lambda n: row.ms[n])
+            row.best_quantized = bq
+            row.ratio_quantized_to_best = row.ms[bq] / row.ms["attnforge-q"]
+        if "sdpa" in row.ms:
+            row.ratio_quantized_to_sdpa = row.ms["sdpa"] / row.ms["attnforge-q"]
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cells", default="")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budget-s", type=float, default=480)
+    ap.add_argument("--dtype", default="bfloat16")
+    args = ap.parse_args()
+
+    import torch
+    from triton.testing import do_bench
+
+    import attnforge
+
+    t_start = time.monotonic()
+    dtype = getattr(torch, args.dtype)
+    wanted = {n for n in args.cells.split(",") if n}
+    backends = direct_backends(torch)
+    rows: list[Row] = []
+    for cell in GRID:
+        if wanted and cell.name not in wanted:
+            continue
+        for mode in cell.modes:
+            if time.monotonic() - t_start > args.budget_s:
+                print(f"budget spent: stopping before {cell.name}/{mode}")
+                break
+            row = measure(torch, do_bench, attnforge, backends, cell=cell, mode=mode, rounds=args.rounds, dtype=dtype)
+            rows.append(row)
+            print(f"{cell.name:22s} {mode:7s} chosen={row.chosen} best={row.best_exact} "
+                  f"ratio={row.ratio_to_best} vs_sdpa={row.ratio_to_sdpa} q={row.ratio_quantized_to_sdpa} "
+                  f"failed={list(row.failed)}", flush=True)
+            torch.cuda.empty_cache()
+
+    ratios = [r.ratio_to_best for r in rows if r.ratio_to_best]
+    vs_sdpa = [r.ratio_to_sdpa for r in rows if r.ratio_to_sdpa]
+    summary = {
+        "cells": len(rows),
+        "geomean_ratio_to_best": math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
+        "min_ratio_to_best": min(ratios) if ratios else None,
+        "cells_ge_0.97": sum(1 for x in ratios if x >= 0.97),
+        "geomean_over_sdpa": math.exp(sum(map(math.log, vs_sdpa)) / len(vs_sdpa)) if vs_sdpa else None,
+        "quantized_over_sdpa": {f"{r.cell}/{r.mode}": r.ratio_quantized_to_sdpa for r in rows
+                                if r.ratio_quantized_to_sdpa},
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+    }
+    with open(args.out, "w") as fh:
+        json.dump({"summary": summary, "rows": [asdict(r) for r in rows]}, fh, indent=1)
+    print("\n| cell | mode | chosen | best exact | attnforge/best | bshd/best | attnforge vs SDPA | q vs SDPA |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        def fmt(x: float | None) -> str:
+            return "-" if x is None else f"{x:.3f}"
+        print(f"| {r.cell} | {r.mode} | {r.chosen} | {r.best_exact} | {fmt(r.ratio_to_best)} | "
+              f"{fmt(r.ratio_bshd_to_best)} | {fmt(r.ratio_to_sdpa)} | {fmt(r.ratio_quantized_to_sdpa)} |")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
