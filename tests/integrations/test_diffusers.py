@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 import attnforge
+from attnforge.dispatch import runtime
 from attnforge.integrations.diffusers import AttnforgeProcessor
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -34,13 +35,13 @@ def _keep_active_backend() -> Any:
 def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     """The query shape of every call :func:`attnforge.attention` serves."""
     calls: list[tuple[int, ...]] = []
-    real = attnforge.attention
+    real = runtime.attention
 
     def spy(q: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         calls.append(tuple(q.shape))
         return real(q, *args, **kwargs)
 
-    monkeypatch.setattr(attnforge, "attention", spy)
+    monkeypatch.setattr(runtime, "attention", spy)
     return calls
 
 
@@ -198,8 +199,6 @@ def test_route_changes_what_it_can_serve_and_matches(build: Any, kind: str, serv
 
 def test_cogvideox_is_left_to_patch_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
     """CogVideoX's joint-attention processor calls SDPA itself: route() leaves it, patch_sdpa serves it."""
-    from attnforge.dispatch import runtime
-
     calls: list[tuple[int, ...]] = []
     real = runtime.attention
 

@@ -81,11 +81,11 @@ def attention_backend(  # noqa: PLR0917 - the parameter names are diffusers' bac
     ``attn_mask`` is bool or additive, broadcastable to ``[B, Hq, Sq, Sk]``, or ``[B, Sk]`` (a key padding
     mask, as diffusers' native backend accepts). ``is_causal`` is SDPA's top-left alignment.
     """
-    import attnforge
+    from attnforge.dispatch import runtime
 
     if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape == (query.shape[0], key.shape[1]):
         attn_mask = attn_mask[:, None, None, :]
-    result = attnforge.attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale,
+    result = runtime.attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale,
                                  causal=is_causal, causal_alignment="top_left", enable_gqa=enable_gqa,
                                  return_lse=return_lse, layout="bshd")
     if return_lse:
@@ -164,9 +164,9 @@ class AttnforgeProcessor:
         if attn.norm_k is not None:
             key = attn.norm_k(key)
 
-        import attnforge
+        from attnforge.dispatch import runtime
 
-        hidden_states = attnforge.attention(query, key, value, attn_mask=attention_mask,
+        hidden_states = runtime.attention(query, key, value, attn_mask=attention_mask,
                                             scale=getattr(attn, "scale", None))
 
         hidden_states = hidden_states.transpose(1, 2).reshape(batch, -1, attn.heads * head_dim)

@@ -70,7 +70,7 @@ def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signa
     if _needs_eager(attention_mask, kwargs):
         return _eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                       is_causal=is_causal, **kwargs)
-    import attnforge
+    from attnforge.dispatch import runtime
 
     cache = kwargs.get("cache")
     if cache is not None:  # a paged cache: the new keys go in first (transformers' sdpa_attention_forward)
@@ -86,7 +86,7 @@ def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signa
         mask = create_position_bias_mask(kwargs["position_bias"], mask, causal and mask is None and q_len > 1,
                                          query, key)
     if mask is not None:
-        out = attnforge.attention(query, key, value, attn_mask=mask, **features)
+        out = runtime.attention(query, key, value, attn_mask=mask, **features)
         return out.transpose(1, 2).contiguous(), None
     causal = causal and q_len > 1  # one query row sees every cached key: no mask at all
     if causal and kv_len > q_len:  # an empty static cache: only the first Sq keys exist (top-left alignment)
@@ -96,7 +96,7 @@ def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signa
         features["window"] = (window - 1, 0)
     if kwargs.get("cu_seq_lens_q") is not None:
         return _varlen(query, key, value, causal=causal, features=features, kwargs=kwargs), None
-    out = attnforge.attention(query, key, value, causal=causal, **features)
+    out = runtime.attention(query, key, value, causal=causal, **features)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -114,9 +114,9 @@ def _needs_eager(attention_mask: Any, kwargs: dict[str, Any]) -> bool:
 def _varlen(query: Any, key: Any, value: Any, *, causal: bool, features: dict[str, Any],
             kwargs: dict[str, Any]) -> Any:
     """Packed sequences (batch 1) with FlashAttention-style ``cu_seq_lens``: ``[1, Sq, H, Dv]`` out."""
-    import attnforge
+    from attnforge.dispatch import runtime
 
-    out = attnforge.attention(
+    out = runtime.attention(
         query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), causal=causal,
         cu_seqlens_q=kwargs["cu_seq_lens_q"], cu_seqlens_k=kwargs.get("cu_seq_lens_k", kwargs["cu_seq_lens_q"]),
         max_seqlen_q=kwargs.get("max_length_q"), max_seqlen_k=kwargs.get("max_length_k"), **features)
