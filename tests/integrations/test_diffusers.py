@@ -117,6 +117,33 @@ def _wan() -> tuple[Any, dict[str, torch.Tensor]]:
     return model, inputs
 
 
+def _ltx() -> tuple[Any, dict[str, Any]]:
+    torch.manual_seed(0)
+    model = diffusers.LTXVideoTransformer3DModel(
+        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
+        cross_attention_dim=16, num_layers=1, caption_channels=16).eval()
+    text_mask = torch.ones(1, 5)
+    text_mask[0, 4:] = 0
+    inputs = {"hidden_states": torch.randn(1, 2 * 4 * 4, 4), "encoder_hidden_states": torch.randn(1, 5, 16),
+              "timestep": torch.tensor([3]), "encoder_attention_mask": text_mask, "num_frames": 2, "height": 4,
+              "width": 4}
+    return model, inputs
+
+
+def _hunyuan_video() -> tuple[Any, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = diffusers.HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, text_embed_dim=16,
+        pooled_projection_dim=8, rope_axes_dim=(2, 2, 4)).eval()
+    text_mask = torch.ones(1, 5)
+    text_mask[0, 4:] = 0
+    inputs = {"hidden_states": torch.randn(1, 4, 2, 4, 4), "timestep": torch.tensor([3]),
+              "encoder_hidden_states": torch.randn(1, 5, 16), "encoder_attention_mask": text_mask,
+              "pooled_projections": torch.randn(1, 8), "guidance": torch.tensor([3.0])}
+    return model, inputs
+
+
 def _unet() -> tuple[Any, dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     model = diffusers.UNet2DConditionModel(
@@ -128,7 +155,7 @@ def _unet() -> tuple[Any, dict[str, torch.Tensor]]:
     return model, inputs
 
 
-@pytest.mark.parametrize("build", [_flux, _wan], ids=["flux", "wan"])
+@pytest.mark.parametrize("build", [_flux, _wan, _ltx, _hunyuan_video], ids=["flux", "wan", "ltx", "hunyuan-video"])
 def test_set_attention_backend_matches_the_default(build: Any, served: list[Any]) -> None:
     df_integration.register()
     model, inputs = build()
