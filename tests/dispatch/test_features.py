@@ -231,6 +231,46 @@ def test_varlen_equals_each_sequence_on_its_own(kwargs: dict[str, Any]) -> None:
         torch.testing.assert_close(lse[:, cu_q[i]:cu_q[i + 1]].double(), want_lse[0], atol=1e-4, rtol=1e-4)
 
 
+# -- paged KV -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window": (2, 0), "sinks": "sinks"},
+                                    {"causal": True, "causal_alignment": "top_left"}])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_paged_kv_equals_the_gathered_pages(kwargs: dict[str, Any], layout: str) -> None:
+    g = torch.Generator().manual_seed(6)
+    pool_k, pool_v = torch.randn(7, 4, 2, 8, generator=g), torch.randn(7, 4, 2, 6, generator=g)
+    block_table = torch.tensor([[5, 0, 3], [1, 6, 2]], dtype=torch.int32)
+    used = torch.tensor([10, 5], dtype=torch.int32)
+    q = torch.randn(2, 4, 3, 8, generator=g)
+    kwargs = {key: (torch.randn(4, generator=g) if val == "sinks" else val) for key, val in kwargs.items()}
+    qi = q.transpose(1, 2) if layout == "bshd" else q
+    out = attnforge.attention(qi, pool_k, pool_v, block_table=block_table, seqused_k=used, layout=layout,
+                              **kwargs)
+    out = out.transpose(1, 2) if layout == "bshd" else out
+    assert out.shape == (2, 4, 3, 6)
+    alignment = kwargs.pop("causal_alignment", "bottom_right")
+    for b in range(2):
+        k, v = (pool[block_table[b].long()].flatten(0, 1)[: used[b]].transpose(0, 1).unsqueeze(0)
+                for pool in (pool_k, pool_v))
+        want, _ = naive(q[b : b + 1], k, v, top_left=alignment == "top_left", **kwargs)
+        _close(out[b : b + 1], want)
+    reasons = {r.backend: r.reasons for r in attnforge.explain(q, pool_k, pool_v, block_table=block_table).rejected}
+    assert "does not support paged_kv" in reasons["sdpa"]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"block_table": torch.tensor([[0, 9]], dtype=torch.int32)}, "outside"),
+    ({"block_table": torch.tensor([0, 1], dtype=torch.int32)}, "2-D"),
+    ({"block_table": torch.tensor([[0, 1]], dtype=torch.int32), "seqused_k": torch.tensor([99])}, "seqused_k"),
+    ({"seqused_k": torch.tensor([3])}, "without block_table"),
+    ({"block_table": torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)}, "rows"),
+])
+def test_bad_paged_arguments_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    q = torch.randn(1, 4, 3, 8)
+    pool = torch.randn(3, 4, 2, 8)
+    with pytest.raises(DispatchError, match=message):
+        attnforge.attention(q, pool, pool, **kwargs)
+
+
 # -- refused inputs -------------------------------------------------------------------------------------
 def test_a_packed_input_without_cu_seqlens_says_what_to_pass() -> None:
     q = torch.randn(10, 2, 8)
@@ -261,3 +301,25 @@ def test_bad_feature_arguments_are_refused(kwargs: dict[str, Any], message: str)
     q, k, v = _inputs(1, 4, 2, 4, 5, 8, 8)
     with pytest.raises(DispatchError, match=message):
         attnforge.attention(q, k, v, **kwargs)
+
+
+def test_an_additive_mask_in_another_dtype_and_causal_combine() -> None:
+    q, k, v = (t.to(torch.bfloat16) for t in _inputs(1, 2, 2, 4, 6, 8, 8))
+    mask = torch.randn(4, 6)  # float32 with bfloat16 inputs
+    out = attnforge.attention(q, k, v, attn_mask=mask, causal=True)
+    want, _ = naive(q, k, v, attn_mask=mask, causal=True)
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_the_exact_math_in_row_chunks_equals_one_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnforge.backends import exact
+
+    q, k, v = _inputs(2, 4, 2, 9, 11, 8, 6)
+    mask = torch.randn(2, 1, 9, 11)
+    kwargs: dict[str, Any] = {"causal": True, "window": (4, None), "sinks": torch.randn(4), "attn_mask": mask,
+                              "return_lse": True}
+    whole = exact.exact_attention(q, k, v, **kwargs)
+    monkeypatch.setattr(exact, "CHUNK_ELEMENTS", 2 * 4 * 11 * 2)  # two query rows per step
+    chunked = exact.exact_attention(q, k, v, **kwargs)
+    for a, b in zip(whole, chunked, strict=True):
+        torch.testing.assert_close(a, b)

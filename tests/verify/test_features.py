@@ -25,9 +25,8 @@ CPU = current_device("cpu")
 def test_one_case_per_claimed_feature_and_dtype() -> None:
     claimed = frozenset(FEATURES)
     cases = feature_cases(claimed, dtypes=("float32", "bfloat16"), head_dims=(32, 64), max_seqlen=40, seed=1)
-    assert {(c.feature, c.dtype) for c in cases} == {(f, d) for f in claimed - {"paged_kv"}
-                                                     for d in ("float32", "bfloat16")}
-    assert len(cases) == 2 * (len(claimed) - 1)
+    assert {(c.feature, c.dtype) for c in cases} == {(f, d) for f in claimed for d in ("float32", "bfloat16")}
+    assert len(cases) == 2 * len(claimed)
     for c in cases:
         assert c.heads_q % c.heads_kv == 0
         assert c.call(device_type="cpu", compute_capability=None).features == {c.feature}
@@ -52,7 +51,7 @@ def test_the_exact_fallback_passes_every_feature() -> None:
     cases = feature_cases(frozenset(FEATURES), dtypes=("float32", "bfloat16"), head_dims=(32,), max_seqlen=24)
     res = verify_backend(ExactAdapter(), device=CPU, cases=cases, tolerances=load_tolerances())
     assert res.ok, res.summary
-    assert {c.case.feature for c in res.cases if c.status is CaseStatus.PASSED} == set(FEATURES) - {"paged_kv"}
+    assert {c.case.feature for c in res.cases if c.status is CaseStatus.PASSED} == set(FEATURES)
 
 
 @dataclasses.dataclass

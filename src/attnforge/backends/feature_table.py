@@ -31,6 +31,23 @@ float32-accumulating math in torch, which supports all of them. Nothing is dropp
 - **yes**: the adapter serves the feature; `attnforge verify` checks it against the float64 reference.
 - **kernel only**: the kernel has it, but attnforge does not route it there yet (the call goes elsewhere).
 - **-**: not available.
+
+## Semantics (the same on every backend; `attnforge/backends/exact.py` is the definition)
+
+- **causal**: `causal_alignment="bottom_right"` (default, FlashAttention) lets query `i` see key `j <= i + Sk - Sq`;
+  `"top_left"` (SDPA's `is_causal`) `j <= i`. `is_causal=` is accepted as SDPA's name for `causal=`.
+- **window** `(left, right)`: query `i` sees keys `i' - left .. i' + right`, `i'` aligned as above; None or a
+  negative side is unbounded. `attn_mask`, `causal` and `window` all apply together.
+- **softcap** `c`: logits become `c * tanh(logits / c)` after scaling, before masks (Gemma 2).
+- **sinks** `[Hq]`: one extra logit per head in the softmax denominator that carries no value (GPT-OSS `s_aux`).
+- **lse**: float32 `log(sum exp(logits) [+ exp(sink)])`, `[B, Hq, Sq]` (`[Hq, total_q]` for varlen).
+- **rows that see no key** are zeros (their lse is `-inf`); zero-sized inputs return the empty or zero result
+  without running a kernel.
+- **dropout** on the normalised probabilities, scaled by `1 / (1 - p)`, from torch's RNG (`torch.manual_seed`
+  makes it reproducible); applied whenever `dropout_p > 0`, as SDPA does.
+- **varlen**: packed `[total, H, D]` with int32 `cu_seqlens_q/k`; **paged KV**: page pools
+  `[num_blocks, page_size, Hkv, D]`, `block_table [B, blocks]`, `seqused_k [B]`.
+- Nested (jagged) tensors are refused with a hint (pass `values()` and `offsets()` as varlen).
 """
 
 _FEATURE_LEGEND = "\n".join(f"- `{name}`: {text}" for name, text in FEATURES.items())
@@ -45,8 +62,7 @@ def render(caps: Mapping[str, Capabilities], sources: Mapping[str, Sequence[str]
     for c in rows:
         cells = ["yes" if n in c.features else ("kernel only" if n in c.offers else "-") for n in names]
         lines.append(f"| `{c.backend}` | " + " | ".join(cells) + " |")
-    lines.append("| `exact` | " + " | ".join("yes" if n != "paged_kv" else "- (no paged call is routed)"
-                                            for n in names) + " |")
+    lines.append("| `exact` | " + " | ".join("yes" for _ in names) + " |")
     lines += ["", _FEATURE_LEGEND, "", "## Limits", "",
               "| backend | devices | compute capability | dtypes | max head dim | causal | GQA | backward |"
               " compiled per shape |", "|---|---|---|---|---|---|---|---|---|"]

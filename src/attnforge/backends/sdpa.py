@@ -12,6 +12,7 @@ bottom-right agree; otherwise the adapter passes an explicit bottom-right boolea
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,18 @@ SDPA_KERNELS: dict[str, str | None] = {
     "sdpa-math": "MATH",
     "sdpa": None,
 }
+
+
+@functools.cache
+def _safe_softmax_on_cpu() -> bool:
+    """SDPA on CPU returns zeros (with finite gradients) for rows whose mask hides every key since torch 2.5
+    (the math backend's safe softmax); tests/dispatch/test_features.py checks it with such masks. Elsewhere
+    the adapter opens those rows and zeroes them itself."""
+    import torch
+
+    from attnforge.types.versions import loose_version
+
+    return loose_version(torch.__version__).release[:2] >= (2, 5)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -101,12 +114,14 @@ class SdpaAdapter(AdapterBase):
         else:
             visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=q.device)
             mask = attn_mask
+            if mask is not None and mask.dtype not in (torch.bool, q.dtype):
+                mask = mask.to(q.dtype)  # SDPA takes additive masks in q's dtype only
             if visible is not None:
                 if mask is None or mask.dtype == torch.bool:
                     mask = visible if mask is None else mask & visible
                 else:
                     mask = mask.masked_fill(~visible, float("-inf"))
-            if mask is not None:
+            if mask is not None and not (q.device.type == "cpu" and _safe_softmax_on_cpu()):
                 # rows that see no key are opened to every key (no NaN in softmax or its gradient) and zeroed
                 seen = mask if mask.dtype == torch.bool else mask > float("-inf")
                 empty = ~seen.any(dim=-1, keepdim=True)

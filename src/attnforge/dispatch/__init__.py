@@ -14,7 +14,7 @@ _LAZY = {
     "explain": "attnforge.dispatch.runtime",
     "use_backend": "attnforge.dispatch.runtime",
     "refresh": "attnforge.dispatch.runtime",
-    "Explanation": "attnforge.dispatch.runtime",
+    "Explanation": "attnforge.dispatch.explanation",
     "patch_sdpa": "attnforge.dispatch.sdpa_patch",
 }
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnforge.backends.adapter import AttentionCall, BackendAdapter, supported_features
 from attnforge.backends.exact import EXACT
+from attnforge.dispatch.inputs import validate
 from attnforge.dispatch.policy import FALLBACK, Decision, Rejection
 from attnforge.errors import DispatchError
 
@@ -132,11 +133,11 @@ def prepare(
     causal: bool = False, causal_alignment: str = "bottom_right", enable_gqa: bool = True, window: Any = None,
     softcap: float | None = None, sinks: Any = None, return_lse: bool = False, cu_seqlens_q: Any = None,
     cu_seqlens_k: Any = None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-    layout: str = "bhsd", precision: str = "exact", is_causal: bool | None = None,
+    layout: str = "bhsd", precision: str = "exact", is_causal: bool | None = None, block_table: Any = None,
+    seqused_k: Any = None,
 ) -> Prepared:
     """Check a call's arguments and name its features; raises :class:`DispatchError` for bad input."""
 
-    from attnforge.dispatch import runtime
 
     if is_causal is not None:
         if causal and not is_causal:
@@ -166,12 +167,19 @@ def prepare(
     if return_lse:
         uses.add("lse")
         opts["return_lse"] = True
+    if block_table is not None or seqused_k is not None:
+        if cu_seqlens_q is not None or cu_seqlens_k is not None or attn_mask is not None:
+            raise DispatchError("a paged KV call takes no cu_seqlens and no attn_mask",
+                                hint="seqused_k gives each sequence's length in its pages")
+        return _paged(q, k, v, block_table=block_table, seqused_k=seqused_k, layout=layout, precision=precision,
+                      scale=scale, uses=uses, opts=opts, causal=causal, alignment=causal_alignment,
+                      enable_gqa=enable_gqa, sinks=sinks)
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
         return _varlen(q, k, v, uses=uses, opts=opts, attn_mask=attn_mask, causal=causal,
                        alignment=causal_alignment, enable_gqa=enable_gqa, sinks=sinks, cu_q=cu_seqlens_q,
                        cu_k=cu_seqlens_k, max_q=max_seqlen_q, max_k=max_seqlen_k)
     refuse_nested_or_packed(q, k, v, packed=True)
-    qh, kh, vh = runtime._validate(q, k, v, layout=layout, precision=precision, scale=scale)
+    qh, kh, vh = validate(q, k, v, layout=layout, precision=precision, scale=scale)
     _check_heads(qh.shape[1], kh.shape[1], enable_gqa)
     sq, sk = qh.shape[2], kh.shape[2]
     if causal_alignment == "top_left" and sq != sk and (causal or "window" in uses):
@@ -295,6 +303,52 @@ def _varlen(q: Any, k: Any, v: Any, *, uses: set[str], opts: dict[str, Any], att
                     needs_grad=_needs_grad(q, k, v, sinks))
 
 
+def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: str, precision: str,
+           scale: float | None, uses: set[str], opts: dict[str, Any], causal: bool, alignment: str,
+           enable_gqa: bool, sinks: Any) -> Prepared:
+    """A paged KV call: dense q, K/V page pools addressed by ``block_table``."""
+    import torch
+
+
+    if block_table is None:
+        raise DispatchError("seqused_k without block_table", hint="pass the block table of the paged cache")
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise DispatchError(f"paged {name} must be a page pool [num_blocks, page_size, Hkv, D]")
+    if (not isinstance(block_table, torch.Tensor) or block_table.dim() != 2
+            or block_table.dtype not in (torch.int32, torch.int64)):
+        raise DispatchError("block_table must be a 2-D int32 tensor [B, blocks]")
+    pages = block_table.shape[1] * k.shape[1]
+    if block_table.numel() and (int(block_table.min()) < 0 or int(block_table.max()) >= k.shape[0]):
+        raise DispatchError(f"block_table points outside the {k.shape[0]} pages of the cache")
+    if seqused_k is not None and (not isinstance(seqused_k, torch.Tensor) or tuple(seqused_k.shape) !=
+                                  (block_table.shape[0],) or bool((seqused_k < 0).any() | (seqused_k > pages).any())):
+        raise DispatchError(f"seqused_k must be [B] ints within 0..{pages} (the keys in each sequence's pages)")
+    if isinstance(q, torch.Tensor) and q.dim() == 4 and block_table.shape[0] != q.shape[0]:
+        raise DispatchError(f"block_table has {block_table.shape[0]} rows, q a batch of {q.shape[0]}")
+    # checked as dense calls: q in its layout against a [B, Hkv, pages, D] view of the pool's first page rows
+    probe_k, probe_v = (
+        t.as_strided((block_table.shape[0], t.shape[2], pages, t.shape[3]), (0, t.shape[3], 0, 1)) if t.numel()
+        else t.new_zeros((block_table.shape[0], t.shape[2], pages, t.shape[3])) for t in (k, v))
+    if layout == "bshd":
+        probe_k, probe_v = probe_k.transpose(1, 2), probe_v.transpose(1, 2)
+    qh, kp, _ = validate(q, probe_k, probe_v, layout=layout, precision=precision, scale=scale)
+    _check_heads(qh.shape[1], kp.shape[1], enable_gqa)
+    uses.add("paged_kv")
+    opts.update(block_table=block_table, seqused_k=seqused_k)
+    if alignment == "top_left" and (causal or "window" in uses):
+        uses.add("causal_top_left")
+        opts["causal_alignment"] = "top_left"
+    if sinks is not None:
+        opts["sinks"] = _check_sinks(sinks, qh)
+        uses.add("sinks")
+    dv = v.shape[3] if v.shape[3] != qh.shape[3] else None
+    if dv is not None:
+        uses.add("dv")
+    return Prepared(q=qh, k=k, v=v, probe=(qh, kp), empty=is_empty(qh, kp), uses=frozenset(uses),
+                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks))
+
+
 def _window(window: Any) -> tuple[int | None, int | None]:
     try:
         left, right = window
@@ -319,11 +373,9 @@ def _check_mask(mask: Any, q: Any, k: Any) -> None:
         raise DispatchError("attn_mask must be a bool or floating-point tensor",
                             cause=f"got {getattr(mask, 'dtype', type(mask).__name__)}")
     full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    try:
-        shape = torch.broadcast_shapes(tuple(mask.shape), full)  # type: ignore[no-untyped-call]
-    except RuntimeError:
-        shape = None
-    if shape != full or mask.device != q.device:
+    dims = tuple(mask.shape)
+    fits = len(dims) <= 4 and all(m in (1, f) for m, f in zip(dims[::-1], full[::-1], strict=False))
+    if not fits or mask.device != q.device:
         raise DispatchError(f"attn_mask {tuple(mask.shape)} on {mask.device} does not broadcast to"
                             f" [B, Hq, Sq, Sk] = {list(full)} on {q.device}",
                             hint="masks are [B or 1, Hq or 1, Sq or 1, Sk], in either layout")

@@ -6,8 +6,14 @@ sees key ``j`` when ``j <= i + Sk - Sq``, as in FlashAttention >= 2.1); :mod:`at
 documents how each backend is made to follow that rule.
 
 State per process (thread-safe): verify and bench records, read once per device on first use
-(:func:`refresh` re-reads them); the decision per call class; the backends that raised at run time; and the
-*route* per exact call signature (shapes, dtypes, devices, causal, layout, precision, forced backend, grad).
+(:func:`refresh` re-reads them); the decision per call class; the backends that raised at run time (each
+disabled for the shape class it raised in, with one warning line); the exact shapes seen per shape class (a
+class with many is dynamic, and a backend compiled per shape is not chosen for it); and the *route* per exact
+call signature (shapes, dtypes, devices, causal, layout, precision, forced backend, grad).
+
+Calls that use a feature (mask, dropout, window, softcap, sinks, lse, varlen, paged KV, top-left causal) take
+:mod:`attnforge.dispatch.features` instead of the route cache; Dv != D and zero-sized inputs stay on the hot
+path (a zero-sized call's route is the exact math, so no kernel ever sees it).
 
 The hot path (docs/dispatch-overhead.md): a call whose exact signature was served before looks its route up
 in one dict and runs it; validation and the decision ran when the signature was first seen, and they depend
@@ -32,6 +38,8 @@ import torch
 from attnforge.backends.adapter import AttentionCall, BackendAdapter, supported_features
 from attnforge.backends.exact import EXACT, ExactAdapter
 from attnforge.dispatch import _op, features
+from attnforge.dispatch.explanation import Explanation
+from attnforge.dispatch.inputs import validate as _validate
 from attnforge.dispatch.policy import (
     FALLBACK,
     Decision,
@@ -61,51 +69,6 @@ class RecordSource(Protocol):
     def latest_verify(self, device_key: str) -> dict[str, VerifyRecord]: ...
 
     def bench_records(self, device_key: str) -> list[BenchRecord]: ...
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Explanation:
-    """Why a call goes where it goes (the result of :func:`explain`).
-
-    Attributes:
-        call: the call's properties.
-        device: the device key records are looked up under.
-        shape_class: the bench shape class the call falls in.
-        chosen: the backend that serves the call; None when a forced backend cannot.
-        forced: the backend was forced (``backend=`` or :func:`use_backend`).
-        order: every backend that would be tried, in order (later ones serve if earlier ones raise).
-        basis: for each entry of ``order``, why it stands there.
-        rejected: every backend that will not be tried, with all its reasons.
-    """
-
-    call: AttentionCall
-    device: str
-    shape_class: str
-    chosen: str | None
-    forced: bool
-    order: tuple[str, ...]
-    basis: tuple[str, ...]
-    rejected: tuple[Rejection, ...]
-
-    def __str__(self) -> str:
-        c = self.call
-        head = (f"attention B={c.batch} Hq={c.heads_q} Hkv={c.heads_kv} Sq={c.seqlen_q} Sk={c.seqlen_k}"
-                f" D={c.head_dim} {c.dtype}{' causal' if c.causal else ''}{' +grad' if c.needs_grad else ''}"
-                f" on {self.device} (shape class: {self.shape_class})")
-        lines = [head]
-        if c.features:
-            dv = f"; Dv={c.head_dim_v}" if c.head_dim_v is not None else ""
-            lines.append(f"  features: {', '.join(sorted(c.features))}{dv}")
-        if self.chosen is None:
-            lines.append("  forced backend cannot serve this call")
-        for i, (name, why) in enumerate(zip(self.order, self.basis, strict=True)):
-            label = ("forced" if self.forced else "chosen") if i == 0 else "then"
-            lines.append(f"  {label:7} {name}: {why}")
-        if self.rejected:
-            lines.append("  skipped:")
-            for rej in self.rejected:
-                lines.append(f"    {rej.backend}: {'; '.join(rej.reasons)}")
-        return "\n".join(lines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,61 +405,6 @@ def use_backend(name: str) -> Iterator[None]:
         _FORCED.reset(token)
 
 
-def _validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
-              scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(q, k, v)`` as ``[B, H, S, D]`` views, or a :class:`DispatchError` naming the problem.
-
-    Kept to integer and identity comparisons: it runs on every call (docs/dispatch-overhead.md).
-    """
-    if layout == "bshd":
-        try:
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        except (AttributeError, IndexError, RuntimeError, TypeError):
-            _raise_for_input(q, k, v, layout)
-    elif layout != "bhsd":
-        raise DispatchError(f"unknown layout {layout!r}", hint="use layout='bhsd' ([B, H, S, D]) or 'bshd'")
-    if precision != "exact" and precision != "allow_quantized":  # noqa: PLR1714 - fast path
-        raise DispatchError(f"unknown precision {precision!r}", hint="use 'exact' or 'allow_quantized'")
-    try:
-        b, hq, _, d = q.shape
-        kb, hkv, sk, kd = k.shape
-        vb, vh, vs, _ = v.shape
-        dtype = q.dtype
-        ok = (b == kb == vb and d == kd and hkv == vh and sk == vs and hkv > 0 and hq % hkv == 0
-              and dtype is k.dtype and dtype is v.dtype and q.device == k.device and q.device == v.device
-              and (scale is None or scale > 0))
-    except (AttributeError, TypeError, ValueError):
-        ok = False
-    if not ok:
-        _raise_for_input(q, k, v, layout, scale)
-    return q, k, v
-
-
-def _raise_for_input(q: Any, k: Any, v: Any, layout: str, scale: float | None = None) -> None:
-    """The slow path of :func:`_validate`: find what is wrong with the inputs and say it."""
-    features.refuse_nested_or_packed(q, k, v, packed=isinstance(q, torch.Tensor))
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise DispatchError(f"{name} is a {type(t).__name__}, not a torch.Tensor")
-        if t.dim() != 4:
-            raise DispatchError(f"{name} has {t.dim()} dimensions, expected 4",
-                                hint=f"layout={layout!r} means [{', '.join(layout.upper())}]")
-    where = f" (as [B, H, S, D]; layout={layout!r})"
-    if k.shape[:3] != v.shape[:3]:
-        raise DispatchError(f"k and v differ in shape: {tuple(k.shape)} vs {tuple(v.shape)}{where}",
-                            hint="k and v need the same batch, heads and length (v's head dim may differ)")
-    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise DispatchError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim{where}")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise DispatchError(f"query heads Hq={q.shape[1]} is not a multiple of key/value heads"
-                            f" Hkv={k.shape[1]}{where}", hint="GQA needs Hq % Hkv == 0")
-    if q.dtype != k.dtype or q.dtype != v.dtype:
-        raise DispatchError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.device != k.device or q.device != v.device:
-        raise DispatchError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
-    raise DispatchError(f"scale must be positive, got {scale!r}")
-
-
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0, scale: float | None = None, causal: bool = False,
@@ -505,6 +413,7 @@ def attention(
     sinks: torch.Tensor | None = None, return_lse: bool = False, cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
     layout: str = "bhsd", backend: str | None = None, precision: str = "exact", is_causal: bool | None = None,
+    block_table: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
 ) -> Any:
     """Scaled dot-product attention on the fastest backend this machine verified for these inputs.
 
@@ -517,7 +426,8 @@ def attention(
             ``cu_seqlens_q``), float16/bfloat16/float32/float64, CPU or CUDA.
         k: ``[B, Hkv, Sk, D]`` (or ``[B, Sk, Hkv, D]``; packed ``[total_k, Hkv, D]``), Hq a multiple of Hkv.
         v: as k, with its own head dim ``Dv`` (may differ from ``D``).
-        attn_mask: bool (True = attend) or additive float mask broadcastable to ``[B, Hq, Sq, Sk]`` (SDPA's).
+        attn_mask: bool (True = attend) or additive float mask broadcastable to ``[B, Hq, Sq, Sk]`` (SDPA's);
+            it combines with ``causal`` and ``window`` (all of them apply; SDPA itself refuses both at once).
         dropout_p: dropout probability on the attention weights, applied when > 0 (as SDPA: pass 0 in eval).
         scale: softmax scale; None means ``1/sqrt(D)``.
         causal: mask future keys. ``is_causal`` is accepted as SDPA's name for it.
@@ -533,6 +443,9 @@ def attention(
         return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]`` (``[Hq, total_q]`` for varlen).
         cu_seqlens_q, cu_seqlens_k: int32 offsets ``[batch + 1]`` of packed sequences (varlen).
         max_seqlen_q, max_seqlen_k: the longest sequence of each (computed when None).
+        block_table: paged KV cache: ``[B, blocks]`` int32 page indices; k and v are then the page pools
+            ``[num_blocks, page_size, Hkv, D]`` (``Dv`` for v) in any layout, and ``seqused_k [B]`` int32 says
+            how many keys of each sequence are filled (all pages when None).
         layout: ``"bhsd"`` or ``"bshd"`` for 4-D inputs; the output uses the same layout.
         backend: force a backend id (``"flash-attn"``, ``"sdpa"``, ``"exact"`` ...); see :func:`use_backend`.
         precision: ``"exact"``, or ``"allow_quantized"`` to admit SageAttention's int8/fp8 kernels.
@@ -547,7 +460,8 @@ def attention(
             packed inputs without ``cu_seqlens`` included); an unknown forced backend; a forced backend that
             cannot serve the call (with its reasons).
     """
-    if not (attn_mask is window is softcap is sinks is cu_seqlens_q is cu_seqlens_k is is_causal is None  # type: ignore[comparison-overlap]
+    if not (attn_mask is window is softcap is sinks is cu_seqlens_q is cu_seqlens_k is is_causal is block_table  # type: ignore[comparison-overlap]
+            is seqused_k is None
             and dropout_p == 0.0 and return_lse is False and enable_gqa is True
             and causal_alignment == "bottom_right"):
         return features.attention(
@@ -555,7 +469,8 @@ def attention(
             causal_alignment=causal_alignment, enable_gqa=enable_gqa, window=window, softcap=softcap,
             sinks=sinks, return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, layout=layout,
-            backend=backend or _FORCED.get(), precision=precision, is_causal=is_causal)
+            backend=backend or _FORCED.get(), precision=precision, is_causal=is_causal, block_table=block_table,
+            seqused_k=seqused_k)
     if torch.compiler.is_compiling():
         qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)

@@ -109,15 +109,14 @@ def feature_cases(
     """Per claimed feature and dtype, one random case that uses it (GQA, Sq != Sk, causal where it matters).
 
     The feature's inputs (mask, window, softcap, sinks, packed sequences) are drawn from the case's seed by
-    :func:`attnforge.verify.feature_inputs.case_inputs`. ``paged_kv`` has no case: attention() routes no
-    paged call yet.
+    :func:`attnforge.verify.feature_inputs.case_inputs`.
     """
     rng = random.Random(seed ^ 0x5EED)  # noqa: S311 - test shapes, not secrets
     top = max(8, max_seqlen)
     cases: list[VerifyCase] = []
     if not head_dims:
         return cases
-    for feature in sorted(features - {"paged_kv"}):
+    for feature in sorted(features):
         for dtype in dtypes:
             head_dim = head_dims[min(1, len(head_dims) - 1)]
             heads_kv, group = rng.choice((1, 2)), rng.choice((1, 2))

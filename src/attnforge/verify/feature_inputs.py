@@ -16,6 +16,8 @@ from attnforge.verify.cases import VerifyCase
 
 #: dropout probability of a dropout case
 DROPOUT_P = 0.25
+#: keys per page of a paged KV case (FlashAttention-2 wants multiples of 256 on GPU; the pool is small here)
+PAGE_SIZE = 16
 
 
 def case_inputs(case: VerifyCase, device: str) -> tuple[Any, Any, Any, dict[str, Any]]:
@@ -39,6 +41,14 @@ def case_inputs(case: VerifyCase, device: str) -> tuple[Any, Any, Any, dict[str,
         opts.update(cu_seqlens_q=offsets, cu_seqlens_k=offsets, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
         return q, k, v, opts
     q = draw(case.batch, case.heads_q, case.seqlen_q, case.head_dim)
+    if case.feature == "paged_kv":
+        page = PAGE_SIZE
+        per_seq = -(-case.seqlen_k // page)
+        blocks = torch.randperm(case.batch * per_seq + 1, generator=gen)[: case.batch * per_seq]
+        opts["block_table"] = blocks.view(case.batch, per_seq).to(device=device, dtype=torch.int32)
+        opts["seqused_k"] = torch.full((case.batch,), case.seqlen_k, dtype=torch.int32, device=device)
+        pool = case.batch * per_seq + 1
+        return (q, draw(pool, page, case.heads_kv, case.head_dim), draw(pool, page, case.heads_kv, dv), opts)
     k = draw(case.batch, case.heads_kv, case.seqlen_k, case.head_dim)
     v = draw(case.batch, case.heads_kv, case.seqlen_k, dv)
     if case.feature == "attn_mask":
