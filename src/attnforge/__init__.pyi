@@ -7,7 +7,7 @@ from typing import Literal, overload
 
 import torch
 
-from attnforge.dispatch.runtime import Explanation
+from attnforge.dispatch.explanation import Explanation
 from attnforge.dispatch.sdpa_patch import SdpaPatch
 
 __version__: str

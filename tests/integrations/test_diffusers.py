@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 import attnforge
+from attnforge.dispatch import runtime
 from attnforge.integrations.diffusers import AttnforgeProcessor
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -34,13 +35,13 @@ def _keep_active_backend() -> Any:
 def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     """The query shape of every call :func:`attnforge.attention` serves."""
     calls: list[tuple[int, ...]] = []
-    real = attnforge.attention
+    real = runtime.attention
 
     def spy(q: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         calls.append(tuple(q.shape))
         return real(q, *args, **kwargs)
 
-    monkeypatch.setattr("attnforge.dispatch.runtime.attention", spy)
+    monkeypatch.setattr(runtime, "attention", spy)
     return calls
 
 
@@ -116,6 +117,33 @@ def _wan() -> tuple[Any, dict[str, torch.Tensor]]:
     return model, inputs
 
 
+def _ltx() -> tuple[Any, dict[str, Any]]:
+    torch.manual_seed(0)
+    model = diffusers.LTXVideoTransformer3DModel(
+        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
+        cross_attention_dim=16, num_layers=1, caption_channels=16).eval()
+    text_mask = torch.ones(1, 5)
+    text_mask[0, 4:] = 0
+    inputs = {"hidden_states": torch.randn(1, 2 * 4 * 4, 4), "encoder_hidden_states": torch.randn(1, 5, 16),
+              "timestep": torch.tensor([3]), "encoder_attention_mask": text_mask, "num_frames": 2, "height": 4,
+              "width": 4}
+    return model, inputs
+
+
+def _hunyuan_video() -> tuple[Any, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = diffusers.HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, text_embed_dim=16,
+        pooled_projection_dim=8, rope_axes_dim=(2, 2, 4)).eval()
+    text_mask = torch.ones(1, 5)
+    text_mask[0, 4:] = 0
+    inputs = {"hidden_states": torch.randn(1, 4, 2, 4, 4), "timestep": torch.tensor([3]),
+              "encoder_hidden_states": torch.randn(1, 5, 16), "encoder_attention_mask": text_mask,
+              "pooled_projections": torch.randn(1, 8), "guidance": torch.tensor([3.0])}
+    return model, inputs
+
+
 def _unet() -> tuple[Any, dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     model = diffusers.UNet2DConditionModel(
@@ -127,7 +155,7 @@ def _unet() -> tuple[Any, dict[str, torch.Tensor]]:
     return model, inputs
 
 
-@pytest.mark.parametrize("build", [_flux, _wan], ids=["flux", "wan"])
+@pytest.mark.parametrize("build", [_flux, _wan, _ltx, _hunyuan_video], ids=["flux", "wan", "ltx", "hunyuan-video"])
 def test_set_attention_backend_matches_the_default(build: Any, served: list[Any]) -> None:
     df_integration.register()
     model, inputs = build()
@@ -170,3 +198,48 @@ def test_backend_masks_and_causal_alignment_match_native() -> None:
     torch.testing.assert_close(out, F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
                                .transpose(1, 2), **TOL)
     torch.testing.assert_close(lse, want_lse, **TOL)
+
+
+def _cogvideox() -> tuple[Any, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = diffusers.CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, text_embed_dim=16,
+        num_layers=1, sample_width=4, sample_height=4, sample_frames=5, patch_size=2, time_embed_dim=8,
+        max_text_seq_length=5).eval()
+    inputs = {"hidden_states": torch.randn(1, 2, 4, 4, 4), "encoder_hidden_states": torch.randn(1, 5, 16),
+              "timestep": torch.tensor([3])}
+    return model, inputs
+
+
+@pytest.mark.parametrize(("build", "kind"), [(_flux, "backend"), (_unet, "processor")], ids=["flux", "unet"])
+def test_route_changes_what_it_can_serve_and_matches(build: Any, kind: str, served: list[Any]) -> None:
+    model, inputs = build()
+    with torch.no_grad():
+        want = model(**inputs).sample
+        routed = df_integration.route(model)
+        got = model(**inputs).sample
+    torch.testing.assert_close(got, want, **TOL)
+    assert getattr(routed, kind)
+    assert routed.unchanged == ()
+    assert served
+
+
+def test_cogvideox_is_left_to_patch_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CogVideoX's joint-attention processor calls SDPA itself: route() leaves it, patch_sdpa serves it."""
+    calls: list[tuple[int, ...]] = []
+    real = runtime.attention
+
+    def spy(q: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        calls.append(tuple(q.shape))
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(runtime, "attention", spy)
+    model, inputs = _cogvideox()
+    with torch.no_grad():
+        want = model(**inputs).sample
+        routed = df_integration.route(model)
+        with attnforge.patch_sdpa():
+            got = model(**inputs).sample
+    assert routed.unchanged == ("transformer_blocks.0.attn1: CogVideoXAttnProcessor2_0",)
+    assert calls == [(1, 2, 13, 8)]  # joint: 5 text + 2 frames x (4/2)^2 patches
+    torch.testing.assert_close(got, want, **TOL)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import attnforge
+from attnforge.dispatch import runtime
 from attnforge.errors import DispatchError
 
 transformers = pytest.importorskip("transformers")
@@ -41,13 +42,13 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     """Registers the integration and records the query shape of every call attnforge.attention serves."""
     tf_integration.register()
     calls: list[tuple[int, ...]] = []
-    real = attnforge.attention
+    real = runtime.attention
 
     def spy(q: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         calls.append(tuple(q.shape))
         return real(q, *args, **kwargs)
 
-    monkeypatch.setattr("attnforge.dispatch.runtime.attention", spy)
+    monkeypatch.setattr(runtime, "attention", spy)
     return calls
 
 

@@ -15,18 +15,60 @@ Two ways in, for the two kinds of attention module diffusers has:
   was built with ``scale_qk=False``). On an ``AttentionModuleMixin`` module (``FluxAttention`` ...) it runs that
   module's default processor with the ``"attnforge"`` backend.
 
-Processors with their own joint-attention logic on the classic module (CogVideoX's
-``CogVideoXAttnProcessor2_0``) are not replaced by :class:`AttnforgeProcessor`; :func:`attnforge.patch_sdpa`
-routes their SDPA calls.
+:class:`AttnforgeProcessor` replaces ``AttnProcessor2_0`` only: set on a classic module whose processor has its
+own joint-attention logic (CogVideoX's ``CogVideoXAttnProcessor2_0``) it would compute something else.
+:func:`route` looks at each module's current processor and changes only those it can serve exactly, and lists
+the rest; :func:`attnforge.patch_sdpa` routes the SDPA calls of those (CogVideoX).
 
 diffusers is imported only inside :func:`register` and the delegating branch of the processor.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 NAME = "attnforge"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Routed:
+    """What :func:`route` did, by module name.
+
+    Attributes:
+        backend: processors that call ``dispatch_attention_fn``, now with the ``"attnforge"`` backend.
+        processor: ``AttnProcessor``/``AttnProcessor2_0`` replaced by :class:`AttnforgeProcessor`.
+        unchanged: ``"name: ProcessorClass"`` of every other attention module, left as it was.
+    """
+
+    backend: tuple[str, ...]
+    processor: tuple[str, ...]
+    unchanged: tuple[str, ...]
+
+
+def route(model: Any) -> Routed:
+    """Send every attention module of a diffusers ``model`` that attnforge can serve exactly to it.
+
+    Raises ImportError when diffusers is not installed.
+    """
+    from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
+
+    member = register()
+    shared = AttnforgeProcessor()
+    done: dict[str, list[str]] = {"backend": [], "processor": [], "unchanged": []}
+    for name, module in model.named_modules():
+        processor = getattr(module, "processor", None)
+        if processor is None or not callable(getattr(module, "set_processor", None)):
+            continue
+        if hasattr(processor, "_attention_backend"):
+            processor._attention_backend = member
+            done["backend"].append(name)
+        elif type(processor) in {AttnProcessor, AttnProcessor2_0}:
+            module.set_processor(shared)
+            done["processor"].append(name)
+        else:
+            done["unchanged"].append(f"{name}: {type(processor).__name__}")
+    return Routed(**{kind: tuple(names) for kind, names in done.items()})
 
 
 def attention_backend(  # noqa: PLR0917 - the parameter names are diffusers' backend contract
