@@ -210,3 +210,15 @@ def test_installed_capabilities_come_from_the_cache_entry_pip_installed(
     assert caps_mod.backend_capabilities("sdpa-flash") is None
     (entry / "provenance.json").write_text(json.dumps({"details": {"origin": "source-build"}}))
     assert caps_mod.installed_capabilities(["flash-attn-3"]) is None  # a full build: no limits recorded
+
+
+def test_plan_takes_the_same_source_strings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo = tmp_path / "flash-attention"
+    assert main(["plan", "flash-attn-3", "--snapshot", H200, "--source", f"{repo}#subdirectory=hopper",
+                 "--head-dim", "128", "--json"]) == 0
+    source = json.loads(capsys.readouterr().out)["chosen"]["build"]["source"]
+    assert (source["kind"], source["location"], source["subdirectory"]) == ("path", str(repo), "hopper")
+    assert source["submodules"] == ["csrc/cutlass"]
+    assert main(["plan", "flash-attn-3", "--snapshot", H200, "--source", f"{repo}/hopper", "--json"]) == 0
+    source = json.loads(capsys.readouterr().out)["chosen"]["build"]["source"]
+    assert (source["location"], source["subdirectory"]) == (str(repo), "hopper")  # hopper/ alone: its repo

@@ -171,6 +171,9 @@ def _config_dims(cfg: dict[str, Any]) -> set[int]:
 )
 @click.option("--index-url", "index_urls", multiple=True, metavar="URL", help="A PEP 503 index to consider.")
 @click.option("--from-source", is_flag=True, help="Skip prebuilt binaries and plan a build.")
+@click.option("--source", "source_text", default=None, metavar="PATH_OR_URL",
+              help="Plan the build of this source (as build/install --source: a directory, an sdist, an sdist URL, "
+                   "or git+URL[@REF], each with an optional #subdirectory=DIR).")
 @click.option(
     "--offline", is_flag=True, help="Never touch the network (find-links and file:// indexes only)."
 )
@@ -183,6 +186,7 @@ def command(
     no_backward: bool,
     features: tuple[str, ...],
     model_config: Path | None,
+    source_text: str | None,
     requirement: str,
     snapshot_path: Path | None,
     archs: tuple[str, ...],
@@ -193,6 +197,7 @@ def command(
     as_json: bool,
 ) -> int:
     """Explain what attnforge would do to get BACKEND working here: every candidate, accepted or rejected."""
+    from attnforge.build.source import parse_source
     from attnforge.catalog import load_catalog
     from attnforge.resolve.listing import list_wheels, with_local_sdist
     from attnforge.resolve.resolver import resolve
@@ -207,8 +212,9 @@ def command(
         archs=parse_archs(archs),
         find_links=find_links,
         index_urls=index_urls,
-        from_source=from_source,
+        from_source=from_source or source_text is not None,
         offline=offline,
+        source=parse_source(source_text) if source_text else None,
         slim=slim_request(head_dims=head_dims, dtypes=dtypes, no_backward=no_backward, features=features,
                           model_config=model_config),
     )
