@@ -121,7 +121,7 @@ def test_an_unknown_feature_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     [
         pytest.param({"head_dim": 128, "hidden_size": 4096, "num_attention_heads": 64}, "128", id="head_dim"),
         pytest.param({"hidden_size": 4096, "num_attention_heads": 32, "head_dim": None}, "128", id="hidden/heads"),
-        pytest.param({"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}, "128, 192",
+        pytest.param({"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}, "192",
                      id="deepseek"),
         pytest.param({"text_config": {"hidden_size": 2048, "num_attention_heads": 32}}, "64", id="text_config"),
     ],
@@ -222,3 +222,18 @@ def test_plan_takes_the_same_source_strings(tmp_path: Path, capsys: pytest.Captu
     assert main(["plan", "flash-attn-3", "--snapshot", H200, "--source", f"{repo}/hopper", "--json"]) == 0
     source = json.loads(capsys.readouterr().out)["chosen"]["build"]["source"]
     assert (source["location"], source["subdirectory"]) == (str(repo), "hopper")  # hopper/ alone: its repo
+
+
+def test_a_qk_v_pair_keeps_its_own_kernels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = plan_slim("flash-attn-3", fa3(), SlimRequest(head_dim_pairs=((192, 128),), dtypes=("bfloat16",)),  # type: ignore[arg-type]
+                     archs=((9, 0),), max_jobs=16)
+    assert plan.capabilities.head_dims == (192,) and plan.capabilities.features == ("hdimdiff192",)
+    kept = {"FLASH_ATTENTION_DISABLE_HDIM192", "FLASH_ATTENTION_DISABLE_HDIMDIFF192"}
+    assert not kept & set(plan.env)  # flash_api.cpp reaches the 192x128 kernel only inside the HDIM192 switch
+    path = tmp_path / "config.json"  # DeepSeek-V3's attention: qk 128 + 64 (rope), v 128
+    path.write_text(json.dumps({"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}))
+    assert main(["plan", "flash-attn-3", "--snapshot", H200, "--model", str(path), "--dtype", "bf16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["slim"]["capabilities"]["features"] == ["hdimdiff192"]
+    assert main(["plan", "flash-attn-3", "--snapshot", H200, "--head-dim", "192x128", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["slim"]["capabilities"]["features"] == ["hdimdiff192"]
+    assert main(["plan", "flash-attn-3", "--snapshot", H200, "--head-dim", "192y128"]) == 2
