@@ -62,6 +62,11 @@ class Capabilities:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"bad capabilities {dict(data)!r}: {exc}") from None
 
+    def describe(self) -> str:
+        """``"head dims 128; dtypes bfloat16; backward yes; features none"``."""
+        return (f"head dims {', '.join(map(str, self.head_dims)) or 'all'}; dtypes {', '.join(self.dtypes)}; "
+                f"backward {'yes' if self.backward else 'no'}; features {', '.join(self.features) or 'none'}")
+
     def outside(self, *, dtype: str, head_dim: int, backward: bool = False) -> str | None:
         """Why a case is outside these capabilities (``"this build has no float16 kernels"``), or None."""
         if backward and not self.backward:

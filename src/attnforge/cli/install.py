@@ -118,6 +118,8 @@ def _render(result: InstallResult) -> None:
     out.print(f"[bold]{result.request.backend}[/bold]: {what}", soft_wrap=True)
     if chosen is not None:
         out.print(f"  plan: [{chosen.kind.value}] {chosen.description}", soft_wrap=True, markup=False)
+        if chosen.build is not None and chosen.build.capabilities is not None:
+            out.print(f"  slim build, can run: {chosen.build.capabilities.describe()}", soft_wrap=True, markup=False)
     if result.cache_key:
         out.print(f"  cache key: {result.cache_key}", soft_wrap=True)
     if result.pip is not None:

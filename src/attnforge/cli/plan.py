@@ -278,10 +278,7 @@ def _render_slim(out: Any, build: Any) -> None:
     out.print("[bold]slim build[/bold] (only what was asked for):")
     for line in slim.left_out:
         out.print(f"  leaves out {line}", soft_wrap=True, markup=False)
-    caps = slim.capabilities
-    out.print(f"  can run: head dims {', '.join(map(str, caps.head_dims)) or 'all'}; dtypes "
-              f"{', '.join(caps.dtypes)}; backward {'yes' if caps.backward else 'no'}; features "
-              f"{', '.join(caps.features) or 'none'}", soft_wrap=True, markup=False)
+    out.print(f"  can run: {slim.capabilities.describe()}", soft_wrap=True, markup=False)
     if slim.units is not None:
         out.print(f"  time: slim {slim.units} translation units, ~{minutes(slim.estimate_s)}; full "
                   f"{slim.full_units} translation units, ~{minutes(slim.full_estimate_s)} (estimated from one "
