@@ -132,3 +132,25 @@ def test_bench_does_not_measure_outside_the_capabilities() -> None:
     assert by_mode["fwd+bwd"].detail == \
         "outside this build's capabilities: this build has no backward kernels (forward only)"
     assert set(got.crashes) == {"segv"}
+
+
+def test_doctor_shows_the_crash_and_does_not_call_the_backend_fastest(tmp_path: Path) -> None:
+    from attnforge.catalog import load_catalog
+    from attnforge.probe.snapshot import SystemSnapshot
+    from attnforge.records import VerifyRecord
+    from attnforge.report.doctor import doctor_report
+    from tests._fakes import FIXTURES
+
+    doc = json.loads((FIXTURES / "snapshots" / "h200_torch2.11_cu130.json").read_text())
+    doc["backends"] = [b for b in doc["backends"] if b["backend"] != "flash-attn-3"] + [
+        {"backend": "flash-attn-3", "distribution": "flash-attn-3", "version": "3.0.0b1", "imports": True,
+         "native": [{"name": "flash_attn_3._C", "ok": True}]}]
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps(doc))
+    crash = "SIGSEGV on float16 D=128: this build has no float16 kernels (it has bfloat16)"
+    record = VerifyRecord(device_key="k", backend="flash-attn-3", backend_version="3.0.0b1", ok=False,
+                          summary=f"{crash} (the child process died; 48 case(s) passed before)")
+    report = doctor_report(SystemSnapshot.load(path), load_catalog(), verified={"flash-attn-3": record})
+    row = next(r for r in report.rows if r.backend == "flash-attn-3")
+    assert row.status.value == "broken" and crash in (row.problem or "")
+    assert "flash-attn-3" not in report.verdict.fastest_now
