@@ -237,3 +237,24 @@ def test_a_qk_v_pair_keeps_its_own_kernels(tmp_path: Path, capsys: pytest.Captur
     assert main(["plan", "flash-attn-3", "--snapshot", H200, "--head-dim", "192x128", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["slim"]["capabilities"]["features"] == ["hdimdiff192"]
     assert main(["plan", "flash-attn-3", "--snapshot", H200, "--head-dim", "192y128"]) == 2
+
+
+def test_a_bad_slim_table_is_a_catalog_error_naming_every_field(tmp_path: Path) -> None:
+    import shutil
+
+    from attnforge.catalog import DATA_DIR
+    from attnforge.errors import CatalogError
+
+    for f in DATA_DIR.glob("*.toml"):
+        shutil.copy(f, tmp_path / f.name)
+    toml = tmp_path / "backends.toml"
+    text = toml.read_text()
+    text = text.replace('units_model = "fa3-hopper"', 'units_model = "fa9"\nspeed = 3', 1)
+    text = text.replace('full_units = 293', 'full_units = "many"', 1)
+    text = text.replace('arch_switches = { 8 = ', 'arch_switches = { sm8 = ', 1)
+    toml.write_text(text)
+    with pytest.raises(CatalogError) as info:
+        load_catalog(tmp_path)
+    problems = "\n".join(info.value.problems)
+    for field in ("slim.units_model", "slim.speed", "slim.full_units", "slim.arch_switches.sm8"):
+        assert f"recipes.flash-attn-3.{field}" in problems

@@ -121,8 +121,8 @@ class SlimPlan:
     note: str
 
 
-_FIELDS = {"value", "head_dims", "dtypes", "always_dtypes", "backward", "features", "head_dim_pairs", "arch_switches",
-           "units_model", "full_units", "timing", "unsupported", "sources"}
+_FIELDS = {"value", "head_dims", "dtypes", "always_dtypes", "backward", "features", "head_dim_pairs",
+           "arch_switches", "units_model", "full_units", "timing", "unsupported", "sources"}
 
 
 def parse_slim(raw: Any, path: str, errors: Collector) -> SlimSwitches | None:
@@ -144,28 +144,35 @@ def parse_slim(raw: Any, path: str, errors: Collector) -> SlimSwitches | None:
     model = str(raw.get("units_model", ""))
     if model and model not in _UNIT_MODELS:
         errors.add(f"{path}.units_model", f"expected one of {sorted(_UNIT_MODELS)}, got {model!r}")
+    def table(key: str) -> dict[str, str]:
+        value = raw.get(key, {})
+        if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
+            errors.add(f"{path}.{key}", "expected a table of strings")
+            return {}
+        return {str(k): v for k, v in value.items()}
+
     return SlimSwitches(
-        value=str(raw.get("value", "TRUE")),
-        head_dims=_int_keys(raw.get("head_dims", {}), f"{path}.head_dims", errors),
-        dtypes={str(k): str(v) for k, v in dict(raw.get("dtypes", {})).items()},
-        always_dtypes=tuple(str(d) for d in raw.get("always_dtypes", ())),
-        backward=str(raw.get("backward", "")),
-        features={str(k): str(v) for k, v in dict(raw.get("features", {})).items()},
-        head_dim_pairs={str(k): str(v) for k, v in dict(raw.get("head_dim_pairs", {})).items()},
-        arch_switches=_int_keys(raw.get("arch_switches", {}), f"{path}.arch_switches", errors),
-        units_model=model, full_units=int(raw.get("full_units", 0)), timing=t,
-        unsupported=str(raw.get("unsupported", "")),
+        value=errors.get(raw, "value", path, str, "TRUE"),
+        head_dims=_int_keys(table("head_dims"), f"{path}.head_dims", errors),
+        dtypes=table("dtypes"),
+        always_dtypes=tuple(errors.str_list(raw, "always_dtypes", path)) if "always_dtypes" in raw else (),
+        backward=errors.get(raw, "backward", path, str, ""),
+        features=table("features"),
+        head_dim_pairs=table("head_dim_pairs"),
+        arch_switches=_int_keys(table("arch_switches"), f"{path}.arch_switches", errors),
+        units_model=model, full_units=errors.get(raw, "full_units", path, int, 0), timing=t,
+        unsupported=errors.get(raw, "unsupported", path, str, ""),
         sources=errors.str_list(raw, "sources", path, allow_empty=False),
     )
 
 
-def _int_keys(table: Any, path: str, errors: Collector) -> dict[int, str]:
+def _int_keys(table: Mapping[str, str], path: str, errors: Collector) -> dict[int, str]:
     out: dict[int, str] = {}
-    for k, v in dict(table).items():
+    for k, v in table.items():
         if not str(k).isdigit():
             errors.add(f"{path}.{k}", "expected a number as the key")
             continue
-        out[int(k)] = str(v)
+        out[int(k)] = v
     return out
 
 
