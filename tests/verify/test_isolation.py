@@ -21,7 +21,7 @@ from attnforge.records import RecordStore
 from attnforge.verify.cases import generate_cases
 from attnforge.verify.device import current_device
 from attnforge.verify.isolated import Isolation, crash_text, verify_in_child
-from tests.verify._crashing import AbortAdapter, SegvAdapter, adapters
+from tests.verify._crashing import AbortAdapter, PoisonAdapter, SegvAdapter, adapters
 
 TINY = ["--device", "cpu", "--head-dim", "32", "--seqlen", "64"]
 
@@ -88,6 +88,10 @@ def test_an_abort_is_named_and_cases_outside_the_capabilities_are_not_run() -> N
                   "environ": dict(os.environ)}
     aborted = verify_in_child("abort", adapter=AbortAdapter(), caps=None, **common)  # type: ignore[arg-type]
     assert not aborted.ok and aborted.summary.startswith("SIGABRT on float32 D=32")
+    poisoned = verify_in_child("poison", adapter=PoisonAdapter(), caps=None, **common)  # type: ignore[arg-type]
+    assert not poisoned.ok and "illegal memory access" in poisoned.summary
+    assert "poisoned the CUDA context" in poisoned.summary  # the child stopped after the first such error
+    assert sum(c.status.value == "error" for c in poisoned.cases) == 1
     bf16_less = Capabilities(head_dims=(64,), dtypes=("float32",), backward=True, features=())
     fine = verify_in_child("segv", adapter=SegvAdapter(), caps=bf16_less, **common)  # type: ignore[arg-type]
     assert fine.ok, fine.summary  # the bfloat16 cases that would crash are skipped, with the reason
