@@ -258,3 +258,31 @@ def test_a_bad_slim_table_is_a_catalog_error_naming_every_field(tmp_path: Path) 
     problems = "\n".join(info.value.problems)
     for field in ("slim.units_model", "slim.speed", "slim.full_units", "slim.arch_switches.sm8"):
         assert f"recipes.flash-attn-3.{field}" in problems
+
+
+@pytest.mark.parametrize(
+    ("slim", "accepted", "words"),
+    [
+        pytest.param(SlimRequest(head_dims=(128,), dtypes=("bfloat16",)), True, "", id="same-slim"),
+        pytest.param(SlimRequest(head_dims=(100,), dtypes=("bfloat16",), backward=False), True, "", id="inside"),
+        pytest.param(None, False, "is a slim one", id="full-asked"),
+        pytest.param(SlimRequest(head_dims=(64, 256), dtypes=("bfloat16", "float16")), False,
+                     "lacks head dim 256, float16", id="outside"),  # 64 runs on the 128 kernel
+    ],
+)
+def test_an_installed_slim_build_serves_only_requests_inside_it(
+    slim: SlimRequest | None, accepted: bool, words: str, tmp_path: Path
+) -> None:
+    from attnforge.resolve.resolver import resolve
+
+    doc = json.loads(Path(H200).read_text())
+    doc["backends"] = [b for b in doc["backends"] if b["backend"] != "flash-attn-3"] + [
+        {"backend": "flash-attn-3", "distribution": "flash-attn-3", "version": "3.0.0b1", "imports": True,
+         "native": [{"name": "flash_attn_3._C", "ok": True}]}]
+    (tmp_path / "s.json").write_text(json.dumps(doc))
+    have = Capabilities(head_dims=(128,), dtypes=("bfloat16",), backward=True, features=())
+    plan = resolve(SystemSnapshot.load(tmp_path / "s.json"), load_catalog(),
+                   Request(backend="flash-attn-3", slim=slim, installed_capabilities=have))
+    installed = plan.candidates[0]
+    assert installed.accepted is accepted, installed.reasons
+    assert words in " ".join(installed.reasons)

@@ -7,6 +7,7 @@ Exit codes: 0 installed (and verified, unless --no-verify), 1 not possible here 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,6 +79,10 @@ def command(requirement: str, *, head_dims: tuple[str, ...], dtypes: tuple[str, 
     projects = [*(backend.distributions if backend else (name,)),
                 *([recipe.distribution] if recipe and recipe.distribution else [])]
     request = with_local_sdist(request, projects)  # an sdist in the wheelhouse builds offline
+    if backend is not None:  # a slim build installed here serves only what it was built for
+        from attnforge.cache.capabilities import installed_capabilities
+
+        request = dataclasses.replace(request, installed_capabilities=installed_capabilities(backend.distributions))
     listing = list_wheels(find_links, index_urls, projects, offline=offline)
     runner = SubprocessRunner()
     try:
