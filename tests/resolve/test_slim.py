@@ -121,7 +121,7 @@ def test_an_unknown_feature_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     [
         pytest.param({"head_dim": 128, "hidden_size": 4096, "num_attention_heads": 64}, "128", id="head_dim"),
         pytest.param({"hidden_size": 4096, "num_attention_heads": 32, "head_dim": None}, "128", id="hidden/heads"),
-        pytest.param({"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}, "128, 192",
+        pytest.param({"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}, "192",
                      id="deepseek"),
         pytest.param({"text_config": {"hidden_size": 2048, "num_attention_heads": 32}}, "64", id="text_config"),
     ],
@@ -210,3 +210,79 @@ def test_installed_capabilities_come_from_the_cache_entry_pip_installed(
     assert caps_mod.backend_capabilities("sdpa-flash") is None
     (entry / "provenance.json").write_text(json.dumps({"details": {"origin": "source-build"}}))
     assert caps_mod.installed_capabilities(["flash-attn-3"]) is None  # a full build: no limits recorded
+
+
+def test_plan_takes_the_same_source_strings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo = tmp_path / "flash-attention"
+    assert main(["plan", "flash-attn-3", "--snapshot", H200, "--source", f"{repo}#subdirectory=hopper",
+                 "--head-dim", "128", "--json"]) == 0
+    source = json.loads(capsys.readouterr().out)["chosen"]["build"]["source"]
+    assert (source["kind"], source["location"], source["subdirectory"]) == ("path", str(repo), "hopper")
+    assert source["submodules"] == ["csrc/cutlass"]
+    assert main(["plan", "flash-attn-3", "--snapshot", H200, "--source", f"{repo}/hopper", "--json"]) == 0
+    source = json.loads(capsys.readouterr().out)["chosen"]["build"]["source"]
+    assert (source["location"], source["subdirectory"]) == (str(repo), "hopper")  # hopper/ alone: its repo
+
+
+def test_a_qk_v_pair_keeps_its_own_kernels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = plan_slim("flash-attn-3", fa3(), SlimRequest(head_dim_pairs=((192, 128),), dtypes=("bfloat16",)),  # type: ignore[arg-type]
+                     archs=((9, 0),), max_jobs=16)
+    assert plan.capabilities.head_dims == (192,) and plan.capabilities.features == ("hdimdiff192",)
+    kept = {"FLASH_ATTENTION_DISABLE_HDIM192", "FLASH_ATTENTION_DISABLE_HDIMDIFF192"}
+    assert not kept & set(plan.env)  # flash_api.cpp reaches the 192x128 kernel only inside the HDIM192 switch
+    path = tmp_path / "config.json"  # DeepSeek-V3's attention: qk 128 + 64 (rope), v 128
+    path.write_text(json.dumps({"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}))
+    assert main(["plan", "flash-attn-3", "--snapshot", H200, "--model", str(path), "--dtype", "bf16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["slim"]["capabilities"]["features"] == ["hdimdiff192"]
+    assert main(["plan", "flash-attn-3", "--snapshot", H200, "--head-dim", "192x128", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["slim"]["capabilities"]["features"] == ["hdimdiff192"]
+    assert main(["plan", "flash-attn-3", "--snapshot", H200, "--head-dim", "192y128"]) == 2
+
+
+def test_a_bad_slim_table_is_a_catalog_error_naming_every_field(tmp_path: Path) -> None:
+    import shutil
+
+    from attnforge.catalog import DATA_DIR
+    from attnforge.errors import CatalogError
+
+    for f in DATA_DIR.glob("*.toml"):
+        shutil.copy(f, tmp_path / f.name)
+    toml = tmp_path / "backends.toml"
+    text = toml.read_text()
+    text = text.replace('units_model = "fa3-hopper"', 'units_model = "fa9"\nspeed = 3', 1)
+    text = text.replace('full_units = 293', 'full_units = "many"', 1)
+    text = text.replace('arch_switches = { 8 = ', 'arch_switches = { sm8 = ', 1)
+    toml.write_text(text)
+    with pytest.raises(CatalogError) as info:
+        load_catalog(tmp_path)
+    problems = "\n".join(info.value.problems)
+    for field in ("slim.units_model", "slim.speed", "slim.full_units", "slim.arch_switches.sm8"):
+        assert f"recipes.flash-attn-3.{field}" in problems
+
+
+@pytest.mark.parametrize(
+    ("slim", "accepted", "words"),
+    [
+        pytest.param(SlimRequest(head_dims=(128,), dtypes=("bfloat16",)), True, "", id="same-slim"),
+        pytest.param(SlimRequest(head_dims=(100,), dtypes=("bfloat16",), backward=False), True, "", id="inside"),
+        pytest.param(None, False, "is a slim one", id="full-asked"),
+        pytest.param(SlimRequest(head_dims=(64, 256), dtypes=("bfloat16", "float16")), False,
+                     "lacks head dim 256, float16", id="outside"),  # 64 runs on the 128 kernel
+    ],
+)
+def test_an_installed_slim_build_serves_only_requests_inside_it(
+    slim: SlimRequest | None, accepted: bool, words: str, tmp_path: Path
+) -> None:
+    from attnforge.resolve.resolver import resolve
+
+    doc = json.loads(Path(H200).read_text())
+    doc["backends"] = [b for b in doc["backends"] if b["backend"] != "flash-attn-3"] + [
+        {"backend": "flash-attn-3", "distribution": "flash-attn-3", "version": "3.0.0b1", "imports": True,
+         "native": [{"name": "flash_attn_3._C", "ok": True}]}]
+    (tmp_path / "s.json").write_text(json.dumps(doc))
+    have = Capabilities(head_dims=(128,), dtypes=("bfloat16",), backward=True, features=())
+    plan = resolve(SystemSnapshot.load(tmp_path / "s.json"), load_catalog(),
+                   Request(backend="flash-attn-3", slim=slim, installed_capabilities=have))
+    installed = plan.candidates[0]
+    assert installed.accepted is accepted, installed.reasons
+    assert words in " ".join(installed.reasons)

@@ -47,3 +47,15 @@ class HangAdapter(SdpaMathAdapter):
 def adapters() -> dict[str, Any]:
     """A registry factory for ``Isolation(adapters_ref="tests.verify._crashing:adapters")``."""
     return {a.name: a for a in (SegvAdapter(), AbortAdapter(), HangAdapter(), SdpaMathAdapter())}
+
+
+@dataclass
+class PoisonAdapter(SdpaMathAdapter):
+    """Right on float32; on bfloat16 fails the way a kernel that wrote out of bounds does."""
+
+    name: str = "poison"
+
+    def __call__(self, q: Any, k: Any, v: Any, *, causal: bool, scale: float | None) -> Any:
+        if str(q.dtype) == "torch.bfloat16":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return sdpa_math(q, k, v, causal=causal, scale=scale)

@@ -21,7 +21,7 @@ from attnforge.records import RecordStore
 from attnforge.verify.cases import generate_cases
 from attnforge.verify.device import current_device
 from attnforge.verify.isolated import Isolation, crash_text, verify_in_child
-from tests.verify._crashing import AbortAdapter, SegvAdapter, adapters
+from tests.verify._crashing import AbortAdapter, PoisonAdapter, SegvAdapter, adapters
 
 TINY = ["--device", "cpu", "--head-dim", "32", "--seqlen", "64"]
 
@@ -42,15 +42,17 @@ def test_verify_records_a_sigsegv_and_a_hang_and_exits_1(
     attnforge_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     parent = os.getpid()
-    assert main(["verify", "segv", "hang", "sdpa-math", "--device", "cpu", "--timeout", "20", "--json"]) == 1
+    # a generous timeout where a crash is expected (a loaded CI machine is slow), a short one for the hang
+    assert main(["verify", "segv", "sdpa-math", "--device", "cpu", "--timeout", "300", "--json"]) == 1
+    by_name = {r["backend"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert main(["verify", "hang", "--device", "cpu", "--timeout", "15", "--json"]) == 1
+    by_name.update({r["backend"]: r for r in json.loads(capsys.readouterr().out)["results"]})
     assert os.getpid() == parent  # still the same, living process
-    doc = json.loads(capsys.readouterr().out)
-    by_name = {r["backend"]: r for r in doc["results"]}
     assert by_name["segv"]["ok"] is False
     assert by_name["segv"]["summary"].startswith("SIGSEGV on bfloat16 D=")
     assert "float32" in json.dumps([c for c in by_name["segv"]["cases"] if c["status"] == "passed"])
     assert by_name["hang"]["ok"] is False
-    assert "hang (no result within 20 s, killed)" in by_name["hang"]["summary"]
+    assert "hang (no result within 15 s, killed)" in by_name["hang"]["summary"]
     assert by_name["sdpa-math"]["ok"] is True  # the backends after a crash still ran
     records = RecordStore(attnforge_home).latest_verify(current_device("cpu").key)
     assert records["segv"].ok is False and "SIGSEGV" in records["segv"].summary
@@ -60,14 +62,15 @@ def test_verify_records_a_sigsegv_and_a_hang_and_exits_1(
 def test_bench_records_a_sigsegv_and_a_hang_and_exits_1(
     attnforge_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["bench", "segv", "hang", *TINY, "--dtype", "bf16", "--mode", "fwd", "--causal", "off",
-            "--timeout", "20", "--json"]
-    assert main(argv) == 1
+    argv = ["bench", *TINY, "--dtype", "bf16", "--mode", "fwd", "--causal", "off", "--json"]
+    assert main([*argv, "segv", "--timeout", "300"]) == 1
     captured = capsys.readouterr()
-    doc = json.loads(captured.out)
-    cells = {c["backend"]: c for row in doc["rows"] for c in row["cells"]}
+    cells = {c["backend"]: c for row in json.loads(captured.out)["rows"] for c in row["cells"]}
+    assert main([*argv, "hang", "--timeout", "15"]) == 1
+    cells["hang"] = next(c for row in json.loads(capsys.readouterr().out)["rows"] for c in row["cells"]
+                         if c["backend"] == "hang")
     assert cells["segv"]["status"] == "error" and cells["segv"]["detail"].startswith("SIGSEGV on bfloat16 D=32")
-    assert cells["hang"]["status"] == "error" and "hang (no result within 20 s" in cells["hang"]["detail"]
+    assert cells["hang"]["status"] == "error" and "hang (no result within 15 s" in cells["hang"]["detail"]
     assert cells["sdpa"]["status"] == "ok"  # the baseline ran in its own child
     assert "error: segv crashed during bench: SIGSEGV" in captured.err
     store = RecordStore(attnforge_home)
@@ -85,6 +88,10 @@ def test_an_abort_is_named_and_cases_outside_the_capabilities_are_not_run() -> N
                   "environ": dict(os.environ)}
     aborted = verify_in_child("abort", adapter=AbortAdapter(), caps=None, **common)  # type: ignore[arg-type]
     assert not aborted.ok and aborted.summary.startswith("SIGABRT on float32 D=32")
+    poisoned = verify_in_child("poison", adapter=PoisonAdapter(), caps=None, **common)  # type: ignore[arg-type]
+    assert not poisoned.ok and "illegal memory access" in poisoned.summary
+    assert "poisoned the CUDA context" in poisoned.summary  # the child stopped after the first such error
+    assert sum(c.status.value == "error" for c in poisoned.cases) == 1
     bf16_less = Capabilities(head_dims=(64,), dtypes=("float32",), backward=True, features=())
     fine = verify_in_child("segv", adapter=SegvAdapter(), caps=bf16_less, **common)  # type: ignore[arg-type]
     assert fine.ok, fine.summary  # the bfloat16 cases that would crash are skipped, with the reason
@@ -103,7 +110,8 @@ def test_the_crash_text_names_the_missing_capability() -> None:
 @pytest.mark.parametrize(
     ("code", "stderr", "text"),
     [(-11, "", "SIGSEGV"), (-6, "", "SIGABRT"), (124, "timed out after 5 s", "hang (no result within 5 s, killed)"),
-     (1, "Traceback...\nKeyError: 'x'", "exit status 1 (KeyError: 'x')")],
+     (1, "Traceback...\nKeyError: 'x'", "exit status 1 (KeyError: 'x')"),
+     (0xC0000005, "", "access violation (0xC0000005, Windows' SIGSEGV)")],
 )
 def test_describe_exit(code: int, stderr: str, text: str) -> None:
     assert describe_exit(code, stderr, 5) == text
@@ -128,3 +136,25 @@ def test_bench_does_not_measure_outside_the_capabilities() -> None:
     assert by_mode["fwd+bwd"].detail == \
         "outside this build's capabilities: this build has no backward kernels (forward only)"
     assert set(got.crashes) == {"segv"}
+
+
+def test_doctor_shows_the_crash_and_does_not_call_the_backend_fastest(tmp_path: Path) -> None:
+    from attnforge.catalog import load_catalog
+    from attnforge.probe.snapshot import SystemSnapshot
+    from attnforge.records import VerifyRecord
+    from attnforge.report.doctor import doctor_report
+    from tests._fakes import FIXTURES
+
+    doc = json.loads((FIXTURES / "snapshots" / "h200_torch2.11_cu130.json").read_text())
+    doc["backends"] = [b for b in doc["backends"] if b["backend"] != "flash-attn-3"] + [
+        {"backend": "flash-attn-3", "distribution": "flash-attn-3", "version": "3.0.0b1", "imports": True,
+         "native": [{"name": "flash_attn_3._C", "ok": True}]}]
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps(doc))
+    crash = "SIGSEGV on float16 D=128: this build has no float16 kernels (it has bfloat16)"
+    record = VerifyRecord(device_key="k", backend="flash-attn-3", backend_version="3.0.0b1", ok=False,
+                          summary=f"{crash} (the child process died; 48 case(s) passed before)")
+    report = doctor_report(SystemSnapshot.load(path), load_catalog(), verified={"flash-attn-3": record})
+    row = next(r for r in report.rows if r.backend == "flash-attn-3")
+    assert row.status.value == "broken" and crash in (row.problem or "")
+    assert "flash-attn-3" not in report.verdict.fastest_now

@@ -25,6 +25,12 @@ from attnforge._system.runner import TIMED_OUT, Runner
 
 #: Default seconds one child may run (a backend's whole verify or bench, JIT compiles included).
 DEFAULT_TIMEOUT_S = 900.0
+#: Windows has no signals: a crashed process exits with its NTSTATUS code.
+_WINDOWS_CRASHES = {
+    0xC0000005: "access violation (0xC0000005, Windows' SIGSEGV)",
+    0xC0000409: "fail-fast abort (0xC0000409, Windows' SIGABRT)",
+    0xC000001D: "illegal instruction (0xC000001D)",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,11 +63,12 @@ def run_in_child(target: str, payload: Any, *, runner: Runner, python: str = sys
         done = runner.run(argv, env=dict(os.environ if env is None else env), timeout_s=timeout_s)
         items = _read_all(folder / "items")
         steps = _read_all(folder / "steps")
+        output = done.stderr + _text(folder / "output")
     finished = done.returncode == 0
     current = steps[-1] if steps and len(steps) > len(items) else None
-    tail = "\n".join(done.stderr.strip().splitlines()[-6:])
+    tail = "\n".join(output.strip().splitlines()[-6:])
     return ChildOutcome(items=tuple(items), current=None if finished else current,
-                        failure=None if finished else describe_exit(done.returncode, done.stderr, timeout_s),
+                        failure=None if finished else describe_exit(done.returncode, output, timeout_s),
                         output_tail=tail)
 
 
@@ -73,10 +80,19 @@ def describe_exit(returncode: int, stderr: str, timeout_s: float) -> str:
             return signal.Signals(-returncode).name
         except ValueError:
             return f"signal {-returncode}"
+    if returncode in _WINDOWS_CRASHES:
+        return _WINDOWS_CRASHES[returncode]
     if returncode == TIMED_OUT and "timed out after" in stderr:
         return f"hang (no result within {timeout_s:g} s, killed)"
     last = next((line for line in reversed(stderr.strip().splitlines()) if line.strip()), "")
     return f"exit status {returncode}" + (f" ({last.strip()})" if last else "")
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _read_all(path: Path) -> list[Any]:
@@ -118,6 +134,11 @@ def _announcer(fh: BinaryIO) -> Callable[[Any], None]:
 def main(argv: Sequence[str]) -> int:
     """The child: run the call in ``argv[0]``, writing items and steps as they happen."""
     folder = Path(argv[0])
+    # Output goes to a file, not the parent's pipes: a worker process the kernel library leaves behind (a
+    # compile pool) must not keep the parent waiting for the pipe to close after this process died.
+    out = os.open(folder / "output", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
     path, target, blob = pickle.loads((folder / "call").read_bytes())  # noqa: S301 - written by our parent
     sys.path[:0] = [p for p in path if p not in sys.path]
     payload = pickle.loads(blob)  # noqa: S301 - written by our parent

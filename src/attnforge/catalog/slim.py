@@ -35,6 +35,7 @@ class SlimRequest:
     dtypes: tuple[str, ...] = ()
     backward: bool = True
     features: tuple[str, ...] = ()
+    head_dim_pairs: tuple[tuple[int, int], ...] = ()  # (qk, v) with v != qk: DeepSeek's 192x128
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +61,11 @@ class Capabilities:
                        features=tuple(str(f) for f in data["features"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"bad capabilities {dict(data)!r}: {exc}") from None
+
+    def describe(self) -> str:
+        """``"head dims 128; dtypes bfloat16; backward yes; features none"``."""
+        return (f"head dims {', '.join(map(str, self.head_dims)) or 'all'}; dtypes {', '.join(self.dtypes)}; "
+                f"backward {'yes' if self.backward else 'no'}; features {', '.join(self.features) or 'none'}")
 
     def outside(self, *, dtype: str, head_dim: int, backward: bool = False) -> str | None:
         """Why a case is outside these capabilities (``"this build has no float16 kernels"``), or None."""
@@ -92,6 +98,7 @@ class SlimSwitches:
     always_dtypes: tuple[str, ...] = ()
     backward: str = ""
     features: Mapping[str, str] = field(default_factory=dict)
+    head_dim_pairs: Mapping[str, str] = field(default_factory=dict)  # "192x128" -> the feature that holds it
     arch_switches: Mapping[int, str] = field(default_factory=dict)
     units_model: str = ""
     full_units: int = 0
@@ -114,8 +121,8 @@ class SlimPlan:
     note: str
 
 
-_FIELDS = {"value", "head_dims", "dtypes", "always_dtypes", "backward", "features", "arch_switches",
-           "units_model", "full_units", "timing", "unsupported", "sources"}
+_FIELDS = {"value", "head_dims", "dtypes", "always_dtypes", "backward", "features", "head_dim_pairs",
+           "arch_switches", "units_model", "full_units", "timing", "unsupported", "sources"}
 
 
 def parse_slim(raw: Any, path: str, errors: Collector) -> SlimSwitches | None:
@@ -137,27 +144,35 @@ def parse_slim(raw: Any, path: str, errors: Collector) -> SlimSwitches | None:
     model = str(raw.get("units_model", ""))
     if model and model not in _UNIT_MODELS:
         errors.add(f"{path}.units_model", f"expected one of {sorted(_UNIT_MODELS)}, got {model!r}")
+    def table(key: str) -> dict[str, str]:
+        value = raw.get(key, {})
+        if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
+            errors.add(f"{path}.{key}", "expected a table of strings")
+            return {}
+        return {str(k): v for k, v in value.items()}
+
     return SlimSwitches(
-        value=str(raw.get("value", "TRUE")),
-        head_dims=_int_keys(raw.get("head_dims", {}), f"{path}.head_dims", errors),
-        dtypes={str(k): str(v) for k, v in dict(raw.get("dtypes", {})).items()},
-        always_dtypes=tuple(str(d) for d in raw.get("always_dtypes", ())),
-        backward=str(raw.get("backward", "")),
-        features={str(k): str(v) for k, v in dict(raw.get("features", {})).items()},
-        arch_switches=_int_keys(raw.get("arch_switches", {}), f"{path}.arch_switches", errors),
-        units_model=model, full_units=int(raw.get("full_units", 0)), timing=t,
-        unsupported=str(raw.get("unsupported", "")),
+        value=errors.get(raw, "value", path, str, "TRUE"),
+        head_dims=_int_keys(table("head_dims"), f"{path}.head_dims", errors),
+        dtypes=table("dtypes"),
+        always_dtypes=tuple(errors.str_list(raw, "always_dtypes", path)) if "always_dtypes" in raw else (),
+        backward=errors.get(raw, "backward", path, str, ""),
+        features=table("features"),
+        head_dim_pairs=table("head_dim_pairs"),
+        arch_switches=_int_keys(table("arch_switches"), f"{path}.arch_switches", errors),
+        units_model=model, full_units=errors.get(raw, "full_units", path, int, 0), timing=t,
+        unsupported=errors.get(raw, "unsupported", path, str, ""),
         sources=errors.str_list(raw, "sources", path, allow_empty=False),
     )
 
 
-def _int_keys(table: Any, path: str, errors: Collector) -> dict[int, str]:
+def _int_keys(table: Mapping[str, str], path: str, errors: Collector) -> dict[int, str]:
     out: dict[int, str] = {}
-    for k, v in dict(table).items():
+    for k, v in table.items():
         if not str(k).isdigit():
             errors.add(f"{path}.{k}", "expected a number as the key")
             continue
-        out[int(k)] = str(v)
+        out[int(k)] = v
     return out
 
 
@@ -170,10 +185,16 @@ def plan_slim(recipe_id: str, switches: SlimSwitches | None, request: SlimReques
     """
     if switches is None or switches.unsupported:
         why = switches.unsupported if switches else f"{recipe_id} has no build switches attnforge knows"
-        return SlimPlan(env={}, left_out=(), capabilities=_nothing_left_out(switches), units=None,
+        everything = Capabilities(head_dims=(), dtypes=(), backward=True, features=())  # not used: no env
+        return SlimPlan(env={}, left_out=(), capabilities=everything, units=None,
                         full_units=None, estimate_s=None, full_estimate_s=None,
                         note=f"no slim build: {why}; the full build is planned")
-    dims = _kept_dims(recipe_id, switches, request.head_dims)
+    wanted_dims, features = list(request.head_dims), list(request.features)
+    for qk, v in request.head_dim_pairs:  # a pair needs its qk kernel and, where it has one, its own feature
+        feature = switches.head_dim_pairs.get(f"{qk}x{v}")
+        wanted_dims += [qk] if feature else [qk, v]
+        features += [feature] if feature and feature not in features else []
+    dims = _kept_dims(recipe_id, switches, tuple(wanted_dims))
     dtypes = _kept_dtypes(recipe_id, switches, request.dtypes)
     unknown = sorted(set(request.features) - set(switches.features))
     if unknown:
@@ -183,7 +204,7 @@ def plan_slim(recipe_id: str, switches: SlimSwitches | None, request: SlimReques
     left_out: list[str] = []
     tables: tuple[tuple[str, Mapping[Any, str], Any], ...] = (
         ("head dims", switches.head_dims, dims), ("dtypes", switches.dtypes, dtypes),
-        ("features", switches.features, request.features))
+        ("features", switches.features, features))
     for what, table, kept in tables:
         off = [k for k in table if k not in kept]
         disabled.update({table[k]: switches.value for k in off})
@@ -200,16 +221,12 @@ def plan_slim(recipe_id: str, switches: SlimSwitches | None, request: SlimReques
     all_dtypes = (*switches.always_dtypes, *switches.dtypes)
     caps = Capabilities(head_dims=tuple(sorted(dims)), dtypes=tuple(d for d in all_dtypes if d in dtypes),
                         backward=request.backward or not switches.backward,
-                        features=tuple(f for f in switches.features if f in request.features))
+                        features=tuple(f for f in switches.features if f in features))
     units = count_units(switches.units_model, set(disabled)) if switches.units_model else None
     full = switches.full_units or (count_units(switches.units_model, set()) if switches.units_model else None)
     return SlimPlan(env=dict(sorted(disabled.items())), left_out=tuple(left_out), capabilities=caps,
                     units=units, full_units=full, estimate_s=estimate_s(switches.timing, units, max_jobs),
                     full_estimate_s=estimate_s(switches.timing, full, max_jobs), note="")
-
-
-def _nothing_left_out(switches: SlimSwitches | None) -> Capabilities:
-    return Capabilities(head_dims=(), dtypes=(), backward=True, features=())
 
 
 def _kept_dims(recipe_id: str, switches: SlimSwitches, wanted: tuple[int, ...]) -> set[int]:
@@ -261,19 +278,23 @@ def parse_dtypes(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def parse_head_dims(values: tuple[str, ...]) -> tuple[int, ...]:
-    """``("64,128",)`` -> ``(64, 128)``.
+def parse_head_dims(values: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """``("64,128,192x128",)`` -> ``((64, 128), ((192, 128),))``: head dims, and (qk, v) pairs whose v differs.
 
     Raises:
-        UsageError: not a positive integer.
+        UsageError: not a positive integer or ``QKxV``.
     """
-    out: list[int] = []
+    dims: set[int] = set()
+    pairs: set[tuple[int, int]] = set()
     for item in _items(values):
-        if not item.isdigit() or int(item) <= 0:
-            raise UsageError(f"not a head dim: {item!r}", hint="write e.g. --head-dim 64,128")
-        if int(item) not in out:
-            out.append(int(item))
-    return tuple(sorted(out))
+        qk, x, v = item.lower().partition("x")
+        if not qk.isdigit() or int(qk) <= 0 or (x and (not v.isdigit() or int(v) <= 0)):
+            raise UsageError(f"not a head dim: {item!r}", hint="write e.g. --head-dim 64,128 or 192x128 (qk x v)")
+        if x and int(v) != int(qk):
+            pairs.add((int(qk), int(v)))
+        else:
+            dims.add(int(qk))
+    return tuple(sorted(dims)), tuple(sorted(pairs))
 
 
 def _items(values: tuple[str, ...]) -> list[str]:

@@ -138,6 +138,8 @@ def run_build(
     out.print(f"wheel: {result.wheel}", soft_wrap=True)
     out.print(f"log:   {result.log_path}", soft_wrap=True)
     out.print(f"source sha256: {result.source_sha256}")
+    if spec.capabilities is not None:
+        out.print(f"slim build, can run: {spec.capabilities.describe()}", soft_wrap=True, markup=False)
     if result.sccache is not None:
         out.print(f"sccache: {result.sccache.hits} hits, {result.sccache.misses} misses")
     if result.build_dir is not None:

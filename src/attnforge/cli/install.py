@@ -7,6 +7,7 @@ Exit codes: 0 installed (and verified, unless --no-verify), 1 not possible here 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -86,6 +87,10 @@ def command(requirement: str, *, head_dims: tuple[str, ...], dtypes: tuple[str, 
     projects = [*(backend.distributions if backend else (name,)),
                 *([recipe.distribution] if recipe and recipe.distribution else [])]
     request = with_local_sdist(request, projects)  # an sdist in the wheelhouse builds offline
+    if backend is not None:  # a slim build installed here serves only what it was built for
+        from attnforge.cache.capabilities import installed_capabilities
+
+        request = dataclasses.replace(request, installed_capabilities=installed_capabilities(backend.distributions))
     from attnforge.fetch.listings import known_source_wheels, merged
 
     listing = merged(list_wheels(find_links, index_urls, projects, offline=offline),
@@ -133,6 +138,8 @@ def _render(result: InstallResult) -> None:
     out.print(f"[bold]{result.request.backend}[/bold]: {what}", soft_wrap=True)
     if chosen is not None:
         out.print(f"  plan: [{chosen.kind.value}] {chosen.description}", soft_wrap=True, markup=False)
+        if chosen.build is not None and chosen.build.capabilities is not None:
+            out.print(f"  slim build, can run: {chosen.build.capabilities.describe()}", soft_wrap=True, markup=False)
     if result.cache_key:
         out.print(f"  cache key: {result.cache_key}", soft_wrap=True)
     if result.pip is not None:

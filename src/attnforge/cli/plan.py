@@ -101,20 +101,20 @@ def slim_request(*, head_dims: tuple[str, ...], dtypes: tuple[str, ...], no_back
     """
     from attnforge.catalog.slim import SlimRequest, parse_dtypes, parse_head_dims
 
-    dims = parse_head_dims(head_dims)
-    if model_config is not None:
-        dims = tuple(sorted({*dims, *model_head_dims(model_config)}))
+    from_model = model_head_dims(model_config) if model_config is not None else ()
+    dims, pairs = parse_head_dims((*head_dims, *from_model))
     wanted = [t.strip() for v in features for t in v.split(",") if t.strip()]
-    if not (dims or dtypes or no_backward or wanted):
+    if not (dims or pairs or dtypes or no_backward or wanted):
         return None
-    return SlimRequest(head_dims=dims, dtypes=parse_dtypes(dtypes), backward=not no_backward,
+    return SlimRequest(head_dims=dims, head_dim_pairs=pairs, dtypes=parse_dtypes(dtypes), backward=not no_backward,
                        features=tuple(dict.fromkeys(wanted)))
 
 
-def model_head_dims(path: Path) -> tuple[int, ...]:
-    """Head dims of a Hugging Face ``config.json``: ``head_dim``, else ``hidden_size / num_attention_heads``;
-    ``qk_head_dim`` (or ``qk_nope_head_dim + qk_rope_head_dim``) and ``v_head_dim`` when the model has them;
-    a multimodal config's ``text_config`` when the top level has none.
+def model_head_dims(path: Path) -> tuple[str, ...]:
+    """Head dims of a Hugging Face ``config.json`` as ``--head-dim`` text: ``head_dim``, else
+    ``hidden_size / num_attention_heads``; ``"192x128"`` when the model's qk head dim (``qk_head_dim``, or
+    ``qk_nope_head_dim + qk_rope_head_dim``) differs from its ``v_head_dim``; a multimodal config's
+    ``text_config`` when the top level has none.
 
     Raises:
         UsageError: unreadable, not JSON, or no head dim in it.
@@ -127,26 +127,26 @@ def model_head_dims(path: Path) -> tuple[int, ...]:
         raise UsageError(f"cannot read the model config {path}: {exc}",
                          hint="give the model's config.json (Hugging Face format)") from None
     for cfg in (doc, doc.get("text_config") if isinstance(doc, dict) else None):
-        dims = _config_dims(cfg) if isinstance(cfg, dict) else set()
+        dims = _config_dims(cfg) if isinstance(cfg, dict) else None
         if dims:
-            return tuple(sorted(dims))
+            return (dims,)
     raise UsageError(f"{path} names no head dim (head_dim, hidden_size/num_attention_heads, qk_head_dim)",
                      hint="give --head-dim D instead")
 
 
-def _config_dims(cfg: dict[str, Any]) -> set[int]:
+def _config_dims(cfg: dict[str, Any]) -> str | None:
     def num(key: str) -> int | None:
         value = cfg.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
     qk = num("qk_head_dim") or ((num("qk_nope_head_dim") or 0) + (num("qk_rope_head_dim") or 0)) or None
-    dims = {d for d in (qk, num("v_head_dim")) if d}
-    if dims:
-        return dims
+    v = num("v_head_dim")
+    if qk or v:
+        return f"{qk}x{v}" if qk and v and qk != v else str(qk or v)
     if num("head_dim"):
-        return {num("head_dim") or 0}
+        return str(num("head_dim"))
     hidden, heads = num("hidden_size"), num("num_attention_heads")
-    return {hidden // heads} if hidden and heads and hidden % heads == 0 else set()
+    return str(hidden // heads) if hidden and heads and hidden % heads == 0 else None
 
 
 @click.command("plan")
@@ -164,6 +164,9 @@ def _config_dims(cfg: dict[str, Any]) -> set[int]:
 )
 @click.option("--index-url", "index_urls", multiple=True, metavar="URL", help="A PEP 503 index to consider.")
 @click.option("--from-source", is_flag=True, help="Skip prebuilt binaries and plan a build.")
+@click.option("--source", "source_text", default=None, metavar="PATH_OR_URL",
+              help="Plan the build of this source (as build/install --source: a directory, an sdist, an sdist URL, "
+                   "or git+URL[@REF], each with an optional #subdirectory=DIR).")
 @click.option(
     "--offline", is_flag=True, help="Never touch the network (find-links and file:// indexes only)."
 )
@@ -176,6 +179,7 @@ def command(
     no_backward: bool,
     features: tuple[str, ...],
     model_config: Path | None,
+    source_text: str | None,
     requirement: str,
     snapshot_path: Path | None,
     archs: tuple[str, ...],
@@ -186,6 +190,7 @@ def command(
     as_json: bool,
 ) -> int:
     """Explain what attnforge would do to get BACKEND working here: every candidate, accepted or rejected."""
+    from attnforge.build.source import parse_source
     from attnforge.catalog import load_catalog
     from attnforge.fetch.listings import known_source_wheels, merged
     from attnforge.resolve.listing import Listing, list_wheels, with_local_sdist
@@ -203,8 +208,9 @@ def command(
         archs=parse_archs(archs),
         find_links=find_links,
         index_urls=index_urls,
-        from_source=from_source,
+        from_source=from_source or source_text is not None,
         offline=offline,
+        source=parse_source(source_text) if source_text else None,
         slim=slim_request(head_dims=head_dims, dtypes=dtypes, no_backward=no_backward, features=features,
                           model_config=model_config),
     )
@@ -323,10 +329,7 @@ def _render_slim(out: Any, build: Any) -> None:
     out.print("[bold]slim build[/bold] (only what was asked for):")
     for line in slim.left_out:
         out.print(f"  leaves out {line}", soft_wrap=True, markup=False)
-    caps = slim.capabilities
-    out.print(f"  can run: head dims {', '.join(map(str, caps.head_dims)) or 'all'}; dtypes "
-              f"{', '.join(caps.dtypes)}; backward {'yes' if caps.backward else 'no'}; features "
-              f"{', '.join(caps.features) or 'none'}", soft_wrap=True, markup=False)
+    out.print(f"  can run: {slim.capabilities.describe()}", soft_wrap=True, markup=False)
     if slim.units is not None:
         out.print(f"  time: slim {slim.units} translation units, ~{minutes(slim.estimate_s)}; full "
                   f"{slim.full_units} translation units, ~{minutes(slim.full_estimate_s)} (estimated from one "

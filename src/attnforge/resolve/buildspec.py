@@ -104,6 +104,23 @@ def cached_switch_problem(recipe: Recipe | None, request: Request, flags: tuple[
             "ask for the same slim options to reuse it")
 
 
+def installed_caps_problem(recipe: Recipe | None, request: Request, *,
+                           archs: tuple[tuple[int, int], ...]) -> str | None:
+    """Why the installed slim build (``request.installed_capabilities``) cannot serve ``request``, or None."""
+    have = request.installed_capabilities
+    if have is None or recipe is None or recipe.slim is None or recipe.slim.unsupported:
+        return None
+    planned = slim_plan(recipe, request, archs=archs, max_jobs=1)
+    want = planned.capabilities if planned is not None and planned.env else None
+    if want is None:
+        return f"the installed build is a slim one (it can run {have.describe()}); this request asks for all of it"
+    missing = [*(f"head dim {d}" for d in want.head_dims if not any(d <= h for h in have.head_dims)),
+               *(d for d in want.dtypes if d not in have.dtypes),
+               *(f for f in want.features if f not in have.features),
+               *(["the backward pass"] if want.backward and not have.backward else [])]
+    return f"the installed slim build lacks {', '.join(missing)}" if missing else None
+
+
 def slim_offer(recipe: Recipe, *, archs: tuple[tuple[int, int], ...], max_jobs: int) -> str | None:
     """For a full build of a recipe with slim switches: what one head dim in bf16 would cost instead."""
     if recipe.slim is None or recipe.slim.unsupported or not recipe.slim.head_dims:

@@ -19,7 +19,12 @@ from attnforge.catalog.backends import Backend
 from attnforge.catalog.recipes import RecipeKind
 from attnforge.errors import UsageError
 from attnforge.probe.snapshot import SystemSnapshot, format_cc
-from attnforge.resolve.buildspec import cached_switch_problem, default_source, plan_build
+from attnforge.resolve.buildspec import (
+    cached_switch_problem,
+    default_source,
+    installed_caps_problem,
+    plan_build,
+)
 from attnforge.resolve.tags import supported_tags
 from attnforge.resolve.types import (
     CachedArtifact,
@@ -66,7 +71,7 @@ def resolve(
     backend = catalog.backends.get(request.backend)
     if backend is not None and backend.builtin:
         return Plan(request=request, candidates=(_builtin(snapshot, backend),))
-    candidates: list[Candidate] = [_installed(snapshot, backend, request)]
+    candidates: list[Candidate] = [_installed(snapshot, backend, request, catalog)]
     distributions = _distributions(catalog, backend, request)
     tags = supported_tags(snapshot.platform)
 
@@ -162,7 +167,7 @@ def _builtin(snapshot: SystemSnapshot, backend: Backend) -> Candidate:
     )
 
 
-def _installed(snapshot: SystemSnapshot, backend: Backend | None, request: Request) -> Candidate:
+def _installed(snapshot: SystemSnapshot, backend: Backend | None, request: Request, catalog: Catalog) -> Candidate:
     state = snapshot.backend(request.backend)
     desc = f"{request.backend} installed in {snapshot.platform.python_executable}"
     if state is None or not state.installed:
@@ -172,6 +177,9 @@ def _installed(snapshot: SystemSnapshot, backend: Backend | None, request: Reque
     reasons = []
     if request.from_source:
         reasons.append("--from-source asks for a new build")
+    slim = installed_caps_problem(catalog.recipe(request.backend), request,
+                                  archs=request.archs or snapshot.compute_capabilities)
+    reasons += [slim] if slim else []
     if request.version and state.version:
         try:
             if not SpecifierSet(request.version).contains(Version(state.version), prereleases=True):

@@ -58,6 +58,8 @@ class Request:
             (``-allow-unsupported-compiler``, at the user's risk) instead of refusing the build.
         slim: build only these head dims / dtypes / features (``--head-dim``, ``--dtype``, ``--no-backward``,
             ``--features``); None builds everything.
+        installed_capabilities: what the installed build of the backend can run, when it is a slim build (read
+            from its provenance by the caller); an installed build that cannot serve the request is not used.
     """
 
     backend: str
@@ -70,6 +72,7 @@ class Request:
     source: SourceSpec | None = None
     allow_unsupported_compiler: bool = False
     slim: SlimRequest | None = None
+    installed_capabilities: Capabilities | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,6 +31,7 @@ from attnforge.verify.device import DeviceInfo
 
 #: Where the child gets its adapters: a ``module:function`` returning ``{name: adapter}``.
 DEFAULT_ADAPTERS = "attnforge.backends.registry:adapters"
+_NOT_RUN = "not run: an earlier case took the process down or poisoned the CUDA context"
 #: A case error that leaves the CUDA context unusable: the child stops, the rest would fail for no reason.
 _POISONED = re.compile(r"illegal memory access|device-side assert|unspecified launch failure|"
                        r"CUDA error: (an illegal|misaligned|unspecified)", re.IGNORECASE)
@@ -96,8 +97,7 @@ def verify_in_child(
             if current is not None:
                 results.append(CaseResult(case=current, status=CaseStatus.ERROR, detail=crash))
         ran = {r.case for r in results}
-        results += [CaseResult(case=c, status=CaseStatus.SKIPPED,
-                               detail="not run: an earlier case took the process down or poisoned the context")
+        results += [CaseResult(case=c, status=CaseStatus.SKIPPED, detail=_NOT_RUN)
                     for c in inside if c not in ran]
     results += outside
     if problem is not None:
@@ -107,6 +107,9 @@ def verify_in_child(
         summary = f"{crash} (the child process died; {ran_ok} case(s) passed before)"
     else:
         summary = summarize(results, device)
+        not_run = sum(r.detail.startswith(_NOT_RUN) for r in results)
+        if not_run:
+            summary += f" (the error poisoned the CUDA context: {not_run} case(s) not run)"
     ok = problem is None and crash is None and _all_ok(results)
     return BackendVerification(backend=name, backend_version=native.version if native is not None else None,
                                kind=kind, device_key=device.key, native=native, ok=ok, summary=summary,
