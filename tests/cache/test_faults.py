@@ -377,3 +377,19 @@ def test_list_prune_rm_work_on_a_full_disk(small_tmpfs: Path, tmp_path: Path, fr
     (small_tmpfs / "filler").unlink()
     assert Store(home).list() == []
     assert CacheKey.parse(keys[0]).digest not in {p.name for p in (home / "artifacts").iterdir()}
+
+
+@pytest.mark.parametrize("free_kib", [0, 4, 16])
+def test_export_onto_a_full_disk_is_a_clean_error_and_leaves_no_partial_index(
+    small_tmpfs: Path, tmp_path: Path, free_kib: int
+) -> None:
+    store = Store(tmp_path / "home")
+    for v in ("1.0", "2.0"):
+        w = make_wheel(tmp_path / v, version=v, padding_bytes=32 << 10)
+        store.put(w, inputs_for(w))
+    _fill(small_tmpfs, free_kib * 1024)
+    done = cli(store.root, "cache", "export", str(small_tmpfs / "out"))
+    assert_clean_error(done)
+    assert "disk space" in done.stderr
+    leftovers = [p.name for p in (small_tmpfs / "out").rglob("*") if ".tmp" in p.name or ".staging-" in p.name]
+    assert leftovers == []
