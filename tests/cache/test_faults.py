@@ -87,6 +87,18 @@ def test_export_refuses_a_planted_symlinked_dir(filled: Store, tmp_path: Path, p
     assert (victim / ".bashrc").read_text() == "mine\n"
 
 
+def test_export_refuses_a_planted_symlink_at_an_entry_dir(filled: Store, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (entry,) = filled.list()
+    dest = tmp_path / "shared"
+    (dest / "artifacts").mkdir(parents=True)
+    (dest / "artifacts" / CacheKey.parse(entry.key).digest).symlink_to(victim)
+    done = cli(filled.root, "cache", "export", str(dest))
+    assert_clean_error(done)
+    assert "symlink" in done.stderr and list(victim.iterdir()) == []
+
+
 def test_export_replaces_a_planted_index_symlink_without_writing_through_it(filled: Store, tmp_path: Path) -> None:
     victim = tmp_path / "bashrc"
     victim.write_text("mine\n")

@@ -127,6 +127,7 @@ def export(store: Store, dest: Path, *, lock_timeout_s: float = EXPORT_LOCK_TIME
                               "(run `attnforge cache verify`)")
                 continue
             target = dest / "artifacts" / CacheKey.parse(entry.key).digest
+            refuse_symlinked_dir(target)  # planted by someone else: never write through or replace it
             if _already_exported(target, entry.filename, entry.sha256):
                 already.append(entry.key)
                 continue
