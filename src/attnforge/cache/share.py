@@ -30,6 +30,7 @@ from urllib.parse import quote
 import filelock
 from packaging.utils import canonicalize_name
 
+from attnforge.cache._db import check_root
 from attnforge.cache._files import (
     copy_hashed,
     fsync_dir,
@@ -280,6 +281,7 @@ def import_(store: Store, source: Path) -> ImportResult:
         UsageError: ``source`` holds neither an export nor a cache (no ``artifacts/*/provenance.json``).
         CacheError: the store's disk is full.
     """
+    check_root(store.root, write=True)  # a read-only cache cannot take imports: say so once, up front
     source = Path(source).resolve()
     if not (source / "artifacts").is_dir():
         raise UsageError(
