@@ -405,3 +405,15 @@ def test_export_onto_a_full_disk_is_a_clean_error_and_leaves_no_partial_index(
     assert "disk space" in done.stderr
     leftovers = [p.name for p in (small_tmpfs / "out").rglob("*") if ".tmp" in p.name or ".staging-" in p.name]
     assert leftovers == []
+
+
+def test_a_symlink_given_by_its_owner_is_stored_under_its_own_name(tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "dist")
+    link = tmp_path / "links" / wheel.name
+    link.parent.mkdir()
+    link.symlink_to(wheel)
+    store = Store(tmp_path / "home")
+    entry = store.put(link, inputs_for(wheel)).entry
+    assert Path(entry.path).name == wheel.name and not Path(entry.path).is_symlink()
+    with pytest.raises(CacheError, match="symlink"):  # an import never follows one
+        Store(tmp_path / "home2").put(link, inputs_for(wheel), follow_symlinks=False)

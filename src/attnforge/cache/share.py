@@ -310,6 +310,7 @@ def import_(store: Store, source: Path) -> ImportResult:
             result = store.put(
                 folder / doc["filename"], inputs, log_path=log if log_problem is None else None,
                 provenance={**details, "imported_from": str(source)}, expected_sha256=doc["sha256"],
+                follow_symlinks=False,
             )
         except (CacheError, UsageError) as exc:
             if "disk space" in exc.message:

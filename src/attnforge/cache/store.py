@@ -137,6 +137,7 @@ class Store(StoreBase):
         log_path: Path | None = None,
         provenance: Mapping[str, Any] | None = None,
         expected_sha256: str | None = None,
+        follow_symlinks: bool = True,
     ) -> PutResult:
         """Store a wheel (or, with ``inputs.kind``, a static library) under the key of ``inputs``.
 
@@ -146,6 +147,8 @@ class Store(StoreBase):
             log_path: the build log to keep with it.
             provenance: extra facts to record (JSON values).
             expected_sha256: refuse the file unless its bytes hash to this (a wheel from an index).
+            follow_symlinks: copy what a symlinked ``artifact`` or ``log_path`` points at (the caller's own
+                files); False refuses symlinks (``cache import`` of someone else's directory).
 
         Returns:
             The entry, and ``stored=False`` when an intact entry with this key already existed.
@@ -158,6 +161,14 @@ class Store(StoreBase):
         artifact = Path(artifact)
         if not artifact.is_file():
             raise UsageError(f"no such artifact file: {artifact}")
+        if not follow_symlinks and (artifact.is_symlink() or (log_path is not None and Path(log_path).is_symlink())):
+            raise CacheError(f"{artifact.name} was not stored: it or its log is a symlink, which is never followed",
+                             hint="store the file itself")
+        source = artifact  # a symlink keeps its name (a wheel's name is its metadata); its target is copied
+        if follow_symlinks:
+            source = artifact.resolve()
+            if log_path is not None:
+                log_path = Path(log_path).resolve()
         if inputs.kind is ArtifactKind.WHEEL:
             check_wheel_name(artifact.name, inputs)
             bad = unsafe_member(artifact)
@@ -173,7 +184,8 @@ class Store(StoreBase):
                 self._quarantine_locked(existing, "replaced: its file no longer matched its sha256")
             try:
                 entry = self._store_locked(
-                    key=key, artifact=artifact, inputs=inputs, log_path=log_path, extra=provenance or {},
+                    key=key, artifact=artifact, source=source, inputs=inputs, log_path=log_path,
+                    extra=provenance or {},
                     expected_sha256=expected_sha256,
                 )
             except (OSError, sqlite3.OperationalError) as exc:
@@ -205,6 +217,7 @@ class Store(StoreBase):
         *,
         key: CacheKey,
         artifact: Path,
+        source: Path,
         inputs: CacheKeyInputs,
         log_path: Path | None,
         extra: Mapping[str, Any],
@@ -217,7 +230,7 @@ class Store(StoreBase):
         staging = self.artifacts_dir / f"{STAGING_PREFIX}{key.digest[:16]}-{uuid.uuid4().hex[:8]}"
         staging.mkdir()
         try:
-            sha = self._copy_file(artifact, staging / artifact.name)
+            sha = self._copy_file(source, staging / artifact.name)
             if expected_sha256 is not None and sha != expected_sha256.lower():
                 raise CacheError(
                     f"{artifact.name} does not match its published sha256; it was not stored",
@@ -517,4 +530,3 @@ class Store(StoreBase):
             path=str(folder / filename), log_path=str(folder / BUILD_LOG) if has_log else None,
             created_at_s=created, last_used_at_s=used, provenance=dict(extra),
         )
-
