@@ -87,6 +87,18 @@ def test_export_refuses_a_planted_symlinked_dir(filled: Store, tmp_path: Path, p
     assert (victim / ".bashrc").read_text() == "mine\n"
 
 
+def test_export_refuses_a_planted_symlink_at_an_entry_dir(filled: Store, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (entry,) = filled.list()
+    dest = tmp_path / "shared"
+    (dest / "artifacts").mkdir(parents=True)
+    (dest / "artifacts" / CacheKey.parse(entry.key).digest).symlink_to(victim)
+    done = cli(filled.root, "cache", "export", str(dest))
+    assert_clean_error(done)
+    assert "symlink" in done.stderr and list(victim.iterdir()) == []
+
+
 def test_export_replaces_a_planted_index_symlink_without_writing_through_it(filled: Store, tmp_path: Path) -> None:
     victim = tmp_path / "bashrc"
     victim.write_text("mine\n")
@@ -377,3 +389,31 @@ def test_list_prune_rm_work_on_a_full_disk(small_tmpfs: Path, tmp_path: Path, fr
     (small_tmpfs / "filler").unlink()
     assert Store(home).list() == []
     assert CacheKey.parse(keys[0]).digest not in {p.name for p in (home / "artifacts").iterdir()}
+
+
+@pytest.mark.parametrize("free_kib", [0, 4, 16])
+def test_export_onto_a_full_disk_is_a_clean_error_and_leaves_no_partial_index(
+    small_tmpfs: Path, tmp_path: Path, free_kib: int
+) -> None:
+    store = Store(tmp_path / "home")
+    for v in ("1.0", "2.0"):
+        w = make_wheel(tmp_path / v, version=v, padding_bytes=32 << 10)
+        store.put(w, inputs_for(w))
+    _fill(small_tmpfs, free_kib * 1024)
+    done = cli(store.root, "cache", "export", str(small_tmpfs / "out"))
+    assert_clean_error(done)
+    assert "disk space" in done.stderr
+    leftovers = [p.name for p in (small_tmpfs / "out").rglob("*") if ".tmp" in p.name or ".staging-" in p.name]
+    assert leftovers == []
+
+
+def test_a_symlink_given_by_its_owner_is_stored_under_its_own_name(tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "dist")
+    link = tmp_path / "links" / wheel.name
+    link.parent.mkdir()
+    link.symlink_to(wheel)
+    store = Store(tmp_path / "home")
+    entry = store.put(link, inputs_for(wheel)).entry
+    assert Path(entry.path).name == wheel.name and not Path(entry.path).is_symlink()
+    with pytest.raises(CacheError, match="symlink"):  # an import never follows one
+        Store(tmp_path / "home2").put(link, inputs_for(wheel), follow_symlinks=False)

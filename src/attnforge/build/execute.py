@@ -32,6 +32,7 @@ import psutil
 
 from attnforge._system.runner import Runner, SubprocessRunner, which
 from attnforge.build import sccache as sccache_mod
+from attnforge.build.ninja_order import install_shim
 from attnforge.build.progress import NullReporter, Phase, PhaseEvent, Reporter
 from attnforge.build.sccache import SccacheStats
 from attnforge.build.source import FetchedSource, fetch, lay_out
@@ -151,6 +152,9 @@ def execute(
                                            scratch=scratch)
                 env = windows.env
                 log.writelines(f"attnforge: {line}\n" for line in windows.log_lines())
+            shim_path = None if on_windows else install_shim(scratch / "shims", env)
+            if shim_path is not None:  # longest compile units first (see ninja_order.py)
+                env["PATH"] = shim_path
             _log_header(log, spec, env)
             reporter.report(PhaseEvent(phase=Phase.FETCH, detail=_describe_source(spec)))
             fetched = fetch(spec.source, scratch=scratch, python=python, env=env, runner=runner)

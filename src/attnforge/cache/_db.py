@@ -105,3 +105,22 @@ def db_error(exc: sqlite3.Error, db: Path, doing: str) -> CacheError:
         hint=f"the artifacts themselves are intact: move {root} aside (`mv {root} {root}.bad`), then "
         f"`attnforge cache import {root}.bad` recovers every entry whose hashes still check out",
     )
+
+
+def os_error_as_cache_error(exc: OSError) -> CacheError | None:
+    """The user-facing error for "no space left", "quota exceeded" or "read-only file system" from anywhere
+    (the CLI's last line of defence: a log, an index page or a temp file written on a full disk); None for
+    any other OSError."""
+    where = exc.filename or "a file attnforge was writing"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return CacheError(
+            "not enough disk space to finish", cause=f"{where}: {exc.strerror}",
+            hint="free space there (`attnforge cache prune --max-size 20GB` works on a full disk), or point "
+            "ATTNFORGE_HOME (or the export directory) at a bigger disk",
+        )
+    if exc.errno == errno.EROFS:
+        return CacheError(
+            "a file could not be written: the file system is read-only", cause=f"{where}: {exc.strerror}",
+            hint="point ATTNFORGE_HOME (or the export directory) at a writable disk",
+        )
+    return None

@@ -30,6 +30,7 @@ from urllib.parse import quote
 import filelock
 from packaging.utils import canonicalize_name
 
+from attnforge.cache._db import check_root
 from attnforge.cache._files import (
     copy_hashed,
     fsync_dir,
@@ -127,6 +128,7 @@ def export(store: Store, dest: Path, *, lock_timeout_s: float = EXPORT_LOCK_TIME
                               "(run `attnforge cache verify`)")
                 continue
             target = dest / "artifacts" / CacheKey.parse(entry.key).digest
+            refuse_symlinked_dir(target)  # planted by someone else: never write through or replace it
             if _already_exported(target, entry.filename, entry.sha256):
                 already.append(entry.key)
                 continue
@@ -279,6 +281,7 @@ def import_(store: Store, source: Path) -> ImportResult:
         UsageError: ``source`` holds neither an export nor a cache (no ``artifacts/*/provenance.json``).
         CacheError: the store's disk is full.
     """
+    check_root(store.root, write=True)  # a read-only cache cannot take imports: say so once, up front
     source = Path(source).resolve()
     if not (source / "artifacts").is_dir():
         raise UsageError(
@@ -307,6 +310,7 @@ def import_(store: Store, source: Path) -> ImportResult:
             result = store.put(
                 folder / doc["filename"], inputs, log_path=log if log_problem is None else None,
                 provenance={**details, "imported_from": str(source)}, expected_sha256=doc["sha256"],
+                follow_symlinks=False,
             )
         except (CacheError, UsageError) as exc:
             if "disk space" in exc.message:

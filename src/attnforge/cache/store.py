@@ -19,25 +19,20 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import datetime as _dt
-import hashlib
 import json
 import os
 import sqlite3
-import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import filelock
 from packaging.utils import parse_wheel_filename
 
-from attnforge.cache._db import check_root, connect_read_only, db_error, is_disk_problem, writable
+from attnforge.cache._base import StoreBase
+from attnforge.cache._db import db_error, is_disk_problem
 from attnforge.cache._files import (
-    CopyFn,
-    copy_hashed,
     fsync_dir,
     is_no_space,
     no_space_error,
@@ -56,25 +51,6 @@ if TYPE_CHECKING:
 
 STAGING_PREFIX = ".staging-"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS artifacts (
-    key TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,
-    name TEXT NOT NULL,
-    version TEXT NOT NULL,
-    filename TEXT NOT NULL,
-    sha256 TEXT NOT NULL,
-    size_bytes INTEGER NOT NULL,
-    inputs TEXT NOT NULL,
-    provenance TEXT NOT NULL,
-    has_log INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    last_used_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS artifacts_name ON artifacts(name);
-"""
-#: The table as a connection-private, empty stand-in (readers never write the database).
-_EMPTY_TABLE = _SCHEMA.split(";", maxsplit=1)[0].replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE")
 _SELECT_ALL = (
     "SELECT key, filename, sha256, size_bytes, inputs, provenance, has_log, created_at, last_used_at"
     " FROM artifacts ORDER BY created_at DESC"
@@ -148,146 +124,8 @@ class PruneResult:
     debris_removed: tuple[str, ...] = ()  # staging dirs of dead writers and dirs without a row
 
 
-class Store:
-    """The artifact store rooted at one directory.
-
-    Args:
-        root: the cache root (tests pass a ``tmp_path``; the CLI passes ``home_dir(os.environ)``).
-        clock: Unix time in seconds (injected so ``prune`` can be tested).
-        copy_file: writes one artifact file and returns its sha256 (the seam for disk-full tests).
-        lock_timeout_s: how long a writer waits for another writer before giving up.
-    """
-
-    def __init__(
-        self,
-        root: Path,
-        *,
-        clock: Callable[[], float] = time.time,
-        copy_file: CopyFn = copy_hashed,
-        lock_timeout_s: float = 900.0,
-    ) -> None:
-        self.root = Path(root)
-        self._clock = clock
-        self._copy_file = copy_file
-        self._lock_timeout_s = lock_timeout_s
-        self._schema_ready = False
-        self._lock: filelock.FileLock | None = None
-
-    @property
-    def db_path(self) -> Path:
-        return self.root / "cache.db"
-
-    @property
-    def artifacts_dir(self) -> Path:
-        return self.root / "artifacts"
-
-    @property
-    def quarantine_dir(self) -> Path:
-        return self.root / "quarantine"
-
-    # -- locking and the database ---------------------------------------------------------------------------
-
-    @contextmanager
-    def _writer(self) -> Iterator[None]:
-        check_root(self.root, write=True)
-        if self._lock is None:  # one instance per store: re-entrant within this process
-            self._lock = filelock.FileLock(str(self.root / "cache.lock"), timeout=self._lock_timeout_s)
-        try:
-            with self._lock:
-                yield
-        except filelock.Timeout:
-            raise CacheError(
-                f"another attnforge process has held the cache lock for over {self._lock_timeout_s:.0f} s",
-                cause=f"lock file {self.root / 'cache.lock'}",
-                hint="wait for the other build or install to finish, then retry",
-            ) from None
-        except OSError as exc:
-            if exc.filename is None or "cache.lock" not in str(exc.filename):
-                raise
-            raise CacheError(
-                f"cannot take the cache's writer lock {self.root / 'cache.lock'}",
-                cause=str(exc), hint="make it writable by you, or point ATTNFORGE_HOME elsewhere",
-            ) from None
-
-    @contextmanager
-    def job_lock(self, name: str) -> Iterator[None]:
-        """Serialise one job (e.g. "build flash-attn 2.8.3 for this machine") across processes.
-
-        Concurrent installs take it around *look up, else build and put*, so the second process finds the
-        first one's entry instead of building again.
-        """
-        check_root(self.root, write=True)
-        locks = self.root / "locks"
-        locks.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256(name.encode()).hexdigest()[:32]
-        lock = filelock.FileLock(str(locks / f"{digest}.lock"), timeout=-1)
-        with lock:
-            yield
-
-    def _connect(self) -> sqlite3.Connection:
-        check_root(self.root, write=True)
-        conn = sqlite3.connect(self.db_path, timeout=60.0)
-        conn.row_factory = sqlite3.Row
-        if not self._schema_ready:
-            with self._writer():
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.executescript(_SCHEMA)
-            self._schema_ready = True
-        return conn
-
-    @contextmanager
-    def _db(self, doing: str = "update the cache", *, raw: bool = False) -> Iterator[sqlite3.Connection]:
-        """A writer's connection (one transaction); SQLite errors become :class:`CacheError` unless ``raw``."""
-        check_root(self.root, write=True)
-        try:
-            conn = self._connect()
-            try:
-                with conn:
-                    yield conn
-            finally:
-                conn.close()
-        except sqlite3.Error as exc:
-            if raw:
-                raise
-            raise db_error(exc, self.db_path, doing) from None
-
-    @contextmanager
-    def _read(self, doing: str = "read the cache") -> Iterator[sqlite3.Connection]:
-        """A reader's connection: creates nothing, and works on a read-only or full disk (see ``_db.py``)."""
-        check_root(self.root, write=False)
-        try:
-            if not self.db_path.exists():
-                conn = sqlite3.connect(":memory:")  # no cache yet: an empty one, without creating a file
-                conn.row_factory = sqlite3.Row
-            elif self.read_only:
-                conn = connect_read_only(self.db_path)
-            else:
-                conn = self._open_for_reading()
-            if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'artifacts'").fetchone() is None:
-                conn.execute(_EMPTY_TABLE)  # a writer created the file but not yet its table: no entries
-            try:
-                yield conn
-            finally:
-                conn.close()
-        except sqlite3.Error as exc:
-            raise db_error(exc, self.db_path, doing) from None
-
-    def _open_for_reading(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.db_path, timeout=60.0)
-        conn.row_factory = sqlite3.Row
-        try:
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the WAL index now
-        except sqlite3.OperationalError as exc:
-            conn.close()
-            if not is_disk_problem(exc):
-                raise
-            return connect_read_only(self.db_path)  # e.g. no room for the -shm file on a full disk
-        return conn
-
-    @property
-    def read_only(self) -> bool:
-        """True when this user cannot write the state directory (a shared, read-only cache)."""
-        return self.root.exists() and not writable(self.root)
+class Store(StoreBase):
+    """The artifact store rooted at one directory (constructor arguments: :class:`StoreBase`)."""
 
     # -- writing --------------------------------------------------------------------------------------------
 
@@ -299,6 +137,7 @@ class Store:
         log_path: Path | None = None,
         provenance: Mapping[str, Any] | None = None,
         expected_sha256: str | None = None,
+        follow_symlinks: bool = True,
     ) -> PutResult:
         """Store a wheel (or, with ``inputs.kind``, a static library) under the key of ``inputs``.
 
@@ -308,6 +147,8 @@ class Store:
             log_path: the build log to keep with it.
             provenance: extra facts to record (JSON values).
             expected_sha256: refuse the file unless its bytes hash to this (a wheel from an index).
+            follow_symlinks: copy what a symlinked ``artifact`` or ``log_path`` points at (the caller's own
+                files); False refuses symlinks (``cache import`` of someone else's directory).
 
         Returns:
             The entry, and ``stored=False`` when an intact entry with this key already existed.
@@ -320,6 +161,14 @@ class Store:
         artifact = Path(artifact)
         if not artifact.is_file():
             raise UsageError(f"no such artifact file: {artifact}")
+        if not follow_symlinks and (artifact.is_symlink() or (log_path is not None and Path(log_path).is_symlink())):
+            raise CacheError(f"{artifact.name} was not stored: it or its log is a symlink, which is never followed",
+                             hint="store the file itself")
+        source = artifact  # a symlink keeps its name (a wheel's name is its metadata); its target is copied
+        if follow_symlinks:
+            source = artifact.resolve()
+            if log_path is not None:
+                log_path = Path(log_path).resolve()
         if inputs.kind is ArtifactKind.WHEEL:
             check_wheel_name(artifact.name, inputs)
             bad = unsafe_member(artifact)
@@ -335,7 +184,8 @@ class Store:
                 self._quarantine_locked(existing, "replaced: its file no longer matched its sha256")
             try:
                 entry = self._store_locked(
-                    key=key, artifact=artifact, inputs=inputs, log_path=log_path, extra=provenance or {},
+                    key=key, artifact=artifact, source=source, inputs=inputs, log_path=log_path,
+                    extra=provenance or {},
                     expected_sha256=expected_sha256,
                 )
             except (OSError, sqlite3.OperationalError) as exc:
@@ -367,6 +217,7 @@ class Store:
         *,
         key: CacheKey,
         artifact: Path,
+        source: Path,
         inputs: CacheKeyInputs,
         log_path: Path | None,
         extra: Mapping[str, Any],
@@ -379,7 +230,7 @@ class Store:
         staging = self.artifacts_dir / f"{STAGING_PREFIX}{key.digest[:16]}-{uuid.uuid4().hex[:8]}"
         staging.mkdir()
         try:
-            sha = self._copy_file(artifact, staging / artifact.name)
+            sha = self._copy_file(source, staging / artifact.name)
             if expected_sha256 is not None and sha != expected_sha256.lower():
                 raise CacheError(
                     f"{artifact.name} does not match its published sha256; it was not stored",
@@ -679,4 +530,3 @@ class Store:
             path=str(folder / filename), log_path=str(folder / BUILD_LOG) if has_log else None,
             created_at_s=created, last_used_at_s=used, provenance=dict(extra),
         )
-

@@ -101,6 +101,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AttnforgeError as exc:
         emit_error(exc)
         return exc.exit_code
+    except OSError as exc:  # a full or read-only disk under any verb: a message, not a traceback
+        from attnforge.cache._db import os_error_as_cache_error
+
+        error = os_error_as_cache_error(exc)
+        if error is None:
+            raise
+        emit_error(error)
+        return error.exit_code
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a build (signum 15: exit 143)
         click.echo(f"interrupted: {exc}" if str(exc) else "interrupted", err=True)
         return 128 + int(getattr(exc, "signum", 2))
