@@ -112,3 +112,39 @@ def test_attnforge_home_being_a_file_is_bad_input(
     err = capsys.readouterr().err
     check(code, err, 2)
     assert "ATTNFORGE_HOME" in err
+
+
+def _boom(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("kaboom from a bug")
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_an_unexpected_exception_is_an_internal_error_with_a_log(
+    verbose: bool, attnforge_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("attnforge.cli._output.load_or_probe", _boom)
+    code = main(["doctor", *(["-v"] if verbose else [])])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "error: internal error: RuntimeError: kaboom from a bug" in err
+    assert "hint: please report it at" in err
+    [log] = (attnforge_home / "logs").glob("internal-error-*.log")
+    assert "Traceback" in log.read_text() and "kaboom" in log.read_text()
+    assert str(log) in err
+    assert ("Traceback (most recent call last)" in err) is verbose
+
+
+def test_an_internal_error_under_json_is_json(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("attnforge.cli._output.load_or_probe", _boom)
+    assert main(["doctor", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["message"].startswith("internal error")
+    assert "report" in doc["error"]["hint"]
+
+
+def test_help_names_the_environment_and_verbose(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in ("ATTNFORGE_HOME", "ATTNFORGE_AUTOTUNE", "GITHUB_API_URL", "GITHUB_TOKEN", "--verbose"):
+        assert name in out
