@@ -122,8 +122,8 @@ def _boom(*args: object, **kwargs: object) -> None:
 def test_an_unexpected_exception_is_an_internal_error_with_a_log(
     verbose: bool, attnforge_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("attnforge.cli._output.load_or_probe", _boom)
-    code = main(["doctor", *(["-v"] if verbose else [])])
+    monkeypatch.setattr("attnforge.catalog.load_catalog", _boom)  # doctor imports it when it runs
+    code = main(["doctor", "--snapshot", CPU_SNAPSHOT, *(["-v"] if verbose else [])])
     err = capsys.readouterr().err
     assert code == 1
     assert "error: internal error: RuntimeError: kaboom from a bug" in err
@@ -136,8 +136,8 @@ def test_an_unexpected_exception_is_an_internal_error_with_a_log(
 
 def test_an_internal_error_under_json_is_json(monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr("attnforge.cli._output.load_or_probe", _boom)
-    assert main(["doctor", "--json"]) == 1
+    monkeypatch.setattr("attnforge.catalog.load_catalog", _boom)  # doctor imports it when it runs
+    assert main(["doctor", "--snapshot", CPU_SNAPSHOT, "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["error"]["message"].startswith("internal error")
     assert "report" in doc["error"]["hint"]
