@@ -148,3 +148,11 @@ def test_help_names_the_environment_and_verbose(capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     for name in ("ATTNFORGE_HOME", "ATTNFORGE_AUTOTUNE", "GITHUB_API_URL", "GITHUB_TOKEN", "--verbose"):
         assert name in out
+
+
+@pytest.mark.parametrize("argv", [[], ["cache"]])
+def test_no_command_prints_the_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "Usage: attnforge" in out
+    assert "error:" not in err

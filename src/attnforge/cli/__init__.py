@@ -95,6 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         click.echo("aborted", err=True)
         return 130
     except click.ClickException as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `attnforge` (or `attnforge cache`): the help
+            click.echo(exc.format_message())
+            return 0
         emit_error(_usage_error(exc, own))
         return 2
     except AttnforgeError as exc:
