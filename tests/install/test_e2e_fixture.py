@@ -188,9 +188,11 @@ def test_a_tampered_cached_wheel_is_refused_with_a_clear_error(
     store.import_(share)
     flip_byte(Path(store.show(entry.key).path))
     python = make_venv(tmp_path / "venv")
+    # no C++ compiler on PATH: the fixture is a C++-only extension, which a CPU torch would otherwise rebuild
+    env = {**env_for(home), "PATH": os.pathsep.join([str(Path(python).parent), str(Path(sys.executable).parent)])}
     done = subprocess.run(
         [python, "-m", "attnforge", "install", "af-ext-fixture", "--source", str(EXT_PKG)],
-        capture_output=True, text=True, env=env_for(home), timeout=300,
+        capture_output=True, text=True, env=env, timeout=300,
     )
     assert done.returncode == 1
     assert "is corrupt and was not used" in done.stderr
