@@ -54,3 +54,13 @@ def test_this_process_packages_are_visible_in_a_nested_venv(tmp_path: Path) -> N
     done = subprocess.run([py, "-c", "import pip, filelock, attnforge.cli; print('ok')"], capture_output=True,
                           text=True)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_every_test_venv_is_made_by_tests_venvs() -> None:
+    """A venv made with venv.EnvBuilder directly sees the base interpreter, not the venv the tests run in."""
+    here = Path(__file__).resolve()
+    offenders = [
+        str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("*.py")
+        if p.resolve() not in (here, REPO / "tests" / "venvs.py") and "EnvBuilder(" in p.read_text()
+    ]
+    assert offenders == [], "use tests.venvs.nested_venv"

@@ -112,3 +112,47 @@ def test_attnforge_home_being_a_file_is_bad_input(
     err = capsys.readouterr().err
     check(code, err, 2)
     assert "ATTNFORGE_HOME" in err
+
+
+def _boom(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("kaboom from a bug")
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_an_unexpected_exception_is_an_internal_error_with_a_log(
+    verbose: bool, attnforge_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("attnforge.catalog.load_catalog", _boom)  # doctor imports it when it runs
+    code = main(["doctor", "--snapshot", CPU_SNAPSHOT, *(["-v"] if verbose else [])])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "error: internal error: RuntimeError: kaboom from a bug" in err
+    assert "hint: please report it at" in err
+    [log] = (attnforge_home / "logs").glob("internal-error-*.log")
+    assert "Traceback" in log.read_text() and "kaboom" in log.read_text()
+    assert str(log) in err
+    assert ("Traceback (most recent call last)" in err) is verbose
+
+
+def test_an_internal_error_under_json_is_json(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("attnforge.catalog.load_catalog", _boom)  # doctor imports it when it runs
+    assert main(["doctor", "--snapshot", CPU_SNAPSHOT, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["message"].startswith("internal error")
+    assert "report" in doc["error"]["hint"]
+
+
+def test_help_names_the_environment_and_verbose(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in ("ATTNFORGE_HOME", "ATTNFORGE_AUTOTUNE", "GITHUB_API_URL", "GITHUB_TOKEN", "--verbose"):
+        assert name in out
+
+
+@pytest.mark.parametrize("argv", [[], ["cache"]])
+def test_no_command_prints_the_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "Usage: attnforge" in out
+    assert "error:" not in err

@@ -96,6 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         click.echo("aborted" if signum is None else f"interrupted: {exc.__cause__}", err=True)
         return 130 if signum is None else 128 + int(signum)
     except click.ClickException as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `attnforge` (or `attnforge cache`): the help
+            click.echo(exc.format_message())
+            return 0
         emit_error(_usage_error(exc, own))
         return 2
     except AttnforgeError as exc:
