@@ -332,7 +332,7 @@ def test_a_home_that_is_a_file_is_a_clean_error(tmp_path: Path, verb: list[str])
     home = tmp_path / "home"
     home.write_text("not a directory\n")
     done = cli(home, *[str(tmp_path / "out") if v == "OUT" else v for v in verb])
-    assert_clean_error(done)
+    assert_clean_error(done, code=2)  # ATTNFORGE_HOME naming a file is bad input
     assert "is a file" in done.stderr
 
 

@@ -47,7 +47,9 @@ def check_root(root: Path, *, write: bool) -> None:
     except OSError as exc:
         raise unusable_root(root, f"it cannot be read: {exc.strerror or exc}") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise unusable_root(root, "it is a file, not a directory")
+        err = unusable_root(root, "it is a file, not a directory")
+        err.exit_code = 2  # ATTNFORGE_HOME names a file: bad input, not a limit of this machine
+        raise err
     if write and not os.access(root, os.W_OK | os.X_OK):
         raise unusable_root(root, "this user cannot write to it (read-only mount or another owner)",
                             readonly=True)
