@@ -35,8 +35,11 @@ class AttentionCall:
         causal: causal masking, bottom-right aligned.
         needs_grad: any input requires grad.
         precision: ``"exact"`` or ``"allow_quantized"``.
-        features: the optional features the call uses (names from :data:`FEATURES`); empty for a plain call.
+        features: the optional features the call uses that are part of its shape class (the names of
+            ``attnforge.types.shapes.Feature``: mask, window, softcap, sinks, varlen, dropout, lse, paged);
+            empty for a plain call. :func:`required_features` adds the two routing-only ones.
         head_dim_v: V's head dim ``Dv`` when it differs from ``D`` (feature ``"dv"``), else None.
+        top_left: causal or window aligned top-left with Sq != Sk (feature ``"causal_top_left"``).
     """
 
     device_type: str
@@ -53,6 +56,7 @@ class AttentionCall:
     precision: str = "exact"
     features: frozenset[str] = frozenset()
     head_dim_v: int | None = None
+    top_left: bool = False
 
 
 #: The optional features of :func:`attnforge.attention` a backend may support, by the name capability tables
@@ -69,6 +73,21 @@ FEATURES: dict[str, str] = {
     "dv": "value head dim Dv != query/key head dim D",
     "paged": "paged KV: K/V page pools addressed by block_table (and seqused_k)",
 }
+
+
+#: features that are not part of a shape class (``Dv`` is its own field there; the alignment is a routing
+#: matter): carried by :class:`AttentionCall` as ``head_dim_v`` and ``top_left``
+ROUTING_ONLY = frozenset({"dv", "causal_top_left"})
+
+
+def required_features(call: AttentionCall) -> frozenset[str]:
+    """Every feature a backend needs to serve ``call``: its ``features`` plus ``dv`` and ``causal_top_left``."""
+    if call.head_dim_v is None and not call.top_left:
+        return call.features
+    extra = {"dv"} if call.head_dim_v is not None else set()
+    if call.top_left:
+        extra.add("causal_top_left")
+    return call.features | extra
 
 
 def supported_features(adapter: object) -> frozenset[str]:

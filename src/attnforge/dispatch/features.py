@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends.adapter import AttentionCall, BackendAdapter, supported_features
+from attnforge.backends.adapter import AttentionCall, BackendAdapter, required_features, supported_features
 from attnforge.backends.exact import EXACT
 from attnforge.dispatch.inputs import validate
 from attnforge.dispatch.policy import FALLBACK, Decision, Rejection
@@ -59,11 +59,12 @@ def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops
     refused: list[Rejection] = []
     for name, adapter in adapters.items():
         reasons = []
-        missing = call.features - supported_features(adapter)
+        needed = required_features(call)
+        missing = needed - supported_features(adapter)
         if missing:
             reasons.append(f"does not support {', '.join(sorted(missing))}")
         record = (verified or {}).get(name)
-        failed = call.features & set(record.details.get("failed_features", ())) if record is not None else set()
+        failed = needed & set(record.details.get("failed_features", ())) if record is not None else set()
         if failed:
             reasons.append(f"verify failed for {', '.join(sorted(failed))} (attnforge verify {name} says why)")
         caps = getattr(adapter, "caps", None)
@@ -93,7 +94,7 @@ def close_with_fallback(decision: Decision, call: AttentionCall, fallback: Backe
     rejected = [Rejection(backend=r.backend, reasons=tuple(dict.fromkeys((*r.reasons, *extra.pop(r.backend, ())))))
                 for r in decision.rejected]
     rejected += [Rejection(backend=name, reasons=reasons) for name, reasons in extra.items()]
-    missing = call.features - supported_features(fallback)
+    missing = required_features(call) - supported_features(fallback)
     if missing:
         lacks = f"does not support {', '.join(sorted(missing))}"
         why = f"exact fallback: float32 math in torch (SDPA {lacks})"

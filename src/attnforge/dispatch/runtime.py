@@ -35,7 +35,13 @@ from typing import Any, Protocol
 
 import torch
 
-from attnforge.backends.adapter import AttentionCall, BackendAdapter, supported_features
+from attnforge.backends.adapter import (
+    ROUTING_ONLY,
+    AttentionCall,
+    BackendAdapter,
+    required_features,
+    supported_features,
+)
 from attnforge.backends.exact import EXACT, ExactAdapter
 from attnforge.dispatch import _op, features
 from attnforge.dispatch.explanation import Explanation
@@ -218,7 +224,8 @@ class Dispatcher:
                              dtype=str(q.dtype).removeprefix("torch."), batch=q.shape[0],
                              heads_q=q.shape[1], heads_kv=k.shape[1], seqlen_q=q.shape[2],
                              seqlen_k=k.shape[2], head_dim=q.shape[3], causal=causal, needs_grad=needs_grad,
-                             precision=precision, features=uses, head_dim_v=head_dim_v)
+                             precision=precision, features=uses - ROUTING_ONLY, head_dim_v=head_dim_v,
+                             top_left="causal_top_left" in uses)
 
     def shape_class(self, q: torch.Tensor, k: torch.Tensor, causal: bool, needs_grad: bool) -> str:
         """The bench shape class of bhsd tensors, as its string (the key of broken backends)."""
@@ -258,7 +265,7 @@ class Dispatcher:
         adapter = self._adapter(name)
         reasons = [f"not usable: {err}"] if (err := adapter.load_error()) else []
         reasons += adapter.unsupported_reasons(call)
-        missing = call.features - supported_features(adapter)
+        missing = required_features(call) - supported_features(adapter)
         if missing and not any(r.startswith("does not support") for r in reasons):
             reasons.append(f"does not support {', '.join(sorted(missing))}")
         if reasons:
