@@ -229,8 +229,7 @@ class Dispatcher:
 
     def shape_class(self, q: torch.Tensor, k: torch.Tensor, causal: bool, needs_grad: bool) -> str:
         """The bench shape class of bhsd tensors, as its string (the key of broken backends)."""
-        return str(ShapeClass.of_call(self.describe(q, k, causal=causal, precision="exact",
-                                                    needs_grad=needs_grad)))
+        return _class_name(self.describe(q, k, causal=causal, precision="exact", needs_grad=needs_grad))
 
     def _note_shape(self, q: torch.Tensor, k: torch.Tensor, needs_grad: bool) -> None:
         """Count the exact shapes of a shape class; when it turns dynamic, decide its calls again (so a
@@ -249,13 +248,11 @@ class Dispatcher:
 
     def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
         verified, bench = self._records_for(dev_key)
-        shape = ShapeClass.of_call(call)
-        tflops = measured_tflops(bench, shape)
-        cls = str(shape)
+        tflops = measured_tflops(bench, ShapeClass.of_call(call))
+        cls = _class_name(call)
         with self._lock:  # another thread may be marking a backend broken
             broken = {name: by_class[cls] for name, by_class in self.broken.items() if cls in by_class}
-        seen = len(self._shapes_seen.get(str(ShapeClass.of_call(
-            dataclasses.replace(call, causal=False, precision="exact"))), ()))
+        seen = len(self._shapes_seen.get(_class_name(dataclasses.replace(call, causal=False)), ()))
         _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen, verified=verified)
         decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, tflops=tflops,
                           broken=broken)
@@ -345,6 +342,13 @@ class Dispatcher:
         warnings.warn(f"attnforge: attention backend {name!r} raised {error}; it is skipped for shape class"
                       f" {cls} for the rest of this process and the next backend serves the call",
                       RuntimeWarning, stacklevel=4)
+
+
+def _class_name(call: AttentionCall) -> str:
+    """The shape class a call's run-time failures and exact shapes are kept under (its features aside: a
+    backend that raised is disabled for the whole class)."""
+    return str(ShapeClass.of_call(dataclasses.replace(call, features=frozenset(), head_dim_v=None,
+                                                      top_left=False, precision="exact")))
 
 
 def _step(adapter: BackendAdapter, *, bshd: bool) -> _Step:
