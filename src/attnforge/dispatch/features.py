@@ -90,6 +90,8 @@ def close_with_fallback(decision: Decision, call: AttentionCall, fallback: Backe
     """Take the ``refused`` backends out of the order (their reasons join the others); when SDPA lacks a
     feature of the call, the exact math serves instead of it at the end of the order."""
     extra = {r.backend: r.reasons for r in refused}
+    if not extra and not required_features(call) - supported_features(fallback):
+        return decision
     kept = [(n, b) for n, b in zip(decision.order, decision.basis, strict=True) if n not in extra]
     rejected = [Rejection(backend=r.backend, reasons=tuple(dict.fromkeys((*r.reasons, *extra.pop(r.backend, ())))))
                 for r in decision.rejected]
@@ -102,7 +104,8 @@ def close_with_fallback(decision: Decision, call: AttentionCall, fallback: Backe
         if all(n != EXACT for n, _ in kept):
             kept.append((EXACT, why))
         rejected.append(Rejection(backend=FALLBACK, reasons=(lacks,)))
-    return Decision(order=tuple(n for n, _ in kept), basis=tuple(b for _, b in kept), rejected=tuple(rejected))
+    return dataclasses.replace(decision, order=tuple(n for n, _ in kept), basis=tuple(b for _, b in kept),
+                               rejected=tuple(rejected))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
