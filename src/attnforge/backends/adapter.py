@@ -5,7 +5,15 @@ Conventions for every adapter call (they are the ones of :func:`attnforge.attent
     causal: when Sq != Sk the mask is aligned to the bottom-right (query i sees keys j <= i + Sk - Sq), as in
     FlashAttention >= 2.1; adapters of top-left backends convert.
     scale: softmax scale; None means 1/sqrt(D).
-    Returns ``[B, Hq, Sq, D]`` in q's dtype.
+    Returns ``[B, Hq, Sq, Dv]`` in q's dtype.
+
+Features: a call that uses a feature (:data:`FEATURES`) reaches only an adapter that declares it (its
+capabilities' ``features``, or a ``features`` attribute; :func:`supported_features`), and gets exactly the
+keywords of the features it uses, as :func:`attnforge.backends.exact.exact_attention` names them:
+``attn_mask``, ``dropout_p``, ``causal_alignment="top_left"``, ``window``, ``softcap``, ``sinks``,
+``return_lse=True`` (then it returns ``(out, lse)``), ``cu_seqlens_q/k`` + ``max_seqlen_q/k`` (packed
+``[total, H, D]`` tensors), ``block_table`` + ``seqused_k`` (K/V page pools). A plain call passes none, so an
+adapter that declares no feature keeps the two-keyword signature.
 
 Optional: an adapter whose kernel takes ``[B, S, H, D]`` natively (FlashAttention, xFormers, SageAttention
 with ``tensor_layout="NHD"``) also defines ``call_bshd(q, k, v, *, causal, scale)``, which takes
@@ -114,7 +122,8 @@ class BackendAdapter(Protocol):
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None) -> torch.Tensor:
-        """Run attention; see the module docstring for shapes and the causal alignment rule."""
+        """Run attention; see the module docstring for shapes, the causal alignment rule and the feature
+        keywords an adapter that declares features also takes."""
         ...
 
 
