@@ -242,3 +242,18 @@ def test_a_feature_that_failed_verify_is_not_used_but_the_backend_is(tmp_path: P
     assert fa.calls == 2
     reasons = {r.backend: r.reasons for r in attnforge.explain(q, k, v, softcap=2.0).rejected}["fa"]
     assert any("verify failed for softcap" in r for r in reasons)
+
+
+def test_a_call_carries_only_shape_class_features_and_the_routing_ones_apart(tmp_path: Path, use: Any) -> None:
+    """``AttentionCall.features`` holds the names of types/shapes.py's Feature enum; Dv and the top-left
+    alignment travel as ``head_dim_v`` and ``top_left`` (they are not part of a shape class)."""
+    from attnforge.backends.adapter import FEATURES, ROUTING_ONLY, required_features
+
+    shape_class_features = {"mask", "window", "softcap", "sinks", "varlen", "dropout", "lse", "paged"}
+    assert set(FEATURES) == shape_class_features | ROUTING_ONLY
+    d = use(_install(tmp_path, Fake("a")))
+    q, k, _ = _qkv(sq=3, sk=6)
+    call = d.describe(q, k, causal=True, precision="exact", needs_grad=False,
+                      uses=frozenset({"mask", "dv", "causal_top_left"}), head_dim_v=4)
+    assert call.features == {"mask"} and call.head_dim_v == 4 and call.top_left
+    assert required_features(call) == {"mask", "dv", "causal_top_left"}

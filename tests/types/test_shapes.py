@@ -51,7 +51,7 @@ def test_the_string_names_every_part() -> None:
 
 def test_gqa_ratio_and_features_split_classes() -> None:
     assert _shape(4096, 4096).shape_class != _shape(4096, 4096, kv_heads=32).shape_class
-    assert _shape(4096, 4096).shape_class != _shape(4096, 4096, features=frozenset({Feature.ATTN_MASK})).shape_class
+    assert _shape(4096, 4096).shape_class != _shape(4096, 4096, features=frozenset({Feature.MASK})).shape_class
 
 
 @pytest.mark.parametrize("text", [

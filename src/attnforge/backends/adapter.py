@@ -5,7 +5,15 @@ Conventions for every adapter call (they are the ones of :func:`attnforge.attent
     causal: when Sq != Sk the mask is aligned to the bottom-right (query i sees keys j <= i + Sk - Sq), as in
     FlashAttention >= 2.1; adapters of top-left backends convert.
     scale: softmax scale; None means 1/sqrt(D).
-    Returns ``[B, Hq, Sq, D]`` in q's dtype.
+    Returns ``[B, Hq, Sq, Dv]`` in q's dtype.
+
+Features: a call that uses a feature (:data:`FEATURES`) reaches only an adapter that declares it (its
+capabilities' ``features``, or a ``features`` attribute; :func:`supported_features`), and gets exactly the
+keywords of the features it uses, as :func:`attnforge.backends.exact.exact_attention` names them:
+``attn_mask``, ``dropout_p``, ``causal_alignment="top_left"``, ``window``, ``softcap``, ``sinks``,
+``return_lse=True`` (then it returns ``(out, lse)``), ``cu_seqlens_q/k`` + ``max_seqlen_q/k`` (packed
+``[total, H, D]`` tensors), ``block_table`` + ``seqused_k`` (K/V page pools). A plain call passes none, so an
+adapter that declares no feature keeps the two-keyword signature.
 
 Optional: an adapter whose kernel takes ``[B, S, H, D]`` natively (FlashAttention, xFormers, SageAttention
 with ``tensor_layout="NHD"``) also defines ``call_bshd(q, k, v, *, causal, scale)``, which takes
@@ -35,8 +43,11 @@ class AttentionCall:
         causal: causal masking, bottom-right aligned.
         needs_grad: any input requires grad.
         precision: ``"exact"`` or ``"allow_quantized"``.
-        features: the optional features the call uses (names from :data:`FEATURES`); empty for a plain call.
+        features: the optional features the call uses that are part of its shape class (the names of
+            ``attnforge.types.shapes.Feature``: mask, window, softcap, sinks, varlen, dropout, lse, paged);
+            empty for a plain call. :func:`required_features` adds the two routing-only ones.
         head_dim_v: V's head dim ``Dv`` when it differs from ``D`` (feature ``"dv"``), else None.
+        top_left: causal or window aligned top-left with Sq != Sk (feature ``"causal_top_left"``).
     """
 
     device_type: str
@@ -53,6 +64,7 @@ class AttentionCall:
     precision: str = "exact"
     features: frozenset[str] = frozenset()
     head_dim_v: int | None = None
+    top_left: bool = False
 
 
 #: The optional features of :func:`attnforge.attention` a backend may support, by the name capability tables
@@ -69,6 +81,21 @@ FEATURES: dict[str, str] = {
     "dv": "value head dim Dv != query/key head dim D",
     "paged": "paged KV: K/V page pools addressed by block_table (and seqused_k)",
 }
+
+
+#: features that are not part of a shape class (``Dv`` is its own field there; the alignment is a routing
+#: matter): carried by :class:`AttentionCall` as ``head_dim_v`` and ``top_left``
+ROUTING_ONLY = frozenset({"dv", "causal_top_left"})
+
+
+def required_features(call: AttentionCall) -> frozenset[str]:
+    """Every feature a backend needs to serve ``call``: its ``features`` plus ``dv`` and ``causal_top_left``."""
+    if call.head_dim_v is None and not call.top_left:
+        return call.features
+    extra = {"dv"} if call.head_dim_v is not None else set()
+    if call.top_left:
+        extra.add("causal_top_left")
+    return call.features | extra
 
 
 def supported_features(adapter: object) -> frozenset[str]:
@@ -95,7 +122,8 @@ class BackendAdapter(Protocol):
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None) -> torch.Tensor:
-        """Run attention; see the module docstring for shapes and the causal alignment rule."""
+        """Run attention; see the module docstring for shapes, the causal alignment rule and the feature
+        keywords an adapter that declares features also takes."""
         ...
 
 

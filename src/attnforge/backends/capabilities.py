@@ -19,7 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from attnforge.backends.adapter import FEATURES, AttentionCall
+from attnforge.backends.adapter import FEATURES, AttentionCall, required_features
 from attnforge.catalog import DATA_DIR, Catalog, load_catalog
 from attnforge.catalog._check import Collector, read_checked
 from attnforge.types.cc import ComputeCapability, format_cc
@@ -132,7 +132,7 @@ class Capabilities:
                 reasons.append("no backward pass (inference only), and an input requires grad")
             elif self.backward_devices is not None and call.device_type not in self.backward_devices:
                 reasons.append(f"no backward pass on {call.device_type}, and an input requires grad")
-        missing = call.features - self.features
+        missing = required_features(call) - self.features
         if missing:
             reasons.append(f"does not support {', '.join(sorted(missing))}")
         if self.quantized and call.precision != "allow_quantized":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.adapter import AttentionCall, required_features
 from attnforge.dispatch.policy import Rejection
 
 
@@ -38,9 +38,10 @@ class Explanation:
                 f" D={c.head_dim} {c.dtype}{' causal' if c.causal else ''}{' +grad' if c.needs_grad else ''}"
                 f" on {self.device} (shape class: {self.shape_class})")
         lines = [head]
-        if c.features:
+        needed = required_features(c)
+        if needed:
             dv = f"; Dv={c.head_dim_v}" if c.head_dim_v is not None else ""
-            lines.append(f"  features: {', '.join(sorted(c.features))}{dv}")
+            lines.append(f"  features: {', '.join(sorted(needed))}{dv}")
         if self.chosen is None:
             lines.append("  forced backend cannot serve this call")
         for i, (name, why) in enumerate(zip(self.order, self.basis, strict=True)):

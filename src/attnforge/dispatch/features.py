@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends.adapter import AttentionCall, BackendAdapter, supported_features
+from attnforge.backends.adapter import AttentionCall, BackendAdapter, required_features, supported_features
 from attnforge.backends.exact import EXACT
 from attnforge.dispatch.inputs import validate
 from attnforge.dispatch.policy import FALLBACK, Decision, Rejection
@@ -59,11 +59,12 @@ def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops
     refused: list[Rejection] = []
     for name, adapter in adapters.items():
         reasons = []
-        missing = call.features - supported_features(adapter)
+        needed = required_features(call)
+        missing = needed - supported_features(adapter)
         if missing:
             reasons.append(f"does not support {', '.join(sorted(missing))}")
         record = (verified or {}).get(name)
-        failed = call.features & set(record.details.get("failed_features", ())) if record is not None else set()
+        failed = needed & set(record.details.get("failed_features", ())) if record is not None else set()
         if failed:
             reasons.append(f"verify failed for {', '.join(sorted(failed))} (attnforge verify {name} says why)")
         caps = getattr(adapter, "caps", None)
@@ -89,11 +90,13 @@ def close_with_fallback(decision: Decision, call: AttentionCall, fallback: Backe
     """Take the ``refused`` backends out of the order (their reasons join the others); when SDPA lacks a
     feature of the call, the exact math serves instead of it at the end of the order."""
     extra = {r.backend: r.reasons for r in refused}
+    if not extra and not required_features(call) - supported_features(fallback):
+        return decision
     kept = [(n, b) for n, b in zip(decision.order, decision.basis, strict=True) if n not in extra]
     rejected = [Rejection(backend=r.backend, reasons=tuple(dict.fromkeys((*r.reasons, *extra.pop(r.backend, ())))))
                 for r in decision.rejected]
     rejected += [Rejection(backend=name, reasons=reasons) for name, reasons in extra.items()]
-    missing = call.features - supported_features(fallback)
+    missing = required_features(call) - supported_features(fallback)
     if missing:
         lacks = f"does not support {', '.join(sorted(missing))}"
         why = f"exact fallback: float32 math in torch (SDPA {lacks})"
@@ -101,7 +104,8 @@ def close_with_fallback(decision: Decision, call: AttentionCall, fallback: Backe
         if all(n != EXACT for n, _ in kept):
             kept.append((EXACT, why))
         rejected.append(Rejection(backend=FALLBACK, reasons=(lacks,)))
-    return Decision(order=tuple(n for n, _ in kept), basis=tuple(b for _, b in kept), rejected=tuple(rejected))
+    return dataclasses.replace(decision, order=tuple(n for n, _ in kept), basis=tuple(b for _, b in kept),
+                               rejected=tuple(rejected))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -35,7 +35,13 @@ from typing import Any, Protocol
 
 import torch
 
-from attnforge.backends.adapter import AttentionCall, BackendAdapter, supported_features
+from attnforge.backends.adapter import (
+    ROUTING_ONLY,
+    AttentionCall,
+    BackendAdapter,
+    required_features,
+    supported_features,
+)
 from attnforge.backends.exact import EXACT, ExactAdapter
 from attnforge.dispatch import _op, autotune, features
 from attnforge.dispatch.explanation import Explanation
@@ -228,12 +234,12 @@ class Dispatcher:
                              dtype=str(q.dtype).removeprefix("torch."), batch=q.shape[0],
                              heads_q=q.shape[1], heads_kv=k.shape[1], seqlen_q=q.shape[2],
                              seqlen_k=k.shape[2], head_dim=q.shape[3], causal=causal, needs_grad=needs_grad,
-                             precision=precision, features=uses, head_dim_v=head_dim_v)
+                             precision=precision, features=uses - ROUTING_ONLY, head_dim_v=head_dim_v,
+                             top_left="causal_top_left" in uses)
 
     def shape_class(self, q: torch.Tensor, k: torch.Tensor, causal: bool, needs_grad: bool) -> str:
         """The bench shape class of bhsd tensors, as its string (the key of broken backends)."""
-        return str(class_of_call(self.describe(q, k, causal=causal, precision="exact",
-                                                    needs_grad=needs_grad)))
+        return _class_name(self.describe(q, k, causal=causal, precision="exact", needs_grad=needs_grad))
 
     def _note_shape(self, q: torch.Tensor, k: torch.Tensor, needs_grad: bool) -> None:
         """Count the exact shapes of a shape class; when it turns dynamic, decide its calls again (so a
@@ -252,14 +258,12 @@ class Dispatcher:
 
     def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
         verified, bench = self._records_for(dev_key)
-        shape = class_of_call(call)
-        measured = measurements(bench, shape)
+        measured = measurements(bench, class_of_call(call))
         tflops = {name: m.tflops for name, m in measured.items()}
-        cls = str(shape)
+        cls = _class_name(call)
         with self._lock:  # another thread may be marking a backend broken
             broken = {name: by_class[cls] for name, by_class in self.broken.items() if cls in by_class}
-        seen = len(self._shapes_seen.get(str(class_of_call(
-            dataclasses.replace(call, causal=False, precision="exact"))), ()))
+        seen = len(self._shapes_seen.get(_class_name(dataclasses.replace(call, causal=False)), ()))
         _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen, verified=verified)
         decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, measured=measured,
                           broken=broken)
@@ -269,7 +273,7 @@ class Dispatcher:
         adapter = self._adapter(name)
         reasons = [f"not usable: {err}"] if (err := adapter.load_error()) else []
         reasons += adapter.unsupported_reasons(call)
-        missing = call.features - supported_features(adapter)
+        missing = required_features(call) - supported_features(adapter)
         if missing and not any(r.startswith("does not support") for r in reasons):
             reasons.append(f"does not support {', '.join(sorted(missing))}")
         if reasons:
@@ -349,6 +353,13 @@ class Dispatcher:
         warnings.warn(f"attnforge: attention backend {name!r} raised {error}; it is skipped for shape class"
                       f" {cls} for the rest of this process and the next backend serves the call",
                       RuntimeWarning, stacklevel=4)
+
+
+def _class_name(call: AttentionCall) -> str:
+    """The shape class a call's run-time failures and exact shapes are kept under (its features aside: a
+    backend that raised is disabled for the whole class)."""
+    return str(class_of_call(dataclasses.replace(call, features=frozenset(), head_dim_v=None,
+                                                      top_left=False, precision="exact")))
 
 
 def _step(adapter: BackendAdapter, *, bshd: bool) -> _Step:

@@ -40,19 +40,18 @@ class Layout(StrEnum):
 class Feature(StrEnum):
     """Features of a call beyond plain (causal) attention; a backend must support each one it is given.
 
-    The values are the runtime's feature names (:data:`attnforge.backends.adapter.FEATURES`).
+    The runtime's names (:data:`attnforge.backends.adapter.FEATURES`); ``dv`` and ``causal_top_left`` are not
+    here: Dv is its own field of the shape, and the alignment does not change which backend is fastest.
     """
 
-    ATTN_MASK = "attn_mask"  # attn_mask, bool or additive
-    DROPOUT = "dropout"  # dropout_p > 0
-    CAUSAL_TOP_LEFT = "causal_top_left"  # causal aligned top-left with Sq != Sk (SDPA's is_causal)
+    MASK = "mask"  # attn_mask, bool or additive
     WINDOW = "window"  # sliding window (left, right)
     SOFTCAP = "softcap"  # logit softcap
     SINKS = "sinks"  # attention sinks (GPT-OSS s_aux)
-    LSE = "lse"  # return_lse
     VARLEN = "varlen"  # packed sequences with cu_seqlens
-    DV = "dv"  # value head dim != query/key head dim
-    PAGED_KV = "paged_kv"  # paged KV cache
+    DROPOUT = "dropout"  # dropout_p > 0
+    LSE = "lse"  # return_lse
+    PAGED = "paged"  # paged KV cache
 
 
 def bucket(n: int) -> int:

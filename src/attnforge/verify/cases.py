@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.adapter import ROUTING_ONLY, AttentionCall
 
 #: dtypes verified per device when the backend claims them: fp16/bf16 on CUDA (what the kernels are for);
 #: float32/bfloat16 on CPU (what CPU paths such as SDPA math compute in).
@@ -50,7 +50,8 @@ class VerifyCase:
             batch=self.batch, heads_q=self.heads_q, heads_kv=self.heads_kv, seqlen_q=self.seqlen_q,
             seqlen_k=self.seqlen_k,
             head_dim=self.head_dim, causal=self.causal, needs_grad=False, precision=precision,
-            features=frozenset((self.feature,)) if self.feature else frozenset(), head_dim_v=self.head_dim_v,
+            features=frozenset((self.feature,)) - ROUTING_ONLY if self.feature else frozenset(),
+            head_dim_v=self.head_dim_v, top_left=self.feature == "causal_top_left",
         )
 
     @property
