@@ -26,6 +26,7 @@ def attention(
     sinks: torch.Tensor | None = None, return_lse: Literal[False] = False,
     cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    block_table: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
     layout: Layout = "bhsd", backend: str | None = None, precision: Precision = "exact",
 ) -> torch.Tensor: ...
 @overload
@@ -37,6 +38,7 @@ def attention(
     sinks: torch.Tensor | None = None, return_lse: Literal[True],
     cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    block_table: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
     layout: Layout = "bhsd", backend: str | None = None, precision: Precision = "exact",
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 @overload
@@ -48,6 +50,7 @@ def attention(
     sinks: torch.Tensor | None = None, return_lse: bool = False,
     cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    block_table: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
     layout: Layout = "bhsd", backend: str | None = None, precision: Precision = "exact",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 def explain(
@@ -58,6 +61,7 @@ def explain(
     sinks: torch.Tensor | None = None, return_lse: bool = False,
     cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    block_table: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
     layout: Layout = "bhsd", backend: str | None = None, precision: Precision = "exact",
 ) -> Explanation: ...
 def use_backend(name: str) -> AbstractContextManager[None]: ...
