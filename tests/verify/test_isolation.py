@@ -16,7 +16,7 @@ from attnforge._system.runner import SubprocessRunner
 from attnforge.catalog.slim import Capabilities
 from attnforge.catalog.tolerances import PrecisionKind, load_tolerances
 from attnforge.cli import main
-from attnforge.dispatch import registry
+from attnforge.backends import registry
 from attnforge.records import RecordStore
 from attnforge.verify.cases import generate_cases
 from attnforge.verify.device import current_device
