@@ -2,10 +2,10 @@
 
 ``venv.EnvBuilder(system_site_packages=True)`` makes a venv that sees the *base* interpreter's packages. When the
 tests themselves run inside a venv (the README's usual path), the base has no torch, pip or filelock: those live
-in the outer venv. :func:`nested_venv` adds a ``.pth`` file to the new venv naming the running interpreter's
-site-packages, so the nested venv sees exactly what the test process sees, and still installs into itself (its
-own site-packages comes first on ``sys.path``). Outside a venv the ``.pth`` names directories already visible,
-which is harmless.
+in the outer venv. :func:`nested_venv` adds a ``.pth`` file to the new venv that adds the running interpreter's
+site-packages as site dirs (so their own ``.pth`` files, an editable install's finder included, run too): the
+nested venv sees exactly what the test process sees, and still installs into itself (its own site-packages comes
+first on ``sys.path``). Outside a venv the ``.pth`` names directories already visible, which is harmless.
 """
 
 from __future__ import annotations
@@ -43,7 +43,13 @@ def inherit_outer(python: Path | str) -> None:
     """Make the venv of ``python`` see this test process's packages through a ``.pth`` file."""
     target = site_packages_of(python)
     target.mkdir(parents=True, exist_ok=True)
-    (target / "_attnforge_tests_outer.pth").write_text("".join(f"{p}\n" for p in outer_site_packages()))
+    (target / "_attnforge_tests_outer.pth").write_text(_addsitedir_lines(outer_site_packages()))
+
+
+def _addsitedir_lines(dirs: list[str] | list[Path]) -> str:
+    """``.pth`` lines that add ``dirs`` as site dirs, so *their* ``.pth`` files run too (an editable install's
+    finder, ``pip install -e .`` of this repo, lives in one)."""
+    return "".join(f"import site; site.addsitedir({str(d)!r})\n" for d in dirs)
 
 
 def nested_venv(env_dir: Path) -> str:
@@ -84,4 +90,4 @@ def inherit_outer_without_pip(python: Path | str, scratch: Path) -> None:
             if entry.name.lower().startswith(("pip", "_attnforge_tests")) or (deps / entry.name).exists():
                 continue
             (deps / entry.name).symlink_to(entry)
-    (site_packages_of(python) / "_attnforge_tests_outer.pth").write_text(f"{deps}\n")
+    (site_packages_of(python) / "_attnforge_tests_outer.pth").write_text(_addsitedir_lines([deps]))
