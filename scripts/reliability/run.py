@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -49,6 +50,7 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", choices=sorted(FAULTS), default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # run the finally blocks (umount, rm)
     rng = random.Random(args.seed)  # noqa: S311 - reproducible fault timing, not cryptography
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="attnforge-reliability-") as tmp:
