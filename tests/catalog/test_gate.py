@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from attnforge.catalog.tolerances import TOLERANCES_FILE, load_quantized_gate, load_tolerances
+from attnforge.catalog._check import DATA_DIR
+from attnforge.catalog.tolerances import load_quantized_gate, load_tolerances
 from attnforge.errors import CatalogError
+
+TOLERANCES_FILE = DATA_DIR / "tolerances.toml"
 
 
 def test_the_packaged_gate_has_issue_17s_bounds_and_sources() -> None:

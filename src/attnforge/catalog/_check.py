@@ -9,6 +9,7 @@ import functools
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,6 +22,17 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sourced:
+    """A row of a data file: every fact in the catalog says where it comes from (read by :meth:`Collector.sources`).
+
+    Attributes:
+        sources: URLs, files or research notes that back the row; never empty.
+    """
+
+    sources: tuple[str, ...]
 
 
 class Collector:
@@ -74,6 +86,10 @@ class Collector:
         if not allow_empty and key in table and not raw:
             self.add(sub, "must not be empty")
         return tuple(out)
+
+    def sources(self, table: Mapping[str, Any], path: str) -> tuple[str, ...]:
+        """The row's ``sources``: a list of at least one string (every fact in the catalog names its source)."""
+        return self.str_list(table, "sources", path, allow_empty=False)
 
     def parsed(self, value: str, path: str, parse: Callable[[str], T], fallback: T) -> T:
         try:

@@ -13,30 +13,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnforge.catalog._check import Collector, load_file
+from attnforge.catalog._check import Collector, Sourced, load_file
 from attnforge.types.versions import MajorMinor
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StlFloor:
+class StlFloor(Sourced):
     """From ``_MSC_VER`` ``msc_min`` on, MSVC's STL refuses nvcc older than ``cuda_min`` with ``error``."""
 
     msc_min: int
     cuda_min: MajorMinor
     error: str
     override: str
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ConformanceFlag:
+class ConformanceFlag(Sourced):
     """One nvcc argument that makes cl accept torch/CUDA headers, with the versions it applies to."""
 
     flag: str
     why: str
     cuda_min: MajorMinor | None
     torch_min: MajorMinor | None
-    sources: tuple[str, ...]
 
     def applies(self, *, cuda: MajorMinor | None, torch: MajorMinor | None) -> bool:
         """Whether the flag is needed for this nvcc and torch (an unknown version counts as new enough)."""
@@ -46,20 +44,18 @@ class ConformanceFlag:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class VsRelease:
+class VsRelease(Sourced):
     msc_min: int
     msc_max: int
     name: str
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BuildRoot:
+class BuildRoot(Sourced):
     """Where a Windows build runs: ``<home>\\b\\<key8>`` up to ``max_chars``, else ``<drive>:\\<short_dir>\\<key8>``."""
 
     short_dir: str
     max_chars: int
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,7 +112,7 @@ def _build_root(doc: Mapping[str, Any], errors: Collector) -> BuildRoot:
         if "max_chars" in row and not 10 <= max_chars <= 200:
             errors.add("build_root.max_chars", f"expected 10..200, got {max_chars}")
         return BuildRoot(short_dir=short_dir, max_chars=max_chars,
-                         sources=errors.str_list(row, "sources", "build_root", allow_empty=False))
+                         sources=errors.sources(row, "build_root"))
 
 
 def _msc(errors: Collector, row: Mapping[str, Any], key: str, path: str) -> int:
@@ -142,7 +138,7 @@ def _stl_floors(doc: Mapping[str, Any], errors: Collector) -> list[StlFloor]:
             cuda_min=errors.major_minor(row, "cuda_min", path),
             error=errors.get(row, "error", path, str),
             override=errors.get(row, "override", path, str),
-            sources=errors.str_list(row, "sources", path, allow_empty=False),
+            sources=errors.sources(row, path),
         ))
     return out
 
@@ -159,7 +155,7 @@ def _conformance(doc: Mapping[str, Any], errors: Collector) -> list[ConformanceF
             why=errors.get(row, "why", path, str),
             cuda_min=_optional_mm(errors, row, "cuda_min", path),
             torch_min=_optional_mm(errors, row, "torch_min", path),
-            sources=errors.str_list(row, "sources", path, allow_empty=False),
+            sources=errors.sources(row, path),
         ))
     return out
 
@@ -172,5 +168,5 @@ def _releases(doc: Mapping[str, Any], errors: Collector) -> list[VsRelease]:
         if lo > hi:
             errors.add(f"{path}.msc_max", f"{hi} is below msc_min {lo}")
         out.append(VsRelease(msc_min=lo, msc_max=hi, name=errors.get(row, "name", path, str),
-                             sources=errors.str_list(row, "sources", path, allow_empty=False)))
+                             sources=errors.sources(row, path)))
     return out

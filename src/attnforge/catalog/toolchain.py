@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from attnforge.catalog._check import Collector
+from attnforge.catalog._check import Collector, Sourced
 from attnforge.catalog.torch import TorchRelease, TorchStack, cu_tag, parse_torch_releases, parse_torch_stack
 from attnforge.types.cc import ComputeCapability, format_cc, parse_cc
 from attnforge.types.versions import MajorMinor, format_major_minor, parse_major_minor
@@ -81,15 +81,14 @@ class Target:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GpuModel:
+class GpuModel(Sourced):
     cc: ComputeCapability
     arch: str
     names: tuple[str, ...]
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TargetSupport:
+class TargetSupport(Sourced):
     """The CUDA releases whose nvcc can emit a target: ``first_cuda`` through
     ``last_cuda`` (None: still supported).
     """
@@ -97,19 +96,17 @@ class TargetSupport:
     name: str
     first_cuda: MajorMinor
     last_cuda: MajorMinor | None
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DriverFloor:
+class DriverFloor(Sourced):
     cuda: MajorMinor
     linux_min: str
     windows_min: str | None
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HostCompilerRange:
+class HostCompilerRange(Sourced):
     """What ``include/crt/host_config.h`` of CUDA ``cuda_min``..``cuda_max`` accepts.
 
     Attributes:
@@ -125,7 +122,6 @@ class HostCompilerRange:
     clang_max: int
     msc_min: int
     msc_end: int
-    sources: tuple[str, ...]
 
     def covers(self, cuda: MajorMinor) -> bool:
         return self.cuda_min <= cuda <= self.cuda_max
@@ -240,7 +236,7 @@ def _mm(errors: Collector, row: Mapping[str, Any], key: str, path: str) -> Major
 
 
 def _sources(errors: Collector, row: Mapping[str, Any], path: str) -> tuple[str, ...]:
-    return errors.str_list(row, "sources", path, allow_empty=False)
+    return errors.sources(row, path)
 
 
 def _gpus(doc: Mapping[str, Any], errors: Collector) -> list[GpuModel]:
