@@ -119,19 +119,23 @@ class Collector:
                 self.unknown_keys(raw, fields, path)
                 yield rid, raw, path
 
-    def array_rows(self, doc: Mapping[str, Any], key: str) -> list[tuple[str, Mapping[str, Any]]]:
-        """``(dotted path, table)`` for each entry of the array of tables ``[[key]]``; a missing or empty array
-        and entries that are not tables are recorded (and skipped)."""
+    def array_rows(
+        self, doc: Mapping[str, Any], key: str, fields: set[str] | None = None
+    ) -> list[tuple[str, Mapping[str, Any]]]:
+        """``(dotted path, table)`` for each entry of the array of tables ``[[key]]``; a missing or empty array,
+        entries that are not tables (skipped) and, when ``fields`` is given, fields not in it are recorded."""
         raw = doc.get(key)
         if not isinstance(raw, list) or not raw:
             self.add(key, "missing array of tables" if raw is None else "expected a non-empty array of tables")
             return []
         out: list[tuple[str, Mapping[str, Any]]] = []
         for i, row in enumerate(raw):
-            if isinstance(row, dict):
-                out.append((f"{key}[{i}]", row))
-            else:
+            if not isinstance(row, dict):
                 self.add(f"{key}[{i}]", "expected a table")
+                continue
+            if fields is not None:
+                self.unknown_keys(row, fields, f"{key}[{i}]")
+            out.append((f"{key}[{i}]", row))
         return out
 
     def major_minor(self, row: Mapping[str, Any], key: str, path: str) -> tuple[int, int]:

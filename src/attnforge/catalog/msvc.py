@@ -131,8 +131,7 @@ def _optional_mm(errors: Collector, row: Mapping[str, Any], key: str, path: str)
 
 def _stl_floors(doc: Mapping[str, Any], errors: Collector) -> list[StlFloor]:
     out = []
-    for path, row in errors.array_rows(doc, "stl_floors"):
-        errors.unknown_keys(row, {"msc_min", "cuda_min", "error", "override", "sources"}, path)
+    for path, row in errors.array_rows(doc, "stl_floors", {"msc_min", "cuda_min", "error", "override", "sources"}):
         out.append(StlFloor(
             msc_min=_msc(errors, row, "msc_min", path),
             cuda_min=errors.major_minor(row, "cuda_min", path),
@@ -145,8 +144,7 @@ def _stl_floors(doc: Mapping[str, Any], errors: Collector) -> list[StlFloor]:
 
 def _conformance(doc: Mapping[str, Any], errors: Collector) -> list[ConformanceFlag]:
     out = []
-    for path, row in errors.array_rows(doc, "conformance"):
-        errors.unknown_keys(row, {"flag", "why", "cuda_min", "torch_min", "sources"}, path)
+    for path, row in errors.array_rows(doc, "conformance", {"flag", "why", "cuda_min", "torch_min", "sources"}):
         flag = errors.get(row, "flag", path, str)
         if not flag.startswith("-") or any(c.isspace() for c in flag):
             errors.add(f"{path}.flag", f"expected one nvcc argument starting with '-', got {flag!r}")
@@ -162,8 +160,7 @@ def _conformance(doc: Mapping[str, Any], errors: Collector) -> list[ConformanceF
 
 def _releases(doc: Mapping[str, Any], errors: Collector) -> list[VsRelease]:
     out = []
-    for path, row in errors.array_rows(doc, "releases"):
-        errors.unknown_keys(row, {"msc_min", "msc_max", "name", "sources"}, path)
+    for path, row in errors.array_rows(doc, "releases", {"msc_min", "msc_max", "name", "sources"}):
         lo, hi = _msc(errors, row, "msc_min", path), _msc(errors, row, "msc_max", path)
         if lo > hi:
             errors.add(f"{path}.msc_max", f"{hi} is below msc_min {lo}")

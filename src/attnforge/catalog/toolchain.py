@@ -235,20 +235,16 @@ def _mm(errors: Collector, row: Mapping[str, Any], key: str, path: str) -> Major
     return errors.major_minor(row, key, path)
 
 
-def _sources(errors: Collector, row: Mapping[str, Any], path: str) -> tuple[str, ...]:
-    return errors.sources(row, path)
-
 
 def _gpus(doc: Mapping[str, Any], errors: Collector) -> list[GpuModel]:
     out = []
-    for path, row in errors.array_rows(doc, "gpus"):
-        errors.unknown_keys(row, {"cc", "arch", "names", "sources"}, path)
+    for path, row in errors.array_rows(doc, "gpus", {"cc", "arch", "names", "sources"}):
         out.append(
             GpuModel(
                 cc=errors.parsed(errors.get(row, "cc", path, str), f"{path}.cc", parse_cc, ComputeCapability(0, 0)),
                 arch=errors.get(row, "arch", path, str),
                 names=errors.str_list(row, "names", path, allow_empty=False),
-                sources=_sources(errors, row, path),
+                sources=errors.sources(row, path),
             )
         )
     return out
@@ -256,13 +252,12 @@ def _gpus(doc: Mapping[str, Any], errors: Collector) -> list[GpuModel]:
 
 def _targets(doc: Mapping[str, Any], errors: Collector) -> dict[str, TargetSupport]:
     out: dict[str, TargetSupport] = {}
-    for path, row in errors.array_rows(doc, "targets"):
-        errors.unknown_keys(row, {"names", "first_cuda", "last_cuda", "sources"}, path)
+    for path, row in errors.array_rows(doc, "targets", {"names", "first_cuda", "last_cuda", "sources"}):
         first = _mm(errors, row, "first_cuda", path)
         last = _mm(errors, row, "last_cuda", path) if "last_cuda" in row else None
         if last is not None and last < first:
             errors.add(f"{path}.last_cuda", "is before first_cuda")
-        sources = _sources(errors, row, path)
+        sources = errors.sources(row, path)
         for i, name in enumerate(errors.str_list(row, "names", path, allow_empty=False)):
             try:
                 target = Target.parse(name)
@@ -287,7 +282,7 @@ def _compat(doc: Mapping[str, Any], errors: Collector) -> dict[TargetKind, RunsO
                 if not row:
                     continue
                 errors.unknown_keys(row, {"runs_on", "sources"}, path)
-                _sources(errors, row, path)
+                errors.sources(row, path)
                 rule = errors.get(row, "runs_on", path, str)
                 try:
                     out[kind] = RunsOn(rule)
@@ -300,8 +295,7 @@ def _compat(doc: Mapping[str, Any], errors: Collector) -> dict[TargetKind, RunsO
 
 def _drivers(doc: Mapping[str, Any], errors: Collector) -> list[DriverFloor]:
     out = []
-    for path, row in errors.array_rows(doc, "drivers"):
-        errors.unknown_keys(row, {"cuda", "linux_min", "windows_min", "sources"}, path)
+    for path, row in errors.array_rows(doc, "drivers", {"cuda", "linux_min", "windows_min", "sources"}):
         out.append(
             DriverFloor(
                 cuda=_mm(errors, row, "cuda", path),
@@ -309,7 +303,7 @@ def _drivers(doc: Mapping[str, Any], errors: Collector) -> list[DriverFloor]:
                 windows_min=_driver_version(errors, row, "windows_min", path)
                 if "windows_min" in row
                 else None,
-                sources=_sources(errors, row, path),
+                sources=errors.sources(row, path),
             )
         )
     return out
@@ -324,9 +318,8 @@ def _driver_version(errors: Collector, row: Mapping[str, Any], key: str, path: s
 
 def _families(doc: Mapping[str, Any], errors: Collector) -> dict[int, str]:
     out = {}
-    for path, row in errors.array_rows(doc, "driver_families"):
-        errors.unknown_keys(row, {"cuda_major", "min_driver", "sources"}, path)
-        _sources(errors, row, path)
+    for path, row in errors.array_rows(doc, "driver_families", {"cuda_major", "min_driver", "sources"}):
+        errors.sources(row, path)
         out[errors.get(row, "cuda_major", path, int)] = _driver_version(errors, row, "min_driver", path)
     return out
 
@@ -334,8 +327,7 @@ def _families(doc: Mapping[str, Any], errors: Collector) -> dict[int, str]:
 def _host_compilers(doc: Mapping[str, Any], errors: Collector) -> list[HostCompilerRange]:
     out = []
     fields = {"cuda_min", "cuda_max", "gcc_min", "gcc_max", "clang_max", "msc_min", "msc_end", "sources"}
-    for path, row in errors.array_rows(doc, "host_compilers"):
-        errors.unknown_keys(row, fields, path)
+    for path, row in errors.array_rows(doc, "host_compilers", fields):
         r = HostCompilerRange(
             cuda_min=_mm(errors, row, "cuda_min", path),
             cuda_max=_mm(errors, row, "cuda_max", path),
@@ -344,7 +336,7 @@ def _host_compilers(doc: Mapping[str, Any], errors: Collector) -> list[HostCompi
             clang_max=errors.get(row, "clang_max", path, int),
             msc_min=errors.get(row, "msc_min", path, int),
             msc_end=errors.get(row, "msc_end", path, int),
-            sources=_sources(errors, row, path),
+            sources=errors.sources(row, path),
         )
         if r.cuda_max < r.cuda_min:
             errors.add(f"{path}.cuda_max", "is below cuda_min")
@@ -362,7 +354,7 @@ def _rules(doc: Mapping[str, Any], errors: Collector) -> bool:
             return True
         path = "rules.extension_cuda"
         errors.unknown_keys(row, {"major_must_match", "minor_mismatch_warns", "sources"}, path)
-        _sources(errors, row, path)
+        errors.sources(row, path)
         errors.get(row, "minor_mismatch_warns", path, bool)
         return errors.get(row, "major_must_match", path, bool)
 

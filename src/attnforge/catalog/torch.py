@@ -39,8 +39,7 @@ def cu_tag(version: MajorMinor) -> str:
 
 def parse_torch_releases(doc: Mapping[str, Any], errors: Collector) -> list[TorchRelease]:
     out = []
-    for path, row in errors.array_rows(doc, "torch"):
-        errors.unknown_keys(row, {"version", "cuda", "pypi_default", "sources"}, path)
+    for path, row in errors.array_rows(doc, "torch", {"version", "cuda", "pypi_default", "sources"}):
         cudas = tuple(
             errors.parsed(c, f"{path}.cuda[{i}]", parse_major_minor, (0, 0))
             for i, c in enumerate(errors.str_list(row, "cuda", path, allow_empty=False))
