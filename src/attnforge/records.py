@@ -17,7 +17,7 @@ from typing import Any
 
 # The one device-key constructor lives with the value types; re-exported for the runtime, verify and bench.
 from attnforge.types.device import device_key as device_key  # noqa: PLC0414
-from attnforge.types.shapes import AttentionShape, Feature, Mode
+from attnforge.types.shapes import AttentionShape, Dims, Feature, Mode
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS verify (
@@ -86,10 +86,11 @@ class VerifyRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BenchRecord:
+class BenchRecord(Dims):
     """One timed shape of one backend. ``tflops`` uses the formula documented in ``attnforge.bench``.
 
     Attributes:
+        batch, heads, kv_heads, head_dim, seqlen_q, seqlen_k: the measured shape's sizes (:class:`Dims`).
         ms: the median of the rounds' medians; ``ms_lo``/``ms_hi`` the fastest and slowest round's median (the
             spread the "fastest" rule calls a tie within; None for records from before rounds).
         head_dim_v: ``Dv`` when it differs from ``D``.
@@ -103,12 +104,6 @@ class BenchRecord:
     dtype: str
     mode: str  # "fwd" or "fwd+bwd"
     causal: bool
-    batch: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    seqlen_q: int
-    seqlen_k: int
     ms: float
     tflops: float
     peak_mem_bytes: int | None
