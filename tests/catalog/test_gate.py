@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from attnforge.catalog import DATA_DIR
+from attnforge.catalog._check import DATA_DIR
 from attnforge.catalog.tolerances import load_quantized_gate, load_tolerances
 from attnforge.errors import CatalogError
 

@@ -13,10 +13,10 @@ import pytest
 import attnforge.probe  # noqa: F401  (catalog <-> probe import cycle: enter through probe)
 from attnforge._system.isolate import describe_exit
 from attnforge._system.runner import SubprocessRunner
+from attnforge.backends import registry
 from attnforge.catalog.slim import Capabilities
 from attnforge.catalog.tolerances import PrecisionKind, load_tolerances
 from attnforge.cli import main
-from attnforge.backends import registry
 from attnforge.records import RecordStore
 from attnforge.verify.cases import generate_cases
 from attnforge.verify.device import current_device

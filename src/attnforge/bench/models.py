@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnforge._system.files import read_user_file
 from attnforge.bench.grid import shrink_for_cpu
 from attnforge.errors import UsageError
 from attnforge.types.shapes import AttentionShape, Mode
@@ -51,11 +52,10 @@ def read_model_config(path: Path) -> ModelAttention:
     Raises:
         UsageError: the file is missing or not JSON, or its attention sizes are missing or inconsistent.
     """
+    raw = read_user_file(path, what="the model config",
+                         hint="pass a Hugging Face config.json (e.g. from the model's repository)")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"cannot read the model config {path}", cause=exc.strerror,
-                         hint="pass a Hugging Face config.json (e.g. from the model's repository)") from None
+        doc = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path} is not JSON: {exc}", hint="pass a Hugging Face config.json") from None
     if not isinstance(doc, dict):

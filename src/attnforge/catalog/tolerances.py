@@ -12,7 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from attnforge.catalog._check import Collector, load_file
+from attnforge.catalog._check import Collector, Sourced, load_file
 from attnforge.catalog.backends import DTYPES
 from attnforge.errors import CatalogError
 
@@ -27,7 +27,7 @@ class PrecisionKind(StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Tolerance:
+class Tolerance(Sourced):
     """The pass rule for one precision kind and dtype (see the data file's header).
 
     Attributes:
@@ -44,16 +44,14 @@ class Tolerance:
     atol: float
     rtol: float
     max_rel_l1: float
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DispatchGate:
+class DispatchGate(Sourced):
     """``[gate.quantized]``: the error a quantized kernel may show on a shape class to be dispatched there."""
 
     max_rel_l1: float
     min_cosine: float
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,7 +104,7 @@ def _parse(doc: Mapping[str, Any], errors: Collector) -> Tolerances:
         errors.unknown_keys(raw, {"max_rel_l1", "min_cosine", "sources"}, "gate.quantized")
         gate = DispatchGate(max_rel_l1=_positive(errors, raw, "max_rel_l1", "gate.quantized"),
                             min_cosine=_positive(errors, raw, "min_cosine", "gate.quantized"),
-                            sources=errors.str_list(raw, "sources", "gate.quantized", allow_empty=False))
+                            sources=errors.sources(raw, "gate.quantized"))
     return Tolerances(rows=rows, gate=gate)
 
 
@@ -125,7 +123,7 @@ def parse_tolerances(doc: Mapping[str, Any], errors: Collector) -> dict[tuple[Pr
                 errors.unknown_keys(raw, _FIELDS, path)
                 values = {name: _positive(errors, raw, name, path) for name in ("atol", "rtol", "max_rel_l1")}
                 out[(kind, dtype)] = Tolerance(
-                    kind=kind, dtype=dtype, sources=errors.str_list(raw, "sources", path, allow_empty=False),
+                    kind=kind, dtype=dtype, sources=errors.sources(raw, path),
                     **values,
                 )
     return out

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from attnforge.catalog._check import Collector
+from attnforge.catalog._check import Collector, Sourced
 from attnforge.catalog.torch import TorchRelease, TorchStack, cu_tag, parse_torch_releases, parse_torch_stack
 from attnforge.types.cc import ComputeCapability, format_cc, parse_cc
 from attnforge.types.versions import MajorMinor, format_major_minor, parse_major_minor
@@ -81,15 +81,14 @@ class Target:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GpuModel:
+class GpuModel(Sourced):
     cc: ComputeCapability
     arch: str
     names: tuple[str, ...]
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TargetSupport:
+class TargetSupport(Sourced):
     """The CUDA releases whose nvcc can emit a target: ``first_cuda`` through
     ``last_cuda`` (None: still supported).
     """
@@ -97,19 +96,17 @@ class TargetSupport:
     name: str
     first_cuda: MajorMinor
     last_cuda: MajorMinor | None
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DriverFloor:
+class DriverFloor(Sourced):
     cuda: MajorMinor
     linux_min: str
     windows_min: str | None
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HostCompilerRange:
+class HostCompilerRange(Sourced):
     """What ``include/crt/host_config.h`` of CUDA ``cuda_min``..``cuda_max`` accepts.
 
     Attributes:
@@ -125,7 +122,6 @@ class HostCompilerRange:
     clang_max: int
     msc_min: int
     msc_end: int
-    sources: tuple[str, ...]
 
     def covers(self, cuda: MajorMinor) -> bool:
         return self.cuda_min <= cuda <= self.cuda_max
@@ -239,20 +235,16 @@ def _mm(errors: Collector, row: Mapping[str, Any], key: str, path: str) -> Major
     return errors.major_minor(row, key, path)
 
 
-def _sources(errors: Collector, row: Mapping[str, Any], path: str) -> tuple[str, ...]:
-    return errors.str_list(row, "sources", path, allow_empty=False)
-
 
 def _gpus(doc: Mapping[str, Any], errors: Collector) -> list[GpuModel]:
     out = []
-    for path, row in errors.array_rows(doc, "gpus"):
-        errors.unknown_keys(row, {"cc", "arch", "names", "sources"}, path)
+    for path, row in errors.array_rows(doc, "gpus", {"cc", "arch", "names", "sources"}):
         out.append(
             GpuModel(
                 cc=errors.parsed(errors.get(row, "cc", path, str), f"{path}.cc", parse_cc, ComputeCapability(0, 0)),
                 arch=errors.get(row, "arch", path, str),
                 names=errors.str_list(row, "names", path, allow_empty=False),
-                sources=_sources(errors, row, path),
+                sources=errors.sources(row, path),
             )
         )
     return out
@@ -260,13 +252,12 @@ def _gpus(doc: Mapping[str, Any], errors: Collector) -> list[GpuModel]:
 
 def _targets(doc: Mapping[str, Any], errors: Collector) -> dict[str, TargetSupport]:
     out: dict[str, TargetSupport] = {}
-    for path, row in errors.array_rows(doc, "targets"):
-        errors.unknown_keys(row, {"names", "first_cuda", "last_cuda", "sources"}, path)
+    for path, row in errors.array_rows(doc, "targets", {"names", "first_cuda", "last_cuda", "sources"}):
         first = _mm(errors, row, "first_cuda", path)
         last = _mm(errors, row, "last_cuda", path) if "last_cuda" in row else None
         if last is not None and last < first:
             errors.add(f"{path}.last_cuda", "is before first_cuda")
-        sources = _sources(errors, row, path)
+        sources = errors.sources(row, path)
         for i, name in enumerate(errors.str_list(row, "names", path, allow_empty=False)):
             try:
                 target = Target.parse(name)
@@ -291,7 +282,7 @@ def _compat(doc: Mapping[str, Any], errors: Collector) -> dict[TargetKind, RunsO
                 if not row:
                     continue
                 errors.unknown_keys(row, {"runs_on", "sources"}, path)
-                _sources(errors, row, path)
+                errors.sources(row, path)
                 rule = errors.get(row, "runs_on", path, str)
                 try:
                     out[kind] = RunsOn(rule)
@@ -304,8 +295,7 @@ def _compat(doc: Mapping[str, Any], errors: Collector) -> dict[TargetKind, RunsO
 
 def _drivers(doc: Mapping[str, Any], errors: Collector) -> list[DriverFloor]:
     out = []
-    for path, row in errors.array_rows(doc, "drivers"):
-        errors.unknown_keys(row, {"cuda", "linux_min", "windows_min", "sources"}, path)
+    for path, row in errors.array_rows(doc, "drivers", {"cuda", "linux_min", "windows_min", "sources"}):
         out.append(
             DriverFloor(
                 cuda=_mm(errors, row, "cuda", path),
@@ -313,7 +303,7 @@ def _drivers(doc: Mapping[str, Any], errors: Collector) -> list[DriverFloor]:
                 windows_min=_driver_version(errors, row, "windows_min", path)
                 if "windows_min" in row
                 else None,
-                sources=_sources(errors, row, path),
+                sources=errors.sources(row, path),
             )
         )
     return out
@@ -328,9 +318,8 @@ def _driver_version(errors: Collector, row: Mapping[str, Any], key: str, path: s
 
 def _families(doc: Mapping[str, Any], errors: Collector) -> dict[int, str]:
     out = {}
-    for path, row in errors.array_rows(doc, "driver_families"):
-        errors.unknown_keys(row, {"cuda_major", "min_driver", "sources"}, path)
-        _sources(errors, row, path)
+    for path, row in errors.array_rows(doc, "driver_families", {"cuda_major", "min_driver", "sources"}):
+        errors.sources(row, path)
         out[errors.get(row, "cuda_major", path, int)] = _driver_version(errors, row, "min_driver", path)
     return out
 
@@ -338,8 +327,7 @@ def _families(doc: Mapping[str, Any], errors: Collector) -> dict[int, str]:
 def _host_compilers(doc: Mapping[str, Any], errors: Collector) -> list[HostCompilerRange]:
     out = []
     fields = {"cuda_min", "cuda_max", "gcc_min", "gcc_max", "clang_max", "msc_min", "msc_end", "sources"}
-    for path, row in errors.array_rows(doc, "host_compilers"):
-        errors.unknown_keys(row, fields, path)
+    for path, row in errors.array_rows(doc, "host_compilers", fields):
         r = HostCompilerRange(
             cuda_min=_mm(errors, row, "cuda_min", path),
             cuda_max=_mm(errors, row, "cuda_max", path),
@@ -348,7 +336,7 @@ def _host_compilers(doc: Mapping[str, Any], errors: Collector) -> list[HostCompi
             clang_max=errors.get(row, "clang_max", path, int),
             msc_min=errors.get(row, "msc_min", path, int),
             msc_end=errors.get(row, "msc_end", path, int),
-            sources=_sources(errors, row, path),
+            sources=errors.sources(row, path),
         )
         if r.cuda_max < r.cuda_min:
             errors.add(f"{path}.cuda_max", "is below cuda_min")
@@ -366,7 +354,7 @@ def _rules(doc: Mapping[str, Any], errors: Collector) -> bool:
             return True
         path = "rules.extension_cuda"
         errors.unknown_keys(row, {"major_must_match", "minor_mismatch_warns", "sources"}, path)
-        _sources(errors, row, path)
+        errors.sources(row, path)
         errors.get(row, "minor_mismatch_warns", path, bool)
         return errors.get(row, "major_must_match", path, bool)
 

@@ -8,20 +8,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from attnforge.catalog._check import Collector
+from attnforge.catalog._check import Collector, Sourced
 from attnforge.types.versions import MajorMinor, format_major_minor, parse_major_minor
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TorchRelease:
+class TorchRelease(Sourced):
     version: MajorMinor
     cuda: tuple[MajorMinor, ...]
     pypi_default: MajorMinor | None
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TorchStack:
+class TorchStack(Sourced):
     """Where CUDA builds of torch come from, and the distributions an install must never replace.
 
     Attributes:
@@ -31,7 +30,6 @@ class TorchStack:
 
     index_url: str
     protected: frozenset[str]
-    sources: tuple[str, ...]
 
 
 def cu_tag(version: MajorMinor) -> str:
@@ -41,8 +39,7 @@ def cu_tag(version: MajorMinor) -> str:
 
 def parse_torch_releases(doc: Mapping[str, Any], errors: Collector) -> list[TorchRelease]:
     out = []
-    for path, row in errors.array_rows(doc, "torch"):
-        errors.unknown_keys(row, {"version", "cuda", "pypi_default", "sources"}, path)
+    for path, row in errors.array_rows(doc, "torch", {"version", "cuda", "pypi_default", "sources"}):
         cudas = tuple(
             errors.parsed(c, f"{path}.cuda[{i}]", parse_major_minor, (0, 0))
             for i, c in enumerate(errors.str_list(row, "cuda", path, allow_empty=False))
@@ -57,7 +54,7 @@ def parse_torch_releases(doc: Mapping[str, Any], errors: Collector) -> list[Torc
                 version=errors.major_minor(row, "version", path),
                 cuda=cudas,
                 pypi_default=default,
-                sources=errors.str_list(row, "sources", path, allow_empty=False),
+                sources=errors.sources(row, path),
             )
         )
     return out
@@ -74,4 +71,4 @@ def parse_torch_stack(doc: Mapping[str, Any], errors: Collector) -> TorchStack:
             errors.add("torch_stack.index_url", f"expected an https:// URL, got {url!r}")
         protected = errors.str_list(row, "protected", "torch_stack", allow_empty=False)
         return TorchStack(index_url=url.rstrip("/"), protected=frozenset(canonicalize_name(n) for n in protected),
-                          sources=errors.str_list(row, "sources", "torch_stack", allow_empty=False))
+                          sources=errors.sources(row, "torch_stack"))

@@ -64,17 +64,11 @@ def _features(values: Iterable[str | Feature]) -> frozenset[Feature]:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AttentionShape:
-    """One attention problem: ``q [B, Hq, Sq, D]``, ``k [B, Hkv, Sk, D]``, ``v [B, Hkv, Sk, Dv]``.
+class Dims:
+    """The sizes of an attention call, declared once for the shape and for a bench record that stores one.
 
     Attributes:
         batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim: ``B, Hq, Hkv, Sq, Sk, D``.
-        head_dim_v: ``Dv``; None means ``D``.
-        dtype: ``"bfloat16"`` (one of :data:`DTYPES`).
-        causal: causal mask, bottom-right aligned when ``Sq != Sk``.
-        mode: forward, or forward and backward.
-        layout: how the caller lays q/k/v out.
-        features: the call's features beyond plain attention.
     """
 
     batch: int
@@ -83,6 +77,22 @@ class AttentionShape:
     head_dim: int
     seqlen_q: int
     seqlen_k: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionShape(Dims):
+    """One attention problem: ``q [B, Hq, Sq, D]``, ``k [B, Hkv, Sk, D]``, ``v [B, Hkv, Sk, Dv]``.
+
+    Attributes:
+        batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim: ``B, Hq, Hkv, Sq, Sk, D`` (:class:`Dims`).
+        head_dim_v: ``Dv``; None means ``D``.
+        dtype: ``"bfloat16"`` (one of :data:`DTYPES`).
+        causal: causal mask, bottom-right aligned when ``Sq != Sk``.
+        mode: forward, or forward and backward.
+        layout: how the caller lays q/k/v out.
+        features: the call's features beyond plain attention.
+    """
+
     causal: bool
     mode: Mode
     dtype: str
@@ -180,4 +190,4 @@ class ShapeClass:
                    seqlen_k_bucket=sk, features=_features(names))
 
 
-__all__ = ["DTYPES", "AttentionShape", "Feature", "Layout", "Mode", "ShapeClass", "bucket"]
+__all__ = ["DTYPES", "AttentionShape", "Dims", "Feature", "Layout", "Mode", "ShapeClass", "bucket"]
