@@ -23,6 +23,7 @@ from attnforge.catalog.recipes import CudaTag, TorchMatch, WheelGrammar, WheelLa
 from attnforge.catalog.toolchain import Target, TargetKind, parse_major_minor
 from attnforge.probe.snapshot import ComputeCapability, SystemSnapshot, format_cc
 from attnforge.resolve.types import CachedArtifact, Request, WheelRef
+from attnforge.types.local_label import LocalLabel
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +85,11 @@ def read_wheel(filename: str, catalog: Catalog, ref: WheelRef | None = None) -> 
         own = [catalog.wheel_grammars[g] for g in ref.grammars if g in catalog.wheel_grammars]
         grammars = (*own, *(g for g in grammars if g not in own))
     label, grammar = _label(grammars, version.local)
+    if label is None and version.local is not None:
+        built = _own_label(version.local)
+        if built is not None:  # a wheel attnforge built (exported, or re-served by a team): its label says it all
+            return BinaryFacts(filename=filename, name=name, version=version, tags=tags, label=built[0],
+                               torch_match=TorchMatch.MAJOR_MINOR, archs=built[1])
     return BinaryFacts(
         filename=filename,
         name=name,
@@ -93,6 +99,22 @@ def read_wheel(filename: str, catalog: Catalog, ref: WheelRef | None = None) -> 
         torch_match=grammar.torch_match if grammar else TorchMatch.NONE,
         archs=grammar.archs if grammar else (),
     )
+
+
+def _own_label(local: str) -> tuple[WheelLabel, tuple[Target, ...]] | None:
+    """attnforge's own label (:mod:`attnforge.types.local_label`): torch major.minor (the wheel pins
+    ``torch==X.Y.*``), CUDA, C++11 ABI and the SASS it was built with."""
+    try:
+        own = LocalLabel.parse(local)
+    except ValueError:
+        return None
+    cuda = None
+    if own.cuda is not None:
+        major, minor = parse_major_minor(own.cuda)
+        cuda = CudaTag(major=major, minor=minor)
+    label = WheelLabel(grammar="attnforge", cuda=cuda, torch=f"{own.torch[0]}.{own.torch[1]}",
+                       cxx11_abi=own.cxx11_abi)
+    return label, tuple(Target(cc=cc, kind=TargetKind.SASS) for cc in own.archs)
 
 
 def read_cached(artifact: CachedArtifact) -> BinaryFacts:
