@@ -30,8 +30,7 @@ def test_the_label_is_read_back() -> None:
     pytest.param(BUILT.replace(".sm90", ".sm80"), False, "sm_80", id="other-arch"),
 ])
 def test_plan_on_the_h200_snapshot(wheel: str, accepted: bool, reason: str | None, tmp_path: Path,
-                                   capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ATTNFORGE_HOME", str(tmp_path / "home"))
+                                   capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "wh").mkdir()
     (tmp_path / "wh" / wheel).write_bytes(b"")  # planning reads the file name only
     main(["plan", "flash-attn-3", "--snapshot", str(SNAPSHOTS / "h200_torch2.11_cu130.json"),
