@@ -106,9 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F  # noqa: N812
 
     import attnforge
-    from attnforge.dispatch import registry, runtime
-    from attnforge.dispatch._base import Requirement
-    from attnforge.dispatch.external import FlashAttnAdapter
+    from attnforge.backends import registry
+    from attnforge.backends._base import Requirement
+    from attnforge.backends.flash import FlashAttnAdapter
+    from attnforge.dispatch import runtime
     from attnforge.records import RecordStore, VerifyRecord
 
     dtype = torch.float16 if args.device == "cuda" else torch.float32

@@ -26,8 +26,10 @@ LAYERS: tuple[str, ...] = (
     "catalog",       # knowledge as data (catalog/data/*.toml)
     "probe",         # reading the machine into a SystemSnapshot
     "records",       # what verify proved and bench measured (SQLite)
+    "ranking",       # the one "which backend is fastest" rule, over records
     "diagnose",      # cause and fix of a failed build/import log
     "resolve",       # snapshot + catalog + request -> plan
+    "fetch",         # the network side of prebuilt wheels: listings (cached) and downloads
     "cache",         # content-addressed store of built wheels
     "build",         # executing a BuildSpec
     "cargo",         # Rust (candle) builds
@@ -44,10 +46,7 @@ LAYERS: tuple[str, ...] = (
 )
 
 #: Known upward arrows, each with the change that removes it. Delete an entry when its arrow is gone.
-KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("verify", "dispatch"): "removed by the backends/ move (dispatch branch)",
-    ("bench", "dispatch"): "removed by the backends/ move (dispatch branch)",
-}
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 #: Names of the root package that any layer may import: plain constants defined in attnforge/__init__.py.
 ROOT_CONSTANTS = frozenset({"__version__"})

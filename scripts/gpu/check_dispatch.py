@@ -13,7 +13,7 @@ bench recorded (read from the record store the dispatcher itself reads, ``$ATTNF
    whose latest verify passed (plus the SDPA fallback); quantized backends count only for
    ``precision="allow_quantized"``. Verdict: ``best``; ``within_noise`` (chosen time <= best x (1 + --noise));
    ``not_best``; ``chosen_not_measured``.
-3. The output is compared with the float64 reference (``attnforge.dispatch.adapter.reference_attention``) on a
+3. The output is compared with the float64 reference (``attnforge.backends.adapter.reference_attention``) on a
    few single (batch, head) slices, so 16k-token shapes stay within memory: ``||out - ref|| / ||ref||`` must
    be
    under the bf16/fp16 tolerance (exact) or the quantized one; NaN or Inf fails.
@@ -39,9 +39,12 @@ import time
 import traceback
 import zlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
+
+from attnforge.types.shapes import AttentionShape as Shape
+from attnforge.types.shapes import Mode
 
 ALIASES = {"sdpa-default": "sdpa", "sdpa_default": "sdpa", "torch-sdpa": "sdpa"}
 DTYPES = {
@@ -61,22 +64,10 @@ def canon(name: str) -> str:
     return ALIASES.get(n, n)
 
 
-@dataclass(frozen=True, slots=True)
-class Shape:
-    dtype: str
-    mode: str  # "fwd" or "fwd+bwd"
-    causal: bool
-    batch: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    seqlen_q: int
-    seqlen_k: int
-
-    def label(self) -> str:
-        h = f"{self.heads}" if self.heads == self.kv_heads else f"{self.heads}/{self.kv_heads}"
-        s = f"{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"{self.seqlen_q}x{self.seqlen_k}"
-        return f"B{self.batch} H{h} S{s} D{self.head_dim} {'causal' if self.causal else 'full'} {self.dtype}"
+def record_shape(dtype: str, mode: str, causal: bool, *, b: int, h: int, hkv: int, d: int, sq: int, sk: int) -> Shape:
+    """A bench record's shape, as the one shared type (:class:`attnforge.types.shapes.AttentionShape`)."""
+    return Shape(batch=b, heads=h, kv_heads=hkv, head_dim=d, seqlen_q=sq, seqlen_k=sk, causal=causal,
+                 mode=Mode(mode), dtype=dtype)
 
 
 def home_dir() -> Path:
@@ -124,8 +115,9 @@ def load_records(
             mode = (
                 "fwd+bwd" if str(mode).replace(" ", "") in ("fwd+bwd", "fwdbwd", "fwd_bwd", "both") else "fwd"
             )
-            shape = Shape(DTYPES.get(str(dtype), str(dtype)), mode, bool(causal), b, h, hkv, d, sq, sk)
-            bench.setdefault(shape, {})[canon(backend)] = float(ms)
+            key_shape = record_shape(DTYPES.get(str(dtype), str(dtype)), mode, bool(causal), b=b, h=h, hkv=hkv,
+                                     d=d, sq=sq, sk=sk)
+            bench.setdefault(key_shape, {})[canon(backend)] = float(ms)
     finally:
         conn.close()
     return key, verified, bench
@@ -159,7 +151,7 @@ def jsonable(obj: Any) -> Any:
         return jsonable(asdict(obj))
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set)):
+    if isinstance(obj, (list, tuple, set, frozenset)):
         return [jsonable(v) for v in obj]
     if isinstance(obj, (str, int, float, bool)) or obj is None:
         return obj
@@ -169,7 +161,7 @@ def jsonable(obj: Any) -> Any:
 def default_shapes() -> list[Shape]:
     """The bench issue's grid when no bench record exists: 16k tokens, H=16, D=128, bf16."""
     return [
-        Shape("bfloat16", mode, causal, 16384 // s, 16, 16, 128, s, s)
+        record_shape("bfloat16", mode, causal, b=16384 // s, h=16, hkv=16, d=128, sq=s, sk=s)
         for s in (1024, 4096, 16384)
         for causal in (False, True)
         for mode in ("fwd", "fwd+bwd")
@@ -195,7 +187,7 @@ def slices(shape: Shape, n: int) -> list[tuple[int, int]]:
 def compare(q: Any, k: Any, v: Any, out: Any, *, shape: Shape, n_slices: int) -> dict[str, Any]:
     import torch
 
-    from attnforge.dispatch.adapter import reference_attention
+    from attnforge.backends.adapter import reference_attention
 
     group = shape.heads // shape.kv_heads
     diff2 = ref2 = 0.0
@@ -284,7 +276,7 @@ def check_one(
         ).requires_grad_(needs_grad)
         for _ in range(2)
     )
-    row: dict[str, Any] = {"shape": asdict(shape), "label": shape.label(), "precision": precision}
+    row: dict[str, Any] = {"shape": asdict(shape), "label": shape.label, "precision": precision}
 
     expl = attnforge.explain(q, k, v, causal=shape.causal, precision=precision)
     row["chosen"] = chosen_name(expl)
@@ -419,7 +411,7 @@ def main() -> int:
             except Exception as exc:
                 row = {
                     "shape": asdict(shape),
-                    "label": shape.label(),
+                    "label": shape.label,
                     "precision": precision,
                     "correct": False,
                     "verdict": "error",
@@ -431,7 +423,7 @@ def main() -> int:
             report["rows"].append(row)
             rel = row.get("numerics", {}).get("rel_err")
             print(
-                f"{shape.label():<40} {shape.mode:<8} {precision:<15} {row.get('chosen') or '-':<16} "
+                f"{shape.label:<40} {shape.mode:<8} {precision:<15} {row.get('chosen') or '-':<16} "
                 f"{row.get('best') or '-':<16} {row['verdict']:<19} "
                 f"{f'{rel:.1e}' if isinstance(rel, float) else '-':>8}  {'yes' if row['correct'] else 'NO'}"
             )

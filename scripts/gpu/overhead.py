@@ -9,7 +9,7 @@ For each shape, ``attnforge.explain`` names the chosen backend; four ways of run
   ``flash_attn_func``, ``flash_attn.cute.flash_attn_func``, ``sageattn``, ``memory_efficient_attention``) on
   inputs
   already in its native layout;
-- ``adapter``: attnforge's adapter object for that backend (``attnforge.dispatch.registry``), [B, H, S, D];
+- ``adapter``: attnforge's adapter object for that backend (``attnforge.backends.registry``), [B, H, S, D];
 - ``dispatch``: ``attnforge.attention(q, k, v)`` with [B, H, S, D] inputs (the default layout);
 - ``dispatch_native``: ``attnforge.attention`` with the backend's native layout (``layout="bshd"`` for the
   FlashAttention family and xFormers), so no layout conversion separates it from ``raw``.
@@ -156,7 +156,7 @@ def measure_shape(
         native = "bhsd"
         row["raw_error"] = f"{type(exc).__name__}: {exc}"[:300]
     try:
-        from attnforge.dispatch import registry
+        from attnforge.backends import registry
 
         adapter = registry.adapters().get(name) or registry.fallback()
         variants["adapter"] = (lambda: adapter(q, k, v, causal=causal, scale=None), contextlib.nullcontext)

@@ -62,7 +62,7 @@ def probe(report: dict[str, object]) -> None:
     exc = getattr(_cpp_lib, "_cpp_library_load_exception", None)
     report["xformers_load_exception"] = None if exc is None else repr(exc)
 
-    from attnforge.dispatch.adapter import reference_attention
+    from attnforge.backends.adapter import reference_attention
 
     torch.manual_seed(0)
     b, s, h, d = 2, 1024, 8, 128

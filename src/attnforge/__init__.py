@@ -15,22 +15,14 @@ _LAZY = {
     "explain": "attnforge.dispatch.runtime",
     "use_backend": "attnforge.dispatch.runtime",
     "patch_sdpa": "attnforge.dispatch.sdpa_patch",
+    "autotune": "attnforge.dispatch.autotune",
 }
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'attnforge' has no attribute {name!r}")
-    import importlib
+    from attnforge.dispatch import lazy_attribute
 
-    value = getattr(importlib.import_module(module), name)
-    if getattr(value, "__module__", None) == module:
-        # held from now on, so the next access is a plain attribute (a ``__getattr__`` call costs a
-        # microsecond or more, on every ``attnforge.attention`` call); a stand-in patched onto the module
-        # (tests) is not held
-        globals()[name] = value
-    return value
+    return lazy_attribute(__name__, _LAZY, name, globals())
 
 
-__all__ = ["__version__", "attention", "explain", "patch_sdpa", "use_backend"]
+__all__ = ["__version__", "attention", "autotune", "explain", "patch_sdpa", "use_backend"]

@@ -11,12 +11,13 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 # The one device-key constructor lives with the value types; re-exported for the runtime, verify and bench.
 from attnforge.types.device import device_key as device_key  # noqa: PLC0414
+from attnforge.types.shapes import AttentionShape, Dims, Feature, Mode
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS verify (
@@ -48,12 +49,19 @@ CREATE TABLE IF NOT EXISTS bench (
     tflops REAL NOT NULL,
     peak_mem_bytes INTEGER,
     run_id TEXT NOT NULL,
-    created_at TEXT NOT NULL
+    created_at TEXT NOT NULL,
+    head_dim_v INTEGER,
+    features TEXT NOT NULL DEFAULT '',
+    ms_lo REAL,
+    ms_hi REAL,
+    rel_l1 REAL,
+    cosine REAL
 );
 CREATE INDEX IF NOT EXISTS bench_device ON bench(device_key, backend);
 """
-
-
+#: columns added to ``bench`` after its first release: ``records.db`` files from before get them on open
+_BENCH_ADDED = (("head_dim_v", "INTEGER"), ("features", "TEXT NOT NULL DEFAULT ''"), ("ms_lo", "REAL"),
+                ("ms_hi", "REAL"), ("rel_l1", "REAL"), ("cosine", "REAL"))
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VerifyRecord:
     """The outcome of ``attnforge verify`` for one backend on one device.
@@ -73,8 +81,17 @@ class VerifyRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BenchRecord:
-    """One timed shape of one backend. ``tflops`` uses the formula documented in ``attnforge.bench``."""
+class BenchRecord(Dims):
+    """One timed shape of one backend. ``tflops`` uses the formula documented in ``attnforge.bench``.
+
+    Attributes:
+        batch, heads, kv_heads, head_dim, seqlen_q, seqlen_k: the measured shape's sizes (:class:`Dims`).
+        ms: the median of the rounds' medians; ``ms_lo``/``ms_hi`` the fastest and slowest round's median (the
+            spread the "fastest" rule calls a tie within; None for records from before rounds).
+        head_dim_v: ``Dv`` when it differs from ``D``.
+        features: the call's features (:class:`attnforge.types.shapes.Feature`), comma-separated.
+        rel_l1, cosine: the output's error against the float32 reference on this shape (quantized backends).
+    """
 
     device_key: str
     backend: str
@@ -82,17 +99,38 @@ class BenchRecord:
     dtype: str
     mode: str  # "fwd" or "fwd+bwd"
     causal: bool
-    batch: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    seqlen_q: int
-    seqlen_k: int
     ms: float
     tflops: float
     peak_mem_bytes: int | None
     run_id: str
     created_at: str = ""
+    head_dim_v: int | None = None
+    features: str = ""
+    ms_lo: float | None = None
+    ms_hi: float | None = None
+    rel_l1: float | None = None
+    cosine: float | None = None
+
+    @property
+    def shape(self) -> AttentionShape:
+        """The measured shape."""
+        return AttentionShape(batch=self.batch, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
+                              seqlen_q=self.seqlen_q, seqlen_k=self.seqlen_k, causal=self.causal,
+                              mode=Mode(self.mode), dtype=self.dtype, head_dim_v=self.head_dim_v,
+                              features=frozenset(Feature(f) for f in self.features.split(",") if f))
+
+
+#: the ``bench`` columns, one per :class:`BenchRecord` field (the names are the same)
+_BENCH_COLUMNS = tuple(f.name for f in fields(BenchRecord))
+
+
+def _bench_row(rec: BenchRecord) -> tuple[Any, ...]:
+    return tuple(getattr(rec, name) for name in _BENCH_COLUMNS)
+
+
+def _bench_record(row: tuple[Any, ...]) -> BenchRecord:
+    values = dict(zip(_BENCH_COLUMNS, row, strict=True))
+    return BenchRecord(**{**values, "causal": bool(values["causal"]), "features": values["features"] or ""})
 
 
 def _now() -> str:
@@ -112,6 +150,10 @@ class RecordStore:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(_SCHEMA)
+            have = {row[1] for row in conn.execute("PRAGMA table_info(bench)")}
+            for name, decl in _BENCH_ADDED:
+                if name not in have:
+                    conn.execute(f"ALTER TABLE bench ADD COLUMN {name} {decl}")
             with conn:
                 yield conn
         finally:
@@ -143,14 +185,12 @@ class RecordStore:
 
     # -- bench --------------------------------------------------------------------------------------------
     def add_bench(self, records: list[BenchRecord]) -> None:
+        names = ", ".join(_BENCH_COLUMNS)
+        marks = ", ".join("?" * len(_BENCH_COLUMNS))
         with self._connect() as conn:
             conn.executemany(
-                "INSERT INTO bench (device_key, backend, backend_version, dtype, mode, causal, batch, heads,"
-                " kv_heads, head_dim, seqlen_q, seqlen_k, ms, tflops, peak_mem_bytes, run_id, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(r.device_key, r.backend, r.backend_version, r.dtype, r.mode, int(r.causal), r.batch, r.heads,
-                  r.kv_heads, r.head_dim, r.seqlen_q, r.seqlen_k, r.ms, r.tflops, r.peak_mem_bytes, r.run_id,
-                  r.created_at or _now()) for r in records],
+                f"INSERT INTO bench ({names}) VALUES ({marks})",  # noqa: S608 - column names are constants
+                [_bench_row(replace(r, created_at=r.created_at or _now())) for r in records],
             )
 
     def bench_records(self, device_key: str) -> list[BenchRecord]:
@@ -158,11 +198,6 @@ class RecordStore:
         if not self.path.exists():
             return []
         with self._connect() as conn:
-            rows = conn.execute(
-                "SELECT device_key, backend, backend_version, dtype, mode, causal, batch, heads, kv_heads,"
-                " head_dim, seqlen_q, seqlen_k, ms, tflops, peak_mem_bytes, run_id, created_at FROM bench"
-                " WHERE device_key = ? ORDER BY id", (device_key,)).fetchall()
-        return [BenchRecord(device_key=r[0], backend=r[1], backend_version=r[2], dtype=r[3], mode=r[4],
-                            causal=bool(r[5]), batch=r[6], heads=r[7], kv_heads=r[8], head_dim=r[9],
-                            seqlen_q=r[10], seqlen_k=r[11], ms=r[12], tflops=r[13], peak_mem_bytes=r[14],
-                            run_id=r[15], created_at=r[16]) for r in rows]
+            rows = conn.execute(f"SELECT {', '.join(_BENCH_COLUMNS)} FROM bench"  # noqa: S608 - constants
+                                " WHERE device_key = ? ORDER BY id", (device_key,)).fetchall()
+        return [_bench_record(row) for row in rows]

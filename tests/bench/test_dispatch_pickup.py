@@ -1,15 +1,15 @@
-"""Bench records as the dispatcher reads them: every measured shape class is found and ordered by TFLOP/s."""
+"""Bench records as the dispatcher reads them: every measured shape class is found and ordered by the one rule."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from attnforge.bench.grid import cpu_grid
+from attnforge.backends.registry import adapters, fallback
+from attnforge.bench.grid import cpu_grid, to_call
 from attnforge.bench.records import to_records
 from attnforge.bench.run import run_bench
 from attnforge.bench.timing import TimerMethod, TimingConfig
-from attnforge.dispatch.policy import ShapeClass, decide, measured_tflops
-from attnforge.dispatch.registry import adapters, fallback
+from attnforge.dispatch.policy import class_of_call, decide, measurements
 from attnforge.records import RecordStore, VerifyRecord
 from attnforge.verify.device import current_device
 
@@ -30,12 +30,16 @@ def test_the_dispatcher_orders_by_what_bench_stored(tmp_path: Path) -> None:
                                       summary="ok"))
     records = store.bench_records(cpu.key)
     for row in report.rows:
-        call = row.shape.call(device_type="cpu", compute_capability=None)
-        tflops = measured_tflops(records, ShapeClass.of_call(call))
-        assert set(tflops) == {"sdpa", "sdpa-math"}  # every stored cell is found for its class
+        call = to_call(row.shape, device_type="cpu", compute_capability=None)
+        assert class_of_call(call) == row.shape.shape_class  # one class for bench and dispatch
+        measured = measurements(records, class_of_call(call))
+        assert set(measured) == {"sdpa", "sdpa-math"}  # every stored cell is found for its class
         decision = decide(call, {"sdpa-math": registry["sdpa-math"], "flex": registry["flex"]},
                           priorities={"sdpa-math": 90, "flex": 50}, verified=store.latest_verify(cpu.key),
-                          tflops=tflops, broken={})
-        measured = sorted(tflops, key=lambda n: -tflops[n])
-        assert [n for n in decision.order if n in tflops] == measured  # measured ones by TFLOP/s
-        assert decision.order.index("flex") > max(decision.order.index(n) for n in measured if n != "sdpa")
+                          measured=measured, broken={})
+        assert decision.ranking is not None
+        assert decision.order[0] == decision.ranking.winner == row.best  # bench's best is the dispatcher's choice
+        if "flex" in decision.order:  # unmeasured: after every measured backend
+            assert decision.order.index("flex") > max(decision.order.index(n) for n in measured)
+        else:  # fwd+bwd on a CPU: flex has no CPU backward (runtime.toml), so it is rejected with that reason
+            assert [r.backend for r in decision.rejected] == ["flex"] and "backward" in decision.rejected[0].reasons[0]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from attnforge.bench.flops import Mode
 from attnforge.bench.grid import cpu_grid, model_shapes, paper_grid
 from attnforge.bench.reference import load_reference, reference_shapes
 from attnforge.errors import UsageError
+from attnforge.types.shapes import Mode
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "h200_bench_2026-11-21.json"
 

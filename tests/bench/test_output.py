@@ -8,13 +8,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from attnforge.backends.registry import adapters, fallback
+from attnforge.bench.flops import shape_flops
 from attnforge.bench.grid import cpu_grid
 from attnforge.bench.plot import write_plot
 from attnforge.bench.reference import compare_to_reference, load_reference
 from attnforge.bench.report import load_schema, report_json
 from attnforge.bench.run import BenchReport, run_bench
 from attnforge.bench.timing import TimerMethod, TimingConfig
-from attnforge.dispatch.registry import adapters, fallback
 from attnforge.errors import UsageError
 from attnforge.verify.device import current_device
 from tests.verify.adapters import RaisingAdapter, SdpaMathAdapter
@@ -36,6 +37,7 @@ def report() -> BenchReport:
 def test_json_validates_against_the_shipped_schema(report: BenchReport) -> None:
     envelope = {"schema_version": 1, "kind": "bench", **report_json(report)}
     doc = json.loads(json.dumps(envelope, allow_nan=False))
+    assert doc["schema_version"] == 2  # the bench document's own version overrides the envelope's
     jsonschema.validate(doc, load_schema(), format_checker=jsonschema.FormatChecker())
     statuses = {c["status"] for row in doc["rows"] for c in row["cells"]}
     assert statuses == {"ok", "skipped", "error"}
@@ -46,6 +48,9 @@ def test_json_validates_against_the_shipped_schema(report: BenchReport) -> None:
     pytest.param(("rows", 0, "shape", "batch"), 0, id="zero-batch"),
     pytest.param(("device", "type"), "tpu", id="unknown-device"),
     pytest.param(("rows", 0, "cells", 0, "ms"), None, id="ok-cell-without-time"),
+    pytest.param(("schema_version",), 1, id="version-1-document"),
+    pytest.param(("rows", 0, "shape", "features"), ["telepathy"], id="unknown-feature"),
+    pytest.param(("rows", 0, "margin"), "big", id="margin-not-a-number"),
 ])
 def test_the_schema_rejects_broken_documents(report: BenchReport, path: tuple[object, ...],
                                              value: object) -> None:
@@ -77,7 +82,7 @@ def test_a_run_can_be_compared_with_the_h200_reference() -> None:
     from attnforge.bench.run import BenchCell, BenchRow, CellStatus
 
     cudnn = [r for r in rows if r.source_backend == "sdpa_cudnn"]
-    rows_x2 = tuple(BenchRow(shape=r.shape, flops=r.shape.flops, cells=(
+    rows_x2 = tuple(BenchRow(shape=r.shape, flops=shape_flops(r.shape), cells=(
         BenchCell(backend="sdpa-cudnn", status=CellStatus.OK, ms=r.ms / 2, tflops=2 * r.tflops),))
         for r in cudnn)
     fake = BenchReport(run_id="x", created_at="", device=current_device("cpu"), baseline="sdpa", backends=(),

@@ -9,13 +9,15 @@ from typing import Any
 import pytest
 import torch
 
-from attnforge.bench.flops import Mode, tflops
-from attnforge.bench.grid import BenchShape, cpu_grid, model_shapes
-from attnforge.bench.records import ShapeClass, fastest_backend, to_records
+from attnforge.backends.registry import adapters, fallback
+from attnforge.bench.flops import tflops
+from attnforge.bench.grid import cpu_grid, model_shapes
+from attnforge.bench.records import to_records
 from attnforge.bench.run import CellStatus, random_inputs, run_bench, set_bytes
 from attnforge.bench.timing import CPU_PERF_COUNTER, TimerMethod, TimingConfig
-from attnforge.dispatch.registry import adapters, fallback
+from attnforge.ranking import fastest
 from attnforge.records import RecordStore
+from attnforge.types.shapes import AttentionShape, Mode
 from attnforge.verify.device import current_device
 from tests.verify.adapters import RaisingAdapter, SdpaMathAdapter
 
@@ -35,7 +37,7 @@ class InputSpy(SdpaMathAdapter):
         return super().__call__(q, k, v, causal=causal, scale=scale)
 
 
-def _shapes() -> list[BenchShape]:
+def _shapes() -> list[AttentionShape]:
     return [s for s in cpu_grid(dtype="float32") if s.seqlen_q == 64 and s.head_dim == 32]
 
 
@@ -107,7 +109,6 @@ def test_records_round_trip_and_answer_which_backend_is_fastest(tmp_path: Path) 
     assert {r.run_id for r in back} == {report.run_id}
     assert {r.backend_version for r in back} == {"2.13.0"}
     for row in report.rows:
-        s = row.shape
-        cls = ShapeClass(dtype=s.dtype, mode=s.mode, causal=s.causal, head_dim=s.head_dim, seqlen=s.seqlen_q)
-        assert fastest_backend(back, cls) == row.best
-        assert fastest_backend(back, cls, among={"sdpa-math"}) == "sdpa-math"
+        cls = row.shape.shape_class
+        assert fastest(back, cls).winner == row.best
+        assert fastest(back, cls, among={"sdpa-math"}).winner == "sdpa-math"

@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import venv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from attnforge.build import BuildFailure, execute
 from attnforge.build.stream import launch
 from tests.build._helpers import copy_fixture, fixture_spec
+from tests.venvs import nested_venv
 
 pytestmark = pytest.mark.integration
 
@@ -43,8 +43,7 @@ def test_fixture_builds_installs_runs_and_a_kept_tree_resumes(tmp_path: Path) ->
     assert (first.steps_done, first.steps_total) == (1, 1), "one .cpp compiled by ninja"
 
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    py = env_dir / "bin" / "python"
+    py = Path(nested_venv(env_dir))  # sees this process's torch, also when the tests run inside a venv
     subprocess.run(
         [
             sys.executable,

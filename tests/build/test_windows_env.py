@@ -27,7 +27,7 @@ from attnforge.catalog.toolchain import HostCompilerRange
 from attnforge.errors import BuildError
 from attnforge.probe.snapshot import CudaToolkit, PythonDevFiles, SystemSnapshot, TorchInfo
 from attnforge.resolve.buildspec import plan_build
-from attnforge.resolve.msvc import FixKind, check_msvc
+from attnforge.resolve.msvc import FixKind, check_msvc, choose_windows_toolchain
 from attnforge.resolve.types import Request
 from tests._fakes import FIXTURES, OUTPUTS, FakeRunner
 
@@ -80,8 +80,9 @@ def test_rtx5090_plans_sageattention2_with_the_windows_environment(snap: SystemS
 
     assert catalog.toolchain is not None
     key8 = spec.build_root.rsplit("\\", 1)[-1]
-    env = windows_build_env(snap, key8=key8, windows=catalog.toolchain.host_compilers, msvc=load_msvc(),
-                            build_root=spec.build_root, msvc_toolset=spec.msvc_toolset)
+    toolchain = choose_windows_toolchain(snap, windows=catalog.toolchain.host_compilers, msvc=load_msvc(),
+                                         msvc_toolset=spec.msvc_toolset)
+    env = windows_build_env(snap, key8=key8, toolchain=toolchain, msvc=load_msvc(), build_root=spec.build_root)
     assert env.msvc.ok is True
     assert env.msvc.msc_ver == 1944
     assert env.visual_studio.display_name == "Visual Studio Community 2022"
@@ -172,7 +173,9 @@ def test_cuda_without_data_is_unchecked_not_refused(rows: Rows) -> None:
 
 # -- the environment picks the fix it can apply by itself ----------------------------------------------------
 def _env(snap: SystemSnapshot, rows: Rows, **kw: Any) -> WindowsBuildEnv:
-    return windows_build_env(snap, key8="0123abcd", windows=rows, msvc=load_msvc(), **kw)
+    root = kw.pop("build_root", None)
+    toolchain = choose_windows_toolchain(snap, windows=rows, msvc=load_msvc(), **kw)
+    return windows_build_env(snap, key8="0123abcd", toolchain=toolchain, msvc=load_msvc(), build_root=root)
 
 
 def test_an_installed_newer_cuda_is_preferred(snap: SystemSnapshot, rows: Rows) -> None:
@@ -334,9 +337,10 @@ def test_the_build_executes_the_toolkit_and_toolset_the_plan_chose(
     spec = decision.spec
     assert spec.toolkit is not None
     assert catalog.toolchain is not None
-    env = windows_build_env(s, key8=spec.build_root.rsplit("\\", 1)[-1], windows=catalog.toolchain.host_compilers,
-                            msvc=load_msvc(), build_root=spec.build_root, msvc_toolset=spec.msvc_toolset,
-                            toolkit=spec.toolkit)
+    toolchain = choose_windows_toolchain(s, windows=catalog.toolchain.host_compilers, msvc=load_msvc(),
+                                         msvc_toolset=spec.msvc_toolset, toolkit=spec.toolkit)
+    env = windows_build_env(s, key8=spec.build_root.rsplit("\\", 1)[-1], toolchain=toolchain, msvc=load_msvc(),
+                            build_root=spec.build_root)
     assert env.toolkit.path == spec.toolkit.path  # the build never switches to a toolkit the plan did not pick
     assert env.vcvars_ver == spec.msvc_toolset
     assert env.env["CUDA_HOME"] == spec.env["CUDA_HOME"]

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import venv
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from attnforge.errors import CacheError
 from tests.cache.conftest import inputs_for
 from tests.cache.wheelmaker import make_wheel
 from tests.conftest import REPO, SRC
+from tests.venvs import nested_venv
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +93,7 @@ def test_sigkill_between_rename_and_commit_leaves_no_entry(tmp_path: Path) -> No
     wheel = make_wheel(tmp_path / "dist")
     home = tmp_path / "home"
     store = Store(home, lock_timeout_s=10)
-    store.list()  # create the database
+    store._connect().close()  # create the database (a read never creates it)
     key = CacheKey.of(inputs_for(wheel))
     blocker = sqlite3.connect(store.db_path, timeout=1)
     blocker.execute("BEGIN IMMEDIATE")  # the writer's INSERT now waits, after its rename
@@ -143,8 +143,7 @@ def test_pip_installs_from_an_export_into_a_fresh_venv(store: Store, tmp_path: P
     store.put(wheel, inputs_for(wheel))
     result = store.export(tmp_path / "share")
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    python = env_dir / "bin" / "python"
+    python = Path(nested_venv(env_dir))  # sees this process's packages, also when the tests run in a venv
     pip = [sys.executable, "-m", "pip", "--python", str(python)]
     done = subprocess.run(
         [*pip, "install", "--no-cache-dir", "--index-url", result.index_url, "af-pure-fixture"],

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -24,11 +24,13 @@ def make_wheel(
     value: int = 42,
     tag: str = "py3-none-any",
     padding_bytes: int = 0,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> Path:
     """Write ``<name>-<version>-<tag>.whl`` into ``dest`` and return its path.
 
     The wheel holds one module ``<name as identifier>`` with ``VALUE = value``; ``padding_bytes`` adds an
-    incompressible data file to make the wheel bigger (for interruption tests).
+    incompressible data file to make the wheel bigger (for interruption tests); ``extra_files`` adds files at
+    the given paths (e.g. a ``.pth`` at the top level).
     """
     dest.mkdir(parents=True, exist_ok=True)
     module = canonicalize_name(name).replace("-", "_")
@@ -36,6 +38,7 @@ def make_wheel(
     files: dict[str, bytes] = {
         f"{module}/__init__.py": f'VALUE = {value}\nVERSION = "{version}"\n'.encode(),
     }
+    files.update(extra_files or {})
     if padding_bytes:
         files[f"{module}/padding.bin"] = hashlib.shake_256(name.encode()).digest(padding_bytes)
     meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]

@@ -124,3 +124,15 @@ def test_target_rejects_garbage(text: str) -> None:
 
 def test_bare_capability_is_a_cubin() -> None:
     assert Target.parse("12.0") == Target(cc=(12, 0), kind=TargetKind.SASS)
+
+
+def test_torch_stack_facts_come_from_the_data_file() -> None:
+    from attnforge.catalog import load_catalog
+
+    tools = load_catalog().tools
+    assert tools.torch_stack.index_url == "https://download.pytorch.org/whl"
+    assert {"torch", "torchvision", "triton-windows"} <= tools.torch_stack.protected
+    newest = max(tools.torch_releases, key=lambda t: t.version)
+    assert tools.default_torch_cuda() == newest.pypi_default
+    assert tools.torch_index_url((13, 0)) == "https://download.pytorch.org/whl/cu130"
+    assert tools.torch_index_url(None) == "https://download.pytorch.org/whl/cpu"

@@ -74,8 +74,56 @@ def test_model_shape(attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["shape"] for r in rows] == [
-        {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 16, "seqlen_q": 32, "seqlen_k": 48, "causal": c,
-         "mode": "fwd", "dtype": "float32"} for c in (False, True)]
+        {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 16, "head_dim_v": 16, "seqlen_q": 32, "seqlen_k": 48,
+         "causal": c, "mode": "fwd", "dtype": "float32", "features": []} for c in (False, True)]
+    assert rows[0]["shape_class"] == "float32 fwd full D16 gqa2 Sq32 Sk64"
+
+
+# trimmed from the models' config.json on the Hugging Face Hub (meta-llama/Llama-3.1-8B, deepseek-ai/DeepSeek-V3)
+LLAMA = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "max_position_embeddings": 131072}
+DEEPSEEK = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 128,
+            "num_key_value_heads": 128, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+
+
+@pytest.mark.parametrize(("config", "classes"), [
+    pytest.param(LLAMA, {"float32 fwd causal D128 gqa4 Sq16 Sk16", "float32 fwd causal D128 gqa4 Sq64 Sk64",
+                         "float32 fwd causal D128 gqa4 Sq8 Sk64", "float32 fwd full D128 gqa4 Sq1 Sk64"},
+                 id="llama-gqa-prefill-chunked-decode"),
+    pytest.param(DEEPSEEK, {"float32 fwd causal D192/128 gqa1 Sq16 Sk16", "float32 fwd causal D192/128 gqa1 Sq64 Sk64",
+                            "float32 fwd causal D192/128 gqa1 Sq8 Sk64", "float32 fwd full D192/128 gqa1 Sq1 Sk64"},
+                 id="deepseek-mla-dv-differs"),
+])
+def test_model_config_measures_the_models_shape_classes_small_on_cpu(
+        attnforge_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], config: dict[str, object],
+        classes: set[str]) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    assert main(["bench", "--device", "cpu", "--shapes", "model", "--model", str(path), "--mode", "fwd",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    jsonschema.validate(doc, load_schema())
+    assert {r["shape_class"] for r in doc["rows"]} == classes
+    assert all(r["best"] == "sdpa" for r in doc["rows"])  # only the baseline ran
+
+
+def test_grid_and_diffusion_sets_on_cpu_keep_their_structure(attnforge_home: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--device", "cpu", "--shapes", "grid", "--mode", "fwd", "--json"]) == 0
+    kinds = {r["shape_class"].split(" Sq")[0] + (" decode" if " Sq1 " in r["shape_class"] else "")
+             for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert "float32 fwd causal D128 gqa4" in kinds and "float32 fwd full D128 gqa4 decode" in kinds
+    assert {"float32 fwd causal D64 gqa1", "float32 fwd causal D256 gqa1"} <= kinds
+    assert main(["bench", "--device", "cpu", "--shapes", "diffusion", "--mode", "fwd", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["shape"]["seqlen_q"] for r in rows] == [4608 // 64, 32760 // 64, 16384 // 64]
+
+
+def test_the_table_shows_spread_and_winner_margin(attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "sdpa-math", *TINY, "--mode", "fwd", "--causal", "on", "--rounds", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "±" in out and "4 interleaved rounds" in out
+    assert "(tie: " in out or "(+" in out or "(-" in out
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -84,6 +132,11 @@ def test_model_shape(attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -
     pytest.param(["--shapes", "model", "--batch", "1"], "--shapes model needs --heads",
                  id="incomplete-model"),
     pytest.param(["--head-dim", "999"], "leave no shape of the grid", id="empty-filter"),
+    pytest.param(["--shapes", "model", "--model", "/no/such/config.json"], "cannot read the model config",
+                 id="missing-model-config"),
+    pytest.param(["--model", "config.json"], "--model only apply to --shapes model", id="model-config-on-grid"),
+    pytest.param(["--shapes", "model", "--model", "config.json", "--heads", "8"], "cannot be combined with --model",
+                 id="model-config-and-sizes"),
 ])
 def test_bad_input_exits_2_with_a_message(attnforge_home: Path, capsys: pytest.CaptureFixture[str],
                                           argv: list[str], message: str) -> None:

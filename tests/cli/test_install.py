@@ -7,31 +7,6 @@ from pathlib import Path
 import pytest
 
 from attnforge.cli import main
-from attnforge.cli.install import parse_source
-from attnforge.resolve.types import SourceKind
-
-
-@pytest.mark.parametrize(
-    ("text", "kind", "location", "ref"),
-    [
-        pytest.param("git+https://github.com/Dao-AILab/flash-attention@v2.8.3", SourceKind.GIT,
-                     "https://github.com/Dao-AILab/flash-attention", "v2.8.3", id="git-ref"),
-        pytest.param("git+https://example.org/x.git", SourceKind.GIT, "https://example.org/x.git", None,
-                     id="git-no-ref"),
-        pytest.param("https://example.org/flash_attn-2.8.3.tar.gz", SourceKind.URL,
-                     "https://example.org/flash_attn-2.8.3.tar.gz", None, id="url"),
-    ],
-)
-def test_parse_source(text: str, kind: SourceKind, location: str, ref: str | None) -> None:
-    spec = parse_source(text)
-    assert (spec.kind, spec.location, spec.ref) == (kind, location, ref)
-
-
-def test_a_local_source_becomes_an_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    spec = parse_source("ext_pkg")
-    assert spec.kind is SourceKind.PATH
-    assert spec.location == str(tmp_path / "ext_pkg")
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import attnforge.probe  # noqa: F401  (catalog <-> probe import cycle: enter through probe)
+from attnforge.backends import registry
 from attnforge.cli import main
-from attnforge.dispatch import registry
 from attnforge.records import RecordStore
 from attnforge.verify.device import current_device
 from tests.verify.adapters import WrongAdapter

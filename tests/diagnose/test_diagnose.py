@@ -135,6 +135,9 @@ EXAMPLES = [
         "    PyTorch 2.5.1+cu121 with CUDA 1201 (you have 2.6.0+cpu)",
     ),
     ("fa-ampere-only", "RuntimeError: FlashAttention only supports Ampere GPUs or newer."),
+    ("file-outside-source-tree", "FileNotFoundError: [Errno 2] No such file or directory: '../README.md'"),
+    ("cutlass-headers-missing", "/b/hopper/flash.h:9:10: fatal error: cute/tensor.hpp: No such file or directory"),
+    ("slim-build-outside-capabilities", "RuntimeError: This flash attention build does not support FP16."),
 ]
 
 
@@ -192,22 +195,30 @@ CUDA_HOME_LOG = (
     "  torch.__version__  = 2.13.0+cpu\n"
     "  OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root.\n"
 )
+CUDA_HOME_ONLY = "  OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root.\n"
 
 
 @pytest.mark.parametrize(
-    ("snapshot", "expected"),
+    ("log", "snapshot", "expected"),
     [
-        pytest.param(CPU, "cuda-home-cpu-torch", id="cpu-torch-explains-it"),
-        pytest.param(H200, "cuda-home-missing", id="cuda-torch-toolkit-problem"),
-        pytest.param(None, "cuda-home-missing", id="no-snapshot"),
+        pytest.param(CUDA_HOME_LOG, CPU, "cuda-home-cpu-torch", id="cpu-torch-explains-it"),
+        pytest.param(CUDA_HOME_ONLY, CPU, "cuda-home-cpu-torch", id="snapshot-cpu-torch-explains-it"),
+        pytest.param(CUDA_HOME_ONLY, H200, "cuda-home-missing", id="cuda-torch-toolkit-problem"),
+        pytest.param(CUDA_HOME_ONLY, None, "cuda-home-missing", id="nothing-says-cpu"),
+        # the log's own words outrank a snapshot: build isolation can pull a CPU torch into a CUDA machine's build
+        pytest.param(CUDA_HOME_LOG, H200, "cuda-home-cpu-torch", id="log-says-cpu-over-snapshot"),
+        pytest.param(CUDA_HOME_LOG, None, "cuda-home-cpu-torch", id="log-says-cpu-without-snapshot"),
     ],
 )
-def test_the_snapshot_sharpens_cuda_home_not_set(snapshot: SystemSnapshot | None, expected: str) -> None:
-    d = diagnose_text(CUDA_HOME_LOG, snapshot=snapshot, name="flash-attn")
+def test_the_root_cause_outranks_the_symptom_of_cuda_home_not_set(
+    log: str, snapshot: SystemSnapshot | None, expected: str
+) -> None:
+    d = diagnose_text(log, snapshot=snapshot, name="flash-attn")
     assert d.signature == expected
-    if snapshot is CPU:
+    if expected == "cuda-home-cpu-torch":
         assert "2.13.0+cpu" in d.cause
         assert "CPU-only" in d.cause
+    if snapshot is CPU:
         assert any("download.pytorch.org/whl/cu130" in step for step in d.fix), "cu130 from the 13.0 toolkit"
 
 
@@ -216,8 +227,12 @@ def test_placeholders_come_from_the_match_and_the_snapshot() -> None:
     with_snapshot = diagnose_text(log, snapshot=H200, name="flash-attn", log_path="/l.log")
     assert with_snapshot.cause.startswith("nvcc 13.0 cannot compile for compute_70")
     assert any(step.startswith("attnforge build flash-attn --arch") for step in with_snapshot.fix)
+    assert with_snapshot.notes == ()
+    probed = diagnose_text(log, machine=H200)
+    assert probed.cause.startswith("nvcc 13.0 cannot compile for compute_70")
+    assert any("this machine's probe" in n for n in probed.notes)
     without = diagnose_text(log)
-    assert without.cause.startswith("nvcc <nvcc_version> cannot compile for compute_70")
+    assert without.cause.startswith("nvcc <this machine's nvcc version> cannot compile for compute_70")
 
 
 def test_unreadable_log_is_a_usage_error(tmp_path: Path) -> None:

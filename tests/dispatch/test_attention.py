@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnforge
-from attnforge.dispatch import registry, runtime
-from attnforge.dispatch.adapter import AttentionCall, reference_attention
+from attnforge.backends import registry
+from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.dispatch import runtime
 from attnforge.errors import DispatchError
 from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
 
@@ -94,8 +95,10 @@ def test_attention_matches_float64_reference(  # noqa: PLR0917 - hypothesis draw
     weights = torch.randn_like(ref)
     grads = torch.autograd.grad((out_bhsd.double() * weights).sum(), (qi, ki, vi))
     ref_grads = torch.autograd.grad((ref * weights).sum(), (q, k, v))
+    # float32 gradients sum Sq rounding errors (a K/V gradient that is exactly 0 with one key comes out ~1e-5)
+    grad_tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else tol
     for got, want in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(got.transpose(1, 2) if layout == "bshd" else got, want.to(dtype), **tol)
+        torch.testing.assert_close(got.transpose(1, 2) if layout == "bshd" else got, want.to(dtype), **grad_tol)
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.capabilities import CausalMode, load_capabilities
 from attnforge.catalog import DATA_DIR, load_catalog
-from attnforge.dispatch.adapter import AttentionCall
-from attnforge.dispatch.capabilities import CausalMode, load_capabilities
 from attnforge.errors import CatalogError
 
 H200 = AttentionCall(device_type="cuda", compute_capability=(9, 0), dtype="bfloat16", batch=2, heads_q=8,

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import attnforge
+from attnforge.backends.adapter import reference_attention
 from attnforge.dispatch import runtime
-from attnforge.dispatch.adapter import reference_attention
 from attnforge.records import RecordStore
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch internals imported by inductor
@@ -77,3 +77,18 @@ def test_custom_op_passes_torch_library_checks() -> None:
     q, k, v = (t.transpose(1, 2).contiguous() for t in _inputs(grad=True))
     torch.library.opcheck(torch.ops.attnforge.attention.default, (q, k, v, True, None, None, "exact", True),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+def test_a_value_head_dim_that_differs_compiles_and_matches() -> None:
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(1, 4, 5, 16, generator=g), torch.randn(1, 2, 7, 16, generator=g)
+    v = torch.randn(1, 2, 7, 8, generator=g)
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attnforge.attention(q, k, v, causal=True)
+
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert out.shape == (1, 4, 5, 8)
+    torch.testing.assert_close(out.double(), reference_attention(q, k, v, causal=True), atol=1e-5, rtol=1e-4)
+    torch.library.opcheck(torch.ops.attnforge.attention.default, (q, k, v, True, None, None, "exact", False),
+                          test_utils=("test_schema", "test_faketensor"))

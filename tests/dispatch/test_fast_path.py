@@ -20,10 +20,12 @@ import pytest
 import torch
 
 import attnforge
-from attnforge.dispatch import registry, runtime
-from attnforge.dispatch._base import Requirement
-from attnforge.dispatch.adapter import AttentionCall, reference_attention
-from attnforge.dispatch.external import FlashAttnAdapter, SageAdapter, XformersAdapter
+from attnforge.backends import registry
+from attnforge.backends._base import Requirement
+from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.backends.external import SageAdapter, XformersAdapter
+from attnforge.backends.flash import FlashAttnAdapter
+from attnforge.dispatch import runtime
 from attnforge.errors import DispatchError
 from attnforge.records import RecordStore, VerifyRecord, device_key
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnforge.dispatch import registry
-from attnforge.dispatch.adapter import AttentionCall, reference_attention
+from attnforge.backends import registry
+from attnforge.backends.adapter import AttentionCall, reference_attention
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -43,3 +43,25 @@ def test_builtin_adapter_matches_reference(  # noqa: PLR0917 - parametrized
     ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
     for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got.double(), want.double(), atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("name", sorted(registry.adapters()))
+def test_every_claimed_feature_matches_the_reference_on_this_gpu(name: str) -> None:
+    """verify's feature cases (one per claimed feature and dtype) through each usable adapter."""
+    from attnforge.catalog.tolerances import PrecisionKind, load_tolerances
+    from attnforge.verify.cases import feature_cases
+    from attnforge.verify.check import CaseStatus, verify_backend
+    from attnforge.verify.device import current_device
+
+    adapter = registry.adapters()[name]
+    if adapter.load_error() is not None:
+        pytest.skip(f"not usable here: {adapter.load_error()}")
+    claimed = adapter.caps.features  # type: ignore[attr-defined]
+    if not claimed:
+        pytest.skip("claims no feature")
+    cases = feature_cases(claimed, dtypes=("bfloat16", "float16"), head_dims=(64, 128), max_seqlen=256)
+    kind = PrecisionKind.QUANTIZED if adapter.caps.quantized else PrecisionKind.EXACT  # type: ignore[attr-defined]
+    res = verify_backend(adapter, device=current_device("cuda"), cases=cases, tolerances=load_tolerances(),
+                         kind=kind)
+    bad = [f"{c.case.label}: {c.detail}" for c in res.cases if c.status in (CaseStatus.FAILED, CaseStatus.ERROR)]
+    assert not bad, bad

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
+from attnforge.backends import registry
+from attnforge.backends._base import bottom_right_mask
+from attnforge.backends.adapter import reference_attention
+from attnforge.backends.flex import FlexAdapter
 from attnforge.catalog import load_catalog
-from attnforge.dispatch import registry
-from attnforge.dispatch._base import bottom_right_mask
-from attnforge.dispatch.adapter import reference_attention
-from attnforge.dispatch.flex import FlexAdapter
 
 
 def test_registry_is_keyed_by_catalog_ids() -> None:

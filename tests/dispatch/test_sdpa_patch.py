@@ -71,18 +71,45 @@ def test_nested_patches_restore_in_order() -> None:
     pytest.param({"is_causal": True}, {}, True, id="causal-square"),
     pytest.param({"scale": 0.3}, {}, True, id="scale"),
     pytest.param({"enable_gqa": True}, {"hkv": 2}, True, id="gqa"),
-    pytest.param({"is_causal": True}, {"sq": 3}, False, id="causal-top-left-rect"),
-    pytest.param({"attn_mask": torch.ones(6, 6, dtype=torch.bool).tril()}, {}, False, id="mask"),
-    pytest.param({"dropout_p": 0.5}, {}, False, id="dropout"),
+    pytest.param({"is_causal": True}, {"sq": 3}, True, id="causal-top-left-rect"),
+    pytest.param({"attn_mask": torch.ones(6, 6, dtype=torch.bool).tril()}, {}, True, id="mask"),
+    pytest.param({"attn_mask": torch.randn(1, 6, 6)}, {}, True, id="additive-mask"),
+    pytest.param({"dropout_p": 0.5}, {}, True, id="dropout"),
+    pytest.param({"attn_mask": torch.ones(6, 6, dtype=torch.bool), "is_causal": True}, {}, False,
+                 id="mask-and-causal-sdpa-refuses"),
 ])
 def test_routes_only_what_it_serves_exactly(monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, Any],
                                             shapes: dict[str, int], routed: bool) -> None:
     spy = Spy(monkeypatch)
     q, k, v = _qkv(**shapes)
     torch.manual_seed(0)
-    want = ORIGINAL(q, k, v, **kwargs)
+    try:
+        want = ORIGINAL(q, k, v, **kwargs)
+    except RuntimeError as exc:  # SDPA refuses: the patched function must refuse alike
+        with attnforge.patch_sdpa(), pytest.raises(RuntimeError, match=str(exc)[:20]):
+            F.scaled_dot_product_attention(q, k, v, **kwargs)
+        assert spy.calls == 0
+        return
     with attnforge.patch_sdpa():
         torch.manual_seed(0)
         got = F.scaled_dot_product_attention(q, k, v, **kwargs)
     assert spy.calls == int(routed)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("kernels", [["MATH"], ["MATH", "FLASH_ATTENTION"], ["EFFICIENT_ATTENTION", "MATH"]])
+def test_an_explicit_sdpa_kernel_context_of_the_user_is_respected(monkeypatch: pytest.MonkeyPatch,
+                                                                  kernels: list[str]) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    spy = Spy(monkeypatch)
+    q, k, v = _qkv()
+    with attnforge.patch_sdpa():
+        F.scaled_dot_product_attention(q, k, v)
+        assert spy.calls == 1
+        with sdpa_kernel([getattr(SDPBackend, name) for name in kernels]):
+            got = F.scaled_dot_product_attention(q, k, v)
+        assert spy.calls == 1  # the user's choice reached SDPA untouched
+        F.scaled_dot_product_attention(q, k, v)
+        assert spy.calls == 2
+    torch.testing.assert_close(got, ORIGINAL(q, k, v))

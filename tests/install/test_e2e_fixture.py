@@ -15,7 +15,6 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
-import venv
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from attnforge.cache import Entry, Store
 from tests.cache.wheelmaker import flip_byte
 from tests.conftest import REPO, SRC
 from tests.install.fixture_build import EXT_PKG, build_fixture_into
+from tests.venvs import nested_venv
 
 pytestmark = [
     pytest.mark.integration,
@@ -49,8 +49,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, Entry, Path]
 
 
 def make_venv(path: Path) -> str:
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(path)
-    return str(path / "bin" / "python")
+    return nested_venv(path)
 
 
 def imports_fixture(python: str) -> bool:
@@ -189,9 +188,11 @@ def test_a_tampered_cached_wheel_is_refused_with_a_clear_error(
     store.import_(share)
     flip_byte(Path(store.show(entry.key).path))
     python = make_venv(tmp_path / "venv")
+    # no C++ compiler on PATH: the fixture is a C++-only extension, which a CPU torch would otherwise rebuild
+    env = {**env_for(home), "PATH": os.pathsep.join([str(Path(python).parent), str(Path(sys.executable).parent)])}
     done = subprocess.run(
         [python, "-m", "attnforge", "install", "af-ext-fixture", "--source", str(EXT_PKG)],
-        capture_output=True, text=True, env=env_for(home), timeout=300,
+        capture_output=True, text=True, env=env, timeout=300,
     )
     assert done.returncode == 1
     assert "is corrupt and was not used" in done.stderr
@@ -200,3 +201,36 @@ def test_a_tampered_cached_wheel_is_refused_with_a_clear_error(
     assert not imports_fixture(python)
     assert store.list() == []
     assert len(list(store.quarantine_dir.iterdir())) == 1
+
+
+def test_a_uv_venv_installs_attnforge_then_a_cached_backend(
+    built: tuple[Store, Entry, Path], tmp_path: Path
+) -> None:
+    """`uv venv && uv pip install attnforge && attnforge install <cached backend>`: no pip anywhere in that env."""
+    from attnforge.install.installer import find_uv
+    from tests.venvs import inherit_outer_without_pip, uv_venv
+
+    _, entry, share = built
+    python = uv_venv(tmp_path / "uvenv")
+    inherit_outer_without_pip(python, tmp_path)  # torch and attnforge's dependencies, offline; still no pip
+    repo = tmp_path / "attnforge-src"  # what `uv pip install attnforge` would build: the project, not this tree
+    repo.mkdir()
+    shutil.copy2(REPO / "pyproject.toml", repo)
+    shutil.copy2(REPO / "README.md", repo)
+    shutil.copytree(REPO / "src", repo / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    uv = find_uv()
+    assert uv is not None
+    done = subprocess.run([uv, "pip", "install", "--python", python, "--offline", "--no-deps",
+                           "--no-build-isolation", str(repo)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    home = tmp_path / "home"
+    assert Store(home).import_(share).imported == (entry.key,)
+    env = {k: v for k, v in env_for(home).items() if k != "PYTHONPATH"}  # the attnforge installed in the uv venv
+    attnforge = str(Path(python).parent / "attnforge")
+    done = subprocess.run([attnforge, "install", "af-ext-fixture", "--source", str(EXT_PKG), "--json",
+                           "--no-verify"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["action"], doc["cache_key"]) == ("cache-hit", entry.key)
+    assert imports_fixture(python)
+    assert subprocess.run([python, "-c", "import pip"], capture_output=True).returncode != 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import venv
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from attnforge.resolve.types import Candidate, CandidateKind, Plan, Request
 from tests.cache.wheelmaker import flip_byte, make_wheel
 from tests.conftest import REPO
 from tests.install.helpers import OrderedPlanner, make_project, pip_wheel_builder
+from tests.venvs import nested_venv
 
 pytestmark = pytest.mark.integration
 
@@ -31,8 +31,7 @@ def snapshot() -> SystemSnapshot:
 
 @pytest.fixture
 def python(tmp_path: Path) -> str:
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(tmp_path / "venv")
-    return str(tmp_path / "venv" / "bin" / "python")
+    return nested_venv(tmp_path / "venv")
 
 
 def imported_value(python: str) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import venv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import Request
 from tests.conftest import REPO
 from tests.install.helpers import OrderedPlanner, write_wheel
+from tests.venvs import nested_venv
 
 FIXTURES = REPO / "tests" / "fixtures"
 SITE = "/env/lib/python3.12/site-packages"
@@ -228,8 +228,7 @@ def test_the_torch_stack_is_never_overwritten_even_when_allowed(tmp_path: Path) 
 # -- real installs into a fresh venv ------------------------------------------------------------------------
 @pytest.fixture
 def venv_python(tmp_path: Path) -> str:
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(tmp_path / "venv")
-    return str(tmp_path / "venv" / "bin" / "python")
+    return nested_venv(tmp_path / "venv")
 
 
 def shared_module(python: str) -> str:

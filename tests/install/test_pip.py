@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import subprocess
-import venv
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ from attnforge._system.runner import SubprocessRunner
 from attnforge.errors import InstallError
 from attnforge.install.pip import WheelMetadata, check_requirements, pip_install, read_wheel_metadata
 from tests.cache.wheelmaker import make_wheel
+from tests.venvs import nested_venv
 
 
 def meta(*requires: str, name: str = "flash-attn") -> WheelMetadata:
@@ -69,8 +69,7 @@ def test_a_broken_wheel_is_reported_not_raised_raw(tmp_path: Path) -> None:
 @pytest.fixture
 def venv_python(tmp_path: Path) -> str:
     """A fresh venv that sees the system torch (and pip) but installs into itself."""
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(tmp_path / "venv")
-    return str(tmp_path / "venv" / "bin" / "python")
+    return nested_venv(tmp_path / "venv")
 
 
 @pytest.mark.integration

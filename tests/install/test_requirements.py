@@ -23,9 +23,10 @@ class ScriptedPip:
 
     def run(self, argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
             timeout_s: float | None = None) -> Completed:
-        if argv[1] == "-c":  # the versions script
+        if "-c" in argv[1:3]:  # the versions script (run with -S: no .pth code of the environment runs)
+            names = argv[list(argv).index("-c") + 2:]
             table = self.after if (self.pip_argv is not None and self.after is not None) else self.versions
-            return Completed(argv=tuple(argv), returncode=0, stdout=json.dumps({n: table.get(n) for n in argv[3:]}))
+            return Completed(argv=tuple(argv), returncode=0, stdout=json.dumps({n: table.get(n) for n in names}))
         self.pip_argv = list(argv)
         return Completed(argv=tuple(argv), returncode=self.pip_rc, stderr="ERROR: No matching distribution")
 

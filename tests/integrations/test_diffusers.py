@@ -1,5 +1,6 @@
-"""AttnforgeProcessor against diffusers' AttnProcessor2_0 (skipped without diffusers; CI has none, the
-processor's logic is also checked against a minimal stand-in module below)."""
+"""The diffusers backend and processor against diffusers' defaults, in tiny random models (fp32, CPU, no
+download): Flux and Wan through ``set_attention_backend("attnforge")`` and the processor, a UNet through the
+processor; the processor's logic also against a minimal stand-in module (runs without diffusers)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,38 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+import attnforge
+from attnforge.dispatch import runtime
 from attnforge.integrations.diffusers import AttnforgeProcessor
+
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+@pytest.fixture(autouse=True)
+def _keep_active_backend() -> Any:
+    """``set_attention_backend`` also sets diffusers' process-wide active backend; put it back."""
+    try:
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry as registry
+    except ImportError:
+        yield
+        return
+    active = registry._active_backend
+    yield
+    registry._active_backend = active
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The query shape of every call :func:`attnforge.attention` serves."""
+    calls: list[tuple[int, ...]] = []
+    real = runtime.attention
+
+    def spy(q: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        calls.append(tuple(q.shape))
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(runtime, "attention", spy)
+    return calls
 
 
 def _standin(heads: int = 2, dim: int = 16) -> Any:
@@ -39,24 +71,175 @@ def test_processor_logic_matches_hand_written_attention() -> None:
     torch.testing.assert_close(got, want)
 
 
-def test_matches_attn_processor_2_0_in_a_real_diffusers_attention() -> None:
-    diffusers = pytest.importorskip("diffusers")
+diffusers = pytest.importorskip("diffusers")
+from attnforge.integrations import diffusers as df_integration  # noqa: E402
+
+
+def test_matches_attn_processor_2_0_in_a_real_attention_with_a_padding_mask(served: list[Any]) -> None:
     from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 
     torch.manual_seed(0)
     attn = Attention(query_dim=32, heads=4, dim_head=8, cross_attention_dim=24, residual_connection=True,
                      rescale_output_factor=1.5).eval()
     x, ctx = torch.randn(2, 6, 32), torch.randn(2, 9, 24)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[0, 4:] = False
+    outs = {}
     with torch.no_grad():
-        attn.set_processor(AttnProcessor2_0())
-        want = attn(x, encoder_hidden_states=ctx)
-        attn.set_processor(AttnforgeProcessor())
-        got = attn(x, encoder_hidden_states=ctx)
-        mask = torch.ones(2, 9, dtype=torch.bool)
-        mask[0, 4:] = False
-        got_masked = attn(x, encoder_hidden_states=ctx, attention_mask=mask)
-        attn.set_processor(AttnProcessor2_0())
-        want_masked = attn(x, encoder_hidden_states=ctx, attention_mask=mask)
-    assert diffusers.__version__
-    torch.testing.assert_close(got, want)
-    torch.testing.assert_close(got_masked, want_masked)
+        for name, processor in (("default", AttnProcessor2_0()), ("attnforge", AttnforgeProcessor())):
+            attn.set_processor(processor)
+            outs[name] = (attn(x, encoder_hidden_states=ctx), attn(x, encoder_hidden_states=ctx, attention_mask=mask))
+    torch.testing.assert_close(outs["attnforge"][0], outs["default"][0], **TOL)
+    torch.testing.assert_close(outs["attnforge"][1], outs["default"][1], **TOL)
+    assert len(served) == 2
+
+
+def _flux() -> tuple[Any, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 4, 8)).eval()
+    img_ids = torch.zeros(16, 3)
+    img_ids[:, 1], img_ids[:, 2] = torch.arange(16) // 4, torch.arange(16) % 4
+    inputs = {"hidden_states": torch.randn(2, 16, 4), "encoder_hidden_states": torch.randn(2, 5, 32),
+              "pooled_projections": torch.randn(2, 32), "timestep": torch.tensor([0.5, 0.7]),
+              "img_ids": img_ids, "txt_ids": torch.zeros(5, 3)}
+    return model, inputs
+
+
+def _wan() -> tuple[Any, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
+        text_dim=16, freq_dim=16, ffn_dim=32, num_layers=1, rope_max_seq_len=32).eval()
+    inputs = {"hidden_states": torch.randn(1, 4, 2, 4, 4), "timestep": torch.tensor([3]),
+              "encoder_hidden_states": torch.randn(1, 5, 16)}
+    return model, inputs
+
+
+def _ltx() -> tuple[Any, dict[str, Any]]:
+    torch.manual_seed(0)
+    model = diffusers.LTXVideoTransformer3DModel(
+        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
+        cross_attention_dim=16, num_layers=1, caption_channels=16).eval()
+    text_mask = torch.ones(1, 5)
+    text_mask[0, 4:] = 0
+    inputs = {"hidden_states": torch.randn(1, 2 * 4 * 4, 4), "encoder_hidden_states": torch.randn(1, 5, 16),
+              "timestep": torch.tensor([3]), "encoder_attention_mask": text_mask, "num_frames": 2, "height": 4,
+              "width": 4}
+    return model, inputs
+
+
+def _hunyuan_video() -> tuple[Any, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = diffusers.HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, text_embed_dim=16,
+        pooled_projection_dim=8, rope_axes_dim=(2, 2, 4)).eval()
+    text_mask = torch.ones(1, 5)
+    text_mask[0, 4:] = 0
+    inputs = {"hidden_states": torch.randn(1, 4, 2, 4, 4), "timestep": torch.tensor([3]),
+              "encoder_hidden_states": torch.randn(1, 5, 16), "encoder_attention_mask": text_mask,
+              "pooled_projections": torch.randn(1, 8), "guidance": torch.tensor([3.0])}
+    return model, inputs
+
+
+def _unet() -> tuple[Any, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = diffusers.UNet2DConditionModel(
+        block_out_channels=(32, 64), layers_per_block=1, sample_size=8, in_channels=4, out_channels=4,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=32).eval()
+    inputs = {"sample": torch.randn(2, 4, 8, 8), "timestep": torch.tensor([3, 5]),
+              "encoder_hidden_states": torch.randn(2, 5, 32)}
+    return model, inputs
+
+
+@pytest.mark.parametrize("build", [_flux, _wan, _ltx, _hunyuan_video], ids=["flux", "wan", "ltx", "hunyuan-video"])
+def test_set_attention_backend_matches_the_default(build: Any, served: list[Any]) -> None:
+    df_integration.register()
+    model, inputs = build()
+    with torch.no_grad():
+        want = model(**inputs).sample
+        model.set_attention_backend("attnforge")
+        got = model(**inputs).sample
+        model.reset_attention_backend()
+    torch.testing.assert_close(got, want, **TOL)
+    assert served
+
+
+@pytest.mark.parametrize("build", [_flux, _unet], ids=["flux", "unet"])
+def test_attnforge_processor_matches_the_default(build: Any, served: list[Any]) -> None:
+    model, inputs = build()
+    with torch.no_grad():
+        want = model(**inputs).sample
+        model.set_attn_processor(AttnforgeProcessor())
+        got = model(**inputs).sample
+    torch.testing.assert_close(got, want, **TOL)
+    assert served
+
+
+def test_backend_masks_and_causal_alignment_match_native() -> None:
+    """The backend function against diffusers' native one: a [B, Sk] padding mask, top-left causal, lse."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, dispatch_attention_fn
+
+    member = df_integration.register()
+    assert df_integration.register() is member
+    assert AttentionBackendName("attnforge") is member
+    q, k, v = torch.randn(2, 3, 2, 8), torch.randn(2, 7, 2, 8), torch.randn(2, 7, 2, 8)
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[1, 5:] = False
+    for kwargs in ({"attn_mask": mask}, {"is_causal": True}):
+        want = dispatch_attention_fn(q, k, v, backend=AttentionBackendName.NATIVE, **kwargs)
+        got = dispatch_attention_fn(q, k, v, backend=member, **kwargs)
+        torch.testing.assert_close(got, want, **TOL)
+    out, lse = df_integration.attention_backend(q, k, v, return_lse=True)
+    want_lse = torch.logsumexp(torch.einsum("bqhd,bkhd->bqhk", q, k) * 8**-0.5, dim=-1)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)))
+                               .transpose(1, 2), **TOL)
+    torch.testing.assert_close(lse, want_lse, **TOL)
+
+
+def _cogvideox() -> tuple[Any, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = diffusers.CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, text_embed_dim=16,
+        num_layers=1, sample_width=4, sample_height=4, sample_frames=5, patch_size=2, time_embed_dim=8,
+        max_text_seq_length=5).eval()
+    inputs = {"hidden_states": torch.randn(1, 2, 4, 4, 4), "encoder_hidden_states": torch.randn(1, 5, 16),
+              "timestep": torch.tensor([3])}
+    return model, inputs
+
+
+@pytest.mark.parametrize(("build", "kind"), [(_flux, "backend"), (_unet, "processor")], ids=["flux", "unet"])
+def test_route_changes_what_it_can_serve_and_matches(build: Any, kind: str, served: list[Any]) -> None:
+    model, inputs = build()
+    with torch.no_grad():
+        want = model(**inputs).sample
+        routed = df_integration.route(model)
+        got = model(**inputs).sample
+    torch.testing.assert_close(got, want, **TOL)
+    assert getattr(routed, kind)
+    assert routed.unchanged == ()
+    assert served
+
+
+def test_cogvideox_is_left_to_patch_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CogVideoX's joint-attention processor calls SDPA itself: route() leaves it, patch_sdpa serves it."""
+    calls: list[tuple[int, ...]] = []
+    real = runtime.attention
+
+    def spy(q: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        calls.append(tuple(q.shape))
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(runtime, "attention", spy)
+    model, inputs = _cogvideox()
+    with torch.no_grad():
+        want = model(**inputs).sample
+        routed = df_integration.route(model)
+        with attnforge.patch_sdpa():
+            got = model(**inputs).sample
+    assert routed.unchanged == ("transformer_blocks.0.attn1: CogVideoXAttnProcessor2_0",)
+    assert calls == [(1, 2, 13, 8)]  # joint: 5 text + 2 frames x (4/2)^2 patches
+    torch.testing.assert_close(got, want, **TOL)

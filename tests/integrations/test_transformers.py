@@ -1,23 +1,46 @@
-"""attn_implementation="attnforge" in a tiny Llama built from a config (no download)."""
+"""attn_implementation="attnforge" against each model's own eager attention, in tiny random models built from
+configs (no download), fp32 on CPU: logits (with left padding), a training step's gradients, generate."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+import attnforge
 from attnforge.dispatch import runtime
-from attnforge.records import RecordStore
+from attnforge.errors import DispatchError
 
 transformers = pytest.importorskip("transformers")
 from attnforge.integrations import transformers as tf_integration  # noqa: E402
 
+VOCAB = 97
+_COMMON = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+#: (config class, model class, config overrides); sliding windows of 4 tokens so that 11-token inputs use them
+MODELS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2-sliding-window": ("Qwen2Config", "Qwen2ForCausalLM",
+                             {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}),
+    "gemma2-softcap-sliding-window": ("Gemma2Config", "Gemma2ForCausalLM",
+                                      {"head_dim": 8, "sliding_window": 4, "attn_logit_softcapping": 2.0,
+                                       "query_pre_attn_scalar": 8}),
+    "gpt-oss-sinks": ("GptOssConfig", "GptOssForCausalLM",
+                      {"head_dim": 8, "sliding_window": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
+                       "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "deepseek-v3-mla": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                        {"num_key_value_heads": 4, "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                         "qk_rope_head_dim": 4, "v_head_dim": 6, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                         "first_k_dense_replace": 1, "moe_intermediate_size": 16, "n_group": 1, "topk_group": 1}),
+}
+TOL = 1e-4
 
-@pytest.fixture(autouse=True)
-def counting_dispatcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    previous = runtime.set_dispatcher(runtime.Dispatcher(records=RecordStore(tmp_path)))
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """Registers the integration and records the query shape of every call attnforge.attention serves."""
+    tf_integration.register()
     calls: list[tuple[int, ...]] = []
     real = runtime.attention
 
@@ -26,44 +49,137 @@ def counting_dispatcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         return real(q, *args, **kwargs)
 
     monkeypatch.setattr(runtime, "attention", spy)
-    yield calls
-    runtime.set_dispatcher(previous)
+    return calls
 
 
-def _model(impl: str) -> Any:
-    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=64)
+def _model(name: str, impl: str) -> Any:
+    config_cls, model_cls, extra = MODELS[name]
+    config = getattr(transformers, config_cls)(**{**_COMMON, **extra})
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM._from_config(config, attn_implementation=impl).eval()
+    return getattr(transformers, model_cls)._from_config(config, attn_implementation=impl)
 
 
-def test_same_logits_as_sdpa(counting_dispatcher: list[tuple[int, ...]]) -> None:
-    tf_integration.register()
-    ids = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(1))
+def _inputs(batch: int = 2, length: int = 11, left_pad: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[0, :left_pad] = 0
+    return ids, mask
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor, where: torch.Tensor | None = None) -> float:
+    d = (a - b).abs()
+    return float((d[where.bool()] if where is not None else d).max())
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_logits_match_eager_with_and_without_left_padding(name: str, served: list[tuple[int, ...]]) -> None:
+    ids, mask = _inputs()
+    eager, ours = _model(name, "eager").eval(), _model(name, "attnforge").eval()
     with torch.no_grad():
-        want = _model("sdpa")(ids).logits
-        got = _model("attnforge")(ids).logits
-    assert counting_dispatcher == [(2, 4, 11, 8)] * 2  # two layers, GQA 4/2 heads, served by attnforge
-    torch.testing.assert_close(got, want)
+        plain = _max_diff(ours(ids).logits, eager(ids).logits)
+        # padded positions attend to nothing and are meaningless in both: compare the real tokens
+        padded = _max_diff(ours(ids, attention_mask=mask).logits, eager(ids, attention_mask=mask).logits, mask)
+    assert plain <= TOL
+    assert padded <= TOL
+    assert len(served) == 2 * 2  # two layers, two forwards: every call served by attnforge, none by eager
 
 
-def test_padding_mask_goes_to_sdpa_and_matches(counting_dispatcher: list[tuple[int, ...]]) -> None:
-    tf_integration.register()
-    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(2))
-    mask = torch.ones(2, 9, dtype=torch.long)
-    mask[0, :3] = 0
+@pytest.mark.parametrize("name", list(MODELS))
+def test_training_step_gradients_match_eager(name: str, served: list[tuple[int, ...]]) -> None:
+    ids, mask = _inputs()
+    # padded positions attend to nothing and their outputs are meaningless: no loss predicted from them (the
+    # label of position t is predicted at t - 1)
+    labels = ids.masked_fill(torch.nn.functional.pad(mask, (1, 0), value=1)[:, :-1] == 0, -100)
+    grads = []
+    for impl in ("eager", "attnforge"):
+        model = _model(name, impl).train()
+        loss = model(ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    worst = max(_max_diff(grads[0][n], grads[1][n]) for n in grads[0])
+    assert worst <= TOL
+    assert served
+
+
+def test_packed_position_ids_match_eager(served: list[tuple[int, ...]]) -> None:
+    """Two sequences packed in one row, told apart by position_ids alone (a padding-free training batch)."""
+    ids, _ = _inputs(batch=1, length=11)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5]])
+    eager, ours = _model("llama", "eager").eval(), _model("llama", "attnforge").eval()
     with torch.no_grad():
-        want = _model("sdpa")(ids, attention_mask=mask).logits
-        got = _model("attnforge")(ids, attention_mask=mask).logits
-    assert counting_dispatcher == []
-    torch.testing.assert_close(got, want)
+        # packing is detected only without a cache (transformers' masking_utils, a training setup)
+        want = eager(ids, position_ids=positions, use_cache=False).logits
+        got = ours(ids, position_ids=positions, use_cache=False).logits
+        unpacked = eager(ids[:, 5:], position_ids=positions[:, 5:], use_cache=False).logits
+    assert _max_diff(got, want) <= TOL
+    assert _max_diff(got[:, 5:], unpacked) <= TOL  # the second sequence did not see the first
+    assert served
 
 
-def test_generate_with_cache_matches_sdpa() -> None:
-    tf_integration.register()
-    ids = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(3))
-    kwargs = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
-    want = _model("sdpa").generate(ids, **kwargs)
-    got = _model("attnforge").generate(ids, **kwargs)
+def test_output_attentions_goes_to_the_models_own_eager(served: list[tuple[int, ...]]) -> None:
+    ids, mask = _inputs()
+    eager, ours = _model("gpt-oss-sinks", "eager").eval(), _model("gpt-oss-sinks", "attnforge").eval()
+    with torch.no_grad():
+        want = eager(ids, attention_mask=mask, output_attentions=True)
+        got = ours(ids, attention_mask=mask, output_attentions=True)
+    assert served == []
+    assert len(got.attentions) == 2
+    for a, b in zip(got.attentions, want.attentions, strict=True):
+        assert _max_diff(a, b) <= TOL
+    assert _max_diff(got.logits, want.logits, mask) <= TOL
+
+
+def test_generate_with_cache_matches_eager(served: list[tuple[int, ...]]) -> None:
+    ids, mask = _inputs(length=6, left_pad=2)
+    kwargs = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    want = _model("gemma2-softcap-sliding-window", "eager").eval().generate(ids, **kwargs)
+    got = _model("gemma2-softcap-sliding-window", "attnforge").eval().generate(ids, **kwargs)
     assert got.tolist() == want.tolist()
+    assert len(served) == 2 * 5  # two layers, the prompt and four single-token steps
+
+
+def test_a_model_without_an_eager_function_gets_a_hint() -> None:
+    class Bare(torch.nn.Module):
+        pass
+
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.raises(DispatchError, match="no eager attention function") as info:
+        tf_integration.attention_forward(Bare(), q, q, q, None, output_attentions=True)
+    assert info.value.hint is not None
+    assert "eager" in info.value.hint
+
+
+def _mask(length: int, mask_function: Any) -> torch.Tensor:
+    """transformers' own bool mask ``[1, 1, S, S]`` for ``mask_function``."""
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(batch_size=1, q_length=length, kv_length=length, mask_function=mask_function,
+                     allow_is_causal_skip=False)
+
+
+def test_sliding_window_without_a_mask_is_transformers_window(served: list[tuple[int, ...]]) -> None:
+    """A causal call with no mask and ``sliding_window=W`` sees what transformers' sliding-window mask allows."""
+    from transformers.masking_utils import sliding_window_causal_mask_function
+
+    module = torch.nn.Module().eval()
+    q, k, v = (torch.randn(1, 2, 9, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    got, _ = tf_integration.attention_forward(module, q, k, v, None, sliding_window=3)
+    want, _ = tf_integration.attention_forward(module, q, k, v, _mask(9, sliding_window_causal_mask_function(3)))
+    plain, _ = tf_integration.attention_forward(module, q, k, v, None)
+    assert _max_diff(got, want) <= 1e-6
+    assert _max_diff(got, plain) > 1e-3  # the window mattered
+    assert len(served) == 3
+
+
+def test_flash_style_cu_seq_lens_are_varlen(served: list[tuple[int, ...]]) -> None:
+    """``cu_seq_lens_q/k`` (transformers' FlashAttention kwargs) on a packed row: each sequence alone."""
+    q, k, v = (torch.randn(1, 2, 7, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    got, _ = tf_integration.attention_forward(torch.nn.Module().eval(), q, k, v, None, cu_seq_lens_q=cu,
+                                              cu_seq_lens_k=cu, max_length_q=4, max_length_k=4)
+    parts = [attnforge.attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], causal=True).transpose(1, 2)
+             for a, b in ((0, 3), (3, 7))]
+    assert got.shape == (1, 7, 2, 8)
+    assert _max_diff(got, torch.cat(parts, dim=1)) <= 1e-6
+    assert served[0] == (7, 2, 8)  # one packed varlen call

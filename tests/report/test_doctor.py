@@ -72,9 +72,15 @@ def test_bench_records_drive_the_verdict() -> None:
                          batch=1, heads=16, kv_heads=16, head_dim=128, seqlen_q=16384, seqlen_k=16384, ms=1.0,
                          tflops=t, peak_mem_bytes=None, run_id="r") for b, t in [("sdpa-cudnn", 612.0),
                                                                                  ("sdpa-flash", 400.0)]]
-    report, _ = _rows(H200, bench=bench)
+    ok = {b: VerifyRecord(device_key=key, backend=b, backend_version=None, ok=True, summary="ok")
+          for b in ("sdpa-cudnn", "sdpa-flash")}
+    report, _ = _rows(H200, bench=bench, verified=ok)
     assert report.verdict.fastest_now == "SDPA cuDNN"
     assert "612 TFLOP/s" in report.verdict.evidence
+    # the one rule: never an unverified backend, even when it measured fastest
+    report, _ = _rows(H200, bench=bench, verified={"sdpa-flash": ok["sdpa-flash"]})
+    assert report.verdict.fastest_now != "SDPA cuDNN"
+    assert "400 TFLOP/s" in report.verdict.evidence
 
 
 def test_xformers_cuda_12_wheel_under_cu130_torch_names_the_real_cause() -> None:

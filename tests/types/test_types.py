@@ -62,6 +62,7 @@ def test_loose_and_strict_version_reading() -> None:
     assert loose_version("v12.8") == Version("12.8")
     assert loose_version("17.14.36310.24") > loose_version("17.9.1")
     assert loose_version("nothing") == Version("0")
+    assert loose_version("CUDA_PATH_V12_10") > loose_version("CUDA_PATH_V12_8") > loose_version("CUDA_PATH_V12_6")
 
 
 @pytest.mark.parametrize(("name", "cc", "torch", "text"), [

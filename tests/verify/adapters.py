@@ -9,7 +9,7 @@ import torch
 from torch.nn import functional
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnforge.dispatch.adapter import AttentionCall
+from attnforge.backends.adapter import AttentionCall
 
 
 def sdpa_math(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from importlib import metadata
@@ -116,8 +117,7 @@ def _runner_replaying(output_name: str, import_name: str, *natives: str) -> Fake
 def test_native_import_failure_fails_the_backend_before_any_case() -> None:
     catalog = load_catalog()
     entry = catalog.backend("sdpa-math")
-    broken = type(entry)(**{**{f: getattr(entry, f) for f in entry.__slots__},
-                            "native_modules": ("torch._no_such_native",)})
+    broken = dataclasses.replace(entry, native_modules=("torch._no_such_native",))
     runner = _runner_replaying("backend_script_torch_missing_native.json", "torch", "torch._no_such_native")
     native = check_native_import(broken, runner=runner, python=sys.executable, environ={})
     assert native_problem(native) == (

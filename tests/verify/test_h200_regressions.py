@@ -7,8 +7,8 @@ import re
 
 import torch
 
+from attnforge.backends.adapter import reference_attention
 from attnforge.catalog.tolerances import PrecisionKind, load_tolerances
-from attnforge.dispatch.adapter import reference_attention
 from attnforge.verify.compare import compare
 from tests._fakes import FIXTURES
 

@@ -17,7 +17,7 @@ seqlen**2 * nheads * headdim // (2 if causal else 1)``, backward ``2.5 *`` forwa
 
 from __future__ import annotations
 
-from enum import StrEnum
+from attnforge.types.shapes import AttentionShape, Mode
 
 #: The formula in one line, quoted in every table, JSON document and plot.
 FORMULA = ("fwd = 4*B*Hq*Sq*Sk*D, halved when causal (exact unmasked pairs when Sq != Sk); "
@@ -26,11 +26,6 @@ FORMULA = ("fwd = 4*B*Hq*Sq*Sk*D, halved when causal (exact unmasked pairs when 
 BACKWARD_FACTOR = 2.5
 
 
-class Mode(StrEnum):
-    """What one timed call runs."""
-
-    FWD = "fwd"
-    FWD_BWD = "fwd+bwd"
 
 
 def causal_pairs(seqlen_q: int, seqlen_k: int) -> int:
@@ -78,3 +73,10 @@ def attention_flops(*, batch: int, heads: int, seqlen_q: int, seqlen_k: int, hea
 def tflops(flops: float, duration_ms: float) -> float:
     """TFLOP/s of ``flops`` done in ``duration_ms`` milliseconds (0 for a non-positive duration)."""
     return flops / (duration_ms * 1e-3) / 1e12 if duration_ms > 0 else 0.0
+
+
+def shape_flops(shape: AttentionShape) -> float:
+    """FLOPs of one call of ``shape`` (:func:`attention_flops`)."""
+    return attention_flops(batch=shape.batch, heads=shape.heads, seqlen_q=shape.seqlen_q,
+                           seqlen_k=shape.seqlen_k, head_dim=shape.head_dim, causal=shape.causal,
+                           mode=shape.mode)

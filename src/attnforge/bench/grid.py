@@ -1,21 +1,27 @@
-"""The shapes ``attnforge bench`` times: the FlashAttention papers' grid, a tiny CPU grid, the user's shape.
+"""The shapes ``attnforge bench`` times: the papers' grid, the real-shape grid, diffusion lengths, a model's.
 
 The papers' grid (FlashAttention-2 ``benchmarks/benchmark_flash_attention.py``, FlashAttention-2 paper §4.1,
 FlashAttention-3 paper §4.1): 16k tokens per batch (``B = 16384 // S``), ``S`` from 512 to 16k, hidden size
 2048 (``H = 2048 // D``: 32 heads of 64, 16 of 128), causal on and off, forward and forward + backward.
 The H200 fixture (tests/fixtures/h200_bench_2026-11-21.json) is the ``D = 128`` column of that grid at
 ``S`` = 1k, 4k and 16k.
+
+The real-shape grid (``--shapes grid``, issue 17's cells the papers' grid does not hold): GQA prefill, chunked
+prefill with GQA (``Sq < Sk``), decode (``Sq = 1``), head dims 64/128/256. ``--shapes diffusion``: Flux
+(``B1 H24 S4608 D128``, 4096 image + 512 text tokens) and Wan 2.1 14B at 720p (``B1 H40 S32760 D128``).
+On a CPU every set keeps its structure (GQA ratio, ``Sq`` vs ``Sk``, head dims) at lengths divided by
+:data:`CPU_DIVISOR` and at most :data:`CPU_MAX_HEADS` heads, so a CPU run takes seconds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import replace
 from enum import StrEnum
 
-from attnforge.bench.flops import Mode, attention_flops
-from attnforge.dispatch.adapter import AttentionCall
+from attnforge.backends.adapter import AttentionCall
 from attnforge.errors import UsageError
+from attnforge.types.shapes import AttentionShape, Mode
 
 PAPER_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 PAPER_HEAD_DIMS = (64, 128)
@@ -26,6 +32,24 @@ CPU_SEQLENS = (64, 128)
 CPU_HEAD_DIMS = (32, 64)
 CPU_TOKENS = 256
 CPU_HIDDEN = 128
+CPU_DIVISOR = 64
+CPU_MAX_HEADS = 4
+
+#: ``(name, B, Hq, Hkv, Sq, Sk, D, causal, fwd+bwd too)`` of ``--shapes grid``; sizes of the H200 run of issue 17.
+REAL_GRID = (
+    ("gqa-prefill", 1, 32, 8, 4096, 4096, 128, True, True),
+    ("chunked-prefill", 1, 32, 8, 512, 4096, 128, True, True),
+    ("decode", 8, 32, 8, 1, 4096, 128, False, False),
+    ("d64", 4, 32, 32, 4096, 4096, 64, True, True),
+    ("d256", 2, 8, 8, 4096, 4096, 256, True, True),
+    ("prefill-1k", 16, 16, 16, 1024, 1024, 128, False, True),
+)
+#: ``(name, B, H, S, D)`` of ``--shapes diffusion``: non-causal, bf16 on a GPU.
+DIFFUSION = (
+    ("flux", 1, 24, 4608, 128),  # Flux.1: 24 heads of 128, 4096 image tokens (1024x1024) + 512 text tokens
+    ("wan-720p", 1, 40, 32760, 128),  # Wan 2.1 14B: 40 heads of 128, 21 latent frames x 1560 tokens at 720p
+    ("16k", 1, 24, 16384, 128),
+)
 
 
 class ShapeSet(StrEnum):
@@ -33,54 +57,56 @@ class ShapeSet(StrEnum):
 
     DEFAULT = "default"
     PAPER = "paper"
+    GRID = "grid"
+    DIFFUSION = "diffusion"
     MODEL = "model"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BenchShape:
-    """One timed problem: ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]``, dtype, causal, mode."""
+def shrink_for_cpu(shape: AttentionShape) -> AttentionShape:
+    """The same structure at CPU size: lengths / ``CPU_DIVISOR`` (Sq = 1 stays 1), at most 4 heads, B1."""
+    ratio = max(1, shape.heads // shape.kv_heads)
+    heads = max(ratio, min(shape.heads, CPU_MAX_HEADS))
+    return replace(shape, batch=1, heads=heads, kv_heads=max(1, heads // ratio),
+                   seqlen_q=1 if shape.seqlen_q == 1 else max(8, shape.seqlen_q // CPU_DIVISOR),
+                   seqlen_k=max(8, shape.seqlen_k // CPU_DIVISOR))
 
-    batch: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    seqlen_q: int
-    seqlen_k: int
-    causal: bool
-    mode: Mode
-    dtype: str
 
-    @property
-    def flops(self) -> float:
-        """FLOPs per call (:func:`attnforge.bench.flops.attention_flops`)."""
-        return attention_flops(batch=self.batch, heads=self.heads, seqlen_q=self.seqlen_q,
-                               seqlen_k=self.seqlen_k, head_dim=self.head_dim, causal=self.causal,
-                               mode=self.mode)
+def real_grid(*, dtype: str, modes: Iterable[Mode] = (Mode.FWD, Mode.FWD_BWD), cpu: bool = False,
+              names: Iterable[str] | None = None) -> list[AttentionShape]:
+    """``--shapes grid`` (:data:`REAL_GRID`), decode in forward only; shrunk with ``cpu``."""
+    wanted = set(names) if names is not None else None
+    modes = tuple(modes)
+    out = [AttentionShape(batch=b, heads=hq, kv_heads=hkv, head_dim=d, seqlen_q=sq, seqlen_k=sk, causal=causal,
+                          mode=mode, dtype=dtype)
+           for name, b, hq, hkv, sq, sk, d, causal, train in REAL_GRID if wanted is None or name in wanted
+           for mode in modes if train or mode is Mode.FWD]
+    return [shrink_for_cpu(s) for s in out] if cpu else out
 
-    @property
-    def label(self) -> str:
-        """``"fwd causal D128 B4 H16 S4096"`` (``S4096x8192`` when Sq != Sk, ``H16/4`` with GQA)."""
-        seq = f"S{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"S{self.seqlen_q}x{self.seqlen_k}"
-        heads = f"H{self.heads}" if self.heads == self.kv_heads else f"H{self.heads}/{self.kv_heads}"
-        mask = "causal" if self.causal else "full"
-        return f"{self.mode.value} {mask} D{self.head_dim} B{self.batch} {heads} {seq}"
 
-    def call(self, *, device_type: str, compute_capability: tuple[int, int] | None,
-             precision: str = "exact") -> AttentionCall:
-        """The adapter-facing description (``needs_grad`` for fwd+bwd)."""
-        return AttentionCall(
-            device_type=device_type, compute_capability=compute_capability, dtype=self.dtype,
-            batch=self.batch, heads_q=self.heads, heads_kv=self.kv_heads, seqlen_q=self.seqlen_q,
-            seqlen_k=self.seqlen_k, head_dim=self.head_dim, causal=self.causal,
-            needs_grad=self.mode is Mode.FWD_BWD, precision=precision,
-        )
+def diffusion_grid(*, dtype: str, modes: Iterable[Mode] = (Mode.FWD,), cpu: bool = False) -> list[AttentionShape]:
+    """``--shapes diffusion`` (:data:`DIFFUSION`): non-causal self-attention at video/image lengths."""
+    out = [AttentionShape(batch=b, heads=h, kv_heads=h, head_dim=d, seqlen_q=s, seqlen_k=s, causal=False,
+                          mode=mode, dtype=dtype)
+           for mode in modes for _name, b, h, s, d in DIFFUSION]
+    return [shrink_for_cpu(s) for s in out] if cpu else out
+
+
+def to_call(shape: AttentionShape, *, device_type: str, compute_capability: tuple[int, int] | None,
+            precision: str = "exact") -> AttentionCall:
+    """The adapter-facing description of ``shape`` (``needs_grad`` for fwd+bwd)."""
+    return AttentionCall(
+        device_type=device_type, compute_capability=compute_capability, dtype=shape.dtype,
+        batch=shape.batch, heads_q=shape.heads, heads_kv=shape.kv_heads, seqlen_q=shape.seqlen_q,
+        seqlen_k=shape.seqlen_k, head_dim=shape.head_dim, causal=shape.causal,
+        needs_grad=shape.mode is Mode.FWD_BWD, precision=precision,
+    )
 
 
 def paper_grid(
     *, dtype: str, causals: Iterable[bool] = (False, True), modes: Iterable[Mode] = (Mode.FWD, Mode.FWD_BWD),
     seqlens: Iterable[int] = PAPER_SEQLENS, head_dims: Iterable[int] = PAPER_HEAD_DIMS,
     tokens: int = PAPER_TOKENS, hidden: int = PAPER_HIDDEN,
-) -> list[BenchShape]:
+) -> list[AttentionShape]:
     """The FlashAttention papers' grid (module docstring), ordered mode > causal > head dim > seqlen.
 
     Args:
@@ -89,13 +115,13 @@ def paper_grid(
         tokens: tokens per batch (``B = max(1, tokens // S)``).
         hidden: model width (``H = max(1, hidden // D)``).
     """
-    out: list[BenchShape] = []
+    out: list[AttentionShape] = []
     for mode in modes:
         for causal in causals:
             for head_dim in head_dims:
                 heads = max(1, hidden // head_dim)
                 for s in seqlens:
-                    out.append(BenchShape(batch=max(1, tokens // s), heads=heads, kv_heads=heads,
+                    out.append(AttentionShape(batch=max(1, tokens // s), heads=heads, kv_heads=heads,
                                           head_dim=head_dim, seqlen_q=s, seqlen_k=s, causal=causal, mode=mode,
                                           dtype=dtype))
     return out
@@ -103,7 +129,7 @@ def paper_grid(
 
 def cpu_grid(*, dtype: str, causals: Iterable[bool] = (False, True),
              modes: Iterable[Mode] = (Mode.FWD, Mode.FWD_BWD), seqlens: Iterable[int] = CPU_SEQLENS,
-             head_dims: Iterable[int] = CPU_HEAD_DIMS) -> list[BenchShape]:
+             head_dims: Iterable[int] = CPU_HEAD_DIMS) -> list[AttentionShape]:
     """The papers' grid shrunk for a CPU (``CPU_*`` constants): the whole path in seconds."""
     return paper_grid(dtype=dtype, causals=causals, modes=modes, seqlens=seqlens, head_dims=head_dims,
                       tokens=CPU_TOKENS, hidden=CPU_HIDDEN)
@@ -112,7 +138,7 @@ def cpu_grid(*, dtype: str, causals: Iterable[bool] = (False, True),
 def model_shapes(
     *, batch: int | None, heads: int | None, kv_heads: int | None, head_dims: Iterable[int],
     seqlens: Iterable[int], seqlen_k: int | None, dtype: str, causals: Iterable[bool], modes: Iterable[Mode],
-) -> list[BenchShape]:
+) -> list[AttentionShape]:
     """The user's own shape (``--shapes model``), one per head dim x seqlen x causal x mode.
 
     Raises:
@@ -124,8 +150,8 @@ def model_shapes(
     missing += ["--seqlen"] if not seqlens else []
     if missing or batch is None or heads is None:
         raise UsageError(f"--shapes model needs {', '.join(missing)}",
-                         hint="e.g. attnforge bench --shapes model --batch 2 --heads 32 --kv-heads 8 "
-                              "--head-dim 128 --seqlen 4096")
+                         hint="pass a Hugging Face config: attnforge bench --shapes model --model config.json; "
+                              "or the sizes: --batch 2 --heads 32 --kv-heads 8 --head-dim 128 --seqlen 4096")
     hkv = heads if kv_heads is None else kv_heads
     sizes = {"--batch": batch, "--heads": heads, "--kv-heads": hkv, "--seqlen-k": seqlen_k or 1,
              **{f"--head-dim {d}": d for d in head_dims}, **{f"--seqlen {s}": s for s in seqlens}}
@@ -136,7 +162,7 @@ def model_shapes(
         raise UsageError(f"--heads {heads} is not a multiple of --kv-heads {hkv}",
                          hint="grouped-query attention shares each K/V head among heads/kv-heads query heads")
     return [
-        BenchShape(batch=batch, heads=heads, kv_heads=hkv, head_dim=d, seqlen_q=s, seqlen_k=seqlen_k or s,
+        AttentionShape(batch=batch, heads=heads, kv_heads=hkv, head_dim=d, seqlen_q=s, seqlen_k=seqlen_k or s,
                    causal=causal, mode=mode, dtype=dtype)
         for mode in modes for causal in causals for d in head_dims for s in seqlens
     ]

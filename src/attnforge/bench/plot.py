@@ -1,4 +1,8 @@
-"""``--plot PNG``: TFLOP/s against sequence length, one line per backend, one panel per head dim/causal/mode.
+"""``--plot PNG``: TFLOP/s against sequence length, one line per backend, one panel per shape family.
+
+A panel holds one mode, mask, head dim, GQA ratio and kind (prefill, chunked prefill, decode). Error bars are the
+spread of the interleaved rounds; a star marks each length's winner by the one "fastest" rule, labelled with its
+margin over the next backend ("tie" when the winner was picked among backends within the spread).
 
 Drawn with matplotlib's object API on an Agg canvas, so the caller's pyplot backend and state are untouched.
 """
@@ -8,7 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from attnforge.bench.run import BenchReport, CellStatus
+from attnforge.bench.run import BenchReport, BenchRow
 from attnforge.errors import UsageError
 
 PANEL_SIZE_IN = (4.2, 3.2)
@@ -35,14 +39,20 @@ def write_plot(report: BenchReport, path: Path) -> Path:
     axes = fig.subplots(rows, cols, squeeze=False)
     backends = [b.name for b in report.backends]
     colours = {name: f"C{i % 10}" for i, name in enumerate(backends)}
+    winners = _winners(report)
     for ax, (title, lines) in zip(axes.flat, panels.items(), strict=False):
         for name in backends:
             points = sorted(lines.get(name, []))
             if not points:
                 continue
             style = "--" if name == report.baseline else "-"
-            ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", markersize=3,
-                    color=colours[name], label=name)
+            xs, ys = [p[0] for p in points], [p[1] for p in points]
+            yerr = [[p[1] - p[2] for p in points], [p[3] - p[1] for p in points]]
+            ax.errorbar(xs, ys, yerr=yerr, fmt=style, marker="o", markersize=3, capsize=2, color=colours[name],
+                        label=name)
+        for x, (name, y, label) in winners.get(title, {}).items():
+            ax.plot([x], [y], marker="*", markersize=11, color=colours.get(name, "k"), linestyle="none")
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=6)
         ax.set_xscale("log", base=2)
         ticks = sorted({p[0] for points in lines.values() for p in points})
         ax.set_xticks(ticks, [_seqlen_label(t) for t in ticks])
@@ -63,17 +73,40 @@ def write_plot(report: BenchReport, path: Path) -> Path:
     return path
 
 
-def _panels(report: BenchReport) -> dict[str, dict[str, list[tuple[int, float]]]]:
-    """title -> backend -> [(seqlen, TFLOP/s)], panels ordered as the rows are."""
-    panels: dict[str, dict[str, list[tuple[int, float]]]] = {}
+def _title(row: BenchRow) -> str:
+    s, cls = row.shape, row.shape.shape_class
+    gqa = f", GQA {cls.gqa_ratio}" if cls.gqa_ratio > 1 else ""
+    return (f"{s.mode.value}, {'causal' if s.causal else 'non-causal'}, head dim {s.head_dim}{gqa}, {cls.kind}, "
+            f"{s.dtype}")
+
+
+def _panels(report: BenchReport) -> dict[str, dict[str, list[tuple[int, float, float, float]]]]:
+    """title -> backend -> [(seqlen, TFLOP/s, slowest round, fastest round)], panels ordered as the rows are."""
+    panels: dict[str, dict[str, list[tuple[int, float, float, float]]]] = {}
     for row in report.rows:
         s = row.shape
-        title = f"{s.mode.value}, {'causal' if s.causal else 'non-causal'}, head dim {s.head_dim}, {s.dtype}"
         for cell in row.cells:
-            if cell.status is CellStatus.OK and cell.tflops is not None:
-                panels.setdefault(title, {}).setdefault(cell.backend, []).append(
-                    (max(s.seqlen_q, s.seqlen_k), cell.tflops))
+            m = cell.measurement(row.flops)
+            if m is not None:
+                panels.setdefault(_title(row), {}).setdefault(cell.backend, []).append(
+                    (max(s.seqlen_q, s.seqlen_k), m.tflops, m.tflops_lo, m.tflops_hi))
     return panels
+
+
+def _winners(report: BenchReport) -> dict[str, dict[int, tuple[str, float, str]]]:
+    """title -> seqlen -> (winner, its TFLOP/s, "+3.1%" or "tie")."""
+    out: dict[str, dict[int, tuple[str, float, str]]] = {}
+    for row in report.rows:
+        ranking = row.ranking
+        if ranking.winner is None:
+            continue
+        if len(ranking.tied) > 1:
+            label = "tie"
+        else:
+            label = f"{ranking.margin:+.1%}" if ranking.margin is not None else ""
+        x = max(row.shape.seqlen_q, row.shape.seqlen_k)
+        out.setdefault(_title(row), {})[x] = (ranking.winner, ranking.measurements[ranking.winner].tflops, label)
+    return out
 
 
 def _seqlen_label(seqlen: int) -> str:

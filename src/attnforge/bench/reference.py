@@ -13,10 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnforge.bench.flops import Mode
-from attnforge.bench.grid import BenchShape
 from attnforge.bench.run import BenchReport, CellStatus
 from attnforge.errors import UsageError
+from attnforge.types.shapes import AttentionShape, Mode
 
 #: Backend names used in the H200 fixture -> attnforge backend ids (unlisted names are kept as they are).
 FIXTURE_BACKENDS: dict[str, str] = {
@@ -37,7 +36,7 @@ _MODES = {"fwd": Mode.FWD, "fwdbwd": Mode.FWD_BWD, "fwd+bwd": Mode.FWD_BWD}
 class ReferenceRow:
     """One recorded measurement, with its backend mapped to an attnforge id."""
 
-    shape: BenchShape
+    shape: AttentionShape
     backend: str
     source_backend: str
     ms: float
@@ -48,7 +47,7 @@ class ReferenceRow:
 class Agreement:
     """A new measurement next to the recorded one (``ratio`` = new TFLOP/s / recorded TFLOP/s)."""
 
-    shape: BenchShape
+    shape: AttentionShape
     backend: str
     reference_tflops: float
     measured_tflops: float
@@ -79,7 +78,7 @@ def load_reference(path: Path, *, heads: int | None = None, head_dim: int | None
     for i, raw in enumerate(doc.get("rows", [])):
         try:
             s, mode = int(raw["S"]), _MODES[raw["mode"]]
-            shape = BenchShape(batch=int(raw["B"]), heads=heads, kv_heads=heads, head_dim=head_dim,
+            shape = AttentionShape(batch=int(raw["B"]), heads=heads, kv_heads=heads, head_dim=head_dim,
                                seqlen_q=s, seqlen_k=s, causal=bool(raw["causal"]), mode=mode, dtype=dtype)
             name = str(raw["backend"])
             rows.append(ReferenceRow(shape=shape, backend=FIXTURE_BACKENDS.get(name, name),
@@ -89,7 +88,7 @@ def load_reference(path: Path, *, heads: int | None = None, head_dim: int | None
     return rows
 
 
-def reference_shapes(rows: list[ReferenceRow]) -> list[BenchShape]:
+def reference_shapes(rows: list[ReferenceRow]) -> list[AttentionShape]:
     """The distinct shapes of the reference, in file order (what to pass to :func:`run_bench`)."""
     return list(dict.fromkeys(r.shape for r in rows))
 

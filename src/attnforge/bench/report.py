@@ -7,18 +7,21 @@ import math
 from importlib import metadata, resources
 from typing import Any
 
-from attnforge.bench.run import BenchCell, BenchReport
+from attnforge.bench.run import BenchCell, BenchReport, BenchRow
 from attnforge.catalog import Catalog
 from attnforge.probe.backends import installed_distribution
 from attnforge.verify.device import DeviceInfo
 
 SCHEMA_RESOURCE = "schema/bench.schema.json"
+#: the bench document's own version (overrides the envelope's): 2 added rounds, spread, margin, ties, classes
+SCHEMA_VERSION = 2
 
 
 def report_json(report: BenchReport) -> dict[str, Any]:
-    """The ``--json`` payload (without the ``schema_version``/``kind`` envelope ``emit_json`` adds)."""
+    """The ``--json`` payload (``emit_json`` adds ``kind``; ``schema_version`` is :data:`SCHEMA_VERSION`)."""
     dev = report.device
     return {
+        "schema_version": SCHEMA_VERSION,
         "run_id": report.run_id,
         "created_at": report.created_at,
         "device": device_json(dev),
@@ -26,20 +29,24 @@ def report_json(report: BenchReport) -> dict[str, Any]:
         "flops_formula": report.flops_formula,
         "timing": {"method": report.timing.method.value, "warmup_ms": report.timing.warmup_ms,
                    "rep_ms": report.timing.rep_ms, "min_reps": report.timing.min_reps,
-                   "max_reps": report.timing.max_reps},
+                   "max_reps": report.timing.max_reps, "rounds": report.timing.rounds},
         "backends": [{"name": b.name, "version": b.version, "verified": b.verified} for b in report.backends],
-        "rows": [
-            {
-                "shape": {"batch": r.shape.batch, "heads": r.shape.heads, "kv_heads": r.shape.kv_heads,
-                          "head_dim": r.shape.head_dim, "seqlen_q": r.shape.seqlen_q,
-                          "seqlen_k": r.shape.seqlen_k, "causal": r.shape.causal, "mode": r.shape.mode.value,
-                          "dtype": r.shape.dtype},
-                "flops": r.flops,
-                "best": r.best,
-                "cells": [_cell_json(c) for c in r.cells],
-            }
-            for r in report.rows
-        ],
+        "rows": [_row_json(r) for r in report.rows],
+    }
+
+
+def _row_json(row: BenchRow) -> dict[str, Any]:
+    s, ranking = row.shape, row.ranking
+    return {
+        "shape": {"batch": s.batch, "heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim,
+                  "head_dim_v": s.dv, "seqlen_q": s.seqlen_q, "seqlen_k": s.seqlen_k, "causal": s.causal,
+                  "mode": s.mode.value, "dtype": s.dtype, "features": sorted(f.value for f in s.features)},
+        "shape_class": str(s.shape_class),
+        "flops": row.flops,
+        "best": ranking.winner,
+        "margin": _num(ranking.margin),
+        "tied": list(ranking.tied) if len(ranking.tied) > 1 else [],
+        "cells": [_cell_json(c) for c in row.cells],
     }
 
 
@@ -59,6 +66,8 @@ def _cell_json(cell: BenchCell) -> dict[str, Any]:
         "first_call_s": _num(t.first_call_s) if t else None,
         "p20_ms": _num(t.p20_ms) if t else None, "p80_ms": _num(t.p80_ms) if t else None,
         "reps": t.reps if t else None, "input_sets": t.input_sets if t else None,
+        "rounds_ms": list(t.rounds_ms) if t else [], "lo_ms": _num(t.lo_ms) if t else None,
+        "hi_ms": _num(t.hi_ms) if t else None, "rel_l1": _num(cell.rel_l1), "cosine": _num(cell.cosine),
     }
 
 

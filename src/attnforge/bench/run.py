@@ -1,25 +1,32 @@
 """``attnforge bench`` as a library call: time every backend on every shape with one harness.
 
-Per shape the input sets are drawn once (standard normal, never zeros) and shared by every backend; each
-backend then goes through :func:`attnforge.bench.timing.measure`. A backend that cannot serve a shape is
-skipped with its reasons; one that raises (out of memory, a kernel error) gets an error cell, and the run
-goes on.
+Per shape the input sets are drawn once (standard normal, never zeros) and shared by every backend; the
+backends are then timed in interleaved rounds (``timing.rounds``: every backend once through
+:func:`attnforge.bench.timing.measure`, in an order rotated each round, then the next round), so drift hits all
+of them alike and each cell carries the spread of its rounds. The row's "best" is the one "fastest" rule
+(:func:`attnforge.ranking.rank`): ties within the spread go to the lower-overhead path. Quantized backends also
+get their output error against the float32 reference on the shape (:mod:`attnforge.bench.accuracy`).
+A backend that cannot serve a shape is skipped with its reasons; one that raises (out of memory, a kernel error)
+gets an error cell, and the run goes on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from attnforge.bench.flops import FORMULA, Mode, tflops
-from attnforge.bench.grid import BenchShape
-from attnforge.bench.timing import Timing, TimingConfig, measure, rotation_sets
-from attnforge.dispatch.adapter import BackendAdapter
+from attnforge.backends.adapter import BackendAdapter
+from attnforge.bench.flops import FORMULA, shape_flops, tflops
+from attnforge.bench.grid import to_call
+from attnforge.bench.timing import Timing, TimingConfig, combine_rounds, measure, rotation_sets
+from attnforge.ranking import Measurement, Ranking, rank
+from attnforge.types.shapes import AttentionShape, Mode
 from attnforge.verify.device import DeviceInfo, DeviceType
 
 #: The share of free GPU memory the rotating input sets of one shape may take.
@@ -46,7 +53,8 @@ class BenchCell:
         tflops: TFLOP/s from :mod:`attnforge.bench.flops` and ``ms``.
         ratio_to_baseline: the baseline's ``ms`` divided by this ``ms`` (> 1: faster than SDPA's default).
         peak_mem_bytes: device memory the call allocated at its peak, beyond its inputs (None on CPU).
-        timing: the measurement behind ``ms``.
+        timing: the measurement behind ``ms`` (``timing.rounds_ms``: the spread).
+        rel_l1, cosine: error against the float32 reference (quantized backends only).
     """
 
     backend: str
@@ -57,21 +65,35 @@ class BenchCell:
     ratio_to_baseline: float | None = None
     peak_mem_bytes: int | None = None
     timing: Timing | None = None
+    rel_l1: float | None = None
+    cosine: float | None = None
+
+    def measurement(self, flops: float) -> Measurement | None:
+        """The cell for :func:`attnforge.ranking.rank` (None unless it ran)."""
+        if self.status is not CellStatus.OK or self.ms is None:
+            return None
+        lo_ms, hi_ms = (self.timing.lo_ms, self.timing.hi_ms) if self.timing is not None else (self.ms, self.ms)
+        return Measurement(backend=self.backend, tflops=tflops(flops, self.ms), tflops_lo=tflops(flops, hi_ms),
+                           tflops_hi=tflops(flops, lo_ms), rel_l1=self.rel_l1, cosine=self.cosine)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BenchRow:
     """One shape: its FLOP count, a cell per backend and the fastest backend."""
 
-    shape: BenchShape
+    shape: AttentionShape
     flops: float
     cells: tuple[BenchCell, ...]
 
     @property
+    def ranking(self) -> Ranking:
+        """The one "fastest" rule (:func:`attnforge.ranking.rank`) over the cells that ran."""
+        return rank(m for c in self.cells if (m := c.measurement(self.flops)) is not None)
+
+    @property
     def best(self) -> str | None:
-        """The backend with the highest TFLOP/s on this shape (None when no cell ran)."""
-        done = [c for c in self.cells if c.status is CellStatus.OK and c.tflops is not None]
-        return max(done, key=lambda c: c.tflops or 0.0).backend if done else None
+        """The winner of :attr:`ranking` (None when no cell ran)."""
+        return self.ranking.winner
 
     def cell(self, backend: str) -> BenchCell | None:
         return next((c for c in self.cells if c.backend == backend), None)
@@ -112,10 +134,10 @@ class BenchReport:
 
 
 #: Builds the input sets of one shape on a device: ``(shape, sets, device) -> [(q, k, v, dout|None), ...]``.
-InputFactory = Callable[[BenchShape, int, str], list[tuple[Any, ...]]]
+InputFactory = Callable[[AttentionShape, int, str], list[tuple[Any, ...]]]
 
 
-def random_inputs(shape: BenchShape, sets: int, device: str) -> list[tuple[Any, ...]]:
+def random_inputs(shape: AttentionShape, sets: int, device: str) -> list[tuple[Any, ...]]:
     """``sets`` independent standard-normal ``(q, k, v, dout)`` in ``shape.dtype`` on ``device``.
 
     ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]``; ``dout [B, Hq, Sq, D]`` for fwd+bwd (else None), and
@@ -130,22 +152,23 @@ def random_inputs(shape: BenchShape, sets: int, device: str) -> list[tuple[Any, 
         q = torch.randn(shape.batch, shape.heads, shape.seqlen_q, shape.head_dim, device=device, dtype=dtype)
         kv_shape = (shape.batch, shape.kv_heads, shape.seqlen_k, shape.head_dim)
         k = torch.randn(kv_shape, device=device, dtype=dtype)
-        v = torch.randn(kv_shape, device=device, dtype=dtype)
+        v = torch.randn(*kv_shape[:3], shape.dv, device=device, dtype=dtype)
         dout = torch.randn_like(q) if grad else None
         out.append((q.requires_grad_(grad), k.requires_grad_(grad), v.requires_grad_(grad), dout))
     return out
 
 
-def set_bytes(shape: BenchShape) -> int:
+def set_bytes(shape: AttentionShape) -> int:
     """Bytes of one input set: q, k, v, plus dout for fwd+bwd."""
     itemsize = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(shape.dtype, 2)
     q = shape.batch * shape.heads * shape.seqlen_q * shape.head_dim
-    kv = 2 * shape.batch * shape.kv_heads * shape.seqlen_k * shape.head_dim
-    return itemsize * (q + kv + (q if shape.mode is Mode.FWD_BWD else 0))
+    kv = shape.batch * shape.kv_heads * shape.seqlen_k * (shape.head_dim + shape.dv)
+    dout = shape.batch * shape.heads * shape.seqlen_q * shape.dv if shape.mode is Mode.FWD_BWD else 0
+    return itemsize * (q + kv + dout)
 
 
 def make_step(adapter: BackendAdapter, inputs: Sequence[tuple[Any, ...]],
-              shape: BenchShape) -> Callable[[int], object]:
+              shape: AttentionShape) -> Callable[[int], object]:
     """The call ``measure`` times: forward under ``no_grad``, or forward then ``autograd.grad`` of dout."""
     import torch
 
@@ -165,10 +188,10 @@ def make_step(adapter: BackendAdapter, inputs: Sequence[tuple[Any, ...]],
 
 
 def run_bench(
-    shapes: Sequence[BenchShape], *, adapters: Mapping[str, BackendAdapter], baseline: str,
+    shapes: Sequence[AttentionShape], *, adapters: Mapping[str, BackendAdapter], baseline: str,
     device: DeviceInfo, timing: TimingConfig, versions: Mapping[str, str | None] | None = None,
     verified: Sequence[str] = (), quantized: Sequence[str] = (), make_inputs: InputFactory = random_inputs,
-    progress: Callable[[BenchShape, str], None] | None = None,
+    progress: Callable[[AttentionShape, str], None] | None = None, clock: Callable[[], float] = time.perf_counter,
 ) -> BenchReport:
     """Time every adapter on every shape.
 
@@ -183,13 +206,15 @@ def run_bench(
         quantized: the names that quantize Q/K/V (asked with ``precision="allow_quantized"``).
         make_inputs: builds the input sets (injected by tests).
         progress: called before each cell with the shape and backend (the CLI shows a status line).
+        clock: seconds, monotonic, for CPU timing (a fake clock in tests).
 
     Returns:
         The report; cells that raised are errors, not exceptions.
     """
     versions = versions or {}
     rows = [_run_shape(shape, adapters=adapters, baseline=baseline, device=device, timing=timing,
-                       quantized=quantized, make_inputs=make_inputs, progress=progress) for shape in shapes]
+                       quantized=quantized, make_inputs=make_inputs, progress=progress, clock=clock)
+            for shape in shapes]
     return BenchReport(
         run_id=uuid.uuid4().hex[:12],
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -199,14 +224,14 @@ def run_bench(
     )
 
 
-def _run_shape(shape: BenchShape, *, adapters: Mapping[str, BackendAdapter], baseline: str,
+def _run_shape(shape: AttentionShape, *, adapters: Mapping[str, BackendAdapter], baseline: str,
                device: DeviceInfo, timing: TimingConfig, quantized: Sequence[str], make_inputs: InputFactory,
-               progress: Callable[[BenchShape, str], None] | None) -> BenchRow:
+               progress: Callable[[AttentionShape, str], None] | None, clock: Callable[[], float]) -> BenchRow:
     cells: dict[str, BenchCell] = {}
     runnable: list[str] = []
     for name, adapter in adapters.items():
-        call = shape.call(device_type=device.type.value, compute_capability=device.compute_capability,
-                          precision="allow_quantized" if name in quantized else "exact")
+        call = to_call(shape, device_type=device.type.value, compute_capability=device.compute_capability,
+                       precision="allow_quantized" if name in quantized else "exact")
         reasons = adapter.unsupported_reasons(call)
         if reasons:
             cells[name] = BenchCell(backend=name, status=CellStatus.SKIPPED, detail="; ".join(reasons))
@@ -221,30 +246,68 @@ def _run_shape(shape: BenchShape, *, adapters: Mapping[str, BackendAdapter], bas
             detail = _last_line(exc)
             cells.update({n: BenchCell(backend=n, status=CellStatus.ERROR, detail=detail) for n in runnable})
             runnable = []
+        cells.update(_time_rounds({n: adapters[n] for n in runnable}, inputs, shape=shape, device=device,
+                                  timing=timing, progress=progress, clock=clock))
         for name in runnable:
-            if progress is not None:
-                progress(shape, name)
-            cells[name] = _time_cell(name, adapters[name], inputs, shape=shape, device=device, timing=timing)
+            if name in quantized and cells[name].status is CellStatus.OK:
+                cells[name] = _with_error(cells[name], adapters[name], inputs[0], shape)
         inputs = []
         _release(device)
     base = cells.get(baseline)
     base_ms = base.ms if base is not None and base.status is CellStatus.OK else None
     ordered = tuple(_with_ratio(cells[n], base_ms) for n in adapters)
-    return BenchRow(shape=shape, flops=shape.flops, cells=ordered)
+    return BenchRow(shape=shape, flops=shape_flops(shape), cells=ordered)
 
 
-def _time_cell(name: str, adapter: BackendAdapter, inputs: Sequence[tuple[Any, ...]], *, shape: BenchShape,
-               device: DeviceInfo, timing: TimingConfig) -> BenchCell:
-    step = make_step(adapter, inputs, shape)
+def _time_rounds(adapters: Mapping[str, BackendAdapter], inputs: Sequence[tuple[Any, ...]], *,
+                 shape: AttentionShape, device: DeviceInfo, timing: TimingConfig,
+                 progress: Callable[[AttentionShape, str], None] | None,
+                 clock: Callable[[], float]) -> dict[str, BenchCell]:
+    """Every backend once per round, the order rotated each round; a backend that raises leaves the rounds."""
+    rounds = max(1, timing.rounds)
+    per_round = dataclasses.replace(timing, rep_ms=timing.rep_ms / rounds)
     sync = _sync(device)
+    steps = {name: make_step(adapter, inputs, shape) for name, adapter in adapters.items()}
+    done: dict[str, list[Timing]] = {name: [] for name in adapters}
+    failed: dict[str, BenchCell] = {}
+    names = list(adapters)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if name in failed:
+                continue
+            if progress is not None:
+                progress(shape, name)
+            try:
+                done[name].append(measure(steps[name], sets=len(inputs), config=per_round, sync=sync, clock=clock))
+            except Exception as exc:  # a backend may raise anything; the cell records it
+                _release(device)
+                failed[name] = BenchCell(backend=name, status=CellStatus.ERROR, detail=_last_line(exc))
+    out: dict[str, BenchCell] = dict(failed)
+    flops = shape_flops(shape)
+    for name in names:
+        if name in failed:
+            continue
+        result = combine_rounds(done[name])
+        try:
+            peak = _peak_memory(steps[name], device, sync)
+        except Exception as exc:
+            out[name] = BenchCell(backend=name, status=CellStatus.ERROR, detail=_last_line(exc))
+            continue
+        out[name] = BenchCell(backend=name, status=CellStatus.OK, ms=result.median_ms,
+                              tflops=tflops(flops, result.median_ms), peak_mem_bytes=peak, timing=result)
+    return out
+
+
+def _with_error(cell: BenchCell, adapter: BackendAdapter, inputs: tuple[Any, ...],
+                shape: AttentionShape) -> BenchCell:
+    """The cell with the quantized backend's output error on this shape (an error cell if it raises)."""
+    from attnforge.bench.accuracy import output_error
+
     try:
-        result = measure(step, sets=len(inputs), config=timing, sync=sync)
-        peak = _peak_memory(step, device, sync)
+        rel_l1, cosine = output_error(adapter, inputs, causal=shape.causal)
     except Exception as exc:  # a backend may raise anything; the cell records it
-        _release(device)
-        return BenchCell(backend=name, status=CellStatus.ERROR, detail=_last_line(exc))
-    return BenchCell(backend=name, status=CellStatus.OK, ms=result.median_ms,
-                     tflops=tflops(shape.flops, result.median_ms), peak_mem_bytes=peak, timing=result)
+        return BenchCell(backend=cell.backend, status=CellStatus.ERROR, detail=f"error check: {_last_line(exc)}")
+    return dataclasses.replace(cell, rel_l1=rel_l1, cosine=cosine)
 
 
 def _with_ratio(cell: BenchCell, base_ms: float | None) -> BenchCell:

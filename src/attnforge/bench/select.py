@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
-from attnforge.bench.flops import Mode
-from attnforge.bench.grid import BenchShape, ShapeSet, cpu_grid, model_shapes, paper_grid
+from attnforge.backends.adapter import BackendAdapter
+from attnforge.bench.grid import ShapeSet, cpu_grid, diffusion_grid, model_shapes, paper_grid, real_grid
 from attnforge.bench.timing import CPU_PERF_COUNTER, GPU_DO_BENCH, GPU_EVENTS, TimingConfig
-from attnforge.dispatch.adapter import BackendAdapter
 from attnforge.errors import UsageError
+from attnforge.types.shapes import AttentionShape, Mode
 from attnforge.verify.device import DeviceInfo, DeviceType
 
 _CAUSAL = {"both": (False, True), "on": (True,), "off": (False,)}
@@ -23,7 +24,7 @@ def choose_backends(names: Sequence[str], verified: Sequence[str]) -> tuple[dict
     Raises:
         UsageError: a name has no adapter.
     """
-    from attnforge.dispatch.registry import FALLBACK, adapters, fallback
+    from attnforge.backends.registry import FALLBACK, adapters, fallback
 
     registry = adapters()
     unknown = [n for n in names if n not in registry and n != FALLBACK]
@@ -39,24 +40,45 @@ def choose_backends(names: Sequence[str], verified: Sequence[str]) -> tuple[dict
 def choose_shapes(
     shape_set: ShapeSet, *, device: DeviceInfo, dtype: str, causal: str, mode: str, batch: int | None,
     heads: int | None, kv_heads: int | None, head_dims: Sequence[int], seqlens: Sequence[int],
-    seqlen_k: int | None,
-) -> list[BenchShape]:
-    """The grid for ``--shapes``, restricted by ``--head-dim``/``--seqlen`` when given.
+    seqlen_k: int | None, model_config: Path | None = None,
+) -> list[AttentionShape]:
+    """The shapes for ``--shapes``, restricted by ``--head-dim``/``--seqlen`` when given.
+
+    ``model`` takes a Hugging Face ``--model config.json`` (:mod:`attnforge.bench.models`) or the sizes given
+    by ``--batch --heads --head-dim --seqlen``; ``grid`` and ``diffusion`` are shrunk on a CPU.
 
     Raises:
         UsageError: model-only options with a grid, a missing model size, or a filter that leaves nothing.
     """
     causals, modes = _CAUSAL[causal], _MODES[mode]
+    cpu = device.type is DeviceType.CPU
+    if shape_set is ShapeSet.MODEL and model_config is not None:
+        from attnforge.bench.models import model_config_shapes, read_model_config
+
+        clash = [flag for flag, value in (("--heads", heads), ("--kv-heads", kv_heads), ("--seqlen-k", seqlen_k),
+                                          ("--head-dim", head_dims or None)) if value is not None]
+        if clash:
+            raise UsageError(f"{', '.join(clash)} cannot be combined with --model (the config sets them)",
+                             hint="keep --model with --batch/--seqlen, or drop --model and give the sizes")
+
+        return model_config_shapes(read_model_config(model_config), dtype=dtype, batch=batch or 1,
+                                   seqlens=tuple(seqlens), modes=modes, cpu=cpu)
     if shape_set is ShapeSet.MODEL:
         return model_shapes(batch=batch, heads=heads, kv_heads=kv_heads, head_dims=head_dims, seqlens=seqlens,
                             seqlen_k=seqlen_k, dtype=dtype, causals=causals, modes=modes)
     model_only = [flag for flag, value in (("--batch", batch), ("--heads", heads), ("--kv-heads", kv_heads),
-                                           ("--seqlen-k", seqlen_k)) if value is not None]
+                                           ("--seqlen-k", seqlen_k), ("--model", model_config))
+                  if value is not None]
     if model_only:
         raise UsageError(f"{', '.join(model_only)} only apply to --shapes model",
                          hint="add --shapes model to time your own shape")
-    tiny = shape_set is ShapeSet.DEFAULT and device.type is DeviceType.CPU
-    grid = (cpu_grid if tiny else paper_grid)(dtype=dtype, causals=causals, modes=modes)
+    if shape_set is ShapeSet.GRID:
+        grid = real_grid(dtype=dtype, modes=modes, cpu=cpu)
+    elif shape_set is ShapeSet.DIFFUSION:
+        grid = diffusion_grid(dtype=dtype, modes=modes, cpu=cpu)
+    else:
+        tiny = shape_set is ShapeSet.DEFAULT and cpu
+        grid = (cpu_grid if tiny else paper_grid)(dtype=dtype, causals=causals, modes=modes)
     shapes = [s for s in grid
               if (not head_dims or s.head_dim in head_dims) and (not seqlens or s.seqlen_q in seqlens)]
     if not shapes:

@@ -6,6 +6,11 @@ time budget and an estimate of one call, each repetition is timed on its own, an
 On a GPU each repetition is bracketed by CUDA events (or handed to ``do_bench`` itself); on a CPU by
 ``time.perf_counter``. Every call uses the next of several input sets, so a GPU cannot serve a call from
 inputs the previous call left in L2 (see :func:`rotation_sets`).
+
+A bench cell is measured in ``rounds`` interleaved rounds (every backend once per round, then the next round,
+:mod:`attnforge.bench.run`), each with ``rep_ms / rounds`` of repetitions; :func:`combine_rounds` reports the
+median of the rounds' medians and keeps each round's median, so the spread between rounds (what a neighbour,
+clock boost or thermal state changes) is measured, not hidden in one long run.
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ class TimingConfig:
     Attributes:
         warmup_ms: time spent in warm-up calls after the first call (do_bench's ``warmup``).
         rep_ms: time spent in timed repetitions (do_bench's ``rep``).
-        min_reps / max_reps: bounds on the number of timed repetitions.
+        min_reps / max_reps: bounds on the number of timed repetitions (per round).
         method: the timer.
+        rounds: interleaved rounds per cell; ``rep_ms`` is shared among them.
     """
 
     warmup_ms: float
@@ -45,6 +51,7 @@ class TimingConfig:
     min_reps: int
     max_reps: int
     method: TimerMethod
+    rounds: int = 3
 
 
 #: The method of the H200 fixture: triton's do_bench, median, warm-up 50 ms, repetitions 200 ms.
@@ -70,6 +77,7 @@ class Timing:
         first_call_s: the first call alone, wall time: compile/JIT/autotuning plus one run; not in the median.
         input_sets: how many input sets the calls rotated through.
         method: the timer.
+        rounds_ms: the median of each interleaved round (one entry for a single measurement).
     """
 
     median_ms: float
@@ -81,6 +89,28 @@ class Timing:
     first_call_s: float
     input_sets: int
     method: TimerMethod
+    rounds_ms: tuple[float, ...] = ()
+
+    @property
+    def lo_ms(self) -> float:
+        """The fastest round's median (the spread's low end)."""
+        return min(self.rounds_ms, default=self.median_ms)
+
+    @property
+    def hi_ms(self) -> float:
+        """The slowest round's median (the spread's high end)."""
+        return max(self.rounds_ms, default=self.median_ms)
+
+
+def combine_rounds(rounds: list[Timing]) -> Timing:
+    """One :class:`Timing` of interleaved rounds: the median of their medians, the first round's first call."""
+    medians = tuple(r.median_ms for r in rounds)
+    return Timing(median_ms=statistics.median(medians), min_ms=min(r.min_ms for r in rounds),
+                  p20_ms=statistics.median(r.p20_ms for r in rounds),
+                  p80_ms=statistics.median(r.p80_ms for r in rounds),
+                  reps=sum(r.reps for r in rounds), warmup_calls=sum(r.warmup_calls for r in rounds),
+                  first_call_s=rounds[0].first_call_s, input_sets=rounds[0].input_sets, method=rounds[0].method,
+                  rounds_ms=medians)
 
 
 def rotation_sets(*, set_bytes: int, l2_bytes: int | None, budget_bytes: int | None,
@@ -152,9 +182,10 @@ def summarize(times_ms: list[float], *, warmup_calls: int, first_call_s: float, 
         p20, p80 = deciles[1], deciles[7]
     else:
         p20 = p80 = ordered[0]
-    return Timing(median_ms=statistics.median(ordered), min_ms=ordered[0], p20_ms=p20, p80_ms=p80,
-                  reps=len(ordered), warmup_calls=warmup_calls, first_call_s=first_call_s,
-                  input_sets=input_sets, method=method)
+    median = statistics.median(ordered)
+    return Timing(median_ms=median, min_ms=ordered[0], p20_ms=p20, p80_ms=p80, reps=len(ordered),
+                  warmup_calls=warmup_calls, first_call_s=first_call_s, input_sets=input_sets, method=method,
+                  rounds_ms=(median,))
 
 
 class _Rotation:

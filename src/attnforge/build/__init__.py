@@ -6,24 +6,9 @@ can render; a failed build raises :class:`BuildFailure` carrying a :class:`~attn
 
 from __future__ import annotations
 
-from attnforge.build.archs import gencode_flags
 from attnforge.build.execute import BuildFailure, BuildResult, build_environment, execute
-from attnforge.build.progress import (
-    BuildEvent,
-    HeartbeatEvent,
-    LineEvent,
-    NinjaStep,
-    NullReporter,
-    Phase,
-    PhaseEvent,
-    Reporter,
-    StepEvent,
-    parse_step,
-)
+from attnforge.build.progress import HeartbeatEvent, NullReporter, Phase, PhaseEvent, Reporter, StepEvent
 from attnforge.build.sccache import SccacheStats
 
-__all__ = [
-    "BuildEvent", "BuildFailure", "BuildResult", "HeartbeatEvent", "LineEvent", "NinjaStep", "NullReporter",
-    "Phase", "PhaseEvent", "Reporter", "SccacheStats", "StepEvent", "build_environment", "execute",
-    "gencode_flags", "parse_step",
-]
+__all__ = ["BuildFailure", "BuildResult", "HeartbeatEvent", "NullReporter", "Phase", "PhaseEvent", "Reporter",
+           "SccacheStats", "StepEvent", "build_environment", "execute"]

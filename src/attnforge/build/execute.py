@@ -32,10 +32,11 @@ import psutil
 
 from attnforge._system.runner import Runner, SubprocessRunner, which
 from attnforge.build import sccache as sccache_mod
+from attnforge.build.ninja_order import install_shim
 from attnforge.build.progress import NullReporter, Phase, PhaseEvent, Reporter
 from attnforge.build.sccache import SccacheStats
 from attnforge.build.source import FetchedSource, fetch, lay_out
-from attnforge.build.stream import Interrupted, Launcher, launch, run_streamed
+from attnforge.build.stream import Launcher, launch, run_streamed
 from attnforge.build.windows_layer import WindowsBuild, builds_on_windows, prepare_windows_build
 from attnforge.errors import BuildError
 from attnforge.probe.snapshot import SystemSnapshot
@@ -151,6 +152,9 @@ def execute(
                                            scratch=scratch)
                 env = windows.env
                 log.writelines(f"attnforge: {line}\n" for line in windows.log_lines())
+            shim_path = None if on_windows else install_shim(scratch / "shims", env)
+            if shim_path is not None:  # longest compile units first (see ninja_order.py)
+                env["PATH"] = shim_path
             _log_header(log, spec, env)
             reporter.report(PhaseEvent(phase=Phase.FETCH, detail=_describe_source(spec)))
             fetched = fetch(spec.source, scratch=scratch, python=python, env=env, runner=runner)
@@ -194,7 +198,7 @@ def execute(
                              hint="wait for it to finish, or remove the .lock file if no build is running",
                              ) from None
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt | Interrupted):
+            if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (Interrupted)
                 log.write(f"attnforge: interrupted ({type(exc).__name__}); cleaning up\n")
             raise
         finally:

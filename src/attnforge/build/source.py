@@ -55,6 +55,72 @@ def is_archive(path: Path) -> bool:
     return path.name.lower().endswith(_ARCHIVE_SUFFIXES)
 
 
+def parse_source(text: str) -> SourceSpec:
+    """``--source`` text of every verb (build, install, plan) -> :class:`SourceSpec`. The one parser.
+
+    Forms (pip's syntax): ``PATH`` (a directory or an sdist archive), ``PATH#subdirectory=DIR``,
+    ``https://.../name-1.0.tar.gz`` (an sdist URL), ``git+URL[@REF][#subdirectory=DIR]`` and ``URL.git[@REF]``.
+    A fragment may also carry ``egg=NAME`` (ignored, as pip does); ``subdirectory`` is relative and stays inside
+    the tree. The whole repository is staged and the build runs in the subdirectory.
+
+    Raises:
+        UsageError: an unknown fragment key, a subdirectory that leaves the tree, or a URL that is neither a git
+            repository nor an sdist archive.
+    """
+    body, _, fragment = text.strip().partition("#")
+    subdirectory = _subdirectory(text, fragment)
+    if body.startswith("git+") or body.endswith(".git") or ".git@" in body:
+        url = body.removeprefix("git+")
+        scheme, sep, rest = url.partition("://")
+        ref = None
+        if "@" in rest.rsplit("/", 1)[-1]:
+            rest, _, ref = rest.rpartition("@")
+        return SourceSpec(kind=SourceKind.GIT, location=f"{scheme}{sep}{rest}", ref=ref or None,
+                          subdirectory=subdirectory)
+    if "://" in body:
+        if not body.startswith(("http://", "https://")) or not is_archive(Path(body.split("?", 1)[0])):
+            raise UsageError(f"{text} is neither a git repository nor an sdist archive",
+                             hint="use git+URL@REF for a repository, or a URL ending in .tar.gz / .zip")
+        return SourceSpec(kind=SourceKind.URL, location=body, subdirectory=subdirectory)
+    if not body:
+        raise UsageError(f"--source {text!r} names no path or URL", hint="write e.g. --source ./flash-attention")
+    return SourceSpec(kind=SourceKind.PATH, location=str(Path(body).expanduser().resolve()),
+                      subdirectory=subdirectory)
+
+
+def _subdirectory(text: str, fragment: str) -> str | None:
+    subdirectory = None
+    for part in filter(None, fragment.split("&")):
+        key, eq, value = part.partition("=")
+        if key == "subdirectory" and eq and value.rstrip("/"):
+            subdirectory = value.rstrip("/")
+        elif key != "egg":
+            raise UsageError(f"--source {text!r}: unknown fragment {part!r}",
+                             hint="the fragment may carry subdirectory=DIR (and egg=NAME), e.g. "
+                                  "--source ./flash-attention#subdirectory=hopper")
+    if subdirectory is not None and (Path(subdirectory).is_absolute() or ".." in Path(subdirectory).parts
+                                     or "\\" in subdirectory):
+        raise UsageError(f"--source {text!r}: subdirectory {subdirectory!r} leaves the source tree",
+                         hint="give a path relative to the repository root, e.g. #subdirectory=hopper")
+    return subdirectory
+
+
+def check_submodules(tree: Path, submodules: tuple[str, ...], *, where: str) -> None:
+    """Refuse a tree whose git submodules (``csrc/cutlass`` for FlashAttention-3) are missing or empty.
+
+    Raises:
+        UsageError: one is missing; the hint is the ``git submodule update --init`` command that fixes it.
+    """
+    missing = [m for m in submodules if not (tree / m).is_dir() or not any((tree / m).iterdir())]
+    if missing:
+        raise UsageError(
+            f"{where} lacks its git submodule(s) {', '.join(missing)} (missing or empty)",
+            cause="the build includes headers from them; a clone without --recurse-submodules leaves them empty",
+            hint=f"git -C {tree} submodule update --init {' '.join(missing)}  "
+                 "(or clone with git clone --recurse-submodules)",
+        )
+
+
 def fetch(
     source: SourceSpec, *, scratch: Path, python: str, env: Mapping[str, str], runner: Runner
 ) -> FetchedSource:
@@ -74,6 +140,7 @@ def fetch(
     if source.kind is SourceKind.PATH:
         path = Path(source.location).expanduser().resolve()
         if path.is_dir():
+            check_submodules(path, source.submodules, where=f"the source tree {path}")
             return FetchedSource(sha256=tree_sha256(path), archive=None, tree=path,
                                  description=f"{path} (directory)")
         if path.is_file() and is_archive(path):
@@ -126,6 +193,7 @@ def _git_checkout(
             raise BuildError(f"git could not check out {source.location}@{ref}",
                              cause=_last_lines(done.output) or f"{' '.join(argv)} exited {done.returncode}",
                              hint=f"check the URL and ref: git ls-remote {source.location} {ref}")
+    check_submodules(tree, source.submodules, where=f"the checkout of {source.location}@{ref}")
     return FetchedSource(sha256=tree_sha256(tree), archive=None, tree=tree,
                          description=f"{source.location}@{ref} (git)")
 

@@ -3,7 +3,9 @@
 A reader thread moves lines from the child's pipe into a queue, so the calling thread can send heartbeats
 while a compiler step is silent and can stop the child's whole process group on Ctrl-C or SIGTERM.
 The child runs in its own session (POSIX) or process group (Windows): an interrupt stops ninja, nvcc and
-cicc with it, and nothing keeps writing into a directory that is being removed.
+cicc with it, and nothing keeps writing into a directory that is being removed. On POSIX a watchdog process
+holds a pipe from attnforge; if attnforge dies without releasing it (SIGKILL, OOM killer) the watchdog stops
+the build's process group, so no compiler keeps running orphaned.
 """
 
 from __future__ import annotations
@@ -58,8 +60,39 @@ def launch(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str]) -> subproc
     )
 
 
-class Interrupted(BaseException):
-    """The build was stopped by SIGTERM (Ctrl-C is KeyboardInterrupt); ``except Exception`` skips it."""
+class Interrupted(KeyboardInterrupt):
+    """The build was stopped by SIGTERM; ``except Exception`` skips it, and the CLI reports it as it does
+    Ctrl-C (a message, no traceback) with exit code ``128 + signum`` (143)."""
+
+    def __init__(self, message: str, *, signum: int = signal.SIGTERM) -> None:
+        super().__init__(message)
+        self.signum = int(signum)
+
+
+#: Run in its own session next to every POSIX build: it waits for EOF on stdin, which comes when attnforge
+#: releases it (it writes "done" first) or when attnforge dies, even by SIGKILL (the kernel closes the pipe).
+#: In the second case it stops the build's whole process group, so no compiler is left orphaned.
+_WATCHDOG = """
+import os, signal, sys, time
+pgid, grace = int(sys.argv[1]), float(sys.argv[2])
+if sys.stdin.buffer.read().startswith(b"done"):
+    sys.exit(0)
+try:
+    os.killpg(pgid, signal.SIGTERM)
+except OSError:
+    sys.exit(0)
+deadline = time.monotonic() + grace
+while time.monotonic() < deadline:
+    try:
+        os.killpg(pgid, 0)
+    except OSError:
+        sys.exit(0)
+    time.sleep(0.2)
+try:
+    os.killpg(pgid, signal.SIGKILL)
+except OSError:
+    pass
+"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +140,7 @@ def run_streamed(
     """
     start = clock()
     proc = launcher(argv, cwd=cwd, env=env)
+    watchdog = _start_watchdog(proc)
     lines: queue.Queue[str | None] = queue.Queue()
     reader = threading.Thread(target=_pump, args=(proc, lines), daemon=True, name="attnforge-build-reader")
     reader.start()
@@ -143,6 +177,7 @@ def run_streamed(
         stop(proc)
         raise
     finally:
+        _release_watchdog(watchdog)
         _restore_sigterm(previous)
         reader.join(timeout=5)
         if proc.stdout is not None:
@@ -209,13 +244,42 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(family, timeout=_GRACE_S)
 
 
+def _start_watchdog(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes] | None:
+    """Start the watchdog of ``proc``'s process group (POSIX; only when ``proc`` leads its own group)."""
+    if sys.platform == "win32":
+        return None
+    try:
+        if os.getpgid(proc.pid) != proc.pid:
+            return None  # a test launcher that did not start a new session: nothing of its own to stop
+        return subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(proc.pid), str(_GRACE_S)], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+    except OSError:
+        return None  # the build already ended, or no process can be started: the build runs unguarded
+
+
+def _release_watchdog(watchdog: subprocess.Popen[bytes] | None) -> None:
+    if watchdog is None or watchdog.stdin is None:
+        return
+    with contextlib.suppress(OSError):
+        watchdog.stdin.write(b"done")
+    with contextlib.suppress(OSError):
+        watchdog.stdin.close()
+    try:
+        watchdog.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        watchdog.kill()
+        watchdog.wait()
+
+
 def _install_sigterm() -> object:
     """Turn SIGTERM into an exception so ``finally`` blocks clean up (main thread only; elsewhere a no-op)."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
     def handler(signum: int, frame: object) -> None:
-        raise Interrupted(f"stopped by signal {signum}")
+        raise Interrupted(f"stopped by signal {signum}", signum=signum)
 
     return signal.signal(signal.SIGTERM, handler)
 

@@ -11,7 +11,7 @@ vs nvcc), §4 (vswhere, vcvars, long paths, CUDA_PATH); install-anchors.md §5.3
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PureWindowsPath
 
@@ -19,7 +19,8 @@ from attnforge._system.runner import Runner
 from attnforge.catalog.msvc import MsvcCatalog
 from attnforge.errors import BuildError
 from attnforge.probe.snapshot import CudaToolkit, SystemSnapshot, VisualStudio
-from attnforge.resolve.msvc import MsvcCheck, MsvcWindow, choose_windows_toolchain, mm
+from attnforge.resolve.msvc import MsvcCheck, WindowsToolchain
+from attnforge.types.versions import parse_major_minor
 
 _CAPTURE_MARKER = "===attnforge-vcvars-set==="
 _ENV_LINE = re.compile(r"^([A-Za-z_][^=\r\n]*)=(.*)$")
@@ -183,17 +184,14 @@ def windows_build_env(
     snapshot: SystemSnapshot,
     *,
     key8: str,
-    windows: Sequence[MsvcWindow],
+    toolchain: WindowsToolchain,
     msvc: MsvcCatalog,
     build_root: str | None = None,
-    msvc_toolset: str | None = None,
-    allow_unsupported_compiler: bool = False,
-    toolkit: CudaToolkit | None = None,
 ) -> WindowsBuildEnv:
-    """The variables around the toolset and toolkit the resolver chose for a Windows build.
+    """The variables around the toolset and toolkit chosen for a Windows build.
 
-    The choice itself is :func:`attnforge.resolve.msvc.choose_windows_toolchain`, called with the BuildSpec's
-    ``msvc_toolset`` and ``toolkit`` (the resolver's answers), so the build executes the plan's decision.
+    ``toolchain`` is :func:`attnforge.resolve.msvc.choose_windows_toolchain` asked with the BuildSpec's
+    ``msvc_toolset`` and ``toolkit`` (the resolver's answers): this function only executes that decision.
     Sets ``DISTUTILS_USE_SDK=1`` (so neither
     setuptools nor torch re-runs vcvars and torch's "VC environment is activated but DISTUTILS_USE_SDK is not
     set" check passes), ``TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES=1``, short TMP/TEMP, CUDA_HOME and
@@ -203,20 +201,13 @@ def windows_build_env(
     Args:
         snapshot: a Windows snapshot with Visual Studio instances and CUDA toolkits.
         key8: 8 hex digits naming this build (the BuildSpec's leaf); names the default build root.
-        windows: nvcc host-compiler rows (``toolchain.host_compilers``).
-        msvc: the MSVC catalog (STL floors, conformance flags).
+        toolchain: the Visual Studio instance, toolset, CUDA toolkit and extra nvcc flags to use.
+        msvc: the MSVC catalog (conformance flags, the short build root).
         build_root: the resolver's short build root (``BuildSpec.build_root``); default ``C:\\afb\\<key8>``
-            (msvc.toml ``[build_root]``).
-            TMP/TEMP go to ``<build_root>\\t``.
-        msvc_toolset: the toolset the resolver selected (``BuildSpec.msvc_toolset``, ``"14.44"``), else the
-            newest instance's newest toolset.
-        allow_unsupported_compiler: accept ``-allow-unsupported-compiler`` when nothing else fits.
-        toolkit: the toolkit the resolver chose (``BuildSpec.toolkit``), tried first; default the
-            snapshot's primary toolkit.
+            (msvc.toml ``[build_root]``). TMP/TEMP go to ``<build_root>\\t``.
 
     Raises:
-        BuildError: no Visual Studio with a toolset, no CUDA toolkit, a Python that cannot build extensions,
-            or an MSVC nvcc refuses with no installed fix (the hint lists every fix).
+        BuildError: a Python that cannot build extensions.
     """
     if not re.fullmatch(r"[0-9a-f]{8}", key8):
         raise BuildError(f"build key prefix {key8!r} is not 8 hex digits")
@@ -231,11 +222,10 @@ def windows_build_env(
             cause=f"missing {', '.join(missing)}",
             hint=f"copy the 'include' and 'libs' folders of CPython {snapshot.platform.python_version} into "
                  f"{PureWindowsPath(dev.include_dir).parent}, or build with a full CPython install")
-    tc = choose_windows_toolchain(snapshot, windows=windows, msvc=msvc, msvc_toolset=msvc_toolset,
-                                  toolkit=toolkit, allow_unsupported_compiler=allow_unsupported_compiler)
+    tc = toolchain
     vs, vcvars_ver, toolkit, notes = tc.visual_studio, tc.vcvars_ver, tc.toolkit, list(tc.notes)
-    cuda = mm(toolkit.version)
-    torch_mm = mm(snapshot.torch.version) if snapshot.torch else None
+    cuda = parse_major_minor(toolkit.version)
+    torch_mm = parse_major_minor(snapshot.torch.version) if snapshot.torch else None
     flags = [f.flag for f in msvc.flags_for(cuda=cuda, torch=torch_mm)] + list(tc.nvcc_flags)
     user_flags = snapshot.env.get("NVCC_APPEND_FLAGS", "").split()
     build_root = build_root or str(PureWindowsPath("C:\\") / msvc.build_root.short_dir / key8)

@@ -1,6 +1,7 @@
 """The executor's Windows layer: a Windows snapshot and a BuildSpec in, the build's complete environment out.
 
-:mod:`attnforge.build.windows_env` decides (toolset, toolkit, variables) and captures ``vcvars64``; this module
+:mod:`attnforge.resolve.msvc` decides the toolset and toolkit (asked with the BuildSpec's answers, so the plan's
+decision comes out), :mod:`attnforge.build.windows_env` sets the variables and captures ``vcvars64``; this module
 applies that to one :class:`~attnforge.resolve.types.BuildSpec` for :func:`attnforge.build.execute.execute`.
 The environment the build process gets is layered, later layers winning, names compared case-insensitively
 (Windows' ``Path`` is ``PATH``)::
@@ -24,7 +25,7 @@ from attnforge._system.runner import Runner
 from attnforge.build.windows_env import WindowsBuildEnv, capture_vcvars, merge_env, windows_build_env
 from attnforge.catalog.msvc import MsvcCatalog
 from attnforge.probe.snapshot import SystemSnapshot
-from attnforge.resolve.msvc import MsvcWindow
+from attnforge.resolve.msvc import MsvcWindow, choose_windows_toolchain
 from attnforge.resolve.types import BuildSpec
 
 _KEY8 = re.compile(r"[0-9a-f]{8}")
@@ -109,11 +110,10 @@ def prepare_windows_build(
         from attnforge.catalog.msvc import load_msvc
 
         msvc = load_msvc()
-    plan = windows_build_env(
-        snapshot, key8=key8_of(spec), windows=windows, msvc=msvc, build_root=build_root,
-        msvc_toolset=spec.msvc_toolset, allow_unsupported_compiler=spec.allow_unsupported_compiler,
-        toolkit=spec.toolkit,
-    )
+    toolchain = choose_windows_toolchain(  # the plan's answers in, so the same decision comes out
+        snapshot, windows=windows, msvc=msvc, msvc_toolset=spec.msvc_toolset, toolkit=spec.toolkit,
+        allow_unsupported_compiler=spec.allow_unsupported_compiler)
+    plan = windows_build_env(snapshot, key8=key8_of(spec), toolchain=toolchain, msvc=msvc, build_root=build_root)
     captured = capture_vcvars(runner, plan.visual_studio, scratch_dir, plan.vcvars_ver)
     return WindowsBuild(plan=plan, captured=captured, env=windows_environment(spec, base, plan, captured))
 

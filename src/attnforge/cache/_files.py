@@ -10,8 +10,11 @@ import errno
 import hashlib
 import os
 import shutil
+import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from attnforge.errors import CacheError
 
@@ -27,16 +30,20 @@ NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 def sha256_file(path: Path) -> str:
     """The hex sha256 of a file's bytes, read in 1 MiB chunks."""
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with open_nofollow(path) as f:
         while chunk := f.read(_CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
 
 
 def copy_hashed(src: Path, dst: Path) -> str:
-    """Copy ``src`` to a new file ``dst``, fsync it, and return the sha256 of what was written."""
+    """Copy ``src`` to a new file ``dst``, fsync it, and return the sha256 of what was written.
+
+    ``dst`` is created exclusively (``O_EXCL``: an existing file or symlink there is an error) and ``src`` is
+    opened with ``O_NOFOLLOW`` where the platform has it, so neither side follows a symlink.
+    """
     digest = hashlib.sha256()
-    with src.open("rb") as fin, dst.open("xb") as fout:
+    with open_nofollow(src) as fin, dst.open("xb") as fout:
         while chunk := fin.read(_CHUNK_BYTES):
             digest.update(chunk)
             fout.write(chunk)
@@ -46,16 +53,54 @@ def copy_hashed(src: Path, dst: Path) -> str:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temp file next to ``path``, fsync, then ``os.replace`` it into place."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """Write ``data`` to a fresh temp file next to ``path``, fsync, then ``os.replace`` it into place.
+
+    The temp file has an unpredictable name and is created exclusively (``mkstemp``: ``O_CREAT | O_EXCL``,
+    which never follows a symlink), so another user who can write to the directory cannot redirect the write
+    by planting a symlink; ``os.replace`` then swaps the name itself, never what a symlink there points to.
+    """
+    refuse_symlinked_dir(path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
     try:
-        with tmp.open("wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; an index is meant to be read by the web server
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+def refuse_symlinked_dir(path: Path) -> None:
+    """Raise :class:`CacheError` when ``path`` is a symlink (checked with ``lstat``) or not a directory.
+
+    Writers call it on each directory of a shared tree they create files in, so a symlink planted there by
+    someone else cannot make them write elsewhere.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise CacheError(
+            f"refusing to write into {path}: it is {'a symlink' if stat.S_ISLNK(st.st_mode) else 'not a directory'}",
+            cause="a shared directory whose entries others can replace could redirect the write",
+            hint="remove it (or choose a directory only you can write to) and run the command again",
+        )
+
+
+def open_nofollow(path: Path) -> BinaryIO:
+    """Open a regular file for reading without following a symlink (``OSError`` ``ELOOP`` if it is one)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
         raise
 
 

@@ -14,11 +14,14 @@ Source of the index format: PEP 503 (https://peps.python.org/pep-0503/).
 
 from __future__ import annotations
 
+import datetime as _dt
 import html
-import json
 import os
+import stat
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,16 +30,26 @@ from urllib.parse import quote
 import filelock
 from packaging.utils import canonicalize_name
 
+from attnforge.cache._db import check_root
 from attnforge.cache._files import (
     copy_hashed,
     fsync_dir,
     is_no_space,
     no_space_error,
+    refuse_symlinked_dir,
     remove_tree,
     sha256_file,
     write_atomic,
 )
-from attnforge.cache._provenance import BUILD_LOG, PROVENANCE, PROVENANCE_SCHEMA
+from attnforge.cache._provenance import (
+    BUILD_LOG,
+    MAX_LOG_BYTES,
+    MAX_PROVENANCE_BYTES,
+    MAX_WHEEL_BYTES,
+    provenance_problem,
+    read_provenance,
+    regular_file_problem,
+)
 from attnforge.cache.key import ArtifactKind, CacheKey, CacheKeyInputs
 from attnforge.cache.store import STAGING_PREFIX, Store
 from attnforge.errors import CacheError, UsageError
@@ -50,7 +63,9 @@ class ExportResult:
         index_url: the ``file://`` URL to give pip's ``--index-url``.
         exported: keys copied by this call; ``already``: keys that were there, intact.
         projects: the normalized project names in the index.
-        skipped: one line per artifact left out (corrupt entry, duplicate file name).
+        skipped: one line per artifact left out of the index (duplicate file name).
+        errors: one line per entry that could not be exported (corrupt artifact or provenance); the CLI
+            exits 1 when there are any.
     """
 
     dest: str
@@ -59,6 +74,7 @@ class ExportResult:
     already: tuple[str, ...]
     projects: tuple[str, ...]
     skipped: tuple[str, ...]
+    errors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,27 +87,49 @@ class ImportResult:
     rejected: tuple[str, ...]
 
 
-def export(store: Store, dest: Path) -> ExportResult:
+#: Seconds an export waits for another export into the same directory before giving up with a message.
+EXPORT_LOCK_TIMEOUT_S = 120.0
+
+
+def export(store: Store, dest: Path, *, lock_timeout_s: float = EXPORT_LOCK_TIMEOUT_S) -> ExportResult:
     """Copy every intact entry of ``store`` into ``dest`` and (re)write the PEP 503 index there.
+
+    ``dest`` may be shared with other users: every file is created exclusively under a fresh name and no
+    symlink inside ``dest`` is followed (a planted one stops the export with a message instead).
 
     Raises:
         CacheError: the disk under ``dest`` is full (files already copied stay valid; the index is rewritten
-            only after every copy succeeded).
+            only after every copy succeeded), a symlink was planted in ``dest``, or the export lock is held by
+            another export (or owned by another user) for longer than ``lock_timeout_s``.
     """
-    dest = Path(dest).resolve()
-    (dest / "artifacts").mkdir(parents=True, exist_ok=True)
+    dest = Path(dest).absolute()
+    for part in (dest, dest / "artifacts", dest / "simple"):
+        refuse_symlinked_dir(part)
+    try:
+        (dest / "artifacts").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CacheError(f"cannot create the export directory {dest}", cause=str(exc),
+                         hint="choose a directory you can write to") from None
     exported: list[str] = []
     already: list[str] = []
     skipped: list[str] = []
-    with filelock.FileLock(str(dest / ".attnforge-export.lock")):
+    errors: list[str] = []
+    with _export_lock(dest, lock_timeout_s):
         for entry in store.list():
             try:
                 path = store.get(entry.key)  # re-hashes; a corrupt entry is quarantined, not exported
             except CacheError as exc:
-                skipped.append(f"{entry.key} ({entry.filename}): {exc.message}")
+                errors.append(f"{entry.key} ({entry.filename}): {exc.message}")
+                continue
+            bad = provenance_problem(path.parent, key=entry.key, sha256=entry.sha256, filename=entry.filename,
+                                     inputs=entry.inputs.to_json())
+            if bad is not None:
+                errors.append(f"{entry.key} ({entry.filename}): not exported: {bad} "
+                              "(run `attnforge cache verify`)")
                 continue
             target = dest / "artifacts" / CacheKey.parse(entry.key).digest
-            if (target / entry.filename).is_file() and sha256_file(target / entry.filename) == entry.sha256:
+            refuse_symlinked_dir(target)  # planted by someone else: never write through or replace it
+            if _already_exported(target, entry.filename, entry.sha256):
                 already.append(entry.key)
                 continue
             try:
@@ -104,8 +142,47 @@ def export(store: Store, dest: Path) -> ExportResult:
         projects, dupes = write_index(dest)
     return ExportResult(
         dest=str(dest), index_url=(dest / "simple").as_uri(), exported=tuple(exported),
-        already=tuple(already), projects=tuple(projects), skipped=(*skipped, *dupes),
+        already=tuple(already), projects=tuple(projects), skipped=(*skipped, *dupes), errors=tuple(errors),
     )
+
+
+def _already_exported(target: Path, filename: str, sha256: str) -> bool:
+    if regular_file_problem(target / filename, MAX_WHEEL_BYTES) is not None:
+        return False
+    return sha256_file(target / filename) == sha256
+
+
+@contextmanager
+def _export_lock(dest: Path, timeout_s: float) -> Iterator[None]:
+    path = dest / ".attnforge-export.lock"
+    try:
+        with filelock.FileLock(str(path), timeout=timeout_s):
+            yield
+    except filelock.Timeout:
+        raise CacheError(
+            f"another export into {dest} has held its lock for over {timeout_s:.0f} s",
+            cause=f"lock file {path}{_owner(path)}",
+            hint="wait for it to finish; if no export is running, the lock is stale: remove that file",
+        ) from None
+    except PermissionError as exc:
+        raise CacheError(
+            f"cannot take the export lock in {dest}",
+            cause=f"{exc.strerror}: {path}{_owner(path)}",
+            hint="remove the stale lock file (ask its owner), or export into a directory of your own",
+        ) from None
+
+
+def _owner(path: Path) -> str:
+    try:
+        uid = os.lstat(path).st_uid
+    except OSError:
+        return ""
+    try:
+        import pwd
+
+        return f" (owned by {pwd.getpwuid(uid).pw_name})"
+    except (ImportError, KeyError):
+        return f" (owned by uid {uid})"
 
 
 def _copy_entry(src_dir: Path, target: Path) -> None:
@@ -113,7 +190,7 @@ def _copy_entry(src_dir: Path, target: Path) -> None:
     staging.mkdir()
     try:
         for child in src_dir.iterdir():
-            if child.is_file():
+            if stat.S_ISREG(os.lstat(child).st_mode):  # never a symlink, never what one points at
                 copy_hashed(child, staging / child.name)
         remove_tree(target)
         os.replace(staging, target)
@@ -144,6 +221,7 @@ def write_index(dest: Path) -> tuple[list[str], list[str]]:
             continue
         by_project[name][doc["filename"]] = (digest_dir, doc)
     simple = dest / "simple"
+    refuse_symlinked_dir(simple)
     simple.mkdir(parents=True, exist_ok=True)
     for project, files in by_project.items():
         links = [
@@ -151,6 +229,7 @@ def write_index(dest: Path) -> tuple[list[str], list[str]]:
             f"{html.escape(fn)}</a><br/>"
             for fn, (digest, doc) in sorted(files.items())
         ]
+        refuse_symlinked_dir(simple / project)
         (simple / project).mkdir(exist_ok=True)
         write_atomic(simple / project / "index.html", _page(f"Links for {project}", links).encode())
     projects = sorted(by_project)
@@ -170,20 +249,25 @@ def _page(title: str, links: list[str]) -> str:
 
 
 def _exported_entries(root: Path) -> list[tuple[str, dict[str, Any]]]:
-    """(digest, provenance) of each complete entry directory under ``root/artifacts`` (export or cache)."""
-    out: list[tuple[str, dict[str, Any]]] = []
+    """(digest, provenance) of each sound entry directory under ``root/artifacts`` (export or cache)."""
+    return [(name, doc) for name, doc, _ in _entry_dirs(root) if doc is not None]
+
+
+def _entry_dirs(root: Path) -> list[tuple[str, dict[str, Any] | None, str | None]]:
+    """(name, provenance or None, why not) of every entry directory under ``root/artifacts``."""
+    out: list[tuple[str, dict[str, Any] | None, str | None]] = []
     base = root / "artifacts"
     if not base.is_dir():
         return out
     for child in sorted(base.iterdir()):
-        if child.name.startswith(".") or not (child / PROVENANCE).is_file():
+        if child.name.startswith("."):
             continue
-        try:
-            doc = json.loads((child / PROVENANCE).read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and doc.get("schema") == PROVENANCE_SCHEMA:
-            out.append((child.name, doc))
+        mode = os.lstat(child).st_mode
+        if stat.S_ISLNK(mode):
+            out.append((child.name, None, f"{child.name} is a symlink; symlinks are never followed"))
+        elif stat.S_ISDIR(mode):
+            doc, why = read_provenance(child)
+            out.append((child.name, doc, why))
     return out
 
 
@@ -197,6 +281,7 @@ def import_(store: Store, source: Path) -> ImportResult:
         UsageError: ``source`` holds neither an export nor a cache (no ``artifacts/*/provenance.json``).
         CacheError: the store's disk is full.
     """
+    check_root(store.root, write=True)  # a read-only cache cannot take imports: say so once, up front
     source = Path(source).resolve()
     if not (source / "artifacts").is_dir():
         raise UsageError(
@@ -207,29 +292,56 @@ def import_(store: Store, source: Path) -> ImportResult:
     imported: list[str] = []
     already: list[str] = []
     rejected: list[str] = []
-    for digest, doc in _exported_entries(source):
+    for digest, doc, why in _entry_dirs(source):
         folder = source / "artifacts" / digest
-        problem, inputs = _check_provenance(folder, digest, doc)
-        if problem is not None or inputs is None:
-            rejected.append(f"{folder}: {problem}")
+        problem, inputs = (why, None) if doc is None else _check_provenance(folder, digest, doc)
+        if problem is not None or inputs is None or doc is None:
+            rejected.append(f"{folder}: {problem}; quarantined in {_quarantine_import(store, folder, str(problem))}")
             continue
         log = folder / BUILD_LOG
+        log_problem = regular_file_problem(log, MAX_LOG_BYTES)
+        if (log.exists() or log.is_symlink()) and log_problem is not None:
+            rejected.append(f"{folder}: {log_problem}; quarantined in "
+                            f"{_quarantine_import(store, folder, log_problem)}")
+            continue
         raw_details = doc.get("details")
         details: dict[str, Any] = raw_details if isinstance(raw_details, dict) else {}
         try:
             result = store.put(
-                folder / doc["filename"], inputs, log_path=log if log.is_file() else None,
+                folder / doc["filename"], inputs, log_path=log if log_problem is None else None,
                 provenance={**details, "imported_from": str(source)}, expected_sha256=doc["sha256"],
+                follow_symlinks=False,
             )
-        except CacheError as exc:
+        except (CacheError, UsageError) as exc:
             if "disk space" in exc.message:
                 raise
-            rejected.append(f"{folder}: {exc.message}")
+            rejected.append(f"{folder}: {exc.message}; quarantined in "
+                            f"{_quarantine_import(store, folder, exc.message)}")
             continue
         (imported if result.stored else already).append(result.entry.key)
     return ImportResult(
         source=str(source), imported=tuple(imported), already=tuple(already), rejected=tuple(rejected)
     )
+
+
+def _quarantine_import(store: Store, folder: Path, reason: str) -> str:
+    """Keep a rejected import for inspection: its small regular files and ``reason.txt`` (symlinks and files
+    over the limits are only named there, never copied). Returns where, or why nothing was kept."""
+    stamp = _dt.datetime.now(tz=_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    dest = store.quarantine_dir / f"import-{folder.name[:64]}-{stamp}-{uuid.uuid4().hex[:6]}"
+    try:
+        dest.mkdir(parents=True)
+        notes = [f"imported from {folder}", reason, ""]
+        for child in sorted(folder.iterdir()):
+            problem = regular_file_problem(child, MAX_PROVENANCE_BYTES)
+            if problem is None:
+                copy_hashed(child, dest / child.name)
+            else:
+                notes.append(f"not copied: {problem}")
+        (dest / "reason.txt").write_text("\n".join(notes) + "\n")
+    except OSError as exc:
+        return f"nowhere ({exc.strerror or exc})"
+    return str(dest)
 
 
 def _check_provenance(
@@ -244,9 +356,12 @@ def _check_provenance(
         return f"unreadable provenance.json ({exc})", None
     if str(key) != doc.get("key") or key.digest != digest:
         return f"its key {doc.get('key')} is not the hash of its recorded inputs ({key})", None
+    if "/" in filename or "\\" in filename or filename.startswith(".") or not filename:
+        return f"its file name {filename!r} is not a plain file name", None
     artifact = folder / filename
-    if not artifact.is_file() or "/" in filename or "\\" in filename:
-        return f"artifact {filename} is missing", None
+    file_problem = regular_file_problem(artifact, MAX_WHEEL_BYTES)
+    if file_problem is not None:
+        return file_problem, None
     actual = sha256_file(artifact)
     if actual != recorded_sha:
         return f"{filename} fails its hash check (sha256 {actual}, recorded {recorded_sha})", None

@@ -17,25 +17,22 @@ the file; a mismatch moves the entry to quarantine and raises, so a corrupt arti
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import datetime as _dt
-import hashlib
 import json
 import os
 import sqlite3
-import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import filelock
 from packaging.utils import parse_wheel_filename
 
+from attnforge.cache._base import StoreBase
+from attnforge.cache._db import db_error, is_disk_problem
 from attnforge.cache._files import (
-    CopyFn,
-    copy_hashed,
     fsync_dir,
     is_no_space,
     no_space_error,
@@ -43,33 +40,17 @@ from attnforge.cache._files import (
     sha256_file,
     write_atomic,
 )
-from attnforge.cache._provenance import BUILD_LOG, PROVENANCE, check_wheel_name, provenance_doc
+from attnforge.cache._provenance import BUILD_LOG, PROVENANCE, check_wheel_name, provenance_doc, unsafe_member
 from attnforge.cache.key import ArtifactKind, CacheKey, CacheKeyInputs
 from attnforge.errors import CacheError, UsageError
 from attnforge.resolve.types import CachedArtifact
 
 if TYPE_CHECKING:
     from attnforge.cache.share import ExportResult, ImportResult
+    from attnforge.cache.verify import VerifyReport
 
 STAGING_PREFIX = ".staging-"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS artifacts (
-    key TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,
-    name TEXT NOT NULL,
-    version TEXT NOT NULL,
-    filename TEXT NOT NULL,
-    sha256 TEXT NOT NULL,
-    size_bytes INTEGER NOT NULL,
-    inputs TEXT NOT NULL,
-    provenance TEXT NOT NULL,
-    has_log INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    last_used_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS artifacts_name ON artifacts(name);
-"""
 _SELECT_ALL = (
     "SELECT key, filename, sha256, size_bytes, inputs, provenance, has_log, created_at, last_used_at"
     " FROM artifacts ORDER BY created_at DESC"
@@ -98,6 +79,8 @@ class Entry:
         log_path: the build log kept with it, if any.
         created_at_s / last_used_at_s: Unix times.
         provenance: free-form facts from whoever stored it (builder, source URL, host).
+        problem: why this row cannot be trusted (its key does not match its inputs: the database was
+            altered), else None; :meth:`Store.get` refuses such an entry.
     """
 
     key: str
@@ -110,6 +93,7 @@ class Entry:
     created_at_s: float
     last_used_at_s: float
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    problem: str | None = None  # set when the row's key is not the hash of its recorded inputs
 
     @property
     def kind(self) -> ArtifactKind:
@@ -140,93 +124,8 @@ class PruneResult:
     debris_removed: tuple[str, ...] = ()  # staging dirs of dead writers and dirs without a row
 
 
-class Store:
-    """The artifact store rooted at one directory.
-
-    Args:
-        root: the cache root (tests pass a ``tmp_path``; the CLI passes ``home_dir(os.environ)``).
-        clock: Unix time in seconds (injected so ``prune`` can be tested).
-        copy_file: writes one artifact file and returns its sha256 (the seam for disk-full tests).
-        lock_timeout_s: how long a writer waits for another writer before giving up.
-    """
-
-    def __init__(
-        self,
-        root: Path,
-        *,
-        clock: Callable[[], float] = time.time,
-        copy_file: CopyFn = copy_hashed,
-        lock_timeout_s: float = 900.0,
-    ) -> None:
-        self.root = Path(root)
-        self._clock = clock
-        self._copy_file = copy_file
-        self._lock_timeout_s = lock_timeout_s
-        self._schema_ready = False
-        self._lock: filelock.FileLock | None = None
-
-    @property
-    def db_path(self) -> Path:
-        return self.root / "cache.db"
-
-    @property
-    def artifacts_dir(self) -> Path:
-        return self.root / "artifacts"
-
-    @property
-    def quarantine_dir(self) -> Path:
-        return self.root / "quarantine"
-
-    # -- locking and the database ---------------------------------------------------------------------------
-
-    @contextmanager
-    def _writer(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        if self._lock is None:  # one instance per store: re-entrant within this process
-            self._lock = filelock.FileLock(str(self.root / "cache.lock"), timeout=self._lock_timeout_s)
-        try:
-            with self._lock:
-                yield
-        except filelock.Timeout:
-            raise CacheError(
-                f"another attnforge process has held the cache lock for over {self._lock_timeout_s:.0f} s",
-                cause=f"lock file {self.root / 'cache.lock'}",
-                hint="wait for the other build or install to finish, then retry",
-            ) from None
-
-    @contextmanager
-    def job_lock(self, name: str) -> Iterator[None]:
-        """Serialise one job (e.g. "build flash-attn 2.8.3 for this machine") across processes.
-
-        Concurrent installs take it around *look up, else build and put*, so the second process finds the
-        first one's entry instead of building again.
-        """
-        locks = self.root / "locks"
-        locks.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256(name.encode()).hexdigest()[:32]
-        lock = filelock.FileLock(str(locks / f"{digest}.lock"), timeout=-1)
-        with lock:
-            yield
-
-    def _connect(self) -> sqlite3.Connection:
-        self.root.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.db_path, timeout=60.0)
-        conn.row_factory = sqlite3.Row
-        if not self._schema_ready:
-            with self._writer():
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.executescript(_SCHEMA)
-            self._schema_ready = True
-        return conn
-
-    @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        conn = self._connect()
-        try:
-            with conn:
-                yield conn
-        finally:
-            conn.close()
+class Store(StoreBase):
+    """The artifact store rooted at one directory (constructor arguments: :class:`StoreBase`)."""
 
     # -- writing --------------------------------------------------------------------------------------------
 
@@ -238,6 +137,7 @@ class Store:
         log_path: Path | None = None,
         provenance: Mapping[str, Any] | None = None,
         expected_sha256: str | None = None,
+        follow_symlinks: bool = True,
     ) -> PutResult:
         """Store a wheel (or, with ``inputs.kind``, a static library) under the key of ``inputs``.
 
@@ -247,6 +147,8 @@ class Store:
             log_path: the build log to keep with it.
             provenance: extra facts to record (JSON values).
             expected_sha256: refuse the file unless its bytes hash to this (a wheel from an index).
+            follow_symlinks: copy what a symlinked ``artifact`` or ``log_path`` points at (the caller's own
+                files); False refuses symlinks (``cache import`` of someone else's directory).
 
         Returns:
             The entry, and ``stored=False`` when an intact entry with this key already existed.
@@ -259,8 +161,20 @@ class Store:
         artifact = Path(artifact)
         if not artifact.is_file():
             raise UsageError(f"no such artifact file: {artifact}")
+        if not follow_symlinks and (artifact.is_symlink() or (log_path is not None and Path(log_path).is_symlink())):
+            raise CacheError(f"{artifact.name} was not stored: it or its log is a symlink, which is never followed",
+                             hint="store the file itself")
+        source = artifact  # a symlink keeps its name (a wheel's name is its metadata); its target is copied
+        if follow_symlinks:
+            source = artifact.resolve()
+            if log_path is not None:
+                log_path = Path(log_path).resolve()
         if inputs.kind is ArtifactKind.WHEEL:
             check_wheel_name(artifact.name, inputs)
+            bad = unsafe_member(artifact)
+            if bad is not None:
+                raise CacheError(f"{artifact.name} was not stored: {bad}",
+                                 hint="it is not a sound wheel; rebuild it or get it from a trusted source")
         key = CacheKey.of(inputs)
         with self._writer():
             existing = self._row(key)
@@ -270,7 +184,8 @@ class Store:
                 self._quarantine_locked(existing, "replaced: its file no longer matched its sha256")
             try:
                 entry = self._store_locked(
-                    key=key, artifact=artifact, inputs=inputs, log_path=log_path, extra=provenance or {},
+                    key=key, artifact=artifact, source=source, inputs=inputs, log_path=log_path,
+                    extra=provenance or {},
                     expected_sha256=expected_sha256,
                 )
             except (OSError, sqlite3.OperationalError) as exc:
@@ -302,6 +217,7 @@ class Store:
         *,
         key: CacheKey,
         artifact: Path,
+        source: Path,
         inputs: CacheKeyInputs,
         log_path: Path | None,
         extra: Mapping[str, Any],
@@ -314,7 +230,7 @@ class Store:
         staging = self.artifacts_dir / f"{STAGING_PREFIX}{key.digest[:16]}-{uuid.uuid4().hex[:8]}"
         staging.mkdir()
         try:
-            sha = self._copy_file(artifact, staging / artifact.name)
+            sha = self._copy_file(source, staging / artifact.name)
             if expected_sha256 is not None and sha != expected_sha256.lower():
                 raise CacheError(
                     f"{artifact.name} does not match its published sha256; it was not stored",
@@ -364,8 +280,14 @@ class Store:
                 moved to quarantine; the error says where).
         """
         entry = self.show(key)
-        problem = self._integrity_problem(entry)
+        problem = entry.problem or self._integrity_problem(entry)
         if problem is not None:
+            if self.read_only:
+                raise CacheError(
+                    f"cache entry {entry.key} ({entry.filename}) is corrupt and was not used",
+                    cause=f"{problem}; the cache is read-only, so it stays where it is",
+                    hint=f"ask the owner of {self.root} to run `attnforge cache verify`",
+                )
             where = self.quarantine(entry, problem)
             raise CacheError(
                 f"cache entry {entry.key} ({entry.filename}) is corrupt and was not used",
@@ -373,8 +295,12 @@ class Store:
                 hint="it will be rebuilt or fetched again on the next install; "
                 "inspect the quarantined copy if this keeps happening (disk or memory errors)",
             )
-        with self._db() as conn:
-            conn.execute("UPDATE artifacts SET last_used_at = ? WHERE key = ?", (self._clock(), entry.key))
+        if not self.read_only:
+            try:
+                with self._db(raw=True) as conn:
+                    conn.execute("UPDATE artifacts SET last_used_at = ? WHERE key = ?", (self._clock(), entry.key))
+            except sqlite3.Error:
+                pass  # the last-used time only orders `prune`; a full disk must not stop an install
         return Path(entry.path)
 
     def find(self, key: CacheKey | str) -> Entry | None:
@@ -395,7 +321,7 @@ class Store:
 
     def list(self) -> list[Entry]:
         """Every complete entry, newest first."""
-        with self._db() as conn:
+        with self._read("list the cache") as conn:
             rows = conn.execute(_SELECT_ALL).fetchall()
         return [self._entry_from_row(r) for r in rows]
 
@@ -410,7 +336,7 @@ class Store:
                 CachedArtifact(
                     key=e.key, name=e.name, version=str(version), filename=e.filename, archs=e.inputs.archs,
                     torch_version=e.inputs.torch_version, cuda_version=e.inputs.cuda_version,
-                    cxx11_abi=e.inputs.cxx11_abi, sha256=e.sha256,
+                    cxx11_abi=e.inputs.cxx11_abi, sha256=e.sha256, flags=e.inputs.flags,
                 )
             )
         return out
@@ -431,7 +357,7 @@ class Store:
             raise UsageError(
                 f"not a cache key or key prefix: {text!r}", hint="copy a key from `attnforge cache list`"
             )
-        with self._db() as conn:
+        with self._read() as conn:
             rows = conn.execute("SELECT key FROM artifacts WHERE key LIKE ?", (f"sha256:{t}%",)).fetchall()
         if len(rows) == 1:
             return CacheKey.parse(rows[0]["key"])
@@ -449,10 +375,25 @@ class Store:
         """
         entry = self.show(key)
         with self._writer():
-            with self._db() as conn:
-                conn.execute("DELETE FROM artifacts WHERE key = ?", (entry.key,))
-            remove_tree(Path(entry.path).parent)
+            self._delete_locked([entry])
         return entry
+
+    def _delete_locked(self, entries: builtins.list[Entry]) -> None:
+        """Rows first, then files. On a full disk (no room for SQLite's journal) the files go first to make
+        room: a row whose file is gone is never installed (:meth:`get` finds the file missing)."""
+        keys = [(e.key,) for e in entries]
+        try:
+            with self._db(raw=True) as conn:
+                conn.executemany("DELETE FROM artifacts WHERE key = ?", keys)
+        except sqlite3.Error as exc:
+            if not is_disk_problem(exc):
+                raise db_error(exc, self.db_path, "remove entries") from None
+            for e in entries:
+                remove_tree(Path(e.path).parent)
+            with self._db("remove entries") as conn:
+                conn.executemany("DELETE FROM artifacts WHERE key = ?", keys)
+        for e in entries:
+            remove_tree(Path(e.path).parent)
 
     def quarantine(self, entry: Entry, reason: str) -> Path:
         """Move an entry aside (never deleted, never installed) and drop its row; returns where it went."""
@@ -491,10 +432,7 @@ class Store:
                     victim = kept.pop(0)
                     doomed.append(victim)
                     total -= victim.size_bytes
-            with self._db() as conn:
-                conn.executemany("DELETE FROM artifacts WHERE key = ?", [(e.key,) for e in doomed])
-            for e in doomed:
-                remove_tree(Path(e.path).parent)
+            self._delete_locked(doomed)
         return PruneResult(
             removed=tuple(doomed), freed_bytes=sum(e.size_bytes for e in doomed), kept_bytes=total,
             debris_removed=tuple(debris),
@@ -504,8 +442,8 @@ class Store:
         """Staging dirs and row-less entry dirs; safe only under the writer lock (no live writer then)."""
         if not self.artifacts_dir.is_dir():
             return []
-        with self._db() as conn:
-            known = {CacheKey.parse(r["key"]).digest for r in conn.execute("SELECT key FROM artifacts")}
+        with self._read() as conn:
+            known = {str(r["key"]).removeprefix("sha256:") for r in conn.execute("SELECT key FROM artifacts")}
         removed = []
         for child in self.artifacts_dir.iterdir():
             if child.name.startswith(STAGING_PREFIX) or (child.is_dir() and child.name not in known):
@@ -521,6 +459,12 @@ class Store:
 
         return export(self, dest)
 
+    def verify(self) -> VerifyReport:
+        """Re-hash every entry and re-check its key; quarantine what fails (see verify.py)."""
+        from attnforge.cache.verify import verify
+
+        return verify(self)
+
     def import_(self, source: Path) -> ImportResult:
         """Merge an export directory or another cache root, verifying keys and hashes."""
         from attnforge.cache.share import import_
@@ -530,7 +474,7 @@ class Store:
     # -- helpers --------------------------------------------------------------------------------------------
 
     def _row(self, key: CacheKey) -> Entry | None:
-        with self._db() as conn:
+        with self._read() as conn:
             row = conn.execute(_SELECT_ONE, (str(key),)).fetchone()
         return None if row is None else self._entry_from_row(row)
 
@@ -547,12 +491,34 @@ class Store:
         return self._integrity_problem(entry) is None
 
     def _entry_from_row(self, row: sqlite3.Row) -> Entry:
-        inputs = CacheKeyInputs.from_json(json.loads(row["inputs"]))
-        return self._entry_from(
-            key=CacheKey.parse(row["key"]), inputs=inputs, filename=row["filename"], sha=row["sha256"],
-            size=row["size_bytes"], has_log=bool(row["has_log"]), created=row["created_at"],
-            used=row["last_used_at"], extra=json.loads(row["provenance"]),
-        )
+        """The entry of a row, its key re-checked against its recorded inputs (``problem`` says if not).
+
+        Raises:
+            CacheError: the row cannot be read at all (the database was damaged).
+        """
+        try:
+            inputs = CacheKeyInputs.from_json(json.loads(row["inputs"]))
+            key = CacheKey.parse(str(row["key"]))
+            extra = json.loads(row["provenance"])
+            filename = str(row["filename"])
+            if not isinstance(extra, dict) or "/" in filename or "\\" in filename or filename in ("", ".", ".."):
+                raise ValueError("bad provenance or file name")
+            entry = self._entry_from(
+                key=key, inputs=inputs, filename=filename, sha=str(row["sha256"]), size=int(row["size_bytes"]),
+                has_log=bool(row["has_log"]), created=float(row["created_at"]), used=float(row["last_used_at"]),
+                extra=extra,
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CacheError(
+                f"a row of the cache database is damaged: {str(row['key'])[:80]!r}",
+                cause=f"{self.db_path}: {exc}",
+                hint="run `attnforge cache verify`: it moves damaged entries to quarantine",
+            ) from None
+        expected = CacheKey.of(inputs)
+        if expected != key:
+            problem = f"its key {key} is not the hash of its recorded inputs ({expected}): the database was altered"
+            return dataclasses.replace(entry, problem=problem)
+        return entry
 
     def _entry_from(
         self, *, key: CacheKey, inputs: CacheKeyInputs, filename: str, sha: str, size: int, has_log: bool,
@@ -564,4 +530,3 @@ class Store:
             path=str(folder / filename), log_path=str(folder / BUILD_LOG) if has_log else None,
             created_at_s=created, last_used_at_s=used, provenance=dict(extra),
         )
-

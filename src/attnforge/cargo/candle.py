@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnforge._system.files import read_user_file
 from attnforge._system.runner import Runner
 from attnforge.cache import ArtifactKind, CacheKey, CacheKeyInputs, PutResult, Store
 from attnforge.errors import BuildError, UsageError
@@ -107,11 +108,9 @@ def read_cargo_lock(path: Path, crate: str = CRATE) -> LockedCrate:
     Raises:
         UsageError: the file is missing or not TOML, the crate is not in it, or it is there more than once.
     """
+    text = read_user_file(path, what="the lock file", hint="run `cargo generate-lockfile` or pass --crate-version")
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}", cause=exc.strerror,
-                         hint="run `cargo generate-lockfile` or pass --crate-version") from None
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path} is not valid TOML", cause=str(exc)) from None
     found = [p for p in doc.get("package", []) if isinstance(p, dict) and p.get("name") == crate]

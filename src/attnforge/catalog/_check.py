@@ -9,10 +9,12 @@ import functools
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from attnforge.errors import CatalogError
+from attnforge.types.versions import parse_major_minor
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -20,6 +22,17 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sourced:
+    """A row of a data file: every fact in the catalog says where it comes from (read by :meth:`Collector.sources`).
+
+    Attributes:
+        sources: URLs, files or research notes that back the row; never empty.
+    """
+
+    sources: tuple[str, ...]
 
 
 class Collector:
@@ -74,6 +87,10 @@ class Collector:
             self.add(sub, "must not be empty")
         return tuple(out)
 
+    def sources(self, table: Mapping[str, Any], path: str) -> tuple[str, ...]:
+        """The row's ``sources``: a list of at least one string (every fact in the catalog names its source)."""
+        return self.str_list(table, "sources", path, allow_empty=False)
+
     def parsed(self, value: str, path: str, parse: Callable[[str], T], fallback: T) -> T:
         try:
             return parse(value)
@@ -101,6 +118,29 @@ class Collector:
                     continue
                 self.unknown_keys(raw, fields, path)
                 yield rid, raw, path
+
+    def array_rows(
+        self, doc: Mapping[str, Any], key: str, fields: set[str] | None = None
+    ) -> list[tuple[str, Mapping[str, Any]]]:
+        """``(dotted path, table)`` for each entry of the array of tables ``[[key]]``; a missing or empty array,
+        entries that are not tables (skipped) and, when ``fields`` is given, fields not in it are recorded."""
+        raw = doc.get(key)
+        if not isinstance(raw, list) or not raw:
+            self.add(key, "missing array of tables" if raw is None else "expected a non-empty array of tables")
+            return []
+        out: list[tuple[str, Mapping[str, Any]]] = []
+        for i, row in enumerate(raw):
+            if not isinstance(row, dict):
+                self.add(f"{key}[{i}]", "expected a table")
+                continue
+            if fields is not None:
+                self.unknown_keys(row, fields, f"{key}[{i}]")
+            out.append((f"{key}[{i}]", row))
+        return out
+
+    def major_minor(self, row: Mapping[str, Any], key: str, path: str) -> tuple[int, int]:
+        """A ``"12.8"`` field as ``(12, 8)`` (``(0, 0)`` and a recorded problem when it is not one)."""
+        return self.parsed(self.get(row, key, path, str), f"{path}.{key}", parse_major_minor, (0, 0))
 
     @contextmanager
     def table(self, parent: Mapping[str, Any], key: str, path: str) -> Iterator[Mapping[str, Any]]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from attnforge.catalog._check import Collector
+from attnforge.catalog._check import Collector, Sourced
 from attnforge.types.cc import ComputeCapability, format_cc, parse_cc
 
 _NO_CC = ComputeCapability(0, 0)
@@ -21,7 +21,7 @@ _FIELDS = {
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Backend:
+class Backend(Sourced):
     """One attention backend as the catalog describes it (``catalog/data/backends.toml``)."""
 
     id: str
@@ -39,7 +39,6 @@ class Backend:
     needs_build: bool
     install: str
     priority: int
-    sources: tuple[str, ...]
 
     @property
     def builtin(self) -> bool:
@@ -89,7 +88,7 @@ def parse_backends(doc: Mapping[str, Any], errors: Collector) -> dict[str, Backe
             needs_build=errors.get(raw, "needs_build", path, bool),
             install=errors.get(raw, "install", path, str),
             priority=errors.get(raw, "priority", path, int),
-            sources=errors.str_list(raw, "sources", path, allow_empty=False),
+            sources=errors.sources(raw, path),
         )
     return out
 

@@ -19,7 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from attnforge.catalog._check import DATA_DIR, Collector, read_checked
+from attnforge.catalog._check import DATA_DIR, Collector, Sourced, read_checked
 
 STAGES = ("fetch", "metadata", "compile", "link", "import", "runtime")
 #: Facts a cause or fix may name besides its patterns' groups.
@@ -40,7 +40,7 @@ class Condition(StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class FailureSignature:
+class FailureSignature(Sourced):
     """One known failure.
 
     Attributes:
@@ -66,7 +66,6 @@ class FailureSignature:
     priority: int
     cause: str
     fix: tuple[str, ...]
-    sources: tuple[str, ...]
     origin: str
 
 
@@ -146,7 +145,7 @@ def parse_signatures(doc: Mapping[str, Any], errors: Collector, *, origin: str) 
             priority=errors.get(raw, "priority", path, int, default=0),
             cause=cause,
             fix=fix,
-            sources=errors.str_list(raw, "sources", path, allow_empty=False),
+            sources=errors.sources(raw, path),
             origin=origin,
         ))
     return out

@@ -13,38 +13,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnforge.catalog._check import Collector, load_file
-
-MajorMinor = tuple[int, int]
-
-
-def _major_minor(text: str) -> MajorMinor:
-    m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", text)
-    if m is None:
-        raise ValueError(f"not a MAJOR.MINOR version: {text!r}")
-    return (int(m.group(1)), int(m.group(2)))
+from attnforge.catalog._check import Collector, Sourced, load_file
+from attnforge.types.versions import MajorMinor
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StlFloor:
+class StlFloor(Sourced):
     """From ``_MSC_VER`` ``msc_min`` on, MSVC's STL refuses nvcc older than ``cuda_min`` with ``error``."""
 
     msc_min: int
     cuda_min: MajorMinor
     error: str
     override: str
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ConformanceFlag:
+class ConformanceFlag(Sourced):
     """One nvcc argument that makes cl accept torch/CUDA headers, with the versions it applies to."""
 
     flag: str
     why: str
     cuda_min: MajorMinor | None
     torch_min: MajorMinor | None
-    sources: tuple[str, ...]
 
     def applies(self, *, cuda: MajorMinor | None, torch: MajorMinor | None) -> bool:
         """Whether the flag is needed for this nvcc and torch (an unknown version counts as new enough)."""
@@ -54,20 +44,18 @@ class ConformanceFlag:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class VsRelease:
+class VsRelease(Sourced):
     msc_min: int
     msc_max: int
     name: str
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BuildRoot:
+class BuildRoot(Sourced):
     """Where a Windows build runs: ``<home>\\b\\<key8>`` up to ``max_chars``, else ``<drive>:\\<short_dir>\\<key8>``."""
 
     short_dir: str
     max_chars: int
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,21 +112,7 @@ def _build_root(doc: Mapping[str, Any], errors: Collector) -> BuildRoot:
         if "max_chars" in row and not 10 <= max_chars <= 200:
             errors.add("build_root.max_chars", f"expected 10..200, got {max_chars}")
         return BuildRoot(short_dir=short_dir, max_chars=max_chars,
-                         sources=errors.str_list(row, "sources", "build_root", allow_empty=False))
-
-
-def _rows(doc: Mapping[str, Any], key: str, errors: Collector) -> list[tuple[str, Mapping[str, Any]]]:
-    raw = doc.get(key)
-    if not isinstance(raw, list) or not raw:
-        errors.add(key, "missing array of tables" if raw is None else "expected a non-empty array of tables")
-        return []
-    out: list[tuple[str, Mapping[str, Any]]] = []
-    for i, row in enumerate(raw):
-        if isinstance(row, dict):
-            out.append((f"{key}[{i}]", row))
-        else:
-            errors.add(f"{key}[{i}]", "expected a table")
-    return out
+                         sources=errors.sources(row, "build_root"))
 
 
 def _msc(errors: Collector, row: Mapping[str, Any], key: str, path: str) -> int:
@@ -152,28 +126,25 @@ def _optional_mm(errors: Collector, row: Mapping[str, Any], key: str, path: str)
     text = errors.get(row, key, path, str)
     if not text:
         return None
-    return errors.parsed(text, f"{path}.{key}", _major_minor, (0, 0))
+    return errors.major_minor(row, key, path)
 
 
 def _stl_floors(doc: Mapping[str, Any], errors: Collector) -> list[StlFloor]:
     out = []
-    for path, row in _rows(doc, "stl_floors", errors):
-        errors.unknown_keys(row, {"msc_min", "cuda_min", "error", "override", "sources"}, path)
+    for path, row in errors.array_rows(doc, "stl_floors", {"msc_min", "cuda_min", "error", "override", "sources"}):
         out.append(StlFloor(
             msc_min=_msc(errors, row, "msc_min", path),
-            cuda_min=errors.parsed(errors.get(row, "cuda_min", path, str), f"{path}.cuda_min", _major_minor,
-                                   (0, 0)),
+            cuda_min=errors.major_minor(row, "cuda_min", path),
             error=errors.get(row, "error", path, str),
             override=errors.get(row, "override", path, str),
-            sources=errors.str_list(row, "sources", path, allow_empty=False),
+            sources=errors.sources(row, path),
         ))
     return out
 
 
 def _conformance(doc: Mapping[str, Any], errors: Collector) -> list[ConformanceFlag]:
     out = []
-    for path, row in _rows(doc, "conformance", errors):
-        errors.unknown_keys(row, {"flag", "why", "cuda_min", "torch_min", "sources"}, path)
+    for path, row in errors.array_rows(doc, "conformance", {"flag", "why", "cuda_min", "torch_min", "sources"}):
         flag = errors.get(row, "flag", path, str)
         if not flag.startswith("-") or any(c.isspace() for c in flag):
             errors.add(f"{path}.flag", f"expected one nvcc argument starting with '-', got {flag!r}")
@@ -182,18 +153,17 @@ def _conformance(doc: Mapping[str, Any], errors: Collector) -> list[ConformanceF
             why=errors.get(row, "why", path, str),
             cuda_min=_optional_mm(errors, row, "cuda_min", path),
             torch_min=_optional_mm(errors, row, "torch_min", path),
-            sources=errors.str_list(row, "sources", path, allow_empty=False),
+            sources=errors.sources(row, path),
         ))
     return out
 
 
 def _releases(doc: Mapping[str, Any], errors: Collector) -> list[VsRelease]:
     out = []
-    for path, row in _rows(doc, "releases", errors):
-        errors.unknown_keys(row, {"msc_min", "msc_max", "name", "sources"}, path)
+    for path, row in errors.array_rows(doc, "releases", {"msc_min", "msc_max", "name", "sources"}):
         lo, hi = _msc(errors, row, "msc_min", path), _msc(errors, row, "msc_max", path)
         if lo > hi:
             errors.add(f"{path}.msc_max", f"{hi} is below msc_min {lo}")
         out.append(VsRelease(msc_min=lo, msc_max=hi, name=errors.get(row, "name", path, str),
-                             sources=errors.str_list(row, "sources", path, allow_empty=False)))
+                             sources=errors.sources(row, path)))
     return out

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from attnforge.catalog._check import Collector
+from attnforge.catalog.slim import SlimSwitches, parse_slim
 from attnforge.catalog.toolchain import MajorMinor, Target, format_major_minor, parse_major_minor
 from attnforge.types.cc import ComputeCapability
 
@@ -63,6 +64,8 @@ class Recipe:
     git_url: str
     git_subdirectory: str
     sources: tuple[str, ...]
+    submodules: tuple[str, ...] = ()
+    slim: SlimSwitches | None = None
 
     def target_for(self, cc: ComputeCapability, runs_on: Any) -> Target | None:
         """The best target this recipe can emit whose code runs on ``cc`` (the highest one), or None.
@@ -198,6 +201,8 @@ _RECIPE_FIELDS = {
     "git_url",
     "git_subdirectory",
     "sources",
+    "submodules",
+    "slim",
 }
 _SOURCE_KINDS = ("pypi-sdist", "git", "path", "url")
 _GRAMMAR_FIELDS = {"distribution", "label", "torch_match", "archs", "example", "sources"}
@@ -243,6 +248,8 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
             git_url=errors.get(raw, "git_url", path, str),
             git_subdirectory=errors.get(raw, "git_subdirectory", path, str),
             sources=errors.str_list(raw, "sources", path, allow_empty=False),
+            submodules=tuple(str(m) for m in raw.get("submodules", ())),
+            slim=parse_slim(raw.get("slim"), f"{path}.slim", errors),
         )
     if GENERIC_RECIPE not in out and "recipes" in doc:
         errors.add(f"recipes.{GENERIC_RECIPE}", "missing (the recipe for sources the catalog does not know)")

@@ -12,7 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from attnforge.catalog._check import Collector, load_file
+from attnforge.catalog._check import Collector, Sourced, load_file
 from attnforge.catalog.backends import DTYPES
 from attnforge.errors import CatalogError
 
@@ -27,7 +27,7 @@ class PrecisionKind(StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Tolerance:
+class Tolerance(Sourced):
     """The pass rule for one precision kind and dtype (see the data file's header).
 
     Attributes:
@@ -44,14 +44,22 @@ class Tolerance:
     atol: float
     rtol: float
     max_rel_l1: float
-    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchGate(Sourced):
+    """``[gate.quantized]``: the error a quantized kernel may show on a shape class to be dispatched there."""
+
+    max_rel_l1: float
+    min_cosine: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tolerances:
-    """Every tolerance row, by ``(kind, dtype)``."""
+    """Every tolerance row, by ``(kind, dtype)``, and the dispatch gate for quantized kernels."""
 
     rows: Mapping[tuple[PrecisionKind, str], Tolerance]
+    gate: DispatchGate | None = None
 
     def get(self, kind: PrecisionKind, dtype: str) -> Tolerance:
         """The row for ``kind`` and ``dtype``.
@@ -80,11 +88,24 @@ def load_tolerances(path: Path | None = None) -> Tolerances:
     Raises:
         CatalogError: the file is missing, not TOML, or has bad fields; ``problems`` names every dotted path.
     """
-    return load_file("tolerances.toml", _parse, path=path, top_keys={k.value for k in PrecisionKind})
+    return load_file("tolerances.toml", _parse, path=path, top_keys={"gate", *(k.value for k in PrecisionKind)})
+
+
+def load_quantized_gate() -> DispatchGate | None:
+    """The packaged ``[gate.quantized]`` (None when the file has none)."""
+    return load_tolerances().gate
 
 
 def _parse(doc: Mapping[str, Any], errors: Collector) -> Tolerances:
-    return Tolerances(rows=parse_tolerances(doc, errors))
+    rows = parse_tolerances(doc, errors)
+    gate = None
+    raw = doc.get("gate", {}).get("quantized") if isinstance(doc.get("gate"), dict) else None
+    if isinstance(raw, dict):
+        errors.unknown_keys(raw, {"max_rel_l1", "min_cosine", "sources"}, "gate.quantized")
+        gate = DispatchGate(max_rel_l1=_positive(errors, raw, "max_rel_l1", "gate.quantized"),
+                            min_cosine=_positive(errors, raw, "min_cosine", "gate.quantized"),
+                            sources=errors.sources(raw, "gate.quantized"))
+    return Tolerances(rows=rows, gate=gate)
 
 
 def parse_tolerances(doc: Mapping[str, Any], errors: Collector) -> dict[tuple[PrecisionKind, str], Tolerance]:
@@ -102,7 +123,7 @@ def parse_tolerances(doc: Mapping[str, Any], errors: Collector) -> dict[tuple[Pr
                 errors.unknown_keys(raw, _FIELDS, path)
                 values = {name: _positive(errors, raw, name, path) for name in ("atol", "rtol", "max_rel_l1")}
                 out[(kind, dtype)] = Tolerance(
-                    kind=kind, dtype=dtype, sources=errors.str_list(raw, "sources", path, allow_empty=False),
+                    kind=kind, dtype=dtype, sources=errors.sources(raw, path),
                     **values,
                 )
     return out
@@ -115,4 +136,5 @@ def _positive(errors: Collector, raw: Mapping[str, Any], name: str, path: str) -
     return value
 
 
-__all__ = ["CatalogError", "PrecisionKind", "Tolerance", "Tolerances", "load_tolerances"]
+__all__ = ["CatalogError", "DispatchGate", "PrecisionKind", "Tolerance", "Tolerances", "load_quantized_gate",
+           "load_tolerances"]

@@ -13,27 +13,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from attnforge.catalog._check import Collector
+from attnforge.catalog._check import Collector, Sourced
+from attnforge.catalog.torch import TorchRelease, TorchStack, cu_tag, parse_torch_releases, parse_torch_stack
 from attnforge.types.cc import ComputeCapability, format_cc, parse_cc
-
-#: ``"12.8"`` -> ``(12, 8)``: CUDA and torch release numbers compared as integer pairs.
-MajorMinor = tuple[int, int]
-
-
-def parse_major_minor(text: str) -> MajorMinor:
-    """``"12.8"``, ``"12.8.1"``, ``"2.11.0+cu130"`` -> ``(12, 8)`` / ``(2, 11)``.
-
-    Raises:
-        ValueError: not ``MAJOR.MINOR[...]``.
-    """
-    m = re.match(r"^\s*(\d+)\.(\d+)", text)
-    if m is None:
-        raise ValueError(f"not a MAJOR.MINOR version: {text!r}")
-    return (int(m.group(1)), int(m.group(2)))
-
-
-def format_major_minor(v: MajorMinor) -> str:
-    return f"{v[0]}.{v[1]}"
+from attnforge.types.versions import MajorMinor, format_major_minor, parse_major_minor
 
 
 class TargetKind(StrEnum):
@@ -98,15 +81,14 @@ class Target:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GpuModel:
+class GpuModel(Sourced):
     cc: ComputeCapability
     arch: str
     names: tuple[str, ...]
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TargetSupport:
+class TargetSupport(Sourced):
     """The CUDA releases whose nvcc can emit a target: ``first_cuda`` through
     ``last_cuda`` (None: still supported).
     """
@@ -114,19 +96,17 @@ class TargetSupport:
     name: str
     first_cuda: MajorMinor
     last_cuda: MajorMinor | None
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DriverFloor:
+class DriverFloor(Sourced):
     cuda: MajorMinor
     linux_min: str
     windows_min: str | None
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HostCompilerRange:
+class HostCompilerRange(Sourced):
     """What ``include/crt/host_config.h`` of CUDA ``cuda_min``..``cuda_max`` accepts.
 
     Attributes:
@@ -142,7 +122,6 @@ class HostCompilerRange:
     clang_max: int
     msc_min: int
     msc_end: int
-    sources: tuple[str, ...]
 
     def covers(self, cuda: MajorMinor) -> bool:
         return self.cuda_min <= cuda <= self.cuda_max
@@ -150,14 +129,6 @@ class HostCompilerRange:
     def cuda_text(self) -> str:
         lo, hi = format_major_minor(self.cuda_min), format_major_minor(self.cuda_max)
         return lo if lo == hi else f"{lo}-{hi}"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TorchRelease:
-    version: MajorMinor
-    cuda: tuple[MajorMinor, ...]
-    pypi_default: MajorMinor | None
-    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,6 +142,7 @@ class Toolchain:
     driver_families: Mapping[int, str]
     host_compilers: tuple[HostCompilerRange, ...]
     torch_releases: tuple[TorchRelease, ...]
+    torch_stack: TorchStack
     extension_major_must_match: bool
 
     def cc_for_gpu_name(self, name: str) -> ComputeCapability | None:
@@ -215,6 +187,16 @@ class Toolchain:
     def torch_release(self, version: MajorMinor) -> TorchRelease | None:
         return next((t for t in self.torch_releases if t.version == version), None)
 
+    def default_torch_cuda(self) -> MajorMinor:
+        """The CUDA of ``pip install torch`` for the newest torch release the catalog knows: the variant to
+        suggest when nothing on the machine says otherwise."""
+        newest = max(self.torch_releases, key=lambda t: t.version)
+        return newest.pypi_default or max(newest.cuda)
+
+    def torch_index_url(self, cuda: MajorMinor | None) -> str:
+        """The PyTorch wheel index of one CUDA variant (``.../whl/cu130``); ``.../whl/cpu`` for None."""
+        return f"{self.torch_stack.index_url}/{cu_tag(cuda) if cuda else 'cpu'}"
+
     def driver_floor(self, cuda: MajorMinor) -> DriverFloor | None:
         return next((d for d in self.drivers if d.cuda == cuda), None)
 
@@ -228,6 +210,7 @@ _SECTIONS = {
     "driver_families",
     "host_compilers",
     "torch",
+    "torch_stack",
     "rules",
 }
 
@@ -242,45 +225,26 @@ def parse_toolchain(doc: Mapping[str, Any], errors: Collector) -> Toolchain:
         drivers=tuple(_drivers(doc, errors)),
         driver_families=_families(doc, errors),
         host_compilers=tuple(_host_compilers(doc, errors)),
-        torch_releases=tuple(_torch(doc, errors)),
+        torch_releases=tuple(parse_torch_releases(doc, errors)),
+        torch_stack=parse_torch_stack(doc, errors),
         extension_major_must_match=_rules(doc, errors),
     )
 
 
-def _rows(doc: Mapping[str, Any], key: str, errors: Collector) -> list[tuple[str, Mapping[str, Any]]]:
-    raw = doc.get(key)
-    if not isinstance(raw, list) or not raw:
-        errors.add(key, "missing array of tables" if raw is None else "expected a non-empty array of tables")
-        return []
-    out: list[tuple[str, Mapping[str, Any]]] = []
-    for i, row in enumerate(raw):
-        path = f"{key}[{i}]"
-        if isinstance(row, dict):
-            out.append((path, row))
-        else:
-            errors.add(path, "expected a table")
-    return out
-
-
 def _mm(errors: Collector, row: Mapping[str, Any], key: str, path: str) -> MajorMinor:
-    text = errors.get(row, key, path, str)
-    return errors.parsed(text, f"{path}.{key}", parse_major_minor, (0, 0))
+    return errors.major_minor(row, key, path)
 
-
-def _sources(errors: Collector, row: Mapping[str, Any], path: str) -> tuple[str, ...]:
-    return errors.str_list(row, "sources", path, allow_empty=False)
 
 
 def _gpus(doc: Mapping[str, Any], errors: Collector) -> list[GpuModel]:
     out = []
-    for path, row in _rows(doc, "gpus", errors):
-        errors.unknown_keys(row, {"cc", "arch", "names", "sources"}, path)
+    for path, row in errors.array_rows(doc, "gpus", {"cc", "arch", "names", "sources"}):
         out.append(
             GpuModel(
                 cc=errors.parsed(errors.get(row, "cc", path, str), f"{path}.cc", parse_cc, ComputeCapability(0, 0)),
                 arch=errors.get(row, "arch", path, str),
                 names=errors.str_list(row, "names", path, allow_empty=False),
-                sources=_sources(errors, row, path),
+                sources=errors.sources(row, path),
             )
         )
     return out
@@ -288,13 +252,12 @@ def _gpus(doc: Mapping[str, Any], errors: Collector) -> list[GpuModel]:
 
 def _targets(doc: Mapping[str, Any], errors: Collector) -> dict[str, TargetSupport]:
     out: dict[str, TargetSupport] = {}
-    for path, row in _rows(doc, "targets", errors):
-        errors.unknown_keys(row, {"names", "first_cuda", "last_cuda", "sources"}, path)
+    for path, row in errors.array_rows(doc, "targets", {"names", "first_cuda", "last_cuda", "sources"}):
         first = _mm(errors, row, "first_cuda", path)
         last = _mm(errors, row, "last_cuda", path) if "last_cuda" in row else None
         if last is not None and last < first:
             errors.add(f"{path}.last_cuda", "is before first_cuda")
-        sources = _sources(errors, row, path)
+        sources = errors.sources(row, path)
         for i, name in enumerate(errors.str_list(row, "names", path, allow_empty=False)):
             try:
                 target = Target.parse(name)
@@ -319,7 +282,7 @@ def _compat(doc: Mapping[str, Any], errors: Collector) -> dict[TargetKind, RunsO
                 if not row:
                     continue
                 errors.unknown_keys(row, {"runs_on", "sources"}, path)
-                _sources(errors, row, path)
+                errors.sources(row, path)
                 rule = errors.get(row, "runs_on", path, str)
                 try:
                     out[kind] = RunsOn(rule)
@@ -332,8 +295,7 @@ def _compat(doc: Mapping[str, Any], errors: Collector) -> dict[TargetKind, RunsO
 
 def _drivers(doc: Mapping[str, Any], errors: Collector) -> list[DriverFloor]:
     out = []
-    for path, row in _rows(doc, "drivers", errors):
-        errors.unknown_keys(row, {"cuda", "linux_min", "windows_min", "sources"}, path)
+    for path, row in errors.array_rows(doc, "drivers", {"cuda", "linux_min", "windows_min", "sources"}):
         out.append(
             DriverFloor(
                 cuda=_mm(errors, row, "cuda", path),
@@ -341,7 +303,7 @@ def _drivers(doc: Mapping[str, Any], errors: Collector) -> list[DriverFloor]:
                 windows_min=_driver_version(errors, row, "windows_min", path)
                 if "windows_min" in row
                 else None,
-                sources=_sources(errors, row, path),
+                sources=errors.sources(row, path),
             )
         )
     return out
@@ -356,9 +318,8 @@ def _driver_version(errors: Collector, row: Mapping[str, Any], key: str, path: s
 
 def _families(doc: Mapping[str, Any], errors: Collector) -> dict[int, str]:
     out = {}
-    for path, row in _rows(doc, "driver_families", errors):
-        errors.unknown_keys(row, {"cuda_major", "min_driver", "sources"}, path)
-        _sources(errors, row, path)
+    for path, row in errors.array_rows(doc, "driver_families", {"cuda_major", "min_driver", "sources"}):
+        errors.sources(row, path)
         out[errors.get(row, "cuda_major", path, int)] = _driver_version(errors, row, "min_driver", path)
     return out
 
@@ -366,8 +327,7 @@ def _families(doc: Mapping[str, Any], errors: Collector) -> dict[int, str]:
 def _host_compilers(doc: Mapping[str, Any], errors: Collector) -> list[HostCompilerRange]:
     out = []
     fields = {"cuda_min", "cuda_max", "gcc_min", "gcc_max", "clang_max", "msc_min", "msc_end", "sources"}
-    for path, row in _rows(doc, "host_compilers", errors):
-        errors.unknown_keys(row, fields, path)
+    for path, row in errors.array_rows(doc, "host_compilers", fields):
         r = HostCompilerRange(
             cuda_min=_mm(errors, row, "cuda_min", path),
             cuda_max=_mm(errors, row, "cuda_max", path),
@@ -376,7 +336,7 @@ def _host_compilers(doc: Mapping[str, Any], errors: Collector) -> list[HostCompi
             clang_max=errors.get(row, "clang_max", path, int),
             msc_min=errors.get(row, "msc_min", path, int),
             msc_end=errors.get(row, "msc_end", path, int),
-            sources=_sources(errors, row, path),
+            sources=errors.sources(row, path),
         )
         if r.cuda_max < r.cuda_min:
             errors.add(f"{path}.cuda_max", "is below cuda_min")
@@ -388,37 +348,13 @@ def _host_compilers(doc: Mapping[str, Any], errors: Collector) -> list[HostCompi
     return out
 
 
-def _torch(doc: Mapping[str, Any], errors: Collector) -> list[TorchRelease]:
-    out = []
-    for path, row in _rows(doc, "torch", errors):
-        errors.unknown_keys(row, {"version", "cuda", "pypi_default", "sources"}, path)
-        cudas = tuple(
-            errors.parsed(c, f"{path}.cuda[{i}]", parse_major_minor, (0, 0))
-            for i, c in enumerate(errors.str_list(row, "cuda", path, allow_empty=False))
-        )
-        default = _mm(errors, row, "pypi_default", path) if "pypi_default" in row else None
-        if default is not None and default not in cudas:
-            errors.add(
-                f"{path}.pypi_default", f"{format_major_minor(default)} is not one of the cuda variants"
-            )
-        out.append(
-            TorchRelease(
-                version=_mm(errors, row, "version", path),
-                cuda=cudas,
-                pypi_default=default,
-                sources=_sources(errors, row, path),
-            )
-        )
-    return out
-
-
 def _rules(doc: Mapping[str, Any], errors: Collector) -> bool:
     with errors.table(doc, "rules", "") as rules, errors.table(rules, "extension_cuda", "rules") as row:
         if not row:
             return True
         path = "rules.extension_cuda"
         errors.unknown_keys(row, {"major_must_match", "minor_mismatch_warns", "sources"}, path)
-        _sources(errors, row, path)
+        errors.sources(row, path)
         errors.get(row, "minor_mismatch_warns", path, bool)
         return errors.get(row, "major_must_match", path, bool)
 

@@ -13,8 +13,8 @@ from typing import Any
 import click
 
 from attnforge import __version__
-from attnforge.cli._output import emit_error
-from attnforge.errors import AttnforgeError
+from attnforge.cli._output import emit_error, emit_unexpected, set_output_mode
+from attnforge.errors import AttnforgeError, UsageError
 
 #: verb -> "module:attribute" of its click command; imported only when the verb runs (fast start-up).
 VERBS: dict[str, str] = {
@@ -54,9 +54,28 @@ def _module_exists(target: str) -> bool:
     return importlib.util.find_spec(target.partition(":")[0]) is not None
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+#: Environment variables attnforge reads, shown at the end of ``attnforge --help``.
+ENVIRONMENT: tuple[tuple[str, str], ...] = (
+    ("ATTNFORGE_HOME", "cache and state directory (default: the user cache dir, ~/.cache/attnforge on Linux)"),
+    ("ATTNFORGE_AUTOTUNE", "attnforge.attention: 1 measures backends on first use of a shape, 0 never does"),
+    ("GITHUB_API_URL", "GitHub API used to find prebuilt release wheels (GitHub Enterprise, mirrors)"),
+    ("GITHUB_TOKEN", "token for that API (higher rate limits); never printed or stored"),
+    ("CUDA_HOME / CUDA_PATH", "the CUDA toolkit builds use (else nvcc on PATH)"),
+    ("PIP_INDEX_URL, PIP_*, UV_*", "pip's and uv's own configuration, used for every install and index query"),
+    ("COLUMNS / NO_COLOR", "table width and colour of the human-readable output"),
+)
+
+EPILOG = "\b\nEnvironment:\n" + "\n".join(f"  {name:<26} {text}" for name, text in ENVIRONMENT) + (
+    "\n\n\b\nExit codes: 0 ok, 1 not possible on this machine (every reason is printed), 2 bad usage or input."
+)
+
+
+@click.group(cls=LazyGroup, epilog=EPILOG,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, "-V", "--version", prog_name="attnforge")
-def cli() -> None:
+@click.option("-v", "--verbose", is_flag=True,
+              help="Say more: full tracebacks of internal errors (also accepted after the command name).")
+def cli(verbose: bool) -> None:
     """Get the fastest attention kernel working on this NVIDIA machine, prove it works, and keep using it.
 
     Start with `attnforge doctor`.
@@ -65,24 +84,57 @@ def cli() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command line and return its exit code: 0 ok, 1 not possible here, 2 bad usage or input."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    args, verbose = _split_verbose(list(sys.argv[1:] if argv is None else argv))
+    own = args[: args.index("--")] if "--" in args else args
+    set_output_mode(as_json="--json" in own, verbose=verbose)
     try:
         result: Any = cli.main(args=args, prog_name="attnforge", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return 130
+    except click.exceptions.Abort as exc:
+        signum = getattr(exc.__cause__, "signum", None)  # SIGTERM during a build: exit 143, no traceback
+        click.echo("aborted" if signum is None else f"interrupted: {exc.__cause__}", err=True)
+        return 130 if signum is None else 128 + int(signum)
     except click.ClickException as exc:
-        exc.show()
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `attnforge` (or `attnforge cache`): the help
+            click.echo(exc.format_message())
+            return 0
+        emit_error(_usage_error(exc, own))
         return 2
     except AttnforgeError as exc:
         emit_error(exc)
         return exc.exit_code
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        return 130
+    except OSError as exc:  # a full or read-only disk under any verb: a message, not a traceback
+        from attnforge.cache._db import os_error_as_cache_error
+
+        error = os_error_as_cache_error(exc)
+        if error is None:
+            raise
+        emit_error(error)
+        return error.exit_code
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a build (signum 15: exit 143)
+        click.echo(f"interrupted: {exc}" if str(exc) else "interrupted", err=True)
+        return 128 + int(getattr(exc, "signum", 2))
+    except Exception as exc:  # the last resort: a bug or an unforeseen fault, never a raw traceback
+        return emit_unexpected(exc, argv=args)
     return int(result) if isinstance(result, int) else 0
+
+
+def _split_verbose(args: list[str]) -> tuple[list[str], bool]:
+    """Take ``-v``/``--verbose`` from anywhere before a ``--`` (``attnforge doctor -v`` works too)."""
+    end = args.index("--") if "--" in args else len(args)
+    kept = [a for a in args[:end] if a not in ("-v", "--verbose")]
+    return [*kept, *args[end:]], len(kept) < end
+
+
+def _usage_error(exc: click.ClickException, args: list[str]) -> UsageError:
+    """A click usage error as ``error:`` + ``hint:`` (click's own "Usage: ... Error: ..." block has no hint)."""
+    ctx = getattr(exc, "ctx", None)
+    path = ctx.command_path if ctx is not None else "attnforge"
+    verb = next((a for a in args if a in VERBS), None)
+    if ctx is None and verb is not None:
+        path = f"attnforge {verb}"
+    return UsageError(exc.format_message(), hint=f"see `{path} --help`")
 
 
 def run() -> None:

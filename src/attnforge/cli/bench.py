@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -10,17 +11,21 @@ import click
 
 from attnforge.bench.run import BenchCell, BenchReport, CellStatus
 from attnforge.cli._output import console, emit_json, json_option
+from attnforge.ranking import Ranking
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 @click.command("bench")
 @click.argument("backends", nargs=-1)
-@click.option("--shapes", "shape_set", type=click.Choice(["default", "paper", "model"]), default="default",
-              show_default=True,
+@click.option("--shapes", "shape_set", type=click.Choice(["default", "paper", "grid", "diffusion", "model"]),
+              default="default", show_default=True,
               help="default: the papers' grid on a GPU, a tiny one on a CPU; paper: the papers' grid "
-                   "(16k tokens, S 512..16k, D 64/128); model: your shape "
-                   "(--batch --heads --head-dim --seqlen).")
+                   "(16k tokens, S 512..16k, D 64/128); grid: GQA, chunked prefill, decode, D 64/128/256; "
+                   "diffusion: Flux (S4608) and Wan (S32760) lengths; model: --model config.json, or your "
+                   "shape (--batch --heads --head-dim --seqlen). grid/diffusion/model run small on a CPU.")
+@click.option("--model", "model_config", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="A Hugging Face config.json (--shapes model): time the model's real shape classes.")
 @click.option("--batch", type=int, default=None, help="B (--shapes model).")
 @click.option("--heads", type=int, default=None, help="query heads Hq (--shapes model).")
 @click.option("--kv-heads", type=int, default=None, help="K/V heads Hkv, GQA (--shapes model; default Hq).")
@@ -37,13 +42,17 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
               help="default: the GPU when torch sees one, else the CPU.")
 @click.option("--timer", type=click.Choice(["auto", "do_bench", "events"]), default="auto", show_default=True,
               help="GPU timer: triton's do_bench (auto when triton imports) or CUDA events.")
+@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
+              help="Interleaved rounds per cell; their spread decides ties (the repetition budget is shared).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write TFLOP/s vs sequence length to this PNG.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=1800, show_default=True,
+              help="Seconds each backend may run in its own child process before it counts as hung.")
 @json_option
-def command(*, backends: tuple[str, ...], shape_set: str, batch: int | None, heads: int | None,
-            kv_heads: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...], seqlen_k: int | None,
-            dtype: str | None, causal: str, mode: str, device: str | None, timer: str, plot_path: Path | None,
-            as_json: bool) -> int:
+def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | None, batch: int | None,
+            heads: int | None, kv_heads: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...],
+            seqlen_k: int | None, dtype: str | None, causal: str, mode: str, device: str | None, timer: str,
+            rounds: int, plot_path: Path | None, timeout_s: float, as_json: bool) -> int:
     """Measure attention backends on this machine: TFLOP/s per shape, best per row, ratio to SDPA's default.
 
     Without BACKENDS, every backend `attnforge verify` passed on this device is measured; SDPA with no kernel
@@ -51,8 +60,8 @@ def command(*, backends: tuple[str, ...], shape_set: str, batch: int | None, hea
     """
     from attnforge._system.paths import home_dir
     from attnforge.bench import ShapeSet, to_records
+    from attnforge.bench.isolated import crash_records
     from attnforge.bench.report import backend_versions, report_json
-    from attnforge.bench.run import run_bench
     from attnforge.bench.select import choose_backends, choose_shapes, choose_timing
     from attnforge.catalog import load_catalog
     from attnforge.records import RecordStore
@@ -66,7 +75,7 @@ def command(*, backends: tuple[str, ...], shape_set: str, batch: int | None, hea
     dtype_name = _DTYPES[dtype] if dtype else ("bfloat16" if dev.type is DeviceType.CUDA else "float32")
     shapes = choose_shapes(ShapeSet(shape_set), device=dev, dtype=dtype_name, causal=causal, mode=mode,
                            batch=batch, heads=heads, kv_heads=kv_heads, head_dims=head_dims, seqlens=seqlens,
-                           seqlen_k=seqlen_k)
+                           seqlen_k=seqlen_k, model_config=model_config)
     quantized = [n for n in chosen if (e := catalog.backends.get(n)) is not None and e.quantized]
     out = console(stderr=True)
     with out.status("benchmarking", spinner="dots") as status:
@@ -74,11 +83,16 @@ def command(*, backends: tuple[str, ...], shape_set: str, batch: int | None, hea
             if not as_json:
                 status.update(f"{shape.label}: {name}")
 
-        report = run_bench(shapes, adapters=chosen, baseline=baseline, device=dev,
-                           timing=choose_timing(dev, timer), versions=backend_versions(list(chosen), catalog),
-                           verified=verified, quantized=quantized, progress=progress)
+        timing = dataclasses.replace(choose_timing(dev, timer), rounds=rounds)
+        isolated = _bench_isolated(shapes, chosen=chosen, baseline=baseline, device=dev, timing=timing,
+                                   versions=backend_versions(list(chosen), catalog), verified=verified,
+                                   quantized=quantized, progress=progress, timeout_s=timeout_s)
+    report = isolated.report
     records = to_records(report)
     store.add_bench(records)
+    for crash in crash_records(isolated, dev, backend_versions(list(chosen), catalog)):
+        store.add_verify(crash)
+        click.echo(f"error: {crash.backend} {crash.summary}", err=True)
     if plot_path is not None:
         from attnforge.bench.plot import write_plot
 
@@ -87,12 +101,26 @@ def command(*, backends: tuple[str, ...], shape_set: str, batch: int | None, hea
         emit_json("bench", report_json(report))
     else:
         render_bench(console(), report, plot_path=plot_path, stored=len(records), store_path=store.path)
-    return 0 if records else 1
+    return 0 if records and not isolated.crashes else 1
+
+
+def _bench_isolated(shapes: Any, *, chosen: Any, timeout_s: float, **kw: Any) -> Any:
+    """Each backend in its own child process (attnforge.bench.isolated): a crash or hang is recorded, not fatal."""
+    import sys
+
+    from attnforge._system.runner import SubprocessRunner
+    from attnforge.bench.isolated import bench_in_children
+    from attnforge.cache.capabilities import backend_capabilities
+    from attnforge.verify.isolated import Isolation
+
+    return bench_in_children(shapes, adapters=chosen, isolation=Isolation(timeout_s=timeout_s, python=sys.executable),
+                             runner=SubprocessRunner(), environ=dict(os.environ), caps=backend_capabilities, **kw)
 
 
 def render_bench(out: Any, report: BenchReport, *, plot_path: Path | None, stored: int,
                  store_path: Path) -> None:
-    """The table (shapes x backends, best per row in bold green, ratio to the baseline) and its footnotes."""
+    """The table (shapes x backends, the winner in bold green, ratio to the baseline and the spread of rounds;
+    then the winner, its margin and any tie) and its footnotes."""
     from rich.table import Table
 
     dev = report.device
@@ -104,15 +132,18 @@ def render_bench(out: Any, report: BenchReport, *, plot_path: Path | None, store
     unverified = {b.name for b in report.backends if not b.verified and b.name != report.baseline}
     for name in names:
         table.add_column(name + ("*" if name in unverified else ""), justify="right")
-    table.add_column("best")
+    table.add_column("best (margin)")
     for row in report.rows:
-        best = row.best
+        ranking = row.ranking
+        best = ranking.winner
         cells = [_cell_text(row.cell(n), best=n == best, baseline=n == report.baseline) for n in names]
-        table.add_row(row.shape.label, *cells, f"[bold green]{best}[/bold green]" if best else "[dim]-[/dim]")
+        table.add_row(row.shape.label, *cells, _best_text(ranking))
     out.print(table)
     out.print(f"TFLOP/s: {report.flops_formula}. In brackets: speed relative to {report.baseline} "
-              f"(SDPA, no kernel forced). Timer: {report.timing.method.value}, median of repetitions "
-              f"after {report.timing.warmup_ms:g} ms warm-up.")
+              f"(SDPA, no kernel forced); ±: half the spread of {report.timing.rounds} interleaved rounds. "
+              f"Timer: {report.timing.method.value}, median of repetitions after {report.timing.warmup_ms:g} ms "
+              "warm-up. Backends within each other's spread are a tie, won by the lower-overhead path "
+              "(plain SDPA, then a forced SDPA kernel, then other kernels).")
     if unverified:
         out.print(f"* not verified on this device: run `attnforge verify {' '.join(sorted(unverified))}` "
                   "before the dispatcher will use them.")
@@ -129,6 +160,16 @@ def render_bench(out: Any, report: BenchReport, *, plot_path: Path | None, store
         out.print(f"plot: {plot_path}")
 
 
+def _best_text(ranking: Ranking) -> str:
+    best = ranking.winner
+    if best is None:
+        return "[dim]-[/dim]"
+    parts = [f"{ranking.margin:+.1%}"] if ranking.margin is not None else []
+    if len(ranking.tied) > 1:
+        parts.append(f"tie: {', '.join(n for n in ranking.tied if n != best)}")
+    return f"[bold green]{best}[/bold green]" + (f" ({'; '.join(parts)})" if parts else "")
+
+
 def _cell_text(cell: BenchCell | None, *, best: bool, baseline: bool) -> str:
     if cell is None or cell.status is CellStatus.SKIPPED:
         return "[dim]-[/dim]"
@@ -137,6 +178,11 @@ def _cell_text(cell: BenchCell | None, *, best: bool, baseline: bool) -> str:
     text = f"{cell.tflops:.3g}" if cell.tflops < 100 else f"{cell.tflops:.0f}"
     if not baseline and cell.ratio_to_baseline is not None:
         text += f" ({cell.ratio_to_baseline:.2f}x)"
+    t = cell.timing
+    if t is not None and t.median_ms > 0 and len(t.rounds_ms) > 1:
+        text += f" ±{(t.hi_ms - t.lo_ms) / 2 / t.median_ms:.1%}"
+    if cell.rel_l1 is not None and cell.cosine is not None:
+        text += f" [dim]L1 {cell.rel_l1:.3f} cos {cell.cosine:.4f}[/dim]"
     return f"[bold green]{text}[/bold green]" if best else text
 
 

@@ -17,7 +17,7 @@ import click
 
 from attnforge.build.progress import BuildEvent, HeartbeatEvent, PhaseEvent, StepEvent
 from attnforge.cli._output import console, emit_json, json_option, snapshot_option
-from attnforge.cli.plan import parse_archs
+from attnforge.cli.plan import parse_archs, slim_options, slim_request
 from attnforge.resolve.types import BuildSpec, Request, SourceKind, SourceSpec
 
 _ARCHIVES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")
@@ -46,11 +46,13 @@ allow_unsupported_option = click.option(
 @click.option("--sccache", "use_sccache", is_flag=True,
               help="Route nvcc and the C++ compiler through sccache.")
 @allow_unsupported_option
+@slim_options
 @click.option("--quiet", "-q", is_flag=True, help="No progress output; only the result.")
 @snapshot_option
 @json_option
 def command(
-    *, backend: str | None, source_text: str | None, name: str | None, archs: tuple[str, ...],
+    *, head_dims: tuple[str, ...], dtypes: tuple[str, ...], no_backward: bool, features: tuple[str, ...],
+    model_config: Path | None, backend: str | None, source_text: str | None, name: str | None, archs: tuple[str, ...],
     jobs: int | None, keep_build_dir: bool, use_sccache: bool, allow_unsupported_compiler: bool, quiet: bool,
     snapshot_path: Path | None, as_json: bool,
 ) -> int:
@@ -60,6 +62,7 @@ def command(
     build prints the cause, the log lines that show it, and the fix.
     """
     from attnforge._system.paths import home_dir
+    from attnforge.build.source import parse_source
     from attnforge.catalog import load_catalog
     from attnforge.cli._output import load_or_probe
     from attnforge.errors import UsageError
@@ -69,13 +72,21 @@ def command(
         raise UsageError("name a backend or give --source", hint="attnforge build flash-attn, or "
                          "attnforge build --source ./causal-conv1d")
     source = parse_source(source_text) if source_text else None
+    if source is not None and source.kind is SourceKind.PATH and not Path(source.location).exists():
+        raise UsageError(f"--source {source_text}: no such file or directory",
+                         hint="give a source directory, an sdist, git+URL@REF or an sdist URL")
     dist, _, version = (backend or "").partition("==")
     dist = name or dist or _name_from_source(source)
     request = Request(backend=dist, version=f"=={version}" if version else "", archs=parse_archs(archs),
-                      from_source=True, source=source, allow_unsupported_compiler=allow_unsupported_compiler)
+                      from_source=True, source=source, allow_unsupported_compiler=allow_unsupported_compiler,
+                      slim=slim_request(head_dims=head_dims, dtypes=dtypes, no_backward=no_backward,
+                                        features=features, model_config=model_config))
+    catalog = load_catalog()
+    if source is None:
+        catalog.backend(dist)  # UsageError (exit 2) listing the known ids, before any probing
     home = home_dir(os.environ)
     snapshot = load_or_probe(snapshot_path)
-    spec = apply_options(build_spec(snapshot, load_catalog(), request, home=str(home)), jobs=jobs,
+    spec = apply_options(build_spec(snapshot, catalog, request, home=str(home)), jobs=jobs,
                          use_sccache=use_sccache, name=name)
     warning = unsupported_compiler_warning(spec)
     if warning:
@@ -127,6 +138,8 @@ def run_build(
     out.print(f"wheel: {result.wheel}", soft_wrap=True)
     out.print(f"log:   {result.log_path}", soft_wrap=True)
     out.print(f"source sha256: {result.source_sha256}")
+    if spec.capabilities is not None:
+        out.print(f"slim build, can run: {spec.capabilities.describe()}", soft_wrap=True, markup=False)
     if result.sccache is not None:
         out.print(f"sccache: {result.sccache.hits} hits, {result.sccache.misses} misses")
     if result.build_dir is not None:
@@ -146,36 +159,6 @@ def unsupported_compiler_warning(spec: BuildSpec) -> str | None:
                 if why else "warning: building with nvcc -allow-unsupported-compiler, at your own risk")
     return ("warning: --allow-unsupported-compiler: nvcc gets -allow-unsupported-compiler only if it would "
             "refuse the host compiler (on Windows: when no installed MSVC toolset fits), at your own risk")
-
-
-def parse_source(text: str) -> SourceSpec:
-    """``--source`` text -> :class:`SourceSpec`.
-
-    ``git+URL[@REF][#subdirectory=DIR]`` (pip's VCS syntax) or a URL ending in ``.git`` is a git checkout; an
-    ``http(s)`` URL of an archive is an sdist download; anything else is a local directory or sdist.
-
-    Raises:
-        UsageError: a URL that is neither a git repository nor an sdist archive.
-    """
-    from attnforge.errors import UsageError
-
-    body, _, fragment = text.partition("#")
-    subdirectory = fragment.removeprefix("subdirectory=") if fragment.startswith("subdirectory=") else None
-    if body.startswith("git+") or body.endswith(".git") or ".git@" in body:
-        url = body.removeprefix("git+")
-        ref = None
-        scheme, sep, rest = url.partition("://")
-        if "@" in rest.rsplit("/", 1)[-1]:
-            rest, _, ref = rest.rpartition("@")
-        return SourceSpec(kind=SourceKind.GIT, location=f"{scheme}{sep}{rest}", ref=ref,
-                          subdirectory=subdirectory)
-    if body.startswith(("http://", "https://")):
-        if not body.lower().split("?", 1)[0].endswith(_ARCHIVES):
-            raise UsageError(f"{text} is neither a git repository nor an sdist archive",
-                             hint="use git+URL@REF for a repository, or a URL ending in .tar.gz / .zip")
-        return SourceSpec(kind=SourceKind.URL, location=body)
-    return SourceSpec(kind=SourceKind.PATH, location=str(Path(body).expanduser().resolve()),
-                      subdirectory=subdirectory)
 
 
 def apply_options(spec: BuildSpec, *, jobs: int | None, use_sccache: bool, name: str | None) -> BuildSpec:

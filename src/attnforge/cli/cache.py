@@ -195,8 +195,13 @@ def export(dest: Path, as_json: bool) -> int:
     out.print(f"exported {len(result.exported)} new, {len(result.already)} already there, to {result.dest}")
     for line in result.skipped:
         out.print(f"[yellow]skipped[/yellow] {line}")
+    for line in result.errors:
+        out.print(f"[red]error[/red] {line}")
     out.print(f"install from it with: pip install --index-url {result.index_url} NAME")
-    return 0
+    if result.errors:
+        out.print(f"hint: {len(result.errors)} entries were not exported; `attnforge cache verify` moves damaged "
+                  "entries to quarantine")
+    return 1 if result.errors else 0
 
 
 @command.command("import")
@@ -216,4 +221,27 @@ def import_(source: Path, as_json: bool) -> int:
                   f"from {result.source}")
         for line in result.rejected:
             out.print(f"[red]rejected[/red] {line}")
+        if result.rejected:
+            out.print(f"error: {len(result.rejected)} entries were rejected and not imported")
+            out.print("hint: each is kept in quarantine with a reason.txt; re-export them from a trusted cache")
     return 1 if result.rejected else 0
+
+
+@command.command("verify")
+@json_option
+def verify(as_json: bool) -> int:
+    """Re-hash every entry and re-check its key against its recorded inputs; quarantine what fails.
+
+    Exit code 1 when anything failed.
+    """
+    report = _store().verify()
+    if as_json:
+        emit_json("cache.verify", report)
+    else:
+        out = console()
+        out.print(f"checked {report.checked} entries in {report.root}: {len(report.ok)} ok, "
+                  f"{len(report.problems)} bad; database: {report.database}")
+        for p in report.problems:
+            where = f"moved to {p.moved_to}" if p.moved_to else "left in place (read-only cache)"
+            out.print(f"[red]bad[/red] {p.key[:19]} {p.filename}: {p.problem}; {where}")
+    return 1 if report.problems or report.database != "ok" else 0

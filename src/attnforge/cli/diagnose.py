@@ -11,7 +11,7 @@ from attnforge.cli._output import console, emit_json, json_option, snapshot_opti
 
 
 @click.command("diagnose")
-@click.argument("log", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("log", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 @snapshot_option
 @click.option("--this-machine", is_flag=True,
               help="Probe this machine and use what it finds (e.g. a CPU-only torch) to sharpen the answer.")
@@ -22,17 +22,21 @@ def command(
 ) -> int:
     """Explain a failed build or import log: cause, evidence (log lines), and the fix as commands.
 
+    Without --snapshot, values the log does not state (nvcc and torch versions) come from this machine's
+    probe, and the answer says so.
+
     Exit status 0 when the failure is recognised (or the log shows none), 1 when it is not recognised (the
     likeliest lines are shown).
     """
+    from attnforge.cli._output import load_or_probe
     from attnforge.diagnose import diagnose_file
 
-    snapshot = None
+    snapshot = machine = None
     if snapshot_path is not None or this_machine:
-        from attnforge.cli._output import load_or_probe
-
         snapshot = load_or_probe(snapshot_path)
-    diagnosis = diagnose_file(log, snapshot=snapshot, name=name)
+    else:  # no machine named: this one's probe fills the placeholders the log leaves open (the notes say so)
+        machine = load_or_probe(None)
+    diagnosis = diagnose_file(log, snapshot=snapshot, name=name, machine=machine)
     if as_json:
         emit_json("diagnosis", diagnosis)
     else:
@@ -66,5 +70,7 @@ def render_diagnosis(out: Any, diagnosis: Any) -> None:
         out.print("fix:")
         for step in diagnosis.fix:
             out.print(f"  [bold]{escape(step)}[/]", soft_wrap=True)
+    for note in diagnosis.notes:
+        out.print(f"[dim]note: {escape(note)}[/]", soft_wrap=True)
     if diagnosis.sources:
         out.print(f"[dim]known from: {escape(', '.join(diagnosis.sources))}[/]", soft_wrap=True)

@@ -7,6 +7,7 @@ Exit codes: 0 installed (and verified, unless --no-verify), 1 not possible here 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,30 +16,19 @@ import click
 
 from attnforge.cli._output import console, emit_json, json_option
 from attnforge.cli.build import allow_unsupported_option, unsupported_compiler_warning
+from attnforge.cli.plan import slim_options, slim_request
 from attnforge.errors import ResolveError
 
 if TYPE_CHECKING:
     from attnforge.install.flow import InstallResult
-    from attnforge.resolve.types import SourceSpec
-
-
-def parse_source(text: str) -> SourceSpec:
-    """``--source``: a local directory or archive, a ``git+URL[@REF]``, or an archive URL."""
-    from attnforge.resolve.types import SourceKind, SourceSpec
-
-    if text.startswith("git+"):
-        url, _, ref = text.removeprefix("git+").partition("@") if text.count("@") == 1 else (text[4:], "", "")
-        return SourceSpec(kind=SourceKind.GIT, location=url, ref=ref or None)
-    if "://" in text:
-        return SourceSpec(kind=SourceKind.URL, location=text)
-    return SourceSpec(kind=SourceKind.PATH, location=str(Path(text).expanduser().resolve()))
 
 
 @click.command("install")
 @click.argument("requirement")
 @click.option("--source", "source", default=None, metavar="PATH_OR_URL",
-              help="Build from this source (a directory, sdist, git+URL@REF or URL); allows names outside "
-              "the catalog.")
+              help="Build from this source (a directory, an sdist, an sdist URL, or "
+              "git+URL[@REF][#subdirectory=DIR]; a directory may end in #subdirectory=DIR too); allows names "
+              "outside the catalog.")
 @click.option("--from-source", is_flag=True, help="Skip prebuilt wheels and build (the cache is still used).")
 @click.option("--find-links", "find_links", multiple=True, metavar="DIR",
               help="A directory of wheels to consider.")
@@ -51,13 +41,20 @@ def parse_source(text: str) -> SourceSpec:
 @click.option("--allow-overlap", is_flag=True,
               help="Install even if the wheel ships files another installed distribution owns (they are "
               "replaced, and uninstalling either later deletes them for both); refused by default.")
+@click.option("--require-hashes", is_flag=True,
+              help="Refuse a wheel whose sha256 is not published where it comes from (else its hash is "
+              "recorded on first use and shown as such).")
 @allow_unsupported_option
+@slim_options
 @json_option
-def command(requirement: str, *, source: str | None, from_source: bool, find_links: tuple[str, ...],
+def command(requirement: str, *, head_dims: tuple[str, ...], dtypes: tuple[str, ...], no_backward: bool,
+            features: tuple[str, ...], model_config: Path | None, source: str | None, from_source: bool,
+            find_links: tuple[str, ...],
             index_urls: tuple[str, ...], offline: bool, archs: tuple[str, ...], no_verify: bool,
-            allow_overlap: bool, allow_unsupported_compiler: bool, as_json: bool) -> int:
+            allow_overlap: bool, allow_unsupported_compiler: bool, as_json: bool, require_hashes: bool) -> int:
     """Get BACKEND working in this interpreter: from the cache, a hash-checked wheel, or a build."""
     from attnforge._system.runner import SubprocessRunner
+    from attnforge.build.source import parse_source
     from attnforge.cache import open_store
     from attnforge.catalog import load_catalog
     from attnforge.cli.plan import parse_archs, parse_requirement
@@ -71,11 +68,18 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
     name, spec = parse_requirement(requirement)
     catalog = load_catalog()
     if source is None:
+        from attnforge.resolve.sources import resolve_name
+
+        name, name_note = resolve_name(name, catalog)  # sageattention -> sageattention-2, flash_attn -> flash-attn
+        if name_note:
+            click.echo(f"note: {name_note}", err=True)
         name = catalog.backend(name).id  # UsageError (exit 2) listing the known ids
     request = Request(backend=name, version=spec, archs=parse_archs(archs), find_links=find_links,
                       index_urls=index_urls, from_source=from_source, offline=offline,
                       source=parse_source(source) if source else None,
-                      allow_unsupported_compiler=allow_unsupported_compiler)
+                      allow_unsupported_compiler=allow_unsupported_compiler,
+                      slim=slim_request(head_dims=head_dims, dtypes=dtypes, no_backward=no_backward,
+                                        features=features, model_config=model_config))
     store = open_store()
     snapshot = collect_snapshot(backends=catalog.backends.values())
     backend = catalog.backends.get(name)
@@ -83,7 +87,16 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
     projects = [*(backend.distributions if backend else (name,)),
                 *([recipe.distribution] if recipe and recipe.distribution else [])]
     request = with_local_sdist(request, projects)  # an sdist in the wheelhouse builds offline
-    listing = list_wheels(find_links, index_urls, projects, offline=offline)
+    if backend is not None:  # a slim build installed here serves only what it was built for
+        from attnforge.cache.capabilities import installed_capabilities
+
+        request = dataclasses.replace(request, installed_capabilities=installed_capabilities(backend.distributions))
+    from attnforge.fetch.listings import known_source_wheels, merged
+
+    listing = merged(list_wheels(find_links, index_urls, projects, offline=offline),
+                     known_source_wheels(name, snapshot, offline=offline, from_source=from_source or bool(source)))
+    for line in listing.problems:
+        click.echo(f"note: {line}", err=True)
     runner = SubprocessRunner()
     try:
         result = install(
@@ -92,7 +105,7 @@ def command(requirement: str, *, source: str | None, from_source: bool, find_lin
             builder=defaults.source_builder,
             verifier=None if no_verify else defaults.subprocess_verifier(runner, catalog),
             runner=runner, python=sys.executable, fetch_index=defaults.index_fetcher(catalog, runner),
-            allow_overlap=allow_overlap,
+            allow_overlap=allow_overlap, require_hashes=require_hashes,
         )
     except ResolveError as exc:
         if backend is not None and "{torch_index}" in backend.install and not index_urls:
@@ -116,13 +129,17 @@ def _render(result: InstallResult) -> None:
 
     out = console()
     what = {
-        "cache-hit": "from the cache", "wheel": "from a hash-checked wheel, now cached",
+        "cache-hit": "from the cache",
+        "wheel": "from a wheel whose published sha256 matched, now cached" if result.hash_source == "published"
+        else "from a wheel with no published sha256 (hash recorded on first use, not published), now cached",
         "built": "built from source, now cached", "already-installed": "already installed",
     }[result.action]
     chosen = result.plan.chosen
     out.print(f"[bold]{result.request.backend}[/bold]: {what}", soft_wrap=True)
     if chosen is not None:
         out.print(f"  plan: [{chosen.kind.value}] {chosen.description}", soft_wrap=True, markup=False)
+        if chosen.build is not None and chosen.build.capabilities is not None:
+            out.print(f"  slim build, can run: {chosen.build.capabilities.describe()}", soft_wrap=True, markup=False)
     if result.cache_key:
         out.print(f"  cache key: {result.cache_key}", soft_wrap=True)
     if result.pip is not None:

@@ -22,8 +22,10 @@ SHOWN_FAILURES = 3
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="default: the GPU when torch sees one, else the CPU.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the random shapes and inputs.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900, show_default=True,
+              help="Seconds each backend may run in its own child process before it counts as hung.")
 @json_option
-def command(backends: tuple[str, ...], device: str | None, seed: int, as_json: bool) -> int:
+def command(backends: tuple[str, ...], device: str | None, seed: int, timeout_s: float, as_json: bool) -> int:
     """Prove attention backends work here: their native modules import, and their output matches a float64
     reference (TF32 off) over random shapes, dtypes, head dims, causal on/off and GQA.
 
@@ -31,19 +33,23 @@ def command(backends: tuple[str, ...], device: str | None, seed: int, as_json: b
     verified backend passed, 1 when one failed. Verdicts are stored for `attnforge doctor` and the dispatcher.
     """
     from attnforge._system.paths import home_dir
+    from attnforge.backends.registry import adapters
+    from attnforge.cache._db import check_root
     from attnforge.catalog import load_catalog
     from attnforge.catalog.tolerances import load_tolerances
-    from attnforge.dispatch.registry import adapters
     from attnforge.records import RecordStore
     from attnforge.verify.device import current_device
+    from attnforge.verify.isolated import Isolation
     from attnforge.verify.run import run_verify
 
+    check_root(home_dir(os.environ), write=True)  # before the work: the verdicts are stored there
     dev = current_device(device)
     store = RecordStore(home_dir(os.environ))
     out = console(stderr=True)
     with out.status(f"verifying on {dev.name}", spinner="dots"):
         report = run_verify(list(backends), adapters=adapters(), catalog=load_catalog(), device=dev,
-                            tolerances=load_tolerances(), store=store, python=sys.executable, seed=seed)
+                            tolerances=load_tolerances(), store=store, python=sys.executable, seed=seed,
+                            isolation=Isolation(timeout_s=timeout_s, python=sys.executable))
     if as_json:
         emit_json("verify", verify_json(report))
     else:

@@ -9,12 +9,14 @@ as unknown, with the excerpt that looked most like the failure.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from attnforge.catalog.failures import Condition, FailureCatalog, FailureSignature, load_failures
 from attnforge.diagnose.extract import FailureSite, LogLine, find_failure
+from attnforge.diagnose.logfacts import LogFacts, full_module, log_facts, printable
 from attnforge.errors import UsageError
 from attnforge.probe.snapshot import SystemSnapshot
 
@@ -22,10 +24,19 @@ _SUCCESS = re.compile(r"^\s*(?:Successfully built |attnforge: built )", re.MULTI
 _CONTEXT_LINES = 2
 _EXCERPT_LINES = 20
 _ERRORISH = re.compile(r"\berror\b|fatal|killed|not found|exhausted|no module named", re.IGNORECASE)
-_LOCATION = re.compile(
-    r"(?P<file>[^\s:()]+\.(?:cu|cuh|cpp|cc|cxx|c|h|hpp|hxx|inl))(?::(?P<line>\d+)(?::\d+)?:|\((?P<line2>\d+)\):)"
-    r"\s+(?:fatal )?error"
+_SOURCE_EXT = r"\.(?:cu|cuh|cpp|cc|cxx|c|h|hpp|hxx|inl)"
+_LOCATION = re.compile(  # a Windows path keeps its drive letter and its spaces ("C:\Program Files\...")
+    rf"(?P<file>[A-Za-z]:[\\/][^:()\n\"'<>|*?]*?{_SOURCE_EXT}|[^\s:()]+{_SOURCE_EXT})"
+    r"(?::(?P<line>\d+)(?::\d+)?:|\((?P<line2>\d+)\):)\s+(?:fatal )?error"
 )
+
+#: How a placeholder reads when nothing (snapshot, probe, log) gave its value.
+_UNKNOWN = {
+    "nvcc_version": "<this machine's nvcc version>",
+    "torch_cuda": "<your torch's CUDA version>",
+    "torch_version": "<your torch version>",
+    "cuda_index_tag": "<cuXYZ tag of your CUDA, e.g. cu128>",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +64,7 @@ class Diagnosis:
         failed_target: what ninja failed to build, when it got that far.
         log_path: the log the evidence line numbers refer to.
         sources: where the knowledge behind the answer comes from.
+        notes: what the answer rests on besides the log (values from this machine's probe, dropped bytes).
     """
 
     known: bool
@@ -66,28 +78,35 @@ class Diagnosis:
     failed_target: str | None
     log_path: str | None
     sources: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 def diagnose_file(
     path: Path, *, snapshot: SystemSnapshot | object | None = None, name: str | None = None,
-    failures: FailureCatalog | None = None,
+    failures: FailureCatalog | None = None, machine: SystemSnapshot | None = None,
 ) -> Diagnosis:
-    """Diagnose the log at ``path`` (see :func:`diagnose_text`).
+    """Diagnose the log at ``path`` (see :func:`diagnose_text`); only its printable text is used.
 
     Raises:
         UsageError: the file cannot be read.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        raw = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise UsageError(f"cannot read the log {path}", cause=exc.strerror,
                          hint="give the path of a build log, e.g. one under $ATTNFORGE_HOME/logs") from None
-    return diagnose_text(text, snapshot=snapshot, log_path=str(path), name=name, failures=failures)
+    text, dropped = printable(raw.replace("\ufffd", ""))
+    found = diagnose_text(text, snapshot=snapshot, log_path=str(path), name=name, failures=failures,
+                          machine=machine)
+    if dropped or "\ufffd" in raw:
+        note = f"{dropped + raw.count(chr(0xFFFD))} unprintable characters of the log were left out"
+        found = dataclasses.replace(found, notes=(*found.notes, note))
+    return found
 
 
 def diagnose_text(
     text: str, *, snapshot: SystemSnapshot | object | None = None, log_path: str | None = None,
-    name: str | None = None, failures: FailureCatalog | None = None,
+    name: str | None = None, failures: FailureCatalog | None = None, machine: SystemSnapshot | None = None,
 ) -> Diagnosis:
     """Find and explain the failure in a build or import log.
 
@@ -99,8 +118,11 @@ def diagnose_text(
         text: the log.
         snapshot: the machine the log came from (a :class:`SystemSnapshot`), optional.
         log_path: shown in the fix commands and the evidence.
-        name: the package being built, used in fix commands (``<package>`` when None).
+        name: the package being built, used in fix commands (else the one the log names, else ``<package>``).
         failures: the signatures (the packaged ones when None).
+        machine: this machine's probe, used only to fill placeholders (nvcc and torch versions) when there is
+            no ``snapshot``; the answer's notes say so. Facts the log states (a ``+cpu`` torch) count too, and
+            rank a root cause over its symptom.
 
     Raises:
         CatalogError: the packaged signatures are malformed.
@@ -108,12 +130,15 @@ def diagnose_text(
     catalog = failures or load_failures()
     snap = snapshot if isinstance(snapshot, SystemSnapshot) else None
     site = find_failure(text)
-    applicable = [s for s in catalog.signatures if _conditions_hold(s, snap) and _context_holds(s, text)]
+    said = log_facts(text)
+    applicable = [s for s in catalog.signatures if _conditions_hold(s, snap, said) and _context_holds(s, text)]
     for region in (site.block, site.rest):
         found = _best_match(applicable, region)
         if found is not None:
             sig, line, match = found
-            return _known(sig, line, match, region, site=site, snap=snap, log_path=log_path, name=name)
+            values, notes = _values(snap, machine, said, name=name, log_path=log_path)
+            return _known(sig, line, match, region, site=site, values=values, text=text, log_path=log_path,
+                          notes=notes)
     if not site.block and _SUCCESS.search(text):
         return Diagnosis(
             known=False, signature=None, title="no failure", stage=None,
@@ -150,12 +175,38 @@ def _context_holds(sig: FailureSignature, text: str) -> bool:
     return not sig.context or any(p.search(text) for p in sig.context)
 
 
-def _conditions_hold(sig: FailureSignature, snap: SystemSnapshot | None) -> bool:
+def _conditions_hold(sig: FailureSignature, snap: SystemSnapshot | None, said: LogFacts) -> bool:
+    """Every ``when`` of ``sig`` holds: torch facts the log states first, then the snapshot's."""
     if not sig.when:
         return True
-    if snap is None:
-        return False
-    return all(_condition(c, snap) for c in sig.when)
+    return all(_said(c, said) if _said(c, said) is not None else snap is not None and _condition(c, snap)
+               for c in sig.when)
+
+
+def _said(cond: Condition, said: LogFacts) -> bool | None:
+    """What the log itself says about a torch condition (None: the log does not say)."""
+    if said.torch_version is None or cond not in (Condition.TORCH_CPU, Condition.TORCH_CUDA):
+        return None
+    return said.torch_cpu if cond is Condition.TORCH_CPU else said.torch_cuda is not None
+
+
+def _values(snap: SystemSnapshot | None, machine: SystemSnapshot | None, said: LogFacts, *, name: str | None,
+            log_path: str | None) -> tuple[_Values, tuple[str, ...]]:
+    """Placeholder values: the snapshot's, else this machine's probe; the torch and package the log names win."""
+    source = snap or machine
+    values = _Values(facts(source, name=name or said.package, log_path=log_path))
+    notes: list[str] = []
+    if said.torch_version:  # the torch the build ran against, which may not be the snapshot's (build isolation)
+        values["torch_version"] = said.torch_version
+        values.pop("torch_cuda", None)
+        if said.torch_cuda:
+            values["torch_cuda"] = said.torch_cuda
+            values["cuda_index_tag"] = "cu" + said.torch_cuda.replace(".", "")
+    if snap is None and machine is not None:
+        known = ", ".join(f"{k} {values[k]}" for k in ("torch_version", "nvcc_version") if k in values)
+        notes.append(f"values not in the log come from this machine's probe ({known or 'no torch, no nvcc'}); "
+                     "pass --snapshot FILE for the machine the log came from")
+    return values, tuple(notes)
 
 
 def _condition(cond: Condition, snap: SystemSnapshot) -> bool:
@@ -199,7 +250,7 @@ def facts(snap: SystemSnapshot | None, *, name: str | None, log_path: str | None
 
 class _Values(dict[str, str]):
     def __missing__(self, key: str) -> str:
-        return f"<{key}>"
+        return _UNKNOWN.get(key, f"<{key}>")
 
 
 def _fill(template: str, values: _Values) -> str:
@@ -208,9 +259,8 @@ def _fill(template: str, values: _Values) -> str:
 
 def _known(
     sig: FailureSignature, line: LogLine, match: re.Match[str], region: tuple[LogLine, ...], *,
-    site: FailureSite, snap: SystemSnapshot | None, log_path: str | None, name: str | None,
+    site: FailureSite, values: _Values, text: str, log_path: str | None, notes: tuple[str, ...],
 ) -> Diagnosis:
-    values = _Values(facts(snap, name=name, log_path=log_path))
     values.update({k: v.strip() for k, v in match.groupdict().items() if v})
     for other in region:  # groups another line of the same failure fills (xFormers' "built for" block)
         for pattern in sig.patterns:
@@ -219,6 +269,8 @@ def _known(
                 for key, value in m.groupdict().items():
                     if value and key not in values:
                         values[key] = value.strip()
+    if "module" in values:
+        values["module"] = full_module(values["module"], text)
     at = region.index(line)
     shown = region[max(0, at - _CONTEXT_LINES) : at + _CONTEXT_LINES + 1]
     return Diagnosis(
@@ -226,6 +278,7 @@ def _known(
         fix=tuple(_fill(step, values) for step in sig.fix),
         evidence=tuple(Evidence(line=ln.number, text=ln.text.strip()) for ln in shown),
         location=_location(region, match), failed_target=site.target, log_path=log_path, sources=sig.sources,
+        notes=notes,
     )
 
 

@@ -37,7 +37,7 @@ def attention_op(  # noqa: PLR0917 - op schema
 def _attention_fake(  # noqa: PLR0917 - op schema
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
                     backend: str | None, precision: str, needs_grad: bool) -> torch.Tensor:
-    return torch.empty_like(q, memory_format=torch.contiguous_format)
+    return q.new_empty((*q.shape[:3], v.shape[3]))
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::attention_backward", mutates_args=())

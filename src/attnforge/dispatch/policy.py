@@ -2,81 +2,82 @@
 
 A backend is *eligible* when its package loads, verify passed for it on this device, it supports the call
 (its ``unsupported_reasons`` are empty) and it has not raised at run time in this process. Eligible backends
-are ordered by the throughput bench measured for the call's *shape class* (highest TFLOP/s first); backends
-without a measurement follow, by the catalog's ``priority``. PyTorch SDPA (unforced) closes every order: it
-needs no verify record, and it moves up when bench measured it faster than the others for the shape class.
+that bench measured for the call's *shape class* are ordered by the one "fastest" rule
+(:mod:`attnforge.ranking`: median TFLOP/s, ties within the measured spread go to the lower-overhead path, so
+plain SDPA stays unless a candidate is faster beyond the spread); backends without a measurement follow, by the
+catalog's ``priority``, except those that never beat plain SDPA where both were measured: they follow SDPA
+("never slower than doing nothing", issue 16). PyTorch SDPA (unforced) needs no verify record and closes the
+order of the others unless it was measured.
+
+A quantized backend (SageAttention) is eligible only under ``precision="allow_quantized"`` *and* where it was
+measured faster than every measured exact backend beyond the spread *and* its recorded error on the class stays
+within :func:`quantized_gate` (``[gate.quantized]`` in ``catalog/data/tolerances.toml``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from attnforge.dispatch.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.adapter import AttentionCall, BackendAdapter
+from attnforge.ranking import (
+    PLAIN_SDPA,
+    Evidence,
+    Measurement,
+    Ranking,
+    class_measurements,
+    never_beat_plain_sdpa,
+    rank,
+)
 from attnforge.records import BenchRecord, VerifyRecord
+from attnforge.types.shapes import AttentionShape, Feature, Layout, Mode, ShapeClass
 
-FALLBACK = "sdpa"
+if TYPE_CHECKING:
+    from attnforge.catalog.tolerances import DispatchGate
+
+FALLBACK = PLAIN_SDPA
 
 
-def bucket(n: int) -> int:
-    """The power of two a sequence length falls in: the smallest ``2**k >= n`` (1 for n <= 1)."""
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+def shape_of_call(call: AttentionCall) -> AttentionShape:
+    """The :class:`AttentionShape` of ``call`` (features, ``Dv`` and layout where the call carries them)."""
+    return AttentionShape(batch=call.batch, heads=call.heads_q, kv_heads=call.heads_kv, head_dim=call.head_dim,
+                           seqlen_q=call.seqlen_q, seqlen_k=call.seqlen_k, causal=call.causal,
+                           mode=Mode.FWD_BWD if call.needs_grad else Mode.FWD, dtype=call.dtype,
+                           head_dim_v=getattr(call, "head_dim_v", None),
+                           layout=Layout(getattr(call, "layout", "bhsd")),
+                           features=frozenset(Feature(f) for f in getattr(call, "features", ())))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ShapeClass:
-    """Calls whose speed ranking is taken to be the same: bench results transfer within a class.
+def class_of_call(call: AttentionCall) -> ShapeClass:
+    """The shape class of ``call``: the key bench records are matched on."""
+    return shape_of_call(call).shape_class
 
-    Attributes:
-        dtype, head_dim, causal: as in the call.
-        gqa: Hq != Hkv.
-        seqlen_q_bucket, seqlen_k_bucket: Sq and Sk rounded up to a power of two.
-        mode: ``"fwd"``, or ``"fwd+bwd"`` when an input requires grad (bench's ``mode``).
+
+def measurements(records: Iterable[BenchRecord], shape_class: ShapeClass) -> Evidence:
+    """Per backend, what bench (or measure-on-first-use) stored for ``shape_class``; ``demoted``: the backends
+    that never beat plain SDPA where both were measured (:func:`attnforge.ranking.never_beat_plain_sdpa`)."""
+    records = list(records)
+    evidence = Evidence(class_measurements(records, shape_class))
+    evidence.demoted = never_beat_plain_sdpa(records)
+    return evidence
+
+
+def quantized_gate() -> DispatchGate:
+    """The error a quantized backend may show on a shape class (vs float32) to be dispatched there:
+    ``[gate.quantized]`` of the packaged ``catalog/data/tolerances.toml``, with its sources.
+
+    Raises:
+        CatalogError: the packaged file has no such table.
     """
+    from attnforge.catalog.tolerances import load_quantized_gate
+    from attnforge.errors import CatalogError
 
-    dtype: str
-    head_dim: int
-    causal: bool
-    gqa: bool
-    seqlen_q_bucket: int
-    seqlen_k_bucket: int
-    mode: str
-
-    @classmethod
-    def of_call(cls, call: AttentionCall) -> ShapeClass:
-        return cls(dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,
-                   gqa=call.heads_q != call.heads_kv, seqlen_q_bucket=bucket(call.seqlen_q),
-                   seqlen_k_bucket=bucket(call.seqlen_k), mode="fwd+bwd" if call.needs_grad else "fwd")
-
-    @classmethod
-    def of_record(cls, rec: BenchRecord) -> ShapeClass:
-        return cls(dtype=rec.dtype, head_dim=rec.head_dim, causal=rec.causal, gqa=rec.heads != rec.kv_heads,
-                   seqlen_q_bucket=bucket(rec.seqlen_q), seqlen_k_bucket=bucket(rec.seqlen_k), mode=rec.mode)
-
-    def __str__(self) -> str:
-        parts = [self.dtype, f"D={self.head_dim}", f"Sq<={self.seqlen_q_bucket}",
-                 f"Sk<={self.seqlen_k_bucket}", self.mode]
-        if self.causal:
-            parts.append("causal")
-        if self.gqa:
-            parts.append("GQA")
-        return " ".join(parts)
-
-
-def measured_tflops(records: Iterable[BenchRecord], shape: ShapeClass) -> dict[str, float]:
-    """Mean TFLOP/s per backend over the bench records of ``shape``.
-
-    TFLOP/s rather than milliseconds, so rows of one class with different batch or head counts compare fairly.
-    Records come oldest first; a later record of the same backend and exact shape replaces an earlier one.
-    """
-    latest: dict[tuple[object, ...], BenchRecord] = {}
-    for rec in records:
-        if ShapeClass.of_record(rec) == shape:
-            latest[(rec.backend, rec.batch, rec.heads, rec.kv_heads, rec.seqlen_q, rec.seqlen_k)] = rec
-    sums: dict[str, list[float]] = {}
-    for rec in latest.values():
-        sums.setdefault(rec.backend, []).append(rec.tflops)
-    return {name: sum(values) / len(values) for name, values in sums.items()}
+    gate = load_quantized_gate()
+    if gate is None:
+        raise CatalogError("tolerances.toml has no [gate.quantized]",
+                           hint="restore the packaged catalog/data/tolerances.toml")
+    return gate
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,31 +96,38 @@ class Decision:
         order: backends to try, first choice first; always ends with ``"sdpa"`` unless SDPA itself is broken.
         basis: for each backend in ``order``, why it stands there ("412.0 TFLOP/s measured", "priority 25").
         rejected: every other backend with its reasons.
+        ranking: the "fastest" rule over the eligible measured backends (None when none was measured).
     """
 
     order: tuple[str, ...]
     basis: tuple[str, ...]
     rejected: tuple[Rejection, ...]
+    ranking: Ranking | None = None
 
 
 def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, priorities: Mapping[str, int],
-           verified: Mapping[str, VerifyRecord], tflops: Mapping[str, float],
-           broken: Mapping[str, str]) -> Decision:
+           verified: Mapping[str, VerifyRecord], measured: Mapping[str, Measurement],
+           broken: Mapping[str, str], gate: DispatchGate | None = None) -> Decision:
     """Order the backends that may serve ``call``; reject the rest with reasons. Pure but for ``load_error``,
     which each adapter computes once.
 
     Args:
         call: what is asked.
-        adapters: candidate backends by id, not including the SDPA fallback.
+        adapters: candidate backends by id, not including the SDPA fallback; their capabilities are dispatch's.
         priorities: catalog priority per backend id (lower first); missing ids go last.
         verified: the newest verify record per backend id on this device.
-        tflops: measured throughput per backend id for the call's shape class (may include ``"sdpa"``).
+        measured: per backend id, the measurement of the call's shape class (may include ``"sdpa"``); an
+            :class:`~attnforge.ranking.Evidence` also names the backends that never beat plain SDPA where both
+            were measured: where unmeasured, they follow SDPA instead of preceding it.
         broken: backends that raised at run time in this process, with the error.
+        gate: the error bound for quantized backends (:func:`quantized_gate` when None and one is asked).
     """
     eligible: list[str] = []
     rejected: list[Rejection] = []
     for name, adapter in adapters.items():
         reasons = _reasons(name, adapter, call, verified, broken)
+        if not reasons and _quantized(adapter):
+            reasons = _gate_reasons(name, adapters, measured, gate or quantized_gate())
         if reasons:
             rejected.append(Rejection(backend=name, reasons=tuple(reasons)))
         else:
@@ -128,19 +136,40 @@ def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, prior
         rejected.append(Rejection(backend=FALLBACK, reasons=(f"raised at run time: {broken[FALLBACK]}",)))
     else:
         eligible.append(FALLBACK)
+    ranking = rank(measured[n] for n in eligible if n in measured)
+    demoted: frozenset[str] = getattr(measured, "demoted", frozenset())
+    unmeasured = sorted((n for n in eligible if n not in ranking.measurements and n != FALLBACK),
+                        key=lambda n: (priorities.get(n, 1 << 30), n))
+    order = (*ranking.order, *(n for n in unmeasured if n not in demoted))
+    if FALLBACK in eligible and FALLBACK not in order:
+        order = (*order, FALLBACK)
+    order = (*order, *(n for n in unmeasured if n in demoted))
+    basis = tuple(_basis(name, ranking, priorities, demoted) for name in order)
+    return Decision(order=order, basis=basis, rejected=tuple(rejected), ranking=ranking if ranking.order else None)
 
-    def rank(name: str) -> tuple[int, float, int, str]:
-        if name in tflops:
-            return (0, -tflops[name], 0, name)
-        if name == FALLBACK:
-            return (2, 0.0, 0, name)
-        return (1, 0.0, priorities.get(name, 1 << 30), name)
 
-    order = tuple(sorted(eligible, key=rank))
-    basis = tuple(_basis(name, tflops, priorities) for name in order)
-    return Decision(order=order, basis=basis, rejected=tuple(rejected))
+def _quantized(adapter: BackendAdapter) -> bool:
+    return bool(getattr(getattr(adapter, "caps", None), "quantized", False))
 
 
+def _gate_reasons(name: str, adapters: Mapping[str, BackendAdapter], measured: Mapping[str, Measurement],
+                  gate: DispatchGate) -> list[str]:
+    """Why a quantized backend may not serve this class: not measured, too inaccurate, or not faster."""
+    m = measured.get(name)
+    if m is None:
+        return ["quantized: not measured for this shape class (run: attnforge bench on your shapes)"]
+    reasons = []
+    if m.rel_l1 is None or m.cosine is None:
+        reasons.append("quantized: its error on this shape class was not measured")
+    elif m.rel_l1 > gate.max_rel_l1 or m.cosine < gate.min_cosine:
+        reasons.append(f"quantized: error on this shape class rel L1 {m.rel_l1:.3g} / cosine {m.cosine:.5f} is "
+                       f"outside rel L1 <= {gate.max_rel_l1:g}, cosine >= {gate.min_cosine:g}")
+    exact = [e for n, e in measured.items() if n != name and not (n in adapters and _quantized(adapters[n]))]
+    best = max(exact, key=lambda e: e.tflops_hi, default=None)
+    if best is not None and m.tflops_lo <= best.tflops_hi:
+        reasons.append(f"quantized: not faster than {best.backend} beyond the measured spread "
+                       f"({m.tflops:.1f} vs {best.tflops:.1f} TFLOP/s)")
+    return reasons
 def _reasons(name: str, adapter: BackendAdapter, call: AttentionCall, verified: Mapping[str, VerifyRecord],
              broken: Mapping[str, str]) -> list[str]:
     reasons: list[str] = []
@@ -158,9 +187,11 @@ def _reasons(name: str, adapter: BackendAdapter, call: AttentionCall, verified: 
     return reasons
 
 
-def _basis(name: str, tflops: Mapping[str, float], priorities: Mapping[str, int]) -> str:
-    if name in tflops:
-        return f"{tflops[name]:.1f} TFLOP/s measured for this shape class"
+def _basis(name: str, ranking: Ranking, priorities: Mapping[str, int], demoted: frozenset[str]) -> str:
+    if name in ranking.measurements:
+        return ranking.basis(name)
     if name == FALLBACK:
         return "fallback: PyTorch SDPA, always available"
+    if name in demoted:
+        return "verified, not measured for this shape class; never faster than plain SDPA where both were measured"
     return f"verified, not measured for this shape class; catalog priority {priorities.get(name, '-')}"

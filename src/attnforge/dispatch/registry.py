@@ -1,72 +1,8 @@
-"""The concrete adapters, keyed by the catalog's backend ids, and the SDPA fallback.
+"""Moved to :mod:`attnforge.backends.registry` (issue 13); this name stays for code written against it.
 
-``adapters()`` builds each adapter once per process from the catalog (no backend package is imported until
-an adapter's ``load_error()`` or call). The fallback, PyTorch SDPA with no kernel forced, is not a catalog
-backend: it is :func:`fallback`, named ``"sdpa"``.
+Import from ``attnforge.backends.registry`` in new code (verify and bench must not import dispatch).
 """
 
-from __future__ import annotations
+from attnforge.backends.registry import FALLBACK, adapters, fallback, make_adapter
 
-import functools
-from collections.abc import Callable
-
-from attnforge.catalog import Backend, load_catalog
-from attnforge.dispatch._base import AdapterBase, Requirement
-from attnforge.dispatch.adapter import BackendAdapter
-from attnforge.dispatch.capabilities import SDPA_FALLBACK, Capabilities, load_capabilities
-from attnforge.dispatch.external import FlashAttnAdapter, SageAdapter, XformersAdapter
-from attnforge.dispatch.flex import FlexAdapter
-from attnforge.dispatch.sdpa import SDPA_KERNELS, SdpaAdapter
-
-FALLBACK = "sdpa"
-
-#: native modules a package hides when they fail to load, so the import check names them (install-anchors §7)
-_HIDDEN_NATIVE: dict[str, tuple[str, ...]] = {"xformers": ("xformers._C",)}
-
-
-def adapters() -> dict[str, BackendAdapter]:
-    """One adapter per catalog backend id (``sdpa-flash`` ... ``xformers``); the same objects on every call.
-
-    Raises:
-        CatalogError: the packaged catalog or runtime table is invalid.
-    """
-    return dict(_built())
-
-
-def fallback() -> BackendAdapter:
-    """PyTorch SDPA with no kernel forced: serves every call, needs no verify record."""
-    return _fallback()
-
-
-@functools.cache
-def _fallback() -> SdpaAdapter:
-    return SdpaAdapter(name=FALLBACK, caps=SDPA_FALLBACK, requirement=Requirement(modules=("torch",)),
-                       kernel=None)
-
-
-@functools.cache
-def _built() -> dict[str, BackendAdapter]:
-    catalog = load_catalog()
-    caps = load_capabilities()
-    return {bid: make_adapter(backend, caps[bid]) for bid, backend in catalog.backends.items()}
-
-
-def make_adapter(backend: Backend, caps: Capabilities) -> BackendAdapter:
-    """The adapter class for ``backend.family``, configured from the catalog row.
-
-    Raises:
-        KeyError: an SDPA backend id the adapter does not know how to force.
-    """
-    req = Requirement(modules=(backend.import_name, *_HIDDEN_NATIVE.get(backend.family, ())),
-                      distributions=backend.distributions, version_spec=str(backend.version_spec))
-    if backend.family == "sdpa":
-        return SdpaAdapter(name=backend.id, caps=caps, requirement=req, kernel=SDPA_KERNELS[backend.id])
-    return _FAMILIES[backend.family](name=backend.id, caps=caps, requirement=req)
-
-
-_FAMILIES: dict[str, Callable[..., AdapterBase]] = {
-    "flex": FlexAdapter,
-    "flash-attn": FlashAttnAdapter,
-    "sageattention": SageAdapter,
-    "xformers": XformersAdapter,
-}
+__all__ = ["FALLBACK", "adapters", "fallback", "make_adapter"]

@@ -2,12 +2,18 @@
 
 Shapes: ``B`` batch, ``Hq`` query heads, ``Hkv`` key/value heads (Hq a multiple of Hkv: GQA), ``Sq``/``Sk``
 query/key lengths, ``D`` head dim. Causal masks are aligned to the bottom-right when Sq != Sk (query ``i``
-sees key ``j`` when ``j <= i + Sk - Sq``, as in FlashAttention >= 2.1); :mod:`attnforge.dispatch.capabilities`
+sees key ``j`` when ``j <= i + Sk - Sq``, as in FlashAttention >= 2.1); :mod:`attnforge.backends.capabilities`
 documents how each backend is made to follow that rule.
 
 State per process (thread-safe): verify and bench records, read once per device on first use
-(:func:`refresh` re-reads them); the decision per call class; the backends that raised at run time; and the
-*route* per exact call signature (shapes, dtypes, devices, causal, layout, precision, forced backend, grad).
+(:func:`refresh` re-reads them); the decision per call class; the backends that raised at run time (each
+disabled for the shape class it raised in, with one warning line); the exact shapes seen per shape class (a
+class with many is dynamic, and a backend compiled per shape is not chosen for it); and the *route* per exact
+call signature (shapes, dtypes, devices, causal, layout, precision, forced backend, grad).
+
+Calls that use a feature (mask, dropout, window, softcap, sinks, lse, varlen, paged KV, top-left causal) take
+:mod:`attnforge.dispatch.features` instead of the route cache; Dv != D and zero-sized inputs stay on the hot
+path (a zero-sized call's route is the exact math, so no kernel ever sees it).
 
 The hot path (docs/dispatch-overhead.md): a call whose exact signature was served before looks its route up
 in one dict and runs it; validation and the decision ran when the signature was first seen, and they depend
@@ -18,6 +24,7 @@ raises clear the routes (a generation counter keeps a route decided before that 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import os
 import threading
 import warnings
@@ -28,15 +35,24 @@ from typing import Any, Protocol
 
 import torch
 
-from attnforge.dispatch import _op
-from attnforge.dispatch.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.adapter import (
+    ROUTING_ONLY,
+    AttentionCall,
+    BackendAdapter,
+    required_features,
+    supported_features,
+)
+from attnforge.backends.exact import EXACT, ExactAdapter
+from attnforge.dispatch import _op, autotune, features
+from attnforge.dispatch.explanation import Explanation
+from attnforge.dispatch.inputs import validate as _validate
 from attnforge.dispatch.policy import (
     FALLBACK,
     Decision,
     Rejection,
-    ShapeClass,
+    class_of_call,
     decide,
-    measured_tflops,
+    measurements,
 )
 from attnforge.errors import DispatchError
 from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
@@ -48,8 +64,9 @@ ROUTES_MAX = 4096
 
 #: one backend of a route: (adapter, the callable to run, transpose in and out around it)
 _Step = tuple[BackendAdapter, Callable[..., torch.Tensor], bool]
-#: the backends to try in order, and the SDPA fallback after them
-_Route = tuple[tuple[_Step, ...], _Step]
+#: the backends to try in order, the fallback after them (SDPA, or the exact math when SDPA lacks a feature the
+#: call uses), and the call's shape class (a backend that raises is disabled for that class only)
+_Route = tuple[tuple[_Step, ...], _Step, str]
 
 
 class RecordSource(Protocol):
@@ -58,48 +75,6 @@ class RecordSource(Protocol):
     def latest_verify(self, device_key: str) -> dict[str, VerifyRecord]: ...
 
     def bench_records(self, device_key: str) -> list[BenchRecord]: ...
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Explanation:
-    """Why a call goes where it goes (the result of :func:`explain`).
-
-    Attributes:
-        call: the call's properties.
-        device: the device key records are looked up under.
-        shape_class: the bench shape class the call falls in.
-        chosen: the backend that serves the call; None when a forced backend cannot.
-        forced: the backend was forced (``backend=`` or :func:`use_backend`).
-        order: every backend that would be tried, in order (later ones serve if earlier ones raise).
-        basis: for each entry of ``order``, why it stands there.
-        rejected: every backend that will not be tried, with all its reasons.
-    """
-
-    call: AttentionCall
-    device: str
-    shape_class: str
-    chosen: str | None
-    forced: bool
-    order: tuple[str, ...]
-    basis: tuple[str, ...]
-    rejected: tuple[Rejection, ...]
-
-    def __str__(self) -> str:
-        c = self.call
-        head = (f"attention B={c.batch} Hq={c.heads_q} Hkv={c.heads_kv} Sq={c.seqlen_q} Sk={c.seqlen_k}"
-                f" D={c.head_dim} {c.dtype}{' causal' if c.causal else ''}{' +grad' if c.needs_grad else ''}"
-                f" on {self.device} (shape class: {self.shape_class})")
-        lines = [head]
-        if self.chosen is None:
-            lines.append("  forced backend cannot serve this call")
-        for i, (name, why) in enumerate(zip(self.order, self.basis, strict=True)):
-            label = ("forced" if self.forced else "chosen") if i == 0 else "then"
-            lines.append(f"  {label:7} {name}: {why}")
-        if self.rejected:
-            lines.append("  skipped:")
-            for rej in self.rejected:
-                lines.append(f"    {rej.backend}: {'; '.join(rej.reasons)}")
-        return "\n".join(lines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +96,7 @@ class Dispatcher:
     def __init__(self, adapters: Mapping[str, BackendAdapter] | None = None, *,
                  fallback: BackendAdapter | None = None, priorities: Mapping[str, int] | None = None,
                  records: RecordSource | None = None) -> None:
-        from attnforge.dispatch import registry
+        from attnforge.backends import registry
 
         self.adapters: dict[str, BackendAdapter] = dict(registry.adapters() if adapters is None else adapters)
         self.fallback = fallback if fallback is not None else registry.fallback()
@@ -135,7 +110,11 @@ class Dispatcher:
         self._plans: dict[tuple[Any, ...], tuple[Decision, tuple[BackendAdapter, ...]]] = {}
         self._routes: dict[tuple[Any, ...], _Route] = {}
         self._generation = 0  # bumped whenever plans and routes are dropped
-        self.broken: dict[str, str] = {}
+        self.exact: BackendAdapter = ExactAdapter()
+        #: backends that raised at run time: name -> {shape class: the error's first line}
+        self.broken: dict[str, dict[str, str]] = {}
+        #: exact shapes seen per shape class (a class with many is dynamic: no per-shape JIT kernel for it)
+        self._shapes_seen: dict[str, set[tuple[int, ...]]] = {}
 
     # -- state ------------------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -177,18 +156,20 @@ class Dispatcher:
 
     # -- deciding ---------------------------------------------------------------------------------------
     def _plan(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
-              forced: str | None) -> tuple[Decision, tuple[BackendAdapter, ...]]:
+              forced: str | None, uses: frozenset[str] = frozenset(),
+              head_dim_v: int | None = None) -> tuple[Decision, tuple[BackendAdapter, ...]]:
         _, hq, sq, d = q.shape
         _, hkv, sk, _ = k.shape
         # the call class: everything unsupported_reasons looks at; (n - 1).bit_length() is bench's S bucket
-        key = (q.device, q.dtype, d, causal, hq != hkv, (sq - 1).bit_length(), (sk - 1).bit_length(),
-               (sq > sk) - (sq < sk), needs_grad, precision, forced)
+        key = (q.device, q.dtype, d, causal, hq // hkv, (sq - 1).bit_length(), (sk - 1).bit_length(),
+               (sq > sk) - (sq < sk), needs_grad, precision, forced, uses, head_dim_v)
         plan = self._plans.get(key)
         if plan is None:
             generation = self._generation
             if not q.is_floating_point():
                 raise DispatchError(f"attention needs floating-point tensors, got {q.dtype}")
-            call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad)
+            call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
+                                 head_dim_v=head_dim_v)
             dev_key = self._device(q.device).key
             decision = self._forced_decision(call, forced) if forced else self._decide(call, dev_key)
             plan = (decision, tuple(self._adapter(name) for name in decision.order))
@@ -204,15 +185,12 @@ class Dispatcher:
         Takes the caller's tensors in ``layout``. Raises what :func:`attention` raises for bad input or a
         forced backend that cannot serve the call; nothing is remembered then.
         """
-        qh, kh, _ = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+        qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         generation = self._generation
-        decision, adapters = self._plan(qh, kh, causal=causal, precision=precision, needs_grad=needs_grad,
-                                        forced=forced)
-        if forced and not adapters:
-            _raise_forced(forced, decision)
-        bshd = layout == "bshd"
-        route = (tuple(_step(a, bshd=bshd) for a in adapters), _step(self.fallback, bshd=bshd))
+        route = self._plain_route(qh, kh, vh, causal=causal, precision=precision, needs_grad=needs_grad,
+                                  forced=forced, bshd=layout == "bshd")
+        self._note_shape(qh, kh, needs_grad)
         if key is not None:
             with self._lock:
                 if self._generation == generation:
@@ -221,26 +199,83 @@ class Dispatcher:
                     self._routes[key] = route
         return route
 
+    def _plain_route(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                     precision: str, needs_grad: bool, forced: str | None, bshd: bool) -> _Route:
+        """The route of a call without features on bhsd tensors (Dv != D is the only feature it can use);
+        a zero-sized call's route is the exact math: no kernel ever sees one (SIGFPE in some)."""
+        if features.is_empty(q, k) or v.shape[3] == 0:
+            return (), _step(self.exact, bshd=bshd), "empty"
+        dv = v.shape[3] if v.shape[3] != q.shape[3] else None
+        decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
+                                        forced=forced, uses=frozenset(("dv",)) if dv else frozenset(),
+                                        head_dim_v=dv)
+        if not forced and autotune.active() is not None:  # measure on first use (attnforge.dispatch.autotune)
+            call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
+                                 uses=frozenset(("dv",)) if dv else frozenset(), head_dim_v=dv)
+            dev_key = self._device(q.device).key
+            if autotune.wanted(self, decision, call, dev_key):  # the route is not kept: the generation moved
+                autotune.tune(self, q, k, v, call=call, decision=decision, device_key=dev_key, causal=causal,
+                              scale=None, store=self._source())
+                decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
+                                                forced=None, uses=frozenset(("dv",)) if dv else frozenset(),
+                                                head_dim_v=dv)
+        if forced and not adapters:
+            _raise_forced(forced, decision)
+        steps = tuple(_step(a, bshd=bshd) for a in adapters if a is not self.exact)
+        last = self.exact if adapters and adapters[-1] is self.exact else self.fallback
+        return steps, _step(last, bshd=bshd), self.shape_class(q, k, causal, needs_grad)
+
     def describe(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str,
-                 needs_grad: bool) -> AttentionCall:
+                 needs_grad: bool, uses: frozenset[str] = frozenset(),
+                 head_dim_v: int | None = None) -> AttentionCall:
         """The :class:`AttentionCall` of ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]`` tensors."""
         dev = self._device(q.device)
         return AttentionCall(device_type=q.device.type, compute_capability=dev.compute_capability,
                              dtype=str(q.dtype).removeprefix("torch."), batch=q.shape[0],
                              heads_q=q.shape[1], heads_kv=k.shape[1], seqlen_q=q.shape[2],
                              seqlen_k=k.shape[2], head_dim=q.shape[3], causal=causal, needs_grad=needs_grad,
-                             precision=precision)
+                             precision=precision, features=uses - ROUTING_ONLY, head_dim_v=head_dim_v,
+                             top_left="causal_top_left" in uses)
+
+    def shape_class(self, q: torch.Tensor, k: torch.Tensor, causal: bool, needs_grad: bool) -> str:
+        """The bench shape class of bhsd tensors, as its string (the key of broken backends)."""
+        return _class_name(self.describe(q, k, causal=causal, precision="exact", needs_grad=needs_grad))
+
+    def _note_shape(self, q: torch.Tensor, k: torch.Tensor, needs_grad: bool) -> None:
+        """Count the exact shapes of a shape class; when it turns dynamic, decide its calls again (so a
+        backend compiled per shape drops out of it, see :func:`attnforge.dispatch.features.admit`)."""
+        cls = self.shape_class(q, k, False, needs_grad)
+        seen = self._shapes_seen.setdefault(cls, set())
+        before = len(seen)
+        if before > features.DYNAMIC_AFTER:
+            return  # already dynamic; the count needs to go no higher
+        seen.add((*q.shape, *k.shape))
+        if before == features.DYNAMIC_AFTER and len(seen) > before:
+            with self._lock:
+                self._generation += 1
+                self._plans.clear()
+                self._routes.clear()
 
     def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
         verified, bench = self._records_for(dev_key)
-        tflops = measured_tflops(bench, ShapeClass.of_call(call))
-        return decide(call, self.adapters, priorities=self.priorities, verified=verified, tflops=tflops,
-                      broken=dict(self.broken))
+        measured = measurements(bench, class_of_call(call))
+        tflops = {name: m.tflops for name, m in measured.items()}
+        cls = _class_name(call)
+        with self._lock:  # another thread may be marking a backend broken
+            broken = {name: by_class[cls] for name, by_class in self.broken.items() if cls in by_class}
+        seen = len(self._shapes_seen.get(_class_name(dataclasses.replace(call, causal=False)), ()))
+        _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen, verified=verified)
+        decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, measured=measured,
+                          broken=broken)
+        return features.close_with_fallback(decision, call, self.fallback, refused)
 
     def _forced_decision(self, call: AttentionCall, name: str) -> Decision:
         adapter = self._adapter(name)
         reasons = [f"not usable: {err}"] if (err := adapter.load_error()) else []
         reasons += adapter.unsupported_reasons(call)
+        missing = required_features(call) - supported_features(adapter)
+        if missing and not any(r.startswith("does not support") for r in reasons):
+            reasons.append(f"does not support {', '.join(sorted(missing))}")
         if reasons:
             return Decision(order=(), basis=(), rejected=(Rejection(backend=name, reasons=tuple(reasons)),))
         return Decision(order=(name,), basis=("forced",), rejected=())
@@ -248,20 +283,24 @@ class Dispatcher:
     def _adapter(self, name: str) -> BackendAdapter:
         if name == FALLBACK:
             return self.fallback
+        if name == EXACT:
+            return self.exact
         adapter = self.adapters.get(name)
         if adapter is None:
-            known = ", ".join(sorted([*self.adapters, FALLBACK]))
+            known = ", ".join(sorted([*self.adapters, FALLBACK, EXACT]))
             raise DispatchError(f"unknown attention backend {name!r}", hint=f"known backends: {known}")
         return adapter
 
     def explain(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
-                backend: str | None) -> Explanation:
+                backend: str | None, uses: frozenset[str] = frozenset(),
+                head_dim_v: int | None = None) -> Explanation:
         """The decision for bhsd tensors, as an :class:`Explanation` (see :func:`explain`)."""
         forced = backend or _FORCED.get()
-        call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad)
+        call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
+                             head_dim_v=head_dim_v)
         dev_key = self._device(q.device).key
         decision = self._forced_decision(call, forced) if forced else self._decide(call, dev_key)
-        return Explanation(call=call, device=dev_key, shape_class=str(ShapeClass.of_call(call)),
+        return Explanation(call=call, device=dev_key, shape_class=str(class_of_call(call)),
                            chosen=decision.order[0] if decision.order else None, forced=forced is not None,
                            order=decision.order, basis=decision.basis, rejected=decision.rejected)
 
@@ -274,17 +313,14 @@ class Dispatcher:
             DispatchError: a forced backend is unknown or cannot serve the call.
         """
         forced = backend or _FORCED.get()
-        decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
-                                        forced=forced)
-        if forced and not adapters:
-            _raise_forced(forced, decision)
-        route = (tuple((a, a, False) for a in adapters), (self.fallback, self.fallback, False))
+        route = self._plain_route(q, k, v, causal=causal, precision=precision, needs_grad=needs_grad,
+                                  forced=forced, bshd=False)
         return self._serve(route, q, k, v, causal, scale, forced)
 
     def _serve(self, route: _Route, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - hot path
                causal: bool, scale: float | None, forced: str | None) -> torch.Tensor:
         """Run ``route`` on the caller's tensors: the first backend that does not raise serves the call."""
-        steps, last = route
+        steps, last, cls = route
         for adapter, fn, transpose in steps:
             try:
                 if transpose:
@@ -296,24 +332,34 @@ class Dispatcher:
             except Exception as exc:
                 if forced or adapter is self.fallback:
                     raise  # a forced backend's error is the user's to see; SDPA is the last resort
-                self._mark_broken(adapter.name, exc)
+                self._mark_broken(adapter.name, exc, cls)
         _, fn, transpose = last
         if transpose:
             return fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
                       scale=scale).transpose(1, 2)
         return fn(q, k, v, causal=causal, scale=scale)
 
-    def _mark_broken(self, name: str, exc: Exception) -> None:
+    def _mark_broken(self, name: str, exc: Exception, cls: str) -> None:
+        """Disable ``name`` for shape class ``cls`` for the rest of the process, with one warning line."""
+        error = features.one_line(exc)
         with self._lock:
-            if name in self.broken:
+            by_class = self.broken.setdefault(name, {})
+            if cls in by_class:
                 return
-            self.broken[name] = f"{type(exc).__name__}: {exc}"
+            by_class[cls] = error
             self._generation += 1
             self._plans.clear()
             self._routes.clear()
-        warnings.warn(f"attnforge: attention backend {name!r} raised {type(exc).__name__}: {exc}; it is"
-                      " skipped for the rest of this process and the next backend serves the call",
+        warnings.warn(f"attnforge: attention backend {name!r} raised {error}; it is skipped for shape class"
+                      f" {cls} for the rest of this process and the next backend serves the call",
                       RuntimeWarning, stacklevel=4)
+
+
+def _class_name(call: AttentionCall) -> str:
+    """The shape class a call's run-time failures and exact shapes are kept under (its features aside: a
+    backend that raised is disabled for the whole class)."""
+    return str(class_of_call(dataclasses.replace(call, features=frozenset(), head_dim_v=None,
+                                                      top_left=False, precision="exact")))
 
 
 def _step(adapter: BackendAdapter, *, bshd: bool) -> _Step:
@@ -380,85 +426,72 @@ def use_backend(name: str) -> Iterator[None]:
         _FORCED.reset(token)
 
 
-def _validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
-              scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(q, k, v)`` as ``[B, H, S, D]`` views, or a :class:`DispatchError` naming the problem.
-
-    Kept to integer and identity comparisons: it runs on every call (docs/dispatch-overhead.md).
-    """
-    if layout == "bshd":
-        try:
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        except (AttributeError, IndexError, RuntimeError, TypeError):
-            _raise_for_input(q, k, v, layout)
-    elif layout != "bhsd":
-        raise DispatchError(f"unknown layout {layout!r}", hint="use layout='bhsd' ([B, H, S, D]) or 'bshd'")
-    if precision != "exact" and precision != "allow_quantized":  # noqa: PLR1714 - fast path
-        raise DispatchError(f"unknown precision {precision!r}", hint="use 'exact' or 'allow_quantized'")
-    try:
-        b, hq, _, d = q.shape
-        kb, hkv, sk, kd = k.shape
-        vb, vh, vs, vd = v.shape
-        dtype = q.dtype
-        ok = (b == kb == vb and d == kd == vd and hkv == vh and sk == vs and hkv > 0 and hq % hkv == 0
-              and dtype is k.dtype and dtype is v.dtype and q.device == k.device and q.device == v.device
-              and (scale is None or scale > 0))
-    except (AttributeError, TypeError, ValueError):
-        ok = False
-    if not ok:
-        _raise_for_input(q, k, v, layout, scale)
-    return q, k, v
-
-
-def _raise_for_input(q: Any, k: Any, v: Any, layout: str, scale: float | None = None) -> None:
-    """The slow path of :func:`_validate`: find what is wrong with the inputs and say it."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise DispatchError(f"{name} is a {type(t).__name__}, not a torch.Tensor")
-        if t.dim() != 4:
-            raise DispatchError(f"{name} has {t.dim()} dimensions, expected 4",
-                                hint=f"layout={layout!r} means [{', '.join(layout.upper())}]")
-    where = f" (as [B, H, S, D]; layout={layout!r})"
-    if k.shape != v.shape:
-        raise DispatchError(f"k and v differ in shape: {tuple(k.shape)} vs {tuple(v.shape)}{where}")
-    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise DispatchError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim{where}")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise DispatchError(f"query heads Hq={q.shape[1]} is not a multiple of key/value heads"
-                            f" Hkv={k.shape[1]}{where}", hint="GQA needs Hq % Hkv == 0")
-    if q.dtype != k.dtype or q.dtype != v.dtype:
-        raise DispatchError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.device != k.device or q.device != v.device:
-        raise DispatchError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
-    raise DispatchError(f"scale must be positive, got {scale!r}")
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              scale: float | None = None, layout: str = "bhsd", backend: str | None = None,
-              precision: str = "exact") -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0, scale: float | None = None, causal: bool = False,
+    causal_alignment: str = "bottom_right", enable_gqa: bool = True,
+    window: tuple[int | None, int | None] | None = None, softcap: float | None = None,
+    sinks: torch.Tensor | None = None, return_lse: bool = False, cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    layout: str = "bhsd", backend: str | None = None, precision: str = "exact", is_causal: bool | None = None,
+    block_table: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
+) -> Any:
     """Scaled dot-product attention on the fastest backend this machine verified for these inputs.
 
+    Every feature is served exactly: a call goes only to a backend whose capability table lists every feature
+    it uses, and the exact fallback (float32-accumulating math in torch, :mod:`attnforge.backends.exact`)
+    serves what no verified backend does. Nothing is dropped.
+
     Args:
-        q: ``[B, Hq, Sq, D]`` (``[B, Sq, Hq, D]`` with ``layout="bshd"``), float16/bfloat16/float32/float64,
-            CPU or CUDA.
-        k, v: ``[B, Hkv, Sk, D]`` (or ``[B, Sk, Hkv, D]``), same dtype and device as q; Hq a multiple of Hkv.
-        causal: mask future keys, aligned to the bottom-right when Sq != Sk (query ``i`` sees key ``j`` iff
-            ``j <= i + Sk - Sq``; rows that see no key are zeros).
+        q: ``[B, Hq, Sq, D]`` (``[B, Sq, Hq, D]`` with ``layout="bshd"``; packed ``[total_q, Hq, D]`` with
+            ``cu_seqlens_q``), float16/bfloat16/float32/float64, CPU or CUDA.
+        k: ``[B, Hkv, Sk, D]`` (or ``[B, Sk, Hkv, D]``; packed ``[total_k, Hkv, D]``), Hq a multiple of Hkv.
+        v: as k, with its own head dim ``Dv`` (may differ from ``D``).
+        attn_mask: bool (True = attend) or additive float mask broadcastable to ``[B, Hq, Sq, Sk]`` (SDPA's);
+            it combines with ``causal`` and ``window`` (all of them apply; SDPA itself refuses both at once).
+        dropout_p: dropout probability on the attention weights, applied when > 0 (as SDPA: pass 0 in eval).
         scale: softmax scale; None means ``1/sqrt(D)``.
-        layout: ``"bhsd"`` or ``"bshd"``; the output uses the same layout.
-        backend: force a backend id (``"flash-attn"``, ``"sdpa-cudnn"``, ``"sdpa"`` ...); see
-            :func:`use_backend`.
+        causal: mask future keys. ``is_causal`` is accepted as SDPA's name for it.
+        causal_alignment: ``"bottom_right"`` (FlashAttention: query ``i`` sees key ``j`` iff
+            ``j <= i + Sk - Sq``) or ``"top_left"`` (SDPA's ``is_causal``: ``j <= i``); they agree when Sq == Sk.
+            Windows are aligned the same way. Rows that see no key are zeros.
+        enable_gqa: allow Hq != Hkv (a multiple); False makes Hq != Hkv an error, as in SDPA.
+        window: sliding window ``(left, right)``: query ``i`` sees keys ``i' - left .. i' + right`` where ``i'``
+            is ``i`` aligned as above; a None or negative side is unbounded.
+        softcap: logit soft-capping ``softcap * tanh(logits / softcap)`` (Gemma 2); None or 0: off.
+        sinks: ``[Hq]`` float tensor: an extra logit per head in the softmax denominator that carries no
+            value (GPT-OSS ``s_aux``).
+        return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]`` (``[Hq, total_q]`` for varlen).
+        cu_seqlens_q, cu_seqlens_k: int32 offsets ``[batch + 1]`` of packed sequences (varlen).
+        max_seqlen_q, max_seqlen_k: the longest sequence of each (computed when None).
+        block_table: paged KV cache: ``[B, blocks]`` int32 page indices; k and v are then the page pools
+            ``[num_blocks, page_size, Hkv, D]`` (``Dv`` for v) in any layout, and ``seqused_k [B]`` int32 says
+            how many keys of each sequence are filled (all pages when None).
+        layout: ``"bhsd"`` or ``"bshd"`` for 4-D inputs; the output uses the same layout.
+        backend: force a backend id (``"flash-attn"``, ``"sdpa"``, ``"exact"`` ...); see :func:`use_backend`.
         precision: ``"exact"``, or ``"allow_quantized"`` to admit SageAttention's int8/fp8 kernels.
 
     Returns:
-        ``[B, Hq, Sq, D]`` (or ``[B, Sq, Hq, D]``) in q's dtype; differentiable through the chosen backend.
-        Under ``torch.compile`` the call is one custom op (``attnforge::attention``) and its backward
-        recomputes the forward through the dispatcher.
+        The output ``[B, Hq, Sq, Dv]`` (in the input layout) in q's dtype, or ``(out, lse)`` with
+        ``return_lse``; differentiable. Zero-sized inputs return the right empty (or zero) result without
+        running a kernel. Under ``torch.compile`` a plain call is one custom op (``attnforge::attention``).
 
     Raises:
-        DispatchError: bad shapes, dtypes, devices, layout or precision; an unknown forced backend; a forced
-            backend that cannot serve the call (with its reasons).
+        DispatchError: bad shapes, dtypes, devices, layout, precision or feature arguments (nested tensors and
+            packed inputs without ``cu_seqlens`` included); an unknown forced backend; a forced backend that
+            cannot serve the call (with its reasons).
     """
+    if not (attn_mask is window is softcap is sinks is cu_seqlens_q is cu_seqlens_k is is_causal is block_table  # type: ignore[comparison-overlap]
+            is seqused_k is None
+            and dropout_p == 0.0 and return_lse is False and enable_gqa is True
+            and causal_alignment == "bottom_right"):
+        return features.attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, causal=causal,
+            causal_alignment=causal_alignment, enable_gqa=enable_gqa, window=window, softcap=softcap,
+            sinks=sinks, return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, layout=layout,
+            backend=backend or _FORCED.get(), precision=precision, is_causal=is_causal, block_table=block_table,
+            seqused_k=seqused_k)
     if torch.compiler.is_compiling():
         qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -483,18 +516,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     return dispatcher._serve(route, q, k, v, causal, scale, forced)
 
 
-def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-            scale: float | None = None, layout: str = "bhsd", backend: str | None = None,
-            precision: str = "exact") -> Explanation:
+def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
+            layout: str = "bhsd", backend: str | None = None, precision: str = "exact",
+            **kwargs: Any) -> Explanation:
     """Which backend :func:`attention` would use for these inputs, and why every other one is skipped.
 
-    Takes the same arguments as :func:`attention`; runs no kernel.
+    Takes the same arguments as :func:`attention` (features included); runs no kernel.
 
     Raises:
         DispatchError: bad inputs or an unknown forced backend (a forced backend that cannot serve the call is
             reported in the explanation instead).
     """
-    qh, kh, _ = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    return get_dispatcher().explain(qh, kh, causal=causal, precision=precision, needs_grad=needs_grad,
-                                    backend=backend)
+    call = features.prepare(q, k, v, scale=scale, layout=layout, precision=precision, **kwargs)
+    qp, kp = call.probe
+    return get_dispatcher().explain(qp, kp, causal=call.causal, precision=precision, needs_grad=call.needs_grad,
+                                    backend=backend, uses=call.uses, head_dim_v=call.head_dim_v)

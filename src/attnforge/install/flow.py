@@ -25,10 +25,12 @@ from attnforge._system.runner import Runner
 from attnforge.cache import CacheKey, Store
 from attnforge.cache._files import remove_tree, sha256_file
 from attnforge.errors import CacheError, InstallError, ResolveError
+from attnforge.install.download import check_digest, stream
+from attnforge.install.guards import interpreter_lock, pinned_to_torch, scratch_dir
 from attnforge.install.keys import built_wheel_inputs, prebuilt_wheel_inputs
 from attnforge.install.overlap import warning as overlap_warning
 from attnforge.install.pip import PipInstallResult, install_requirements, pip_install
-from attnforge.probe.snapshot import SystemSnapshot
+from attnforge.probe.snapshot import ComputeCapability, SystemSnapshot
 from attnforge.resolve.types import (
     BuildSpec,
     CachedArtifact,
@@ -91,6 +93,13 @@ class Action:
     ALREADY_INSTALLED = "already-installed"
 
 
+class HashSource:
+    """Where the sha256 a wheel was checked against came from (plain strings, shown to the user)."""
+
+    PUBLISHED = "published"  # the index or find-links page published it (``#sha256=``): checked on download
+    FIRST_USE = "recorded on first use, not published"  # nothing to check against: recorded, checked later
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstallResult:
     """The outcome of one install.
@@ -103,6 +112,7 @@ class InstallResult:
         verification: the verify step's outcome (None with ``--no-verify``).
         warnings: things the user should know (requirements left to them, a quarantined entry).
         timings_s: seconds per step: ``plan``, ``obtain``, ``pip``, ``verify``.
+        hash_source: for a fetched wheel, whether its sha256 was published or only recorded on first use.
     """
 
     request: Request
@@ -114,6 +124,7 @@ class InstallResult:
     verification: VerifyOutcome | None = None
     warnings: tuple[str, ...] = ()
     timings_s: dict[str, float] = field(default_factory=dict)
+    hash_source: str | None = None  # for ``wheel``: a :class:`HashSource` value
 
     @property
     def ok(self) -> bool:
@@ -129,6 +140,8 @@ class _Run:
     builder: Builder
     snapshot: SystemSnapshot
     fetch_index: IndexFetcher | None
+    require_hashes: bool = False
+    hash_source: str | None = None
     warnings: list[str] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
 
@@ -145,6 +158,7 @@ def install(
     python: str = sys.executable,
     fetch_index: IndexFetcher | None = None,
     allow_overlap: bool = False,
+    require_hashes: bool = False,
 ) -> InstallResult:
     """Install what ``request`` asks for into ``python``.
 
@@ -160,6 +174,8 @@ def install(
         fetch_index: downloads a wheel from the package index (for the resolver's pure-Python candidate).
         allow_overlap: install even if the artifact ships files another installed distribution owns; the
             result then carries a warning naming them and the command that restores them.
+        require_hashes: refuse a wheel whose sha256 was not published by where it came from (instead of
+            recording its hash on first use).
 
     Raises:
         ResolveError: nothing viable; the message lists every candidate and why it was rejected.
@@ -168,7 +184,8 @@ def install(
         InstallError: pip failed, the artifact would change torch, or it would overwrite another
             distribution's files (without ``allow_overlap``; the artifact stays cached for the next try).
     """
-    run = _Run(store=store, planner=planner, builder=builder, snapshot=snapshot, fetch_index=fetch_index)
+    run = _Run(store=store, planner=planner, builder=builder, snapshot=snapshot, fetch_index=fetch_index,
+               require_hashes=require_hashes)
     start = time.perf_counter()
     plan = planner(request, cached=store.cached_artifacts())
     run.timings_s["plan"] = time.perf_counter() - start
@@ -183,19 +200,22 @@ def install(
     run.timings_s["obtain"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    pip = pip_install(path, runner=runner, python=python, allow_overlap=allow_overlap)
-    run.timings_s["pip"] = time.perf_counter() - start
-    if pip.overlaps:
-        run.warnings.append(overlap_warning(pip.overlaps, name=pip.name, version=pip.version, python=python))
-    if pip.missing_requirements:
+    with interpreter_lock(store, python):  # pip itself does not serialise installs into one environment
+        run.timings_s["wait"] = time.perf_counter() - start
         start = time.perf_counter()
-        done = install_requirements(
-            pip.missing_requirements, runner=runner, python=python, find_links=request.find_links,
-            index_urls=request.index_urls, offline=request.offline, scratch=store.root / "tmp",
-        )
-        run.timings_s["requirements"] = time.perf_counter() - start
-        if done:
-            run.warnings.append("also installed its requirements (torch pinned): " + ", ".join(done))
+        pip = pip_install(path, runner=runner, python=python, allow_overlap=allow_overlap)
+        run.timings_s["pip"] = time.perf_counter() - start
+        if pip.overlaps:
+            run.warnings.append(overlap_warning(pip.overlaps, name=pip.name, version=pip.version, python=python))
+        if pip.missing_requirements:
+            start = time.perf_counter()
+            done = install_requirements(
+                pip.missing_requirements, runner=runner, python=python, find_links=request.find_links,
+                index_urls=request.index_urls, offline=request.offline, scratch=scratch_dir(store),
+            )
+            run.timings_s["requirements"] = time.perf_counter() - start
+            if done:
+                run.warnings.append("also installed its requirements (torch pinned): " + ", ".join(done))
 
     verification = None
     if verifier is not None:
@@ -205,6 +225,7 @@ def install(
     return InstallResult(
         request=request, plan=plan, action=action, cache_key=key, artifact=str(path), pip=pip,
         verification=verification, warnings=tuple(run.warnings), timings_s=run.timings_s,
+        hash_source=run.hash_source if action == Action.WHEEL else None,
     )
 
 
@@ -254,11 +275,12 @@ def _obtain(run: _Run, request: Request, plan: Plan, chosen: Candidate) -> tuple
                     return again, Action.CACHE_HIT, hit, str(again.chosen.cache_key)
                 plan = again
             built = run.builder(spec, home=store.root)
-            wheel = Path(built.wheel_path)
+            wheel = pinned_to_torch(Path(built.wheel_path), spec, run.snapshot)
             inputs = built_wheel_inputs(
                 wheel=wheel, spec=spec, source_sha256=built.source_sha256, snapshot=run.snapshot
             )
-            origin = {"origin": "source-build", "source": spec.source.location, "notes": list(spec.notes)}
+            origin = {"origin": "source-build", "source": spec.source.location, "notes": list(spec.notes),
+                      "capabilities": spec.capabilities.to_json() if spec.capabilities else None}
             try:
                 entry = store.put(wheel, inputs, log_path=built.log_path, provenance=origin).entry
             finally:
@@ -290,22 +312,38 @@ def _from_wheel(run: _Run, ref: WheelRef | None, request: Request) -> tuple[Path
     with store.job_lock(job), tempfile.TemporaryDirectory(dir=_downloads(store), prefix="fetch-") as tmp:
         if ref is None:
             assert run.fetch_index is not None  # checked by the caller  # noqa: S101
+            _refuse_unhashed(run, f"package index: {request.backend}{request.version}")
             local = run.fetch_index(request, Path(tmp))
-            ref = WheelRef(filename=local.name, url=f"package index: {local.name}", sha256=sha256_file(local))
+            # pip download checks no hash unless given one: the hash below is only what arrived
+            ref = WheelRef(filename=local.name, url=f"package index: {local.name}", sha256=None)
         else:
+            if ref.sha256 is None:
+                _refuse_unhashed(run, ref.url)
             local = _fetch(ref, request, Path(tmp))
         sha = sha256_file(local)
+        trust = check_digest(ref.filename, ref.url, sha, ref.sha256)  # CacheError on a mismatch
         if ref.sha256 is None:
-            run.warnings.append(f"{ref.filename} has no published sha256; its hash {sha} is now recorded")
-        elif sha != ref.sha256.lower():
-            raise CacheError(
-                f"{ref.filename} does not match its published sha256; it was not installed",
-                cause=f"expected {ref.sha256}, got {sha} ({ref.url})",
-                hint="the file was corrupted or replaced; fetch it again from a trusted index",
-            )
+            run.hash_source = HashSource.FIRST_USE
+            run.warnings.append(f"{ref.filename} has no published sha256; its hash {sha} was recorded on first "
+                                "use (later installs are checked against it; this one could not be)")
+        _refuse_missing_archs(local, tuple(archs))
         inputs = prebuilt_wheel_inputs(wheel=local, sha256=sha, archs=tuple(archs), snapshot=snapshot)
-        entry = store.put(local, inputs, provenance={"origin": ref.url}, expected_sha256=sha).entry
+        run.hash_source = run.hash_source or HashSource.PUBLISHED
+        provenance = {"origin": ref.url, "source": ref.source or "find-links/index", "url": ref.url,
+                      "sha256": sha, "digest": trust, "sha256_source": run.hash_source, "listed_at": ref.listed_at}
+        entry = store.put(local, inputs, provenance=provenance, expected_sha256=sha).entry
     return store.get(entry.key), entry.key
+
+
+def _refuse_unhashed(run: _Run, where: str) -> None:
+    if run.require_hashes:
+        raise InstallError(
+            f"--require-hashes: the wheel from {where} has no published sha256",
+            cause="its source publishes no `#sha256=` (or pip's download checks none), so nothing vouches "
+            "for its bytes",
+            hint="use an index or find-links page that publishes hashes (`attnforge cache export` writes "
+            "them), or drop --require-hashes to record its hash on first use",
+        )
 
 
 def _downloads(store: Store) -> Path:
@@ -331,9 +369,21 @@ def _fetch(ref: WheelRef, request: Request, into: Path) -> Path:
         )
     if parsed.scheme not in ("http", "https"):
         raise InstallError(f"cannot fetch {ref.url}: unsupported URL scheme {parsed.scheme!r}")
-    try:
-        with urllib.request.urlopen(ref.url, timeout=300) as resp, target.open("wb") as out:  # noqa: S310
-            shutil.copyfileobj(resp, out, length=1 << 20)
-    except OSError as exc:
-        raise InstallError(f"could not download {ref.url}", cause=str(exc)) from None
+    stream(ref.url, target)  # a progress bar on a terminal; InstallError on failure
     return target
+
+
+def _refuse_missing_archs(wheel: Path, archs: tuple[ComputeCapability, ...]) -> None:
+    """Refuse a wheel whose fatbins hold no SASS or compatible PTX for a target GPU, listing what they hold."""
+    if not archs:
+        return
+    from attnforge.catalog import load_catalog
+    from attnforge.install.fatbin import arch_problems, wheel_targets
+
+    problems = arch_problems(wheel_targets(wheel), archs, load_catalog().tools.runs_on)
+    if problems:
+        raise InstallError(
+            f"{wheel.name} has no GPU code for this machine; it was not installed",
+            cause="; ".join(problems),
+            hint="take a wheel built for this GPU (`attnforge plan` lists them) or build it: --from-source",
+        )

@@ -25,14 +25,35 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from attnforge._system.runner import Completed, Runner
+from attnforge.catalog import load_catalog
 from attnforge.errors import InstallError
+from attnforge.install.installer import installer_for
 from attnforge.install.overlap import Overlap, installed_overlaps, refusal
 
-#: Distributions attnforge never installs, replaces or upgrades: the user's torch stack.
-PROTECTED = frozenset({"torch", "torchvision", "torchaudio", "triton", "triton-windows", "pytorch-triton"})
+#: Distributions attnforge never installs, replaces or upgrades: the user's torch stack (toolchain.toml
+#: ``[torch_stack]``, read once when this module is first imported).
+PROTECTED = load_catalog().tools.torch_stack.protected
 
+#: Run with ``python -S``: site-packages are put on sys.path as ``site`` would (the venv's, then the base's
+#: when pyvenv.cfg allows it) but no ``.pth`` file is executed, so reading versions right after an install
+#: never runs code from the wheel just installed (a ``.pth`` line starting with ``import`` is code).
 _VERSIONS_SCRIPT = """
-import importlib.metadata as m, json, sys
+import os, site, sys, sysconfig
+here = os.path.dirname(os.path.abspath(sys.executable))
+cfgs = [os.path.join(d, "pyvenv.cfg") for d in (here, os.path.dirname(here))]
+cfg = next((c for c in cfgs if os.path.isfile(c)), None)
+paths, system = [], True
+if cfg is not None:
+    root = os.path.dirname(cfg)
+    paths += [sysconfig.get_path(k, vars={"base": root, "platbase": root}) for k in ("purelib", "platlib")]
+    for line in open(cfg, encoding="utf-8"):
+        key, _, value = line.partition("=")
+        if key.strip().lower() == "include-system-site-packages":
+            system = value.strip().lower() == "true"
+if system:
+    paths += site.getsitepackages() + [site.getusersitepackages()]
+sys.path[1:1] = [p for p in dict.fromkeys(paths) if os.path.isdir(p)]
+import importlib.metadata as m, json
 out = {}
 for name in sys.argv[1:]:
     try:
@@ -154,7 +175,7 @@ def installed_versions(python: str, names: list[str], runner: Runner) -> dict[st
     Raises:
         InstallError: the interpreter could not be run.
     """
-    done = runner.run([python, "-c", _VERSIONS_SCRIPT, *names], timeout_s=120)
+    done = runner.run([python, "-S", "-c", _VERSIONS_SCRIPT, *names], timeout_s=120)
     if not done.ok:
         raise InstallError(f"could not read installed packages of {python}", cause=_tail(done))
     raw = json.loads(done.stdout.strip().splitlines()[-1])
@@ -170,6 +191,8 @@ def pip_install(
     timeout_s: float = 900,
 ) -> PipInstallResult:
     """Install one wheel with ``python -m pip install --no-deps --no-index --force-reinstall``.
+
+    In an environment without pip (``uv venv``), ``uv pip install --python PY`` does it instead.
 
     Args:
         wheel: a verified wheel (from :meth:`attnforge.cache.Store.get`).
@@ -190,14 +213,13 @@ def pip_install(
     overlaps = installed_overlaps(wheel, name=meta.name, python=python, runner=runner)
     if overlaps and (not allow_overlap or any(canonicalize_name(o.distribution) in PROTECTED for o in overlaps)):
         raise refusal(overlaps, name=meta.name, version=meta.version, python=python, protected=PROTECTED)
-    argv = [
-        python, "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall",
-        "--disable-pip-version-check", "--no-input", "--quiet", str(wheel),
-    ]
+    installer = installer_for(python, runner=runner)
+    argv = installer.argv("install", "--no-deps", "--no-index", "--force-reinstall", "--disable-pip-version-check",
+                          "--no-input", "--quiet", str(wheel))
     done = runner.run(argv, timeout_s=timeout_s)
     if not done.ok:
         raise InstallError(
-            f"pip could not install {wheel.name} into {python}", cause=_tail(done),
+            f"{installer.kind} could not install {wheel.name} into {python}", cause=_tail(done),
             hint="run the same command with -v to see pip's full output: " + " ".join(argv),
         )
     after = installed_versions(python, ["torch"], runner)
@@ -254,8 +276,8 @@ def install_requirements(
     scratch.mkdir(parents=True, exist_ok=True)
     constraints = scratch / "attnforge-torch-constraints.txt"
     constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(pinned.items())))
-    argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--quiet",
-            "-c", str(constraints)]
+    installer = installer_for(python, runner=runner)
+    argv = installer.argv("install", "--disable-pip-version-check", "--no-input", "--quiet", "-c", str(constraints))
     for d in find_links:
         argv += ["--find-links", d]
     if offline:
@@ -265,9 +287,9 @@ def install_requirements(
     done = runner.run([*argv, *reqs], timeout_s=timeout_s)
     if not done.ok:
         raise InstallError(
-            "pip could not install the backend's requirements: " + ", ".join(reqs), cause=_tail(done),
+            f"{installer.kind} could not install the backend's requirements: " + ", ".join(reqs), cause=_tail(done),
             hint="put their wheels in a --find-links directory (offline), or install them yourself: "
-                 + " ".join([python, "-m", "pip", "install", *reqs]),
+                 + " ".join(installer.argv("install", *reqs)),
         )
     after = installed_versions(python, sorted(pinned), runner)
     changed = {k: (v, after.get(k)) for k, v in pinned.items() if after.get(k) != v}

@@ -1,48 +1,164 @@
-"""``attn_implementation="attnforge"`` for transformers models (transformers >= 4.48 ``AttentionInterface``).
+"""``attn_implementation="attnforge"`` for transformers models (transformers 5.23+ ``AttentionInterface``).
 
 After :func:`register`, ``AutoModel.from_pretrained(..., attn_implementation="attnforge")`` (or
-``model.set_attn_implementation("attnforge")``) sends every attention call that attnforge can serve exactly
-to :func:`attnforge.attention`; the rest (padding masks, dropout, position biases, paged caches, softcap,
-``output_attentions``, causal with Sq != Sk, whose top-left meaning in transformers differs from attnforge's
-bottom-right) go to transformers' own SDPA function unchanged. Masks are built as for ``"sdpa"`` (the SDPA
-mask function is registered under the same name), so a batch without padding gets no mask at all.
+``model.set_attn_implementation("attnforge")``) sends every attention call to :func:`attnforge.attention`,
+with each keyword the model families pass mapped to one of its features:
+
+=====================================  ==========================================================================
+transformers passes                    attnforge gets
+=====================================  ==========================================================================
+``attention_mask`` (bool or additive)  ``attn_mask`` (built by transformers' ``sdpa_mask``, registered under the
+                                       same name: padding, packed ``position_ids``, sliding windows are in it;
+                                       None when the call is plainly causal or bidirectional)
+no mask, causal module, Sq > 1         ``causal=True``, keys past Sq cut off as transformers' SDPA function does
+                                       (an empty static cache: top-left alignment)
+``sliding_window=W``, no mask          ``window=(W - 1, 0)`` (transformers: key ``j`` seen by query ``i`` iff
+                                       ``i - W < j <= i``, ``masking_utils.sliding_window_overlay``)
+``softcap``                            ``softcap`` (Gemma 2: ``softcap * tanh(scores / softcap)``)
+``s_aux`` (GPT-OSS)                    ``sinks``
+``dropout``, ``scaling``               ``dropout_p``, ``scale``
+``cu_seq_lens_q/k``, no mask           varlen (``cu_seqlens_q/k``, ``max_seqlen_q/k``)
+``position_bias`` (T5-style)           an additive ``attn_mask`` (transformers' ``create_position_bias_mask``)
+a paged cache (continuous batching)    the cache is updated first, as transformers' SDPA function does
+=====================================  ==========================================================================
+
+A call attnforge cannot express (``output_attentions=True``, which needs the weights; a keyword this table does
+not know) goes to the model's *own* eager function (``eager_attention_forward`` of the model's modeling file,
+which implements that model's sinks, softcap, ...), with the mask converted as transformers' ``eager_mask``
+does. It never goes to transformers' SDPA function, which ignores sinks and refuses softcap.
 
 Contract of the registered function (runtime-anchors.md §2.2): ``fn(module, query, key, value,
 attention_mask, **kwargs) -> (attn_output, attn_weights)``, with q/k/v ``[B, H, S, D]`` in and the output
-``[B, S, H, D]``.
+``[B, S, H, Dv]``.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
+from attnforge.errors import DispatchError
+
 NAME = "attnforge"
-_PASS_THROUGH_KWARGS = ("position_bias", "cache", "softcap", "sliding_window", "s_aux")
+
+#: keywords that carry no attention semantics (the mask already reflects them) or that this module maps
+_KNOWN_KWARGS = frozenset({
+    "position_ids", "cache_position", "use_cache", "past_key_values", "past_key_value", "output_hidden_states",
+    "output_router_logits", "num_items_in_batch", "return_dict", "layer_idx", "seq_idx",
+    "sliding_window", "softcap", "s_aux", "position_bias", "cache", "output_attentions",
+    "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+})
+
+_EAGER_BY_CLASS: dict[type, Callable[..., Any]] = {}
 
 
 def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signature
     module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
-                      dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
-                      **kwargs: Any) -> tuple[Any, None]:
-    """The function registered as ``"attnforge"``: q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Sk, D]``.
+        dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
+        **kwargs: Any) -> tuple[Any, Any]:
+    """The function registered as ``"attnforge"``: q ``[B, Hq, Sq, D]``, k ``[B, Hkv, Sk, D]``, v
+    ``[B, Hkv, Sk, Dv]``, float tensors of one dtype and device.
 
     Returns:
-        ``([B, Sq, Hq, D] contiguous, None)`` as transformers' SDPA function does.
+        ``([B, Sq, Hq, Dv] contiguous, None)`` as transformers' SDPA function does; ``(out, weights)`` from the
+        model's eager function when the call went there.
+
+    Raises:
+        DispatchError: the call needs the eager path and the model's modeling file has none.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if _needs_eager(attention_mask, kwargs):
+        return _eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                      is_causal=is_causal, **kwargs)
+    from attnforge.dispatch import runtime
 
+    cache = kwargs.get("cache")
+    if cache is not None:  # a paged cache: the new keys go in first (transformers' sdpa_attention_forward)
+        key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
-    causal = causal and query.shape[2] > 1
-    servable = (attention_mask is None and dropout == 0.0 and not kwargs.get("output_attentions", False)
-                and all(kwargs.get(name) is None for name in _PASS_THROUGH_KWARGS)
-                and not (causal and query.shape[2] != key.shape[2]))
-    if not servable:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
-    from attnforge.dispatch.runtime import attention
+    q_len, kv_len = query.shape[2], key.shape[2]
+    features: dict[str, Any] = {"scale": scaling, "dropout_p": dropout,
+                                "softcap": kwargs.get("softcap"), "sinks": kwargs.get("s_aux")}
+    mask = attention_mask
+    if kwargs.get("position_bias") is not None:
+        from transformers.integrations.sdpa_attention import create_position_bias_mask
 
-    out = attention(query, key, value, causal=causal, scale=scaling)
+        mask = create_position_bias_mask(kwargs["position_bias"], mask, causal and mask is None and q_len > 1,
+                                         query, key)
+    if mask is not None:
+        out = runtime.attention(query, key, value, attn_mask=mask, **features)
+        return out.transpose(1, 2).contiguous(), None
+    causal = causal and q_len > 1  # one query row sees every cached key: no mask at all
+    if causal and kv_len > q_len:  # an empty static cache: only the first Sq keys exist (top-left alignment)
+        key, value, kv_len = key[:, :, :q_len], value[:, :, :q_len], q_len
+    window = kwargs.get("sliding_window")
+    if causal and window is not None and kv_len > window:
+        features["window"] = (window - 1, 0)
+    if kwargs.get("cu_seq_lens_q") is not None:
+        return _varlen(query, key, value, causal=causal, features=features, kwargs=kwargs), None
+    out = runtime.attention(query, key, value, causal=causal, **features)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _needs_eager(attention_mask: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether this call carries something :func:`attnforge.attention` cannot express."""
+    import torch
+
+    if kwargs.get("output_attentions"):
+        return True
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):  # a flex BlockMask
+        return True
+    return any(name not in _KNOWN_KWARGS and val is not None and val is not False for name, val in kwargs.items())
+
+
+def _varlen(query: Any, key: Any, value: Any, *, causal: bool, features: dict[str, Any],
+            kwargs: dict[str, Any]) -> Any:
+    """Packed sequences (batch 1) with FlashAttention-style ``cu_seq_lens``: ``[1, Sq, H, Dv]`` out."""
+    from attnforge.dispatch import runtime
+
+    out = runtime.attention(
+        query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), causal=causal,
+        cu_seqlens_q=kwargs["cu_seq_lens_q"], cu_seqlens_k=kwargs.get("cu_seq_lens_k", kwargs["cu_seq_lens_q"]),
+        max_seqlen_q=kwargs.get("max_length_q"), max_seqlen_k=kwargs.get("max_length_k"), **features)
+    return out.unsqueeze(0).contiguous()
+
+
+def model_eager_function(module: Any) -> Callable[..., Any]:
+    """The ``eager_attention_forward`` of the modeling file that defines ``module``'s class (or a base class).
+
+    Raises:
+        DispatchError: no class in the module's MRO comes from a file that defines one.
+    """
+    cls = type(module)
+    found = _EAGER_BY_CLASS.get(cls)
+    if found is not None:
+        return found
+    for klass in cls.__mro__:
+        fn = getattr(sys.modules.get(klass.__module__), "eager_attention_forward", None)
+        if callable(fn):
+            _EAGER_BY_CLASS[cls] = fn
+            return _EAGER_BY_CLASS[cls]
+    raise DispatchError(f"{cls.__name__} has no eager attention function to hand this call to",
+                        cause="the call needs attention weights or passes a keyword attnforge does not know",
+                        hint='load the model with attn_implementation="eager"')
+
+
+def _eager(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *, dropout: float,
+           scaling: float | None, is_causal: bool | None, **kwargs: Any) -> tuple[Any, Any]:
+    """The model's own eager function, given the additive mask transformers' ``eager_mask`` would have built."""
+    import torch
+
+    mask = attention_mask
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    if mask is None and causal and q_len > 1:  # the sdpa mask skipped a plain causal mask (top-left)
+        rows = torch.arange(q_len, device=query.device)[:, None]
+        mask = (torch.arange(kv_len, device=query.device)[None, :] <= rows)[None, None]
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.where(mask, torch.zeros((), dtype=query.dtype, device=mask.device),
+                           torch.finfo(query.dtype).min)
+    fn = model_eager_function(module)
+    return fn(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)  # type: ignore[no-any-return]
 
 
 def register() -> None:

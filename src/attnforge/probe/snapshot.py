@@ -357,7 +357,7 @@ class SystemSnapshot:
         """
         try:
             text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ProbeError(f"cannot read snapshot {path}", cause=exc.strerror,
+        except (OSError, UnicodeDecodeError) as exc:  # a binary file is not a snapshot either
+            raise ProbeError(f"cannot read snapshot {path}", cause=getattr(exc, "strerror", None) or str(exc),
                              hint="write one with: attnforge probe --json > machine.json") from None
         return cls.from_json(text)

@@ -12,6 +12,7 @@ from attnforge._system.runner import which
 from attnforge.probe import parsers
 from attnforge.probe.context import ProbeContext
 from attnforge.probe.snapshot import Compiler, CudaToolkit, Tool
+from attnforge.types.versions import loose_version
 
 _NVCC = {"windows": "nvcc.exe"}
 _CUDA_PATH_V = re.compile(r"CUDA_PATH_V\d+_\d+")
@@ -49,18 +50,14 @@ def windows_toolkit_candidates(environ: Mapping[str, str]) -> list[tuple[Path, s
     """
     out: list[tuple[Path, str]] = []
     per_version = [(k, v) for k, v in environ.items() if _CUDA_PATH_V.fullmatch(k) and v]
-    for key, value in sorted(per_version, key=lambda kv: _dotted_key(kv[0]), reverse=True):
+    for key, value in sorted(per_version, key=lambda kv: loose_version(kv[0]), reverse=True):
         out.append((Path(value), key))
     pf = environ.get("ProgramFiles", r"C:\Program Files")
     base = Path(pf) / "NVIDIA GPU Computing Toolkit" / "CUDA"
     if base.is_dir():
         folders = [p for p in base.glob("v*") if p.is_dir()]
-        out.extend((p, "glob") for p in sorted(folders, key=lambda p: _dotted_key(p.name), reverse=True))
+        out.extend((p, "glob") for p in sorted(folders, key=lambda p: loose_version(p.name), reverse=True))
     return out
-
-
-def _dotted_key(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", text))
 
 
 def collect_toolkits(ctx: ProbeContext) -> tuple[list[CudaToolkit], list[str]]:

@@ -17,6 +17,7 @@ from attnforge._system.runner import Runner, which
 from attnforge.probe import parsers
 from attnforge.probe.context import ProbeContext
 from attnforge.probe.snapshot import Compiler, PythonDevFiles, VisualStudio
+from attnforge.types.versions import loose_version
 
 VSWHERE_ARGS = ("-products", "*", "-requires", "Microsoft.VisualStudio.Component.VC.Tools.x86.x64",
                 "-format", "json", "-utf8")
@@ -65,7 +66,7 @@ def collect_visual_studio(ctx: ProbeContext) -> tuple[list[VisualStudio], str | 
         return [], ("vswhere lists no instance with the x64 C++ tools "
                     "(install the 'Desktop development with C++' workload)")
     found = [replace(vs, msvc_toolsets=msvc_toolsets(Path(vs.install_path))) for vs in instances]
-    return sorted(found, key=lambda vs: _version_key(vs.version), reverse=True), None
+    return sorted(found, key=lambda vs: loose_version(vs.version), reverse=True), None
 
 
 def msvc_toolsets(install_path: Path) -> tuple[str, ...]:
@@ -74,7 +75,7 @@ def msvc_toolsets(install_path: Path) -> tuple[str, ...]:
     if not base.is_dir():
         return ()
     names = [p.name for p in base.iterdir() if p.is_dir() and p.name[:1].isdigit()]
-    return tuple(sorted(names, key=_version_key, reverse=True))
+    return tuple(sorted(names, key=loose_version, reverse=True))
 
 
 def collect_cl(ctx: ProbeContext) -> Compiler | None:
@@ -134,7 +135,3 @@ def reg_query_long_paths(runner: Runner) -> int | None:
     """
     res = runner.run(("reg", "query", LONG_PATHS_KEY, "/v", LONG_PATHS_VALUE), timeout_s=20.0)
     return parsers.reg_query_dword(res.stdout, LONG_PATHS_VALUE) if res.ok else None
-
-
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in version.split(".") if x.isdigit())

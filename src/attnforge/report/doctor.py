@@ -12,13 +12,17 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from attnforge._compat import StrEnum
-from attnforge.catalog import Backend, Catalog
+from attnforge.catalog import Backend, Catalog, load_catalog
 from attnforge.probe.snapshot import ComputeCapability, InstalledBackend, SystemSnapshot, TorchInfo, format_cc
+from attnforge.ranking import PLAIN_SDPA, overhead_tier, wins_per_backend
 from attnforge.records import BenchRecord, VerifyRecord
-from attnforge.resolve.preflight import TORCH_INDEX, cu_tag, torch_cuda
+from attnforge.resolve.torch_checks import torch_cuda
 
-#: Where people get a CUDA build of torch (pytorch.org "Get Started"; toolchain-facts.md §5.1).
-TORCH_CUDA_HINT = f"pip install torch --index-url {TORCH_INDEX}/cu130"
+
+def torch_cuda_hint() -> str:
+    """Where people get a CUDA build of torch: the catalog's default variant (toolchain.toml ``[[torch]]``)."""
+    tools = load_catalog().tools
+    return f"pip install torch --index-url {tools.torch_index_url(tools.default_torch_cuda())}"
 
 
 #: The next step of rows held up by the machine-wide blocker, which the report states once.
@@ -176,13 +180,14 @@ def _machine_blocker(s: SystemSnapshot) -> tuple[str, str] | None:
     """(problem, next step) that stops every GPU backend on this machine, or None."""
     t = s.torch
     if t is None:
-        return ("torch is not installed or does not import", f"install a CUDA build of torch first ({TORCH_CUDA_HINT})")
+        return ("torch is not installed or does not import",
+                f"install a CUDA build of torch first ({torch_cuda_hint()})")
     if t.hip_version:
         return (f"torch {t.version} is a ROCm build; attnforge targets NVIDIA GPUs",
                 "use a CUDA build of torch on an NVIDIA machine")
     if not t.is_cuda_build:
         return (f"torch {t.version} is a CPU build",
-                f"install a CUDA build of torch first ({TORCH_CUDA_HINT})")
+                f"install a CUDA build of torch first ({torch_cuda_hint()})")
     if not s.gpus:
         return ("no NVIDIA GPU found", "run on a machine with an NVIDIA GPU (and a working driver)")
     return None
@@ -276,8 +281,7 @@ _XF_PYTHON = re.compile(r"Python\s+(\d+\.\d+)\S*\s+\(you have (\d+\.\d+)\S*\)")
 def torch_index_url(s: SystemSnapshot) -> str:
     """The PyTorch wheel index matching this torch's CUDA (``.../whl/cu130``), where CUDA-specific builds of
     xFormers live (install-anchors.md §7.1); the CPU index for a CPU torch."""
-    cuda = torch_cuda(s)
-    return f"{TORCH_INDEX}/{cu_tag(cuda) if cuda else 'cpu'}"
+    return load_catalog().tools.torch_index_url(torch_cuda(s))
 
 
 def install_step(s: SystemSnapshot, b: Backend) -> str:
@@ -351,14 +355,15 @@ def _verdict(s: SystemSnapshot, catalog: Catalog, rows: Sequence[BackendRow], be
 
 
 def _fastest_measured(ready: Sequence[BackendRow], bench: Sequence[BenchRecord]) -> tuple[str | None, str]:
-    if not bench:
+    """The backend that wins most measured forward shape classes by the one rule (:mod:`attnforge.ranking`),
+    among ready backends that verify passed (and plain SDPA, which needs no verify): never an unverified one."""
+    names = {r.backend: r.name for r in ready if r.verified}
+    names.setdefault(PLAIN_SDPA, "PyTorch SDPA (default)")
+    wins = wins_per_backend(bench, among=names)
+    if not wins:
         return None, ""
-    names = {r.backend: r.name for r in ready}
-    best: dict[str, float] = {}
-    for rec in bench:
-        if rec.mode == "fwd" and rec.backend in names:
-            best[rec.backend] = max(best.get(rec.backend, 0.0), rec.tflops)
-    if not best:
-        return None, ""
-    winner = max(best, key=lambda k: best[k])
-    return names[winner], f"measured by `attnforge bench`: up to {best[winner]:.0f} TFLOP/s forward"
+    winner = max(wins, key=lambda n: (len(wins[n]), -overhead_tier(n), n))
+    total = sum(len(v) for v in wins.values())
+    top = max(wins[winner], key=lambda r: r.measurements[winner].tflops)
+    return names[winner], (f"measured by `attnforge bench`: fastest verified backend in {len(wins[winner])} of "
+                           f"{total} forward shape classes, up to {top.measurements[winner].tflops:.0f} TFLOP/s")

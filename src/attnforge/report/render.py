@@ -38,12 +38,45 @@ def render_system(out: Any, s: SystemSnapshot, *, verbose: bool = False) -> None
 
 
 def render_doctor(out: Any, report: DoctorReport, snapshot: SystemSnapshot) -> None:
-    """Print the doctor report: system panel, one row per backend, verdict."""
-    from rich.table import Table
-
+    """Print the doctor report: system panel, one row per backend, verdict (three wrapping columns when the
+    console is narrower than the seven-column table)."""
     render_system(out, snapshot)
     if report.blocker:
         out.print(f"[bold red]blocked:[/bold red] {report.blocker}")
+    if getattr(out, "width", 200) < _WIDE:
+        out.print(_narrow_table(report))
+    else:
+        out.print(_wide_table(report))
+    v = report.verdict
+    out.print(f"[bold]fastest now:[/bold] {v.fastest_now} ({v.evidence})")
+    out.print(f"[bold]to go faster:[/bold] {v.to_go_faster}")
+
+
+#: Below this many columns the seven-column table would cut the next step; three columns wrap instead.
+_WIDE = 130
+
+
+def _narrow_table(report: DoctorReport) -> Any:
+    """backend | status | facts (version, loads, GPU, verified) over the problem / next step, wrapped by words."""
+    from rich.table import Table
+
+    table = Table(title="attention backends", show_lines=True, expand=True)
+    table.add_column("backend", overflow="fold", max_width=24)
+    table.add_column("status", no_wrap=True)
+    table.add_column("installed, loads, verified / problem -> next step", overflow="fold", ratio=1)
+    for r in report.rows:
+        style = _STYLE[r.status]
+        loads = _mark(r.imports) if r.native_ok is None else _mark(bool(r.imports) and r.native_ok)
+        gpu = f", this GPU {r.gpu_support}" if r.gpu_support and r.gpu_support != "-" else ""
+        facts = f"[dim]{r.version or '-'}, loads {loads}{gpu}, verified {_mark(r.verified)}[/dim]"
+        text = r.next_step if r.problem is None else f"{r.problem} [dim]->[/dim] {r.next_step}"
+        table.add_row(r.name, f"[{style}]{r.status.value}[/{style}]", f"{facts}\n{text}")
+    return table
+
+
+def _wide_table(report: DoctorReport) -> Any:
+    from rich.table import Table
+
     table = Table(title="attention backends", show_lines=False, expand=False)
     table.add_column("backend", no_wrap=True)
     table.add_column("installed", no_wrap=True)
@@ -58,7 +91,4 @@ def render_doctor(out: Any, report: DoctorReport, snapshot: SystemSnapshot) -> N
         text = r.next_step if r.problem is None else f"{r.problem} [dim]->[/dim] {r.next_step}"
         table.add_row(r.name, r.version or "-", loads, r.gpu_support, _mark(r.verified),
                       f"[{style}]{r.status.value}[/{style}]", text)
-    out.print(table)
-    v = report.verdict
-    out.print(f"[bold]fastest now:[/bold] {v.fastest_now} ({v.evidence})")
-    out.print(f"[bold]to go faster:[/bold] {v.to_go_faster}")
+    return table

@@ -5,19 +5,6 @@
 
 from attnforge.resolve.buildspec import build_spec, plan_build
 from attnforge.resolve.resolver import resolve
-from attnforge.resolve.types import (
-    BuildSpec,
-    CachedArtifact,
-    Candidate,
-    CandidateKind,
-    Plan,
-    Request,
-    SourceKind,
-    SourceSpec,
-    WheelRef,
-)
+from attnforge.resolve.types import BuildSpec, Plan, Request
 
-__all__ = [
-    "BuildSpec", "CachedArtifact", "Candidate", "CandidateKind", "Plan", "Request", "SourceKind",
-    "SourceSpec", "WheelRef", "build_spec", "plan_build", "resolve",
-]
+__all__ = ["BuildSpec", "Plan", "Request", "build_spec", "plan_build", "resolve"]

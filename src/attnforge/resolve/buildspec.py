@@ -6,14 +6,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import PurePath, PurePosixPath
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from attnforge.catalog import Catalog
 from attnforge.catalog.recipes import Recipe, RecipeKind
+from attnforge.catalog.slim import SlimPlan, SlimRequest, plan_slim
 from attnforge.errors import ResolveError, UsageError
 from attnforge.probe.snapshot import SystemSnapshot, format_cc
 from attnforge.resolve.jobs import size_jobs
@@ -51,15 +53,91 @@ def pinned_version(version_spec: str) -> str | None:
 
 def default_source(recipe: Recipe, request: Request) -> SourceSpec:
     """The request's own source, else the recipe's: the PyPI sdist when it has one, else
-    its git repository."""
-    if request.source is not None:
-        return request.source
-    version = pinned_version(request.version)
-    if recipe.sdist and "pypi-sdist" in recipe.source_kinds:
-        return SourceSpec(kind=SourceKind.PYPI_SDIST, location=recipe.sdist, version=version)
-    return SourceSpec(
-        kind=SourceKind.GIT, location=recipe.git_url, ref=None, subdirectory=recipe.git_subdirectory or None
-    )
+    its git repository. Either way it carries the recipe's required submodules.
+
+    A local path that *is* the recipe's subdirectory (``~/flash-attention/hopper``) becomes its repository with
+    ``#subdirectory=hopper``: hopper/setup.py reads ``../README.md`` and ``../csrc/cutlass``.
+    """
+    source = request.source
+    if source is None:
+        version = pinned_version(request.version)
+        if recipe.sdist and "pypi-sdist" in recipe.source_kinds:
+            return SourceSpec(kind=SourceKind.PYPI_SDIST, location=recipe.sdist, version=version)
+        source = SourceSpec(kind=SourceKind.GIT, location=recipe.git_url, ref=None,
+                            subdirectory=recipe.git_subdirectory or None)
+    sub = recipe.git_subdirectory
+    if (source.kind is SourceKind.PATH and sub and source.subdirectory is None
+            and PurePath(source.location).name == sub):
+        source = dataclasses.replace(source, location=str(PurePath(source.location).parent), subdirectory=sub)
+    if recipe.submodules and source.kind in (SourceKind.PATH, SourceKind.GIT) and not source.submodules:
+        source = dataclasses.replace(source, submodules=recipe.submodules)
+    return source
+
+
+def slim_plan(recipe: Recipe, request: Request, *, archs: tuple[tuple[int, int], ...], max_jobs: int
+              ) -> SlimPlan | None:
+    """The slim build ``request.slim`` asks for (None when it asks for none)."""
+    if request.slim is None:
+        return None
+    return plan_slim(recipe.id, recipe.slim, request.slim, archs=archs, max_jobs=max_jobs)
+
+
+def cached_switch_problem(recipe: Recipe | None, request: Request, flags: tuple[str, ...],
+                          *, archs: tuple[tuple[int, int], ...]) -> str | None:
+    """Why a cached build's slim switches do not serve ``request`` (it leaves out something asked for), or None.
+
+    A full cached build serves every request; a slim one only requests whose own switches leave out at least
+    as much.
+    """
+    if recipe is None or recipe.slim is None or recipe.slim.unsupported:
+        return None
+    switch_vars = {*recipe.slim.head_dims.values(), *recipe.slim.dtypes.values(), *recipe.slim.features.values(),
+                   *recipe.slim.arch_switches.values(), recipe.slim.backward}
+    cached = {f.partition("=")[0] for f in flags if f.partition("=")[0] in switch_vars}
+    if not cached:
+        return None
+    planned = slim_plan(recipe, request, archs=archs, max_jobs=1)
+    extra = sorted(cached - set(planned.env if planned else {}))
+    if not extra:
+        return None
+    return (f"a slim build that leaves out what this request needs ({', '.join(extra)}); "
+            "ask for the same slim options to reuse it")
+
+
+def installed_caps_problem(recipe: Recipe | None, request: Request, *,
+                           archs: tuple[tuple[int, int], ...]) -> str | None:
+    """Why the installed slim build (``request.installed_capabilities``) cannot serve ``request``, or None."""
+    have = request.installed_capabilities
+    if have is None or recipe is None or recipe.slim is None or recipe.slim.unsupported:
+        return None
+    planned = slim_plan(recipe, request, archs=archs, max_jobs=1)
+    want = planned.capabilities if planned is not None and planned.env else None
+    if want is None:
+        return f"the installed build is a slim one (it can run {have.describe()}); this request asks for all of it"
+    missing = [*(f"head dim {d}" for d in want.head_dims if not any(d <= h for h in have.head_dims)),
+               *(d for d in want.dtypes if d not in have.dtypes),
+               *(f for f in want.features if f not in have.features),
+               *(["the backward pass"] if want.backward and not have.backward else [])]
+    return f"the installed slim build lacks {', '.join(missing)}" if missing else None
+
+
+def slim_offer(recipe: Recipe, *, archs: tuple[tuple[int, int], ...], max_jobs: int) -> str | None:
+    """For a full build of a recipe with slim switches: what one head dim in bf16 would cost instead."""
+    if recipe.slim is None or recipe.slim.unsupported or not recipe.slim.head_dims:
+        return None
+    dim = 128 if 128 in recipe.slim.head_dims else min(recipe.slim.head_dims)
+    offer = plan_slim(recipe.id, recipe.slim, SlimRequest(head_dims=(dim,), dtypes=("bfloat16",)),
+                      archs=archs, max_jobs=max_jobs)
+    if offer.units is None or offer.full_units is None or offer.units * 4 > offer.full_units:
+        return None
+    return (f"a slim build is much cheaper: one head dim in bf16 is {offer.units} of {offer.full_units} "
+            f"translation units (~{minutes(offer.estimate_s)} instead of ~{minutes(offer.full_estimate_s)}); "
+            f"ask for it with e.g. --head-dim {dim} --dtype bf16 [--no-backward] [--features ...] "
+            "or --model config.json")
+
+
+def minutes(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def plan_build(
@@ -121,7 +199,7 @@ def build_spec(
 def _spec(
     snapshot: SystemSnapshot, request: Request, recipe: Recipe, pre: Preflight, home: str | None
 ) -> BuildSpec:
-    if pre.toolkit is None:  # a passed preflight always chose a toolkit
+    if pre.toolkit is None and not pre.cpu_only:  # a passed CUDA preflight always chose a toolkit
         raise ResolveError("internal: a passed preflight without a toolkit")
     windows = snapshot.platform.os == "windows"
     gencode_targets = len(pre.targets) + (1 if recipe.adds_ptx else 0)
@@ -132,13 +210,17 @@ def _spec(
         max_threads=min(recipe.nvcc_threads, max(gencode_targets, 1)),
     )
     env: dict[str, str] = {}
-    if recipe.arch_env:
+    if recipe.arch_env and not pre.cpu_only:
         env[recipe.arch_env] = recipe.arch_value(pre.targets)
     env.update(recipe.env)
+    slim = slim_plan(recipe, request, archs=pre.archs, max_jobs=sizing.max_jobs)
+    if slim is not None:
+        env.update(slim.env)
     env["MAX_JOBS"] = str(sizing.max_jobs)
     env["NVCC_THREADS"] = str(sizing.nvcc_threads)
-    env["CUDA_HOME"] = pre.toolkit.path
-    env["CUDA_PATH"] = pre.toolkit.path
+    if pre.toolkit is not None:
+        env["CUDA_HOME"] = pre.toolkit.path
+        env["CUDA_PATH"] = pre.toolkit.path
     if windows:
         env["DISTUTILS_USE_SDK"] = "1"
         env["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] = "1"
@@ -149,7 +231,7 @@ def _spec(
     source = default_source(recipe, request)
     version = source.version or pinned_version(request.version)
     name = recipe.distribution or request.backend
-    leaf = _leaf(name, version, pre, source)
+    leaf = _leaf(name, version, pre, source, ','.join(slim.env) if slim else '')
     notes = [c.reason for c in pre.checks if c.name == "archs"]
     notes.append(sizing.note)
     if not recipe.arch_env:
@@ -158,6 +240,12 @@ def _spec(
             "no arch variable is set"
         )
     notes.extend(pre.notes)
+    if slim is not None:
+        notes.append(slim.note or _slim_note(slim))
+    else:
+        offer = slim_offer(recipe, archs=pre.archs, max_jobs=sizing.max_jobs)
+        if offer:
+            notes.append(offer)
     base = home or snapshot.platform.disk_path
     if windows:
         from attnforge.resolve.windows import short_build_root
@@ -182,10 +270,19 @@ def _spec(
         notes=tuple(notes),
         msvc_toolset=pre.msvc_toolset,
         allow_unsupported_compiler=request.allow_unsupported_compiler,
+        capabilities=slim.capabilities if slim is not None and slim.env else None,
+        slim=slim if slim is not None and slim.env else None,
     )
 
 
-def _leaf(name: str, version: str | None, pre: Preflight, source: SourceSpec) -> str:
+def _slim_note(slim: SlimPlan) -> str:
+    units = (f": {slim.units} of {slim.full_units} translation units, ~{minutes(slim.estimate_s)} instead of "
+             f"~{minutes(slim.full_estimate_s)} (estimated from one recorded build)"
+             if slim.units is not None else "")
+    return f"slim build{units}; leaves out {'; '.join(slim.left_out) or 'nothing'}"
+
+
+def _leaf(name: str, version: str | None, pre: Preflight, source: SourceSpec, switches: str) -> str:
     """An 8-hex directory name: short (Windows paths) and stable for the same build."""
     text = "|".join(
         [
@@ -197,6 +294,7 @@ def _leaf(name: str, version: str | None, pre: Preflight, source: SourceSpec) ->
             source.subdirectory or "",
             ",".join(format_cc(c) for c in pre.archs),
             pre.toolkit.version if pre.toolkit else "",
+            *([switches] if switches else []),
         ]
     )
     return hashlib.sha256(text.encode()).hexdigest()[:8]

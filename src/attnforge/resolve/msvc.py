@@ -10,7 +10,6 @@ with those answers, so it can only execute what the plan chose. Facts: shared/re
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -20,9 +19,7 @@ from attnforge.catalog.msvc import MsvcCatalog
 from attnforge.errors import BuildError
 from attnforge.probe.parsers import toolset_msc_ver
 from attnforge.probe.snapshot import CudaToolkit, SystemSnapshot, VisualStudio
-from attnforge.types.versions import loose_version, major_minor
-
-MajorMinor = tuple[int, int]
+from attnforge.types.versions import MajorMinor, format_major_minor, loose_version, major_minor, parse_major_minor
 
 
 class MsvcWindow(Protocol):
@@ -88,17 +85,6 @@ class MsvcCheck:
     fixes: tuple[MsvcFix, ...] = ()
 
 
-def mm(text: str) -> MajorMinor:
-    m = re.match(r"^\s*(\d+)\.(\d+)", text)
-    if m is None:
-        raise ValueError(f"not a MAJOR.MINOR version: {text!r}")
-    return (int(m.group(1)), int(m.group(2)))
-
-
-def _fmt(v: MajorMinor) -> str:
-    return f"{v[0]}.{v[1]}"
-
-
 def _toolset_name(msc: int) -> str:
     return f"14.{msc - 1900}"
 
@@ -136,7 +122,7 @@ def check_msvc(
     window = window_for(cuda, windows)
     if window is None:
         return MsvcCheck(ok=None, msc_ver=msc, cuda=cuda, window=None,
-                         problem=f"attnforge has no host-compiler data for CUDA {_fmt(cuda)}")
+                         problem=f"attnforge has no host-compiler data for CUDA {format_major_minor(cuda)}")
     floor = msvc.stl_floor(msc)
     stl_blocks = floor is not None and cuda < floor.cuda_min
     in_window = window.msc_min <= msc < window.msc_end
@@ -146,13 +132,13 @@ def check_msvc(
     name = msvc.release_name(msc) or f"_MSC_VER {msc}"
     if in_window and floor is not None:
         problem = (f"MSVC {_toolset_name(msc)} ({name}) ships an STL that stops with {floor.error}: "
-                   f"'Unexpected compiler version, expected CUDA {_fmt(floor.cuda_min)} or newer'")
+                   f"'Unexpected compiler version, expected CUDA {format_major_minor(floor.cuda_min)} or newer'")
     elif msc >= window.msc_end:
-        problem = (f"nvcc {_fmt(cuda)} accepts _MSC_VER {window.msc_min}-{window.msc_end - 1}; MSVC "
+        problem = (f"nvcc {format_major_minor(cuda)} accepts _MSC_VER {window.msc_min}-{window.msc_end - 1}; MSVC "
                    f"{_toolset_name(msc)} ({name}, _MSC_VER {msc}) fails with 'C1189: #error: -- unsupported "
                    "Microsoft Visual Studio version!'")
     else:
-        problem = (f"nvcc {_fmt(cuda)} needs _MSC_VER >= {window.msc_min}; "
+        problem = (f"nvcc {format_major_minor(cuda)} needs _MSC_VER >= {window.msc_min}; "
                    f"MSVC {_toolset_name(msc)} ({name}) is too old for it")
 
     def accepts(row: MsvcWindow, m: int) -> bool:
@@ -162,7 +148,7 @@ def check_msvc(
     if msc < window.msc_min:
         fixes.append(MsvcFix(kind=FixKind.NEWER_TOOLSET, text=(
             f"install Visual Studio 2022 Build Tools with the 'Desktop development with C++' workload "
-            f"(nvcc {_fmt(cuda)} needs _MSC_VER {window.msc_min} or newer)")))
+            f"(nvcc {format_major_minor(cuda)} needs _MSC_VER {window.msc_min} or newer)")))
         return MsvcCheck(ok=False, msc_ver=msc, cuda=cuda, window=(window.msc_min, window.msc_end),
                          problem=problem, fixes=tuple(fixes))
 
@@ -172,8 +158,8 @@ def check_msvc(
         newer = same_major or newer
     if newer:
         lo = newer[0].cuda_min
-        fixes.append(MsvcFix(kind=FixKind.NEWER_CUDA, cuda_min=_fmt(lo), text=(
-            f"install CUDA {_fmt(lo)} or newer (its nvcc accepts _MSC_VER {msc}) and point "
+        fixes.append(MsvcFix(kind=FixKind.NEWER_CUDA, cuda_min=format_major_minor(lo), text=(
+            f"install CUDA {format_major_minor(lo)} or newer (its nvcc accepts _MSC_VER {msc}) and point "
             "CUDA_HOME/CUDA_PATH at it")))
 
     fitting = [(m, t) for t in installed_toolsets if (m := _safe_msc(t)) is not None
@@ -197,8 +183,9 @@ def check_msvc(
     if floor is not None and cuda < floor.cuda_min:
         flags.append(floor.override)
     fixes.append(MsvcFix(kind=FixKind.ALLOW_UNSUPPORTED, nvcc_flags=tuple(flags), at_users_risk=True, text=(
-        f"at your own risk, set NVCC_APPEND_FLAGS={' '.join(flags)} (nvcc's words: 'using an unsupported "
-        "host compiler may cause compilation failure or incorrect run time execution')")))
+        f"at your own risk, build with --allow-unsupported-compiler (NVCC_APPEND_FLAGS={' '.join(flags)}; "
+        "nvcc's words: 'using an unsupported host compiler may cause compilation failure or incorrect run "
+        "time execution')")))
     return MsvcCheck(ok=False, msc_ver=msc, cuda=cuda, window=(window.msc_min, window.msc_end),
                      problem=problem, fixes=tuple(fixes))
 
@@ -287,7 +274,8 @@ def choose_windows_toolchain(
         raise BuildError("no CUDA toolkit (nvcc.exe) was found", cause=snapshot.problem("cuda_toolkits"),
                          hint=r"install the CUDA toolkit matching torch's CUDA major; it lands in "
                               r"C:\Program Files\NVIDIA GPU Computing Toolkit\CUDA\vX.Y and sets CUDA_PATH")
-    torch_cuda = mm(snapshot.torch.cuda_version) if snapshot.torch and snapshot.torch.cuda_version else None
+    t = snapshot.torch
+    torch_cuda = parse_major_minor(t.cuda_version) if t and t.cuda_version else None
     msc = toolset_msc_ver(toolset)
     vcvars_ver = major_minor(toolset) if msvc_toolset else None
     notes = [f"Visual Studio: {vs.display_name} {vs.version}, MSVC {toolset} (_MSC_VER {msc})"]
@@ -295,7 +283,7 @@ def choose_windows_toolchain(
 
     primary = toolkit or snapshot.primary_toolkit or toolkits[0]
     ordered = sorted(toolkits, key=lambda t: (t.path != primary.path, _major_mismatch(t, torch_cuda)))
-    checks = [(t, check_msvc(msc=msc, cuda=mm(t.version), windows=windows, msvc=msvc,
+    checks = [(t, check_msvc(msc=msc, cuda=parse_major_minor(t.version), windows=windows, msvc=msvc,
                              installed_toolsets=everywhere, torch_cuda=torch_cuda))
               for t in ordered]
     toolkit, check = checks[0]
@@ -336,4 +324,4 @@ def _instance_with(snapshot: SystemSnapshot, toolset: str) -> tuple[VisualStudio
 
 
 def _major_mismatch(toolkit: CudaToolkit, torch_cuda: MajorMinor | None) -> bool:
-    return torch_cuda is not None and mm(toolkit.version)[0] != torch_cuda[0]
+    return torch_cuda is not None and parse_major_minor(toolkit.version)[0] != torch_cuda[0]

@@ -12,32 +12,12 @@ from dataclasses import dataclass
 
 from attnforge.catalog import Catalog
 from attnforge.catalog.recipes import Recipe
-from attnforge.catalog.toolchain import MajorMinor, Target, TargetKind, format_major_minor, parse_major_minor
+from attnforge.catalog.toolchain import MajorMinor, Target, TargetKind, format_major_minor
+from attnforge.catalog.torch import cu_tag
 from attnforge.probe.snapshot import ComputeCapability, CudaToolkit, SystemSnapshot, format_cc
-from attnforge.resolve.jobs import GIB
+from attnforge.resolve.checks import Check, allowed_unsupported, disk_check, host_compiler_check, ninja_check, ram_check
+from attnforge.resolve.torch_checks import toolkit_version, torch_checks, torch_cuda, torch_variant_for
 from attnforge.resolve.types import Request
-
-TORCH_INDEX = "https://download.pytorch.org/whl"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Check:
-    """One preflight question and its answer.
-
-    Attributes:
-        name: short id (``torch-cuda``, ``nvcc-major``, ``nvcc-arch``, ``host-compiler``, ``msvc``...).
-        ok: whether the build can go ahead on this point.
-        reason: what was found, in words ("built for X, you have Y").
-        fix: the next step when not ok.
-    """
-
-    name: str
-    ok: bool
-    reason: str
-    fix: str | None = None
-
-    def text(self) -> str:
-        return self.reason if self.ok or not self.fix else f"{self.reason}; fix: {self.fix}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +31,7 @@ class Preflight:
     msvc_toolset: str | None = None
     notes: tuple[str, ...] = ()
     nvcc_flags: tuple[str, ...] = ()  # what the build adds to NVCC_APPEND_FLAGS (-allow-unsupported-compiler)
+    cpu_only: bool = False  # a C++-only extension (resolve/cpu_only.py): no CUDA checks, no toolkit
 
     @property
     def failures(self) -> tuple[Check, ...]:
@@ -61,34 +42,24 @@ class Preflight:
         return not self.failures
 
 
-def toolkit_version(toolkit: CudaToolkit) -> MajorMinor | None:
-    try:
-        return parse_major_minor(toolkit.version)
-    except ValueError:
-        return None
-
-
-def torch_cuda(snapshot: SystemSnapshot) -> MajorMinor | None:
-    t = snapshot.torch
-    if t is None or t.cuda_version is None:
-        return None
-    try:
-        return parse_major_minor(t.cuda_version)
-    except ValueError:
-        return None
-
-
-def cu_tag(version: MajorMinor) -> str:
-    """``(12, 8)`` -> ``cu128`` (the PyTorch index name)."""
-    return f"cu{version[0]}{version[1]}"
-
-
 def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, recipe: Recipe) -> Preflight:
     """Answer every build question for ``request`` on ``snapshot``; never raises for a failed check."""
     checks: list[Check] = []
     notes: list[str] = []
 
-    checks.extend(_torch_checks(snapshot, catalog))
+    from attnforge.resolve.cpu_only import cpu_only_source
+
+    cpu_only = None if snapshot.platform.os == "windows" else cpu_only_source(request.source)
+    if cpu_only is not None:  # host compiler, ninja, memory, disk: the questions a CppExtension asks
+        torch_check = next((c for c in torch_checks(snapshot, catalog) if c.name == "torch"), None) or Check(
+            name="torch", ok=True, reason=f"torch {snapshot.torch.version if snapshot.torch else ''} (any build)")
+        host, _ = host_compiler_check(snapshot, catalog, None, None)
+        return Preflight(
+            checks=(torch_check, host, ninja_check(snapshot), ram_check(snapshot, recipe),
+                    disk_check(snapshot, recipe)),
+            archs=(), targets=(), toolkit=None, notes=(cpu_only,), cpu_only=True,
+        )
+    checks.extend(torch_checks(snapshot, catalog))
     archs, targets, arch_checks = _arch_checks(snapshot, catalog, request, recipe)
     checks.extend(arch_checks)
 
@@ -125,15 +96,15 @@ def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, 
                          f"the installed CUDA {win.toolkit.version} at {win.toolkit.path}")
             toolkit = win.toolkit
     else:
-        host, nvcc_flags = _host_compiler_check(snapshot, catalog, toolkit, tk_version,
+        host, nvcc_flags = host_compiler_check(snapshot, catalog, toolkit, tk_version,
                                                 allow_unsupported=request.allow_unsupported_compiler)
         checks.append(host)
         if nvcc_flags:
             notes.append(host.reason)
 
-    checks.append(_ninja_check(snapshot))
-    checks.append(_ram_check(snapshot, recipe))
-    checks.append(_disk_check(snapshot, recipe))
+    checks.append(ninja_check(snapshot))
+    checks.append(ram_check(snapshot, recipe))
+    checks.append(disk_check(snapshot, recipe))
     return Preflight(
         checks=tuple(checks),
         archs=archs,
@@ -143,80 +114,6 @@ def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, 
         notes=tuple(notes),
         nvcc_flags=nvcc_flags,
     )
-
-
-# -- torch ---------------------------------------------------------------------------------------------------
-def _torch_checks(snapshot: SystemSnapshot, catalog: Catalog) -> list[Check]:
-    t = snapshot.torch
-    py = snapshot.platform.python_executable
-    suggestion = _torch_suggestion(snapshot, catalog)
-    if t is None:
-        why = snapshot.problem("torch") or "import torch failed"
-        return [
-            Check(
-                name="torch",
-                ok=False,
-                reason=f"torch is not importable in {py} ({why})",
-                fix=f"{py} -m pip install torch --index-url {TORCH_INDEX}/{suggestion}",
-            )
-        ]
-    if t.hip_version is not None:
-        return [
-            Check(
-                name="torch-cuda",
-                ok=False,
-                reason=f"torch {t.version} is a ROCm build (HIP {t.hip_version}); attnforge builds CUDA "
-                "extensions only",
-                fix="use an NVIDIA GPU with a CUDA build of torch",
-            )
-        ]
-    if t.cuda_version is None:
-        return [
-            Check(
-                name="torch-cuda",
-                ok=False,
-                reason=f"torch {t.version} is a CPU-only build (torch.version.cuda is None): a CUDA "
-                f"extension cannot "
-                "be compiled against it, whatever CUDA_HOME says",
-                fix=f"install a CUDA build of torch: {py} -m pip install torch --index-url "
-                f"{TORCH_INDEX}/{suggestion}",
-            )
-        ]
-    return [Check(name="torch-cuda", ok=True, reason=f"torch {t.version} is a CUDA {t.cuda_version} build")]
-
-
-def _torch_suggestion(snapshot: SystemSnapshot, catalog: Catalog) -> str:
-    """The PyTorch index to suggest: the newest CUDA variant of this torch release that matches an installed
-    nvcc's major (so the extension build works afterwards), else the release's PyPI default."""
-    tools = catalog.tools
-    release = None
-    if snapshot.torch is not None:
-        try:
-            release = tools.torch_release(parse_major_minor(snapshot.torch.version))
-        except ValueError:
-            release = None
-    majors = {v[0] for tk in snapshot.cuda_toolkits if (v := toolkit_version(tk)) is not None}
-    if release is not None:
-        fitting = [c for c in release.cuda if c[0] in majors]
-        if fitting:
-            return cu_tag(max(fitting))
-        if release.pypi_default is not None:
-            return cu_tag(release.pypi_default)
-    versions = sorted(v for tk in snapshot.cuda_toolkits if (v := toolkit_version(tk)) is not None)
-    return cu_tag(versions[-1]) if versions else "cu128"
-
-
-def _torch_variant_for(snapshot: SystemSnapshot, catalog: Catalog, cuda_major: int) -> str | None:
-    """The newest CUDA variant with major ``cuda_major`` of the installed torch release
-    (``cu128``), if any."""
-    if snapshot.torch is None:
-        return None
-    try:
-        release = catalog.tools.torch_release(parse_major_minor(snapshot.torch.version))
-    except ValueError:
-        return None
-    fitting = [c for c in release.cuda if c[0] == cuda_major] if release else []
-    return cu_tag(max(fitting)) if fitting else None
 
 
 # -- archs ---------------------------------------------------------------------------------------------------
@@ -344,7 +241,7 @@ def _toolkit_checks(
     if want is not None and version[0] != want[0]:
         t = snapshot.torch
         torch_text = t.version if t else "torch"
-        other = f"{TORCH_INDEX}/{_torch_variant_for(snapshot, catalog, version[0]) or cu_tag(version)}"
+        other = catalog.tools.torch_index_url(torch_variant_for(snapshot, catalog, version[0]) or version)
         return toolkit, [
             Check(
                 name="nvcc-major",
@@ -420,120 +317,7 @@ def _nvcc_target_checks(
     return checks
 
 
-# -- host compiler, ninja, memory, disk ----------------------------------------------------------------------
-#: nvcc's switch to skip its host-compiler version check (toolchain-facts.md §3.3); the build may then fail
-#: later or, in nvcc's words, "cause compilation failure or incorrect run time execution".
-ALLOW_UNSUPPORTED_FLAG = "-allow-unsupported-compiler"
-UNSUPPORTED_RISK = ("at your own risk: nvcc warns that an unsupported host compiler 'may cause compilation "
-                    "failure or incorrect run time execution'")
-
-
-def allowed_unsupported(check: Check) -> Check:
-    """A failed host-compiler check the user overrode with ``--allow-unsupported-compiler``."""
-    return Check(name=check.name, ok=True,
-                 reason=f"{check.reason}; --allow-unsupported-compiler: building with "
-                        f"{ALLOW_UNSUPPORTED_FLAG} {UNSUPPORTED_RISK}")
-
-
-def _host_compiler_check(
-    snapshot: SystemSnapshot, catalog: Catalog, toolkit: CudaToolkit | None, version: MajorMinor | None,
-    *, allow_unsupported: bool = False,
-) -> tuple[Check, tuple[str, ...]]:
-    """The host compiler against nvcc's range, and the nvcc flags the build then needs (only
-    ``-allow-unsupported-compiler``, only for a compiler outside the range and only when allowed)."""
-    cxx = snapshot.compiler("g++") or snapshot.compiler("gcc") or snapshot.compiler("clang")
-    if cxx is None:
-        return Check(
-            name="host-compiler",
-            ok=False,
-            reason="no host C++ compiler (g++) found",
-            fix="install g++ (e.g. apt-get install g++)",
-        ), ()
-    if toolkit is None or version is None:
-        return Check(
-            name="host-compiler", ok=True, reason=f"{cxx.kind} {cxx.version} (no nvcc to check it against)"
-        ), ()
-    window = catalog.tools.host_range(version)
-    if window is None:
-        return Check(
-            name="host-compiler",
-            ok=True,
-            reason=f"{cxx.kind} {cxx.version}; the catalog has no host-compiler table for CUDA "
-            f"{toolkit.version}, nvcc's host_config.h will decide",
-        ), ()
-    try:
-        major = int(cxx.version.split(".", 1)[0])
-    except ValueError:
-        return Check(
-            name="host-compiler", ok=True, reason=f"{cxx.kind} version {cxx.version!r} not understood"
-        ), ()
-    if cxx.kind == "clang":
-        ok = major <= window.clang_max
-        limit = f"clang <= {window.clang_max}"
-    else:
-        ok = window.gcc_min <= major <= window.gcc_max
-        limit = f"gcc {window.gcc_min}-{window.gcc_max}"
-    if ok:
-        return Check(
-            name="host-compiler",
-            ok=True,
-            reason=f"{cxx.kind} {cxx.version} is inside what nvcc {toolkit.version} accepts ({limit})",
-        ), ()
-    n = window.gcc_max
-    refused = Check(
-        name="host-compiler",
-        ok=False,
-        reason=f"{cxx.kind} {cxx.version} is outside what nvcc {toolkit.version} accepts ({limit}); "
-        f"host_config.h "
-        "stops with 'unsupported GNU version'",
-        fix=f"install gcc-{n} and g++-{n} and build with CC=gcc-{n} CXX=g++-{n} (cpp_extension passes "
-        f"-ccbin $CC), "
-        "or use a newer CUDA, or (at your own risk) build with --allow-unsupported-compiler",
-    )
-    if allow_unsupported:
-        return allowed_unsupported(refused), (ALLOW_UNSUPPORTED_FLAG,)
-    return refused, ()
-
-
-def _ninja_check(snapshot: SystemSnapshot) -> Check:
-    py = snapshot.platform.python_executable
-    if snapshot.ninja is None:
-        return Check(
-            name="ninja",
-            ok=False,
-            reason="ninja is not found: torch would fall back to the slow distutils backend (hours)",
-            fix=f"{py} -m pip install ninja",
-        )
-    where = "in this interpreter" if snapshot.ninja.in_interpreter else "on PATH"
-    return Check(name="ninja", ok=True, reason=f"ninja {snapshot.ninja.version or '?'} {where}")
-
-
-def _ram_check(snapshot: SystemSnapshot, recipe: Recipe) -> Check:
-    avail = snapshot.platform.ram_available_bytes
-    need = recipe.gb_per_nvcc_thread * GIB
-    if avail < need:
-        return Check(
-            name="ram",
-            ok=False,
-            reason=f"{avail / GIB:.1f} GiB RAM available; one nvcc thread of {recipe.id} needs about "
-            f"{recipe.gb_per_nvcc_thread} GiB",
-            fix="close memory-hungry programs or add swap (a build killed by the OOM killer just says "
-            "'Killed')",
-        )
-    return Check(name="ram", ok=True, reason=f"{avail / GIB:.0f} GiB RAM available")
-
-
-def _disk_check(snapshot: SystemSnapshot, recipe: Recipe) -> Check:
-    free = snapshot.platform.disk_free_bytes
-    where = snapshot.platform.disk_path
-    if free is None:
-        return Check(name="disk", ok=True, reason=f"free disk at {where} unknown")
-    if free < recipe.min_free_disk_gb * GIB:
-        return Check(
-            name="disk",
-            ok=False,
-            reason=f"{free / GIB:.1f} GiB free at {where}; a {recipe.id} build needs about "
-            f"{recipe.min_free_disk_gb} GiB",
-            fix="free disk space or set ATTNFORGE_HOME to a larger disk",
-        )
-    return Check(name="disk", ok=True, reason=f"{free / GIB:.0f} GiB free at {where}")
+# Check, allowed_unsupported, toolkit_version, torch_cuda and cu_tag live in checks.py, torch_checks.py and
+# catalog/torch.py; re-exported here for modules written against the single preflight module.
+__all__ = ["Check", "Preflight", "allowed_unsupported", "choose_toolkit", "cu_tag", "run_preflight",
+           "toolkit_version", "torch_cuda"]

@@ -19,7 +19,12 @@ from attnforge.catalog.backends import Backend
 from attnforge.catalog.recipes import RecipeKind
 from attnforge.errors import UsageError
 from attnforge.probe.snapshot import SystemSnapshot, format_cc
-from attnforge.resolve.buildspec import default_source, plan_build
+from attnforge.resolve.buildspec import (
+    cached_switch_problem,
+    default_source,
+    installed_caps_problem,
+    plan_build,
+)
 from attnforge.resolve.tags import supported_tags
 from attnforge.resolve.types import (
     CachedArtifact,
@@ -66,7 +71,7 @@ def resolve(
     backend = catalog.backends.get(request.backend)
     if backend is not None and backend.builtin:
         return Plan(request=request, candidates=(_builtin(snapshot, backend),))
-    candidates: list[Candidate] = [_installed(snapshot, backend, request)]
+    candidates: list[Candidate] = [_installed(snapshot, backend, request, catalog)]
     distributions = _distributions(catalog, backend, request)
     tags = supported_tags(snapshot.platform)
 
@@ -85,12 +90,14 @@ def resolve(
             )
             continue
         m = check_binary(facts, snapshot, catalog, backend=backend, request=request, supported=tags)
+        slim = cached_switch_problem(catalog.recipe(request.backend), request, art.flags,
+                                     archs=request.archs or snapshot.compute_capabilities)
         candidates.append(
             Candidate(
                 kind=CandidateKind.CACHE,
                 description=desc,
-                accepted=m.ok,
-                reasons=m.problems or m.notes or ("matches this machine",),
+                accepted=m.ok and slim is None,
+                reasons=(*m.problems, *([slim] if slim else [])) or m.notes or ("matches this machine",),
                 cache_key=art.key,
             )
         )
@@ -160,7 +167,7 @@ def _builtin(snapshot: SystemSnapshot, backend: Backend) -> Candidate:
     )
 
 
-def _installed(snapshot: SystemSnapshot, backend: Backend | None, request: Request) -> Candidate:
+def _installed(snapshot: SystemSnapshot, backend: Backend | None, request: Request, catalog: Catalog) -> Candidate:
     state = snapshot.backend(request.backend)
     desc = f"{request.backend} installed in {snapshot.platform.python_executable}"
     if state is None or not state.installed:
@@ -170,6 +177,9 @@ def _installed(snapshot: SystemSnapshot, backend: Backend | None, request: Reque
     reasons = []
     if request.from_source:
         reasons.append("--from-source asks for a new build")
+    slim = installed_caps_problem(catalog.recipe(request.backend), request,
+                                  archs=request.archs or snapshot.compute_capabilities)
+    reasons += [slim] if slim else []
     if request.version and state.version:
         try:
             if not SpecifierSet(request.version).contains(Version(state.version), prereleases=True):
@@ -199,12 +209,12 @@ def _wheel_candidates(
     distributions: Sequence[str],
     tags: Sequence[Tag],
 ) -> list[Candidate]:
-    accepted: list[tuple[tuple[Version, int, str], Candidate]] = []
+    accepted: list[tuple[tuple[object, ...], Version, Candidate]] = []
     rejected: list[Candidate] = []
     for ref in wheels:
-        desc = f"{ref.filename} ({ref.url})"
+        desc = f"{ref.filename} ({ref.url})" + (f" [source {ref.source}]" if ref.source else "")
         try:
-            facts = read_wheel(ref.filename, catalog)
+            facts = read_wheel(ref.filename, catalog, ref)
         except ValueError as exc:
             if ref.filename.endswith(".whl"):
                 rejected.append(_rejected(CandidateKind.WHEEL, desc, [f"not a valid wheel filename: {exc}"]))
@@ -231,11 +241,16 @@ def _wheel_candidates(
             wheel=ref,
         )
         if m.ok:
-            accepted.append(((facts.version, m.tag_rank or 0, ref.filename), cand))
+            # a wheel whose archs are declared (and cover this GPU) before one whose archs are unknown
+            known = 0 if facts.archs else 1
+            accepted.append(((known, m.tag_rank or 0), facts.version, cand))
         else:
             rejected.append(cand)
-    ordered = newest_first(accepted, lambda item: item[0][0], lambda item: item[0][1:])
-    return [c for _, c in ordered] + sorted(rejected, key=lambda c: c.description)
+    accepted.sort(key=lambda item: item[2].description)
+    accepted.sort(key=lambda item: item[1], reverse=True)  # ties: the newer local label (.post3 > .post2)
+    # newest public version first (a final release before its pre-releases), then declared archs, then tag rank
+    ordered = newest_first(accepted, lambda item: Version(item[1].public), lambda item: item[0])
+    return [c for _, _, c in ordered] + sorted(rejected, key=lambda c: c.description)
 
 
 def _index_candidate(

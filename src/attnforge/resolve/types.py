@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from attnforge._compat import StrEnum
+from attnforge.catalog.slim import Capabilities, SlimPlan, SlimRequest
 from attnforge.probe.snapshot import ComputeCapability, CudaToolkit
 
 
@@ -37,6 +38,7 @@ class SourceSpec:
     version: str | None = None  # pypi-sdist: the exact version to fetch
     ref: str | None = None  # git: branch, tag or commit
     subdirectory: str | None = None  # git/path: where setup.py lives inside the tree
+    submodules: tuple[str, ...] = ()  # git submodules the build needs, relative to the tree's root
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +56,10 @@ class Request:
         source: an explicit source for the build, overriding the catalog's.
         allow_unsupported_compiler: let nvcc take a host compiler outside its supported range
             (``-allow-unsupported-compiler``, at the user's risk) instead of refusing the build.
+        slim: build only these head dims / dtypes / features (``--head-dim``, ``--dtype``, ``--no-backward``,
+            ``--features``); None builds everything.
+        installed_capabilities: what the installed build of the backend can run, when it is a slim build (read
+            from its provenance by the caller); an installed build that cannot serve the request is not used.
     """
 
     backend: str
@@ -65,6 +71,8 @@ class Request:
     offline: bool = False
     source: SourceSpec | None = None
     allow_unsupported_compiler: bool = False
+    slim: SlimRequest | None = None
+    installed_capabilities: Capabilities | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,6 +96,9 @@ class BuildSpec:
         msvc_toolset: Windows: the MSVC toolset nvcc accepts, for ``vcvarsall.bat x64 -vcvars_ver=14.39``.
         allow_unsupported_compiler: the user accepted ``-allow-unsupported-compiler`` (at their risk); on
             Windows the executor adds it when no toolset fits, on Linux ``env`` already carries it.
+        capabilities: what the binary will be able to run (a slim build's head dims, dtypes, backward,
+            features); None for a full build (the backend's own table applies). Goes into the provenance.
+        slim: the slim build's switches, what it leaves out and both time estimates (None for a full build).
     """
 
     name: str
@@ -104,6 +115,8 @@ class BuildSpec:
     notes: tuple[str, ...] = ()
     msvc_toolset: str | None = None
     allow_unsupported_compiler: bool = False
+    capabilities: Capabilities | None = None
+    slim: SlimPlan | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +126,13 @@ class WheelRef:
     filename: str
     url: str  # file path or URL
     sha256: str | None = None
+    source: str | None = None  # the wheel_sources.toml id it was listed by (None: --find-links/--index-url)
+    listed_at: str | None = None  # ISO time of the listing it came from
+    grammars: tuple[str, ...] = ()  # the source's label grammars, tried first (wheel_grammars ids)
+    # What the index itself says about a wheel without a local label (the PyTorch index's ``cu130/``):
+    implied_cuda: str | None = None  # "130"
+    implied_torch: str | None = None  # "2.9"
+    implied_torch_match: str | None = None  # a TorchMatch value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,3 +181,4 @@ class CachedArtifact:
     cuda_version: str | None
     cxx11_abi: bool | None
     sha256: str
+    flags: tuple[str, ...] = ()  # the cache key's build flags (a slim build's FLASH_ATTENTION_DISABLE_*=TRUE)

@@ -22,7 +22,8 @@ from attnforge.catalog.backends import Backend
 from attnforge.catalog.recipes import CudaTag, TorchMatch, WheelGrammar, WheelLabel
 from attnforge.catalog.toolchain import Target, TargetKind, parse_major_minor
 from attnforge.probe.snapshot import ComputeCapability, SystemSnapshot, format_cc
-from attnforge.resolve.types import CachedArtifact, Request
+from attnforge.resolve.types import CachedArtifact, Request, WheelRef
+from attnforge.types.local_label import LocalLabel
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,8 +52,11 @@ class Match:
         return not self.problems
 
 
-def read_wheel(filename: str, catalog: Catalog) -> BinaryFacts:
+def read_wheel(filename: str, catalog: Catalog, ref: WheelRef | None = None) -> BinaryFacts:
     """Parse a wheel filename and its local label with the first grammar of its distribution that fits.
+
+    A wheel without a label takes what its index implies (``ref.implied_*``: the PyTorch index's
+    ``cu130/`` path says CUDA 13.0, its FA3 wheels use the stable ABI of torch >= 2.9).
 
     Raises:
         ValueError: not a valid wheel filename.
@@ -61,7 +65,31 @@ def read_wheel(filename: str, catalog: Catalog) -> BinaryFacts:
         name, version, _, tags = parse_wheel_filename(filename)
     except (InvalidWheelFilename, InvalidVersion) as exc:
         raise ValueError(str(exc)) from None
-    label, grammar = _label(catalog.grammars_for(name), version.local)
+    if version.local is None and ref is not None and ref.implied_torch_match is not None:
+        return BinaryFacts(
+            filename=filename,
+            name=name,
+            version=version,
+            tags=tags,
+            label=WheelLabel(
+                grammar=f"index:{ref.source}",
+                cuda=CudaTag.parse(ref.implied_cuda) if ref.implied_cuda else None,
+                torch=ref.implied_torch,
+                cxx11_abi=None,
+            ),
+            torch_match=TorchMatch(ref.implied_torch_match),
+            archs=(),
+        )
+    grammars = catalog.grammars_for(name)
+    if ref is not None and ref.grammars:  # the source's own grammars first: labels of publishers overlap
+        own = [catalog.wheel_grammars[g] for g in ref.grammars if g in catalog.wheel_grammars]
+        grammars = (*own, *(g for g in grammars if g not in own))
+    label, grammar = _label(grammars, version.local)
+    if label is None and version.local is not None:
+        built = _own_label(version.local)
+        if built is not None:  # a wheel attnforge built (exported, or re-served by a team): its label says it all
+            return BinaryFacts(filename=filename, name=name, version=version, tags=tags, label=built[0],
+                               torch_match=TorchMatch.MAJOR_MINOR, archs=built[1])
     return BinaryFacts(
         filename=filename,
         name=name,
@@ -71,6 +99,22 @@ def read_wheel(filename: str, catalog: Catalog) -> BinaryFacts:
         torch_match=grammar.torch_match if grammar else TorchMatch.NONE,
         archs=grammar.archs if grammar else (),
     )
+
+
+def _own_label(local: str) -> tuple[WheelLabel, tuple[Target, ...]] | None:
+    """attnforge's own label (:mod:`attnforge.types.local_label`): torch major.minor (the wheel pins
+    ``torch==X.Y.*``), CUDA, C++11 ABI and the SASS it was built with."""
+    try:
+        own = LocalLabel.parse(local)
+    except ValueError:
+        return None
+    cuda = None
+    if own.cuda is not None:
+        major, minor = parse_major_minor(own.cuda)
+        cuda = CudaTag(major=major, minor=minor)
+    label = WheelLabel(grammar="attnforge", cuda=cuda, torch=f"{own.torch[0]}.{own.torch[1]}",
+                       cxx11_abi=own.cxx11_abi)
+    return label, tuple(Target(cc=cc, kind=TargetKind.SASS) for cc in own.archs)
 
 
 def read_cached(artifact: CachedArtifact) -> BinaryFacts:
@@ -187,6 +231,7 @@ def _label_problems(facts: BinaryFacts, snapshot: SystemSnapshot, notes: list[st
                 out.append(f"{built}, torch here has CUDA {torch.cuda_version} (the CUDA majors must match)")
             elif label.cuda.minor is not None and label.cuda.minor > have[1]:
                 out.append(f"{built}, newer than torch's CUDA {torch.cuda_version}")
+        out.extend(_driver_problems(label.cuda, snapshot))
     out.extend(_torch_problems(facts, torch.version))
     if label.torch is None or facts.torch_match is TorchMatch.NONE:
         notes.append("the filename does not say which torch it needs (pip checks Requires-Dist)")
@@ -201,6 +246,23 @@ def _label_problems(facts: BinaryFacts, snapshot: SystemSnapshot, notes: list[st
             f"cxx11abi{str(torch.cxx11_abi).upper()} (undefined symbols at import)"
         )
     return out
+
+
+def _driver_problems(cuda: CudaTag, snapshot: SystemSnapshot) -> list[str]:
+    """The driver runs CUDA up to its own version (``cuda_driver_version``); a newer build cannot load."""
+    for gpu in snapshot.gpus:
+        if not gpu.cuda_driver_version:
+            continue
+        try:
+            most = parse_major_minor(gpu.cuda_driver_version)
+        except ValueError:
+            continue
+        if (cuda.major, cuda.minor or 0) > most:
+            return [
+                f"built for CUDA {cuda.text()}, the driver {gpu.driver_version or ''} runs CUDA up to "
+                f"{gpu.cuda_driver_version} (update the driver, or take a build for an older CUDA)"
+            ]
+    return []
 
 
 def _torch_problems(facts: BinaryFacts, torch_version: str) -> list[str]:
@@ -249,7 +311,10 @@ def _arch_problems(
         return out
     built = ", ".join(str(t) for t in facts.archs)
     for cc in ccs:
-        if not any(catalog.tools.runs_on(t, cc) for t in facts.archs):
+        fits = [str(t) for t in facts.archs if catalog.tools.runs_on(t, cc)]
+        if fits and out == []:
+            notes.append(f"declares code for {format_cc(cc)}: {', '.join(fits)} (checked in the binary after download)")
+        if not fits:
             name = next(
                 (g.name for g in snapshot.gpus if g.compute_capability == cc),
                 f"compute capability {format_cc(cc)}",

@@ -16,8 +16,8 @@ from attnforge.catalog import Catalog
 from attnforge.catalog.msvc import MsvcCatalog, load_msvc
 from attnforge.errors import BuildError
 from attnforge.probe.snapshot import CudaToolkit, SystemSnapshot
-from attnforge.resolve.msvc import FixKind, choose_windows_toolchain
-from attnforge.resolve.preflight import Check, allowed_unsupported
+from attnforge.resolve.checks import Check, allowed_unsupported
+from attnforge.resolve.msvc import choose_windows_toolchain
 from attnforge.types.versions import major_minor
 
 
@@ -68,9 +68,7 @@ def windows_checks(snapshot: SystemSnapshot, catalog: Catalog, toolkit: CudaTool
             check = Check(name="msvc", ok=True, reason=f"{ok}; {tc.check.problem}, nvcc decides")
         else:
             check = allowed_unsupported(Check(name="msvc", ok=False, reason=tc.check.problem or ok))
-        notes += [n for n in tc.notes[1:-1] if "allow-unsupported" not in n or check.ok]
-        if any(f.kind is FixKind.ALLOW_UNSUPPORTED for f in tc.check.fixes) and nvcc_flags:
-            notes.append(check.reason)
+        notes.extend(tc.notes[1:-1])  # what the choice had to do: another CUDA, an older toolset, the override
     if snapshot.long_paths_enabled is not True:
         notes.append(
             "LongPathsEnabled is off: attnforge builds under a short root; git clones of deep trees may "

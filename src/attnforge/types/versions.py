@@ -13,7 +13,7 @@ from typing import TypeVar
 from packaging.version import InvalidVersion, Version
 
 T = TypeVar("T")
-_DIGITS = re.compile(r"\d+(?:\.\d+)*")
+_DIGITS = re.compile(r"\d+")
 
 
 def parse_version(text: str) -> Version | None:
@@ -26,12 +26,13 @@ def parse_version(text: str) -> Version | None:
 
 def loose_version(text: str) -> Version:
     """A version for sorting tool versions that are not always PEP 440 (``"v12.8"``, ``"17.14.36310.24"``,
-    a folder name): the PEP 440 reading when there is one, else the first dotted run of digits, else ``0``."""
+    ``"CUDA_PATH_V12_8"``, a folder name): the PEP 440 reading when there is one, else every run of digits
+    joined by dots (``12.8``), else ``0``."""
     v = parse_version(text)
     if v is not None:
         return v
-    m = _DIGITS.search(text)
-    return Version(m.group(0)) if m else Version("0")
+    digits = _DIGITS.findall(text)
+    return Version(".".join(digits)) if digits else Version("0")
 
 
 def major_minor(text: str) -> str:
@@ -48,3 +49,25 @@ def newest_first(items: Iterable[T], version: Callable[[T], Version],
         out.sort(key=tiebreak)
     out.sort(key=version, reverse=True)
     return out
+
+
+#: ``"12.8"`` -> ``(12, 8)``: CUDA and torch release numbers compared as integer pairs.
+MajorMinor = tuple[int, int]
+_MAJOR_MINOR = re.compile(r"^\s*(\d+)\.(\d+)")
+
+
+def parse_major_minor(text: str) -> MajorMinor:
+    """``"12.8"``, ``"12.8.1"``, ``"2.11.0+cu130"`` -> ``(12, 8)`` / ``(2, 11)``.
+
+    Raises:
+        ValueError: not ``MAJOR.MINOR[...]``.
+    """
+    m = _MAJOR_MINOR.match(text)
+    if m is None:
+        raise ValueError(f"not a MAJOR.MINOR version: {text!r}")
+    return (int(m.group(1)), int(m.group(2)))
+
+
+def format_major_minor(v: MajorMinor) -> str:
+    """``(12, 8)`` -> ``"12.8"``."""
+    return f"{v[0]}.{v[1]}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from attnforge.dispatch.adapter import AttentionCall
+from attnforge.backends.adapter import ROUTING_ONLY, AttentionCall
 
 #: dtypes verified per device when the backend claims them: fp16/bf16 on CUDA (what the kernels are for);
 #: float32/bfloat16 on CPU (what CPU paths such as SDPA math compute in).
@@ -39,6 +39,8 @@ class VerifyCase:
     dtype: str
     causal: bool
     seed: int
+    feature: str | None = None
+    head_dim_v: int | None = None
 
     def call(self, *, device_type: str, compute_capability: tuple[int, int] | None,
              precision: str = "exact") -> AttentionCall:
@@ -48,14 +50,18 @@ class VerifyCase:
             batch=self.batch, heads_q=self.heads_q, heads_kv=self.heads_kv, seqlen_q=self.seqlen_q,
             seqlen_k=self.seqlen_k,
             head_dim=self.head_dim, causal=self.causal, needs_grad=False, precision=precision,
+            features=frozenset((self.feature,)) - ROUTING_ONLY if self.feature else frozenset(),
+            head_dim_v=self.head_dim_v, top_left=self.feature == "causal_top_left",
         )
 
     @property
     def label(self) -> str:
-        """``"bfloat16 causal B2 H8/2 S100x130 D64"``: short enough for a table cell."""
+        """``"bfloat16 causal B2 H8/2 S100x130 D64 +window"``: short enough for a table cell."""
         mask = "causal" if self.causal else "full"
+        dims = f"D{self.head_dim}" + (f"/{self.head_dim_v}" if self.head_dim_v else "")
+        extra = f" +{self.feature}" if self.feature else ""
         return (f"{self.dtype} {mask} B{self.batch} H{self.heads_q}/{self.heads_kv} "
-                f"S{self.seqlen_q}x{self.seqlen_k} D{self.head_dim}")
+                f"S{self.seqlen_q}x{self.seqlen_k} {dims}{extra}")
 
 
 def generate_cases(
@@ -94,6 +100,35 @@ def generate_cases(
                 cases.append(VerifyCase(batch=rng.randint(1, 2), heads_q=heads_kv * group, heads_kv=heads_kv,
                                         seqlen_q=sq, seqlen_k=sk, head_dim=head_dim, dtype=dtype,
                                         causal=causal, seed=rng.randrange(2**31)))
+    return cases
+
+
+def feature_cases(
+    features: frozenset[str], *, dtypes: tuple[str, ...], head_dims: tuple[int, ...], max_seqlen: int,
+    seed: int = 0,
+) -> list[VerifyCase]:
+    """Per claimed feature and dtype, one random case that uses it (GQA, Sq != Sk, causal where it matters).
+
+    The feature's inputs (mask, window, softcap, sinks, packed sequences) are drawn from the case's seed by
+    :func:`attnforge.verify.feature_inputs.case_inputs`.
+    """
+    rng = random.Random(seed ^ 0x5EED)  # noqa: S311 - test shapes, not secrets
+    top = max(8, max_seqlen)
+    cases: list[VerifyCase] = []
+    if not head_dims:
+        return cases
+    for feature in sorted(features):
+        for dtype in dtypes:
+            head_dim = head_dims[min(1, len(head_dims) - 1)]
+            heads_kv, group = rng.choice((1, 2)), rng.choice((1, 2))
+            sq = rng.randint(2, top)
+            sk = sq if feature == "varlen" else rng.randint(sq, top + 8)
+            causal = feature in ("causal_top_left", "window", "varlen") or rng.random() < 0.5
+            cases.append(VerifyCase(
+                batch=3 if feature == "varlen" else rng.randint(1, 2), heads_q=heads_kv * group, heads_kv=heads_kv,
+                seqlen_q=sq, seqlen_k=sk + (feature == "causal_top_left"), head_dim=head_dim, dtype=dtype,
+                causal=causal, seed=rng.randrange(2**31), feature=feature,
+                head_dim_v=head_dim // 2 if feature == "dv" else None))
     return cases
 
 

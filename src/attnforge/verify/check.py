@@ -16,9 +16,9 @@ from importlib import metadata
 from typing import Any
 
 from attnforge._system.runner import Runner
+from attnforge.backends.adapter import BackendAdapter, reference_attention, supported_features
 from attnforge.catalog.backends import Backend
 from attnforge.catalog.tolerances import PrecisionKind, Tolerances
-from attnforge.dispatch.adapter import BackendAdapter, reference_attention
 from attnforge.probe.backends import _probe_import, installed_distribution
 from attnforge.probe.context import ProbeContext
 from attnforge.probe.snapshot import InstalledBackend
@@ -26,6 +26,7 @@ from attnforge.records import VerifyRecord
 from attnforge.verify.cases import VerifyCase
 from attnforge.verify.compare import Comparison, compare
 from attnforge.verify.device import DeviceInfo, DeviceType
+from attnforge.verify.feature_inputs import case_inputs, check_dropout
 
 
 class CaseStatus(StrEnum):
@@ -84,6 +85,11 @@ class BackendVerification:
     def failures(self) -> tuple[CaseResult, ...]:
         return tuple(c for c in self.cases if c.status in (CaseStatus.FAILED, CaseStatus.ERROR))
 
+    @property
+    def failed_features(self) -> tuple[str, ...]:
+        """Features whose cases failed: the backend stays verified for every call that uses none of them."""
+        return tuple(sorted({c.case.feature for c in self.failures if c.case.feature}))
+
     def to_record(self) -> VerifyRecord:
         """The row stored for doctor and the dispatcher."""
         return VerifyRecord(device_key=self.device_key, backend=self.backend,
@@ -97,6 +103,7 @@ def details_json(v: BackendVerification) -> dict[str, Any]:
 
     return {
         "kind": v.kind.value,
+        "failed_features": list(v.failed_features),
         "native": _finite(to_jsonable(v.native)),
         "cases": [_finite(to_jsonable(c)) for c in v.cases],
     }
@@ -181,8 +188,11 @@ def verify_backend(
 
 
 def _all_ok(results: Sequence[CaseResult]) -> bool:
+    """Every plain case that ran passed, and something passed; a failed feature case only takes that feature
+    away (:attr:`BackendVerification.failed_features`)."""
     ran = [r for r in results if r.status is not CaseStatus.SKIPPED]
-    return bool(ran) and all(r.status is CaseStatus.PASSED for r in ran)
+    plain_ok = all(r.status is CaseStatus.PASSED for r in ran if not r.case.feature)
+    return plain_ok and any(r.status is CaseStatus.PASSED for r in ran)
 
 
 def summarize(results: Sequence[CaseResult], device: DeviceInfo) -> str:
@@ -192,14 +202,21 @@ def summarize(results: Sequence[CaseResult], device: DeviceInfo) -> str:
     if not ran:
         return f"no case runs on {device.type.value}: " + (results[0].detail if results else "no cases")
     bad = [r for r in ran if r.status is not CaseStatus.PASSED]
-    if bad:
-        first = bad[0]
+    if any(not r.case.feature for r in bad) or len(bad) == len(ran):
+        first = next((r for r in bad if not r.case.feature), bad[0])
         return f"{len(bad)} of {len(ran)} cases failed; first: {first.case.label}: {first.detail}"
+    if bad:  # only feature cases failed: the backend serves calls without those features
+        ran = [r for r in ran if r.status is CaseStatus.PASSED]
+        lost = ", ".join(sorted({r.case.feature for r in bad if r.case.feature}))
+        return (f"{summarize(ran, device)}; not used for {lost} (first failure: {bad[0].case.label}:"
+                f" {bad[0].detail})")
     dtypes = ", ".join(dict.fromkeys(r.case.dtype for r in ran))
     dims = sorted({r.case.head_dim for r in ran})
     gqa = any(r.case.heads_q != r.case.heads_kv for r in ran)
     gqa_text = "; GQA" if gqa else ""
-    text = f"{len(ran)} cases passed ({dtypes}; D {dims[0]}-{dims[-1]}; causal on/off{gqa_text})"
+    feats = sorted({r.case.feature for r in ran if r.case.feature})
+    feat_text = f"; {', '.join(feats)}" if feats else ""
+    text = f"{len(ran)} cases passed ({dtypes}; D {dims[0]}-{dims[-1]}; causal on/off{gqa_text}{feat_text})"
     return text + (f", {skipped} unsupported skipped" if skipped else "")
 
 
@@ -209,28 +226,48 @@ def _run_case(adapter: BackendAdapter, case: VerifyCase, *, device: DeviceInfo, 
     reasons = adapter.unsupported_reasons(case.call(device_type=device.type.value,
                                                     compute_capability=device.compute_capability,
                                                     precision=precision))
+    if case.feature and case.feature not in supported_features(adapter) and not reasons:
+        reasons = [f"does not support {case.feature}"]
     if reasons:
         return CaseResult(case=case, status=CaseStatus.SKIPPED, detail="; ".join(reasons))
     import torch
 
     tol = tolerances.get(kind, case.dtype)
-    q, k, v = make_inputs(case, device.torch_device)
+    q, k, v, opts = case_inputs(case, device.torch_device)
     start = time.perf_counter()
     with no_tf32():
-        ref = reference_attention(q, k, v, causal=case.causal, scale=None)
+        if case.feature == "dropout":
+            try:
+                with torch.no_grad():
+                    problem = check_dropout(adapter, q, k, v, causal=case.causal, seed=case.seed)
+            except Exception as exc:  # a backend may raise anything; it becomes the case's verdict
+                problem = _last_line(exc)
+            return CaseResult(case=case, status=CaseStatus.FAILED if problem else CaseStatus.PASSED,
+                              detail=problem or "reproducible from the seed, finite, changes the output",
+                              duration_s=time.perf_counter() - start)
+        ref = reference_attention(q, k, v, causal=case.causal, scale=None, **opts)
+        ref_lse = None
+        if opts.get("return_lse"):
+            ref, ref_lse = ref
         poison_allocator(tuple(ref.shape), getattr(torch, case.dtype), device.torch_device)
         try:
             with torch.no_grad():
-                out = adapter(q, k, v, causal=case.causal, scale=None)
+                out = adapter(q, k, v, causal=case.causal, scale=None, **opts)
             if device.type is DeviceType.CUDA:
                 torch.cuda.synchronize()
         except Exception as exc:  # a backend may raise anything; it becomes the case's verdict
             return CaseResult(case=case, status=CaseStatus.ERROR, detail=_last_line(exc),
                               duration_s=time.perf_counter() - start)
+    lse_problem = None
+    if ref_lse is not None:
+        out, lse = out
+        lse_check = compare(lse, ref_lse, tol)
+        if not lse_check.ok:
+            lse_problem = f"lse: {lse_check.describe()}"
     result = compare(out, ref, tol)
-    if result.ok and out.dtype != q.dtype:
+    if result.ok and (out.dtype != q.dtype or lse_problem):
         return CaseResult(case=case, status=CaseStatus.FAILED, comparison=result,
-                          detail=f"returned {out.dtype}, expected {q.dtype}",
+                          detail=lse_problem or f"returned {out.dtype}, expected {q.dtype}",
                           duration_s=time.perf_counter() - start)
     return CaseResult(case=case, status=CaseStatus.PASSED if result.ok else CaseStatus.FAILED,
                       detail=result.describe(), comparison=result, duration_s=time.perf_counter() - start)

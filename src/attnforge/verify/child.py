@@ -23,9 +23,9 @@ def verify_here(names: Sequence[str], *, device: str | None = None, seed: int = 
         UsageError: an unknown backend or device.
     """
     from attnforge._system.paths import home_dir
+    from attnforge.backends.registry import adapters
     from attnforge.catalog import load_catalog
     from attnforge.catalog.tolerances import load_tolerances
-    from attnforge.dispatch.registry import adapters
     from attnforge.records import RecordStore
     from attnforge.verify.device import current_device
     from attnforge.verify.run import run_verify

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from attnforge._system.runner import Runner, SubprocessRunner
+from attnforge.backends.adapter import FEATURES, BackendAdapter, supported_features
 from attnforge.catalog import Catalog
 from attnforge.catalog.tolerances import PrecisionKind, Tolerances
-from attnforge.dispatch.adapter import BackendAdapter
 from attnforge.errors import UsageError
 from attnforge.records import RecordStore
 from attnforge.verify.cases import (
@@ -19,10 +19,12 @@ from attnforge.verify.cases import (
     DEVICE_MAX_SEQLEN,
     VerifyCase,
     claimed_matrix,
+    feature_cases,
     generate_cases,
 )
 from attnforge.verify.check import BackendVerification, check_native_import, verify_backend
 from attnforge.verify.device import DeviceInfo
+from attnforge.verify.isolated import Isolation
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,7 +49,8 @@ class VerifyReport:
 
 def cases_for(adapter: BackendAdapter, catalog: Catalog, device: DeviceInfo, *,
               seed: int = 0) -> list[VerifyCase]:
-    """The cases for ``adapter``: the dtypes and head dims its catalog entry claims that this device runs."""
+    """The cases for ``adapter``: the dtypes and head dims its catalog entry claims that this device runs, and
+    a case per feature its capabilities claim (each checked against the float64 reference)."""
     entry = catalog.backends.get(adapter.name)
     device_type = device.type.value
     if entry is None:
@@ -55,20 +58,24 @@ def cases_for(adapter: BackendAdapter, catalog: Catalog, device: DeviceInfo, *,
     else:
         dtypes, head_dims = claimed_matrix(device_type=device_type, backend_dtypes=entry.dtypes,
                                            max_head_dim=entry.max_head_dim)
-    return generate_cases(dtypes=dtypes, head_dims=head_dims, max_seqlen=DEVICE_MAX_SEQLEN[device_type],
-                          seed=seed)
+    max_seqlen = DEVICE_MAX_SEQLEN[device_type]
+    plain = generate_cases(dtypes=dtypes, head_dims=head_dims, max_seqlen=max_seqlen, seed=seed)
+    claimed = supported_features(adapter) & frozenset(FEATURES)
+    return plain + feature_cases(claimed, dtypes=dtypes, head_dims=head_dims, max_seqlen=max_seqlen // 2,
+                                 seed=seed)
 
 
 def run_verify(
     names: Sequence[str], *, adapters: Mapping[str, BackendAdapter], catalog: Catalog, device: DeviceInfo,
     tolerances: Tolerances, store: RecordStore | None = None, runner: Runner | None = None,
     python: str = sys.executable, environ: Mapping[str, str] | None = None, seed: int = 0,
+    isolation: Isolation | None = None,
 ) -> VerifyReport:
     """Verify the named backends (every installed backend with a path on ``device`` when none are named).
 
     Args:
         names: backend ids; empty for "everything that can run here".
-        adapters: the registry (:func:`attnforge.dispatch.registry.adapters`).
+        adapters: the registry (:func:`attnforge.backends.registry.adapters`).
         catalog: claims (dtypes, head dims, quantized) and native modules.
         device: where to run.
         tolerances: the pass rules.
@@ -77,6 +84,7 @@ def run_verify(
         python: the interpreter whose imports are checked (this one: the numerics run here).
         environ: the subprocess environment.
         seed: seeds shapes and inputs.
+        isolation: run each backend in a child process with this timeout (None: in this process).
 
     Raises:
         UsageError: a named backend has no adapter.
@@ -101,8 +109,16 @@ def run_verify(
                 skipped[name] = why
                 continue
         native = check_native_import(entry, runner=runner, python=python, environ=env) if entry else None
-        result = verify_backend(adapter, device=device, cases=cases, tolerances=tolerances, kind=kind,
-                                native=native)
+        if isolation is None:
+            result = verify_backend(adapter, device=device, cases=cases, tolerances=tolerances, kind=kind,
+                                    native=native)
+        else:  # each backend in a child process: a crash or hang becomes this backend's failed verdict
+            from attnforge.cache.capabilities import backend_capabilities
+            from attnforge.verify.isolated import verify_in_child
+
+            result = verify_in_child(name, adapter=adapter, device=device, cases=tuple(cases),
+                                     tolerances=tolerances, kind=kind, native=native, isolation=isolation,
+                                     runner=runner, environ=env, caps=backend_capabilities(name))
         results.append(result)
         if store is not None:
             store.add_verify(result.to_record())

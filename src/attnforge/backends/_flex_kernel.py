@@ -1,6 +1,6 @@
 """The function the FlexAttention adapter compiles, in its own module so it can import torch at the top.
 
-Imported only by :mod:`attnforge.dispatch.flex` on first use.
+Imported only by :mod:`attnforge.backends.flex` on first use.
 """
 
 from __future__ import annotations

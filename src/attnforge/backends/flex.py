@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from attnforge.dispatch._base import AdapterBase
+from attnforge.backends._base import AdapterBase
 
 if TYPE_CHECKING:
     import torch
@@ -89,7 +89,7 @@ class FlexAdapter(AdapterBase):
 
 def _fresh_copy(index: int) -> Callable[..., Any]:
     """A copy of ``flex_template`` with its own code object, hence its own torch.compile cache."""
-    from attnforge.dispatch import _flex_kernel
+    from attnforge.backends import _flex_kernel
 
     template = _flex_kernel.flex_template
     code = template.__code__.replace(co_name=f"attnforge_flex_{index}")

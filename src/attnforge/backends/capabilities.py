@@ -19,14 +19,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from attnforge.backends.adapter import FEATURES, AttentionCall, required_features
 from attnforge.catalog import DATA_DIR, Catalog, load_catalog
-from attnforge.catalog._check import Collector, read_toml
-from attnforge.dispatch.adapter import AttentionCall
+from attnforge.catalog._check import Collector, read_checked
 from attnforge.types.cc import ComputeCapability, format_cc
 
-SCHEMA_VERSION = 1
 _FIELDS = {
     "devices", "layout", "causal", "empty_rows_zero", "gqa", "backward", "head_dim_multiple", "sources",
+    "features", "offers", "backward_devices", "jit_per_shape", "win_required_on",
 }
 DEVICES = ("cuda", "cpu")
 
@@ -72,6 +72,13 @@ class Capabilities:
         backward: the kernel has a backward pass.
         quantized: the kernel quantizes Q/K/V (served only with precision="allow_quantized").
         priority: tie-break when nothing was measured, lower first.
+        features: the optional features (:data:`~attnforge.backends.adapter.FEATURES`) the adapter serves.
+        offers: features the kernel has that attnforge does not route to it yet (documented, never used).
+        backward_devices: device types with a backward pass (all of ``devices`` when ``backward``).
+        jit_per_shape: the kernel is compiled per exact shape (FlexAttention), so it is only chosen where a
+            measurement showed it winning (see :mod:`attnforge.dispatch.runtime`).
+        win_required_on: device types where the backend is chosen only when bench measured it faster than
+            plain SDPA for the call's shape class (a forced SDPA kernel on CPU can at best match plain SDPA).
     """
 
     backend: str
@@ -88,6 +95,11 @@ class Capabilities:
     backward: bool
     quantized: bool
     priority: int
+    features: frozenset[str] = frozenset()
+    offers: frozenset[str] = frozenset()
+    backward_devices: tuple[str, ...] | None = None
+    jit_per_shape: bool = False
+    win_required_on: tuple[str, ...] = ()
 
     def unsupported_reasons(self, call: AttentionCall) -> list[str]:
         """Every reason this backend cannot serve ``call``; empty when it can. Pure."""
@@ -115,8 +127,14 @@ class Capabilities:
             elif call.seqlen_q > call.seqlen_k and not self.empty_rows_zero:
                 reasons.append(f"causal with Sq={call.seqlen_q} > Sk={call.seqlen_k} leaves rows with no key,"
                                " and this kernel's output for them is not known to be zero")
-        if call.needs_grad and not self.backward:
-            reasons.append("no backward pass (inference only), and an input requires grad")
+        if call.needs_grad:
+            if not self.backward:
+                reasons.append("no backward pass (inference only), and an input requires grad")
+            elif self.backward_devices is not None and call.device_type not in self.backward_devices:
+                reasons.append(f"no backward pass on {call.device_type}, and an input requires grad")
+        missing = required_features(call) - self.features
+        if missing:
+            reasons.append(f"does not support {', '.join(sorted(missing))}")
         if self.quantized and call.precision != "allow_quantized":
             reasons.append("quantizes Q/K/V; used only with precision='allow_quantized'")
         return reasons
@@ -146,9 +164,7 @@ def _packaged() -> Mapping[str, Capabilities]:
 
 
 def _load(catalog: Catalog, data_dir: Path) -> dict[str, Capabilities]:
-    doc = read_toml(data_dir / "runtime.toml")
-    errors = Collector("runtime.toml")
-    errors.schema_version(doc, SCHEMA_VERSION)
+    doc, errors = read_checked(data_dir / "runtime.toml")  # the catalog's one reader: schema check included
     out: dict[str, Capabilities] = {}
     with errors.table(doc, "runtime", "") as tables:
         for bid in sorted(set(catalog.backends) - set(tables)):
@@ -171,6 +187,10 @@ def _load(catalog: Catalog, data_dir: Path) -> dict[str, Capabilities]:
             if multiple is not None and multiple <= 0:
                 errors.add(f"{path}.head_dim_multiple", "must be positive")
             errors.str_list(raw, "sources", path, allow_empty=False)
+            features = _features(errors, raw, "features", path)
+            offers = _features(errors, raw, "offers", path)
+            backward_devices = (errors.str_list(raw, "backward_devices", path) if "backward_devices" in raw
+                                else None)
             out[bid] = Capabilities(
                 backend=bid,
                 devices=devices,
@@ -186,9 +206,25 @@ def _load(catalog: Catalog, data_dir: Path) -> dict[str, Capabilities]:
                 backward=errors.get(raw, "backward", path, bool),
                 quantized=backend.quantized,
                 priority=backend.priority,
+                features=features,
+                offers=offers,
+                backward_devices=backward_devices,
+                jit_per_shape=errors.get(raw, "jit_per_shape", path, bool, False),
+                win_required_on=(errors.str_list(raw, "win_required_on", path) if "win_required_on" in raw
+                                 else ()),
             )
     errors.finish()
     return out
+
+
+def _features(errors: Collector, raw: Mapping[str, Any], key: str, path: str) -> frozenset[str]:
+    if key not in raw:
+        return frozenset()
+    names = errors.str_list(raw, key, path)
+    for i, name in enumerate(names):
+        if name not in FEATURES:
+            errors.add(f"{path}.{key}[{i}]", f"unknown feature {name!r} (known: {', '.join(FEATURES)})")
+    return frozenset(names) & frozenset(FEATURES)
 
 
 def _enum(errors: Collector, raw: Mapping[str, Any], key: str, path: str, kind: type[StrEnum]) -> Any:
@@ -217,4 +253,7 @@ SDPA_FALLBACK = Capabilities(
     backward=True,
     quantized=False,
     priority=1000,
+    # what the SDPA adapter serves through SDPA's own arguments (attn_mask, dropout_p, top-left is_causal,
+    # Dv != D) or by building a boolean mask (window): runtime-anchors.md §3.1, §3.3 (math: masks, any head dim)
+    features=frozenset({"mask", "dropout", "causal_top_left", "window", "dv"}),
 )

@@ -1,6 +1,7 @@
-"""Adapters of the kernels that come from their own packages: FlashAttention 2/3/4, SageAttention, xFormers.
+"""Adapters of the kernels that come from their own packages: SageAttention and xFormers (FlashAttention 2/3/4:
+:mod:`attnforge.backends.flash`).
 
-Each adapter has two entries. ``__call__`` takes ``[B, H, S, D]`` tensors (the :mod:`attnforge.dispatch.adapter`
+Each adapter has two entries. ``__call__`` takes ``[B, H, S, D]`` tensors (the :mod:`attnforge.backends.adapter`
 convention); ``call_bshd`` takes and returns ``[B, S, H, D]``, the layout these kernels take natively, so the
 dispatcher hands ``layout="bshd"`` inputs straight to the kernel. ``__call__`` passes transposed *views* to
 ``call_bshd`` and transposes the output view back: no copy either way, and at most one conversion per call.
@@ -13,29 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from attnforge.dispatch._base import AdapterBase, expand_kv, first
+from attnforge.backends._base import AdapterBase, expand_kv, first
 
 if TYPE_CHECKING:
     import torch
-
-
-@dataclass(slots=True, kw_only=True)
-class FlashAttnAdapter(AdapterBase):
-    """FlashAttention 2 (``flash_attn.flash_attn_func``), 3 (``flash_attn_interface.flash_attn_func``) or 4
-    (``flash_attn.cute.flash_attn_func``): BSHD, native GQA, causal bottom-right. FA3 and FA4 return
-    ``(out, lse)`` in some versions; only ``out`` is used."""
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-                 scale: float | None) -> torch.Tensor:
-        """Run the kernel on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns ``[B, Hq, Sq, D]``."""
-        out = self.call_bshd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
-                             scale=scale)
-        return out.transpose(1, 2)
-
-    def call_bshd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-                  scale: float | None) -> torch.Tensor:
-        """Run the kernel on ``[B, Sq, Hq, D]`` / ``[B, Sk, Hkv, D]``; returns ``[B, Sq, Hq, D]``."""
-        return first(self.module().flash_attn_func(q, k, v, softmax_scale=scale, causal=causal))  # type: ignore[no-any-return]
 
 
 @dataclass(slots=True, kw_only=True)

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from attnforge.dispatch.adapter import AttentionCall
-from attnforge.dispatch.capabilities import Capabilities
+from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.capabilities import Capabilities
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +60,7 @@ class AdapterBase:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None) -> torch.Tensor:
-        """Run the kernel (see :mod:`attnforge.dispatch.adapter` for shapes and the causal rule)."""
+        """Run the kernel (see :mod:`attnforge.backends.adapter` for shapes and the causal rule)."""
         raise NotImplementedError
 
     def module(self, index: int = 0) -> Any:

@@ -1,0 +1,219 @@
+"""The exact attention fallback: every feature of :func:`attnforge.attention`, in plain torch, in float32 or more.
+
+One function, :func:`exact_attention`, answers "what is the right output" for every feature: it is the float64
+reference of verify and the tests (``accum=torch.float64``) and the fallback that serves any call no verified
+kernel supports (``accum`` float32, or float64 for float64 inputs). :class:`ExactAdapter` puts it behind the
+adapter convention under the name ``"exact"``.
+
+Semantics (those of :func:`attnforge.attention`), for query ``i`` and key ``j`` of one sequence:
+    offset: ``Sk - Sq`` with ``causal_alignment="bottom_right"`` (FlashAttention), 0 with ``"top_left"`` (SDPA).
+    causal: key ``j`` visible when ``j <= i + offset``.
+    window ``(left, right)``: visible when ``i + offset - left <= j <= i + offset + right``; a negative or
+        None side is unbounded (FlashAttention's ``window_size``, with -1 meaning infinite).
+    softcap ``c``: logits become ``c * tanh(logits / c)`` after scaling, before masks.
+    attn_mask: bool (True = visible) or additive float, broadcastable to ``[B, Hq, Sq, Sk]``.
+    sinks ``[Hq]``: one extra logit per head in the softmax denominator with no value (GPT-OSS ``s_aux``).
+    dropout_p: dropout on the normalised probabilities (scaled by ``1 / (1 - p)``), from torch's global RNG.
+    Rows that see no key are zeros, and their log-sum-exp is ``-inf`` (the sink's logit with sinks).
+    lse: ``log(sum_j exp(logit_j) [+ exp(sink)])`` per query row, float32, ``[B, Hq, Sq]``.
+    varlen: packed ``[total, H, D]`` tensors with ``cu_seqlens_q/k`` (int32 offsets, ``len = batch + 1``);
+        each sequence is attended on its own, masks aligned per sequence; lse is ``[Hq, total_q]``.
+    paged KV: K/V in pages ``[num_blocks, page_size, Hkv, D]`` addressed by ``block_table [B, blocks]``, the
+        first ``seqused_k[b]`` keys of each sequence used; the pages are gathered, then attended as dense.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnforge.backends.adapter import FEATURES, AttentionCall
+
+if TYPE_CHECKING:
+    import torch
+
+EXACT = "exact"
+
+
+def exact_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None,
+    attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, causal_alignment: str = "bottom_right",
+    window: tuple[int | None, int | None] | None = None, softcap: float | None = None,
+    sinks: torch.Tensor | None = None, return_lse: bool = False, cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    block_table: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
+    accum: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
+) -> Any:
+    """Attention in plain torch with every feature (see the module docstring).
+
+    Args:
+        q: ``[B, Hq, Sq, D]``, or packed ``[total_q, Hq, D]`` with ``cu_seqlens_q``.
+        k: ``[B, Hkv, Sk, D]`` (or ``[total_k, Hkv, D]``), Hq a multiple of Hkv.
+        v: ``[B, Hkv, Sk, Dv]`` (or ``[total_k, Hkv, Dv]``); Dv may differ from D.
+        block_table: paged KV: ``[B, blocks]`` int indices into ``k``/``v`` given as paged caches
+            ``[num_blocks, page_size, Hkv, D]``; sequence ``b`` is the pages ``block_table[b]`` in order, of which
+            the first ``seqused_k[b]`` keys are used (all of them when ``seqused_k`` is None).
+        accum: the dtype computed in (float32, or float64 for float64 inputs, when None).
+        out_dtype: the output's dtype (q's when None).
+        Others: as :func:`attnforge.attention`.
+
+    Returns:
+        The output (``[B, Hq, Sq, Dv]`` or ``[total_q, Hq, Dv]``), and with ``return_lse`` also the float32
+        log-sum-exp (``[B, Hq, Sq]`` or ``[Hq, total_q]``). Differentiable.
+    """
+    import torch
+
+    if accum is None:
+        accum = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dtype = out_dtype or q.dtype
+    opts: dict[str, Any] = {"causal": causal, "scale": scale, "dropout_p": dropout_p,
+                            "top_left": causal_alignment == "top_left", "window": window,
+                            "softcap": softcap, "sinks": sinks, "accum": accum}
+    if block_table is not None:
+        if attn_mask is not None or cu_seqlens_q is not None:
+            raise ValueError("paged attention takes no attn_mask and no cu_seqlens")
+        pages = block_table.shape[1] * k.shape[1]
+        used = seqused_k.tolist() if seqused_k is not None else [pages] * q.shape[0]
+        outs, lses = [], []
+        for b, blocks in enumerate(block_table.long()):
+            kb, vb = (t[blocks].flatten(0, 1)[: used[b]].transpose(0, 1).unsqueeze(0) for t in (k, v))
+            o, lse = _dense(q[b : b + 1], kb, vb, attn_mask=None, **opts)
+            outs.append(o)
+            lses.append(lse)
+        out = torch.cat(outs).to(dtype) if outs else q.new_zeros((*q.shape[:3], v.shape[-1]))
+        lse_all = torch.cat(lses) if lses else q.new_zeros(q.shape[:3])
+        return (out, lse_all.float()) if return_lse else out
+    if cu_seqlens_q is None:
+        out, lse = _dense(q, k, v, attn_mask=attn_mask, **opts)
+        out = out.to(dtype)
+        return (out, lse.float()) if return_lse else out
+    if cu_seqlens_k is None or attn_mask is not None:
+        raise ValueError("varlen attention needs cu_seqlens_k too, and takes no attn_mask")
+    outs, lses = [], []
+    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for (q0, q1), (k0, k1) in zip(itertools.pairwise(bounds_q), itertools.pairwise(bounds_k), strict=True):
+        o, lse = _dense(q[q0:q1].transpose(0, 1).unsqueeze(0), k[k0:k1].transpose(0, 1).unsqueeze(0),
+                        v[k0:k1].transpose(0, 1).unsqueeze(0), attn_mask=None, **opts)
+        outs.append(o[0].transpose(0, 1))
+        lses.append(lse[0])
+    out = torch.cat(outs, dim=0).to(dtype) if outs else q.new_zeros((0, q.shape[1], v.shape[-1]))
+    if not return_lse:
+        return out
+    lse_all = torch.cat(lses, dim=-1) if lses else q.new_zeros((q.shape[1], 0))
+    return out, lse_all.float()
+
+
+#: the most logits one step of the exact math holds (2**27 float32 = 512 MiB): longer queries go in row chunks
+CHUNK_ELEMENTS = 1 << 27
+
+
+def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_mask: Any,
+           dropout_p: float, top_left: bool, window: Any, softcap: float | None, sinks: Any,
+           accum: Any) -> tuple[Any, Any]:
+    """``[B, Hq, Sq, Dv]`` output and ``[B, Hq, Sq]`` lse of dense inputs, computed in ``accum``, in chunks of
+    query rows so no step holds more than :data:`CHUNK_ELEMENTS` logits."""
+    import torch
+
+    qa, ka, va = q.to(accum), k.to(accum), v.to(accum)
+    hq, hkv = qa.shape[1], ka.shape[1]
+    if hq != hkv:
+        ka = ka.repeat_interleave(hq // hkv, dim=1)
+        va = va.repeat_interleave(hq // hkv, dim=1)
+    s = scale if scale is not None else 1.0 / math.sqrt(max(1, qa.shape[-1]))
+    sq, sk = qa.shape[2], ka.shape[2]
+    step = max(1, CHUNK_ELEMENTS // max(1, qa.shape[0] * hq * sk))
+    parts = []
+    for start in range(0, max(sq, 1), step):
+        rows = slice(start, min(sq, start + step))
+        mask = attn_mask
+        if mask is not None and mask.dim() >= 2 and mask.shape[-2] > 1:
+            mask = mask[..., rows, :]
+        visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=qa.device,
+                               rows=(rows.start, rows.stop))
+        parts.append(_rows(qa[:, :, rows], ka, va, scale=s, visible=visible, attn_mask=mask, dropout_p=dropout_p,
+                           softcap=softcap, sinks=sinks, accum=accum))
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat([o for o, _ in parts], dim=2), torch.cat([lse for _, lse in parts], dim=2)
+
+
+def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any, dropout_p: float,
+          softcap: float | None, sinks: Any, accum: Any) -> tuple[Any, Any]:
+    """One chunk of query rows of :func:`_dense` (K/V already expanded to Hq heads and in ``accum``)."""
+    import torch
+
+    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            visible = attn_mask if visible is None else visible & attn_mask
+        else:
+            logits = logits + attn_mask.to(accum)
+    if visible is not None:
+        logits = logits.masked_fill(~visible, float("-inf"))
+    sk = k.shape[2]
+    peak = logits.amax(dim=-1, keepdim=True) if sk else logits.new_full((*logits.shape[:-1], 1), -math.inf)
+    sink = None
+    if sinks is not None:
+        sink = sinks.to(accum).view(1, -1, 1, 1).expand(*peak.shape)
+        peak = torch.maximum(peak, sink)
+    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak)).detach()
+    weights = torch.exp(logits - peak)
+    denom = weights.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        denom = denom + torch.exp(sink - peak)
+    empty = denom == 0
+    safe = torch.where(empty, torch.ones_like(denom), denom)
+    probs = weights / safe
+    if dropout_p > 0.0:
+        probs = torch.nn.functional.dropout(probs, p=dropout_p)
+    out = torch.matmul(probs, v)
+    lse = torch.where(empty, torch.full_like(denom, -math.inf), torch.log(safe) + peak).squeeze(-1)
+    return out, lse
+
+
+def visible_keys(seqlen_q: int, seqlen_k: int, *, causal: bool, top_left: bool,
+                 window: tuple[int | None, int | None] | None, device: Any,
+                 rows: tuple[int, int] | None = None) -> Any:
+    """The ``[Sq, Sk]`` bool mask of keys each query sees under causal and window, or None for all
+    (``rows``: only query rows ``start..stop`` of the ``seqlen_q``)."""
+    import torch
+
+    left, right = window if window is not None else (None, None)
+    left = None if left is None or left < 0 else left
+    right = None if right is None or right < 0 else right
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    if left is None and right is None:
+        return None
+    offset = 0 if top_left else seqlen_k - seqlen_q
+    start, stop = rows if rows is not None else (0, seqlen_q)
+    i = torch.arange(start, stop, device=device).unsqueeze(1) + offset
+    j = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    visible = torch.ones(stop - start, seqlen_k, dtype=torch.bool, device=device)
+    if right is not None:
+        visible &= j <= i + right
+    if left is not None:
+        visible &= j >= i - left
+    return visible
+
+
+@dataclass(slots=True, kw_only=True)
+class ExactAdapter:
+    """:func:`exact_attention` behind the adapter convention: serves every call, float32 accumulation."""
+
+    name: str = EXACT
+    features: frozenset[str] = frozenset(FEATURES)
+
+    def load_error(self) -> str | None:
+        return None
+
+    def unsupported_reasons(self, call: AttentionCall) -> list[str]:
+        return []
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None, **features: Any) -> Any:
+        return exact_attention(q, k, v, causal=causal, scale=scale, **features)

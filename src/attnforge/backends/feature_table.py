@@ -1,0 +1,108 @@
+"""``docs/features.md``: the feature x backend table, generated from the capability data.
+
+Regenerate after changing ``catalog/data/runtime.toml`` or ``backends.toml``::
+
+    PYTHONPATH=src python -m attnforge.backends.feature_table docs/features.md
+
+``tests/dispatch/test_feature_doc.py`` fails when the page and the data disagree.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from attnforge.backends.adapter import FEATURES
+from attnforge.backends.capabilities import SDPA_FALLBACK, Capabilities, load_capabilities
+from attnforge.catalog import DATA_DIR
+from attnforge.catalog._check import read_toml
+from attnforge.types.cc import format_cc
+
+_HEAD = """# Features x backends
+
+Generated from `src/attnforge/catalog/data/runtime.toml` and `backends.toml` by
+`python -m attnforge.backends.feature_table docs/features.md`; a test keeps this page in sync. Do not edit by hand.
+
+`attnforge.attention()` routes a call only to a backend that supports **every** feature the call uses (and that
+verify passed on this device); what no verified backend supports is served by `exact`, attnforge's own
+float32-accumulating math in torch, which supports all of them. Nothing is dropped.
+
+- **yes**: the adapter serves the feature; `attnforge verify` checks it against the float64 reference.
+- **kernel only**: the kernel has it, but attnforge does not route it there yet (the call goes elsewhere).
+- **-**: not available.
+
+## Semantics (the same on every backend; `attnforge/backends/exact.py` is the definition)
+
+- **causal**: `causal_alignment="bottom_right"` (default, FlashAttention) lets query `i` see key `j <= i + Sk - Sq`;
+  `"top_left"` (SDPA's `is_causal`) `j <= i`. `is_causal=` is accepted as SDPA's name for `causal=`.
+- **window** `(left, right)`: query `i` sees keys `i' - left .. i' + right`, `i'` aligned as above; None or a
+  negative side is unbounded. `attn_mask`, `causal` and `window` all apply together.
+- **softcap** `c`: logits become `c * tanh(logits / c)` after scaling, before masks (Gemma 2).
+- **sinks** `[Hq]`: one extra logit per head in the softmax denominator that carries no value (GPT-OSS `s_aux`).
+- **lse**: float32 `log(sum exp(logits) [+ exp(sink)])`, `[B, Hq, Sq]` (`[Hq, total_q]` for varlen).
+- **rows that see no key** are zeros (their lse is `-inf`); zero-sized inputs return the empty or zero result
+  without running a kernel.
+- **dropout** on the normalised probabilities, scaled by `1 / (1 - p)`, from torch's RNG (`torch.manual_seed`
+  makes it reproducible); applied whenever `dropout_p > 0`, as SDPA does.
+- **varlen**: packed `[total, H, D]` with int32 `cu_seqlens_q/k`; **paged KV**: page pools
+  `[num_blocks, page_size, Hkv, D]`, `block_table [B, blocks]`, `seqused_k [B]`.
+- Nested (jagged) tensors are refused with a hint (pass `values()` and `offsets()` as varlen).
+"""
+
+_FEATURE_LEGEND = "\n".join(f"- `{name}`: {text}" for name, text in FEATURES.items())
+
+
+def render(caps: Mapping[str, Capabilities], sources: Mapping[str, Sequence[str]]) -> str:
+    """The page for these capabilities (catalog backends in the given order, then the two fallbacks)."""
+    rows = [*caps.values(), SDPA_FALLBACK]
+    names = list(FEATURES)
+    lines = [_HEAD, "## Features", "", "| backend | " + " | ".join(f"`{n}`" for n in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for c in rows:
+        cells = ["yes" if n in c.features else ("kernel only" if n in c.offers else "-") for n in names]
+        lines.append(f"| `{c.backend}` | " + " | ".join(cells) + " |")
+    lines.append("| `exact` | " + " | ".join("yes" for _ in names) + " |")
+    lines += ["", _FEATURE_LEGEND, "", "## Limits", "",
+              "| backend | devices | compute capability | dtypes | max head dim | causal | GQA | backward |"
+              " compiled per shape | chosen only with a measured win on |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in rows:
+        backward = "-" if not c.backward else "/".join(c.backward_devices or c.devices)
+        span = f"{format_cc(c.min_cc)}-{format_cc(c.max_cc)}" if "cuda" in c.devices else "-"
+        if c is SDPA_FALLBACK:
+            span = "any"
+        head_dim = "any" if c.max_head_dim >= 1 << 20 else str(c.max_head_dim)
+        if c.head_dim_multiple > 1:
+            head_dim += f" (multiple of {c.head_dim_multiple})"
+        lines.append(f"| `{c.backend}` | {'/'.join(c.devices)} | {span} | {', '.join(c.dtypes)} | {head_dim} |"
+                     f" {c.causal.value} | {c.gqa.value} | {backward} | {'yes' if c.jit_per_shape else '-'} |"
+                     f" {'/'.join(c.devices) if c.jit_per_shape else '/'.join(c.win_required_on) or '-'} |")
+    lines.append("| `exact` | cuda/cpu | any | any float | any | any alignment | native | cuda/cpu | - | - |")
+    lines += ["", "## Sources", ""]
+    for bid in caps:
+        lines.append(f"- `{bid}`: " + "; ".join(sources.get(bid, ())))
+    lines.append("- `sdpa` (the fallback): `attnforge/backends/capabilities.py` `SDPA_FALLBACK`"
+                 " (shared/research/runtime-anchors.md §3.1, §3.3)")
+    lines.append("- `exact`: `attnforge/backends/exact.py` (attnforge's own code; semantics in its docstring)")
+    return "\n".join(lines) + "\n"
+
+
+def packaged_page() -> str:
+    """The page for the packaged catalog."""
+    doc = read_toml(DATA_DIR / "runtime.toml")
+    sources = {bid: tuple(row.get("sources", ())) for bid, row in doc.get("runtime", {}).items()}
+    return render(load_capabilities(), sources)
+
+
+def main(argv: Sequence[str]) -> int:
+    """Write the page to ``argv[0]`` (stdout when absent)."""
+    page = packaged_page()
+    if argv:
+        Path(argv[0]).write_text(page, encoding="utf-8")
+    else:
+        sys.stdout.write(page)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

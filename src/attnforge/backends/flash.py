@@ -1,0 +1,161 @@
+"""FlashAttention 2, 3 and 4 adapters, and the capabilities of a slim FlashAttention-3 build.
+
+One adapter class per major version, because the three spell the same features differently
+(runtime-anchors.md §5.1-5.3 and the crosswalk §5.7):
+
+=================  =========================  ===========================  ==============================
+feature            FA2 ``flash_attn``         FA3 ``flash_attn_interface``  FA4 ``flash_attn.cute``
+=================  =========================  ===========================  ==============================
+window (l, r)      ``window_size``, -1 = inf  ``window_size``, -1 = inf     ``window_size``, None = inf
+softcap            ``softcap`` (0 = off)      ``softcap``                   ``softcap``
+dropout            ``dropout_p``              none                          none
+sinks              none                       none                          ``learnable_sink``
+lse                ``return_attn_probs``      ``return_attn_probs``         ``return_lse``
+varlen             ``flash_attn_varlen_func`` ``flash_attn_varlen_func``    ``flash_attn_varlen_func``
+=================  =========================  ===========================  ==============================
+
+Layout: the kernels take ``[B, S, H, D]`` with only the last dim contiguous, so ``__call__`` hands them
+``transpose(1, 2)`` *views* of bhsd tensors and returns a view of their output: no copy in forward, and
+autograd's gradients flow back through the same views (no copy in backward either). Causal and windows are
+bottom-right aligned, as attnforge's default; rows that see no key come back as zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from attnforge.backends._base import AdapterBase, first
+from attnforge.backends.capabilities import Capabilities
+
+if TYPE_CHECKING:
+    import torch
+
+#: slim-build feature names (``catalog/data/backends.toml`` ``[recipes.flash-attn-3.slim] features``) -> the
+#: attention() feature each switch turns off when left out
+_BUILD_FEATURES = {"local": "window", "softcap": "softcap", "varlen": "varlen", "paged-kv": "paged",
+                   "paged": "paged", "window": "window"}
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "e4m3": "float8_e4m3fn"}
+
+
+@dataclass(slots=True, kw_only=True)
+class FlashAttnAdapter(AdapterBase):
+    """FlashAttention-2 (``flash_attn.flash_attn_func``); FA3 and FA4 subclass it with their spellings.
+
+    Plain calls pass ``softmax_scale`` and ``causal`` only (every version); FA3/FA4 return ``(out, lse)`` in
+    some versions, of which only ``out`` is used.
+    """
+
+    #: how ``window_size`` spells an unbounded side
+    unbounded: ClassVar[int | None] = -1
+    #: the keyword that asks for the log-sum-exp
+    lse_keyword: ClassVar[str] = "return_attn_probs"
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None, **features: Any) -> Any:
+        """Run the kernel on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns ``[B, Hq, Sq, Dv]``.
+
+        Varlen calls (``cu_seqlens_q`` in ``features``) take the packed ``[total, H, D]`` tensors as they are.
+        """
+        if "cu_seqlens_q" in features:
+            return self.call_bshd(q, k, v, causal=causal, scale=scale, **features)
+        out = self.call_bshd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                             scale=scale, **features)
+        if features.get("return_lse"):
+            return out[0].transpose(1, 2), out[1]
+        return out.transpose(1, 2)
+
+    def call_bshd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                  scale: float | None, **features: Any) -> Any:
+        """Run the kernel on ``[B, Sq, Hq, D]`` / ``[B, Sk, Hkv, D]``; returns ``[B, Sq, Hq, Dv]`` (and the
+        float32 lse ``[B, Hq, Sq]``, or ``[Hq, total_q]`` for varlen, with ``return_lse``)."""
+        if not features:
+            return first(self.module().flash_attn_func(q, k, v, softmax_scale=scale, causal=causal))
+        return self._with_features(q, k, v, causal=causal, scale=scale, **features)
+
+    def _with_features(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                       scale: float | None, window: Any = None, softcap: float | None = None,
+                       dropout_p: float = 0.0, sinks: Any = None, return_lse: bool = False,
+                       cu_seqlens_q: Any = None, cu_seqlens_k: Any = None, max_seqlen_q: int | None = None,
+                       max_seqlen_k: int | None = None) -> Any:
+        kwargs: dict[str, Any] = {"softmax_scale": scale, "causal": causal}
+        if window is not None:
+            kwargs["window_size"] = tuple(self.unbounded if side is None else side for side in window)
+        if softcap:
+            kwargs["softcap"] = softcap
+        if dropout_p:
+            kwargs["dropout_p"] = dropout_p
+        if sinks is not None:
+            kwargs["learnable_sink"] = sinks
+        if return_lse:
+            kwargs[self.lse_keyword] = True
+        module = self.module()
+        if cu_seqlens_q is not None:
+            result = module.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                                   **kwargs)
+        else:
+            result = module.flash_attn_func(q, k, v, **kwargs)
+        if return_lse:
+            return result[0], result[1].float()
+        return first(result)
+
+
+@dataclass(slots=True, kw_only=True)
+class FlashAttn3Adapter(FlashAttnAdapter):
+    """FlashAttention-3 (``flash_attn_interface``, Hopper): as FA2 without dropout; its capabilities can be
+    narrowed to what a slim build compiled (:func:`capabilities_from_build`)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class FlashAttn4Adapter(FlashAttnAdapter):
+    """FlashAttention-4 (``flash_attn.cute``): ``window_size`` sides are None when unbounded, sinks are
+    ``learnable_sink``, the lse is ``return_lse``."""
+
+    unbounded: ClassVar[int | None] = None
+    lse_keyword: ClassVar[str] = "return_lse"
+
+
+def capabilities_from_build(base: Capabilities, build: Mapping[str, Any]) -> Capabilities:
+    """Narrow a backend's capabilities to what one build of it compiled (a slim FlashAttention-3 build).
+
+    Args:
+        base: the backend's capabilities from the catalog (what a full build serves).
+        build: the capabilities recorded with the build (``provenance.json`` ``details.capabilities``, written
+            by the slim build; :func:`attnforge.cache.capabilities.installed_capabilities` reads them back).
+            Keys, all required:
+
+            - ``head_dims: list[int]``: the head dims kernels were built for; a head dim D runs on the
+              smallest kept one >= D (``round_up_headdim``), so the largest is the limit;
+            - ``dtypes: list[str]``: ``"bfloat16"``, ``"float16"``, ``"float8_e4m3fn"`` (``bf16``/``fp16``/
+              ``fp8`` accepted);
+            - ``backward: bool``: the backward kernels were built;
+            - ``features: list[str]``: the optional features kept, by their build switch names (``local`` =
+              sliding window, ``softcap``, ``varlen``, ``paged-kv``, ``split``, ``append-kv`` ...).
+
+    Returns:
+        ``base`` with head dims, dtypes, backward and the switchable features (window, softcap, varlen,
+        paged KV) limited to the build's; features no switch removes (lse, GQA) stay.
+
+    Raises:
+        ValueError: a key is missing or of the wrong type.
+    """
+    try:
+        head_dims = [int(d) for d in build["head_dims"]]
+        dtypes = {_DTYPE_ALIASES.get(str(d), str(d)) for d in build["dtypes"]}
+        backward = build["backward"]
+        kept = {_BUILD_FEATURES[str(f)] for f in build["features"] if str(f) in _BUILD_FEATURES}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"bad build capabilities {dict(build)!r}: {exc}") from None
+    if not isinstance(backward, bool) or not head_dims:
+        raise ValueError(f"bad build capabilities {dict(build)!r}: backward must be a bool, head_dims non-empty")
+    switchable = set(_BUILD_FEATURES.values())
+    return replace(
+        base,
+        max_head_dim=min(base.max_head_dim, max(head_dims)),
+        dtypes=tuple(d for d in base.dtypes if d in dtypes),
+        backward=base.backward and backward,
+        features=frozenset(f for f in base.features if f not in switchable or f in kept),
+        offers=frozenset(f for f in base.offers if f not in switchable or f in kept),
+    )

@@ -1,0 +1,142 @@
+"""PyTorch SDPA adapters: one per forced kernel (flash, memory-efficient, cuDNN, math) and the default.
+
+Forcing uses ``torch.nn.attention.sdpa_kernel([backend])`` (source: runtime-anchors.md §3.1), which enables
+only that kernel for the call and restores the previous flags on exit; if the kernel cannot serve the inputs
+SDPA raises instead of silently running another kernel, so a forced adapter never returns another kernel's
+result.
+
+Causal alignment: SDPA's ``is_causal`` is top-left. It is used only when Sq == Sk, where top-left and
+bottom-right agree; otherwise the adapter passes an explicit bottom-right boolean ``attn_mask`` (capability
+``causal = "mask"``) and zeroes the rows that see no key, as the float64 reference and FlashAttention do.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnforge.backends._base import AdapterBase, bottom_right_mask, expand_kv
+from attnforge.backends.capabilities import GqaMode
+from attnforge.backends.exact import visible_keys
+from attnforge.backends.sdpa_original import original_sdpa
+
+if TYPE_CHECKING:
+    import torch
+
+#: catalog id -> name of the ``torch.nn.attention.SDPBackend`` member it forces (None: SDPA chooses)
+SDPA_KERNELS: dict[str, str | None] = {
+    "sdpa-flash": "FLASH_ATTENTION",
+    "sdpa-efficient": "EFFICIENT_ATTENTION",
+    "sdpa-cudnn": "CUDNN_ATTENTION",
+    "sdpa-math": "MATH",
+    "sdpa": None,
+}
+
+
+@functools.cache
+def _safe_softmax_on_cpu() -> bool:
+    """SDPA on CPU returns zeros (with finite gradients) for rows whose mask hides every key since torch 2.5
+    (the math backend's safe softmax); tests/dispatch/test_features.py checks it with such masks. Elsewhere
+    the adapter opens those rows and zeroes them itself."""
+    import torch
+
+    from attnforge.types.versions import loose_version
+
+    return loose_version(torch.__version__).release[:2] >= (2, 5)
+
+
+@dataclass(slots=True, kw_only=True)
+class SdpaAdapter(AdapterBase):
+    """``torch.nn.functional.scaled_dot_product_attention``, optionally forced to one kernel.
+
+    Attributes:
+        kernel: the ``SDPBackend`` member name to force, or None to let SDPA choose (the fallback).
+    """
+
+    kernel: str | None = None
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None, **features: Any) -> torch.Tensor:
+        """SDPA on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns ``[B, Hq, Sq, D]``.
+
+        ``features``: ``attn_mask``, ``dropout_p``, ``window``, ``causal_alignment`` (its capabilities'
+        ``features``); causal, window and mask are folded into one SDPA ``attn_mask`` when needed.
+        """
+        sdpa: Callable[..., torch.Tensor] = original_sdpa()
+        if features:
+            return self._with_features(sdpa, q, k, v, causal=causal, scale=scale, **features)
+        if q.shape[1] == k.shape[1] and not causal:  # the common case, kept short: it runs on every call
+            if self.kernel is None:
+                return sdpa(q, k, v, scale=scale)
+            with _force(self.kernel):
+                return sdpa(q, k, v, scale=scale)
+        kwargs: dict[str, Any] = {}
+        if q.shape[1] != k.shape[1]:
+            if self.caps.gqa is GqaMode.NATIVE:
+                kwargs["enable_gqa"] = True
+            else:
+                k, v = expand_kv(k, v, q.shape[1])
+        empty = None
+        if causal:
+            if q.shape[2] == k.shape[2]:
+                kwargs["is_causal"] = True
+            else:
+                kwargs["attn_mask"], empty = bottom_right_mask(q.shape[2], k.shape[2], q.device)
+        if self.kernel is None:
+            out = sdpa(q, k, v, scale=scale, **kwargs)
+        else:
+            with _force(self.kernel):
+                out = sdpa(q, k, v, scale=scale, **kwargs)
+        if empty is not None:
+            out = out.masked_fill(empty, 0.0)
+        return out
+
+
+    def _with_features(self, sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor, *, causal: bool, scale: float | None, attn_mask: Any = None,
+                       dropout_p: float = 0.0, window: Any = None,
+                       causal_alignment: str = "bottom_right") -> torch.Tensor:
+        import torch
+
+        kwargs: dict[str, Any] = {"dropout_p": dropout_p, "scale": scale}
+        if q.shape[1] != k.shape[1]:
+            if self.caps.gqa is GqaMode.NATIVE:
+                kwargs["enable_gqa"] = True
+            else:
+                k, v = expand_kv(k, v, q.shape[1])
+        sq, sk = q.shape[2], k.shape[2]
+        top_left = causal_alignment == "top_left" or sq == sk
+        empty = None
+        if attn_mask is None and window is None and causal and top_left:
+            kwargs["is_causal"] = True  # SDPA's own top-left causal
+        else:
+            visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=q.device)
+            mask = attn_mask
+            if mask is not None and mask.dtype not in (torch.bool, q.dtype):
+                mask = mask.to(q.dtype)  # SDPA takes additive masks in q's dtype only
+            if visible is not None:
+                if mask is None or mask.dtype == torch.bool:
+                    mask = visible if mask is None else mask & visible
+                else:
+                    mask = mask.masked_fill(~visible, float("-inf"))
+            if mask is not None and not (q.device.type == "cpu" and _safe_softmax_on_cpu()):
+                # rows that see no key are opened to every key (no NaN in softmax or its gradient) and zeroed
+                seen = mask if mask.dtype == torch.bool else mask > float("-inf")
+                empty = ~seen.any(dim=-1, keepdim=True)
+                mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
+            kwargs["attn_mask"] = mask
+        if self.kernel is None:
+            out = sdpa(q, k, v, **kwargs)
+        else:
+            with _force(self.kernel):
+                out = sdpa(q, k, v, **kwargs)
+        return out if empty is None else out.masked_fill(empty, 0.0)
+
+
+def _force(kernel: str) -> Any:
+    """``sdpa_kernel([SDPBackend.<kernel>])``: only that SDPA kernel may run inside the context."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, kernel)])

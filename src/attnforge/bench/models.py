@@ -1,0 +1,115 @@
+"""``--shapes model --model config.json``: the attention shape classes a Hugging Face model really runs.
+
+From the model's ``config.json`` (transformers' ``PretrainedConfig`` field names): ``num_attention_heads``
+(Hq), ``num_key_value_heads`` (Hkv, GQA; Hq when absent), ``head_dim`` or ``hidden_size / num_attention_heads``
+(D); MLA models (DeepSeek-V2/V3) ``qk_nope_head_dim + qk_rope_head_dim`` (D) and ``v_head_dim`` (Dv);
+``sliding_window`` caps the key length that one query attends. Multimodal configs nest the language model in
+``text_config``. Per model: causal prefill at a few lengths, chunked prefill (a 512-token chunk against the
+cache) and decode (one query against the cache), forward; prefill also forward + backward (training).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnforge._system.files import read_user_file
+from attnforge.bench.grid import shrink_for_cpu
+from attnforge.errors import UsageError
+from attnforge.types.shapes import AttentionShape, Mode
+
+#: prefill lengths timed when ``--seqlen`` is not given (capped by ``max_position_embeddings``)
+PREFILL_SEQLENS = (1024, 4096)
+CHUNK = 512
+DECODE_CONTEXT = 4096
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelAttention:
+    """The attention geometry of one model config.
+
+    Attributes:
+        heads, kv_heads, head_dim, head_dim_v: ``Hq, Hkv, D, Dv``.
+        sliding_window: the window of sliding-window layers (None: full attention).
+        max_positions: ``max_position_embeddings`` (None when absent).
+        name: ``model_type`` or the file name.
+    """
+
+    name: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    sliding_window: int | None
+    max_positions: int | None
+
+
+def read_model_config(path: Path) -> ModelAttention:
+    """Read ``config.json``.
+
+    Raises:
+        UsageError: the file is missing or not JSON, or its attention sizes are missing or inconsistent.
+    """
+    raw = read_user_file(path, what="the model config",
+                         hint="pass a Hugging Face config.json (e.g. from the model's repository)")
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not JSON: {exc}", hint="pass a Hugging Face config.json") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path} is not a JSON object", hint="pass a Hugging Face config.json")
+    text = doc.get("text_config")
+    cfg: dict[str, Any] = text if isinstance(text, dict) else doc
+    heads = _int(cfg, "num_attention_heads", path)
+    if heads is None:
+        raise UsageError(f"{path} has no num_attention_heads", hint="is this a transformer model's config.json?")
+    kv_heads = _int(cfg, "num_key_value_heads", path) or heads
+    if "qk_nope_head_dim" in cfg and "qk_rope_head_dim" in cfg:
+        head_dim = (_int(cfg, "qk_nope_head_dim", path) or 0) + (_int(cfg, "qk_rope_head_dim", path) or 0)
+        head_dim_v = _int(cfg, "v_head_dim", path) or head_dim
+    else:
+        hidden = _int(cfg, "hidden_size", path)
+        head_dim = _int(cfg, "head_dim", path) or (hidden // heads if hidden else 0)
+        head_dim_v = head_dim
+    if head_dim <= 0 or heads % kv_heads:
+        raise UsageError(f"{path}: inconsistent attention sizes (heads {heads}, kv heads {kv_heads}, "
+                         f"head dim {head_dim})", hint="num_attention_heads must be a multiple of "
+                                                       "num_key_value_heads; head_dim or hidden_size is needed")
+    window = _int(cfg, "sliding_window", path) if cfg.get("use_sliding_window", True) is not False else None
+    return ModelAttention(name=str(cfg.get("model_type") or doc.get("model_type") or path.stem), heads=heads,
+                          kv_heads=kv_heads, head_dim=head_dim, head_dim_v=head_dim_v, sliding_window=window,
+                          max_positions=_int(cfg, "max_position_embeddings", path))
+
+
+def model_config_shapes(model: ModelAttention, *, dtype: str, batch: int, seqlens: tuple[int, ...],
+                        modes: tuple[Mode, ...], cpu: bool) -> list[AttentionShape]:
+    """The model's shape classes (module docstring); shrunk for a CPU like every other set.
+
+    Prefill lengths longer than ``sliding_window`` are kept at the window (what a sliding-window layer attends).
+    """
+    cap = min(x for x in (model.max_positions, model.sliding_window, 1 << 20) if x)
+    lengths = sorted({min(s, cap) for s in (seqlens or PREFILL_SEQLENS)})
+    context = min(DECODE_CONTEXT, cap)
+
+    def shape(sq: int, sk: int, mode: Mode) -> AttentionShape:
+        return AttentionShape(batch=batch, heads=model.heads, kv_heads=model.kv_heads, head_dim=model.head_dim,
+                              head_dim_v=model.head_dim_v if model.head_dim_v != model.head_dim else None,
+                              seqlen_q=sq, seqlen_k=sk, causal=sq > 1, mode=mode, dtype=dtype)
+
+    out = [shape(s, s, mode) for mode in modes for s in lengths]
+    if Mode.FWD in modes:
+        if context > CHUNK:
+            out.append(shape(CHUNK, context, Mode.FWD))
+        out.append(shape(1, context, Mode.FWD))
+    return [shrink_for_cpu(s) for s in out] if cpu else out
+
+
+def _int(cfg: dict[str, Any], key: str, path: Path) -> int | None:
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UsageError(f"{path}: {key} must be a positive integer, got {value!r}")
+    return value

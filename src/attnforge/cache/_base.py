@@ -1,0 +1,183 @@
+"""The base of :class:`~attnforge.cache.store.Store`: its paths, its writer lock and its SQLite connections.
+
+Writers take ``ROOT/cache.lock`` and a normal (WAL) connection; readers take no lock and create nothing, and
+open the database read-only and immutable where the root cannot be written or has no room left (see
+``_db.py``). Every SQLite error leaves here as a :class:`CacheError` with a hint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import filelock
+
+from attnforge.cache._db import check_root, connect_read_only, db_error, is_disk_problem, writable
+from attnforge.cache._files import CopyFn, copy_hashed
+from attnforge.errors import CacheError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS artifacts (
+    key TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    version TEXT NOT NULL,
+    filename TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    inputs TEXT NOT NULL,
+    provenance TEXT NOT NULL,
+    has_log INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    last_used_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS artifacts_name ON artifacts(name);
+"""
+#: The table as a connection-private, empty stand-in (readers never write the database).
+_EMPTY_TABLE = _SCHEMA.split(";", maxsplit=1)[0].replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE")
+
+
+class StoreBase:
+    """The store's root, its writer lock and its SQLite connections (the rest is :class:`Store`).
+
+    Args:
+        root: the cache root (tests pass a ``tmp_path``; the CLI passes ``home_dir(os.environ)``).
+        clock: Unix time in seconds (injected so ``prune`` can be tested).
+        copy_file: writes one artifact file and returns its sha256 (the seam for disk-full tests).
+        lock_timeout_s: how long a writer waits for another writer before giving up.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        copy_file: CopyFn = copy_hashed,
+        lock_timeout_s: float = 900.0,
+    ) -> None:
+        self.root = Path(root)
+        self._clock = clock
+        self._copy_file = copy_file
+        self._lock_timeout_s = lock_timeout_s
+        self._schema_ready = False
+        self._lock: filelock.FileLock | None = None
+
+    @property
+    def db_path(self) -> Path:
+        return self.root / "cache.db"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.root / "artifacts"
+
+    @property
+    def quarantine_dir(self) -> Path:
+        return self.root / "quarantine"
+
+    # -- locking and the database ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _writer(self) -> Iterator[None]:
+        check_root(self.root, write=True)
+        if self._lock is None:  # one instance per store: re-entrant within this process
+            self._lock = filelock.FileLock(str(self.root / "cache.lock"), timeout=self._lock_timeout_s)
+        try:
+            with self._lock:
+                yield
+        except filelock.Timeout:
+            raise CacheError(
+                f"another attnforge process has held the cache lock for over {self._lock_timeout_s:.0f} s",
+                cause=f"lock file {self.root / 'cache.lock'}",
+                hint="wait for the other build or install to finish, then retry",
+            ) from None
+        except OSError as exc:
+            if exc.filename is None or "cache.lock" not in str(exc.filename):
+                raise
+            raise CacheError(
+                f"cannot take the cache's writer lock {self.root / 'cache.lock'}",
+                cause=str(exc), hint="make it writable by you, or point ATTNFORGE_HOME elsewhere",
+            ) from None
+
+    @contextmanager
+    def job_lock(self, name: str) -> Iterator[None]:
+        """Serialise one job (e.g. "build flash-attn 2.8.3 for this machine") across processes.
+
+        Concurrent installs take it around *look up, else build and put*, so the second process finds the
+        first one's entry instead of building again.
+        """
+        check_root(self.root, write=True)
+        locks = self.root / "locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256(name.encode()).hexdigest()[:32]
+        lock = filelock.FileLock(str(locks / f"{digest}.lock"), timeout=-1)
+        with lock:
+            yield
+
+    def _connect(self) -> sqlite3.Connection:
+        check_root(self.root, write=True)
+        conn = sqlite3.connect(self.db_path, timeout=60.0)
+        conn.row_factory = sqlite3.Row
+        if not self._schema_ready:
+            with self._writer():
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.executescript(_SCHEMA)
+            self._schema_ready = True
+        return conn
+
+    @contextmanager
+    def _db(self, doing: str = "update the cache", *, raw: bool = False) -> Iterator[sqlite3.Connection]:
+        """A writer's connection (one transaction); SQLite errors become :class:`CacheError` unless ``raw``."""
+        check_root(self.root, write=True)
+        try:
+            conn = self._connect()
+            try:
+                with conn:
+                    yield conn
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            if raw:
+                raise
+            raise db_error(exc, self.db_path, doing) from None
+
+    @contextmanager
+    def _read(self, doing: str = "read the cache") -> Iterator[sqlite3.Connection]:
+        """A reader's connection: creates nothing, and works on a read-only or full disk (see ``_db.py``)."""
+        check_root(self.root, write=False)
+        try:
+            if not self.db_path.exists():
+                conn = sqlite3.connect(":memory:")  # no cache yet: an empty one, without creating a file
+                conn.row_factory = sqlite3.Row
+            elif self.read_only:
+                conn = connect_read_only(self.db_path)
+            else:
+                conn = self._open_for_reading()
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'artifacts'").fetchone() is None:
+                conn.execute(_EMPTY_TABLE)  # a writer created the file but not yet its table: no entries
+            try:
+                yield conn
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            raise db_error(exc, self.db_path, doing) from None
+
+    def _open_for_reading(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.db_path, timeout=60.0)
+        conn.row_factory = sqlite3.Row
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the WAL index now
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if not is_disk_problem(exc):
+                raise
+            return connect_read_only(self.db_path)  # e.g. no room for the -shm file on a full disk
+        return conn
+
+    @property
+    def read_only(self) -> bool:
+        """True when this user cannot write the state directory (a shared, read-only cache)."""
+        return self.root.exists() and not writable(self.root)

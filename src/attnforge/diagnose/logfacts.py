@@ -1,0 +1,109 @@
+"""Facts a log states about itself: the package being built, the torch it ran against, a module's full import
+path, and the log as printable text.
+
+They fill placeholders a snapshot would otherwise fill, and let the diagnosis rank a root cause the log shows
+(``torch.__version__ = 2.13.0+cpu``) above the symptom it produced ("nvcc was not found").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_PACKAGE = (
+    re.compile(r"Building wheel for (?P<name>[A-Za-z0-9][\w.-]*) \("),
+    re.compile(r"Failed (?:building wheel for|to build) (?P<name>[A-Za-z0-9][\w.-]*)"),
+    re.compile(r"attnforge: build(?:ing)? (?P<name>[A-Za-z0-9][\w.-]*)"),
+    re.compile(r"^\s*Collecting (?P<name>[A-Za-z0-9][\w.-]*?)(?:[=<>!~\[ ]|$)", re.MULTILINE),
+)
+_TORCH = (
+    re.compile(r"torch\.__version__\s*[=:]\s*['\"]?(?P<v>\d+\.\d+[\w.+-]*)"),
+    re.compile(r"\btorch(?: version)?[ :=]+(?P<v>\d+\.\d+\.\d+\+(?:cpu|cu\d+|rocm[\d.]+))\b"),
+    re.compile(r"\btorch-(?P<v>\d+\.\d+\.\d+\+(?:cpu|cu\d+|rocm[\d.]+))"),
+)
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
+_UNPRINTABLE = re.compile(r"[^\t\n\x20-\x7e\u00a0-\ufffc]+")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogFacts:
+    """What the log says about the build it records (None where it says nothing)."""
+
+    package: str | None
+    torch_version: str | None
+
+    @property
+    def torch_cpu(self) -> bool:
+        """The log shows a CPU-only torch (``+cpu`` local version)."""
+        return bool(self.torch_version and self.torch_version.endswith("+cpu"))
+
+    @property
+    def torch_cuda(self) -> str | None:
+        """``12.8`` from a ``+cu128`` torch, None otherwise."""
+        m = re.search(r"\+cu(\d+)(\d)$", self.torch_version or "")
+        return f"{m[1]}.{m[2]}" if m else None
+
+
+def log_facts(text: str) -> LogFacts:
+    return LogFacts(package=_first(_PACKAGE, text, "name"), torch_version=_first(_TORCH, text, "v"))
+
+
+def _first(patterns: tuple[re.Pattern[str], ...], text: str, group: str) -> str | None:
+    for pattern in patterns:
+        m = pattern.search(text)
+        if m is not None:
+            return m[group]
+    return None
+
+
+def printable(text: str) -> tuple[str, int]:
+    """``text`` without terminal escapes and control bytes (a binary file, a coloured log).
+
+    Returns:
+        The printable text and how many characters were dropped (escape sequences count as one).
+    """
+    no_ansi, escapes = _ANSI.subn("", text.replace("\r\n", "\n"))
+    dropped = 0
+
+    def count(m: re.Match[str]) -> str:
+        nonlocal dropped
+        dropped += len(m[0])
+        return ""
+
+    clean = _UNPRINTABLE.sub(count, no_ansi.replace("\r", "\n"))
+    return clean, dropped + escapes
+
+
+def full_module(module: str, text: str) -> str:
+    """The full import path of ``module`` as the log shows it (``_fused`` -> ``sageattention._fused``).
+
+    Windows names only the last component ("DLL load failed while importing _fused"); the traceback says where
+    it was imported from: a dotted name ending in ``.module``, or a relative import (``from . import _fused``)
+    in a file under ``site-packages/<package>/``.
+    """
+    if "." in module:
+        return module
+    dotted = re.search(rf"(?<![\w.\\/])((?:[A-Za-z_]\w*\.)+{re.escape(module)})\b(?!\.\w)", text)
+    if dotted is not None:
+        return dotted[1]
+    lines = text.splitlines()
+    relative = re.compile(rf"^\s*from \.(?:{re.escape(module)}\s+import\b|\s+import\s+.*\b{re.escape(module)}\b)")
+    for i, line in enumerate(lines):
+        if relative.search(line):
+            for prev in reversed(lines[max(0, i - 3) : i]):
+                m = re.search(r'File "(?P<path>[^"]+)"', prev)
+                if m is not None:
+                    package = _package_of(m["path"])
+                    if package:
+                        return f"{package}.{module}"
+    return module
+
+
+def _package_of(path: str) -> str | None:
+    """``C:\\...\\site-packages\\sageattention\\quant.py`` -> ``sageattention`` (the importing file's package)."""
+    parts = re.split(r"[\\/]", path)
+    for anchor in ("site-packages", "dist-packages"):
+        if anchor in parts:
+            inside = parts[parts.index(anchor) + 1 : -1]
+            return ".".join(inside) or None
+    return parts[-2] if len(parts) >= 2 and parts[-2].isidentifier() else None

@@ -1,0 +1,410 @@
+"""The feature path of :func:`attnforge.attention`: masks, dropout, windows, softcap, sinks, lse, varlen.
+
+A call that uses none of these takes the route cache of :mod:`attnforge.dispatch.runtime` (the hot path);
+every other call comes here: its arguments are checked, the features it uses are named (the names of
+:data:`attnforge.backends.adapter.FEATURES`), and it is served by the first backend in the decided order whose
+capabilities list every one of them, the SDPA fallback when it has them all, else the exact math fallback
+(:mod:`attnforge.backends.exact`). A backend gets only the keywords of the features the call uses.
+
+Also here, because the decision uses them: which adapters a call admits (:func:`admit`: features, and the
+rule for kernels compiled per shape) and how a decision ends (:func:`close_with_fallback`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from attnforge.backends.adapter import AttentionCall, BackendAdapter, required_features, supported_features
+from attnforge.backends.exact import EXACT
+from attnforge.dispatch.inputs import validate
+from attnforge.dispatch.policy import FALLBACK, Decision, Rejection
+from attnforge.errors import DispatchError
+from attnforge.records import VerifyRecord
+
+if TYPE_CHECKING:
+    import torch
+
+ALIGNMENTS = ("bottom_right", "top_left")
+#: a shape class with more exact shapes than this is dynamic (generation): no per-shape JIT kernel for it
+DYNAMIC_AFTER = 3
+
+
+def is_empty(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """bhsd ``q``/``k`` with a zero batch, head count, length or head dim: served without a kernel."""
+    return q.shape[0] == 0 or q.shape[1] == 0 or q.shape[2] == 0 or k.shape[2] == 0 or q.shape[3] == 0
+
+
+def one_line(exc: BaseException, limit: int = 240) -> str:
+    """``"Type: first line of the message"``, at most ``limit`` characters: a warning, never a trace."""
+    text = str(exc).strip().splitlines()
+    line = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops: Mapping[str, float],
+          shapes_seen: int, verified: Mapping[str, VerifyRecord] | None = None,
+          ) -> tuple[dict[str, BackendAdapter], list[Rejection]]:
+    """Split ``adapters`` into those that may serve ``call`` and those refused here, with the reason.
+
+    Refused: an adapter that lacks a feature the call uses; an adapter compiled per exact shape
+    (``caps.jit_per_shape``) unless bench measured it fastest for the call's shape class, and always once
+    the class has shown more than :data:`DYNAMIC_AFTER` exact shapes (each would compile anew); an adapter
+    whose ``caps.win_required_on`` names the call's device unless bench measured it faster than plain SDPA
+    for the class (so plain SDPA stays the default on CPU); an adapter whose verify record lists a feature
+    of the call among its ``failed_features``.
+    """
+    admitted: dict[str, BackendAdapter] = {}
+    refused: list[Rejection] = []
+    for name, adapter in adapters.items():
+        reasons = []
+        needed = required_features(call)
+        missing = needed - supported_features(adapter)
+        if missing:
+            reasons.append(f"does not support {', '.join(sorted(missing))}")
+        record = (verified or {}).get(name)
+        failed = needed & set(record.details.get("failed_features", ())) if record is not None else set()
+        if failed:
+            reasons.append(f"verify failed for {', '.join(sorted(failed))} (attnforge verify {name} says why)")
+        caps = getattr(adapter, "caps", None)
+        if call.device_type in getattr(caps, "win_required_on", ()) and not (
+                name in tflops and tflops[name] > tflops.get(FALLBACK, float("inf"))):
+            reasons.append(f"on {call.device_type} chosen only where bench measured it faster than plain SDPA"
+                           f" for this shape class (run: attnforge bench --device {call.device_type})")
+        if getattr(caps, "jit_per_shape", False):
+            best = max(tflops.values(), default=0.0)
+            if name not in tflops or tflops[name] < best:
+                reasons.append("compiles per shape and bench measured no win for this shape class")
+            elif shapes_seen > DYNAMIC_AFTER:
+                reasons.append(f"compiles per shape and this shape class changed shape {shapes_seen} times")
+        if reasons:
+            refused.append(Rejection(backend=name, reasons=tuple(reasons)))
+        else:
+            admitted[name] = adapter
+    return admitted, refused
+
+
+def close_with_fallback(decision: Decision, call: AttentionCall, fallback: BackendAdapter,
+                        refused: list[Rejection]) -> Decision:
+    """Take the ``refused`` backends out of the order (their reasons join the others); when SDPA lacks a
+    feature of the call, the exact math serves instead of it at the end of the order."""
+    extra = {r.backend: r.reasons for r in refused}
+    if not extra and not required_features(call) - supported_features(fallback):
+        return decision
+    kept = [(n, b) for n, b in zip(decision.order, decision.basis, strict=True) if n not in extra]
+    rejected = [Rejection(backend=r.backend, reasons=tuple(dict.fromkeys((*r.reasons, *extra.pop(r.backend, ())))))
+                for r in decision.rejected]
+    rejected += [Rejection(backend=name, reasons=reasons) for name, reasons in extra.items()]
+    missing = required_features(call) - supported_features(fallback)
+    if missing:
+        lacks = f"does not support {', '.join(sorted(missing))}"
+        why = f"exact fallback: float32 math in torch (SDPA {lacks})"
+        kept = [(EXACT, why) if n == FALLBACK else (n, b) for n, b in kept]
+        if all(n != EXACT for n, _ in kept):
+            kept.append((EXACT, why))
+        rejected.append(Rejection(backend=FALLBACK, reasons=(lacks,)))
+    return dataclasses.replace(decision, order=tuple(n for n, _ in kept), basis=tuple(b for _, b in kept),
+                               rejected=tuple(rejected))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Prepared:
+    """A checked feature call: the tensors the backend gets, what the decision sees, the keywords to pass.
+
+    Attributes:
+        q, k, v: bhsd views (dense) or the packed tensors (varlen).
+        probe: bhsd tensors with the call's sizes, for the decision (the q and k views when dense).
+        empty: a zero-sized call (served without a kernel).
+        uses: the features the call uses (:data:`~attnforge.backends.adapter.FEATURES` names).
+        head_dim_v: Dv when it differs from D.
+        opts: the feature keywords every backend in the order gets.
+        causal, needs_grad: as the call.
+    """
+
+    q: Any
+    k: Any
+    v: Any
+    probe: tuple[Any, Any]
+    empty: bool
+    uses: frozenset[str]
+    head_dim_v: int | None
+    opts: dict[str, Any]
+    causal: bool
+    needs_grad: bool
+
+
+def attention(q: Any, k: Any, v: Any, *, layout: str, backend: str | None, precision: str,
+              scale: float | None, **kwargs: Any) -> Any:
+    """Serve a call that uses a feature (see the module docstring); arguments as :func:`attnforge.attention`."""
+    from attnforge.dispatch import runtime
+
+    call = prepare(q, k, v, layout=layout, precision=precision, scale=scale, **kwargs)
+    out = _serve(runtime.get_dispatcher(), call, scale=scale, backend=backend, precision=precision)
+    if layout == "bshd" and "varlen" not in call.uses:
+        return (out[0].transpose(1, 2), out[1]) if "lse" in call.uses else out.transpose(1, 2)
+    return out
+
+
+def prepare(
+    q: Any, k: Any, v: Any, *, attn_mask: Any = None, dropout_p: float = 0.0, scale: float | None = None,
+    causal: bool = False, causal_alignment: str = "bottom_right", enable_gqa: bool = True, window: Any = None,
+    softcap: float | None = None, sinks: Any = None, return_lse: bool = False, cu_seqlens_q: Any = None,
+    cu_seqlens_k: Any = None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    layout: str = "bhsd", precision: str = "exact", is_causal: bool | None = None, block_table: Any = None,
+    seqused_k: Any = None,
+) -> Prepared:
+    """Check a call's arguments and name its features; raises :class:`DispatchError` for bad input."""
+
+
+    if is_causal is not None:
+        if causal and not is_causal:
+            raise DispatchError("causal=True and is_causal=False disagree", hint="pass one of them")
+        causal = bool(is_causal)
+    if causal_alignment not in ALIGNMENTS:
+        raise DispatchError(f"unknown causal_alignment {causal_alignment!r}",
+                            hint="use 'bottom_right' (FlashAttention) or 'top_left' (SDPA's is_causal)")
+    refuse_nested_or_packed(q, k, v, packed=False)
+    uses: set[str] = set()
+    opts: dict[str, Any] = {}
+    if dropout_p:
+        if not 0.0 < dropout_p < 1.0:
+            raise DispatchError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+        uses.add("dropout")
+        opts["dropout_p"] = float(dropout_p)
+    if window is not None:
+        window = _window(window)
+        if window != (None, None):
+            uses.add("window")
+            opts["window"] = window
+    if softcap:
+        if not softcap > 0:
+            raise DispatchError(f"softcap must be positive, got {softcap!r}", hint="pass None to turn it off")
+        uses.add("softcap")
+        opts["softcap"] = float(softcap)
+    if return_lse:
+        uses.add("lse")
+        opts["return_lse"] = True
+    if block_table is not None or seqused_k is not None:
+        if cu_seqlens_q is not None or cu_seqlens_k is not None or attn_mask is not None:
+            raise DispatchError("a paged KV call takes no cu_seqlens and no attn_mask",
+                                hint="seqused_k gives each sequence's length in its pages")
+        return _paged(q, k, v, block_table=block_table, seqused_k=seqused_k, layout=layout, precision=precision,
+                      scale=scale, uses=uses, opts=opts, causal=causal, alignment=causal_alignment,
+                      enable_gqa=enable_gqa, sinks=sinks)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        return _varlen(q, k, v, uses=uses, opts=opts, attn_mask=attn_mask, causal=causal,
+                       alignment=causal_alignment, enable_gqa=enable_gqa, sinks=sinks, cu_q=cu_seqlens_q,
+                       cu_k=cu_seqlens_k, max_q=max_seqlen_q, max_k=max_seqlen_k)
+    refuse_nested_or_packed(q, k, v, packed=True)
+    qh, kh, vh = validate(q, k, v, layout=layout, precision=precision, scale=scale)
+    _check_heads(qh.shape[1], kh.shape[1], enable_gqa)
+    sq, sk = qh.shape[2], kh.shape[2]
+    if causal_alignment == "top_left" and sq != sk and (causal or "window" in uses):
+        uses.add("causal_top_left")
+        opts["causal_alignment"] = "top_left"
+    if attn_mask is not None:
+        _check_mask(attn_mask, qh, kh)
+        uses.add("mask")
+        opts["attn_mask"] = attn_mask
+    if sinks is not None:
+        opts["sinks"] = _check_sinks(sinks, qh)
+        uses.add("sinks")
+    dv = vh.shape[3] if vh.shape[3] != qh.shape[3] else None
+    if dv is not None:
+        uses.add("dv")
+    return Prepared(q=qh, k=kh, v=vh, probe=(qh, kh), empty=is_empty(qh, kh) or vh.shape[3] == 0, uses=frozenset(uses),
+                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks))
+
+
+def refuse_nested_or_packed(q: Any, k: Any, v: Any, *, packed: bool) -> None:
+    """Raise the helpful error for nested tensors, and (``packed``) for 3-D inputs without ``cu_seqlens``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if getattr(t, "is_nested", False):
+            raise DispatchError(f"{name} is a nested tensor; attention() takes dense or packed tensors",
+                                hint="pass the packed values with cu_seqlens: q.values() ([total, H, D]) and"
+                                     " cu_seqlens_q=q.offsets().int(), or pad with"
+                                     " torch.nested.to_padded_tensor and pass an attn_mask")
+    if packed and getattr(q, "dim", None) is not None and q.dim() == 3:
+        raise DispatchError(f"q has 3 dimensions {tuple(q.shape)}: packed [total, H, D] inputs need"
+                            " cu_seqlens_q and cu_seqlens_k (varlen)",
+                            hint="pass cu_seqlens_q/cu_seqlens_k, or add the batch dimension: q.unsqueeze(0)"
+                                 " (then layout='bshd')")
+
+
+def _needs_grad(*tensors: Any) -> bool:
+    import torch
+
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
+def _serve(dispatcher: Any, call: Prepared, *, scale: float | None, backend: str | None,
+           precision: str) -> Any:
+    """Run the decided order on the prepared call: the first backend that does not raise serves it."""
+    import torch
+
+    from attnforge.dispatch import runtime
+
+    q, k, v, causal, opts = call.q, call.k, call.v, call.causal, call.opts
+    if call.empty:  # no kernel ever sees a zero-sized input; the exact math returns the right empty/zero result
+        return dispatcher.exact(q, k, v, causal=causal, scale=scale, **opts)
+    qp, kp = call.probe
+    decision, adapters = dispatcher._plan(qp, kp, causal=causal, precision=precision,
+                                          needs_grad=call.needs_grad, forced=backend, uses=call.uses,
+                                          head_dim_v=call.head_dim_v)
+    if backend and not adapters:
+        runtime._raise_forced(backend, decision)
+    for i, adapter in enumerate(adapters):
+        try:
+            return adapter(q, k, v, causal=causal, scale=scale, **opts)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:
+            if backend or i == len(adapters) - 1 or adapter is dispatcher.exact:
+                raise
+            dispatcher._mark_broken(adapter.name, exc, dispatcher.shape_class(qp, kp, causal, call.needs_grad))
+    return dispatcher.exact(q, k, v, causal=causal, scale=scale, **opts)  # only SDPA was left, and it broke
+
+
+def _varlen(q: Any, k: Any, v: Any, *, uses: set[str], opts: dict[str, Any], attn_mask: Any,
+            causal: bool, alignment: str, enable_gqa: bool, sinks: Any, cu_q: Any, cu_k: Any,
+            max_q: int | None, max_k: int | None) -> Prepared:
+    """Packed ``[total, H, D]`` sequences with ``cu_seqlens``: checked, then served like a dense call."""
+    import torch
+
+    if cu_q is None or cu_k is None:
+        raise DispatchError("varlen needs both cu_seqlens_q and cu_seqlens_k",
+                            hint="for self-attention pass the same offsets twice")
+    if attn_mask is not None:
+        raise DispatchError("varlen calls take no attn_mask",
+                            hint="the sequences in cu_seqlens are the mask; use causal/window for more")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise DispatchError(f"varlen {name} must be a packed [total, H, D] tensor",
+                                cause=f"got {getattr(t, 'shape', type(t).__name__)}")
+    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
+            raise DispatchError(f"{name} must be a 1-D int32 tensor of offsets [batch + 1]")
+    if cu_q.numel() != cu_k.numel() or cu_q.numel() < 1:
+        raise DispatchError("cu_seqlens_q and cu_seqlens_k must have the same length batch + 1")
+    lens_q, lens_k = (cu[1:] - cu[:-1] for cu in (cu_q, cu_k))
+    if int(cu_q[-1]) != q.shape[0] or int(cu_k[-1]) != k.shape[0] or bool((lens_q < 0).any()
+                                                                          or (lens_k < 0).any()):
+        raise DispatchError("cu_seqlens do not describe the packed tensors",
+                            cause=f"q has {q.shape[0]} rows, k {k.shape[0]}; offsets end at"
+                                  f" {int(cu_q[-1])} and {int(cu_k[-1])}",
+                            hint="offsets start at 0, never decrease and end at the packed length")
+    if k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2] or q.dtype != k.dtype or q.dtype != v.dtype:
+        raise DispatchError("varlen q, k, v disagree in length, heads, head dim or dtype",
+                            cause=f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    _check_heads(q.shape[1], k.shape[1], enable_gqa)
+    batch = cu_q.numel() - 1
+    max_q = int(lens_q.max()) if max_q is None and batch else (max_q or 0)
+    max_k = int(lens_k.max()) if max_k is None and batch else (max_k or 0)
+    uses.add("varlen")
+    opts.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+    if alignment == "top_left" and (causal or "window" in uses) and not torch.equal(lens_q, lens_k):
+        uses.add("causal_top_left")
+        opts["causal_alignment"] = "top_left"
+    if sinks is not None:
+        opts["sinks"] = _check_sinks(sinks, q.permute(1, 0, 2).unsqueeze(0))
+        uses.add("sinks")
+    dv = v.shape[2] if v.shape[2] != q.shape[2] else None
+    if dv is not None:
+        uses.add("dv")
+    empty = batch == 0 or q.shape[0] == 0 or k.shape[0] == 0 or q.shape[1] == 0
+    # bhsd stand-ins that describe the call to the decision (zero strides over q's and k's first elements)
+    probe = None if empty else (q.as_strided((batch, q.shape[1], max_q, q.shape[2]), (0, 0, 0, 1)),
+                                k.as_strided((batch, k.shape[1], max_k, k.shape[2]), (0, 0, 0, 1)))
+    return Prepared(q=q, k=k, v=v, probe=probe or (q, k), empty=empty or not max_q or not max_k,
+                    uses=frozenset(uses), head_dim_v=dv, opts=opts, causal=causal,
+                    needs_grad=_needs_grad(q, k, v, sinks))
+
+
+def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: str, precision: str,
+           scale: float | None, uses: set[str], opts: dict[str, Any], causal: bool, alignment: str,
+           enable_gqa: bool, sinks: Any) -> Prepared:
+    """A paged KV call: dense q, K/V page pools addressed by ``block_table``."""
+    import torch
+
+
+    if block_table is None:
+        raise DispatchError("seqused_k without block_table", hint="pass the block table of the paged cache")
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise DispatchError(f"paged {name} must be a page pool [num_blocks, page_size, Hkv, D]")
+    if (not isinstance(block_table, torch.Tensor) or block_table.dim() != 2
+            or block_table.dtype not in (torch.int32, torch.int64)):
+        raise DispatchError("block_table must be a 2-D int32 tensor [B, blocks]")
+    pages = block_table.shape[1] * k.shape[1]
+    if block_table.numel() and (int(block_table.min()) < 0 or int(block_table.max()) >= k.shape[0]):
+        raise DispatchError(f"block_table points outside the {k.shape[0]} pages of the cache")
+    if seqused_k is not None and (not isinstance(seqused_k, torch.Tensor) or tuple(seqused_k.shape) !=
+                                  (block_table.shape[0],) or bool((seqused_k < 0).any() | (seqused_k > pages).any())):
+        raise DispatchError(f"seqused_k must be [B] ints within 0..{pages} (the keys in each sequence's pages)")
+    if isinstance(q, torch.Tensor) and q.dim() == 4 and block_table.shape[0] != q.shape[0]:
+        raise DispatchError(f"block_table has {block_table.shape[0]} rows, q a batch of {q.shape[0]}")
+    # checked as dense calls: q in its layout against a [B, Hkv, pages, D] view of the pool's first page rows
+    probe_k, probe_v = (
+        t.as_strided((block_table.shape[0], t.shape[2], pages, t.shape[3]), (0, t.shape[3], 0, 1)) if t.numel()
+        else t.new_zeros((block_table.shape[0], t.shape[2], pages, t.shape[3])) for t in (k, v))
+    if layout == "bshd":
+        probe_k, probe_v = probe_k.transpose(1, 2), probe_v.transpose(1, 2)
+    qh, kp, _ = validate(q, probe_k, probe_v, layout=layout, precision=precision, scale=scale)
+    _check_heads(qh.shape[1], kp.shape[1], enable_gqa)
+    uses.add("paged")
+    opts.update(block_table=block_table, seqused_k=seqused_k)
+    if alignment == "top_left" and (causal or "window" in uses):
+        uses.add("causal_top_left")
+        opts["causal_alignment"] = "top_left"
+    if sinks is not None:
+        opts["sinks"] = _check_sinks(sinks, qh)
+        uses.add("sinks")
+    dv = v.shape[3] if v.shape[3] != qh.shape[3] else None
+    if dv is not None:
+        uses.add("dv")
+    return Prepared(q=qh, k=k, v=v, probe=(qh, kp), empty=is_empty(qh, kp), uses=frozenset(uses),
+                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks))
+
+
+def _window(window: Any) -> tuple[int | None, int | None]:
+    try:
+        left, right = window
+        sides = tuple(None if s is None or int(s) < 0 else int(s) for s in (left, right))
+    except (TypeError, ValueError):
+        raise DispatchError(f"window must be (left, right) with ints or None, got {window!r}",
+                            hint="None or -1 leaves a side unbounded: (128, 0) is a causal 128-token window"
+                            ) from None
+    return sides[0], sides[1]
+
+
+def _check_heads(hq: int, hkv: int, enable_gqa: bool) -> None:
+    if hq != hkv and not enable_gqa:
+        raise DispatchError(f"Hq={hq} != Hkv={hkv} with enable_gqa=False",
+                            hint="pass enable_gqa=True (the default) for grouped-query attention")
+
+
+def _check_mask(mask: Any, q: Any, k: Any) -> None:
+    import torch
+
+    if not isinstance(mask, torch.Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
+        raise DispatchError("attn_mask must be a bool or floating-point tensor",
+                            cause=f"got {getattr(mask, 'dtype', type(mask).__name__)}")
+    full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    dims = tuple(mask.shape)
+    fits = len(dims) <= 4 and all(m in (1, f) for m, f in zip(dims[::-1], full[::-1], strict=False))
+    if not fits or mask.device != q.device:
+        raise DispatchError(f"attn_mask {tuple(mask.shape)} on {mask.device} does not broadcast to"
+                            f" [B, Hq, Sq, Sk] = {list(full)} on {q.device}",
+                            hint="masks are [B or 1, Hq or 1, Sq or 1, Sk], in either layout")
+
+
+def _check_sinks(sinks: Any, q: Any) -> Any:
+    import torch
+
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point() or tuple(sinks.shape) != (q.shape[1],):
+        raise DispatchError(f"sinks must be a float tensor of shape [Hq] = [{q.shape[1]}]",
+                            cause=f"got {getattr(sinks, 'shape', type(sinks).__name__)}")
+    if sinks.device != q.device:
+        raise DispatchError(f"sinks are on {sinks.device}, q on {q.device}")
+    return sinks

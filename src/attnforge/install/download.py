@@ -1,0 +1,98 @@
+"""Stream a wheel to disk with a progress bar, hashing it on the way, and check it against its digest.
+
+A wheel with a published sha256 (a GitHub asset's ``digest``, an index's ``#sha256=``) must match it; one
+without is hashed and the hash is recorded as "recorded on first use" in the cache's provenance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attnforge.errors import CacheError, InstallError
+from attnforge.fetch.http import USER_AGENT, open_url
+
+CHUNK = 1 << 20
+
+
+def stream(
+    url: str,
+    target: Path,
+    *,
+    timeout_s: float = 300.0,
+    progress: bool | None = None,
+    opener: Callable[..., Any] = open_url,
+) -> str:
+    """Download ``url`` into ``target`` and return its sha256 (hex).
+
+    ``progress`` None shows a rich progress bar on stderr when stderr is a terminal.
+
+    Raises:
+        InstallError: the download failed (the partial file is removed).
+    """
+    show = sys.stderr.isatty() if progress is None else progress
+    digest = hashlib.sha256()
+    req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})  # noqa: S310
+    try:
+        with opener(req, timeout=timeout_s) as resp, target.open("wb") as out:
+            total = int(resp.headers.get("Content-Length") or 0) or None
+            with _bar(show, target.name, total) as advance:
+                while chunk := resp.read(CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    advance(len(chunk))
+    except (urllib.error.URLError, OSError) as exc:
+        if isinstance(exc, urllib.error.HTTPError):
+            exc.close()
+        target.unlink(missing_ok=True)
+        raise InstallError(
+            f"could not download {url}", cause=str(getattr(exc, "reason", None) or exc),
+            hint="check the network or proxy (https_proxy), or put the wheel in a --find-links directory",
+        ) from None
+    return digest.hexdigest()
+
+
+class _bar:  # noqa: N801 - used like a function in a with statement
+    def __init__(self, show: bool, name: str, total: int | None) -> None:
+        self.show, self.name, self.total = show, name, total
+        self.progress: Any = None
+
+    def __enter__(self) -> Callable[[int], None]:
+        if not self.show:
+            return lambda n: None
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+        self.progress = Progress(
+            "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            console=Console(stderr=True), transient=True,
+        )
+        self.progress.__enter__()
+        task = self.progress.add_task(f"download {self.name}", total=self.total)
+        return lambda n: self.progress.advance(task, n)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+
+def check_digest(filename: str, url: str, actual: str, published: str | None) -> str:
+    """``"published"`` when ``actual`` matches the published sha256, ``"recorded on first use"`` when none is.
+
+    Raises:
+        CacheError: the published digest does not match.
+    """
+    if published is None:
+        return "recorded on first use"
+    if actual != published.lower():
+        raise CacheError(
+            f"{filename} does not match its published sha256; it was not installed",
+            cause=f"expected {published}, got {actual} ({url})",
+            hint="the file was corrupted or replaced; fetch it again from a trusted source",
+        )
+    return "published"

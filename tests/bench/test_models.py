@@ -1,0 +1,60 @@
+"""Shapes from a Hugging Face config.json: GQA, MLA's Dv, sliding windows, nested text configs, bad files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attnforge.bench.models import model_config_shapes, read_model_config
+from attnforge.errors import UsageError
+from attnforge.types.shapes import Mode
+
+
+def _write(tmp_path: Path, doc: object) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def test_mistral_sliding_window_caps_the_lengths_and_nested_text_config_is_read(tmp_path: Path) -> None:
+    # trimmed from mistralai/Mistral-7B-v0.1 config.json, nested as a multimodal model nests its text model
+    cfg = {"model_type": "llava", "text_config": {"model_type": "mistral", "hidden_size": 4096,
+                                                  "num_attention_heads": 32, "num_key_value_heads": 8,
+                                                  "sliding_window": 2048}}
+    model = read_model_config(_write(tmp_path, cfg))
+    assert (model.name, model.heads, model.kv_heads, model.head_dim, model.sliding_window) == (
+        "mistral", 32, 8, 128, 2048)
+    shapes = model_config_shapes(model, dtype="bfloat16", batch=1, seqlens=(), modes=(Mode.FWD, Mode.FWD_BWD),
+                                 cpu=False)
+    assert {(s.mode, s.seqlen_q, s.seqlen_k) for s in shapes} == {
+        (Mode.FWD, 1024, 1024), (Mode.FWD, 2048, 2048), (Mode.FWD_BWD, 1024, 1024), (Mode.FWD_BWD, 2048, 2048),
+        (Mode.FWD, 512, 2048), (Mode.FWD, 1, 2048)}
+    assert all(s.heads == 32 and s.kv_heads == 8 for s in shapes)
+
+
+def test_gemma_head_dim_wins_over_hidden_size(tmp_path: Path) -> None:
+    # google/gemma-7b: hidden 3072, 16 heads of 256 (not 3072 / 16 = 192)
+    model = read_model_config(_write(tmp_path, {"hidden_size": 3072, "num_attention_heads": 16, "head_dim": 256}))
+    assert (model.head_dim, model.kv_heads) == (256, 16)
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    pytest.param([1, 2], "not a JSON object", id="not-an-object"),
+    pytest.param({"hidden_size": 4096}, "no num_attention_heads", id="not-a-transformer"),
+    pytest.param({"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 5},
+                 "inconsistent attention sizes", id="heads-not-a-multiple"),
+    pytest.param({"hidden_size": 4096, "num_attention_heads": "32"}, "must be a positive integer", id="string"),
+    pytest.param({"num_attention_heads": 32}, "inconsistent attention sizes", id="no-head-dim"),
+])
+def test_bad_configs_say_what_is_wrong(tmp_path: Path, doc: object, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        read_model_config(_write(tmp_path, doc))
+
+
+def test_a_file_that_is_not_json(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text("{nope", encoding="utf-8")
+    with pytest.raises(UsageError, match="is not JSON"):
+        read_model_config(path)

@@ -1,0 +1,105 @@
+"""A pure C++ torch extension (CppExtension, no .cu) builds through `attnforge build --source` on a CPU torch:
+the CUDA preflight (torch's CUDA, nvcc, archs) does not apply to it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from attnforge.catalog import load_catalog
+from attnforge.probe.snapshot import SystemSnapshot
+from attnforge.resolve.buildspec import plan_build
+from attnforge.resolve.cpu_only import cpu_only_source
+from attnforge.resolve.types import Request, SourceKind, SourceSpec
+from tests._fakes import FIXTURES
+from tests.conftest import SRC
+from tests.install.fixture_build import EXT_PKG
+
+CPU = SystemSnapshot.load(FIXTURES / "snapshots" / "cpu_dev_torch2.13_cpu.json")
+
+
+def path_source(path: Path) -> SourceSpec:
+    return SourceSpec(kind=SourceKind.PATH, location=str(path))
+
+
+def project(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("files", "cpu_only"),
+    [
+        ({"setup.py": "CppExtension('m', ['m.cpp'])", "m.cpp": ""}, True),
+        ({"setup.py": "CUDAExtension('m', ['m.cpp'])", "m.cpp": ""}, False),
+        ({"setup.py": "CppExtension('m', ['m.cpp'])", "m.cpp": "", "csrc/k.cu": ""}, False),
+        ({"setup.py": "", "csrc/k.cuh": "", "m.cc": ""}, False),
+        ({"pyproject.toml": "[project]\nname='x'", "x/__init__.py": ""}, False),  # nothing to compile
+        ({"CMakeLists.txt": "project(x LANGUAGES CXX CUDA)", "m.cpp": ""}, False),
+        ({"setup.py": "", "m.cpp": "", "build/old.cu": ""}, True),  # a stale build tree is not the source
+    ],
+)
+def test_cuda_sources_are_detected(files: dict[str, str], cpu_only: bool, tmp_path: Path) -> None:
+    root = project(tmp_path / "src", files)
+    assert (cpu_only_source(path_source(root)) is not None) is cpu_only
+
+
+def test_sdists_are_read_without_unpacking(tmp_path: Path) -> None:
+    tgz = tmp_path / "ext-0.1.tar.gz"
+    with tarfile.open(tgz, "w:gz") as tf:
+        tf.add(EXT_PKG, arcname="ext-0.1")
+    assert cpu_only_source(path_source(tgz)) is not None
+    zipped = tmp_path / "cuda-0.1.zip"
+    with zipfile.ZipFile(zipped, "w") as zf:
+        zf.writestr("cuda-0.1/setup.py", "CUDAExtension")
+        zf.writestr("cuda-0.1/k.cpp", "")
+    assert cpu_only_source(path_source(zipped)) is None
+
+
+def test_git_and_url_sources_are_assumed_to_need_cuda() -> None:
+    assert cpu_only_source(SourceSpec(kind=SourceKind.GIT, location="https://github.com/x/y")) is None
+    assert cpu_only_source(None) is None
+
+
+def test_the_preflight_of_a_cpp_extension_passes_on_a_cpu_torch() -> None:
+    request = Request(backend="af-ext-fixture", from_source=True, source=path_source(EXT_PKG))
+    decision = plan_build(CPU, load_catalog(), request)
+    assert decision.preflight.ok, [c.text() for c in decision.preflight.failures]
+    assert decision.preflight.cpu_only
+    assert {c.name for c in decision.preflight.checks} == {"torch", "host-compiler", "ninja", "ram", "disk"}
+    assert decision.spec is not None
+    assert "CUDA_HOME" not in decision.spec.env
+    assert "TORCH_CUDA_ARCH_LIST" not in decision.spec.env
+
+
+def test_a_cuda_extension_is_still_refused_on_a_cpu_torch(tmp_path: Path) -> None:
+    root = project(tmp_path / "cuda_ext", {"setup.py": "CUDAExtension('m', ['m.cu'])", "m.cu": ""})
+    request = Request(backend="cuda-ext", from_source=True, source=path_source(root))
+    decision = plan_build(CPU, load_catalog(), request)
+    assert not decision.preflight.ok
+    assert any(c.name == "torch-cuda" for c in decision.preflight.failures)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_attnforge_build_compiles_a_cpp_extension_with_the_real_gcc(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("no C++ compiler")
+    src = shutil.copytree(EXT_PKG, tmp_path / "ext")
+    env = {**os.environ, "PYTHONPATH": str(SRC), "ATTNFORGE_HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, "-m", "attnforge", "build", "--source", str(src), "--quiet"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [wheel] = (tmp_path / "home").rglob("af_ext_fixture-0.1.0-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        assert any(n.startswith("af_ext_fixture/_C") and n.endswith(".so") for n in zf.namelist())

@@ -1,0 +1,158 @@
+"""A sweep of bad inputs over every verb: each ends in ``error:`` + ``hint:`` and exit 2 (bad input) or 1 (not
+possible here), never a traceback; under ``--json`` the error is a JSON document on stdout too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attnforge.cli import main
+from tests.conftest import REPO
+
+CPU_SNAPSHOT = str(REPO / "tests" / "fixtures" / "snapshots" / "cpu_dev_torch2.13_cpu.json")
+MISSING = "/nonexistent/attnforge-test/none"
+
+
+def files(tmp: Path) -> dict[str, str]:
+    """Bad files a user might pass: broken JSON, a JSON list, a binary blob, a directory, an empty file."""
+    (tmp / "bad.json").write_text("{not json")
+    (tmp / "list.json").write_text("[1, 2]")
+    (tmp / "blob.bin").write_bytes(bytes(range(256)) * 4)
+    (tmp / "empty").write_text("")
+    (tmp / "dir").mkdir()
+    return {"BAD": str(tmp / "bad.json"), "LIST": str(tmp / "list.json"), "BLOB": str(tmp / "blob.bin"),
+            "DIR": str(tmp / "dir"), "EMPTY": str(tmp / "empty")}
+
+
+# argv (with {BAD}-style placeholders), expected exit code
+CASES: list[tuple[str, int]] = [
+    ("nosuchverb", 2),
+    ("doctor --bogus", 2),
+    ("doctor --snapshot " + MISSING, 2),
+    ("doctor --snapshot {BAD}", 2),
+    ("doctor --snapshot {LIST}", 2),
+    ("doctor --snapshot {BLOB}", 2),
+    ("doctor --snapshot {DIR}", 2),
+    ("probe --snapshot x", 2),
+    ("plan", 2),
+    ("plan no-such-backend --snapshot " + CPU_SNAPSHOT, 2),
+    ("plan flash-attn==not.a.version! --snapshot " + CPU_SNAPSHOT, 2),
+    ("plan flash-attn --arch 99x --snapshot " + CPU_SNAPSHOT, 2),
+    ("plan flash-attn --arch sm_ --snapshot " + CPU_SNAPSHOT, 2),
+    ("plan flash-attn --snapshot {EMPTY}", 2),
+    ("plan flash-attn --find-links " + MISSING + " --snapshot " + CPU_SNAPSHOT, 2),
+    ("build --source " + MISSING + " --snapshot " + CPU_SNAPSHOT, 2),
+    ("build no-such-backend --snapshot " + CPU_SNAPSHOT, 2),
+    ("build flash-attn --jobs 0 --snapshot " + CPU_SNAPSHOT, 2),
+    ("build flash-attn --arch 1.x --snapshot " + CPU_SNAPSHOT, 2),
+    ("diagnose " + MISSING, 2),
+    ("diagnose {DIR}", 2),
+    ("diagnose {BLOB} --snapshot {BAD}", 2),
+    ("install no-such-backend", 2),
+    ("install flash-attn==bad!version", 2),
+    ("install flash-attn --arch nope", 2),
+    ("verify --device tpu", 2),
+    ("bench --shapes nope", 2),
+    ("bench --dtype int3", 2),
+    ("cache show 0000deadbeef", 1),
+    ("cache rm 0000deadbeef", 1),
+    ("cache import " + MISSING, 2),
+    ("cache import {BLOB}", 2),
+    ("cache prune --max-size lots", 2),
+    ("cache prune --older-than yesterday", 2),
+    ("cargo-env no-such-crate", 2),
+    ("cargo-env candle-flash-attn --compute-cap x --print --crate-version 0.9.1 --snapshot " + CPU_SNAPSHOT, 2),
+    ("cargo-env candle-flash-attn --cargo-lock " + MISSING + " --print --snapshot " + CPU_SNAPSHOT, 2),
+]
+
+
+def check(code: int, err: str, expected: int) -> None:
+    assert "Traceback" not in err, err
+    assert code == expected, err
+    assert "error:" in err, err
+    assert "hint:" in err, err
+
+
+@pytest.mark.parametrize(("line", "expected"), CASES, ids=[c[0][:60] for c in CASES])
+def test_bad_input_is_an_error_with_a_hint(
+    line: str, expected: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = line.format(**files(tmp_path)).split()
+    code = main(argv)
+    check(code, capsys.readouterr().err, expected)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["doctor --snapshot {BAD} --json", "plan no-such-backend --json --snapshot " + CPU_SNAPSHOT,
+     "cargo-env no-such-crate --json", "diagnose " + MISSING + " --json"],
+)
+def test_under_json_the_error_is_json_on_stdout(line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(line.format(**files(tmp_path)).split())
+    out, err = capsys.readouterr()
+    check(code, err, 2)
+    doc = json.loads(out)
+    assert doc["schema_version"] == 1
+    assert doc["kind"] == "error"
+    assert set(doc["error"]) >= {"message", "cause", "hint"}
+    assert doc["error"]["hint"]
+
+
+@pytest.mark.parametrize("line", ["cache list", "cache list --json", "cache export {DIR}/out", "cache prune",
+                                  "cache import {DIR}", "install flash-attn --find-links {DIR} --offline"])
+def test_attnforge_home_being_a_file_is_bad_input(
+    line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home-is-a-file"
+    home.write_text("")
+    monkeypatch.setenv("ATTNFORGE_HOME", str(home))
+    code = main(line.format(**files(tmp_path)).split())
+    err = capsys.readouterr().err
+    check(code, err, 2)
+    assert "ATTNFORGE_HOME" in err
+
+
+def _boom(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("kaboom from a bug")
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_an_unexpected_exception_is_an_internal_error_with_a_log(
+    verbose: bool, attnforge_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("attnforge.catalog.load_catalog", _boom)  # doctor imports it when it runs
+    code = main(["doctor", "--snapshot", CPU_SNAPSHOT, *(["-v"] if verbose else [])])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "error: internal error: RuntimeError: kaboom from a bug" in err
+    assert "hint: please report it at" in err
+    [log] = (attnforge_home / "logs").glob("internal-error-*.log")
+    assert "Traceback" in log.read_text() and "kaboom" in log.read_text()
+    assert str(log) in err
+    assert ("Traceback (most recent call last)" in err) is verbose
+
+
+def test_an_internal_error_under_json_is_json(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("attnforge.catalog.load_catalog", _boom)  # doctor imports it when it runs
+    assert main(["doctor", "--snapshot", CPU_SNAPSHOT, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["message"].startswith("internal error")
+    assert "report" in doc["error"]["hint"]
+
+
+def test_help_names_the_environment_and_verbose(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in ("ATTNFORGE_HOME", "ATTNFORGE_AUTOTUNE", "GITHUB_API_URL", "GITHUB_TOKEN", "--verbose"):
+        assert name in out
+
+
+@pytest.mark.parametrize("argv", [[], ["cache"]])
+def test_no_command_prints_the_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "Usage: attnforge" in out
+    assert "error:" not in err

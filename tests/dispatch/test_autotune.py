@@ -1,0 +1,123 @@
+"""Measure on first use: the first call of an unmeasured class times the verified candidates on its tensors,
+stores the result for this device, later calls reuse it, and the returned output never changes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import attnforge
+from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.dispatch import runtime
+from attnforge.records import RecordStore, VerifyRecord, device_key
+
+CPU_KEY = device_key("cpu", None, torch.__version__)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Timed:
+    """A verified backend at the seam: exact output, each call advances the fake clock by ``cost_ms``."""
+
+    name: str
+    clock: FakeClock
+    cost_ms: float
+    calls: int = 0
+    grads_seen: list[bool] = field(default_factory=list)
+
+    def load_error(self) -> str | None:
+        return None
+
+    def unsupported_reasons(self, call: AttentionCall) -> list[str]:
+        return []
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None) -> torch.Tensor:
+        self.calls += 1
+        self.clock.now += self.cost_ms / 1e3
+        return reference_attention(q, k, v, causal=causal, scale=scale).to(q.dtype)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> RecordStore:
+    s = RecordStore(tmp_path / "home")
+    for name in ("slow", "fast"):
+        s.add_verify(VerifyRecord(device_key=CPU_KEY, backend=name, backend_version="1", ok=True, summary="ok"))
+    return s
+
+
+@pytest.fixture
+def setup(store: RecordStore) -> Iterator[tuple[FakeClock, Timed, Timed, Timed]]:
+    clock = FakeClock()
+    slow, fast, sdpa = Timed("slow", clock, 5.0), Timed("fast", clock, 1.0), Timed("sdpa", clock, 3.0)
+    d = runtime.Dispatcher({"slow": slow, "fast": fast}, fallback=sdpa, priorities={"slow": 1, "fast": 2},
+                           records=store)
+    previous = runtime.set_dispatcher(d)
+    yield clock, slow, fast, sdpa
+    runtime.set_dispatcher(previous)
+
+
+def _qkv(grad: bool = False) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(3)
+    return tuple(torch.randn(1, h, 16, 8, generator=g).requires_grad_(grad) for h in (4, 2, 2))
+
+
+def test_first_call_measures_stores_and_later_calls_reuse(store: RecordStore, setup: Any) -> None:
+    clock, slow, fast, sdpa = setup
+    q, k, v = _qkv()
+    assert attnforge.explain(q, k, v).chosen == "slow"  # unmeasured: catalog priority
+    with attnforge.autotune(budget_s=0.05, rounds=2, clock=clock):
+        out = attnforge.attention(q, k, v)
+        timed = (slow.calls, fast.calls, sdpa.calls)
+        again = attnforge.attention(q, k, v)
+    assert min(timed) > 2  # every verified candidate (and plain SDPA) was timed on the first call
+    assert (slow.calls, fast.calls, sdpa.calls) == (timed[0], timed[1] + 1, timed[2])  # reused, served by fast
+    torch.testing.assert_close(out, reference_attention(q, k, v, causal=False, scale=None).float())
+    torch.testing.assert_close(again, out)
+    records = store.bench_records(CPU_KEY)
+    assert {r.backend for r in records} == {"slow", "fast", "sdpa"}
+    assert all(r.run_id.startswith("autotune-") and r.ms_lo is not None for r in records)
+    assert attnforge.explain(q, k, v).chosen == "fast"  # persisted: outside the context too
+    # a fresh process (dispatcher) reads the stored result without measuring again
+    fresh = runtime.Dispatcher({"slow": slow, "fast": fast}, fallback=sdpa, records=store)
+    runtime.set_dispatcher(fresh)
+    with attnforge.autotune(budget_s=0.05, clock=clock):
+        before = slow.calls
+        attnforge.attention(q, k, v)
+    assert slow.calls == before
+
+
+def test_backward_is_timed_on_copies_and_leaves_the_callers_grads_alone(setup: Any) -> None:
+    clock, *_ = setup
+    q, k, v = _qkv(grad=True)
+    with attnforge.autotune(budget_s=0.02, rounds=1, clock=clock):
+        out = attnforge.attention(q, k, v)
+    assert q.grad is None and k.grad is None and v.grad is None
+    out.sum().backward()
+    ref = reference_attention(q.detach(), k.detach(), v.detach(), causal=False, scale=None)
+    torch.testing.assert_close(out.detach().double(), ref)
+    assert q.grad is not None
+
+
+def test_env_variable_turns_it_on_and_off_means_no_timing(setup: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    _clock, slow, fast, _sdpa = setup
+    q, k, v = _qkv()
+    attnforge.attention(q, k, v)
+    assert (slow.calls, fast.calls) == (1, 0)  # off by default: the policy's first choice serves, nothing timed
+    monkeypatch.setenv("ATTNFORGE_AUTOTUNE", "1")
+    runtime.get_dispatcher()._routes.clear()
+    q2, k2, v2 = (t[..., :8, :] for t in _qkv())  # another class (Sq 8): decided afresh, so measured now
+    attnforge.attention(q2, k2, v2)
+    assert fast.calls > 1

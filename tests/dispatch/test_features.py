@@ -1,0 +1,335 @@
+"""attention()'s features on CPU: numerics against a float64 reference written independently here (a loop per
+query row), gradients, dropout, zero-sized inputs, varlen, and the errors for inputs it refuses."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import attnforge
+from attnforge.backends.adapter import reference_attention
+from attnforge.dispatch import runtime
+from attnforge.errors import DispatchError
+from attnforge.records import RecordStore
+
+
+@pytest.fixture(autouse=True)
+def default_dispatcher(tmp_path: Path) -> Iterator[runtime.Dispatcher]:
+    """The real registry over an empty record store: SDPA or the exact fallback serve every call."""
+    previous = runtime.set_dispatcher(runtime.Dispatcher(records=RecordStore(tmp_path / "home")))
+    yield runtime.get_dispatcher()
+    runtime.set_dispatcher(previous)
+
+
+def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+          scale: float | None = None, attn_mask: torch.Tensor | None = None, top_left: bool = False,
+          window: tuple[int | None, int | None] | None = None, softcap: float | None = None,
+          sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition, one query row at a time in float64: ``(out [B, Hq, Sq, Dv], lse [B, Hq, Sq])``."""
+    b, hq, sq, d = q.shape
+    hkv, sk, dv = k.shape[1], k.shape[2], v.shape[3]
+    s = scale if scale is not None else 1 / math.sqrt(d)
+    mask = None if attn_mask is None else attn_mask.expand(b, hq, sq, sk)
+    out = torch.zeros(b, hq, sq, dv, dtype=torch.float64)
+    lse = torch.full((b, hq, sq), -math.inf, dtype=torch.float64)
+    left, right = window or (None, None)
+    offset = 0 if top_left else sk - sq
+    for bi in range(b):
+        for h in range(hq):
+            kv = h // (hq // hkv)
+            for i in range(sq):
+                logits, values = [], []
+                for j in range(sk):
+                    if causal and j > i + offset:
+                        continue
+                    if right is not None and j > i + offset + right:
+                        continue
+                    if left is not None and j < i + offset - left:
+                        continue
+                    x = float(q[bi, h, i].double() @ k[bi, kv, j].double()) * s
+                    if softcap:
+                        x = softcap * math.tanh(x / softcap)
+                    if mask is not None:
+                        if mask.dtype == torch.bool:
+                            if not mask[bi, h, i, j]:
+                                continue
+                        else:
+                            x += float(mask[bi, h, i, j])
+                    logits.append(x)
+                    values.append(v[bi, kv, j].double())
+                extra = [float(sinks[h])] if sinks is not None else []
+                finite = [x for x in logits + extra if x > -math.inf]
+                if not finite:
+                    continue
+                top = max(finite)
+                total = sum(math.exp(x - top) for x in logits + extra)
+                lse[bi, h, i] = top + math.log(total)
+                for x, val in zip(logits, values, strict=True):
+                    out[bi, h, i] += math.exp(x - top) / total * val
+    return out, lse
+
+
+def _inputs(b: int, hq: int, hkv: int, sq: int, sk: int, d: int, dv: int, *, seed: int = 3,  # noqa: PLR0917
+            dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(b, h, s, e, generator=g, dtype=dtype)
+                 for h, s, e in ((hq, sq, d), (hkv, sk, d), (hkv, sk, dv)))
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
+    tol = {"atol": 2e-5, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 1e-9, "rtol": 1e-8}
+    torch.testing.assert_close(got.double(), want.double(), **tol)
+
+
+# -- numerics of every feature -------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(b=st.integers(1, 2), hkv=st.integers(1, 2), groups=st.integers(1, 2), sq=st.integers(1, 7),
+       sk=st.integers(1, 7), d=st.sampled_from([4, 8]), dv=st.sampled_from([4, 8, 6]), causal=st.booleans(),
+       top_left=st.booleans(), window=st.none() | st.tuples(st.none() | st.integers(0, 4),
+                                                             st.none() | st.integers(0, 3)),
+       softcap=st.none() | st.floats(0.5, 5.0), use_sinks=st.booleans(),
+       mask=st.sampled_from([None, "bool", "additive", "bool-rows"]), layout=st.sampled_from(["bhsd", "bshd"]),
+       scale=st.none() | st.floats(0.1, 1.5), dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_every_feature_matches_the_definition(  # noqa: PLR0917 - hypothesis draws
+        b: int, hkv: int, groups: int, sq: int, sk: int, d: int, dv: int, causal: bool, top_left: bool,
+        window: tuple[int | None, int | None] | None, softcap: float | None, use_sinks: bool, mask: str | None,
+        layout: str, scale: float | None, dtype: torch.dtype) -> None:
+    hq = hkv * groups
+    q, k, v = _inputs(b, hq, hkv, sq, sk, d, dv, dtype=dtype)
+    g = torch.Generator().manual_seed(9)
+    sinks = torch.randn(hq, generator=g, dtype=dtype) if use_sinks else None
+    attn_mask = None
+    if mask == "bool":
+        attn_mask = torch.rand(b, 1, sq, sk, generator=g) > 0.3
+    elif mask == "bool-rows":  # a [Sq, Sk] mask that hides every key from the first query row
+        attn_mask = torch.ones(sq, sk, dtype=torch.bool)
+        attn_mask[0] = False
+    elif mask == "additive":
+        attn_mask = torch.randn(1, hq, 1, sk, generator=g, dtype=dtype)
+    features: dict[str, Any] = {"causal": causal, "scale": scale, "attn_mask": attn_mask, "window": window,
+                                "softcap": softcap, "sinks": sinks}
+    alignment = "top_left" if top_left else "bottom_right"
+    as_layout = (lambda t: t.transpose(1, 2)) if layout == "bshd" else (lambda t: t)
+    out, lse = attnforge.attention(as_layout(q), as_layout(k), as_layout(v), causal_alignment=alignment,
+                                   return_lse=True, layout=layout, **features)
+    want_out, want_lse = naive(q, k, v, top_left=top_left, **features)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert out.shape == as_layout(want_out).shape and lse.shape == (b, hq, sq)
+    _close(as_layout(out), want_out, dtype)
+    torch.testing.assert_close(lse.double(), want_lse.float().double(), atol=1e-4, rtol=1e-4)
+    plain = attnforge.attention(as_layout(q), as_layout(k), as_layout(v), causal_alignment=alignment,
+                                layout=layout, **features)
+    _close(as_layout(plain), want_out, dtype)  # without return_lse the same output (maybe another backend)
+
+
+@pytest.mark.parametrize("feature", ["mask", "window", "softcap", "sinks", "dv", "top_left"])
+def test_gradients_of_every_feature_match_the_float64_reference(feature: str) -> None:
+    q, k, v = _inputs(2, 4, 2, 5, 7, 8, 6 if feature == "dv" else 8)
+    kwargs: dict[str, Any] = {"causal": True}
+    if feature == "mask":
+        kwargs = {"attn_mask": torch.randn(1, 1, 5, 7)}
+    elif feature == "window":
+        kwargs["window"] = (2, None)
+    elif feature == "softcap":
+        kwargs["softcap"] = 1.5
+    elif feature == "sinks":
+        kwargs["sinks"] = torch.randn(4).requires_grad_()
+    elif feature == "top_left":
+        kwargs["causal_alignment"] = "top_left"
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    if "sinks" in kwargs:
+        leaves.append(kwargs["sinks"])
+    out = attnforge.attention(q, k, v, **kwargs)
+    weights = torch.randn(out.shape, dtype=torch.float64)
+    grads = torch.autograd.grad((out.double() * weights).sum(), leaves)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    extra = {key: val for key, val in kwargs.items() if key != "sinks"}
+    sinks64 = kwargs["sinks"].detach().double().requires_grad_() if "sinks" in kwargs else None
+    ref = reference_attention(q64, k64, v64, sinks=sinks64, **extra)
+    want = torch.autograd.grad((ref * weights).sum(), [q64, k64, v64] + ([sinks64] if sinks64 is not None else []))
+    for got, expect in zip(grads, want, strict=True):
+        torch.testing.assert_close(got.double(), expect, atol=1e-4, rtol=1e-4)
+
+
+def test_dropout_is_reproducible_from_the_seed_and_unbiased() -> None:
+    q, k, v = _inputs(1, 2, 2, 6, 6, 8, 8)
+    torch.manual_seed(0)
+    first = attnforge.attention(q, k, v, dropout_p=0.3)
+    torch.manual_seed(0)
+    again = attnforge.attention(q, k, v, dropout_p=0.3)
+    torch.testing.assert_close(first, again)
+    plain = attnforge.attention(q, k, v)
+    assert not torch.allclose(first, plain)
+    torch.manual_seed(1)
+    mean = torch.stack([attnforge.attention(q, k, v, dropout_p=0.3) for _ in range(400)]).mean(0)
+    torch.testing.assert_close(mean, plain, atol=0.15, rtol=0)  # E[dropout(P) V] = P V
+    for backend in ("exact", "sdpa"):
+        torch.manual_seed(0)
+        a = attnforge.attention(q, k, v, dropout_p=0.3, backend=backend)
+        torch.manual_seed(0)
+        torch.testing.assert_close(a, attnforge.attention(q, k, v, dropout_p=0.3, backend=backend))
+
+
+def test_is_causal_is_an_alias_of_causal() -> None:
+    q, k, v = _inputs(1, 2, 2, 3, 5, 8, 8)
+    want = attnforge.attention(q, k, v, causal=True)
+    torch.testing.assert_close(attnforge.attention(q, k, v, is_causal=True), want)
+    sdpa_like = attnforge.attention(q, k, v, is_causal=True, causal_alignment="top_left")
+    torch.testing.assert_close(sdpa_like, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+    with pytest.raises(DispatchError, match="disagree"):
+        attnforge.attention(q, k, v, causal=True, is_causal=False)
+
+
+# -- zero-sized inputs ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("sizes", [(0, 2, 2, 4, 4), (1, 2, 2, 0, 4), (1, 2, 2, 4, 0), (1, 2, 2, 0, 0),
+                                   (2, 4, 2, 3, 0)])
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window": (1, 0), "sinks": "sinks"},
+                                    {"return_lse": True}], ids=["plain", "causal", "features", "lse"])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_zero_sized_inputs_return_the_right_empty_result(sizes: tuple[int, ...], kwargs: dict[str, Any],
+                                                         layout: str) -> None:
+    b, hq, hkv, sq, sk = sizes
+    q, k, v = (t.requires_grad_() for t in _inputs(b, hq, hkv, sq, sk, 8, 6))
+    kwargs = {key: (torch.zeros(hq) if val == "sinks" else val) for key, val in kwargs.items()}
+    as_layout = (lambda t: t.transpose(1, 2)) if layout == "bshd" else (lambda t: t)
+    result = attnforge.attention(as_layout(q), as_layout(k), as_layout(v), layout=layout, **kwargs)
+    out = result[0] if kwargs.get("return_lse") else result
+    assert as_layout(out).shape == (b, hq, sq, 6)
+    assert not out.abs().any()  # no key to see: zeros
+    if kwargs.get("return_lse"):
+        assert result[1].shape == (b, hq, sq) and bool((result[1] == -math.inf).all())
+    out.sum().backward()
+    assert all(t.grad is not None and not t.grad.any() for t in (q, k, v))
+
+
+@pytest.mark.parametrize(("d", "dv"), [(0, 6), (8, 0), (0, 0)])
+def test_zero_head_dims_never_reach_a_kernel(d: int, dv: int) -> None:
+    q, k, v = _inputs(1, 2, 2, 3, 4, d, dv)
+    out = attnforge.attention(q, k, v, causal=True)
+    assert out.shape == (1, 2, 3, dv)
+    if d == 0 and dv:  # every logit is 0: each row averages the values it sees
+        want, _ = naive(q, k, v, causal=True, scale=1.0)
+        _close(out, want)
+
+
+# -- varlen ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window": (1, 1), "softcap": 2.0},
+                                    {"causal": True, "causal_alignment": "top_left"}])
+def test_varlen_equals_each_sequence_on_its_own(kwargs: dict[str, Any]) -> None:
+    lens_q, lens_k = [3, 1, 4], [5, 2, 4]
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(sum(lens_q), 4, 8, generator=g)
+    k = torch.randn(sum(lens_k), 2, 8, generator=g)
+    v = torch.randn(sum(lens_k), 2, 6, generator=g)
+    cu_q = torch.tensor([0, 3, 4, 8], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 7, 11], dtype=torch.int32)
+    out, lse = attnforge.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, return_lse=True, **kwargs)
+    assert out.shape == (8, 4, 6) and lse.shape == (4, 8)
+    alignment = kwargs.pop("causal_alignment", "bottom_right")
+    for i in range(3):
+        qs, ks, vs = (t[c[i]:c[i + 1]].transpose(0, 1).unsqueeze(0)
+                      for t, c in ((q, cu_q), (k, cu_k), (v, cu_k)))
+        want, want_lse = naive(qs, ks, vs, top_left=alignment == "top_left", **kwargs)
+        _close(out[cu_q[i]:cu_q[i + 1]].transpose(0, 1).unsqueeze(0), want)
+        torch.testing.assert_close(lse[:, cu_q[i]:cu_q[i + 1]].double(), want_lse[0], atol=1e-4, rtol=1e-4)
+
+
+# -- paged KV -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window": (2, 0), "sinks": "sinks"},
+                                    {"causal": True, "causal_alignment": "top_left"}])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_paged_kv_equals_the_gathered_pages(kwargs: dict[str, Any], layout: str) -> None:
+    g = torch.Generator().manual_seed(6)
+    pool_k, pool_v = torch.randn(7, 4, 2, 8, generator=g), torch.randn(7, 4, 2, 6, generator=g)
+    block_table = torch.tensor([[5, 0, 3], [1, 6, 2]], dtype=torch.int32)
+    used = torch.tensor([10, 5], dtype=torch.int32)
+    q = torch.randn(2, 4, 3, 8, generator=g)
+    kwargs = {key: (torch.randn(4, generator=g) if val == "sinks" else val) for key, val in kwargs.items()}
+    qi = q.transpose(1, 2) if layout == "bshd" else q
+    out = attnforge.attention(qi, pool_k, pool_v, block_table=block_table, seqused_k=used, layout=layout,
+                              **kwargs)
+    out = out.transpose(1, 2) if layout == "bshd" else out
+    assert out.shape == (2, 4, 3, 6)
+    alignment = kwargs.pop("causal_alignment", "bottom_right")
+    for b in range(2):
+        k, v = (pool[block_table[b].long()].flatten(0, 1)[: used[b]].transpose(0, 1).unsqueeze(0)
+                for pool in (pool_k, pool_v))
+        want, _ = naive(q[b : b + 1], k, v, top_left=alignment == "top_left", **kwargs)
+        _close(out[b : b + 1], want)
+    reasons = {r.backend: r.reasons for r in attnforge.explain(q, pool_k, pool_v, block_table=block_table).rejected}
+    assert "does not support paged" in reasons["sdpa"]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"block_table": torch.tensor([[0, 9]], dtype=torch.int32)}, "outside"),
+    ({"block_table": torch.tensor([0, 1], dtype=torch.int32)}, "2-D"),
+    ({"block_table": torch.tensor([[0, 1]], dtype=torch.int32), "seqused_k": torch.tensor([99])}, "seqused_k"),
+    ({"seqused_k": torch.tensor([3])}, "without block_table"),
+    ({"block_table": torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)}, "rows"),
+])
+def test_bad_paged_arguments_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    q = torch.randn(1, 4, 3, 8)
+    pool = torch.randn(3, 4, 2, 8)
+    with pytest.raises(DispatchError, match=message):
+        attnforge.attention(q, pool, pool, **kwargs)
+
+
+# -- refused inputs -------------------------------------------------------------------------------------
+def test_a_packed_input_without_cu_seqlens_says_what_to_pass() -> None:
+    q = torch.randn(10, 2, 8)
+    with pytest.raises(DispatchError, match="cu_seqlens") as err:
+        attnforge.attention(q, q, q)
+    assert err.value.hint and "unsqueeze" in err.value.hint
+
+
+def test_a_nested_tensor_is_refused_with_a_hint() -> None:
+    nt = torch.nested.nested_tensor([torch.randn(3, 2, 8), torch.randn(5, 2, 8)], layout=torch.jagged)
+    with pytest.raises(DispatchError, match="nested") as err:
+        attnforge.attention(nt, nt, nt)
+    assert err.value.hint and "cu_seqlens" in err.value.hint
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"dropout_p": 1.0}, "dropout_p"),
+    ({"window": (1, 2, 3)}, "window must be"),
+    ({"softcap": -1.0}, "softcap must be positive"),
+    ({"sinks": torch.zeros(3)}, "sinks must be"),
+    ({"attn_mask": torch.ones(3, 3)}, "does not broadcast"),
+    ({"attn_mask": torch.ones(4, 5, dtype=torch.int64)}, "bool or floating"),
+    ({"causal_alignment": "middle", "causal": True}, "causal_alignment"),
+    ({"enable_gqa": False}, "enable_gqa"),
+    ({"cu_seqlens_q": torch.tensor([0, 4], dtype=torch.int32)}, "both"),
+])
+def test_bad_feature_arguments_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    q, k, v = _inputs(1, 4, 2, 4, 5, 8, 8)
+    with pytest.raises(DispatchError, match=message):
+        attnforge.attention(q, k, v, **kwargs)
+
+
+def test_an_additive_mask_in_another_dtype_and_causal_combine() -> None:
+    q, k, v = (t.to(torch.bfloat16) for t in _inputs(1, 2, 2, 4, 6, 8, 8))
+    mask = torch.randn(4, 6)  # float32 with bfloat16 inputs
+    out = attnforge.attention(q, k, v, attn_mask=mask, causal=True)
+    want, _ = naive(q, k, v, attn_mask=mask, causal=True)
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_the_exact_math_in_row_chunks_equals_one_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnforge.backends import exact
+
+    q, k, v = _inputs(2, 4, 2, 9, 11, 8, 6)
+    mask = torch.randn(2, 1, 9, 11)
+    kwargs: dict[str, Any] = {"causal": True, "window": (4, None), "sinks": torch.randn(4), "attn_mask": mask,
+                              "return_lse": True}
+    whole = exact.exact_attention(q, k, v, **kwargs)
+    monkeypatch.setattr(exact, "CHUNK_ELEMENTS", 2 * 4 * 11 * 2)  # two query rows per step
+    chunked = exact.exact_attention(q, k, v, **kwargs)
+    for a, b in zip(whole, chunked, strict=True):
+        torch.testing.assert_close(a, b)

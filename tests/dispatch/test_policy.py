@@ -1,0 +1,128 @@
+"""decide(): the one "fastest" rule orders measured backends; quantized backends pass a measured gate."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from attnforge.backends.adapter import AttentionCall
+from attnforge.catalog.tolerances import DispatchGate, load_quantized_gate
+from attnforge.dispatch.policy import class_of_call, decide, measurements, quantized_gate
+from attnforge.ranking import Measurement
+from attnforge.records import BenchRecord, VerifyRecord
+
+CALL = AttentionCall(device_type="cuda", compute_capability=(9, 0), dtype="bfloat16", batch=1, heads_q=40,
+                     heads_kv=40, seqlen_q=32760, seqlen_k=32760, head_dim=128, causal=False, needs_grad=False,
+                     precision="allow_quantized")
+
+
+@dataclass
+class Adapter:
+    name: str
+    quantized: bool = False
+
+    @property
+    def caps(self) -> Any:
+        return SimpleNamespace(quantized=self.quantized, priority=50)
+
+    def load_error(self) -> str | None:
+        return None
+
+    def unsupported_reasons(self, call: AttentionCall) -> list[str]:
+        if self.quantized and call.precision != "allow_quantized":
+            return ["quantizes Q/K/V; used only with precision='allow_quantized'"]
+        return []
+
+    def __call__(self, q: Any, k: Any, v: Any, *, causal: bool, scale: float | None) -> Any:
+        return q
+
+
+def m(name: str, tflops: float, spread: float = 0.01, **err: float) -> Measurement:
+    return Measurement(backend=name, tflops=tflops, tflops_lo=tflops * (1 - spread),
+                       tflops_hi=tflops * (1 + spread), **err)
+
+
+ADAPTERS = {"flash-attn-4": Adapter("flash-attn-4"), "sageattention-2": Adapter("sageattention-2", quantized=True)}
+VERIFIED = {n: VerifyRecord(device_key="k", backend=n, backend_version="1", ok=True, summary="ok") for n in ADAPTERS}
+GATE = DispatchGate(max_rel_l1=0.05, min_cosine=0.999, sources=("test",))
+
+
+def _decide(measured: list[Measurement], call: AttentionCall = CALL) -> Any:
+    return decide(call, ADAPTERS, priorities={"flash-attn-4": 10, "sageattention-2": 40}, verified=VERIFIED,
+                  measured={x.backend: x for x in measured}, broken={}, gate=GATE)
+
+
+@pytest.mark.parametrize(("measured", "first", "reason"), [
+    pytest.param([m("sdpa", 580), m("flash-attn-4", 600), m("sageattention-2", 741, rel_l1=0.038, cosine=0.9993)],
+                 "sageattention-2", None, id="issue-17-wan-size-faster-and-accurate"),
+    pytest.param([m("sdpa", 580), m("sageattention-2", 741, rel_l1=0.08, cosine=0.9993)], "sdpa",
+                 "outside rel L1 <= 0.05", id="too-inaccurate"),
+    pytest.param([m("sdpa", 580), m("sageattention-2", 741, rel_l1=0.03, cosine=0.99)], "sdpa",
+                 "cosine >= 0.999", id="cosine-too-low"),
+    pytest.param([m("sdpa", 600), m("sageattention-2", 605, rel_l1=0.03, cosine=0.9995)], "sdpa",
+                 "not faster than sdpa beyond the measured spread", id="not-faster-beyond-spread"),
+    pytest.param([m("sdpa", 600), m("sageattention-2", 741)], "sdpa", "error on this shape class was not measured",
+                 id="error-unmeasured"),
+    pytest.param([m("sdpa", 600)], "sdpa", "not measured for this shape class", id="speed-unmeasured"),
+])
+def test_quantized_backends_need_a_measured_win_and_a_measured_error(measured: list[Measurement], first: str,
+                                                                     reason: str | None) -> None:
+    d = _decide(measured)
+    assert d.order[0] == first
+    rejected = {r.backend: " ".join(r.reasons) for r in d.rejected}
+    if reason is None:
+        assert "sageattention-2" not in rejected
+    else:
+        assert reason in rejected["sageattention-2"]
+
+
+def test_exact_precision_never_sees_a_quantized_backend() -> None:
+    d = _decide([m("sdpa", 580), m("sageattention-2", 741, rel_l1=0.038, cosine=0.9993)],
+                dataclasses.replace(CALL, precision="exact"))
+    assert "sageattention-2" not in d.order
+
+
+def test_measured_ties_go_to_plain_sdpa_then_unmeasured_by_priority() -> None:
+    d = _decide([m("sdpa", 600, 0.02), m("flash-attn-4", 606, 0.02)])
+    assert d.order == ("sdpa", "flash-attn-4")
+    assert d.ranking is not None and set(d.ranking.tied) == {"sdpa", "flash-attn-4"}
+    assert "tied with flash-attn-4" in d.basis[0]
+    d = _decide([])
+    assert d.order == ("flash-attn-4", "sdpa") and d.ranking is None
+
+
+def test_the_gate_is_data_with_sources() -> None:
+    gate = quantized_gate()
+    assert gate == load_quantized_gate()
+    assert (gate.max_rel_l1, gate.min_cosine) == (0.05, 0.999) and gate.sources
+
+
+def test_the_call_class_is_the_bench_class() -> None:
+    assert str(class_of_call(CALL)) == "bfloat16 fwd full D128 gqa1 Sq32768 Sk32768"
+
+
+def _rec(backend: str, tflops: float, seqlen: int, spread: float = 0.05) -> BenchRecord:
+    return BenchRecord(device_key="cpu", backend=backend, backend_version=None, dtype="float32", mode="fwd",
+                       causal=False, batch=1, heads=4, kv_heads=4, head_dim=32, seqlen_q=seqlen, seqlen_k=seqlen,
+                       ms=1.0, tflops=tflops, peak_mem_bytes=None, run_id="r", ms_lo=1 - spread, ms_hi=1 + spread)
+
+
+def test_unmeasured_classes_keep_plain_sdpa_before_backends_that_never_beat_it() -> None:
+    """Issue 16: after `bench --device cpu`, flex lost to plain SDPA everywhere it was measured, so in the
+    unmeasured decode class it must not come first (20 generated tokens took 115.6 s vs 0.32 s)."""
+    records = [_rec("sdpa", 1.0, 64), _rec("flex", 0.3, 64), _rec("sdpa-math", 0.9, 64),
+               _rec("sdpa", 1.0, 128), _rec("flex", 0.4, 128), _rec("sdpa-math", 1.5, 128, spread=0.01)]
+    decode = AttentionCall(device_type="cpu", compute_capability=None, dtype="float32", batch=1, heads_q=4,
+                           heads_kv=4, seqlen_q=1, seqlen_k=300, head_dim=32, causal=False, needs_grad=False)
+    evidence = measurements(records, class_of_call(decode))
+    assert not evidence and evidence.demoted == {"flex"}  # sdpa-math beat SDPA beyond the spread once
+    adapters = {"flex": Adapter("flex"), "sdpa-math": Adapter("sdpa-math")}
+    ok = {n: VerifyRecord(device_key="cpu", backend=n, backend_version="1", ok=True, summary="ok") for n in adapters}
+    d = decide(decode, adapters, priorities={"flex": 50, "sdpa-math": 90}, verified=ok, measured=evidence,
+               broken={})
+    assert d.order == ("sdpa-math", "sdpa", "flex")
+    assert "never faster than plain SDPA" in d.basis[-1]
