@@ -22,6 +22,9 @@ export ATTNFORGE_HOME=${ATTNFORGE_HOME:-/tmp/afhome}
 export PYTHONUNBUFFERED=1
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_RETRIES=0 PIP_TIMEOUT=5 PIP_NO_CACHE_DIR=1
 export COLUMNS=${COLUMNS:-150}
+# The device has no network: the shipped wheel sources (GitHub, download.pytorch.org) would only time out.
+# prebuilt_route.py turns them back on, pointed at its own stand-in server.
+export ATTNFORGE_WHEEL_SOURCES=${ATTNFORGE_WHEEL_SOURCES:-off}
 mkdir -p "$OUT" "$RUN" "$WH" "$ATTNFORGE_HOME"
 
 # The interpreter that holds torch (the image's python3, itself a venv at /opt/torch/.venv), found before our

@@ -106,6 +106,7 @@ def main() -> int:
         f"repo = \"{REPO}\"\nbackends = [\"flash-attn-3\"]\ndistributions = [\"flash-attn-3\"]\n"
         "grammars = [\"flash-attn-3-mjun0812\"]\ncovers = \"this machine's own slim FA3 build, re-served\"\n"
         "sources = [\"scripts/gpu/prebuilt_route.py\"]\n")
+    env.pop("ATTNFORGE_WHEEL_SOURCES", None)  # _lib.sh turns the sources off for the rest of the run
     env.update({"GITHUB_API_URL": base, "ATTNFORGE_EXTRA_WHEEL_SOURCES": str(sources),
                 "ATTNFORGE_HOME": str(work / "fresh-home")})
     result: dict[str, Any] = {"wheel": wheel.name, "sha256": digest, "size": len(data), "api": base}
