@@ -21,7 +21,8 @@ fi
 site_dir=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 "$AF_OUTER_PY" - "$site_dir/zz_attnforge_outer_env.pth" <<'EOF'
 import site, sys
-lines = [f"import site; site.addsitedir({p!r})" for p in site.getsitepackages()]
+# plain path lines too: code that reads versions without running .pth imports (attnforge's -S check) sees them
+lines = [f"import site; site.addsitedir({p!r})" for p in site.getsitepackages()] + site.getsitepackages()
 open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 print("bridge:", sys.argv[1]); print("\n".join(lines))
 EOF

@@ -61,3 +61,28 @@ def test_nothing_to_do(tmp_path: Path) -> None:
     pip = ScriptedPip({})
     assert install_requirements(("torch>=2",), runner=pip, python="py", scratch=tmp_path) == ()
     assert pip.pip_argv is None
+
+
+def test_versions_are_read_through_pth_path_lines_without_running_pth_code(tmp_path: Path) -> None:
+    """A distribution reachable only through a ``.pth`` path line (an editable install, a bridge to an outer
+    environment) is seen; a ``.pth`` import line is not run (the version check starts Python with -S)."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    from attnforge._system.runner import SubprocessRunner
+    from attnforge.install.pip import installed_versions
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    site = Path(sysconfig.get_path("purelib", "venv", vars={"base": str(venv), "platbase": str(venv)}))
+    outer = tmp_path / "outer"
+    (outer / "bridged_pkg-1.2.3.dist-info").mkdir(parents=True)
+    (outer / "bridged_pkg-1.2.3.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: bridged-pkg\n"
+                                                                   "Version: 1.2.3\n")
+    mark = tmp_path / "ran"
+    (site / "zz_bridge.pth").write_text(f"{outer}\nimport pathlib; pathlib.Path({str(mark)!r}).touch()\n")
+    assert installed_versions(python, ["bridged-pkg", "nope"], SubprocessRunner()) == {"bridged-pkg": "1.2.3",
+                                                                                       "nope": None}
+    assert not mark.exists()

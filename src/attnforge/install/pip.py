@@ -45,14 +45,30 @@ cfg = next((c for c in cfgs if os.path.isfile(c)), None)
 paths, system = [], True
 if cfg is not None:
     root = os.path.dirname(cfg)
-    paths += [sysconfig.get_path(k, vars={"base": root, "platbase": root}) for k in ("purelib", "platlib")]
+    # the venv scheme: Debian's patched default ("posix_local") points at <root>/local/... under -S
+    schemes = sysconfig.get_scheme_names()
+    scheme = "venv" if "venv" in schemes else ("nt" if os.name == "nt" else "posix_prefix")
+    paths += [sysconfig.get_path(k, scheme, vars={"base": root, "platbase": root}) for k in ("purelib", "platlib")]
     for line in open(cfg, encoding="utf-8"):
         key, _, value = line.partition("=")
         if key.strip().lower() == "include-system-site-packages":
             system = value.strip().lower() == "true"
 if system:
     paths += site.getsitepackages() + [site.getusersitepackages()]
-sys.path[1:1] = [p for p in dict.fromkeys(paths) if os.path.isdir(p)]
+dirs = [p for p in dict.fromkeys(paths) if os.path.isdir(p)]
+for d in list(dirs):  # the path lines of .pth files (editable installs, bridges); import lines never run
+    for pth in sorted(f for f in os.listdir(d) if f.endswith(".pth")):
+        try:
+            lines = open(os.path.join(d, pth), encoding="utf-8").read().splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        for line in lines:
+            line = line.strip()
+            if line and not line.startswith(("#", "import ", "import\t")):
+                full = os.path.join(d, line)
+                if os.path.isdir(full) and full not in dirs:
+                    dirs.append(full)
+sys.path[1:1] = dirs
 import importlib.metadata as m, json
 out = {}
 for name in sys.argv[1:]:
