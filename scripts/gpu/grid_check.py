@@ -150,6 +150,19 @@ def direct_backends(torch: Any) -> dict[str, tuple[str, Callable[..., Any]]]:
 QUANTIZED = {"sageattention-2"}
 
 
+def outside_build(name: str, cell: Cell, mode: str, dtype: Any) -> str | None:
+    """Why the installed build of ``name`` has no kernel for this cell (its recorded slim capabilities)."""
+    try:
+        from attnforge.cache.capabilities import backend_capabilities
+    except ImportError:
+        return None
+    caps = backend_capabilities(name)
+    if caps is None:
+        return None
+    why = caps.outside(dtype=str(dtype).removeprefix("torch."), head_dim=cell.d, backward=mode == "fwdbwd")
+    return f"outside this build: {why}" if why else None
+
+
 def reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> Any:
     """float32 reference on batch 0, head 0 (bhsd): q [Sq, D], k/v [Sk, D] of the matching kv head."""
     q0, k0, v0 = q[0, 0].float(), k[0, 0].float(), v[0, 0].float()
@@ -184,6 +197,10 @@ def measure(torch: Any, do_bench: Any, attnforge: Any, backends: dict[str, tuple
 
     for name, (lay, fn) in backends.items():
         args_ = (qs, ks, vs) if lay == "bshd" else (qb, kb, vb)
+        why = outside_build(name, cell, mode, dtype)
+        if why:  # a slim build has no kernel here: calling it directly would crash (SIGSEGV), not raise
+            row.failed[name] = why
+            continue
         try:
             with torch.no_grad():
                 o = fn(*(a.detach() for a in args_), cell.causal)
