@@ -23,9 +23,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    import torch
-
     import sageattention
+    import torch
 
     rows: list[dict[str, Any]] = []
     torch.manual_seed(0)
