@@ -89,7 +89,7 @@ def test_two_builds_for_two_torches_export_side_by_side(tmp_path: Path) -> None:
 
 
 def _venv_with_stand_in_torch(path: Path, version: str) -> str:
-    venv.EnvBuilder(system_site_packages=False, with_pip=False).create(path)
+    venv.create(path, system_site_packages=False, with_pip=False)  # isolated on purpose: a stand-in torch only
     python = path / "bin" / "python"
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()

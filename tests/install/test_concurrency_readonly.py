@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import venv
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from attnforge.cache import Store
 from tests.cache.conftest import inputs_for
 from tests.cache.wheelmaker import make_wheel
 from tests.conftest import REPO, SRC
+from tests.venvs import nested_venv
 
 pytestmark = pytest.mark.integration
 
@@ -54,8 +54,7 @@ DRIVER = textwrap.dedent(
 
 
 def _venv(path: Path) -> str:
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(path)
-    return str(path / "bin" / "python")
+    return nested_venv(path)  # sees the torch and pip of the venv the tests run in
 
 
 def _drive(home: Path, python: str, links: Path, prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,6 @@ import functools
 import http.server
 import subprocess
 import threading
-import venv
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from attnforge.resolve.types import CachedArtifact, Candidate, CandidateKind, Pl
 from tests.cache.wheelmaker import make_wheel
 from tests.conftest import REPO
 from tests.install.helpers import pip_wheel_builder
+from tests.venvs import nested_venv
 
 SNAPSHOT = REPO / "tests" / "fixtures" / "snapshots" / "cpu_dev_torch2.13_cpu.json"
 
@@ -86,8 +86,7 @@ def test_a_listed_wheel_is_downloaded_checked_cached_with_provenance_and_install
 ) -> None:
     base, root = served
     wheel = make_wheel(root, value=7)
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(tmp_path / "venv")
-    python = str(tmp_path / "venv" / "bin" / "python")
+    python = nested_venv(tmp_path / "venv")
     ref = WheelRef(
         filename=wheel.name,
         url=f"{base}/{wheel.name}",

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import subprocess
-import venv
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from attnforge.resolve.types import Request
 from tests.cache.wheelmaker import make_wheel
 from tests.conftest import REPO
 from tests.install.helpers import OrderedPlanner, pip_wheel_builder
+from tests.venvs import nested_venv
 
 pytestmark = pytest.mark.integration
 
@@ -26,8 +26,7 @@ SNAPSHOT = REPO / "tests" / "fixtures" / "snapshots" / "cpu_dev_torch2.13_cpu.js
 
 
 def _venv(path: Path) -> str:
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(path)
-    return str(path / "bin" / "python")
+    return nested_venv(path)  # sees the torch and pip of the venv the tests run in
 
 
 def _install(store: Store, planner: OrderedPlanner, python: str, **kw: object):  # type: ignore[no-untyped-def]
@@ -72,7 +71,11 @@ def test_the_wheels_pth_does_not_run_during_install(tmp_path: Path) -> None:
     mark = tmp_path / "pth-ran"
     links = tmp_path / "links"
     make_wheel(links, extra_files={"af_evil.pth": f"import pathlib; pathlib.Path({str(mark)!r}).touch()\n".encode()})
-    python = _venv(tmp_path / "venv")
+    # a venv whose packages need no .pth code to be seen (the usual case): attnforge never starts it normally
+    import venv
+
+    venv.create(tmp_path / "venv", system_site_packages=True, with_pip=False)
+    python = str(tmp_path / "venv" / "bin" / "python")
     result = _install(Store(tmp_path / "home"), OrderedPlanner(find_links=links), python)
     assert result.pip is not None and result.pip.torch_version is None  # the version check did run
     assert not mark.exists(), "attnforge ran the installed wheel's .pth"

@@ -83,6 +83,29 @@ def test_versions_are_read_through_pth_path_lines_without_running_pth_code(tmp_p
                                                                    "Version: 1.2.3\n")
     mark = tmp_path / "ran"
     (site / "zz_bridge.pth").write_text(f"{outer}\nimport pathlib; pathlib.Path({str(mark)!r}).touch()\n")
-    assert installed_versions(python, ["bridged-pkg", "nope"], SubprocessRunner()) == {"bridged-pkg": "1.2.3",
-                                                                                       "nope": None}
+    assert installed_versions(python, ["bridged-pkg"], SubprocessRunner()) == {"bridged-pkg": "1.2.3"}
     assert not mark.exists()
+
+
+def test_an_environment_reached_only_through_pth_code_is_asked_the_plain_way(tmp_path: Path) -> None:
+    """The H200 run's venv sees torch only through ``import site; site.addsitedir(...)`` lines: the first
+    question finds what -S cannot see by letting the interpreter start normally, and later ones do the same."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    from attnforge._system.runner import SubprocessRunner
+    from attnforge.install.pip import installed_versions
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    site = Path(sysconfig.get_path("purelib", "venv", vars={"base": str(venv), "platbase": str(venv)}))
+    outer = tmp_path / "outer"
+    (outer / "bridged_pkg-2.0.dist-info").mkdir(parents=True)
+    (outer / "bridged_pkg-2.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: bridged-pkg\n"
+                                                                 "Version: 2.0\n")
+    (site / "zz_bridge.pth").write_text(f"import site; site.addsitedir({str(outer)!r})\n")
+    assert installed_versions(python, ["bridged-pkg", "nope"], SubprocessRunner()) == {"bridged-pkg": "2.0",
+                                                                                       "nope": None}
+    assert installed_versions(python, ["bridged-pkg"], SubprocessRunner()) == {"bridged-pkg": "2.0"}

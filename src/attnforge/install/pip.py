@@ -191,7 +191,42 @@ def installed_versions(python: str, names: list[str], runner: Runner) -> dict[st
     Raises:
         InstallError: the interpreter could not be run.
     """
-    done = runner.run([python, "-S", "-c", _VERSIONS_SCRIPT, *names], timeout_s=120)
+    if _NEEDS_PTH_CODE.get(python):
+        return _read_versions(runner, [python, "-c", _PLAIN_VERSIONS, *names], python)
+    found = _read_versions(runner, [python, "-S", "-c", _VERSIONS_SCRIPT, *names], python)
+    unseen = [n for n in names if found.get(canonicalize_name(n)) is None]
+    if unseen and python not in _NEEDS_PTH_CODE:
+        # the first question about this interpreter (before anything is installed): does it reach packages
+        # only through .pth code (a bridge to another environment)? Then it is asked the plain way from now
+        # on, as its own start-up does; otherwise never, so a wheel's .pth does not run during an install.
+        plain = _read_versions(runner, [python, "-c", _PLAIN_VERSIONS, *unseen], python)
+        extra = {k: v for k, v in plain.items() if v is not None}
+        _NEEDS_PTH_CODE[python] = bool(extra)
+        found.update(extra)
+    else:
+        _NEEDS_PTH_CODE.setdefault(python, False)
+    return found
+
+
+#: per interpreter path: whether its packages are visible only with its .pth code run (decided once)
+_NEEDS_PTH_CODE: dict[str, bool] = {}
+
+
+#: the same question with the interpreter's own start-up (its .pth files run, as on every start)
+_PLAIN_VERSIONS = """
+import importlib.metadata as m, json, sys
+out = {}
+for name in sys.argv[1:]:
+    try:
+        out[name] = m.version(name)
+    except m.PackageNotFoundError:
+        out[name] = None
+print(json.dumps(out))
+"""
+
+
+def _read_versions(runner: Runner, argv: list[str], python: str) -> dict[str, str | None]:
+    done = runner.run(argv, timeout_s=120)
     if not done.ok:
         raise InstallError(f"could not read installed packages of {python}", cause=_tail(done))
     raw = json.loads(done.stdout.strip().splitlines()[-1])
