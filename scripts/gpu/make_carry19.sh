@@ -2,7 +2,8 @@
 # make_carry19.sh FA_REPO CUTLASS_REPO SAGE_REPO: build carry/b1..b3 for the issue-19 run (no device time).
 #   FA_REPO       a git clone of Dao-AILab/flash-attention (its HEAD is used; the run of 2026-11-22 used 0251105a)
 #   CUTLASS_REPO  a git clone of NVIDIA/cutlass holding the commit flash-attention's csrc/cutlass submodule names
-#   SAGE_REPO     a git clone of thu-ml/SageAttention (tag v2.2.0 is used)
+#   SAGE_REPO     a git clone of thu-ml/SageAttention at its head (d1a57a5 on 2026-11-22; the tag v2.2.0 returns garbage
+#                 on Hopper: docs/benchmarks.md)
 # The FlashAttention-3 tree that builds offline: hopper/ + README.md + LICENSE, and csrc/cutlass's include/ and
 # tools/util/include/ at the submodule's commit (~31 MB, 2.8 MB gzipped). Wheels for CPython 3.12 manylinux:
 # FlashAttention-4 and what it needs (the same pins as wheelhouse.lock, without the cu12 cutlass libs: installed
@@ -17,8 +18,8 @@ git -C "$FA" archive HEAD README.md LICENSE hopper | tar x -C "$T/st/flash-atten
 sub=$(git -C "$FA" ls-tree HEAD csrc/cutlass | awk '{print $3}')
 git -C "$CUT" archive "$sub" include tools/util/include LICENSE.txt | tar x -C "$T/st/flash-attention/csrc/cutlass"
 # the mirror may lack large binary assets: take every text/source file of the tag
-git -C "$SAGE" ls-tree -r --name-only v2.2.0 | grep -v -E '^assets/|\.(png|jpg|pdf|gif|mp4)$' \
-    | xargs git -C "$SAGE" archive v2.2.0 | tar x -C "$T/st/SageAttention"
+git -C "$SAGE" ls-tree -r --name-only HEAD | grep -v -E '^assets/|\.(png|jpg|pdf|gif|mp4)$' \
+    | xargs git -C "$SAGE" archive HEAD | tar x -C "$T/st/SageAttention"
 tar czf "$C/b1/src/flash-attention.tar.gz" -C "$T/st" flash-attention
 tar czf "$C/b1/src/SageAttention-2.2.0.tar.gz" -C "$T/st" SageAttention
 P=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64

@@ -324,3 +324,17 @@ def test_newest_wheel_is_chosen_by_pep440_not_by_hand(catalog: Catalog, tmp_path
     assert order == ["flash_attn-2.8.3.post1", "flash_attn-2.8.3", "flash_attn-2.8.3rc1", "flash_attn-2.8"]
     assert plan.chosen is not None and plan.chosen.wheel is not None
     assert plan.chosen.wheel.filename.startswith("flash_attn-2.8.3.post1+")
+
+
+def test_an_explicit_source_is_built_even_when_the_backend_is_installed(catalog: Catalog) -> None:
+    """On the H200 a verify-failed SageAttention from one commit answered "already installed" for --source of a
+    newer commit of the same version: a given --source is built (a cache hit when that source was built)."""
+    from attnforge.build.source import parse_source
+
+    state = InstalledBackend(backend="flash-attn", distribution="flash-attn", version="2.8.3", imports=True,
+                             native=(NativeModule(name="flash_attn_2_cuda", ok=True),))
+    snap = dataclasses.replace(snapshot(H200), backends=(state,))
+    plan = resolve(snap, catalog, Request(backend="flash-attn", source=parse_source("/src/flash-attention")))
+    installed = next(c for c in plan.candidates if c.kind is CandidateKind.INSTALLED)
+    assert not installed.accepted and "--source /src/flash-attention" in " ".join(installed.reasons)
+    assert plan.chosen is not None and plan.chosen.kind is not CandidateKind.INSTALLED

@@ -34,6 +34,18 @@ from attnforge.install.overlap import Overlap, installed_overlaps, refusal
 #: ``[torch_stack]``, read once when this module is first imported).
 PROTECTED = load_catalog().tools.torch_stack.protected
 
+#: the versions of the names in argv, as the interpreter sees them (with its own start-up: .pth files run)
+_PLAIN_VERSIONS = """
+import importlib.metadata as m, json, sys
+out = {}
+for name in sys.argv[1:]:
+    try:
+        out[name] = m.version(name)
+    except m.PackageNotFoundError:
+        out[name] = None
+print(json.dumps(out))
+"""
+
 #: Run with ``python -S``: site-packages are put on sys.path as ``site`` would (the venv's, then the base's
 #: when pyvenv.cfg allows it) but no ``.pth`` file is executed, so reading versions right after an install
 #: never runs code from the wheel just installed (a ``.pth`` line starting with ``import`` is code).
@@ -69,15 +81,7 @@ for d in list(dirs):  # the path lines of .pth files (editable installs, bridges
                 if os.path.isdir(full) and full not in dirs:
                     dirs.append(full)
 sys.path[1:1] = dirs
-import importlib.metadata as m, json
-out = {}
-for name in sys.argv[1:]:
-    try:
-        out[name] = m.version(name)
-    except m.PackageNotFoundError:
-        out[name] = None
-print(json.dumps(out))
-"""
+""" + _PLAIN_VERSIONS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,19 +214,6 @@ def installed_versions(python: str, names: list[str], runner: Runner) -> dict[st
 
 #: per interpreter path: whether its packages are visible only with its .pth code run (decided once)
 _NEEDS_PTH_CODE: dict[str, bool] = {}
-
-
-#: the same question with the interpreter's own start-up (its .pth files run, as on every start)
-_PLAIN_VERSIONS = """
-import importlib.metadata as m, json, sys
-out = {}
-for name in sys.argv[1:]:
-    try:
-        out[name] = m.version(name)
-    except m.PackageNotFoundError:
-        out[name] = None
-print(json.dumps(out))
-"""
 
 
 def _read_versions(runner: Runner, argv: list[str], python: str) -> dict[str, str | None]:

@@ -177,6 +177,8 @@ def _installed(snapshot: SystemSnapshot, backend: Backend | None, request: Reque
     reasons = []
     if request.from_source:
         reasons.append("--from-source asks for a new build")
+    elif request.source is not None:  # a newer commit of the same version must not pass for the installed one
+        reasons.append(f"--source {request.source.location} asks for a build of that source (a cache hit if built)")
     slim = installed_caps_problem(catalog.recipe(request.backend), request,
                                   archs=request.archs or snapshot.compute_capabilities)
     reasons += [slim] if slim else []
