@@ -1,4 +1,5 @@
-"""Fakes at the seams: a runner that replays real recorded outputs (tests/fixtures/outputs/)."""
+"""Fakes at the seams: a runner that replays real recorded outputs (tests/fixtures/outputs/), and a settable
+clock."""
 
 from __future__ import annotations
 
@@ -56,3 +57,13 @@ class FakeRunner:
             return Completed(argv=tuple(map(str, argv)), returncode=NOT_FOUND, stderr=f"{argv[0]}: not found")
         return Completed(argv=tuple(map(str, argv)), returncode=hit.returncode, stdout=hit.stdout,
                          stderr=hit.stderr)
+
+
+class FakeClock:
+    """A settable clock at a clock seam: returns ``now`` (seconds or milliseconds, as the seam counts)."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now

@@ -15,20 +15,13 @@ from attnforge.bench.timing import TimerMethod, TimingConfig
 from attnforge.ranking import fastest
 from attnforge.types.shapes import AttentionShape, Mode
 from attnforge.verify.device import current_device
+from tests._fakes import FakeClock
 
 CPU = current_device("cpu")
 ROUNDS = TimingConfig(warmup_ms=1.0, rep_ms=30.0, min_reps=3, max_reps=5, method=TimerMethod.PERF_COUNTER,
                       rounds=3)
 SHAPE = AttentionShape(batch=1, heads=2, kv_heads=2, head_dim=8, seqlen_q=4, seqlen_k=4, causal=False,
                        mode=Mode.FWD, dtype="float32")
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

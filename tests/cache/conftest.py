@@ -7,17 +7,8 @@ import pytest
 
 from attnforge.cache import CacheKeyInputs, Store
 from attnforge.cache._files import sha256_file
+from tests._fakes import FakeClock
 from tests.cache.wheelmaker import make_wheel
-
-
-class FakeClock:
-    """A settable clock for prune tests (Unix seconds)."""
-
-    def __init__(self, now_s: float = 1_700_000_000.0) -> None:
-        self.now_s = now_s
-
-    def __call__(self) -> float:
-        return self.now_s
 
 
 def inputs_for(artifact: Path, **changes: Any) -> CacheKeyInputs:
@@ -34,7 +25,7 @@ def inputs_for(artifact: Path, **changes: Any) -> CacheKeyInputs:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1_700_000_000.0)  # Unix seconds, for prune by age
 
 
 @pytest.fixture

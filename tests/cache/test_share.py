@@ -12,7 +12,8 @@ import pytest
 from attnforge.cache import ArtifactKind, CacheKeyInputs, Store
 from attnforge.cache._files import sha256_file
 from attnforge.errors import UsageError
-from tests.cache.conftest import FakeClock, inputs_for
+from tests._fakes import FakeClock
+from tests.cache.conftest import inputs_for
 from tests.cache.wheelmaker import flip_byte, make_wheel
 
 
@@ -83,7 +84,7 @@ def test_same_filename_from_two_builds_keeps_the_newest_in_the_index(
     store: Store, clock: FakeClock, wheel: Path, tmp_path: Path
 ) -> None:
     old = store.put(wheel, inputs_for(wheel, archs=((8, 0),))).entry.key
-    clock.now_s += 60
+    clock.now += 60
     new = store.put(wheel, inputs_for(wheel, archs=((9, 0),))).entry.key
     result = store.export(tmp_path / "out")
     [href] = links(tmp_path / "out" / "simple" / "af-pure-fixture" / "index.html")

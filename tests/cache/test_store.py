@@ -10,7 +10,8 @@ import pytest
 from attnforge.cache import ArtifactKind, CacheKey, CacheKeyInputs, Store
 from attnforge.cache._files import copy_hashed, sha256_file
 from attnforge.errors import CacheError, UsageError
-from tests.cache.conftest import FakeClock, inputs_for
+from tests._fakes import FakeClock
+from tests.cache.conftest import inputs_for
 from tests.cache.wheelmaker import flip_byte, make_wheel
 
 
@@ -160,7 +161,7 @@ def test_prune_by_age_removes_entries_unused_since(store: Store, clock: FakeCloc
     old = make_wheel(tmp_path / "old", version="1.0")
     new = make_wheel(tmp_path / "new", version="2.0")
     old_key = store.put(old, inputs_for(old)).entry.key
-    clock.now_s += 40 * 86400
+    clock.now += 40 * 86400
     new_key = store.put(new, inputs_for(new)).entry.key
     result = store.prune(older_than_s=30 * 86400)
     assert [e.key for e in result.removed] == [old_key]
@@ -175,7 +176,7 @@ def test_prune_by_size_removes_least_recently_used_first(
     keys = []
     for w in wheels:
         keys.append(store.put(w, inputs_for(w)).entry.key)
-        clock.now_s += 10
+        clock.now += 10
     store.get(keys[0])  # the oldest is used again, so the second is now least recently used
     budget = sum(w.stat().st_size for w in wheels) - 1
     result = store.prune(max_size_bytes=budget)

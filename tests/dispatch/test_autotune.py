@@ -15,16 +15,9 @@ import attnforge
 from attnforge.backends.adapter import AttentionCall, reference_attention
 from attnforge.dispatch import runtime
 from attnforge.records import RecordStore, VerifyRecord, device_key
+from tests._fakes import FakeClock
 
 CPU_KEY = device_key("cpu", None, torch.__version__)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
