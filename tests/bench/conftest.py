@@ -1,12 +1,10 @@
-"""Bench tests: enter through probe (the catalog <-> probe import cycle), one torch thread per test."""
+"""Bench tests: one torch thread per test."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-
-import attnforge.probe  # noqa: F401
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -9,7 +9,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-import attnforge.probe  # noqa: F401  (catalog <-> probe import cycle: enter through probe)
 from attnforge.bench.report import load_schema
 from attnforge.cli import main
 from attnforge.records import RecordStore, VerifyRecord

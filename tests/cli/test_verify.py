@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-import attnforge.probe  # noqa: F401  (catalog <-> probe import cycle: enter through probe)
 from attnforge.backends import registry
 from attnforge.cli import main
 from attnforge.records import RecordStore

@@ -3,8 +3,6 @@
 The process-wide dispatcher reads verify/bench records from ``$ATTNFORGE_HOME`` (else ``~/.cache/attnforge``) on
 first use; a test that let it read the real cache once depended on what this machine had benchmarked. Every test
 here gets a fresh dispatcher built after ATTNFORGE_HOME points at its own ``tmp_path``.
-
-Importing probe first avoids the catalog <-> probe import cycle (see tests/dispatch/conftest.py).
 """
 
 from __future__ import annotations
@@ -12,10 +10,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-
-import attnforge.probe  # noqa: F401
 
 # read by huggingface_hub at import time, so set before any test module imports transformers/diffusers
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -31,4 +28,20 @@ def isolated_dispatcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     previous = runtime.set_dispatcher(None)
     yield
     runtime.set_dispatcher(previous)
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The query shape of every call :func:`attnforge.attention` serves (a spy on the runtime's function)."""
+    from attnforge.dispatch import runtime
+
+    calls: list[tuple[int, ...]] = []
+    real = runtime.attention
+
+    def spy(q: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(tuple(q.shape))
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(runtime, "attention", spy)
+    return calls
 

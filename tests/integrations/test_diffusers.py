@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 import attnforge
-from attnforge.dispatch import runtime
 from attnforge.integrations.diffusers import AttnforgeProcessor
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -29,20 +28,6 @@ def _keep_active_backend() -> Any:
     active = registry._active_backend
     yield
     registry._active_backend = active
-
-
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
-    """The query shape of every call :func:`attnforge.attention` serves."""
-    calls: list[tuple[int, ...]] = []
-    real = runtime.attention
-
-    def spy(q: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        calls.append(tuple(q.shape))
-        return real(q, *args, **kwargs)
-
-    monkeypatch.setattr(runtime, "attention", spy)
-    return calls
 
 
 def _standin(heads: int = 2, dim: int = 16) -> Any:
@@ -224,16 +209,8 @@ def test_route_changes_what_it_can_serve_and_matches(build: Any, kind: str, serv
     assert served
 
 
-def test_cogvideox_is_left_to_patch_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cogvideox_is_left_to_patch_sdpa(served: list[tuple[int, ...]]) -> None:
     """CogVideoX's joint-attention processor calls SDPA itself: route() leaves it, patch_sdpa serves it."""
-    calls: list[tuple[int, ...]] = []
-    real = runtime.attention
-
-    def spy(q: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        calls.append(tuple(q.shape))
-        return real(q, *args, **kwargs)
-
-    monkeypatch.setattr(runtime, "attention", spy)
     model, inputs = _cogvideox()
     with torch.no_grad():
         want = model(**inputs).sample
@@ -241,5 +218,5 @@ def test_cogvideox_is_left_to_patch_sdpa(monkeypatch: pytest.MonkeyPatch) -> Non
         with attnforge.patch_sdpa():
             got = model(**inputs).sample
     assert routed.unchanged == ("transformer_blocks.0.attn1: CogVideoXAttnProcessor2_0",)
-    assert calls == [(1, 2, 13, 8)]  # joint: 5 text + 2 frames x (4/2)^2 patches
+    assert served == [(1, 2, 13, 8)]  # joint: 5 text + 2 frames x (4/2)^2 patches
     torch.testing.assert_close(got, want, **TOL)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import attnforge
-from attnforge.dispatch import runtime
 from attnforge.errors import DispatchError
 
 transformers = pytest.importorskip("transformers")
@@ -37,19 +36,10 @@ MODELS = {
 TOL = 1e-4
 
 
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
-    """Registers the integration and records the query shape of every call attnforge.attention serves."""
+@pytest.fixture(autouse=True)
+def registered() -> None:
+    """``attn_implementation="attnforge"`` is known to transformers (registering twice is harmless)."""
     tf_integration.register()
-    calls: list[tuple[int, ...]] = []
-    real = runtime.attention
-
-    def spy(q: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        calls.append(tuple(q.shape))
-        return real(q, *args, **kwargs)
-
-    monkeypatch.setattr(runtime, "attention", spy)
-    return calls
 
 
 def _model(name: str, impl: str) -> Any:

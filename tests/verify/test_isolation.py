@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-import attnforge.probe  # noqa: F401  (catalog <-> probe import cycle: enter through probe)
 from attnforge._system.isolate import describe_exit
 from attnforge._system.runner import SubprocessRunner
 from attnforge.backends import registry
