@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import venv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
-from attnforge._system.runner import Completed
+from attnforge._system.runner import Completed, SubprocessRunner
 from attnforge.errors import InstallError
-from attnforge.install.pip import install_requirements
+from attnforge.install.pip import install_requirements, installed_versions
+from tests.venvs import bin_python, site_packages_of
 
 
 class ScriptedPip:
@@ -63,26 +65,23 @@ def test_nothing_to_do(tmp_path: Path) -> None:
     assert pip.pip_argv is None
 
 
+def _bridged(tmp_path: Path, pth: str) -> str:
+    """A fresh venv (no pip, no system site) whose site-packages holds ``zz_bridge.pth`` with ``pth``
+    (OUTER = a folder holding the distribution bridged-pkg 1.2.3); returns its python."""
+    outer = tmp_path / "outer" / "bridged_pkg-1.2.3.dist-info"
+    outer.mkdir(parents=True)
+    (outer / "METADATA").write_text("Metadata-Version: 2.1\nName: bridged-pkg\nVersion: 1.2.3\n")
+    venv.create(tmp_path / "venv", with_pip=False)
+    python = bin_python(tmp_path / "venv")
+    (site_packages_of(python) / "zz_bridge.pth").write_text(pth.replace("OUTER", str(outer.parent)))
+    return str(python)
+
+
 def test_versions_are_read_through_pth_path_lines_without_running_pth_code(tmp_path: Path) -> None:
     """A distribution reachable only through a ``.pth`` path line (an editable install, a bridge to an outer
     environment) is seen; a ``.pth`` import line is not run (the version check starts Python with -S)."""
-    import subprocess
-    import sys
-    import sysconfig
-
-    from attnforge._system.runner import SubprocessRunner
-    from attnforge.install.pip import installed_versions
-
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
-    site = Path(sysconfig.get_path("purelib", "venv", vars={"base": str(venv), "platbase": str(venv)}))
-    outer = tmp_path / "outer"
-    (outer / "bridged_pkg-1.2.3.dist-info").mkdir(parents=True)
-    (outer / "bridged_pkg-1.2.3.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: bridged-pkg\n"
-                                                                   "Version: 1.2.3\n")
     mark = tmp_path / "ran"
-    (site / "zz_bridge.pth").write_text(f"{outer}\nimport pathlib; pathlib.Path({str(mark)!r}).touch()\n")
+    python = _bridged(tmp_path, f"OUTER\nimport pathlib; pathlib.Path({str(mark)!r}).touch()\n")
     assert installed_versions(python, ["bridged-pkg"], SubprocessRunner()) == {"bridged-pkg": "1.2.3"}
     assert not mark.exists()
 
@@ -90,22 +89,7 @@ def test_versions_are_read_through_pth_path_lines_without_running_pth_code(tmp_p
 def test_an_environment_reached_only_through_pth_code_is_asked_the_plain_way(tmp_path: Path) -> None:
     """The H200 run's venv sees torch only through ``import site; site.addsitedir(...)`` lines: the first
     question finds what -S cannot see by letting the interpreter start normally, and later ones do the same."""
-    import subprocess
-    import sys
-    import sysconfig
-
-    from attnforge._system.runner import SubprocessRunner
-    from attnforge.install.pip import installed_versions
-
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
-    site = Path(sysconfig.get_path("purelib", "venv", vars={"base": str(venv), "platbase": str(venv)}))
-    outer = tmp_path / "outer"
-    (outer / "bridged_pkg-2.0.dist-info").mkdir(parents=True)
-    (outer / "bridged_pkg-2.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: bridged-pkg\n"
-                                                                 "Version: 2.0\n")
-    (site / "zz_bridge.pth").write_text(f"import site; site.addsitedir({str(outer)!r})\n")
-    assert installed_versions(python, ["bridged-pkg", "nope"], SubprocessRunner()) == {"bridged-pkg": "2.0",
+    python = _bridged(tmp_path, "import site; site.addsitedir('OUTER')\n")
+    assert installed_versions(python, ["bridged-pkg", "nope"], SubprocessRunner()) == {"bridged-pkg": "1.2.3",
                                                                                        "nope": None}
-    assert installed_versions(python, ["bridged-pkg"], SubprocessRunner()) == {"bridged-pkg": "2.0"}
+    assert installed_versions(python, ["bridged-pkg"], SubprocessRunner()) == {"bridged-pkg": "1.2.3"}
