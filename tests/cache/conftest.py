@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import contextlib
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +12,21 @@ from attnforge.cache import CacheKeyInputs, Store
 from attnforge.cache._files import sha256_file
 from tests._fakes import FakeClock
 from tests.cache.wheelmaker import make_wheel
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` (``mount -o size=``) at ``mount``, for full-disk tests; skips where it cannot be
+    mounted (not root, no mount namespace)."""
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True,
+                          check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
 
 
 def inputs_for(artifact: Path, **changes: Any) -> CacheKeyInputs:

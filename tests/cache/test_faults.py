@@ -24,7 +24,7 @@ from attnforge.cache import CacheKey, Store
 from attnforge.cache._provenance import MAX_PROVENANCE_BYTES, MAX_WHEEL_BYTES
 from attnforge.cache.share import export
 from attnforge.errors import CacheError
-from tests.cache.conftest import inputs_for
+from tests.cache.conftest import inputs_for, mounted_tmpfs
 from tests.cache.wheelmaker import make_wheel
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -341,16 +341,8 @@ def test_a_home_that_is_a_file_is_a_clean_error(tmp_path: Path, verb: list[str])
 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mount)], capture_output=True,
-                          check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "400k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 def _fill(mount: Path, leave_bytes: int) -> None:

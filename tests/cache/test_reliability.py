@@ -16,7 +16,7 @@ import pytest
 
 from attnforge.cache import CacheKey, Store
 from attnforge.errors import CacheError
-from tests.cache.conftest import inputs_for
+from tests.cache.conftest import inputs_for, mounted_tmpfs
 from tests.cache.wheelmaker import make_wheel
 from tests.conftest import REPO, SRC
 from tests.venvs import nested_venv
@@ -114,15 +114,8 @@ def test_sigkill_between_rename_and_commit_leaves_no_entry(tmp_path: Path) -> No
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "tmpfs", "1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 def test_real_full_disk_fails_cleanly(tiny_tmpfs: Path, tmp_path: Path) -> None:
