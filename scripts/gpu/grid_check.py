@@ -7,8 +7,10 @@ called the way a user would (bhsd tensors, and bshd tensors with ``layout="bshd"
 median of ``triton.testing.do_bench`` medians over ``--rounds`` interleaved rounds (each round times every
 candidate once, in a rotated order, so clock drift and thermal state hit all candidates alike).
 
-Per cell it reports: TFLOP/s of each candidate (forward FLOPs ``4 B Hq Sq Sk D`` halved for causal square
-shapes, x2.5 for fwd+bwd, FlashAttention's convention), the best exact backend, attnforge's ratio to it, its
+Per cell it reports: TFLOP/s of each candidate (bench's count: ``4 B Hq D`` x attended query-key pairs,
+backward = 2.5x forward; the 2026-11-22 JSON predates this: it halved only square causal shapes and
+counted fwd+bwd as 2.5x forward), the best exact
+backend, attnforge's ratio to it, its
 ratio to plain SDPA; and, on ``--quantized`` cells, the best with SageAttention allowed and attnforge with
 ``precision="allow_quantized"``. Each direct backend's output is checked against a float32 reference on one
 (batch, head) slice; a backend whose error is over the bound is not counted as "best".
@@ -83,10 +85,12 @@ class Row:
 
 
 def flops(c: Cell, mode: str) -> float:
-    f = 4.0 * c.b * c.hq * c.sq * c.sk * c.d
-    if c.causal and c.sq == c.sk:
-        f /= 2
-    return f * (2.5 if mode == "fwdbwd" else 1.0)
+    """bench's FLOP count (:func:`attnforge.bench.flops.attention_flops`: attended pairs; backward = 2.5x forward)."""
+    from attnforge.bench.flops import attention_flops
+    from attnforge.types.shapes import Mode
+
+    return attention_flops(batch=c.b, heads=c.hq, seqlen_q=c.sq, seqlen_k=c.sk, head_dim=c.d, causal=c.causal,
+                           mode=Mode.FWD_BWD if mode == "fwdbwd" else Mode.FWD)
 
 
 def direct_backends(torch: Any) -> dict[str, tuple[str, Callable[..., Any]]]:
