@@ -108,13 +108,21 @@ def _own_label(local: str) -> tuple[WheelLabel, tuple[Target, ...]] | None:
         own = LocalLabel.parse(local)
     except ValueError:
         return None
-    cuda = None
-    if own.cuda is not None:
-        major, minor = parse_major_minor(own.cuda)
-        cuda = CudaTag(major=major, minor=minor)
-    label = WheelLabel(grammar="attnforge", cuda=cuda, torch=f"{own.torch[0]}.{own.torch[1]}",
+    label = WheelLabel(grammar="attnforge", cuda=_cuda_tag(own.cuda), torch=f"{own.torch[0]}.{own.torch[1]}",
                        cxx11_abi=own.cxx11_abi)
-    return label, tuple(Target(cc=cc, kind=TargetKind.SASS) for cc in own.archs)
+    return label, _sass(own.archs)
+
+
+def _cuda_tag(version: str | None) -> CudaTag | None:
+    """``"13.0"`` -> cu130 (None stays None)."""
+    if not version:
+        return None
+    major, minor = parse_major_minor(version)
+    return CudaTag(major=major, minor=minor)
+
+
+def _sass(archs: Sequence[ComputeCapability]) -> tuple[Target, ...]:
+    return tuple(Target(cc=cc, kind=TargetKind.SASS) for cc in archs)
 
 
 def read_cached(artifact: CachedArtifact) -> BinaryFacts:
@@ -127,12 +135,8 @@ def read_cached(artifact: CachedArtifact) -> BinaryFacts:
         name, version, _, tags = parse_wheel_filename(artifact.filename)
     except (InvalidWheelFilename, InvalidVersion) as exc:
         raise ValueError(str(exc)) from None
-    cuda = None
-    if artifact.cuda_version:
-        major, minor = parse_major_minor(artifact.cuda_version)
-        cuda = CudaTag(major=major, minor=minor)
-    label = WheelLabel(grammar="cache", cuda=cuda, torch=artifact.torch_version, cxx11_abi=artifact.cxx11_abi)
-    archs = tuple(Target(cc=cc, kind=TargetKind.SASS) for cc in artifact.archs)
+    label = WheelLabel(grammar="cache", cuda=_cuda_tag(artifact.cuda_version), torch=artifact.torch_version,
+                       cxx11_abi=artifact.cxx11_abi)
     return BinaryFacts(
         filename=artifact.filename,
         name=name,
@@ -140,7 +144,7 @@ def read_cached(artifact: CachedArtifact) -> BinaryFacts:
         tags=tags,
         label=label,
         torch_match=TorchMatch.EXACT,
-        archs=archs,
+        archs=_sass(artifact.archs),
     )
 
 
