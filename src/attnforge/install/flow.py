@@ -322,13 +322,12 @@ def _from_wheel(run: _Run, ref: WheelRef | None, request: Request) -> tuple[Path
             local = _fetch(ref, request, Path(tmp))
         sha = sha256_file(local)
         trust = check_digest(ref.filename, ref.url, sha, ref.sha256)  # CacheError on a mismatch
+        run.hash_source = HashSource.PUBLISHED if ref.sha256 else HashSource.FIRST_USE
         if ref.sha256 is None:
-            run.hash_source = HashSource.FIRST_USE
             run.warnings.append(f"{ref.filename} has no published sha256; its hash {sha} was recorded on first "
                                 "use (later installs are checked against it; this one could not be)")
         _refuse_missing_archs(local, tuple(archs))
         inputs = prebuilt_wheel_inputs(wheel=local, sha256=sha, archs=tuple(archs), snapshot=snapshot)
-        run.hash_source = run.hash_source or HashSource.PUBLISHED
         provenance = {"origin": ref.url, "source": ref.source or "find-links/index", "url": ref.url,
                       "sha256": sha, "digest": trust, "sha256_source": run.hash_source, "listed_at": ref.listed_at}
         entry = store.put(local, inputs, provenance=provenance, expected_sha256=sha).entry
