@@ -40,13 +40,12 @@ FALLBACK = PLAIN_SDPA
 
 
 def shape_of_call(call: AttentionCall) -> AttentionShape:
-    """The :class:`AttentionShape` of ``call`` (features, ``Dv`` and layout where the call carries them)."""
+    """The :class:`AttentionShape` of ``call`` (its features and ``Dv``; calls are described in bhsd)."""
     return AttentionShape(batch=call.batch, heads=call.heads_q, kv_heads=call.heads_kv, head_dim=call.head_dim,
                            seqlen_q=call.seqlen_q, seqlen_k=call.seqlen_k, causal=call.causal,
                            mode=Mode.FWD_BWD if call.needs_grad else Mode.FWD, dtype=call.dtype,
-                           head_dim_v=getattr(call, "head_dim_v", None),
-                           layout=Layout(getattr(call, "layout", "bhsd")),
-                           features=frozenset(Feature(f) for f in getattr(call, "features", ())))
+                           head_dim_v=call.head_dim_v, layout=Layout.BHSD,
+                           features=frozenset(Feature(f) for f in call.features))
 
 
 def class_of_call(call: AttentionCall) -> ShapeClass:
