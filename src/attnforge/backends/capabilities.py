@@ -23,19 +23,13 @@ from attnforge.backends.adapter import FEATURES, AttentionCall, required_feature
 from attnforge.catalog import DATA_DIR, Catalog, load_catalog
 from attnforge.catalog._check import Collector, read_checked
 from attnforge.types.cc import ComputeCapability, format_cc
+from attnforge.types.shapes import Layout
 
 _FIELDS = {
     "devices", "layout", "causal", "empty_rows_zero", "gqa", "backward", "head_dim_multiple", "sources",
     "features", "offers", "backward_devices", "jit_per_shape", "win_required_on",
 }
 DEVICES = ("cuda", "cpu")
-
-
-class Layout(StrEnum):
-    """Tensor layouts: ``bhsd`` = ``[B, H, S, D]`` (SDPA), ``bshd`` = ``[B, S, H, D]`` (FlashAttention)."""
-
-    BHSD = "bhsd"
-    BSHD = "bshd"
 
 
 class CausalMode(StrEnum):
