@@ -46,21 +46,16 @@ class Cell:
     quantized: bool = False  # also measure with SageAttention allowed
 
 
-GRID: tuple[Cell, ...] = (
-    Cell("mha-1k", 8, 16, 16, 1024, 1024, 128, False),
-    Cell("mha-1k-causal", 8, 16, 16, 1024, 1024, 128, True),
-    Cell("gqa4-4k-causal", 2, 32, 8, 4096, 4096, 128, True),
-    Cell("gqa8-8k-causal", 1, 64, 8, 8192, 8192, 128, True),
-    Cell("chunked-prefill-gqa", 1, 32, 8, 512, 4096, 128, True),
-    Cell("decode-gqa", 8, 32, 8, 1, 4096, 128, False, modes=("fwd",)),
-    Cell("decode-gqa-causal", 8, 32, 8, 1, 8192, 128, True, modes=("fwd",)),
-    Cell("d64-2k-causal", 4, 16, 16, 2048, 2048, 64, True),
-    Cell("d256-4k-causal", 2, 16, 16, 4096, 4096, 256, True),
-    Cell("16k", 1, 16, 16, 16384, 16384, 128, False, quantized=True),
-    Cell("16k-causal", 1, 16, 16, 16384, 16384, 128, True),
-    Cell("flux-4608", 1, 24, 24, 4608, 4608, 128, False, quantized=True),
-    Cell("wan-32760", 1, 40, 40, 32760, 32760, 128, False, quantized=True),
-)
+def grid() -> tuple[Cell, ...]:
+    """The cells: ``attnforge bench --shapes grid`` (:data:`attnforge.bench.grid.REAL_GRID`) and
+    ``--shapes diffusion`` (:data:`attnforge.bench.grid.DIFFUSION`, also measured with SageAttention allowed), so
+    this check times exactly the shape classes that bench measured for the policy."""
+    from attnforge.bench.grid import DIFFUSION, REAL_GRID
+
+    cells = [Cell(name, b, hq, hkv, sq, sk, d, causal, modes=("fwd", "fwdbwd") if train else ("fwd",))
+             for name, b, hq, hkv, sq, sk, d, causal, train in REAL_GRID]
+    cells += [Cell(name, b, h, h, s, s, d, False, quantized=True) for name, b, h, s, d in DIFFUSION]
+    return tuple(cells)
 
 
 @dataclass
@@ -297,7 +292,7 @@ def main() -> int:
     wanted = {n for n in args.cells.split(",") if n}
     backends = direct_backends(torch)
     rows: list[Row] = []
-    for cell in GRID:
+    for cell in grid():
         if wanted and cell.name not in wanted:
             continue
         for mode in cell.modes:

@@ -11,17 +11,19 @@ of its slowest and of its fastest round). The rule (:func:`rank`):
    then the higher median. So on a CPU, or wherever measurements are noise, plain SDPA stays unless a candidate
    is faster beyond the spread (issues 16 and 17).
 
-Matching is by exact shape class (:class:`attnforge.types.shapes.ShapeClass`): a class that was never measured
-has no ranking, and the caller falls back to its own order (catalog priority, measure-on-first-use). One piece of
-evidence does transfer, and only towards doing nothing: a backend that was measured next to plain SDPA and was
-never faster beyond the spread there (:func:`never_beat_plain_sdpa`) is not preferred to SDPA where it is
-unmeasured (issue 16: "never slower than doing nothing").
+Matching is by exact shape class (:class:`attnforge.types.shapes.ShapeClass`). A class that was never measured
+has no ranking of its own; evidence transfers to it only by interpolation (:func:`bracketing`): the nearest
+measured classes of the same family (all but the length buckets equal, the same ``Sk``/``Sq`` ratio, or both
+decode) on either side of its length. The caller (:func:`attnforge.dispatch.policy.decide`) lets a backend lead
+an unmeasured class only when it beat plain SDPA in both of them; otherwise plain SDPA leads (issue 16: "never
+slower than doing nothing"). Lengths outside the measured range are never extrapolated: the winner at 4k says
+nothing about 1k (on the H200, FlashAttention-4 wins causal 4k and runs at 0.45x the best at causal 1k).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from attnforge.records import BenchRecord
 from attnforge.types.shapes import ShapeClass
@@ -153,32 +155,46 @@ def wins_per_backend(records: Iterable[BenchRecord], among: Collection[str] | No
     return out
 
 
-def never_beat_plain_sdpa(records: Iterable[BenchRecord]) -> frozenset[str]:
-    """Backends measured in a shape class together with plain SDPA, and in none of those classes faster than it
-    beyond the spread."""
-    per_class: dict[ShapeClass, dict[str, list[BenchRecord]]] = {}
+def _family(shape_class: ShapeClass) -> tuple[ShapeClass, int]:
+    """The classes one class interpolates between: equal but for the length buckets, with the same ``Sk/Sq``
+    ratio (decode, ``Sq = 1``, is a family of its own whatever ``Sk``)."""
+    sq, sk = shape_class.seqlen_q_bucket, shape_class.seqlen_k_bucket
+    ratio = 0 if sq == 1 else (sk // sq if sk >= sq else -(sq // sk))
+    return replace(shape_class, seqlen_q_bucket=1, seqlen_k_bucket=1), ratio
+
+
+def bracketing(records: Iterable[BenchRecord], shape_class: ShapeClass) -> tuple[Bracket, Bracket] | None:
+    """The nearest measured classes of ``shape_class``'s family below and above its key length, with their
+    measurements; None when it lies outside the measured range (or was measured itself)."""
+    family = _family(shape_class)
+    per: dict[ShapeClass, dict[str, list[BenchRecord]]] = {}
     for r in latest(records):
-        if r.tflops > 0:
-            per_class.setdefault(r.shape.shape_class, {}).setdefault(r.backend, []).append(r)
-    seen: set[str] = set()
-    won: set[str] = set()
-    for backends in per_class.values():
-        if PLAIN_SDPA not in backends:
-            continue
-        sdpa = _mean(PLAIN_SDPA, backends[PLAIN_SDPA])
-        for name, recs in backends.items():
-            if name != PLAIN_SDPA:
-                seen.add(name)
-                if _mean(name, recs).tflops_lo > sdpa.tflops_hi:
-                    won.add(name)
-    return frozenset(seen - won)
+        cls = r.shape.shape_class
+        if r.tflops > 0 and cls != shape_class and _family(cls) == family:
+            per.setdefault(cls, {}).setdefault(r.backend, []).append(r)
+    target = shape_class.seqlen_k_bucket
+    below = max((c for c in per if c.seqlen_k_bucket < target), key=lambda c: c.seqlen_k_bucket, default=None)
+    above = min((c for c in per if c.seqlen_k_bucket > target), key=lambda c: c.seqlen_k_bucket, default=None)
+    if below is None or above is None:
+        return None
+    lo, hi = (Bracket(shape_class=c, measurements={n: _mean(n, rs) for n, rs in per[c].items()})
+              for c in (below, above))
+    return lo, hi
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bracket:
+    """A measured class next to an unmeasured one (:func:`bracketing`), and its measurements per backend."""
+
+    shape_class: ShapeClass
+    measurements: Mapping[str, Measurement]
 
 
 class Evidence(dict[str, Measurement]):
-    """What the records say about one shape class: a measurement per backend, and the backends that never beat
-    plain SDPA anywhere they were measured with it (``demoted``)."""
+    """What the records say about one shape class: a measurement per backend, and, when the class itself was
+    not measured, the measured classes that bracket it (:func:`bracketing`)."""
 
-    demoted: frozenset[str] = frozenset()
+    bracket: tuple[Bracket, Bracket] | None = None
 
 
 def _mean(name: str, recs: list[BenchRecord]) -> Measurement:

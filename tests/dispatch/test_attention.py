@@ -19,6 +19,7 @@ from attnforge.backends.adapter import AttentionCall, reference_attention
 from attnforge.dispatch import runtime
 from attnforge.errors import DispatchError
 from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
+from tests.dispatch._measured import record_faster
 
 CPU_KEY = device_key("cpu", None, torch.__version__)
 
@@ -137,6 +138,7 @@ def test_only_verified_backends_are_chosen_and_sdpa_closes_the_order(store: Reco
     _verify(store, "failed", ok=False)
     d = _dispatcher(store, unverified, failed, fast)
     q, k, v = _qkv()
+    record_faster(store, ["unverified", "failed", "fast"], q, k)  # measured fastest, but not verified
     exp = d.explain(q, k, causal=False, precision="exact", needs_grad=False, backend=None)
     assert exp.order == ("fast", "sdpa")
     rejected = {r.backend: r.reasons for r in exp.rejected}
@@ -153,15 +155,21 @@ def _bench(backend: str, tflops: float, *, seqlen: int = 8, mode: str = "fwd") -
 
 
 @pytest.mark.parametrize(("bench", "expected"), [
-    pytest.param([], ("a", "b", "sdpa"), id="priority-when-unmeasured"),
+    pytest.param([], ("sdpa", "a", "b"), id="unmeasured-never-before-sdpa"),
     pytest.param([_bench("b", 50.0), _bench("a", 10.0)], ("b", "a", "sdpa"), id="measured-speed-wins"),
-    pytest.param([_bench("b", 50.0)], ("b", "a", "sdpa"), id="measured-before-unmeasured"),
+    pytest.param([_bench("b", 50.0)], ("b", "sdpa", "a"), id="measured-before-sdpa-before-unmeasured"),
     pytest.param([_bench("sdpa", 90.0), _bench("a", 10.0)], ("sdpa", "a", "b"), id="sdpa-measured-fastest"),
-    pytest.param([_bench("b", 50.0, seqlen=4096)], ("a", "b", "sdpa"), id="other-shape-class-ignored"),
-    pytest.param([_bench("b", 50.0, mode="fwd+bwd")], ("a", "b", "sdpa"), id="other-mode-ignored"),
+    pytest.param([_bench("b", 50.0, seqlen=4096)], ("sdpa", "a", "b"), id="other-shape-class-ignored"),
+    pytest.param([_bench("b", 50.0, mode="fwd+bwd")], ("sdpa", "a", "b"), id="other-mode-ignored"),
+    pytest.param([_bench("sdpa", 1.0, seqlen=4), _bench("b", 5.0, seqlen=4), _bench("sdpa", 1.0, seqlen=16),
+                  _bench("b", 5.0, seqlen=16)], ("b", "sdpa", "a"), id="won-on-both-sides-leads"),
+    pytest.param([_bench("sdpa", 1.0, seqlen=4), _bench("b", 5.0, seqlen=4), _bench("sdpa", 9.0, seqlen=16),
+                  _bench("b", 5.0, seqlen=16)], ("sdpa", "a", "b"), id="lost-on-one-side-follows-sdpa"),
+    pytest.param([_bench("sdpa", 1.0, seqlen=32), _bench("b", 5.0, seqlen=32), _bench("sdpa", 1.0, seqlen=64),
+                  _bench("b", 5.0, seqlen=64)], ("sdpa", "a", "b"), id="never-extrapolated"),
 ])
-def test_order_follows_bench_then_priority(store: RecordStore, bench: list[BenchRecord],
-                                           expected: tuple[str, ...]) -> None:
+def test_order_follows_bench_and_unmeasured_never_precedes_sdpa(store: RecordStore, bench: list[BenchRecord],
+                                                                 expected: tuple[str, ...]) -> None:
     _verify(store, "a", "b")
     store.add_bench(bench) if bench else None
     d = _dispatcher(store, FakeAdapter("a"), FakeAdapter("b"))
@@ -174,6 +182,7 @@ def test_a_backend_that_raises_is_marked_broken_warned_once_and_never_used_again
     _verify(store, "bad", "good")
     d = _dispatcher(store, bad, good)
     q, k, v = _qkv()
+    record_faster(store, ["bad", "good"], q, k, causal=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = d.run(q, k, v, causal=True, scale=None, backend=None, precision="exact", needs_grad=False)
@@ -193,6 +202,7 @@ def test_records_are_read_once_until_refresh(store: RecordStore) -> None:
     a = FakeAdapter("a")
     d = _dispatcher(store, a)
     q, k, _ = _qkv()
+    record_faster(store, ["a"], q, k)
     assert d.explain(q, k, causal=False, precision="exact", needs_grad=False, backend=None).chosen == "sdpa"
     _verify(store, "a")
     assert d.explain(q, k, causal=False, precision="exact", needs_grad=False, backend=None).chosen == "sdpa"

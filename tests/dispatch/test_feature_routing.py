@@ -19,6 +19,7 @@ from attnforge.backends.adapter import AttentionCall, reference_attention
 from attnforge.dispatch import features, runtime
 from attnforge.errors import DispatchError
 from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
+from tests.dispatch._measured import faster_records
 
 CPU_KEY = device_key("cpu", None, torch.__version__)
 
@@ -57,13 +58,24 @@ class Jit(Fake):
         jit_per_shape=True, features=frozenset(), priority=0))
 
 
-def _install(tmp_path: Path, *fakes: Fake, bench: tuple[BenchRecord, ...] = ()) -> runtime.Dispatcher:
+def _install(tmp_path: Path, *fakes: Fake, bench: tuple[BenchRecord, ...] = (),
+             measured: bool = True) -> runtime.Dispatcher:
+    """Verify ``fakes``; with ``measured``, bench records saying they beat plain SDPA (first fastest) in the
+    classes this file calls (so the routing, not the policy's "never before SDPA unmeasured", is under test)."""
     store = RecordStore(tmp_path / "home")
     for fake in fakes:
         store.add_verify(VerifyRecord(device_key=CPU_KEY, backend=fake.name, backend_version="1", ok=True,
                                       summary="ok"))
-    if bench:
-        store.add_bench(list(bench))
+    records = list(bench)
+    if measured:
+        names = [f.name for f in fakes]
+        (q, k, _), (q2, k2, _) = _qkv(), _qkv(sq=40, sk=40)
+        for features in ((), ("window",), ("window", "lse"), ("softcap",), ("lse",)):
+            for causal in (False, True):
+                records += faster_records(names, q, k, causal=causal, features=features)
+        records += faster_records(names, q, k, v=torch.empty(1, 2, 6, 5)) + faster_records(names, q2, k2)
+    if records:
+        store.add_bench(records)
     return runtime.Dispatcher({f.name: f for f in fakes}, records=store,
                               priorities={f.name: i for i, f in enumerate(fakes)})
 
@@ -168,7 +180,7 @@ def _bench(backend: str, tflops: float, seqlen: int) -> BenchRecord:
 
 def test_a_jit_backend_needs_a_measured_win(tmp_path: Path, use: Any) -> None:
     jit = Jit("jit")
-    use(_install(tmp_path, jit))
+    use(_install(tmp_path, jit, measured=False))
     q, k, v = _qkv()
     attnforge.attention(q, k, v)
     assert jit.calls == 0  # unmeasured: plain SDPA
@@ -178,7 +190,7 @@ def test_a_jit_backend_needs_a_measured_win(tmp_path: Path, use: Any) -> None:
 
 def test_a_jit_backend_with_a_win_serves_static_shapes_but_not_dynamic_ones(tmp_path: Path, use: Any) -> None:
     jit = Jit("jit")
-    use(_install(tmp_path, jit, bench=(_bench("jit", 9.0, 8), _bench("sdpa", 3.0, 8))))
+    use(_install(tmp_path, jit, bench=(_bench("jit", 9.0, 8), _bench("sdpa", 3.0, 8)), measured=False))
     q, k, v = _qkv(sq=8, sk=8)
     for _ in range(3):
         attnforge.attention(q, k, v)
@@ -233,8 +245,9 @@ def test_a_feature_that_failed_verify_is_not_used_but_the_backend_is(tmp_path: P
     store = RecordStore(tmp_path / "home")
     store.add_verify(VerifyRecord(device_key=CPU_KEY, backend="fa", backend_version="1", ok=True,
                                   summary="ok; not used for softcap", details={"failed_features": ["softcap"]}))
-    use(runtime.Dispatcher({"fa": fa}, records=store))
     q, k, v = _qkv()
+    store.add_bench([r for feats in ((), ("window",), ("softcap",)) for r in faster_records(["fa"], q, k, features=feats)])
+    use(runtime.Dispatcher({"fa": fa}, records=store))
     attnforge.attention(q, k, v, window=(2, 0))
     attnforge.attention(q, k, v)
     assert fa.calls == 2

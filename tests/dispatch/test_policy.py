@@ -12,7 +12,7 @@ import pytest
 from attnforge.backends.adapter import AttentionCall
 from attnforge.catalog.tolerances import DispatchGate, load_quantized_gate
 from attnforge.dispatch.policy import class_of_call, decide, measurements, quantized_gate
-from attnforge.ranking import Measurement
+from attnforge.ranking import Measurement, bracketing
 from attnforge.records import BenchRecord, VerifyRecord
 
 CALL = AttentionCall(device_type="cuda", compute_capability=(9, 0), dtype="bfloat16", batch=1, heads_q=40,
@@ -86,13 +86,14 @@ def test_exact_precision_never_sees_a_quantized_backend() -> None:
     assert "sageattention-2" not in d.order
 
 
-def test_measured_ties_go_to_plain_sdpa_then_unmeasured_by_priority() -> None:
+def test_measured_ties_go_to_plain_sdpa_and_unmeasured_backends_follow_it() -> None:
     d = _decide([m("sdpa", 600, 0.02), m("flash-attn-4", 606, 0.02)])
     assert d.order == ("sdpa", "flash-attn-4")
     assert d.ranking is not None and set(d.ranking.tied) == {"sdpa", "flash-attn-4"}
     assert "tied with flash-attn-4" in d.basis[0]
     d = _decide([])
-    assert d.order == ("flash-attn-4", "sdpa") and d.ranking is None
+    assert d.order == ("sdpa", "flash-attn-4") and d.ranking is None
+    assert "unmeasured backends do not precede it" in d.basis[0]
 
 
 def test_the_gate_is_data_with_sources() -> None:
@@ -111,18 +112,35 @@ def _rec(backend: str, tflops: float, seqlen: int, spread: float = 0.05) -> Benc
                        ms=1.0, tflops=tflops, peak_mem_bytes=None, run_id="r", ms_lo=1 - spread, ms_hi=1 + spread)
 
 
-def test_unmeasured_classes_keep_plain_sdpa_before_backends_that_never_beat_it() -> None:
+def test_unmeasured_classes_keep_plain_sdpa_first_unless_bracketed_by_wins() -> None:
     """Issue 16: after `bench --device cpu`, flex lost to plain SDPA everywhere it was measured, so in the
-    unmeasured decode class it must not come first (20 generated tokens took 115.6 s vs 0.32 s)."""
-    records = [_rec("sdpa", 1.0, 64), _rec("flex", 0.3, 64), _rec("sdpa-math", 0.9, 64),
-               _rec("sdpa", 1.0, 128), _rec("flex", 0.4, 128), _rec("sdpa-math", 1.5, 128, spread=0.01)]
-    decode = AttentionCall(device_type="cpu", compute_capability=None, dtype="float32", batch=1, heads_q=4,
-                           heads_kv=4, seqlen_q=1, seqlen_k=300, head_dim=32, causal=False, needs_grad=False)
-    evidence = measurements(records, class_of_call(decode))
-    assert not evidence and evidence.demoted == {"flex"}  # sdpa-math beat SDPA beyond the spread once
+    unmeasured decode class it must not come first (20 generated tokens took 115.6 s vs 0.32 s). Issue 17: on the
+    H200, FlashAttention-4 first in unmeasured short classes (catalog priority) ran at 0.45x the best."""
     adapters = {"flex": Adapter("flex"), "sdpa-math": Adapter("sdpa-math")}
     ok = {n: VerifyRecord(device_key="cpu", backend=n, backend_version="1", ok=True, summary="ok") for n in adapters}
-    d = decide(decode, adapters, priorities={"flex": 50, "sdpa-math": 90}, verified=ok, measured=evidence,
-               broken={})
-    assert d.order == ("sdpa-math", "sdpa", "flex")
-    assert "never faster than plain SDPA" in d.basis[-1]
+
+    def order(records: list[BenchRecord], seqlen: int) -> tuple[str, ...]:
+        call = AttentionCall(device_type="cpu", compute_capability=None, dtype="float32", batch=1, heads_q=4,
+                             heads_kv=4, seqlen_q=seqlen, seqlen_k=seqlen, head_dim=32, causal=False,
+                             needs_grad=False)
+        evidence = measurements(records, class_of_call(call))
+        return decide(call, adapters, priorities={"flex": 50, "sdpa-math": 90}, verified=ok, measured=evidence,
+                      broken={}).order
+
+    records = [_rec("sdpa", 1.0, 64), _rec("flex", 0.3, 64), _rec("sdpa-math", 1.5, 64, spread=0.01),
+               _rec("sdpa", 1.0, 256), _rec("flex", 0.4, 256), _rec("sdpa-math", 1.5, 256, spread=0.01)]
+    assert order(records, 128) == ("sdpa-math", "sdpa", "flex")  # won at 64 and at 256: leads 128
+    assert order(records, 1) == ("sdpa", "flex", "sdpa-math")  # decode: another family, nothing measured
+    assert order(records, 1024) == ("sdpa", "flex", "sdpa-math")  # beyond the measured range: no extrapolation
+    records[5] = _rec("sdpa-math", 1.02, 256)  # within SDPA's spread at 256: a tie goes to plain SDPA
+    assert order(records, 128) == ("sdpa", "flex", "sdpa-math")
+
+
+def test_bracketing_finds_the_nearest_measured_lengths_of_the_same_family() -> None:
+    records = [_rec(n, 1.0, s) for n in ("sdpa", "flex") for s in (16, 64, 512, 4096)]
+    (lo, hi) = bracketing(records, class_of_call(AttentionCall(
+        device_type="cpu", compute_capability=None, dtype="float32", batch=1, heads_q=4, heads_kv=4, seqlen_q=200,
+        seqlen_k=200, head_dim=32, causal=False, needs_grad=False))) or (None, None)
+    assert lo is not None and hi is not None
+    assert (lo.shape_class.seqlen_k_bucket, hi.shape_class.seqlen_k_bucket) == (64, 512)
+    assert set(lo.measurements) == {"sdpa", "flex"}

@@ -35,14 +35,20 @@ CPU_HIDDEN = 128
 CPU_DIVISOR = 64
 CPU_MAX_HEADS = 4
 
-#: ``(name, B, Hq, Hkv, Sq, Sk, D, causal, fwd+bwd too)`` of ``--shapes grid``; sizes of the H200 run of issue 17.
+#: ``(name, B, Hq, Hkv, Sq, Sk, D, causal, fwd+bwd too)`` of ``--shapes grid``: the cells of issue 17's check on
+#: the H200 (``scripts/gpu/grid_check.py`` reads this table, so the check measures exactly the classes the policy
+#: looks up after ``attnforge bench --shapes grid``; diffusion lengths are :data:`DIFFUSION`).
 REAL_GRID = (
-    ("gqa-prefill", 1, 32, 8, 4096, 4096, 128, True, True),
-    ("chunked-prefill", 1, 32, 8, 512, 4096, 128, True, True),
-    ("decode", 8, 32, 8, 1, 4096, 128, False, False),
-    ("d64", 4, 32, 32, 4096, 4096, 64, True, True),
-    ("d256", 2, 8, 8, 4096, 4096, 256, True, True),
-    ("prefill-1k", 16, 16, 16, 1024, 1024, 128, False, True),
+    ("mha-1k", 8, 16, 16, 1024, 1024, 128, False, True),
+    ("mha-1k-causal", 8, 16, 16, 1024, 1024, 128, True, True),
+    ("gqa4-4k-causal", 2, 32, 8, 4096, 4096, 128, True, True),
+    ("gqa8-8k-causal", 1, 64, 8, 8192, 8192, 128, True, True),
+    ("chunked-prefill-gqa", 1, 32, 8, 512, 4096, 128, True, True),
+    ("decode-gqa", 8, 32, 8, 1, 4096, 128, False, False),
+    ("decode-gqa-causal", 8, 32, 8, 1, 8192, 128, True, False),
+    ("d64-2k-causal", 4, 16, 16, 2048, 2048, 64, True, True),
+    ("d256-4k-causal", 2, 16, 16, 4096, 4096, 256, True, True),
+    ("16k-causal", 1, 16, 16, 16384, 16384, 128, True, True),
 )
 #: ``(name, B, H, S, D)`` of ``--shapes diffusion``: non-causal, bf16 on a GPU.
 DIFFUSION = (

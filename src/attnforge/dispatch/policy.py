@@ -4,10 +4,12 @@ A backend is *eligible* when its package loads, verify passed for it on this dev
 (its ``unsupported_reasons`` are empty) and it has not raised at run time in this process. Eligible backends
 that bench measured for the call's *shape class* are ordered by the one "fastest" rule
 (:mod:`attnforge.ranking`: median TFLOP/s, ties within the measured spread go to the lower-overhead path, so
-plain SDPA stays unless a candidate is faster beyond the spread); backends without a measurement follow, by the
-catalog's ``priority``, except those that never beat plain SDPA where both were measured: they follow SDPA
-("never slower than doing nothing", issue 16). PyTorch SDPA (unforced) needs no verify record and closes the
-order of the others unless it was measured.
+plain SDPA stays unless a candidate is faster beyond the spread). A backend without a measurement never precedes
+plain SDPA ("never slower than doing nothing", issue 16), with one exception: in a class that was not measured
+at all, the backend that beat plain SDPA beyond the spread in *both* measured classes that bracket it (the same
+family at the nearest shorter and longer lengths, :func:`attnforge.ranking.bracketing`) leads. The rest follow
+SDPA by the catalog's ``priority`` (they serve a call only where SDPA cannot: a feature it lacks, or when it
+raised). PyTorch SDPA (unforced) needs no verify record.
 
 A quantized backend (SageAttention) is eligible only under ``precision="allow_quantized"`` *and* where it was
 measured faster than every measured exact backend beyond the spread *and* its recorded error on the class stays
@@ -23,11 +25,12 @@ from typing import TYPE_CHECKING
 from attnforge.backends.adapter import AttentionCall, BackendAdapter
 from attnforge.ranking import (
     PLAIN_SDPA,
+    Bracket,
     Evidence,
     Measurement,
     Ranking,
+    bracketing,
     class_measurements,
-    never_beat_plain_sdpa,
     rank,
 )
 from attnforge.records import BenchRecord, VerifyRecord
@@ -54,11 +57,12 @@ def class_of_call(call: AttentionCall) -> ShapeClass:
 
 
 def measurements(records: Iterable[BenchRecord], shape_class: ShapeClass) -> Evidence:
-    """Per backend, what bench (or measure-on-first-use) stored for ``shape_class``; ``demoted``: the backends
-    that never beat plain SDPA where both were measured (:func:`attnforge.ranking.never_beat_plain_sdpa`)."""
+    """Per backend, what bench (or measure-on-first-use) stored for ``shape_class``; when nothing was, the
+    measured classes that bracket it (``bracket``, :func:`attnforge.ranking.bracketing`)."""
     records = list(records)
     evidence = Evidence(class_measurements(records, shape_class))
-    evidence.demoted = never_beat_plain_sdpa(records)
+    if not evidence:
+        evidence.bracket = bracketing(records, shape_class)
     return evidence
 
 
@@ -136,15 +140,30 @@ def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, prior
     else:
         eligible.append(FALLBACK)
     ranking = rank(measured[n] for n in eligible if n in measured)
-    demoted: frozenset[str] = getattr(measured, "demoted", frozenset())
-    unmeasured = sorted((n for n in eligible if n not in ranking.measurements and n != FALLBACK),
+    lead = _interpolated(eligible, getattr(measured, "bracket", None)) if not ranking.order else None
+    unmeasured = sorted((n for n in eligible if n not in ranking.measurements and n not in (FALLBACK, lead)),
                         key=lambda n: (priorities.get(n, 1 << 30), n))
-    order = (*ranking.order, *(n for n in unmeasured if n not in demoted))
+    order = (*ranking.order, *((lead,) if lead else ()))
     if FALLBACK in eligible and FALLBACK not in order:
         order = (*order, FALLBACK)
-    order = (*order, *(n for n in unmeasured if n in demoted))
-    basis = tuple(_basis(name, ranking, priorities, demoted) for name in order)
+    order = (*order, *unmeasured)
+    basis = tuple(_basis(name, ranking, priorities, lead, getattr(measured, "bracket", None)) for name in order)
     return Decision(order=order, basis=basis, rejected=tuple(rejected), ranking=ranking if ranking.order else None)
+
+
+def _interpolated(eligible: list[str], bracket: tuple[Bracket, Bracket] | None) -> str | None:
+    """The eligible backend that beat plain SDPA in both bracketing classes (ranked among the eligible ones),
+    or None."""
+    if bracket is None or FALLBACK not in eligible:
+        return None
+    winners: set[str | None] = set()
+    for side in bracket:
+        ranking = rank(side.measurements[n] for n in eligible if n in side.measurements)
+        if FALLBACK not in ranking.measurements:
+            return None  # no evidence against doing nothing on this side
+        winners.add(ranking.winner)
+    winner = winners.pop() if len(winners) == 1 else None
+    return winner if winner != FALLBACK else None
 
 
 def _quantized(adapter: BackendAdapter) -> bool:
@@ -186,11 +205,14 @@ def _reasons(name: str, adapter: BackendAdapter, call: AttentionCall, verified: 
     return reasons
 
 
-def _basis(name: str, ranking: Ranking, priorities: Mapping[str, int], demoted: frozenset[str]) -> str:
+def _basis(name: str, ranking: Ranking, priorities: Mapping[str, int], lead: str | None,
+           bracket: tuple[Bracket, Bracket] | None) -> str:
     if name in ranking.measurements:
         return ranking.basis(name)
+    if name == lead and bracket is not None:
+        shorter, longer = (str(side.shape_class) for side in bracket)
+        return (f"not measured for this shape class; fastest beyond plain SDPA's spread in both measured classes"
+                f" around it ({shorter}; {longer})")
     if name == FALLBACK:
-        return "fallback: PyTorch SDPA, always available"
-    if name in demoted:
-        return "verified, not measured for this shape class; never faster than plain SDPA where both were measured"
-    return f"verified, not measured for this shape class; catalog priority {priorities.get(name, '-')}"
+        return "fallback: PyTorch SDPA, always available; unmeasured backends do not precede it"
+    return f"verified, not measured for this shape class; after SDPA, catalog priority {priorities.get(name, '-')}"
