@@ -329,7 +329,8 @@ def _verdict(s: SystemSnapshot, catalog: Catalog, rows: Sequence[BackendRow], be
     if fastest is None:
         best = min(ready, key=lambda r: catalog.backends[r.backend].priority, default=None)
         fastest = best.name if best else "nothing"
-        evidence = "not measured yet: run `attnforge bench` (ranked by the catalog's priority until then)"
+        evidence = ("not measured yet, the catalog's guess: run `attnforge bench`; until a backend is measured faster"
+                    " than plain SDPA, attention() keeps plain SDPA")
     machine = _machine_blocker(s)
     if machine is not None:
         return Verdict(fastest_now=fastest, evidence=evidence,
