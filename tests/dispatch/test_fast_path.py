@@ -25,6 +25,7 @@ from attnforge.backends._base import Requirement
 from attnforge.backends.adapter import AttentionCall, reference_attention
 from attnforge.backends.external import SageAdapter, XformersAdapter
 from attnforge.backends.flash import FlashAttnAdapter
+from attnforge.dispatch import dispatcher as dispatcher_module
 from attnforge.dispatch import runtime
 from attnforge.errors import DispatchError
 from attnforge.records import RecordStore, VerifyRecord, device_key
@@ -231,7 +232,7 @@ def test_bad_scale_after_a_good_call_is_still_refused(a_b: tuple[Any, Fake, Fake
 
 def test_remembered_signatures_are_bounded(a_b: tuple[Any, Fake, Fake], monkeypatch: pytest.MonkeyPatch) -> None:
     d, a, _ = a_b
-    monkeypatch.setattr(runtime, "ROUTES_MAX", 2)
+    monkeypatch.setattr(dispatcher_module, "ROUTES_MAX", 2)
     for sq in (3, 5, 6, 7):
         q, k, v = _qkv(sq=sq)
         _check(attnforge.attention(q, k, v), q, k, v)

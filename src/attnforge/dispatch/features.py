@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from attnforge.backends.adapter import AttentionCall, BackendAdapter, required_features, supported_features
 from attnforge.backends.exact import EXACT
-from attnforge.dispatch.inputs import validate
+from attnforge.dispatch.inputs import (
+    check_heads,
+    check_mask,
+    check_sinks,
+    check_window,
+    refuse_nested_or_packed,
+    validate,
+)
 from attnforge.dispatch.policy import FALLBACK, Decision, Rejection
 from attnforge.errors import DispatchError
 from attnforge.records import VerifyRecord
@@ -155,8 +162,6 @@ def prepare(
     seqused_k: Any = None,
 ) -> Prepared:
     """Check a call's arguments and name its features; raises :class:`DispatchError` for bad input."""
-
-
     if is_causal is not None:
         if causal and not is_causal:
             raise DispatchError("causal=True and is_causal=False disagree", hint="pass one of them")
@@ -173,7 +178,7 @@ def prepare(
         uses.add("dropout")
         opts["dropout_p"] = float(dropout_p)
     if window is not None:
-        window = _window(window)
+        window = check_window(window)
         if window != (None, None):
             uses.add("window")
             opts["window"] = window
@@ -198,38 +203,15 @@ def prepare(
                        cu_k=cu_seqlens_k, max_q=max_seqlen_q, max_k=max_seqlen_k)
     refuse_nested_or_packed(q, k, v, packed=True)
     qh, kh, vh = validate(q, k, v, layout=layout, precision=precision, scale=scale)
-    _check_heads(qh.shape[1], kh.shape[1], enable_gqa)
-    sq, sk = qh.shape[2], kh.shape[2]
-    if causal_alignment == "top_left" and sq != sk and (causal or "window" in uses):
-        uses.add("causal_top_left")
-        opts["causal_alignment"] = "top_left"
+    check_heads(qh.shape[1], kh.shape[1], enable_gqa)
     if attn_mask is not None:
-        _check_mask(attn_mask, qh, kh)
+        check_mask(attn_mask, qh, kh)
         uses.add("mask")
         opts["attn_mask"] = attn_mask
-    if sinks is not None:
-        opts["sinks"] = _check_sinks(sinks, qh)
-        uses.add("sinks")
-    dv = vh.shape[3] if vh.shape[3] != qh.shape[3] else None
-    if dv is not None:
-        uses.add("dv")
+    dv = _shared_features(qh, vh, uses=uses, opts=opts, causal=causal, alignment=causal_alignment, sinks=sinks,
+                          square=qh.shape[2] == kh.shape[2])
     return Prepared(q=qh, k=kh, v=vh, probe=(qh, kh), empty=is_empty(qh, kh) or vh.shape[3] == 0, uses=frozenset(uses),
                     head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks))
-
-
-def refuse_nested_or_packed(q: Any, k: Any, v: Any, *, packed: bool) -> None:
-    """Raise the helpful error for nested tensors, and (``packed``) for 3-D inputs without ``cu_seqlens``."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if getattr(t, "is_nested", False):
-            raise DispatchError(f"{name} is a nested tensor; attention() takes dense or packed tensors",
-                                hint="pass the packed values with cu_seqlens: q.values() ([total, H, D]) and"
-                                     " cu_seqlens_q=q.offsets().int(), or pad with"
-                                     " torch.nested.to_padded_tensor and pass an attn_mask")
-    if packed and getattr(q, "dim", None) is not None and q.dim() == 3:
-        raise DispatchError(f"q has 3 dimensions {tuple(q.shape)}: packed [total, H, D] inputs need"
-                            " cu_seqlens_q and cu_seqlens_k (varlen)",
-                            hint="pass cu_seqlens_q/cu_seqlens_k, or add the batch dimension: q.unsqueeze(0)"
-                                 " (then layout='bshd')")
 
 
 def _needs_grad(*tensors: Any) -> bool:
@@ -243,8 +225,6 @@ def _serve(dispatcher: Any, call: Prepared, *, scale: float | None, backend: str
     """Run the decided order on the prepared call: the first backend that does not raise serves it."""
     import torch
 
-    from attnforge.dispatch import runtime
-
     q, k, v, causal, opts = call.q, call.k, call.v, call.causal, call.opts
     if call.empty:  # no kernel ever sees a zero-sized input; the exact math returns the right empty/zero result
         return dispatcher.exact(q, k, v, causal=causal, scale=scale, **opts)
@@ -253,7 +233,7 @@ def _serve(dispatcher: Any, call: Prepared, *, scale: float | None, backend: str
                                           needs_grad=call.needs_grad, forced=backend, uses=call.uses,
                                           head_dim_v=call.head_dim_v)
     if backend and not adapters:
-        runtime._raise_forced(backend, decision)
+        raise_forced(backend, decision)
     for i, adapter in enumerate(adapters):
         try:
             return adapter(q, k, v, causal=causal, scale=scale, **opts)
@@ -297,7 +277,7 @@ def _varlen(q: Any, k: Any, v: Any, *, uses: set[str], opts: dict[str, Any], att
     if k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2] or q.dtype != k.dtype or q.dtype != v.dtype:
         raise DispatchError("varlen q, k, v disagree in length, heads, head dim or dtype",
                             cause=f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    _check_heads(q.shape[1], k.shape[1], enable_gqa)
+    check_heads(q.shape[1], k.shape[1], enable_gqa)
     batch = cu_q.numel() - 1
     max_q = int(lens_q.max()) if max_q is None and batch else (max_q or 0)
     max_k = int(lens_k.max()) if max_k is None and batch else (max_k or 0)
@@ -307,7 +287,7 @@ def _varlen(q: Any, k: Any, v: Any, *, uses: set[str], opts: dict[str, Any], att
         uses.add("causal_top_left")
         opts["causal_alignment"] = "top_left"
     if sinks is not None:
-        opts["sinks"] = _check_sinks(sinks, q.permute(1, 0, 2).unsqueeze(0))
+        opts["sinks"] = check_sinks(sinks, q.permute(1, 0, 2).unsqueeze(0))
         uses.add("sinks")
     dv = v.shape[2] if v.shape[2] != q.shape[2] else None
     if dv is not None:
@@ -326,7 +306,6 @@ def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: 
            enable_gqa: bool, sinks: Any) -> Prepared:
     """A paged KV call: dense q, K/V page pools addressed by ``block_table``."""
     import torch
-
 
     if block_table is None:
         raise DispatchError("seqused_k without block_table", hint="pass the block table of the paged cache")
@@ -351,60 +330,32 @@ def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: 
     if layout == "bshd":
         probe_k, probe_v = probe_k.transpose(1, 2), probe_v.transpose(1, 2)
     qh, kp, _ = validate(q, probe_k, probe_v, layout=layout, precision=precision, scale=scale)
-    _check_heads(qh.shape[1], kp.shape[1], enable_gqa)
+    check_heads(qh.shape[1], kp.shape[1], enable_gqa)
     uses.add("paged")
     opts.update(block_table=block_table, seqused_k=seqused_k)
-    if alignment == "top_left" and (causal or "window" in uses):
-        uses.add("causal_top_left")
-        opts["causal_alignment"] = "top_left"
-    if sinks is not None:
-        opts["sinks"] = _check_sinks(sinks, qh)
-        uses.add("sinks")
-    dv = v.shape[3] if v.shape[3] != qh.shape[3] else None
-    if dv is not None:
-        uses.add("dv")
+    dv = _shared_features(qh, v, uses=uses, opts=opts, causal=causal, alignment=alignment, sinks=sinks)
     return Prepared(q=qh, k=k, v=v, probe=(qh, kp), empty=is_empty(qh, kp), uses=frozenset(uses),
                     head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks))
 
 
-def _window(window: Any) -> tuple[int | None, int | None]:
-    try:
-        left, right = window
-        sides = tuple(None if s is None or int(s) < 0 else int(s) for s in (left, right))
-    except (TypeError, ValueError):
-        raise DispatchError(f"window must be (left, right) with ints or None, got {window!r}",
-                            hint="None or -1 leaves a side unbounded: (128, 0) is a causal 128-token window"
-                            ) from None
-    return sides[0], sides[1]
+def _shared_features(qh: Any, v: Any, *, uses: set[str], opts: dict[str, Any], causal: bool, alignment: str,
+                     sinks: Any, square: bool = False) -> int | None:
+    """Name the features dense and paged calls share (top-left alignment, moot when ``square``; sinks; Dv) in
+    ``uses``/``opts``; returns ``Dv`` when it differs from ``D``."""
+    if alignment == "top_left" and not square and (causal or "window" in uses):
+        uses.add("causal_top_left")
+        opts["causal_alignment"] = "top_left"
+    if sinks is not None:
+        opts["sinks"] = check_sinks(sinks, qh)
+        uses.add("sinks")
+    dv = v.shape[3] if v.shape[3] != qh.shape[3] else None
+    if dv is not None:
+        uses.add("dv")
+    return dv
 
 
-def _check_heads(hq: int, hkv: int, enable_gqa: bool) -> None:
-    if hq != hkv and not enable_gqa:
-        raise DispatchError(f"Hq={hq} != Hkv={hkv} with enable_gqa=False",
-                            hint="pass enable_gqa=True (the default) for grouped-query attention")
-
-
-def _check_mask(mask: Any, q: Any, k: Any) -> None:
-    import torch
-
-    if not isinstance(mask, torch.Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
-        raise DispatchError("attn_mask must be a bool or floating-point tensor",
-                            cause=f"got {getattr(mask, 'dtype', type(mask).__name__)}")
-    full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    dims = tuple(mask.shape)
-    fits = len(dims) <= 4 and all(m in (1, f) for m, f in zip(dims[::-1], full[::-1], strict=False))
-    if not fits or mask.device != q.device:
-        raise DispatchError(f"attn_mask {tuple(mask.shape)} on {mask.device} does not broadcast to"
-                            f" [B, Hq, Sq, Sk] = {list(full)} on {q.device}",
-                            hint="masks are [B or 1, Hq or 1, Sq or 1, Sk], in either layout")
-
-
-def _check_sinks(sinks: Any, q: Any) -> Any:
-    import torch
-
-    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point() or tuple(sinks.shape) != (q.shape[1],):
-        raise DispatchError(f"sinks must be a float tensor of shape [Hq] = [{q.shape[1]}]",
-                            cause=f"got {getattr(sinks, 'shape', type(sinks).__name__)}")
-    if sinks.device != q.device:
-        raise DispatchError(f"sinks are on {sinks.device}, q on {q.device}")
-    return sinks
+def raise_forced(forced: str, decision: Any) -> None:
+    """Raise the error of a forced backend that cannot serve a call, with the decision's reasons for it."""
+    reasons = "; ".join(decision.rejected[0].reasons)
+    raise DispatchError(f"forced attention backend {forced!r} cannot serve this call", cause=reasons,
+                        hint="drop the forced backend or change the inputs")

@@ -42,8 +42,6 @@ def validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
 
 def raise_for_input(q: Any, k: Any, v: Any, layout: str, scale: float | None = None) -> None:
     """The slow path of :func:`validate`: find what is wrong with the inputs and say it."""
-    from attnforge.dispatch.features import refuse_nested_or_packed
-
     refuse_nested_or_packed(q, k, v, packed=isinstance(q, torch.Tensor))
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -65,3 +63,61 @@ def raise_for_input(q: Any, k: Any, v: Any, layout: str, scale: float | None = N
     if q.device != k.device or q.device != v.device:
         raise DispatchError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
     raise DispatchError(f"scale must be positive, got {scale!r}")
+
+
+def refuse_nested_or_packed(q: Any, k: Any, v: Any, *, packed: bool) -> None:
+    """Raise the helpful error for nested tensors, and (``packed``) for 3-D inputs without ``cu_seqlens``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if getattr(t, "is_nested", False):
+            raise DispatchError(f"{name} is a nested tensor; attention() takes dense or packed tensors",
+                                hint="pass the packed values with cu_seqlens: q.values() ([total, H, D]) and"
+                                     " cu_seqlens_q=q.offsets().int(), or pad with"
+                                     " torch.nested.to_padded_tensor and pass an attn_mask")
+    if packed and getattr(q, "dim", None) is not None and q.dim() == 3:
+        raise DispatchError(f"q has 3 dimensions {tuple(q.shape)}: packed [total, H, D] inputs need"
+                            " cu_seqlens_q and cu_seqlens_k (varlen)",
+                            hint="pass cu_seqlens_q/cu_seqlens_k, or add the batch dimension: q.unsqueeze(0)"
+                                 " (then layout='bshd')")
+
+
+def check_window(window: Any) -> tuple[int | None, int | None]:
+    """``window`` as ``(left, right)``, None for an unbounded side (None or negative given)."""
+    try:
+        left, right = window
+        sides = tuple(None if s is None or int(s) < 0 else int(s) for s in (left, right))
+    except (TypeError, ValueError):
+        raise DispatchError(f"window must be (left, right) with ints or None, got {window!r}",
+                            hint="None or -1 leaves a side unbounded: (128, 0) is a causal 128-token window"
+                            ) from None
+    return sides[0], sides[1]
+
+
+def check_heads(hq: int, hkv: int, enable_gqa: bool) -> None:
+    """Refuse Hq != Hkv when the caller turned GQA off (SDPA's ``enable_gqa=False``)."""
+    if hq != hkv and not enable_gqa:
+        raise DispatchError(f"Hq={hq} != Hkv={hkv} with enable_gqa=False",
+                            hint="pass enable_gqa=True (the default) for grouped-query attention")
+
+
+def check_mask(mask: Any, q: Any, k: Any) -> None:
+    """Refuse a mask that is not bool/float or does not broadcast to ``[B, Hq, Sq, Sk]`` on q's device."""
+    if not isinstance(mask, torch.Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
+        raise DispatchError("attn_mask must be a bool or floating-point tensor",
+                            cause=f"got {getattr(mask, 'dtype', type(mask).__name__)}")
+    full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    dims = tuple(mask.shape)
+    fits = len(dims) <= 4 and all(m in (1, f) for m, f in zip(dims[::-1], full[::-1], strict=False))
+    if not fits or mask.device != q.device:
+        raise DispatchError(f"attn_mask {tuple(mask.shape)} on {mask.device} does not broadcast to"
+                            f" [B, Hq, Sq, Sk] = {list(full)} on {q.device}",
+                            hint="masks are [B or 1, Hq or 1, Sq or 1, Sk], in either layout")
+
+
+def check_sinks(sinks: Any, q: Any) -> Any:
+    """The ``[Hq]`` float sinks on q's device, or the error that says what they must be."""
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point() or tuple(sinks.shape) != (q.shape[1],):
+        raise DispatchError(f"sinks must be a float tensor of shape [Hq] = [{q.shape[1]}]",
+                            cause=f"got {getattr(sinks, 'shape', type(sinks).__name__)}")
+    if sinks.device != q.device:
+        raise DispatchError(f"sinks are on {sinks.device}, q on {q.device}")
+    return sinks
