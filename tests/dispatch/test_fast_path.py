@@ -405,3 +405,52 @@ def test_the_package_attribute_is_held_but_a_patched_stand_in_is_not(monkeypatch
     monkeypatch.setattr(runtime, "attention", stand_in)
     assert attnforge.attention is stand_in
     assert "attention" not in vars(attnforge)
+
+
+# -- routes bound to the signature ---------------------------------------------------------------------------
+@pytest.mark.parametrize(("causal", "sq", "sk", "hq", "hkv", "bound"), [
+    pytest.param(False, 8, 8, 4, 4, True, id="plain"),
+    pytest.param(True, 8, 8, 4, 4, True, id="causal-square"),
+    pytest.param(False, 5, 8, 4, 2, True, id="gqa-native"),
+    pytest.param(True, 5, 8, 4, 2, False, id="causal-bottom-right-needs-the-adapters-mask"),
+])
+def test_sdpa_binds_the_plain_call_to_sdpa_itself(causal: bool, sq: int, sk: int, hq: int, hkv: int,
+                                                  bound: bool) -> None:
+    sdpa = registry.fallback()
+    q, k, v = _qkv(hq=hq, hkv=hkv, sq=sq, sk=sk)
+    call = runtime.get_dispatcher().describe(q, k, causal=causal, precision="exact", needs_grad=False)
+    fn = sdpa.bind(call, scale=0.3, bshd=False)  # type: ignore[attr-defined]
+    assert (fn is not None) == bound
+    if fn is not None:
+        torch.testing.assert_close(fn(q, k, v), sdpa(q, k, v, causal=causal, scale=0.3))
+    assert sdpa.bind(call, scale=0.3, bshd=True) is None  # type: ignore[attr-defined]
+    assert registry.adapters()["sdpa-math"].bind(call, scale=None, bshd=False) is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("scale", [None, 0.25])
+def test_the_scale_is_part_of_the_signature(store: RecordStore, scale: float | None) -> None:
+    a = Fake("a")
+    for d in _install(store, a):
+        q, k, v = _qkv()
+        _check(attnforge.attention(q, k, v), q, k, v)
+        _check(attnforge.attention(q, k, v, scale=scale), q, k, v, scale=scale)
+        assert len(d._routes) == (1 if scale is None else 2)
+
+
+@dataclasses.dataclass
+class BindRaises(Fake):
+    """A backend whose ``bind`` raises (its module fails to import): the generic call is kept and its error at
+    run time marks the backend broken."""
+
+    def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Any:
+        raise ImportError("no module named 'kernels'")
+
+
+def test_a_bind_that_raises_leaves_the_generic_call(store: RecordStore) -> None:
+    broken = BindRaises("b", raises=ImportError("no module named 'kernels'"))
+    for d in _install(store, broken):
+        q, k, v = _qkv()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _check(attnforge.attention(q, k, v), q, k, v)
+        assert broken.calls == 1 and "b" in d.broken and len(caught) == 1

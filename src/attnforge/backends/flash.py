@@ -22,7 +22,7 @@ bottom-right aligned, as attnforge's default; rows that see no key come back as 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -31,6 +31,8 @@ from attnforge.backends.capabilities import Capabilities
 
 if TYPE_CHECKING:
     import torch
+
+    from attnforge.backends.adapter import AttentionCall
 
 #: slim-build feature names (``catalog/data/backends.toml`` ``[recipes.flash-attn-3.slim] features``) -> the
 #: attention() feature each switch turns off when left out
@@ -65,6 +67,25 @@ class FlashAttnAdapter(AdapterBase):
         if features.get("return_lse"):
             return out[0].transpose(1, 2), out[1]
         return out.transpose(1, 2)
+
+    def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
+        """The plain call bound for a route (:func:`attnforge.dispatch.dispatcher._step`): ``(q, k, v)`` in the
+        caller's layout straight into ``flash_attn_func`` (bhsd through ``transpose(1, 2)`` views both ways),
+        the module looked up once. Raises what importing the module raises."""
+        kernel = self.module().flash_attn_func
+        causal = call.causal
+        if bshd:
+            def run_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                return first(kernel(q, k, v, softmax_scale=scale, causal=causal))  # type: ignore[no-any-return]
+
+            return run_bshd
+
+        def run_bhsd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            out = first(kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale,
+                               causal=causal))
+            return out.transpose(1, 2)  # type: ignore[no-any-return]
+
+        return run_bhsd
 
     def call_bshd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                   scale: float | None, **features: Any) -> Any:

@@ -25,6 +25,8 @@ from attnforge.backends.sdpa_original import original_sdpa
 if TYPE_CHECKING:
     import torch
 
+    from attnforge.backends.adapter import AttentionCall
+
 #: catalog id -> name of the ``torch.nn.attention.SDPBackend`` member it forces (None: SDPA chooses)
 SDPA_KERNELS: dict[str, str | None] = {
     "sdpa-flash": "FLASH_ATTENTION",
@@ -93,6 +95,22 @@ class SdpaAdapter(AdapterBase):
             out = out.masked_fill(empty, 0.0)
         return out
 
+
+    def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor] | None:
+        """The plain call as SDPA itself, for a route (:func:`attnforge.dispatch.dispatcher._step`): a
+        ``functools.partial`` of the unpatched SDPA taking ``(q, k, v)`` ``[B, H, S, D]``, so nothing of the
+        adapter runs per call. Only unforced SDPA on bhsd tensors whose causal mask SDPA's ``is_causal`` gives
+        (Sq == Sk) and whose heads need no repeat; None otherwise (``__call__`` serves)."""
+        if self.kernel is not None or bshd or (call.causal and call.seqlen_q != call.seqlen_k):
+            return None
+        kwargs: dict[str, Any] = {"scale": scale}
+        if call.causal:
+            kwargs["is_causal"] = True
+        if call.heads_q != call.heads_kv:
+            if self.caps.gqa is not GqaMode.NATIVE:
+                return None
+            kwargs["enable_gqa"] = True
+        return functools.partial(original_sdpa(), **kwargs)
 
     def _with_features(self, sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                        v: torch.Tensor, *, causal: bool, scale: float | None, attn_mask: Any = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import os
 import threading
 import warnings
@@ -44,8 +45,9 @@ _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnforge_
 #: most routes held per dispatcher; past it the routes are dropped and rebuilt from the (bucketed) plans
 ROUTES_MAX = 4096
 
-#: one backend of a route: (adapter, the callable to run, transpose in and out around it)
-_Step = tuple[BackendAdapter, Callable[..., torch.Tensor], bool]
+#: one backend of a route: the adapter, and the call bound to the signature: ``fn(q, k, v)`` on the caller's
+#: tensors, in the caller's layout (:func:`_step`)
+_Step = tuple[BackendAdapter, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]]
 #: the backends to try in order, the fallback after them (SDPA, or the exact math when SDPA lacks a feature the
 #: call uses), and the call's shape class (a backend that raises is disabled for that class only)
 _Route = tuple[tuple[_Step, ...], _Step, str]
@@ -170,8 +172,8 @@ class Dispatcher:
         qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         generation = self._generation
-        route = self._plain_route(qh, kh, vh, causal=causal, precision=precision, needs_grad=needs_grad,
-                                  forced=forced, bshd=layout == "bshd")
+        route = self._plain_route(qh, kh, vh, causal=causal, scale=scale, precision=precision,
+                                  needs_grad=needs_grad, forced=forced, bshd=layout == "bshd")
         self._note_shape(qh, kh, needs_grad)
         if key is not None:
             with self._lock:
@@ -182,11 +184,13 @@ class Dispatcher:
         return route
 
     def _plain_route(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-                     precision: str, needs_grad: bool, forced: str | None, bshd: bool) -> _Route:
-        """The route of a call without features on bhsd tensors (Dv != D is the only feature it can use);
-        a zero-sized call's route is the exact math: no kernel ever sees one (SIGFPE in some)."""
+                     scale: float | None, precision: str, needs_grad: bool, forced: str | None,
+                     bshd: bool) -> _Route:
+        """The route of a call without features on bhsd tensors (Dv != D is the only feature it can use),
+        bound to its causal flag, scale and shapes; a zero-sized call's route is the exact math: no kernel ever
+        sees one (SIGFPE in some)."""
         if features.is_empty(q, k) or v.shape[3] == 0:
-            return (), _step(self.exact, bshd=bshd), "empty"
+            return (), _step(self.exact, None, causal=causal, scale=scale, bshd=bshd), "empty"
         dv = v.shape[3] if v.shape[3] != q.shape[3] else None
         decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
                                         forced=forced, uses=frozenset(("dv",)) if dv else frozenset(),
@@ -203,9 +207,10 @@ class Dispatcher:
                                                 head_dim_v=dv)
         if forced and not adapters:
             features.raise_forced(forced, decision)
-        steps = tuple(_step(a, bshd=bshd) for a in adapters if a is not self.exact)
+        call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad)
+        steps = tuple(_step(a, call, causal=causal, scale=scale, bshd=bshd) for a in adapters if a is not self.exact)
         last = self.exact if adapters and adapters[-1] is self.exact else self.fallback
-        return steps, _step(last, bshd=bshd), self.shape_class(q, k, causal, needs_grad)
+        return steps, _step(last, call, causal=causal, scale=scale, bshd=bshd), _class_name(call)
 
     def describe(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str,
                  needs_grad: bool, uses: frozenset[str] = frozenset(),
@@ -295,31 +300,24 @@ class Dispatcher:
             DispatchError: a forced backend is unknown or cannot serve the call.
         """
         forced = backend or _FORCED.get()
-        route = self._plain_route(q, k, v, causal=causal, precision=precision, needs_grad=needs_grad,
-                                  forced=forced, bshd=False)
-        return self._serve(route, q, k, v, causal, scale, forced)
+        route = self._plain_route(q, k, v, causal=causal, scale=scale, precision=precision,
+                                  needs_grad=needs_grad, forced=forced, bshd=False)
+        return self._serve(route, q, k, v, forced)
 
-    def _serve(self, route: _Route, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - hot path
-               causal: bool, scale: float | None, forced: str | None) -> torch.Tensor:
+    def _serve(self, route: _Route, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               forced: str | None) -> torch.Tensor:
         """Run ``route`` on the caller's tensors: the first backend that does not raise serves the call."""
         steps, last, cls = route
-        for adapter, fn, transpose in steps:
+        for adapter, fn in steps:
             try:
-                if transpose:
-                    return fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
-                              scale=scale).transpose(1, 2)
-                return fn(q, k, v, causal=causal, scale=scale)
+                return fn(q, k, v)
             except torch.OutOfMemoryError:
                 raise  # not the backend's fault; a fallback would need more memory still
             except Exception as exc:
                 if forced or adapter is self.fallback:
                     raise  # a forced backend's error is the user's to see; SDPA is the last resort
                 self._mark_broken(adapter.name, exc, cls)
-        _, fn, transpose = last
-        if transpose:
-            return fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
-                      scale=scale).transpose(1, 2)
-        return fn(q, k, v, causal=causal, scale=scale)
+        return last[1](q, k, v)
 
     def _mark_broken(self, name: str, exc: Exception, cls: str) -> None:
         """Disable ``name`` for shape class ``cls`` for the rest of the process, with one warning line."""
@@ -344,10 +342,32 @@ def _class_name(call: AttentionCall) -> str:
                                                       top_left=False, precision="exact")))
 
 
-def _step(adapter: BackendAdapter, *, bshd: bool) -> _Step:
-    """How a route runs ``adapter`` on the caller's tensors: bhsd as they are; bshd through the adapter's
-    ``call_bshd`` when its kernel takes that layout natively, else as transposed views (and back)."""
+def _step(adapter: BackendAdapter, call: AttentionCall | None, *, causal: bool, scale: float | None,
+          bshd: bool) -> _Step:
+    """How a route runs ``adapter`` on the caller's tensors, bound to the call's signature.
+
+    An adapter with ``bind(call, scale=..., bshd=...)`` may return a callable specialised for the signature (e.g.
+    SDPA as a ``functools.partial`` of the kernel function, with nothing of the adapter left on the hot path);
+    otherwise bhsd runs the adapter as it is, and bshd its ``call_bshd`` when the kernel takes that layout
+    natively, else transposed views (and back). A ``bind`` that raises leaves the generic call, whose error
+    at run time marks the backend broken as any other.
+    """
+    bind = getattr(adapter, "bind", None)
+    if bind is not None and call is not None:
+        try:
+            bound = bind(call, scale=scale, bshd=bshd)
+        except Exception:  # the generic call below raises it again, where a raising backend is handled
+            bound = None
+        if bound is not None:
+            return adapter, bound
     if not bshd:
-        return adapter, adapter, False
+        return adapter, functools.partial(adapter, causal=causal, scale=scale)
     native: Callable[..., torch.Tensor] | None = getattr(adapter, "call_bshd", None)
-    return (adapter, native, False) if native is not None else (adapter, adapter, True)
+    if native is not None:
+        return adapter, functools.partial(native, causal=causal, scale=scale)
+
+    def transposed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return adapter(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                       scale=scale).transpose(1, 2)
+
+    return adapter, transposed

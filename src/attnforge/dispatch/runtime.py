@@ -164,17 +164,15 @@ def attention(
     try:
         needs_grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
         signature = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
-                     causal, layout, precision, forced, needs_grad)
+                     causal, scale, layout, precision, forced, needs_grad)
         route = dispatcher._routes.get(signature)
         key: tuple[Any, ...] | None = signature
-        if route is not None and scale is not None and not scale > 0:
-            route = None  # validation says why
     except (AttributeError, TypeError):  # not tensors, or unhashable arguments: validation says why
         key = route = None
     if route is None:
         route = dispatcher._route(q, k, v, key, causal=causal, scale=scale, layout=layout, precision=precision,
                                   forced=forced)
-    return dispatcher._serve(route, q, k, v, causal, scale, forced)
+    return dispatcher._serve(route, q, k, v, forced)
 
 
 def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
