@@ -28,6 +28,7 @@ from attnforge.backends.flash import FlashAttnAdapter
 from attnforge.dispatch import runtime
 from attnforge.errors import DispatchError
 from attnforge.records import RecordStore, VerifyRecord, device_key
+from attnforge.types.cc import ComputeCapability
 
 CPU_KEY = device_key("cpu", None, torch.__version__)
 
@@ -298,8 +299,9 @@ def _flash_module(seen: list[tuple[torch.Tensor, ...]]) -> types.ModuleType:
 
 
 def _adapter(cls: type, name: str, module: str) -> Any:
-    caps = dataclasses.replace(registry.adapters()[name].caps, devices=("cpu",),  # type: ignore[attr-defined]
-                               min_cc=(0, 0), dtypes=("float32",))
+    caps = registry.adapters()[name].caps  # type: ignore[attr-defined]
+    caps = dataclasses.replace(caps, devices=("cpu",), support=dataclasses.replace(
+        caps.support, min_cc=ComputeCapability(0, 0), dtypes=("float32",)))
     return cls(name=name, caps=caps, requirement=Requirement(modules=(module,)))
 
 
