@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from attnforge.backends.flash import FlashAttnAdapter
     from attnforge.dispatch import runtime
     from attnforge.records import BenchRecord, RecordStore, VerifyRecord
+    from attnforge.types.cc import ComputeCapability
 
     dtype = torch.float16 if args.device == "cuda" else torch.float32
     q, k, v = (torch.randn(1, 2, 16, 64, device=args.device, dtype=dtype) for _ in range(3))
@@ -133,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     null_dispatcher = runtime.Dispatcher({"null": null}, records=store, priorities={"null": 0})
     # 2) the FlashAttention adapter class over a no-op kernel module, its capabilities opened to this device
     sys.modules["attnforge_noop_flash_attn"] = types.SimpleNamespace(flash_attn_func=_noop_flash_attn_func)  # type: ignore[assignment]
-    caps = dataclasses.replace(registry.adapters()["flash-attn-4"].caps, devices=(args.device,),  # type: ignore[attr-defined]
-                               min_cc=(0, 0), dtypes=(str(dtype).removeprefix("torch."),))
+    caps = registry.adapters()["flash-attn-4"].caps  # type: ignore[attr-defined]
+    caps = dataclasses.replace(caps, devices=(args.device,), support=dataclasses.replace(
+        caps.support, min_cc=ComputeCapability(0, 0), dtypes=(str(dtype).removeprefix("torch."),)))
     fa = FlashAttnAdapter(name="flash-attn-4", caps=caps,
                           requirement=Requirement(modules=("attnforge_noop_flash_attn",)))
     fa_dispatcher = runtime.Dispatcher({"flash-attn-4": fa}, records=store, priorities={"flash-attn-4": 0})

@@ -56,11 +56,21 @@ def test_mypy_strict_flags_misuse_in_a_user_script(tmp_path: Path) -> None:
 
 
 def _stub_options(name: str) -> dict[str, str]:
-    """keyword-only option -> annotation text of ``name`` in the stub (the last overload for attention)."""
+    """keyword-only option -> annotation text of ``name`` in the stub (the last overload for attention), the
+    fields of a ``**options: Unpack[TypedDict]`` included."""
     tree = ast.parse((SRC / "attnforge" / "__init__.pyi").read_text())
     defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
     assert defs, name
-    return {a.arg: ast.unparse(a.annotation) if a.annotation else "" for a in defs[-1].args.kwonlyargs}
+    options = {a.arg: ast.unparse(a.annotation) if a.annotation else "" for a in defs[-1].args.kwonlyargs}
+    kwarg = defs[-1].args.kwarg
+    if kwarg is not None:
+        assert isinstance(kwarg.annotation, ast.Subscript) and ast.unparse(kwarg.annotation.value) == "Unpack"
+        typed = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}[ast.unparse(kwarg.annotation.slice)]
+        for item in typed.body:
+            assert isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name), ast.unparse(item)
+            assert item.target.id not in options, f"{item.target.id} is declared twice"
+            options[item.target.id] = ast.unparse(item.annotation)
+    return options
 
 
 CONTRACT = ["attn_mask", "dropout_p", "scale", "causal", "is_causal", "causal_alignment", "enable_gqa", "window",
@@ -71,7 +81,7 @@ CONTRACT = ["attn_mask", "dropout_p", "scale", "causal", "is_causal", "causal_al
 
 def test_the_stub_follows_the_shared_api_contract() -> None:
     options = _stub_options("attention")
-    assert list(options) == CONTRACT
+    assert sorted(options) == sorted(CONTRACT)  # keyword-only: the order is not part of the contract
     assert options["layout"] == "Layout"
     assert options["precision"] == "Precision"
     assert options["causal"] == "bool"

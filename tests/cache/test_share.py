@@ -72,7 +72,7 @@ def test_export_leaves_out_static_libraries_from_the_pip_index_but_carries_them(
     lib.write_bytes(b"!<arch>\n" * 100)
     inputs = CacheKeyInputs(name="candle-flash-attn", version="0.9.1", kind=ArtifactKind.STATIC_LIB,
                             source_sha256="34" * 32, python_tag="none", platform_tag="win_amd64")
-    key = store.put_file(lib, inputs).entry.key
+    key = store.put(lib, inputs).entry.key
     result = store.export(tmp_path / "out")
     assert result.projects == ()
     fresh = Store(tmp_path / "other")

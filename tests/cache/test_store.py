@@ -103,7 +103,7 @@ def test_wheel_must_match_its_inputs(store: Store, wheel: Path, changes: dict[st
         store.put(wheel, inputs_for(wheel, **changes))
 
 
-def test_static_library_is_stored_through_put_file(store: Store, tmp_path: Path) -> None:
+def test_static_library_is_stored_by_its_kind(store: Store, tmp_path: Path) -> None:
     lib = tmp_path / "libflashattention.a"
     lib.write_bytes(b"!<arch>\n" + bytes(range(256)) * 8)
     inputs = CacheKeyInputs(
@@ -111,12 +111,10 @@ def test_static_library_is_stored_through_put_file(store: Store, tmp_path: Path)
         archs=((9, 0),), cuda_version="13.0", python_tag="none", platform_tag="linux_x86_64",
         toolchain=(("nvcc", "13.0"), ("gcc", "12.2.0")),
     )
-    entry = store.put_file(lib, inputs).entry
+    entry = store.put(lib, inputs).entry
     assert store.get(entry.key).read_bytes() == lib.read_bytes()
     assert entry.kind is ArtifactKind.STATIC_LIB
     assert store.cached_artifacts() == []  # not a wheel: invisible to the resolver
-    with pytest.raises(UsageError, match="put\\(\\)"):
-        store.put_file(lib, inputs_for(make_wheel(tmp_path / "w")))
 
 
 def test_cached_artifacts_describe_wheels_for_the_resolver(store: Store, wheel: Path) -> None:

@@ -18,7 +18,7 @@ def catalog() -> Catalog:
 def test_backends_keep_their_fields(catalog: Catalog) -> None:
     fa = catalog.backend("flash-attn")
     assert fa.native_modules == ("flash_attn_2_cuda",)
-    assert fa.supports_cc((9, 0))
+    assert fa.support.supports_cc((9, 0))
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from attnforge.dispatch import dispatcher as dispatcher_module
 from attnforge.dispatch import runtime
 from attnforge.errors import DispatchError
 from attnforge.records import RecordStore, VerifyRecord, device_key
+from attnforge.types.cc import ComputeCapability
 from tests.dispatch._measured import record_faster_over
 
 CPU_KEY = device_key("cpu", None, torch.__version__)
@@ -301,8 +302,9 @@ def _flash_module(seen: list[tuple[torch.Tensor, ...]]) -> types.ModuleType:
 
 
 def _adapter(cls: type, name: str, module: str) -> Any:
-    caps = dataclasses.replace(registry.adapters()[name].caps, devices=("cpu",),  # type: ignore[attr-defined]
-                               min_cc=(0, 0), dtypes=("float32",))
+    caps = registry.adapters()[name].caps  # type: ignore[attr-defined]
+    caps = dataclasses.replace(caps, devices=("cpu",), support=dataclasses.replace(
+        caps.support, min_cc=ComputeCapability(0, 0), dtypes=("float32",)))
     return cls(name=name, caps=caps, requirement=Requirement(modules=(module,)))
 
 
@@ -408,16 +410,15 @@ def test_the_package_attribute_is_held_but_a_patched_stand_in_is_not(monkeypatch
 
 
 # -- routes bound to the signature ---------------------------------------------------------------------------
-@pytest.mark.parametrize(("causal", "sq", "sk", "hq", "hkv", "bound"), [
-    pytest.param(False, 8, 8, 4, 4, True, id="plain"),
-    pytest.param(True, 8, 8, 4, 4, True, id="causal-square"),
-    pytest.param(False, 5, 8, 4, 2, True, id="gqa-native"),
-    pytest.param(True, 5, 8, 4, 2, False, id="causal-bottom-right-needs-the-adapters-mask"),
+@pytest.mark.parametrize(("causal", "shape", "bound"), [
+    pytest.param(False, {"sq": 8, "sk": 8, "hq": 4, "hkv": 4}, True, id="plain"),
+    pytest.param(True, {"sq": 8, "sk": 8, "hq": 4, "hkv": 4}, True, id="causal-square"),
+    pytest.param(False, {"sq": 5, "sk": 8, "hq": 4, "hkv": 2}, True, id="gqa-native"),
+    pytest.param(True, {"sq": 5, "sk": 8, "hq": 4, "hkv": 2}, False, id="causal-bottom-right-needs-the-adapters-mask"),
 ])
-def test_sdpa_binds_the_plain_call_to_sdpa_itself(causal: bool, sq: int, sk: int, hq: int, hkv: int,
-                                                  bound: bool) -> None:
+def test_sdpa_binds_the_plain_call_to_sdpa_itself(causal: bool, shape: dict[str, int], bound: bool) -> None:
     sdpa = registry.fallback()
-    q, k, v = _qkv(hq=hq, hkv=hkv, sq=sq, sk=sk)
+    q, k, v = _qkv(**shape)
     call = runtime.get_dispatcher().describe(q, k, causal=causal, precision="exact", needs_grad=False)
     fn = sdpa.bind(call, scale=0.3, bshd=False)  # type: ignore[attr-defined]
     assert (fn is not None) == bound

@@ -246,7 +246,8 @@ def test_a_feature_that_failed_verify_is_not_used_but_the_backend_is(tmp_path: P
     store.add_verify(VerifyRecord(device_key=CPU_KEY, backend="fa", backend_version="1", ok=True,
                                   summary="ok; not used for softcap", details={"failed_features": ["softcap"]}))
     q, k, v = _qkv()
-    store.add_bench([r for feats in ((), ("window",), ("softcap",)) for r in faster_records(["fa"], q, k, features=feats)])
+    store.add_bench([r for feats in ((), ("window",), ("softcap",))
+                     for r in faster_records(["fa"], q, k, features=feats)])
     use(runtime.Dispatcher({"fa": fa}, records=store))
     attnforge.attention(q, k, v, window=(2, 0))
     attnforge.attention(q, k, v)

@@ -78,7 +78,8 @@ def _adapter(cls: type, bid: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any,
     calls: list[tuple[str, dict[str, Any]]] = []
     seen: dict[str, Any] = {}
     monkeypatch.setitem(sys.modules, f"fake_{bid}", _module(f"fake_{bid}", calls, seen))
-    caps = dataclasses.replace(registry.adapters()[bid].caps, devices=("cpu",), dtypes=("float32",))  # type: ignore[attr-defined]
+    caps = registry.adapters()[bid].caps  # type: ignore[attr-defined]
+    caps = dataclasses.replace(caps, devices=("cpu",), support=dataclasses.replace(caps.support, dtypes=("float32",)))
     return cls(name=bid, caps=caps, requirement=Requirement(modules=(f"fake_{bid}",))), calls, seen
 
 
@@ -182,7 +183,7 @@ def test_a_slim_build_narrows_head_dims_dtypes_backward_and_features() -> None:
     assert "window" in full.features and "window" not in slim.features
     with_local = capabilities_from_build(full, {"head_dims": [64, 128], "dtypes": ["bf16", "fp16"],
                                                 "backward": True, "features": ["local", "softcap", "varlen"]})
-    assert with_local.features == full.features and with_local.dtypes == ("float16", "bfloat16")
+    assert with_local.features == full.features and with_local.support.dtypes == ("float16", "bfloat16")
 
 
 @pytest.mark.parametrize("bad", [{}, {"head_dims": [], "dtypes": [], "backward": True, "features": []},
@@ -207,6 +208,6 @@ def test_the_registry_reads_a_recorded_build(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(registry, "_built", registry._built.__wrapped__)  # type: ignore[attr-defined]
     built = registry.adapters()
     caps = built["flash-attn-3"].caps  # type: ignore[attr-defined]
-    assert caps.max_head_dim == 128 and caps.dtypes == ("bfloat16",) and "varlen" not in caps.features
-    assert built["flash-attn-4"].caps.max_head_dim == 256  # type: ignore[attr-defined]
+    assert caps.support.max_head_dim == 128 and caps.support.dtypes == ("bfloat16",) and "varlen" not in caps.features
+    assert built["flash-attn-4"].caps.support.max_head_dim == 256  # type: ignore[attr-defined]
     assert asked  # builtins (SDPA, flex) are not asked

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import importlib
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from packaging.specifiers import SpecifierSet
@@ -73,6 +72,8 @@ class AdapterBase:
 
 
 def _check_requirement(req: Requirement) -> str | None:
+    from attnforge.probe.backends import installed_versions  # the one reader of installed versions
+
     for name in req.modules:
         try:
             importlib.import_module(name)
@@ -80,11 +81,7 @@ def _check_requirement(req: Requirement) -> str | None:
             return f"{name} does not import: {type(exc).__name__}: {exc}"
     if req.version_spec and req.distributions:
         spec = SpecifierSet(req.version_spec)
-        for dist in req.distributions:
-            try:
-                text = metadata.version(dist)
-            except metadata.PackageNotFoundError:
-                continue
+        for dist, text in installed_versions(req.distributions):  # the first one installed is checked
             try:
                 version = Version(text)
             except InvalidVersion:

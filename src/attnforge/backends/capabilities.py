@@ -22,14 +22,16 @@ from typing import Any
 from attnforge.backends.adapter import FEATURES, AttentionCall, required_features
 from attnforge.catalog import DATA_DIR, Catalog, load_catalog
 from attnforge.catalog._check import Collector, read_checked
+from attnforge.catalog.backends import Support
 from attnforge.types.cc import ComputeCapability, format_cc
+from attnforge.types.device import DeviceType
 from attnforge.types.shapes import Layout
 
 _FIELDS = {
     "devices", "layout", "causal", "empty_rows_zero", "gqa", "backward", "head_dim_multiple", "sources",
     "features", "offers", "backward_devices", "jit_per_shape", "win_required_on",
 }
-DEVICES = ("cuda", "cpu")
+DEVICES = tuple(d.value for d in DeviceType)
 
 
 class CausalMode(StrEnum):
@@ -55,9 +57,8 @@ class Capabilities:
     Attributes:
         backend: catalog id.
         devices: torch device types the kernel runs on.
-        min_cc, max_cc: inclusive compute capability range on CUDA.
-        dtypes: accepted dtypes (``"float16"`` ...).
-        max_head_dim: largest head dim D.
+        support: the catalog row's compute capability range (on CUDA), dtypes and largest head dim D
+            (:class:`~attnforge.catalog.backends.Support`; a slim build narrows it).
         head_dim_multiple: D must be a multiple of this.
         layout: the kernel's native layout.
         causal: causal masking mode.
@@ -77,10 +78,7 @@ class Capabilities:
 
     backend: str
     devices: tuple[str, ...]
-    min_cc: ComputeCapability
-    max_cc: ComputeCapability
-    dtypes: tuple[str, ...]
-    max_head_dim: int
+    support: Support
     head_dim_multiple: int
     layout: Layout
     causal: CausalMode
@@ -102,14 +100,13 @@ class Capabilities:
             reasons.append(f"runs on {'/'.join(self.devices)}, the tensors are on {call.device_type}")
         elif call.device_type == "cuda":
             cc = call.compute_capability
-            if cc is None or not self.min_cc <= cc <= self.max_cc:
+            if cc is None or not self.support.supports_cc(ComputeCapability(*cc)):
                 have = "unknown" if cc is None else format_cc(cc)
-                span = f"{format_cc(self.min_cc)}-{format_cc(self.max_cc)}"
-                reasons.append(f"supports compute capability {span}, this GPU is {have}")
-        if call.dtype not in self.dtypes:
-            reasons.append(f"dtype {call.dtype} not supported ({', '.join(self.dtypes)})")
-        if call.head_dim > self.max_head_dim:
-            reasons.append(f"head dim {call.head_dim} > {self.max_head_dim}")
+                reasons.append(f"supports compute capability {self.support.cc_range_text()}, this GPU is {have}")
+        if call.dtype not in self.support.dtypes:
+            reasons.append(f"dtype {call.dtype} not supported ({', '.join(self.support.dtypes)})")
+        if call.head_dim > self.support.max_head_dim:
+            reasons.append(f"head dim {call.head_dim} > {self.support.max_head_dim}")
         if call.head_dim % self.head_dim_multiple:
             reasons.append(f"head dim {call.head_dim} is not a multiple of {self.head_dim_multiple}")
         if call.causal:
@@ -188,10 +185,7 @@ def _load(catalog: Catalog, data_dir: Path) -> dict[str, Capabilities]:
             out[bid] = Capabilities(
                 backend=bid,
                 devices=devices,
-                min_cc=backend.min_cc,
-                max_cc=backend.max_cc,
-                dtypes=backend.dtypes,
-                max_head_dim=backend.max_head_dim,
+                support=backend.support,
                 head_dim_multiple=multiple or 1,
                 layout=_enum(errors, raw, "layout", path, Layout),
                 causal=_enum(errors, raw, "causal", path, CausalMode),
@@ -235,10 +229,8 @@ def _enum(errors: Collector, raw: Mapping[str, Any], key: str, path: str, kind: 
 SDPA_FALLBACK = Capabilities(
     backend="sdpa",
     devices=DEVICES,
-    min_cc=ComputeCapability(0, 0),
-    max_cc=ComputeCapability(99, 9),
-    dtypes=("float16", "bfloat16", "float32", "float64"),
-    max_head_dim=1 << 30,
+    support=Support(min_cc=ComputeCapability(0, 0), max_cc=ComputeCapability(99, 9),
+                    dtypes=("float16", "bfloat16", "float32", "float64"), max_head_dim=1 << 30),
     head_dim_multiple=1,
     layout=Layout.BHSD,
     causal=CausalMode.MASK,

@@ -17,7 +17,6 @@ from attnforge.backends.adapter import FEATURES
 from attnforge.backends.capabilities import SDPA_FALLBACK, Capabilities, load_capabilities
 from attnforge.catalog import DATA_DIR
 from attnforge.catalog._check import read_toml
-from attnforge.types.cc import format_cc
 
 _HEAD = """# Features x backends
 
@@ -68,13 +67,13 @@ def render(caps: Mapping[str, Capabilities], sources: Mapping[str, Sequence[str]
               " compiled per shape | chosen only with a measured win on |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in rows:
         backward = "-" if not c.backward else "/".join(c.backward_devices or c.devices)
-        span = f"{format_cc(c.min_cc)}-{format_cc(c.max_cc)}" if "cuda" in c.devices else "-"
+        span = c.support.cc_range_text() if "cuda" in c.devices else "-"
         if c is SDPA_FALLBACK:
             span = "any"
-        head_dim = "any" if c.max_head_dim >= 1 << 20 else str(c.max_head_dim)
+        head_dim = "any" if c.support.max_head_dim >= 1 << 20 else str(c.support.max_head_dim)
         if c.head_dim_multiple > 1:
             head_dim += f" (multiple of {c.head_dim_multiple})"
-        lines.append(f"| `{c.backend}` | {'/'.join(c.devices)} | {span} | {', '.join(c.dtypes)} | {head_dim} |"
+        lines.append(f"| `{c.backend}` | {'/'.join(c.devices)} | {span} | {', '.join(c.support.dtypes)} | {head_dim} |"
                      f" {c.causal.value} | {c.gqa.value} | {backward} | {'yes' if c.jit_per_shape else '-'} |"
                      f" {'/'.join(c.devices) if c.jit_per_shape else '/'.join(c.win_required_on) or '-'} |")
     lines.append("| `exact` | cuda/cpu | any | any float | any | any alignment | native | cuda/cpu | - | - |")

@@ -174,8 +174,8 @@ def capabilities_from_build(base: Capabilities, build: Mapping[str, Any]) -> Cap
     switchable = set(_BUILD_FEATURES.values())
     return replace(
         base,
-        max_head_dim=min(base.max_head_dim, max(head_dims)),
-        dtypes=tuple(d for d in base.dtypes if d in dtypes),
+        support=replace(base.support, max_head_dim=min(base.support.max_head_dim, max(head_dims)),
+                        dtypes=tuple(d for d in base.support.dtypes if d in dtypes)),
         backward=base.backward and backward,
         features=frozenset(f for f in base.features if f not in switchable or f in kept),
         offers=frozenset(f for f in base.offers if f not in switchable or f in kept),

@@ -26,8 +26,9 @@ from attnforge.bench.flops import FORMULA, shape_flops, tflops
 from attnforge.bench.grid import to_call
 from attnforge.bench.timing import Timing, TimingConfig, combine_rounds, measure, rotation_sets
 from attnforge.ranking import Measurement, Ranking, rank
+from attnforge.types.device import DeviceType
 from attnforge.types.shapes import AttentionShape, Mode
-from attnforge.verify.device import DeviceInfo, DeviceType
+from attnforge.verify.device import DeviceInfo
 
 #: The share of free GPU memory the rotating input sets of one shape may take.
 INPUT_MEMORY_SHARE = 0.25

@@ -9,8 +9,9 @@ from attnforge.backends.adapter import BackendAdapter
 from attnforge.bench.grid import ShapeSet, cpu_grid, diffusion_grid, model_shapes, paper_grid, real_grid
 from attnforge.bench.timing import CPU_PERF_COUNTER, GPU_DO_BENCH, GPU_EVENTS, TimingConfig
 from attnforge.errors import UsageError
+from attnforge.types.device import DeviceType
 from attnforge.types.shapes import AttentionShape, Mode
-from attnforge.verify.device import DeviceInfo, DeviceType
+from attnforge.verify.device import DeviceInfo
 
 _CAUSAL = {"both": (False, True), "on": (True,), "off": (False,)}
 _MODES = {"both": (Mode.FWD, Mode.FWD_BWD), "fwd": (Mode.FWD,), "fwd+bwd": (Mode.FWD_BWD,)}

@@ -9,9 +9,11 @@ import os
 from collections.abc import Mapping
 
 from attnforge._system.paths import home_dir
+from attnforge.cache.entry import Entry, PutResult
 from attnforge.cache.key import ArtifactKind, CacheKey, CacheKeyInputs
+from attnforge.cache.prune import PruneResult
 from attnforge.cache.share import ExportResult, ImportResult
-from attnforge.cache.store import Entry, PruneResult, PutResult, Store
+from attnforge.cache.store import Store
 
 
 def open_store(environ: Mapping[str, str] | None = None) -> Store:

@@ -17,14 +17,12 @@ the file; a mismatch moves the entry to quarantine and raises, so a corrupt arti
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import datetime as _dt
 import json
 import os
 import sqlite3
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,11 +39,13 @@ from attnforge.cache._files import (
     write_atomic,
 )
 from attnforge.cache._provenance import BUILD_LOG, PROVENANCE, check_wheel_name, provenance_doc, unsafe_member
+from attnforge.cache.entry import Entry, PutResult, entry_at, entry_from_row
 from attnforge.cache.key import ArtifactKind, CacheKey, CacheKeyInputs
 from attnforge.errors import CacheError, UsageError
 from attnforge.resolve.types import CachedArtifact
 
 if TYPE_CHECKING:
+    from attnforge.cache.prune import PruneResult
     from attnforge.cache.share import ExportResult, ImportResult
     from attnforge.cache.verify import VerifyReport
 
@@ -63,65 +63,6 @@ _INSERT = (
     "INSERT INTO artifacts (key, kind, name, version, filename, sha256, size_bytes, inputs, provenance,"
     " has_log, created_at, last_used_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
 )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Entry:
-    """One complete artifact in the store (metadata only; :meth:`Store.get` returns its verified path).
-
-    Attributes:
-        key: ``sha256:...`` of ``inputs``.
-        inputs: everything the key was computed from.
-        filename: the artifact's file name (a wheel's carries its tags).
-        sha256: hex sha256 of the artifact's bytes, recorded when it was stored.
-        size_bytes: the artifact's size.
-        path: where the artifact file lives.
-        log_path: the build log kept with it, if any.
-        created_at_s / last_used_at_s: Unix times.
-        provenance: free-form facts from whoever stored it (builder, source URL, host).
-        problem: why this row cannot be trusted (its key does not match its inputs: the database was
-            altered), else None; :meth:`Store.get` refuses such an entry.
-    """
-
-    key: str
-    inputs: CacheKeyInputs
-    filename: str
-    sha256: str
-    size_bytes: int
-    path: str
-    log_path: str | None
-    created_at_s: float
-    last_used_at_s: float
-    provenance: Mapping[str, Any] = field(default_factory=dict)
-    problem: str | None = None  # set when the row's key is not the hash of its recorded inputs
-
-    @property
-    def kind(self) -> ArtifactKind:
-        return self.inputs.kind
-
-    @property
-    def name(self) -> str:
-        return self.inputs.name
-
-    @property
-    def version(self) -> str:
-        return self.inputs.version
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PutResult:
-    """The entry, and whether this call stored it (False: an identical entry was already there)."""
-
-    entry: Entry
-    stored: bool
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PruneResult:
-    removed: tuple[Entry, ...]
-    freed_bytes: int
-    kept_bytes: int
-    debris_removed: tuple[str, ...] = ()  # staging dirs of dead writers and dirs without a row
 
 
 class Store(StoreBase):
@@ -194,24 +135,6 @@ class Store(StoreBase):
                 raise
         return PutResult(entry=entry, stored=True)
 
-    def put_file(
-        self,
-        path: Path,
-        inputs: CacheKeyInputs,
-        *,
-        log_path: Path | None = None,
-        provenance: Mapping[str, Any] | None = None,
-    ) -> PutResult:
-        """Store a non-wheel artifact (``inputs.kind`` is ``static-lib``), such as candle's
-        ``libflashattention.a``. Same guarantees as :meth:`put`.
-
-        Raises:
-            UsageError: ``inputs.kind`` is ``wheel`` (use :meth:`put`).
-        """
-        if inputs.kind is ArtifactKind.WHEEL:
-            raise UsageError("put_file() is for non-wheel artifacts; use put() for wheels")
-        return self.put(path, inputs, log_path=log_path, provenance=provenance)
-
     def _store_locked(
         self,
         *,
@@ -265,9 +188,9 @@ class Store(StoreBase):
         except BaseException:
             remove_tree(final)
             raise
-        return self._entry_from(
-            key=key, inputs=inputs, filename=artifact.name, sha=sha, size=size, has_log=has_log, created=now,
-            used=now, extra=extra,
+        return entry_at(
+            self.artifacts_dir, key=key, inputs=inputs, filename=artifact.name, sha=sha, size=size,
+            has_log=has_log, created=now, used=now, extra=extra,
         )
 
     # -- reading --------------------------------------------------------------------------------------------
@@ -323,7 +246,7 @@ class Store(StoreBase):
         """Every complete entry, newest first."""
         with self._read("list the cache") as conn:
             rows = conn.execute(_SELECT_ALL).fetchall()
-        return [self._entry_from_row(r) for r in rows]
+        return [entry_from_row(r, artifacts_dir=self.artifacts_dir, db_path=self.db_path) for r in rows]
 
     def cached_artifacts(self) -> builtins.list[CachedArtifact]:
         """The wheels in the store, as the resolver's cache candidates."""
@@ -415,28 +338,10 @@ class Store(StoreBase):
         return dest
 
     def prune(self, *, older_than_s: float | None = None, max_size_bytes: int | None = None) -> PruneResult:
-        """Remove entries unused for ``older_than_s``, then least recently used ones until the store holds at
-        most ``max_size_bytes``; also clears the debris of writers that died.
-        """
-        with self._writer():
-            debris = self._remove_debris_locked()
-            entries = sorted(self.list(), key=lambda e: e.last_used_at_s)
-            doomed: list[Entry] = []
-            if older_than_s is not None:
-                cutoff = self._clock() - older_than_s
-                doomed = [e for e in entries if e.last_used_at_s < cutoff]
-            kept = [e for e in entries if e not in doomed]
-            total = sum(e.size_bytes for e in kept)
-            if max_size_bytes is not None:
-                while kept and total > max_size_bytes:
-                    victim = kept.pop(0)
-                    doomed.append(victim)
-                    total -= victim.size_bytes
-            self._delete_locked(doomed)
-        return PruneResult(
-            removed=tuple(doomed), freed_bytes=sum(e.size_bytes for e in doomed), kept_bytes=total,
-            debris_removed=tuple(debris),
-        )
+        """Remove entries unused for ``older_than_s``, then least recently used ones (see prune.py)."""
+        from attnforge.cache.prune import prune
+
+        return prune(self, older_than_s=older_than_s, max_size_bytes=max_size_bytes)
 
     def _remove_debris_locked(self) -> builtins.list[str]:
         """Staging dirs and row-less entry dirs; safe only under the writer lock (no live writer then)."""
@@ -476,7 +381,7 @@ class Store(StoreBase):
     def _row(self, key: CacheKey) -> Entry | None:
         with self._read() as conn:
             row = conn.execute(_SELECT_ONE, (str(key),)).fetchone()
-        return None if row is None else self._entry_from_row(row)
+        return None if row is None else entry_from_row(row, artifacts_dir=self.artifacts_dir, db_path=self.db_path)
 
     def _integrity_problem(self, entry: Entry) -> str | None:
         path = Path(entry.path)
@@ -489,44 +394,3 @@ class Store(StoreBase):
 
     def _intact(self, entry: Entry) -> bool:
         return self._integrity_problem(entry) is None
-
-    def _entry_from_row(self, row: sqlite3.Row) -> Entry:
-        """The entry of a row, its key re-checked against its recorded inputs (``problem`` says if not).
-
-        Raises:
-            CacheError: the row cannot be read at all (the database was damaged).
-        """
-        try:
-            inputs = CacheKeyInputs.from_json(json.loads(row["inputs"]))
-            key = CacheKey.parse(str(row["key"]))
-            extra = json.loads(row["provenance"])
-            filename = str(row["filename"])
-            if not isinstance(extra, dict) or "/" in filename or "\\" in filename or filename in ("", ".", ".."):
-                raise ValueError("bad provenance or file name")
-            entry = self._entry_from(
-                key=key, inputs=inputs, filename=filename, sha=str(row["sha256"]), size=int(row["size_bytes"]),
-                has_log=bool(row["has_log"]), created=float(row["created_at"]), used=float(row["last_used_at"]),
-                extra=extra,
-            )
-        except (ValueError, TypeError, KeyError) as exc:
-            raise CacheError(
-                f"a row of the cache database is damaged: {str(row['key'])[:80]!r}",
-                cause=f"{self.db_path}: {exc}",
-                hint="run `attnforge cache verify`: it moves damaged entries to quarantine",
-            ) from None
-        expected = CacheKey.of(inputs)
-        if expected != key:
-            problem = f"its key {key} is not the hash of its recorded inputs ({expected}): the database was altered"
-            return dataclasses.replace(entry, problem=problem)
-        return entry
-
-    def _entry_from(
-        self, *, key: CacheKey, inputs: CacheKeyInputs, filename: str, sha: str, size: int, has_log: bool,
-        created: float, used: float, extra: Mapping[str, Any],
-    ) -> Entry:
-        folder = self.artifacts_dir / key.digest
-        return Entry(
-            key=str(key), inputs=inputs, filename=filename, sha256=sha, size_bytes=size,
-            path=str(folder / filename), log_path=str(folder / BUILD_LOG) if has_log else None,
-            created_at_s=created, last_used_at_s=used, provenance=dict(extra),
-        )

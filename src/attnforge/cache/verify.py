@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnforge.cache._provenance import provenance_problem
-from attnforge.cache.store import Entry, Store
+from attnforge.cache.entry import Entry, entry_from_row
+from attnforge.cache.store import Store
 from attnforge.errors import CacheError
 
 
@@ -55,7 +56,7 @@ def verify(store: Store) -> VerifyReport:
     problems: list[Problem] = []
     for row in rows:
         try:
-            entry = store._entry_from_row(row)
+            entry = entry_from_row(row, artifacts_dir=store.artifacts_dir, db_path=store.db_path)
         except CacheError as exc:
             problems.append(_quarantine_row(store, str(row["key"]), str(row["filename"]), exc.message))
             continue

@@ -305,4 +305,4 @@ def store_library(plan: CargoEnv, store: Store, cpu_arch: str, *, log_path: Path
     provenance = {"kernel_key": str(plan.key), "build_dir_var": BUILD_DIR_VAR,
                   "compute_cap": plan.key.compute_cap_value, "crate_checksum": plan.checksum}
     inputs = cache_inputs(plan, cpu_arch)
-    return store.put_file(plan.library, inputs, log_path=log_path, provenance=provenance)
+    return store.put(plan.library, inputs, log_path=log_path, provenance=provenance)

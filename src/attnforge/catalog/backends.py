@@ -21,8 +21,29 @@ _FIELDS = {
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Support:
+    """What a kernel serves: the compute capabilities (an inclusive range), the dtypes and the largest head dim.
+
+    The catalog's row states it (:attr:`Backend.support`); the runtime capabilities carry the same value, narrowed
+    by what a slim build left out.
+    """
+
+    min_cc: ComputeCapability
+    max_cc: ComputeCapability
+    dtypes: tuple[str, ...]
+    max_head_dim: int
+
+    def supports_cc(self, cc: ComputeCapability) -> bool:
+        return self.min_cc <= cc <= self.max_cc
+
+    def cc_range_text(self) -> str:
+        return f"{format_cc(self.min_cc)}-{format_cc(self.max_cc)}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Backend(Sourced):
-    """One attention backend as the catalog describes it (``catalog/data/backends.toml``)."""
+    """One attention backend as the catalog describes it (``catalog/data/backends.toml``); ``support`` holds its
+    ``min_cc``, ``max_cc``, ``dtypes`` and ``max_head_dim``."""
 
     id: str
     display_name: str
@@ -31,10 +52,7 @@ class Backend(Sourced):
     version_spec: SpecifierSet
     import_name: str
     native_modules: tuple[str, ...]
-    min_cc: ComputeCapability
-    max_cc: ComputeCapability
-    dtypes: tuple[str, ...]
-    max_head_dim: int
+    support: Support
     quantized: bool
     needs_build: bool
     install: str
@@ -44,12 +62,6 @@ class Backend(Sourced):
     def builtin(self) -> bool:
         """True for backends that ship inside torch (SDPA, FlexAttention)."""
         return not self.distributions
-
-    def supports_cc(self, cc: ComputeCapability) -> bool:
-        return self.min_cc <= cc <= self.max_cc
-
-    def cc_range_text(self) -> str:
-        return f"{format_cc(self.min_cc)}-{format_cc(self.max_cc)}"
 
 
 def parse_backends(doc: Mapping[str, Any], errors: Collector) -> dict[str, Backend]:
@@ -80,10 +92,7 @@ def parse_backends(doc: Mapping[str, Any], errors: Collector) -> dict[str, Backe
             version_spec=spec,
             import_name=errors.get(raw, "import_name", path, str),
             native_modules=errors.str_list(raw, "native_modules", path),
-            min_cc=min_cc,
-            max_cc=max_cc,
-            dtypes=dtypes,
-            max_head_dim=head,
+            support=Support(min_cc=min_cc, max_cc=max_cc, dtypes=dtypes, max_head_dim=head),
             quantized=errors.get(raw, "quantized", path, bool),
             needs_build=errors.get(raw, "needs_build", path, bool),
             install=errors.get(raw, "install", path, str),

@@ -65,7 +65,8 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
     from attnforge.bench.select import choose_backends, choose_shapes, choose_timing
     from attnforge.catalog import load_catalog
     from attnforge.records import RecordStore
-    from attnforge.verify.device import DeviceType, current_device
+    from attnforge.types.device import DeviceType
+    from attnforge.verify.device import current_device
 
     dev = current_device(device)
     catalog = load_catalog()

@@ -40,14 +40,6 @@ _UNKNOWN = {
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Evidence:
-    """A log line that shows the failure; ``line`` counts from 1."""
-
-    line: int
-    text: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Diagnosis:
     """What a log says went wrong.
 
@@ -73,7 +65,7 @@ class Diagnosis:
     stage: str | None
     cause: str
     fix: tuple[str, ...]
-    evidence: tuple[Evidence, ...]
+    evidence: tuple[LogLine, ...]
     location: str | None
     failed_target: str | None
     log_path: str | None
@@ -157,7 +149,7 @@ def _best_match(
         if hit is None:
             continue
         line, match = hit
-        if best is None or (sig.priority, -line.number) > (best[0].priority, -best[1].number):
+        if best is None or (sig.priority, -line.line) > (best[0].priority, -best[1].line):
             best = (sig, line, match)
     return best
 
@@ -276,7 +268,7 @@ def _known(
     return Diagnosis(
         known=True, signature=sig.id, title=sig.title, stage=sig.stage, cause=_fill(sig.cause, values),
         fix=tuple(_fill(step, values) for step in sig.fix),
-        evidence=tuple(Evidence(line=ln.number, text=ln.text.strip()) for ln in shown),
+        evidence=tuple(LogLine(line=ln.line, text=ln.text.strip()) for ln in shown),
         location=_location(region, match), failed_target=site.target, log_path=log_path, sources=sig.sources,
         notes=notes,
     )
@@ -304,9 +296,9 @@ def _unknown(site: FailureSite, log_path: str | None) -> Diagnosis:
         known=False, signature=None, title="unrecognised failure", stage=None,
         cause=f"attnforge does not recognise this failure{where}; the lines below are the likeliest cause",
         fix=(f"read the full log: {log_path}" if log_path else "read the full log",),
-        evidence=tuple(Evidence(line=ln.number, text=ln.text.strip()) for ln in excerpt),
+        evidence=tuple(LogLine(line=ln.line, text=ln.text.strip()) for ln in excerpt),
         location=None, failed_target=site.target, log_path=log_path,
     )
 
 
-__all__ = ["Diagnosis", "Evidence", "diagnose_file", "diagnose_text", "facts"]
+__all__ = ["Diagnosis", "LogLine", "diagnose_file", "diagnose_text", "facts"]

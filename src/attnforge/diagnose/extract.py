@@ -42,9 +42,9 @@ WRAPPER_PATTERNS = tuple(re.compile(p) for p in (
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LogLine:
-    """One line of a log; ``number`` counts from 1 like an editor does."""
+    """One line of a log; ``line`` is its number, counted from 1 like an editor does."""
 
-    number: int
+    line: int
     text: str
 
 
@@ -68,7 +68,7 @@ class FailureSite:
 
 def find_failure(text: str) -> FailureSite:
     """Split a log into the first ``FAILED:`` block (if any) and the other meaningful lines."""
-    lines = [LogLine(number=i, text=t) for i, t in enumerate(text.splitlines(), start=1)]
+    lines = [LogLine(line=i, text=t) for i, t in enumerate(text.splitlines(), start=1)]
     target: str | None = None
     command: LogLine | None = None
     block: list[LogLine] = []

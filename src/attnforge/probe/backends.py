@@ -7,7 +7,7 @@ imports the catalog, which sits above it in the layer table (docs/architecture.m
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
@@ -39,14 +39,21 @@ class BackendQuery(Protocol):
     def native_modules(self) -> tuple[str, ...]: ...
 
 
-def installed_distribution(backend: BackendQuery) -> tuple[str, str] | None:
-    """(distribution, version) of the first installed distribution that provides ``backend`` and whose version
-    fits its ``version_spec`` (sageattention 1.x vs 2.x), read from package metadata without importing."""
-    for dist in backend.distributions:
+def installed_versions(distributions: Iterable[str]) -> Iterator[tuple[str, str]]:
+    """(distribution, version text) of each of ``distributions`` that is installed, in the order given, read
+    from package metadata without importing (the text may not be a valid version)."""
+    for dist in distributions:
         try:
             version = metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
+        yield dist, version
+
+
+def installed_distribution(backend: BackendQuery) -> tuple[str, str] | None:
+    """(distribution, version) of the first installed distribution that provides ``backend`` and whose version
+    fits its ``version_spec`` (sageattention 1.x vs 2.x), read from package metadata without importing."""
+    for dist, version in installed_versions(backend.distributions):
         try:
             if backend.version_spec and Version(version) not in backend.version_spec:
                 continue

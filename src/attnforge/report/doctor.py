@@ -199,9 +199,9 @@ def _gpu_support(s: SystemSnapshot, b: Backend) -> tuple[bool | None, str]:
         return True, "any (CPU too)"
     if not ccs:
         return None, "no GPU"
-    bad = [cc for cc in ccs if not b.supports_cc(cc)]
+    bad = [cc for cc in ccs if not b.support.supports_cc(cc)]
     if bad:
-        return False, (f"needs compute capability {b.cc_range_text()}, this GPU is "
+        return False, (f"needs compute capability {b.support.cc_range_text()}, this GPU is "
                        f"{', '.join(format_cc(c) for c in bad)}")
     return True, "yes"
 

@@ -140,12 +140,12 @@ def _arch_checks(
     targets: list[Target] = []
     backend = catalog.backends.get(request.backend)
     for cc in archs:
-        if backend is not None and not backend.supports_cc(cc):
+        if backend is not None and not backend.support.supports_cc(cc):
             checks.append(
                 Check(
                     name="archs",
                     ok=False,
-                    reason=f"{backend.display_name} supports compute capability {backend.cc_range_text()}; "
+                    reason=f"{backend.display_name} supports compute capability {backend.support.cc_range_text()}; "
                     f"{format_cc(cc)} ({_gpu_name(snapshot, cc)}) is outside it",
                     fix="choose another backend for this GPU (attnforge doctor lists them)",
                 )

@@ -150,12 +150,12 @@ def _builtin(snapshot: SystemSnapshot, backend: Backend) -> Candidate:
     t = snapshot.torch
     if t is None:
         return _rejected(CandidateKind.INSTALLED, desc, ["torch is not installed"])
-    if backend.family != "sdpa" or backend.min_cc > (0, 0):
+    if backend.family != "sdpa" or backend.support.min_cc > (0, 0):
         reasons = [] if t.cuda_version else [f"torch {t.version} is a CPU build"]
         reasons += [
-            f"needs compute capability {backend.cc_range_text()}, the GPU is {format_cc(cc)}"
+            f"needs compute capability {backend.support.cc_range_text()}, the GPU is {format_cc(cc)}"
             for cc in snapshot.compute_capabilities
-            if not backend.supports_cc(cc)
+            if not backend.support.supports_cc(cc)
         ]
         if reasons:
             return _rejected(CandidateKind.INSTALLED, desc, reasons)
@@ -272,10 +272,10 @@ def _index_candidate(
         reasons.append(f"torch {t.version if t else '(none)'} is not a CUDA build; the kernels need one")
     if backend is not None:
         reasons += [
-            f"{backend.display_name} supports compute capability {backend.cc_range_text()}, the GPU is "
+            f"{backend.display_name} supports compute capability {backend.support.cc_range_text()}, the GPU is "
             f"{format_cc(cc)}"
             for cc in target_ccs(snapshot, request)
-            if not backend.supports_cc(cc)
+            if not backend.support.supports_cc(cc)
         ]
     if reasons:
         return [_rejected(CandidateKind.WHEEL, desc, reasons)]

@@ -301,9 +301,9 @@ def _arch_problems(
     ccs = target_ccs(snapshot, request)
     if backend is not None:
         for cc in ccs:
-            if not backend.supports_cc(cc):
+            if not backend.support.supports_cc(cc):
                 out.append(
-                    f"{backend.display_name} supports compute capability {backend.cc_range_text()}, "
+                    f"{backend.display_name} supports compute capability {backend.support.cc_range_text()}, "
                     f"the GPU is {format_cc(cc)}"
                 )
     if not facts.archs:

@@ -8,6 +8,7 @@ doctor (from a snapshot).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from attnforge.types.cc import ComputeCapability
 
@@ -53,3 +54,10 @@ class DeviceKey:
 def device_key(device: str, compute_capability: tuple[int, int] | None, torch_version: str) -> str:
     """The records key as text: ``str(DeviceKey.of(...))``."""
     return str(DeviceKey.of(device, compute_capability, torch_version))
+
+
+class DeviceType(StrEnum):
+    """Where kernels run (torch's device type): the devices verify and bench use and capability rows name."""
+
+    CUDA = "cuda"
+    CPU = "cpu"

@@ -5,10 +5,11 @@ Nothing runs at import time; torch is imported by the functions that need it.
 
 from __future__ import annotations
 
+from attnforge.types.device import DeviceType
 from attnforge.verify.cases import VerifyCase, generate_cases
 from attnforge.verify.check import BackendVerification, CaseResult, CaseStatus, verify_backend
 from attnforge.verify.compare import Comparison, compare
-from attnforge.verify.device import DeviceInfo, DeviceType, current_device
+from attnforge.verify.device import DeviceInfo, current_device
 from attnforge.verify.run import VerifyReport, run_verify
 
 __all__ = [

@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass
 
 from attnforge.backends.adapter import ROUTING_ONLY, AttentionCall
+from attnforge.types.shapes import Dims
 
 #: dtypes verified per device when the backend claims them: fp16/bf16 on CUDA (what the kernels are for);
 #: float32/bfloat16 on CPU (what CPU paths such as SDPA math compute in).
@@ -27,15 +28,10 @@ DEVICE_MAX_SEQLEN: dict[str, int] = {"cuda": 1024, "cpu": 160}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class VerifyCase:
-    """One random attention problem: sizes ``B, Hq, Hkv, Sq, Sk, D``, dtype, causal and the input seed."""
+class VerifyCase(Dims):
+    """One random attention problem: sizes ``B, Hq, Hkv, Sq, Sk, D`` (:class:`~attnforge.types.shapes.Dims`),
+    dtype, causal and the input seed."""
 
-    batch: int
-    heads_q: int
-    heads_kv: int
-    seqlen_q: int
-    seqlen_k: int
-    head_dim: int
     dtype: str
     causal: bool
     seed: int
@@ -47,7 +43,7 @@ class VerifyCase:
         """The adapter-facing description of this case (forward only)."""
         return AttentionCall(
             device_type=device_type, compute_capability=compute_capability, dtype=self.dtype,
-            batch=self.batch, heads_q=self.heads_q, heads_kv=self.heads_kv, seqlen_q=self.seqlen_q,
+            batch=self.batch, heads_q=self.heads, heads_kv=self.kv_heads, seqlen_q=self.seqlen_q,
             seqlen_k=self.seqlen_k,
             head_dim=self.head_dim, causal=self.causal, needs_grad=False, precision=precision,
             features=frozenset((self.feature,)) - ROUTING_ONLY if self.feature else frozenset(),
@@ -60,7 +56,7 @@ class VerifyCase:
         mask = "causal" if self.causal else "full"
         dims = f"D{self.head_dim}" + (f"/{self.head_dim_v}" if self.head_dim_v else "")
         extra = f" +{self.feature}" if self.feature else ""
-        return (f"{self.dtype} {mask} B{self.batch} H{self.heads_q}/{self.heads_kv} "
+        return (f"{self.dtype} {mask} B{self.batch} H{self.heads}/{self.kv_heads} "
                 f"S{self.seqlen_q}x{self.seqlen_k} {dims}{extra}")
 
 
@@ -90,14 +86,14 @@ def generate_cases(
             for causal in (False, True):
                 s = rng.randint(top // 4, top)
                 heads = rng.choice((1, 2, 4))
-                cases.append(VerifyCase(batch=rng.randint(1, 2), heads_q=heads, heads_kv=heads, seqlen_q=s,
+                cases.append(VerifyCase(batch=rng.randint(1, 2), heads=heads, kv_heads=heads, seqlen_q=s,
                                         seqlen_k=s, head_dim=head_dim, dtype=dtype, causal=causal,
                                         seed=rng.randrange(2**31)))
                 group, heads_kv = rng.choice((2, 4)), rng.choice((1, 2))
                 sq, sk = rng.randint(1, top), rng.randint(1, top)
                 while sk == sq:
                     sk = rng.randint(1, top)
-                cases.append(VerifyCase(batch=rng.randint(1, 2), heads_q=heads_kv * group, heads_kv=heads_kv,
+                cases.append(VerifyCase(batch=rng.randint(1, 2), heads=heads_kv * group, kv_heads=heads_kv,
                                         seqlen_q=sq, seqlen_k=sk, head_dim=head_dim, dtype=dtype,
                                         causal=causal, seed=rng.randrange(2**31)))
     return cases
@@ -125,7 +121,7 @@ def feature_cases(
             sk = sq if feature == "varlen" else rng.randint(sq, top + 8)
             causal = feature in ("causal_top_left", "window", "varlen") or rng.random() < 0.5
             cases.append(VerifyCase(
-                batch=3 if feature == "varlen" else rng.randint(1, 2), heads_q=heads_kv * group, heads_kv=heads_kv,
+                batch=3 if feature == "varlen" else rng.randint(1, 2), heads=heads_kv * group, kv_heads=heads_kv,
                 seqlen_q=sq, seqlen_k=sk + (feature == "causal_top_left"), head_dim=head_dim, dtype=dtype,
                 causal=causal, seed=rng.randrange(2**31), feature=feature,
                 head_dim_v=head_dim // 2 if feature == "dv" else None))

@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 from attnforge.errors import UsageError
-from attnforge.types.device import device_key
-
-
-class DeviceType(StrEnum):
-    """Where kernels run."""
-
-    CUDA = "cuda"
-    CPU = "cpu"
+from attnforge.types.device import DeviceType, device_key
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

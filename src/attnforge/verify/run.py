@@ -56,8 +56,8 @@ def cases_for(adapter: BackendAdapter, catalog: Catalog, device: DeviceInfo, *,
     if entry is None:
         dtypes, head_dims = DEVICE_DTYPES[device_type], DEVICE_HEAD_DIMS[device_type]
     else:
-        dtypes, head_dims = claimed_matrix(device_type=device_type, backend_dtypes=entry.dtypes,
-                                           max_head_dim=entry.max_head_dim)
+        dtypes, head_dims = claimed_matrix(device_type=device_type, backend_dtypes=entry.support.dtypes,
+                                           max_head_dim=entry.support.max_head_dim)
     max_seqlen = DEVICE_MAX_SEQLEN[device_type]
     plain = generate_cases(dtypes=dtypes, head_dims=head_dims, max_seqlen=max_seqlen, seed=seed)
     claimed = supported_features(adapter) & frozenset(FEATURES)
