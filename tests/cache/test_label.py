@@ -22,6 +22,7 @@ import pytest
 
 from attnforge.cache import Store
 from attnforge.cache.label import LocalLabel, label_wheel
+from attnforge.errors import UsageError
 from tests.cache.conftest import inputs_for
 from tests.cache.wheelmaker import make_wheel
 
@@ -137,3 +138,28 @@ def test_the_installer_labels_binary_builds_and_leaves_pure_wheels_alone(tmp_pat
     assert binary.name == f"af_pure_fixture-0.1.0+cputorch2.13.cxx11abitrue.sm90-{TAG}.whl"
     pure = make_wheel(tmp_path / "p")
     assert pinned_to_torch(pure, spec, snapshot) == pure
+
+
+def test_a_slim_wheels_capabilities_travel_inside_it_to_a_plain_pip_install(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slim build exported to an index and installed by plain pip elsewhere (no attnforge cache entry, no
+    direct_url to one) still says what it can run: the capabilities are a file of its .dist-info."""
+    from attnforge.cache.capabilities import CAPABILITIES_FILE, capabilities_file, installed_capabilities
+    from attnforge.catalog.slim import Capabilities
+
+    caps = Capabilities(head_dims=(128,), dtypes=("bfloat16",), backward=False, features=("varlen",))
+    raw = make_wheel(tmp_path / "raw", tag=TAG, requires=["torch>=2.0"])
+    label = LocalLabel.for_torch("2.11.0+cu130", "13.0", True, ((9, 0),))
+    (tmp_path / "index").mkdir()
+    wheel = label_wheel(raw, label, tmp_path / "index", dist_info_files=capabilities_file(caps))
+    with zipfile.ZipFile(wheel) as zf:
+        record = {row[0] for row in csv.reader(io.StringIO(zf.read(next(
+            n for n in zf.namelist() if n.endswith("/RECORD"))).decode()))}
+        assert any(n.endswith(f".dist-info/{CAPABILITIES_FILE}") for n in record)
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    "--target", str(site), str(wheel)], check=True)
+    monkeypatch.syspath_prepend(str(site))
+    assert installed_capabilities(["af-pure-fixture"]) == caps
+    with pytest.raises(UsageError, match="cannot be added"):
+        label_wheel(raw, label, tmp_path, dist_info_files={"RECORD": b""})

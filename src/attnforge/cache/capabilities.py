@@ -1,10 +1,12 @@
-"""What an installed backend's binary can run, read back from the cache entry it was installed from.
+"""What an installed backend's binary can run: read from the wheel itself, or from the cache entry it came from.
 
 A slim build (``--head-dim 128 --dtype bf16``) writes ``capabilities: {head_dims, dtypes, backward, features}``
-into its ``provenance.json`` ``details``; pip records the wheel it installed in the distribution's
-``direct_url.json`` (PEP 610), and that wheel lies in its cache entry next to the provenance. So verify, bench
-and the dispatcher ask :func:`installed_capabilities` and get the build's limits, or None when the binary has
-none recorded (a full build, a wheel from an index: the backend's own table applies).
+into its ``provenance.json`` ``details`` and, when its wheel is labelled for torch (:mod:`attnforge.cache.label`),
+into the wheel's ``.dist-info`` as :data:`CAPABILITIES_FILE`, so the limits travel with the wheel to an exported
+index and a teammate's install. :func:`installed_capabilities` reads that file first; for wheels installed
+before it existed, it follows the distribution's ``direct_url.json`` (PEP 610) to the cache entry next to the
+provenance. None when the binary has none recorded (a full build, a wheel from elsewhere: the backend's own
+table applies).
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ from attnforge.catalog.slim import Capabilities
 
 #: The key under provenance ``details`` (and the install's JSON) that holds a build's capabilities.
 CAPABILITIES_KEY = "capabilities"
+#: The file in a slim wheel's ``.dist-info`` that holds its capabilities (:meth:`Capabilities.to_json`).
+CAPABILITIES_FILE = "attnforge_capabilities.json"
+
+
+def capabilities_file(capabilities: Capabilities) -> dict[str, bytes]:
+    """The ``.dist-info`` entry that carries ``capabilities`` in a wheel (for ``label_wheel``)."""
+    return {CAPABILITIES_FILE: json.dumps(capabilities.to_json(), sort_keys=True).encode()}
 
 
 def provenance_capabilities(doc: Mapping[str, Any]) -> Capabilities | None:
@@ -47,7 +56,8 @@ def installed_capabilities(distributions: Iterable[str]) -> Capabilities | None:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue
-        return _from_direct_url(dist.read_text("direct_url.json"))
+        carried = _from_text(dist.read_text(CAPABILITIES_FILE))
+        return carried if carried is not None else _from_direct_url(dist.read_text("direct_url.json"))
     return None
 
 
@@ -57,6 +67,16 @@ def backend_capabilities(backend_id: str) -> Capabilities | None:
 
     backend = load_catalog().backends.get(backend_id)
     return installed_capabilities(backend.distributions) if backend is not None else None
+
+
+def _from_text(text: str | None) -> Capabilities | None:
+    if not text:
+        return None
+    try:
+        raw = json.loads(text)
+        return Capabilities.from_json(raw) if isinstance(raw, Mapping) else None
+    except ValueError:
+        return None
 
 
 def _from_direct_url(text: str | None) -> Capabilities | None:

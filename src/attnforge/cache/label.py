@@ -32,10 +32,15 @@ from attnforge.errors import UsageError
 from attnforge.types.local_label import LocalLabel as LocalLabel  # noqa: PLC0414 - the label grammar, re-exported
 
 
-def label_wheel(wheel: Path, label: LocalLabel, dest_dir: Path) -> Path:
+def label_wheel(wheel: Path, label: LocalLabel, dest_dir: Path, *,
+                dist_info_files: dict[str, bytes] | None = None) -> Path:
     """Write ``wheel`` again into ``dest_dir`` as ``<name>-<version>+<label>-<tags>.whl``, with its metadata
     version set to match, ``Requires-Dist: torch==X.Y.*`` (replacing any torch requirement) and a RECORD
     whose hashes and sizes are recomputed. A wheel that already carries a local label is refused.
+
+    ``dist_info_files``: extra files for the ``.dist-info`` directory by name (e.g. a slim build's
+    :data:`attnforge.cache.capabilities.CAPABILITIES_FILE`), so they travel with the wheel to any index and are
+    readable after install through ``importlib.metadata``'s ``Distribution.read_text``.
 
     Raises:
         UsageError: not a wheel, or its version already has a local label.
@@ -67,6 +72,12 @@ def label_wheel(wheel: Path, label: LocalLabel, dest_dir: Path) -> Path:
             clone = zipfile.ZipInfo(arcname, date_time=info.date_time)
             clone.external_attr, clone.compress_type = info.external_attr, zipfile.ZIP_DEFLATED
             files.append((clone, data))
+        for extra, data in (dist_info_files or {}).items():
+            if "/" in extra or extra in ("RECORD", "METADATA", "WHEEL"):
+                raise UsageError(f"{extra!r} cannot be added to a wheel's .dist-info")
+            added = zipfile.ZipInfo(f"{new_info}/{extra}", date_time=(1980, 1, 1, 0, 0, 0))
+            added.external_attr, added.compress_type = 0o644 << 16, zipfile.ZIP_DEFLATED
+            files = [(i, d) for i, d in files if i.filename != added.filename] + [(added, data)]
     record = io.StringIO()
     writer = csv.writer(record, lineterminator="\n")
     for info, data in files:

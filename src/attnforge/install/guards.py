@@ -13,6 +13,7 @@ from pathlib import Path
 import filelock
 
 from attnforge.cache import Store
+from attnforge.cache.capabilities import capabilities_file
 from attnforge.cache.label import LocalLabel, label_wheel
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import BuildSpec
@@ -42,12 +43,14 @@ def scratch_dir(store: Store) -> Path:
 
 
 def pinned_to_torch(wheel: Path, spec: BuildSpec, snapshot: SystemSnapshot) -> Path:
-    """The built wheel with a local label naming the torch/CUDA/ABI/archs it was built for and
-    ``Requires-Dist: torch==X.Y.*`` (see :mod:`attnforge.cache.label`), written next to it; unchanged when
+    """The built wheel with a local label naming the torch/CUDA/ABI/archs it was built for,
+    ``Requires-Dist: torch==X.Y.*`` (see :mod:`attnforge.cache.label`) and, for a slim build, its capabilities
+    in the ``.dist-info`` (:mod:`attnforge.cache.capabilities`), written next to it; unchanged when
     there is no torch, the wheel is pure Python (platform ``any``: it links nothing of torch's), or the
     project set its own local label."""
     torch = snapshot.torch
     if torch is None or "+" in wheel.name.split("-")[1] or wheel.name.endswith("-any.whl"):
         return wheel
     label = LocalLabel.for_torch(torch.version, torch.cuda_version, torch.cxx11_abi, spec.archs)
-    return label_wheel(wheel, label, wheel.parent)
+    extra = capabilities_file(spec.capabilities) if spec.capabilities is not None else None
+    return label_wheel(wheel, label, wheel.parent, dist_info_files=extra)
