@@ -338,3 +338,18 @@ def test_an_explicit_source_is_built_even_when_the_backend_is_installed(catalog:
     installed = next(c for c in plan.candidates if c.kind is CandidateKind.INSTALLED)
     assert not installed.accepted and "--source /src/flash-attention" in " ".join(installed.reasons)
     assert plan.chosen is not None and plan.chosen.kind is not CandidateKind.INSTALLED
+
+
+def test_an_installed_build_whose_verify_failed_is_not_installed_and_working(catalog: Catalog) -> None:
+    """An installed backend whose latest verify on this device failed used to answer "already installed and
+    working"; the plan now obtains it again (and the install verifies it again)."""
+    state = InstalledBackend(backend="flash-attn", distribution="flash-attn", version="2.8.3", imports=True,
+                             native=(NativeModule(name="flash_attn_2_cuda", ok=True),))
+    snap = dataclasses.replace(snapshot(H200), backends=(state,))
+    failed = Request(backend="flash-attn", installed_verify_failure="bf16 causal d=128: max abs err 0.3 > 0.02")
+    installed = next(c for c in resolve(snap, catalog, failed).candidates if c.kind is CandidateKind.INSTALLED)
+    assert not installed.accepted
+    assert "its latest verify on this device failed: bf16 causal d=128" in " ".join(installed.reasons)
+    ok = next(c for c in resolve(snap, catalog, Request(backend="flash-attn")).candidates
+              if c.kind is CandidateKind.INSTALLED)
+    assert ok.accepted

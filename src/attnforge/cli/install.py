@@ -21,6 +21,7 @@ from attnforge.errors import ResolveError
 
 if TYPE_CHECKING:
     from attnforge.install.flow import InstallResult
+    from attnforge.probe.snapshot import SystemSnapshot
 
 
 @click.command("install")
@@ -90,7 +91,8 @@ def command(requirement: str, *, head_dims: tuple[str, ...], dtypes: tuple[str, 
     if backend is not None:  # a slim build installed here serves only what it was built for
         from attnforge.cache.capabilities import installed_capabilities
 
-        request = dataclasses.replace(request, installed_capabilities=installed_capabilities(backend.distributions))
+        request = dataclasses.replace(request, installed_capabilities=installed_capabilities(backend.distributions),
+                                      installed_verify_failure=_verify_failure(snapshot, name))
     from attnforge.fetch.listings import known_source_wheels, merged
 
     listing = merged(list_wheels(find_links, index_urls, projects, offline=offline),
@@ -156,3 +158,18 @@ def _render(result: InstallResult) -> None:
     timings = ", ".join(f"{k} {v:.2f} s" for k, v in result.timings_s.items())
     if timings:
         out.print(f"  time: {timings}", soft_wrap=True)
+
+
+def _verify_failure(snapshot: SystemSnapshot, backend: str) -> str | None:
+    """The summary of the latest verify of the installed version of ``backend`` on this device, if it failed."""
+    import os
+
+    from attnforge._system.paths import home_dir
+    from attnforge.records import RecordStore
+    from attnforge.report.identity import snapshot_device_key
+
+    state = snapshot.backend(backend)
+    record = RecordStore(home_dir(os.environ)).latest_verify(snapshot_device_key(snapshot)).get(backend)
+    if record is None or record.ok or state is None or record.backend_version != state.version:
+        return None
+    return record.summary

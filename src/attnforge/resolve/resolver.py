@@ -188,6 +188,8 @@ def _installed(snapshot: SystemSnapshot, backend: Backend | None, request: Reque
                 reasons.append(f"version {state.version} does not satisfy {request.version}")
         except InvalidVersion:
             reasons.append(f"installed version {state.version!r} is not PEP 440")
+    if request.installed_verify_failure:
+        reasons.append(f"its latest verify on this device failed: {request.installed_verify_failure}")
     if state.imports is False:
         reasons.append(f"does not import: {state.import_error or 'unknown error'}")
     broken = [m for m in state.native if not m.ok]

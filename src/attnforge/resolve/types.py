@@ -60,6 +60,9 @@ class Request:
             ``--features``); None builds everything.
         installed_capabilities: what the installed build of the backend can run, when it is a slim build (read
             from its provenance by the caller); an installed build that cannot serve the request is not used.
+        installed_verify_failure: the summary of the latest ``attnforge verify`` of the installed version on
+            this device when it failed (read from the records by the caller); such a build is not "installed and
+            working", so the plan obtains it again and the install verifies it again.
     """
 
     backend: str
@@ -73,6 +76,7 @@ class Request:
     allow_unsupported_compiler: bool = False
     slim: SlimRequest | None = None
     installed_capabilities: Capabilities | None = None
+    installed_verify_failure: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
