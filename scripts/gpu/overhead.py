@@ -52,8 +52,11 @@ def chosen_name(expl: Any) -> str | None:
     return None
 
 
-def raw_callable(name: str, q: Any, k: Any, v: Any, causal: bool) -> tuple[Callable[[], Any], Any, str]:
-    """(fn, factory of the context to hold while timing, native layout) for the backend's own entry point."""
+def raw_callable(name: str, q: Any, k: Any, v: Any, causal: bool, *,
+                 bhsd_views: bool = False) -> tuple[Callable[[], Any], Any, str]:
+    """(fn, factory of the context to hold while timing, native layout) for the backend's own entry point;
+    ``bhsd_views``: a BSHD kernel gets ``transpose(1, 2)`` views of the bhsd tensors made in each call, and its
+    output is transposed back (what a caller holding bhsd tensors writes by hand)."""
     import torch.nn.functional as F  # noqa: N812
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -76,14 +79,24 @@ def raw_callable(name: str, q: Any, k: Any, v: Any, causal: bool) -> tuple[Calla
             contextlib.nullcontext,
             "bhsd",
         )
+    def bshd_kernel(kernel: Callable[..., Any]) -> tuple[Callable[[], Any], Any, str]:
+        if bhsd_views:
+            return ((lambda: first(kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          causal=causal)).transpose(1, 2)), contextlib.nullcontext, "bshd")
+        return (lambda: kernel(qs, ks, vs, causal=causal)), contextlib.nullcontext, "bshd"
+
     if name == "flash-attn":
         from flash_attn import flash_attn_func
 
-        return (lambda: flash_attn_func(qs, ks, vs, causal=causal)), contextlib.nullcontext, "bshd"
+        return bshd_kernel(flash_attn_func)
+    if name == "flash-attn-3":
+        from flash_attn_interface import flash_attn_func as fa3
+
+        return bshd_kernel(fa3)
     if name == "flash-attn-4":
         from flash_attn.cute import flash_attn_func as fa4
 
-        return (lambda: fa4(qs, ks, vs, causal=causal)), contextlib.nullcontext, "bshd"
+        return bshd_kernel(fa4)
     if name.startswith("sageattention"):
         from sageattention import sageattn
 
@@ -134,7 +147,8 @@ def pct(xs: list[float], p: float) -> float:
 
 
 def measure_shape(
-    shape: tuple[int, int, int, int], *, causal: bool, n: int, rounds: int, device: str
+    shape: tuple[int, int, int, int], *, causal: bool, n: int, rounds: int, device: str,
+    backend: str | None = None,
 ) -> dict[str, Any]:
     import torch
 
@@ -142,7 +156,7 @@ def measure_shape(
 
     b, h, s, d = shape
     q, k, v = (torch.randn(b, h, s, d, device=device, dtype=torch.bfloat16) for _ in range(3))
-    expl = attnforge.explain(q, k, v, causal=causal)
+    expl = attnforge.explain(q, k, v, causal=causal, backend=backend)
     name = chosen_name(expl)
     row: dict[str, Any] = {"shape_bhsd": list(shape), "causal": causal, "dtype": "bfloat16", "chosen": name}
     if name is None:
@@ -162,13 +176,19 @@ def measure_shape(
         variants["adapter"] = (lambda: adapter(q, k, v, causal=causal, scale=None), contextlib.nullcontext)
     except Exception as exc:
         row["adapter_error"] = f"{type(exc).__name__}: {exc}"[:300]
-    variants["dispatch"] = (lambda: attnforge.attention(q, k, v, causal=causal), contextlib.nullcontext)
+    variants["dispatch"] = (lambda: attnforge.attention(q, k, v, causal=causal, backend=backend),
+                            contextlib.nullcontext)
     if native == "bshd":
         qs, ks, vs = (t.transpose(1, 2) for t in (q, k, v))
         variants["dispatch_native"] = (
-            lambda: attnforge.attention(qs, ks, vs, causal=causal, layout="bshd"),
+            lambda: attnforge.attention(qs, ks, vs, causal=causal, layout="bshd", backend=backend),
             contextlib.nullcontext,
         )
+        try:  # what a caller holding bhsd tensors pays to call the kernel by hand: the views, both ways
+            raw_views, raw_ctx, _ = raw_callable(name, q, k, v, causal, bhsd_views=True)
+            variants["raw_bhsd"] = (raw_views, raw_ctx)
+        except Exception as exc:
+            row["raw_bhsd_error"] = f"{type(exc).__name__}: {exc}"[:300]
     variants["empty_loop"] = (lambda: None, contextlib.nullcontext)
 
     for fn, ctx in variants.values():  # warm-up: JIT, autotuning, caches, the dispatcher's choice cache
@@ -198,12 +218,14 @@ def measure_shape(
         row["overhead_vs_raw_us"] = med["dispatch"] - med["raw"]
         if "dispatch_native" in med:
             row["overhead_native_layout_vs_raw_us"] = med["dispatch_native"] - med["raw"]
+    if "raw_bhsd" in med:
+        row["overhead_bhsd_vs_raw_bhsd_us"] = med["dispatch"] - med["raw_bhsd"]
     if "adapter" in med:
         row["overhead_vs_adapter_us"] = med["dispatch"] - med["adapter"]
     if "raw" in variants:
         with torch.no_grad(), variants["raw"][1]():
             a = first(variants["raw"][0]())
-        out = attnforge.attention(q, k, v, causal=causal)
+        out = attnforge.attention(q, k, v, causal=causal, backend=backend)
         a_bhsd = a.transpose(1, 2) if native == "bshd" else a
         row["dispatch_output_bit_identical_to_raw"] = bool(torch.equal(out, a_bhsd))
         row["max_abs_diff_vs_raw"] = (out.float() - a_bhsd.float()).abs().max().item()
@@ -219,7 +241,12 @@ def main() -> int:
     ap.add_argument(
         "--device", default="cuda", help="cuda (the real measurement); cpu only to test this script"
     )
+    ap.add_argument("--backend", default=None, help="force this backend (the route is the same hot path)")
+    ap.add_argument("--shapes", default="", help="B,H,S,D;B,H,S,D (default: all of SHAPES)")
+    ap.add_argument("--causal", choices=("both", "on", "off"), default="both")
     args = ap.parse_args()
+    shapes = [tuple(int(x) for x in part.split(",")) for part in args.shapes.split(";") if part] or SHAPES
+    causals = {"both": (False, True), "on": (True,), "off": (False,)}[args.causal]
 
     import torch
 
@@ -240,11 +267,12 @@ def main() -> int:
         f"{'shape [B,H,S,D]':<20} {'causal':<6} {'chosen':<16} {'raw us':>8} {'adapter':>8} {'dispatch':>9} "
         f"{'native':>8} {'overhead':>9}  identical"
     )
-    for shape in SHAPES:
-        for causal in (False, True):
+    for shape in shapes:
+        for causal in causals:
             try:
                 row = measure_shape(
-                    shape, causal=causal, n=args.calls, rounds=args.rounds, device=args.device
+                    shape, causal=causal, n=args.calls, rounds=args.rounds, device=args.device,  # type: ignore[arg-type]
+                    backend=args.backend,
                 )
             except Exception as exc:
                 row = {
@@ -259,6 +287,10 @@ def main() -> int:
                 return f"{var[v]['host_us_median']:.1f}" if v in var else "-"
 
             ov = row.get("overhead_vs_raw_us", row.get("overhead_vs_adapter_us"))
+            if "overhead_bhsd_vs_raw_bhsd_us" in row:
+                print(f"    bhsd vs the kernel called on transposed views by hand: "
+                      f"{row['overhead_bhsd_vs_raw_bhsd_us']:+.1f} us; bshd vs raw: "
+                      f"{row.get('overhead_native_layout_vs_raw_us', float('nan')):+.1f} us")
             print(
                 f"{list(shape)!s:<20} {causal!s:<6} {row.get('chosen') or '-':<16} {us('raw'):>8} "
                 f"{us('adapter'):>8} {us('dispatch'):>9} {us('dispatch_native'):>8} "
