@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,20 +18,34 @@ from attnforge.catalog import Catalog
 from attnforge.errors import InstallError
 from attnforge.install.flow import BuiltWheel, IndexFetcher, Planner, Verifier, VerifyOutcome
 from attnforge.probe.snapshot import SystemSnapshot
-from attnforge.resolve.types import BuildSpec, CachedArtifact, Plan, Request, WheelRef
+from attnforge.resolve.types import BuildSpec, CachedArtifact, CandidateKind, Plan, Request, WheelRef
 
 #: The module run in a fresh interpreter to verify a new install (a library entry point, not the CLI).
 VERIFY_CHILD = "attnforge.verify.child"
 
 
 def resolver_planner(
-    snapshot: SystemSnapshot, catalog: Catalog, wheels: Sequence[WheelRef], home: Path
+    snapshot: SystemSnapshot, catalog: Catalog, wheels: Sequence[WheelRef], home: Path,
+    more_wheels: Callable[[], Sequence[WheelRef]] | None = None,
 ) -> Planner:
-    """``attnforge.resolve.resolver.resolve`` bound to this machine, catalog and wheel listing."""
+    """``attnforge.resolve.resolver.resolve`` bound to this machine, catalog and wheel listing.
+
+    ``more_wheels`` lists further wheels (the known release sources: network) only when the plan needs them:
+    the resolver ranks the installed backend and cache entries before any wheel, so when one of those is
+    chosen without them it is chosen with them too, and a cache hit asks no server anything.
+    """
     from attnforge.resolve.resolver import resolve
 
+    listed: list[Sequence[WheelRef]] = []
+
     def plan(request: Request, *, cached: Sequence[CachedArtifact]) -> Plan:
-        return resolve(snapshot, catalog, request, cached=cached, wheels=wheels, home=str(home))
+        if more_wheels is not None and not listed:
+            first = resolve(snapshot, catalog, request, cached=cached, wheels=wheels, home=str(home))
+            if first.chosen is not None and first.chosen.kind in (CandidateKind.INSTALLED, CandidateKind.CACHE):
+                return first
+            listed.append(more_wheels())
+        extra = listed[0] if listed else ()
+        return resolve(snapshot, catalog, request, cached=cached, wheels=[*wheels, *extra], home=str(home))
 
     return plan
 

@@ -10,6 +10,7 @@ work for ``pip install`` work for attnforge too.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 import sysconfig
@@ -65,7 +66,10 @@ def installer_for(python: str, *, runner: Runner) -> Installer:
     Raises:
         InstallError: the interpreter has no pip and uv is not installed; the hint says how to get either.
     """
-    has_pip = runner.run([python, "-c", "import pip"], timeout_s=60).ok
+    if python == sys.executable:  # the interpreter this runs in (the CLI's target): asked without a process
+        has_pip = importlib.util.find_spec("pip") is not None
+    else:
+        has_pip = runner.run([python, "-c", "import pip"], timeout_s=60).ok
     uv = None if has_pip else find_uv()
     if not has_pip and uv is None:
         raise InstallError(
