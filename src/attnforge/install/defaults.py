@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnforge._system.runner import Runner
+from attnforge.build.frontend import installer_for
 from attnforge.catalog import Catalog
 from attnforge.errors import InstallError
 from attnforge.install.flow import BuiltWheel, IndexFetcher, Planner, Verifier, VerifyOutcome
@@ -127,11 +128,11 @@ def download_from_index(
     Raises:
         InstallError: pip could not download it (its last lines are the cause).
     """
-    argv = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--disable-pip-version-check", "--no-input", "--quiet", "--dest", str(into)]
-    for i, url in enumerate(request.index_urls):
-        argv += ["--index-url" if i == 0 else "--extra-index-url", url]
-    argv.append(f"{distribution}{version}")
+    indexes = [a for i, url in enumerate(request.index_urls) for a in ("--index-url" if i == 0 else
+                                                                       "--extra-index-url", url)]
+    argv = installer_for(python, runner=runner).download_argv(
+        "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "--no-input", "--quiet", "--dest",
+        str(into), *indexes, f"{distribution}{version}")
     done = runner.run(argv, timeout_s=900)
     wheels = sorted(into.glob("*.whl"))
     if not done.ok or not wheels:

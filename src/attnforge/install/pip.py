@@ -25,9 +25,9 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from attnforge._system.runner import Completed, Runner
+from attnforge.build.frontend import installer_for
 from attnforge.catalog import load_catalog
 from attnforge.errors import InstallError
-from attnforge.install.installer import installer_for
 from attnforge.install.overlap import Overlap, installed_overlaps, refusal
 
 #: Distributions attnforge never installs, replaces or upgrades: the user's torch stack (toolchain.toml
