@@ -22,16 +22,15 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 
 from packaging.utils import canonicalize_name
 
 from attnforge._system.runner import Runner
 from attnforge.errors import InstallError
+from attnforge.install.wheelfile import read_dist_info
 
 #: Schemes of ``*.data/<scheme>/`` that install to a shared place (``headers`` goes under the distribution's name).
 _DATA_SCHEMES = frozenset({"purelib", "platlib", "scripts", "data"})
@@ -138,13 +137,7 @@ def read_install_targets(wheel: Path) -> tuple[Target, ...]:
     Raises:
         InstallError: not a readable wheel (no ``*.dist-info/WHEEL``).
     """
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            names = zf.namelist()
-            wheel_file = next(n for n in names if n.count("/") == 1 and n.endswith(".dist-info/WHEEL"))
-            fields = HeaderParser().parsestr(zf.read(wheel_file).decode("utf-8"))
-    except (OSError, zipfile.BadZipFile, StopIteration, UnicodeDecodeError) as exc:
-        raise InstallError(f"{wheel.name} is not a readable wheel", cause=str(exc) or type(exc).__name__) from None
+    names, fields = read_dist_info(wheel, "WHEEL")
     purelib = str(fields.get("Root-Is-Purelib", "true")).strip().lower() == "true"
     return install_targets(names, root_is_purelib=purelib)
 
