@@ -102,6 +102,7 @@ def main() -> None:
     pip = [python, "-m", "pip"]
     uninstall = [*pip, "uninstall", "-y", "-q", "flash-attn-4"]
     timed([*pip, "install", "-q", "--no-deps", "--no-index", *map(str, neighbours)], env)
+    timed(uninstall, env)  # a leftover install would be "already installed", not a fetch into the cache
     first = [python, "-m", "attnforge", "install", "flash-attn-4", "--arch", "9.0", "--offline", "--no-verify",
              "--json"]
     doc = json.loads(timed([*first, "--find-links", str(wheels)], env)[1].stdout)
