@@ -23,7 +23,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from attnforge._system.runner import Completed, Runner
-from attnforge.build.frontend import installer_for
+from attnforge.build.frontend import Installer, installer_for
 from attnforge.catalog import load_catalog
 from attnforge.errors import InstallError
 from attnforge.install.overlap import Overlap, installed_overlaps, refusal
@@ -95,6 +95,7 @@ class PipInstallResult:
             them for the user, with the command to get them.
         duration_s: wall time of pip itself.
         overlaps: files of other distributions the install replaced (only with ``allow_overlap``).
+        installer: the pip frontend that installed it (the interpreter's pip, or uv).
     """
 
     wheel: str
@@ -105,6 +106,7 @@ class PipInstallResult:
     missing_requirements: tuple[str, ...]
     duration_s: float
     overlaps: tuple[Overlap, ...] = ()
+    installer: Installer | None = None
 
 
 def check_requirements(meta: WheelMetadata, installed: Mapping[str, str | None]) -> tuple[str, ...]:
@@ -217,10 +219,10 @@ def pip_install(
     names = sorted({"torch", *(_req_name(r) for r in meta.requires_dist)} - {""})
     before = installed_versions(python, names, runner)
     missing = check_requirements(meta, before)
+    installer = installer_for(python, runner=runner)
     overlaps = installed_overlaps(wheel, name=meta.name, python=python, runner=runner)
     if overlaps and (not allow_overlap or any(canonicalize_name(o.distribution) in PROTECTED for o in overlaps)):
-        raise refusal(overlaps, name=meta.name, version=meta.version, python=python, protected=PROTECTED)
-    installer = installer_for(python, runner=runner)
+        raise refusal(overlaps, name=meta.name, version=meta.version, installer=installer, protected=PROTECTED)
     argv = installer.argv("install", "--no-deps", "--no-index", "--force-reinstall", "--disable-pip-version-check",
                           "--no-input", "--quiet", str(wheel))
     done = runner.run(argv, timeout_s=timeout_s)
@@ -239,7 +241,7 @@ def pip_install(
     return PipInstallResult(
         wheel=str(wheel), python=python, name=meta.name, version=meta.version,
         torch_version=after.get("torch"), missing_requirements=missing, duration_s=done.duration_s,
-        overlaps=overlaps,
+        overlaps=overlaps, installer=installer,
     )
 
 
