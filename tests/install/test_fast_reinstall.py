@@ -128,6 +128,17 @@ def test_the_answer_is_remembered_until_torch_changes(fake_torch: Path, tmp_path
     assert run.calls == 2
 
 
+def test_a_changed_cuda_library_wheel_beside_torch_is_probed_again(fake_torch: Path, tmp_path: Path) -> None:
+    run, memo = CountingProbe(), tmp_path / "memo"
+    ask(run, memo)
+    cudnn = fake_torch.parent / "nvidia_cudnn_cu12-9.1.0.dist-info"
+    cudnn.mkdir()
+    (cudnn / "RECORD").write_text("nvidia/cudnn/lib/libcudnn.so.9,,\n")
+    assert ask(run, memo)[1] is False
+    assert ask(run, memo)[1] is True
+    assert run.calls == 2
+
+
 def test_an_environment_that_steers_torch_is_another_key(fake_torch: Path, tmp_path: Path) -> None:
     run, memo = CountingProbe(), tmp_path / "memo"
     ask(run, memo)

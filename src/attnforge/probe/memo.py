@@ -9,10 +9,11 @@ and the answer is kept in ``torch-<key>.json``. The key is read without importin
 - the probe script's bytes, and the interpreter (the path given, its real path, size and mtime);
 - torch's package directory as ``importlib.util.find_spec`` finds it (it does not run ``torch/__init__.py``):
   size and mtime of ``__init__.py``, ``version.py`` (written anew by every torch build and install), every
-  ``_C*`` extension and of ``lib/``; the names and ``RECORD`` size/mtime of ``torch*``, ``triton*`` and
-  ``pytorch_triton*`` ``.dist-info`` directories beside it;
+  ``_C*`` extension and of ``lib/``; the names and ``RECORD`` size/mtime of the ``torch``, ``triton``,
+  ``pytorch_triton`` and ``nvidia*`` (the CUDA libraries torch loads) ``.dist-info`` directories beside it;
 - the environment variables that change what importing torch sees (:data:`ENV_KEYS`);
-- the NVIDIA driver: ``/proc/driver/nvidia/version`` and the names of ``/dev/nvidia*``.
+- the NVIDIA driver: ``/proc/driver/nvidia/version`` and the names of ``/dev/nvidia*`` (Linux; on Windows the
+  driver is not part of the key).
 
 Not in the key on purpose: the site-packages directory's mtime (every install into the environment changes
 it, so a reinstall would never hit). Only the interpreter this process runs in is remembered (there
@@ -37,7 +38,9 @@ from attnforge._system.runner import Completed
 #: Environment variables that change what ``import torch`` finds or reports.
 ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LD_LIBRARY_PATH", "LD_PRELOAD", "PATH", "PYTHONPATH",
             "PYTHONHOME", "PYTHONNOUSERSITE", "PYTORCH_NVML_BASED_CUDA_CHECK", "HIP_VISIBLE_DEVICES")
-_DIST_PREFIXES = ("torch-", "triton-", "pytorch_triton")
+#: dist-infos beside torch whose change changes what ``import torch`` does: torch, triton, and the CUDA libraries
+#: torch loads from wheels (``nvidia-cudnn-cu12``, ``nvidia-cuda-runtime-cu12``, ...)
+_DIST_PREFIXES = ("torch-", "triton-", "pytorch_triton", "nvidia_", "nvidia-")
 
 
 def probe_torch(
