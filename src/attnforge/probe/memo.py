@@ -75,7 +75,7 @@ def _key(python: str, script: Path, environ: dict[str, str]) -> str | None:
     torch_dir = Path(next(iter(spec.submodule_search_locations)))
     parts: list[object] = [hashlib.sha256(script.read_bytes()).hexdigest(), python, _stat(Path(python).resolve()),
                            str(torch_dir.resolve())]
-    parts += [(p.name, _stat(p)) for p in _torch_files(torch_dir)]
+    parts += [(str(p), _stat(p)) for p in _torch_files(torch_dir)]
     parts += [(k, environ.get(k)) for k in ENV_KEYS]
     parts += [_driver()]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
