@@ -185,7 +185,8 @@ def test_a_download_from_the_index_works_in_a_uv_venv_without_pip(
     (simple / "index.html").write_text(f'<a href="{wheel.as_uri()}">{wheel.name}</a>\n')
     bundled = Path(ensurepip.__file__).parent / "_bundled"
     env = {"UV_OFFLINE": "1", "UV_FIND_LINKS": str(bundled), "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
-           "UV_TOOL_DIR": str(tmp_path / "uv-tools"), "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull}
+           "UV_TOOL_DIR": str(tmp_path / "uv-tools"), "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull,
+           "PIP_NO_CACHE_DIR": "1"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     request = Request(backend="af-indexed", index_urls=((tmp_path / "simple").as_uri(),))
