@@ -71,7 +71,7 @@ def uv_venv(env_dir: Path) -> str:
     """
     import pytest
 
-    from attnforge.install.installer import find_uv
+    from attnforge.build.frontend import find_uv
 
     uv = find_uv()
     if uv is None:

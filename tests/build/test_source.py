@@ -153,6 +153,8 @@ class _PipDownload:
         self.argv: list[str] = []
 
     def run(self, argv: Sequence[str], **_: object) -> Completed:
+        if list(argv[1:]) == ["-c", "import pip"]:  # the frontend question: this interpreter has pip
+            return Completed(argv=tuple(argv), returncode=0)
         self.argv = list(argv)
         if self.archive is not None:
             dest = Path(argv[argv.index("--dest") + 1])

@@ -37,3 +37,40 @@ def test_child_reports_an_unknown_backend_as_json(tmp_path: Path) -> None:
     doc = json.loads(done.stdout.strip().splitlines()[-1])
     assert done.returncode == 2
     assert doc["ok"] is False and "no-such-backend" in doc["error"]
+
+
+def test_known_sources_are_listed_only_when_the_plan_gets_past_the_cache(tmp_path: Path) -> None:
+    """A cache hit asks no release server: the resolver ranks cache entries before every wheel."""
+    from attnforge.cache import Store
+    from attnforge.cache._files import sha256_file
+    from attnforge.install.defaults import resolver_planner
+    from attnforge.install.keys import prebuilt_wheel_inputs
+    from attnforge.probe.snapshot import SystemSnapshot
+    from attnforge.resolve.types import CandidateKind, Request, WheelRef
+    from tests.cache.wheelmaker import make_wheel
+    from tests.conftest import REPO
+
+    snapshot = SystemSnapshot.load(REPO / "tests" / "fixtures" / "snapshots" / "h200_torch2.11_cu130.json")
+    wheel = make_wheel(tmp_path / "dist", name="flash-attn-4", version="4.0.0b36")
+    listed: list[int] = []
+
+    def more() -> list[WheelRef]:
+        listed.append(1)
+        return [WheelRef(filename=wheel.name, url=str(wheel), sha256=None)]
+
+    store = Store(tmp_path / "home")
+    request = Request(backend="flash-attn-4")
+    plan = resolver_planner(snapshot, load_catalog(), (), store.root, more_wheels=more)
+    chosen = plan(request, cached=store.cached_artifacts()).chosen
+    assert chosen is not None and chosen.kind is CandidateKind.WHEEL  # nothing cached: the sources were asked
+    assert listed == [1]
+    plan(request, cached=store.cached_artifacts())
+    assert listed == [1]  # once per install, not once per plan
+
+    store.put(wheel, prebuilt_wheel_inputs(wheel=wheel, sha256=sha256_file(wheel), archs=snapshot.compute_capabilities,
+                                           snapshot=snapshot))
+    listed.clear()
+    plan = resolver_planner(snapshot, load_catalog(), (), store.root, more_wheels=more)
+    chosen = plan(request, cached=store.cached_artifacts()).chosen
+    assert chosen is not None and chosen.kind is CandidateKind.CACHE
+    assert listed == []

@@ -207,7 +207,7 @@ def test_a_uv_venv_installs_attnforge_then_a_cached_backend(
     built: tuple[Store, Entry, Path], tmp_path: Path
 ) -> None:
     """`uv venv && uv pip install attnforge && attnforge install <cached backend>`: no pip anywhere in that env."""
-    from attnforge.install.installer import find_uv
+    from attnforge.build.frontend import find_uv
     from tests.venvs import inherit_outer_without_pip, uv_venv
 
     _, entry, share = built

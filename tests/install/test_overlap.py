@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnforge._system.runner import Completed, SubprocessRunner
+from attnforge.build.frontend import Installer
 from attnforge.cache import Store
 from attnforge.cache._files import sha256_file
 from attnforge.errors import InstallError
@@ -152,16 +153,22 @@ def test_overlaps_are_exactly_the_shared_files_per_owner(
 def test_the_refusal_names_the_owner_the_files_and_both_ways_out() -> None:
     overlap = Overlap(distribution="flash-attn-4", version="4.0.0b36",
                       files=tuple(f"flash_attn/cute/m{i}.py" for i in range(5)))
-    err = refusal([overlap], name="flash-attn", version="2.8.3.post2", python="/env/bin/python")
+    pip = Installer(kind="pip", python="/env/bin/python")
+    err = refusal([overlap], name="flash-attn", version="2.8.3.post2", installer=pip)
     assert err.message == ("refusing to install flash-attn 2.8.3.post2: it would overwrite files of "
                            "flash-attn-4 4.0.0b36")
     assert "replaces 5 of flash-attn-4's files (flash_attn/cute/m0.py, flash_attn/cute/m1.py, " \
            "flash_attn/cute/m2.py, ...)" in (err.cause or "")
     assert "--allow-overlap" in (err.hint or "")
-    assert "/env/bin/python -m pip install --force-reinstall --no-deps 'flash-attn-4==4.0.0b36'" in (err.hint or "")
+    assert "/env/bin/python -m pip install --force-reinstall --no-deps flash-attn-4==4.0.0b36" in (err.hint or "")
     assert "/env/bin/python -m pip uninstall flash-attn-4" in (err.hint or "")
-    after = warning([overlap], name="flash-attn", version="2.8.3.post2", python="/env/bin/python")
+    after = warning([overlap], name="flash-attn", version="2.8.3.post2", installer=pip)
     assert "installing it replaced 5 of flash-attn-4's files" in after
+    uv = Installer(kind="uv", python="/env/bin/python", uv="/usr/bin/uv")  # a uv venv: the commands are uv's
+    assert ("/usr/bin/uv pip install --python /env/bin/python --reinstall --no-deps flash-attn-4==4.0.0b36"
+            in warning([overlap], name="flash-attn", version="2.8.3.post2", installer=uv))
+    assert "/usr/bin/uv pip uninstall --python /env/bin/python flash-attn-4" in (
+        refusal([overlap], name="flash-attn", version="2.8.3.post2", installer=uv).hint or "")
 
 
 class OneReply:
@@ -304,4 +311,4 @@ def test_the_install_flow_keeps_the_refused_wheel_cached_and_warns_when_allowed(
     assert note.startswith("af-overlap-b 2.0 ships af_shared/core.py which af-overlap-a 1.0 installed: "
                            "installing it replaced 1 of af-overlap-a's files")
     assert note.endswith(f"reinstalling restores them: `{venv_python} -m pip install --force-reinstall --no-deps "
-                         "'af-overlap-a==1.0'`")
+                         "af-overlap-a==1.0`")

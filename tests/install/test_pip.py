@@ -7,7 +7,8 @@ import pytest
 
 from attnforge._system.runner import SubprocessRunner
 from attnforge.errors import InstallError
-from attnforge.install.pip import WheelMetadata, check_requirements, pip_install, read_wheel_metadata
+from attnforge.install.pip import check_requirements, pip_install
+from attnforge.install.wheelfile import WheelMetadata, read_wheel_metadata
 from tests.cache.wheelmaker import make_wheel
 from tests.venvs import nested_venv
 

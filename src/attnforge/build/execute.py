@@ -32,6 +32,7 @@ import psutil
 
 from attnforge._system.runner import Runner, SubprocessRunner, which
 from attnforge.build import sccache as sccache_mod
+from attnforge.build.frontend import installer_for
 from attnforge.build.ninja_order import install_shim
 from attnforge.build.progress import NullReporter, Phase, PhaseEvent, Reporter
 from attnforge.build.sccache import SccacheStats
@@ -167,8 +168,7 @@ def execute(
                 project = work / spec.source.subdirectory if spec.source.subdirectory else work
                 sccache_path, before = _sccache_setup(spec, env, work, runner, windows=on_windows)
                 out = scratch / "wheel"
-                argv = [python, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
-                        "--disable-pip-version-check", "--wheel-dir", str(out), str(project)]
+                argv = installer_for(python, runner=runner).wheel_argv(project, out)  # pip, or uv in a uv venv
                 log.write(f"attnforge: running {shlex.join(argv)}\n")
                 log.flush()
                 reporter.report(PhaseEvent(phase=Phase.BUILD, detail=shlex.join(argv)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import stat
 import tarfile
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnforge._system.runner import Runner
+from attnforge.build.frontend import installer_for
 from attnforge.errors import BuildError, UsageError
 from attnforge.resolve.types import SourceKind, SourceSpec
 
@@ -161,15 +163,16 @@ def _pip_download(
     requirement = f"{source.location}=={source.version}" if source.version else source.location
     dest = scratch / "download"
     dest.mkdir()
-    argv = [python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-            "--disable-pip-version-check", "--dest", str(dest), requirement]
+    installer = installer_for(python, runner=runner)
+    argv = installer.download_argv("--no-deps", "--no-binary", ":all:", "--disable-pip-version-check", "--dest",
+                                   str(dest), requirement)
     done = runner.run(argv, env=env, timeout_s=1800)
     archives = sorted(p for p in dest.iterdir() if is_archive(p))
     if not done.ok or len(archives) != 1:
         raise BuildError(f"could not download the sdist of {requirement}",
                          cause=_last_lines(done.output) or f"pip left {len(archives)} archives in {dest}",
-                         hint=f"check the name and version: {python} -m pip download --no-deps "
-                              f"--no-binary :all: {requirement}")
+                         hint="check the name and version: " + shlex.join(
+                             installer.download_argv("--no-deps", "--no-binary", ":all:", requirement)))
     return FetchedSource(sha256=file_sha256(archives[0]), archive=archives[0], tree=None,
                          description=f"{requirement} (sdist from the package index)")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -144,8 +145,12 @@ def run_build(
         out.print(f"sccache: {result.sccache.hits} hits, {result.sccache.misses} misses")
     if result.build_dir is not None:
         out.print(f"build tree kept at {result.build_dir}", soft_wrap=True)
-    out.print(f"install it with: {spec.python or sys.executable} -m pip install --no-deps {result.wheel}",
-              soft_wrap=True)
+    from attnforge._system.runner import SubprocessRunner
+    from attnforge.build.frontend import installer_for
+
+    frontend = installer_for(spec.python or sys.executable, runner=SubprocessRunner())  # uv in a uv venv
+    out.print(f"install it with: {shlex.join(frontend.argv('install', '--no-deps', str(result.wheel)))}",
+              soft_wrap=True, markup=False)
     return 0
 
 

@@ -62,8 +62,9 @@ def command(requirement: str, *, head_dims: tuple[str, ...], dtypes: tuple[str, 
     from attnforge.install import defaults
     from attnforge.install.flow import install
     from attnforge.probe import collect_snapshot
+    from attnforge.probe.context import ProbeContext
     from attnforge.report.doctor import install_step
-    from attnforge.resolve.listing import list_wheels, with_local_sdist
+    from attnforge.resolve.listing import Listing, list_wheels, with_local_sdist
     from attnforge.resolve.types import Request
 
     name, spec = parse_requirement(requirement)
@@ -82,8 +83,11 @@ def command(requirement: str, *, head_dims: tuple[str, ...], dtypes: tuple[str, 
                       slim=slim_request(head_dims=head_dims, dtypes=dtypes, no_backward=no_backward,
                                         features=features, model_config=model_config))
     store = open_store()
-    snapshot = collect_snapshot(backends=catalog.backends.values())
     backend = catalog.backends.get(name)
+    # only the backend asked for: its import probe decides "already installed"; each other backend's probe
+    # imports torch again (seconds per backend on a GPU machine) and nothing of an install reads it
+    snapshot = collect_snapshot(ProbeContext(torch_memo=store.root / "probe"),
+                                backends=[backend] if backend is not None else [])
     recipe = catalog.recipe(name)
     projects = [*(backend.distributions if backend else (name,)),
                 *([recipe.distribution] if recipe and recipe.distribution else [])]
@@ -93,17 +97,24 @@ def command(requirement: str, *, head_dims: tuple[str, ...], dtypes: tuple[str, 
 
         request = dataclasses.replace(request, installed_capabilities=installed_capabilities(backend.distributions),
                                       installed_verify_failure=_verify_failure(snapshot, name))
-    from attnforge.fetch.listings import known_source_wheels, merged
+    from attnforge.fetch.listings import known_source_wheels
 
-    listing = merged(list_wheels(find_links, index_urls, projects, offline=offline),
-                     known_source_wheels(name, snapshot, offline=offline, from_source=from_source or bool(source)))
-    for line in listing.problems:
-        click.echo(f"note: {line}", err=True)
+    def notes(listing: Listing) -> Listing:
+        for line in listing.problems:
+            click.echo(f"note: {line}", err=True)
+        return listing
+
+    # the places the user named are listed now (a bad one is bad input); the known release sources only when
+    # the plan gets past the installed backend and the cache (they ask servers; a cache hit needs none)
+    listing = notes(list_wheels(find_links, index_urls, projects, offline=offline))
     runner = SubprocessRunner()
     try:
         result = install(
             request, snapshot=snapshot, store=store,
-            planner=defaults.resolver_planner(snapshot, catalog, listing.wheels, store.root),
+            planner=defaults.resolver_planner(
+                snapshot, catalog, listing.wheels, store.root,
+                more_wheels=lambda: notes(known_source_wheels(
+                    name, snapshot, offline=offline, from_source=from_source or bool(source))).wheels),
             builder=defaults.source_builder,
             verifier=None if no_verify else defaults.subprocess_verifier(runner, catalog),
             runner=runner, python=sys.executable, fetch_index=defaults.index_fetcher(catalog, runner),

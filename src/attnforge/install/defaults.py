@@ -9,29 +9,44 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from attnforge._system.runner import Runner
+from attnforge.build.frontend import installer_for
 from attnforge.catalog import Catalog
 from attnforge.errors import InstallError
 from attnforge.install.flow import BuiltWheel, IndexFetcher, Planner, Verifier, VerifyOutcome
 from attnforge.probe.snapshot import SystemSnapshot
-from attnforge.resolve.types import BuildSpec, CachedArtifact, Plan, Request, WheelRef
+from attnforge.resolve.types import BuildSpec, CachedArtifact, CandidateKind, Plan, Request, WheelRef
 
 #: The module run in a fresh interpreter to verify a new install (a library entry point, not the CLI).
 VERIFY_CHILD = "attnforge.verify.child"
 
 
 def resolver_planner(
-    snapshot: SystemSnapshot, catalog: Catalog, wheels: Sequence[WheelRef], home: Path
+    snapshot: SystemSnapshot, catalog: Catalog, wheels: Sequence[WheelRef], home: Path,
+    more_wheels: Callable[[], Sequence[WheelRef]] | None = None,
 ) -> Planner:
-    """``attnforge.resolve.resolver.resolve`` bound to this machine, catalog and wheel listing."""
+    """``attnforge.resolve.resolver.resolve`` bound to this machine, catalog and wheel listing.
+
+    ``more_wheels`` lists further wheels (the known release sources: network) only when the plan needs them:
+    the resolver ranks the installed backend and cache entries before any wheel, so when one of those is
+    chosen without them it is chosen with them too, and a cache hit asks no server anything.
+    """
     from attnforge.resolve.resolver import resolve
 
+    listed: list[Sequence[WheelRef]] = []
+
     def plan(request: Request, *, cached: Sequence[CachedArtifact]) -> Plan:
-        return resolve(snapshot, catalog, request, cached=cached, wheels=wheels, home=str(home))
+        if more_wheels is not None and not listed:
+            first = resolve(snapshot, catalog, request, cached=cached, wheels=wheels, home=str(home))
+            if first.chosen is not None and first.chosen.kind in (CandidateKind.INSTALLED, CandidateKind.CACHE):
+                return first
+            listed.append(more_wheels())
+        extra = listed[0] if listed else ()
+        return resolve(snapshot, catalog, request, cached=cached, wheels=[*wheels, *extra], home=str(home))
 
     return plan
 
@@ -113,11 +128,11 @@ def download_from_index(
     Raises:
         InstallError: pip could not download it (its last lines are the cause).
     """
-    argv = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--disable-pip-version-check", "--no-input", "--quiet", "--dest", str(into)]
-    for i, url in enumerate(request.index_urls):
-        argv += ["--index-url" if i == 0 else "--extra-index-url", url]
-    argv.append(f"{distribution}{version}")
+    indexes = [a for i, url in enumerate(request.index_urls) for a in ("--index-url" if i == 0 else
+                                                                       "--extra-index-url", url)]
+    argv = installer_for(python, runner=runner).download_argv(
+        "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "--no-input", "--quiet", "--dest",
+        str(into), *indexes, f"{distribution}{version}")
     done = runner.run(argv, timeout_s=900)
     wheels = sorted(into.glob("*.whl"))
     if not done.ok or not wheels:

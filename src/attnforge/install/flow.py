@@ -205,8 +205,9 @@ def install(
         start = time.perf_counter()
         pip = pip_install(path, runner=runner, python=python, allow_overlap=allow_overlap)
         run.timings_s["pip"] = time.perf_counter() - start
-        if pip.overlaps:
-            run.warnings.append(overlap_warning(pip.overlaps, name=pip.name, version=pip.version, python=python))
+        if pip.overlaps and pip.installer is not None:
+            run.warnings.append(overlap_warning(pip.overlaps, name=pip.name, version=pip.version,
+                                                installer=pip.installer))
         if pip.missing_requirements:
             start = time.perf_counter()
             done = install_requirements(

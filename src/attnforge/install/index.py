@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from attnforge._system.runner import Completed, Runner
+from attnforge.build.frontend import Installer, installer_for
 from attnforge.errors import InstallError
-from attnforge.install.installer import Installer, installer_for
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

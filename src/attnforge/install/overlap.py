@@ -22,16 +22,17 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import zipfile
+import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 
 from packaging.utils import canonicalize_name
 
 from attnforge._system.runner import Runner
+from attnforge.build.frontend import Installer
 from attnforge.errors import InstallError
+from attnforge.install.wheelfile import read_dist_info
 
 #: Schemes of ``*.data/<scheme>/`` that install to a shared place (``headers`` goes under the distribution's name).
 _DATA_SCHEMES = frozenset({"purelib", "platlib", "scripts", "data"})
@@ -138,13 +139,7 @@ def read_install_targets(wheel: Path) -> tuple[Target, ...]:
     Raises:
         InstallError: not a readable wheel (no ``*.dist-info/WHEEL``).
     """
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            names = zf.namelist()
-            wheel_file = next(n for n in names if n.count("/") == 1 and n.endswith(".dist-info/WHEEL"))
-            fields = HeaderParser().parsestr(zf.read(wheel_file).decode("utf-8"))
-    except (OSError, zipfile.BadZipFile, StopIteration, UnicodeDecodeError) as exc:
-        raise InstallError(f"{wheel.name} is not a readable wheel", cause=str(exc) or type(exc).__name__) from None
+    names, fields = read_dist_info(wheel, "WHEEL")
     purelib = str(fields.get("Root-Is-Purelib", "true")).strip().lower() == "true"
     return install_targets(names, root_is_purelib=purelib)
 
@@ -235,20 +230,21 @@ def describe(overlap: Overlap, *, name: str, version: str, installed: bool) -> s
     )
 
 
-def restore_command(overlaps: Sequence[Overlap], *, python: str) -> str:
-    """The pip command that puts the other distributions' own files back (after an overlapping install)."""
-    pins = " ".join(f"'{o.distribution}=={o.version}'" for o in overlaps)
-    return f"{python} -m pip install --force-reinstall --no-deps {pins}"
+def restore_command(overlaps: Sequence[Overlap], *, installer: Installer) -> str:
+    """The pip (or uv) command that puts the other distributions' own files back (after an overlapping install)."""
+    return shlex.join(installer.argv("install", "--force-reinstall", "--no-deps",
+                                     *(f"{o.distribution}=={o.version}" for o in overlaps)))
 
 
-def warning(overlaps: Sequence[Overlap], *, name: str, version: str, python: str) -> str:
+def warning(overlaps: Sequence[Overlap], *, name: str, version: str, installer: Installer) -> str:
     """What an install allowed to overlap (``--allow-overlap``) tells the user it did, and how to undo it."""
     done = "; ".join(describe(o, name=name, version=version, installed=True) for o in overlaps)
-    return f"{done}; reinstalling restores them: `{restore_command(overlaps, python=python)}`"
+    return f"{done}; reinstalling restores them: `{restore_command(overlaps, installer=installer)}`"
 
 
 def refusal(
-    overlaps: Sequence[Overlap], *, name: str, version: str, python: str, protected: frozenset[str] = frozenset()
+    overlaps: Sequence[Overlap], *, name: str, version: str, installer: Installer,
+    protected: frozenset[str] = frozenset(),
 ) -> InstallError:
     """The error that stops an install whose wheel overlaps another distribution's files.
 
@@ -264,12 +260,13 @@ def refusal(
             "torch's own files is broken or mislabelled: get another build of it",
         )
     others = ", ".join(f"{o.distribution} {o.version}" for o in overlaps)
-    restore = restore_command(overlaps, python=python)
+    restore = restore_command(overlaps, installer=installer)
+    uninstall = shlex.join(installer.argv("uninstall", *(o.distribution for o in overlaps)))
     return InstallError(
         f"refusing to install {name} {version}: it would overwrite files of {others}",
         cause="; ".join(describe(o, name=name, version=version, installed=False) for o in overlaps),
         hint=f"rerun with --allow-overlap to install it anyway (it replaces those files; reinstalling "
         f"afterwards restores them: `{restore}`), or first "
-        f"`{python} -m pip uninstall {' '.join(o.distribution for o in overlaps)}` if you no longer need "
+        f"`{uninstall}` if you no longer need "
         f"{'it' if len(overlaps) == 1 else 'them'}",
     )

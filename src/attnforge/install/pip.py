@@ -14,21 +14,20 @@ from __future__ import annotations
 
 import json
 import sys
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from email.parser import HeaderParser
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from attnforge._system.runner import Completed, Runner
+from attnforge.build.frontend import Installer, installer_for
 from attnforge.catalog import load_catalog
 from attnforge.errors import InstallError
-from attnforge.install.installer import installer_for
 from attnforge.install.overlap import Overlap, installed_overlaps, refusal
+from attnforge.install.wheelfile import WheelMetadata, read_wheel_metadata
 
 #: Distributions attnforge never installs, replaces or upgrades: the user's torch stack (toolchain.toml
 #: ``[torch_stack]``, read once when this module is first imported).
@@ -85,15 +84,6 @@ sys.path[1:1] = dirs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WheelMetadata:
-    """The parts of a wheel's ``METADATA`` that decide whether it may be installed."""
-
-    name: str
-    version: str
-    requires_dist: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class PipInstallResult:
     """One ``pip install``.
 
@@ -105,6 +95,7 @@ class PipInstallResult:
             them for the user, with the command to get them.
         duration_s: wall time of pip itself.
         overlaps: files of other distributions the install replaced (only with ``allow_overlap``).
+        installer: the pip frontend that installed it (the interpreter's pip, or uv).
     """
 
     wheel: str
@@ -115,31 +106,7 @@ class PipInstallResult:
     missing_requirements: tuple[str, ...]
     duration_s: float
     overlaps: tuple[Overlap, ...] = ()
-
-
-def read_wheel_metadata(wheel: Path) -> WheelMetadata:
-    """Read ``*.dist-info/METADATA`` from a wheel.
-
-    Raises:
-        InstallError: not a readable wheel.
-    """
-    try:
-        name, _, _, _ = parse_wheel_filename(wheel.name)
-        with zipfile.ZipFile(wheel) as zf:
-            meta_name = next(
-                n for n in zf.namelist()
-                if n.count("/") == 1 and n.endswith(".dist-info/METADATA")
-                and canonicalize_name(n.split("-", 1)[0]) == canonicalize_name(name)
-            )
-            text = zf.read(meta_name).decode("utf-8")
-    except (OSError, zipfile.BadZipFile, StopIteration, ValueError) as exc:
-        why = str(exc) or type(exc).__name__
-        raise InstallError(f"{wheel.name} is not a readable wheel", cause=why) from None
-    msg = HeaderParser().parsestr(text)
-    return WheelMetadata(
-        name=str(msg.get("Name", name)), version=str(msg.get("Version", "")),
-        requires_dist=tuple(str(r) for r in msg.get_all("Requires-Dist") or ()),
-    )
+    installer: Installer | None = None
 
 
 def check_requirements(meta: WheelMetadata, installed: Mapping[str, str | None]) -> tuple[str, ...]:
@@ -252,10 +219,10 @@ def pip_install(
     names = sorted({"torch", *(_req_name(r) for r in meta.requires_dist)} - {""})
     before = installed_versions(python, names, runner)
     missing = check_requirements(meta, before)
+    installer = installer_for(python, runner=runner)
     overlaps = installed_overlaps(wheel, name=meta.name, python=python, runner=runner)
     if overlaps and (not allow_overlap or any(canonicalize_name(o.distribution) in PROTECTED for o in overlaps)):
-        raise refusal(overlaps, name=meta.name, version=meta.version, python=python, protected=PROTECTED)
-    installer = installer_for(python, runner=runner)
+        raise refusal(overlaps, name=meta.name, version=meta.version, installer=installer, protected=PROTECTED)
     argv = installer.argv("install", "--no-deps", "--no-index", "--force-reinstall", "--disable-pip-version-check",
                           "--no-input", "--quiet", str(wheel))
     done = runner.run(argv, timeout_s=timeout_s)
@@ -274,7 +241,7 @@ def pip_install(
     return PipInstallResult(
         wheel=str(wheel), python=python, name=meta.name, version=meta.version,
         torch_version=after.get("torch"), missing_requirements=missing, duration_s=done.duration_s,
-        overlaps=overlaps,
+        overlaps=overlaps, installer=installer,
     )
 
 

@@ -14,6 +14,7 @@ from attnforge._system.paths import home_dir
 from attnforge.probe.backends import BackendQuery, collect_backends
 from attnforge.probe.context import ProbeContext
 from attnforge.probe.gpus import collect_gpus
+from attnforge.probe.memo import probe_torch
 from attnforge.probe.snapshot import PlatformInfo, ProbeProblem, SystemSnapshot, TorchInfo
 from attnforge.probe.toolchain import collect_compilers, collect_tool, collect_toolkits
 from attnforge.probe.windows import collect_cl, collect_python_dev, collect_visual_studio
@@ -98,7 +99,10 @@ def collect_snapshot(ctx: ProbeContext | None = None, *, backends: Iterable[Back
 
 
 def _collect_torch(ctx: ProbeContext) -> tuple[dict[str, Any] | None, TorchInfo | None, str | None]:
-    res = ctx.runner.run((ctx.python, str(_TORCH_SCRIPT)), env=ctx.environ, timeout_s=ctx.timeout_s * 4)
+    res, remembered = probe_torch(
+        lambda: ctx.runner.run((ctx.python, str(_TORCH_SCRIPT)), env=ctx.environ, timeout_s=ctx.timeout_s * 4),
+        python=ctx.python, script=_TORCH_SCRIPT, environ=dict(ctx.environ), memo=ctx.torch_memo,
+    )
     if res.returncode == 124:
         return None, None, f"`import torch` did not finish in {ctx.timeout_s * 4:.0f} s"
     lines = res.stdout.strip().splitlines()
@@ -121,7 +125,8 @@ def _collect_torch(ctx: ProbeContext) -> tuple[dict[str, Any] | None, TorchInfo 
         sdpa_flash_available=raw.get("sdpa_flash_available"),
         cuda_available=bool(raw.get("cuda_available")),
         triton_version=raw.get("triton_version"),
-        source=f"subprocess: {ctx.python} -c 'import torch'",
+        source=f"subprocess: {ctx.python} -c 'import torch'" + (" (remembered: torch's files unchanged)"
+                                                                  if remembered else ""),
     )
     return raw, info, None
 

@@ -43,6 +43,8 @@ class ProbeContext:
         nvml: the NVML reader.
         registry: the Windows registry reader.
         timeout_s: per-tool timeout; the torch subprocess gets 4x this.
+        torch_memo: a directory where the torch section is remembered while torch's files stay as they are
+            (:mod:`attnforge.probe.memo`; ``attnforge install`` passes ``<home>/probe``); None probes every time.
     """
 
     runner: Runner = field(default_factory=SubprocessRunner)
@@ -54,6 +56,7 @@ class ProbeContext:
     nvml: NvmlReader = _default_nvml
     registry: RegistryReader = _default_registry
     timeout_s: float = 20.0
+    torch_memo: Path | None = None
 
 
 def _os_name(platform: str) -> str:

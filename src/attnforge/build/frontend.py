@@ -1,4 +1,7 @@
-"""Which installer puts packages into an interpreter: its own pip, else uv's pip interface pointed at it.
+"""Which pip frontend serves an interpreter: its own pip, else uv pointed at it (``uv pip``, ``uv build``).
+
+The one place that decides it, for installs (:mod:`attnforge.install.pip`), index questions, downloads
+(:mod:`attnforge.install.defaults`, :mod:`attnforge.build.source`) and source builds (:mod:`attnforge.build.execute`).
 
 Environments made by ``uv venv`` have no pip; ``uv pip install --python PY`` installs into them (and honours uv's
 own configuration: ``uv.toml``, ``UV_INDEX_URL``, ``UV_EXTRA_INDEX_URL``, credentials). Conda environments and the
@@ -10,6 +13,7 @@ work for ``pip install`` work for attnforge too.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 import sysconfig
@@ -49,6 +53,23 @@ class Installer:
         translated = [_UV_SPELLING.get(o, o) for o in options]
         return [str(self.uv), "pip", subcommand, "--python", self.python, *(o for o in translated if o)]
 
+    def download_argv(self, *options: str) -> list[str]:
+        """``pip download OPTIONS`` for this interpreter. uv has no download command, so where the interpreter
+        has no pip, pip itself runs through ``uv tool run --python PY`` (same Python version and tags; pip's own
+        configuration applies, as it does to ``pip download``)."""
+        if self.kind == "pip":
+            return self.argv("download", *options)
+        return [str(self.uv), "tool", "run", "--python", self.python, "--from", "pip", "pip", "download", *options]
+
+    def wheel_argv(self, project: Path, out: Path) -> list[str]:
+        """Build ``project`` into a wheel in ``out`` against this interpreter's own packages (no build isolation,
+        no dependencies, the build's output shown): ``pip wheel -v``, or ``uv build --wheel`` without pip."""
+        if self.kind == "pip":
+            return self.argv("wheel", "-v", "--no-build-isolation", "--no-deps", "--disable-pip-version-check",
+                             "--wheel-dir", str(out), str(project))
+        return [str(self.uv), "build", "--wheel", "--no-build-isolation", "--python", self.python, "--out-dir",
+                str(out), str(project)]
+
     def describe(self) -> str:
         return f"{self.python} -m pip" if self.kind == "pip" else f"uv pip --python {self.python}"
 
@@ -65,7 +86,10 @@ def installer_for(python: str, *, runner: Runner) -> Installer:
     Raises:
         InstallError: the interpreter has no pip and uv is not installed; the hint says how to get either.
     """
-    has_pip = runner.run([python, "-c", "import pip"], timeout_s=60).ok
+    if python == sys.executable:  # the interpreter this runs in (the CLI's target): asked without a process
+        has_pip = importlib.util.find_spec("pip") is not None
+    else:
+        has_pip = runner.run([python, "-c", "import pip"], timeout_s=60).ok
     uv = None if has_pip else find_uv()
     if not has_pip and uv is None:
         raise InstallError(
