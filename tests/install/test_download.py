@@ -62,7 +62,7 @@ def test_stream_failure_is_an_install_error_and_leaves_no_partial_file(
 
 
 def test_check_digest() -> None:
-    assert check_digest("a.whl", "u", "ab" * 32, None) == "recorded on first use"
+    assert check_digest("a.whl", "u", "ab" * 32, None) == "recorded on first use, not published"
     assert check_digest("a.whl", "u", "ab" * 32, "AB" * 32) == "published"
     with pytest.raises(CacheError):
         check_digest("a.whl", "u", "ab" * 32, "cd" * 32)
@@ -109,7 +109,7 @@ def test_a_listed_wheel_is_downloaded_checked_cached_with_provenance_and_install
     prov = store.list()[0].provenance
     assert prov["source"] == "woct0rdho"
     assert prov["url"] == ref.url
-    assert prov["digest"] == "published"
+    assert prov["sha256_source"] == "published"
     assert prov["listed_at"] == "2026-11-22T22:00:00+00:00"
     done = subprocess.run([python, "-c", "import af_pure_fixture as m; print(m.VALUE)"], capture_output=True, text=True)
     assert done.stdout.strip() == "7"

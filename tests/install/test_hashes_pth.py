@@ -12,7 +12,8 @@ from attnforge._system.runner import SubprocessRunner
 from attnforge.cache import Store
 from attnforge.cache._files import sha256_file
 from attnforge.errors import InstallError
-from attnforge.install.flow import HashSource, install
+from attnforge.install.download import HashSource
+from attnforge.install.flow import install
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import Request
 from tests.cache.wheelmaker import make_wheel

@@ -1,7 +1,7 @@
 """Stream a wheel to disk with a progress bar, hashing it on the way, and check it against its digest.
 
 A wheel with a published sha256 (a GitHub asset's ``digest``, an index's ``#sha256=``) must match it; one
-without is hashed and the hash is recorded as "recorded on first use" in the cache's provenance.
+without is hashed and the hash is kept as "recorded on first use, not published" in the cache's provenance.
 """
 
 from __future__ import annotations
@@ -81,18 +81,27 @@ class _bar:  # noqa: N801 - used like a function in a with statement
             self.progress.__exit__(*exc)
 
 
+class HashSource:
+    """Where the sha256 a fetched wheel was checked against came from (plain strings, shown to the user and kept
+    in the cache entry's provenance as ``sha256_source``)."""
+
+    PUBLISHED = "published"  # the index or find-links page published it (``#sha256=``): checked on download
+    FIRST_USE = "recorded on first use, not published"  # nothing to check against: recorded, checked later
+
+
 def check_digest(filename: str, url: str, actual: str, published: str | None) -> str:
-    """``"published"`` when ``actual`` matches the published sha256, ``"recorded on first use"`` when none is.
+    """:attr:`HashSource.PUBLISHED` when ``actual`` matches the published sha256, :attr:`HashSource.FIRST_USE`
+    when none is published.
 
     Raises:
         CacheError: the published digest does not match.
     """
     if published is None:
-        return "recorded on first use"
+        return HashSource.FIRST_USE
     if actual != published.lower():
         raise CacheError(
             f"{filename} does not match its published sha256; it was not installed",
             cause=f"expected {published}, got {actual} ({url})",
             hint="the file was corrupted or replaced; fetch it again from a trusted source",
         )
-    return "published"
+    return HashSource.PUBLISHED

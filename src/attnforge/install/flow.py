@@ -93,13 +93,6 @@ class Action:
     ALREADY_INSTALLED = "already-installed"
 
 
-class HashSource:
-    """Where the sha256 a wheel was checked against came from (plain strings, shown to the user)."""
-
-    PUBLISHED = "published"  # the index or find-links page published it (``#sha256=``): checked on download
-    FIRST_USE = "recorded on first use, not published"  # nothing to check against: recorded, checked later
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstallResult:
     """The outcome of one install.
@@ -124,7 +117,7 @@ class InstallResult:
     verification: VerifyOutcome | None = None
     warnings: tuple[str, ...] = ()
     timings_s: dict[str, float] = field(default_factory=dict)
-    hash_source: str | None = None  # for ``wheel``: a :class:`HashSource` value
+    hash_source: str | None = None  # for ``wheel``: a :class:`~attnforge.install.download.HashSource` value
 
     @property
     def ok(self) -> bool:
@@ -322,15 +315,14 @@ def _from_wheel(run: _Run, ref: WheelRef | None, request: Request) -> tuple[Path
                 _refuse_unhashed(run, ref.url)
             local = _fetch(ref, request, Path(tmp))
         sha = sha256_file(local)
-        trust = check_digest(ref.filename, ref.url, sha, ref.sha256)  # CacheError on a mismatch
-        run.hash_source = HashSource.PUBLISHED if ref.sha256 else HashSource.FIRST_USE
+        run.hash_source = check_digest(ref.filename, ref.url, sha, ref.sha256)  # CacheError on a mismatch
         if ref.sha256 is None:
             run.warnings.append(f"{ref.filename} has no published sha256; its hash {sha} was recorded on first "
                                 "use (later installs are checked against it; this one could not be)")
         _refuse_missing_archs(local, tuple(archs))
         inputs = prebuilt_wheel_inputs(wheel=local, sha256=sha, archs=tuple(archs), snapshot=snapshot)
         provenance = {"origin": ref.url, "source": ref.source or "find-links/index", "url": ref.url,
-                      "sha256": sha, "digest": trust, "sha256_source": run.hash_source, "listed_at": ref.listed_at}
+                      "sha256": sha, "sha256_source": run.hash_source, "listed_at": ref.listed_at}
         entry = store.put(local, inputs, provenance=provenance, expected_sha256=sha).entry
     return store.get(entry.key), entry.key
 
