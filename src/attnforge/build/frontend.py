@@ -13,7 +13,7 @@ work for ``pip install`` work for attnforge too.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.machinery
 import shutil
 import sys
 import sysconfig
@@ -87,7 +87,9 @@ def installer_for(python: str, *, runner: Runner) -> Installer:
         InstallError: the interpreter has no pip and uv is not installed; the hint says how to get either.
     """
     if python == sys.executable:  # the interpreter this runs in (the CLI's target): asked without a process
-        has_pip = importlib.util.find_spec("pip") is not None
+        # sys.path itself, not the import hooks: setuptools' distutils hook answers for "pip" and warns when
+        # distutils was imported before it
+        has_pip = importlib.machinery.PathFinder.find_spec("pip") is not None
     else:
         has_pip = runner.run([python, "-c", "import pip"], timeout_s=60).ok
     uv = None if has_pip else find_uv()
