@@ -15,7 +15,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from attnforge import __version__
-from attnforge.cache._files import open_nofollow
+from attnforge._system.files import open_nofollow
 from attnforge.cache.key import CacheKey, CacheKeyInputs
 from attnforge.errors import UsageError
 

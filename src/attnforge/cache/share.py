@@ -30,16 +30,15 @@ from urllib.parse import quote
 import filelock
 from packaging.utils import canonicalize_name
 
+from attnforge._system.files import refuse_symlinked_dir, write_atomic
 from attnforge.cache._db import check_root
 from attnforge.cache._files import (
     copy_hashed,
     fsync_dir,
     is_no_space,
     no_space_error,
-    refuse_symlinked_dir,
     remove_tree,
     sha256_file,
-    write_atomic,
 )
 from attnforge.cache._provenance import (
     BUILD_LOG,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.utils import parse_wheel_filename
 
+from attnforge._system.files import write_atomic
 from attnforge.cache._base import StoreBase
 from attnforge.cache._db import db_error, is_disk_problem
 from attnforge.cache._files import (
@@ -36,7 +37,6 @@ from attnforge.cache._files import (
     no_space_error,
     remove_tree,
     sha256_file,
-    write_atomic,
 )
 from attnforge.cache._provenance import BUILD_LOG, PROVENANCE, check_wheel_name, provenance_doc, unsafe_member
 from attnforge.cache.entry import Entry, PutResult, entry_at, entry_from_row

@@ -192,22 +192,20 @@ class Dispatcher:
         if features.is_empty(q, k) or v.shape[3] == 0:
             return (), _step(self.exact, None, causal=causal, scale=scale, bshd=bshd), "empty"
         dv = v.shape[3] if v.shape[3] != q.shape[3] else None
+        uses = frozenset(("dv",)) if dv else frozenset()
         decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
-                                        forced=forced, uses=frozenset(("dv",)) if dv else frozenset(),
-                                        head_dim_v=dv)
+                                        forced=forced, uses=uses, head_dim_v=dv)
+        call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
+                             head_dim_v=dv)
         if not forced and autotune.active() is not None:  # measure on first use (attnforge.dispatch.autotune)
-            call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
-                                 uses=frozenset(("dv",)) if dv else frozenset(), head_dim_v=dv)
             dev_key = self._device(q.device).key
             if autotune.wanted(self, decision, call, dev_key):  # the route is not kept: the generation moved
                 autotune.tune(self, q, k, v, call=call, decision=decision, device_key=dev_key, causal=causal,
                               scale=None, store=self._source())
                 decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
-                                                forced=None, uses=frozenset(("dv",)) if dv else frozenset(),
-                                                head_dim_v=dv)
+                                                forced=None, uses=uses, head_dim_v=dv)
         if forced and not adapters:
             features.raise_forced(forced, decision)
-        call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad)
         steps = tuple(_step(a, call, causal=causal, scale=scale, bshd=bshd) for a in adapters if a is not self.exact)
         last = self.exact if adapters and adapters[-1] is self.exact else self.fallback
         return steps, _step(last, call, causal=causal, scale=scale, bshd=bshd), _class_name(call)

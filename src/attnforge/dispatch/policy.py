@@ -140,14 +140,15 @@ def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, prior
     else:
         eligible.append(FALLBACK)
     ranking = rank(measured[n] for n in eligible if n in measured)
-    lead = _interpolated(eligible, getattr(measured, "bracket", None)) if not ranking.order else None
+    bracket: tuple[Bracket, Bracket] | None = getattr(measured, "bracket", None)
+    lead = _interpolated(eligible, bracket) if not ranking.order else None
     unmeasured = sorted((n for n in eligible if n not in ranking.measurements and n not in (FALLBACK, lead)),
                         key=lambda n: (priorities.get(n, 1 << 30), n))
     order = (*ranking.order, *((lead,) if lead else ()))
     if FALLBACK in eligible and FALLBACK not in order:
         order = (*order, FALLBACK)
     order = (*order, *unmeasured)
-    basis = tuple(_basis(name, ranking, priorities, lead, getattr(measured, "bracket", None)) for name in order)
+    basis = tuple(_basis(name, ranking, priorities, lead, bracket) for name in order)
     return Decision(order=order, basis=basis, rejected=tuple(rejected), ranking=ranking if ranking.order else None)
 
 

@@ -29,11 +29,12 @@ import importlib.util
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from attnforge._system.files import open_nofollow, write_atomic
 from attnforge._system.runner import Completed
+from attnforge.errors import CacheError
 
 #: Environment variables that change what ``import torch`` finds or reports.
 ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LD_LIBRARY_PATH", "LD_PRELOAD", "PATH", "PYTHONPATH",
@@ -125,24 +126,18 @@ def _is_torch_answer(stdout: str) -> bool:
 def _recall(path: Path) -> str | None:
     """The remembered line; None when absent, unreadable, a link, or not a torch answer (then it is ignored)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with open_nofollow(path) as f:
+            text = f.read(1 << 20).decode("utf-8", errors="replace")
     except OSError:
         return None
-    with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
-        text = f.read(1 << 20)
     return text.strip() if _is_torch_answer(text) else None
 
 
 def _keep(path: Path, line: str) -> None:
-    """Write through an exclusively created temp file and a rename; a read-only home just keeps nothing."""
+    """Write atomically through an exclusively created temp file; a read-only home (or a probe directory that
+    is a symlink) just keeps nothing."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".torch-", suffix=".tmp")
-    except OSError:
+        write_atomic(path, (line + "\n").encode())
+    except (OSError, CacheError):
         return
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(line + "\n")
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
