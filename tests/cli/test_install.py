@@ -76,8 +76,7 @@ def test_an_overlap_warning_is_printed_as_plain_text(capsys: pytest.CaptureFixtu
     assert f"note: {note}" in capsys.readouterr().out  # [cu13] survives: no rich markup in warnings
 
 
-def test_the_installed_versions_failed_verify_reaches_the_request(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_installed_versions_failed_verify_reaches_the_request(tmp_path: Path) -> None:
     import dataclasses
 
     from attnforge.cli.install import _verify_failure
@@ -86,17 +85,16 @@ def test_the_installed_versions_failed_verify_reaches_the_request(tmp_path: Path
     from attnforge.report.identity import snapshot_device_key
     from tests.conftest import REPO
 
-    monkeypatch.setenv("ATTNFORGE_HOME", str(tmp_path / "home"))
     snap = SystemSnapshot.load(REPO / "tests" / "fixtures" / "snapshots" / "h200_torch2.11_cu130.json")
     snap = dataclasses.replace(snap, backends=(InstalledBackend(backend="flash-attn", distribution="flash-attn",
                                                                 version="2.8.3", imports=True),))
-    assert _verify_failure(snap, "flash-attn") is None  # never verified
+    assert _verify_failure(snap, "flash-attn", tmp_path / "home") is None  # never verified
     store = RecordStore(tmp_path / "home")
     record = VerifyRecord(device_key=snapshot_device_key(snap), backend="flash-attn", backend_version="2.8.3",
                           ok=False, summary="max abs err 0.3 > 0.02")
     store.add_verify(dataclasses.replace(record, backend_version="2.8.2"))
-    assert _verify_failure(snap, "flash-attn") is None  # another version failed
+    assert _verify_failure(snap, "flash-attn", tmp_path / "home") is None  # another version failed
     store.add_verify(record)
-    assert _verify_failure(snap, "flash-attn") == "max abs err 0.3 > 0.02"
+    assert _verify_failure(snap, "flash-attn", tmp_path / "home") == "max abs err 0.3 > 0.02"
     store.add_verify(dataclasses.replace(record, ok=True, summary="ok"))
-    assert _verify_failure(snap, "flash-attn") is None  # the newest one passed
+    assert _verify_failure(snap, "flash-attn", tmp_path / "home") is None  # the newest one passed

@@ -96,7 +96,7 @@ def command(requirement: str, *, head_dims: tuple[str, ...], dtypes: tuple[str, 
         from attnforge.cache.capabilities import installed_capabilities
 
         request = dataclasses.replace(request, installed_capabilities=installed_capabilities(backend.distributions),
-                                      installed_verify_failure=_verify_failure(snapshot, name))
+                                      installed_verify_failure=_verify_failure(snapshot, name, store.root))
     from attnforge.fetch.listings import known_source_wheels
 
     def notes(listing: Listing) -> Listing:
@@ -171,16 +171,14 @@ def _render(result: InstallResult) -> None:
         out.print(f"  time: {timings}", soft_wrap=True)
 
 
-def _verify_failure(snapshot: SystemSnapshot, backend: str) -> str | None:
-    """The summary of the latest verify of the installed version of ``backend`` on this device, if it failed."""
-    import os
-
-    from attnforge._system.paths import home_dir
+def _verify_failure(snapshot: SystemSnapshot, backend: str, home: Path) -> str | None:
+    """The summary of the latest verify of the installed version of ``backend`` on this device (records under
+    ``home``, the store's root), if it failed."""
     from attnforge.records import RecordStore
     from attnforge.report.identity import snapshot_device_key
 
     state = snapshot.backend(backend)
-    record = RecordStore(home_dir(os.environ)).latest_verify(snapshot_device_key(snapshot)).get(backend)
+    record = RecordStore(home).latest_verify(snapshot_device_key(snapshot)).get(backend)
     if record is None or record.ok or state is None or record.backend_version != state.version:
         return None
     return record.summary
