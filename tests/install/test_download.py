@@ -17,7 +17,7 @@ from attnforge.cache import Store
 from attnforge.cache._files import sha256_file
 from attnforge.errors import CacheError, InstallError
 from attnforge.install.download import check_digest, stream
-from attnforge.install.flow import Action, install
+from attnforge.install.flow import Action, InstallResult, install
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import CachedArtifact, Candidate, CandidateKind, Plan, Request, WheelRef
 from tests.cache.wheelmaker import make_wheel
@@ -80,6 +80,13 @@ class _OneWheel:
         return Plan(request=request, candidates=tuple(cands))
 
 
+def _install_one(ref: WheelRef, store: Store, python: str) -> InstallResult:
+    """``install`` of the fixture with ``ref`` as the only candidate (no verify), into ``python``."""
+    return install(Request(backend="af-pure-fixture"), snapshot=SystemSnapshot.load(SNAPSHOT), store=store,
+                   planner=_OneWheel(ref), builder=pip_wheel_builder, verifier=None, runner=SubprocessRunner(),
+                   python=python)
+
+
 @pytest.mark.integration
 def test_a_listed_wheel_is_downloaded_checked_cached_with_provenance_and_installed(
     served: tuple[str, Path], tmp_path: Path
@@ -95,16 +102,7 @@ def test_a_listed_wheel_is_downloaded_checked_cached_with_provenance_and_install
         listed_at="2026-11-22T22:00:00+00:00",
     )
     store = Store(tmp_path / "home")
-    result = install(
-        Request(backend="af-pure-fixture"),
-        snapshot=SystemSnapshot.load(SNAPSHOT),
-        store=store,
-        planner=_OneWheel(ref),
-        builder=pip_wheel_builder,
-        verifier=None,
-        runner=SubprocessRunner(),
-        python=python,
-    )
+    result = _install_one(ref, store, python)
     assert result.action == Action.WHEEL
     prov = store.list()[0].provenance
     assert prov["source"] == "woct0rdho"
@@ -122,15 +120,6 @@ def test_a_wheel_that_does_not_match_its_published_digest_is_refused(served: tup
     ref = WheelRef(filename=wheel.name, url=f"{base}/{wheel.name}", sha256="0" * 64, source="kingbri1")
     store = Store(tmp_path / "home")
     with pytest.raises(CacheError) as err:
-        install(
-            Request(backend="af-pure-fixture"),
-            snapshot=SystemSnapshot.load(SNAPSHOT),
-            store=store,
-            planner=_OneWheel(ref),
-            builder=pip_wheel_builder,
-            verifier=None,
-            runner=SubprocessRunner(),
-            python="/nonexistent/python",
-        )
+        _install_one(ref, store, "/nonexistent/python")
     assert "does not match its published sha256" in err.value.message
     assert store.list() == []
