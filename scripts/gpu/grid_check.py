@@ -115,22 +115,23 @@ def direct_backends(torch: Any) -> dict[str, tuple[str, Callable[..., Any]]]:
         "sdpa-flash": ("bhsd", sdpa(SDPBackend.FLASH_ATTENTION)),
         "sdpa-efficient": ("bhsd", sdpa(SDPBackend.EFFICIENT_ATTENTION)),
     }
+    def bshd_out(kernel: Callable[..., Any]) -> Callable[..., Any]:
+        """A FlashAttention kernel that returns ``out`` or ``(out, lse)`` depending on its version: ``out``."""
+        def call(q: Any, k: Any, v: Any, causal: bool) -> Any:
+            o = kernel(q, k, v, causal=causal)
+            return o[0] if isinstance(o, tuple) else o
+        return call
+
     try:
         import flash_attn_interface as fa3
 
-        def fa3_call(q: Any, k: Any, v: Any, causal: bool) -> Any:
-            o = fa3.flash_attn_func(q, k, v, causal=causal)
-            return o[0] if isinstance(o, tuple) else o
-        out["flash-attn-3"] = ("bshd", fa3_call)
+        out["flash-attn-3"] = ("bshd", bshd_out(fa3.flash_attn_func))
     except Exception as exc:
         print(f"flash-attn-3 not importable: {exc}")
     try:
         from flash_attn.cute import flash_attn_func as fa4_func
 
-        def fa4_call(q: Any, k: Any, v: Any, causal: bool) -> Any:
-            o = fa4_func(q, k, v, causal=causal)
-            return o[0] if isinstance(o, tuple) else o
-        out["flash-attn-4"] = ("bshd", fa4_call)
+        out["flash-attn-4"] = ("bshd", bshd_out(fa4_func))
     except Exception as exc:
         print(f"flash-attn-4 not importable: {exc}")
     try:
