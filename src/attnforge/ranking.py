@@ -167,19 +167,15 @@ def bracketing(records: Iterable[BenchRecord], shape_class: ShapeClass) -> tuple
     """The nearest measured classes of ``shape_class``'s family below and above its key length, with their
     measurements; None when it lies outside the measured range (or was measured itself)."""
     family = _family(shape_class)
-    per: dict[ShapeClass, dict[str, list[BenchRecord]]] = {}
-    for r in latest(records):
-        cls = r.shape.shape_class
-        if r.tflops > 0 and cls != shape_class and _family(cls) == family:
-            per.setdefault(cls, {}).setdefault(r.backend, []).append(r)
+    pool = [r for r in latest(records) if r.tflops > 0 and _family(r.shape.shape_class) == family]
+    measured = {r.shape.shape_class for r in pool} - {shape_class}
     target = shape_class.seqlen_k_bucket
-    below = max((c for c in per if c.seqlen_k_bucket < target), key=lambda c: c.seqlen_k_bucket, default=None)
-    above = min((c for c in per if c.seqlen_k_bucket > target), key=lambda c: c.seqlen_k_bucket, default=None)
+    below = max((c for c in measured if c.seqlen_k_bucket < target), key=lambda c: c.seqlen_k_bucket, default=None)
+    above = min((c for c in measured if c.seqlen_k_bucket > target), key=lambda c: c.seqlen_k_bucket, default=None)
     if below is None or above is None:
         return None
-    lo, hi = (Bracket(shape_class=c, measurements={n: _mean(n, rs) for n, rs in per[c].items()})
-              for c in (below, above))
-    return lo, hi
+    return (Bracket(shape_class=below, measurements=class_measurements(pool, below)),
+            Bracket(shape_class=above, measurements=class_measurements(pool, above)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
