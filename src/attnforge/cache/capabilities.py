@@ -36,7 +36,11 @@ def capabilities_file(capabilities: Capabilities) -> dict[str, bytes]:
 def provenance_capabilities(doc: Mapping[str, Any]) -> Capabilities | None:
     """The capabilities recorded in a ``provenance.json`` document, or None (none recorded, or malformed)."""
     details = doc.get("details")
-    raw = details.get(CAPABILITIES_KEY) if isinstance(details, Mapping) else None
+    return _parsed(details.get(CAPABILITIES_KEY) if isinstance(details, Mapping) else None)
+
+
+def _parsed(raw: object) -> Capabilities | None:
+    """:meth:`Capabilities.from_json` of a JSON object, None for anything else or a malformed one."""
     if not isinstance(raw, Mapping):
         return None
     try:
@@ -70,11 +74,8 @@ def backend_capabilities(backend_id: str) -> Capabilities | None:
 
 
 def _from_text(text: str | None) -> Capabilities | None:
-    if not text:
-        return None
     try:
-        raw = json.loads(text)
-        return Capabilities.from_json(raw) if isinstance(raw, Mapping) else None
+        return _parsed(json.loads(text)) if text else None
     except ValueError:
         return None
 
