@@ -110,7 +110,7 @@ def test_env_variable_turns_it_on_and_off_means_no_timing(setup: Any, monkeypatc
     attnforge.attention(q, k, v)
     assert (slow.calls, fast.calls, sdpa.calls) == (0, 0, 1)  # off by default: the policy's choice, nothing timed
     monkeypatch.setenv("ATTNFORGE_AUTOTUNE", "1")
-    runtime.get_dispatcher()._routes.clear()
+    runtime.get_dispatcher().routes.clear()
     q2, k2, v2 = (t[..., :8, :] for t in _qkv())  # another class (Sq 8): decided afresh, so measured now
     attnforge.attention(q2, k2, v2)
     assert fast.calls > 1

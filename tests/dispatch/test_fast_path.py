@@ -237,7 +237,7 @@ def test_remembered_signatures_are_bounded(a_b: tuple[Any, Fake, Fake], monkeypa
     for sq in (3, 5, 6, 7):
         q, k, v = _qkv(sq=sq)
         _check(attnforge.attention(q, k, v), q, k, v)
-        assert len(d._routes) <= 2
+        assert len(d.routes) <= 2
     assert a.calls == 4
 
 
@@ -251,7 +251,7 @@ def test_a_route_decided_across_a_refresh_is_not_remembered(store: RecordStore) 
         a.unsupported_reasons = decide_then_refresh  # type: ignore[method-assign]
         q, k, v = _qkv()
         _check(attnforge.attention(q, k, v), q, k, v)
-        assert d._routes == {}
+        assert d.routes == {}
         assert d._plans == {}
 
 
@@ -435,7 +435,7 @@ def test_the_scale_is_part_of_the_signature(store: RecordStore, scale: float | N
         q, k, v = _qkv()
         _check(attnforge.attention(q, k, v), q, k, v)
         _check(attnforge.attention(q, k, v, scale=scale), q, k, v, scale=scale)
-        assert len(d._routes) == (1 if scale is None else 2)
+        assert len(d.routes) == (1 if scale is None else 2)
 
 
 @dataclasses.dataclass

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from attnforge.backends.adapter import BackendAdapter
+from attnforge.backends.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.bound import bound_call
 from attnforge.bench.flops import FORMULA, shape_flops, tflops
 from attnforge.bench.grid import to_call
 from attnforge.bench.timing import Timing, TimingConfig, combine_rounds, measure, rotation_sets
@@ -168,22 +169,24 @@ def set_bytes(shape: AttentionShape) -> int:
     return itemsize * (q + kv + dout)
 
 
-def make_step(adapter: BackendAdapter, inputs: Sequence[tuple[Any, ...]],
-              shape: AttentionShape) -> Callable[[int], object]:
-    """The call ``measure`` times: forward under ``no_grad``, or forward then ``autograd.grad`` of dout."""
+def make_step(adapter: BackendAdapter, inputs: Sequence[tuple[Any, ...]], shape: AttentionShape,
+              call: AttentionCall | None = None) -> Callable[[int], object]:
+    """The call ``measure`` times: the route the dispatcher runs for ``call`` (the adapter bound to the call's
+    signature, :func:`attnforge.backends.bound.bound_call`, so bench times what serves the call), forward under
+    ``no_grad``, or forward then ``autograd.grad`` of dout."""
     import torch
 
-    causal = shape.causal
+    fn = bound_call(adapter, call, causal=shape.causal, scale=None)
     if shape.mode is Mode.FWD:
         def fwd(i: int) -> object:
             q, k, v, _ = inputs[i]
             with torch.no_grad():
-                return adapter(q, k, v, causal=causal, scale=None)
+                return fn(q, k, v)
         return fwd
 
     def fwd_bwd(i: int) -> object:
         q, k, v, dout = inputs[i]
-        out = adapter(q, k, v, causal=causal, scale=None)
+        out = fn(q, k, v)
         return torch.autograd.grad(out, (q, k, v), dout)  # no .grad accumulation between calls
     return fwd_bwd
 
@@ -230,9 +233,11 @@ def _run_shape(shape: AttentionShape, *, adapters: Mapping[str, BackendAdapter],
                progress: Callable[[AttentionShape, str], None] | None, clock: Callable[[], float]) -> BenchRow:
     cells: dict[str, BenchCell] = {}
     runnable: list[str] = []
+    calls: dict[str, AttentionCall] = {}
     for name, adapter in adapters.items():
-        call = to_call(shape, device_type=device.type.value, compute_capability=device.compute_capability,
-                       precision="allow_quantized" if name in quantized else "exact")
+        call = calls[name] = to_call(shape, device_type=device.type.value,
+                                     compute_capability=device.compute_capability,
+                                     precision="allow_quantized" if name in quantized else "exact")
         reasons = adapter.unsupported_reasons(call)
         if reasons:
             cells[name] = BenchCell(backend=name, status=CellStatus.SKIPPED, detail="; ".join(reasons))
@@ -248,7 +253,7 @@ def _run_shape(shape: AttentionShape, *, adapters: Mapping[str, BackendAdapter],
             cells.update({n: BenchCell(backend=n, status=CellStatus.ERROR, detail=detail) for n in runnable})
             runnable = []
         cells.update(_time_rounds({n: adapters[n] for n in runnable}, inputs, shape=shape, device=device,
-                                  timing=timing, progress=progress, clock=clock))
+                                  timing=timing, progress=progress, clock=clock, calls=calls))
         for name in runnable:
             if name in quantized and cells[name].status is CellStatus.OK:
                 cells[name] = _with_error(cells[name], adapters[name], inputs[0], shape)
@@ -263,12 +268,13 @@ def _run_shape(shape: AttentionShape, *, adapters: Mapping[str, BackendAdapter],
 def _time_rounds(adapters: Mapping[str, BackendAdapter], inputs: Sequence[tuple[Any, ...]], *,
                  shape: AttentionShape, device: DeviceInfo, timing: TimingConfig,
                  progress: Callable[[AttentionShape, str], None] | None,
-                 clock: Callable[[], float]) -> dict[str, BenchCell]:
+                 clock: Callable[[], float], calls: Mapping[str, AttentionCall] | None = None,
+                 ) -> dict[str, BenchCell]:
     """Every backend once per round, the order rotated each round; a backend that raises leaves the rounds."""
     rounds = max(1, timing.rounds)
     per_round = dataclasses.replace(timing, rep_ms=timing.rep_ms / rounds)
     sync = _sync(device)
-    steps = {name: make_step(adapter, inputs, shape) for name, adapter in adapters.items()}
+    steps = {name: make_step(adapter, inputs, shape, (calls or {}).get(name)) for name, adapter in adapters.items()}
     done: dict[str, list[Timing]] = {name: [] for name in adapters}
     failed: dict[str, BenchCell] = {}
     names = list(adapters)

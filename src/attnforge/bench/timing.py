@@ -129,8 +129,25 @@ def rotation_sets(*, set_bytes: int, l2_bytes: int | None, budget_bytes: int | N
     return max(1, min(want, max_sets))
 
 
+def flush_bytes(set_bytes: int, l2_bytes: int | None = None) -> int:
+    """Bytes of the buffer to overwrite before each timed repetition so it starts with a cold L2, or 0 where
+    it does not matter: when one input set (``set_bytes``) is already larger than twice the L2, a repetition
+    evicts its predecessor's data by itself. For calls timed on one input set (measure-on-first-use times the
+    caller's own tensors); ``attnforge bench`` rotates input sets instead (:func:`rotation_sets`).
+
+    Args:
+        set_bytes: bytes of the call's inputs.
+        l2_bytes: the device's L2 size (the current CUDA device's when None).
+    """
+    if l2_bytes is None:
+        import torch
+
+        l2_bytes = int(torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size)
+    return 0 if not l2_bytes or set_bytes > 2 * l2_bytes else 2 * l2_bytes
+
+
 def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], None] = lambda: None,
-            clock: Callable[[], float] = time.perf_counter) -> Timing:
+            clock: Callable[[], float] = time.perf_counter, flush_bytes: int = 0) -> Timing:
     """Time ``step`` the same way for every backend.
 
     1. The first call is timed alone (compile, JIT, autotuning, cuDNN plan building) and reported apart.
@@ -143,6 +160,8 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
         config: budgets and timer.
         sync: waits for the device (``torch.cuda.synchronize`` on a GPU).
         clock: seconds, monotonic (``time.perf_counter``; injected by tests).
+        flush_bytes: with CUDA events, a buffer of this many bytes is zeroed before each repetition, outside
+            the timed interval (an L2 flush, as ``triton.testing.do_bench`` does; :func:`flush_bytes`).
 
     Raises:
         Exception: whatever ``step`` raises (out of memory, unsupported input); the caller records it.
@@ -166,7 +185,7 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
             step(counter.next())
         sync()
         if config.method is TimerMethod.CUDA_EVENTS:
-            times_ms = _cuda_events(step, counter, reps)
+            times_ms = _cuda_events(step, counter, reps, flush_bytes)
         else:
             times_ms = _wall(step, counter, reps, sync, clock)
     return summarize(times_ms, warmup_calls=warmup, first_call_s=first_call_s, input_sets=sets,
@@ -210,13 +229,16 @@ def _wall(step: Step, counter: _Rotation, reps: int, sync: Callable[[], None],
     return times
 
 
-def _cuda_events(step: Step, counter: _Rotation, reps: int) -> list[float]:
+def _cuda_events(step: Step, counter: _Rotation, reps: int, flush: int = 0) -> list[float]:
     import torch
 
     event = torch.cuda.Event
     pairs = [(event(enable_timing=True), event(enable_timing=True)) for _ in range(reps)]  # type: ignore[no-untyped-call]
+    cache = torch.empty(flush, dtype=torch.int8, device="cuda") if flush else None
     for begin, end in pairs:
         i = counter.next()
+        if cache is not None:
+            cache.zero_()
         begin.record()
         step(i)
         end.record()

@@ -1,15 +1,28 @@
-"""Measure on first use: the first call of a shape class nobody measured times the candidates on its own tensors.
+"""Measure on first use, by default on a GPU: the first call of a shape class nobody measured times the eligible
+verified candidates on its own tensors, stores the result, and later calls and processes reuse it.
 
-Opt-in, with :func:`autotune` (a context manager, per thread / asyncio task) or ``ATTNFORGE_AUTOTUNE=1``. When
-the dispatcher first decides a call whose shape class has an eligible backend without a measurement (or a
-quantized one held back only because it was not measured), :func:`tune` times every eligible candidate on the
-call's own q/k/v in interleaved rounds (the bench harness, :func:`attnforge.bench.timing.measure`) within a time
-budget, adds the results to the record store under this device's key (``run_id`` ``autotune-...``) and refreshes
-the dispatcher; later calls, in this process and the next, reuse them. A class is tuned once per process.
+The ``torch.backends.cudnn.benchmark`` model, with what it lacks: the result persists (the record store, under
+this device's key and each backend's installed version, ``run_id`` ``autotune-...``), the decision survives
+noise (:mod:`attnforge.ranking`), and the output never changes (only verified backends are candidates).
 
-Numerics never change: the candidates are the verified backends the policy would try anyway; the timing runs
-leave q/k/v untouched (backward runs on detached copies, with ``autograd.grad``, so nothing accumulates in
-``.grad``), and the output returned to the caller is computed afterwards by the route the policy chooses.
+When: the dispatcher first decides a call whose shape class has an eligible backend without a measurement for
+the installed version (or a quantized one held back only for lack of one). Shape classes bucket lengths to
+powers of two (:class:`attnforge.types.shapes.ShapeClass`), so a decode loop with a growing KV cache, or varlen
+batches, measure a handful of classes, not one per length; a class is measured once per process.
+
+Where it is on:
+
+- on CUDA tensors, by default; ``ATTNFORGE_AUTOTUNE=0`` turns it off everywhere (a recorded choice or plain
+  SDPA then), ``ATTNFORGE_AUTOTUNE=1`` turns it on for CPU tensors too;
+- inside ``with attnforge.autotune(budget_s=..., rounds=...)`` for any device (unless the variable says 0);
+- never while ``torch.compile`` traces or a CUDA graph captures (the recorded choice or plain SDPA serves).
+
+What is timed: exactly the route that will serve the call (:func:`attnforge.backends.bound.bound_call`, the same
+layout, strides, arguments and wrapper), in interleaved rounds through the one harness
+(:func:`attnforge.bench.timing.measure`, CUDA events, the L2 flushed before each repetition when the call's
+tensors fit in it), within ``budget_s`` of repetitions per class. The timing runs leave the caller's tensors
+untouched (backward runs on detached copies with ``autograd.grad``, so nothing accumulates in ``.grad``), and
+the output returned to the caller is computed afterwards by the route the policy then chooses.
 """
 
 from __future__ import annotations
@@ -25,10 +38,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from attnforge.backends.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.exact import EXACT
 from attnforge.dispatch.policy import FALLBACK, Decision, class_of_call, shape_of_call
 from attnforge.records import BenchRecord
 
 ENV = "ATTNFORGE_AUTOTUNE"
+_OFF = {"0", "false", "no", "off"}
+_ON = {"1", "true", "yes", "on"}
 #: timed repetitions per candidate and round at most: the budget is an estimate, this bounds a bad one
 MAX_REPS = 200
 
@@ -38,8 +54,9 @@ class AutotuneConfig:
     """How much one shape class may cost to measure.
 
     Attributes:
-        budget_s: the repetition time for all candidates of one class together (first calls not included).
-        rounds: interleaved rounds per candidate (their spread decides ties, :mod:`attnforge.ranking`).
+        budget_s: seconds of timed repetitions for all candidates of one class together (first calls, which
+            include a JIT compile for some kernels, are not included; docs/benchmarks.md reports both).
+        rounds: interleaved rounds per candidate (their spread is the noise of :mod:`attnforge.ranking`).
         clock: seconds, monotonic (a fake clock in tests).
     """
 
@@ -48,26 +65,28 @@ class AutotuneConfig:
     clock: Callable[[], float] = time.perf_counter
 
 
+DEFAULT = AutotuneConfig()
 _ACTIVE: contextvars.ContextVar[AutotuneConfig | None] = contextvars.ContextVar("attnforge_autotune", default=None)
-#: per dispatcher, the (device key, shape class, precision) already tuned in this process
+#: per dispatcher, the (device key, shape class, precision) already measured in this process
 _TUNED: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str]]] = weakref.WeakKeyDictionary()
 
 
 class Tunable(Protocol):
-    """What :func:`tune` needs of the dispatcher (:class:`attnforge.dispatch.runtime.Dispatcher`)."""
+    """What :func:`tune` needs of the dispatcher (:class:`attnforge.dispatch.dispatcher.Dispatcher`)."""
 
     adapters: dict[str, BackendAdapter]
     fallback: BackendAdapter
 
-    def describe(self, q: Any, k: Any, *, causal: bool, precision: str, needs_grad: bool) -> AttentionCall: ...
-
     def refresh(self) -> None: ...
+
+    def forget_routes(self) -> None: ...
 
 
 @contextmanager
 def autotune(*, budget_s: float = 1.0, rounds: int = 3,
              clock: Callable[[], float] = time.perf_counter) -> Iterator[AutotuneConfig]:
-    """Measure unmeasured shape classes on first use inside this context (see the module docstring).
+    """Measure unmeasured shape classes on first use inside this context, on any device (see the module
+    docstring; on CUDA it is on by default, this sets the budget). ``ATTNFORGE_AUTOTUNE=0`` still wins.
 
     Args:
         budget_s: seconds of timed repetitions per shape class, all candidates together.
@@ -79,32 +98,46 @@ def autotune(*, budget_s: float = 1.0, rounds: int = 3,
     try:
         from attnforge.dispatch import runtime
 
-        if runtime._DISPATCHER is not None:  # routes decided before the context skip the deciding path
-            runtime._DISPATCHER._routes.clear()
+        runtime.get_dispatcher().forget_routes()  # routes decided before the context skip the deciding path
         yield config
     finally:
         _ACTIVE.reset(token)
 
 
-def active() -> AutotuneConfig | None:
-    """The context's configuration, or the default one when ``ATTNFORGE_AUTOTUNE=1``; None when off."""
+def active(device_type: str = "cuda") -> AutotuneConfig | None:
+    """The configuration measuring a call on ``device_type`` now, or None when it is off (the module
+    docstring's rules: the variable's 0 first, then a context, then the variable's 1, then on for CUDA)."""
+    env = os.environ.get(ENV, "").strip().lower()
+    if env in _OFF:
+        return None
     config = _ACTIVE.get()
-    if config is None and os.environ.get(ENV, "").strip() in {"1", "true", "yes", "on"}:
-        return AutotuneConfig()
-    return config
+    if config is not None:
+        return config
+    if env in _ON or device_type == "cuda":
+        return DEFAULT
+    return None
+
+
+def capturing() -> bool:
+    """True while ``torch.compile`` traces or a CUDA graph captures on the current stream: nothing may be
+    timed or synchronised then."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return True
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def candidates(decision: Decision) -> list[str]:
-    """The backends worth timing: the eligible ones, plus quantized ones held back only for lack of a measurement."""
+    """The backends worth timing: the eligible ones but the exact math (the last resort, never a candidate),
+    plus quantized ones held back only for lack of a measurement."""
     gated = [r.backend for r in decision.rejected if r.reasons and all(x.startswith("quantized:") for x in r.reasons)]
-    return [*decision.order, *gated]
+    return [n for n in (*decision.order, *gated) if n != EXACT]
 
 
 def wanted(dispatcher: Tunable, decision: Decision, call: AttentionCall, device_key: str) -> bool:
-    """Whether :func:`tune` should run for this decision: autotune is on, the class was not tuned in this process,
-    and some candidate of two or more has no measurement."""
-    if active() is None:
-        return False
+    """Whether :func:`tune` should run for this decision: the class was not measured in this process, and
+    some candidate of two or more has no measurement."""
     names = candidates(decision)
     measured = decision.ranking.measurements if decision.ranking is not None else {}
     if len(names) < 2 or all(n in measured for n in names):
@@ -112,31 +145,38 @@ def wanted(dispatcher: Tunable, decision: Decision, call: AttentionCall, device_
     return (device_key, str(class_of_call(call)), call.precision) not in _TUNED.get(dispatcher, set())
 
 
-def tune(dispatcher: Tunable, q: Any, k: Any, v: Any, *, call: AttentionCall, decision: Decision,
-         device_key: str, causal: bool, scale: float | None, store: Any) -> list[BenchRecord]:
-    """Time the candidates on ``q [B, Hq, Sq, D]``, ``k``, ``v`` (bhsd views), store and refresh.
+def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionCall, decision: Decision,
+         device_key: str, bind: Callable[[BackendAdapter], Callable[..., Any]], bhsd: tuple[Any, Any, Any],
+         store: Any, config: AutotuneConfig = DEFAULT,
+         versions: Mapping[str, str | None] | None = None) -> list[BenchRecord]:
+    """Time the candidates on the caller's tensors, store the results and refresh the dispatcher.
 
     Args:
         dispatcher: whose adapters are timed and whose records are refreshed.
+        tensors: the caller's ``(q, k, v)`` as the route receives them (any layout).
         call: the call's description; decision: the policy's decision for it.
         device_key: the records' device key.
+        bind: the route's bound call of an adapter (:func:`attnforge.backends.bound.bound_call`).
+        bhsd: ``q [B, Hq, Sq, D]``, ``k``, ``v`` views, for the error of a quantized candidate.
         store: a record store with ``add_bench`` (results are kept in this process only without one).
+        config: budgets; versions: installed version per backend id (kept with each record).
 
     Returns:
-        The new records (a backend that raises while timed gets none; the policy treats it as before).
+        The new records (a candidate that raises while timed gets none; the policy treats it as before).
     """
-    from attnforge.bench.timing import TimerMethod, TimingConfig, combine_rounds, measure
+    from attnforge.bench.timing import TimerMethod, TimingConfig, combine_rounds, flush_bytes, measure
 
-    config = active() or AutotuneConfig()
     _TUNED.setdefault(dispatcher, set()).add((device_key, str(class_of_call(call)), call.precision))
     names = candidates(decision)
     adapters = {n: dispatcher.fallback if n == FALLBACK else dispatcher.adapters[n] for n in names}
     share_ms = config.budget_s * 1e3 / max(1, len(adapters) * config.rounds)
+    q = tensors[0]
     cuda = q.device.type == "cuda"
     timing = TimingConfig(warmup_ms=share_ms / 4, rep_ms=share_ms, min_reps=3, max_reps=MAX_REPS,
                           method=TimerMethod.CUDA_EVENTS if cuda else TimerMethod.PERF_COUNTER, rounds=config.rounds)
+    flush = flush_bytes(sum(t.numel() * t.element_size() for t in tensors)) if cuda else 0
     sync = _sync(cuda)
-    steps = {n: _step(a, q, k, v, causal=causal, scale=scale, grad=call.needs_grad) for n, a in adapters.items()}
+    steps = {n: _step(bind(a), tensors, grad=call.needs_grad) for n, a in adapters.items()}
     rounds: dict[str, list[Any]] = {n: [] for n in adapters}
     deadline = config.clock() + 3 * config.budget_s  # past it, no further round starts
     for r in range(config.rounds):
@@ -147,18 +187,21 @@ def tune(dispatcher: Tunable, q: Any, k: Any, v: Any, *, call: AttentionCall, de
             if name not in rounds:
                 continue
             try:
-                rounds[name].append(measure(steps[name], sets=1, config=timing, sync=sync, clock=config.clock))
+                rounds[name].append(measure(steps[name], sets=1, config=timing, sync=sync, clock=config.clock,
+                                            flush_bytes=flush))
             except Exception:  # a candidate that raises is not measured; the policy keeps its own view of it
                 del rounds[name]
-    records = _records(rounds, adapters, q, k, v, call=call, device_key=device_key, combine=combine_rounds)
+    records = _records(rounds, adapters, bhsd, call=call, device_key=device_key, combine=combine_rounds,
+                       versions=versions or {})
     if records and store is not None and hasattr(store, "add_bench"):
         store.add_bench(records)
     dispatcher.refresh()
     return records
 
 
-def _records(rounds: Mapping[str, list[Any]], adapters: Mapping[str, BackendAdapter], q: Any, k: Any, v: Any, *,
-             call: AttentionCall, device_key: str, combine: Callable[[list[Any]], Any]) -> list[BenchRecord]:
+def _records(rounds: Mapping[str, list[Any]], adapters: Mapping[str, BackendAdapter], bhsd: tuple[Any, Any, Any],
+             *, call: AttentionCall, device_key: str, combine: Callable[[list[Any]], Any],
+             versions: Mapping[str, str | None]) -> list[BenchRecord]:
     from attnforge.bench.accuracy import output_error
     from attnforge.bench.flops import shape_flops, tflops
 
@@ -173,38 +216,41 @@ def _records(rounds: Mapping[str, list[Any]], adapters: Mapping[str, BackendAdap
         rel_l1 = cosine = None
         if bool(getattr(getattr(adapters[name], "caps", None), "quantized", False)):
             try:
-                rel_l1, cosine = output_error(adapters[name], (q, k, v), causal=call.causal)
+                rel_l1, cosine = output_error(adapters[name], bhsd, causal=call.causal)
             except Exception:  # noqa: S112 - an error check that raises leaves the backend unmeasured
                 continue
         out.append(BenchRecord(
-            device_key=device_key, backend=name, backend_version=None, dtype=call.dtype, mode=shape.mode.value,
-            causal=call.causal, batch=call.batch, heads=call.heads_q, kv_heads=call.heads_kv,
-            head_dim=call.head_dim, seqlen_q=call.seqlen_q, seqlen_k=call.seqlen_k, ms=t.median_ms,
-            tflops=tflops(flops, t.median_ms), peak_mem_bytes=None, run_id=run_id,
+            device_key=device_key, backend=name, backend_version=versions.get(name), dtype=call.dtype,
+            mode=shape.mode.value, causal=call.causal, batch=call.batch, heads=call.heads_q,
+            kv_heads=call.heads_kv, head_dim=call.head_dim, seqlen_q=call.seqlen_q, seqlen_k=call.seqlen_k,
+            ms=t.median_ms, tflops=tflops(flops, t.median_ms), peak_mem_bytes=None, run_id=run_id,
             head_dim_v=shape.head_dim_v if shape.head_dim_v != shape.head_dim else None,
             features=",".join(sorted(f.value for f in shape.features)), ms_lo=t.lo_ms, ms_hi=t.hi_ms,
             rel_l1=rel_l1, cosine=cosine))
     return out
 
 
-def _step(adapter: BackendAdapter, q: Any, k: Any, v: Any, *, causal: bool, scale: float | None,
-          grad: bool) -> Callable[[int], object]:
-    """One timed call on the caller's tensors: forward under ``no_grad``, or forward + ``autograd.grad`` on
-    detached copies (the caller's tensors and their ``.grad`` stay untouched)."""
+def _step(fn: Callable[..., Any], tensors: tuple[Any, Any, Any], *, grad: bool) -> Callable[[int], object]:
+    """One timed call of the bound route on the caller's tensors: forward under ``no_grad``, or forward +
+    ``autograd.grad`` on detached copies with the same strides (the caller's tensors and ``.grad`` stay
+    untouched)."""
     import torch
 
+    q, k, v = tensors
     if not grad:
         def fwd(_i: int) -> object:
             with torch.no_grad():
-                return adapter(q, k, v, causal=causal, scale=scale)
+                return fn(q, k, v)
         return fwd
-    qc, kc, vc = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    dout = torch.randn(*q.shape[:3], v.shape[-1], device=q.device, dtype=q.dtype)
+    qc, kc, vc = (t.detach().clone(memory_format=torch.preserve_format).requires_grad_(True) for t in tensors)
+    douts: list[Any] = []
 
     def fwd_bwd(_i: int) -> object:
         with torch.enable_grad():
-            out = adapter(qc, kc, vc, causal=causal, scale=scale)
-            return torch.autograd.grad(out, (qc, kc, vc), dout)
+            out = fn(qc, kc, vc)
+            if not douts:
+                douts.append(torch.randn_like(out))
+            return torch.autograd.grad(out, (qc, kc, vc), douts[0])
     return fwd_bwd
 
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import functools
 import os
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,6 +24,7 @@ from attnforge.backends.adapter import (
     required_features,
     supported_features,
 )
+from attnforge.backends.bound import Bound, bound_call
 from attnforge.backends.exact import EXACT, ExactAdapter
 from attnforge.dispatch import autotune, features
 from attnforge.dispatch.explanation import Explanation
@@ -46,11 +46,11 @@ _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnforge_
 ROUTES_MAX = 4096
 
 #: one backend of a route: the adapter, and the call bound to the signature: ``fn(q, k, v)`` on the caller's
-#: tensors, in the caller's layout (:func:`_step`)
-_Step = tuple[BackendAdapter, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]]
-#: the backends to try in order, the fallback after them (SDPA, or the exact math when SDPA lacks a feature the
-#: call uses), and the call's shape class (a backend that raises is disabled for that class only)
-_Route = tuple[tuple[_Step, ...], _Step, str]
+#: tensors, in the caller's layout (:func:`attnforge.backends.bound.bound_call`)
+Step = tuple[BackendAdapter, Bound]
+#: the backends to try in order, the exact math last (:meth:`Dispatcher.serve`), and the call's shape class (a
+#: backend that raises is disabled for that class only)
+Route = tuple[tuple[Step, ...], str]
 
 
 class RecordSource(Protocol):
@@ -92,7 +92,9 @@ class Dispatcher:
         self._verified: dict[str, dict[str, VerifyRecord]] = {}
         self._bench: dict[str, list[BenchRecord]] = {}
         self._plans: dict[tuple[Any, ...], tuple[Decision, tuple[BackendAdapter, ...]]] = {}
-        self._routes: dict[tuple[Any, ...], _Route] = {}
+        #: the route per exact call signature: read by the hot path of :func:`attnforge.attention`, written here
+        self.routes: dict[tuple[Any, ...], Route] = {}
+        self._versions: dict[str, str | None] | None = None
         self._generation = 0  # bumped whenever plans and routes are dropped
         self.exact: BackendAdapter = ExactAdapter()
         #: backends that raised at run time: name -> {shape class: the error's first line}
@@ -108,7 +110,7 @@ class Dispatcher:
             self._verified.clear()
             self._bench.clear()
             self._plans.clear()
-            self._routes.clear()
+            self.routes.clear()
 
     def _source(self) -> RecordSource:
         if self._records is None:
@@ -135,7 +137,11 @@ class Dispatcher:
             if key not in self._verified:
                 source = self._source()
                 self._verified[key] = source.latest_verify(key)
-                self._bench[key] = source.bench_records(key)
+                current = self.versions()
+                # a measurement of another installed version of a backend says nothing about this one
+                self._bench[key] = [r for r in source.bench_records(key)
+                                    if r.backend_version is None or current.get(r.backend) is None
+                                    or r.backend_version == current[r.backend]]
             return self._verified[key], self._bench[key]
 
     # -- deciding ---------------------------------------------------------------------------------------
@@ -162,9 +168,10 @@ class Dispatcher:
                     self._plans[key] = plan
         return plan
 
-    def _route(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: tuple[Any, ...] | None, *,
-               causal: bool, scale: float | None, layout: str, precision: str, forced: str | None) -> _Route:
-        """Validate a call seen for the first time, decide it, and remember its route under ``key``.
+    def route(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: tuple[Any, ...] | None, *,
+              causal: bool, scale: float | None, layout: str, precision: str, forced: str | None) -> Route:
+        """Validate a plain call seen for the first time, decide it, and remember its route under ``key`` (the
+        hot path of :func:`attnforge.attention` looks it up in :attr:`routes` next time).
 
         Takes the caller's tensors in ``layout``. Raises what :func:`attention` raises for bad input or a
         forced backend that cannot serve the call; nothing is remembered then.
@@ -178,37 +185,93 @@ class Dispatcher:
         if key is not None:
             with self._lock:
                 if self._generation == generation:
-                    if len(self._routes) >= ROUTES_MAX:
-                        self._routes.clear()
-                    self._routes[key] = route
+                    if len(self.routes) >= ROUTES_MAX:
+                        self.routes.clear()
+                    self.routes[key] = route
         return route
 
     def _plain_route(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                      scale: float | None, precision: str, needs_grad: bool, forced: str | None,
-                     bshd: bool) -> _Route:
+                     bshd: bool) -> Route:
         """The route of a call without features on bhsd tensors (Dv != D is the only feature it can use),
-        bound to its causal flag, scale and shapes; a zero-sized call's route is the exact math: no kernel ever
-        sees one (SIGFPE in some)."""
+        bound to its causal flag, scale, shapes and the caller's layout; a zero-sized call's route is the exact
+        math: no kernel ever sees one (SIGFPE in some)."""
         if features.is_empty(q, k) or v.shape[3] == 0:
-            return (), _step(self.exact, None, causal=causal, scale=scale, bshd=bshd), "empty"
+            return ((self.exact, bound_call(self.exact, None, causal=causal, scale=scale, bshd=bshd)),), "empty"
         dv = v.shape[3] if v.shape[3] != q.shape[3] else None
         uses = frozenset(("dv",)) if dv else frozenset()
-        decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
-                                        forced=forced, uses=uses, head_dim_v=dv)
-        call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
-                             head_dim_v=dv)
-        if not forced and autotune.active() is not None:  # measure on first use (attnforge.dispatch.autotune)
-            dev_key = self._device(q.device).key
-            if autotune.wanted(self, decision, call, dev_key):  # the route is not kept: the generation moved
-                autotune.tune(self, q, k, v, call=call, decision=decision, device_key=dev_key, causal=causal,
-                              scale=None, store=self._source())
-                decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
-                                                forced=None, uses=uses, head_dim_v=dv)
+        caller = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) if bshd else (q, k, v)
+        decision, adapters, call = self.decide_call(q, k, v, causal=causal, precision=precision,
+                                                    needs_grad=needs_grad, forced=forced, uses=uses,
+                                                    head_dim_v=dv, scale=scale, bshd=bshd, caller=caller)
+        return self._bind(adapters, call, causal=causal, scale=scale, bshd=bshd, forced=forced, decision=decision)
+
+    def feature_route(self, prepared: features.Prepared, *, scale: float | None, forced: str | None,
+                      precision: str) -> Route:
+        """The route of a call that uses a feature (:func:`attnforge.dispatch.features.prepare` checked it):
+        every backend bound to the call's feature keywords, on the prepared bhsd views (or packed tensors).
+        Not remembered (the keywords hold the caller's tensors); the decision per class is."""
+        p = prepared
+        qp, kp = p.probe
+        dense = "varlen" not in p.uses and "paged" not in p.uses
+        decision, adapters, call = self.decide_call(
+            qp, kp, p.v if dense else None, causal=p.causal, precision=precision, needs_grad=p.needs_grad,
+            forced=forced, uses=p.uses, head_dim_v=p.head_dim_v, scale=scale, bshd=False,
+            caller=(p.q, p.k, p.v) if dense else None, opts=p.opts)
+        return self._bind(adapters, call, causal=p.causal, scale=scale, bshd=False, forced=forced,
+                          decision=decision, opts=p.opts)
+
+    def _bind(self, adapters: tuple[BackendAdapter, ...], call: AttentionCall, *, causal: bool,
+              scale: float | None, bshd: bool, forced: str | None, decision: Decision,
+              opts: Mapping[str, Any] | None = None) -> Route:
+        """The decided backends bound to the call; the exact math ends every unforced route (the one last
+        resort, :meth:`serve`)."""
         if forced and not adapters:
             features.raise_forced(forced, decision)
-        steps = tuple(_step(a, call, causal=causal, scale=scale, bshd=bshd) for a in adapters if a is not self.exact)
-        last = self.exact if adapters and adapters[-1] is self.exact else self.fallback
-        return steps, _step(last, call, causal=causal, scale=scale, bshd=bshd), _class_name(call)
+        if not forced and (not adapters or adapters[-1] is not self.exact):
+            adapters = (*adapters, self.exact)
+        steps = tuple((a, bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts)) for a in adapters)
+        return steps, _class_name(call)
+
+    def decide_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, *, causal: bool,
+                    precision: str, needs_grad: bool, forced: str | None, uses: frozenset[str],
+                    head_dim_v: int | None, scale: float | None, bshd: bool,
+                    caller: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+                    opts: Mapping[str, Any] | None = None,
+                    ) -> tuple[Decision, tuple[BackendAdapter, ...], AttentionCall]:
+        """The decision for bhsd ``q``/``k``, measured first when :mod:`attnforge.dispatch.autotune` wants it:
+        the candidates' bound calls are timed on ``caller`` (the caller's tensors as the route receives them;
+        None: not measurable here). Returns the decision, its adapters in order and the call's description."""
+        decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
+                                        forced=forced, uses=uses, head_dim_v=head_dim_v)
+        call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
+                             head_dim_v=head_dim_v)
+        if forced or caller is None or v is None:
+            return decision, adapters, call
+        config = autotune.active(q.device.type)
+        if config is None or autotune.capturing():
+            return decision, adapters, call
+        dev_key = self._device(q.device).key
+        if autotune.wanted(self, decision, call, dev_key):
+            autotune.tune(self, caller, call=call, decision=decision, device_key=dev_key, config=config,
+                          bind=lambda a: bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts),
+                          bhsd=(q, k, v), store=self._source(), versions=self.versions())
+            decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
+                                            forced=None, uses=uses, head_dim_v=head_dim_v)
+        return decision, adapters, call
+
+    def versions(self) -> dict[str, str | None]:
+        """The installed version of each backend's distribution (None for torch's built-ins, whose version is
+        in the device key), read once from package metadata: measurements of another version are not used."""
+        if self._versions is None:
+            from attnforge.probe.backends import installed_versions
+
+            found: dict[str, str | None] = {}
+            for name, adapter in self.adapters.items():
+                dists = getattr(getattr(adapter, "requirement", None), "distributions", ())
+                found[name] = next((ver for _, ver in installed_versions(dists)), None) if dists else None
+            self._versions = found
+        return self._versions
 
     def describe(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str,
                  needs_grad: bool, uses: frozenset[str] = frozenset(),
@@ -239,7 +302,7 @@ class Dispatcher:
             with self._lock:
                 self._generation += 1
                 self._plans.clear()
-                self._routes.clear()
+                self.routes.clear()
 
     def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
         verified, bench = self._records_for(dev_key)
@@ -249,7 +312,8 @@ class Dispatcher:
         with self._lock:  # another thread may be marking a backend broken
             broken = {name: by_class[cls] for name, by_class in self.broken.items() if cls in by_class}
         seen = len(self._shapes_seen.get(_class_name(dataclasses.replace(call, causal=False)), ()))
-        _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen, verified=verified)
+        _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen, verified=verified,
+                                     fallback=self.fallback)
         decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, measured=measured,
                           broken=broken)
         return features.close_with_fallback(decision, call, self.fallback, refused)
@@ -300,22 +364,32 @@ class Dispatcher:
         forced = backend or _FORCED.get()
         route = self._plain_route(q, k, v, causal=causal, scale=scale, precision=precision,
                                   needs_grad=needs_grad, forced=forced, bshd=False)
-        return self._serve(route, q, k, v, forced)
+        return self.serve(route, q, k, v, forced)
 
-    def _serve(self, route: _Route, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               forced: str | None) -> torch.Tensor:
-        """Run ``route`` on the caller's tensors: the first backend that does not raise serves the call."""
-        steps, last, cls = route
-        for adapter, fn in steps:
+    def serve(self, route: Route, q: Any, k: Any, v: Any, forced: str | None) -> Any:
+        """Run ``route`` on the caller's tensors. The one rule for plain and featured calls alike
+        (docs/dispatch-policy.md): the first backend that does not raise serves the call; an unforced backend
+        that raises is disabled for the call's shape class (:meth:`_mark_broken`) and the next one serves; the
+        last one's error (the exact math's, or a forced backend's) reaches the caller, and so does running out
+        of memory (a fallback would need more still)."""
+        steps, cls = route
+        last = len(steps) - 1
+        for i, (adapter, fn) in enumerate(steps):
             try:
                 return fn(q, k, v)
             except torch.OutOfMemoryError:
-                raise  # not the backend's fault; a fallback would need more memory still
+                raise
             except Exception as exc:
-                if forced or adapter is self.fallback:
-                    raise  # a forced backend's error is the user's to see; SDPA is the last resort
+                if forced or i == last:
+                    raise
                 self._mark_broken(adapter.name, exc, cls)
-        return last[1](q, k, v)
+        raise AssertionError("unreachable: a route has at least one backend")
+
+    def forget_routes(self) -> None:
+        """Drop the remembered routes (the next call of each signature decides again); records and plans stay."""
+        with self._lock:
+            self._generation += 1
+            self.routes.clear()
 
     def _mark_broken(self, name: str, exc: Exception, cls: str) -> None:
         """Disable ``name`` for shape class ``cls`` for the rest of the process, with one warning line."""
@@ -327,7 +401,7 @@ class Dispatcher:
             by_class[cls] = error
             self._generation += 1
             self._plans.clear()
-            self._routes.clear()
+            self.routes.clear()
         warnings.warn(f"attnforge: attention backend {name!r} raised {error}; it is skipped for shape class"
                       f" {cls} for the rest of this process and the next backend serves the call",
                       RuntimeWarning, stacklevel=4)
@@ -339,33 +413,3 @@ def _class_name(call: AttentionCall) -> str:
     return str(class_of_call(dataclasses.replace(call, features=frozenset(), head_dim_v=None,
                                                       top_left=False, precision="exact")))
 
-
-def _step(adapter: BackendAdapter, call: AttentionCall | None, *, causal: bool, scale: float | None,
-          bshd: bool) -> _Step:
-    """How a route runs ``adapter`` on the caller's tensors, bound to the call's signature.
-
-    An adapter with ``bind(call, scale=..., bshd=...)`` may return a callable specialised for the signature (e.g.
-    SDPA as a ``functools.partial`` of the kernel function, with nothing of the adapter left on the hot path);
-    otherwise bhsd runs the adapter as it is, and bshd its ``call_bshd`` when the kernel takes that layout
-    natively, else transposed views (and back). A ``bind`` that raises leaves the generic call, whose error
-    at run time marks the backend broken as any other.
-    """
-    bind = getattr(adapter, "bind", None)
-    if bind is not None and call is not None:
-        try:
-            bound = bind(call, scale=scale, bshd=bshd)
-        except Exception:  # the generic call below raises it again, where a raising backend is handled
-            bound = None
-        if bound is not None:
-            return adapter, bound
-    if not bshd:
-        return adapter, functools.partial(adapter, causal=causal, scale=scale)
-    native: Callable[..., torch.Tensor] | None = getattr(adapter, "call_bshd", None)
-    if native is not None:
-        return adapter, functools.partial(native, causal=causal, scale=scale)
-
-    def transposed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return adapter(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
-                       scale=scale).transpose(1, 2)
-
-    return adapter, transposed

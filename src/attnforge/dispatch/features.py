@@ -52,18 +52,21 @@ def one_line(exc: BaseException, limit: int = 240) -> str:
 
 def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops: Mapping[str, float],
           shapes_seen: int, verified: Mapping[str, VerifyRecord] | None = None,
-          ) -> tuple[dict[str, BackendAdapter], list[Rejection]]:
+          fallback: BackendAdapter | None = None) -> tuple[dict[str, BackendAdapter], list[Rejection]]:
     """Split ``adapters`` into those that may serve ``call`` and those refused here, with the reason.
 
     Refused: an adapter that lacks a feature the call uses; an adapter compiled per exact shape
     (``caps.jit_per_shape``) unless bench measured it fastest for the call's shape class, and always once
-    the class has shown more than :data:`DYNAMIC_AFTER` exact shapes (each would compile anew); an adapter
+    the class has shown more than :data:`DYNAMIC_AFTER` exact shapes (each would compile anew) - except where
+    the ``fallback`` (SDPA) lacks a feature of the call, when the alternative is the exact math and one compile
+    per shape is worth it while the class is not dynamic; an adapter
     whose ``caps.win_required_on`` names the call's device unless bench measured it faster than plain SDPA
     for the class (so plain SDPA stays the default on CPU); an adapter whose verify record lists a feature
     of the call among its ``failed_features``.
     """
     admitted: dict[str, BackendAdapter] = {}
     refused: list[Rejection] = []
+    sdpa_lacks = bool(required_features(call) - supported_features(fallback)) if fallback is not None else False
     for name, adapter in adapters.items():
         reasons = []
         needed = required_features(call)
@@ -81,7 +84,7 @@ def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops
                            f" for this shape class (run: attnforge bench --device {call.device_type})")
         if getattr(caps, "jit_per_shape", False):
             best = max(tflops.values(), default=0.0)
-            if name not in tflops or tflops[name] < best:
+            if not sdpa_lacks and (name not in tflops or tflops[name] < best):
                 reasons.append("compiles per shape and bench measured no win for this shape class")
             elif shapes_seen > DYNAMIC_AFTER:
                 reasons.append(f"compiles per shape and this shape class changed shape {shapes_seen} times")
@@ -95,7 +98,9 @@ def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops
 def close_with_fallback(decision: Decision, call: AttentionCall, fallback: BackendAdapter,
                         refused: list[Rejection]) -> Decision:
     """Take the ``refused`` backends out of the order (their reasons join the others); when SDPA lacks a
-    feature of the call, the exact math serves instead of it at the end of the order."""
+    feature of the call, SDPA leaves the order and the exact math ends it, after every verified backend that
+    serves the call: the exact math serves only what no verified kernel can (issue 22: a Gemma-2 call went to
+    it, 28x slower than a verified FlexAttention that had the features)."""
     extra = {r.backend: r.reasons for r in refused}
     if not extra and not required_features(call) - supported_features(fallback):
         return decision
@@ -107,9 +112,8 @@ def close_with_fallback(decision: Decision, call: AttentionCall, fallback: Backe
     if missing:
         lacks = f"does not support {', '.join(sorted(missing))}"
         why = f"exact fallback: float32 math in torch (SDPA {lacks})"
-        kept = [(EXACT, why) if n == FALLBACK else (n, b) for n, b in kept]
-        if all(n != EXACT for n, _ in kept):
-            kept.append((EXACT, why))
+        kept = [(n, b) for n, b in kept if n not in (FALLBACK, EXACT)]
+        kept.append((EXACT, why))
         rejected.append(Rejection(backend=FALLBACK, reasons=(lacks,)))
     return dataclasses.replace(decision, order=tuple(n for n, _ in kept), basis=tuple(b for _, b in kept),
                                rejected=tuple(rejected))
@@ -222,28 +226,12 @@ def _needs_grad(*tensors: Any) -> bool:
 
 def _serve(dispatcher: Any, call: Prepared, *, scale: float | None, backend: str | None,
            precision: str) -> Any:
-    """Run the decided order on the prepared call: the first backend that does not raise serves it."""
-    import torch
-
-    q, k, v, causal, opts = call.q, call.k, call.v, call.causal, call.opts
+    """Run the decided order on the prepared call (:meth:`~attnforge.dispatch.dispatcher.Dispatcher.serve`:
+    the one rule for plain and featured calls)."""
     if call.empty:  # no kernel ever sees a zero-sized input; the exact math returns the right empty/zero result
-        return dispatcher.exact(q, k, v, causal=causal, scale=scale, **opts)
-    qp, kp = call.probe
-    decision, adapters = dispatcher._plan(qp, kp, causal=causal, precision=precision,
-                                          needs_grad=call.needs_grad, forced=backend, uses=call.uses,
-                                          head_dim_v=call.head_dim_v)
-    if backend and not adapters:
-        raise_forced(backend, decision)
-    for i, adapter in enumerate(adapters):
-        try:
-            return adapter(q, k, v, causal=causal, scale=scale, **opts)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as exc:
-            if backend or i == len(adapters) - 1 or adapter is dispatcher.exact:
-                raise
-            dispatcher._mark_broken(adapter.name, exc, dispatcher.shape_class(qp, kp, causal, call.needs_grad))
-    return dispatcher.exact(q, k, v, causal=causal, scale=scale, **opts)  # only SDPA was left, and it broke
+        return dispatcher.exact(call.q, call.k, call.v, causal=call.causal, scale=scale, **call.opts)
+    route = dispatcher.feature_route(call, scale=scale, forced=backend, precision=precision)
+    return dispatcher.serve(route, call.q, call.k, call.v, backend)
 
 
 def _varlen(q: Any, k: Any, v: Any, *, uses: set[str], opts: dict[str, Any], attn_mask: Any,

@@ -165,14 +165,14 @@ def attention(
         needs_grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
         signature = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                      causal, scale, layout, precision, forced, needs_grad)
-        route = dispatcher._routes.get(signature)
+        route = dispatcher.routes.get(signature)
         key: tuple[Any, ...] | None = signature
     except (AttributeError, TypeError):  # not tensors, or unhashable arguments: validation says why
         key = route = None
     if route is None:
-        route = dispatcher._route(q, k, v, key, causal=causal, scale=scale, layout=layout, precision=precision,
-                                  forced=forced)
-    return dispatcher._serve(route, q, k, v, forced)
+        route = dispatcher.route(q, k, v, key, causal=causal, scale=scale, layout=layout, precision=precision,
+                                 forced=forced)
+    return dispatcher.serve(route, q, k, v, forced)
 
 
 def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,

@@ -1,0 +1,70 @@
+"""How a backend runs one call signature: the adapter bound to the call, on the caller's tensors, in their layout.
+
+One answer for everything that runs or times a backend: the dispatcher's routes (:mod:`attnforge.dispatch`),
+measure-on-first-use (:mod:`attnforge.dispatch.autotune`), ``attnforge bench`` and the GPU check all call
+:func:`bound_call`, so what is timed is exactly what serves the call (issue 22: bench's figures disagreed with
+the kernels called directly because bench timed the adapters' generic path while the dispatcher ran another).
+
+A bound call takes ``(q, k, v)`` and returns the output in the same layout:
+
+- an adapter with ``bind(call, scale=..., bshd=...)`` may return a callable specialised for the signature (SDPA
+  as a ``functools.partial`` of the kernel function; FlashAttention's function on ``transpose(1, 2)`` views of
+  bhsd tensors), so nothing of the adapter runs per call;
+- otherwise bhsd runs the adapter as it is, and bshd its ``call_bshd`` when the kernel takes that layout
+  natively, else transposed views (and back). Views only: no layout copy is made here.
+
+Feature keywords (``softcap``, ``window``, ``attn_mask`` ...) bind to the adapter's ``__call__`` as they are; the
+feature path hands bhsd views (or packed tensors for varlen), so it never needs ``call_bshd``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnforge.backends.adapter import AttentionCall, BackendAdapter
+
+#: ``fn(q, k, v)`` on the caller's tensors, in the caller's layout
+Bound = Callable[..., Any]
+
+
+def bound_call(adapter: BackendAdapter, call: AttentionCall | None, *, causal: bool, scale: float | None,
+               bshd: bool = False, opts: Mapping[str, Any] | None = None) -> Bound:
+    """``adapter`` bound to one call signature (see the module docstring).
+
+    Args:
+        adapter: the backend.
+        call: the call's description (None: no specialisation, e.g. the exact math of an empty call).
+        causal: causal masking, bottom-right aligned unless ``opts`` says ``causal_alignment="top_left"``.
+        scale: softmax scale; None is ``1/sqrt(D)``.
+        bshd: the caller's tensors are ``[B, S, H, D]`` (else ``[B, H, S, D]``).
+        opts: the feature keywords the call uses (empty for a plain call).
+
+    A ``bind`` that raises leaves the generic call, whose error at run time is handled where a raising backend
+    is (the dispatcher marks it broken for the shape class).
+    """
+    if opts:
+        return functools.partial(adapter, causal=causal, scale=scale, **opts)
+    bind = getattr(adapter, "bind", None)
+    if bind is not None and call is not None:
+        try:
+            bound = bind(call, scale=scale, bshd=bshd)
+        except Exception:  # the generic call below raises it again, where a raising backend is handled
+            bound = None
+        if bound is not None:
+            return bound  # type: ignore[no-any-return]
+    if not bshd:
+        return functools.partial(adapter, causal=causal, scale=scale)
+    native: Callable[..., torch.Tensor] | None = getattr(adapter, "call_bshd", None)
+    if native is not None:
+        return functools.partial(native, causal=causal, scale=scale)
+
+    def transposed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return adapter(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                       scale=scale).transpose(1, 2)
+
+    return transposed
