@@ -1,0 +1,231 @@
+"""Measure on first use, by default on a GPU (issue 22): when it is on, what it times, how often, what it keeps.
+
+The backends are fakes at the timing seam only: each returns the exact output and advances a fake clock by a
+cost replayed from the H100 run of issue 22 (2026-11-25), so the decisions are those the real timings gave. The
+record store is the real SQLite one, and persistence is checked across two real processes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+import attnforge
+from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.dispatch import autotune, runtime
+from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
+from tests._fakes import FakeClock
+
+CPU_KEY = device_key("cpu", None, torch.__version__)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Timed:
+    """A verified backend at the timing seam: the exact output (plus ``noise``), each call advances ``clock`` by
+    ``cost_ms``. ``features``/``quantized`` are its capabilities; ``dists`` the distributions it comes from."""
+
+    name: str
+    clock: FakeClock
+    cost_ms: float
+    features: frozenset[str] = frozenset()
+    quantized: bool = False
+    noise: float = 0.0
+    dists: tuple[str, ...] = ()
+    raises: bool = False
+    calls: int = 0
+    caps: Any = field(init=False)
+    requirement: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.caps = SimpleNamespace(features=self.features, quantized=self.quantized, priority=10)
+        self.requirement = SimpleNamespace(distributions=self.dists)
+
+    def load_error(self) -> str | None:
+        return None
+
+    def unsupported_reasons(self, call: AttentionCall) -> list[str]:
+        if self.quantized and call.precision != "allow_quantized":  # as Capabilities.unsupported_reasons says
+            return ["quantizes Q/K/V: only with precision='allow_quantized'"]
+        return []
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None, **features: Any) -> torch.Tensor:
+        self.calls += 1
+        self.clock.now += self.cost_ms / 1e3
+        if self.raises:
+            raise RuntimeError(f"{self.name}: no kernel image is available for execution on the device")
+        out = reference_attention(q, k, v, causal=causal, scale=scale, **features).to(q.dtype)
+        return out + self.noise * torch.randn_like(out) if self.noise else out
+
+
+def _verified(store: RecordStore, *names: str) -> None:
+    for name in names:
+        store.add_verify(VerifyRecord(device_key=CPU_KEY, backend=name, backend_version=None, ok=True, summary="ok"))
+
+
+def _use(store: RecordStore, fallback: Timed, *backends: Timed) -> runtime.Dispatcher:
+    _verified(store, *(b.name for b in backends))
+    d = runtime.Dispatcher({b.name: b for b in backends}, fallback=fallback, records=store)
+    runtime.set_dispatcher(d)
+    return d
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    previous = runtime.set_dispatcher(None)
+    yield RecordStore(tmp_path / "home")
+    runtime.set_dispatcher(previous)
+
+
+def _qkv(sq: int = 32, sk: int = 32, hq: int = 4, hkv: int = 2, d: int = 8) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(1)
+    return (torch.randn(1, hq, sq, d, generator=g), torch.randn(1, hkv, sk, d, generator=g),
+            torch.randn(1, hkv, sk, d, generator=g))
+
+
+def test_on_by_default_on_cuda_only_and_the_variable_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(autotune.ENV, raising=False)
+    assert autotune.active("cuda") is autotune.DEFAULT
+    assert autotune.active("cpu") is None  # never on CPU unless asked
+    with attnforge.autotune(budget_s=0.5) as config:
+        assert autotune.active("cpu") is config
+    monkeypatch.setenv(autotune.ENV, "1")
+    assert autotune.active("cpu") is autotune.DEFAULT
+    monkeypatch.setenv(autotune.ENV, "0")
+    assert autotune.active("cuda") is None
+    with attnforge.autotune(budget_s=0.5):
+        assert autotune.active("cpu") is None  # the kill switch of a deploy beats code
+
+
+def test_recorded_decode_case_keeps_sdpa_where_fa4_was_half_as_fast(store: RecordStore) -> None:
+    """Issue 22: decode with GQA, FA4 4.4 vs SDPA 8.8 TFLOP/s called directly; bench had recorded the reverse."""
+    clock = FakeClock()
+    fa4, sdpa = Timed("fa4", clock, 8.8 / 4.4), Timed("sdpa", clock, 1.0)
+    _use(store, sdpa, fa4)
+    q, k, v = _qkv(sq=1, sk=64)
+    with attnforge.autotune(budget_s=0.05, clock=clock):
+        attnforge.attention(q, k, v, causal=True)
+        served_before = sdpa.calls
+        attnforge.attention(q, k, v, causal=True)
+    assert sdpa.calls == served_before + 1
+    assert attnforge.explain(q, k, v, causal=True).chosen == "sdpa"
+
+
+def test_decode_with_a_growing_kv_cache_measures_one_class_per_power_of_two(store: RecordStore) -> None:
+    clock = FakeClock()
+    fast, sdpa = Timed("fast", clock, 1.0), Timed("sdpa", clock, 2.0)
+    _use(store, sdpa, fast)
+    q, k, v = _qkv(sq=1, sk=200)
+    with attnforge.autotune(budget_s=0.02, rounds=2, clock=clock):
+        for sk in range(1, 201):
+            out = attnforge.attention(q, k[:, :, :sk], v[:, :, :sk])
+    torch.testing.assert_close(out, reference_attention(q, k, v, causal=False, scale=None).float())
+    runs = {r.run_id for r in store.bench_records(CPU_KEY)}
+    assert len(runs) == 9  # Sk buckets 1, 2, 4, ..., 256: 200 lengths, 9 measurements
+
+
+def test_nothing_is_timed_while_a_cuda_graph_captures(store: RecordStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    fast, sdpa = Timed("fast", clock, 1.0), Timed("sdpa", clock, 2.0)
+    _use(store, sdpa, fast)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    q, k, v = _qkv()
+    with attnforge.autotune(budget_s=0.05, clock=clock):
+        attnforge.attention(q, k, v)
+    assert (fast.calls, sdpa.calls) == (0, 1)  # the recorded choice (none): plain SDPA, nothing timed
+    assert store.bench_records(CPU_KEY) == []
+
+
+def test_nothing_is_timed_while_torch_compile_traces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert autotune.capturing()
+
+
+def test_a_measurement_of_another_installed_version_is_measured_again(store: RecordStore) -> None:
+    import importlib.metadata
+
+    clock = FakeClock()
+    fast = Timed("fast", clock, 1.0, dists=("pytest",))
+    sdpa = Timed("sdpa", clock, 2.0)
+    q, k, v = _qkv()
+    old = BenchRecord(device_key=CPU_KEY, backend="fast", backend_version="0.0.1", dtype="float32", mode="fwd",
+                      causal=False, batch=1, heads=4, kv_heads=2, head_dim=8, seqlen_q=32, seqlen_k=32, ms=1.0,
+                      tflops=1.0, peak_mem_bytes=None, run_id="old")
+    store.add_bench([old])
+    d = _use(store, sdpa, fast)
+    assert d.versions() == {"fast": importlib.metadata.version("pytest")}
+    with attnforge.autotune(budget_s=0.05, clock=clock):
+        attnforge.attention(q, k, v)
+    fresh = [r for r in store.bench_records(CPU_KEY) if r.run_id != "old"]
+    assert {r.backend_version for r in fresh if r.backend == "fast"} == {importlib.metadata.version("pytest")}
+
+
+def test_the_measurement_persists_across_processes(store: RecordStore, cli_env: dict[str, str]) -> None:
+    env = {**cli_env, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+
+    def child() -> dict[str, int]:
+        done = subprocess.run([sys.executable, "-m", "tests.dispatch._first_use_child"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120, check=True)
+        return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+    first, second = child(), child()
+    assert first["fa4"] > 2 and first["sdpa"] > 2  # measured every candidate
+    assert second == {"fa3": 1, "fa4": 0, "sdpa": 0}  # read back, served by the fastest, nothing timed
+
+
+def test_a_featured_call_goes_to_the_fastest_verified_kernel_and_the_exact_math_last(store: RecordStore) -> None:
+    """Issue 22's Gemma-2 call: softcap and a sliding window, which SDPA lacks, went to the exact math while a
+    verified FlexAttention had both (7.09 ms vs 0.25 ms)."""
+    clock = FakeClock()
+    gemma = frozenset({"softcap", "window"})
+    flex, fa3 = Timed("flex", clock, 0.25, features=gemma), Timed("fa3", clock, 0.2, features=gemma)
+    sdpa = Timed("sdpa", clock, 0.1)
+    _use(store, sdpa, flex, fa3)
+    q, k, v = _qkv(sq=64, sk=64)
+    opts: dict[str, Any] = {"causal": True, "softcap": 50.0, "window": (15, 0)}
+    unmeasured = attnforge.explain(q, k, v, **opts)
+    assert unmeasured.order[-1] == "exact" and set(unmeasured.order[:-1]) == {"flex", "fa3"}
+    with attnforge.autotune(budget_s=0.05, clock=clock):
+        out = attnforge.attention(q, k, v, **opts)
+    assert sdpa.calls == 0
+    assert attnforge.explain(q, k, v, **opts).order == ("fa3", "flex", "exact")
+    ref = reference_attention(q, k, v, causal=True, scale=None, softcap=50.0, window=(15, 0))
+    torch.testing.assert_close(out.double(), ref)
+
+
+@pytest.mark.parametrize(("noise", "chosen"), [(0.0, "sage"), (1.0, "sdpa")])
+def test_a_quantized_kernel_is_measured_on_first_use_and_gated_by_its_error(store: RecordStore, noise: float,
+                                                                            chosen: str) -> None:
+    """Issue 22: SageAttention was correct and fastest at 16k, yet allow_quantized never used it (unmeasured)."""
+    clock = FakeClock()
+    sage, sdpa = Timed("sage", clock, 782 / 671 ** 2, quantized=True, noise=noise), Timed("sdpa", clock, 1.0)
+    _use(store, sdpa, sage)
+    q, k, v = _qkv(hq=2, hkv=2)
+    assert attnforge.explain(q, k, v, precision="allow_quantized").chosen == "sdpa"
+    with attnforge.autotune(budget_s=0.05, clock=clock):
+        attnforge.attention(q, k, v, precision="allow_quantized")
+    assert attnforge.explain(q, k, v, precision="allow_quantized").chosen == chosen
+    assert attnforge.explain(q, k, v).chosen == "sdpa"  # never without allow_quantized
+
+
+def test_plain_sdpa_raising_is_one_rule_with_the_featured_path(store: RecordStore) -> None:
+    clock = FakeClock()
+    sdpa = Timed("sdpa", clock, 1.0, raises=True)
+    _use(store, sdpa)
+    q, k, v = _qkv()
+    with pytest.warns(RuntimeWarning, match="'sdpa' raised"):
+        out = attnforge.attention(q, k, v)
+    torch.testing.assert_close(out.double(), reference_attention(q, k, v, causal=False, scale=None), atol=1e-5,
+                               rtol=1e-5)
+    again = attnforge.attention(q, k, v)  # disabled for the class: no second warning, the exact math serves
+    torch.testing.assert_close(again, out)
