@@ -372,18 +372,27 @@ class Dispatcher:
         that raises is disabled for the call's shape class (:meth:`_mark_broken`) and the next one serves; the
         last one's error (the exact math's, or a forced backend's) reaches the caller, and so does running out
         of memory (a fallback would need more still)."""
-        steps, cls = route
+        steps = route[0]
+        try:  # the first backend serves nearly every call: no loop on the hot path
+            return steps[0][1](q, k, v)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:
+            if forced or len(steps) == 1:
+                raise
+            self._mark_broken(steps[0][0].name, exc, route[1])
         last = len(steps) - 1
-        for i, (adapter, fn) in enumerate(steps):
+        for i in range(1, len(steps)):
+            adapter, fn = steps[i]
             try:
                 return fn(q, k, v)
             except torch.OutOfMemoryError:
                 raise
             except Exception as exc:
-                if forced or i == last:
+                if i == last:
                     raise
-                self._mark_broken(adapter.name, exc, cls)
-        raise AssertionError("unreachable: a route has at least one backend")
+                self._mark_broken(adapter.name, exc, route[1])
+        raise AssertionError("unreachable: the last backend returned or raised")
 
     def forget_routes(self) -> None:
         """Drop the remembered routes (the next call of each signature decides again); records and plans stay."""

@@ -162,7 +162,7 @@ def attention(
     forced = backend or _FORCED.get()
     # the hot path: the exact signature of a call served before names its route (see the module docstring)
     try:
-        needs_grad = (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         signature = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                      causal, scale, layout, precision, forced, needs_grad)
         route = dispatcher.routes.get(signature)
