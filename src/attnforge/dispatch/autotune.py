@@ -56,12 +56,13 @@ class AutotuneConfig:
     Attributes:
         budget_s: seconds of timed repetitions for all candidates of one class together (first calls, which
             include a JIT compile for some kernels, are not included; docs/benchmarks.md reports both).
-        rounds: interleaved rounds per candidate (their spread is the noise of :mod:`attnforge.ranking`).
+        rounds: interleaved rounds per candidate (the MAD of their medians is the noise that
+            :mod:`attnforge.ranking` weighs; five, so two slow rounds cannot move it).
         clock: seconds, monotonic (a fake clock in tests).
     """
 
     budget_s: float = 1.0
-    rounds: int = 3
+    rounds: int = 5
     clock: Callable[[], float] = time.perf_counter
 
 
@@ -83,7 +84,7 @@ class Tunable(Protocol):
 
 
 @contextmanager
-def autotune(*, budget_s: float = 1.0, rounds: int = 3,
+def autotune(*, budget_s: float = 1.0, rounds: int = 5,
              clock: Callable[[], float] = time.perf_counter) -> Iterator[AutotuneConfig]:
     """Measure unmeasured shape classes on first use inside this context, on any device (see the module
     docstring; on CUDA it is on by default, this sets the budget). ``ATTNFORGE_AUTOTUNE=0`` still wins.

@@ -329,8 +329,9 @@ def _verdict(s: SystemSnapshot, catalog: Catalog, rows: Sequence[BackendRow], be
     if fastest is None:
         best = min(ready, key=lambda r: catalog.backends[r.backend].priority, default=None)
         fastest = best.name if best else "nothing"
-        evidence = ("not measured yet, the catalog's guess: run `attnforge bench`; until a backend is measured faster"
-                    " than plain SDPA, attention() keeps plain SDPA")
+        evidence = ("not measured yet, the catalog's guess: on a GPU attention() measures the verified backends on"
+                    " the first call of each shape class and keeps plain SDPA unless one is faster beyond the noise"
+                    " (`attnforge bench` measures ahead of time, as a deploy step)")
     machine = _machine_blocker(s)
     if machine is not None:
         return Verdict(fastest_now=fastest, evidence=evidence,
