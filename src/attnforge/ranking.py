@@ -100,7 +100,7 @@ class Ranking:
 
     Attributes:
         order: every measured backend, the winner first, then by median TFLOP/s.
-        tied: the backends the top does not :func:`beats` (the top and the winner among them), empty when
+        tied: the backends the top does not beat (:func:`beats`; the top and the winner among them), empty when
             nothing was measured.
         margin: the winner's median over the best other median, minus 1 (negative when a tie went to a
             lower-overhead path); None with a single candidate.
