@@ -1,15 +1,21 @@
 """The one rule for "which backend is fastest": used by the dispatcher, bench's "best" column and doctor.
 
-Per backend, a *measurement* is its median TFLOP/s and the spread of repeated interleaved rounds (the TFLOP/s
-of its slowest and of its fastest round). The rule (:func:`rank`):
+Per backend, a *measurement* is its median TFLOP/s over repeated interleaved rounds, the slowest and fastest
+round, and its *noise*: the median absolute deviation (MAD) of the rounds' medians relative to their median
+(:attr:`attnforge.bench.timing.Timing.mad_ms`). The rule (:func:`rank`, docs/dispatch-policy.md):
 
 1. The *top* is the backend with the highest median.
-2. Every backend whose fastest round reaches the top's slowest round is *tied* with it: the measurements cannot
-   tell them apart.
+2. ``a`` *beats* ``b`` (:func:`beats`) when ``a``'s median is faster than ``b``'s by more than the margin
+   ``max(MIN_MARGIN, K * sqrt(noise_a**2 + noise_b**2))`` (:func:`tie_margin`). Every backend the top does not
+   beat is *tied* with it: the measurements cannot tell them apart.
 3. Among the tied ones the lowest-overhead path wins (:func:`overhead_tier`): plain SDPA (``"sdpa"``, no kernel
    forced) before a forced SDPA kernel (``"sdpa-*"``), before everything else (external kernels, FlexAttention);
    then the higher median. So on a CPU, or wherever measurements are noise, plain SDPA stays unless a candidate
-   is faster beyond the spread (issues 16 and 17).
+   is faster beyond the noise (issues 16, 17 and 22).
+
+The MAD, unlike the slowest-to-fastest range the rule used before, is not moved by one slow round of three: on an
+H100 (issue 22, 16k causal fwd+bwd) FA3/FA4 medians were 12-13 % faster than SDPA's, yet one slow round made
+the ranges overlap and SDPA was chosen; the margin keeps the 12 % and still sends a 1 % lead to SDPA.
 
 Matching is by exact shape class (:class:`attnforge.types.shapes.ShapeClass`). A class that was never measured
 has no ranking of its own; evidence transfers to it only by interpolation (:func:`bracketing`): the nearest
@@ -22,6 +28,7 @@ nothing about 1k (on the H200, FlashAttention-4 wins causal 4k and runs at 0.45x
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -30,6 +37,11 @@ from attnforge.types.shapes import ShapeClass
 
 #: the SDPA fallback's id: torch's own dispatch, no kernel forced
 PLAIN_SDPA = "sdpa"
+#: the smallest lead (relative, of the medians) that beats: a tie or a kernel < 2 % faster stays on the
+#: lower-overhead path, whose per-call overhead a microbenchmark of the kernel alone does not see (issue 22)
+MIN_MARGIN = 0.02
+#: how many combined noise figures (MADs) a lead must exceed: three, so one slow round of three never decides
+K = 3.0
 
 
 def overhead_tier(backend: str) -> int:
@@ -46,6 +58,8 @@ class Measurement:
     Attributes:
         tflops: the median (mean over the class's measured shapes).
         tflops_lo, tflops_hi: the slowest and fastest round (equal to ``tflops`` without rounds).
+        noise: the rounds' MAD relative to their median (0.01 = 1 %); None where it was not stored: half the
+            relative spread, ``(hi - lo) / (2 * median)``, stands in (:attr:`rel_noise`).
         rel_l1, cosine: output error against the float32 reference, where it was measured (quantized backends).
     """
 
@@ -53,6 +67,7 @@ class Measurement:
     tflops: float
     tflops_lo: float
     tflops_hi: float
+    noise: float | None = None
     rel_l1: float | None = None
     cosine: float | None = None
 
@@ -61,6 +76,23 @@ class Measurement:
         """``(hi - lo) / median``: the relative width of the rounds."""
         return (self.tflops_hi - self.tflops_lo) / self.tflops if self.tflops > 0 else 0.0
 
+    @property
+    def rel_noise(self) -> float:
+        """:attr:`noise`, or half the relative spread where it is None."""
+        return self.noise if self.noise is not None else self.spread / 2
+
+
+def tie_margin(a: Measurement, b: Measurement) -> float:
+    """The relative lead of one median over the other that the noise of both can explain:
+    ``max(MIN_MARGIN, K * sqrt(a.rel_noise**2 + b.rel_noise**2))`` (0.02 <= result)."""
+    return max(MIN_MARGIN, K * math.hypot(a.rel_noise, b.rel_noise))
+
+
+def beats(a: Measurement, b: Measurement) -> bool:
+    """Whether ``a`` is faster than ``b`` beyond the noise: its median TFLOP/s exceeds ``b``'s by more than
+    :func:`tie_margin`. Never true both ways, and never true of a measurement against itself."""
+    return a.tflops > b.tflops * (1.0 + tie_margin(a, b))
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Ranking:
@@ -68,7 +100,8 @@ class Ranking:
 
     Attributes:
         order: every measured backend, the winner first, then by median TFLOP/s.
-        tied: the backends within the top's spread (the winner among them), empty when nothing was measured.
+        tied: the backends the top does not beat (:func:`beats`; the top and the winner among them), empty when
+            nothing was measured.
         margin: the winner's median over the best other median, minus 1 (negative when a tie went to a
             lower-overhead path); None with a single candidate.
         measurements: per backend.
@@ -86,10 +119,11 @@ class Ranking:
     def basis(self, backend: str) -> str:
         """Why ``backend`` stands where it does, for people."""
         m = self.measurements[backend]
-        text = f"{m.tflops:.4g} TFLOP/s measured for this shape class (rounds {m.tflops_lo:.4g}-{m.tflops_hi:.4g})"
+        text = (f"{m.tflops:.4g} TFLOP/s measured for this shape class (rounds {m.tflops_lo:.4g}-{m.tflops_hi:.4g},"
+                f" noise {m.rel_noise:.1%})")
         if backend == self.winner and len(self.tied) > 1:
             others = ", ".join(n for n in self.tied if n != backend)
-            text += f"; tied with {others} within the spread, the lower-overhead path wins"
+            text += f"; tied with {others} (no lead beyond the noise margin), the lower-overhead path wins"
         return text
 
 
@@ -99,7 +133,7 @@ def rank(measurements: Iterable[Measurement]) -> Ranking:
     if not by_name:
         return Ranking(order=(), tied=(), margin=None, measurements={})
     top = max(by_name.values(), key=lambda m: (m.tflops, -overhead_tier(m.backend), m.backend))
-    tied = [m for m in by_name.values() if m.tflops_hi >= top.tflops_lo]
+    tied = [m for m in by_name.values() if not beats(top, m)]
     winner = min(tied, key=lambda m: (overhead_tier(m.backend), -m.tflops, m.backend))
     rest = sorted((m for m in by_name.values() if m is not winner),
                   key=lambda m: (-m.tflops, overhead_tier(m.backend), m.backend))
@@ -200,7 +234,10 @@ def _mean(name: str, recs: list[BenchRecord]) -> Measurement:
     # TFLOP/s of a round = tflops * median_ms / round_ms: the slowest round (ms_hi) gives the low end
     lo = [r.tflops * r.ms / r.ms_hi if r.ms_hi else r.tflops for r in recs]
     hi = [r.tflops * r.ms / r.ms_lo if r.ms_lo else r.tflops for r in recs]
+    # relative noise per record: its stored MAD, or (older records) half its relative TFLOP/s spread
+    noise = [r.ms_mad / r.ms if r.ms_mad is not None and r.ms > 0 else (h - lo_) / (2 * r.tflops)
+             for r, lo_, h in zip(recs, lo, hi, strict=True)]
     errors = [r for r in recs if r.rel_l1 is not None and r.cosine is not None]
     return Measurement(backend=name, tflops=mean([r.tflops for r in recs]), tflops_lo=mean(lo), tflops_hi=mean(hi),
-                       rel_l1=max((r.rel_l1 or 0.0) for r in errors) if errors else None,
+                       noise=mean(noise), rel_l1=max((r.rel_l1 or 0.0) for r in errors) if errors else None,
                        cosine=min((r.cosine or 0.0) for r in errors) if errors else None)

@@ -55,13 +55,15 @@ CREATE TABLE IF NOT EXISTS bench (
     ms_lo REAL,
     ms_hi REAL,
     rel_l1 REAL,
-    cosine REAL
+    cosine REAL,
+    ms_mad REAL
 );
 CREATE INDEX IF NOT EXISTS bench_device ON bench(device_key, backend);
 """
 #: columns added to ``bench`` after its first release: ``records.db`` files from before get them on open
 _BENCH_ADDED = (("head_dim_v", "INTEGER"), ("features", "TEXT NOT NULL DEFAULT ''"), ("ms_lo", "REAL"),
-                ("ms_hi", "REAL"), ("rel_l1", "REAL"), ("cosine", "REAL"))
+                ("ms_hi", "REAL"), ("rel_l1", "REAL"), ("cosine", "REAL"),
+                ("ms_mad", "REAL"))
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VerifyRecord:
     """The outcome of ``attnforge verify`` for one backend on one device.
@@ -87,7 +89,10 @@ class BenchRecord(Dims):
     Attributes:
         batch, heads, kv_heads, head_dim, seqlen_q, seqlen_k: the measured shape's sizes (:class:`Dims`).
         ms: the median of the rounds' medians; ``ms_lo``/``ms_hi`` the fastest and slowest round's median (the
-            spread the "fastest" rule calls a tie within; None for records from before rounds).
+            spread; None for records from before rounds).
+        ms_mad: the median absolute deviation of the rounds' medians, ms (:attr:`attnforge.bench.timing.Timing.
+            mad_ms`): the noise the "fastest" rule (:func:`attnforge.ranking.beats`) weighs; None for records
+            from before it was stored (the rule then reads the noise off ``ms_lo``/``ms_hi``).
         head_dim_v: ``Dv`` when it differs from ``D``.
         features: the call's features (:class:`attnforge.types.shapes.Feature`), comma-separated.
         rel_l1, cosine: the output's error against the float32 reference on this shape (quantized backends).
@@ -110,6 +115,7 @@ class BenchRecord(Dims):
     ms_hi: float | None = None
     rel_l1: float | None = None
     cosine: float | None = None
+    ms_mad: float | None = None
 
     @property
     def shape(self) -> AttentionShape:

@@ -64,7 +64,13 @@ def _decide(measured: list[Measurement], call: AttentionCall = CALL) -> Any:
     pytest.param([m("sdpa", 580), m("sageattention-2", 741, rel_l1=0.03, cosine=0.99)], "sdpa",
                  "cosine >= 0.999", id="cosine-too-low"),
     pytest.param([m("sdpa", 600), m("sageattention-2", 605, rel_l1=0.03, cosine=0.9995)], "sdpa",
-                 "not faster than sdpa beyond the measured spread", id="not-faster-beyond-spread"),
+                 "not faster than sdpa beyond the noise", id="not-faster-beyond-noise"),
+    pytest.param([m("sdpa", 580), m("flash-attn-4", 671),
+                  m("sageattention-2", 782, 0.25, noise=0.01, rel_l1=0.038, cosine=0.9993)],
+                 "sageattention-2", None, id="issue-22-one-slow-round-does-not-hide-a-16pct-lead"),
+    pytest.param([m("sdpa", 600, 0.15), m("flash-attn-4", 650, 0.001),
+                  m("sageattention-2", 720, 0.001, rel_l1=0.03, cosine=0.9995)], "sdpa",
+                 "not faster than sdpa beyond the noise", id="must-beat-every-exact-one-not-only-the-top"),
     pytest.param([m("sdpa", 600), m("sageattention-2", 741)], "sdpa", "error on this shape class was not measured",
                  id="error-unmeasured"),
     pytest.param([m("sdpa", 600)], "sdpa", "not measured for this shape class", id="speed-unmeasured"),
@@ -132,7 +138,7 @@ def test_unmeasured_classes_keep_plain_sdpa_first_unless_bracketed_by_wins() -> 
     assert order(records, 128) == ("sdpa-math", "sdpa", "flex")  # won at 64 and at 256: leads 128
     assert order(records, 1) == ("sdpa", "flex", "sdpa-math")  # decode: another family, nothing measured
     assert order(records, 1024) == ("sdpa", "flex", "sdpa-math")  # beyond the measured range: no extrapolation
-    records[5] = _rec("sdpa-math", 1.02, 256)  # within SDPA's spread at 256: a tie goes to plain SDPA
+    records[5] = _rec("sdpa-math", 1.02, 256)  # no lead beyond the noise at 256: a tie goes to plain SDPA
     assert order(records, 128) == ("sdpa", "flex", "sdpa-math")
 
 

@@ -2,7 +2,8 @@
 
 A panel holds one mode, mask, head dim, GQA ratio and kind (prefill, chunked prefill, decode). Error bars are the
 spread of the interleaved rounds; a star marks each length's winner by the one "fastest" rule, labelled with its
-margin over the next backend ("tie" when the winner was picked among backends within the spread).
+margin over the next backend ("tie" when the winner was picked among backends the top does not beat beyond the
+noise).
 
 Drawn with matplotlib's object API on an Agg canvas, so the caller's pyplot backend and state are untouched.
 """

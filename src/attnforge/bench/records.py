@@ -25,5 +25,6 @@ def to_records(report: BenchReport) -> list[BenchRecord]:
                 head_dim_v=s.head_dim_v if s.dv != s.head_dim else None,
                 features=",".join(sorted(f.value for f in s.features)),
                 ms_lo=t.lo_ms if t else None, ms_hi=t.hi_ms if t else None, rel_l1=cell.rel_l1, cosine=cell.cosine,
+                ms_mad=t.mad_ms if t else None,
             ))
     return out

@@ -4,8 +4,9 @@ Per shape the input sets are drawn once (standard normal, never zeros) and share
 backends are then timed in interleaved rounds (``timing.rounds``: every backend once through
 :func:`attnforge.bench.timing.measure`, in an order rotated each round, then the next round), so drift hits all
 of them alike and each cell carries the spread of its rounds. The row's "best" is the one "fastest" rule
-(:func:`attnforge.ranking.rank`): ties within the spread go to the lower-overhead path. Quantized backends also
-get their output error against the float32 reference on the shape (:mod:`attnforge.bench.accuracy`).
+(:func:`attnforge.ranking.rank`): a backend the top does not beat beyond the rounds' noise is tied with it,
+and ties go to the lower-overhead path. Quantized backends also get their output error against the float32
+reference on the shape (:mod:`attnforge.bench.accuracy`).
 A backend that cannot serve a shape is skipped with its reasons; one that raises (out of memory, a kernel error)
 gets an error cell, and the run goes on.
 """
@@ -74,9 +75,11 @@ class BenchCell:
         """The cell for :func:`attnforge.ranking.rank` (None unless it ran)."""
         if self.status is not CellStatus.OK or self.ms is None:
             return None
-        lo_ms, hi_ms = (self.timing.lo_ms, self.timing.hi_ms) if self.timing is not None else (self.ms, self.ms)
+        t = self.timing
+        lo_ms, hi_ms = (t.lo_ms, t.hi_ms) if t is not None else (self.ms, self.ms)
+        noise = t.mad_ms / t.median_ms if t is not None and t.median_ms > 0 else None
         return Measurement(backend=self.backend, tflops=tflops(flops, self.ms), tflops_lo=tflops(flops, hi_ms),
-                           tflops_hi=tflops(flops, lo_ms), rel_l1=self.rel_l1, cosine=self.cosine)
+                           tflops_hi=tflops(flops, lo_ms), noise=noise, rel_l1=self.rel_l1, cosine=self.cosine)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -101,6 +101,16 @@ class Timing:
         """The slowest round's median (the spread's high end)."""
         return max(self.rounds_ms, default=self.median_ms)
 
+    @property
+    def mad_ms(self) -> float:
+        """The median absolute deviation of the rounds' medians from their median, ms: the noise figure the
+        "fastest" rule weighs (:func:`attnforge.ranking.beats`). One slow round of three does not move it
+        (rounds 1.00, 1.01, 1.30 ms give 0.01 ms); 0.0 with fewer than two rounds."""
+        if len(self.rounds_ms) < 2:
+            return 0.0
+        center = statistics.median(self.rounds_ms)
+        return statistics.median(abs(r - center) for r in self.rounds_ms)
+
 
 def combine_rounds(rounds: list[Timing]) -> Timing:
     """One :class:`Timing` of interleaved rounds: the median of their medians, the first round's first call."""

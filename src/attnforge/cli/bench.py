@@ -43,7 +43,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 @click.option("--timer", type=click.Choice(["auto", "do_bench", "events"]), default="auto", show_default=True,
               help="GPU timer: triton's do_bench (auto when triton imports) or CUDA events.")
 @click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
-              help="Interleaved rounds per cell; their spread decides ties (the repetition budget is shared).")
+              help="Interleaved rounds per cell; their noise decides ties (the repetition budget is shared).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write TFLOP/s vs sequence length to this PNG.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=1800, show_default=True,
@@ -120,7 +120,7 @@ def _bench_isolated(shapes: Any, *, chosen: Any, timeout_s: float, **kw: Any) ->
 
 def render_bench(out: Any, report: BenchReport, *, plot_path: Path | None, stored: int,
                  store_path: Path) -> None:
-    """The table (shapes x backends, the winner in bold green, ratio to the baseline and the spread of rounds;
+    """The table (shapes x backends, the winner in bold green, ratio to the baseline and the rounds' noise;
     then the winner, its margin and any tie) and its footnotes."""
     from rich.table import Table
 
@@ -141,10 +141,11 @@ def render_bench(out: Any, report: BenchReport, *, plot_path: Path | None, store
         table.add_row(row.shape.label, *cells, _best_text(ranking))
     out.print(table)
     out.print(f"TFLOP/s: {report.flops_formula}. In brackets: speed relative to {report.baseline} "
-              f"(SDPA, no kernel forced); ±: half the spread of {report.timing.rounds} interleaved rounds. "
+              f"(SDPA, no kernel forced); ±: the noise, the median absolute deviation of {report.timing.rounds} "
+              "interleaved rounds relative to their median. "
               f"Timer: {report.timing.method.value}, median of repetitions after {report.timing.warmup_ms:g} ms "
-              "warm-up. Backends within each other's spread are a tie, won by the lower-overhead path "
-              "(plain SDPA, then a forced SDPA kernel, then other kernels).")
+              "warm-up. A backend the top does not beat by more than max(2 %, 3 x their combined noise) is tied with "
+              "it; a tie goes to the lower-overhead path (plain SDPA, then a forced SDPA kernel, then other kernels).")
     if unverified:
         out.print(f"* not verified on this device: run `attnforge verify {' '.join(sorted(unverified))}` "
                   "before the dispatcher will use them.")
@@ -181,7 +182,7 @@ def _cell_text(cell: BenchCell | None, *, best: bool, baseline: bool) -> str:
         text += f" ({cell.ratio_to_baseline:.2f}x)"
     t = cell.timing
     if t is not None and t.median_ms > 0 and len(t.rounds_ms) > 1:
-        text += f" ±{(t.hi_ms - t.lo_ms) / 2 / t.median_ms:.1%}"
+        text += f" ±{t.mad_ms / t.median_ms:.1%}"
     if cell.rel_l1 is not None and cell.cosine is not None:
         text += f" [dim]L1 {cell.rel_l1:.3f} cos {cell.cosine:.4f}[/dim]"
     return f"[bold green]{text}[/bold green]" if best else text

@@ -29,9 +29,11 @@ from attnforge.ranking import (
     Evidence,
     Measurement,
     Ranking,
+    beats,
     bracketing,
     class_measurements,
     rank,
+    tie_margin,
 )
 from attnforge.records import BenchRecord, VerifyRecord
 from attnforge.types.shapes import AttentionShape, Feature, Layout, Mode, ShapeClass
@@ -184,10 +186,11 @@ def _gate_reasons(name: str, adapters: Mapping[str, BackendAdapter], measured: M
         reasons.append(f"quantized: error on this shape class rel L1 {m.rel_l1:.3g} / cosine {m.cosine:.5f} is "
                        f"outside rel L1 <= {gate.max_rel_l1:g}, cosine >= {gate.min_cosine:g}")
     exact = [e for n, e in measured.items() if n != name and not (n in adapters and _quantized(adapters[n]))]
-    best = max(exact, key=lambda e: e.tflops_hi, default=None)
-    if best is not None and m.tflops_lo <= best.tflops_hi:
-        reasons.append(f"quantized: not faster than {best.backend} beyond the measured spread "
-                       f"({m.tflops:.1f} vs {best.tflops:.1f} TFLOP/s)")
+    unbeaten = max((e for e in exact if not beats(m, e)), key=lambda e: e.tflops, default=None)
+    if unbeaten is not None:
+        reasons.append(f"quantized: not faster than {unbeaten.backend} beyond the noise "
+                       f"({m.tflops:.1f} vs {unbeaten.tflops:.1f} TFLOP/s, a lead of more than "
+                       f"{tie_margin(m, unbeaten):.1%} needed)")
     return reasons
 def _reasons(name: str, adapter: BackendAdapter, call: AttentionCall, verified: Mapping[str, VerifyRecord],
              broken: Mapping[str, str]) -> list[str]:
