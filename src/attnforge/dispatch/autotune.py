@@ -227,7 +227,7 @@ def _records(rounds: Mapping[str, list[Any]], adapters: Mapping[str, BackendAdap
             ms=t.median_ms, tflops=tflops(flops, t.median_ms), peak_mem_bytes=None, run_id=run_id,
             head_dim_v=shape.head_dim_v if shape.head_dim_v != shape.head_dim else None,
             features=",".join(sorted(f.value for f in shape.features)), ms_lo=t.lo_ms, ms_hi=t.hi_ms,
-            rel_l1=rel_l1, cosine=cosine))
+            ms_mad=t.mad_ms, rel_l1=rel_l1, cosine=cosine))
     return out
 
 

@@ -2,17 +2,18 @@
 
 A backend is *eligible* when its package loads, verify passed for it on this device, it supports the call
 (its ``unsupported_reasons`` are empty) and it has not raised at run time in this process. Eligible backends
-that bench measured for the call's *shape class* are ordered by the one "fastest" rule
-(:mod:`attnforge.ranking`: median TFLOP/s, ties within the measured spread go to the lower-overhead path, so
-plain SDPA stays unless a candidate is faster beyond the spread). A backend without a measurement never precedes
-plain SDPA ("never slower than doing nothing", issue 16), with one exception: in a class that was not measured
-at all, the backend that beat plain SDPA beyond the spread in *both* measured classes that bracket it (the same
+that bench or measure-on-first-use measured for the call's *shape class* are ordered by the one "fastest" rule
+(:mod:`attnforge.ranking`: median TFLOP/s, a lead within the noise margin is a tie and goes to the
+lower-overhead path, so plain SDPA stays unless a candidate is faster beyond the noise). A backend without a
+measurement never precedes plain SDPA ("never slower than doing nothing", issue 16), with one exception: in a
+class that was not measured at all, the backend that beat plain SDPA beyond the noise in *both* measured classes
+that bracket it (the same
 family at the nearest shorter and longer lengths, :func:`attnforge.ranking.bracketing`) leads. The rest follow
 SDPA by the catalog's ``priority`` (they serve a call only where SDPA cannot: a feature it lacks, or when it
 raised). PyTorch SDPA (unforced) needs no verify record.
 
 A quantized backend (SageAttention) is eligible only under ``precision="allow_quantized"`` *and* where it was
-measured faster than every measured exact backend beyond the spread *and* its recorded error on the class stays
+measured faster than every measured exact backend beyond the noise *and* its recorded error on the class stays
 within :func:`quantized_gate` (``[gate.quantized]`` in ``catalog/data/tolerances.toml``).
 """
 
@@ -215,7 +216,7 @@ def _basis(name: str, ranking: Ranking, priorities: Mapping[str, int], lead: str
         return ranking.basis(name)
     if name == lead and bracket is not None:
         shorter, longer = (str(side.shape_class) for side in bracket)
-        return (f"not measured for this shape class; fastest beyond plain SDPA's spread in both measured classes"
+        return (f"not measured for this shape class; fastest beyond plain SDPA's noise in both measured classes"
                 f" around it ({shorter}; {longer})")
     if name == FALLBACK:
         return "fallback: PyTorch SDPA, always available; unmeasured backends do not precede it"
