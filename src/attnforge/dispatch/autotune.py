@@ -80,7 +80,7 @@ class Tunable(Protocol):
 
     def refresh(self) -> None: ...
 
-    def forget_routes(self) -> None: ...
+    def forget_decisions(self) -> None: ...
 
 
 @contextmanager
@@ -99,7 +99,7 @@ def autotune(*, budget_s: float = 1.0, rounds: int = 5,
     try:
         from attnforge.dispatch import runtime
 
-        runtime.get_dispatcher().forget_routes()  # routes decided before the context skip the deciding path
+        runtime.get_dispatcher().forget_decisions()  # classes decided before the context are considered again
         yield config
     finally:
         _ACTIVE.reset(token)

@@ -48,9 +48,9 @@ ROUTES_MAX = 4096
 #: one backend of a route: the adapter, and the call bound to the signature: ``fn(q, k, v)`` on the caller's
 #: tensors, in the caller's layout (:func:`attnforge.backends.bound.bound_call`)
 Step = tuple[BackendAdapter, Bound]
-#: the backends to try in order, the exact math last (:meth:`Dispatcher.serve`), and the call's shape class (a
-#: backend that raises is disabled for that class only)
-Route = tuple[tuple[Step, ...], str]
+#: the backends to try in order, the exact math last (:meth:`Dispatcher.serve`), and the call whose shape class
+#: a backend that raises is disabled for (named only then: :func:`_class_name`)
+Route = tuple[tuple[Step, ...], AttentionCall | None]
 
 
 class RecordSource(Protocol):
@@ -147,7 +147,9 @@ class Dispatcher:
     # -- deciding ---------------------------------------------------------------------------------------
     def _plan(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
               forced: str | None, uses: frozenset[str] = frozenset(),
-              head_dim_v: int | None = None) -> tuple[Decision, tuple[BackendAdapter, ...]]:
+              head_dim_v: int | None = None) -> tuple[Decision, tuple[BackendAdapter, ...], bool]:
+        """The decision for the call class of bhsd ``q``/``k`` (cached per class), its adapters in order, and
+        whether it was decided just now (only then may measure-on-first-use run for it)."""
         _, hq, sq, d = q.shape
         _, hkv, sk, _ = k.shape
         # the call class: everything unsupported_reasons looks at; (n - 1).bit_length() is bench's S bucket
@@ -166,7 +168,8 @@ class Dispatcher:
             with self._lock:
                 if self._generation == generation:  # else a backend broke or records changed meanwhile
                     self._plans[key] = plan
-        return plan
+            return (*plan, True)
+        return (*plan, False)
 
     def route(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: tuple[Any, ...] | None, *,
               causal: bool, scale: float | None, layout: str, precision: str, forced: str | None) -> Route:
@@ -197,7 +200,7 @@ class Dispatcher:
         bound to its causal flag, scale, shapes and the caller's layout; a zero-sized call's route is the exact
         math: no kernel ever sees one (SIGFPE in some)."""
         if features.is_empty(q, k) or v.shape[3] == 0:
-            return ((self.exact, bound_call(self.exact, None, causal=causal, scale=scale, bshd=bshd)),), "empty"
+            return ((self.exact, bound_call(self.exact, None, causal=causal, scale=scale, bshd=bshd)),), None
         dv = v.shape[3] if v.shape[3] != q.shape[3] else None
         uses = frozenset(("dv",)) if dv else frozenset()
         caller = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) if bshd else (q, k, v)
@@ -231,7 +234,7 @@ class Dispatcher:
         if not forced and (not adapters or adapters[-1] is not self.exact):
             adapters = (*adapters, self.exact)
         steps = tuple((a, bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts)) for a in adapters)
-        return steps, _class_name(call)
+        return steps, call
 
     def decide_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, *, causal: bool,
                     precision: str, needs_grad: bool, forced: str | None, uses: frozenset[str],
@@ -242,11 +245,11 @@ class Dispatcher:
         """The decision for bhsd ``q``/``k``, measured first when :mod:`attnforge.dispatch.autotune` wants it:
         the candidates' bound calls are timed on ``caller`` (the caller's tensors as the route receives them;
         None: not measurable here). Returns the decision, its adapters in order and the call's description."""
-        decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
-                                        forced=forced, uses=uses, head_dim_v=head_dim_v)
+        decision, adapters, fresh = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
+                                               forced=forced, uses=uses, head_dim_v=head_dim_v)
         call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
                              head_dim_v=head_dim_v)
-        if forced or caller is None or v is None:
+        if not fresh or forced or caller is None or v is None:  # a class is considered once, when decided
             return decision, adapters, call
         config = autotune.active(q.device.type)
         if config is None or autotune.capturing():
@@ -256,8 +259,8 @@ class Dispatcher:
             autotune.tune(self, caller, call=call, decision=decision, device_key=dev_key, config=config,
                           bind=lambda a: bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts),
                           bhsd=(q, k, v), store=self._source(), versions=self.versions())
-            decision, adapters = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
-                                            forced=None, uses=uses, head_dim_v=head_dim_v)
+            decision, adapters, _ = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
+                                               forced=None, uses=uses, head_dim_v=head_dim_v)
         return decision, adapters, call
 
     def versions(self) -> dict[str, str | None]:
@@ -380,7 +383,7 @@ class Dispatcher:
         except Exception as exc:
             if forced or len(steps) == 1:
                 raise
-            self._mark_broken(steps[0][0].name, exc, route[1])
+            self._mark_broken(steps[0][0].name, exc, _class_name(route[1]))
         last = len(steps) - 1
         for i in range(1, len(steps)):
             adapter, fn = steps[i]
@@ -391,13 +394,15 @@ class Dispatcher:
             except Exception as exc:
                 if i == last:
                     raise
-                self._mark_broken(adapter.name, exc, route[1])
+                self._mark_broken(adapter.name, exc, _class_name(route[1]))
         raise AssertionError("unreachable: the last backend returned or raised")
 
-    def forget_routes(self) -> None:
-        """Drop the remembered routes (the next call of each signature decides again); records and plans stay."""
+    def forget_decisions(self) -> None:
+        """Drop the remembered decisions and routes (the next call of each class decides again, and may be
+        measured on first use); records stay."""
         with self._lock:
             self._generation += 1
+            self._plans.clear()
             self.routes.clear()
 
     def _mark_broken(self, name: str, exc: Exception, cls: str) -> None:
@@ -416,9 +421,11 @@ class Dispatcher:
                       RuntimeWarning, stacklevel=4)
 
 
-def _class_name(call: AttentionCall) -> str:
+def _class_name(call: AttentionCall | None) -> str:
     """The shape class a call's run-time failures and exact shapes are kept under (its features aside: a
-    backend that raised is disabled for the whole class)."""
+    backend that raised is disabled for the whole class); ``"empty"`` for a zero-sized call."""
+    if call is None:
+        return "empty"
     return str(class_of_call(dataclasses.replace(call, features=frozenset(), head_dim_v=None,
                                                       top_left=False, precision="exact")))
 
