@@ -57,7 +57,8 @@ def _module_exists(target: str) -> bool:
 #: Environment variables attnforge reads, shown at the end of ``attnforge --help``.
 ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("ATTNFORGE_HOME", "cache and state directory (default: the user cache dir, ~/.cache/attnforge on Linux)"),
-    ("ATTNFORGE_AUTOTUNE", "attnforge.attention measures the verified backends on the first call of a shape class: on CUDA by default; 0 never, 1 also on CPU"),
+    ("ATTNFORGE_AUTOTUNE", "attention() measures the verified backends on the first call of a shape class:"
+                           " on CUDA by default; 0 never, 1 also on CPU"),
     ("GITHUB_API_URL", "GitHub API used to find prebuilt release wheels (GitHub Enterprise, mirrors)"),
     ("GITHUB_TOKEN", "token for that API (higher rate limits); never printed or stored"),
     ("CUDA_HOME / CUDA_PATH", "the CUDA toolkit builds use (else nvcc on PATH)"),

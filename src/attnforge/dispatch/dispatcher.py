@@ -367,7 +367,8 @@ class Dispatcher:
         forced = backend or _FORCED.get()
         route = self._plain_route(q, k, v, causal=causal, scale=scale, precision=precision,
                                   needs_grad=needs_grad, forced=forced, bshd=False)
-        return self.serve(route, q, k, v, forced)
+        out: torch.Tensor = self.serve(route, q, k, v, forced)
+        return out
 
     def serve(self, route: Route, q: Any, k: Any, v: Any, forced: str | None) -> Any:
         """Run ``route`` on the caller's tensors. The one rule for plain and featured calls alike
