@@ -5,10 +5,10 @@
 eager path, which materialises the whole score matrix (the H200 probe in
 ``tests/fixtures/h200_bench_2026-11-21.json`` hit exactly that and measured 40x slower causal rows).
 This adapter therefore gives every signature its own copy of the compiled function (a fresh code object), so
-each copy is compiled once with ``dynamic=False`` and never recompiles. The signature holds everything the
-compiled copy specialises on: device, dtype, sizes and strides, scale, grad mode, and the features with the
-scalars baked into the trace (window bounds, alignment, softcap, lse, mask dtype and strides, sinks), so a
-new softcap compiles a new copy instead of silently reusing another value.
+each copy is compiled once with ``dynamic=False`` and never recompiles. The signature holds what the compiled
+copy specialises on: device, dtype, sizes, scale, grad mode, and the features with the scalars baked into the
+trace (window bounds, alignment, softcap, lse, mask dtype and strides, sinks), so a new softcap compiles a new
+copy instead of silently reusing another value.
 
 Features follow :func:`attnforge.backends.exact.exact_attention` (the definition, docs/features.md):
     causal and window: one structural ``BlockMask`` (``create_block_mask``) per (Sq, Sk, device, offset,
@@ -104,13 +104,20 @@ class FlexAdapter(AdapterBase):
         import torch
 
         top_left = causal_alignment == "top_left"
-        left, right = visible_bounds(causal=causal, window=window)
+        left = right = None
+        if causal or window is not None:
+            left, right = visible_bounds(causal=causal, window=window)
         mask = None if attn_mask is None else _as_4d(attn_mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         sink = None if sinks is None else sinks.float()
-        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, mask, sink))
-        signature = (q.device, q.dtype, tuple(q.shape), tuple(k.shape), tuple(v.shape), q.stride(), k.stride(),
-                     v.stride(), left, right, top_left, scale, softcap, return_lse, grad,
-                     None if mask is None else (mask.dtype, mask.stride()), sink is not None)
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
+            mask is not None and mask.requires_grad) or (sink is not None and sink.requires_grad))
+        extra = None  # the features' part of the signature; None for a plain call (it runs on every call)
+        if mask is not None or sink is not None or softcap is not None or return_lse or window is not None or top_left:
+            extra = (left, right, top_left, softcap, return_lse, sink is not None,
+                     None if mask is None else (mask.dtype, mask.stride()))
+        # strides are left out (they cost a microsecond a call): another layout of the same sizes recompiles
+        # within its copy, one of the recompile limit's 8 entries, and is still right
+        signature = (q.shape, k.shape, v.shape, q.dtype, q.device, causal, scale, grad, extra)
         fn = self._compiled.get(signature)
         if fn is None:
             with self._lock:
