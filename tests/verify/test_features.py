@@ -12,6 +12,7 @@ import torch
 from attnforge.backends import registry
 from attnforge.backends.adapter import FEATURES, required_features
 from attnforge.backends.exact import ExactAdapter
+from attnforge.backends.flex import FlexAdapter
 from attnforge.catalog import load_catalog
 from attnforge.catalog.tolerances import load_tolerances
 from attnforge.verify.cases import VerifyCase, feature_cases
@@ -47,6 +48,22 @@ def test_sdpa_math_passes_every_feature_it_claims() -> None:
     assert res.ok, res.summary
     assert all(c.status is CaseStatus.PASSED for c in res.cases if c.case.feature)
     assert "window" in res.summary and "mask" in res.summary
+
+
+@pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
+def test_eager_flex_passes_every_feature_it_claims() -> None:
+    """FlexAttention's feature cases on CPU through eager flex_attention (its CPU compile has no lse; the GPU
+    runs them compiled in tests/dispatch/test_gpu.py)."""
+    base = registry.adapters()["flex"]
+    assert isinstance(base, FlexAdapter)
+    flex = FlexAdapter(name="flex", caps=base.caps, requirement=base.requirement, compiler=lambda fn: fn)
+    cases = cases_for(flex, load_catalog(), CPU)
+    assert {c.feature for c in cases if c.feature} == set(base.caps.features) >= {"mask", "window", "softcap",
+                                                                                  "sinks", "lse", "dv",
+                                                                                  "causal_top_left"}
+    res = verify_backend(flex, device=CPU, cases=cases, tolerances=load_tolerances())
+    assert res.ok, res.summary
+    assert all(c.status is CaseStatus.PASSED for c in res.cases), res.summary
 
 
 def test_the_exact_fallback_passes_every_feature() -> None:

@@ -175,6 +175,17 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
     return out, lse
 
 
+def visible_bounds(*, causal: bool, window: tuple[int | None, int | None] | None) -> tuple[int | None, int | None]:
+    """``(left, right)``: query ``i`` (aligned, ``i' = i + offset``) sees keys ``i' - left .. i' + right``; None
+    is unbounded. Folds causal (``right <= 0``) into the window and reads None or a negative side as unbounded."""
+    left, right = window if window is not None else (None, None)
+    left = None if left is None or left < 0 else left
+    right = None if right is None or right < 0 else right
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    return left, right
+
+
 def visible_keys(seqlen_q: int, seqlen_k: int, *, causal: bool, top_left: bool,
                  window: tuple[int | None, int | None] | None, device: Any,
                  rows: tuple[int, int] | None = None) -> Any:
@@ -182,11 +193,7 @@ def visible_keys(seqlen_q: int, seqlen_k: int, *, causal: bool, top_left: bool,
     (``rows``: only query rows ``start..stop`` of the ``seqlen_q``)."""
     import torch
 
-    left, right = window if window is not None else (None, None)
-    left = None if left is None or left < 0 else left
-    right = None if right is None or right < 0 else right
-    if causal:
-        right = 0 if right is None else min(right, 0)
+    left, right = visible_bounds(causal=causal, window=window)
     if left is None and right is None:
         return None
     offset = 0 if top_left else seqlen_k - seqlen_q

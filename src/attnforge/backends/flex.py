@@ -1,16 +1,29 @@
-"""FlexAttention adapter, compiled once per call signature: no recompile storm.
+"""FlexAttention adapter with attnforge's features, compiled once per call signature: no recompile storm.
 
 ``torch.compile`` keeps its cache on the Python code object it compiles and allows only
 ``torch._dynamo.config.recompile_limit`` (8) entries per object; past that it silently runs the unfused
 eager path, which materialises the whole score matrix (the H200 probe in
 ``tests/fixtures/h200_bench_2026-11-21.json`` hit exactly that and measured 40x slower causal rows).
-This adapter therefore gives every signature (device, dtype, sizes, causal, scale, GQA, grad mode) its own
-copy of the compiled function (a fresh code object), so each copy is compiled once with ``dynamic=False``
-and never recompiles. The causal ``BlockMask`` is built once per (Sq, Sk, device) and reused, so its
-identity never invalidates a guard.
+This adapter therefore gives every signature its own copy of the compiled function (a fresh code object), so
+each copy is compiled once with ``dynamic=False`` and never recompiles. The signature holds what the compiled
+copy specialises on: device, dtype, sizes, scale, grad mode, and the features with the scalars baked into the
+trace (window bounds, alignment, softcap, lse, mask dtype and strides, sinks), so a new softcap compiles a new
+copy instead of silently reusing another value.
 
-Causal is bottom-right: the mask keeps key ``j`` for query ``i`` when ``j <= i + Sk - Sq``; rows that see no
-key come back as zeros (checked by a test on CPU).
+Features follow :func:`attnforge.backends.exact.exact_attention` (the definition, docs/features.md):
+    causal and window: one structural ``BlockMask`` (``create_block_mask``) per (Sq, Sk, device, offset,
+        left, right), built once and reused, so its identity never invalidates a guard; causal is
+        bottom-right (key ``j <= i + Sk - Sq``) unless ``causal_alignment="top_left"`` (offset 0).
+    softcap and ``attn_mask``: a ``score_mod`` closure over the tensor given to each call (never a cached
+        block mask, so a mask whose content changes between calls is always honoured): ``c * tanh(s / c)``
+        on the scaled score, then ``-inf`` where a bool mask is False, or the additive mask added.
+    lse: flex_attention's own (natural log, float32 ``[B, Hq, Sq]``).
+    sinks: ``out * sigmoid(lse - sink)`` and ``logaddexp(lse, sink)``, which is exactly the softmax with
+        ``exp(sink)`` in its denominator, and differentiable (flex's backward takes the lse's gradient).
+    Rows that see no key come back as zeros with lse ``-inf`` (flex_attention's convention; tests check it).
+On CPU, torch.compile's flex kernel returns no lse, so there the adapter declines lse and sinks
+(:meth:`FlexAdapter.unsupported_reasons`); eager flex_attention (tests inject a non-compiling ``compiler``) has
+them everywhere. flex_attention has no backward on CPU (the capability table says so).
 """
 
 from __future__ import annotations
@@ -22,11 +35,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from attnforge.backends._base import AdapterBase
+from attnforge.backends.adapter import AttentionCall, required_features
+from attnforge.backends.exact import visible_bounds
 
 if TYPE_CHECKING:
     import torch
 
 Compiler = Callable[[Callable[..., Any]], Callable[..., Any]]
+Window = tuple[int | None, int | None] | None
+#: features the CPU (inductor C++) flex kernel lacks: it returns no lse, and sinks are computed from the lse
+CPU_COMPILED_LACKS = frozenset({"lse", "sinks"})
 
 
 def _default_compiler(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -49,42 +67,110 @@ class FlexAdapter(AdapterBase):
     _masks: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def unsupported_reasons(self, call: AttentionCall) -> list[str]:
+        """Its capabilities' reasons, plus: compiled for CPU (by torch.compile), no lse and hence no sinks."""
+        reasons = self.caps.unsupported_reasons(call)
+        lacking = sorted(required_features(call) & CPU_COMPILED_LACKS)
+        if lacking and call.device_type == "cpu" and self.compiler is _default_compiler:
+            reasons.append(f"{', '.join(lacking)}: flex_attention compiled for CPU returns no lse"
+                           " (torch 2.13: 'torch.compile on CPU only supports inference and `return_lse` is not"
+                           " supported yet')")
+        return reasons
+
     @property
     def compiled_signatures(self) -> int:
         """How many signatures were compiled so far (each compiled exactly once)."""
         return len(self._compiled)
 
+    @property
+    def block_masks_built(self) -> int:
+        """How many structural ``BlockMask`` objects were built so far (each exactly once per key)."""
+        return len(self._masks)
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-                 scale: float | None) -> torch.Tensor:
-        """FlexAttention on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns ``[B, Hq, Sq, D]``."""
+                 scale: float | None, attn_mask: torch.Tensor | None = None, window: Window = None,
+                 softcap: float | None = None, sinks: torch.Tensor | None = None, return_lse: bool = False,
+                 causal_alignment: str = "bottom_right") -> Any:
+        """FlexAttention on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]`` / ``[B, Hkv, Sk, Dv]``.
+
+        Features, with the semantics of :func:`attnforge.backends.exact.exact_attention`: ``attn_mask`` (bool or
+        additive, broadcastable to ``[B, Hq, Sq, Sk]``), ``window``, ``softcap``, ``sinks`` (``[Hq]``),
+        ``return_lse`` and ``causal_alignment``. Causal and window become a cached ``BlockMask``; softcap and
+        the mask tensor a ``score_mod`` that reads the tensor given to this call.
+
+        Returns:
+            ``[B, Hq, Sq, Dv]`` in q's dtype; with ``return_lse`` also the float32 lse ``[B, Hq, Sq]``.
+        """
         import torch
 
-        signature = (q.device, q.dtype, tuple(q.shape), tuple(k.shape), causal, scale,
-                     torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+        top_left = causal_alignment == "top_left"
+        left = right = None
+        if causal or window is not None:
+            left, right = visible_bounds(causal=causal, window=window)
+        mask = None if attn_mask is None else _as_4d(attn_mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        sink = None if sinks is None else sinks.float()
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
+            mask is not None and mask.requires_grad) or (sink is not None and sink.requires_grad))
+        extra = None  # the features' part of the signature; None for a plain call (it runs on every call)
+        if mask is not None or sink is not None or softcap is not None or return_lse or window is not None or top_left:
+            extra = (left, right, top_left, softcap, return_lse, sink is not None,
+                     None if mask is None else (mask.dtype, mask.stride()))
+        # strides are left out (they cost a microsecond a call): another layout of the same sizes recompiles
+        # within its copy, one of the recompile limit's 8 entries, and is still right
+        signature = (q.shape, k.shape, v.shape, q.dtype, q.device, causal, scale, grad, extra)
         fn = self._compiled.get(signature)
-        block_mask = self._block_mask(q.shape[2], k.shape[2], q.device) if causal else None
         if fn is None:
             with self._lock:
                 fn = self._compiled.get(signature)
                 if fn is None:
                     fn = self.compiler(_fresh_copy(len(self._compiled)))
                     self._compiled[signature] = fn
-        return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])  # type: ignore[no-any-return]
+        block_mask = None
+        if left is not None or right is not None:
+            offset = 0 if top_left else k.shape[2] - q.shape[2]
+            block_mask = self._block_mask(q.shape[2], k.shape[2], q.device, offset=offset, left=left, right=right)
+        return fn(q, k, v, mask, sink, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+                  softcap=softcap, return_lse=return_lse)
 
-    def _block_mask(self, seqlen_q: int, seqlen_k: int, device: Any) -> Any:
-        key = (seqlen_q, seqlen_k, device)
+    def _block_mask(self, seqlen_q: int, seqlen_k: int, device: Any, *, offset: int, left: int | None,
+                    right: int | None) -> Any:
+        """The ``BlockMask`` of keys ``i + offset - left .. i + offset + right``, built once per key."""
+        key = (seqlen_q, seqlen_k, device, offset, left, right)
         mask = self._masks.get(key)
         if mask is None:
-            from torch.nn.attention.flex_attention import create_block_mask
-
-            offset = seqlen_k - seqlen_q
-
-            def bottom_right(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-                return kv_idx <= q_idx + offset
-
-            mask = create_block_mask(bottom_right, None, None, seqlen_q, seqlen_k, device=device)
-            self._masks[key] = mask
+            with self._lock:
+                mask = self._masks.get(key)
+                if mask is None:
+                    mask = _build_block_mask(seqlen_q, seqlen_k, device, offset=offset, left=left, right=right)
+                    self._masks[key] = mask
         return mask
+
+
+def _build_block_mask(seqlen_q: int, seqlen_k: int, device: Any, *, offset: int, left: int | None,
+                      right: int | None) -> Any:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def left_only(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return kv_idx >= q_idx + (offset - lo)
+
+    def right_only(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return kv_idx <= q_idx + (offset + hi)
+
+    def both(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return (kv_idx <= q_idx + (offset + hi)) & (kv_idx >= q_idx + (offset - lo))
+
+    lo, hi = left or 0, right or 0
+    visible = both if left is not None and right is not None else left_only if right is None else right_only
+    return create_block_mask(visible, None, None, seqlen_q, seqlen_k, device=device)
+
+
+def _as_4d(mask: torch.Tensor, batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> torch.Tensor:
+    """``mask`` as a ``[B, Hq, Sq, Sk]`` broadcast view (no copy; float64 becomes float32, the scores' dtype)."""
+    import torch
+
+    if mask.dtype == torch.float64:
+        mask = mask.float()
+    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).expand(batch, heads, seqlen_q, seqlen_k)
 
 
 def _fresh_copy(index: int) -> Callable[..., Any]:
