@@ -69,7 +69,7 @@ class FlashAttnAdapter(AdapterBase):
         return out.transpose(1, 2)
 
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
-        """The plain call bound for a route (:func:`attnforge.dispatch.dispatcher._step`): ``(q, k, v)`` in the
+        """The plain call bound for a route (:func:`attnforge.backends.bound.bound_call`): ``(q, k, v)`` in the
         caller's layout straight into ``flash_attn_func`` (bhsd through ``transpose(1, 2)`` views both ways),
         the module looked up once. Raises what importing the module raises."""
         kernel = self.module().flash_attn_func

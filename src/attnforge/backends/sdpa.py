@@ -97,7 +97,7 @@ class SdpaAdapter(AdapterBase):
 
 
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor] | None:
-        """The plain call as SDPA itself, for a route (:func:`attnforge.dispatch.dispatcher._step`): a
+        """The plain call as SDPA itself, for a route (:func:`attnforge.backends.bound.bound_call`): a
         ``functools.partial`` of the unpatched SDPA taking ``(q, k, v)`` ``[B, H, S, D]``, so nothing of the
         adapter runs per call. Only unforced SDPA on bhsd tensors whose causal mask SDPA's ``is_causal`` gives
         (Sq == Sk) and whose heads need no repeat; None otherwise (``__call__`` serves)."""

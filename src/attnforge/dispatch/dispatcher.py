@@ -164,7 +164,7 @@ class Dispatcher:
                                  head_dim_v=head_dim_v)
             dev_key = self._device(q.device).key
             decision = self._forced_decision(call, forced) if forced else self._decide(call, dev_key)
-            plan = (decision, tuple(self._adapter(name) for name in decision.order))
+            plan = (decision, tuple(self.adapter(name) for name in decision.order))
             with self._lock:
                 if self._generation == generation:  # else a backend broke or records changed meanwhile
                     self._plans[key] = plan
@@ -322,7 +322,7 @@ class Dispatcher:
         return features.close_with_fallback(decision, call, self.fallback, refused)
 
     def _forced_decision(self, call: AttentionCall, name: str) -> Decision:
-        adapter = self._adapter(name)
+        adapter = self.adapter(name)
         reasons = [f"not usable: {err}"] if (err := adapter.load_error()) else []
         reasons += adapter.unsupported_reasons(call)
         missing = required_features(call) - supported_features(adapter)
@@ -332,7 +332,12 @@ class Dispatcher:
             return Decision(order=(), basis=(), rejected=(Rejection(backend=name, reasons=tuple(reasons)),))
         return Decision(order=(name,), basis=("forced",), rejected=())
 
-    def _adapter(self, name: str) -> BackendAdapter:
+    def adapter(self, name: str) -> BackendAdapter:
+        """The adapter of backend id ``name`` (``"sdpa"``: the fallback; ``"exact"``: the exact math).
+
+        Raises:
+            DispatchError: ``name`` is unknown (the hint lists the known ids).
+        """
         if name == FALLBACK:
             return self.fallback
         if name == EXACT:

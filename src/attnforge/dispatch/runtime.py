@@ -79,7 +79,7 @@ def use_backend(name: str) -> Iterator[None]:
         DispatchError: ``name`` is unknown (the hint lists the known names); a call inside the context that
             the forced backend cannot serve raises with the backend's reasons.
     """
-    get_dispatcher()._adapter(name)  # validate now, not at the first call
+    get_dispatcher().adapter(name)  # validate now, not at the first call
     token = _FORCED.set(name)
     try:
         yield
