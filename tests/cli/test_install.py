@@ -79,7 +79,7 @@ def test_an_overlap_warning_is_printed_as_plain_text(capsys: pytest.CaptureFixtu
 def test_the_installed_versions_failed_verify_reaches_the_request(tmp_path: Path) -> None:
     import dataclasses
 
-    from attnforge.cli.install import _verify_failure
+    from attnforge.install.inputs import _verify_failure
     from attnforge.probe.snapshot import InstalledBackend, SystemSnapshot
     from attnforge.records import RecordStore, VerifyRecord
     from attnforge.report.identity import snapshot_device_key
