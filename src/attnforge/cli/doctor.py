@@ -20,13 +20,12 @@ def command(as_json: bool, snapshot_path: Path | None) -> int:
     from attnforge.catalog import load_catalog
     from attnforge.records import open_records
     from attnforge.report.doctor import Status, doctor_report
-    from attnforge.report.identity import snapshot_device_key
     from attnforge.report.preflight import build_blockers
 
     snapshot = load_or_probe(snapshot_path)
     catalog = load_catalog()
     store = open_records()
-    key = snapshot_device_key(snapshot)
+    key = snapshot.device_key()
     report = doctor_report(snapshot, catalog, verified=store.latest_verify(key), bench=store.bench_records(key),
                            build_blockers=build_blockers(snapshot, catalog))
     if as_json:

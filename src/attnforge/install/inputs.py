@@ -217,10 +217,9 @@ def _verify_failure(snapshot: SystemSnapshot, backend: str, home: Path) -> str |
     if not (home / "records.db").exists():
         return None
     from attnforge.records import RecordStore
-    from attnforge.report.identity import snapshot_device_key
 
     state = snapshot.backend(backend)
-    record = RecordStore(home).latest_verify(snapshot_device_key(snapshot)).get(backend)
+    record = RecordStore(home).latest_verify(snapshot.device_key()).get(backend)
     if record is None or record.ok or state is None or record.backend_version != state.version:
         return None
     return record.summary

@@ -312,6 +312,17 @@ class SystemSnapshot:
     def problem(self, section: str) -> str | None:
         return next((p.reason for p in self.problems if p.section == section), None)
 
+    def device_key(self) -> str:
+        """The records' key of this machine, as the runtime computes it (:func:`attnforge.types.device.
+        device_key`): ``"NVIDIA H200|9.0|torch 2.11.0+cu130"`` for GPU 0, ``"cpu|torch 2.13.0+cpu"`` without a
+        usable GPU."""
+        from attnforge.types.device import device_key
+
+        torch_version = self.torch.version if self.torch else "none"
+        if not (self.gpus and self.torch is not None and self.torch.cuda_available):
+            return device_key("cpu", None, torch_version)
+        return device_key(self.gpus[0].name, self.gpus[0].compute_capability, torch_version)
+
     @property
     def primary_toolkit(self) -> CudaToolkit | None:
         """The toolkit a torch extension build would use: CUDA_HOME/CUDA_PATH first, then PATH, then globs."""
