@@ -18,9 +18,9 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
+from attnforge._compat import StrEnum
 from attnforge.backends.adapter import BackendAdapter
 from attnforge.bench.flops import FORMULA, shape_flops, tflops
 from attnforge.bench.grid import to_call

@@ -30,7 +30,7 @@ from attnforge.install.guards import interpreter_lock, scratch_dir
 from attnforge.install.keys import prebuilt_wheel_inputs, store_built
 from attnforge.install.overlap import warning as overlap_warning
 from attnforge.install.pip import PipInstallResult, install_requirements, pip_install
-from attnforge.probe.snapshot import ComputeCapability, SystemSnapshot
+from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import (
     BuildSpec,
     CachedArtifact,
@@ -40,6 +40,7 @@ from attnforge.resolve.types import (
     Request,
     WheelRef,
 )
+from attnforge.types.cc import ComputeCapability
 
 
 class Planner(Protocol):

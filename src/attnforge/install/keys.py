@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 from packaging.utils import parse_wheel_filename
 
 from attnforge.cache import ArtifactKind, CacheKeyInputs
-from attnforge.probe.snapshot import ComputeCapability, SystemSnapshot
+from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import BuildSpec
+from attnforge.types.cc import ComputeCapability
 
 if TYPE_CHECKING:
     from attnforge.cache import Entry, Store

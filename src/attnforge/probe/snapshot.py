@@ -14,11 +14,7 @@ from pathlib import Path
 
 from attnforge._serde import DecodeError, from_jsonable, to_jsonable
 from attnforge.errors import ProbeError
-
-# Re-exported for modules that still import them from here; new code imports attnforge.types.cc.
-from attnforge.types.cc import ComputeCapability as ComputeCapability  # noqa: PLC0414
-from attnforge.types.cc import format_cc as format_cc  # noqa: PLC0414
-from attnforge.types.cc import parse_cc as parse_cc  # noqa: PLC0414
+from attnforge.types.cc import ComputeCapability
 
 #: Bump when a field changes meaning or is removed; adding a field with a default keeps the version.
 SCHEMA_VERSION = 1

@@ -17,10 +17,11 @@ from attnforge.catalog import Catalog
 from attnforge.catalog.recipes import Recipe, RecipeKind
 from attnforge.catalog.slim import SlimPlan, SlimRequest, plan_slim
 from attnforge.errors import ResolveError, UsageError
-from attnforge.probe.snapshot import SystemSnapshot, format_cc
+from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.jobs import size_jobs
 from attnforge.resolve.preflight import Preflight, run_preflight
 from attnforge.resolve.types import BuildSpec, Request, SourceKind, SourceSpec
+from attnforge.types.cc import format_cc
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

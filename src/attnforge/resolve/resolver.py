@@ -18,7 +18,7 @@ from attnforge.catalog import Catalog
 from attnforge.catalog.backends import Backend
 from attnforge.catalog.recipes import RecipeKind
 from attnforge.errors import UsageError
-from attnforge.probe.snapshot import SystemSnapshot, format_cc
+from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.buildspec import (
     cached_switch_problem,
     default_source,
@@ -36,6 +36,7 @@ from attnforge.resolve.types import (
     WheelRef,
 )
 from attnforge.resolve.wheels import check_binary, read_cached, read_wheel, same_distribution, target_ccs
+from attnforge.types.cc import format_cc
 from attnforge.types.versions import newest_first
 
 _FROM_SOURCE = "--from-source: prebuilt binaries are skipped"
