@@ -153,3 +153,14 @@ def test_a_deleted_working_directory_is_said_not_a_traceback(
         assert done.returncode == 0 and json.loads(done.stdout)["platform"]["disk_free_bytes"] is not None
     if "relative.json" in argv:
         assert done.returncode == 2 and "relative.json" in done.stderr
+
+
+def test_an_offline_build_of_a_source_it_would_download_is_refused_before_building(
+    no_network: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The H200 could build flash-attn, but its source is the PyPI sdist: --offline says so, exit 1."""
+    assert main(["build", "flash_attn", "--snapshot", str(SNAP / "h200_torch2.11_cu130.json"), "--offline"]) == 1
+    err = capsys.readouterr().err
+    assert "error: flash-attn cannot be built offline" in err
+    assert "--offline: the pypi-sdist source cannot be downloaded; pass a local --source" in err
+    assert no_network == []

@@ -23,6 +23,7 @@ from attnforge.resolve.buildspec import (
     cached_switch_problem,
     default_source,
     installed_caps_problem,
+    offline_problem,
     plan_build,
 )
 from attnforge.resolve.tags import supported_tags
@@ -32,7 +33,6 @@ from attnforge.resolve.types import (
     CandidateKind,
     Plan,
     Request,
-    SourceKind,
     WheelRef,
 )
 from attnforge.resolve.wheels import check_binary, read_cached, read_wheel, same_distribution, target_ccs
@@ -306,10 +306,8 @@ def _source(
     desc = f"build {recipe.distribution or request.backend} from {source.kind.value} {where}"
     decision = plan_build(snapshot, catalog, request, home=home)
     reasons = [f.text() for f in decision.preflight.failures]
-    if request.offline and source.kind is not SourceKind.PATH:
-        reasons.append(
-            f"--offline: the {source.kind.value} source cannot be downloaded; pass a local --source"
-        )
+    offline = offline_problem(request, source)
+    reasons += [offline] if offline else []
     if reasons or decision.spec is None:
         return _rejected(CandidateKind.SOURCE, desc, reasons)
     return Candidate(
