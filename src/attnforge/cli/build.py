@@ -24,6 +24,7 @@ from attnforge.resolve.types import BuildSpec
 if TYPE_CHECKING:
     from attnforge.cache import Store
 
+
 @click.command("build")
 @request_options
 @click.option("--name", default=None,
