@@ -27,14 +27,7 @@ from attnforge.resolve.buildspec import (
     plan_build,
 )
 from attnforge.resolve.tags import supported_tags
-from attnforge.resolve.types import (
-    CachedArtifact,
-    Candidate,
-    CandidateKind,
-    Plan,
-    Request,
-    WheelRef,
-)
+from attnforge.resolve.types import CachedArtifact, Candidate, CandidateKind, Plan, Request, WheelRef
 from attnforge.resolve.wheels import check_binary, read_cached, read_wheel, same_distribution, target_ccs
 from attnforge.types.cc import format_cc
 from attnforge.types.versions import newest_first
