@@ -164,3 +164,18 @@ def test_an_offline_build_of_a_source_it_would_download_is_refused_before_buildi
     assert "error: flash-attn cannot be built offline" in err
     assert "--offline: the pypi-sdist source cannot be downloaded; pass a local --source" in err
     assert no_network == []
+
+
+def test_an_index_url_whose_host_never_answers_is_one_line_after_one_deadline(
+    silent_dns: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--index-url`` pages (resolve/listing.py) sit behind the same deadline: one wait for the host, however
+    many distributions the backend has, then the plan goes on."""
+    start = time.monotonic()
+    rc, doc = _plan(capsys, "flash-attn", "--snapshot", str(SNAP / "h200_torch2.11_cu130.json"),
+                    "--index-url", "https://wheels.attnforge-test/simple")
+    assert time.monotonic() - start < 8.0
+    lines = [p for p in doc["listing_problems"] if p.startswith("https://wheels.attnforge-test/simple")]
+    assert lines and all("no answer to the name lookup within 3 s" in line for line in lines)
+    assert silent_dns.count("wheels.attnforge-test") == 1
+    assert rc == 0 and doc["chosen"]["kind"] == "source"

@@ -11,16 +11,15 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import socket
-import threading
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from attnforge._system.net import HostLookup, lookup_host
 
 USER_AGENT = "attnforge (+https://github.com/attnforge)"
 
@@ -72,18 +71,14 @@ def open_url(req: urllib.request.Request, timeout: float) -> Any:
     return urllib.request.build_opener().open(req, timeout=timeout)
 
 
-def _lookup(host: str) -> object:
-    return socket.getaddrinfo(host, None)
-
-
 @dataclass(slots=True, kw_only=True)
 class Fetcher:
     """GET with ``retries`` attempts and exponential backoff; ``opener``, ``sleep`` and ``lookup`` (the name
     lookup, ``socket.getaddrinfo``) are seams for tests.
 
-    A host name is looked up first, with a deadline of ``lookup_timeout_s``: a resolver that never answers (a
-    machine with no network) costs that once per host, not the minutes of the C library's retries inside every
-    attempt, and a host that did not answer is not asked again by this fetcher.
+    A host name is looked up first, with a deadline of ``lookup_timeout_s`` (:class:`attnforge._system.net.
+    HostLookup`): a resolver that never answers (a machine with no network) costs that once per host, not the
+    C library's retries inside every attempt, and a host that did not answer is not asked again by this fetcher.
     """
 
     timeout_s: float = 30.0
@@ -92,42 +87,15 @@ class Fetcher:
     lookup_timeout_s: float = 3.0
     sleep: Callable[[float], None] = time.sleep
     opener: Callable[..., object] = open_url
-    lookup: Callable[[str], object] = _lookup
-    _unreachable: dict[str, str] = field(default_factory=dict)
+    lookup: Callable[[str], object] = lookup_host
+    _hosts: HostLookup | None = None
 
     def _check_host(self, url: str) -> None:
-        """Raise :class:`FetchError` when the host of ``url`` (or of its proxy) has no address within the
-        deadline; the answer is remembered per host."""
-        parts = urllib.parse.urlsplit(url)
-        host = parts.hostname
-        proxy = urllib.request.getproxies().get(parts.scheme)
-        if host and proxy and not urllib.request.proxy_bypass(host):
-            host = urllib.parse.urlsplit(proxy).hostname
-        if not host:
-            return
-        if host in self._unreachable:
-            raise FetchError(self._unreachable[host])
-        outcome: list[BaseException | None] = []
-
-        def ask() -> None:
-            try:
-                self.lookup(host)
-                outcome.append(None)
-            except BaseException as exc:
-                outcome.append(exc)
-
-        thread = threading.Thread(target=ask, name=f"lookup {host}", daemon=True)
-        thread.start()
-        thread.join(self.lookup_timeout_s)
-        if not outcome:
-            why = (f"{host}: no answer to the name lookup within {self.lookup_timeout_s:g} s "
-                   "(no network or DNS?); the source is unreachable")
-        elif isinstance(outcome[0], OSError):
-            why = f"{host}: the name does not resolve ({outcome[0]}); the source is unreachable"
-        else:
-            return
-        self._unreachable[host] = why
-        raise FetchError(why)
+        if self._hosts is None:
+            self._hosts = HostLookup(timeout_s=self.lookup_timeout_s, lookup=self.lookup)
+        problem = self._hosts.problem(url)
+        if problem is not None:
+            raise FetchError(problem)
 
     def get(
         self, url: str, headers: Mapping[str, str] | None = None, *, token: bool = False
