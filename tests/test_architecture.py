@@ -18,9 +18,9 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
 
 #: Low to high: a package may import only packages listed before it. Keep in step with docs/architecture.md.
 LAYERS: tuple[str, ...] = (
+    "_compat",       # Python-version shims (StrEnum on 3.10); imports nothing from attnforge
     "types",         # value types: compute capability, versions, device key, shapes
     "errors",        # the error hierarchy (message + hint + exit code)
-    "_compat",       # Python-version shims
     "_serde",        # dataclass <-> JSON
     "_system",       # the seams to the OS: subprocess runner, paths
     "catalog",       # knowledge as data (catalog/data/*.toml)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -207,3 +207,14 @@ class RecordStore:
             rows = conn.execute(f"SELECT {', '.join(_BENCH_COLUMNS)} FROM bench"  # noqa: S608 - constants
                                 " WHERE device_key = ? ORDER BY id", (device_key,)).fetchall()
         return [_bench_record(row) for row in rows]
+
+
+def open_records(environ: Mapping[str, str] | None = None) -> RecordStore:
+    """The records under ``$ATTNFORGE_HOME`` (else the platformdirs user cache), beside
+    :func:`attnforge.cache.open_store` (the same root). Opening creates nothing; the first write creates
+    ``records.db``."""
+    import os
+
+    from attnforge._system.paths import home_dir
+
+    return RecordStore(home_dir(os.environ if environ is None else environ))

@@ -79,10 +79,9 @@ def test_an_overlap_warning_is_printed_as_plain_text(capsys: pytest.CaptureFixtu
 def test_the_installed_versions_failed_verify_reaches_the_request(tmp_path: Path) -> None:
     import dataclasses
 
-    from attnforge.cli.install import _verify_failure
+    from attnforge.install.inputs import _verify_failure
     from attnforge.probe.snapshot import InstalledBackend, SystemSnapshot
     from attnforge.records import RecordStore, VerifyRecord
-    from attnforge.report.identity import snapshot_device_key
     from tests.conftest import REPO
 
     snap = SystemSnapshot.load(REPO / "tests" / "fixtures" / "snapshots" / "h200_torch2.11_cu130.json")
@@ -90,7 +89,7 @@ def test_the_installed_versions_failed_verify_reaches_the_request(tmp_path: Path
                                                                 version="2.8.3", imports=True),))
     assert _verify_failure(snap, "flash-attn", tmp_path / "home") is None  # never verified
     store = RecordStore(tmp_path / "home")
-    record = VerifyRecord(device_key=snapshot_device_key(snap), backend="flash-attn", backend_version="2.8.3",
+    record = VerifyRecord(device_key=snap.device_key(), backend="flash-attn", backend_version="2.8.3",
                           ok=False, summary="max abs err 0.3 > 0.02")
     store.add_verify(dataclasses.replace(record, backend_version="2.8.2"))
     assert _verify_failure(snap, "flash-attn", tmp_path / "home") is None  # another version failed

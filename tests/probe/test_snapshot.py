@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnforge.errors import ProbeError
-from attnforge.probe import SystemSnapshot, format_cc, parse_cc
+from attnforge.probe import SystemSnapshot
+from attnforge.types.cc import format_cc, parse_cc
 from tests._fakes import FIXTURES
 
 SNAPSHOTS = sorted((FIXTURES / "snapshots").glob("*.json"))

@@ -10,7 +10,6 @@ from attnforge.catalog import load_catalog
 from attnforge.probe import GpuInfo, InstalledBackend, NativeModule, SystemSnapshot
 from attnforge.records import BenchRecord, VerifyRecord
 from attnforge.report.doctor import SEE_BLOCKER, Status, doctor_report
-from attnforge.report.identity import snapshot_device_key
 from attnforge.report.preflight import build_blockers
 from tests._fakes import FIXTURES
 
@@ -67,7 +66,7 @@ def test_h200_without_packages_recommends_flash_attn_4() -> None:
 
 
 def test_bench_records_drive_the_verdict() -> None:
-    key = snapshot_device_key(H200)
+    key = H200.device_key()
     bench = [BenchRecord(device_key=key, backend=b, backend_version=None, dtype="bfloat16", mode="fwd", causal=False,
                          batch=1, heads=16, kv_heads=16, head_dim=128, seqlen_q=16384, seqlen_k=16384, ms=1.0,
                          tflops=t, peak_mem_bytes=None, run_id="r") for b, t in [("sdpa-cudnn", 612.0),
@@ -173,8 +172,8 @@ def test_cuda_torch_without_gpu() -> None:
 
 
 def test_device_keys() -> None:
-    assert snapshot_device_key(H200) == "NVIDIA H200|9.0|torch 2.11.0+cu130"
-    assert snapshot_device_key(CPU) == "cpu|torch 2.13.0+cpu"
+    assert H200.device_key() == "NVIDIA H200|9.0|torch 2.11.0+cu130"
+    assert CPU.device_key() == "cpu|torch 2.13.0+cpu"
     gpu_only = dataclasses.replace(CPU, gpus=(GpuInfo(index=0, name="X", compute_capability=(8, 0), memory_bytes=None,
                                                       driver_version=None, cuda_driver_version=None, source="nvml"),))
-    assert snapshot_device_key(gpu_only) == "cpu|torch 2.13.0+cpu"  # a CPU torch cannot use it
+    assert gpu_only.device_key() == "cpu|torch 2.13.0+cpu"  # a CPU torch cannot use it

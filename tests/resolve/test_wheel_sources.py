@@ -153,7 +153,7 @@ def test_fetcher_retries_server_errors_with_backoff() -> None:
             raise a
         return a
 
-    f = Fetcher(opener=opener, sleep=slept.append, backoff_s=0.5)
+    f = Fetcher(opener=opener, sleep=slept.append, backoff_s=0.5, lookup=lambda host: None)
     assert f.get("http://x")[1] == b"ok"
     assert slept == [0.5, 1.0]
 
@@ -163,7 +163,7 @@ def test_fetcher_gives_up_after_its_retries() -> None:
         raise urllib.error.URLError("no route")
 
     with pytest.raises(FetchError) as err:
-        Fetcher(opener=opener, sleep=lambda s: None, retries=2).get("http://x")
+        Fetcher(opener=opener, sleep=lambda s: None, retries=2, lookup=lambda host: None).get("http://x")
     assert "no route" in str(err.value) and "after 2 attempts" in str(err.value)
 
 
@@ -175,7 +175,7 @@ def test_fetcher_does_not_retry_a_rate_limit_or_a_404() -> None:
         raise _http_error(429, {"X-RateLimit-Reset": "1795000000"})
 
     with pytest.raises(FetchError) as err:
-        Fetcher(opener=opener, sleep=lambda s: None).get("http://x", token=True)
+        Fetcher(opener=opener, sleep=lambda s: None, lookup=lambda host: None).get("http://x", token=True)
     assert calls == [1]
     assert "2026-11-18 11:06 UTC" in str(err.value) and "GITHUB_TOKEN" not in str(err.value)
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from attnforge._compat import StrEnum
 from attnforge.backends.adapter import FEATURES, AttentionCall, required_features
 from attnforge.catalog import DATA_DIR, Catalog, load_catalog
 from attnforge.catalog._check import Collector, read_checked

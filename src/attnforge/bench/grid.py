@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
-from enum import StrEnum
 
+from attnforge._compat import StrEnum
 from attnforge.backends.adapter import AttentionCall
 from attnforge.errors import UsageError
 from attnforge.types.shapes import AttentionShape, Mode

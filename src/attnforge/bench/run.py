@@ -19,9 +19,9 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
+from attnforge._compat import StrEnum
 from attnforge.backends.adapter import AttentionCall, BackendAdapter
 from attnforge.backends.bound import bound_call
 from attnforge.bench.flops import FORMULA, shape_flops, tflops

@@ -20,7 +20,8 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
+
+from attnforge._compat import StrEnum
 
 #: ``step(i)`` runs one call on input set ``i % sets``; it returns once the work is queued (GPU) or done.
 Step = Callable[[int], object]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from attnforge.probe.snapshot import ComputeCapability
+from attnforge.types.cc import ComputeCapability
 
 
 def sm_name(cc: ComputeCapability) -> str:

@@ -15,8 +15,9 @@ import itertools
 import re
 import shlex
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
+
+from attnforge._compat import StrEnum
 
 _STEP = re.compile(r"^\s*\[(?P<done>\d+)/(?P<total>\d+)\]\s+(?P<command>.*)$")
 _SOURCE_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx", ".c", ".mm")

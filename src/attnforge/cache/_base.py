@@ -80,8 +80,17 @@ class StoreBase:
 
     # -- locking and the database ---------------------------------------------------------------------------
 
+    def now(self) -> float:
+        """The store's clock: Unix time in seconds (injected in tests)."""
+        return self._clock()
+
     @contextmanager
-    def _writer(self) -> Iterator[None]:
+    def writer(self) -> Iterator[None]:
+        """The writer lock (``ROOT/cache.lock``), re-entrant within this process; every change happens under it.
+
+        Raises:
+            CacheError: another process held it past ``lock_timeout_s``, or the lock file cannot be created.
+        """
         check_root(self.root, write=True)
         if self._lock is None:  # one instance per store: re-entrant within this process
             self._lock = filelock.FileLock(str(self.root / "cache.lock"), timeout=self._lock_timeout_s)
@@ -122,7 +131,7 @@ class StoreBase:
         conn = sqlite3.connect(self.db_path, timeout=60.0)
         conn.row_factory = sqlite3.Row
         if not self._schema_ready:
-            with self._writer():
+            with self.writer():
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.executescript(_SCHEMA)
             self._schema_ready = True
@@ -144,8 +153,13 @@ class StoreBase:
                 raise
             raise db_error(exc, self.db_path, doing) from None
 
+    def drop_row(self, key: str) -> None:
+        """Delete the row of ``key`` (for a caller holding :meth:`writer` that moves the entry's files itself)."""
+        with self._db("drop a damaged row") as conn:
+            conn.execute("DELETE FROM artifacts WHERE key = ?", (key,))
+
     @contextmanager
-    def _read(self, doing: str = "read the cache") -> Iterator[sqlite3.Connection]:
+    def reader(self, doing: str = "read the cache") -> Iterator[sqlite3.Connection]:
         """A reader's connection: creates nothing, and works on a read-only or full disk (see ``_db.py``)."""
         check_root(self.root, write=False)
         try:

@@ -14,12 +14,12 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from attnforge.probe.snapshot import ComputeCapability
+from attnforge._compat import StrEnum
+from attnforge.types.cc import ComputeCapability
 
 #: Bump when the meaning of a field of :class:`CacheKeyInputs` changes; it is part of every key.
 KEY_SCHEMA = 1

@@ -24,12 +24,12 @@ def prune(store: Store, *, older_than_s: float | None = None, max_size_bytes: in
     """Remove entries of ``store`` unused for ``older_than_s``, then least recently used ones until it holds
     at most ``max_size_bytes``; also clears the debris of writers that died.
     """
-    with store._writer():
-        debris = store._remove_debris_locked()
+    with store.writer():
+        debris = store.remove_debris_locked()
         entries = sorted(store.list(), key=lambda e: e.last_used_at_s)
         doomed: list[Entry] = []
         if older_than_s is not None:
-            cutoff = store._clock() - older_than_s
+            cutoff = store.now() - older_than_s
             doomed = [e for e in entries if e.last_used_at_s < cutoff]
         kept = [e for e in entries if e not in doomed]
         total = sum(e.size_bytes for e in kept)
@@ -38,7 +38,7 @@ def prune(store: Store, *, older_than_s: float | None = None, max_size_bytes: in
                 victim = kept.pop(0)
                 doomed.append(victim)
                 total -= victim.size_bytes
-        store._delete_locked(doomed)
+        store.delete_locked(doomed)
     return PruneResult(
         removed=tuple(doomed), freed_bytes=sum(e.size_bytes for e in doomed), kept_bytes=total,
         debris_removed=tuple(debris),

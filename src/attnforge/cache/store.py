@@ -117,7 +117,7 @@ class Store(StoreBase):
                 raise CacheError(f"{artifact.name} was not stored: {bad}",
                                  hint="it is not a sound wheel; rebuild it or get it from a trusted source")
         key = CacheKey.of(inputs)
-        with self._writer():
+        with self.writer():
             existing = self._row(key)
             if existing is not None:
                 if self._intact(existing):
@@ -147,7 +147,7 @@ class Store(StoreBase):
         expected_sha256: str | None,
     ) -> Entry:
         self.artifacts_dir.mkdir(parents=True, exist_ok=True)
-        self._remove_debris_locked()
+        self.remove_debris_locked()
         final = self.artifacts_dir / key.digest
         remove_tree(final)  # a directory without a row: a writer died between rename and commit
         staging = self.artifacts_dir / f"{STAGING_PREFIX}{key.digest[:16]}-{uuid.uuid4().hex[:8]}"
@@ -203,7 +203,7 @@ class Store(StoreBase):
                 moved to quarantine; the error says where).
         """
         entry = self.show(key)
-        problem = entry.problem or self._integrity_problem(entry)
+        problem = entry.problem or self.integrity_problem(entry)
         if problem is not None:
             if self.read_only:
                 raise CacheError(
@@ -244,7 +244,7 @@ class Store(StoreBase):
 
     def list(self) -> list[Entry]:
         """Every complete entry, newest first."""
-        with self._read("list the cache") as conn:
+        with self.reader("list the cache") as conn:
             rows = conn.execute(_SELECT_ALL).fetchall()
         return [entry_from_row(r, artifacts_dir=self.artifacts_dir, db_path=self.db_path) for r in rows]
 
@@ -280,7 +280,7 @@ class Store(StoreBase):
             raise UsageError(
                 f"not a cache key or key prefix: {text!r}", hint="copy a key from `attnforge cache list`"
             )
-        with self._read() as conn:
+        with self.reader() as conn:
             rows = conn.execute("SELECT key FROM artifacts WHERE key LIKE ?", (f"sha256:{t}%",)).fetchall()
         if len(rows) == 1:
             return CacheKey.parse(rows[0]["key"])
@@ -297,13 +297,14 @@ class Store(StoreBase):
             CacheError: no such entry.
         """
         entry = self.show(key)
-        with self._writer():
-            self._delete_locked([entry])
+        with self.writer():
+            self.delete_locked([entry])
         return entry
 
-    def _delete_locked(self, entries: builtins.list[Entry]) -> None:
-        """Rows first, then files. On a full disk (no room for SQLite's journal) the files go first to make
-        room: a row whose file is gone is never installed (:meth:`get` finds the file missing)."""
+    def delete_locked(self, entries: builtins.list[Entry]) -> None:
+        """Remove ``entries``; the caller holds :meth:`writer` (``prune`` does). Rows first, then files. On a full
+        disk (no room for SQLite's journal) the files go first to make room: a row whose file is gone is never
+        installed (:meth:`get` finds the file missing)."""
         keys = [(e.key,) for e in entries]
         try:
             with self._db(raw=True) as conn:
@@ -320,7 +321,7 @@ class Store(StoreBase):
 
     def quarantine(self, entry: Entry, reason: str) -> Path:
         """Move an entry aside (never deleted, never installed) and drop its row; returns where it went."""
-        with self._writer():
+        with self.writer():
             return self._quarantine_locked(entry, reason)
 
     def _quarantine_locked(self, entry: Entry, reason: str) -> Path:
@@ -343,11 +344,11 @@ class Store(StoreBase):
 
         return prune(self, older_than_s=older_than_s, max_size_bytes=max_size_bytes)
 
-    def _remove_debris_locked(self) -> builtins.list[str]:
+    def remove_debris_locked(self) -> builtins.list[str]:
         """Staging dirs and row-less entry dirs; safe only under the writer lock (no live writer then)."""
         if not self.artifacts_dir.is_dir():
             return []
-        with self._read() as conn:
+        with self.reader() as conn:
             known = {str(r["key"]).removeprefix("sha256:") for r in conn.execute("SELECT key FROM artifacts")}
         removed = []
         for child in self.artifacts_dir.iterdir():
@@ -379,11 +380,12 @@ class Store(StoreBase):
     # -- helpers --------------------------------------------------------------------------------------------
 
     def _row(self, key: CacheKey) -> Entry | None:
-        with self._read() as conn:
+        with self.reader() as conn:
             row = conn.execute(_SELECT_ONE, (str(key),)).fetchone()
         return None if row is None else entry_from_row(row, artifacts_dir=self.artifacts_dir, db_path=self.db_path)
 
-    def _integrity_problem(self, entry: Entry) -> str | None:
+    def integrity_problem(self, entry: Entry) -> str | None:
+        """Why the file of ``entry`` cannot be trusted (missing, another size or sha256), or None."""
         path = Path(entry.path)
         if not path.is_file():
             return f"its file {path} is missing"
@@ -393,4 +395,4 @@ class Store(StoreBase):
         return None
 
     def _intact(self, entry: Entry) -> bool:
-        return self._integrity_problem(entry) is None
+        return self.integrity_problem(entry) is None

@@ -49,7 +49,7 @@ def verify(store: Store) -> VerifyReport:
         CacheError: the database cannot be read at all (then nothing can be checked; the hint says how to
             recover the artifacts).
     """
-    with store._read("verify the cache") as conn:
+    with store.reader("verify the cache") as conn:
         rows = conn.execute("SELECT * FROM artifacts ORDER BY created_at").fetchall()
         quick = [str(r[0]) for r in conn.execute("PRAGMA quick_check").fetchall()]
     ok: list[str] = []
@@ -60,7 +60,7 @@ def verify(store: Store) -> VerifyReport:
         except CacheError as exc:
             problems.append(_quarantine_row(store, str(row["key"]), str(row["filename"]), exc.message))
             continue
-        problem = entry.problem or store._integrity_problem(entry) or _provenance_problem(entry)
+        problem = entry.problem or store.integrity_problem(entry) or _provenance_problem(entry)
         if problem is None:
             ok.append(entry.key)
             continue
@@ -83,9 +83,8 @@ def _quarantine_row(store: Store, key: str, filename: str, why: str) -> Problem:
     digest = key.removeprefix("sha256:")
     stamp = _dt.datetime.now(tz=_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     dest = store.quarantine_dir / f"row-{stamp}-{uuid.uuid4().hex[:6]}"
-    with store._writer():
-        with store._db("quarantine a damaged row") as conn:
-            conn.execute("DELETE FROM artifacts WHERE key = ?", (key,))
+    with store.writer():
+        store.drop_row(key)
         dest.mkdir(parents=True)
         src = store.artifacts_dir / digest
         if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest) and src.is_dir():

@@ -27,7 +27,8 @@ from attnforge._system.files import read_user_file
 from attnforge._system.runner import Runner
 from attnforge.cache import ArtifactKind, CacheKey, CacheKeyInputs, PutResult, Store
 from attnforge.errors import BuildError, UsageError
-from attnforge.probe.snapshot import ComputeCapability, SystemSnapshot, format_cc, parse_cc
+from attnforge.probe.snapshot import SystemSnapshot
+from attnforge.types.cc import ComputeCapability, format_cc, parse_cc
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -15,10 +15,10 @@ import re
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from attnforge._compat import StrEnum
 from attnforge.catalog._check import DATA_DIR, Collector, Sourced, read_checked
 
 STAGES = ("fetch", "metadata", "compile", "link", "import", "runtime")

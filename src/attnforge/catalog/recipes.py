@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
+from attnforge._compat import StrEnum
 from attnforge.catalog._check import Collector
 from attnforge.catalog.slim import SlimSwitches, parse_slim
 from attnforge.catalog.toolchain import MajorMinor, Target, format_major_minor, parse_major_minor

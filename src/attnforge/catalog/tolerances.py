@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from attnforge._compat import StrEnum
 from attnforge.catalog._check import Collector, Sourced, load_file
 from attnforge.catalog.backends import DTYPES
 from attnforge.errors import CatalogError

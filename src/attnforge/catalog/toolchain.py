@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
+from attnforge._compat import StrEnum
 from attnforge.catalog._check import Collector, Sourced
 from attnforge.catalog.torch import TorchRelease, TorchStack, cu_tag, parse_torch_releases, parse_torch_stack
 from attnforge.types.cc import ComputeCapability, format_cc, parse_cc

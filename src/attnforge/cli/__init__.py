@@ -88,6 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, verbose = _split_verbose(list(sys.argv[1:] if argv is None else argv))
     own = args[: args.index("--")] if "--" in args else args
     set_output_mode(as_json="--json" in own, verbose=verbose)
+    from attnforge._system.paths import leave_deleted_cwd
+
+    moved = leave_deleted_cwd()
+    if moved:
+        click.echo(f"note: {moved}", err=True)
     try:
         result: Any = cli.main(args=args, prog_name="attnforge", standalone_mode=False)
     except click.exceptions.Exit as exc:

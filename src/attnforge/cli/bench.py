@@ -58,19 +58,18 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
     Without BACKENDS, every backend `attnforge verify` passed on this device is measured; SDPA with no kernel
     forced (`sdpa`) is always measured as the baseline. Results are stored for the dispatcher.
     """
-    from attnforge._system.paths import home_dir
     from attnforge.bench import ShapeSet, to_records
     from attnforge.bench.isolated import crash_records
     from attnforge.bench.report import backend_versions, report_json
     from attnforge.bench.select import choose_backends, choose_shapes, choose_timing
     from attnforge.catalog import load_catalog
-    from attnforge.records import RecordStore
+    from attnforge.records import open_records
     from attnforge.types.device import DeviceType
     from attnforge.verify.device import current_device
 
     dev = current_device(device)
     catalog = load_catalog()
-    store = RecordStore(home_dir(os.environ))
+    store = open_records()
     verified = sorted(n for n, r in store.latest_verify(dev.key).items() if r.ok)
     chosen, baseline = choose_backends(backends, verified)
     dtype_name = _DTYPES[dtype] if dtype else ("bfloat16" if dev.type is DeviceType.CUDA else "float32")

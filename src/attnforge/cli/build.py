@@ -1,44 +1,34 @@
 """``attnforge build``: a source build with a progress bar, a log, and a diagnosis when it fails.
 
-The spec comes from the resolver (``attnforge.resolve.build_spec``: preflight, archs, jobs, environment); this
-module only turns options into a request, renders progress events, and prints the result.
+The request is assembled as ``plan`` and ``install`` assemble theirs (:func:`attnforge.install.inputs.assemble`),
+the spec comes from the resolver (``attnforge.resolve.build_spec``: preflight, archs, jobs, environment), and the
+wheel goes into the cache keyed as ``install`` keys it; this module renders progress events and the result.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from attnforge.build.progress import BuildEvent, HeartbeatEvent, PhaseEvent, StepEvent
-from attnforge.cli._output import console, emit_json, json_option, snapshot_option
-from attnforge.cli.plan import parse_archs, slim_options, slim_request
-from attnforge.resolve.types import BuildSpec, Request, SourceKind, SourceSpec
+from attnforge.cli._output import console, emit_json, json_option
+from attnforge.cli._request import request_args, request_options
+from attnforge.resolve.types import BuildSpec
 
-_ARCHIVES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")
-
-allow_unsupported_option = click.option(
-    "--allow-unsupported-compiler", is_flag=True,
-    help="When nvcc refuses the host compiler (gcc/clang/MSVC outside its supported range), build anyway "
-         "with nvcc's -allow-unsupported-compiler. At your own risk: the build may fail later or miscompile.")
+if TYPE_CHECKING:
+    from attnforge.cache import Store
 
 
 @click.command("build")
-@click.argument("backend", required=False)
-@click.option("--source", "source_text", default=None, metavar="PATH_OR_URL",
-              help="Build this instead of the catalog's source: a directory, an sdist, an sdist URL, "
-                   "or git+URL[@REF][#subdirectory=DIR].")
+@request_options
 @click.option("--name", default=None,
-              help="Distribution name for a --source build (default: from the source).")
-@click.option("--arch", "archs", multiple=True, metavar="CC",
-              help="Target compute capability, e.g. 9.0 (repeat or comma-separate; default: this machine's "
-                   "GPUs).")
+              help="Distribution name for a --source build (default: the requirement's name, else from the source).")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="At most N compiler processes (MAX_JOBS=N, NVCC_THREADS=1); lower it when memory runs "
                    "out.")
@@ -46,61 +36,39 @@ allow_unsupported_option = click.option(
               help="Keep the build tree so a rerun resumes instead of starting over.")
 @click.option("--sccache", "use_sccache", is_flag=True,
               help="Route nvcc and the C++ compiler through sccache.")
-@allow_unsupported_option
-@slim_options
 @click.option("--quiet", "-q", is_flag=True, help="No progress output; only the result.")
-@snapshot_option
 @json_option
-def command(
-    *, head_dims: tuple[str, ...], dtypes: tuple[str, ...], no_backward: bool, features: tuple[str, ...],
-    model_config: Path | None, backend: str | None, source_text: str | None, name: str | None, archs: tuple[str, ...],
-    jobs: int | None, keep_build_dir: bool, use_sccache: bool, allow_unsupported_compiler: bool, quiet: bool,
-    snapshot_path: Path | None, as_json: bool,
-) -> int:
-    """Build BACKEND (a catalog id such as flash-attn, optionally ==VERSION) or any torch-extension source.
+def command(*, name: str | None, jobs: int | None, keep_build_dir: bool, use_sccache: bool, quiet: bool,
+            as_json: bool, **params: Any) -> int:
+    """Build REQUIREMENT (a backend or its alias, optionally with a version) or any torch-extension --source
+    into attnforge's cache, keyed as `attnforge install` keys it: the next install of it is a cache hit.
 
-    The wheel is left in attnforge's staging directory and the full log under its logs directory; a failed
-    build prints the cause, the log lines that show it, and the fix.
+    The full log goes under attnforge's logs directory; a failed build prints the cause, the log lines that show
+    it, and the fix.
     """
-    from attnforge._system.paths import home_dir
-    from attnforge.build.source import parse_source
-    from attnforge.catalog import load_catalog
-    from attnforge.cli._output import load_or_probe
-    from attnforge.errors import UsageError
+    from attnforge.cache import Store
+    from attnforge.install.inputs import assemble
     from attnforge.resolve import build_spec
 
-    if backend is None and source_text is None:
-        raise UsageError("name a backend or give --source", hint="attnforge build flash-attn, or "
-                         "attnforge build --source ./causal-conv1d")
-    source = parse_source(source_text) if source_text else None
-    if source is not None and source.kind is SourceKind.PATH and not Path(source.location).exists():
-        raise UsageError(f"--source {source_text}: no such file or directory",
-                         hint="give a source directory, an sdist, git+URL@REF or an sdist URL")
-    dist, _, version = (backend or "").partition("==")
-    dist = name or dist or _name_from_source(source)
-    request = Request(backend=dist, version=f"=={version}" if version else "", archs=parse_archs(archs),
-                      from_source=True, source=source, allow_unsupported_compiler=allow_unsupported_compiler,
-                      slim=slim_request(head_dims=head_dims, dtypes=dtypes, no_backward=no_backward,
-                                        features=features, model_config=model_config))
-    catalog = load_catalog()
-    if source is None:
-        catalog.backend(dist)  # UsageError (exit 2) listing the known ids, before any probing
-    home = home_dir(os.environ)
-    snapshot = load_or_probe(snapshot_path)
-    spec = apply_options(build_spec(snapshot, catalog, request, home=str(home)), jobs=jobs,
-                         use_sccache=use_sccache, name=name)
+    wanted = assemble(request_args(params, name=name), build=True)
+    spec = apply_options(build_spec(wanted.snapshot, wanted.catalog, wanted.request, home=str(wanted.home)),
+                         jobs=jobs, use_sccache=use_sccache, name=name)
     warning = unsupported_compiler_warning(spec)
     if warning:
         click.echo(warning, err=True)
-    return run_build(spec, home=home, snapshot=snapshot, keep_build_dir=keep_build_dir, quiet=quiet,
-                     as_json=as_json)
+    return run_build(spec, home=wanted.home, snapshot=wanted.snapshot, keep_build_dir=keep_build_dir, quiet=quiet,
+                     as_json=as_json, store=Store(wanted.home))
 
 
 def run_build(
     spec: BuildSpec, *, home: Path, snapshot: Any, keep_build_dir: bool, quiet: bool, as_json: bool,
-    launcher: Any = None,
+    launcher: Any = None, store: Store | None = None,
 ) -> int:
     """Execute ``spec`` with progress on stderr and the result (or the diagnosis) for people or as JSON.
+
+    With ``store`` (the command line's), the wheel goes into the cache as ``install`` stores a build
+    (:func:`attnforge.install.keys.store_built`) and the staging copy is removed; without it the wheel stays in
+    the staging directory.
 
     Returns:
         The exit code: 0 built, 1 the build failed (diagnosis printed).
@@ -129,14 +97,23 @@ def run_build(
         click.echo(f"error: {failure.message}", err=True)
         click.echo(f"log: {failure.log_path}", err=True)
         return 1
+    wheel, key = result.wheel, None
+    if store is not None:
+        from attnforge.install.keys import store_built
+
+        entry = store_built(store, spec, wheel=result.wheel, log_path=result.log_path,
+                            source_sha256=result.source_sha256, snapshot=snapshot, owned_dir=result.wheel.parent)
+        wheel, key = Path(entry.path), entry.key
     if as_json:
-        emit_json("build", {"ok": True, "result": result, "spec": spec})
+        emit_json("build", {"ok": True, "result": result, "spec": spec, "cache_key": key, "wheel": wheel})
         return 0
     out = console()
     out.print(f"[bold green]built[/] {result.wheel.name} in {_clock(result.duration_s)}"
               + (f" ({result.steps_total} compile steps)" if result.steps_total else "")
               + (" [dim](resumed a kept build tree)[/]" if result.resumed else ""), soft_wrap=True)
-    out.print(f"wheel: {result.wheel}", soft_wrap=True)
+    out.print(f"wheel: {wheel}", soft_wrap=True)
+    if key is not None:
+        out.print(f"cache key: {key} (`attnforge install` of the same request is a cache hit)", soft_wrap=True)
     out.print(f"log:   {result.log_path}", soft_wrap=True)
     out.print(f"source sha256: {result.source_sha256}")
     if spec.capabilities is not None:
@@ -149,7 +126,7 @@ def run_build(
     from attnforge.build.frontend import installer_for
 
     frontend = installer_for(spec.python or sys.executable, runner=SubprocessRunner())  # uv in a uv venv
-    out.print(f"install it with: {shlex.join(frontend.argv('install', '--no-deps', str(result.wheel)))}",
+    out.print(f"install it with: {shlex.join(frontend.argv('install', '--no-deps', str(wheel)))}",
               soft_wrap=True, markup=False)
     return 0
 
@@ -179,16 +156,6 @@ def apply_options(spec: BuildSpec, *, jobs: int | None, use_sccache: bool, name:
     if name:
         changes["name"] = name
     return dataclasses.replace(spec, env=env, **changes)
-
-
-def _name_from_source(source: SourceSpec | None) -> str:
-    if source is None:
-        return "source"
-    leaf = source.location.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
-    for suffix in _ARCHIVES:
-        if leaf.lower().endswith(suffix):
-            leaf = leaf[: -len(suffix)].rsplit("-", 1)[0]  # name-1.0.tar.gz -> name
-    return (source.subdirectory or leaf).rstrip("/").rsplit("/", 1)[-1] or "source"
 
 
 def _clock(seconds: float | None) -> str:

@@ -102,7 +102,7 @@ def command(  # noqa: PLR0917 - click passes every option as a positional argume
         restore,
         store_library,
     )
-    from attnforge.probe.snapshot import parse_cc
+    from attnforge.types.cc import parse_cc
 
     if command and (print_only or store_only):
         raise UsageError("--print and --store run no command", hint="drop them, or drop the command after --")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -18,17 +17,15 @@ def command(as_json: bool, snapshot_path: Path | None) -> int:
 
     Exit 0 when a GPU backend is ready, 1 when only the CPU fallback runs here.
     """
-    from attnforge._system.paths import home_dir
     from attnforge.catalog import load_catalog
-    from attnforge.records import RecordStore
+    from attnforge.records import open_records
     from attnforge.report.doctor import Status, doctor_report
-    from attnforge.report.identity import snapshot_device_key
     from attnforge.report.preflight import build_blockers
 
     snapshot = load_or_probe(snapshot_path)
     catalog = load_catalog()
-    store = RecordStore(home_dir(os.environ))
-    key = snapshot_device_key(snapshot)
+    store = open_records()
+    key = snapshot.device_key()
     report = doctor_report(snapshot, catalog, verified=store.latest_verify(key), bench=store.bench_records(key),
                            build_blockers=build_blockers(snapshot, catalog))
     if as_json:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -32,19 +31,18 @@ def command(backends: tuple[str, ...], device: str | None, seed: int, timeout_s:
     Without BACKENDS, every installed backend with a path on this device is verified. Exit 0 when every
     verified backend passed, 1 when one failed. Verdicts are stored for `attnforge doctor` and the dispatcher.
     """
-    from attnforge._system.paths import home_dir
     from attnforge.backends.registry import adapters
     from attnforge.cache._db import check_root
     from attnforge.catalog import load_catalog
     from attnforge.catalog.tolerances import load_tolerances
-    from attnforge.records import RecordStore
+    from attnforge.records import open_records
     from attnforge.verify.device import current_device
     from attnforge.verify.isolated import Isolation
     from attnforge.verify.run import run_verify
 
-    check_root(home_dir(os.environ), write=True)  # before the work: the verdicts are stored there
+    store = open_records()
+    check_root(store.path.parent, write=True)  # before the work: the verdicts are stored there
     dev = current_device(device)
-    store = RecordStore(home_dir(os.environ))
     out = console(stderr=True)
     with out.status(f"verifying on {dev.name}", spinner="dots"):
         report = run_verify(list(backends), adapters=adapters(), catalog=load_catalog(), device=dev,

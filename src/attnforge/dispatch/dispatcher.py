@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import os
 import threading
 import warnings
 from collections.abc import Mapping
@@ -38,7 +37,7 @@ from attnforge.dispatch.policy import (
     measurements,
 )
 from attnforge.errors import DispatchError
-from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
+from attnforge.records import BenchRecord, VerifyRecord, device_key, open_records
 
 _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnforge_forced_backend", default=None)
 
@@ -114,9 +113,7 @@ class Dispatcher:
 
     def _source(self) -> RecordSource:
         if self._records is None:
-            from attnforge._system.paths import home_dir
-
-            self._records = RecordStore(home_dir(os.environ))
+            self._records = open_records()
         return self._records
 
     def _device(self, device: torch.device) -> _Device:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnforge._system.net import HostLookup, lookup_host
+
 USER_AGENT = "attnforge (+https://github.com/attnforge)"
 
 
@@ -71,13 +73,29 @@ def open_url(req: urllib.request.Request, timeout: float) -> Any:
 
 @dataclass(slots=True, kw_only=True)
 class Fetcher:
-    """GET with ``retries`` attempts and exponential backoff; ``opener`` and ``sleep`` are seams for tests."""
+    """GET with ``retries`` attempts and exponential backoff; ``opener``, ``sleep`` and ``lookup`` (the name
+    lookup, ``socket.getaddrinfo``) are seams for tests.
+
+    A host name is looked up first, with a deadline of ``lookup_timeout_s`` (:class:`attnforge._system.net.
+    HostLookup`): a resolver that never answers (a machine with no network) costs that once per host, not the
+    C library's retries inside every attempt, and a host that did not answer is not asked again by this fetcher.
+    """
 
     timeout_s: float = 30.0
     retries: int = 3
     backoff_s: float = 0.5
+    lookup_timeout_s: float = 3.0
     sleep: Callable[[float], None] = time.sleep
     opener: Callable[..., object] = open_url
+    lookup: Callable[[str], object] = lookup_host
+    _hosts: HostLookup | None = None
+
+    def _check_host(self, url: str) -> None:
+        if self._hosts is None:
+            self._hosts = HostLookup(timeout_s=self.lookup_timeout_s, lookup=self.lookup)
+        problem = self._hosts.problem(url)
+        if problem is not None:
+            raise FetchError(problem)
 
     def get(
         self, url: str, headers: Mapping[str, str] | None = None, *, token: bool = False
@@ -85,8 +103,10 @@ class Fetcher:
         """(status, body, headers); 304 is returned, not raised.
 
         Raises:
-            FetchError: rate limited, an HTTP error other than 304, or the network failed ``retries`` times.
+            FetchError: the host has no address within ``lookup_timeout_s``, rate limited, an HTTP error other
+                than 304, or the network failed ``retries`` times.
         """
+        self._check_host(url)
         req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, **(headers or {})})  # noqa: S310
         last = ""
         for attempt in range(self.retries):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from attnforge._system.runner import SubprocessRunner
 from attnforge.catalog.toolchain import Target, TargetKind
-from attnforge.probe.snapshot import ComputeCapability, format_cc
+from attnforge.types.cc import ComputeCapability, format_cc
 
 MAGIC = 0xBA55ED50
 _MAGIC_BYTES = struct.pack("<I", MAGIC)

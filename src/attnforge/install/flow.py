@@ -23,14 +23,14 @@ from typing import Protocol
 
 from attnforge._system.runner import Runner
 from attnforge.cache import CacheKey, Store
-from attnforge.cache._files import remove_tree, sha256_file
+from attnforge.cache._files import sha256_file
 from attnforge.errors import CacheError, InstallError, ResolveError
 from attnforge.install.download import check_digest, stream
-from attnforge.install.guards import interpreter_lock, pinned_to_torch, scratch_dir
-from attnforge.install.keys import built_wheel_inputs, prebuilt_wheel_inputs
+from attnforge.install.guards import interpreter_lock, scratch_dir
+from attnforge.install.keys import prebuilt_wheel_inputs, store_built
 from attnforge.install.overlap import warning as overlap_warning
 from attnforge.install.pip import PipInstallResult, install_requirements, pip_install
-from attnforge.probe.snapshot import ComputeCapability, SystemSnapshot
+from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import (
     BuildSpec,
     CachedArtifact,
@@ -40,6 +40,7 @@ from attnforge.resolve.types import (
     Request,
     WheelRef,
 )
+from attnforge.types.cc import ComputeCapability
 
 
 class Planner(Protocol):
@@ -269,17 +270,8 @@ def _obtain(run: _Run, request: Request, plan: Plan, chosen: Candidate) -> tuple
                     return again, Action.CACHE_HIT, hit, str(again.chosen.cache_key)
                 plan = again
             built = run.builder(spec, home=store.root)
-            wheel = pinned_to_torch(Path(built.wheel_path), spec, run.snapshot)
-            inputs = built_wheel_inputs(
-                wheel=wheel, spec=spec, source_sha256=built.source_sha256, snapshot=run.snapshot
-            )
-            origin = {"origin": "source-build", "source": spec.source.location, "notes": list(spec.notes),
-                      "capabilities": spec.capabilities.to_json() if spec.capabilities else None}
-            try:
-                entry = store.put(wheel, inputs, log_path=built.log_path, provenance=origin).entry
-            finally:
-                if built.owned_dir is not None:
-                    remove_tree(built.owned_dir)
+            entry = store_built(store, spec, wheel=Path(built.wheel_path), log_path=built.log_path,
+                                source_sha256=built.source_sha256, snapshot=run.snapshot, owned_dir=built.owned_dir)
         return plan, Action.BUILT, store.get(entry.key), entry.key
     raise InstallError(f"the plan chose {chosen.kind.value} without the details to act on it: {chosen}")
 

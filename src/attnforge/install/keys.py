@@ -1,14 +1,20 @@
-"""Cache-key inputs for what the installer stores: a wheel it built, or a prebuilt wheel it fetched."""
+"""Cache-key inputs for what the installer stores: a wheel it built, or a prebuilt wheel it fetched; and
+:func:`store_built`, the one way a finished source build enters the store (``install`` and ``build`` alike)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.utils import parse_wheel_filename
 
 from attnforge.cache import ArtifactKind, CacheKeyInputs
-from attnforge.probe.snapshot import ComputeCapability, SystemSnapshot
+from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import BuildSpec
+from attnforge.types.cc import ComputeCapability
+
+if TYPE_CHECKING:
+    from attnforge.cache import Entry, Store
 
 #: Build variables that change how fast or where a build runs, not the bytes it produces; every other variable
 #: a build spec sets is part of the cache key (flags such as FLASH_ATTENTION_DISABLE_DROPOUT or
@@ -82,3 +88,28 @@ def prebuilt_wheel_inputs(
         flags=("prebuilt",), python_tag=python_tag, platform_tag=platform_tag, glibc=snapshot.platform.glibc,
         torch_version=torch_version, cuda_version=cuda_version, cxx11_abi=cxx11_abi,
     )
+
+
+def store_built(store: Store, spec: BuildSpec, *, wheel: Path, log_path: Path | None, source_sha256: str,
+                snapshot: SystemSnapshot, owned_dir: Path | None = None) -> Entry:
+    """Put the wheel a build of ``spec`` produced into ``store``, keyed as ``install`` keys it, so the next
+    ``install`` (or ``plan``) of the same request finds it as a cache candidate and ``cache export`` serves it.
+
+    The wheel is first labelled with the torch it was built against (:func:`~attnforge.install.guards.
+    pinned_to_torch`); ``owned_dir`` (the builder's staging directory) is removed afterwards, stored or not.
+
+    Raises:
+        CacheError: the disk is full or the store cannot be written.
+    """
+    from attnforge.cache._files import remove_tree
+    from attnforge.install.guards import pinned_to_torch
+
+    try:
+        labelled = pinned_to_torch(wheel, spec, snapshot)
+        inputs = built_wheel_inputs(wheel=labelled, spec=spec, source_sha256=source_sha256, snapshot=snapshot)
+        origin = {"origin": "source-build", "source": spec.source.location, "notes": list(spec.notes),
+                  "capabilities": spec.capabilities.to_json() if spec.capabilities else None}
+        return store.put(labelled, inputs, log_path=log_path, provenance=origin).entry
+    finally:
+        if owned_dir is not None:
+            remove_tree(owned_dir)

@@ -136,9 +136,10 @@ def _collect_platform(ctx: ProbeContext) -> PlatformInfo:
     from packaging import tags
 
     cache = ctx.cache_dir or home_dir(ctx.environ)
-    probe_at = next((p for p in (cache, *cache.parents) if p.exists()), Path.cwd())
+    # the nearest existing directory of the cache (never the cwd: it may have been deleted under us)
+    probe_at = next((p for p in (cache, *cache.parents) if p.exists()), None)
     try:
-        free: int | None = shutil.disk_usage(probe_at).free
+        free: int | None = shutil.disk_usage(probe_at).free if probe_at is not None else None
     except OSError:
         free = None
     vm = psutil.virtual_memory()

@@ -14,11 +14,7 @@ from pathlib import Path
 
 from attnforge._serde import DecodeError, from_jsonable, to_jsonable
 from attnforge.errors import ProbeError
-
-# Re-exported for modules that still import them from here; new code imports attnforge.types.cc.
-from attnforge.types.cc import ComputeCapability as ComputeCapability  # noqa: PLC0414
-from attnforge.types.cc import format_cc as format_cc  # noqa: PLC0414
-from attnforge.types.cc import parse_cc as parse_cc  # noqa: PLC0414
+from attnforge.types.cc import ComputeCapability
 
 #: Bump when a field changes meaning or is removed; adding a field with a default keeps the version.
 SCHEMA_VERSION = 1
@@ -311,6 +307,17 @@ class SystemSnapshot:
 
     def problem(self, section: str) -> str | None:
         return next((p.reason for p in self.problems if p.section == section), None)
+
+    def device_key(self) -> str:
+        """The records' key of this machine, as the runtime computes it (:func:`attnforge.types.device.
+        device_key`): ``"NVIDIA H200|9.0|torch 2.11.0+cu130"`` for GPU 0, ``"cpu|torch 2.13.0+cpu"`` without a
+        usable GPU."""
+        from attnforge.types.device import device_key
+
+        torch_version = self.torch.version if self.torch else "none"
+        if not (self.gpus and self.torch is not None and self.torch.cuda_available):
+            return device_key("cpu", None, torch_version)
+        return device_key(self.gpus[0].name, self.gpus[0].compute_capability, torch_version)
 
     @property
     def primary_toolkit(self) -> CudaToolkit | None:

@@ -13,10 +13,11 @@ from functools import partial
 
 from attnforge._compat import StrEnum
 from attnforge.catalog import Backend, Catalog, load_catalog
-from attnforge.probe.snapshot import ComputeCapability, InstalledBackend, SystemSnapshot, TorchInfo, format_cc
+from attnforge.probe.snapshot import InstalledBackend, SystemSnapshot, TorchInfo
 from attnforge.ranking import PLAIN_SDPA, overhead_tier, wins_per_backend
 from attnforge.records import BenchRecord, VerifyRecord
 from attnforge.resolve.torch_checks import torch_cuda
+from attnforge.types.cc import ComputeCapability, format_cc
 
 
 def torch_cuda_hint() -> str:

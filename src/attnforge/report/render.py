@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnforge.probe.snapshot import SystemSnapshot, format_cc
+from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.report.doctor import DoctorReport, Status, system_summary
+from attnforge.types.cc import format_cc
 
 _STYLE = {Status.READY: "green", Status.BROKEN: "red", Status.MISSING: "yellow", Status.UNSUPPORTED: "dim"}
 

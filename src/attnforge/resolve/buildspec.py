@@ -17,10 +17,11 @@ from attnforge.catalog import Catalog
 from attnforge.catalog.recipes import Recipe, RecipeKind
 from attnforge.catalog.slim import SlimPlan, SlimRequest, plan_slim
 from attnforge.errors import ResolveError, UsageError
-from attnforge.probe.snapshot import SystemSnapshot, format_cc
+from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.jobs import size_jobs
 from attnforge.resolve.preflight import Preflight, run_preflight
 from attnforge.resolve.types import BuildSpec, Request, SourceKind, SourceSpec
+from attnforge.types.cc import format_cc
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,7 +183,8 @@ def build_spec(
         (``FLASH_ATTENTION_FORCE_BUILD=TRUE``), ``MAX_JOBS``/``NVCC_THREADS`` and ``CUDA_HOME``/``CUDA_PATH``.
 
     Raises:
-        ResolveError: the preflight failed; ``cause`` lists every failed check with its fix.
+        ResolveError: the preflight failed (``cause`` lists every failed check with its fix), or ``--offline``
+            and the source is not local.
         UsageError: nothing to build for this backend, or a bad version text.
     """
     decision = plan_build(snapshot, catalog, request, home=home)
@@ -193,7 +195,18 @@ def build_spec(
             cause="\n".join(f.text() for f in failures),
             hint=failures[0].fix,
         )
+    offline = offline_problem(request, decision.spec.source)
+    if offline is not None:
+        raise ResolveError(f"{request.backend} cannot be built offline", cause=offline,
+                           hint="pass a local --source (a directory or an sdist), or drop --offline")
     return decision.spec
+
+
+def offline_problem(request: Request, source: SourceSpec) -> str | None:
+    """Why ``--offline`` forbids building ``source`` (anything but a local path is downloaded), or None."""
+    if request.offline and source.kind is not SourceKind.PATH:
+        return f"--offline: the {source.kind.value} source cannot be downloaded; pass a local --source"
+    return None
 
 
 def _spec(

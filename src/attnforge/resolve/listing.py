@@ -7,6 +7,7 @@ PEP 503 says: the text of the link is the filename, ``#sha256=...`` in the URL i
 
 from __future__ import annotations
 
+import functools
 import html.parser
 import os
 import urllib.error
@@ -19,6 +20,7 @@ from typing import IO
 
 from packaging.utils import canonicalize_name
 
+from attnforge._system.net import HostLookup
 from attnforge.errors import UsageError
 from attnforge.resolve.types import Request, SourceKind, SourceSpec, WheelRef
 
@@ -94,11 +96,14 @@ def parse_simple_page(page: str, page_url: str) -> list[WheelRef]:
     return out
 
 
-def _urlopen(url: str, timeout_s: float) -> IO[bytes]:
+def _urlopen(url: str, timeout_s: float, hosts: HostLookup | None = None) -> IO[bytes]:
     if url.startswith("file:"):
         path = Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path))
         if path.is_dir():
             url = (path / "index.html").as_uri()
+    problem = (hosts or HostLookup()).problem(url)  # a silent DNS costs seconds, not the C library's minutes
+    if problem is not None:
+        raise OSError(problem)
     return urllib.request.urlopen(url, timeout=timeout_s)  # type: ignore[no-any-return]  # noqa: S310
 
 
@@ -131,6 +136,8 @@ def list_wheels(
     """
     wheels: list[WheelRef] = []
     problems: list[str] = []
+    if opener is _urlopen:  # one lookup per host for all the projects of an index
+        opener = functools.partial(_urlopen, hosts=HostLookup())
     for d in find_links:
         wheels.extend(list_find_links(d))
     for index in index_urls:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
 
+from attnforge._compat import StrEnum
 from attnforge.catalog.msvc import MsvcCatalog
 from attnforge.errors import BuildError
 from attnforge.probe.parsers import toolset_msc_ver

@@ -14,10 +14,11 @@ from attnforge.catalog import Catalog
 from attnforge.catalog.recipes import Recipe
 from attnforge.catalog.toolchain import MajorMinor, Target, TargetKind, format_major_minor
 from attnforge.catalog.torch import cu_tag
-from attnforge.probe.snapshot import ComputeCapability, CudaToolkit, SystemSnapshot, format_cc
+from attnforge.probe.snapshot import CudaToolkit, SystemSnapshot
 from attnforge.resolve.checks import Check, allowed_unsupported, disk_check, host_compiler_check, ninja_check, ram_check
 from attnforge.resolve.torch_checks import toolkit_version, torch_checks, torch_cuda, torch_variant_for
 from attnforge.resolve.types import Request
+from attnforge.types.cc import ComputeCapability, format_cc
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

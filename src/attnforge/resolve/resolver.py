@@ -18,24 +18,18 @@ from attnforge.catalog import Catalog
 from attnforge.catalog.backends import Backend
 from attnforge.catalog.recipes import RecipeKind
 from attnforge.errors import UsageError
-from attnforge.probe.snapshot import SystemSnapshot, format_cc
+from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.buildspec import (
     cached_switch_problem,
     default_source,
     installed_caps_problem,
+    offline_problem,
     plan_build,
 )
 from attnforge.resolve.tags import supported_tags
-from attnforge.resolve.types import (
-    CachedArtifact,
-    Candidate,
-    CandidateKind,
-    Plan,
-    Request,
-    SourceKind,
-    WheelRef,
-)
+from attnforge.resolve.types import CachedArtifact, Candidate, CandidateKind, Plan, Request, WheelRef
 from attnforge.resolve.wheels import check_binary, read_cached, read_wheel, same_distribution, target_ccs
+from attnforge.types.cc import format_cc
 from attnforge.types.versions import newest_first
 
 _FROM_SOURCE = "--from-source: prebuilt binaries are skipped"
@@ -305,10 +299,8 @@ def _source(
     desc = f"build {recipe.distribution or request.backend} from {source.kind.value} {where}"
     decision = plan_build(snapshot, catalog, request, home=home)
     reasons = [f.text() for f in decision.preflight.failures]
-    if request.offline and source.kind is not SourceKind.PATH:
-        reasons.append(
-            f"--offline: the {source.kind.value} source cannot be downloaded; pass a local --source"
-        )
+    offline = offline_problem(request, source)
+    reasons += [offline] if offline else []
     if reasons or decision.spec is None:
         return _rejected(CandidateKind.SOURCE, desc, reasons)
     return Candidate(

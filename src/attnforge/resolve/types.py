@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from attnforge._compat import StrEnum
 from attnforge.catalog.slim import Capabilities, SlimPlan, SlimRequest
-from attnforge.probe.snapshot import ComputeCapability, CudaToolkit
+from attnforge.probe.snapshot import CudaToolkit
+from attnforge.types.cc import ComputeCapability
 
 
 class CandidateKind(StrEnum):

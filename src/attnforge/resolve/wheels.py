@@ -21,8 +21,9 @@ from attnforge.catalog import Catalog
 from attnforge.catalog.backends import Backend
 from attnforge.catalog.recipes import CudaTag, TorchMatch, WheelGrammar, WheelLabel
 from attnforge.catalog.toolchain import Target, TargetKind, parse_major_minor
-from attnforge.probe.snapshot import ComputeCapability, SystemSnapshot, format_cc
+from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import CachedArtifact, Request, WheelRef
+from attnforge.types.cc import ComputeCapability, format_cc
 from attnforge.types.local_label import LocalLabel
 
 

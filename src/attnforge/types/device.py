@@ -8,8 +8,8 @@ doctor (from a snapshot).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
+from attnforge._compat import StrEnum
 from attnforge.types.cc import ComputeCapability
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
+
+from attnforge._compat import StrEnum
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 

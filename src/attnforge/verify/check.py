@@ -11,10 +11,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import StrEnum
 from importlib import metadata
 from typing import Any
 
+from attnforge._compat import StrEnum
 from attnforge._system.runner import Runner
 from attnforge.backends.adapter import BackendAdapter, reference_attention, supported_features
 from attnforge.catalog.backends import Backend

@@ -7,7 +7,6 @@ process calls the library (:func:`verify_here`), never the command line.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Sequence
 
@@ -22,16 +21,15 @@ def verify_here(names: Sequence[str], *, device: str | None = None, seed: int = 
     Raises:
         UsageError: an unknown backend or device.
     """
-    from attnforge._system.paths import home_dir
     from attnforge.backends.registry import adapters
     from attnforge.catalog import load_catalog
     from attnforge.catalog.tolerances import load_tolerances
-    from attnforge.records import RecordStore
+    from attnforge.records import open_records
     from attnforge.verify.device import current_device
     from attnforge.verify.run import run_verify
 
     return run_verify(list(names), adapters=adapters(), catalog=load_catalog(), device=current_device(device),
-                      tolerances=load_tolerances(), store=RecordStore(home_dir(os.environ)), python=sys.executable,
+                      tolerances=load_tolerances(), store=open_records(), python=sys.executable,
                       seed=seed)
 
 
