@@ -104,7 +104,8 @@ def attnforge_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 def cli_env(attnforge_home: Path) -> dict[str, str]:
     """Environment for running ``python -m attnforge`` in a subprocess against this checkout's src/."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    # no empty entry: it would mean the working directory, which a test may have deleted (Python cannot start)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
     env["ATTNFORGE_HOME"] = str(attnforge_home)
     return env
 
