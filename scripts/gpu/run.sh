@@ -130,7 +130,13 @@ stage_bench() {
     (( $(call_left_s) > ${BENCH_DIFFUSION_IF_LEFT_S:-400} )) && json_step bench-diffusion "$(budget 150 150)" attnforge bench --shapes diffusion --json
 }
 
-stage_features() { ensure_attnforge && step features "$(budget 180)" python "$S/features_check.py" --out "$STEP_DIR/features.json" ${FEATURES_ARGS:-}; }
+stage_features() {
+    ensure_attnforge || return 1
+    step features "$(budget 180)" python "$S/features_check.py" --out "$STEP_DIR/features.json" ${FEATURES_ARGS:-}
+    # the lead's adapter-level check (scripts/flex_features.py, on main since 804af8a), when present and time allows
+    [[ -f $AF_ROOT/scripts/flex_features.py ]] && (( $(call_left_s) > 200 )) && \
+        json_step flex-adapter "$(budget 120)" env PYTHONPATH="$AF_ROOT/src" python "$AF_ROOT/scripts/flex_features.py" --rounds 3
+}
 stage_models() { ensure_attnforge && step models "$(budget 240)" python "$S/models_gpu.py" --out "$STEP_DIR/models.json" ${MODELS_ARGS:-}; }
 stage_overhead() { ensure_attnforge && step overhead "$(budget 200)" python "$S/overhead.py" --out "$STEP_DIR/overhead.json" ${OVERHEAD_ARGS:-}; }
 
