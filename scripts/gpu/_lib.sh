@@ -1,8 +1,8 @@
-# Shared helpers for scripts/gpu/NN-*.sh (sourced, never run). See scripts/gpu/README.md.
+# Shared helpers for scripts/gpu/run.sh (sourced, never run). See scripts/gpu/README.md.
 #
 # Layout on the GPU machine (everything under /tmp survives between calls while the machine stays warm):
-#   /tmp/wh        the offline wheelhouse (00-stage.sh fills it from the carried batches)
-#   /tmp/afvenv    the virtual environment attnforge and the backends are installed into (01-setup.sh)
+#   /tmp/wh        the offline wheelhouse (run.sh `stage` fills it from the carried batches carry/c1..c3)
+#   /tmp/afvenv    the virtual environment attnforge and the backends are installed into (run.sh `setup`)
 #   /tmp/afhome    ATTNFORGE_HOME: the artifact cache and the verify/bench records
 #   /tmp/afrun     every output and log of every step, one folder per script; steps.tsv is the running summary
 #   $OUT           what comes back from the call: afrun.tar.gz (all of /tmp/afrun), summary.txt, and at most a
@@ -56,14 +56,13 @@ now_s() { date +%s.%N; }
 # call_left_s: seconds left of this call's budget.
 call_left_s() { echo $(( AF_CALL_BUDGET_S - ($(date +%s) - AF_CALL_T0) )); }
 
-# need_call_time SECONDS WHAT: stop this script (exit 3) when the call has less than SECONDS left.
+# need_call_time SECONDS WHAT: false (and a note) when the call has less than SECONDS left: the stage skips it.
 need_call_time() {
     local left
     left=$(call_left_s)
     if (( left < $1 )); then
         note "skipped $2: ${left}s left in this call, it needs ~$1s: run it first in the next call"
-        finish
-        exit 3
+        return 1
     fi
 }
 
@@ -112,13 +111,14 @@ json_step() {
     return $rc
 }
 
-# have_venv: the venv from 01-setup.sh exists and attnforge runs from it.
+# have_venv: the venv from the setup stage exists and attnforge runs from it.
 have_venv() { [[ -x "$VENV/bin/attnforge" ]]; }
 
 # ensure_attnforge: the editable install points at this checkout (the repo copy may move between calls).
 ensure_attnforge() {
-    have_venv || { echo "error: $VENV/bin/attnforge missing: run scripts/gpu/01-setup.sh first"; return 1; }
+    have_venv || { echo "error: $VENV/bin/attnforge missing: run the setup stage first (scripts/gpu/run.sh setup)"; return 1; }
     local where
+    [[ -x "$VENV/bin/python" ]] && export VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH"
     where=$("$VENV/bin/python" -c 'import attnforge, os; print(os.path.realpath(attnforge.__file__))' 2>/dev/null)
     if [[ "$where" != "$AF_ROOT"/src/* ]]; then
         echo "attnforge imports from '${where:-nowhere}', not $AF_ROOT/src: pointing it here again"
@@ -131,46 +131,6 @@ ensure_attnforge() {
         fi
     fi
 }
-
-# bg_start NAME CMD...: start CMD in its own session so it outlives this call; rc and times under $RUN/bg/NAME.
-bg_start() {
-    local name=$1
-    shift
-    local dir="$RUN/bg/$name"
-    if [[ -f "$dir/pid" ]] && kill -0 "$(cat "$dir/pid")" 2>/dev/null && [[ ! -f "$dir/rc" ]]; then
-        echo "$name is already running (pid $(cat "$dir/pid"))"
-        return 0
-    fi
-    rm -rf "$dir"
-    mkdir -p "$dir"
-    printf '%q ' "$@" > "$dir/cmd"
-    date +%s > "$dir/start_epoch"
-    # The wrapper writes rc and end_epoch itself, so the result survives whichever call is running then.
-    setsid nohup bash -c '"$@"; rc=$?; date +%s > "'"$dir"'/end_epoch"; echo $rc > "'"$dir"'/rc"' _ "$@" \
-        > "$dir/output.log" 2>&1 < /dev/null &
-    echo $! > "$dir/pid"
-    echo "started $name in the background: pid $(cat "$dir/pid"), log $dir/output.log"
-}
-
-# bg_state NAME: prints running | done:RC | absent
-bg_state() {
-    local dir="$RUN/bg/$1"
-    if [[ -f "$dir/rc" ]]; then echo "done:$(cat "$dir/rc")"
-    elif [[ -f "$dir/pid" ]] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then echo running
-    elif [[ -f "$dir/pid" ]]; then echo "done:lost"
-    else echo absent
-    fi
-}
-
-bg_elapsed_s() {
-    local dir="$RUN/bg/$1" end
-    [[ -f "$dir/start_epoch" ]] || { echo 0; return; }
-    end=$(cat "$dir/end_epoch" 2>/dev/null || date +%s)
-    echo $(( end - $(cat "$dir/start_epoch") ))
-}
-
-# time_left_s BUDGET_S: seconds left of BUDGET_S since this script started.
-time_left_s() { echo $(( $1 - ($(date +%s) - SCRIPT_T0) )); }
 
 # finish [HEADLINE_FILE...]: summary on stdout (the call's output tail) and the outputs into $OUT.
 finish() {

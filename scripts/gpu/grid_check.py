@@ -3,9 +3,11 @@
 
 For every cell (shape x mode) of the grid below, each installed backend is called *directly* through its own
 library function in its native layout (no attnforge code on the timed path), and ``attnforge.attention`` is
-called the way a user would (bhsd tensors, and bshd tensors with ``layout="bshd"``). Every timing is the
-median of ``triton.testing.do_bench`` medians over ``--rounds`` interleaved rounds (each round times every
-candidate once, in a rotated order, so clock drift and thermal state hit all candidates alike).
+called the way a user would (bhsd tensors, and bshd tensors with ``layout="bshd"``). Every timing goes through
+:func:`_timing.measure_ms`, i.e. :func:`attnforge.bench.timing.measure` (CUDA events, L2 flushed, interleaved
+rounds): the harness bench and measure-on-first-use use, for both sides. The first ``attnforge.attention`` call
+of each cell, mode and precision is timed alone first (``first_use_s``: with measure-on-first-use on, the cost
+of measuring the candidates of that class); the ratios are from the second call on.
 
 Per cell it reports: TFLOP/s of each candidate (bench's count: ``4 B Hq D`` x attended query-key pairs,
 backward = 2.5x forward; the 2026-11-22 JSON predates this: it halved only square causal shapes and
@@ -15,8 +17,8 @@ ratio to plain SDPA; and, on ``--quantized`` cells, the best with SageAttention 
 ``precision="allow_quantized"``. Each direct backend's output is checked against a float32 reference on one
 (batch, head) slice; a backend whose error is over the bound is not counted as "best".
 
-Usage (on the GPU machine, after ``attnforge verify`` and ``attnforge bench``):
-    python scripts/gpu/grid_check.py --out grid.json [--cells NAME,...] [--rounds 3] [--budget-s 500]
+Usage (on the GPU machine, after ``attnforge verify``; run.sh's ``check`` stage, in a home without bench records):
+    python scripts/gpu/grid_check.py --out grid.json [--cells NAME,...] [--budget-s 400] [--device cpu]
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from _timing import first_call_s, measure_ms
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,14 @@ def grid() -> tuple[Cell, ...]:
     return tuple(cells)
 
 
+def shrink(c: Cell) -> Cell:
+    """The cell's structure at CPU size (dry runs): lengths / 64, at most 4 query heads, batch 1."""
+    ratio = c.hq // c.hkv
+    hq = max(ratio, min(c.hq, 4))
+    return Cell(c.name, 1, hq, max(1, hq // ratio), 1 if c.sq == 1 else max(8, c.sq // 64), max(8, c.sk // 64),
+                min(c.d, 64), c.causal, c.modes, c.quantized)
+
+
 @dataclass
 class Row:
     cell: str
@@ -68,6 +80,7 @@ class Row:
     spread: dict[str, float] = field(default_factory=dict)
     errors: dict[str, float] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    first_use_s: dict[str, float] = field(default_factory=dict)
     chosen: str | None = None
     chosen_quantized: str | None = None
     best_exact: str | None = None
@@ -173,15 +186,15 @@ def reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> Any:
     return torch.softmax(s, dim=-1) @ v0
 
 
-def measure(torch: Any, do_bench: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[..., Any]]], *,
-            cell: Cell, mode: str, rounds: int, dtype: Any) -> Row:
+def measure(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[..., Any]]], *,
+            cell: Cell, mode: str, dtype: Any, dev: str = "cuda") -> Row:
     """One cell in one mode: every direct backend and attnforge, timed in interleaved rounds."""
     row = Row(cell=cell.name, mode=mode, shape=asdict(cell))
     torch.manual_seed(0)
     grad = mode == "fwdbwd"
-    qb = torch.randn(cell.b, cell.hq, cell.sq, cell.d, device="cuda", dtype=dtype, requires_grad=grad)
-    kb = torch.randn(cell.b, cell.hkv, cell.sk, cell.d, device="cuda", dtype=dtype, requires_grad=grad)
-    vb = torch.randn(cell.b, cell.hkv, cell.sk, cell.d, device="cuda", dtype=dtype, requires_grad=grad)
+    qb = torch.randn(cell.b, cell.hq, cell.sq, cell.d, device=dev, dtype=dtype, requires_grad=grad)
+    kb = torch.randn(cell.b, cell.hkv, cell.sk, cell.d, device=dev, dtype=dtype, requires_grad=grad)
+    vb = torch.randn(cell.b, cell.hkv, cell.sk, cell.d, device=dev, dtype=dtype, requires_grad=grad)
     qs, ks, vs = (t.detach().transpose(1, 2).contiguous().requires_grad_(grad) for t in (qb, kb, vb))
     ref = reference(torch, qb.detach(), kb.detach(), vb.detach(), cell.causal)
     cands: dict[str, Callable[[], Any]] = {}
@@ -213,6 +226,10 @@ def measure(torch: Any, do_bench: Any, attnforge: Any, backends: dict[str, tuple
     for prec in precisions:
         label = "attnforge" if prec == "exact" else "attnforge-q"
         try:
+            row.first_use_s[label] = first_call_s(torch, timed(
+                lambda p=prec: attnforge.attention(qb, kb, vb, causal=cell.causal, precision=p)))
+            row.first_use_s[label + "-bshd"] = first_call_s(torch, timed(
+                lambda p=prec: attnforge.attention(qs, ks, vs, causal=cell.causal, precision=p, layout="bshd")))
             ex = attnforge.explain(qb, kb, vb, causal=cell.causal, precision=prec)
             chosen = getattr(ex, "chosen", None)
             if prec == "exact":
@@ -225,35 +242,28 @@ def measure(torch: Any, do_bench: Any, attnforge: Any, backends: dict[str, tuple
             row.errors[label] = float((o[0, 0].float() - ref).norm() / ref.norm())
             cands[label] = timed(lambda p=prec: attnforge.attention(qb, kb, vb, causal=cell.causal,
                                                                     precision=p))
-            if prec == "exact":
-                cands["attnforge-bshd"] = timed(lambda: attnforge.attention(qs, ks, vs, causal=cell.causal,
-                                                                            layout="bshd"))
+            cands[label + "-bshd"] = timed(lambda p=prec: attnforge.attention(qs, ks, vs, causal=cell.causal,
+                                                                              layout="bshd", precision=p))
         except Exception as exc:
             row.failed[label] = f"{type(exc).__name__}: {exc}"[:300]
             traceback.print_exc()
-    samples: dict[str, list[float]] = {n: [] for n in cands}
-    names = list(cands)
-    for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for n in order:
-            if n in row.failed:
-                continue
-            try:
-                samples[n].append(float(do_bench(cands[n], warmup=25, rep=100, return_mode="median")))
-            except Exception as exc:
-                row.failed[n] = f"{type(exc).__name__}: {exc}"[:300]
-        if grad:
-            for t in (qb, kb, vb, qs, ks, vs):
-                t.grad = None
     f = flops(cell, mode)
-    for n, s in samples.items():
-        if not s:
+    set_bytes = sum(t.numel() * t.element_size() for t in (qb, kb, vb))
+    for n, fn in cands.items():
+        if n in row.failed:
             continue
-        s.sort()
-        med = s[len(s) // 2]
-        row.ms[n] = med
-        row.spread[n] = (s[-1] - s[0]) / med if med else 0.0
-        row.tflops[n] = f / (med * 1e-3) / 1e12
+        try:
+            m = measure_ms(torch, fn, set_bytes=set_bytes)
+        except Exception as exc:
+            row.failed[n] = f"{type(exc).__name__}: {exc}"[:300]
+            continue
+        finally:
+            if grad:
+                for t in (qb, kb, vb, qs, ks, vs):
+                    t.grad = None
+        row.ms[n] = m["median_ms"]
+        row.spread[n] = (m["hi_ms"] - m["lo_ms"]) / m["median_ms"] if m["median_ms"] else 0.0
+        row.tflops[n] = f / (m["median_ms"] * 1e-3) / 1e12
     exact_ok = [n for n in backends if n in row.ms and n not in QUANTIZED and row.errors.get(n, 1) < 2e-2]
     if exact_ok and "attnforge" in row.ms:
         best = min(exact_ok, key=lambda n: row.ms[n])
@@ -274,17 +284,46 @@ def measure(torch: Any, do_bench: Any, attnforge: Any, backends: dict[str, tuple
     return row
 
 
+def summarize(rows: list[Row], device: str, torch_version: str) -> dict[str, Any]:
+    """The issue-22 figures over the rows so far: ratios to the best, >= 0.97x count, geomean over SDPA (exact),
+    quantized speed-up over SDPA on >= 16k-token cells, first-use seconds per class."""
+    ratios = [r.ratio_to_best for r in rows if r.ratio_to_best]
+    vs_sdpa = [r.ratio_to_sdpa for r in rows if r.ratio_to_sdpa]
+    return {
+        "cells": len(rows),
+        "geomean_ratio_to_best": math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
+        "min_ratio_to_best": min(ratios) if ratios else None,
+        "cells_ge_0.97": sum(1 for x in ratios if x >= 0.97),
+        "cells_with_ratio": len(ratios),
+        "chosen_is_fastest": sum(1 for r in rows if r.chosen and r.chosen == r.best_exact),
+        "geomean_over_sdpa": math.exp(sum(map(math.log, vs_sdpa)) / len(vs_sdpa)) if vs_sdpa else None,
+        "quantized_over_sdpa": {f"{r.cell}/{r.mode}": r.ratio_quantized_to_sdpa for r in rows
+                                if r.ratio_quantized_to_sdpa},
+        "quantized_ge16k_over_sdpa": [r.ratio_quantized_to_sdpa for r in rows if r.ratio_quantized_to_sdpa
+                                      and r.shape["sq"] >= 16384],
+        "first_use_s": {f"{r.cell}/{r.mode}": r.first_use_s for r in rows},
+        "max_first_use_s": max((v for r in rows for v in r.first_use_s.values()), default=None),
+        "device": device,
+        "torch": torch_version,
+    }
+
+
+def write(path: str, rows: list[Row], summary: dict[str, Any]) -> None:
+    """The JSON so far (after every row: a stage killed at its time limit keeps what was measured)."""
+    with open(path, "w") as fh:
+        json.dump({"summary": summary, "rows": [asdict(r) for r in rows]}, fh, indent=1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--cells", default="")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run of the flow at tiny sizes")
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--dtype", default="bfloat16")
     args = ap.parse_args()
 
     import torch
-    from triton.testing import do_bench
 
     import attnforge
 
@@ -292,6 +331,7 @@ def main() -> int:
     dtype = getattr(torch, args.dtype)
     wanted = {n for n in args.cells.split(",") if n}
     backends = direct_backends(torch)
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     rows: list[Row] = []
     for cell in grid():
         if wanted and cell.name not in wanted:
@@ -300,28 +340,18 @@ def main() -> int:
             if time.monotonic() - t_start > args.budget_s:
                 print(f"budget spent: stopping before {cell.name}/{mode}")
                 break
-            row = measure(torch, do_bench, attnforge, backends, cell=cell, mode=mode, rounds=args.rounds, dtype=dtype)
+            c = cell if args.device == "cuda" else shrink(cell)
+            row = measure(torch, attnforge, backends, cell=c, mode=mode, dtype=dtype, dev=args.device)
             rows.append(row)
             print(f"{cell.name:22s} {mode:7s} chosen={row.chosen} best={row.best_exact} "
                   f"ratio={row.ratio_to_best} vs_sdpa={row.ratio_to_sdpa} q={row.ratio_quantized_to_sdpa} "
                   f"failed={list(row.failed)}", flush=True)
-            torch.cuda.empty_cache()
+            write(args.out, rows, summarize(rows, device, torch.__version__))
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
 
-    ratios = [r.ratio_to_best for r in rows if r.ratio_to_best]
-    vs_sdpa = [r.ratio_to_sdpa for r in rows if r.ratio_to_sdpa]
-    summary = {
-        "cells": len(rows),
-        "geomean_ratio_to_best": math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
-        "min_ratio_to_best": min(ratios) if ratios else None,
-        "cells_ge_0.97": sum(1 for x in ratios if x >= 0.97),
-        "geomean_over_sdpa": math.exp(sum(map(math.log, vs_sdpa)) / len(vs_sdpa)) if vs_sdpa else None,
-        "quantized_over_sdpa": {f"{r.cell}/{r.mode}": r.ratio_quantized_to_sdpa for r in rows
-                                if r.ratio_quantized_to_sdpa},
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-    }
-    with open(args.out, "w") as fh:
-        json.dump({"summary": summary, "rows": [asdict(r) for r in rows]}, fh, indent=1)
+    summary = summarize(rows, device, torch.__version__)
+    write(args.out, rows, summary)
     print("\n| cell | mode | chosen | best exact | attnforge/best | bshd/best | attnforge vs SDPA | q vs SDPA |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:

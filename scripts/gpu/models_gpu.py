@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A tiny random Llama (transformers) and a small random Flux transformer (diffusers) on the GPU: attnforge's
-integration against the model's own default attention, outputs compared and time per step measured.
+integration against the model's own default attention, outputs compared and time per step measured; and a
+tiny random Gemma-2 (softcap 50, sliding window 1024, D256) against its default (eager) attention.
 
 No weights are downloaded: both models are built from configs with random weights (seed 0), bf16 on CUDA.
 - Llama: ``attn_implementation="sdpa"`` (transformers' default) vs ``"attnforge"``
@@ -9,7 +10,7 @@ No weights are downloaded: both models are built from configs with random weight
 - Flux: the default attention vs ``model.set_attention_backend("attnforge")``
   (:func:`attnforge.integrations.diffusers.register`), the output of one denoising step at 4096 image tokens.
 
-Usage: ``python scripts/gpu/models_gpu.py --out models.json`` (14-check.sh runs it). Prints a table and writes JSON.
+Usage: ``python scripts/gpu/models_gpu.py --out models.json`` (run.sh `models` runs it). Prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -44,22 +45,41 @@ def _time(torch: Any, fn: Any, reps: int = 10) -> float:
 
 
 def llama(torch: Any) -> dict[str, Any]:
+    return causal_lm(torch, "llama")
+
+
+def gemma2(torch: Any) -> dict[str, Any]:
+    """Gemma-2's features: logit softcap 50 and a 1024-token sliding window on every other layer, D256;
+    transformers' default attention for it is eager (its SDPA path cannot softcap)."""
+    return causal_lm(torch, "gemma2")
+
+
+def causal_lm(torch: Any, kind: str) -> dict[str, Any]:
     import transformers
 
     from attnforge.integrations.transformers import register
 
     register()
-    cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
-                                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+    common: dict[str, Any] = {"vocab_size": 1024, "hidden_size": 1024, "intermediate_size": 2816,
+                              "num_hidden_layers": 4, "num_attention_heads": 8, "max_position_embeddings": 4096}
+    if kind == "gemma2":
+        cfg = transformers.Gemma2Config(**common, num_key_value_heads=4, head_dim=256, sliding_window=1024,
+                                        attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+        model_cls, default = transformers.Gemma2ForCausalLM, "eager"
+        label = "gemma2 (random, 4 layers, H8/KV4, D256, softcap 50, window 1024)"
+    else:
+        cfg = transformers.LlamaConfig(**common, num_key_value_heads=2)
+        model_cls, default = transformers.LlamaForCausalLM, "sdpa"
+        label = "llama (random, 4 layers, H8/KV2, D128)"
     torch.manual_seed(0)
-    base = transformers.LlamaForCausalLM(cfg).to(DEV, getattr(torch, DT))
+    base = model_cls(cfg).to(DEV, getattr(torch, DT))
     seq = 64 if SMALL else 2048
     ids = torch.randint(0, 1024, (4, seq), device=DEV)
     mask = torch.ones_like(ids)
     mask[1, : seq // 7] = 0  # left padding on one row
-    res: dict[str, Any] = {"model": "llama (random, 4 layers, H8/KV2, D128)", "batch": 4, "seqlen": 2048}
+    res: dict[str, Any] = {"model": label, "default": default, "batch": 4, "seqlen": seq}
     logits = {}
-    for impl in ("sdpa", "attnforge"):
+    for impl in (default, "attnforge"):
         base.set_attn_implementation(impl)  # the same weights for both
         with torch.no_grad():
             logits[impl] = base(input_ids=ids, attention_mask=mask).logits.float()
@@ -71,14 +91,16 @@ def llama(torch: Any) -> dict[str, Any]:
             base.zero_grad(set_to_none=True)
         res[f"{impl}_train_step_ms"] = _time(torch, step, reps=5)
     valid = mask.bool()
-    diff = (logits["attnforge"] - logits["sdpa"]).abs()[valid]
+    diff = (logits["attnforge"] - logits[default]).abs()[valid]
     res["max_abs_diff_logits"] = float(diff.max())
-    res["ref_abs_max"] = float(logits["sdpa"].abs()[valid].max())
+    res["ref_abs_max"] = float(logits[default].abs()[valid].max())
     import attnforge
 
-    q = torch.randn(4, 8, seq, 128, device=DEV, dtype=getattr(torch, DT))
-    kv = torch.randn(4, 2, seq, 128, device=DEV, dtype=getattr(torch, DT))
-    res["attnforge_chosen_for_causal_prefill"] = attnforge.explain(q, kv, kv, causal=True).chosen
+    d, hkv = (256, 4) if kind == "gemma2" else (128, 2)
+    q = torch.randn(4, 8, seq, d, device=DEV, dtype=getattr(torch, DT))
+    kv = torch.randn(4, hkv, seq, d, device=DEV, dtype=getattr(torch, DT))
+    extra = {"softcap": 50.0, "window": (1023, 0)} if kind == "gemma2" else {}
+    res["attnforge_chosen_for_causal_prefill"] = attnforge.explain(q, kv, kv, causal=True, **extra).chosen
     return res
 
 
@@ -125,7 +147,7 @@ def main() -> int:
     DEV, DT, SMALL = args.device, ("bfloat16" if args.device == "cuda" else "float32"), args.device != "cuda"
     name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"
     results: dict[str, Any] = {"device": name, "torch": torch.__version__}
-    for name, fn in (("llama", llama), ("flux", flux)):
+    for name, fn in (("gemma2", gemma2), ("llama", llama), ("flux", flux)):
         try:
             results[name] = fn(torch)
         except Exception as exc:

@@ -71,6 +71,34 @@ def run(argv: list[str], env: dict[str, str], log: list[dict[str, Any]]) -> subp
     return done
 
 
+def arch_check(wheel: Path) -> str:
+    """``arch check: wheel SASS sm_90a ...; device cc 9.0 -> ok`` from ``cuobjdump --list-elf`` of every .so in
+    the wheel against the device's compute capability (the line the 2026-11-22 run lacked)."""
+    import re
+    import zipfile
+
+    try:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        cc = f"sm_{major}{minor}"
+    except Exception as exc:
+        return f"arch check: no device ({type(exc).__name__})"
+    archs: set[str] = set()
+    with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.endswith(".so"):
+                path = zf.extract(name, tmp)
+                try:
+                    out = subprocess.run(["cuobjdump", "--list-elf", path], capture_output=True, text=True,
+                                         timeout=120, check=False).stdout
+                except (OSError, subprocess.TimeoutExpired) as exc:
+                    return f"arch check: cuobjdump failed: {exc}"
+                archs.update(re.findall(r"sm_\d+[af]?", out))
+    ok = any(a.rstrip("af") == cc for a in archs)
+    return f"arch check: wheel SASS {' '.join(sorted(archs)) or 'none'}; device {cc} -> {'ok' if ok else 'MISMATCH'}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -110,6 +138,10 @@ def main() -> int:
     env.update({"GITHUB_API_URL": base, "ATTNFORGE_EXTRA_WHEEL_SOURCES": str(sources),
                 "ATTNFORGE_HOME": str(work / "fresh-home")})
     result: dict[str, Any] = {"wheel": wheel.name, "sha256": digest, "size": len(data), "api": base}
+    if not args.snapshot:  # uninstall first: planned with FA3 installed, the plan says `installed` (issue 25 item 5)
+        run([sys.executable, "-m", "pip", "uninstall", "-y", "flash-attn-3"], env, log)
+        result["arch_check"] = arch_check(wheel)
+        print(result["arch_check"], flush=True)
     plan_cmd = ["attnforge", "plan", "flash-attn-3", "--json"]
     if args.snapshot:
         plan_cmd += ["--snapshot", args.snapshot]
@@ -123,7 +155,6 @@ def main() -> int:
     except ValueError:
         result["plan_chosen"] = None
     if not args.snapshot:
-        run([sys.executable, "-m", "pip", "uninstall", "-y", "flash-attn-3"], env, log)
         inst = run(["attnforge", "install", "flash-attn-3", "--require-hashes"], env, log)
         result["install_rc"] = inst.returncode
         result["install_seconds"] = log[-1]["seconds"]

@@ -4,7 +4,7 @@
 Usage (on the development machine, after the last device call)::
 
     mkdir -p /tmp/gpu-run && tar xzf <files_at>/afrun.tar.gz -C /tmp/gpu-run
-    python3 scripts/gpu/report.py /tmp/gpu-run/afrun --out docs/benchmarks.md --plot-to docs/bench-h100.png
+    python3 scripts/gpu/report.py /tmp/gpu-run/afrun --out /tmp/benchmarks-draft.md --data docs/data/h100_2026-11-25
 
 Every section is filled from a file the scripts wrote; a file that is missing or has an unexpected shape
 becomes a visible "not available" line with the file name, never a silent gap. The draft states facts only:
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -136,7 +135,7 @@ def verify_section(*docs: tuple[str, Any]) -> str:
 def bench_section(doc: Any) -> str:
     rows = rows_of(doc)
     if not rows:
-        return "_not available: 06-bench/bench.json (missing or unexpected shape)_\n"
+        return "_not available: bench/bench-grid.json (missing or unexpected shape)_\n"
     cells: dict[tuple[Any, ...], dict[str, float]] = {}
     backends: list[str] = []
     for r in rows:
@@ -176,54 +175,26 @@ def bench_section(doc: Any) -> str:
     )
 
 
-def dispatch_section(doc: Any) -> str:
+def grid_section(doc: Any, name: str) -> str:
+    """The table grid_check.py prints, from its JSON: per cell the choice, the ratios and the first-use cost."""
     if not isinstance(doc, dict) or not doc.get("rows"):
-        return "_not available: 06-bench/dispatch.json_\n"
-    table = []
-    for r in doc["rows"]:
-        rel = r.get("numerics", {}).get("rel_err")
-        rt = r.get("retime", {})
-        rt_s = (
-            f"{rt['dispatch_ms']:.3f} / {rt.get('best_forced_ms', float('nan')):.3f}"
-            if isinstance(rt.get("dispatch_ms"), float)
-            else ""
-        )
-        table.append(
-            [
-                r.get("label", ""),
-                str(r.get("shape", {}).get("mode", "")),
-                r.get("precision", ""),
-                str(r.get("chosen")),
-                str(r.get("best")),
-                r.get("verdict", ""),
-                f"{rel:.1e}" if isinstance(rel, float) else "-",
-                "yes" if r.get("correct") else "NO",
-                rt_s,
-            ]
-        )
-    summary = json.dumps(doc.get("summary", {}))
-    return (
-        md_table(
-            [
-                "shape",
-                "mode",
-                "precision",
-                "chosen",
-                "measured best",
-                "verdict",
-                "rel err",
-                "correct",
-                "re-timed ms (dispatch / best forced)",
-            ],
-            table,
-        )
-        + f"\nSummary: `{summary}`\n"
-    )
+        return f"_not available: {name}_\n"
+
+    def fmt(x: Any) -> str:
+        return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
+
+    rows = [[r["cell"], r["mode"], fmt(r.get("chosen")), fmt(r.get("best_exact")), fmt(r.get("ratio_to_best")),
+             fmt(r.get("ratio_bshd_to_best")), fmt(r.get("ratio_to_sdpa")), fmt(r.get("chosen_quantized")),
+             fmt(r.get("ratio_quantized_to_sdpa")), fmt((r.get("first_use_s") or {}).get("attnforge"))]
+            for r in doc["rows"]]
+    table = md_table(["cell", "mode", "chosen", "best exact", "attnforge/best", "bshd/best", "vs SDPA",
+                      "chosen (quantized)", "quantized vs SDPA", "first call (s)"], rows)
+    return table + f"\nSummary (`{name}`): `{json.dumps(doc.get('summary'), default=str)[:3000]}`\n"
 
 
 def overhead_section(doc: Any) -> str:
     if not isinstance(doc, dict) or not doc.get("rows"):
-        return "_not available: 08-overhead/overhead.json_\n"
+        return "_not available: overhead/overhead.json_\n"
     table = []
     for r in doc["rows"]:
         var = r.get("variants", {})
@@ -272,89 +243,51 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="the unpacked afrun folder")
     ap.add_argument("--out", type=Path, default=None, help="write the draft here (default: stdout)")
-    ap.add_argument("--plot-to", type=Path, default=None, help="copy bench.png here (must stay under 1 MB)")
+    ap.add_argument("--data", type=Path, default=None,
+                    help="copy the raw JSON here, e.g. docs/data/h100_2026-11-25 (files under 1 MB each)")
     args = ap.parse_args()
     run: Path = args.run
-    d02, d04, d05, d06, d07, d08 = (
-        run / n
-        for n in ("02-doctor-plan", "04-watch", "05-fa4-sage-xformers", "06-bench", "07-cache", "08-overhead")
-    )
-    env = read(d02 / "env.txt")
-    date = re.search(r"^date_utc: (\d\S+)", env or "", re.MULTILINE)
-    plan = load_json(d02 / "plan-flash-attn.json")
-    build = dict(ln.split("\t", 1) for ln in (read(d04 / "fa2-build.tsv") or "").splitlines() if "\t" in ln)
-    cache = dict(ln.split("\t", 1) for ln in (read(d07 / "cache-hit.tsv") or "").splitlines() if "\t" in ln)
-    wheels = read(d04 / "fa2-wheels.txt") or ""
-    fa2_log = read(d04 / "fa2-install-output.log") or ""
-    steps = re.findall(r"\[(\d+)/(\d+)\]", fa2_log)
-
-    plot_line = "_no plot: 06-bench/bench.png missing_"
-    png = d06 / "bench.png"
-    if png.exists():
-        size = png.stat().st_size
-        if args.plot_to:
-            shutil.copyfile(png, args.plot_to)
-            plot_line = f"![attention TFLOP/s by backend]({args.plot_to.name})"
-        else:
-            plot_line = "(bench.png: pass --plot-to docs/NAME.png)"
-        if size > 1_000_000:
-            plot_line += f"\n\n_bench.png is {size:,} bytes: over the 1 MB limit for docs/, re-plot smaller_"
-
-    xf = load_json(d05 / "xformers-probe.json") or {}
-    xf12 = load_json(d05 / "xformers-probe-cudart12.json") or {}
-    overlap = (
-        load_json(d05 / "flash-attn-overlap-after.json") or load_json(d07 / "flash-attn-overlap.json") or {}
-    )
-
+    raw = {
+        "verify-all.json": run / "verify/verify-all.json", "check.json": run / "check/check.json",
+        "check-after.json": run / "check-after/check-after.json", "bench-grid.json": run / "bench/bench-grid.json",
+        "bench-diffusion.json": run / "bench/bench-diffusion.json", "features.json": run / "features/features.json",
+        "models.json": run / "models/models.json", "overhead.json": run / "overhead/overhead.json",
+        "route.json": run / "route/route.json", "probe.json": run / "setup/probe.log",
+    }
+    if args.data:
+        args.data.mkdir(parents=True, exist_ok=True)
+        for dest, src in raw.items():
+            if src.exists() and src.stat().st_size < 1_000_000:
+                shutil.copyfile(src, args.data / dest)
+    times = "".join(read(run / d / "times.tsv") or "" for d in ("install", "cachehit"))
+    feats = load_json(run / "features/features.json") or {}
+    route = load_json(run / "route/route.json") or {}
     parts = [
-        "# attnforge on a real GPU: doctor, install, verify, bench, dispatch\n",
-        f"Run date (UTC): {date.group(1) if date else 'unknown'}. Reproduce with `scripts/gpu/` "
-        "(see `scripts/gpu/README.md`). DRAFT generated by `scripts/gpu/report.py`: facts only, "
-        "narrative to add.\n",
+        "# attnforge on a real GPU (issue 25): install, verify, dispatch without bench, features, models\n",
+        "DRAFT generated by `scripts/gpu/report.py` from the run's `afrun` folder: facts only, narrative to add. "
+        "Reproduce with `scripts/gpu/run.sh` (see `scripts/gpu/README.md`).\n",
         "## The machine\n",
-        block(strip_header(env or ""), "02-doctor-plan/env.txt"),
-        "## `attnforge doctor` (before any install)\n",
-        block(strip_header(read(d02 / "doctor-text.log") or ""), "02-doctor-plan/doctor-text.log"),
-        "## FlashAttention-2 from source: "
-        "`attnforge install flash-attn --find-links <wheelhouse> --offline`\n",
-        f"- plan: FLASH_ATTN_CUDA_ARCHS={find_key(plan, 'FLASH_ATTN_CUDA_ARCHS')}, "
-        f"MAX_JOBS={find_key(plan, 'MAX_JOBS')}, NVCC_THREADS={find_key(plan, 'NVCC_THREADS')}\n"
-        f"- cold build + install, wall time: {build.get('fa2_build_wall_s', '?')} s "
-        f"(rc {build.get('fa2_build_rc', '?')}; "
-        f"last ninja step seen {'/'.join(steps[-1]) if steps else '?'})\n"
-        f"- wheel: {wheels.strip() or '?'}\n"
-        f"- after `pip uninstall flash-attn`, install again: {cache.get('reinstall_wall_s', '?')} s, "
-        f"{cache.get('verdict', '?')}\n",
-        "### Cache export, then plain pip from the export\n",
-        block(strip_header(read(d07 / "export-tree.log") or ""), "07-cache/export-tree.log", 4000),
-        block(
-            strip_header(read(d07 / "plain-import-and-run.log") or ""),
-            "07-cache/plain-import-and-run.log",
-            2000,
-        ),
+        block(strip_header(read(run / "setup/venv-sees-torch.log") or ""), "setup/venv-sees-torch.log", 2000),
+        "## Install times (step, rc, seconds)\n",
+        block(times, "install/times.tsv, cachehit/times.tsv", 4000),
         "## Verify\n",
-        verify_section(
-            *[(f"05-fa4-sage-xformers/{p.name}", load_json(p)) for p in sorted(d05.glob("verify-*.json"))],
-            ("07-cache/verify-flash-attn.json", load_json(d07 / "verify-flash-attn.json")),
-        ),
-        "\n## xFormers 0.0.35 from PyPI: why its extension does not load\n",
-        f"- built for: `{xf.get('built_for')}`\n- dlopen of `_C.so`: `{xf.get('dlopen_C_so')}`\n"
-        f"- ldd, not found: `{xf.get('ldd_not_found')}`\n- xformers' own load exception: "
-        f"`{str(xf.get('xformers_load_exception'))[:300]}`\n- memory_efficient_attention: "
-        f"`{xf.get('memory_efficient_attention')}`\n- with libcudart.so.12 on LD_LIBRARY_PATH: dlopen "
-        f"`{xf12.get('dlopen_C_so')}`, attention `{xf12.get('memory_efficient_attention')}`\n",
-        "\n## flash-attn and flash-attn-4 share files\n",
-        f"Shared paths: {overlap.get('shared', '?')}; content on disk after the FA4 install: "
-        f"`{overlap.get('content_on_disk_matches', '?')}`\n",
-        "\n## Bench: `attnforge bench --json --plot`\n",
-        bench_section(load_json(d06 / "bench.json")),
-        "\n" + plot_line + "\n",
-        "\n## What the dispatcher chose per shape, and whether it was the measured best\n",
-        dispatch_section(load_json(d06 / "dispatch.json")),
+        verify_section(("verify/verify-all.json", load_json(raw["verify-all.json"]))),
+        "\n## Dispatch check without bench (fresh records: verify only)\n",
+        grid_section(load_json(raw["check.json"]), "check/check.json"),
+        "\n## Bench: `attnforge bench --shapes grid`\n",
+        bench_section(load_json(raw["bench-grid.json"])),
+        "\n## Dispatch check after bench\n",
+        grid_section(load_json(raw["check-after.json"]), "check-after/check-after.json"),
+        "\n## The Gemma-2-style call vs FlexAttention called directly\n",
+        block(json.dumps(feats, indent=1) if feats else "", "features/features.json", 4000),
+        "\n## Tiny models through the integrations\n",
+        block(read(raw["models.json"]) or "", "models/models.json", 6000),
         "\n## Dispatch overhead per call\n",
-        overhead_section(load_json(d08 / "overhead.json")),
-        "\n## `attnforge doctor` at the end\n",
-        block(strip_header(read(d08 / "doctor-final-text.log") or ""), "08-overhead/doctor-final-text.log"),
+        overhead_section(load_json(raw["overhead.json"])),
+        "\n## Prebuilt-wheel route\n",
+        f"- {route.get('arch_check', 'arch check: not available')}\n- plan chose: `{route.get('plan_chosen')}` "
+        f"(kind {route.get('plan_kind')}); install rc {route.get('install_rc')} in {route.get('install_seconds')} s; "
+        f"tampered refused: {route.get('tampered_refused')}\n",
         "\n## Every step of the run\n",
         steps_table(run),
     ]

@@ -1,0 +1,38 @@
+"""One timing call for the GPU scripts: :func:`attnforge.bench.timing.measure` (CUDA events, the L2 flushed before
+each repetition, interleaved rounds), the harness ``attnforge bench`` and measure-on-first-use use, so both sides
+of every comparison are timed alike. On a CPU (dry runs) the same function with perf_counter and small budgets."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+
+def measure_ms(torch: Any, fn: Callable[[], Any], *, set_bytes: int = 0) -> dict[str, float]:
+    """``fn`` timed: ``{"median_ms", "lo_ms", "hi_ms", "first_call_s"}`` (lo/hi: the spread of the rounds)."""
+    from attnforge.bench import timing as t
+
+    cuda = torch.cuda.is_available()
+    config = t.GPU_EVENTS if cuda else t.CPU_PERF_COUNTER
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    kwargs: dict[str, Any] = {}
+    if cuda and "flush_bytes" in inspect.signature(t.measure).parameters and hasattr(t, "flush_bytes"):
+        kwargs["flush_bytes"] = t.flush_bytes(set_bytes)
+    rounds = []
+    for _ in range(config.rounds):
+        rounds.append(t.measure(lambda _i: fn(), sets=1, config=config, sync=sync, **kwargs))
+    timing = t.combine_rounds(rounds)
+    return {"median_ms": timing.median_ms, "lo_ms": timing.lo_ms, "hi_ms": timing.hi_ms,
+            "first_call_s": timing.first_call_s}
+
+
+def first_call_s(torch: Any, fn: Callable[[], Any]) -> float:
+    """Wall seconds of one call, synchronised (a first call: measure-on-first-use, compile, JIT)."""
+    import time
+
+    start = time.perf_counter()
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start

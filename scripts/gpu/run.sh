@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# run.sh STAGE...: the one staged GPU runner (issue 23 item 5, issue 25). Stages, in the order a run needs them:
+#   stage     carried batches carry/c1..c3 -> /tmp/wh (sha256 checked, split files joined, the cu13 libs re-zipped)
+#   setup     venv on the image's torch (bridge .pth), attnforge editable from this checkout, carried deps,
+#             transformers 5.23 + diffusers 0.42.1 (when staged); no network
+#   install   slim FA3 + SageAttention from the early call's wheels (install --find-links --offline: the
+#             cache/wheel route and its verify; source build only if no wheel), FA4 from its wheels
+#   verify    attnforge verify --json, every backend (flex with its features)
+#   check     grid_check.py in a fresh ATTNFORGE_HOME holding only the verify records (no bench): measure on
+#             first use (CHECK_LABEL=check-after after bench keeps the bench records)
+#   bench     attnforge bench --shapes grid --json (+ diffusion if time)
+#   features  features_check.py: the Gemma-2-style call vs FlexAttention called directly
+#   models    models_gpu.py: tiny Gemma-2, Llama (transformers), Flux (diffusers) through the integrations
+#   overhead  overhead.py: per-call overhead over SDPA, FA3, FA4 called directly
+#   cachehit  pip uninstall + attnforge install (cache hit) vs plain pip from a cache export
+#   route     prebuilt_route.py: the wheel route through a local GitHub API stand-in, with its arch check
+# Every stage is time-boxed from AF_CALL_T0 (export it first: a call is 600 s, AF_CALL_BUDGET_S=560 by default),
+# records rc/duration/log of every step and goes on after a failure; all under /tmp/afrun; each call ends with
+# $OUT/afrun.tar.gz and $OUT/summary.txt. See scripts/gpu/README.md for the plan of calls.
+source "$(dirname "$0")/_lib.sh"
+S=$AF_ROOT/scripts/gpu
+SRC=${AF_SRC:-/tmp/src}
+mkdir -p "$SRC"
+
+stage_stage() {
+    local b f
+    for b in c1 c2 c3 ${AF_BATCHES:-}; do
+        [[ -d carry/$b ]] || continue
+        step "sha-$b" 120 bash -c "cd carry/$b && sha256sum --check --quiet SHA256SUMS" || note "batch $b: sha256 mismatch"
+        for f in carry/"$b"/*; do
+            case $f in *.tar.gz) tar xzf "$f" -C "$SRC" ;; */SHA256SUMS) ;; *) cp -n "$f" "$WH/" ;; esac
+        done
+    done
+    if [[ -f $WH/JOIN && ! -f $WH/cu13.done ]]; then
+        read -r _ name sha parts < "$WH/JOIN"
+        if (cd "$WH" && ls $parts >/dev/null 2>&1); then
+            (cd "$WH" && cat $parts > "$name")
+            if [[ $(sha256sum < "$WH/$name" | cut -d' ' -f1) == "$sha" ]]; then
+                step cu13-rezip 300 "${AF_OUTER_PY}" "$S/rezip.py" "$WH/$name" \
+                    "$WH/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl" \
+                    && touch "$WH/cu13.done" && rm -f "$WH"/cu13.tree.tar.xz*
+            else note "joined $name: sha256 mismatch"; fi
+        else note "cu13 libs incomplete: $(cd "$WH" && ls cu13.tree.tar.xz.part* 2>/dev/null | tr '\n' ' ')"; fi
+    fi
+    ls -la "$WH" "$SRC" > "$STEP_DIR/staged.txt" 2>&1
+}
+
+stage_setup() {
+    echo "$AF_OUTER_PY" > "$RUN/outer_python"
+    if [[ ! -x $VENV/bin/python ]]; then
+        step make-venv 120 "$AF_OUTER_PY" -m venv --system-site-packages "$VENV" \
+            || step make-venv-without-pip 120 "$AF_OUTER_PY" -m venv --system-site-packages --without-pip "$VENV"
+        # the image's python3 is itself a venv: a nested venv sees the *base* site-packages; bridge the outer one
+        local site; site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        "$AF_OUTER_PY" -c 'import site, sys
+p = site.getsitepackages()
+open(sys.argv[1], "w").write("\n".join([f"import site; site.addsitedir({x!r})" for x in p] + p) + "\n")' \
+            "$site/zz_attnforge_outer_env.pth"
+    fi
+    export VIRTUAL_ENV=$VENV PATH=$VENV/bin:$PATH
+    step venv-sees-torch 120 python -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())'
+    step deps 120 python -m pip install -q --no-index --no-deps --find-links "$WH" platformdirs pyelftools
+    if ! have_venv; then
+        step attnforge 300 python -m pip install -q --no-index --no-deps --no-build-isolation -e "$AF_ROOT" || {
+            step setuptools 120 python -m pip install -q --no-index --find-links "$WH" "setuptools>=77"
+            step attnforge-retry 300 python -m pip install -q --no-index --no-deps --no-build-isolation -e "$AF_ROOT"; }
+    fi
+    ensure_attnforge
+    step attnforge-version 30 attnforge --version
+    if ls "$WH"/transformers-5.23*.whl >/dev/null 2>&1 && ! python -c 'import transformers, sys; sys.exit(transformers.__version__ < "5.23")' 2>/dev/null; then
+        step hf-stack 300 python -m pip install -q --no-index --no-deps "$WH"/huggingface_hub-*.whl "$WH"/tokenizers-*.whl \
+            "$WH"/safetensors-*.whl "$WH"/importlib_metadata-*.whl "$WH"/transformers-*.whl "$WH"/diffusers-*.whl
+        step hf-import 120 python -c 'import transformers, diffusers; print(transformers.__version__, diffusers.__version__)'
+    fi
+    step probe 120 attnforge probe --json
+}
+
+# timed STEP LIMIT CMD...: a step whose duration lands in $STEP_DIR/times.tsv (the install figures)
+timed() { local t0=$SECONDS; step "$@"; local rc=$?; printf '%s\t%s\t%s\n' "$1" "$rc" $((SECONDS - t0)) >> "$STEP_DIR/times.tsv"; return $rc; }
+
+stage_install() {
+    ensure_attnforge || return 1
+    local fa3=(flash-attn-3 --head-dim 64,128,256 --dtype bf16)
+    python -c 'import flash_attn_interface' 2>/dev/null || {
+        timed fa3-wheel 300 attnforge install "${fa3[@]}" --find-links "$WH" --offline -v \
+        || timed fa3-source 560 attnforge install "${fa3[@]}" --source "$SRC/flash-attention#subdirectory=hopper" --offline -v; }
+    python -c 'import sageattention' 2>/dev/null || {
+        timed sage-wheel 300 attnforge install sageattention-2 --find-links "$WH" --offline -v \
+        || timed sage-source 560 attnforge install sageattention-2 --source "$SRC/SageAttention" --offline -v; }
+    if ! python -c 'import flash_attn.cute' 2>/dev/null; then
+        if [[ -f $WH/cu13.done ]]; then
+            # nvidia-cutlass-dsl names the cu12 libs with no marker; a 13.x driver loads only cu13: --no-deps
+            timed fa4-requirements 300 python -m pip install -q --no-index --no-deps "$WH"/quack_kernels-*.whl \
+                "$WH"/apache_tvm_ffi-*.whl "$WH"/torch_c_dlpack_ext-*.whl "$WH"/nvidia_cutlass_dsl-4*.whl \
+                "$WH"/nvidia_cutlass_dsl_libs_core-*.whl "$WH"/nvidia_cutlass_dsl_libs_base-*.whl \
+                "$WH"/nvidia_cutlass_dsl_libs_cu13-*.whl
+            timed fa4 420 attnforge install flash-attn-4 --find-links "$WH" --offline -v
+        else note "FA4 waits for the cu13 libs (carry c2)"; fi
+    fi
+    cp "$STEP_DIR/times.tsv" "$STEP_DIR/install-times.tsv" 2>/dev/null
+}
+
+stage_verify() {
+    ensure_attnforge || return 1
+    # shellcheck disable=SC2086  # VERIFY_BACKENDS: a space-separated list (default: every backend)
+    json_step verify-all "$(budget 300)" attnforge verify ${VERIFY_BACKENDS:-} --json
+}
+
+# budget MAX: MAX seconds, or what the call has left minus a margin for the rest of the call
+budget() { local left=$(( $(call_left_s) - ${2:-40} )); (( left < $1 )) && echo $(( left > 10 ? left : 10 )) || echo "$1"; }
+
+stage_check() {
+    ensure_attnforge || return 1
+    local label=${CHECK_LABEL:-check}
+    local home=$RUN/$label-home
+    if [[ $label == check ]]; then  # fresh records: only what verify wrote, nothing bench or an earlier check did
+        mkdir -p "$home"
+        "$AF_OUTER_PY" "$S/fresh_home.py" "$ATTNFORGE_HOME" "$home" > "$STEP_DIR/fresh-home.txt" 2>&1
+    else home=$ATTNFORGE_HOME; fi
+    need_call_time 60 "$label" || return 0
+    local limit; limit=$(budget "${CHECK_S:-420}")
+    ATTNFORGE_HOME=$home step "$label" "$limit" python "$S/grid_check.py" --out "$STEP_DIR/$label.json" \
+        --budget-s $(( limit - 40 )) ${GRID_ARGS:-}
+}
+
+stage_bench() {
+    ensure_attnforge || return 1
+    need_call_time 90 bench || return 0
+    json_step bench-grid "$(budget "${BENCH_S:-240}" 120)" attnforge bench --shapes grid --json
+    (( $(call_left_s) > ${BENCH_DIFFUSION_IF_LEFT_S:-400} )) && json_step bench-diffusion "$(budget 150 150)" attnforge bench --shapes diffusion --json
+}
+
+stage_features() {
+    ensure_attnforge || return 1
+    step features "$(budget 180)" python "$S/features_check.py" --out "$STEP_DIR/features.json" ${FEATURES_ARGS:-}
+    # the lead's adapter-level check (scripts/flex_features.py, on main since 804af8a), when present and time allows
+    [[ -f $AF_ROOT/scripts/flex_features.py ]] && (( $(call_left_s) > 200 )) && \
+        json_step flex-adapter "$(budget 120)" env PYTHONPATH="$AF_ROOT/src" python "$AF_ROOT/scripts/flex_features.py" --rounds 3
+}
+stage_models() { ensure_attnforge && step models "$(budget 240)" python "$S/models_gpu.py" --out "$STEP_DIR/models.json" ${MODELS_ARGS:-}; }
+stage_overhead() { ensure_attnforge && step overhead "$(budget 200)" python "$S/overhead.py" --out "$STEP_DIR/overhead.json" ${OVERHEAD_ARGS:-}; }
+
+stage_cachehit() {
+    ensure_attnforge || return 1
+    local fa3=(flash-attn-3 --head-dim 64,128,256 --dtype bf16 --find-links "$WH" --offline)
+    step uninstall 120 python -m pip uninstall -y flash-attn-3
+    timed cache-hit-install "$(budget 120)" attnforge install "${fa3[@]}" --no-verify
+    step export 120 attnforge cache export /tmp/afexport
+    step uninstall-2 120 python -m pip uninstall -y flash-attn-3
+    timed plain-pip "$(budget 120)" python -m pip install --no-deps --index-url file:///tmp/afexport/simple flash-attn-3
+    step import-check 120 python -c 'import flash_attn_interface, torch; q = torch.randn(1, 128, 2, 128, device="cuda", dtype=torch.bfloat16); o = flash_attn_interface.flash_attn_func(q, q, q); o = o[0] if isinstance(o, tuple) else o; print(o.shape, torch.isfinite(o).all().item())'
+}
+
+stage_route() { ensure_attnforge && step route "$(budget 300)" python "$S/prebuilt_route.py" --out "$STEP_DIR/route.json"; }
+
+for stage in "$@"; do
+    case $stage in
+        stage|setup|install|verify|check|check-after|bench|features|models|overhead|cachehit|route) ;;
+        *) note "unknown stage $stage (see the header of run.sh)"; continue ;;
+    esac
+    if (( $(call_left_s) < 20 )); then note "no call time left: skipped $stage and what follows"; break; fi
+    STEP_DIR=$RUN/$stage SCRIPT_NAME=$stage; mkdir -p "$STEP_DIR"
+    t0=$SECONDS
+    if [[ $stage == check-after ]]; then CHECK_LABEL=check-after stage_check; else "stage_$stage"; fi
+    printf '%s\t%s\t(stage total)\t-\t%s\n' "$(date -u +%FT%TZ)" "$stage" $((SECONDS - t0)) >> "$RUN/steps.tsv"
+done
+SCRIPT_NAME=run
+finish
