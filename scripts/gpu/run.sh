@@ -14,6 +14,7 @@
 #   overhead  overhead.py: per-call overhead over SDPA, FA3, FA4 called directly
 #   cachehit  pip uninstall + attnforge install (cache hit) vs plain pip from a cache export
 #   route     prebuilt_route.py: the wheel route through a local GitHub API stand-in, with its arch check
+#   pytest    the suite's GPU-marked tests (dispatcher, FlexAttention features)
 # Every stage is time-boxed from AF_CALL_T0 (export it first: a call is 600 s, AF_CALL_BUDGET_S=560 by default),
 # records rc/duration/log of every step and goes on after a failure; all under /tmp/afrun; each call ends with
 # $OUT/afrun.tar.gz and $OUT/summary.txt. See scripts/gpu/README.md for the plan of calls.
@@ -152,10 +153,16 @@ stage_cachehit() {
 }
 
 stage_route() { ensure_attnforge && step route "$(budget 300)" python "$S/prebuilt_route.py" --out "$STEP_DIR/route.json"; }
+# the GPU-marked tests of the suite (they skip on CI's CPU machine): the dispatcher and FlexAttention's features
+stage_pytest() {
+    ensure_attnforge || return 1
+    step pytest-gpu "$(budget 150)" python -m pytest -q -p no:cacheprovider -m gpu -W ignore::DeprecationWarning \
+        tests/dispatch/test_gpu.py tests/dispatch/test_flex_gpu.py
+}
 
 for stage in "$@"; do
     case $stage in
-        stage|setup|install|verify|check|check-after|bench|features|models|overhead|cachehit|route) ;;
+        stage|setup|install|verify|check|check-after|bench|features|models|overhead|cachehit|route|pytest) ;;
         *) note "unknown stage $stage (see the header of run.sh)"; continue ;;
     esac
     if (( $(call_left_s) < 20 )); then note "no call time left: skipped $stage and what follows"; break; fi
