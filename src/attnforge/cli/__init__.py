@@ -28,6 +28,7 @@ VERBS: dict[str, str] = {
     "bench": "attnforge.cli.bench:command",
     "cache": "attnforge.cli.cache:command",
     "cargo-env": "attnforge.cli.cargo_env:command",
+    "fleet": "attnforge.cli.fleet:command",
 }
 
 

@@ -1,0 +1,84 @@
+"""The fleet on a real three-node Ray cluster (tests/fleet/conftest.py): probe, plan, a real nvcc build for two
+compute capabilities published to a PEP 503 directory, pip installing from it, idempotent re-runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.fleet.conftest import NVCC_EXT, FleetCluster
+
+pytestmark = pytest.mark.integration
+
+
+def fleet(fc: FleetCluster, home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "attnforge", "fleet", *args], capture_output=True, text=True,
+                          env=fc.env(home), timeout=timeout, check=False)
+
+
+def test_probe_runs_on_every_node_and_groups_kinds(fleet_cluster: FleetCluster, tmp_path: Path) -> None:
+    done = fleet(fleet_cluster, tmp_path / "head", "probe", "--address", fleet_cluster.address, "--json")
+    assert done.returncode == 0, done.stderr
+    kinds = json.loads(done.stdout)["kinds"]
+    described = sorted(k["describe"] for k in kinds)
+    assert len(kinds) == 3
+    assert any("torch 2.11.0+cu130" in d and d.endswith("sm_90") for d in described)
+    assert any("torch 2.11.0+cu130" in d and d.endswith("sm_80") for d in described)
+    assert any(d.startswith("win_amd64") and d.endswith("sm_120") for d in described)
+    assert all(len(k["nodes"]) == 1 for k in kinds)
+
+
+def test_plan_on_the_cluster_shares_one_build_across_the_linux_kinds(fleet_cluster: FleetCluster,
+                                                                     tmp_path: Path) -> None:
+    done = fleet(fleet_cluster, tmp_path / "head", "plan", "af-nvcc-fixture", "--source", str(NVCC_EXT),
+                 "--address", fleet_cluster.address, "--json")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    archs = sorted(tuple(b["archs"]) for b in plan["builds"])
+    assert len(plan["builds"]) == 2  # linux (H200 + A100: one fatbin) and windows
+    assert [[8, 0], [9, 0]] in [list(map(list, a)) for a in archs]
+    assert plan["artifacts"] == 2
+
+
+def _linux_build(plan: dict) -> dict:
+    return next(b for b in plan["builds"] if b["wheel"]["os"] == "linux")
+
+
+def test_build_compiles_once_for_two_archs_publishes_and_pip_installs(fleet_cluster: FleetCluster,
+                                                                      tmp_path: Path) -> None:
+    index = tmp_path / "index"
+    args = ("build", "af-nvcc-fixture", "--source", str(NVCC_EXT), "--address", fleet_cluster.address,
+            "--index", str(index), "--json")
+    done = fleet(fleet_cluster, tmp_path / "head", *args)
+    doc = json.loads(done.stdout)
+    by_os = {b["number"]: b for b in doc["builds"]}
+    linux = _linux_build(doc["plan"])
+    built = by_os[linux["number"]]
+    assert built["status"] == "built", (built, done.stderr)
+    assert "cu130torch2.11" in built["filename"] and "sm80sm90" in built["filename"]
+    windows = next(b for n, b in by_os.items() if n != linux["number"])
+    assert windows["status"] == "failed" and windows["log_path"]  # a Windows build cannot run on Linux
+    assert done.returncode == 1  # one failed build: exit 1, the other still published
+
+    wheel = next(index.glob(f"artifacts/*/{built['filename']}"))
+    with zipfile.ZipFile(wheel) as zf:
+        assert any(n.startswith("af_nvcc_fixture/_C") for n in zf.namelist())
+    target = tmp_path / "target"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target),
+                          "--index-url", (index / "simple").as_uri(), "af-nvcc-fixture"],
+                         capture_output=True, text=True, check=False)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    archs = subprocess.run([sys.executable, "-c", "import af_nvcc_fixture; print(af_nvcc_fixture.archs())"],
+                           cwd=target, capture_output=True, text=True, check=True)
+    assert archs.stdout.strip() == "80,90"
+
+    again = fleet(fleet_cluster, tmp_path / "head", *args)
+    redo = {b["number"]: b for b in json.loads(again.stdout)["builds"]}
+    assert redo[linux["number"]]["status"] == "present"  # idempotent by artifact key: not built again
+    log = Path(built["log_path"]).read_text()
+    assert log.count("attempt in worker pid") == 1
