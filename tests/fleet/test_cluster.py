@@ -82,3 +82,55 @@ def test_build_compiles_once_for_two_archs_publishes_and_pip_installs(fleet_clus
     assert redo[linux["number"]]["status"] == "present"  # idempotent by artifact key: not built again
     log = Path(built["log_path"]).read_text()
     assert log.count("attempt in worker pid") == 1
+
+
+@pytest.fixture
+def pypiserver(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real pypiserver on 127.0.0.1 (a free port), uploads allowed without authentication (``-a . -P .``)."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    packages = tmp_path / "packages"
+    packages.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "pypiserver", "run", "-p", str(port), "-i", "127.0.0.1",
+                             "-a", ".", "-P", ".", str(packages)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/simple/"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()  # noqa: S310 - our own server on 127.0.0.1
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("pypiserver did not start")
+            time.sleep(0.2)
+    try:
+        yield url, packages
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_build_publishes_to_a_real_index_server_and_pip_installs_from_it(
+        fleet_cluster: FleetCluster, tmp_path: Path, pypiserver: tuple[str, Path]) -> None:
+    url, packages = pypiserver
+    env_home = tmp_path / "head"
+    env = fleet_cluster.env(env_home)
+    env.update(ATTNFORGE_INDEX_USER="fleet", ATTNFORGE_INDEX_PASSWORD="s3cret-pw")
+    done = subprocess.run([sys.executable, "-m", "attnforge", "fleet", "build", "af-nvcc-fixture", "--source",
+                           str(NVCC_EXT), "--address", fleet_cluster.address, "--index", url],
+                          capture_output=True, text=True, env=env, timeout=240, check=False)
+    assert "s3cret-pw" not in done.stdout + done.stderr
+    assert "published af_nvcc_fixture-0.1.0+cu130torch2.11" in done.stderr, done.stderr
+    assert [p.name for p in packages.iterdir() if "sm80sm90" in p.name]
+    target = tmp_path / "target"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target),
+                          "--index-url", url, "af-nvcc-fixture"], capture_output=True, text=True, check=False)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    assert list(target.glob("af_nvcc_fixture/_C*.so"))
