@@ -90,9 +90,9 @@ def fleet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetClu
 
 
 @pytest.fixture
-def connected(fleet_cluster: FleetCluster) -> Iterator[FleetCluster]:
+def connected(fleet_cluster: FleetCluster) -> FleetCluster:
     """This test process as a Ray driver of the module's cluster."""
     from attnforge.fleet.cluster import connect
 
     connect(fleet_cluster.address)
-    yield fleet_cluster
+    return fleet_cluster

@@ -103,7 +103,7 @@ def pypiserver(tmp_path: Path):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + 30
     while True:
         try:
-            urllib.request.urlopen(url, timeout=2).close()  # noqa: S310 - our own server on 127.0.0.1
+            urllib.request.urlopen(url, timeout=2).close()
             break
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
@@ -122,7 +122,7 @@ def test_build_publishes_to_a_real_index_server_and_pip_installs_from_it(
     url, packages = pypiserver
     env_home = tmp_path / "head"
     env = fleet_cluster.env(env_home)
-    env.update(ATTNFORGE_INDEX_USER="fleet", ATTNFORGE_INDEX_PASSWORD="s3cret-pw")
+    env.update(ATTNFORGE_INDEX_USER="fleet", ATTNFORGE_INDEX_PASSWORD="s3cret-pw")  # noqa: S106 - a test value
     done = subprocess.run([sys.executable, "-m", "attnforge", "fleet", "build", "af-nvcc-fixture", "--source",
                            str(NVCC_EXT), "--address", fleet_cluster.address, "--index", url],
                           capture_output=True, text=True, env=env, timeout=240, check=False)
@@ -134,3 +134,23 @@ def test_build_publishes_to_a_real_index_server_and_pip_installs_from_it(
                           "--index-url", url, "af-nvcc-fixture"], capture_output=True, text=True, check=False)
     assert pip.returncode == 0, pip.stdout + pip.stderr
     assert list(target.glob("af_nvcc_fixture/_C*.so"))
+
+
+def test_verify_and_bench_run_per_node_and_report_per_kind(fleet_cluster: FleetCluster, tmp_path: Path) -> None:
+    home = tmp_path / "head"
+    verify = fleet(fleet_cluster, home, "verify", "sdpa-math", "--address", fleet_cluster.address, "--json")
+    assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
+    runs = json.loads(verify.stdout)["nodes"]
+    assert len(runs) == 3 and {r["status"] for r in runs} == {"ok"}
+    assert all(r["doc"]["kind"] == "verify" and r["doc"]["results"][0]["ok"] for r in runs)
+    bench = fleet(fleet_cluster, home, "bench", "sdpa-math", "--address", fleet_cluster.address,
+                  "--arg=--mode", "--arg=fwd", "--arg=--causal", "--arg=off", "--arg=--seqlen", "--arg=128",
+                  "--arg=--head-dim", "--arg=64")
+    assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-2000:]
+    report = fleet(fleet_cluster, home, "report", "--json", "--plot", str(tmp_path / "fleet.png"))
+    assert report.returncode == 0, report.stderr
+    doc = json.loads(report.stdout)
+    assert len(doc["kinds"]) == 3
+    assert {(v["backend"], v["passed_nodes"], v["nodes"]) for v in doc["verdicts"]} == {("sdpa-math", 1, 1)}
+    assert len(doc["winners"]) == 3 and all(w["shape_class"].endswith("Sq128 Sk128") for w in doc["winners"])
+    assert (tmp_path / "fleet.png").read_bytes()[:4] == b"\x89PNG"

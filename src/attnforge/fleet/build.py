@@ -92,7 +92,7 @@ class _LogReporter:
         self.prefix, self.log = prefix, log
 
     def line(self, text: str) -> None:
-        print(f"{self.prefix} {text}", file=sys.stderr, flush=True)  # noqa: T201 - Ray streams it to the head
+        print(f"{self.prefix} {text}", file=sys.stderr, flush=True)  # Ray streams it to the head
         self.log.write(text + "\n")
         self.log.flush()
 
@@ -127,7 +127,7 @@ def node_build(spec: BuildSpec, snapshot_json: str, key: str, log_dir: str) -> d
     running.mkdir(parents=True, exist_ok=True)
     hexkey = key.removeprefix("sha256:")[:32]
     (running / f"{hexkey}.pid").write_text(str(os.getpid()), encoding="utf-8")  # which worker builds it
-    with open(Path(log_dir) / f"{hexkey}.log", "a", encoding="utf-8") as log:  # noqa: PTH123
+    with open(Path(log_dir) / f"{hexkey}.log", "a", encoding="utf-8") as log:
         reporter = _LogReporter(f"[fleet build {hexkey[:12]}]", log)
         reporter.line(f"attempt in worker pid {os.getpid()}: {spec.name} for {', '.join(map(str, spec.archs))}")
         try:
@@ -166,14 +166,15 @@ def run_builds(ray: Any, builds: Sequence[FleetBuild], nodes: Sequence[Node], in
         for i, build in enumerate(builds):
             candidates = [by_id[n] for n in build.builder_nodes if n in by_id]
             node = candidates[i % len(candidates)] if candidates else None
-            futures.append(pool.submit(_one, ray, build, node, index, home, log_dir, on_event))
+            futures.append(pool.submit(_one, ray, build, node=node, index=index, home=home, log_dir=log_dir,
+                                       on_event=on_event))
         return [f.result() for f in futures]
 
 
-def _one(ray: Any, build: FleetBuild, node: Node | None, index: Index, home: Path, log_dir: Path,
+def _one(ray: Any, build: FleetBuild, *, node: Node | None, index: Index, home: Path, log_dir: Path,
          on_event: Callable[[str], None]) -> BuildOutcome:
     key = _key_with_source(build)
-    base = {"number": build.number, "key": key, "backend": build.backend}
+    base: dict[str, Any] = {"number": build.number, "key": key, "backend": build.backend}
     log_path = str(log_dir / f"{key.removeprefix('sha256:')[:32]}.log")
     with index.lock(key):
         present = index.published(key)

@@ -176,15 +176,19 @@ class ServerIndex:
     def pip_url(self) -> str:
         return self.simple_url  # without credentials: pip takes them from its own config or keyring
 
-    def _open(self, request: urllib.request.Request) -> Any:
+    def _open(self, url: str, *, data: bytes | None = None, content_type: str | None = None) -> Any:
+        """GET ``url`` (POST ``data``) with the credentials; the URLs are this server's http(s) ones."""
+        request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")  # noqa: S310
+        if content_type:
+            request.add_header("Content-Type", content_type)
         if self._auth:
             request.add_header("Authorization", self._auth)
-        return urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)  # noqa: S310 - http(s) only, checked above
+        return urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)  # noqa: S310 - http(s) only (open_index)
 
     def check(self) -> None:
         """Raises FleetError when the index does not answer (exit 1), naming the URL without credentials."""
         try:
-            with self._open(urllib.request.Request(self.simple_url)) as resp:
+            with self._open(self.simple_url) as resp:
                 resp.read(1)
         except (urllib.error.URLError, OSError) as exc:
             raise FleetError(f"the package index at {self.simple_url} does not answer",
@@ -200,7 +204,7 @@ class ServerIndex:
         try:
             doc = json.loads((self.state / f"{_hex(key)}.json").read_text(encoding="utf-8"))
             project = canonicalize_name(parse_wheel_filename(doc["filename"])[0])
-            with self._open(urllib.request.Request(f"{self.simple_url}{project}/")) as resp:
+            with self._open(f"{self.simple_url}{project}/") as resp:
                 page = resp.read().decode("utf-8", "replace")
         except (OSError, ValueError, KeyError, urllib.error.URLError):
             return None
@@ -219,10 +223,8 @@ class ServerIndex:
         fields = {":action": "file_upload", "protocol_version": "1", "name": str(name), "version": str(version),
                   "filetype": "bdist_wheel", "pyversion": "any", "sha256_digest": sha}
         body, ctype = _multipart(fields, wheel)
-        request = urllib.request.Request(self.upload_url, data=body, method="POST",
-                                         headers={"Content-Type": ctype})
         try:
-            with self._open(request) as resp:
+            with self._open(self.upload_url, data=body, content_type=ctype) as resp:
                 resp.read()
         except urllib.error.HTTPError as exc:
             if exc.code != 409:

@@ -108,7 +108,7 @@ def kind_of(snapshot: SystemSnapshot) -> MachineKind:
     the platform tag; torch gives version, CUDA and C++11 ABI; the GPUs give the compute capabilities.
     """
     p = snapshot.platform
-    _, abi, platform_tag = (p.wheel_tag.split("-", 2) + ["", ""])[:3]
+    _, abi, platform_tag = [*p.wheel_tag.split("-", 2), "", ""][:3]
     torch = snapshot.torch
     wheel = WheelKey(
         os=p.os, cpu_arch=p.cpu_arch, python_abi=abi or p.wheel_tag,

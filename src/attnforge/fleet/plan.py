@@ -28,7 +28,7 @@ from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.buildspec import plan_build
 from attnforge.resolve.resolver import resolve
 from attnforge.resolve.sources import load_wheel_sources
-from attnforge.resolve.types import BuildSpec, CandidateKind, Request, WheelRef
+from attnforge.resolve.types import BuildSpec, CandidateKind, Plan, Request, WheelRef
 from attnforge.types.cc import ComputeCapability
 
 
@@ -132,10 +132,7 @@ def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence
     for i, request in enumerate(requests):
         offered = (wheels or {}).get(request.backend, ())
         for g in groups:
-            for snapshot, node_ids in variants[g.kind.id]:  # the first node whose toolchain serves the kind
-                plan = resolve(snapshot, catalog, request, wheels=offered, home=home)
-                if plan.viable:
-                    break
+            plan, snapshot, node_ids = _first_viable(variants[g.kind.id], catalog, request, offered, home)
             chosen = plan.chosen
             if chosen is None:
                 reasons = tuple(f"{c.kind.value}: {r}" for c in plan.candidates for r in c.reasons)
@@ -184,6 +181,19 @@ class _Member:
     spec: BuildSpec
     snapshot: SystemSnapshot
     node_ids: tuple[str, ...]
+
+
+def _first_viable(variants: list[tuple[SystemSnapshot, tuple[str, ...]]], catalog: Catalog, request: Request,
+                  offered: Sequence[WheelRef], home: str | None) -> tuple[Plan, SystemSnapshot, tuple[str, ...]]:
+    """The plan on the first toolchain variant of a kind that serves the request (else the last one's plan)."""
+    plans = ((resolve(s, catalog, request, wheels=offered, home=home), s, ids) for s, ids in variants)
+    last = None
+    for last in plans:
+        if last[0].viable:
+            return last
+    if last is None:
+        raise ValueError("a kind without nodes")
+    return last
 
 
 def _toolchains(g: KindGroup) -> list[tuple[SystemSnapshot, tuple[str, ...]]]:

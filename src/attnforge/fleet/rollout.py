@@ -66,7 +66,8 @@ def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str], *, timeou
     runs: list[NodeRun] = []
     for node, ref in zip(nodes, refs, strict=True):
         kind = kind_of(node.snapshot)
-        base = {"node_id": node.node_id, "address": node.address, "kind": kind.id, "describe": kind.describe()}
+        base: dict[str, Any] = {"node_id": node.node_id, "address": node.address, "kind": kind.id,
+                                "describe": kind.describe()}
         try:
             out = ray.get(ref, timeout=timeout_s + 60)
         except Exception as exc:  # the node left, its worker died twice, or it hung: this node only

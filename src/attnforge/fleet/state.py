@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from attnforge._system.files import write_atomic
-from attnforge.errors import UsageError
+from attnforge.errors import AttnforgeError, UsageError
 from attnforge.fleet.kinds import Node
 from attnforge.probe.snapshot import SystemSnapshot
 
@@ -43,11 +43,11 @@ def load_nodes(home: Path) -> list[Node]:
     try:
         doc = json.loads((home / "fleet" / "nodes.json").read_text(encoding="utf-8"))
         return [Node(node_id=d["node_id"], address=d["address"], cpus=float(d["cpus"]),
-                     memory_bytes=float(d["memory_bytes"]), snapshot=SystemSnapshot.from_json(json.dumps(d["snapshot"])))
-                for d in doc["nodes"]]
+                     memory_bytes=float(d["memory_bytes"]),
+                     snapshot=SystemSnapshot.from_json(json.dumps(d["snapshot"]))) for d in doc["nodes"]]
     except (OSError, ValueError, KeyError, TypeError):
         return []
-    except Exception:  # noqa: BLE001 - an outdated record is re-probed, never fatal
+    except AttnforgeError:  # a record of an older snapshot schema: re-probed, never fatal
         return []
 
 
