@@ -136,13 +136,17 @@ def test_build_publishes_to_a_real_index_server_and_pip_installs_from_it(
     assert list(target.glob("af_nvcc_fixture/_C*.so"))
 
 
-def test_verify_and_bench_run_per_node_and_report_per_kind(fleet_cluster: FleetCluster, tmp_path: Path) -> None:
+def test_install_verify_and_bench_run_per_node_and_report_per_kind(fleet_cluster: FleetCluster, tmp_path: Path) -> None:
     home = tmp_path / "head"
     verify = fleet(fleet_cluster, home, "verify", "sdpa-math", "--address", fleet_cluster.address, "--json")
     assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
     runs = json.loads(verify.stdout)["nodes"]
     assert len(runs) == 3 and {r["status"] for r in runs} == {"ok"}
     assert all(r["doc"]["kind"] == "verify" and r["doc"]["results"][0]["ok"] for r in runs)
+    install = fleet(fleet_cluster, home, "install", "sdpa-math", "--index-url", (tmp_path / "idx").as_uri(),
+                    "--address", fleet_cluster.address, "--json")
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
+    assert {r["doc"]["kind"] for r in json.loads(install.stdout)["nodes"]} == {"install"}
     bench = fleet(fleet_cluster, home, "bench", "sdpa-math", "--address", fleet_cluster.address,
                   "--arg=--mode", "--arg=fwd", "--arg=--causal", "--arg=off", "--arg=--seqlen", "--arg=128",
                   "--arg=--head-dim", "--arg=64")

@@ -67,3 +67,8 @@ def test_an_index_server_that_does_not_answer_is_not_possible(cli_env: dict[str,
 
 def test_report_without_records_says_what_to_run(cli_env: dict[str, str]) -> None:
     _clean(_run(cli_env, "report"), 2, "fleet verify")
+
+
+def test_fleet_install_of_an_unknown_backend_is_refused_before_any_node_is_asked(cli_env: dict[str, str]) -> None:
+    _clean(_run(cli_env, "install", "no-such-kernel", "--index-url", "file:///nowhere/simple",
+                "--address", f"127.0.0.1:{_free_port()}"), 2, "unknown backend")

@@ -288,7 +288,13 @@ def _plain(run: Any) -> dict[str, Any]:
 @json_option
 def install(backends: tuple[str, ...], index_url: str, address: str | None, as_json: bool) -> int:
     """`attnforge install BACKEND --index-url URL` on every node (hash-checked install, then verify)."""
+    from attnforge.catalog import load_catalog
+    from attnforge.cli.plan import parse_requirement
     from attnforge.fleet.rollout import install_argv
+
+    catalog = load_catalog()
+    for text in backends:  # bad names exit 2 here, before any node is asked
+        catalog.backend(parse_requirement(text)[0])
 
     return _rollout("install", [(b, install_argv([b], index_url)) for b in backends], address, as_json)
 
