@@ -63,6 +63,7 @@ def test_build_compiles_once_for_two_archs_publishes_and_pip_installs(fleet_clus
     assert "cu130torch2.11" in built["filename"] and "sm80sm90" in built["filename"]
     windows = next(b for n, b in by_os.items() if n != linux["number"])
     assert windows["status"] == "failed" and windows["log_path"]  # a Windows build cannot run on Linux
+    assert "does not exist on this machine" in windows["message"]  # its own words, not a worker death
     assert done.returncode == 1  # one failed build: exit 1, the other still published
 
     wheel = next(index.glob(f"artifacts/*/{built['filename']}"))

@@ -28,6 +28,7 @@ from typing import Any
 
 from attnforge._serde import to_jsonable
 from attnforge.build.progress import BuildEvent, HeartbeatEvent, PhaseEvent, StepEvent
+from attnforge.errors import AttnforgeError
 from attnforge.fleet.cluster import on_node, task_failure
 from attnforge.fleet.index import Index, scratch_dir
 from attnforge.fleet.kinds import Node
@@ -135,6 +136,11 @@ def node_build(spec: BuildSpec, snapshot_json: str, key: str, log_dir: str) -> d
         except BuildFailure as failure:
             _append(log, failure.log_path)
             return {"ok": False, "message": failure.message, "diagnosis": to_jsonable(failure.diagnosis)}
+        except AttnforgeError as error:  # refused before compiling (no interpreter, no source): its own words
+            reporter.line(f"error: {error.message}")
+            return {"ok": False, "message": error.message, "diagnosis": {
+                "known": True, "title": error.message, "cause": error.cause or error.message,
+                "fix": [error.hint] if error.hint else []}}
         _append(log, str(result.log_path))
         wheel = pinned_to_torch(result.wheel, spec, snapshot)
         inputs = built_wheel_inputs(wheel=wheel, spec=spec, source_sha256=result.source_sha256, snapshot=snapshot)
@@ -222,6 +228,11 @@ def _died(base: dict[str, Any], node: Node, exc: Exception, log_path: str,
 
     lost = isinstance(exc, rex.NodeDiedError) or "node" in type(exc).__name__.lower()
     what = task_failure(exc)
+    if isinstance(exc, rex.RayTaskError):  # the build code raised (not retried: it would raise again)
+        on_event(f"build {base['number']}: failed: {what} (log: {log_path})")
+        return BuildOutcome(**base, status="failed", node=node.node_id, log_path=log_path, message=what,
+                            diagnosis={"known": False, "title": "the build task raised", "cause": what,
+                                       "fix": ["read the log", "report it: this is a bug of attnforge fleet"]})
     text = Path(log_path).read_text(encoding="utf-8", errors="replace") if Path(log_path).is_file() else ""
     diagnosis: Any = to_jsonable(diagnose_text(text, log_path=log_path)) if text else None
     if diagnosis is None or not diagnosis.get("known"):
