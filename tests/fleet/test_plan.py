@@ -93,3 +93,21 @@ def test_ray_task_sizing_follows_the_jobs_rule(cpus: int, memory_gib: float, wan
     assert sized.num_cpus == want_cpus
     assert sized.memory_bytes == pytest.approx(want_gib * 2**30, rel=0.01)
     assert sized.spec.env["MAX_JOBS"] == str(min(16, cpus))
+
+
+def test_a_prebuilt_wheel_beats_a_build_and_counts_once_across_kinds(tmp_path: Path) -> None:
+    import zipfile
+
+    from attnforge.resolve.listing import list_find_links
+
+    name = "flash_attn-2.8.3+cu130torch2.11.cxx11abitrue.sm80sm90-cp312-cp312-linux_x86_64.whl"
+    with zipfile.ZipFile(tmp_path / name, "w") as zf:
+        zf.writestr("flash_attn-2.8.3.dist-info/WHEEL", "Wheel-Version: 1.0\nTag: cp312-cp312-linux_x86_64\n")
+    nodes = [Node(node_id="h200", address="f", snapshot=_load("h200_torch2.11_cu130.json")),
+             Node(node_id="a100", address="f", snapshot=_load("h200_torch2.11_cu130.json", name="NVIDIA A100",
+                                                                compute_capability=[8, 0]))]
+    request = Request(backend="flash-attn", find_links=(str(tmp_path),), offline=True)
+    plan = plan_fleet(group_nodes(nodes), load_catalog(), [request],
+                      wheels={"flash-attn": list_find_links(str(tmp_path))})
+    assert [r.route for r in plan.routes] == ["wheel", "wheel"]
+    assert plan.builds == () and plan.artifacts == 1
