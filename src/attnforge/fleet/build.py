@@ -20,11 +20,14 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
+
+import filelock
 
 from attnforge._serde import to_jsonable
 from attnforge.build.progress import BuildEvent, HeartbeatEvent, PhaseEvent, StepEvent
@@ -81,8 +84,7 @@ def size_task(spec: BuildSpec, *, gib_per_thread: int, node_cpus: float, node_me
         spec = dataclasses.replace(spec, env=env, max_jobs=cpus, nvcc_threads=1,
                                    notes=(*spec.notes, f"fleet: the node has {cpus} CPU(s) for Ray: MAX_JOBS={cpus}"))
     memory = cpus * gib_per_thread * GIB
-    if node_memory_bytes > 0:
-        memory = min(memory, int(node_memory_bytes * 0.9))
+    memory = min(memory, int(node_memory_bytes * 0.9)) if node_memory_bytes > 0 else 0  # 0: nothing to reserve
     return Sizing(num_cpus=cpus, memory_bytes=memory, spec=spec)
 
 
@@ -170,7 +172,7 @@ def run_builds(ray: Any, builds: Sequence[FleetBuild], nodes: Sequence[Node], in
     with ThreadPoolExecutor(max_workers=max(1, len(builds))) as pool:
         futures = []
         for i, build in enumerate(builds):
-            candidates = [by_id[n] for n in build.builder_nodes if n in by_id]
+            candidates = [by_id[n] for n in build.builder_nodes if n in by_id and by_id[n].cpus >= 1]
             node = candidates[i % len(candidates)] if candidates else None
             futures.append(pool.submit(_one, ray, build, node=node, index=index, home=home, log_dir=log_dir,
                                        on_event=on_event))
@@ -182,7 +184,8 @@ def _one(ray: Any, build: FleetBuild, *, node: Node | None, index: Index, home: 
     key = _key_with_source(build)
     base: dict[str, Any] = {"number": build.number, "key": key, "backend": build.backend}
     log_path = str(log_dir / f"{key.removeprefix('sha256:')[:32]}.log")
-    with index.lock(key):
+    with _held(index.lock(key), lambda: on_event(
+            f"build {build.number}: waiting: another fleet build holds the lock of key {key[:19]}")):
         present = index.published(key)
         if present is not None:
             on_event(f"build {build.number}: {present.filename} is already in the index (key {key[:19]})")
@@ -208,6 +211,20 @@ def _one(ray: Any, build: FleetBuild, *, node: Node | None, index: Index, home: 
         on_event(f"build {build.number}: published {published.filename}")
         return BuildOutcome(**base, status="built", node=node.node_id, filename=published.filename,
                             sha256=published.sha256, duration_s=time.monotonic() - start, log_path=log_path)
+
+
+@contextmanager
+def _held(lock: filelock.BaseFileLock, on_wait: Callable[[], None]) -> Iterator[None]:
+    """Hold ``lock``; call ``on_wait`` first when another process holds it (then wait as long as it takes)."""
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        on_wait()
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _publish(index: Index, key: str, out: dict[str, Any], home: Path, log_path: str) -> Any:
