@@ -150,9 +150,19 @@ def _fleet_plan(backends: Sequence[str], address: str | None, snapshots: tuple[s
 
     requests = _requests(backends, **opts)
     nodes = load_snapshots(snapshots) if snapshots else _nodes(ray)
-    wheels = {r.backend: list_wheels(r.find_links, r.index_urls, [r.backend], offline=r.offline).wheels
+    catalog = load_catalog()
+    wheels = {r.backend: list_wheels(r.find_links, r.index_urls, _projects(catalog, r.backend),
+                                     offline=r.offline).wheels
               for r in requests if r.find_links or r.index_urls}
-    return plan_fleet(group_nodes(nodes), load_catalog(), requests, wheels=wheels), nodes
+    return plan_fleet(group_nodes(nodes), catalog, requests, wheels=wheels), nodes
+
+
+def _projects(catalog: Any, name: str) -> list[str]:
+    """The distributions whose wheels serve ``name`` (as ``attnforge plan`` lists them)."""
+    backend = catalog.backends.get(name)
+    recipe = catalog.recipe(name)
+    dists = list(backend.distributions) if backend is not None else [name]
+    return dists + ([recipe.distribution] if recipe is not None and recipe.distribution else [])
 
 
 @command.command("plan")
