@@ -123,3 +123,49 @@ def test_a_node_that_left_is_reported_lost_and_the_others_finish(connected: Flee
     assert by_status == ["lost", "ok", "ok", "ok"]
     lost = next(r for r in runs if r.status == "lost")
     assert lost.message
+
+
+def test_a_node_lost_mid_build_is_reported_lost_and_the_other_build_finishes(connected: FleetCluster,
+                                                                            tmp_path: Path) -> None:
+    """A fourth node of its own kind (torch 2.10) builds a slow copy of the fixture; it leaves mid-build. The
+    other build (H200 + A100) is published."""
+    import json
+
+    import ray
+
+    from attnforge.build.source import parse_source
+    from attnforge.catalog import load_catalog
+    from attnforge.fleet.build import run_builds
+    from attnforge.fleet.cluster import probe_nodes
+    from attnforge.fleet.index import DirIndex
+    from attnforge.fleet.kinds import group_nodes
+    from attnforge.fleet.plan import plan_fleet
+    from attnforge.resolve.types import Request
+
+    doc = json.loads(connected.snapshots["h200"].read_text())
+    doc["torch"]["version"] = "2.10.0+cu130"
+    snap = tmp_path / "torch210.json"
+    snap.write_text(json.dumps(doc))
+    home = tmp_path / "extra-home"
+    extra = connected.cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024, env_vars={
+        "ATTNFORGE_PROBE_SNAPSHOT": str(snap), "ATTNFORGE_HOME": str(home),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    connected.cluster.wait_for_nodes()
+    nodes, _ = probe_nodes(ray)
+    linux = [n for n in nodes if n.snapshot.platform.os == "linux"]
+    request = Request(backend="af-nvcc-fixture", source=parse_source(str(_slow_source(tmp_path, 4))),
+                      from_source=True)
+    plan = plan_fleet(group_nodes(linux), load_catalog(), [request])
+    assert len(plan.builds) == 2
+    outcomes: list = []
+    worker = threading.Thread(target=lambda: outcomes.extend(run_builds(
+        ray, plan.builds, linux, DirIndex(tmp_path / "index", home=tmp_path / "head"), home=tmp_path / "head",
+        log_dir=tmp_path / "logs")))
+    worker.start()
+    deadline = time.monotonic() + 120
+    while not list((home / "fleet" / "running").glob("*.pid")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    connected.cluster.remove_node(extra)
+    worker.join(timeout=180)
+    statuses = sorted(o.status for o in outcomes)
+    assert statuses == ["built", "lost"], outcomes

@@ -202,7 +202,7 @@ def _one(ray: Any, build: FleetBuild, *, node: Node | None, index: Index, home: 
         try:
             out = ray.get(task.remote(sizing.spec, node.snapshot.to_json(indent=None), key, str(log_dir)))
         except Exception as exc:  # the worker died twice, or the node left: reported, the others go on
-            return _died(base, node, exc, log_path, on_event)
+            return _died(ray, base, node=node, exc=exc, log_path=log_path, on_event=on_event)
         if not out["ok"]:
             on_event(f"build {build.number}: failed: {out['message']} (log: {log_path})")
             return BuildOutcome(**base, status="failed", node=node.node_id, log_path=log_path,
@@ -237,13 +237,15 @@ def _publish(index: Index, key: str, out: dict[str, Any], home: Path, log_path: 
         return index.publish(key, wheel, CacheKeyInputs.from_json(out["inputs"]), log)
 
 
-def _died(base: dict[str, Any], node: Node, exc: Exception, log_path: str,
+def _died(ray: Any, base: dict[str, Any], *, node: Node, exc: Exception, log_path: str,
           on_event: Callable[[str], None]) -> BuildOutcome:
     from ray import exceptions as rex
 
     from attnforge.diagnose import diagnose_text
+    from attnforge.fleet.cluster import alive_nodes
 
-    lost = isinstance(exc, rex.NodeDiedError) or "node" in type(exc).__name__.lower()
+    gone = node.node_id not in {str(n["NodeID"]) for n in alive_nodes(ray)}
+    lost = gone or isinstance(exc, rex.NodeDiedError)
     what = task_failure(exc)
     if isinstance(exc, rex.RayTaskError):  # the build code raised (not retried: it would raise again)
         on_event(f"build {base['number']}: failed: {what} (log: {log_path})")
