@@ -34,6 +34,7 @@ LAYERS: tuple[str, ...] = (
     "build",         # executing a BuildSpec
     "cargo",         # Rust (candle) builds
     "install",       # putting a wheel into the environment
+    "fleet",         # the same over a Ray cluster: kinds, plan, builds as Ray tasks, index, rollout
     "backends",      # adapters + capability tables of each kernel (dispatch branch)
     "verify",        # numerical checks against a float64 reference
     "bench",         # timing

@@ -28,6 +28,7 @@ VERBS: dict[str, str] = {
     "bench": "attnforge.cli.bench:command",
     "cache": "attnforge.cli.cache:command",
     "cargo-env": "attnforge.cli.cargo_env:command",
+    "fleet": "attnforge.cli.fleet:command",
 }
 
 
@@ -64,6 +65,9 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("CUDA_HOME / CUDA_PATH", "the CUDA toolkit builds use (else nvcc on PATH)"),
     ("PIP_INDEX_URL, PIP_*, UV_*", "pip's and uv's own configuration, used for every install and index query"),
     ("COLUMNS / NO_COLOR", "table width and colour of the human-readable output"),
+    ("ATTNFORGE_PROBE_SNAPSHOT", "fleet: a node with it set reports this `probe --json` file instead of probing"),
+    ("ATTNFORGE_INDEX_USER", "fleet build: upload user name of an index server (pypiserver, devpi)"),
+    ("ATTNFORGE_INDEX_PASSWORD", "fleet build: its password; never printed"),
 )
 
 EPILOG = "\b\nEnvironment:\n" + "\n".join(f"  {name:<26} {text}" for name, text in ENVIRONMENT) + (

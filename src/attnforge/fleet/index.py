@@ -1,0 +1,261 @@
+"""Where the fleet's artifacts land, one lock per artifact key, and what is already there.
+
+Two kinds of package index, both read by plain ``pip install --index-url``:
+
+- a **directory** (the embedded default, on storage the nodes share), written as a PEP 503 index by the store's
+  own export (:func:`attnforge.cache.share.export`: every artifact copied under a fresh name and renamed into
+  place, the pages rewritten atomically afterwards, so a wheel is visible only whole); pip's URL is
+  ``file://DIR/simple``;
+- an **index server** by URL (pypiserver, devpi-server: ``http(s)://HOST/.../simple/``), uploaded to with the
+  ``file_upload`` form of the PyPI legacy upload API (the one ``twine`` speaks). Credentials come from
+  ``ATTNFORGE_INDEX_USER``/``ATTNFORGE_INDEX_PASSWORD`` (else ``TWINE_USERNAME``/``TWINE_PASSWORD``) and are never
+  printed: every message names the URL without its user part.
+
+Which fleet artifact keys are published is recorded per key (``.fleet/keys/<hex>.json`` in the directory; for a
+server, under ``$ATTNFORGE_HOME/fleet/published/``) so a re-run builds only what is missing, and a
+``filelock`` per key makes two ``fleet build``s at once build each key once.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import filelock
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from attnforge._system.files import write_atomic
+from attnforge.cache.key import CacheKey, CacheKeyInputs
+from attnforge.fleet import FleetError
+
+#: Seconds to wait for an index server to answer.
+HTTP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Published:
+    """One artifact in the index: its fleet key, wheel file name and sha256."""
+
+    key: str
+    filename: str
+    sha256: str
+
+
+class Index(Protocol):
+    """A package index the fleet publishes to (see the module docstring)."""
+
+    @property
+    def pip_url(self) -> str: ...  # what ``pip install --index-url`` takes
+
+    def lock(self, key: str) -> Any: ...  # a context manager: the lock of one artifact key
+
+    def published(self, key: str) -> Published | None: ...
+
+    def publish(self, key: str, wheel: Path, inputs: CacheKeyInputs, log_path: Path | None) -> Published: ...
+
+
+def open_index(text: str, *, home: Path, environ: Mapping[str, str] | None = None) -> Index:
+    """The index named by ``text``: an ``http(s)://`` URL is a server (checked to answer), anything else a
+    directory (created).
+
+    Raises:
+        FleetError: the server does not answer, or the directory cannot be created (exit 1).
+        UsageError: a URL scheme other than http(s)/file.
+    """
+    from attnforge.errors import UsageError
+
+    parsed = urllib.parse.urlsplit(text)
+    if parsed.scheme in ("http", "https"):
+        index = ServerIndex(text, home=home, environ=os.environ if environ is None else environ)
+        index.check()
+        return index
+    if parsed.scheme == "file":
+        text = urllib.request.url2pathname(parsed.path).removesuffix("/simple")
+    elif parsed.scheme and len(parsed.scheme) > 1:
+        raise UsageError(f"not an index: {text!r}", hint="give a directory (shared storage) or an http(s):// URL")
+    return DirIndex(Path(text), home=home)
+
+
+def _hex(key: str) -> str:
+    return key.removeprefix("sha256:")[:32]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class DirIndex:
+    """A PEP 503 index in a directory (the store's export layout: ``simple/`` pages, ``artifacts/<digest>/``)."""
+
+    def __init__(self, root: Path, *, home: Path) -> None:
+        self.root = root.absolute()
+        self.home = home
+        try:
+            (self.root / ".fleet" / "keys").mkdir(parents=True, exist_ok=True)
+            (self.root / ".fleet" / "locks").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise FleetError(f"cannot create the index directory {self.root}", cause=str(exc),
+                             hint="give --index a directory you can write to (shared by the nodes)") from None
+
+    @property
+    def pip_url(self) -> str:
+        return (self.root / "simple").as_uri()
+
+    def lock(self, key: str) -> filelock.FileLock:
+        return filelock.FileLock(str(self.root / ".fleet" / "locks" / f"{_hex(key)}.lock"))
+
+    def published(self, key: str) -> Published | None:
+        """The artifact of ``key`` when its record exists and the wheel it names is intact."""
+        try:
+            doc = json.loads((self.root / ".fleet" / "keys" / f"{_hex(key)}.json").read_text(encoding="utf-8"))
+            wheel = self.root / doc["path"]
+            if _sha256(wheel) != doc["sha256"]:
+                return None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return Published(key=key, filename=doc["filename"], sha256=doc["sha256"])
+
+    def publish(self, key: str, wheel: Path, inputs: CacheKeyInputs, log_path: Path | None) -> Published:
+        """Export ``wheel`` into the index through a one-entry store (``cache/share.py``'s export).
+
+        Raises:
+            CacheError: the disk is full or a symlink was planted in the index (nothing partial stays visible).
+        """
+        from attnforge.cache import Store
+        from attnforge.cache._files import remove_tree
+        from attnforge.cache.share import export
+
+        staging = self.home / "fleet" / "staging" / uuid.uuid4().hex[:12]
+        staging.mkdir(parents=True)
+        try:
+            store = Store(staging)
+            put = store.put(wheel, inputs, log_path=log_path, provenance={"fleet_key": key})
+            export(store, self.root)
+        finally:
+            remove_tree(staging)
+        rel = f"artifacts/{CacheKey.parse(put.entry.key).digest}/{put.entry.filename}"
+        doc = {"key": key, "filename": put.entry.filename, "sha256": put.entry.sha256, "path": rel}
+        write_atomic(self.root / ".fleet" / "keys" / f"{_hex(key)}.json", json.dumps(doc).encode())
+        return Published(key=key, filename=put.entry.filename, sha256=put.entry.sha256)
+
+
+class ServerIndex:
+    """An index server (pypiserver, devpi-server) by URL; uploads with the legacy ``file_upload`` form."""
+
+    def __init__(self, url: str, *, home: Path, environ: Mapping[str, str]) -> None:
+        parts = urllib.parse.urlsplit(url)
+        netloc = parts.hostname or ""
+        if parts.port:
+            netloc += f":{parts.port}"
+        path = parts.path.rstrip("/")
+        self.simple_url = urllib.parse.urlunsplit((parts.scheme, netloc, path + "/", "", ""))
+        self.upload_url = urllib.parse.urlunsplit((parts.scheme, netloc, path.removesuffix("/simple") + "/", "", ""))
+        user = environ.get("ATTNFORGE_INDEX_USER") or environ.get("TWINE_USERNAME") or parts.username
+        password = environ.get("ATTNFORGE_INDEX_PASSWORD") or environ.get("TWINE_PASSWORD") or parts.password
+        self._auth = None if not user else "Basic " + base64.b64encode(f"{user}:{password or ''}".encode()).decode()
+        self.state = home / "fleet" / "published" / hashlib.sha256(self.simple_url.encode()).hexdigest()[:16]
+        self.state.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def pip_url(self) -> str:
+        return self.simple_url  # without credentials: pip takes them from its own config or keyring
+
+    def _open(self, url: str, *, data: bytes | None = None, content_type: str | None = None) -> Any:
+        """GET ``url`` (POST ``data``) with the credentials; the URLs are this server's http(s) ones."""
+        request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")  # noqa: S310
+        if content_type:
+            request.add_header("Content-Type", content_type)
+        if self._auth:
+            request.add_header("Authorization", self._auth)
+        return urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)  # noqa: S310 - http(s) only (open_index)
+
+    def check(self) -> None:
+        """Raises FleetError when the index does not answer (exit 1), naming the URL without credentials."""
+        try:
+            with self._open(self.simple_url) as resp:
+                resp.read(1)
+        except (urllib.error.URLError, OSError) as exc:
+            raise FleetError(f"the package index at {self.simple_url} does not answer",
+                             cause=str(getattr(exc, "reason", exc)),
+                             hint="start the index server (e.g. `pypi-server run -p 8080 DIR`) or check --index; "
+                                  "credentials go in ATTNFORGE_INDEX_USER/ATTNFORGE_INDEX_PASSWORD") from None
+
+    def lock(self, key: str) -> filelock.FileLock:
+        return filelock.FileLock(str(self.state / f"{_hex(key)}.lock"))
+
+    def published(self, key: str) -> Published | None:
+        """The artifact of ``key`` when it was recorded here and the server still lists its file."""
+        try:
+            doc = json.loads((self.state / f"{_hex(key)}.json").read_text(encoding="utf-8"))
+            project = canonicalize_name(parse_wheel_filename(doc["filename"])[0])
+            with self._open(f"{self.simple_url}{project}/") as resp:
+                page = resp.read().decode("utf-8", "replace")
+        except (OSError, ValueError, KeyError, urllib.error.URLError):
+            return None
+        if doc["filename"] not in page:
+            return None
+        return Published(key=key, filename=doc["filename"], sha256=doc["sha256"])
+
+    def publish(self, key: str, wheel: Path, inputs: CacheKeyInputs, log_path: Path | None) -> Published:
+        """Upload ``wheel`` (the server stores an upload whole or not at all); 409 (already there) is fine.
+
+        Raises:
+            FleetError: the server refused the upload (its status and reason; never the credentials).
+        """
+        sha = _sha256(wheel)
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+        fields = {":action": "file_upload", "protocol_version": "1", "name": str(name), "version": str(version),
+                  "filetype": "bdist_wheel", "pyversion": "any", "sha256_digest": sha}
+        body, ctype = _multipart(fields, wheel)
+        try:
+            with self._open(self.upload_url, data=body, content_type=ctype) as resp:
+                resp.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409:
+                raise FleetError(f"the index at {self.simple_url} refused {wheel.name}",
+                                 cause=f"HTTP {exc.code} {exc.reason}",
+                                 hint="check the upload credentials (ATTNFORGE_INDEX_USER/ATTNFORGE_INDEX_PASSWORD)"
+                                 " and that the server accepts uploads") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise FleetError(f"the package index at {self.simple_url} does not answer",
+                             cause=str(getattr(exc, "reason", exc)), hint="check the index server") from None
+        doc = {"key": key, "filename": wheel.name, "sha256": sha}
+        write_atomic(self.state / f"{_hex(key)}.json", json.dumps(doc).encode())
+        return Published(key=key, filename=wheel.name, sha256=sha)
+
+
+def _multipart(fields: Mapping[str, str], wheel: Path) -> tuple[bytes, str]:
+    boundary = uuid.uuid4().hex
+    parts: list[bytes] = []
+    for name, value in fields.items():
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode())
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="content"; filename="{wheel.name}"\r\n'
+                 "Content-Type: application/octet-stream\r\n\r\n".encode())
+    parts.append(wheel.read_bytes())
+    parts.append(f"\r\n--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+@contextmanager
+def scratch_dir(home: Path) -> Iterator[Path]:
+    """A private temporary directory under ``$ATTNFORGE_HOME/fleet/tmp`` (removed afterwards)."""
+    base = home / "fleet" / "tmp"
+    base.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=base) as tmp:
+        yield Path(tmp)

@@ -1,0 +1,252 @@
+"""The fewest artifacts that serve every machine kind, through the one resolver. Pure.
+
+For each kind and backend, :func:`attnforge.resolve.resolve` decides the route exactly as ``attnforge plan``
+does on one machine (installed, cache, a hash-checked prebuilt wheel, a build). The fleet then merges:
+
+- kinds whose route is a build and that share a wheel key (:class:`~attnforge.fleet.kinds.WheelKey`) share one
+  build whose ``--arch`` list is the union of their compute capabilities (one fatbin), asked of the resolver
+  again on the member with the oldest glibc (then the next, when its toolchain cannot reach every arch);
+- a prebuilt wheel counts once however many kinds take it (an abi3 wheel serves several Python versions under
+  one file name, a stable-ABI wheel several torch versions).
+
+So the number of builds equals the number of distinct (backend, wheel key) pairs that need a build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from attnforge._serde import to_jsonable
+from attnforge.catalog import Catalog
+from attnforge.fleet.kinds import KindGroup, WheelKey, glibc_key
+from attnforge.install.keys import NOT_IN_KEY
+from attnforge.probe.snapshot import SystemSnapshot
+from attnforge.resolve.buildspec import plan_build
+from attnforge.resolve.resolver import resolve
+from attnforge.resolve.sources import load_wheel_sources
+from attnforge.resolve.types import BuildSpec, CandidateKind, Plan, Request, WheelRef
+from attnforge.types.cc import ComputeCapability
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetBuild:
+    """One build of the fleet plan.
+
+    Attributes:
+        number: k of "build k of K" (1-based).
+        key: the artifact key, ``sha256:`` of what changes the binary (:func:`artifact_key`).
+        backend: the request's backend id or ``--source`` name.
+        request: the request as given to the resolver, ``archs`` set to the union.
+        spec: the resolver's :class:`BuildSpec` on the builder kind.
+        wheel: the wheel key every kind of the build shares.
+        archs: the compute capabilities compiled in (the union of the kinds').
+        kinds: ids of the kinds it serves; builder: id of the kind whose nodes build it.
+        builder_nodes: the node ids of that kind whose toolchain the resolver accepted for this build.
+        gib_per_thread: peak host memory of one nvcc thread (the recipe's, GiB): sizes the Ray task.
+        expected_s: the expected build time in seconds (``wheel_sources.toml`` route times), None if unknown.
+    """
+
+    number: int
+    key: str
+    backend: str
+    request: Request
+    spec: BuildSpec
+    wheel: WheelKey
+    archs: tuple[ComputeCapability, ...]
+    kinds: tuple[str, ...]
+    builder: str
+    builder_nodes: tuple[str, ...]
+    gib_per_thread: int
+    expected_s: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Route:
+    """How one kind gets one backend.
+
+    Attributes:
+        route: ``installed``, ``cache``, ``wheel``, ``build`` or ``none`` (cannot be served).
+        detail: the chosen candidate's description (``build 1 of 2`` for a build).
+        build: the number of the build that serves it, None otherwise.
+        reasons: for ``none``, every rejected candidate's reasons (as ``attnforge plan`` prints them).
+    """
+
+    kind: str
+    backend: str
+    route: str
+    detail: str
+    build: int | None = None
+    expected_s: float | None = None
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KindSummary:
+    """A kind as the plan shows it: id, description, node count and node ids."""
+
+    id: str
+    describe: str
+    nodes: int
+    node_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetPlan:
+    """The fleet plan: kinds, the route of every (kind, backend), the builds, and the artifact count.
+
+    ``artifacts`` counts builds + distinct prebuilt wheels (by file name) + distinct cache entries;
+    ``expected_total_s`` is each artifact's expected time once (a build serves all its kinds), one after another.
+    """
+
+    kinds: tuple[KindSummary, ...]
+    routes: tuple[Route, ...]
+    builds: tuple[FleetBuild, ...]
+    artifacts: int
+    expected_total_s: float
+    unserved: int
+
+
+def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence[Request], *,
+               wheels: Mapping[str, Sequence[WheelRef]] | None = None, home: str | None = None) -> FleetPlan:
+    """Plan ``requests`` (one per backend) for every kind of ``groups``.
+
+    Args:
+        groups: the kinds (:func:`~attnforge.fleet.kinds.group_nodes`).
+        catalog: ``load_catalog()``.
+        requests: one resolver :class:`Request` per backend, ``archs=None`` (each kind's own GPUs).
+        wheels: backend id -> wheels listed from ``--find-links`` / ``--index-url`` (what ``plan`` lists).
+        home: build root base for the build specs (default: each builder snapshot's own cache dir).
+
+    Raises:
+        UsageError: a bad version text, or a backend with nothing to build when a build is planned.
+    """
+    times = load_wheel_sources().route_times
+    by_id = {g.kind.id: g for g in groups}
+    routes: dict[tuple[str, int], Route] = {}
+    to_build: dict[tuple[int, WheelKey], list[_Member]] = {}
+    variants = {g.kind.id: _toolchains(g) for g in groups}
+    for i, request in enumerate(requests):
+        offered = (wheels or {}).get(request.backend, ())
+        for g in groups:
+            plan, snapshot, node_ids = _first_viable(variants[g.kind.id], catalog, request, offered, home)
+            chosen = plan.chosen
+            if chosen is None:
+                reasons = tuple(f"{c.kind.value}: {r}" for c in plan.candidates for r in c.reasons)
+                routes[g.kind.id, i] = Route(kind=g.kind.id, backend=request.backend, route="none",
+                                             detail="nothing is viable", reasons=reasons)
+            elif chosen.kind is CandidateKind.SOURCE and chosen.build is not None:
+                to_build.setdefault((i, g.kind.wheel), []).append(
+                    _Member(group=g, spec=chosen.build, snapshot=snapshot, node_ids=node_ids))
+            else:
+                routes[g.kind.id, i] = Route(kind=g.kind.id, backend=request.backend, route=chosen.kind.value,
+                                             detail=chosen.description,
+                                             expected_s=times.expected_s(chosen.kind, request.backend))
+    builds: list[FleetBuild] = []
+    for (i, wheel), members in to_build.items():
+        request = requests[i]
+        for kinds, spec, builder, gib in _merge(members, catalog, request, home):
+            builder_nodes = next(m.node_ids for m in members if m.group.kind.id == builder[0]
+                                 and m.snapshot is builder[1])
+            number = len(builds) + 1
+            build = FleetBuild(
+                number=number, key=artifact_key(request, spec, wheel), backend=request.backend,
+                request=dataclasses.replace(request, archs=spec.archs), spec=spec, wheel=wheel, archs=spec.archs,
+                kinds=kinds, builder=builder[0], builder_nodes=builder_nodes, gib_per_thread=gib,
+                expected_s=times.expected_s(CandidateKind.SOURCE, request.backend),
+            )
+            builds.append(build)
+            for kind in kinds:
+                routes[kind, i] = Route(kind=kind, backend=request.backend, route="build",
+                                        detail=f"build {number}", build=number, expected_s=build.expected_s)
+    ordered = tuple(routes[g.kind.id, i] for i in range(len(requests)) for g in groups)
+    ordered = tuple(dataclasses.replace(r, detail=f"build {r.build} of {len(builds)}") if r.build else r
+                    for r in ordered)
+    return FleetPlan(
+        kinds=tuple(KindSummary(id=g.kind.id, describe=g.kind.describe(), nodes=len(g.nodes),
+                                node_ids=tuple(n.node_id for n in g.nodes)) for g in by_id.values()),
+        routes=ordered, builds=tuple(builds), artifacts=_artifacts(ordered, builds),
+        expected_total_s=_total_s(ordered, builds), unserved=sum(r.route == "none" for r in ordered),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Member:
+    """A kind whose route is a build: the resolver's spec, and the nodes (one toolchain) it was planned on."""
+
+    group: KindGroup
+    spec: BuildSpec
+    snapshot: SystemSnapshot
+    node_ids: tuple[str, ...]
+
+
+def _first_viable(variants: list[tuple[SystemSnapshot, tuple[str, ...]]], catalog: Catalog, request: Request,
+                  offered: Sequence[WheelRef], home: str | None) -> tuple[Plan, SystemSnapshot, tuple[str, ...]]:
+    """The plan on the first toolchain variant of a kind that serves the request (else the last one's plan)."""
+    plans = ((resolve(s, catalog, request, wheels=offered, home=home), s, ids) for s, ids in variants)
+    last = None
+    for last in plans:
+        if last[0].viable:
+            return last
+    if last is None:
+        raise ValueError("a kind without nodes")
+    return last
+
+
+def _toolchains(g: KindGroup) -> list[tuple[SystemSnapshot, tuple[str, ...]]]:
+    """One (snapshot, node ids) per distinct toolchain among the kind's nodes (CUDA toolkits, compilers,
+    Visual Studio), in node order: nodes of one kind may differ in what can build."""
+    out: dict[object, tuple[SystemSnapshot, list[str]]] = {}
+    for node in g.nodes:
+        s = node.snapshot
+        sig = (s.cuda_toolkits, s.compilers, s.visual_studio, s.ninja)
+        out.setdefault(sig, (s, []))[1].append(node.node_id)
+    return [(s, tuple(ids)) for s, ids in out.values()]
+
+
+def _merge(members: list[_Member], catalog: Catalog, request: Request, home: str | None,
+           ) -> list[tuple[tuple[str, ...], BuildSpec, tuple[str, SystemSnapshot], int]]:
+    """One build for every member when one builder's toolchain reaches the union of their archs, else one each.
+
+    Returns: (kind ids, spec, (builder kind id, builder snapshot), GiB per nvcc thread) per build.
+    """
+    union = tuple(sorted({cc for m in members for cc in m.spec.archs}))
+    kinds = tuple(m.group.kind.id for m in members)
+    recipe = catalog.recipe(request.backend)
+    gib = recipe.gb_per_nvcc_thread if recipe is not None else 1
+    if len(members) > 1:
+        for m in sorted(members, key=lambda m: glibc_key(m.snapshot)):
+            decision = plan_build(m.snapshot, catalog, dataclasses.replace(request, archs=union), home=home)
+            if decision.spec is not None:
+                return [(kinds, decision.spec, (m.group.kind.id, m.snapshot), gib)]
+    return [((m.group.kind.id,), m.spec, (m.group.kind.id, m.snapshot), gib) for m in members]
+
+
+def artifact_key(request: Request, spec: BuildSpec, wheel: WheelKey, source_digest: str | None = None) -> str:
+    """``sha256:`` of everything that changes the built binary, known before the build.
+
+    The backend, version, source, the wheel key, the archs, the build variables that change the bytes (every
+    variable of ``spec.env`` except :data:`attnforge.install.keys.NOT_IN_KEY`) and nvcc's version; and
+    ``source_digest`` (the tree sha256 of a local source directory) when the caller knows it.
+    """
+    doc = {
+        "backend": request.backend, "version": spec.version or request.version,
+        "source": to_jsonable(spec.source), "wheel": to_jsonable(wheel),
+        "archs": [str(cc) for cc in spec.archs],
+        "flags": sorted(f"{k}={v}" for k, v in spec.env.items() if k not in NOT_IN_KEY),
+        "nvcc": spec.toolkit.version if spec.toolkit else None, "source_digest": source_digest,
+    }
+    return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _artifacts(routes: Sequence[Route], builds: Sequence[FleetBuild]) -> int:
+    others = {(r.route, r.backend, r.detail) for r in routes if r.route in ("wheel", "cache")}
+    return len(builds) + len(others)
+
+
+def _total_s(routes: Sequence[Route], builds: Sequence[FleetBuild]) -> float:
+    once = {(r.route, r.backend, r.detail): r.expected_s or 0.0 for r in routes if r.route in ("wheel", "cache")}
+    return sum(once.values()) + sum(b.expected_s or 0.0 for b in builds)

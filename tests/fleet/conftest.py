@@ -1,0 +1,98 @@
+"""A real three-node Ray cluster on this machine (``ray.cluster_utils.Cluster``), one per test module.
+
+Each node is made a different machine through the probe's documented override ``ATTNFORGE_PROBE_SNAPSHOT``
+(set in the node's own environment with ``env_vars``): an H200 Linux node (the recorded H200 probe), an A100
+Linux node (the same recorded machine with its GPU swapped for an A100: same wheel key, another compute
+capability) and an RTX 5090 Windows node (the recorded Windows probe). The two Linux snapshots point their
+interpreter at this one (``sys.executable``), so the builds they plan run here for real. Every node has its own
+``ATTNFORGE_HOME``, 1 CPU and an 80 MB object store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots"
+FLEET_FIXTURES = Path(__file__).resolve().parent / "fixtures"
+NVCC_EXT = FLEET_FIXTURES / "nvcc_ext"
+OBJECT_STORE = 80 * 1024 * 1024
+
+
+def make_snapshots(root: Path) -> dict[str, Path]:
+    """The three node snapshots (see the module docstring), written under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    h200 = json.loads((FIXTURES / "h200_torch2.11_cu130.json").read_text())
+    h200["platform"]["python_executable"] = sys.executable
+    h200["platform"]["disk_path"] = str(root / "disk")
+    a100 = json.loads(json.dumps(h200))
+    for gpu in a100["gpus"]:
+        gpu.update(name="NVIDIA A100-SXM4-80GB", compute_capability=[8, 0], memory_bytes=85899345920)
+    win = json.loads((FIXTURES / "windows_rtx5090_torch2.8_cu128.json").read_text())
+    out = {}
+    for name, doc in (("h200", h200), ("a100", a100), ("win5090", win)):
+        out[name] = root / f"{name}.json"
+        out[name].write_text(json.dumps(doc))
+    return out
+
+
+@dataclass
+class FleetCluster:
+    cluster: Cluster
+    address: str
+    snapshots: dict[str, Path]
+    homes: dict[str, Path]
+
+    def env(self, home: Path) -> dict[str, str]:
+        """Environment for a CLI subprocess that talks to this cluster."""
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[2] / "src")
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+        env["ATTNFORGE_HOME"] = str(home)
+        env.pop("RAY_ADDRESS", None)
+        return env
+
+
+@pytest.fixture(scope="module")
+def fleet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetCluster]:
+    root = tmp_path_factory.mktemp("fleet")
+    snapshots = make_snapshots(root / "snapshots")
+    homes = {name: root / f"home-{name}" for name in snapshots}
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    pythonpath = src + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+    def node_env(name: str) -> dict[str, str]:
+        return {"ATTNFORGE_PROBE_SNAPSHOT": str(snapshots[name]), "ATTNFORGE_HOME": str(homes[name]),
+                "PYTHONPATH": pythonpath}
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "object_store_memory": OBJECT_STORE, "include_dashboard": False,
+        "env_vars": node_env("h200")})
+    for name in ("a100", "win5090"):
+        cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE, env_vars=node_env(name))
+    cluster.wait_for_nodes()
+    try:
+        yield FleetCluster(cluster=cluster, address=cluster.address, snapshots=snapshots, homes=homes)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture
+def connected(fleet_cluster: FleetCluster) -> FleetCluster:
+    """This test process as a Ray driver of the module's cluster."""
+    from attnforge.fleet.cluster import connect
+
+    connect(fleet_cluster.address)
+    return fleet_cluster

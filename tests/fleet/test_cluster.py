@@ -1,0 +1,161 @@
+"""The fleet on a real three-node Ray cluster (tests/fleet/conftest.py): probe, plan, a real nvcc build for two
+compute capabilities published to a PEP 503 directory, pip installing from it, idempotent re-runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.fleet.conftest import NVCC_EXT, FleetCluster
+
+pytestmark = pytest.mark.integration
+
+
+def fleet(fc: FleetCluster, home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "attnforge", "fleet", *args], capture_output=True, text=True,
+                          env=fc.env(home), timeout=timeout, check=False)
+
+
+def test_probe_runs_on_every_node_and_groups_kinds(fleet_cluster: FleetCluster, tmp_path: Path) -> None:
+    done = fleet(fleet_cluster, tmp_path / "head", "probe", "--address", fleet_cluster.address, "--json")
+    assert done.returncode == 0, done.stderr
+    kinds = json.loads(done.stdout)["kinds"]
+    described = sorted(k["describe"] for k in kinds)
+    assert len(kinds) == 3
+    assert any("torch 2.11.0+cu130" in d and d.endswith("sm_90") for d in described)
+    assert any("torch 2.11.0+cu130" in d and d.endswith("sm_80") for d in described)
+    assert any(d.startswith("win_amd64") and d.endswith("sm_120") for d in described)
+    assert all(len(k["nodes"]) == 1 for k in kinds)
+
+
+def test_plan_on_the_cluster_shares_one_build_across_the_linux_kinds(fleet_cluster: FleetCluster,
+                                                                     tmp_path: Path) -> None:
+    done = fleet(fleet_cluster, tmp_path / "head", "plan", "af-nvcc-fixture", "--source", str(NVCC_EXT),
+                 "--address", fleet_cluster.address, "--json")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    archs = sorted(tuple(b["archs"]) for b in plan["builds"])
+    assert len(plan["builds"]) == 2  # linux (H200 + A100: one fatbin) and windows
+    assert [[8, 0], [9, 0]] in [list(map(list, a)) for a in archs]
+    assert plan["artifacts"] == 2
+
+
+def _linux_build(plan: dict) -> dict:
+    return next(b for b in plan["builds"] if b["wheel"]["os"] == "linux")
+
+
+def test_build_compiles_once_for_two_archs_publishes_and_pip_installs(fleet_cluster: FleetCluster,
+                                                                      tmp_path: Path) -> None:
+    index = tmp_path / "index"
+    args = ("build", "af-nvcc-fixture", "--source", str(NVCC_EXT), "--address", fleet_cluster.address,
+            "--index", str(index), "--json")
+    done = fleet(fleet_cluster, tmp_path / "head", *args)
+    doc = json.loads(done.stdout)
+    by_os = {b["number"]: b for b in doc["builds"]}
+    linux = _linux_build(doc["plan"])
+    built = by_os[linux["number"]]
+    assert built["status"] == "built", (built, done.stderr)
+    assert "cu130torch2.11" in built["filename"] and "sm80sm90" in built["filename"]
+    windows = next(b for n, b in by_os.items() if n != linux["number"])
+    assert windows["status"] == "failed" and windows["log_path"]  # a Windows build cannot run on Linux
+    assert "does not exist on this machine" in windows["message"]  # its own words, not a worker death
+    assert done.returncode == 1  # one failed build: exit 1, the other still published
+
+    wheel = next(index.glob(f"artifacts/*/{built['filename']}"))
+    with zipfile.ZipFile(wheel) as zf:
+        assert any(n.startswith("af_nvcc_fixture/_C") for n in zf.namelist())
+    target = tmp_path / "target"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target),
+                          "--index-url", (index / "simple").as_uri(), "af-nvcc-fixture"],
+                         capture_output=True, text=True, check=False)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    archs = subprocess.run([sys.executable, "-c", "import af_nvcc_fixture; print(af_nvcc_fixture.archs())"],
+                           cwd=target, capture_output=True, text=True, check=True)
+    assert archs.stdout.strip() == "80,90"
+
+    again = fleet(fleet_cluster, tmp_path / "head", *args)
+    redo = {b["number"]: b for b in json.loads(again.stdout)["builds"]}
+    assert redo[linux["number"]]["status"] == "present"  # idempotent by artifact key: not built again
+    log = Path(built["log_path"]).read_text()
+    assert log.count("attempt in worker pid") == 1
+
+
+@pytest.fixture
+def pypiserver(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real pypiserver on 127.0.0.1 (a free port), uploads allowed without authentication (``-a . -P .``)."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    packages = tmp_path / "packages"
+    packages.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "pypiserver", "run", "-p", str(port), "-i", "127.0.0.1",
+                             "-a", ".", "-P", ".", str(packages)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/simple/"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("pypiserver did not start")
+            time.sleep(0.2)
+    try:
+        yield url, packages
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_build_publishes_to_a_real_index_server_and_pip_installs_from_it(
+        fleet_cluster: FleetCluster, tmp_path: Path, pypiserver: tuple[str, Path]) -> None:
+    url, packages = pypiserver
+    env_home = tmp_path / "head"
+    env = fleet_cluster.env(env_home)
+    env.update(ATTNFORGE_INDEX_USER="fleet", ATTNFORGE_INDEX_PASSWORD="s3cret-pw")  # noqa: S106 - a test value
+    done = subprocess.run([sys.executable, "-m", "attnforge", "fleet", "build", "af-nvcc-fixture", "--source",
+                           str(NVCC_EXT), "--address", fleet_cluster.address, "--index", url],
+                          capture_output=True, text=True, env=env, timeout=240, check=False)
+    assert "s3cret-pw" not in done.stdout + done.stderr
+    assert "published af_nvcc_fixture-0.1.0+cu130torch2.11" in done.stderr, done.stderr
+    assert [p.name for p in packages.iterdir() if "sm80sm90" in p.name]
+    target = tmp_path / "target"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target),
+                          "--index-url", url, "af-nvcc-fixture"], capture_output=True, text=True, check=False)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    assert list(target.glob("af_nvcc_fixture/_C*.so"))
+
+
+def test_install_verify_and_bench_run_per_node_and_report_per_kind(fleet_cluster: FleetCluster, tmp_path: Path) -> None:
+    home = tmp_path / "head"
+    verify = fleet(fleet_cluster, home, "verify", "sdpa-math", "--address", fleet_cluster.address, "--json")
+    assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
+    runs = json.loads(verify.stdout)["nodes"]
+    assert len(runs) == 3 and {r["status"] for r in runs} == {"ok"}
+    assert all(r["doc"]["kind"] == "verify" and r["doc"]["results"][0]["ok"] for r in runs)
+    install = fleet(fleet_cluster, home, "install", "sdpa-math", "--index-url", (tmp_path / "idx").as_uri(),
+                    "--address", fleet_cluster.address, "--json")
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
+    assert {r["doc"]["kind"] for r in json.loads(install.stdout)["nodes"]} == {"install"}
+    bench = fleet(fleet_cluster, home, "bench", "sdpa-math", "--address", fleet_cluster.address,
+                  "--arg=--mode", "--arg=fwd", "--arg=--causal", "--arg=off", "--arg=--seqlen", "--arg=128",
+                  "--arg=--head-dim", "--arg=64")
+    assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-2000:]
+    report = fleet(fleet_cluster, home, "report", "--json", "--plot", str(tmp_path / "fleet.png"))
+    assert report.returncode == 0, report.stderr
+    doc = json.loads(report.stdout)
+    assert len(doc["kinds"]) == 3
+    assert {(v["backend"], v["passed_nodes"], v["nodes"]) for v in doc["verdicts"]} == {("sdpa-math", 1, 1)}
+    assert len(doc["winners"]) == 3 and all(w["shape_class"].endswith("Sq128 Sk128") for w in doc["winners"])
+    assert (tmp_path / "fleet.png").read_bytes()[:4] == b"\x89PNG"

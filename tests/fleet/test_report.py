@@ -1,0 +1,42 @@
+"""fleet report over saved records (pure), and its plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnforge.fleet.report import build_report, plot
+
+
+def _run(node: str, kind: str, doc: object, status: str = "ok") -> dict:
+    return {"node_id": node, "address": "10.0.0.1", "kind": kind, "describe": f"machine {kind}", "status": status,
+            "doc": doc, "message": None if status == "ok" else "exit status 1"}
+
+
+def _verify(*results: tuple[str, bool]) -> dict:
+    return {"kind": "verify", "results": [{"backend": b, "ok": ok, "summary": "24 cases" if ok else "2 failed"}
+                                          for b, ok in results]}
+
+
+def _bench(*rows: tuple[str, str, float]) -> dict:
+    return {"kind": "bench", "rows": [{"shape_class": c, "best": b,
+                                       "cells": [{"backend": b, "ratio_to_baseline": r},
+                                                 {"backend": "sdpa", "ratio_to_baseline": 1.0}]}
+                                      for c, b, r in rows]}
+
+
+def test_verdicts_winners_and_margins_per_kind(tmp_path: Path) -> None:
+    verify = {"nodes": [_run("a", "k1", _verify(("flash-attn", True))), _run("b", "k1", _verify(("flash-attn", False))),
+                        _run("c", "k2", _verify(("flash-attn", True))), _run("d", "k2", None, status="lost")]}
+    bench = {"nodes": [_run("a", "k1", _bench(("bf16 fwd", "flash-attn", 2.0))),
+                       _run("b", "k1", _bench(("bf16 fwd", "flash-attn", 3.0))),
+                       _run("c", "k2", _bench(("bf16 fwd", "sdpa", 1.0)))]}
+    report = build_report(verify, bench)
+    verdicts = {(v.kind, v.backend): v for v in report.verdicts}
+    assert not verdicts["k1", "flash-attn"].ok and verdicts["k1", "flash-attn"].summary == "2 failed"
+    assert verdicts["k2", "flash-attn"].ok
+    winners = {(w.kind, w.shape_class): w for w in report.winners}
+    assert winners["k1", "bf16 fwd"].backend == "flash-attn" and winners["k1", "bf16 fwd"].speedup == 2.5
+    assert winners["k2", "bf16 fwd"].speedup == 1.0
+    assert any("lost" in p for p in report.problems)
+    png = plot(report, tmp_path / "fleet.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
