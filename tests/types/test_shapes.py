@@ -14,7 +14,7 @@ sizes = st.integers(min_value=1, max_value=1 << 17)
 @st.composite
 def shapes(draw: st.DrawFn) -> AttentionShape:
     kv = draw(st.integers(1, 16))
-    return AttentionShape(batch=draw(st.integers(1, 64)), heads=kv * draw(st.integers(1, 16)), kv_heads=kv,
+    return AttentionShape(batch=draw(st.integers(1, 64)), heads_q=kv * draw(st.integers(1, 16)), heads_kv=kv,
                           head_dim=draw(st.sampled_from((32, 64, 96, 128, 192, 256))), seqlen_q=draw(sizes),
                           seqlen_k=draw(sizes), causal=draw(st.booleans()), mode=draw(st.sampled_from(list(Mode))),
                           dtype=draw(st.sampled_from(DTYPES)), head_dim_v=draw(st.sampled_from((None, 128, 512))),
@@ -35,7 +35,7 @@ def test_bucket_is_the_smallest_power_of_two_at_least_n(n: int) -> None:
 
 
 def _shape(sq: int, sk: int, **kw: object) -> AttentionShape:
-    base: dict[str, object] = {"batch": 1, "heads": 32, "kv_heads": 8, "head_dim": 128, "seqlen_q": sq,
+    base: dict[str, object] = {"batch": 1, "heads_q": 32, "heads_kv": 8, "head_dim": 128, "seqlen_q": sq,
                                "seqlen_k": sk, "causal": True, "mode": Mode.FWD, "dtype": "bfloat16"}
     return AttentionShape(**{**base, **kw})  # type: ignore[arg-type]
 
@@ -46,11 +46,11 @@ def test_the_string_names_every_part() -> None:
     assert cls.kind == "chunked-prefill"
     assert _shape(1, 4000).shape_class.kind == "decode"
     assert _shape(3000, 4096).shape_class.kind == "prefill"  # same bucket
-    assert _shape(3000, 4096).shape_class == _shape(4096, 4096, batch=7, heads=64, kv_heads=16).shape_class
+    assert _shape(3000, 4096).shape_class == _shape(4096, 4096, batch=7, heads_q=64, heads_kv=16).shape_class
 
 
 def test_gqa_ratio_and_features_split_classes() -> None:
-    assert _shape(4096, 4096).shape_class != _shape(4096, 4096, kv_heads=32).shape_class
+    assert _shape(4096, 4096).shape_class != _shape(4096, 4096, heads_kv=32).shape_class
     assert _shape(4096, 4096).shape_class != _shape(4096, 4096, features=frozenset({Feature.MASK})).shape_class
 
 

@@ -38,7 +38,7 @@ def report_json(report: BenchReport) -> dict[str, Any]:
 def _row_json(row: BenchRow) -> dict[str, Any]:
     s, ranking = row.shape, row.ranking
     return {
-        "shape": {"batch": s.batch, "heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim,
+        "shape": {"batch": s.batch, "heads": s.heads_q, "kv_heads": s.heads_kv, "head_dim": s.head_dim,
                   "head_dim_v": s.dv, "seqlen_q": s.seqlen_q, "seqlen_k": s.seqlen_k, "causal": s.causal,
                   "mode": s.mode.value, "dtype": s.dtype, "features": sorted(f.value for f in s.features)},
         "shape_class": str(s.shape_class),

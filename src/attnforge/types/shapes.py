@@ -69,12 +69,13 @@ class Dims:
     """The sizes of an attention call, declared once for the shape and for a bench record that stores one.
 
     Attributes:
-        batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim: ``B, Hq, Hkv, Sq, Sk, D``.
+        batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim: ``B, Hq, Hkv, Sq, Sk, D`` (the names of
+            :class:`attnforge.backends.adapter.AttentionCall`).
     """
 
     batch: int
-    heads: int
-    kv_heads: int
+    heads_q: int
+    heads_kv: int
     head_dim: int
     seqlen_q: int
     seqlen_k: int
@@ -85,7 +86,7 @@ class AttentionShape(Dims):
     """One attention problem: ``q [B, Hq, Sq, D]``, ``k [B, Hkv, Sk, D]``, ``v [B, Hkv, Sk, Dv]``.
 
     Attributes:
-        batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim: ``B, Hq, Hkv, Sq, Sk, D`` (:class:`Dims`).
+        batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim: ``B, Hq, Hkv, Sq, Sk, D`` (:class:`Dims`).
         head_dim_v: ``Dv``; None means ``D``.
         dtype: ``"bfloat16"`` (one of :data:`DTYPES`).
         causal: causal mask, bottom-right aligned when ``Sq != Sk``.
@@ -110,7 +111,7 @@ class AttentionShape(Dims):
     def label(self) -> str:
         """``"fwd causal D128 B4 H16 S4096"`` (``S512x4096`` when Sq != Sk, ``H32/8`` with GQA)."""
         seq = f"S{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"S{self.seqlen_q}x{self.seqlen_k}"
-        heads = f"H{self.heads}" if self.heads == self.kv_heads else f"H{self.heads}/{self.kv_heads}"
+        heads = f"H{self.heads_q}" if self.heads_q == self.heads_kv else f"H{self.heads_q}/{self.heads_kv}"
         dims = f"D{self.head_dim}" if self.dv == self.head_dim else f"D{self.head_dim}/{self.dv}"
         extra = "".join(f" +{f.value}" for f in sorted(self.features))
         return f"{self.mode.value} {'causal' if self.causal else 'full'} {dims} B{self.batch} {heads} {seq}{extra}"
@@ -147,7 +148,7 @@ class ShapeClass:
     def of(cls, shape: AttentionShape) -> ShapeClass:
         """The class of one shape: the only constructor code outside tests should use."""
         return cls(dtype=shape.dtype, mode=shape.mode, causal=shape.causal, head_dim=shape.head_dim,
-                   head_dim_v=shape.dv, gqa_ratio=max(1, shape.heads // max(1, shape.kv_heads)),
+                   head_dim_v=shape.dv, gqa_ratio=max(1, shape.heads_q // max(1, shape.heads_kv)),
                    seqlen_q_bucket=bucket(shape.seqlen_q), seqlen_k_bucket=bucket(shape.seqlen_k),
                    features=_features(shape.features))
 
