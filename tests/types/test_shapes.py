@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnforge.types.shapes import DTYPES, AttentionShape, Feature, Mode, ShapeClass, bucket
+from attnforge.types.shapes import (
+    DTYPES,
+    LEGACY_HEAD_KEYS,
+    AttentionShape,
+    Dims,
+    Feature,
+    Mode,
+    ShapeClass,
+    bucket,
+    current_head_keys,
+)
 
 sizes = st.integers(min_value=1, max_value=1 << 17)
 
@@ -64,3 +76,18 @@ def test_gqa_ratio_and_features_split_classes() -> None:
 def test_parse_rejects_what_str_never_writes(text: str) -> None:
     with pytest.raises(ValueError, match=r"shape class|dtype|buckets|feature"):
         ShapeClass.parse(text)
+
+
+@pytest.mark.parametrize(("doc", "expected"), [
+    pytest.param({"batch": 1, "heads": 32, "kv_heads": 8}, {"batch": 1, "heads_q": 32, "heads_kv": 8}, id="old"),
+    pytest.param({"batch": 1, "heads_q": 32, "heads_kv": 8}, {"batch": 1, "heads_q": 32, "heads_kv": 8}, id="new"),
+    pytest.param({"dtype": "float16"}, {"dtype": "float16"}, id="no-heads"),
+])
+def test_recorded_head_keys_read_in_the_current_spelling(doc: dict[str, object], expected: dict[str, object]) -> None:
+    assert current_head_keys(doc) == expected
+    assert set(LEGACY_HEAD_KEYS.values()) <= {f.name for f in dataclasses.fields(Dims)}
+
+
+def test_a_document_with_both_spellings_is_refused() -> None:
+    with pytest.raises(ValueError, match="one spelling"):
+        current_head_keys({"heads": 4, "heads_q": 4})

@@ -16,8 +16,9 @@ A leaf module: no torch, nothing from attnforge.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from attnforge._compat import StrEnum
 
@@ -79,6 +80,29 @@ class Dims:
     head_dim: int
     seqlen_q: int
     seqlen_k: int
+
+
+#: The head counts' names before issue 23 (bench --json schema 1-2, verify --json schema 1, records.db columns).
+LEGACY_HEAD_KEYS: dict[str, str] = {"heads": "heads_q", "kv_heads": "heads_kv"}
+
+
+def current_head_keys(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a recorded shape or case mapping with the head counts under :class:`Dims`' names.
+
+    The one reader-side step for stored JSON (``bench --json`` rows' ``shape``, ``verify --json`` cases,
+    ``docs/data`` and ``tests/fixtures``): ``heads``/``kv_heads`` become ``heads_q``/``heads_kv``; a mapping
+    already in the new names comes back unchanged; other keys are kept as they are.
+
+    Raises:
+        ValueError: the mapping gives a head count under both its old and its new name.
+    """
+    out = dict(doc)
+    for old, new in LEGACY_HEAD_KEYS.items():
+        if old in out:
+            if new in out:
+                raise ValueError(f"both {old!r} and {new!r} in {dict(doc)!r}: one spelling per document")
+            out[new] = out.pop(old)
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,4 +216,5 @@ class ShapeClass:
                    seqlen_k_bucket=sk, features=_features(names))
 
 
-__all__ = ["DTYPES", "AttentionShape", "Dims", "Feature", "Layout", "Mode", "ShapeClass", "bucket"]
+__all__ = ["DTYPES", "LEGACY_HEAD_KEYS", "AttentionShape", "Dims", "Feature", "Layout", "Mode", "ShapeClass", "bucket",
+           "current_head_keys"]
