@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         store.add_verify(VerifyRecord(device_key=key, backend=name, backend_version=None, ok=True, summary="-"))
     # recorded faster than plain SDPA in the classes timed here (the policy keeps SDPA where nothing is measured)
     store.add_bench([BenchRecord(device_key=key, backend=name, backend_version=None,
-                                 dtype=str(dtype).removeprefix("torch."), mode="fwd", causal=causal, batch=1, heads=2,
-                                 kv_heads=2, head_dim=64, seqlen_q=16, seqlen_k=16, ms=1.0, tflops=tflops,
+                                 dtype=str(dtype).removeprefix("torch."), mode="fwd", causal=causal, batch=1, heads_q=2,
+                                 heads_kv=2, head_dim=64, seqlen_q=16, seqlen_k=16, ms=1.0, tflops=tflops,
                                  peak_mem_bytes=None, run_id="overhead")
                      for name, tflops in (("null", 100.0), ("flash-attn-4", 100.0), ("sdpa", 1.0))
                      for causal in (False, True)])

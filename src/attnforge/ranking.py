@@ -147,7 +147,7 @@ def latest(records: Iterable[BenchRecord]) -> list[BenchRecord]:
     """The newest record per (backend, exact shape): records come oldest first, later runs override."""
     newest: dict[tuple[object, ...], BenchRecord] = {}
     for r in records:
-        key = (r.backend, r.dtype, r.mode, r.causal, r.batch, r.heads, r.kv_heads, r.head_dim, r.head_dim_v,
+        key = (r.backend, r.dtype, r.mode, r.causal, r.batch, r.heads_q, r.heads_kv, r.head_dim, r.head_dim_v,
                r.seqlen_q, r.seqlen_k, r.features)
         newest.pop(key, None)
         newest[key] = r

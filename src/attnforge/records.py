@@ -87,7 +87,8 @@ class BenchRecord(Dims):
     """One timed shape of one backend. ``tflops`` uses the formula documented in ``attnforge.bench``.
 
     Attributes:
-        batch, heads, kv_heads, head_dim, seqlen_q, seqlen_k: the measured shape's sizes (:class:`Dims`).
+        batch, heads_q, heads_kv, head_dim, seqlen_q, seqlen_k: the measured shape's sizes (:class:`Dims`);
+            stored in the ``heads``/``kv_heads`` columns (:data:`_COLUMN_OF`).
         ms: the median of the rounds' medians; ``ms_lo``/``ms_hi`` the fastest and slowest round's median (the
             spread; None for records from before rounds).
         ms_mad: the median absolute deviation of the rounds' medians, ms (:attr:`attnforge.bench.timing.Timing.
@@ -120,22 +121,27 @@ class BenchRecord(Dims):
     @property
     def shape(self) -> AttentionShape:
         """The measured shape."""
-        return AttentionShape(batch=self.batch, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
+        return AttentionShape(batch=self.batch, heads_q=self.heads_q, heads_kv=self.heads_kv, head_dim=self.head_dim,
                               seqlen_q=self.seqlen_q, seqlen_k=self.seqlen_k, causal=self.causal,
                               mode=Mode(self.mode), dtype=self.dtype, head_dim_v=self.head_dim_v,
                               features=frozenset(Feature(f) for f in self.features.split(",") if f))
 
 
-#: the ``bench`` columns, one per :class:`BenchRecord` field (the names are the same)
-_BENCH_COLUMNS = tuple(f.name for f in fields(BenchRecord))
+#: The one field -> column map: the ``bench`` table keeps the head counts' first names, so ``records.db``
+#: files written before issue 23 open as they are and older attnforge releases read new rows. Every other
+#: :class:`BenchRecord` field is stored in the column of its own name.
+_COLUMN_OF = {"heads_q": "heads", "heads_kv": "kv_heads"}
+#: the :class:`BenchRecord` fields, and the ``bench`` columns in the same order
+_BENCH_FIELDS = tuple(f.name for f in fields(BenchRecord))
+_BENCH_COLUMNS = tuple(_COLUMN_OF.get(name, name) for name in _BENCH_FIELDS)
 
 
 def _bench_row(rec: BenchRecord) -> tuple[Any, ...]:
-    return tuple(getattr(rec, name) for name in _BENCH_COLUMNS)
+    return tuple(getattr(rec, name) for name in _BENCH_FIELDS)
 
 
 def _bench_record(row: tuple[Any, ...]) -> BenchRecord:
-    values = dict(zip(_BENCH_COLUMNS, row, strict=True))
+    values = dict(zip(_BENCH_FIELDS, row, strict=True))
     return BenchRecord(**{**values, "causal": bool(values["causal"]), "features": values["features"] or ""})
 
 

@@ -16,7 +16,7 @@ def rec(backend: str, seqlen: int, tflops: float, *, head_dim: int = 128, causal
         mode: str = "fwd", run: str = "r1", spread: float = 0.0) -> BenchRecord:
     """A record of 1 ms median whose rounds lie ``spread`` (relative) either side of it."""
     return BenchRecord(device_key="k", backend=backend, backend_version=None, dtype="bfloat16", mode=mode,
-                       causal=causal, batch=16384 // seqlen, heads=16, kv_heads=16, head_dim=head_dim,
+                       causal=causal, batch=16384 // seqlen, heads_q=16, heads_kv=16, head_dim=head_dim,
                        seqlen_q=seqlen, seqlen_k=seqlen, ms=1.0, tflops=tflops, peak_mem_bytes=None,
                        run_id=run, ms_lo=1.0 - spread if spread else None, ms_hi=1.0 + spread if spread else None)
 
@@ -32,7 +32,7 @@ RECORDS = [
 
 
 def cls(seqlen: int, *, head_dim: int = 128, causal: bool = False, mode: Mode = Mode.FWD) -> ShapeClass:
-    return ShapeClass.of(AttentionShape(batch=1, heads=16, kv_heads=16, head_dim=head_dim, seqlen_q=seqlen,
+    return ShapeClass.of(AttentionShape(batch=1, heads_q=16, heads_kv=16, head_dim=head_dim, seqlen_q=seqlen,
                                         seqlen_k=seqlen, causal=causal, mode=mode, dtype="bfloat16"))
 
 

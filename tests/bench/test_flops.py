@@ -28,7 +28,7 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "h200_bench_2026-11
     pytest.param(5, 2, False, Mode.FWD, 192 * 10, id="full-sq>sk"),
 ])
 def test_hand_computed_flops(sq: int, sk: int, causal: bool, mode: Mode, want: float) -> None:
-    got = attention_flops(batch=2, heads=3, seqlen_q=sq, seqlen_k=sk, head_dim=8, causal=causal, mode=mode)
+    got = attention_flops(batch=2, heads_q=3, seqlen_q=sq, seqlen_k=sk, head_dim=8, causal=causal, mode=mode)
     assert got == pytest.approx(want)
 
 

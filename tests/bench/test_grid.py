@@ -22,9 +22,9 @@ def test_paper_grid_is_16k_tokens_hidden_2048_both_masks_both_modes() -> None:
     assert {(s.causal, s.mode) for s in grid} == {(c, m) for c in (False, True) for m in Mode}
     for s in grid:
         assert s.batch * s.seqlen_q == 16384
-        assert s.heads * s.head_dim == 2048
+        assert s.heads_q * s.head_dim == 2048
         assert s.seqlen_q == s.seqlen_k
-        assert s.kv_heads == s.heads
+        assert s.heads_kv == s.heads_q
 
 
 def test_the_h200_fixture_shapes_are_in_the_paper_grid() -> None:
@@ -37,26 +37,26 @@ def test_the_h200_fixture_shapes_are_in_the_paper_grid() -> None:
 def test_cpu_grid_keeps_the_structure_at_a_tiny_size() -> None:
     grid = cpu_grid(dtype="float32")
     assert {(s.causal, s.mode) for s in grid} == {(c, m) for c in (False, True) for m in Mode}
-    assert max(s.batch * s.heads * s.seqlen_q * s.head_dim for s in grid) <= 64 * 1024
+    assert max(s.batch * s.heads_q * s.seqlen_q * s.head_dim for s in grid) <= 64 * 1024
 
 
 def test_model_shape_with_gqa_and_cross_lengths() -> None:
-    shapes = model_shapes(batch=2, heads=32, kv_heads=8, head_dims=(128,), seqlens=(4096,), seqlen_k=8192,
+    shapes = model_shapes(batch=2, heads_q=32, heads_kv=8, head_dims=(128,), seqlens=(4096,), seqlen_k=8192,
                           dtype="bfloat16", causals=(True,), modes=(Mode.FWD,))
     [s] = shapes
-    assert (s.batch, s.heads, s.kv_heads, s.head_dim, s.seqlen_q, s.seqlen_k) == (2, 32, 8, 128, 4096, 8192)
+    assert (s.batch, s.heads_q, s.heads_kv, s.head_dim, s.seqlen_q, s.seqlen_k) == (2, 32, 8, 128, 4096, 8192)
     assert s.label == "fwd causal D128 B2 H32/8 S4096x8192"
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     pytest.param({"batch": None}, "--shapes model needs --batch", id="no-batch"),
     pytest.param({"seqlens": ()}, "needs --seqlen", id="no-seqlen"),
-    pytest.param({"heads": 6, "kv_heads": 4}, "not a multiple of --kv-heads 4", id="bad-gqa"),
+    pytest.param({"heads_q": 6, "heads_kv": 4}, "not a multiple of --kv-heads 4", id="bad-gqa"),
     pytest.param({"batch": 0}, "sizes must be positive: --batch", id="zero-batch"),
     pytest.param({"head_dims": (64, -1)}, "--head-dim -1", id="negative-head-dim"),
 ])
 def test_bad_model_shapes_are_usage_errors(kwargs: dict[str, object], message: str) -> None:
-    base: dict[str, object] = {"batch": 1, "heads": 8, "kv_heads": None, "head_dims": (64,),
+    base: dict[str, object] = {"batch": 1, "heads_q": 8, "heads_kv": None, "head_dims": (64,),
                                "seqlens": (128,), "seqlen_k": None, "dtype": "float32", "causals": (False,),
                                "modes": (Mode.FWD,)}
     with pytest.raises(UsageError, match=message):

@@ -24,20 +24,20 @@ def test_mistral_sliding_window_caps_the_lengths_and_nested_text_config_is_read(
                                                   "num_attention_heads": 32, "num_key_value_heads": 8,
                                                   "sliding_window": 2048}}
     model = read_model_config(_write(tmp_path, cfg))
-    assert (model.name, model.heads, model.kv_heads, model.head_dim, model.sliding_window) == (
+    assert (model.name, model.heads_q, model.heads_kv, model.head_dim, model.sliding_window) == (
         "mistral", 32, 8, 128, 2048)
     shapes = model_config_shapes(model, dtype="bfloat16", batch=1, seqlens=(), modes=(Mode.FWD, Mode.FWD_BWD),
                                  cpu=False)
     assert {(s.mode, s.seqlen_q, s.seqlen_k) for s in shapes} == {
         (Mode.FWD, 1024, 1024), (Mode.FWD, 2048, 2048), (Mode.FWD_BWD, 1024, 1024), (Mode.FWD_BWD, 2048, 2048),
         (Mode.FWD, 512, 2048), (Mode.FWD, 1, 2048)}
-    assert all(s.heads == 32 and s.kv_heads == 8 for s in shapes)
+    assert all(s.heads_q == 32 and s.heads_kv == 8 for s in shapes)
 
 
 def test_gemma_head_dim_wins_over_hidden_size(tmp_path: Path) -> None:
     # google/gemma-7b: hidden 3072, 16 heads of 256 (not 3072 / 16 = 192)
     model = read_model_config(_write(tmp_path, {"hidden_size": 3072, "num_attention_heads": 16, "head_dim": 256}))
-    assert (model.head_dim, model.kv_heads) == (256, 16)
+    assert (model.head_dim, model.heads_kv) == (256, 16)
 
 
 @pytest.mark.parametrize(("doc", "message"), [

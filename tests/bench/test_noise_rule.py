@@ -23,7 +23,7 @@ from attnforge.verify.device import current_device
 
 # docs/data/h200_2026-11-22/bench-grid-fa3-fa4-first-machine.json, GQA chunked prefill (B1 Hq32 Hkv8 D128,
 # Sq512 Sk4096, causal, fwd, bf16): its FLOP count and each backend's three interleaved rounds' medians, ms
-PREFILL = AttentionShape(batch=1, heads=32, kv_heads=8, head_dim=128, seqlen_q=512, seqlen_k=4096, causal=True,
+PREFILL = AttentionShape(batch=1, heads_q=32, heads_kv=8, head_dim=128, seqlen_q=512, seqlen_k=4096, causal=True,
                          mode=Mode.FWD, dtype="bfloat16")
 PREFILL_FLOPS = 32216449024.0
 PREFILL_ROUNDS = {
@@ -33,7 +33,7 @@ PREFILL_ROUNDS = {
     "sdpa-cudnn": (0.1207360029220581, 0.11990399658679962, 0.11971200257539749),
 }
 # the same file, GQA decode (B8 Hq32 Hkv8 D128, Sq1 Sk4096, fwd): forced cuDNN 0.3 % ahead of plain SDPA
-DECODE = AttentionShape(batch=8, heads=32, kv_heads=8, head_dim=128, seqlen_q=1, seqlen_k=4096, causal=False,
+DECODE = AttentionShape(batch=8, heads_q=32, heads_kv=8, head_dim=128, seqlen_q=1, seqlen_k=4096, causal=False,
                         mode=Mode.FWD, dtype="bfloat16")
 DECODE_FLOPS = 536870912.0
 DECODE_ROUNDS = {
@@ -54,8 +54,8 @@ def record(backend: str, shape: AttentionShape, flops: float, rounds_ms: tuple[f
     """The record bench stores for these rounds (``with_mad=False``: as written before ``ms_mad`` existed)."""
     t = timing(rounds_ms)
     return BenchRecord(device_key="k", backend=backend, backend_version=None, dtype=shape.dtype,
-                       mode=shape.mode.value, causal=shape.causal, batch=shape.batch, heads=shape.heads,
-                       kv_heads=shape.kv_heads, head_dim=shape.head_dim, seqlen_q=shape.seqlen_q,
+                       mode=shape.mode.value, causal=shape.causal, batch=shape.batch, heads_q=shape.heads_q,
+                       heads_kv=shape.heads_kv, head_dim=shape.head_dim, seqlen_q=shape.seqlen_q,
                        seqlen_k=shape.seqlen_k, ms=t.median_ms, tflops=flops / t.median_ms / 1e9,
                        peak_mem_bytes=None, run_id="r1", ms_lo=t.lo_ms, ms_hi=t.hi_ms,
                        ms_mad=t.mad_ms if with_mad else None)
@@ -166,7 +166,7 @@ def test_a_records_db_from_before_ms_mad_opens_ranks_and_stores_it(tmp_path: Pat
 
 
 def test_bench_stores_the_rounds_mad() -> None:
-    shape = AttentionShape(batch=1, heads=2, kv_heads=2, head_dim=16, seqlen_q=16, seqlen_k=16, causal=False,
+    shape = AttentionShape(batch=1, heads_q=2, heads_kv=2, head_dim=16, seqlen_q=16, seqlen_k=16, causal=False,
                            mode=Mode.FWD, dtype="float32")
     fast = TimingConfig(warmup_ms=1.0, rep_ms=3.0, min_reps=2, max_reps=4, method=TimerMethod.PERF_COUNTER,
                         rounds=3)

@@ -1,4 +1,5 @@
-"""Bench measures a quantized backend's error on the real shape; old records.db files gain the new columns."""
+"""Bench measures a quantized backend's error on the real shape; old records.db files gain the new columns and
+keep their column names (``heads``/``kv_heads`` hold :class:`Dims`' ``heads_q``/``heads_kv``)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from attnforge.verify.device import current_device
 
 CPU = current_device("cpu")
 FAST = TimingConfig(warmup_ms=1.0, rep_ms=3.0, min_reps=2, max_reps=4, method=TimerMethod.PERF_COUNTER, rounds=2)
-SHAPE = AttentionShape(batch=1, heads=4, kv_heads=2, head_dim=16, seqlen_q=32, seqlen_k=64, causal=True,
+SHAPE = AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=16, seqlen_q=32, seqlen_k=64, causal=True,
                        mode=Mode.FWD, dtype="float32")
 
 
@@ -82,10 +83,37 @@ def test_a_records_db_from_before_rounds_is_read_and_extended(tmp_path: Path) ->
     [old] = store.bench_records("k")
     assert (old.backend, old.tflops, old.ms_lo, old.features, old.head_dim_v) == ("sdpa-cudnn", 574.1, None, "", None)
     new = BenchRecord(device_key="k", backend="sdpa", backend_version=None, dtype="bfloat16", mode="fwd",
-                      causal=False, batch=16, heads=16, kv_heads=16, head_dim=128, seqlen_q=1024, seqlen_k=1024,
+                      causal=False, batch=16, heads_q=16, heads_kv=16, head_dim=128, seqlen_q=1024, seqlen_k=1024,
                       ms=0.5, tflops=580.0, peak_mem_bytes=None, run_id="r1", ms_lo=0.49, ms_hi=0.51,
                       features="window", head_dim_v=64)
     store.add_bench([new])
     back = store.bench_records("k")
     assert back[-1] == dataclasses.replace(new, created_at=back[-1].created_at)
     assert back[-1].shape.shape_class != old.shape.shape_class  # features and Dv are part of the class
+
+
+#: the columns an attnforge from before issue 23 selects (its fields were named as its columns)
+_OLD_READER_COLUMNS = ("device_key", "backend", "dtype", "mode", "causal", "batch", "heads", "kv_heads", "head_dim",
+                       "seqlen_q", "seqlen_k", "ms", "tflops", "run_id")
+
+
+def test_the_head_counts_keep_their_columns_both_ways(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "records.db")
+    conn.executescript(_OLD_SCHEMA.replace("16, 16, 16, 128", "2, 32, 8, 128"))  # B2 Hq32 Hkv8: GQA, not symmetric
+    conn.close()
+    store = RecordStore(tmp_path)
+    [old] = store.bench_records("k")
+    assert (old.batch, old.heads_q, old.heads_kv) == (2, 32, 8)
+    assert (old.shape.heads_q, old.shape.heads_kv, old.shape.shape_class.gqa_ratio) == (32, 8, 4)
+    new = dataclasses.replace(old, backend="sdpa", heads_q=12, heads_kv=3, run_id="r1")
+    store.add_bench([new])
+    conn = sqlite3.connect(tmp_path / "records.db")  # an old reader: the old column names, raw SQL
+    try:
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(bench)")]
+        rows = conn.execute(f"SELECT {', '.join(_OLD_READER_COLUMNS)} FROM bench ORDER BY id").fetchall()  # noqa: S608 - constants
+    finally:
+        conn.close()
+    assert {"heads", "kv_heads"} <= set(columns)
+    assert not {"heads_q", "heads_kv"} & set(columns)
+    read = [dict(zip(_OLD_READER_COLUMNS, row, strict=True)) for row in rows]
+    assert [(r["backend"], r["heads"], r["kv_heads"]) for r in read] == [("sdpa-cudnn", 32, 8), ("sdpa", 12, 3)]

@@ -20,7 +20,7 @@ from tests._fakes import FakeClock
 CPU = current_device("cpu")
 ROUNDS = TimingConfig(warmup_ms=1.0, rep_ms=30.0, min_reps=3, max_reps=5, method=TimerMethod.PERF_COUNTER,
                       rounds=3)
-SHAPE = AttentionShape(batch=1, heads=2, kv_heads=2, head_dim=8, seqlen_q=4, seqlen_k=4, causal=False,
+SHAPE = AttentionShape(batch=1, heads_q=2, heads_kv=2, head_dim=8, seqlen_q=4, seqlen_k=4, causal=False,
                        mode=Mode.FWD, dtype="float32")
 
 

@@ -84,7 +84,7 @@ def test_unsupported_shapes_are_skipped_and_errors_are_cells() -> None:
 
 
 def test_backward_inputs_require_grad_and_carry_an_output_gradient() -> None:
-    [shape] = model_shapes(batch=1, heads=4, kv_heads=2, head_dims=(16,), seqlens=(8,), seqlen_k=12,
+    [shape] = model_shapes(batch=1, heads_q=4, heads_kv=2, head_dims=(16,), seqlens=(8,), seqlen_k=12,
                            dtype="float32", causals=(True,), modes=(Mode.FWD_BWD,))
     sets = random_inputs(shape, 3, "cpu")
     assert len(sets) == 3

@@ -73,7 +73,7 @@ def test_model_shape(attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["shape"] for r in rows] == [
-        {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 16, "head_dim_v": 16, "seqlen_q": 32, "seqlen_k": 48,
+        {"batch": 1, "heads_q": 4, "heads_kv": 2, "head_dim": 16, "head_dim_v": 16, "seqlen_q": 32, "seqlen_k": 48,
          "causal": c, "mode": "fwd", "dtype": "float32", "features": []} for c in (False, True)]
     assert rows[0]["shape_class"] == "float32 fwd full D16 gqa2 Sq32 Sk64"
 

@@ -36,6 +36,8 @@ def test_sdpa_math_verifies_on_cpu_and_is_recorded(attnforge_home: Path,
     assert result["native"]["imports"] is True  # the subprocess import ran for real
     assert {c["status"] for c in result["cases"]} == {"passed"}
     assert {c["case"]["dtype"] for c in result["cases"]} == {"float32", "bfloat16"}
+    assert doc["schema_version"] == 2  # the verify document's own: cases name their heads heads_q/heads_kv
+    assert all({"heads_q", "heads_kv"} <= set(c["case"]) and "heads" not in c["case"] for c in result["cases"])
     saved = RecordStore(attnforge_home).latest_verify(current_device("cpu").key)
     assert saved["sdpa-math"].ok
 

@@ -150,7 +150,7 @@ def test_only_verified_backends_are_chosen_and_sdpa_closes_the_order(store: Reco
 
 def _bench(backend: str, tflops: float, *, seqlen: int = 8, mode: str = "fwd") -> BenchRecord:
     return BenchRecord(device_key=CPU_KEY, backend=backend, backend_version="1", dtype="float32", mode=mode,
-                       causal=False, batch=1, heads=4, kv_heads=2, head_dim=16, seqlen_q=seqlen,
+                       causal=False, batch=1, heads_q=4, heads_kv=2, head_dim=16, seqlen_q=seqlen,
                        seqlen_k=seqlen, ms=1.0, tflops=tflops, peak_mem_bytes=None, run_id="r1")
 
 

@@ -82,7 +82,7 @@ def _install(store: RecordStore, *fakes: Fake, verified: tuple[str, ...] | None 
     for name in verified if verified is not None else tuple(f.name for f in fakes):
         store.add_verify(VerifyRecord(device_key=CPU_KEY, backend=name, backend_version="1", ok=True,
                                       summary="ok"))
-    record_faster_over(store, [f.name for f in fakes], heads=((4, 2), (2, 2)), seqlens=(4, 8, 16, 512))
+    record_faster_over(store, [f.name for f in fakes], heads_q_kv=((4, 2), (2, 2)), seqlens=(4, 8, 16, 512))
     d = runtime.Dispatcher({f.name: f for f in fakes}, records=store,
                            priorities={f.name: i for i, f in enumerate(fakes)})
     previous = runtime.set_dispatcher(d)

@@ -174,7 +174,7 @@ def test_a_backend_that_raises_is_disabled_for_its_shape_class_with_one_line(tmp
 # -- kernels compiled per shape ---------------------------------------------------------------------------
 def _bench(backend: str, tflops: float, seqlen: int) -> BenchRecord:
     return BenchRecord(device_key=CPU_KEY, backend=backend, backend_version="1", dtype="float32", mode="fwd",
-                       causal=False, batch=1, heads=4, kv_heads=2, head_dim=8, seqlen_q=seqlen,
+                       causal=False, batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=seqlen,
                        seqlen_k=seqlen, ms=1.0, tflops=tflops, peak_mem_bytes=None, run_id="r1")
 
 

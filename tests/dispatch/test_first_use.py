@@ -159,7 +159,7 @@ def test_a_measurement_of_another_installed_version_is_measured_again(store: Rec
     sdpa = Timed("sdpa", clock, 2.0)
     q, k, v = _qkv()
     old = BenchRecord(device_key=CPU_KEY, backend="fast", backend_version="0.0.1", dtype="float32", mode="fwd",
-                      causal=False, batch=1, heads=4, kv_heads=2, head_dim=8, seqlen_q=32, seqlen_k=32, ms=1.0,
+                      causal=False, batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=32, seqlen_k=32, ms=1.0,
                       tflops=1.0, peak_mem_bytes=None, run_id="old")
     store.add_bench([old])
     d = _use(store, sdpa, fast)

@@ -114,7 +114,7 @@ def test_the_call_class_is_the_bench_class() -> None:
 
 def _rec(backend: str, tflops: float, seqlen: int, spread: float = 0.05) -> BenchRecord:
     return BenchRecord(device_key="cpu", backend=backend, backend_version=None, dtype="float32", mode="fwd",
-                       causal=False, batch=1, heads=4, kv_heads=4, head_dim=32, seqlen_q=seqlen, seqlen_k=seqlen,
+                       causal=False, batch=1, heads_q=4, heads_kv=4, head_dim=32, seqlen_q=seqlen, seqlen_k=seqlen,
                        ms=1.0, tflops=tflops, peak_mem_bytes=None, run_id="r", ms_lo=1 - spread, ms_hi=1 + spread)
 
 

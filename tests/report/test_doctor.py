@@ -68,7 +68,7 @@ def test_h200_without_packages_recommends_flash_attn_4() -> None:
 def test_bench_records_drive_the_verdict() -> None:
     key = H200.device_key()
     bench = [BenchRecord(device_key=key, backend=b, backend_version=None, dtype="bfloat16", mode="fwd", causal=False,
-                         batch=1, heads=16, kv_heads=16, head_dim=128, seqlen_q=16384, seqlen_k=16384, ms=1.0,
+                         batch=1, heads_q=16, heads_kv=16, head_dim=128, seqlen_q=16384, seqlen_k=16384, ms=1.0,
                          tflops=t, peak_mem_bytes=None, run_id="r") for b, t in [("sdpa-cudnn", 612.0),
                                                                                  ("sdpa-flash", 400.0)]]
     ok = {b: VerifyRecord(device_key=key, backend=b, backend_version=None, ok=True, summary="ok")

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnforge.types.shapes import DTYPES, AttentionShape, Feature, Mode, ShapeClass, bucket
+from attnforge.types.shapes import (
+    DTYPES,
+    LEGACY_HEAD_KEYS,
+    AttentionShape,
+    Dims,
+    Feature,
+    Mode,
+    ShapeClass,
+    bucket,
+    current_head_keys,
+)
 
 sizes = st.integers(min_value=1, max_value=1 << 17)
 
@@ -14,7 +26,7 @@ sizes = st.integers(min_value=1, max_value=1 << 17)
 @st.composite
 def shapes(draw: st.DrawFn) -> AttentionShape:
     kv = draw(st.integers(1, 16))
-    return AttentionShape(batch=draw(st.integers(1, 64)), heads=kv * draw(st.integers(1, 16)), kv_heads=kv,
+    return AttentionShape(batch=draw(st.integers(1, 64)), heads_q=kv * draw(st.integers(1, 16)), heads_kv=kv,
                           head_dim=draw(st.sampled_from((32, 64, 96, 128, 192, 256))), seqlen_q=draw(sizes),
                           seqlen_k=draw(sizes), causal=draw(st.booleans()), mode=draw(st.sampled_from(list(Mode))),
                           dtype=draw(st.sampled_from(DTYPES)), head_dim_v=draw(st.sampled_from((None, 128, 512))),
@@ -35,7 +47,7 @@ def test_bucket_is_the_smallest_power_of_two_at_least_n(n: int) -> None:
 
 
 def _shape(sq: int, sk: int, **kw: object) -> AttentionShape:
-    base: dict[str, object] = {"batch": 1, "heads": 32, "kv_heads": 8, "head_dim": 128, "seqlen_q": sq,
+    base: dict[str, object] = {"batch": 1, "heads_q": 32, "heads_kv": 8, "head_dim": 128, "seqlen_q": sq,
                                "seqlen_k": sk, "causal": True, "mode": Mode.FWD, "dtype": "bfloat16"}
     return AttentionShape(**{**base, **kw})  # type: ignore[arg-type]
 
@@ -46,11 +58,11 @@ def test_the_string_names_every_part() -> None:
     assert cls.kind == "chunked-prefill"
     assert _shape(1, 4000).shape_class.kind == "decode"
     assert _shape(3000, 4096).shape_class.kind == "prefill"  # same bucket
-    assert _shape(3000, 4096).shape_class == _shape(4096, 4096, batch=7, heads=64, kv_heads=16).shape_class
+    assert _shape(3000, 4096).shape_class == _shape(4096, 4096, batch=7, heads_q=64, heads_kv=16).shape_class
 
 
 def test_gqa_ratio_and_features_split_classes() -> None:
-    assert _shape(4096, 4096).shape_class != _shape(4096, 4096, kv_heads=32).shape_class
+    assert _shape(4096, 4096).shape_class != _shape(4096, 4096, heads_kv=32).shape_class
     assert _shape(4096, 4096).shape_class != _shape(4096, 4096, features=frozenset({Feature.MASK})).shape_class
 
 
@@ -64,3 +76,18 @@ def test_gqa_ratio_and_features_split_classes() -> None:
 def test_parse_rejects_what_str_never_writes(text: str) -> None:
     with pytest.raises(ValueError, match=r"shape class|dtype|buckets|feature"):
         ShapeClass.parse(text)
+
+
+@pytest.mark.parametrize(("doc", "expected"), [
+    pytest.param({"batch": 1, "heads": 32, "kv_heads": 8}, {"batch": 1, "heads_q": 32, "heads_kv": 8}, id="old"),
+    pytest.param({"batch": 1, "heads_q": 32, "heads_kv": 8}, {"batch": 1, "heads_q": 32, "heads_kv": 8}, id="new"),
+    pytest.param({"dtype": "float16"}, {"dtype": "float16"}, id="no-heads"),
+])
+def test_recorded_head_keys_read_in_the_current_spelling(doc: dict[str, object], expected: dict[str, object]) -> None:
+    assert current_head_keys(doc) == expected
+    assert set(LEGACY_HEAD_KEYS.values()) <= {f.name for f in dataclasses.fields(Dims)}
+
+
+def test_a_document_with_both_spellings_is_refused() -> None:
+    with pytest.raises(ValueError, match="one spelling"):
+        current_head_keys({"heads": 4, "heads_q": 4})

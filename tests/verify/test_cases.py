@@ -18,11 +18,11 @@ def test_every_combination_has_a_self_and_a_gqa_cross_case(seed: int, max_seqlen
     combos = {(c.dtype, c.head_dim, c.causal) for c in cases}
     assert len(combos) == 8
     for c in cases:
-        assert c.heads % c.kv_heads == 0
+        assert c.heads_q % c.heads_kv == 0
         assert 1 <= c.seqlen_q <= max(8, max_seqlen)
         assert 1 <= c.seqlen_k <= max(8, max_seqlen)
     assert sum(c.seqlen_q != c.seqlen_k for c in cases) == 8
-    assert sum(c.heads != c.kv_heads for c in cases) == 8
+    assert sum(c.heads_q != c.heads_kv for c in cases) == 8
 
 
 def test_same_seed_same_cases_other_seed_other_cases() -> None:

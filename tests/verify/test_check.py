@@ -65,7 +65,7 @@ def test_unwritten_outputs_fail_as_nan() -> None:
     assert not res.ok
     for c in res.cases:
         assert c.comparison is not None
-        assert c.comparison.nonfinite_count == c.case.batch * c.case.heads * c.case.head_dim
+        assert c.comparison.nonfinite_count == c.case.batch * c.case.heads_q * c.case.head_dim
 
 
 def test_a_raising_backend_fails_with_its_error() -> None:

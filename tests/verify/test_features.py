@@ -21,7 +21,7 @@ from attnforge.verify.device import current_device
 from attnforge.verify.run import cases_for
 
 CPU = current_device("cpu")
-PLAIN = [VerifyCase(batch=1, heads=2, kv_heads=1, seqlen_q=6, seqlen_k=9, head_dim=16, dtype="float32",
+PLAIN = [VerifyCase(batch=1, heads_q=2, heads_kv=1, seqlen_q=6, seqlen_k=9, head_dim=16, dtype="float32",
                     causal=True, seed=5)]
 
 
@@ -31,7 +31,7 @@ def test_one_case_per_claimed_feature_and_dtype() -> None:
     assert {(c.feature, c.dtype) for c in cases} == {(f, d) for f in claimed for d in ("float32", "bfloat16")}
     assert len(cases) == 2 * len(claimed)
     for c in cases:
-        assert c.heads % c.kv_heads == 0
+        assert c.heads_q % c.heads_kv == 0
         assert required_features(c.call(device_type="cpu", compute_capability=None)) == {c.feature}
     dv = next(c for c in cases if c.feature == "dv")
     assert dv.head_dim_v is not None and dv.head_dim_v != dv.head_dim
@@ -126,7 +126,7 @@ def test_a_backend_that_fails_its_plain_cases_fails_whatever_its_features_do() -
 
 def test_cases_outside_the_claims_are_skipped_not_run() -> None:
     adapter = Claims(features=frozenset({"window"}))
-    case = VerifyCase(batch=1, heads=2, kv_heads=2, seqlen_q=5, seqlen_k=5, head_dim=16, dtype="float32",
+    case = VerifyCase(batch=1, heads_q=2, heads_kv=2, seqlen_q=5, seqlen_k=5, head_dim=16, dtype="float32",
                       causal=False, seed=0, feature="sinks")
     res = verify_backend(adapter, device=CPU, cases=[case], tolerances=load_tolerances())
     assert [c.status for c in res.cases] == [CaseStatus.SKIPPED]

@@ -123,7 +123,7 @@ def test_bench_does_not_measure_outside_the_capabilities() -> None:
 
     device = current_device("cpu")
     shapes = choose_shapes(ShapeSet.DEFAULT, device=device, dtype="bfloat16", causal="off", mode="both",
-                           batch=None, heads=None, kv_heads=None, head_dims=(32,), seqlens=(64,), seqlen_k=None)
+                           batch=None, heads_q=None, heads_kv=None, head_dims=(32,), seqlens=(64,), seqlen_k=None)
     fwd_only_bf16 = Capabilities(head_dims=(64,), dtypes=("bfloat16",), backward=False, features=())
     got = bench_in_children(shapes, adapters={"segv": SegvAdapter()}, baseline="segv", device=device,
                             timing=choose_timing(device, "auto"), isolation=Isolation(timeout_s=60),

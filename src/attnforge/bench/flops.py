@@ -54,19 +54,19 @@ def attended_pairs(seqlen_q: int, seqlen_k: int, *, causal: bool) -> float:
     return float(causal_pairs(seqlen_q, seqlen_k))
 
 
-def attention_flops(*, batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool,
+def attention_flops(*, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool,
                     mode: Mode) -> float:
     """FLOPs one call counts as (see the module docstring for the convention and its sources).
 
     Args:
-        batch, heads, seqlen_q, seqlen_k, head_dim: ``B, Hq, Sq, Sk, D`` (``Hkv`` does not change the count).
+        batch, heads_q, seqlen_q, seqlen_k, head_dim: ``B, Hq, Sq, Sk, D`` (``Hkv`` does not change the count).
         causal: bottom-right aligned causal mask.
         mode: forward only, or forward and backward.
 
     Returns:
         The FLOP count (a float: counts reach 10^13).
     """
-    fwd = 4.0 * batch * heads * head_dim * attended_pairs(seqlen_q, seqlen_k, causal=causal)
+    fwd = 4.0 * batch * heads_q * head_dim * attended_pairs(seqlen_q, seqlen_k, causal=causal)
     return fwd if mode is Mode.FWD else fwd * (1.0 + BACKWARD_FACTOR)
 
 
@@ -77,6 +77,6 @@ def tflops(flops: float, duration_ms: float) -> float:
 
 def shape_flops(shape: AttentionShape) -> float:
     """FLOPs of one call of ``shape`` (:func:`attention_flops`)."""
-    return attention_flops(batch=shape.batch, heads=shape.heads, seqlen_q=shape.seqlen_q,
+    return attention_flops(batch=shape.batch, heads_q=shape.heads_q, seqlen_q=shape.seqlen_q,
                            seqlen_k=shape.seqlen_k, head_dim=shape.head_dim, causal=shape.causal,
                            mode=shape.mode)

@@ -70,9 +70,9 @@ class ShapeSet(StrEnum):
 
 def shrink_for_cpu(shape: AttentionShape) -> AttentionShape:
     """The same structure at CPU size: lengths / ``CPU_DIVISOR`` (Sq = 1 stays 1), at most 4 heads, B1."""
-    ratio = max(1, shape.heads // shape.kv_heads)
-    heads = max(ratio, min(shape.heads, CPU_MAX_HEADS))
-    return replace(shape, batch=1, heads=heads, kv_heads=max(1, heads // ratio),
+    ratio = max(1, shape.heads_q // shape.heads_kv)
+    heads = max(ratio, min(shape.heads_q, CPU_MAX_HEADS))
+    return replace(shape, batch=1, heads_q=heads, heads_kv=max(1, heads // ratio),
                    seqlen_q=1 if shape.seqlen_q == 1 else max(8, shape.seqlen_q // CPU_DIVISOR),
                    seqlen_k=max(8, shape.seqlen_k // CPU_DIVISOR))
 
@@ -82,7 +82,7 @@ def real_grid(*, dtype: str, modes: Iterable[Mode] = (Mode.FWD, Mode.FWD_BWD), c
     """``--shapes grid`` (:data:`REAL_GRID`), decode in forward only; shrunk with ``cpu``."""
     wanted = set(names) if names is not None else None
     modes = tuple(modes)
-    out = [AttentionShape(batch=b, heads=hq, kv_heads=hkv, head_dim=d, seqlen_q=sq, seqlen_k=sk, causal=causal,
+    out = [AttentionShape(batch=b, heads_q=hq, heads_kv=hkv, head_dim=d, seqlen_q=sq, seqlen_k=sk, causal=causal,
                           mode=mode, dtype=dtype)
            for name, b, hq, hkv, sq, sk, d, causal, train in REAL_GRID if wanted is None or name in wanted
            for mode in modes if train or mode is Mode.FWD]
@@ -91,7 +91,7 @@ def real_grid(*, dtype: str, modes: Iterable[Mode] = (Mode.FWD, Mode.FWD_BWD), c
 
 def diffusion_grid(*, dtype: str, modes: Iterable[Mode] = (Mode.FWD,), cpu: bool = False) -> list[AttentionShape]:
     """``--shapes diffusion`` (:data:`DIFFUSION`): non-causal self-attention at video/image lengths."""
-    out = [AttentionShape(batch=b, heads=h, kv_heads=h, head_dim=d, seqlen_q=s, seqlen_k=s, causal=False,
+    out = [AttentionShape(batch=b, heads_q=h, heads_kv=h, head_dim=d, seqlen_q=s, seqlen_k=s, causal=False,
                           mode=mode, dtype=dtype)
            for mode in modes for _name, b, h, s, d in DIFFUSION]
     return [shrink_for_cpu(s) for s in out] if cpu else out
@@ -102,7 +102,7 @@ def to_call(shape: AttentionShape, *, device_type: str, compute_capability: tupl
     """The adapter-facing description of ``shape`` (``needs_grad`` for fwd+bwd)."""
     return AttentionCall(
         device_type=device_type, compute_capability=compute_capability, dtype=shape.dtype,
-        batch=shape.batch, heads_q=shape.heads, heads_kv=shape.kv_heads, seqlen_q=shape.seqlen_q,
+        batch=shape.batch, heads_q=shape.heads_q, heads_kv=shape.heads_kv, seqlen_q=shape.seqlen_q,
         seqlen_k=shape.seqlen_k, head_dim=shape.head_dim, causal=shape.causal,
         needs_grad=shape.mode is Mode.FWD_BWD, precision=precision,
     )
@@ -127,7 +127,7 @@ def paper_grid(
             for head_dim in head_dims:
                 heads = max(1, hidden // head_dim)
                 for s in seqlens:
-                    out.append(AttentionShape(batch=max(1, tokens // s), heads=heads, kv_heads=heads,
+                    out.append(AttentionShape(batch=max(1, tokens // s), heads_q=heads, heads_kv=heads,
                                           head_dim=head_dim, seqlen_q=s, seqlen_k=s, causal=causal, mode=mode,
                                           dtype=dtype))
     return out
@@ -142,33 +142,33 @@ def cpu_grid(*, dtype: str, causals: Iterable[bool] = (False, True),
 
 
 def model_shapes(
-    *, batch: int | None, heads: int | None, kv_heads: int | None, head_dims: Iterable[int],
+    *, batch: int | None, heads_q: int | None, heads_kv: int | None, head_dims: Iterable[int],
     seqlens: Iterable[int], seqlen_k: int | None, dtype: str, causals: Iterable[bool], modes: Iterable[Mode],
 ) -> list[AttentionShape]:
     """The user's own shape (``--shapes model``), one per head dim x seqlen x causal x mode.
 
     Raises:
-        UsageError: a size is missing or not positive, or ``heads`` is not a multiple of ``kv_heads``.
+        UsageError: a size is missing or not positive, or ``heads_q`` is not a multiple of ``heads_kv``.
     """
     head_dims, seqlens = tuple(head_dims), tuple(seqlens)
-    missing = [name for name, value in (("--batch", batch), ("--heads", heads)) if value is None]
+    missing = [name for name, value in (("--batch", batch), ("--heads", heads_q)) if value is None]
     missing += ["--head-dim"] if not head_dims else []
     missing += ["--seqlen"] if not seqlens else []
-    if missing or batch is None or heads is None:
+    if missing or batch is None or heads_q is None:
         raise UsageError(f"--shapes model needs {', '.join(missing)}",
                          hint="pass a Hugging Face config: attnforge bench --shapes model --model config.json; "
                               "or the sizes: --batch 2 --heads 32 --kv-heads 8 --head-dim 128 --seqlen 4096")
-    hkv = heads if kv_heads is None else kv_heads
-    sizes = {"--batch": batch, "--heads": heads, "--kv-heads": hkv, "--seqlen-k": seqlen_k or 1,
+    hkv = heads_q if heads_kv is None else heads_kv
+    sizes = {"--batch": batch, "--heads": heads_q, "--kv-heads": hkv, "--seqlen-k": seqlen_k or 1,
              **{f"--head-dim {d}": d for d in head_dims}, **{f"--seqlen {s}": s for s in seqlens}}
     bad = [name for name, value in sizes.items() if value <= 0]
     if bad:
         raise UsageError(f"sizes must be positive: {', '.join(bad)}")
-    if heads % hkv:
-        raise UsageError(f"--heads {heads} is not a multiple of --kv-heads {hkv}",
+    if heads_q % hkv:
+        raise UsageError(f"--heads {heads_q} is not a multiple of --kv-heads {hkv}",
                          hint="grouped-query attention shares each K/V head among heads/kv-heads query heads")
     return [
-        AttentionShape(batch=batch, heads=heads, kv_heads=hkv, head_dim=d, seqlen_q=s, seqlen_k=seqlen_k or s,
+        AttentionShape(batch=batch, heads_q=heads_q, heads_kv=hkv, head_dim=d, seqlen_q=s, seqlen_k=seqlen_k or s,
                    causal=causal, mode=mode, dtype=dtype)
         for mode in modes for causal in causals for d in head_dims for s in seqlens
     ]

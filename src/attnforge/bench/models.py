@@ -31,15 +31,15 @@ class ModelAttention:
     """The attention geometry of one model config.
 
     Attributes:
-        heads, kv_heads, head_dim, head_dim_v: ``Hq, Hkv, D, Dv``.
+        heads_q, heads_kv, head_dim, head_dim_v: ``Hq, Hkv, D, Dv``.
         sliding_window: the window of sliding-window layers (None: full attention).
         max_positions: ``max_position_embeddings`` (None when absent).
         name: ``model_type`` or the file name.
     """
 
     name: str
-    heads: int
-    kv_heads: int
+    heads_q: int
+    heads_kv: int
     head_dim: int
     head_dim_v: int
     sliding_window: int | None
@@ -62,24 +62,24 @@ def read_model_config(path: Path) -> ModelAttention:
         raise UsageError(f"{path} is not a JSON object", hint="pass a Hugging Face config.json")
     text = doc.get("text_config")
     cfg: dict[str, Any] = text if isinstance(text, dict) else doc
-    heads = _int(cfg, "num_attention_heads", path)
-    if heads is None:
+    heads_q = _int(cfg, "num_attention_heads", path)
+    if heads_q is None:
         raise UsageError(f"{path} has no num_attention_heads", hint="is this a transformer model's config.json?")
-    kv_heads = _int(cfg, "num_key_value_heads", path) or heads
+    heads_kv = _int(cfg, "num_key_value_heads", path) or heads_q
     if "qk_nope_head_dim" in cfg and "qk_rope_head_dim" in cfg:
         head_dim = (_int(cfg, "qk_nope_head_dim", path) or 0) + (_int(cfg, "qk_rope_head_dim", path) or 0)
         head_dim_v = _int(cfg, "v_head_dim", path) or head_dim
     else:
         hidden = _int(cfg, "hidden_size", path)
-        head_dim = _int(cfg, "head_dim", path) or (hidden // heads if hidden else 0)
+        head_dim = _int(cfg, "head_dim", path) or (hidden // heads_q if hidden else 0)
         head_dim_v = head_dim
-    if head_dim <= 0 or heads % kv_heads:
-        raise UsageError(f"{path}: inconsistent attention sizes (heads {heads}, kv heads {kv_heads}, "
+    if head_dim <= 0 or heads_q % heads_kv:
+        raise UsageError(f"{path}: inconsistent attention sizes (heads {heads_q}, kv heads {heads_kv}, "
                          f"head dim {head_dim})", hint="num_attention_heads must be a multiple of "
                                                        "num_key_value_heads; head_dim or hidden_size is needed")
     window = _int(cfg, "sliding_window", path) if cfg.get("use_sliding_window", True) is not False else None
-    return ModelAttention(name=str(cfg.get("model_type") or doc.get("model_type") or path.stem), heads=heads,
-                          kv_heads=kv_heads, head_dim=head_dim, head_dim_v=head_dim_v, sliding_window=window,
+    return ModelAttention(name=str(cfg.get("model_type") or doc.get("model_type") or path.stem), heads_q=heads_q,
+                          heads_kv=heads_kv, head_dim=head_dim, head_dim_v=head_dim_v, sliding_window=window,
                           max_positions=_int(cfg, "max_position_embeddings", path))
 
 
@@ -94,7 +94,7 @@ def model_config_shapes(model: ModelAttention, *, dtype: str, batch: int, seqlen
     context = min(DECODE_CONTEXT, cap)
 
     def shape(sq: int, sk: int, mode: Mode) -> AttentionShape:
-        return AttentionShape(batch=batch, heads=model.heads, kv_heads=model.kv_heads, head_dim=model.head_dim,
+        return AttentionShape(batch=batch, heads_q=model.heads_q, heads_kv=model.heads_kv, head_dim=model.head_dim,
                               head_dim_v=model.head_dim_v if model.head_dim_v != model.head_dim else None,
                               seqlen_q=sq, seqlen_k=sk, causal=sq > 1, mode=mode, dtype=dtype)
 

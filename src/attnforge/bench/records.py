@@ -19,7 +19,7 @@ def to_records(report: BenchReport) -> list[BenchRecord]:
             out.append(BenchRecord(
                 device_key=report.device.key, backend=cell.backend,
                 backend_version=versions.get(cell.backend), dtype=s.dtype, mode=s.mode.value, causal=s.causal,
-                batch=s.batch, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim, seqlen_q=s.seqlen_q,
+                batch=s.batch, heads_q=s.heads_q, heads_kv=s.heads_kv, head_dim=s.head_dim, seqlen_q=s.seqlen_q,
                 seqlen_k=s.seqlen_k, ms=cell.ms, tflops=cell.tflops, peak_mem_bytes=cell.peak_mem_bytes,
                 run_id=report.run_id, created_at=report.created_at,
                 head_dim_v=s.head_dim_v if s.dv != s.head_dim else None,

@@ -54,11 +54,11 @@ class Agreement:
     ratio: float
 
 
-def load_reference(path: Path, *, heads: int | None = None, head_dim: int | None = None,
+def load_reference(path: Path, *, heads_q: int | None = None, head_dim: int | None = None,
                    dtype: str | None = None) -> list[ReferenceRow]:
     """Read a reference file into shapes the bench can rerun.
 
-    ``heads``, ``head_dim`` and ``dtype`` are read from the file's ``shapes`` text ("H=16 heads, head dim 128,
+    ``heads_q``, ``head_dim`` and ``dtype`` are read from the file's ``shapes`` text ("H=16 heads, head dim 128,
     bf16") unless given.
 
     Raises:
@@ -69,7 +69,7 @@ def load_reference(path: Path, *, heads: int | None = None, head_dim: int | None
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"cannot read the reference benchmark {path}", cause=str(exc)) from None
     text = str(doc.get("shapes", ""))
-    heads = heads or _grab(r"H=(\d+)", text, "heads")
+    heads_q = heads_q or _grab(r"H=(\d+)", text, "heads")
     head_dim = head_dim or _grab(r"head dim (\d+)", text, "head dim")
     dtype = dtype or ("bfloat16" if "bf16" in text else "float16" if "fp16" in text else None)
     if dtype is None:
@@ -78,7 +78,7 @@ def load_reference(path: Path, *, heads: int | None = None, head_dim: int | None
     for i, raw in enumerate(doc.get("rows", [])):
         try:
             s, mode = int(raw["S"]), _MODES[raw["mode"]]
-            shape = AttentionShape(batch=int(raw["B"]), heads=heads, kv_heads=heads, head_dim=head_dim,
+            shape = AttentionShape(batch=int(raw["B"]), heads_q=heads_q, heads_kv=heads_q, head_dim=head_dim,
                                seqlen_q=s, seqlen_k=s, causal=bool(raw["causal"]), mode=mode, dtype=dtype)
             name = str(raw["backend"])
             rows.append(ReferenceRow(shape=shape, backend=FIXTURE_BACKENDS.get(name, name),

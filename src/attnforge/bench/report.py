@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from importlib import metadata, resources
 from typing import Any
 
 from attnforge.bench.run import BenchCell, BenchReport, BenchRow
 from attnforge.catalog import Catalog
 from attnforge.probe.backends import installed_distribution
+from attnforge.types.shapes import AttentionShape, Feature, Mode, current_head_keys
 from attnforge.verify.device import DeviceInfo
 
 SCHEMA_RESOURCE = "schema/bench.schema.json"
-#: the bench document's own version (overrides the envelope's): 2 added rounds, spread, margin, ties, classes
-SCHEMA_VERSION = 2
+#: the bench document's own version (overrides the envelope's): 2 added rounds, spread, margin, ties, classes;
+#: 3 renamed the shape's ``heads``/``kv_heads`` to ``heads_q``/``heads_kv`` (:func:`shape_from_json` reads both)
+SCHEMA_VERSION = 3
 
 
 def report_json(report: BenchReport) -> dict[str, Any]:
@@ -38,7 +41,7 @@ def report_json(report: BenchReport) -> dict[str, Any]:
 def _row_json(row: BenchRow) -> dict[str, Any]:
     s, ranking = row.shape, row.ranking
     return {
-        "shape": {"batch": s.batch, "heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim,
+        "shape": {"batch": s.batch, "heads_q": s.heads_q, "heads_kv": s.heads_kv, "head_dim": s.head_dim,
                   "head_dim_v": s.dv, "seqlen_q": s.seqlen_q, "seqlen_k": s.seqlen_k, "causal": s.causal,
                   "mode": s.mode.value, "dtype": s.dtype, "features": sorted(f.value for f in s.features)},
         "shape_class": str(s.shape_class),
@@ -48,6 +51,28 @@ def _row_json(row: BenchRow) -> dict[str, Any]:
         "tied": list(ranking.tied) if len(ranking.tied) > 1 else [],
         "cells": [_cell_json(c) for c in row.cells],
     }
+
+
+def shape_from_json(doc: Mapping[str, Any]) -> AttentionShape:
+    """The shape of one recorded ``bench --json`` row (its ``"shape"`` object), of any schema version.
+
+    Schema 1-2 documents (``docs/data/``) name the head counts ``heads``/``kv_heads``; 3 names them
+    ``heads_q``/``heads_kv``; both read through :func:`attnforge.types.shapes.current_head_keys`.
+
+    Raises:
+        ValueError: a size, the mode or a feature is missing or not of the schema's kind.
+    """
+    d = current_head_keys(doc)
+    try:
+        head_dim = int(d["head_dim"])
+        dv = int(d.get("head_dim_v") or head_dim)
+        return AttentionShape(batch=int(d["batch"]), heads_q=int(d["heads_q"]), heads_kv=int(d["heads_kv"]),
+                              head_dim=head_dim, head_dim_v=None if dv == head_dim else dv,
+                              seqlen_q=int(d["seqlen_q"]), seqlen_k=int(d["seqlen_k"]), causal=bool(d["causal"]),
+                              mode=Mode(d["mode"]), dtype=str(d["dtype"]),
+                              features=frozenset(Feature(f) for f in d.get("features", ())))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a bench shape: {dict(doc)!r} (missing or bad {exc})") from None
 
 
 def device_json(dev: DeviceInfo) -> dict[str, Any]:

@@ -154,8 +154,8 @@ def random_inputs(shape: AttentionShape, sets: int, device: str) -> list[tuple[A
     grad = shape.mode is Mode.FWD_BWD
     out = []
     for _ in range(sets):
-        q = torch.randn(shape.batch, shape.heads, shape.seqlen_q, shape.head_dim, device=device, dtype=dtype)
-        kv_shape = (shape.batch, shape.kv_heads, shape.seqlen_k, shape.head_dim)
+        q = torch.randn(shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim, device=device, dtype=dtype)
+        kv_shape = (shape.batch, shape.heads_kv, shape.seqlen_k, shape.head_dim)
         k = torch.randn(kv_shape, device=device, dtype=dtype)
         v = torch.randn(*kv_shape[:3], shape.dv, device=device, dtype=dtype)
         dout = torch.randn_like(q) if grad else None
@@ -166,9 +166,9 @@ def random_inputs(shape: AttentionShape, sets: int, device: str) -> list[tuple[A
 def set_bytes(shape: AttentionShape) -> int:
     """Bytes of one input set: q, k, v, plus dout for fwd+bwd."""
     itemsize = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(shape.dtype, 2)
-    q = shape.batch * shape.heads * shape.seqlen_q * shape.head_dim
-    kv = shape.batch * shape.kv_heads * shape.seqlen_k * (shape.head_dim + shape.dv)
-    dout = shape.batch * shape.heads * shape.seqlen_q * shape.dv if shape.mode is Mode.FWD_BWD else 0
+    q = shape.batch * shape.heads_q * shape.seqlen_q * shape.head_dim
+    kv = shape.batch * shape.heads_kv * shape.seqlen_k * (shape.head_dim + shape.dv)
+    dout = shape.batch * shape.heads_q * shape.seqlen_q * shape.dv if shape.mode is Mode.FWD_BWD else 0
     return itemsize * (q + kv + dout)
 
 

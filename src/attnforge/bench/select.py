@@ -40,7 +40,7 @@ def choose_backends(names: Sequence[str], verified: Sequence[str]) -> tuple[dict
 
 def choose_shapes(
     shape_set: ShapeSet, *, device: DeviceInfo, dtype: str, causal: str, mode: str, batch: int | None,
-    heads: int | None, kv_heads: int | None, head_dims: Sequence[int], seqlens: Sequence[int],
+    heads_q: int | None, heads_kv: int | None, head_dims: Sequence[int], seqlens: Sequence[int],
     seqlen_k: int | None, model_config: Path | None = None,
 ) -> list[AttentionShape]:
     """The shapes for ``--shapes``, restricted by ``--head-dim``/``--seqlen`` when given.
@@ -56,7 +56,7 @@ def choose_shapes(
     if shape_set is ShapeSet.MODEL and model_config is not None:
         from attnforge.bench.models import model_config_shapes, read_model_config
 
-        clash = [flag for flag, value in (("--heads", heads), ("--kv-heads", kv_heads), ("--seqlen-k", seqlen_k),
+        clash = [flag for flag, value in (("--heads", heads_q), ("--kv-heads", heads_kv), ("--seqlen-k", seqlen_k),
                                           ("--head-dim", head_dims or None)) if value is not None]
         if clash:
             raise UsageError(f"{', '.join(clash)} cannot be combined with --model (the config sets them)",
@@ -65,9 +65,9 @@ def choose_shapes(
         return model_config_shapes(read_model_config(model_config), dtype=dtype, batch=batch or 1,
                                    seqlens=tuple(seqlens), modes=modes, cpu=cpu)
     if shape_set is ShapeSet.MODEL:
-        return model_shapes(batch=batch, heads=heads, kv_heads=kv_heads, head_dims=head_dims, seqlens=seqlens,
+        return model_shapes(batch=batch, heads_q=heads_q, heads_kv=heads_kv, head_dims=head_dims, seqlens=seqlens,
                             seqlen_k=seqlen_k, dtype=dtype, causals=causals, modes=modes)
-    model_only = [flag for flag, value in (("--batch", batch), ("--heads", heads), ("--kv-heads", kv_heads),
+    model_only = [flag for flag, value in (("--batch", batch), ("--heads", heads_q), ("--kv-heads", heads_kv),
                                            ("--seqlen-k", seqlen_k), ("--model", model_config))
                   if value is not None]
     if model_only:

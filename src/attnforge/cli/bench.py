@@ -27,8 +27,8 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 @click.option("--model", "model_config", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="A Hugging Face config.json (--shapes model): time the model's real shape classes.")
 @click.option("--batch", type=int, default=None, help="B (--shapes model).")
-@click.option("--heads", type=int, default=None, help="query heads Hq (--shapes model).")
-@click.option("--kv-heads", type=int, default=None, help="K/V heads Hkv, GQA (--shapes model; default Hq).")
+@click.option("--heads", "heads_q", type=int, default=None, help="query heads Hq (--shapes model).")
+@click.option("--kv-heads", "heads_kv", type=int, default=None, help="K/V heads Hkv, GQA (--shapes model; default Hq).")
 @click.option("--head-dim", "head_dims", type=int, multiple=True,
               help="head dim D; repeatable. Restricts the grid, or sets the model shape.")
 @click.option("--seqlen", "seqlens", type=int, multiple=True,
@@ -50,7 +50,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
               help="Seconds each backend may run in its own child process before it counts as hung.")
 @json_option
 def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | None, batch: int | None,
-            heads: int | None, kv_heads: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...],
+            heads_q: int | None, heads_kv: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...],
             seqlen_k: int | None, dtype: str | None, causal: str, mode: str, device: str | None, timer: str,
             rounds: int, plot_path: Path | None, timeout_s: float, as_json: bool) -> int:
     """Measure attention backends on this machine: TFLOP/s per shape, best per row, ratio to SDPA's default.
@@ -74,7 +74,7 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
     chosen, baseline = choose_backends(backends, verified)
     dtype_name = _DTYPES[dtype] if dtype else ("bfloat16" if dev.type is DeviceType.CUDA else "float32")
     shapes = choose_shapes(ShapeSet(shape_set), device=dev, dtype=dtype_name, causal=causal, mode=mode,
-                           batch=batch, heads=heads, kv_heads=kv_heads, head_dims=head_dims, seqlens=seqlens,
+                           batch=batch, heads_q=heads_q, heads_kv=heads_kv, head_dims=head_dims, seqlens=seqlens,
                            seqlen_k=seqlen_k, model_config=model_config)
     quantized = [n for n in chosen if (e := catalog.backends.get(n)) is not None and e.quantized]
     out = console(stderr=True)

@@ -55,10 +55,16 @@ def command(backends: tuple[str, ...], device: str | None, seed: int, timeout_s:
     return 0 if report.ok else 1
 
 
+#: the verify document's own version (overrides the envelope's 1): 2 renamed each case's ``heads``/``kv_heads``
+#: to ``heads_q``/``heads_kv`` (readers take both: :func:`attnforge.types.shapes.current_head_keys`)
+SCHEMA_VERSION = 2
+
+
 def verify_json(report: VerifyReport) -> dict[str, Any]:
     """The ``--json`` payload: the device, the verdict, per backend its cases, and what was skipped."""
     dev = report.device
     return {
+        "schema_version": SCHEMA_VERSION,
         "device": device_json(dev),
         "ok": report.ok,
         "results": [{"backend": r.backend, "version": r.backend_version, "ok": r.ok, "summary": r.summary,

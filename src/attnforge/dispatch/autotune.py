@@ -224,8 +224,8 @@ def _records(rounds: Mapping[str, list[Any]], adapters: Mapping[str, BackendAdap
                 continue
         out.append(BenchRecord(
             device_key=device_key, backend=name, backend_version=versions.get(name), dtype=call.dtype,
-            mode=shape.mode.value, causal=call.causal, batch=call.batch, heads=call.heads_q,
-            kv_heads=call.heads_kv, head_dim=call.head_dim, seqlen_q=call.seqlen_q, seqlen_k=call.seqlen_k,
+            mode=shape.mode.value, causal=call.causal, batch=call.batch, heads_q=call.heads_q,
+            heads_kv=call.heads_kv, head_dim=call.head_dim, seqlen_q=call.seqlen_q, seqlen_k=call.seqlen_k,
             ms=t.median_ms, tflops=tflops(flops, t.median_ms), peak_mem_bytes=None, run_id=run_id,
             head_dim_v=shape.head_dim_v if shape.head_dim_v != shape.head_dim else None,
             features=",".join(sorted(f.value for f in shape.features)), ms_lo=t.lo_ms, ms_hi=t.hi_ms,

@@ -47,7 +47,7 @@ FALLBACK = PLAIN_SDPA
 
 def shape_of_call(call: AttentionCall) -> AttentionShape:
     """The :class:`AttentionShape` of ``call`` (its features and ``Dv``; calls are described in bhsd)."""
-    return AttentionShape(batch=call.batch, heads=call.heads_q, kv_heads=call.heads_kv, head_dim=call.head_dim,
+    return AttentionShape(batch=call.batch, heads_q=call.heads_q, heads_kv=call.heads_kv, head_dim=call.head_dim,
                            seqlen_q=call.seqlen_q, seqlen_k=call.seqlen_k, causal=call.causal,
                            mode=Mode.FWD_BWD if call.needs_grad else Mode.FWD, dtype=call.dtype,
                            head_dim_v=call.head_dim_v, layout=Layout.BHSD,

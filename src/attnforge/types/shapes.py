@@ -16,8 +16,9 @@ A leaf module: no torch, nothing from attnforge.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from attnforge._compat import StrEnum
 
@@ -69,15 +70,39 @@ class Dims:
     """The sizes of an attention call, declared once for the shape and for a bench record that stores one.
 
     Attributes:
-        batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim: ``B, Hq, Hkv, Sq, Sk, D``.
+        batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim: ``B, Hq, Hkv, Sq, Sk, D`` (the names of
+            :class:`attnforge.backends.adapter.AttentionCall`).
     """
 
     batch: int
-    heads: int
-    kv_heads: int
+    heads_q: int
+    heads_kv: int
     head_dim: int
     seqlen_q: int
     seqlen_k: int
+
+
+#: The head counts' names before issue 23 (bench --json schema 1-2, verify --json schema 1, records.db columns).
+LEGACY_HEAD_KEYS: dict[str, str] = {"heads": "heads_q", "kv_heads": "heads_kv"}
+
+
+def current_head_keys(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a recorded shape or case mapping with the head counts under :class:`Dims`' names.
+
+    The one reader-side step for stored JSON (``bench --json`` rows' ``shape``, ``verify --json`` cases,
+    ``docs/data`` and ``tests/fixtures``): ``heads``/``kv_heads`` become ``heads_q``/``heads_kv``; a mapping
+    already in the new names comes back unchanged; other keys are kept as they are.
+
+    Raises:
+        ValueError: the mapping gives a head count under both its old and its new name.
+    """
+    out = dict(doc)
+    for old, new in LEGACY_HEAD_KEYS.items():
+        if old in out:
+            if new in out:
+                raise ValueError(f"both {old!r} and {new!r} in {dict(doc)!r}: one spelling per document")
+            out[new] = out.pop(old)
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,7 +110,7 @@ class AttentionShape(Dims):
     """One attention problem: ``q [B, Hq, Sq, D]``, ``k [B, Hkv, Sk, D]``, ``v [B, Hkv, Sk, Dv]``.
 
     Attributes:
-        batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim: ``B, Hq, Hkv, Sq, Sk, D`` (:class:`Dims`).
+        batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim: ``B, Hq, Hkv, Sq, Sk, D`` (:class:`Dims`).
         head_dim_v: ``Dv``; None means ``D``.
         dtype: ``"bfloat16"`` (one of :data:`DTYPES`).
         causal: causal mask, bottom-right aligned when ``Sq != Sk``.
@@ -110,7 +135,7 @@ class AttentionShape(Dims):
     def label(self) -> str:
         """``"fwd causal D128 B4 H16 S4096"`` (``S512x4096`` when Sq != Sk, ``H32/8`` with GQA)."""
         seq = f"S{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"S{self.seqlen_q}x{self.seqlen_k}"
-        heads = f"H{self.heads}" if self.heads == self.kv_heads else f"H{self.heads}/{self.kv_heads}"
+        heads = f"H{self.heads_q}" if self.heads_q == self.heads_kv else f"H{self.heads_q}/{self.heads_kv}"
         dims = f"D{self.head_dim}" if self.dv == self.head_dim else f"D{self.head_dim}/{self.dv}"
         extra = "".join(f" +{f.value}" for f in sorted(self.features))
         return f"{self.mode.value} {'causal' if self.causal else 'full'} {dims} B{self.batch} {heads} {seq}{extra}"
@@ -147,7 +172,7 @@ class ShapeClass:
     def of(cls, shape: AttentionShape) -> ShapeClass:
         """The class of one shape: the only constructor code outside tests should use."""
         return cls(dtype=shape.dtype, mode=shape.mode, causal=shape.causal, head_dim=shape.head_dim,
-                   head_dim_v=shape.dv, gqa_ratio=max(1, shape.heads // max(1, shape.kv_heads)),
+                   head_dim_v=shape.dv, gqa_ratio=max(1, shape.heads_q // max(1, shape.heads_kv)),
                    seqlen_q_bucket=bucket(shape.seqlen_q), seqlen_k_bucket=bucket(shape.seqlen_k),
                    features=_features(shape.features))
 
@@ -191,4 +216,5 @@ class ShapeClass:
                    seqlen_k_bucket=sk, features=_features(names))
 
 
-__all__ = ["DTYPES", "AttentionShape", "Dims", "Feature", "Layout", "Mode", "ShapeClass", "bucket"]
+__all__ = ["DTYPES", "LEGACY_HEAD_KEYS", "AttentionShape", "Dims", "Feature", "Layout", "Mode", "ShapeClass", "bucket",
+           "current_head_keys"]

@@ -43,7 +43,7 @@ class VerifyCase(Dims):
         """The adapter-facing description of this case (forward only)."""
         return AttentionCall(
             device_type=device_type, compute_capability=compute_capability, dtype=self.dtype,
-            batch=self.batch, heads_q=self.heads, heads_kv=self.kv_heads, seqlen_q=self.seqlen_q,
+            batch=self.batch, heads_q=self.heads_q, heads_kv=self.heads_kv, seqlen_q=self.seqlen_q,
             seqlen_k=self.seqlen_k,
             head_dim=self.head_dim, causal=self.causal, needs_grad=False, precision=precision,
             features=frozenset((self.feature,)) - ROUTING_ONLY if self.feature else frozenset(),
@@ -56,7 +56,7 @@ class VerifyCase(Dims):
         mask = "causal" if self.causal else "full"
         dims = f"D{self.head_dim}" + (f"/{self.head_dim_v}" if self.head_dim_v else "")
         extra = f" +{self.feature}" if self.feature else ""
-        return (f"{self.dtype} {mask} B{self.batch} H{self.heads}/{self.kv_heads} "
+        return (f"{self.dtype} {mask} B{self.batch} H{self.heads_q}/{self.heads_kv} "
                 f"S{self.seqlen_q}x{self.seqlen_k} {dims}{extra}")
 
 
@@ -86,14 +86,14 @@ def generate_cases(
             for causal in (False, True):
                 s = rng.randint(top // 4, top)
                 heads = rng.choice((1, 2, 4))
-                cases.append(VerifyCase(batch=rng.randint(1, 2), heads=heads, kv_heads=heads, seqlen_q=s,
+                cases.append(VerifyCase(batch=rng.randint(1, 2), heads_q=heads, heads_kv=heads, seqlen_q=s,
                                         seqlen_k=s, head_dim=head_dim, dtype=dtype, causal=causal,
                                         seed=rng.randrange(2**31)))
                 group, heads_kv = rng.choice((2, 4)), rng.choice((1, 2))
                 sq, sk = rng.randint(1, top), rng.randint(1, top)
                 while sk == sq:
                     sk = rng.randint(1, top)
-                cases.append(VerifyCase(batch=rng.randint(1, 2), heads=heads_kv * group, kv_heads=heads_kv,
+                cases.append(VerifyCase(batch=rng.randint(1, 2), heads_q=heads_kv * group, heads_kv=heads_kv,
                                         seqlen_q=sq, seqlen_k=sk, head_dim=head_dim, dtype=dtype,
                                         causal=causal, seed=rng.randrange(2**31)))
     return cases
@@ -121,7 +121,7 @@ def feature_cases(
             sk = sq if feature == "varlen" else rng.randint(sq, top + 8)
             causal = feature in ("causal_top_left", "window", "varlen") or rng.random() < 0.5
             cases.append(VerifyCase(
-                batch=3 if feature == "varlen" else rng.randint(1, 2), heads=heads_kv * group, kv_heads=heads_kv,
+                batch=3 if feature == "varlen" else rng.randint(1, 2), heads_q=heads_kv * group, heads_kv=heads_kv,
                 seqlen_q=sq, seqlen_k=sk + (feature == "causal_top_left"), head_dim=head_dim, dtype=dtype,
                 causal=causal, seed=rng.randrange(2**31), feature=feature,
                 head_dim_v=head_dim // 2 if feature == "dv" else None))

@@ -213,7 +213,7 @@ def summarize(results: Sequence[CaseResult], device: DeviceInfo) -> str:
                 f" {bad[0].detail})")
     dtypes = ", ".join(dict.fromkeys(r.case.dtype for r in ran))
     dims = sorted({r.case.head_dim for r in ran})
-    gqa = any(r.case.heads != r.case.kv_heads for r in ran)
+    gqa = any(r.case.heads_q != r.case.heads_kv for r in ran)
     gqa_text = "; GQA" if gqa else ""
     feats = sorted({r.case.feature for r in ran if r.case.feature})
     feat_text = f"; {', '.join(feats)}" if feats else ""
@@ -285,8 +285,8 @@ def make_inputs(case: VerifyCase, device: str) -> tuple[Any, Any, Any]:
         t = torch.randn(case.batch, heads, seqlen, case.head_dim, generator=gen, dtype=torch.float32)
         return t.to(device=device, dtype=dtype)
 
-    q = draw(case.heads, case.seqlen_q)
-    return q, draw(case.kv_heads, case.seqlen_k), draw(case.kv_heads, case.seqlen_k)
+    q = draw(case.heads_q, case.seqlen_q)
+    return q, draw(case.heads_kv, case.seqlen_k), draw(case.heads_kv, case.seqlen_k)
 
 
 def poison_allocator(shape: tuple[int, ...], dtype: Any, device: str) -> None:

@@ -36,11 +36,11 @@ def case_inputs(case: VerifyCase, device: str) -> tuple[Any, Any, Any, dict[str,
         lens = [int(n) for n in torch.randint(1, case.seqlen_q + 1, (case.batch,), generator=gen)]
         total = sum(lens)
         offsets = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
-        q, k, v = (draw(total, case.heads, case.head_dim), draw(total, case.kv_heads, case.head_dim),
-                   draw(total, case.kv_heads, dv))
+        q, k, v = (draw(total, case.heads_q, case.head_dim), draw(total, case.heads_kv, case.head_dim),
+                   draw(total, case.heads_kv, dv))
         opts.update(cu_seqlens_q=offsets, cu_seqlens_k=offsets, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
         return q, k, v, opts
-    q = draw(case.batch, case.heads, case.seqlen_q, case.head_dim)
+    q = draw(case.batch, case.heads_q, case.seqlen_q, case.head_dim)
     if case.feature == "paged":
         page = PAGE_SIZE
         per_seq = -(-case.seqlen_k // page)
@@ -48,9 +48,9 @@ def case_inputs(case: VerifyCase, device: str) -> tuple[Any, Any, Any, dict[str,
         opts["block_table"] = blocks.view(case.batch, per_seq).to(device=device, dtype=torch.int32)
         opts["seqused_k"] = torch.full((case.batch,), case.seqlen_k, dtype=torch.int32, device=device)
         pool = case.batch * per_seq + 1
-        return (q, draw(pool, page, case.kv_heads, case.head_dim), draw(pool, page, case.kv_heads, dv), opts)
-    k = draw(case.batch, case.kv_heads, case.seqlen_k, case.head_dim)
-    v = draw(case.batch, case.kv_heads, case.seqlen_k, dv)
+        return (q, draw(pool, page, case.heads_kv, case.head_dim), draw(pool, page, case.heads_kv, dv), opts)
+    k = draw(case.batch, case.heads_kv, case.seqlen_k, case.head_dim)
+    v = draw(case.batch, case.heads_kv, case.seqlen_k, dv)
     if case.feature == "mask":
         opts["attn_mask"] = (torch.rand(case.batch, 1, case.seqlen_q, case.seqlen_k, generator=gen) > 0.2).to(device)
     elif case.feature == "window":
@@ -58,7 +58,7 @@ def case_inputs(case: VerifyCase, device: str) -> tuple[Any, Any, Any, dict[str,
     elif case.feature == "softcap":
         opts["softcap"] = 2.0 * math.sqrt(case.head_dim) / 4
     elif case.feature == "sinks":
-        opts["sinks"] = draw(case.heads).float()
+        opts["sinks"] = draw(case.heads_q).float()
     elif case.feature == "lse":
         opts["return_lse"] = True
     elif case.feature == "causal_top_left":
