@@ -97,7 +97,7 @@ def flops(c: Cell, mode: str) -> float:
     from attnforge.bench.flops import attention_flops
     from attnforge.types.shapes import Mode
 
-    return attention_flops(batch=c.b, heads=c.hq, seqlen_q=c.sq, seqlen_k=c.sk, head_dim=c.d, causal=c.causal,
+    return attention_flops(batch=c.b, heads_q=c.hq, seqlen_q=c.sq, seqlen_k=c.sk, head_dim=c.d, causal=c.causal,
                            mode=Mode.FWD_BWD if mode == "fwdbwd" else Mode.FWD)
 
 

@@ -69,3 +69,23 @@ def request_args(params: dict[str, Any], **more: Any) -> Any:
     from attnforge.install.inputs import RequestArgs
 
     return RequestArgs(**{k: params[k] for k in REQUEST_PARAMS}, **more)
+
+
+#: The slim-build parameters (a subset of ``RequestArgs``): what ``fleet plan``/``fleet build`` take besides their
+#: own cluster options.
+SLIM_PARAMS = ("head_dims", "dtypes", "no_backward", "features", "model_config")
+
+
+def slim_options(func: F) -> F:
+    """Only the slim build options (``--head-dim``, ``--dtype``, ``--features``, ``--no-backward``, ``--model``),
+    spelled as :func:`request_options` spells them; for verbs with a request of their own (``fleet``)."""
+    options = [
+        *(click.option(flag, param, multiple=True, metavar=metavar, help=text)
+          for flag, param, metavar, text in _REPEATED if param in SLIM_PARAMS),
+        click.option("--no-backward", is_flag=True, help=dict(_FLAGS)["--no-backward"]),
+        click.option("--model", "model_config", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="Slim build: take the head dims from a Hugging Face config.json."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func

@@ -34,7 +34,7 @@ def address_option(func: F) -> F:
 
 def plan_options(func: F) -> F:
     """The options ``plan`` and ``build`` share (one request assembly: :func:`_requests`)."""
-    from attnforge.cli.plan import slim_options
+    from attnforge.cli._request import slim_options
 
     options = [
         address_option,
@@ -59,8 +59,8 @@ def _requests(backends: Sequence[str], *, source_text: str | None, find_links: t
     """One resolver request per backend, assembled once for ``plan`` and ``build``."""
     from attnforge.build.source import parse_source
     from attnforge.catalog import load_catalog
-    from attnforge.cli.plan import parse_requirement, slim_request
     from attnforge.errors import UsageError
+    from attnforge.install.inputs import RequestArgs, parse_requirement, slim_request
     from attnforge.resolve.types import Request
 
     if not backends:
@@ -74,7 +74,7 @@ def _requests(backends: Sequence[str], *, source_text: str | None, find_links: t
         out.append(Request(backend=name, version=spec, find_links=find_links, index_urls=index_urls,
                            from_source=from_source or source_text is not None, offline=offline,
                            source=parse_source(source_text) if source_text else None,
-                           slim=slim_request(**slim)))
+                           slim=slim_request(RequestArgs(**slim))))
     return out
 
 
@@ -299,8 +299,8 @@ def _plain(run: Any) -> dict[str, Any]:
 def install(backends: tuple[str, ...], index_url: str, address: str | None, as_json: bool) -> int:
     """`attnforge install BACKEND --index-url URL` on every node (hash-checked install, then verify)."""
     from attnforge.catalog import load_catalog
-    from attnforge.cli.plan import parse_requirement
     from attnforge.fleet.rollout import install_argv
+    from attnforge.install.inputs import parse_requirement
 
     catalog = load_catalog()
     for text in backends:  # bad names exit 2 here, before any node is asked
