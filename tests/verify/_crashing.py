@@ -59,3 +59,17 @@ class PoisonAdapter(SdpaMathAdapter):
         if str(q.dtype) == "torch.bfloat16":
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return sdpa_math(q, k, v, causal=causal, scale=scale)
+
+
+@dataclass
+class SoftcapBrokenAdapter(SdpaMathAdapter):
+    """Right on plain calls; claims softcap and raises on it, like FlexAttention's dynamo error on GPU (issue 25:
+    flex failed only its causal_top_left cases, and the child's verdict took the whole backend away)."""
+
+    name: str = "softcap-broken"
+    features: frozenset[str] = frozenset({"softcap"})
+
+    def __call__(self, q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, **features: Any) -> Any:
+        if features:
+            raise RuntimeError("torch._dynamo.exc.Unsupported: softcap")
+        return sdpa_math(q, k, v, causal=causal, scale=scale)

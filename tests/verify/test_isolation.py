@@ -157,3 +157,21 @@ def test_doctor_shows_the_crash_and_does_not_call_the_backend_fastest(tmp_path: 
     row = next(r for r in report.rows if r.backend == "flash-attn-3")
     assert row.status.value == "broken" and crash in (row.problem or "")
     assert "flash-attn-3" not in report.verdict.fastest_now
+
+
+def test_a_failed_feature_case_in_the_child_takes_only_that_feature_away() -> None:
+    """The child's verdict follows verify's one rule (``verify.check.all_ok``): on the H100 run of 2026-11-25 flex
+    failed only its causal_top_left cases, the child called the whole backend failed, and a Gemma-2 call that flex
+    serves went to the exact math (29x slower)."""
+    from attnforge.verify.cases import feature_cases
+    from tests.verify._crashing import SoftcapBrokenAdapter
+
+    device = current_device("cpu")
+    plain = generate_cases(dtypes=("float32",), head_dims=(32,), max_seqlen=64, seed=0)
+    cases = (*plain, *feature_cases(frozenset({"softcap"}), dtypes=("float32",), head_dims=(32,), max_seqlen=64))
+    result = verify_in_child("softcap-broken", adapter=SoftcapBrokenAdapter(), caps=None, device=device,  # type: ignore[arg-type]
+                             cases=cases, tolerances=load_tolerances(), kind=PrecisionKind.EXACT, native=None,
+                             isolation=Isolation(timeout_s=60), runner=SubprocessRunner(), environ=dict(os.environ))
+    assert result.ok, result.summary
+    assert result.failed_features == ("softcap",)
+    assert "not used for softcap" in result.summary

@@ -183,12 +183,12 @@ def verify_backend(
         results = [_run_case(adapter, c, device=device, tolerances=tolerances, kind=kind) for c in cases]
     return BackendVerification(
         backend=adapter.name, backend_version=native.version if native is not None else None, kind=kind,
-        device_key=device.key, native=native, ok=problem is None and _all_ok(results),
+        device_key=device.key, native=native, ok=problem is None and all_ok(results),
         summary=problem if problem is not None else summarize(results, device), cases=tuple(results),
     )
 
 
-def _all_ok(results: Sequence[CaseResult]) -> bool:
+def all_ok(results: Sequence[CaseResult]) -> bool:
     """Every plain case that ran passed, and something passed; a failed feature case only takes that feature
     away (:attr:`BackendVerification.failed_features`)."""
     ran = [r for r in results if r.status is not CaseStatus.SKIPPED]

@@ -23,6 +23,7 @@ from attnforge.verify.check import (
     BackendVerification,
     CaseResult,
     CaseStatus,
+    all_ok,
     native_problem,
     summarize,
     verify_backend,
@@ -110,15 +111,10 @@ def verify_in_child(
         not_run = sum(r.detail.startswith(_NOT_RUN) for r in results)
         if not_run:
             summary += f" (the error poisoned the CUDA context: {not_run} case(s) not run)"
-    ok = problem is None and crash is None and _all_ok(results)
+    ok = problem is None and crash is None and all_ok(results)  # a failed feature case only takes that feature
     return BackendVerification(backend=name, backend_version=native.version if native is not None else None,
                                kind=kind, device_key=device.key, native=native, ok=ok, summary=summary,
                                cases=tuple(results))
-
-
-def _all_ok(results: list[CaseResult]) -> bool:
-    ran = [r for r in results if r.status is not CaseStatus.SKIPPED]
-    return bool(ran) and all(r.status is CaseStatus.PASSED for r in ran)
 
 
 def child_cases(job: _Job, announce: Callable[[object], None]) -> Iterator[object]:
