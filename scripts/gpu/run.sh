@@ -156,7 +156,7 @@ stage_route() { ensure_attnforge && step route "$(budget 300)" python "$S/prebui
 # the GPU-marked tests of the suite (they skip on CI's CPU machine): the dispatcher and FlexAttention's features
 stage_pytest() {
     ensure_attnforge || return 1
-    step pytest-gpu "$(budget 150)" python -m pytest -q -p no:cacheprovider -m gpu -W ignore::DeprecationWarning \
+    step pytest-gpu "$(budget 150)" python -m pytest -q -rf -p no:cacheprovider -m gpu -W ignore::DeprecationWarning \
         tests/dispatch/test_gpu.py tests/dispatch/test_flex_gpu.py
 }
 
