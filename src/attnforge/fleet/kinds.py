@@ -38,9 +38,13 @@ class WheelKey:
     cxx11_abi: bool | None
 
     def __str__(self) -> str:
+        return f"{self.os}-{self.cpu_arch} {self.runtime()}"
+
+    def runtime(self) -> str:
+        """``cp312 torch 2.11.0+cu130 cxx11abi=true``: the Python ABI, torch and its C++ ABI."""
         torch = f"torch {self.torch_version}" if self.torch_version else "no torch"
         abi = "" if self.cxx11_abi is None else f" cxx11abi={str(self.cxx11_abi).lower()}"
-        return f"{self.os}-{self.cpu_arch} {self.python_abi} {torch}{abi}"
+        return f"{self.python_abi} {torch}{abi}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,10 +69,7 @@ class MachineKind:
     def describe(self) -> str:
         """``manylinux_2_39_x86_64 cp312 torch 2.11.0+cu130 cxx11abi=true sm_90``."""
         ccs = ",".join(f"sm_{c.major}{c.minor}" for c in self.ccs) or "no GPU"
-        w = self.wheel
-        torch = f"torch {w.torch_version}" if w.torch_version else "no torch"
-        abi = "" if w.cxx11_abi is None else f" cxx11abi={str(w.cxx11_abi).lower()}"
-        return f"{self.platform_tag} {w.python_abi} {torch}{abi} {ccs}"
+        return f"{self.platform_tag} {self.wheel.runtime()} {ccs}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
