@@ -11,7 +11,8 @@ dependencies, from whatever index pip is configured for) under ``--work``. attnf
 The stand-in for the GPU machine's environment: pure-Python wheels whose modules ``import torch`` as the real
 ones do (so probing them costs what it costs there): the requested ``flash-attn-4`` (``flash_attn.cute``) and two
 installed neighbours (``sageattention`` 1.x, ``xformers``). The first install (``--find-links``) puts the wheel in
-a fresh ``ATTNFORGE_HOME``; then, ``--runs`` times, as the H200 run did (``scripts/gpu/13-verify-bench.sh``, now ``scripts/gpu/run.sh cachehit``):
+a fresh ``ATTNFORGE_HOME``; then, ``--runs`` times, as the H200 run did (``scripts/gpu/13-verify-bench.sh``, now
+``scripts/gpu/run.sh cachehit``):
 
 * ``attnforge``: ``pip uninstall -y flash-attn-4`` (not timed), then ``attnforge install flash-attn-4 --arch 9.0
   --offline --no-verify --json`` (timed; asserted to be a ``cache-hit``);
