@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from attnforge.backends._base import AdapterBase, Requirement
 from attnforge.backends.adapter import BackendAdapter
@@ -101,3 +101,16 @@ _BY_ID: dict[str, Callable[..., AdapterBase]] = {
     "flash-attn-3": FlashAttn3Adapter,
     "flash-attn-4": FlashAttn4Adapter,
 }
+
+
+def installed_versions(adapters: Mapping[str, object]) -> dict[str, str | None]:
+    """Per backend id, the installed version of the first of its distributions that is installed (from package
+    metadata, no import); None for torch's built-ins (their version is in the device key) and adapters
+    without a requirement."""
+    from attnforge.probe.backends import installed_versions as versions_of
+
+    found: dict[str, str | None] = {}
+    for name, adapter in adapters.items():
+        dists = getattr(getattr(adapter, "requirement", None), "distributions", ())
+        found[name] = next((ver for _, ver in versions_of(dists)), None) if dists else None
+    return found

@@ -146,6 +146,20 @@ def wanted(dispatcher: Tunable, decision: Decision, call: AttentionCall, device_
     return (device_key, str(class_of_call(call)), call.precision) not in _TUNED.get(dispatcher, set())
 
 
+def first_use(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionCall, decision: Decision,
+              device_key: str, bind: Callable[[BackendAdapter], Callable[..., Any]], bhsd: tuple[Any, Any, Any],
+              store: Callable[[], Any], versions: Callable[[], Mapping[str, str | None]]) -> bool:
+    """Measure a just-decided class on its first call when measuring is on here (:func:`active`), nothing
+    captures (:func:`capturing`) and :func:`wanted` says so; True when it measured (decide again then).
+    ``store`` and ``versions`` are called only then. Arguments otherwise as :func:`tune`."""
+    config = active(tensors[0].device.type)
+    if config is None or capturing() or not wanted(dispatcher, decision, call, device_key):
+        return False
+    tune(dispatcher, tensors, call=call, decision=decision, device_key=device_key, bind=bind, bhsd=bhsd,
+         store=store(), config=config, versions=versions())
+    return True
+
+
 def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionCall, decision: Decision,
          device_key: str, bind: Callable[[BackendAdapter], Callable[..., Any]], bhsd: tuple[Any, Any, Any],
          store: Any, config: AutotuneConfig = DEFAULT,

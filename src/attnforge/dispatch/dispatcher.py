@@ -20,20 +20,20 @@ from attnforge.backends.adapter import (
     ROUTING_ONLY,
     AttentionCall,
     BackendAdapter,
-    required_features,
-    supported_features,
 )
 from attnforge.backends.bound import Bound, bound_call
 from attnforge.backends.exact import EXACT, ExactAdapter
+from attnforge.backends.registry import installed_versions
 from attnforge.dispatch import autotune, features
 from attnforge.dispatch.explanation import Explanation
 from attnforge.dispatch.inputs import validate as _validate
 from attnforge.dispatch.policy import (
     FALLBACK,
     Decision,
-    Rejection,
     class_of_call,
     decide,
+    failure_class,
+    forced_decision,
     measurements,
 )
 from attnforge.errors import DispatchError
@@ -48,7 +48,7 @@ ROUTES_MAX = 4096
 #: tensors, in the caller's layout (:func:`attnforge.backends.bound.bound_call`)
 Step = tuple[BackendAdapter, Bound]
 #: the backends to try in order, the exact math last (:meth:`Dispatcher.serve`), and the call whose shape class
-#: a backend that raises is disabled for (named only then: :func:`_class_name`)
+#: a backend that raises is disabled for (named only then: :func:`~attnforge.dispatch.policy.failure_class`)
 Route = tuple[tuple[Step, ...], AttentionCall | None]
 
 
@@ -160,7 +160,7 @@ class Dispatcher:
             call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
                                  head_dim_v=head_dim_v)
             dev_key = self._device(q.device).key
-            decision = self._forced_decision(call, forced) if forced else self._decide(call, dev_key)
+            decision = forced_decision(call, forced, self.adapter(forced)) if forced else self._decide(call, dev_key)
             plan = (decision, tuple(self.adapter(name) for name in decision.order))
             with self._lock:
                 if self._generation == generation:  # else a backend broke or records changed meanwhile
@@ -248,29 +248,18 @@ class Dispatcher:
                              head_dim_v=head_dim_v)
         if not fresh or forced or caller is None or v is None:  # a class is considered once, when decided
             return decision, adapters, call
-        config = autotune.active(q.device.type)
-        if config is None or autotune.capturing():
-            return decision, adapters, call
-        dev_key = self._device(q.device).key
-        if autotune.wanted(self, decision, call, dev_key):
-            autotune.tune(self, caller, call=call, decision=decision, device_key=dev_key, config=config,
-                          bind=lambda a: bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts),
-                          bhsd=(q, k, v), store=self._source(), versions=self.versions())
+        if autotune.first_use(self, caller, call=call, decision=decision, device_key=self._device(q.device).key,
+                              bind=lambda a: bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts),
+                              bhsd=(q, k, v), store=self._source, versions=self.versions):
             decision, adapters, _ = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
                                                forced=None, uses=uses, head_dim_v=head_dim_v)
         return decision, adapters, call
 
     def versions(self) -> dict[str, str | None]:
-        """The installed version of each backend's distribution (None for torch's built-ins, whose version is
-        in the device key), read once from package metadata: measurements of another version are not used."""
+        """The installed version of each backend (:func:`attnforge.backends.registry.installed_versions`), read
+        once: measurements of another version are not used."""
         if self._versions is None:
-            from attnforge.probe.backends import installed_versions
-
-            found: dict[str, str | None] = {}
-            for name, adapter in self.adapters.items():
-                dists = getattr(getattr(adapter, "requirement", None), "distributions", ())
-                found[name] = next((ver for _, ver in installed_versions(dists)), None) if dists else None
-            self._versions = found
+            self._versions = installed_versions(self.adapters)
         return self._versions
 
     def describe(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str,
@@ -285,14 +274,10 @@ class Dispatcher:
                              precision=precision, features=uses - ROUTING_ONLY, head_dim_v=head_dim_v,
                              top_left="causal_top_left" in uses)
 
-    def shape_class(self, q: torch.Tensor, k: torch.Tensor, causal: bool, needs_grad: bool) -> str:
-        """The bench shape class of bhsd tensors, as its string (the key of broken backends)."""
-        return _class_name(self.describe(q, k, causal=causal, precision="exact", needs_grad=needs_grad))
-
     def _note_shape(self, q: torch.Tensor, k: torch.Tensor, needs_grad: bool) -> None:
         """Count the exact shapes of a shape class; when it turns dynamic, decide its calls again (so a
         backend compiled per shape drops out of it, see :func:`attnforge.dispatch.features.admit`)."""
-        cls = self.shape_class(q, k, False, needs_grad)
+        cls = failure_class(self.describe(q, k, causal=False, precision="exact", needs_grad=needs_grad))
         seen = self._shapes_seen.setdefault(cls, set())
         before = len(seen)
         if before > features.DYNAMIC_AFTER:
@@ -308,26 +293,15 @@ class Dispatcher:
         verified, bench = self._records_for(dev_key)
         measured = measurements(bench, class_of_call(call))
         tflops = {name: m.tflops for name, m in measured.items()}
-        cls = _class_name(call)
+        cls = failure_class(call)
         with self._lock:  # another thread may be marking a backend broken
             broken = {name: by_class[cls] for name, by_class in self.broken.items() if cls in by_class}
-        seen = len(self._shapes_seen.get(_class_name(dataclasses.replace(call, causal=False)), ()))
+        seen = len(self._shapes_seen.get(failure_class(dataclasses.replace(call, causal=False)), ()))
         _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen, verified=verified,
                                      fallback=self.fallback)
         decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, measured=measured,
                           broken=broken)
         return features.close_with_fallback(decision, call, self.fallback, refused)
-
-    def _forced_decision(self, call: AttentionCall, name: str) -> Decision:
-        adapter = self.adapter(name)
-        reasons = [f"not usable: {err}"] if (err := adapter.load_error()) else []
-        reasons += adapter.unsupported_reasons(call)
-        missing = required_features(call) - supported_features(adapter)
-        if missing and not any(r.startswith("does not support") for r in reasons):
-            reasons.append(f"does not support {', '.join(sorted(missing))}")
-        if reasons:
-            return Decision(order=(), basis=(), rejected=(Rejection(backend=name, reasons=tuple(reasons)),))
-        return Decision(order=(name,), basis=("forced",), rejected=())
 
     def adapter(self, name: str) -> BackendAdapter:
         """The adapter of backend id ``name`` (``"sdpa"``: the fallback; ``"exact"``: the exact math).
@@ -353,7 +327,7 @@ class Dispatcher:
         call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
                              head_dim_v=head_dim_v)
         dev_key = self._device(q.device).key
-        decision = self._forced_decision(call, forced) if forced else self._decide(call, dev_key)
+        decision = forced_decision(call, forced, self.adapter(forced)) if forced else self._decide(call, dev_key)
         return Explanation(call=call, device=dev_key, shape_class=str(class_of_call(call)),
                            chosen=decision.order[0] if decision.order else None, forced=forced is not None,
                            order=decision.order, basis=decision.basis, rejected=decision.rejected)
@@ -386,7 +360,7 @@ class Dispatcher:
         except Exception as exc:
             if forced or len(steps) == 1:
                 raise
-            self._mark_broken(steps[0][0].name, exc, _class_name(route[1]))
+            self._mark_broken(steps[0][0].name, exc, failure_class(route[1]))
         last = len(steps) - 1
         for i in range(1, len(steps)):
             adapter, fn = steps[i]
@@ -397,7 +371,7 @@ class Dispatcher:
             except Exception as exc:
                 if i == last:
                     raise
-                self._mark_broken(adapter.name, exc, _class_name(route[1]))
+                self._mark_broken(adapter.name, exc, failure_class(route[1]))
         raise AssertionError("unreachable: the last backend returned or raised")
 
     def forget_decisions(self) -> None:
@@ -422,13 +396,4 @@ class Dispatcher:
         warnings.warn(f"attnforge: attention backend {name!r} raised {error}; it is skipped for shape class"
                       f" {cls} for the rest of this process and the next backend serves the call",
                       RuntimeWarning, stacklevel=4)
-
-
-def _class_name(call: AttentionCall | None) -> str:
-    """The shape class a call's run-time failures and exact shapes are kept under (its features aside: a
-    backend that raised is disabled for the whole class); ``"empty"`` for a zero-sized call."""
-    if call is None:
-        return "empty"
-    return str(class_of_call(dataclasses.replace(call, features=frozenset(), head_dim_v=None,
-                                                      top_left=False, precision="exact")))
 

@@ -20,7 +20,7 @@ within :func:`quantized_gate` (``[gate.quantized]`` in ``catalog/data/tolerances
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from attnforge.backends.adapter import AttentionCall, BackendAdapter
@@ -221,3 +221,27 @@ def _basis(name: str, ranking: Ranking, priorities: Mapping[str, int], lead: str
     if name == FALLBACK:
         return "fallback: PyTorch SDPA, always available; unmeasured backends do not precede it"
     return f"verified, not measured for this shape class; after SDPA, catalog priority {priorities.get(name, '-')}"
+
+
+def forced_decision(call: AttentionCall, name: str, adapter: BackendAdapter) -> Decision:
+    """The decision for a call forced onto backend ``name`` (``adapter``): that backend alone, or nothing with
+    every reason it cannot serve the call (it does not load, does not support the call or a feature it uses)."""
+    from attnforge.backends.adapter import required_features, supported_features
+
+    reasons = [f"not usable: {err}"] if (err := adapter.load_error()) else []
+    reasons += adapter.unsupported_reasons(call)
+    missing = required_features(call) - supported_features(adapter)
+    if missing and not any(r.startswith("does not support") for r in reasons):
+        reasons.append(f"does not support {', '.join(sorted(missing))}")
+    if reasons:
+        return Decision(order=(), basis=(), rejected=(Rejection(backend=name, reasons=tuple(reasons)),))
+    return Decision(order=(name,), basis=("forced",), rejected=())
+
+
+def failure_class(call: AttentionCall | None) -> str:
+    """The shape class a call's run-time failures and exact shapes are kept under (its features aside: a
+    backend that raised is disabled for the whole class); ``"empty"`` for a zero-sized call."""
+    if call is None:
+        return "empty"
+    return str(class_of_call(replace(call, features=frozenset(), head_dim_v=None, top_left=False,
+                                     precision="exact")))
