@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import attnforge
-from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.backends.adapter import FEATURES, AttentionCall, reference_attention
 from attnforge.dispatch import autotune, runtime
 from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
 from tests._fakes import FakeClock
@@ -72,9 +72,11 @@ def _verified(store: RecordStore, *names: str) -> None:
         store.add_verify(VerifyRecord(device_key=CPU_KEY, backend=name, backend_version=None, ok=True, summary="ok"))
 
 
-def _use(store: RecordStore, fallback: Timed, *backends: Timed) -> runtime.Dispatcher:
+def _use(store: RecordStore, fallback: Timed, *backends: Timed, exact_ms: float | None = None) -> runtime.Dispatcher:
     _verified(store, *(b.name for b in backends))
     d = runtime.Dispatcher({b.name: b for b in backends}, fallback=fallback, records=store)
+    if exact_ms is not None:  # the exact math at the timing seam too (it serves every feature)
+        d.exact = Timed("exact", fallback.clock, exact_ms, features=frozenset(FEATURES))
     runtime.set_dispatcher(d)
     return d
 
@@ -190,7 +192,7 @@ def test_a_featured_call_goes_to_the_fastest_verified_kernel_and_the_exact_math_
     gemma = frozenset({"softcap", "window"})
     flex, fa3 = Timed("flex", clock, 0.25, features=gemma), Timed("fa3", clock, 0.2, features=gemma)
     sdpa = Timed("sdpa", clock, 0.1)
-    _use(store, sdpa, flex, fa3)
+    _use(store, sdpa, flex, fa3, exact_ms=7.09)  # the H100's exact math on the real call (docs/benchmarks.md)
     q, k, v = _qkv(sq=64, sk=64)
     opts: dict[str, Any] = {"causal": True, "softcap": 50.0, "window": (15, 0)}
     unmeasured = attnforge.explain(q, k, v, **opts)
@@ -229,3 +231,21 @@ def test_plain_sdpa_raising_is_one_rule_with_the_featured_path(store: RecordStor
                                rtol=1e-5)
     again = attnforge.attention(q, k, v)  # disabled for the class: no second warning, the exact math serves
     torch.testing.assert_close(again, out)
+
+
+def test_a_featured_call_keeps_the_exact_math_where_the_only_kernel_is_slower(store: RecordStore) -> None:
+    """Where SDPA lacks a feature, the exact math is the baseline a kernel must beat, as plain SDPA is for plain
+    calls: a verified kernel measured slower than it does not take the call."""
+    clock = FakeClock()
+    slow = Timed("slow-softcap", clock, 9.0, features=frozenset({"softcap"}))
+    _use(store, Timed("sdpa", clock, 0.1), slow, exact_ms=3.0)
+    q, k, v = _qkv()
+    assert attnforge.explain(q, k, v, softcap=20.0).order == ("slow-softcap", "exact")  # unmeasured
+    with attnforge.autotune(budget_s=0.05, clock=clock):
+        attnforge.attention(q, k, v, softcap=20.0)
+    assert attnforge.explain(q, k, v, softcap=20.0).order == ("exact", "slow-softcap")
+    fast = Timed("fast-softcap", clock, 1.0, features=frozenset({"softcap"}))
+    _use(store, Timed("sdpa", clock, 0.1), fast, exact_ms=3.0)
+    with attnforge.autotune(budget_s=0.05, clock=clock):
+        attnforge.attention(q, k, v, softcap=20.0)
+    assert attnforge.explain(q, k, v, softcap=20.0).order == ("fast-softcap", "exact")

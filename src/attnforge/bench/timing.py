@@ -185,7 +185,9 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
 
     # The fastest of three calls estimates one call: a call slowed by a neighbour must not shrink the budget.
     estimate_ms = max(min(_wall(step, counter, 3, sync, clock)), 1e-6)
-    warmup = max(1, math.ceil(config.warmup_ms / estimate_ms))
+    # as many warm-up calls as the budget holds, but never more than repetitions may be (a call the clock
+    # barely sees, e.g. a fake clock or a no-op, must not turn the budget into millions of calls)
+    warmup = min(config.max_reps, max(1, math.ceil(config.warmup_ms / estimate_ms)))
     reps = min(config.max_reps, max(config.min_reps, math.ceil(config.rep_ms / estimate_ms)))
 
     if config.method is TimerMethod.DO_BENCH:

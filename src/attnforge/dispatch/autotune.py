@@ -77,6 +77,7 @@ class Tunable(Protocol):
 
     adapters: dict[str, BackendAdapter]
     fallback: BackendAdapter
+    exact: BackendAdapter
 
     def refresh(self) -> None: ...
 
@@ -130,17 +131,23 @@ def capturing() -> bool:
 
 
 def candidates(decision: Decision) -> list[str]:
-    """The backends worth timing: the eligible ones but the exact math (the last resort, never a candidate),
-    plus quantized ones held back only for lack of a measurement."""
+    """The backends worth timing: the eligible ones, plus quantized ones held back only for lack of a
+    measurement. The exact math only where SDPA lacks a feature of the call (it is then the baseline a kernel
+    must beat, as plain SDPA is for plain calls), and never alone."""
     gated = [r.backend for r in decision.rejected if r.reasons and all(x.startswith("quantized:") for x in r.reasons)]
-    return [n for n in (*decision.order, *gated) if n != EXACT]
+    names = [*decision.order, *gated]
+    if FALLBACK in names or names == [EXACT]:
+        names = [n for n in names if n != EXACT]
+    return names
 
 
 def wanted(dispatcher: Tunable, decision: Decision, call: AttentionCall, device_key: str) -> bool:
     """Whether :func:`tune` should run for this decision: the class was not measured in this process, and
     some candidate of two or more has no measurement."""
     names = candidates(decision)
-    measured = decision.ranking.measurements if decision.ranking is not None else {}
+    measured = dict(decision.ranking.measurements) if decision.ranking is not None else {}
+    if decision.exact is not None:
+        measured[EXACT] = decision.exact
     if len(names) < 2 or all(n in measured for n in names):
         return False
     return (device_key, str(class_of_call(call)), call.precision) not in _TUNED.get(dispatcher, set())
@@ -183,7 +190,8 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
 
     _TUNED.setdefault(dispatcher, set()).add((device_key, str(class_of_call(call)), call.precision))
     names = candidates(decision)
-    adapters = {n: dispatcher.fallback if n == FALLBACK else dispatcher.adapters[n] for n in names}
+    special = {FALLBACK: dispatcher.fallback, EXACT: dispatcher.exact}
+    adapters = {n: special[n] if n in special else dispatcher.adapters[n] for n in names}
     share_ms = config.budget_s * 1e3 / max(1, len(adapters) * config.rounds)
     q = tensors[0]
     cuda = q.device.type == "cuda"

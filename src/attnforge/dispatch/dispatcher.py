@@ -301,7 +301,7 @@ class Dispatcher:
                                      fallback=self.fallback)
         decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, measured=measured,
                           broken=broken)
-        return features.close_with_fallback(decision, call, self.fallback, refused)
+        return features.close_with_fallback(decision, call, self.fallback, refused, measured)
 
     def adapter(self, name: str) -> BackendAdapter:
         """The adapter of backend id ``name`` (``"sdpa"``: the fallback; ``"exact"``: the exact math).

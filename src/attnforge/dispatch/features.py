@@ -28,6 +28,7 @@ from attnforge.dispatch.inputs import (
 )
 from attnforge.dispatch.policy import FALLBACK, Decision, Rejection
 from attnforge.errors import DispatchError
+from attnforge.ranking import Measurement, beats
 from attnforge.records import VerifyRecord
 
 if TYPE_CHECKING:
@@ -96,11 +97,14 @@ def admit(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, tflops
 
 
 def close_with_fallback(decision: Decision, call: AttentionCall, fallback: BackendAdapter,
-                        refused: list[Rejection]) -> Decision:
+                        refused: list[Rejection], measured: Mapping[str, Measurement] | None = None) -> Decision:
     """Take the ``refused`` backends out of the order (their reasons join the others); when SDPA lacks a
     feature of the call, SDPA leaves the order and the exact math ends it, after every verified backend that
     serves the call: the exact math serves only what no verified kernel can (issue 22: a Gemma-2 call went to
-    it, 28x slower than a verified FlexAttention that had the features)."""
+    it, 28x slower than a verified FlexAttention that had the features). The exact math is then the baseline a
+    kernel must not be slower than, as plain SDPA is for plain calls: where it was measured (``measured``,
+    first use times it as a candidate then) and it beats every kernel left in the order beyond the noise
+    (:func:`attnforge.ranking.beats`), it leads; on a tie the kernel keeps the call (it needs far less memory)."""
     extra = {r.backend: r.reasons for r in refused}
     if not extra and not required_features(call) - supported_features(fallback):
         return decision
@@ -113,8 +117,16 @@ def close_with_fallback(decision: Decision, call: AttentionCall, fallback: Backe
         lacks = f"does not support {', '.join(sorted(missing))}"
         why = f"exact fallback: float32 math in torch (SDPA {lacks})"
         kept = [(n, b) for n, b in kept if n not in (FALLBACK, EXACT)]
-        kept.append((EXACT, why))
+        exact = (measured or {}).get(EXACT)
+        others = [(measured or {}).get(n) for n, _ in kept]
+        if exact is not None and kept and all(m is not None and beats(exact, m) for m in others):
+            kept.insert(0, (EXACT, f"{why}; measured {exact.tflops:.4g} TFLOP/s, faster than every kernel that "
+                                   "serves the call beyond the noise"))
+        else:
+            kept.append((EXACT, why))
         rejected.append(Rejection(backend=FALLBACK, reasons=(lacks,)))
+        return dataclasses.replace(decision, order=tuple(n for n, _ in kept), basis=tuple(b for _, b in kept),
+                                   rejected=tuple(rejected), exact=exact)
     return dataclasses.replace(decision, order=tuple(n for n, _ in kept), basis=tuple(b for _, b in kept),
                                rejected=tuple(rejected))
 

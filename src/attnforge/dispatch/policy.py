@@ -103,12 +103,15 @@ class Decision:
         basis: for each backend in ``order``, why it stands there ("412.0 TFLOP/s measured", "priority 25").
         rejected: every other backend with its reasons.
         ranking: the "fastest" rule over the eligible measured backends (None when none was measured).
+        exact: the exact math's measurement on the class, where SDPA lacks a feature of the call and the exact
+            math was measured (the baseline of such calls, :func:`attnforge.dispatch.features.close_with_fallback`).
     """
 
     order: tuple[str, ...]
     basis: tuple[str, ...]
     rejected: tuple[Rejection, ...]
     ranking: Ranking | None = None
+    exact: Measurement | None = None
 
 
 def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, priorities: Mapping[str, int],
