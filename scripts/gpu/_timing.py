@@ -4,7 +4,6 @@ of every comparison are timed alike. On a CPU (dry runs) the same function with 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -16,12 +15,10 @@ def measure_ms(torch: Any, fn: Callable[[], Any], *, set_bytes: int = 0) -> dict
     cuda = torch.cuda.is_available()
     config = t.GPU_EVENTS if cuda else t.CPU_PERF_COUNTER
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    kwargs: dict[str, Any] = {}
-    if cuda and "flush_bytes" in inspect.signature(t.measure).parameters and hasattr(t, "flush_bytes"):
-        kwargs["flush_bytes"] = t.flush_bytes(set_bytes)
+    flush = t.flush_bytes(set_bytes) if cuda else 0
     rounds = []
     for _ in range(config.rounds):
-        rounds.append(t.measure(lambda _i: fn(), sets=1, config=config, sync=sync, **kwargs))
+        rounds.append(t.measure(lambda _i: fn(), sets=1, config=config, sync=sync, flush_bytes=flush))
     timing = t.combine_rounds(rounds)
     return {"median_ms": timing.median_ms, "lo_ms": timing.lo_ms, "hi_ms": timing.hi_ms,
             "first_call_s": timing.first_call_s}
