@@ -113,6 +113,7 @@ def close_with_fallback(decision: Decision, call: AttentionCall, fallback: Backe
                 for r in decision.rejected]
     rejected += [Rejection(backend=name, reasons=reasons) for name, reasons in extra.items()]
     missing = required_features(call) - supported_features(fallback)
+    exact = None
     if missing:
         lacks = f"does not support {', '.join(sorted(missing))}"
         why = f"exact fallback: float32 math in torch (SDPA {lacks})"
@@ -125,10 +126,8 @@ def close_with_fallback(decision: Decision, call: AttentionCall, fallback: Backe
         else:
             kept.append((EXACT, why))
         rejected.append(Rejection(backend=FALLBACK, reasons=(lacks,)))
-        return dataclasses.replace(decision, order=tuple(n for n, _ in kept), basis=tuple(b for _, b in kept),
-                                   rejected=tuple(rejected), exact=exact)
     return dataclasses.replace(decision, order=tuple(n for n, _ in kept), basis=tuple(b for _, b in kept),
-                               rejected=tuple(rejected))
+                               rejected=tuple(rejected), exact=exact)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from attnforge.backends.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.adapter import AttentionCall, BackendAdapter, required_features, supported_features
 from attnforge.ranking import (
     PLAIN_SDPA,
     Bracket,
@@ -229,8 +229,6 @@ def _basis(name: str, ranking: Ranking, priorities: Mapping[str, int], lead: str
 def forced_decision(call: AttentionCall, name: str, adapter: BackendAdapter) -> Decision:
     """The decision for a call forced onto backend ``name`` (``adapter``): that backend alone, or nothing with
     every reason it cannot serve the call (it does not load, does not support the call or a feature it uses)."""
-    from attnforge.backends.adapter import required_features, supported_features
-
     reasons = [f"not usable: {err}"] if (err := adapter.load_error()) else []
     reasons += adapter.unsupported_reasons(call)
     missing = required_features(call) - supported_features(adapter)
