@@ -12,6 +12,7 @@
 #   features  features_check.py: the Gemma-2-style call vs FlexAttention called directly
 #   models    models_gpu.py: tiny Gemma-2, Llama (transformers), Flux (diffusers) through the integrations
 #   overhead  overhead.py: per-call overhead over SDPA, FA3, FA4 called directly
+#   layout    layout_flush.py: short kernels on bshd vs bhsd views, L2 flush vs none, host µs per call
 #   cachehit  pip uninstall + attnforge install (cache hit) vs plain pip from a cache export
 #   route     prebuilt_route.py: the wheel route through a local GitHub API stand-in, with its arch check
 #   pytest    the suite's GPU-marked tests (dispatcher, FlexAttention features)
@@ -140,6 +141,7 @@ stage_features() {
 }
 stage_models() { ensure_attnforge && step models "$(budget 240)" python "$S/models_gpu.py" --out "$STEP_DIR/models.json" ${MODELS_ARGS:-}; }
 stage_overhead() { ensure_attnforge && step overhead "$(budget 200)" python "$S/overhead.py" --out "$STEP_DIR/overhead.json" ${OVERHEAD_ARGS:-}; }
+stage_layout() { ensure_attnforge && step layout "$(budget 150)" python "$S/layout_flush.py" --out "$STEP_DIR/layout.json" ${LAYOUT_ARGS:-}; }
 
 stage_cachehit() {
     ensure_attnforge || return 1
@@ -156,13 +158,13 @@ stage_route() { ensure_attnforge && step route "$(budget 300)" python "$S/prebui
 # the GPU-marked tests of the suite (they skip on CI's CPU machine): the dispatcher and FlexAttention's features
 stage_pytest() {
     ensure_attnforge || return 1
-    step pytest-gpu "$(budget 150)" python -m pytest -q -rf -p no:cacheprovider -m gpu -W ignore::DeprecationWarning \
+    step pytest-gpu "$(budget "${PYTEST_S:-150}")" python -m pytest -v --tb=short -rf -p no:cacheprovider -m gpu -W ignore::DeprecationWarning \
         tests/dispatch/test_gpu.py tests/dispatch/test_flex_gpu.py
 }
 
 for stage in "$@"; do
     case $stage in
-        stage|setup|install|verify|check|check-after|bench|features|models|overhead|cachehit|route|pytest) ;;
+        stage|setup|install|verify|check|check-after|bench|features|models|overhead|layout|cachehit|route|pytest) ;;
         *) note "unknown stage $stage (see the header of run.sh)"; continue ;;
     esac
     if (( $(call_left_s) < 20 )); then note "no call time left: skipped $stage and what follows"; break; fi
