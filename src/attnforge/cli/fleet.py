@@ -255,11 +255,11 @@ def build(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, 
         return 1 if bad or result.unserved else 0
     out = console()
     for o in outcomes:
-        line = f"build {o.number}: {o.status}" + (f" {o.filename}" if o.filename else "") + (
-            f": {o.message}" if o.message else "")
+        line = f"build {o.number}: {o.status}" + (f" {o.wheel.filename}" if o.wheel else "") + (
+            f": {o.failure.message}" if o.failure else "")
         out.print(line, markup=False, soft_wrap=True)
-        if o.status in ("failed", "lost"):
-            diag = o.diagnosis or {}
+        if o.failure is not None:
+            diag = o.failure.diagnosis or {}
             if diag.get("cause"):
                 out.print(f"  cause: {diag['cause']}", markup=False, soft_wrap=True)
             for fix in diag.get("fix", ()):
