@@ -32,3 +32,11 @@ def test_plan_table_names_builds_and_the_kind_it_cannot_serve(cli_env: dict[str,
     assert "cannot be served" in done.stdout and "_MSC_VER" in done.stdout
     assert "3 artifact(s), 3 build(s)" in done.stdout
     assert "Traceback" not in done.stderr
+
+
+def test_plan_json_shows_each_kind_as_probe_json_does(cli_env: dict[str, str]) -> None:
+    probed = json.loads(_fleet(cli_env, "probe", "--json").stdout)["kinds"]
+    done = _fleet(cli_env, "plan", "af-nvcc-fixture", "--source", str(NVCC_EXT), "--json")
+    planned = json.loads(done.stdout)["kinds"]
+    assert planned == probed  # one rendering of a kind: id, describe, kind, nodes (no snapshots)
+    assert all(set(n) == {"node_id", "address"} for k in planned for n in k["nodes"])

@@ -60,13 +60,14 @@ def test_build_compiles_once_for_two_archs_publishes_and_pip_installs(fleet_clus
     linux = _linux_build(doc["plan"])
     built = by_os[linux["number"]]
     assert built["status"] == "built", (built, done.stderr)
-    assert "cu130torch2.11" in built["filename"] and "sm80sm90" in built["filename"]
+    assert "cu130torch2.11" in built["wheel"]["filename"] and "sm80sm90" in built["wheel"]["filename"]
     windows = next(b for n, b in by_os.items() if n != linux["number"])
     assert windows["status"] == "failed" and windows["log_path"]  # a Windows build cannot run on Linux
-    assert "does not exist on this machine" in windows["message"]  # its own words, not a worker death
+    assert windows["wheel"] is None and built["failure"] is None
+    assert "does not exist on this machine" in windows["failure"]["message"]  # its own words, not a worker death
     assert done.returncode == 1  # one failed build: exit 1, the other still published
 
-    wheel = next(index.glob(f"artifacts/*/{built['filename']}"))
+    wheel = next(index.glob(f"artifacts/*/{built['wheel']['filename']}"))
     with zipfile.ZipFile(wheel) as zf:
         assert any(n.startswith("af_nvcc_fixture/_C") for n in zf.namelist())
     target = tmp_path / "target"

@@ -76,7 +76,9 @@ def test_a_killed_build_worker_is_retried_once_then_reported_failed(connected: F
     assert len(killed) == 2
     (outcome,) = outcomes
     assert outcome.status == "failed"
-    assert "died" in outcome.diagnosis["title"] or outcome.diagnosis.get("known")
+    assert outcome.failure is not None and outcome.wheel is None
+    diagnosis = outcome.failure.diagnosis or {}
+    assert "died" in diagnosis["title"] or diagnosis.get("known")
     log = Path(outcome.log_path).read_text()
     assert log.count("attempt in worker pid") == 2  # retried exactly once
     assert not list((tmp_path / "index").glob("artifacts/*/*.whl"))  # nothing partial reached the index
@@ -169,3 +171,6 @@ def test_a_node_lost_mid_build_is_reported_lost_and_the_other_build_finishes(con
     worker.join(timeout=180)
     statuses = sorted(o.status for o in outcomes)
     assert statuses == ["built", "lost"], outcomes
+    built, lost = sorted(outcomes, key=lambda o: o.status)
+    assert built.wheel is not None and built.failure is None
+    assert lost.wheel is None and lost.failure is not None and lost.failure.message

@@ -65,7 +65,7 @@ def test_many_nodes_of_one_kind_plan_like_one() -> None:
     nodes = four_kinds()
     many = [dataclasses.replace(nodes[i % 4], node_id=f"n{i}") for i in range(400)]
     plan = plan_fleet(group_nodes(many), load_catalog(), [_request()])
-    assert len(plan.kinds) == 4 and sum(k.nodes for k in plan.kinds) == 400
+    assert len(plan.kinds) == 4 and sum(len(g.nodes) for g in plan.kinds) == 400
     assert len(plan.builds) == 2
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,14 +136,17 @@ def show(key: str, as_json: bool) -> int:
     for field in ("key", "kind", "name", "version", "filename", "sha256", "size_bytes", "path", "log_path",
                   "created_at", "last_used_at"):
         out.print(f"[bold]{field}[/bold]: {doc[field]}")
-    out.print("[bold]built from[/bold]:")
-    for name, value in doc["inputs"].items():
-        out.print(f"  {name}: {value}")
+    _print_mapping(out, "built from", doc["inputs"])
     if doc["provenance"]:
-        out.print("[bold]provenance[/bold]:")
-        for name, value in doc["provenance"].items():
-            out.print(f"  {name}: {value}")
+        _print_mapping(out, "provenance", doc["provenance"])
     return 0
+
+
+def _print_mapping(out: Any, title: str, mapping: Mapping[str, Any]) -> None:
+    """``title:`` in bold, then one indented ``name: value`` line per item."""
+    out.print(f"[bold]{title}[/bold]:")
+    for name, value in mapping.items():
+        out.print(f"  {name}: {value}")
 
 
 @command.command("rm")

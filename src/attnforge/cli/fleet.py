@@ -129,15 +129,28 @@ def probe(address: str | None, snapshots: tuple[str, ...], as_json: bool) -> int
             nodes = _nodes(ray, fresh=True)
     groups = group_nodes(nodes)
     if as_json:
-        emit_json("fleet-probe", {"kinds": [{"id": g.kind.id, "describe": g.kind.describe(), "kind": g.kind,
-                                             "nodes": [{"node_id": n.node_id, "address": n.address}
-                                                       for n in g.nodes]} for g in groups]})
+        emit_json("fleet-probe", {"kinds": [_kind_doc(g) for g in groups]})
         return 0
     out = console()
     out.print(f"[bold]{len(nodes)} node(s), {len(groups)} machine kind(s)[/bold]")
     for g in groups:
         out.print(f"{g.kind.id}  {len(g.nodes)} node(s)  {g.kind.describe()}", markup=False, soft_wrap=True)
     return 0
+
+
+def _kind_doc(group: Any) -> dict[str, Any]:
+    """A machine kind as every fleet verb prints it in JSON: id, description, the kind, its nodes (id and address;
+    their snapshots stay out)."""
+    return {"id": group.kind.id, "describe": group.kind.describe(), "kind": group.kind,
+            "nodes": [{"node_id": n.node_id, "address": n.address} for n in group.nodes]}
+
+
+def _plan_doc(plan: Any) -> dict[str, Any]:
+    """The fleet plan as ``fleet plan --json`` and ``fleet build --json`` print it: its kinds as :func:`_kind_doc`."""
+    import dataclasses
+
+    return {**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)},
+            "kinds": [_kind_doc(g) for g in plan.kinds]}
 
 
 def _fleet_plan(backends: Sequence[str], address: str | None, snapshots: tuple[str, ...], opts: dict[str, Any],
@@ -178,7 +191,7 @@ def plan(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, .
         with _cluster(address) as ray:
             result, _ = _fleet_plan(backends, address, snapshots, opts, ray)
     if as_json:
-        emit_json("fleet-plan", result)
+        emit_json("fleet-plan", _plan_doc(result))
     else:
         _render_plan(result)
     return 0 if result.unserved == 0 else 1
@@ -191,12 +204,12 @@ def _render_plan(result: Any) -> None:
     table = Table(title="fleet plan", show_lines=False)
     for col in ("kind", "nodes", "machine", "backend", "route", "expected"):
         table.add_column(col)
-    kinds = {k.id: k for k in result.kinds}
+    kinds = {g.kind.id: g for g in result.kinds}
     for r in result.routes:
-        k = kinds[r.kind]
+        g = kinds[r.kind]
         when = "" if r.expected_s is None else f"~{r.expected_s / 60:.0f} min" if r.expected_s >= 120 else \
             f"~{r.expected_s:.0f} s"
-        table.add_row(k.id, str(k.nodes), k.describe, r.backend, r.detail if r.route != "none" else
+        table.add_row(r.kind, str(len(g.nodes)), g.kind.describe(), r.backend, r.detail if r.route != "none" else
                       "[red]cannot be served[/red]", when)
     out.print(table)
     for b in result.builds:
@@ -238,15 +251,15 @@ def build(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, 
                               on_event=(lambda _: None) if as_json else _say)
     bad = [o for o in outcomes if o.status in ("failed", "lost")]
     if as_json:
-        emit_json("fleet-build", {"index_url": index.pip_url, "plan": result, "builds": outcomes})
+        emit_json("fleet-build", {"index_url": index.pip_url, "plan": _plan_doc(result), "builds": outcomes})
         return 1 if bad or result.unserved else 0
     out = console()
     for o in outcomes:
-        line = f"build {o.number}: {o.status}" + (f" {o.filename}" if o.filename else "") + (
-            f": {o.message}" if o.message else "")
+        line = f"build {o.number}: {o.status}" + (f" {o.wheel.filename}" if o.wheel else "") + (
+            f": {o.failure.message}" if o.failure else "")
         out.print(line, markup=False, soft_wrap=True)
-        if o.status in ("failed", "lost"):
-            diag = o.diagnosis or {}
+        if o.failure is not None:
+            diag = o.failure.diagnosis or {}
             if diag.get("cause"):
                 out.print(f"  cause: {diag['cause']}", markup=False, soft_wrap=True)
             for fix in diag.get("fix", ()):

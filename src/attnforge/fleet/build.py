@@ -33,12 +33,26 @@ from attnforge._serde import to_jsonable
 from attnforge.build.progress import BuildEvent, HeartbeatEvent, PhaseEvent, StepEvent
 from attnforge.errors import AttnforgeError
 from attnforge.fleet.cluster import on_node, task_failure
-from attnforge.fleet.index import Index, scratch_dir
+from attnforge.fleet.index import Index, Published, scratch_dir
 from attnforge.fleet.kinds import Node
 from attnforge.fleet.plan import FleetBuild, artifact_key
 from attnforge.resolve.types import BuildSpec, SourceKind
 
 GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failure:
+    """Why a build published nothing.
+
+    Attributes:
+        message: what went wrong, in the build's own words (or Ray's, when the worker died or the node left).
+        diagnosis: cause and fix as ``attnforge diagnose --json`` gives them (``known``, ``title``, ``cause``,
+            ``fix``, ...); None when there is nothing to diagnose (no node of the kind is alive).
+    """
+
+    message: str
+    diagnosis: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,8 +62,9 @@ class BuildOutcome:
     Attributes:
         status: ``built`` (published now), ``present`` (already in the index: not built again), ``failed``
             (the build failed, or its worker died twice), ``lost`` (its node left, or no node of its kind is alive).
-        node: the node id it ran on; filename / sha256: the published wheel.
-        log_path: the build's log (``LOG_DIR/<key>.log``); diagnosis: cause and fix of a failure.
+        node: the node id it ran on; duration_s: the build's wall time on it, seconds (``built`` only).
+        log_path: the build's log (``LOG_DIR/<key>.log``).
+        wheel: the wheel in the index (``built``, ``present``); failure: why not (``failed``, ``lost``).
     """
 
     number: int
@@ -57,12 +72,10 @@ class BuildOutcome:
     backend: str
     status: str
     node: str | None = None
-    filename: str | None = None
-    sha256: str | None = None
     duration_s: float | None = None
     log_path: str | None = None
-    message: str | None = None
-    diagnosis: Any = None
+    wheel: Published | None = None
+    failure: Failure | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,9 +202,10 @@ def _one(ray: Any, build: FleetBuild, *, node: Node | None, index: Index, home: 
         present = index.published(key)
         if present is not None:
             on_event(f"build {build.number}: {present.filename} is already in the index (key {key[:19]})")
-            return BuildOutcome(**base, status="present", filename=present.filename, sha256=present.sha256)
+            return BuildOutcome(**base, status="present", wheel=present)
         if node is None:
-            return BuildOutcome(**base, status="lost", message=f"no alive node of kind {build.builder} can build it")
+            return BuildOutcome(**base, status="lost",
+                                failure=Failure(message=f"no alive node of kind {build.builder} can build it"))
         sizing = size_task(build.spec, gib_per_thread=build.gib_per_thread, node_cpus=node.cpus,
                            node_memory_bytes=node.memory_bytes)
         on_event(f"build {build.number}: {build.backend} for {', '.join(map(str, build.archs))} on node "
@@ -206,11 +220,11 @@ def _one(ray: Any, build: FleetBuild, *, node: Node | None, index: Index, home: 
         if not out["ok"]:
             on_event(f"build {build.number}: failed: {out['message']} (log: {log_path})")
             return BuildOutcome(**base, status="failed", node=node.node_id, log_path=log_path,
-                                message=out["message"], diagnosis=out["diagnosis"])
+                                failure=Failure(message=out["message"], diagnosis=out["diagnosis"]))
         published = _publish(index, key, out, home, log_path)
         on_event(f"build {build.number}: published {published.filename}")
-        return BuildOutcome(**base, status="built", node=node.node_id, filename=published.filename,
-                            sha256=published.sha256, duration_s=time.monotonic() - start, log_path=log_path)
+        return BuildOutcome(**base, status="built", node=node.node_id, duration_s=time.monotonic() - start,
+                            log_path=log_path, wheel=published)
 
 
 @contextmanager
@@ -227,7 +241,7 @@ def _held(lock: filelock.BaseFileLock, on_wait: Callable[[], None]) -> Iterator[
         lock.release()
 
 
-def _publish(index: Index, key: str, out: dict[str, Any], home: Path, log_path: str) -> Any:
+def _publish(index: Index, key: str, out: dict[str, Any], home: Path, log_path: str) -> Published:
     from attnforge.cache.key import CacheKeyInputs
 
     with scratch_dir(home) as tmp:
@@ -249,11 +263,11 @@ def _died(ray: Any, base: dict[str, Any], *, node: Node, exc: Exception, log_pat
     what = task_failure(exc)
     if isinstance(exc, rex.RayTaskError):  # the build code raised (not retried: it would raise again)
         on_event(f"build {base['number']}: failed: {what} (log: {log_path})")
-        return BuildOutcome(**base, status="failed", node=node.node_id, log_path=log_path, message=what,
-                            diagnosis={"known": False, "title": "the build task raised", "cause": what,
-                                       "fix": ["read the log", "report it: this is a bug of attnforge fleet"]})
+        return BuildOutcome(**base, status="failed", node=node.node_id, log_path=log_path, failure=Failure(
+            message=what, diagnosis={"known": False, "title": "the build task raised", "cause": what,
+                                     "fix": ["read the log", "report it: this is a bug of attnforge fleet"]}))
     text = Path(log_path).read_text(encoding="utf-8", errors="replace") if Path(log_path).is_file() else ""
-    diagnosis: Any = to_jsonable(diagnose_text(text, log_path=log_path)) if text else None
+    diagnosis: dict[str, Any] | None = to_jsonable(diagnose_text(text, log_path=log_path)) if text else None
     if diagnosis is None or not diagnosis.get("known"):
         diagnosis = {"known": False, "title": "the build's Ray worker died",
                      "cause": f"the worker running the build died on both tries ({what}): killed by a signal, the "
@@ -262,8 +276,8 @@ def _died(ray: Any, base: dict[str, Any], *, node: Node, exc: Exception, log_pat
                              "more RAM", "run `attnforge fleet build` again: it builds only what is missing"]}
     status = "lost" if lost else "failed"
     on_event(f"build {base['number']}: {status}: {what} (log: {log_path})")
-    return BuildOutcome(**base, status=status, node=node.node_id, log_path=log_path, message=what,
-                        diagnosis=diagnosis)
+    return BuildOutcome(**base, status=status, node=node.node_id, log_path=log_path,
+                        failure=Failure(message=what, diagnosis=diagnosis))
 
 
 def _key_with_source(build: FleetBuild) -> str:

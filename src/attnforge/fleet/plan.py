@@ -22,9 +22,8 @@ from dataclasses import dataclass
 
 from attnforge._serde import to_jsonable
 from attnforge.catalog import Catalog
-from attnforge.fleet.kinds import KindGroup, WheelKey, glibc_key
+from attnforge.fleet.kinds import KindGroup, Node, WheelKey, glibc_key
 from attnforge.install.keys import NOT_IN_KEY
-from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.buildspec import plan_build
 from attnforge.resolve.resolver import resolve
 from attnforge.resolve.sources import load_wheel_sources
@@ -85,24 +84,14 @@ class Route:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class KindSummary:
-    """A kind as the plan shows it: id, description, node count and node ids."""
-
-    id: str
-    describe: str
-    nodes: int
-    node_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class FleetPlan:
-    """The fleet plan: kinds, the route of every (kind, backend), the builds, and the artifact count.
+    """The fleet plan: the kinds (as grouped), the route of every (kind, backend), the builds, the artifact count.
 
     ``artifacts`` counts builds + distinct prebuilt wheels (by file name) + distinct cache entries;
     ``expected_total_s`` is each artifact's expected time once (a build serves all its kinds), one after another.
     """
 
-    kinds: tuple[KindSummary, ...]
+    kinds: tuple[KindGroup, ...]
     routes: tuple[Route, ...]
     builds: tuple[FleetBuild, ...]
     artifacts: int
@@ -125,14 +114,13 @@ def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence
         UsageError: a bad version text, or a backend with nothing to build when a build is planned.
     """
     times = load_wheel_sources().route_times
-    by_id = {g.kind.id: g for g in groups}
     routes: dict[tuple[str, int], Route] = {}
     to_build: dict[tuple[int, WheelKey], list[_Member]] = {}
     variants = {g.kind.id: _toolchains(g) for g in groups}
     for i, request in enumerate(requests):
         offered = (wheels or {}).get(request.backend, ())
         for g in groups:
-            plan, snapshot, node_ids = _first_viable(variants[g.kind.id], catalog, request, offered, home)
+            plan, planned_on = _first_viable(variants[g.kind.id], catalog, request, offered, home)
             chosen = plan.chosen
             if chosen is None:
                 reasons = tuple(f"{c.kind.value}: {r}" for c in plan.candidates for r in c.reasons)
@@ -140,7 +128,7 @@ def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence
                                              detail="nothing is viable", reasons=reasons)
             elif chosen.kind is CandidateKind.SOURCE and chosen.build is not None:
                 to_build.setdefault((i, g.kind.wheel), []).append(
-                    _Member(group=g, spec=chosen.build, snapshot=snapshot, node_ids=node_ids))
+                    _Member(group=planned_on, spec=chosen.build))
             else:
                 routes[g.kind.id, i] = Route(kind=g.kind.id, backend=request.backend, route=chosen.kind.value,
                                              detail=chosen.description,
@@ -149,13 +137,12 @@ def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence
     for (i, wheel), members in to_build.items():
         request = requests[i]
         for kinds, spec, builder, gib in _merge(members, catalog, request, home):
-            builder_nodes = next(m.node_ids for m in members if m.group.kind.id == builder[0]
-                                 and m.snapshot is builder[1])
             number = len(builds) + 1
             build = FleetBuild(
                 number=number, key=artifact_key(request, spec, wheel), backend=request.backend,
                 request=dataclasses.replace(request, archs=spec.archs), spec=spec, wheel=wheel, archs=spec.archs,
-                kinds=kinds, builder=builder[0], builder_nodes=builder_nodes, gib_per_thread=gib,
+                kinds=kinds, builder=builder.kind.id, builder_nodes=tuple(n.node_id for n in builder.nodes),
+                gib_per_thread=gib,
                 expected_s=times.expected_s(CandidateKind.SOURCE, request.backend),
             )
             builds.append(build)
@@ -166,8 +153,7 @@ def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence
     ordered = tuple(dataclasses.replace(r, detail=f"build {r.build} of {len(builds)}") if r.build else r
                     for r in ordered)
     return FleetPlan(
-        kinds=tuple(KindSummary(id=g.kind.id, describe=g.kind.describe(), nodes=len(g.nodes),
-                                node_ids=tuple(n.node_id for n in g.nodes)) for g in by_id.values()),
+        kinds=tuple(groups),
         routes=ordered, builds=tuple(builds), artifacts=_artifacts(ordered, builds),
         expected_total_s=_total_s(ordered, builds), unserved=sum(r.route == "none" for r in ordered),
     )
@@ -175,18 +161,17 @@ def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Member:
-    """A kind whose route is a build: the resolver's spec, and the nodes (one toolchain) it was planned on."""
+    """A kind whose route is a build: the resolver's spec, and the kind's nodes of the one toolchain it was planned
+    on (a :class:`KindGroup` whose ``snapshot`` is that toolchain's)."""
 
     group: KindGroup
     spec: BuildSpec
-    snapshot: SystemSnapshot
-    node_ids: tuple[str, ...]
 
 
-def _first_viable(variants: list[tuple[SystemSnapshot, tuple[str, ...]]], catalog: Catalog, request: Request,
-                  offered: Sequence[WheelRef], home: str | None) -> tuple[Plan, SystemSnapshot, tuple[str, ...]]:
+def _first_viable(variants: list[KindGroup], catalog: Catalog, request: Request, offered: Sequence[WheelRef],
+                  home: str | None) -> tuple[Plan, KindGroup]:
     """The plan on the first toolchain variant of a kind that serves the request (else the last one's plan)."""
-    plans = ((resolve(s, catalog, request, wheels=offered, home=home), s, ids) for s, ids in variants)
+    plans = ((resolve(v.snapshot, catalog, request, wheels=offered, home=home), v) for v in variants)
     last = None
     for last in plans:
         if last[0].viable:
@@ -196,33 +181,32 @@ def _first_viable(variants: list[tuple[SystemSnapshot, tuple[str, ...]]], catalo
     return last
 
 
-def _toolchains(g: KindGroup) -> list[tuple[SystemSnapshot, tuple[str, ...]]]:
-    """One (snapshot, node ids) per distinct toolchain among the kind's nodes (CUDA toolkits, compilers,
-    Visual Studio), in node order: nodes of one kind may differ in what can build."""
-    out: dict[object, tuple[SystemSnapshot, list[str]]] = {}
+def _toolchains(g: KindGroup) -> list[KindGroup]:
+    """The kind's nodes split by toolchain (CUDA toolkits, compilers, Visual Studio, ninja), in node order: nodes
+    of one kind may differ in what can build. Each part's ``snapshot`` (its first node's) stands for its toolchain."""
+    out: dict[object, list[Node]] = {}
     for node in g.nodes:
         s = node.snapshot
-        sig = (s.cuda_toolkits, s.compilers, s.visual_studio, s.ninja)
-        out.setdefault(sig, (s, []))[1].append(node.node_id)
-    return [(s, tuple(ids)) for s, ids in out.values()]
+        out.setdefault((s.cuda_toolkits, s.compilers, s.visual_studio, s.ninja), []).append(node)
+    return [KindGroup(kind=g.kind, nodes=tuple(nodes)) for nodes in out.values()]
 
 
 def _merge(members: list[_Member], catalog: Catalog, request: Request, home: str | None,
-           ) -> list[tuple[tuple[str, ...], BuildSpec, tuple[str, SystemSnapshot], int]]:
+           ) -> list[tuple[tuple[str, ...], BuildSpec, KindGroup, int]]:
     """One build for every member when one builder's toolchain reaches the union of their archs, else one each.
 
-    Returns: (kind ids, spec, (builder kind id, builder snapshot), GiB per nvcc thread) per build.
+    Returns: (kind ids, spec, the builder (its kind's nodes of one toolchain), GiB per nvcc thread) per build.
     """
     union = tuple(sorted({cc for m in members for cc in m.spec.archs}))
     kinds = tuple(m.group.kind.id for m in members)
     recipe = catalog.recipe(request.backend)
     gib = recipe.gb_per_nvcc_thread if recipe is not None else 1
     if len(members) > 1:
-        for m in sorted(members, key=lambda m: glibc_key(m.snapshot)):
-            decision = plan_build(m.snapshot, catalog, dataclasses.replace(request, archs=union), home=home)
+        for m in sorted(members, key=lambda m: glibc_key(m.group.snapshot)):
+            decision = plan_build(m.group.snapshot, catalog, dataclasses.replace(request, archs=union), home=home)
             if decision.spec is not None:
-                return [(kinds, decision.spec, (m.group.kind.id, m.snapshot), gib)]
-    return [((m.group.kind.id,), m.spec, (m.group.kind.id, m.snapshot), gib) for m in members]
+                return [(kinds, decision.spec, m.group, gib)]
+    return [((m.group.kind.id,), m.spec, m.group, gib) for m in members]
 
 
 def artifact_key(request: Request, spec: BuildSpec, wheel: WheelKey, source_digest: str | None = None) -> str:

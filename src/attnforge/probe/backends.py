@@ -1,7 +1,8 @@
 """The installed state of each backend asked for, read in subprocesses so a crashing import cannot hurt us.
 
-Which backends to look for is data the caller passes (the catalog's backends, in practice): the probe never
-imports the catalog, which sits above it in the layer table (docs/architecture.md).
+Which backends to look for is data the caller passes (``load_catalog().backends.values()``, in practice): the
+probe never loads the catalog itself. It reads six things of each, all of them :class:`attnforge.catalog.Backend`'s:
+``id``, ``builtin``, ``distributions``, ``version_spec``, ``import_name``, ``native_modules``.
 """
 
 from __future__ import annotations
@@ -11,32 +12,17 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from attnforge.probe.context import ProbeContext
 from attnforge.probe.snapshot import InstalledBackend, NativeModule
 
+if TYPE_CHECKING:
+    from attnforge.catalog import Backend
+
 _SCRIPT = Path(__file__).with_name("_backend_script.py")
-
-
-class BackendQuery(Protocol):
-    """What the probe needs to know of a backend to look for it (``catalog.Backend`` has all of it)."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def builtin(self) -> bool: ...
-    @property
-    def distributions(self) -> tuple[str, ...]: ...
-    @property
-    def version_spec(self) -> SpecifierSet: ...
-    @property
-    def import_name(self) -> str: ...
-    @property
-    def native_modules(self) -> tuple[str, ...]: ...
 
 
 def installed_versions(distributions: Iterable[str]) -> Iterator[tuple[str, str]]:
@@ -50,7 +36,7 @@ def installed_versions(distributions: Iterable[str]) -> Iterator[tuple[str, str]
         yield dist, version
 
 
-def installed_distribution(backend: BackendQuery) -> tuple[str, str] | None:
+def installed_distribution(backend: Backend) -> tuple[str, str] | None:
     """(distribution, version) of the first installed distribution that provides ``backend`` and whose version
     fits its ``version_spec`` (sageattention 1.x vs 2.x), read from package metadata without importing."""
     for dist, version in installed_versions(backend.distributions):
@@ -63,12 +49,12 @@ def installed_distribution(backend: BackendQuery) -> tuple[str, str] | None:
     return None
 
 
-def collect_backends(ctx: ProbeContext, backends: Iterable[BackendQuery], *, torch_ok: bool) -> list[InstalledBackend]:
+def collect_backends(ctx: ProbeContext, backends: Iterable[Backend], *, torch_ok: bool) -> list[InstalledBackend]:
     """One record per packaged backend of ``backends`` (built-ins are described by the torch section)."""
     packaged = [b for b in backends if not b.builtin]
     found = {b.id: installed_distribution(b) for b in packaged}
 
-    def probe(b: BackendQuery) -> InstalledBackend:
+    def probe(b: Backend) -> InstalledBackend:
         dist = found[b.id]
         if dist is None:
             return InstalledBackend(backend=b.id, distribution=None, version=None, imports=None)
@@ -82,7 +68,7 @@ def collect_backends(ctx: ProbeContext, backends: Iterable[BackendQuery], *, tor
     return [probed.get(b.id) or probe(b) for b in packaged]
 
 
-def _probe_import(ctx: ProbeContext, b: BackendQuery, dist: str, version: str) -> InstalledBackend:
+def _probe_import(ctx: ProbeContext, b: Backend, dist: str, version: str) -> InstalledBackend:
     env = {**ctx.environ, "XFORMERS_MORE_DETAILS": "1", "PYTHONWARNINGS": "ignore"}
     res = ctx.runner.run((ctx.python, str(_SCRIPT), b.import_name, *b.native_modules), env=env,
                          timeout_s=ctx.timeout_s * 4)

@@ -8,16 +8,19 @@ import platform as _platform
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnforge._system.paths import home_dir
-from attnforge.probe.backends import BackendQuery, collect_backends
+from attnforge.probe.backends import collect_backends
 from attnforge.probe.context import ProbeContext
 from attnforge.probe.gpus import collect_gpus
 from attnforge.probe.memo import probe_torch
 from attnforge.probe.snapshot import PlatformInfo, ProbeProblem, SystemSnapshot, TorchInfo
 from attnforge.probe.toolchain import collect_compilers, collect_tool, collect_toolkits
 from attnforge.probe.windows import collect_cl, collect_python_dev, collect_visual_studio
+
+if TYPE_CHECKING:
+    from attnforge.catalog import Backend
 
 #: Environment variables that change what a CUDA extension build does (install-anchors.md §1.4, §8).
 BUILD_ENV_VARS = (
@@ -30,7 +33,7 @@ BUILD_ENV_VARS = (
 _TORCH_SCRIPT = Path(__file__).with_name("_torch_script.py")
 
 
-def collect_snapshot(ctx: ProbeContext | None = None, *, backends: Iterable[BackendQuery]) -> SystemSnapshot:
+def collect_snapshot(ctx: ProbeContext | None = None, *, backends: Iterable[Backend]) -> SystemSnapshot:
     """Read the machine once.
 
     Args:
