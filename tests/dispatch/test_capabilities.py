@@ -75,6 +75,16 @@ def test_bad_runtime_table_names_the_dotted_path(tmp_path: Path, edit: tuple[str
     pytest.param("xformers", {"causal": True, "seqlen_q": 64}, [], id="xformers-bottom-right"),
     pytest.param("sdpa-math", {"device_type": "cpu", "compute_capability": None, "dtype": "float64"}, [],
                  id="math-cpu"),
+    # FlexAttention with a causal BlockMask and GQA fails to compile below Sq 128 (H100, torch 2.11, runtime.toml)
+    pytest.param("flex", {"causal": True, "heads_kv": 2, "seqlen_q": 96, "seqlen_k": 160},
+                 ["GQA with a causal or window mask needs Sq >= 128 on CUDA"], id="flex-gqa-causal-short-q"),
+    pytest.param("flex", {"heads_kv": 2, "seqlen_q": 1, "features": frozenset({"window"})},
+                 ["GQA with a causal or window mask needs Sq >= 128"], id="flex-gqa-decode-window"),
+    pytest.param("flex", {"causal": True, "heads_kv": 2}, [], id="flex-gqa-causal-one-block"),
+    pytest.param("flex", {"causal": True, "seqlen_q": 96}, [], id="flex-mha-causal-short-q"),
+    pytest.param("flex", {"heads_kv": 2, "seqlen_q": 96}, [], id="flex-gqa-unmasked-short-q"),
+    pytest.param("flex", {"causal": True, "heads_kv": 2, "seqlen_q": 96, "device_type": "cpu",
+                          "compute_capability": None, "dtype": "float32"}, [], id="flex-gqa-causal-cpu"),
 ])
 def test_unsupported_reasons(backend: str, changes: dict[str, object], expected: list[str]) -> None:
     call = dataclasses.replace(H200, **changes)  # type: ignore[arg-type]

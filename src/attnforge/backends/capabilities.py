@@ -29,7 +29,7 @@ from attnforge.types.shapes import Layout
 
 _FIELDS = {
     "devices", "layout", "causal", "empty_rows_zero", "gqa", "backward", "head_dim_multiple", "sources",
-    "features", "offers", "backward_devices", "jit_per_shape", "win_required_on",
+    "features", "offers", "backward_devices", "jit_per_shape", "win_required_on", "gqa_masked_min_seqlen_q",
 }
 DEVICES = tuple(d.value for d in DeviceType)
 
@@ -74,6 +74,8 @@ class Capabilities:
             measurement showed it winning (see :mod:`attnforge.dispatch.runtime`).
         win_required_on: device types where the backend is chosen only when bench measured it faster than
             plain SDPA for the call's shape class (a forced SDPA kernel on CPU can at best match plain SDPA).
+        gqa_masked_min_seqlen_q: on CUDA, a GQA call (Hq != Hkv) with a causal or window mask needs Sq >= this
+            (0: any Sq); FlexAttention's kernel fails to compile below one query block (``runtime.toml``).
     """
 
     backend: str
@@ -92,6 +94,7 @@ class Capabilities:
     backward_devices: tuple[str, ...] | None = None
     jit_per_shape: bool = False
     win_required_on: tuple[str, ...] = ()
+    gqa_masked_min_seqlen_q: int = 0
 
     def unsupported_reasons(self, call: AttentionCall) -> list[str]:
         """Every reason this backend cannot serve ``call``; empty when it can. Pure."""
@@ -118,6 +121,10 @@ class Capabilities:
             elif call.seqlen_q > call.seqlen_k and not self.empty_rows_zero:
                 reasons.append(f"causal with Sq={call.seqlen_q} > Sk={call.seqlen_k} leaves rows with no key,"
                                " and this kernel's output for them is not known to be zero")
+        if (call.device_type == "cuda" and call.seqlen_q < self.gqa_masked_min_seqlen_q
+                and call.heads_q != call.heads_kv and (call.causal or "window" in required_features(call))):
+            reasons.append(f"GQA with a causal or window mask needs Sq >= {self.gqa_masked_min_seqlen_q} on CUDA"
+                           f" (the kernel fails to compile below it); got Sq={call.seqlen_q}")
         if call.needs_grad:
             if not self.backward:
                 reasons.append("no backward pass (inference only), and an input requires grad")
@@ -200,6 +207,7 @@ def _load(catalog: Catalog, data_dir: Path) -> dict[str, Capabilities]:
                 jit_per_shape=errors.get(raw, "jit_per_shape", path, bool, False),
                 win_required_on=(errors.str_list(raw, "win_required_on", path) if "win_required_on" in raw
                                  else ()),
+                gqa_masked_min_seqlen_q=errors.get(raw, "gqa_masked_min_seqlen_q", path, int, 0),
             )
     errors.finish()
     return out
