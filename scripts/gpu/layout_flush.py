@@ -51,10 +51,11 @@ def timed_ms(torch: Any, fn: Callable[[], Any], flush: int) -> dict[str, float]:
     return {"median_ms": got.median_ms, "lo_ms": got.lo_ms, "hi_ms": got.hi_ms}
 
 
-def variants(torch: Any, attnforge: Any, q: Any, k: Any, v: Any, causal: bool) -> dict[str, Callable[[], Any]]:
+def variants(torch: Any, attnforge: Any, qkv: tuple[Any, Any, Any], *, causal: bool) -> dict[str, Callable[[], Any]]:
     """label -> call: ``<backend>/<how>`` with how = bshd (contiguous), bhsd-view, attnforge-bhsd, attnforge-bshd."""
     import torch.nn.functional as F  # noqa: N812
 
+    q, k, v = qkv
     qs, ks, vs = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     qv, kv, vv = (x.transpose(1, 2) for x in (q, k, v))
     gqa = q.shape[1] != k.shape[1]
@@ -105,9 +106,10 @@ def main() -> int:
     doc: dict[str, Any] = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
                            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": []}
     wanted = args.cells.split(",")
-    for name, b, hq, hkv, sq, sk, d, causal, _train in REAL_GRID:
+    for name, *dims, causal, _train in REAL_GRID:
         if name not in wanted:
             continue
+        b, hq, hkv, sq, sk, d = dims
         if not cuda:
             b, hq, hkv, sq, sk, d = 1, 4, max(1, 4 * hkv // hq), max(1, sq // 64), sk // 64, 64
         torch.manual_seed(0)
@@ -117,7 +119,7 @@ def main() -> int:
         flush = t.flush_bytes(sum(x.numel() * x.element_size() for x in (q, k, v))) if cuda else 0
         row: dict[str, Any] = {"cell": name, "shape_bhsd": [b, hq, sq, d], "seqlen_k": sk, "heads_kv": hkv,
                                "causal": causal, "flush_bytes": flush, "variants": {}}
-        for label, fn in variants(torch, attnforge, q, k, v, causal).items():
+        for label, fn in variants(torch, attnforge, (q, k, v), causal=causal).items():
             try:
                 with torch.no_grad():
                     row["variants"][label] = {"flush": timed_ms(torch, fn, flush), "no_flush": timed_ms(torch, fn, 0),
