@@ -27,7 +27,7 @@ from attnforge.backends.bound import bound_call
 from attnforge.bench.flops import FORMULA, shape_flops, tflops
 from attnforge.bench.grid import to_call
 from attnforge.bench.timing import Timing, TimingConfig, combine_rounds, measure, rotation_sets
-from attnforge.ranking import Measurement, Ranking, rank
+from attnforge.ranking import Measurement, OutputError, Ranking, rank
 from attnforge.types.device import DeviceType
 from attnforge.types.shapes import AttentionShape, Mode
 from attnforge.verify.device import DeviceInfo
@@ -77,9 +77,10 @@ class BenchCell:
             return None
         t = self.timing
         lo_ms, hi_ms = (t.lo_ms, t.hi_ms) if t is not None else (self.ms, self.ms)
-        noise = t.mad_ms / t.median_ms if t is not None and t.median_ms > 0 else None
+        noise = t.mad_ms / t.median_ms if t is not None and t.median_ms > 0 else 0.0  # no rounds: no spread either
+        error = OutputError(self.rel_l1, self.cosine) if self.rel_l1 is not None and self.cosine is not None else None
         return Measurement(backend=self.backend, tflops=tflops(flops, self.ms), tflops_lo=tflops(flops, hi_ms),
-                           tflops_hi=tflops(flops, lo_ms), noise=noise, rel_l1=self.rel_l1, cosine=self.cosine)
+                           tflops_hi=tflops(flops, lo_ms), noise=noise, error=error)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
