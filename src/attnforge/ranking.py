@@ -57,8 +57,8 @@ class OutputError:
     measured as a pair or not at all.
 
     Attributes:
-        rel_l1: ``sum|out - ref| / sum|ref|`` over the whole output.
-        cosine: cosine similarity of the flattened output and reference.
+        rel_l1: ``sum|out - ref| / sum|ref|`` over the compared (batch, head) slices.
+        cosine: cosine similarity of the same slices, flattened.
     """
 
     rel_l1: float
