@@ -51,6 +51,20 @@ def overhead_tier(backend: str) -> int:
     return 1 if backend.startswith(PLAIN_SDPA + "-") else 2
 
 
+@dataclass(frozen=True, slots=True)
+class OutputError:
+    """A quantized backend's output error against the float32 reference (:func:`attnforge.bench.accuracy.output_error`),
+    measured as a pair or not at all.
+
+    Attributes:
+        rel_l1: ``sum|out - ref| / sum|ref|`` over the compared (batch, head) slices.
+        cosine: cosine similarity of the same slices, flattened.
+    """
+
+    rel_l1: float
+    cosine: float
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Measurement:
     """One backend on one shape class.
@@ -58,34 +72,23 @@ class Measurement:
     Attributes:
         tflops: the median (mean over the class's measured shapes).
         tflops_lo, tflops_hi: the slowest and fastest round (equal to ``tflops`` without rounds).
-        noise: the rounds' MAD relative to their median (0.01 = 1 %); None where it was not stored: half the
-            relative spread, ``(hi - lo) / (2 * median)``, stands in (:attr:`rel_noise`).
-        rel_l1, cosine: output error against the float32 reference, where it was measured (quantized backends).
+        noise: the rounds' MAD relative to their median (0.01 = 1 %); for records without a stored MAD, half their
+            relative spread ``(hi - lo) / (2 * median)`` (:func:`class_measurements`).
+        error: the output error where it was measured (quantized backends), else None.
     """
 
     backend: str
     tflops: float
     tflops_lo: float
     tflops_hi: float
-    noise: float | None = None
-    rel_l1: float | None = None
-    cosine: float | None = None
-
-    @property
-    def spread(self) -> float:
-        """``(hi - lo) / median``: the relative width of the rounds."""
-        return (self.tflops_hi - self.tflops_lo) / self.tflops if self.tflops > 0 else 0.0
-
-    @property
-    def rel_noise(self) -> float:
-        """:attr:`noise`, or half the relative spread where it is None."""
-        return self.noise if self.noise is not None else self.spread / 2
+    noise: float
+    error: OutputError | None = None
 
 
 def tie_margin(a: Measurement, b: Measurement) -> float:
     """The relative lead of one median over the other that the noise of both can explain:
-    ``max(MIN_MARGIN, K * sqrt(a.rel_noise**2 + b.rel_noise**2))`` (0.02 <= result)."""
-    return max(MIN_MARGIN, K * math.hypot(a.rel_noise, b.rel_noise))
+    ``max(MIN_MARGIN, K * sqrt(a.noise**2 + b.noise**2))`` (0.02 <= result)."""
+    return max(MIN_MARGIN, K * math.hypot(a.noise, b.noise))
 
 
 def beats(a: Measurement, b: Measurement) -> bool:
@@ -120,7 +123,7 @@ class Ranking:
         """Why ``backend`` stands where it does, for people."""
         m = self.measurements[backend]
         text = (f"{m.tflops:.4g} TFLOP/s measured for this shape class (rounds {m.tflops_lo:.4g}-{m.tflops_hi:.4g},"
-                f" noise {m.rel_noise:.1%})")
+                f" noise {m.noise:.1%})")
         if backend == self.winner and len(self.tied) > 1:
             others = ", ".join(n for n in self.tied if n != backend)
             text += f"; tied with {others} (no lead beyond the noise margin), the lower-overhead path wins"
@@ -237,7 +240,8 @@ def _mean(name: str, recs: list[BenchRecord]) -> Measurement:
     # relative noise per record: its stored MAD, or (older records) half its relative TFLOP/s spread
     noise = [r.ms_mad / r.ms if r.ms_mad is not None and r.ms > 0 else (h - lo_) / (2 * r.tflops)
              for r, lo_, h in zip(recs, lo, hi, strict=True)]
-    errors = [r for r in recs if r.rel_l1 is not None and r.cosine is not None]
+    errors = [OutputError(r.rel_l1, r.cosine) for r in recs if r.rel_l1 is not None and r.cosine is not None]
+    # the worst of the class's shapes: the largest relative L1, the smallest cosine
+    error = OutputError(max(e.rel_l1 for e in errors), min(e.cosine for e in errors)) if errors else None
     return Measurement(backend=name, tflops=mean([r.tflops for r in recs]), tflops_lo=mean(lo), tflops_hi=mean(hi),
-                       noise=mean(noise), rel_l1=max((r.rel_l1 or 0.0) for r in errors) if errors else None,
-                       cosine=min((r.cosine or 0.0) for r in errors) if errors else None)
+                       noise=mean(noise), error=error)

@@ -58,7 +58,8 @@ def test_a_later_run_overrides_an_earlier_one() -> None:
 
 
 def m(name: str, tflops: float, spread: float = 0.0) -> Measurement:
-    return Measurement(backend=name, tflops=tflops, tflops_lo=tflops * (1 - spread), tflops_hi=tflops * (1 + spread))
+    return Measurement(backend=name, tflops=tflops, tflops_lo=tflops * (1 - spread), tflops_hi=tflops * (1 + spread),
+                       noise=spread)
 
 
 @pytest.mark.parametrize(("cands", "winner", "tied"), [

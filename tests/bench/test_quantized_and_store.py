@@ -16,7 +16,7 @@ from attnforge.backends.registry import fallback
 from attnforge.bench.records import to_records
 from attnforge.bench.run import CellStatus, run_bench
 from attnforge.bench.timing import TimerMethod, TimingConfig
-from attnforge.ranking import fastest
+from attnforge.ranking import OutputError, fastest
 from attnforge.records import BenchRecord, RecordStore
 from attnforge.types.shapes import AttentionShape, Mode
 from attnforge.verify.device import current_device
@@ -54,13 +54,13 @@ def test_quantized_cells_carry_rel_l1_and_cosine_into_the_records(step: float, a
     [row] = report.rows
     cell, base = row.cell("q8"), row.cell("sdpa")
     assert cell is not None and base is not None and cell.status is CellStatus.OK
-    assert cell.rel_l1 is not None and cell.cosine is not None
-    assert base.rel_l1 is None  # exact backends are not error-checked by bench
-    assert (cell.rel_l1 <= 0.05 and cell.cosine >= 0.999) is accurate
+    assert cell.error is not None
+    assert base.error is None  # exact backends are not error-checked by bench
+    assert (cell.error.rel_l1 <= 0.05 and cell.error.cosine >= 0.999) is accurate
     [stored] = [r for r in to_records(report) if r.backend == "q8"]
-    assert (stored.rel_l1, stored.cosine) == (cell.rel_l1, cell.cosine)
+    assert OutputError(stored.rel_l1, stored.cosine) == cell.error
     m = fastest(to_records(report), SHAPE.shape_class).measurements["q8"]
-    assert (m.rel_l1, m.cosine) == (cell.rel_l1, cell.cosine)
+    assert m.error == cell.error
 
 
 _OLD_SCHEMA = """

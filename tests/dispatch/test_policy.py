@@ -12,7 +12,7 @@ import pytest
 from attnforge.backends.adapter import AttentionCall
 from attnforge.catalog.tolerances import DispatchGate, load_quantized_gate
 from attnforge.dispatch.policy import class_of_call, decide, measurements, quantized_gate
-from attnforge.ranking import Measurement, bracketing
+from attnforge.ranking import Measurement, OutputError, bracketing
 from attnforge.records import BenchRecord, VerifyRecord
 
 CALL = AttentionCall(device_type="cuda", compute_capability=(9, 0), dtype="bfloat16", batch=1, heads_q=40,
@@ -41,9 +41,13 @@ class Adapter:
         return q
 
 
-def m(name: str, tflops: float, spread: float = 0.01, **err: float) -> Measurement:
+def m(name: str, tflops: float, spread: float = 0.01, noise: float | None = None,
+      error: tuple[float, float] | None = None) -> Measurement:
+    """Rounds ``spread`` either side of the median; the noise of a record without a MAD (half the relative
+    spread) unless ``noise`` is given; ``error``: ``(rel_l1, cosine)``."""
     return Measurement(backend=name, tflops=tflops, tflops_lo=tflops * (1 - spread),
-                       tflops_hi=tflops * (1 + spread), **err)
+                       tflops_hi=tflops * (1 + spread), noise=spread if noise is None else noise,
+                       error=OutputError(*error) if error is not None else None)
 
 
 ADAPTERS = {"flash-attn-4": Adapter("flash-attn-4"), "sageattention-2": Adapter("sageattention-2", quantized=True)}
@@ -57,19 +61,19 @@ def _decide(measured: list[Measurement], call: AttentionCall = CALL) -> Any:
 
 
 @pytest.mark.parametrize(("measured", "first", "reason"), [
-    pytest.param([m("sdpa", 580), m("flash-attn-4", 600), m("sageattention-2", 741, rel_l1=0.038, cosine=0.9993)],
+    pytest.param([m("sdpa", 580), m("flash-attn-4", 600), m("sageattention-2", 741, error=(0.038, 0.9993))],
                  "sageattention-2", None, id="issue-17-wan-size-faster-and-accurate"),
-    pytest.param([m("sdpa", 580), m("sageattention-2", 741, rel_l1=0.08, cosine=0.9993)], "sdpa",
+    pytest.param([m("sdpa", 580), m("sageattention-2", 741, error=(0.08, 0.9993))], "sdpa",
                  "outside rel L1 <= 0.05", id="too-inaccurate"),
-    pytest.param([m("sdpa", 580), m("sageattention-2", 741, rel_l1=0.03, cosine=0.99)], "sdpa",
+    pytest.param([m("sdpa", 580), m("sageattention-2", 741, error=(0.03, 0.99))], "sdpa",
                  "cosine >= 0.999", id="cosine-too-low"),
-    pytest.param([m("sdpa", 600), m("sageattention-2", 605, rel_l1=0.03, cosine=0.9995)], "sdpa",
+    pytest.param([m("sdpa", 600), m("sageattention-2", 605, error=(0.03, 0.9995))], "sdpa",
                  "not faster than sdpa beyond the noise", id="not-faster-beyond-noise"),
     pytest.param([m("sdpa", 580), m("flash-attn-4", 671),
-                  m("sageattention-2", 782, 0.25, noise=0.01, rel_l1=0.038, cosine=0.9993)],
+                  m("sageattention-2", 782, 0.25, noise=0.01, error=(0.038, 0.9993))],
                  "sageattention-2", None, id="issue-22-one-slow-round-does-not-hide-a-16pct-lead"),
     pytest.param([m("sdpa", 600, 0.15), m("flash-attn-4", 650, 0.001),
-                  m("sageattention-2", 720, 0.001, rel_l1=0.03, cosine=0.9995)], "sdpa",
+                  m("sageattention-2", 720, 0.001, error=(0.03, 0.9995))], "sdpa",
                  "not faster than sdpa beyond the noise", id="must-beat-every-exact-one-not-only-the-top"),
     pytest.param([m("sdpa", 600), m("sageattention-2", 741)], "sdpa", "error on this shape class was not measured",
                  id="error-unmeasured"),
@@ -87,7 +91,7 @@ def test_quantized_backends_need_a_measured_win_and_a_measured_error(measured: l
 
 
 def test_exact_precision_never_sees_a_quantized_backend() -> None:
-    d = _decide([m("sdpa", 580), m("sageattention-2", 741, rel_l1=0.038, cosine=0.9993)],
+    d = _decide([m("sdpa", 580), m("sageattention-2", 741, error=(0.038, 0.9993))],
                 dataclasses.replace(CALL, precision="exact"))
     assert "sageattention-2" not in d.order
 

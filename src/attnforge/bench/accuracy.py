@@ -11,14 +11,15 @@ import math
 from typing import Any
 
 from attnforge.backends.adapter import BackendAdapter
+from attnforge.ranking import OutputError
 
 #: (batch, head) slices compared; query rows per reference chunk
 SLICES = 2
 CHUNK_ROWS = 1024
 
 
-def output_error(adapter: BackendAdapter, inputs: tuple[Any, ...], *, causal: bool) -> tuple[float, float]:
-    """``(rel_l1, cosine)`` of ``adapter``'s output on ``inputs = (q, k, v, ...)`` against float32 math.
+def output_error(adapter: BackendAdapter, inputs: tuple[Any, ...], *, causal: bool) -> OutputError:
+    """The relative L1 error and cosine of ``adapter``'s output on ``inputs = (q, k, v, ...)`` against float32 math.
 
     Args:
         adapter: the backend, called as in a bench cell (bhsd, bottom-right causal).
@@ -47,7 +48,7 @@ def output_error(adapter: BackendAdapter, inputs: tuple[Any, ...], *, causal: bo
         norm_r += float((ref * ref).sum())
     rel_l1 = abs_err / abs_ref if abs_ref > 0 else math.inf
     cosine = dot / math.sqrt(norm_o * norm_r) if norm_o > 0 and norm_r > 0 else 0.0
-    return rel_l1, cosine
+    return OutputError(rel_l1, cosine)
 
 
 def _reference(q: Any, k: Any, v: Any, *, causal: bool) -> Any:

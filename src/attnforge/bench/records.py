@@ -24,7 +24,8 @@ def to_records(report: BenchReport) -> list[BenchRecord]:
                 run_id=report.run_id, created_at=report.created_at,
                 head_dim_v=s.head_dim_v if s.dv != s.head_dim else None,
                 features=",".join(sorted(f.value for f in s.features)),
-                ms_lo=t.lo_ms if t else None, ms_hi=t.hi_ms if t else None, rel_l1=cell.rel_l1, cosine=cell.cosine,
+                ms_lo=t.lo_ms if t else None, ms_hi=t.hi_ms if t else None,
+                rel_l1=e.rel_l1 if (e := cell.error) else None, cosine=e.cosine if e else None,
                 ms_mad=t.mad_ms if t else None,
             ))
     return out

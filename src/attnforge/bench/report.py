@@ -92,7 +92,8 @@ def _cell_json(cell: BenchCell) -> dict[str, Any]:
         "p20_ms": _num(t.p20_ms) if t else None, "p80_ms": _num(t.p80_ms) if t else None,
         "reps": t.reps if t else None, "input_sets": t.input_sets if t else None,
         "rounds_ms": list(t.rounds_ms) if t else [], "lo_ms": _num(t.lo_ms) if t else None,
-        "hi_ms": _num(t.hi_ms) if t else None, "rel_l1": _num(cell.rel_l1), "cosine": _num(cell.cosine),
+        "hi_ms": _num(t.hi_ms) if t else None, "rel_l1": _num(e.rel_l1) if (e := cell.error) else None,
+        "cosine": _num(e.cosine) if e else None,
     }
 
 

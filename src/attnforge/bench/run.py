@@ -27,7 +27,7 @@ from attnforge.backends.bound import bound_call
 from attnforge.bench.flops import FORMULA, shape_flops, tflops
 from attnforge.bench.grid import to_call
 from attnforge.bench.timing import Timing, TimingConfig, combine_rounds, measure, rotation_sets
-from attnforge.ranking import Measurement, Ranking, rank
+from attnforge.ranking import Measurement, OutputError, Ranking, rank
 from attnforge.types.device import DeviceType
 from attnforge.types.shapes import AttentionShape, Mode
 from attnforge.verify.device import DeviceInfo
@@ -57,7 +57,7 @@ class BenchCell:
         ratio_to_baseline: the baseline's ``ms`` divided by this ``ms`` (> 1: faster than SDPA's default).
         peak_mem_bytes: device memory the call allocated at its peak, beyond its inputs (None on CPU).
         timing: the measurement behind ``ms`` (``timing.rounds_ms``: the spread).
-        rel_l1, cosine: error against the float32 reference (quantized backends only).
+        error: the output's error against the float32 reference (quantized backends only).
     """
 
     backend: str
@@ -68,8 +68,7 @@ class BenchCell:
     ratio_to_baseline: float | None = None
     peak_mem_bytes: int | None = None
     timing: Timing | None = None
-    rel_l1: float | None = None
-    cosine: float | None = None
+    error: OutputError | None = None
 
     def measurement(self, flops: float) -> Measurement | None:
         """The cell for :func:`attnforge.ranking.rank` (None unless it ran)."""
@@ -77,9 +76,9 @@ class BenchCell:
             return None
         t = self.timing
         lo_ms, hi_ms = (t.lo_ms, t.hi_ms) if t is not None else (self.ms, self.ms)
-        noise = t.mad_ms / t.median_ms if t is not None and t.median_ms > 0 else None
+        noise = t.mad_ms / t.median_ms if t is not None and t.median_ms > 0 else 0.0  # no rounds: no spread either
         return Measurement(backend=self.backend, tflops=tflops(flops, self.ms), tflops_lo=tflops(flops, hi_ms),
-                           tflops_hi=tflops(flops, lo_ms), noise=noise, rel_l1=self.rel_l1, cosine=self.cosine)
+                           tflops_hi=tflops(flops, lo_ms), noise=noise, error=self.error)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -314,10 +313,10 @@ def _with_error(cell: BenchCell, adapter: BackendAdapter, inputs: tuple[Any, ...
     from attnforge.bench.accuracy import output_error
 
     try:
-        rel_l1, cosine = output_error(adapter, inputs, causal=shape.causal)
+        error = output_error(adapter, inputs, causal=shape.causal)
     except Exception as exc:  # a backend may raise anything; the cell records it
         return BenchCell(backend=cell.backend, status=CellStatus.ERROR, detail=f"error check: {_last_line(exc)}")
-    return dataclasses.replace(cell, rel_l1=rel_l1, cosine=cosine)
+    return dataclasses.replace(cell, error=error)
 
 
 def _with_ratio(cell: BenchCell, base_ms: float | None) -> BenchCell:

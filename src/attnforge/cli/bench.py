@@ -182,8 +182,8 @@ def _cell_text(cell: BenchCell | None, *, best: bool, baseline: bool) -> str:
     t = cell.timing
     if t is not None and t.median_ms > 0 and len(t.rounds_ms) > 1:
         text += f" ±{t.mad_ms / t.median_ms:.1%}"
-    if cell.rel_l1 is not None and cell.cosine is not None:
-        text += f" [dim]L1 {cell.rel_l1:.3f} cos {cell.cosine:.4f}[/dim]"
+    if cell.error is not None:
+        text += f" [dim]L1 {cell.error.rel_l1:.3f} cos {cell.error.cosine:.4f}[/dim]"
     return f"[bold green]{text}[/bold green]" if best else text
 
 

@@ -153,6 +153,16 @@ def _plan_doc(plan: Any) -> dict[str, Any]:
             "kinds": [_kind_doc(g) for g in plan.kinds]}
 
 
+def _outcome_doc(outcome: Any) -> dict[str, Any]:
+    """A build's outcome as ``fleet build --json`` prints it: its build's number, key and backend (the whole build
+    is in the plan), then the outcome's own fields."""
+    import dataclasses
+
+    build = outcome.build
+    return {"number": build.number, "key": build.key, "backend": build.backend,
+            **{f.name: getattr(outcome, f.name) for f in dataclasses.fields(outcome) if f.name != "build"}}
+
+
 def _fleet_plan(backends: Sequence[str], address: str | None, snapshots: tuple[str, ...], opts: dict[str, Any],
                 ray: Any = None) -> tuple[Any, list[Any]]:
     from attnforge.catalog import load_catalog
@@ -251,11 +261,12 @@ def build(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, 
                               on_event=(lambda _: None) if as_json else _say)
     bad = [o for o in outcomes if o.status in ("failed", "lost")]
     if as_json:
-        emit_json("fleet-build", {"index_url": index.pip_url, "plan": _plan_doc(result), "builds": outcomes})
+        emit_json("fleet-build", {"index_url": index.pip_url, "plan": _plan_doc(result),
+                                  "builds": [_outcome_doc(o) for o in outcomes]})
         return 1 if bad or result.unserved else 0
     out = console()
     for o in outcomes:
-        line = f"build {o.number}: {o.status}" + (f" {o.wheel.filename}" if o.wheel else "") + (
+        line = f"build {o.build.number}: {o.status}" + (f" {o.wheel.filename}" if o.wheel else "") + (
             f": {o.failure.message}" if o.failure else "")
         out.print(line, markup=False, soft_wrap=True)
         if o.failure is not None:

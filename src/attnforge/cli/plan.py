@@ -6,7 +6,6 @@ backend, unreadable snapshot, bad --arch) with a hint.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +14,6 @@ import click
 from attnforge.cli._output import console, emit_json, json_option
 from attnforge.cli._request import request_args, request_options
 from attnforge.resolve.types import Candidate, Plan
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlanResult:
-    """What ``plan --json`` prints: the plan, the verdict, the chosen candidate and listing problems."""
-
-    backend: str
-    viable: bool
-    chosen: Candidate | None
-    candidates: tuple[Candidate, ...]
-    request: Any
-    listing_problems: tuple[str, ...]
-    expected_s: dict[str, float | None]  # expected seconds of each route kind (wheel_sources.toml)
-    slim: Any = None  # the chosen build's SlimPlan: switches, what it leaves out, both time estimates
 
 
 @click.command("plan")
@@ -46,21 +31,21 @@ def command(*, as_json: bool, **params: Any) -> int:
     measured = _measured_build_s(wanted.projects, wanted.home) if "source" in expected else None
     if measured is not None:
         expected["source"] = measured
-    result = PlanResult(
-        backend=backend,
-        viable=plan.viable,
-        chosen=plan.chosen,
-        candidates=plan.candidates,
-        request=plan.request,
-        listing_problems=tuple(wanted.notes),
-        expected_s=expected,
-        slim=plan.chosen.build.slim if plan.chosen and plan.chosen.build else None,
-    )
     if as_json:
-        emit_json("plan", result)
+        emit_json("plan", _plan_doc(plan, tuple(wanted.notes), expected))
     else:
-        _render(plan, result.listing_problems, result.expected_s, measured is not None)
+        _render(plan, tuple(wanted.notes), expected, measured is not None)
     return 0 if plan.viable else 1
+
+
+def _plan_doc(plan: Plan, problems: tuple[str, ...], expected: dict[str, float | None]) -> dict[str, Any]:
+    """What ``plan --json`` prints: the plan (its backend, verdict, chosen candidate, every candidate, request),
+    the listing problems, the expected seconds of each route kind (wheel_sources.toml or this machine's builds)
+    and the chosen build's SlimPlan (switches, what it leaves out, both time estimates)."""
+    chosen = plan.chosen
+    return {"backend": plan.request.backend, "viable": plan.viable, "chosen": chosen, "candidates": plan.candidates,
+            "request": plan.request, "listing_problems": problems, "expected_s": expected,
+            "slim": chosen.build.slim if chosen and chosen.build else None}
 
 
 def _render(plan: Plan, problems: tuple[str, ...], expected: dict[str, float | None], measured: bool) -> None:

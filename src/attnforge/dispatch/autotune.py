@@ -238,10 +238,10 @@ def _records(rounds: Mapping[str, list[Any]], adapters: Mapping[str, BackendAdap
         if not timings:
             continue
         t = combine(timings)
-        rel_l1 = cosine = None
+        error = None
         if bool(getattr(getattr(adapters[name], "caps", None), "quantized", False)):
             try:
-                rel_l1, cosine = output_error(adapters[name], bhsd, causal=call.causal)
+                error = output_error(adapters[name], bhsd, causal=call.causal)
             except Exception:  # noqa: S112 - an error check that raises leaves the backend unmeasured
                 continue
         out.append(BenchRecord(
@@ -251,7 +251,8 @@ def _records(rounds: Mapping[str, list[Any]], adapters: Mapping[str, BackendAdap
             ms=t.median_ms, tflops=tflops(flops, t.median_ms), peak_mem_bytes=None, run_id=run_id,
             head_dim_v=shape.head_dim_v if shape.head_dim_v != shape.head_dim else None,
             features=",".join(sorted(f.value for f in shape.features)), ms_lo=t.lo_ms, ms_hi=t.hi_ms,
-            ms_mad=t.mad_ms, rel_l1=rel_l1, cosine=cosine))
+            ms_mad=t.mad_ms, rel_l1=error.rel_l1 if error else None,
+            cosine=error.cosine if error else None))
     return out
 
 

@@ -184,10 +184,11 @@ def _gate_reasons(name: str, adapters: Mapping[str, BackendAdapter], measured: M
     if m is None:
         return ["quantized: not measured for this shape class (run: attnforge bench on your shapes)"]
     reasons = []
-    if m.rel_l1 is None or m.cosine is None:
+    error = m.error
+    if error is None:
         reasons.append("quantized: its error on this shape class was not measured")
-    elif m.rel_l1 > gate.max_rel_l1 or m.cosine < gate.min_cosine:
-        reasons.append(f"quantized: error on this shape class rel L1 {m.rel_l1:.3g} / cosine {m.cosine:.5f} is "
+    elif error.rel_l1 > gate.max_rel_l1 or error.cosine < gate.min_cosine:
+        reasons.append(f"quantized: error on this shape class rel L1 {error.rel_l1:.3g} / cosine {error.cosine:.5f} is "
                        f"outside rel L1 <= {gate.max_rel_l1:g}, cosine >= {gate.min_cosine:g}")
     exact = [e for n, e in measured.items() if n != name and not (n in adapters and _quantized(adapters[n]))]
     unbeaten = max((e for e in exact if not beats(m, e)), key=lambda e: e.tflops, default=None)

@@ -60,6 +60,8 @@ class BuildOutcome:
     """What became of one planned build.
 
     Attributes:
+        build: the planned build, its key sharpened for a local source directory (:func:`_key_with_source`):
+            the key it is locked and published under.
         status: ``built`` (published now), ``present`` (already in the index: not built again), ``failed``
             (the build failed, or its worker died twice), ``lost`` (its node left, or no node of its kind is alive).
         node: the node id it ran on; duration_s: the build's wall time on it, seconds (``built`` only).
@@ -67,9 +69,7 @@ class BuildOutcome:
         wheel: the wheel in the index (``built``, ``present``); failure: why not (``failed``, ``lost``).
     """
 
-    number: int
-    key: str
-    backend: str
+    build: FleetBuild
     status: str
     node: str | None = None
     duration_s: float | None = None
@@ -194,17 +194,17 @@ def run_builds(ray: Any, builds: Sequence[FleetBuild], nodes: Sequence[Node], in
 
 def _one(ray: Any, build: FleetBuild, *, node: Node | None, index: Index, home: Path, log_dir: Path,
          on_event: Callable[[str], None]) -> BuildOutcome:
-    key = _key_with_source(build)
-    base: dict[str, Any] = {"number": build.number, "key": key, "backend": build.backend}
+    build = dataclasses.replace(build, key=_key_with_source(build))
+    key = build.key
     log_path = str(log_dir / f"{key.removeprefix('sha256:')[:32]}.log")
     with _held(index.lock(key), lambda: on_event(
             f"build {build.number}: waiting: another fleet build holds the lock of key {key[:19]}")):
         present = index.published(key)
         if present is not None:
             on_event(f"build {build.number}: {present.filename} is already in the index (key {key[:19]})")
-            return BuildOutcome(**base, status="present", wheel=present)
+            return BuildOutcome(build=build, status="present", wheel=present)
         if node is None:
-            return BuildOutcome(**base, status="lost",
+            return BuildOutcome(build=build, status="lost",
                                 failure=Failure(message=f"no alive node of kind {build.builder} can build it"))
         sizing = size_task(build.spec, gib_per_thread=build.gib_per_thread, node_cpus=node.cpus,
                            node_memory_bytes=node.memory_bytes)
@@ -216,14 +216,14 @@ def _one(ray: Any, build: FleetBuild, *, node: Node | None, index: Index, home: 
         try:
             out = ray.get(task.remote(sizing.spec, node.snapshot.to_json(indent=None), key, str(log_dir)))
         except Exception as exc:  # the worker died twice, or the node left: reported, the others go on
-            return _died(ray, base, node=node, exc=exc, log_path=log_path, on_event=on_event)
+            return _died(ray, build, node=node, exc=exc, log_path=log_path, on_event=on_event)
         if not out["ok"]:
             on_event(f"build {build.number}: failed: {out['message']} (log: {log_path})")
-            return BuildOutcome(**base, status="failed", node=node.node_id, log_path=log_path,
+            return BuildOutcome(build=build, status="failed", node=node.node_id, log_path=log_path,
                                 failure=Failure(message=out["message"], diagnosis=out["diagnosis"]))
         published = _publish(index, key, out, home, log_path)
         on_event(f"build {build.number}: published {published.filename}")
-        return BuildOutcome(**base, status="built", node=node.node_id, duration_s=time.monotonic() - start,
+        return BuildOutcome(build=build, status="built", node=node.node_id, duration_s=time.monotonic() - start,
                             log_path=log_path, wheel=published)
 
 
@@ -251,7 +251,7 @@ def _publish(index: Index, key: str, out: dict[str, Any], home: Path, log_path: 
         return index.publish(key, wheel, CacheKeyInputs.from_json(out["inputs"]), log)
 
 
-def _died(ray: Any, base: dict[str, Any], *, node: Node, exc: Exception, log_path: str,
+def _died(ray: Any, build: FleetBuild, *, node: Node, exc: Exception, log_path: str,
           on_event: Callable[[str], None]) -> BuildOutcome:
     from ray import exceptions as rex
 
@@ -262,8 +262,8 @@ def _died(ray: Any, base: dict[str, Any], *, node: Node, exc: Exception, log_pat
     lost = gone or isinstance(exc, rex.NodeDiedError)
     what = task_failure(exc)
     if isinstance(exc, rex.RayTaskError):  # the build code raised (not retried: it would raise again)
-        on_event(f"build {base['number']}: failed: {what} (log: {log_path})")
-        return BuildOutcome(**base, status="failed", node=node.node_id, log_path=log_path, failure=Failure(
+        on_event(f"build {build.number}: failed: {what} (log: {log_path})")
+        return BuildOutcome(build=build, status="failed", node=node.node_id, log_path=log_path, failure=Failure(
             message=what, diagnosis={"known": False, "title": "the build task raised", "cause": what,
                                      "fix": ["read the log", "report it: this is a bug of attnforge fleet"]}))
     text = Path(log_path).read_text(encoding="utf-8", errors="replace") if Path(log_path).is_file() else ""
@@ -275,8 +275,8 @@ def _died(ray: Any, base: dict[str, Any], *, node: Node, exc: Exception, log_pat
                      "fix": ["read the log", "lower the build's memory use: fewer jobs (MAX_JOBS) or a node with "
                              "more RAM", "run `attnforge fleet build` again: it builds only what is missing"]}
     status = "lost" if lost else "failed"
-    on_event(f"build {base['number']}: {status}: {what} (log: {log_path})")
-    return BuildOutcome(**base, status=status, node=node.node_id, log_path=log_path,
+    on_event(f"build {build.number}: {status}: {what} (log: {log_path})")
+    return BuildOutcome(build=build, status=status, node=node.node_id, log_path=log_path,
                         failure=Failure(message=what, diagnosis=diagnosis))
 
 
