@@ -290,6 +290,23 @@ def test_the_build_route_time_comes_from_an_earlier_build_here(
     assert "(expected ~9 min, measured by an earlier build here)" in capsys.readouterr().out
 
 
+def test_a_slim_build_route_time_is_the_slim_estimate(
+    attnforge_home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source line and the slim section of one plan agree (the early H100 call printed "expected ~30 min"
+    for a slim FA3 whose slim section said ~2 min)."""
+    monkeypatch.setenv("ATTNFORGE_WHEEL_SOURCES", "off")
+    argv = ("flash-attn-3", "--head-dim", "64,128,256", "--dtype", "bf16", "--snapshot",
+            str(SNAP / "h200_torch2.11_cu130.json"))
+    rc, doc = _plan(capsys, *argv)
+    assert rc == 0
+    slim_s = doc["slim"]["estimate_s"]
+    assert slim_s < doc["slim"]["full_estimate_s"] / 10
+    assert doc["expected_s"]["source"] == slim_s
+    main(["plan", *argv])
+    assert f"(expected ~{slim_s / 60:.0f} min)" in capsys.readouterr().out
+
+
 def test_the_proxy_from_the_environment_is_used(
     server: _Server, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -29,8 +29,10 @@ def command(*, as_json: bool, **params: Any) -> int:
     backend = wanted.request.backend
     expected = {k: _route_s(k, backend) for k in dict.fromkeys(c.kind.value for c in plan.candidates)}
     measured = _measured_build_s(wanted.projects, wanted.home) if "source" in expected else None
-    if measured is not None:
-        expected["source"] = measured
+    slim_s = next((c.build.slim.estimate_s for c in plan.candidates if c.build is not None
+                   and c.build.slim is not None and c.build.slim.estimate_s is not None), None)
+    if measured is not None or slim_s is not None:  # this machine's last build, else the slim build's estimate
+        expected["source"] = measured if measured is not None else slim_s
     if as_json:
         emit_json("plan", _plan_doc(plan, tuple(wanted.notes), expected))
     else:
@@ -76,7 +78,8 @@ def _render(plan: Plan, problems: tuple[str, ...], expected: dict[str, float | N
 
 
 def _expected(c: Candidate, expected: dict[str, float | None], measured: bool) -> str:
-    """`` (expected ~15 s)``: the route's time, measured here or from wheel_sources.toml [route_times]."""
+    """`` (expected ~15 s)``: the route's time: an earlier build here, a slim build's estimate (its translation
+    units), or wheel_sources.toml [route_times]."""
     secs = expected.get(c.kind.value)
     if secs is None or not c.accepted:
         return ""
