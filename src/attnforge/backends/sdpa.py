@@ -13,6 +13,7 @@ bottom-right agree; otherwise the adapter passes an explicit bottom-right boolea
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,39 @@ def _safe_softmax_on_cpu() -> bool:
     from attnforge.types.versions import loose_version
 
     return loose_version(torch.__version__).release[:2] >= (2, 5)
+
+
+class _OpenedMasks:
+    """The last caller mask the adapter prepared for SDPA: the mask with the rows that see no key opened, and
+    those rows (``[B or 1, H or 1, Sq, 1]`` bool). A model passes one mask object to every layer (transformers
+    builds it once per forward), so the pass over all ``B x Sq x Sk`` entries runs once per forward, not once
+    per layer. An entry is found only for the same mask object (a weak reference: a new mask never matches a
+    dead one's entry, and the entry is dropped with the caller's mask), at the same version counter (an in-place
+    change misses) and with the same preparation parameters; masks that require grad are never kept."""
+
+    __slots__ = ("__weakref__", "_entry")
+
+    def __init__(self) -> None:
+        self._entry: tuple[Any, ...] | None = None
+
+    def get(self, mask: torch.Tensor, params: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        entry = self._entry
+        if entry is not None and entry[0]() is mask and entry[1] == mask._version and entry[2] == params:
+            return entry[3]  # type: ignore[no-any-return]
+        return None
+
+    def put(self, mask: torch.Tensor, params: tuple[Any, ...], value: tuple[torch.Tensor, torch.Tensor]) -> None:
+        owner = weakref.ref(self)
+
+        def drop(ref: weakref.ref[Any]) -> None:  # the caller's mask is gone: free what was derived from it
+            cache = owner()
+            if cache is not None and cache._entry is not None and cache._entry[0] is ref:
+                cache._entry = None
+
+        self._entry = (weakref.ref(mask, drop), mask._version, params, value)
+
+
+_OPENED = _OpenedMasks()
 
 
 @dataclass(slots=True, kw_only=True)
@@ -130,20 +164,17 @@ class SdpaAdapter(AdapterBase):
         if attn_mask is None and window is None and causal and top_left:
             kwargs["is_causal"] = True  # SDPA's own top-left causal
         else:
-            visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=q.device)
-            mask = attn_mask
-            if mask is not None and mask.dtype not in (torch.bool, q.dtype):
-                mask = mask.to(q.dtype)  # SDPA takes additive masks in q's dtype only
-            if visible is not None:
-                if mask is None or mask.dtype == torch.bool:
-                    mask = visible if mask is None else mask & visible
-                else:
-                    mask = mask.masked_fill(~visible, float("-inf"))
-            if mask is not None and not (q.device.type == "cpu" and _safe_softmax_on_cpu()):
-                # rows that see no key are opened to every key (no NaN in softmax or its gradient) and zeroed
-                seen = mask if mask.dtype == torch.bool else mask > float("-inf")
-                empty = ~seen.any(dim=-1, keepdim=True)
-                mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
+            params = (sq, sk, causal, top_left, window, q.dtype, q.device)
+            keep = (attn_mask is not None and not attn_mask.requires_grad and not torch.compiler.is_compiling()
+                    and not (q.device.type == "cpu" and _safe_softmax_on_cpu()))
+            opened = _OPENED.get(attn_mask, params) if keep else None
+            if opened is None:
+                mask, empty = self._sdpa_mask(attn_mask, q, sq=sq, sk=sk, causal=causal, top_left=top_left,
+                                              window=window)
+                if keep and empty is not None:
+                    _OPENED.put(attn_mask, params, (mask, empty))
+            else:
+                mask, empty = opened
             kwargs["attn_mask"] = mask
         if self.kernel is None:
             out = sdpa(q, k, v, **kwargs)
@@ -151,6 +182,30 @@ class SdpaAdapter(AdapterBase):
             with _force(self.kernel):
                 out = sdpa(q, k, v, **kwargs)
         return out if empty is None else out.masked_fill(empty, 0.0)
+
+    @staticmethod
+    def _sdpa_mask(attn_mask: Any, q: torch.Tensor, *, sq: int, sk: int, causal: bool, top_left: bool,
+                   window: Any) -> tuple[Any, Any]:
+        """The one ``attn_mask`` SDPA gets for the caller's mask, causal alignment and window, and the rows that
+        see no key (None where SDPA itself returns zeros for them: CPU since torch 2.5)."""
+        import torch
+
+        visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=q.device)
+        mask = attn_mask
+        if mask is not None and mask.dtype not in (torch.bool, q.dtype):
+            mask = mask.to(q.dtype)  # SDPA takes additive masks in q's dtype only
+        if visible is not None:
+            if mask is None or mask.dtype == torch.bool:
+                mask = visible if mask is None else mask & visible
+            else:
+                mask = mask.masked_fill(~visible, float("-inf"))
+        empty = None
+        if mask is not None and not (q.device.type == "cpu" and _safe_softmax_on_cpu()):
+            # rows that see no key are opened to every key (no NaN in softmax or its gradient) and zeroed
+            seen = mask if mask.dtype == torch.bool else mask > float("-inf")
+            empty = ~seen.any(dim=-1, keepdim=True)
+            mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
+        return mask, empty
 
 
 def _force(kernel: str) -> Any:

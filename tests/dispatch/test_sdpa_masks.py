@@ -1,0 +1,105 @@
+"""The SDPA adapter's prepared masks: one pass over a caller's mask object, not one per layer.
+
+On CUDA the adapter opens the rows of a mask that hide every key (so softmax and its gradient stay finite) and
+zeroes those rows of the output; transformers passes one mask object to every layer of a forward, so the pass
+is kept for that object. On CPU with torch >= 2.5 SDPA zeroes such rows itself and the adapter skips the pass:
+these tests make the adapter take the CUDA path on CPU (``_safe_softmax_on_cpu`` -> False).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from attnforge.backends import registry
+from attnforge.backends import sdpa as sdpa_module
+from attnforge.backends.adapter import reference_attention
+
+
+@pytest.fixture
+def preparations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the adapter's mask preparations, with a fresh cache and the CUDA path taken on CPU."""
+    monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
+    monkeypatch.setattr(sdpa_module, "_OPENED", sdpa_module._OpenedMasks())
+    count: list[int] = []
+    real = sdpa_module.SdpaAdapter._sdpa_mask
+
+    def counting(*args: object, **kwargs: object) -> object:
+        count.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sdpa_module.SdpaAdapter, "_sdpa_mask", staticmethod(counting))
+    return count
+
+
+def _qkv(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, 16, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 2, 24, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 2, 24, 8, generator=g, dtype=torch.float64)
+    return q, k, v
+
+
+def _padding_mask() -> torch.Tensor:
+    """[B, 1, Sq, Sk] bool with left padding on batch 1 and one query row that sees no key."""
+    mask = torch.ones(2, 1, 16, 24, dtype=torch.bool)
+    mask[1, :, :, :5] = False
+    mask[1, :, 3, :] = False
+    return mask
+
+
+def _run(mask: torch.Tensor, *, causal: bool = False, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = _qkv(seed)
+    out = registry.fallback()(q, k, v, causal=causal, scale=None, attn_mask=mask)
+    return out, reference_attention(q, k, v, causal=causal, scale=None, attn_mask=mask)
+
+
+def test_one_mask_object_is_prepared_once_for_every_layer(preparations: list[int]) -> None:
+    mask = _padding_mask()
+    for layer in range(4):
+        out, ref = _run(mask, seed=layer)
+        torch.testing.assert_close(out, ref)
+        assert torch.equal(out[1, :, 3], torch.zeros_like(out[1, :, 3]))  # the row that sees no key
+    assert len(preparations) == 1
+
+
+def test_an_in_place_change_of_the_mask_is_seen(preparations: list[int]) -> None:
+    mask = _padding_mask()
+    _run(mask)
+    mask[0, :, 7, :] = False  # the version counter moves: the kept preparation is stale
+    out, ref = _run(mask)
+    torch.testing.assert_close(out, ref)
+    assert torch.equal(out[0, :, 7], torch.zeros_like(out[0, :, 7]))
+    assert len(preparations) == 2
+
+
+def test_an_equal_new_mask_or_other_parameters_prepare_again(preparations: list[int]) -> None:
+    first = _padding_mask()
+    _run(first)
+    _run(_padding_mask())  # equal content, another object
+    out, ref = _run(first, causal=True)  # the same object, now with causal masking folded in
+    torch.testing.assert_close(out, ref)
+    assert len(preparations) == 3
+
+
+def test_a_mask_that_requires_grad_is_never_kept(preparations: list[int]) -> None:
+    bias = torch.zeros(2, 1, 16, 24, dtype=torch.float64)
+    bias[1, :, :, :5] = float("-inf")
+    bias.requires_grad_(True)
+    q, k, v = _qkv()
+    for _ in range(2):
+        out = registry.fallback()(q, k, v, causal=False, scale=None, attn_mask=bias)
+        (grad,) = torch.autograd.grad(out.sum(), (bias,))
+        assert torch.isfinite(grad).all()
+    assert len(preparations) == 2
+
+
+def test_what_was_derived_from_a_mask_goes_with_it(preparations: list[int]) -> None:
+    mask = _padding_mask()
+    _run(mask)
+    assert sdpa_module._OPENED._entry is not None
+    del mask
+    gc.collect()
+    assert sdpa_module._OPENED._entry is None
