@@ -8,14 +8,19 @@ from collections.abc import Callable
 from typing import Any
 
 
-def measure_ms(torch: Any, fn: Callable[[], Any], *, set_bytes: int = 0) -> dict[str, float]:
-    """``fn`` timed: ``{"median_ms", "lo_ms", "hi_ms", "first_call_s"}`` (lo/hi: the spread of the rounds)."""
+def measure_ms(torch: Any, fn: Callable[[], Any], *, set_bytes: int = 0,
+               flush: int | None = None) -> dict[str, float]:
+    """``fn`` timed: ``{"median_ms", "lo_ms", "hi_ms", "first_call_s"}`` (lo/hi: the spread of the rounds).
+    ``flush``: bytes to overwrite before each repetition instead of what ``set_bytes`` calls for (0: no flush)."""
     from attnforge.bench import timing as t
 
     cuda = torch.cuda.is_available()
     config = t.GPU_EVENTS if cuda else t.CPU_PERF_COUNTER
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    flush = t.flush_bytes(set_bytes) if cuda else 0
+    if not cuda:
+        flush = 0
+    elif flush is None:
+        flush = t.flush_bytes(set_bytes)
     rounds = []
     for _ in range(config.rounds):
         rounds.append(t.measure(lambda _i: fn(), sets=1, config=config, sync=sync, flush_bytes=flush))

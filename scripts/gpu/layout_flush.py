@@ -16,73 +16,41 @@ Usage (GPU machine, after ``install``/``verify``; run.sh's ``layout`` stage):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from _timing import measure_ms
+from grid_check import direct_backends
+from overhead import time_variant
+
 CELLS = ("chunked-prefill-gqa", "decode-gqa", "mha-1k")
 
 
-def host_us(torch: Any, fn: Callable[[], Any], calls: int = 200) -> float:
-    """Host µs per call of ``fn`` issued back to back (the launch cost the GPU waits for when it is idle)."""
-    fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    took = time.perf_counter() - start
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return took / calls * 1e6
-
-
-def timed_ms(torch: Any, fn: Callable[[], Any], flush: int) -> dict[str, float]:
-    from attnforge.bench import timing as t
-
-    cuda = torch.cuda.is_available()
-    config = t.GPU_EVENTS if cuda else t.CPU_PERF_COUNTER
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    rounds = [t.measure(lambda _i: fn(), sets=1, config=config, sync=sync, flush_bytes=flush if cuda else 0)
-              for _ in range(config.rounds)]
-    got = t.combine_rounds(rounds)
-    return {"median_ms": got.median_ms, "lo_ms": got.lo_ms, "hi_ms": got.hi_ms}
-
-
 def variants(torch: Any, attnforge: Any, qkv: tuple[Any, Any, Any], *, causal: bool) -> dict[str, Callable[[], Any]]:
-    """label -> call: ``<backend>/<how>`` with how = bshd (contiguous), bhsd-view, attnforge-bhsd, attnforge-bshd."""
-    import torch.nn.functional as F  # noqa: N812
+    """label -> call: ``<backend>/<how>`` with how = bshd (contiguous), bhsd-view, attnforge-bhsd, attnforge-bshd;
+    the backends called directly are ``grid_check.direct_backends``' (the check's own calls)."""
+    import io
 
     q, k, v = qkv
     qs, ks, vs = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     qv, kv, vv = (x.transpose(1, 2) for x in (q, k, v))
-    gqa = q.shape[1] != k.shape[1]
-    br = causal and q.shape[-2] != k.shape[-2]
-    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril(
-        k.shape[-2] - q.shape[-2]) if br else None
+    with contextlib.redirect_stdout(io.StringIO()):  # "not importable" lines: those backends are just absent
+        direct = direct_backends(torch)
     out: dict[str, Callable[[], Any]] = {
-        "sdpa/bhsd": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and not br,
-                                                            enable_gqa=gqa),
+        "sdpa/bhsd": lambda: direct["sdpa"][1](q, k, v, causal),
         "sdpa/attnforge-bhsd": lambda: attnforge.attention(q, k, v, causal=causal, backend="sdpa"),
     }
-    kernels: dict[str, Callable[..., Any]] = {}
-    try:
-        import flash_attn_interface as fa3
-
-        kernels["flash-attn-3"] = fa3.flash_attn_func
-    except Exception as exc:
-        print(f"flash-attn-3 not importable: {exc}")
-    try:
-        from flash_attn.cute import flash_attn_func as fa4
-
-        kernels["flash-attn-4"] = fa4
-    except Exception as exc:
-        print(f"flash-attn-4 not importable: {exc}")
-    for name, fn in kernels.items():
-        out[f"{name}/bshd"] = lambda fn=fn: fn(qs, ks, vs, causal=causal)
-        out[f"{name}/bhsd-view"] = lambda fn=fn: fn(qv, kv, vv, causal=causal)
+    for name in ("flash-attn-3", "flash-attn-4"):
+        if name not in direct:
+            print(f"{name} not importable")
+            continue
+        fn = direct[name][1]
+        out[f"{name}/bshd"] = lambda fn=fn: fn(qs, ks, vs, causal)
+        out[f"{name}/bhsd-view"] = lambda fn=fn: fn(qv, kv, vv, causal)
         out[f"{name}/attnforge-bhsd"] = lambda n=name: attnforge.attention(q, k, v, causal=causal, backend=n)
         out[f"{name}/attnforge-bshd"] = lambda n=name: attnforge.attention(qs, ks, vs, causal=causal, backend=n,
                                                                            layout="bshd")
@@ -122,8 +90,11 @@ def main() -> int:
         for label, fn in variants(torch, attnforge, (q, k, v), causal=causal).items():
             try:
                 with torch.no_grad():
-                    row["variants"][label] = {"flush": timed_ms(torch, fn, flush), "no_flush": timed_ms(torch, fn, 0),
-                                              "host_us": host_us(torch, fn)}
+                    timed = {way: measure_ms(torch, fn, flush=f) for way, f in (("flush", flush), ("no_flush", 0))}
+                    fn()  # warm, then host µs per call issued back to back (the launch the GPU waits for)
+                    row["variants"][label] = {**{w: {k: m[k] for k in ("median_ms", "lo_ms", "hi_ms")}
+                                                 for w, m in timed.items()},
+                                              "host_us": time_variant(fn, contextlib.nullcontext, 200)[0]}
             except Exception as exc:
                 row["variants"][label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             got = row["variants"][label]
