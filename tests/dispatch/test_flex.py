@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,27 +19,19 @@ from hypothesis import strategies as st
 from attnforge.backends import registry
 from attnforge.backends.adapter import AttentionCall, reference_attention
 from attnforge.backends.flex import FlexAdapter
+from tests.dispatch._compiler import CountingCompiler
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
 
 TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 
 
-class Compiler:
-    """Stands in for torch.compile: counts what it compiled and returns the function to run eagerly."""
-
-    def __init__(self) -> None:
-        self.compiled: list[str] = []
-
-    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        self.compiled.append(fn.__code__.co_name)
-        return fn
 
 
-def _flex() -> tuple[FlexAdapter, Compiler]:
+def _flex() -> tuple[FlexAdapter, CountingCompiler]:
     base = registry.adapters()["flex"]
     assert isinstance(base, FlexAdapter)
-    compiler = Compiler()
+    compiler = CountingCompiler()
     return FlexAdapter(name="flex", caps=base.caps, requirement=base.requirement, compiler=compiler), compiler
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 import torch
@@ -14,6 +12,7 @@ from attnforge.backends._base import bottom_right_mask
 from attnforge.backends.adapter import reference_attention
 from attnforge.backends.flex import FlexAdapter
 from attnforge.catalog import load_catalog
+from tests.dispatch._compiler import CountingCompiler
 
 
 def test_registry_is_keyed_by_catalog_ids() -> None:
@@ -65,15 +64,6 @@ def test_sdpa_adapters_match_reference(name: str, causal: bool, sq: int, sk: int
     torch.testing.assert_close(out, reference_attention(q, k, v, causal=causal, scale=0.25))
 
 
-class CountingCompiler:
-    """Stands in for torch.compile: counts compilations and runs the function eagerly."""
-
-    def __init__(self) -> None:
-        self.compiled: list[str] = []
-
-    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        self.compiled.append(fn.__code__.co_name)
-        return fn
 
 
 @pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
