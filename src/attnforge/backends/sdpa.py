@@ -58,7 +58,7 @@ class _OpenedMasks:
     dead one's entry, and the entry is dropped with the caller's mask), at the same version counter (an in-place
     change misses) and with the same preparation parameters; masks that require grad are never kept."""
 
-    __slots__ = ("__weakref__", "_entry")
+    __slots__ = ("_entry",)
 
     def __init__(self) -> None:
         self._entry: tuple[Any, ...] | None = None
@@ -70,14 +70,13 @@ class _OpenedMasks:
         return None
 
     def put(self, mask: torch.Tensor, params: tuple[Any, ...], value: tuple[torch.Tensor, torch.Tensor]) -> None:
-        owner = weakref.ref(self)
+        self._entry = (weakref.ref(mask, self._drop), mask._version, params, value)
 
-        def drop(ref: weakref.ref[Any]) -> None:  # the caller's mask is gone: free what was derived from it
-            cache = owner()
-            if cache is not None and cache._entry is not None and cache._entry[0] is ref:
-                cache._entry = None
-
-        self._entry = (weakref.ref(mask, drop), mask._version, params, value)
+    def _drop(self, ref: weakref.ref[Any]) -> None:
+        """The caller's mask is gone: free what was derived from it (unless a newer mask took the entry)."""
+        entry = self._entry
+        if entry is not None and entry[0] is ref:
+            self._entry = None
 
 
 _OPENED = _OpenedMasks()
