@@ -118,6 +118,25 @@ class BenchRecord(Dims):
     cosine: float | None = None
     ms_mad: float | None = None
 
+    @classmethod
+    def measured(cls, shape: AttentionShape, *, device_key: str, backend: str, backend_version: str | None,
+                 ms: float, tflops: float, run_id: str, created_at: str = "", peak_mem_bytes: int | None = None,
+                 timing: Any = None, error: Any = None) -> BenchRecord:
+        """The record of ``backend`` measured on ``shape`` (the inverse of :attr:`shape`), for ``bench`` and
+        measure-on-first-use alike: ``timing`` gives the rounds' spread (``lo_ms``, ``hi_ms``, ``mad_ms`` of
+        :class:`attnforge.bench.timing.Timing`), ``error`` a quantized backend's output error (``rel_l1``,
+        ``cosine`` of :class:`attnforge.ranking.OutputError`); None where not measured."""
+        return cls(
+            device_key=device_key, backend=backend, backend_version=backend_version, dtype=shape.dtype,
+            mode=shape.mode.value, causal=shape.causal, batch=shape.batch, heads_q=shape.heads_q,
+            heads_kv=shape.heads_kv, head_dim=shape.head_dim, seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k,
+            ms=ms, tflops=tflops, peak_mem_bytes=peak_mem_bytes, run_id=run_id, created_at=created_at,
+            head_dim_v=shape.head_dim_v if shape.dv != shape.head_dim else None,
+            features=",".join(sorted(f.value for f in shape.features)),
+            ms_lo=timing.lo_ms if timing else None, ms_hi=timing.hi_ms if timing else None,
+            ms_mad=timing.mad_ms if timing else None,
+            rel_l1=error.rel_l1 if error else None, cosine=error.cosine if error else None)
+
     @property
     def shape(self) -> AttentionShape:
         """The measured shape."""

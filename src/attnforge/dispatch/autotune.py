@@ -230,8 +230,8 @@ def _records(rounds: Mapping[str, list[Any]], adapters: Mapping[str, BackendAdap
     from attnforge.bench.accuracy import output_error
     from attnforge.bench.flops import shape_flops, tflops
 
-    shape = class_of_call(call)
-    flops = shape_flops(shape_of_call(call))
+    shape = shape_of_call(call)
+    flops = shape_flops(shape)
     run_id = "autotune-" + uuid.uuid4().hex[:8]
     out = []
     for name, timings in rounds.items():
@@ -244,15 +244,9 @@ def _records(rounds: Mapping[str, list[Any]], adapters: Mapping[str, BackendAdap
                 error = output_error(adapters[name], bhsd, causal=call.causal)
             except Exception:  # noqa: S112 - an error check that raises leaves the backend unmeasured
                 continue
-        out.append(BenchRecord(
-            device_key=device_key, backend=name, backend_version=versions.get(name), dtype=call.dtype,
-            mode=shape.mode.value, causal=call.causal, batch=call.batch, heads_q=call.heads_q,
-            heads_kv=call.heads_kv, head_dim=call.head_dim, seqlen_q=call.seqlen_q, seqlen_k=call.seqlen_k,
-            ms=t.median_ms, tflops=tflops(flops, t.median_ms), peak_mem_bytes=None, run_id=run_id,
-            head_dim_v=shape.head_dim_v if shape.head_dim_v != shape.head_dim else None,
-            features=",".join(sorted(f.value for f in shape.features)), ms_lo=t.lo_ms, ms_hi=t.hi_ms,
-            ms_mad=t.mad_ms, rel_l1=error.rel_l1 if error else None,
-            cosine=error.cosine if error else None))
+        out.append(BenchRecord.measured(
+            shape, device_key=device_key, backend=name, backend_version=versions.get(name), ms=t.median_ms,
+            tflops=tflops(flops, t.median_ms), run_id=run_id, timing=t, error=error))
     return out
 
 
