@@ -37,6 +37,7 @@ import filelock
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from attnforge._system.files import write_atomic
+from attnforge.cache._files import sha256_file
 from attnforge.cache.key import CacheKey, CacheKeyInputs
 from attnforge.fleet import FleetError
 
@@ -92,14 +93,6 @@ def _hex(key: str) -> str:
     return key.removeprefix("sha256:")[:32]
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 class DirIndex:
     """A PEP 503 index in a directory (the store's export layout: ``simple/`` pages, ``artifacts/<digest>/``)."""
 
@@ -125,7 +118,7 @@ class DirIndex:
         try:
             doc = json.loads((self.root / ".fleet" / "keys" / f"{_hex(key)}.json").read_text(encoding="utf-8"))
             wheel = self.root / doc["path"]
-            if _sha256(wheel) != doc["sha256"]:
+            if sha256_file(wheel) != doc["sha256"]:
                 return None
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -218,7 +211,7 @@ class ServerIndex:
         Raises:
             FleetError: the server refused the upload (its status and reason; never the credentials).
         """
-        sha = _sha256(wheel)
+        sha = sha256_file(wheel)
         name, version, _, _ = parse_wheel_filename(wheel.name)
         fields = {":action": "file_upload", "protocol_version": "1", "name": str(name), "version": str(version),
                   "filetype": "bdist_wheel", "pyversion": "any", "sha256_digest": sha}
