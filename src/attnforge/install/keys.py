@@ -47,7 +47,7 @@ def toolchain_of(snapshot: SystemSnapshot, spec: BuildSpec | None) -> tuple[tupl
     return tuple(tools.items())
 
 
-def _torch_fields(snapshot: SystemSnapshot) -> tuple[str | None, str | None, bool | None]:
+def torch_fields(snapshot: SystemSnapshot) -> tuple[str | None, str | None, bool | None]:
     """(torch version, torch's CUDA, C++11 ABI) of the interpreter the artifact is for."""
     torch = snapshot.torch
     if torch is None:
@@ -61,7 +61,7 @@ def built_wheel_inputs(
     """Key inputs of a wheel built from ``spec`` on the machine ``snapshot`` describes."""
     name, version, _, _ = parse_wheel_filename(wheel.name)
     python_tag, platform_tag = wheel_tags(wheel.name)
-    torch_version, cuda_version, cxx11_abi = _torch_fields(snapshot)
+    torch_version, cuda_version, cxx11_abi = torch_fields(snapshot)
     flags = tuple(f"{k}={v}" for k, v in spec.env.items() if k not in NOT_IN_KEY)
     if spec.allow_unsupported_compiler:  # on Windows the flag reaches nvcc at build time, not via spec.env
         flags = (*flags, "nvcc:-allow-unsupported-compiler")
@@ -82,7 +82,7 @@ def prebuilt_wheel_inputs(
     """
     name, version, _, _ = parse_wheel_filename(wheel.name)
     python_tag, platform_tag = wheel_tags(wheel.name)
-    torch_version, cuda_version, cxx11_abi = _torch_fields(snapshot)
+    torch_version, cuda_version, cxx11_abi = torch_fields(snapshot)
     return CacheKeyInputs(
         name=name, version=str(version), kind=ArtifactKind.WHEEL, source_sha256=sha256, archs=archs,
         flags=("prebuilt",), python_tag=python_tag, platform_tag=platform_tag, glibc=snapshot.platform.glibc,
