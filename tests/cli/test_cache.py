@@ -140,3 +140,33 @@ def test_sizes(text: str, size: int) -> None:
 def test_bad_sizes(text: str) -> None:
     with pytest.raises(UsageError):
         parse_size_bytes(text)
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["people", "json"])
+def test_export_with_a_corrupt_entry_exits_1_in_both_output_modes(
+    filled: tuple[Store, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str], as_json: bool,
+) -> None:
+    store, keys = filled
+    flip_byte(Path(store.show(keys[0]).path))
+    code = main(["cache", "export", str(tmp_path / "share"), *(["--json"] if as_json else [])])
+    out = capsys.readouterr().out
+    assert code == 1  # the exit code says the same whatever the output format
+    if as_json:
+        doc = json.loads(out)
+        assert len(doc["errors"]) == 1 and keys[0] in doc["errors"][0]
+        assert doc["exported"] == [keys[1]]
+    else:
+        assert "entries were not exported" in out
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["people", "json"])
+def test_verify_with_a_damaged_entry_exits_1_in_both_output_modes(
+    filled: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str], as_json: bool,
+) -> None:
+    store, keys = filled
+    flip_byte(Path(store.show(keys[1]).path))
+    code = main(["cache", "verify", *(["--json"] if as_json else [])])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert keys[1][:19] in out
+    assert [e.key for e in store.list()] == [keys[0]]  # the damaged one went to quarantine

@@ -1,10 +1,10 @@
-"""``attnforge cache``: list, show, rm, prune, export and import the artifact store."""
+"""``attnforge cache``: list, show, rm, prune, export, import and verify the artifact store."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +15,8 @@ from attnforge.errors import UsageError
 
 if TYPE_CHECKING:
     from attnforge.cache import Entry, Store
+    from attnforge.cache.share import ExportResult, ImportResult
+    from attnforge.cache.verify import VerifyReport
 
 _DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SIZE_BYTES = {
@@ -190,21 +192,12 @@ def prune(older_than: str | None, max_size: str | None, as_json: bool) -> int:
 @click.argument("dest", type=click.Path(path_type=Path, file_okay=False))
 @json_option
 def export(dest: Path, as_json: bool) -> int:
-    """Write every entry and a PEP 503 index into DEST (serve it from any static file server or bucket)."""
+    """Write every entry and a PEP 503 index into DEST (serve it from any static file server or bucket).
+
+    Exit code 1 when an entry could not be exported.
+    """
     result = _store().export(dest)
-    if as_json:
-        emit_json("cache.export", result)
-        return 0
-    out = console()
-    out.print(f"exported {len(result.exported)} new, {len(result.already)} already there, to {result.dest}")
-    for line in result.skipped:
-        out.print(f"[yellow]skipped[/yellow] {line}")
-    for line in result.errors:
-        out.print(f"[red]error[/red] {line}")
-    out.print(f"install from it with: pip install --index-url {result.index_url} NAME")
-    if result.errors:
-        out.print(f"hint: {len(result.errors)} entries were not exported; `attnforge cache verify` moves damaged "
-                  "entries to quarantine")
+    _emit("cache.export", result, as_json, _print_export)
     return 1 if result.errors else 0
 
 
@@ -217,17 +210,7 @@ def import_(source: Path, as_json: bool) -> int:
     Exit code 1 when anything was rejected.
     """
     result = _store().import_(source)
-    if as_json:
-        emit_json("cache.import", result)
-    else:
-        out = console()
-        out.print(f"imported {len(result.imported)} new, {len(result.already)} already here, "
-                  f"from {result.source}")
-        for line in result.rejected:
-            out.print(f"[red]rejected[/red] {line}")
-        if result.rejected:
-            out.print(f"error: {len(result.rejected)} entries were rejected and not imported")
-            out.print("hint: each is kept in quarantine with a reason.txt; re-export them from a trusted cache")
+    _emit("cache.import", result, as_json, _print_import)
     return 1 if result.rejected else 0
 
 
@@ -239,13 +222,42 @@ def verify(as_json: bool) -> int:
     Exit code 1 when anything failed.
     """
     report = _store().verify()
-    if as_json:
-        emit_json("cache.verify", report)
-    else:
-        out = console()
-        out.print(f"checked {report.checked} entries in {report.root}: {len(report.ok)} ok, "
-                  f"{len(report.problems)} bad; database: {report.database}")
-        for p in report.problems:
-            where = f"moved to {p.moved_to}" if p.moved_to else "left in place (read-only cache)"
-            out.print(f"[red]bad[/red] {p.key[:19]} {p.filename}: {p.problem}; {where}")
+    _emit("cache.verify", report, as_json, _print_verify)
     return 1 if report.problems or report.database != "ok" else 0
+
+
+def _emit(kind: str, result: Any, as_json: bool, render: Callable[[Any, Any], None]) -> None:
+    """One result, as JSON or for people; the exit code is the caller's and never depends on the format."""
+    if as_json:
+        emit_json(kind, result)
+    else:
+        render(console(), result)
+
+
+def _print_export(out: Any, result: ExportResult) -> None:
+    out.print(f"exported {len(result.exported)} new, {len(result.already)} already there, to {result.dest}")
+    for line in result.skipped:
+        out.print(f"[yellow]skipped[/yellow] {line}")
+    for line in result.errors:
+        out.print(f"[red]error[/red] {line}")
+    out.print(f"install from it with: pip install --index-url {result.index_url} NAME")
+    if result.errors:
+        out.print(f"hint: {len(result.errors)} entries were not exported; `attnforge cache verify` moves damaged "
+                  "entries to quarantine")
+
+
+def _print_import(out: Any, result: ImportResult) -> None:
+    out.print(f"imported {len(result.imported)} new, {len(result.already)} already here, from {result.source}")
+    for line in result.rejected:
+        out.print(f"[red]rejected[/red] {line}")
+    if result.rejected:
+        out.print(f"error: {len(result.rejected)} entries were rejected and not imported")
+        out.print("hint: each is kept in quarantine with a reason.txt; re-export them from a trusted cache")
+
+
+def _print_verify(out: Any, report: VerifyReport) -> None:
+    out.print(f"checked {report.checked} entries in {report.root}: {len(report.ok)} ok, "
+              f"{len(report.problems)} bad; database: {report.database}")
+    for p in report.problems:
+        where = f"moved to {p.moved_to}" if p.moved_to else "left in place (read-only cache)"
+        out.print(f"[red]bad[/red] {p.key[:19]} {p.filename}: {p.problem}; {where}")
