@@ -15,7 +15,8 @@
 #   layout    layout_flush.py: short kernels on bshd vs bhsd views, L2 flush vs none, host µs per call
 #   cachehit  pip uninstall + attnforge install (cache hit) vs plain pip from a cache export
 #   route     prebuilt_route.py: the wheel route through a local GitHub API stand-in, with its arch check
-#   pytest    the suite's GPU-marked tests (dispatcher, FlexAttention features)
+#   pytest    the suite's GPU-marked tests (dispatcher, FlexAttention features); PYTEST_ARGS narrows them
+#   maskreuse mask_reuse.py: layers sharing one padded mask, SDPA direct vs attention() (the kept mask preparation)
 # Every stage is time-boxed from AF_CALL_T0 (export it first: a call is 600 s, AF_CALL_BUDGET_S=560 by default),
 # records rc/duration/log of every step and goes on after a failure; all under /tmp/afrun; each call ends with
 # $OUT/afrun.tar.gz and $OUT/summary.txt. See scripts/gpu/README.md for the plan of calls.
@@ -158,13 +159,23 @@ stage_route() { ensure_attnforge && step route "$(budget 300)" python "$S/prebui
 # the GPU-marked tests of the suite (they skip on CI's CPU machine): the dispatcher and FlexAttention's features
 stage_pytest() {
     ensure_attnforge || return 1
-    step pytest-gpu "$(budget "${PYTEST_S:-150}")" python -m pytest -v --tb=short -rf -p no:cacheprovider -m gpu -W ignore::DeprecationWarning \
-        tests/dispatch/test_gpu.py tests/dispatch/test_flex_gpu.py
+    # PYTEST_ARGS narrows it (a path::test[id], --deselect ...; `-k` cannot hold `<`), PYTEST_TB=long for a traceback
+    # shellcheck disable=SC2086
+    step pytest-gpu "$(budget "${PYTEST_S:-150}")" python -m pytest -v --tb="${PYTEST_TB:-short}" -rf -p no:cacheprovider \
+        -p no:logging -m gpu -W ignore::DeprecationWarning ${PYTEST_ARGS:-tests/dispatch/test_gpu.py tests/dispatch/test_flex_gpu.py}
+}
+# mask_reuse.py: four layers sharing one padded mask, SDPA direct vs attention() (kept vs redone mask preparation),
+# in a home with no records and first-use measurement off, so the SDPA adapter serves as it does a masked call
+stage_maskreuse() {
+    ensure_attnforge || return 1
+    mkdir -p "$RUN/maskreuse-home"
+    ATTNFORGE_HOME=$RUN/maskreuse-home ATTNFORGE_AUTOTUNE=0 step maskreuse "$(budget 120)" \
+        python "$S/mask_reuse.py" --out "$STEP_DIR/mask-reuse.json" ${MASKREUSE_ARGS:-}
 }
 
 for stage in "$@"; do
     case $stage in
-        stage|setup|install|verify|check|check-after|bench|features|models|overhead|layout|cachehit|route|pytest) ;;
+        stage|setup|install|verify|check|check-after|bench|features|models|overhead|layout|cachehit|route|pytest|maskreuse) ;;
         *) note "unknown stage $stage (see the header of run.sh)"; continue ;;
     esac
     if (( $(call_left_s) < 20 )); then note "no call time left: skipped $stage and what follows"; break; fi
