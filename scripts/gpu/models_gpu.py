@@ -84,6 +84,7 @@ def causal_lm(torch: Any, kind: str) -> dict[str, Any]:
         with torch.no_grad():
             logits[impl] = base(input_ids=ids, attention_mask=mask).logits.float()
             res[f"{impl}_fwd_ms"] = _time(torch, lambda: base(input_ids=ids, attention_mask=mask))
+            res[f"{impl}_fwd_kernels"] = _kernels(torch, lambda: base(input_ids=ids, attention_mask=mask))
 
         def step() -> None:
             out = base(input_ids=ids, attention_mask=mask, labels=ids)
@@ -101,7 +102,30 @@ def causal_lm(torch: Any, kind: str) -> dict[str, Any]:
     kv = torch.randn(4, hkv, seq, d, device=DEV, dtype=getattr(torch, DT))
     extra = {"softcap": 50.0, "window": (1023, 0)} if kind == "gemma2" else {}
     res["attnforge_chosen_for_causal_prefill"] = attnforge.explain(q, kv, kv, causal=True, **extra).chosen
+    if kind == "llama":  # the padded batch's calls: transformers' [B, 1, S, S] bool mask (causal + left padding)
+        padded = torch.ones(seq, seq, dtype=torch.bool, device=DEV).tril().expand(4, 1, seq, seq).clone()
+        padded[1, :, :, : seq // 7] = False
+        why = attnforge.explain(q, kv, kv, attn_mask=padded)
+        res["attnforge_chosen_for_padded_prefill"] = why.chosen
+        res["attnforge_order_for_padded_prefill"] = list(why.order)
     return res
+
+
+def _kernels(torch: Any, fn: Any, top: int = 12) -> list[dict[str, Any]]:
+    """The GPU kernels of one ``fn()`` call (after a warm-up call) by total device time: where a gap between
+    two implementations of the same model goes. Empty off CUDA."""
+    if DEV != "cuda":
+        return []
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    _sync(torch)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        _sync(torch)
+    rows = sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)
+    return [{"name": e.key[:120], "calls": e.count, "device_ms": round(e.device_time_total / 1e3, 4)}
+            for e in rows[:top] if e.device_time_total > 0]
 
 
 def flux(torch: Any) -> dict[str, Any]:
