@@ -58,7 +58,10 @@ class Runner(Protocol):
 
 
 class SubprocessRunner:
-    """The real runner: :func:`subprocess.run` with captured text output."""
+    """The real runner: a child with captured text output (:class:`subprocess.Popen` + ``communicate``). The child
+    never outlives the wait for it: on a timeout, Ctrl-C or SIGTERM (:class:`~attnforge._system.interrupt.
+    Interrupted`) it is killed and reaped before the call returns or raises (``subprocess.run`` leaves a
+    Ctrl-C'd child unreaped, assuming the terminal's SIGINT reached it too)."""
 
     def run(
         self,
@@ -71,33 +74,39 @@ class SubprocessRunner:
         argv_t = tuple(str(a) for a in argv)
         start = time.monotonic()
         try:
-            proc = subprocess.run(
+            proc = subprocess.Popen(
                 argv_t,
                 cwd=cwd,
                 env=dict(env) if env is not None else None,
-                capture_output=True,
-                timeout=timeout_s,
-                check=False,
                 stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
             )
         except FileNotFoundError as exc:
             return Completed(argv=argv_t, returncode=NOT_FOUND, stderr=str(exc))
         except PermissionError as exc:
             return Completed(argv=argv_t, returncode=126, stderr=str(exc))
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else ""
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
             return Completed(
                 argv=argv_t,
                 returncode=TIMED_OUT,
-                stdout=out,
+                stdout=out.decode("utf-8", "replace"),
                 stderr=f"timed out after {timeout_s} s",
                 duration_s=time.monotonic() - start,
             )
+        except BaseException:
+            proc.kill()
+            proc.communicate()  # reaps it and closes the pipes
+            raise
         return Completed(
             argv=argv_t,
             returncode=proc.returncode,
-            stdout=proc.stdout.decode("utf-8", "replace"),
-            stderr=proc.stderr.decode("utf-8", "replace"),
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
             duration_s=time.monotonic() - start,
         )
 

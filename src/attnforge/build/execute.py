@@ -127,7 +127,7 @@ def execute(
             be set up (no Visual Studio toolset nvcc accepts, vcvars64 failed).
         UsageError: a local source path that is not a source.
         KeyboardInterrupt: Ctrl-C, after cleaning up (SIGTERM arrives as
-        :class:`~attnforge.build.stream.Interrupted`).
+        :class:`~attnforge._system.interrupt.Interrupted`).
     """
     started = time.monotonic()
     reporter = reporter or NullReporter()

@@ -25,6 +25,7 @@ from typing import IO, Protocol
 
 import psutil
 
+from attnforge._system.interrupt import install_sigterm, restore_sigterm
 from attnforge.build.progress import (
     EtaEstimator,
     HeartbeatEvent,
@@ -58,15 +59,6 @@ def launch(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str]) -> subproc
         list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, **extra,
     )
-
-
-class Interrupted(KeyboardInterrupt):
-    """The build was stopped by SIGTERM; ``except Exception`` skips it, and the CLI reports it as it does
-    Ctrl-C (a message, no traceback) with exit code ``128 + signum`` (143)."""
-
-    def __init__(self, message: str, *, signum: int = signal.SIGTERM) -> None:
-        super().__init__(message)
-        self.signum = int(signum)
 
 
 #: Run in its own session next to every POSIX build: it waits for EOF on stdin, which comes when attnforge
@@ -148,7 +140,7 @@ def run_streamed(
     last_step: NinjaStep | None = None
     last_output = clock()
     next_beat = last_output + heartbeat_s
-    previous = _install_sigterm()
+    previous = install_sigterm()
     try:
         while True:
             try:
@@ -178,7 +170,7 @@ def run_streamed(
         raise
     finally:
         _release_watchdog(watchdog)
-        _restore_sigterm(previous)
+        restore_sigterm(previous)
         reader.join(timeout=5)
         if proc.stdout is not None:
             proc.stdout.close()
@@ -271,19 +263,3 @@ def _release_watchdog(watchdog: subprocess.Popen[bytes] | None) -> None:
     except subprocess.TimeoutExpired:
         watchdog.kill()
         watchdog.wait()
-
-
-def _install_sigterm() -> object:
-    """Turn SIGTERM into an exception so ``finally`` blocks clean up (main thread only; elsewhere a no-op)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum: int, frame: object) -> None:
-        raise Interrupted(f"stopped by signal {signum}", signum=signum)
-
-    return signal.signal(signal.SIGTERM, handler)
-
-
-def _restore_sigterm(previous: object) -> None:
-    if previous is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]
