@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -175,3 +178,34 @@ def test_a_failed_feature_case_in_the_child_takes_only_that_feature_away() -> No
     assert result.ok, result.summary
     assert result.failed_features == ("softcap",)
     assert "not used for softcap" in result.summary
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_a_stopped_bench_keeps_the_backends_it_finished(
+    attnforge_home: Path, capsys: pytest.CaptureFixture[str], signum: int, code: int
+) -> None:
+    """Ctrl-C or SIGTERM while a backend's child runs: the backends done before are stored (the dispatcher
+    reads them), the child is killed, and the command says what it kept and exits 128 + signum."""
+    store = RecordStore(attnforge_home)
+    key = current_device("cpu").key
+    sent = threading.Event()
+
+    def stop_once_sdpa_is_stored() -> None:  # the baseline runs first; `hang` then never returns
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not store.bench_records(key):
+            time.sleep(0.2)
+        time.sleep(0.5)  # into the hang's child
+        sent.set()
+        os.kill(os.getpid(), signum)
+
+    watcher = threading.Thread(target=stop_once_sdpa_is_stored, daemon=True)
+    watcher.start()
+    rc = main(["bench", "hang", *TINY, "--dtype", "bf16", "--mode", "fwd", "--causal", "off", "--timeout", "300",
+               "--json"])
+    watcher.join(timeout=5)
+    err = capsys.readouterr().err
+    assert sent.is_set() and rc == code
+    assert "bench: sdpa done (1 of 2 backends" in err
+    assert "bench stopped:" in err and "stored in" in err and "not measured: hang" in err
+    assert {r.backend for r in store.bench_records(key)} == {"sdpa"}
+    assert "hang" not in store.latest_verify(key)  # stopped by the user: not a verdict on the backend

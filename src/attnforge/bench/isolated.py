@@ -49,12 +49,21 @@ def bench_in_children(shapes: Sequence[AttentionShape], *, adapters: Mapping[str
                       environ: Mapping[str, str],
                       versions: Mapping[str, str | None] | None = None, verified: Sequence[str] = (),
                       quantized: Sequence[str] = (), caps: Callable[[str], Capabilities | None] = lambda _: None,
-                      progress: Callable[[AttentionShape, str], None] | None = None) -> IsolatedBench:
+                      progress: Callable[[AttentionShape, str], None] | None = None,
+                      on_backend: Callable[[BenchReport], None] | None = None) -> IsolatedBench:
     """Bench ``names`` (baseline included) each in its own child; the report has the shape of
-    :func:`run_bench`'s."""
+    :func:`run_bench`'s.
+
+    ``on_backend`` gets, as soon as each backend's child is done, a report of the same run (run id, device,
+    timing) holding only that backend's cells, without ratios: the caller can keep them before the next backend
+    starts, so an interrupted bench (Ctrl-C, SIGTERM: the :class:`KeyboardInterrupt` propagates, the running
+    child is killed) loses only the backend it was measuring.
+    """
     names = list(adapters)
     cells: dict[str, list[BenchCell]] = {}
     crashes: dict[str, str] = {}
+    shell = run_bench([], adapters=dict.fromkeys(names), baseline=baseline, device=device,  # type: ignore[arg-type]
+                      timing=timing, versions=versions, verified=verified)
     for name in names:
         if progress is not None and shapes:
             progress(shapes[0], name)
@@ -77,6 +86,10 @@ def bench_in_children(shapes: Sequence[AttentionShape], *, adapters: Mapping[str
         measured = iter(done)
         cells[name] = [BenchCell(backend=name, status=CellStatus.SKIPPED, detail=outside[i]) if i in outside
                        else next(measured) for i in range(len(shapes))]
+        if on_backend is not None:
+            on_backend(dataclasses.replace(shell, rows=tuple(
+                BenchRow(shape=shape, flops=shape_flops(shape), cells=(cells[name][i],))
+                for i, shape in enumerate(shapes))))
     rows = []
     for i, shape in enumerate(shapes):
         row = {n: cells[n][i] for n in names}
@@ -84,8 +97,6 @@ def bench_in_children(shapes: Sequence[AttentionShape], *, adapters: Mapping[str
         base_ms = base.ms if base is not None and base.status is CellStatus.OK else None
         rows.append(BenchRow(shape=shape, flops=shape_flops(shape),
                              cells=tuple(_ratio(row[n], base_ms) for n in names)))
-    shell = run_bench([], adapters=dict.fromkeys(names), baseline=baseline, device=device,  # type: ignore[arg-type]
-                      timing=timing, versions=versions, verified=verified)
     return IsolatedBench(report=dataclasses.replace(shell, rows=tuple(rows)), crashes=crashes)
 
 

@@ -58,6 +58,7 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
     Without BACKENDS, every backend `attnforge verify` passed on this device is measured; SDPA with no kernel
     forced (`sdpa`) is always measured as the baseline. Results are stored for the dispatcher.
     """
+    from attnforge._system.interrupt import sigterm_interrupts
     from attnforge.bench import ShapeSet, to_records
     from attnforge.bench.isolated import crash_records
     from attnforge.bench.report import backend_versions, report_json
@@ -78,18 +79,39 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
                            seqlen_k=seqlen_k, model_config=model_config)
     quantized = [n for n in chosen if (e := catalog.backends.get(n)) is not None and e.quantized]
     out = console(stderr=True)
-    with out.status("benchmarking", spinner="dots") as status:
+    lines = as_json or not out.is_terminal  # no live spinner: a line per backend on stderr instead
+    records: list[Any] = []
+    kept: list[str] = []
+
+    def keep(partial: BenchReport) -> None:
+        """Store one backend's cells as soon as its child is done: an interrupted bench keeps them."""
+        got = to_records(partial)
+        store.add_bench(got)
+        records.extend(got)
+        name = partial.rows[0].cells[0].backend if partial.rows else "?"
+        kept.append(name)
+        if lines:
+            click.echo(f"bench: {name} done ({len(kept)} of {len(chosen)} backends, {len(got)} cells stored)",
+                       err=True)
+
+    with out.status("benchmarking", spinner="dots") as status, sigterm_interrupts():
         def progress(shape: Any, name: str) -> None:
             if not as_json:
                 status.update(f"{shape.label}: {name}")
 
         timing = dataclasses.replace(choose_timing(dev, timer), rounds=rounds)
-        isolated = _bench_isolated(shapes, chosen=chosen, baseline=baseline, device=dev, timing=timing,
-                                   versions=backend_versions(list(chosen), catalog), verified=verified,
-                                   quantized=quantized, progress=progress, timeout_s=timeout_s)
+        try:
+            isolated = _bench_isolated(shapes, chosen=chosen, baseline=baseline, device=dev, timing=timing,
+                                       versions=backend_versions(list(chosen), catalog), verified=verified,
+                                       quantized=quantized, progress=progress, on_backend=keep,
+                                       timeout_s=timeout_s)
+        except KeyboardInterrupt:
+            left = [n for n in chosen if n not in kept]
+            click.echo(f"bench stopped: {len(records)} measurements of {', '.join(kept) or 'no backend'} are "
+                       f"stored in {store.path} (the dispatcher uses them); not measured: {', '.join(left)}",
+                       err=True)
+            raise
     report = isolated.report
-    records = to_records(report)
-    store.add_bench(records)
     for crash in crash_records(isolated, dev, backend_versions(list(chosen), catalog)):
         store.add_verify(crash)
         click.echo(f"error: {crash.backend} {crash.summary}", err=True)
