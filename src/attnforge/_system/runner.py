@@ -100,7 +100,10 @@ class SubprocessRunner:
             )
         except BaseException:
             proc.kill()
-            proc.communicate()  # reaps it and closes the pipes
+            proc.wait()  # reaped; not communicate(): a grandchild holding the pipes must not hold up Ctrl-C
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
             raise
         return Completed(
             argv=argv_t,
