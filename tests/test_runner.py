@@ -41,6 +41,15 @@ def test_a_timeout_is_a_result_not_an_exception() -> None:
     assert "started" in done.stdout
 
 
+def test_a_timeout_is_not_held_up_by_a_grandchild_holding_the_pipes() -> None:
+    started = time.time()
+    t0 = time.monotonic()
+    done = SubprocessRunner().run([sys.executable, "-c", _PARENT_OF_A_SLEEPER], timeout_s=1.5)
+    assert done.returncode == TIMED_OUT
+    assert time.monotonic() - t0 < 6  # the grandchild sleeps 8 s with the pipes open
+    assert _our_children_since(started) == []
+
+
 def test_a_missing_program_is_a_result_not_an_exception() -> None:
     done = SubprocessRunner().run(["attnforge-no-such-program-here"])
     assert done.returncode == NOT_FOUND and "attnforge-no-such-program-here" in done.stderr

@@ -188,20 +188,24 @@ def test_a_stopped_bench_keeps_the_backends_it_finished(
     reads them), the child is killed, and the command says what it kept and exits 128 + signum."""
     store = RecordStore(attnforge_home)
     key = current_device("cpu").key
-    sent = threading.Event()
+    sent, finished = threading.Event(), threading.Event()
 
     def stop_once_sdpa_is_stored() -> None:  # the baseline runs first; `hang` then never returns
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not store.bench_records(key):
+        while time.monotonic() < deadline and not finished.is_set() and not store.bench_records(key):
             time.sleep(0.2)
         time.sleep(0.5)  # into the hang's child
-        sent.set()
-        os.kill(os.getpid(), signum)
+        if not finished.is_set():  # never into a later test, should bench have returned on its own
+            sent.set()
+            os.kill(os.getpid(), signum)
 
     watcher = threading.Thread(target=stop_once_sdpa_is_stored, daemon=True)
     watcher.start()
-    rc = main(["bench", "hang", *TINY, "--dtype", "bf16", "--mode", "fwd", "--causal", "off", "--timeout", "300",
-               "--json"])
+    try:
+        rc = main(["bench", "hang", *TINY, "--dtype", "bf16", "--mode", "fwd", "--causal", "off",
+                   "--timeout", "300", "--json"])
+    finally:
+        finished.set()
     watcher.join(timeout=5)
     err = capsys.readouterr().err
     assert sent.is_set() and rc == code

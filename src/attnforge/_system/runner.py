@@ -88,9 +88,13 @@ class SubprocessRunner:
             return Completed(argv=argv_t, returncode=126, stderr=str(exc))
         try:
             out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
+        except subprocess.TimeoutExpired as exc:
+            if os.name == "nt":  # as subprocess.run: Windows collects the output only after the kill
+                proc.kill()
+                out = proc.communicate()[0]
+            else:  # POSIX: the output so far travels on the exception
+                _stop(proc)
+                out = exc.stdout if isinstance(exc.stdout, bytes) else b""
             return Completed(
                 argv=argv_t,
                 returncode=TIMED_OUT,
@@ -99,11 +103,7 @@ class SubprocessRunner:
                 duration_s=time.monotonic() - start,
             )
         except BaseException:
-            proc.kill()
-            proc.wait()  # reaped; not communicate(): a grandchild holding the pipes must not hold up Ctrl-C
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
+            _stop(proc)
             raise
         return Completed(
             argv=argv_t,
@@ -112,6 +112,17 @@ class SubprocessRunner:
             stderr=err.decode("utf-8", "replace"),
             duration_s=time.monotonic() - start,
         )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill and reap ``proc`` without reading its pipes to the end: a grandchild that inherited them must not
+    hold up a timeout or Ctrl-C. On Windows the pipes stay open (their reader threads hold them)."""
+    proc.kill()
+    proc.wait()
+    if os.name != "nt":
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def run_attached(argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdout: IO[str] | None = None) -> int:
