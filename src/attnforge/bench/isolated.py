@@ -50,11 +50,11 @@ def bench_in_children(shapes: Sequence[AttentionShape], *, adapters: Mapping[str
                       versions: Mapping[str, str | None] | None = None, verified: Sequence[str] = (),
                       quantized: Sequence[str] = (), caps: Callable[[str], Capabilities | None] = lambda _: None,
                       progress: Callable[[AttentionShape, str], None] | None = None,
-                      on_backend: Callable[[BenchReport], None] | None = None) -> IsolatedBench:
+                      on_backend: Callable[[str, BenchReport], None] | None = None) -> IsolatedBench:
     """Bench ``names`` (baseline included) each in its own child; the report has the shape of
     :func:`run_bench`'s.
 
-    ``on_backend`` gets, as soon as each backend's child is done, a report of the same run (run id, device,
+    ``on_backend`` gets, as soon as each backend's child is done, its name and a report of the same run (run id, device,
     timing) holding only that backend's cells, without ratios: the caller can keep them before the next backend
     starts, so an interrupted bench (Ctrl-C, SIGTERM: the :class:`KeyboardInterrupt` propagates, the running
     child is killed) loses only the backend it was measuring.
@@ -87,7 +87,7 @@ def bench_in_children(shapes: Sequence[AttentionShape], *, adapters: Mapping[str
         cells[name] = [BenchCell(backend=name, status=CellStatus.SKIPPED, detail=outside[i]) if i in outside
                        else next(measured) for i in range(len(shapes))]
         if on_backend is not None:
-            on_backend(dataclasses.replace(shell, rows=tuple(
+            on_backend(name, dataclasses.replace(shell, rows=tuple(
                 BenchRow(shape=shape, flops=shape_flops(shape), cells=(cells[name][i],))
                 for i, shape in enumerate(shapes))))
     rows = []
@@ -96,7 +96,7 @@ def bench_in_children(shapes: Sequence[AttentionShape], *, adapters: Mapping[str
         base = row.get(baseline)
         base_ms = base.ms if base is not None and base.status is CellStatus.OK else None
         rows.append(BenchRow(shape=shape, flops=shape_flops(shape),
-                             cells=tuple(_ratio(row[n], base_ms) for n in names)))
+                             cells=tuple(row[n].with_ratio(base_ms) for n in names)))
     return IsolatedBench(report=dataclasses.replace(shell, rows=tuple(rows)), crashes=crashes)
 
 
@@ -118,12 +118,6 @@ def _outside(shapes: Sequence[AttentionShape], caps: Capabilities | None) -> dic
         if why is not None:
             out[i] = f"outside this build's capabilities: {why}"
     return out
-
-
-def _ratio(cell: BenchCell, base_ms: float | None) -> BenchCell:
-    if cell.status is not CellStatus.OK or not base_ms or not cell.ms:
-        return cell
-    return dataclasses.replace(cell, ratio_to_baseline=base_ms / cell.ms)
 
 
 def child_rows(job: _Job, announce: Callable[[object], None]) -> Iterator[Any]:

@@ -70,6 +70,13 @@ class BenchCell:
     timing: Timing | None = None
     error: OutputError | None = None
 
+    def with_ratio(self, base_ms: float | None) -> BenchCell:
+        """The cell with ``ratio_to_baseline`` = ``base_ms`` / its ``ms`` (itself unless it ran and the baseline
+        has a time)."""
+        if self.status is not CellStatus.OK or not base_ms or not self.ms:
+            return self
+        return dataclasses.replace(self, ratio_to_baseline=base_ms / self.ms)
+
     def measurement(self, flops: float) -> Measurement | None:
         """The cell for :func:`attnforge.ranking.rank` (None unless it ran)."""
         if self.status is not CellStatus.OK or self.ms is None:
@@ -263,7 +270,7 @@ def _run_shape(shape: AttentionShape, *, adapters: Mapping[str, BackendAdapter],
         _release(device)
     base = cells.get(baseline)
     base_ms = base.ms if base is not None and base.status is CellStatus.OK else None
-    ordered = tuple(_with_ratio(cells[n], base_ms) for n in adapters)
+    ordered = tuple(cells[n].with_ratio(base_ms) for n in adapters)
     return BenchRow(shape=shape, flops=shape_flops(shape), cells=ordered)
 
 
@@ -317,12 +324,6 @@ def _with_error(cell: BenchCell, adapter: BackendAdapter, inputs: tuple[Any, ...
     except Exception as exc:  # a backend may raise anything; the cell records it
         return BenchCell(backend=cell.backend, status=CellStatus.ERROR, detail=f"error check: {_last_line(exc)}")
     return dataclasses.replace(cell, error=error)
-
-
-def _with_ratio(cell: BenchCell, base_ms: float | None) -> BenchCell:
-    if cell.status is not CellStatus.OK or not base_ms or not cell.ms:
-        return cell
-    return dataclasses.replace(cell, ratio_to_baseline=base_ms / cell.ms)
 
 
 def _sync(device: DeviceInfo) -> Callable[[], None]:

@@ -64,7 +64,7 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
     from attnforge.bench.report import backend_versions, report_json
     from attnforge.bench.select import choose_backends, choose_shapes, choose_timing
     from attnforge.catalog import load_catalog
-    from attnforge.records import open_records
+    from attnforge.records import BenchRecord, open_records
     from attnforge.types.device import DeviceType
     from attnforge.verify.device import current_device
 
@@ -78,17 +78,17 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
                            batch=batch, heads_q=heads_q, heads_kv=heads_kv, head_dims=head_dims, seqlens=seqlens,
                            seqlen_k=seqlen_k, model_config=model_config)
     quantized = [n for n in chosen if (e := catalog.backends.get(n)) is not None and e.quantized]
+    versions = backend_versions(list(chosen), catalog)
     out = console(stderr=True)
     lines = as_json or not out.is_terminal  # no live spinner: a line per backend on stderr instead
-    records: list[Any] = []
+    records: list[BenchRecord] = []
     kept: list[str] = []
 
-    def keep(partial: BenchReport) -> None:
+    def keep(name: str, partial: BenchReport) -> None:
         """Store one backend's cells as soon as its child is done: an interrupted bench keeps them."""
         got = to_records(partial)
         store.add_bench(got)
         records.extend(got)
-        name = partial.rows[0].cells[0].backend if partial.rows else "?"
         kept.append(name)
         if lines:
             click.echo(f"bench: {name} done ({len(kept)} of {len(chosen)} backends, {len(got)} cells stored)",
@@ -102,7 +102,7 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
         timing = dataclasses.replace(choose_timing(dev, timer), rounds=rounds)
         try:
             isolated = _bench_isolated(shapes, chosen=chosen, baseline=baseline, device=dev, timing=timing,
-                                       versions=backend_versions(list(chosen), catalog), verified=verified,
+                                       versions=versions, verified=verified,
                                        quantized=quantized, progress=progress, on_backend=keep,
                                        timeout_s=timeout_s)
         except KeyboardInterrupt:
@@ -112,7 +112,7 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
                        err=True)
             raise
     report = isolated.report
-    for crash in crash_records(isolated, dev, backend_versions(list(chosen), catalog)):
+    for crash in crash_records(isolated, dev, versions):
         store.add_verify(crash)
         click.echo(f"error: {crash.backend} {crash.summary}", err=True)
     if plot_path is not None:
