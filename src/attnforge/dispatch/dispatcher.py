@@ -10,6 +10,7 @@ import contextvars
 import dataclasses
 import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,13 +27,17 @@ from attnforge.backends.exact import EXACT, ExactAdapter
 from attnforge.backends.registry import installed_versions
 from attnforge.dispatch import autotune, features
 from attnforge.dispatch.explanation import Explanation
+from attnforge.dispatch.inputs import check_flag
 from attnforge.dispatch.inputs import validate as _validate
 from attnforge.dispatch.policy import (
+    CLASS_AFTER,
     FALLBACK,
     Decision,
+    Rejection,
     class_of_call,
     decide,
     failure_class,
+    failure_signature,
     forced_decision,
     measurements,
 )
@@ -43,13 +48,16 @@ _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnforge_
 
 #: most routes held per dispatcher; past it the routes are dropped and rebuilt from the (bucketed) plans
 ROUTES_MAX = 4096
+#: most call signatures a backend is remembered to have raised on (the oldest is forgotten first: tried again)
+DEMOTED_MAX = 256
 
 #: one backend of a route: the adapter, and the call bound to the signature: ``fn(q, k, v)`` on the caller's
 #: tensors, in the caller's layout (:func:`attnforge.backends.bound.bound_call`)
 Step = tuple[BackendAdapter, Bound]
-#: the backends to try in order, the exact math last (:meth:`Dispatcher.serve`), and the call whose shape class
-#: a backend that raises is disabled for (named only then: :func:`~attnforge.dispatch.policy.failure_class`)
-Route = tuple[tuple[Step, ...], AttentionCall | None]
+#: the backends to try in order, the exact math last (:meth:`Dispatcher.serve`); the call, and its scale and
+#: feature keywords: what a backend that raises is skipped for (turned into a signature only then:
+#: :func:`~attnforge.dispatch.policy.failure_signature`)
+Route = tuple[tuple[Step, ...], AttentionCall | None, tuple[float | None, Mapping[str, Any] | None]]
 
 
 class RecordSource(Protocol):
@@ -96,8 +104,11 @@ class Dispatcher:
         self._versions: dict[str, str | None] | None = None
         self._generation = 0  # bumped whenever plans and routes are dropped
         self.exact: BackendAdapter = ExactAdapter()
-        #: backends that raised at run time: name -> {shape class: the error's first line}
+        #: backends skipped for a whole shape class: they raised on CLASS_AFTER signatures of it; name -> {shape
+        #: class: the error's first line}
         self.broken: dict[str, dict[str, str]] = {}
+        #: backends skipped for call signatures they raised on: name -> {signature: (shape class, first line)}
+        self.demoted: dict[str, OrderedDict[tuple[Any, ...], tuple[str, str]]] = {}
         #: exact shapes seen per shape class (a class with many is dynamic: no per-shape JIT kernel for it)
         self._shapes_seen: dict[str, set[tuple[int, ...]]] = {}
 
@@ -177,6 +188,8 @@ class Dispatcher:
         forced backend that cannot serve the call; nothing is remembered then.
         """
         qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+        causal = check_flag("causal", causal)
+        scale = None if scale is None else float(scale)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         generation = self._generation
         route = self._plain_route(qh, kh, vh, causal=causal, scale=scale, precision=precision,
@@ -197,7 +210,8 @@ class Dispatcher:
         bound to its causal flag, scale, shapes and the caller's layout; a zero-sized call's route is the exact
         math: no kernel ever sees one (SIGFPE in some)."""
         if features.is_empty(q, k) or v.shape[3] == 0:
-            return ((self.exact, bound_call(self.exact, None, causal=causal, scale=scale, bshd=bshd)),), None
+            return ((self.exact, bound_call(self.exact, None, causal=causal, scale=scale, bshd=bshd)),), None, (
+                scale, None)
         dv = v.shape[3] if v.shape[3] != q.shape[3] else None
         uses = frozenset(("dv",)) if dv else frozenset()
         caller = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) if bshd else (q, k, v)
@@ -224,14 +238,22 @@ class Dispatcher:
     def _bind(self, adapters: tuple[BackendAdapter, ...], call: AttentionCall, *, causal: bool,
               scale: float | None, bshd: bool, forced: str | None, decision: Decision,
               opts: Mapping[str, Any] | None = None) -> Route:
-        """The decided backends bound to the call; the exact math ends every unforced route (the one last
-        resort, :meth:`serve`)."""
+        """The decided backends bound to the call, less those that raised on its signature before (unforced);
+        the exact math ends every unforced route (the one last resort, :meth:`serve`)."""
         if forced and not adapters:
             features.raise_forced(forced, decision)
+        if not forced and self.demoted:
+            skipped = self._skipped(failure_signature(call, scale, opts))
+            adapters = tuple(a for a in adapters if a.name not in skipped)
         if not forced and (not adapters or adapters[-1] is not self.exact):
             adapters = (*adapters, self.exact)
         steps = tuple((a, bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts)) for a in adapters)
-        return steps, call
+        return steps, call, (scale, opts)
+
+    def _skipped(self, signature: tuple[Any, ...]) -> dict[str, str]:
+        """The backends that raised on ``signature`` before, with the error's first line."""
+        with self._lock:
+            return {name: seen[signature][1] for name, seen in self.demoted.items() if signature in seen}
 
     def decide_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, *, causal: bool,
                     precision: str, needs_grad: bool, forced: str | None, uses: frozenset[str],
@@ -313,24 +335,40 @@ class Dispatcher:
             return self.fallback
         if name == EXACT:
             return self.exact
-        adapter = self.adapters.get(name)
+        adapter = self.adapters.get(name) if isinstance(name, str) else None
         if adapter is None:
             known = ", ".join(sorted([*self.adapters, FALLBACK, EXACT]))
             raise DispatchError(f"unknown attention backend {name!r}", hint=f"known backends: {known}")
         return adapter
 
     def explain(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
-                backend: str | None, uses: frozenset[str] = frozenset(),
-                head_dim_v: int | None = None) -> Explanation:
-        """The decision for bhsd tensors, as an :class:`Explanation` (see :func:`explain`)."""
+                backend: str | None, uses: frozenset[str] = frozenset(), head_dim_v: int | None = None,
+                scale: float | None = None, opts: Mapping[str, Any] | None = None) -> Explanation:
+        """The decision for bhsd tensors, as an :class:`Explanation` (see :func:`explain`): the order a call
+        with ``scale`` and feature keywords ``opts`` is tried in, as :meth:`_bind` builds it (less the backends
+        that raised on its signature, which are named with their error; the exact math last when unforced)."""
         forced = backend or _FORCED.get()
         call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
                              head_dim_v=head_dim_v)
         dev_key = self._device(q.device).key
         decision = forced_decision(call, forced, self.adapter(forced)) if forced else self._decide(call, dev_key)
+        order, basis, rejected, notes = list(decision.order), list(decision.basis), list(decision.rejected), []
+        if not forced:
+            skipped = self._skipped(failure_signature(call, scale, opts)) if self.demoted else {}
+            kept = [(n, b) for n, b in zip(order, basis, strict=True) if n not in skipped]
+            if not kept:  # as in _bind, the exact math ends the route
+                kept.append((EXACT, "last resort: the exact math (float32 in torch) serves what every backend"
+                                    " before it raised on"))
+            served = kept[0][0]
+            for name in order:
+                if name in skipped:
+                    rejected.append(Rejection(backend=name, reasons=(
+                        f"raised on this call signature in this process: {skipped[name]}",)))
+                    notes.append(f"{name} raised on this signature: {skipped[name]}; served by {served}")
+            order, basis = [n for n, _ in kept], [b for _, b in kept]
         return Explanation(call=call, device=dev_key, shape_class=str(class_of_call(call)),
-                           chosen=decision.order[0] if decision.order else None, forced=forced is not None,
-                           order=decision.order, basis=decision.basis, rejected=decision.rejected)
+                           chosen=order[0] if order else None, forced=forced is not None, order=tuple(order),
+                           basis=tuple(basis), rejected=tuple(rejected), notes=tuple(notes))
 
     # -- running ----------------------------------------------------------------------------------------
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float | None,
@@ -349,9 +387,9 @@ class Dispatcher:
     def serve(self, route: Route, q: Any, k: Any, v: Any, forced: str | None) -> Any:
         """Run ``route`` on the caller's tensors. The one rule for plain and featured calls alike
         (docs/dispatch-policy.md): the first backend that does not raise serves the call; an unforced backend
-        that raises is disabled for the call's shape class (:meth:`_mark_broken`) and the next one serves; the
-        last one's error (the exact math's, or a forced backend's) reaches the caller, and so does running out
-        of memory (a fallback would need more still)."""
+        that raises is skipped for the call's signature (:meth:`_demote`) and the next one serves; the last
+        one's error (the exact math's, or a forced backend's) reaches the caller, and so does running out of
+        memory (a fallback would need more still)."""
         steps = route[0]
         try:  # the first backend serves nearly every call: no loop on the hot path
             return steps[0][1](q, k, v)
@@ -360,7 +398,7 @@ class Dispatcher:
         except Exception as exc:
             if forced or len(steps) == 1:
                 raise
-            self._mark_broken(steps[0][0].name, exc, failure_class(route[1]))
+            self._demote(steps[0][0].name, exc, route)
         last = len(steps) - 1
         for i in range(1, len(steps)):
             adapter, fn = steps[i]
@@ -371,7 +409,7 @@ class Dispatcher:
             except Exception as exc:
                 if i == last:
                     raise
-                self._mark_broken(adapter.name, exc, failure_class(route[1]))
+                self._demote(adapter.name, exc, route)
         raise AssertionError("unreachable: the last backend returned or raised")
 
     def forget_decisions(self) -> None:
@@ -382,9 +420,36 @@ class Dispatcher:
             self._plans.clear()
             self.routes.clear()
 
-    def _mark_broken(self, name: str, exc: Exception, cls: str) -> None:
-        """Disable ``name`` for shape class ``cls`` for the rest of the process, with one warning line."""
+    def _demote(self, name: str, exc: Exception, route: Route) -> None:
+        """Skip ``name`` for the signature of ``route``'s call for the rest of the process (at most
+        :data:`DEMOTED_MAX` signatures per backend, the oldest forgotten first), with one warning line; once it
+        raised on :data:`~attnforge.dispatch.policy.CLASS_AFTER` distinct signatures of one shape class, skip it
+        for the whole class (:meth:`_mark_broken`). A valid call of another signature is never affected before
+        that (issue 31: a ``[Sk]`` mask made SDPA raise, and every masked call of its class ran 21x slower)."""
         error = features.one_line(exc)
+        call, (scale, opts) = route[1], route[2]
+        signature, cls = failure_signature(call, scale, opts), failure_class(call)
+        with self._lock:
+            seen = self.demoted.setdefault(name, OrderedDict())
+            if signature in seen:
+                return
+            seen[signature] = (cls, error)
+            while len(seen) > DEMOTED_MAX:
+                seen.popitem(last=False)
+            in_class = sum(1 for c, _ in seen.values() if c == cls)
+            self._generation += 1  # remembered routes of this signature are rebuilt without the backend
+            self.routes.clear()
+        if in_class >= CLASS_AFTER:
+            self._mark_broken(name, error, cls)
+            return
+        what = (f"{call.batch}x{call.heads_q}x{call.seqlen_q}x{call.head_dim} {call.dtype}"
+                f"{' +' + ','.join(sorted(call.features)) if call.features else ''}" if call else "empty")
+        warnings.warn(f"attnforge: attention backend {name!r} raised {error}; it is skipped for this call"
+                      f" signature ({what}) for the rest of this process and the next backend serves the call",
+                      RuntimeWarning, stacklevel=4)
+
+    def _mark_broken(self, name: str, error: str, cls: str) -> None:
+        """Disable ``name`` for shape class ``cls`` for the rest of the process, with one warning line."""
         with self._lock:
             by_class = self.broken.setdefault(name, {})
             if cls in by_class:
@@ -393,7 +458,6 @@ class Dispatcher:
             self._generation += 1
             self._plans.clear()
             self.routes.clear()
-        warnings.warn(f"attnforge: attention backend {name!r} raised {error}; it is skipped for shape class"
-                      f" {cls} for the rest of this process and the next backend serves the call",
-                      RuntimeWarning, stacklevel=4)
-
+        warnings.warn(f"attnforge: attention backend {name!r} raised {error}; it raised on {CLASS_AFTER} different"
+                      f" call signatures of shape class {cls}, so it is skipped for that class for the rest of this"
+                      " process and the next backend serves its calls", RuntimeWarning, stacklevel=5)
