@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import threading
-import warnings
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,15 +27,13 @@ from attnforge.dispatch import autotune, features
 from attnforge.dispatch.explanation import Explanation
 from attnforge.dispatch.inputs import check_flag
 from attnforge.dispatch.inputs import validate as _validate
+from attnforge.dispatch.failures import FailureMemory, failure_signature, without_skipped
 from attnforge.dispatch.policy import (
-    CLASS_AFTER,
     FALLBACK,
     Decision,
-    Rejection,
     class_of_call,
     decide,
     failure_class,
-    failure_signature,
     forced_decision,
     measurements,
 )
@@ -48,15 +44,13 @@ _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnforge_
 
 #: most routes held per dispatcher; past it the routes are dropped and rebuilt from the (bucketed) plans
 ROUTES_MAX = 4096
-#: most call signatures a backend is remembered to have raised on (the oldest is forgotten first: tried again)
-DEMOTED_MAX = 256
 
 #: one backend of a route: the adapter, and the call bound to the signature: ``fn(q, k, v)`` on the caller's
 #: tensors, in the caller's layout (:func:`attnforge.backends.bound.bound_call`)
 Step = tuple[BackendAdapter, Bound]
 #: the backends to try in order, the exact math last (:meth:`Dispatcher.serve`); the call, and its scale and
 #: feature keywords: what a backend that raises is skipped for (turned into a signature only then:
-#: :func:`~attnforge.dispatch.policy.failure_signature`)
+#: :func:`~attnforge.dispatch.failures.failure_signature`)
 Route = tuple[tuple[Step, ...], AttentionCall | None, tuple[float | None, Mapping[str, Any] | None]]
 
 
@@ -104,11 +98,10 @@ class Dispatcher:
         self._versions: dict[str, str | None] | None = None
         self._generation = 0  # bumped whenever plans and routes are dropped
         self.exact: BackendAdapter = ExactAdapter()
-        #: backends skipped for a whole shape class: they raised on CLASS_AFTER signatures of it; name -> {shape
-        #: class: the error's first line}
-        self.broken: dict[str, dict[str, str]] = {}
-        #: backends skipped for call signatures they raised on: name -> {signature: (shape class, first line)}
-        self.demoted: dict[str, OrderedDict[tuple[Any, ...], tuple[str, str]]] = {}
+        #: backends that raised at run time: skipped per call signature (``demoted``), per shape class past a
+        #: few signatures of it (``broken``: name -> {shape class: the error's first line})
+        self.failures = FailureMemory()
+        self.broken, self.demoted = self.failures.broken, self.failures.demoted
         #: exact shapes seen per shape class (a class with many is dynamic: no per-shape JIT kernel for it)
         self._shapes_seen: dict[str, set[tuple[int, ...]]] = {}
 
@@ -243,17 +236,13 @@ class Dispatcher:
         if forced and not adapters:
             features.raise_forced(forced, decision)
         if not forced and self.demoted:
-            skipped = self._skipped(failure_signature(call, scale, opts))
+            skipped = self.failures.skipped(failure_signature(call, scale, opts))
             adapters = tuple(a for a in adapters if a.name not in skipped)
         if not forced and (not adapters or adapters[-1] is not self.exact):
             adapters = (*adapters, self.exact)
         steps = tuple((a, bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts)) for a in adapters)
         return steps, call, (scale, opts)
 
-    def _skipped(self, signature: tuple[Any, ...]) -> dict[str, str]:
-        """The backends that raised on ``signature`` before, with the error's first line."""
-        with self._lock:
-            return {name: seen[signature][1] for name, seen in self.demoted.items() if signature in seen}
 
     def decide_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, *, causal: bool,
                     precision: str, needs_grad: bool, forced: str | None, uses: frozenset[str],
@@ -316,8 +305,7 @@ class Dispatcher:
         measured = measurements(bench, class_of_call(call))
         tflops = {name: m.tflops for name, m in measured.items()}
         cls = failure_class(call)
-        with self._lock:  # another thread may be marking a backend broken
-            broken = {name: by_class[cls] for name, by_class in self.broken.items() if cls in by_class}
+        broken = self.failures.broken_in(cls)
         seen = len(self._shapes_seen.get(failure_class(dataclasses.replace(call, causal=False)), ()))
         _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen, verified=verified,
                                      fallback=self.fallback)
@@ -344,31 +332,18 @@ class Dispatcher:
     def explain(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
                 backend: str | None, uses: frozenset[str] = frozenset(), head_dim_v: int | None = None,
                 scale: float | None = None, opts: Mapping[str, Any] | None = None) -> Explanation:
-        """The decision for bhsd tensors, as an :class:`Explanation` (see :func:`explain`): the order a call
-        with ``scale`` and feature keywords ``opts`` is tried in, as :meth:`_bind` builds it (less the backends
-        that raised on its signature, which are named with their error; the exact math last when unforced)."""
+        """The decision for bhsd tensors, as an :class:`Explanation` (see :func:`explain`), less the backends
+        that raised on the signature of a call with ``scale`` and feature keywords ``opts`` (as :meth:`_bind`)."""
         forced = backend or _FORCED.get()
         call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
                              head_dim_v=head_dim_v)
         dev_key = self._device(q.device).key
         decision = forced_decision(call, forced, self.adapter(forced)) if forced else self._decide(call, dev_key)
-        order, basis, rejected, notes = list(decision.order), list(decision.basis), list(decision.rejected), []
-        if not forced:
-            skipped = self._skipped(failure_signature(call, scale, opts)) if self.demoted else {}
-            kept = [(n, b) for n, b in zip(order, basis, strict=True) if n not in skipped]
-            if not kept:  # as in _bind, the exact math ends the route
-                kept.append((EXACT, "last resort: the exact math (float32 in torch) serves what every backend"
-                                    " before it raised on"))
-            served = kept[0][0]
-            for name in order:
-                if name in skipped:
-                    rejected.append(Rejection(backend=name, reasons=(
-                        f"raised on this call signature in this process: {skipped[name]}",)))
-                    notes.append(f"{name} raised on this signature: {skipped[name]}; served by {served}")
-            order, basis = [n for n, _ in kept], [b for _, b in kept]
+        skipped = {} if forced else self.failures.skipped(failure_signature(call, scale, opts))
+        order, basis, rejected, notes = without_skipped(decision, skipped, None if forced else EXACT)
         return Explanation(call=call, device=dev_key, shape_class=str(class_of_call(call)),
-                           chosen=order[0] if order else None, forced=forced is not None, order=tuple(order),
-                           basis=tuple(basis), rejected=tuple(rejected), notes=tuple(notes))
+                           chosen=order[0] if order else None, forced=forced is not None, order=order,
+                           basis=basis, rejected=rejected, notes=notes)
 
     # -- running ----------------------------------------------------------------------------------------
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float | None,
@@ -421,43 +396,12 @@ class Dispatcher:
             self.routes.clear()
 
     def _demote(self, name: str, exc: Exception, route: Route) -> None:
-        """Skip ``name`` for the signature of ``route``'s call for the rest of the process (at most
-        :data:`DEMOTED_MAX` signatures per backend, the oldest forgotten first), with one warning line; once it
-        raised on :data:`~attnforge.dispatch.policy.CLASS_AFTER` distinct signatures of one shape class, skip it
-        for the whole class (:meth:`_mark_broken`). A valid call of another signature is never affected before
-        that (issue 31: a ``[Sk]`` mask made SDPA raise, and every masked call of its class ran 21x slower)."""
-        error = features.one_line(exc)
-        call, (scale, opts) = route[1], route[2]
-        signature, cls = failure_signature(call, scale, opts), failure_class(call)
-        with self._lock:
-            seen = self.demoted.setdefault(name, OrderedDict())
-            if signature in seen:
-                return
-            seen[signature] = (cls, error)
-            while len(seen) > DEMOTED_MAX:
-                seen.popitem(last=False)
-            in_class = sum(1 for c, _ in seen.values() if c == cls)
-            self._generation += 1  # remembered routes of this signature are rebuilt without the backend
-            self.routes.clear()
-        if in_class >= CLASS_AFTER:
-            self._mark_broken(name, error, cls)
-            return
-        what = (f"{call.batch}x{call.heads_q}x{call.seqlen_q}x{call.head_dim} {call.dtype}"
-                f"{' +' + ','.join(sorted(call.features)) if call.features else ''}" if call else "empty")
-        warnings.warn(f"attnforge: attention backend {name!r} raised {error}; it is skipped for this call"
-                      f" signature ({what}) for the rest of this process and the next backend serves the call",
-                      RuntimeWarning, stacklevel=4)
-
-    def _mark_broken(self, name: str, error: str, cls: str) -> None:
-        """Disable ``name`` for shape class ``cls`` for the rest of the process, with one warning line."""
-        with self._lock:
-            by_class = self.broken.setdefault(name, {})
-            if cls in by_class:
-                return
-            by_class[cls] = error
-            self._generation += 1
-            self._plans.clear()
-            self.routes.clear()
-        warnings.warn(f"attnforge: attention backend {name!r} raised {error}; it raised on {CLASS_AFTER} different"
-                      f" call signatures of shape class {cls}, so it is skipped for that class for the rest of this"
-                      " process and the next backend serves its calls", RuntimeWarning, stacklevel=5)
+        """Skip ``name`` for the signature of ``route``'s call, or its shape class (the rule and the warning:
+        :meth:`FailureMemory.demote`); the routes are rebuilt, and the plans when a class lost it."""
+        outcome = self.failures.demote(name, exc, route[1], *route[2])
+        if outcome is not None:
+            with self._lock:
+                self._generation += 1
+                self.routes.clear()
+                if outcome == "class":
+                    self._plans.clear()

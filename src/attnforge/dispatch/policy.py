@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from attnforge.backends.adapter import AttentionCall, BackendAdapter, required_features, supported_features
 from attnforge.ranking import (
@@ -240,31 +240,10 @@ def forced_decision(call: AttentionCall, name: str, adapter: BackendAdapter) -> 
     return Decision(order=(name,), basis=("forced",), rejected=())
 
 
-#: a backend that raised on this many distinct call signatures of one shape class is skipped for the whole class
-CLASS_AFTER = 3
-
-
-def failure_signature(call: AttentionCall | None, scale: float | None,
-                      opts: Mapping[str, Any] | None) -> tuple[Any, ...]:
-    """The exact signature a backend that raised on a call is skipped for (issue 31: one unusual call must not
-    poison its shape class): the call's description (sizes, dtype, device, causal, grad, precision, features,
-    Dv, alignment), the scale, and each feature keyword, a tensor by its shape, dtype, strides and device (a
-    mask's shape, not its values), anything else by value (window sides, softcap, dropout_p)."""
-    parts: list[Any] = [call, scale]
-    given = opts or {}
-    for name in sorted(given):
-        value = given[name]
-        shape = getattr(value, "shape", None)
-        if shape is not None:
-            value = (tuple(shape), str(value.dtype), tuple(value.stride()), str(value.device))
-        parts.append((name, value))
-    return tuple(parts)
-
-
 def failure_class(call: AttentionCall | None) -> str:
-    """The shape class a call's exact shapes, and the run-time failures of a backend that raised on
-    :data:`CLASS_AFTER` distinct signatures of it, are kept under (its features aside); ``"empty"`` for a
-    zero-sized call."""
+    """The shape class a call's exact shapes, and the run-time failures of a backend that raised on several
+    signatures of it (:mod:`attnforge.dispatch.failures`), are kept under (its features aside); ``"empty"`` for
+    a zero-sized call."""
     if call is None:
         return "empty"
     return str(class_of_call(replace(call, features=frozenset(), head_dim_v=None, top_left=False,
