@@ -25,9 +25,9 @@ from attnforge.backends.exact import EXACT, ExactAdapter
 from attnforge.backends.registry import installed_versions
 from attnforge.dispatch import autotune, features
 from attnforge.dispatch.explanation import Explanation
+from attnforge.dispatch.failures import FailureMemory, class_key, failure_signature, without_skipped
 from attnforge.dispatch.inputs import check_flag
 from attnforge.dispatch.inputs import validate as _validate
-from attnforge.dispatch.failures import FailureMemory, failure_signature, without_skipped
 from attnforge.dispatch.policy import (
     FALLBACK,
     Decision,
@@ -151,6 +151,8 @@ class Dispatcher:
               head_dim_v: int | None = None) -> tuple[Decision, tuple[BackendAdapter, ...], bool]:
         """The decision for the call class of bhsd ``q``/``k`` (cached per class), its adapters in order, and
         whether it was decided just now (only then may measure-on-first-use run for it)."""
+        if forced is not None and forced.__class__ is not str:
+            self.adapter(forced)  # raises: not a backend name (and unhashable as a key)
         _, hq, sq, d = q.shape
         _, hkv, sk, _ = k.shape
         # the call class: everything unsupported_reasons looks at; (n - 1).bit_length() is bench's S bucket
@@ -160,7 +162,7 @@ class Dispatcher:
         if plan is None:
             generation = self._generation
             if not q.is_floating_point():
-                raise DispatchError(f"attention needs floating-point tensors, got {q.dtype}")
+                raise DispatchError(f"attention needs floating-point tensors, got {q.dtype}", hint="q.float()")
             call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
                                  head_dim_v=head_dim_v)
             dev_key = self._device(q.device).key
@@ -304,8 +306,7 @@ class Dispatcher:
         verified, bench = self._records_for(dev_key)
         measured = measurements(bench, class_of_call(call))
         tflops = {name: m.tflops for name, m in measured.items()}
-        cls = failure_class(call)
-        broken = self.failures.broken_in(cls)
+        broken = self.failures.broken_in(class_key(call))
         seen = len(self._shapes_seen.get(failure_class(dataclasses.replace(call, causal=False)), ()))
         _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen, verified=verified,
                                      fallback=self.fallback)

@@ -19,7 +19,7 @@ from typing import Any
 
 from attnforge.backends.adapter import AttentionCall
 from attnforge.dispatch.features import one_line
-from attnforge.dispatch.policy import Decision, Rejection, failure_class
+from attnforge.dispatch.policy import Decision, Rejection, class_of_call
 
 #: a backend that raised on this many distinct call signatures of one shape class is skipped for the whole class
 CLASS_AFTER = 3
@@ -42,6 +42,13 @@ def failure_signature(call: AttentionCall | None, scale: float | None,
             value = (tuple(shape), str(value.dtype), tuple(value.stride()), str(value.device))
         parts.append((name, value))
     return tuple(parts)
+
+
+def class_key(call: AttentionCall | None) -> str:
+    """The shape class a backend is skipped for after :data:`CLASS_AFTER` signatures of it: the bench class,
+    features included (a backend that raises on windowed calls keeps the plain calls of the same sizes);
+    ``"empty"`` for a zero-sized call."""
+    return "empty" if call is None else str(class_of_call(call))
 
 
 class FailureMemory:
@@ -75,7 +82,7 @@ class FailureMemory:
         """Remember that ``name`` raised ``exc`` on a call (``call``, ``scale`` and feature keywords ``opts``,
         as a route holds them) and warn once, in one line naming what it is skipped for. Returns what
         :meth:`record` returns."""
-        error, cls = one_line(exc), failure_class(call)
+        error, cls = one_line(exc), class_key(call)
         outcome = self.record(name, error, failure_signature(call, scale, opts), cls)
         if outcome == "class":
             what = (f"it raised on {CLASS_AFTER} different call signatures of shape class {cls}, so it is skipped"
