@@ -167,6 +167,12 @@ BAD = [
     pytest.param({**PACKED, **CU, "cu_seqlens_q": torch.tensor([[0, 5, 17]], dtype=torch.int32)}, "1-D int32",
                  id="varlen-2d"),
     pytest.param({**PACKED, **CU, "cu_seqlens_q": [0, 5, 17]}, "int32", id="varlen-list"),
+    pytest.param({**PACKED, **CU, "cu_seqlens_k": _cu(0, 5, 17).to("meta")}, "on meta", id="varlen-offsets-device"),
+    pytest.param({**PACKED, **CU, "k": torch.zeros(17, HKV, D, dtype=torch.float64)}, "dtypes differ",
+                 id="varlen-dtypes-differ"),
+    pytest.param({**PACKED, **CU, "q": np.zeros((17, HQ, D), dtype=np.float32)}, "packed", id="varlen-numpy"),
+    pytest.param({**PACKED, **CU, "q": (17, 3, D)}, "heads", id="varlen-heads-not-a-multiple"),
+    pytest.param({**PACKED, **CU, "max_seqlen_q": True}, "must be an int", id="varlen-max-bool"),
     pytest.param({**PACKED, **CU, "max_seqlen_q": -3}, "less than the longest", id="varlen-max-negative"),
     pytest.param({**PACKED, **CU, "max_seqlen_q": 11}, "less than the longest", id="varlen-max-too-small"),
     pytest.param({**PACKED, **CU, "max_seqlen_k": "12"}, "must be an int", id="varlen-max-string"),
@@ -180,6 +186,10 @@ BAD = [
     pytest.param({**POOL, "block_table": torch.tensor([[0.0, 1.0], [2.0, 3.0]])}, "int32", id="paged-float-table"),
     pytest.param({**POOL, "block_table": torch.tensor([[0, 6], [2, 3]], dtype=torch.int32)}, "outside",
                  id="paged-page-out-of-range"),
+    pytest.param({**POOL, "block_table": torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
+                  "seqused_k": torch.tensor([[8], [8]], dtype=torch.int32)}, "1-D int32", id="paged-seqused-2d"),
+    pytest.param({**POOL, "block_table": torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
+                  "q": np.zeros((B, HQ, 1, D), dtype=np.float32)}, "not a torch.Tensor", id="paged-numpy-q"),
 ]
 
 
@@ -271,6 +281,23 @@ def test_is_causal_matches_sdpa_and_patch_sdpa_keeps_it(real: runtime.Dispatcher
         patched = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     torch.testing.assert_close(patched, sdpa)
     assert (attnforge.attention(q, k, v, causal=True) - sdpa).abs().max() > 0.1  # bottom-right differs
+
+
+@pytest.mark.parametrize("kwargs", [
+    pytest.param({"scale": -0.5}, id="negative-scale"),
+    pytest.param({"scale": 0.0}, id="zero-scale"),
+    pytest.param({"scale": math.inf}, id="inf-scale"),
+    pytest.param({"dropout_p": 1.0}, id="dropout-one"),
+])
+def test_patch_sdpa_leaves_what_attention_refuses_to_sdpa_itself(real: runtime.Dispatcher,
+                                                                 kwargs: dict[str, Any]) -> None:
+    q, k, v = _qkv(sq=3, sk=3)
+    k, v = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+    with attnforge.patch_sdpa():
+        patched = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+    torch.testing.assert_close(patched, sdpa, equal_nan=True)
+    assert real.routes == {} and real.demoted == {}  # attnforge never saw the call
 
 
 def test_varlen_offsets_are_checked_and_a_huge_max_seqlen_is_exact(real: runtime.Dispatcher) -> None:

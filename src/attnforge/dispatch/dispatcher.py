@@ -205,8 +205,8 @@ class Dispatcher:
         bound to its causal flag, scale, shapes and the caller's layout; a zero-sized call's route is the exact
         math: no kernel ever sees one (SIGFPE in some)."""
         if features.is_empty(q, k) or v.shape[3] == 0:
-            return ((self.exact, bound_call(self.exact, None, causal=causal, scale=scale, bshd=bshd)),), None, (
-                scale, None)
+            exact = bound_call(self.exact, None, causal=causal, scale=scale, bshd=bshd)
+            return ((self.exact, exact),), None, (scale, None)
         dv = v.shape[3] if v.shape[3] != q.shape[3] else None
         uses = frozenset(("dv",)) if dv else frozenset()
         caller = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) if bshd else (q, k, v)
@@ -244,7 +244,6 @@ class Dispatcher:
             adapters = (*adapters, self.exact)
         steps = tuple((a, bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts)) for a in adapters)
         return steps, call, (scale, opts)
-
 
     def decide_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, *, causal: bool,
                     precision: str, needs_grad: bool, forced: str | None, uses: frozenset[str],

@@ -252,9 +252,11 @@ def check_sinks(sinks: Any, q: Any) -> Any:
 def check_index_tensor(name: str, t: Any, *, dims: int, device: Any, shape: str) -> torch.Tensor:
     """An int32 index tensor (offsets, page table, used lengths) of ``dims`` dimensions on ``device``."""
     if not isinstance(t, torch.Tensor) or t.dim() != dims or t.dtype != torch.int32:
-        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise DispatchError(f"{name} must be a {dims}-D int32 tensor {shape}", cause=f"got {got}",
-                            hint=f"build it with dtype=torch.int32, or pass {name}.int()")
+        tensor = isinstance(t, torch.Tensor)
+        got = f"{t.dtype} {tuple(t.shape)}" if tensor else type(t).__name__
+        hint = (f"pass a {dims}-D tensor {shape}" if tensor and t.dtype == torch.int32
+                else f"build it with dtype=torch.int32, or pass {name}.int()")
+        raise DispatchError(f"{name} must be a {dims}-D int32 tensor {shape}", cause=f"got {got}", hint=hint)
     if t.device != device:
         raise DispatchError(f"{name} is on {t.device}, q on {device}", hint=f"{name}.to(q.device)")
     return t

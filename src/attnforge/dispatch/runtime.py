@@ -167,6 +167,7 @@ def attention(
     if torch.compiler.is_compiling():
         qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        scale = None if scale is None else float(scale)  # a numpy scale passed validation; the op takes a float
         out: torch.Tensor = _op.attention_op(qh, kh, vh, causal, scale, backend, precision, needs_grad)
         return out.transpose(1, 2) if layout == "bshd" else out
     dispatcher = _DISPATCHER or get_dispatcher()
