@@ -1,5 +1,5 @@
 """Routing with features, at the adapter seam: a backend lacking a feature is never chosen, a backend compiled per
-shape needs a measured win and static shapes, and a backend that raises is disabled for one shape class with
+shape needs a measured win and static shapes, and a backend that raises is skipped for that call signature with
 one warning line."""
 
 from __future__ import annotations
