@@ -23,7 +23,7 @@ bottom-right aligned, as attnforge's default; rows that see no key come back as 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnforge.backends._base import AdapterBase, first
@@ -126,16 +126,81 @@ class FlashAttnAdapter(AdapterBase):
 @dataclass(slots=True, kw_only=True)
 class FlashAttn3Adapter(FlashAttnAdapter):
     """FlashAttention-3 (``flash_attn_interface``, Hopper): as FA2 without dropout; its capabilities can be
-    narrowed to what a slim build compiled (:func:`capabilities_from_build`)."""
+    narrowed to what a slim build compiled (:func:`capabilities_from_build`).
+
+    Its bound route calls the registered ops directly (:mod:`attnforge.backends._fa3_direct`) when their
+    schemas are the ones mirrored there; any other build keeps the public ``flash_attn_func``.
+
+    Attributes:
+        op_namespace: the ``torch.ops`` namespace of the ops (tests register the mirrored schemas in their own).
+    """
+
+    op_namespace: str = "flash_attn_3"
+    _ops: list[Any] = field(default_factory=list, repr=False)
+
+    def direct_ops(self) -> Any:
+        """The ops to call directly (:class:`~attnforge.backends._fa3_direct.Fa3Ops`), or None when the
+        installed build registers other schemas; looked up once. Raises what importing the package raises."""
+        if not self._ops:
+            from attnforge.backends import _fa3_direct
+
+            self.module()  # importing flash_attn_interface registers the ops (it imports flash_attn_3._C)
+            self._ops.append(_fa3_direct.find_ops(self.op_namespace))
+        return self._ops[0]
+
+    def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
+        """The plain call bound for a route: the ops called directly, forward-only when ``call`` needs no
+        gradient (:func:`attnforge.backends._fa3_direct.bind`); the public function when the schemas differ.
+        The scale defaults to ``D ** -0.5`` here, as ``FlashAttnFunc.forward`` defaults it."""
+        ops = self.direct_ops()
+        if ops is None:
+            return FlashAttnAdapter.bind(self, call, scale=scale, bshd=bshd)
+        from attnforge.backends import _fa3_direct
+
+        return _fa3_direct.bind(ops, scale=scale if scale is not None else call.head_dim ** -0.5,
+                                causal=call.causal, bshd=bshd, needs_grad=call.needs_grad)
 
 
 @dataclass(slots=True, kw_only=True)
 class FlashAttn4Adapter(FlashAttnAdapter):
     """FlashAttention-4 (``flash_attn.cute``): ``window_size`` sides are None when unbounded, sinks are
-    ``learnable_sink``, the lse is ``return_lse``."""
+    ``learnable_sink``, the lse is ``return_lse``.
+
+    Its bound route for a call that needs no gradient calls ``_flash_attn_fwd`` without the autograd node
+    (:mod:`attnforge.backends._fa4_direct`) when the installed version is one that module mirrors.
+    """
 
     unbounded: ClassVar[int | None] = None
     lse_keyword: ClassVar[str] = "return_lse"
+    _forward: list[Any] = field(default_factory=list, repr=False)
+
+    def direct_forward(self) -> Any:
+        """``flash_attn.cute.interface._flash_attn_fwd`` when the installed flash-attn-4 is a version
+        :data:`~attnforge.backends._fa4_direct.VERSIONS` names, else None; looked up once."""
+        if not self._forward:
+            import importlib
+
+            from attnforge.backends import _fa4_direct
+            from attnforge.probe.backends import installed_versions
+
+            version = next((v for _, v in installed_versions(self.requirement.distributions)), None)
+            found = None
+            if version in _fa4_direct.VERSIONS:
+                self.module()
+                found = getattr(importlib.import_module(_fa4_direct.INTERFACE), "_flash_attn_fwd", None)
+            self._forward.append(found)
+        return self._forward[0]
+
+    def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
+        """The plain call bound for a route: ``_flash_attn_fwd`` directly when no gradient is needed and the
+        version is mirrored (:func:`attnforge.backends._fa4_direct.bind`), else the public function."""
+        from attnforge.backends import _fa4_direct
+
+        dv = call.head_dim_v or call.head_dim
+        fwd = None if call.needs_grad or dv == _fa4_direct.MLA_HEAD_DIM else self.direct_forward()
+        if fwd is None:
+            return FlashAttnAdapter.bind(self, call, scale=scale, bshd=bshd)
+        return _fa4_direct.bind(fwd, scale=scale, causal=call.causal, bshd=bshd)
 
 
 def capabilities_from_build(base: Capabilities, build: Mapping[str, Any]) -> Capabilities:
