@@ -83,7 +83,7 @@ def _maybe_contiguous(x: Any) -> Any:
     return x.contiguous() if x is not None and x.stride(-1) != 1 else x
 
 
-def _flash_attn_forward(q: Any, k: Any, v: Any, k_new: Any = None, v_new: Any = None,  # noqa: PLR0913, PLR0917
+def _flash_attn_forward(q: Any, k: Any, v: Any, k_new: Any = None, v_new: Any = None,  # noqa: PLR0917 - upstream signature
                         qv: Any = None, out_: Any = None, cu_seqlens_q: Any = None, cu_seqlens_k: Any = None,
                         cu_seqlens_k_new: Any = None, seqused_q: Any = None, seqused_k: Any = None,
                         max_seqlen_q: Any = None, max_seqlen_k: Any = None, page_table: Any = None,
@@ -106,7 +106,7 @@ def _flash_attn_forward(q: Any, k: Any, v: Any, k_new: Any = None, v_new: Any = 
 
 class _Fa3Public(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, q: Any, k: Any, v: Any, softmax_scale: Any, causal: bool,  # noqa: PLR0917
+    def forward(ctx: Any, q: Any, k: Any, v: Any, softmax_scale: Any, causal: bool,  # noqa: PLR0917 - upstream signature
                 window_size: tuple[int, int], softcap: float) -> Any:
         if softmax_scale is None:
             softmax_scale = q.shape[-1] ** (-0.5)
@@ -130,7 +130,7 @@ class _Fa3Public(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
-def _fa3_public(q: Any, k: Any, v: Any, softmax_scale: Any = None, causal: bool = False,
+def _fa3_public(q: Any, k: Any, v: Any, softmax_scale: Any = None, causal: bool = False,  # noqa: PLR0917 - upstream
                 window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Any:
     PUBLIC.append("fa3")
     return _Fa3Public.apply(q, k, v, softmax_scale, causal, window_size, softcap)
@@ -281,7 +281,7 @@ def _fa4_modules(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, 
                                   scale=kw["softmax_scale"]).transpose(1, 2).to(q.dtype)
         return out, None, None, None, None
 
-    def flash_attn_func(q: Any, k: Any, v: Any, qv: Any = None, gather_kv_indices: Any = None,  # noqa: PLR0913, PLR0917
+    def flash_attn_func(q: Any, k: Any, v: Any, qv: Any = None, gather_kv_indices: Any = None,  # noqa: PLR0917 - upstream signature
                         softmax_scale: Any = None, causal: bool = False, window_size: Any = (None, None),
                         learnable_sink: Any = None, softcap: float = 0.0, num_splits: int = 1,
                         pack_gqa: Any = None, deterministic: bool = False, score_mod: Any = None,
@@ -345,3 +345,29 @@ def test_fa4_keeps_flash_attn_func_for_grad_or_another_version(monkeypatch: pyte
     q, k, v = _qkv()
     bound_call(fa4, _call(q, k, causal=True, grad=grad), causal=True, scale=None)(q, k, v)
     assert [s[0] for s in seen] == ["public", "fwd"]
+
+
+# -- verify runs the route the dispatcher serves ----------------------------------------------------------------
+def test_verify_runs_the_direct_entry_so_a_wrong_mapping_fails(fa3: FlashAttn3Adapter,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnforge.catalog.tolerances import load_tolerances
+    from attnforge.verify.cases import generate_cases
+    from attnforge.verify.check import verify_backend
+    from attnforge.verify.device import current_device
+
+    cases = generate_cases(dtypes=("float32",), head_dims=(32,), max_seqlen=24, seed=5)[:4]
+    assert {c.causal for c in cases} == {False, True}
+    good = verify_backend(fa3, device=current_device("cpu"), cases=cases, tolerances=load_tolerances())
+    assert good.ok, good.summary
+    assert len(SEEN["fwd"]) == len(cases) and PUBLIC == []  # every case ran the op directly
+
+    right = _fa3_direct.forward_tail
+
+    def causal_dropped(**kw: Any) -> tuple[Any, ...]:
+        return right(**{**kw, "causal": False})
+
+    monkeypatch.setattr(_fa3_direct, "forward_tail", causal_dropped)
+    bad = verify_backend(dataclasses.replace(fa3, _ops=[]), device=current_device("cpu"), cases=cases,
+                         tolerances=load_tolerances())
+    assert not bad.ok
+    assert any(r.case.causal and r.status.value == "failed" for r in bad.cases)

@@ -184,7 +184,7 @@ def bind(ops: Fa3Ops, *, scale: float, causal: bool, bshd: bool, needs_grad: boo
             return out[0].transpose(1, 2)  # type: ignore[no-any-return]
 
         return forward_bhsd
-    apply = _Fa3Function.apply
+    apply: Callable[..., Any] = _Fa3Function.apply
     grad_tail = backward_tail(scale=scale, causal=causal, window=window, softcap=softcap)
     if bshd:
         def train_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
