@@ -5,13 +5,15 @@
 Variants (each skipped, with the reason, where this machine lacks it):
 
 - ``sdpa``: ``F.scaled_dot_product_attention`` on [B, H, S, D];
-- ``fa3_public`` / ``fa4_public``: ``flash_attn_interface.flash_attn_func`` / ``flash_attn.cute.flash_attn_func``
-  on [B, S, H, D];
-- ``fa3_direct`` / ``fa4_direct``: the adapter's bound call (``attnforge.backends.bound.bound_call``: the route the
-  dispatcher serves; for FA3 ``torch.ops.flash_attn_3.fwd`` called positionally, for FA4 ``_flash_attn_fwd``
-  without ``FlashAttnFunc.apply`` when no gradient is needed) on [B, S, H, D];
-- ``attention_fa3`` / ``attention_fa4`` / ``attention_flex``: ``attnforge.attention(..., backend=...)`` (bshd for
-  the FlashAttention family, bhsd for Flex): the dispatcher's hot path around the route;
+- ``fa2_public`` / ``fa3_public`` / ``fa4_public``: ``flash_attn.flash_attn_func`` /
+  ``flash_attn_interface.flash_attn_func`` / ``flash_attn.cute.flash_attn_func`` on [B, S, H, D];
+- ``fa2_direct`` / ``fa3_direct`` / ``fa4_direct``: the adapter's bound call (``attnforge.backends.bound.bound_call``:
+  the route the dispatcher serves; FA2 ``flash_attn_2_cuda.fwd`` and FA3 ``torch.ops.flash_attn_3.fwd`` called
+  positionally, FA4 ``_flash_attn_fwd`` without ``FlashAttnFunc.apply`` when no gradient is needed) on
+  [B, S, H, D] (``*_direct_entry_found``: False means the installed version is not one mirrored, and this row
+  times the public function);
+- ``attention_fa2`` / ``attention_fa3`` / ``attention_fa4`` / ``attention_flex``: ``attnforge.attention(...,
+  backend=...)`` (bshd for the FlashAttention family, bhsd for Flex): the dispatcher's hot path around the route;
 - ``attention``: ``attnforge.attention(q, k, v)`` on [B, H, S, D], its own choice (named in the output);
 - ``attention_graph``: ``torch.cuda.graph`` capture of ``attention()`` (its choice), then ``graph.replay()``.
 
@@ -83,7 +85,7 @@ def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool,
         except Exception as exc:  # a missing backend, or one that cannot run here
             skipped[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
 
-    for bid, tag in (("flash-attn-3", "fa3"), ("flash-attn-4", "fa4")):
+    for bid, tag in (("flash-attn", "fa2"), ("flash-attn-3", "fa3"), ("flash-attn-4", "fa4")):
         adapter = adapters[bid]
         problem = adapter.load_error() if device == "cuda" else "needs CUDA"
         if problem:
@@ -106,8 +108,7 @@ def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool,
                 a, b_ = fns[f"{tag}_public"](), fns[f"{tag}_direct"]()
             a = a[0] if isinstance(a, tuple) else a
             notes[f"{tag}_direct_identical_to_public"] = bool(torch.equal(a, b_))
-        if tag == "fa3":
-            notes["fa3_direct_ops"] = adapter.direct_ops() is not None  # type: ignore[attr-defined]
+        notes[f"{tag}_direct_entry_found"] = adapter.direct_entry() is not None  # type: ignore[attr-defined]
     add("attention_flex", lambda: lambda: attnforge.attention(q, k, v, causal=causal, backend="flex"))
     add("attention", lambda: lambda: attnforge.attention(q, k, v, causal=causal))
     notes["attention_chose"] = attnforge.explain(q, k, v, causal=causal).chosen
@@ -191,10 +192,9 @@ def main() -> int:
                 print(f"  {name:<16} {t['median']:8.1f} us  ({t['min']:.1f}-{t['max']:.1f})")
             for name, why in row.get("skipped", {}).items():
                 print(f"  {name:<16} skipped: {why}")
-            for key in ("fa3_direct_identical_to_public", "fa4_direct_identical_to_public",
-                        "attention_graph_equals_eager", "fa3_direct_ops", "error"):
-                if key in row:
-                    print(f"  {key}: {row[key]}")
+            for key, value in row.items():
+                if key.endswith(("_identical_to_public", "_equals_eager", "_entry_found")) or key == "error":
+                    print(f"  {key}: {value}")
             args.out.write_text(json.dumps(report, indent=2, default=str))
     return 0
 

@@ -61,7 +61,7 @@ def _call(q: torch.Tensor, k: torch.Tensor, *, causal: bool, grad: bool) -> Atte
 def test_fa3_direct_equals_the_public_function(hq: int, hkv: int, sq: int, sk: int, d: int,  # noqa: PLR0917
                                                causal: bool, bshd: bool) -> None:
     fa3 = _usable("flash-attn-3")
-    assert fa3.direct_ops() is not None, "this FA3 build registers other op schemas: the direct entry is off"
+    assert fa3.direct_entry() is not None, "this FA3 build registers other op schemas: the direct entry is off"
     q, k, v = _qkv(hq, hkv, sq, sk, d, grad=True)
     if fa3.unsupported_reasons(_call(q, k, causal=causal, grad=True)):
         pytest.skip("; ".join(fa3.unsupported_reasons(_call(q, k, causal=causal, grad=True))))

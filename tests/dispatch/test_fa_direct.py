@@ -1,12 +1,14 @@
-"""The direct kernel entries of FlashAttention 3 and 4 against their public functions, on CPU.
+"""The direct kernel entries of FlashAttention 2, 3 and 4 against their public functions, on CPU.
 
 Fakes only at the kernel seam: FA3's ``fwd``/``bwd`` are real ``torch.library`` ops registered here with the
 schemas :mod:`attnforge.backends._fa3_direct` mirrors (in a test namespace, a CPU kernel computing the float64
 reference and recording its positional arguments); the public ``flash_attn_func`` of each version is a
 transcription of upstream's Python path onto the same seam (FA3: ``FlashAttnFunc`` -> ``_flash_attn_forward`` ->
 the op, hopper/flash_attn_interface.py @0251105a; FA4: ``FlashAttnFunc`` -> ``_flash_attn_fwd``,
-flash_attn/cute/interface.py @4.0.0b36). Each direct entry must hand the kernel exactly what the public path
-hands it, and return the same output and gradients.
+flash_attn/cute/interface.py @4.0.0b36; FA2: ``FlashAttnFunc`` -> ``flash_attn_2_cuda.fwd``/``bwd`` over a fake
+native module, flash_attn_interface.py @v2.8.3, without the padding of head dims that are not a multiple of 8,
+which the direct entry leaves to the public function). Each direct entry must hand the kernel exactly what the
+public path hands it, and return the same output and gradients.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from typing import Any
 import pytest
 import torch
 
-from attnforge.backends import _fa3_direct, _fa4_direct, registry
+from attnforge.backends import _fa2_direct, _fa3_direct, _fa4_direct, registry
 from attnforge.backends._base import Requirement
 from attnforge.backends.adapter import AttentionCall, reference_attention
 from attnforge.backends.bound import bound_call
-from attnforge.backends.flash import FlashAttn3Adapter, FlashAttn4Adapter
+from attnforge.backends.flash import FlashAttn3Adapter, FlashAttn4Adapter, FlashAttnAdapter
 
 NS = "attnforge_fa3_direct_test"
 OTHER_NS = "attnforge_fa3_other_test"
@@ -213,7 +215,7 @@ def test_fa3_direct_forward_passes_what_the_public_entry_passes(fa3: FlashAttn3A
 def test_fa3_direct_maps_window_and_softcap_as_the_public_entry(fa3: FlashAttn3Adapter, window: tuple[int, int],
                                                                 softcap: float) -> None:
     q, k, v = (t.transpose(1, 2) for t in _qkv(sq=7))
-    ops = fa3.direct_ops()
+    ops = fa3.direct_entry()
     out = _fa3_direct.bind(ops, scale=0.4, causal=False, bshd=True, needs_grad=False, window=window,
                            softcap=softcap)(q, k, v)
     want = _fa3_public(q, k, v, softmax_scale=0.4, causal=False, window_size=window, softcap=softcap)
@@ -254,7 +256,7 @@ def test_fa3_another_schema_keeps_the_public_function(fa3: FlashAttn3Adapter) ->
     assert _fa3_direct.find_ops(NS) is not None
     assert _fa3_direct.find_ops(OTHER_NS) is None
     assert _fa3_direct.find_ops("attnforge_no_such_namespace") is None
-    other = dataclasses.replace(fa3, op_namespace=OTHER_NS, _ops=[])
+    other = dataclasses.replace(fa3, op_namespace=OTHER_NS, _direct=[])
     q, k, v = _qkv()
     out = bound_call(other, _call(q, k, causal=True, grad=False), causal=True, scale=None)(q, k, v)
     assert PUBLIC == ["fa3"]
@@ -367,7 +369,117 @@ def test_verify_runs_the_direct_entry_so_a_wrong_mapping_fails(fa3: FlashAttn3Ad
         return right(**{**kw, "causal": False})
 
     monkeypatch.setattr(_fa3_direct, "forward_tail", causal_dropped)
-    bad = verify_backend(dataclasses.replace(fa3, _ops=[]), device=current_device("cpu"), cases=cases,
+    bad = verify_backend(dataclasses.replace(fa3, _direct=[]), device=current_device("cpu"), cases=cases,
                          tolerances=load_tolerances())
     assert not bad.ok
     assert any(r.case.causal and r.status.value == "failed" for r in bad.cases)
+
+
+# -- FA2 ------------------------------------------------------------------------------------------------------
+def _fa2_modules(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, ...]]]:
+    """A fake ``flash_attn_2_cuda`` (``fwd``/``bwd`` record their positional arguments and compute the
+    reference) and a fake ``flash_attn`` whose ``flash_attn_func`` is upstream's ``FlashAttnFunc`` ->
+    ``_flash_attn_forward`` path (flash_attn_interface.py @v2.8.3 lines 76-106, 237-286, 807-890, 1135)."""
+    seen: list[tuple[str, tuple[Any, ...]]] = []
+    native = types.ModuleType("fake_fa2_cuda")
+
+    def fwd(*args: Any) -> Any:
+        seen.append(("fwd", args))
+        q, k, v, _out, _alibi, _dropout, scale, causal, left, right, softcap = args[:11]
+        out = _bshd_reference(q, k, v, scale=scale, causal=causal, left=left, right=right, softcap=softcap)
+        return out, torch.zeros(q.shape[0], q.shape[2], q.shape[1]), q.new_empty(0), torch.zeros(2)
+
+    def bwd(*args: Any) -> Any:
+        seen.append(("bwd", args))
+        dout, q, k, v, _out, _lse, dq, dk, dv, _alibi, _dropout, scale, causal, left, right, softcap = args[:16]
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        with torch.enable_grad():
+            out = _bshd_reference(*leaves, scale=scale, causal=causal, left=left, right=right, softcap=softcap)
+            grads = torch.autograd.grad(out, leaves, dout)
+        for into, grad in zip((dq, dk, dv), grads, strict=True):
+            into.copy_(grad)
+        return dq, dk, dv, q.new_zeros(1)
+
+    native.fwd, native.bwd = fwd, bwd  # type: ignore[attr-defined]
+
+    class FlashAttnFunc(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, q: Any, k: Any, v: Any, dropout_p: float, softmax_scale: Any,  # noqa: PLR0917 - upstream signature
+                    causal: bool, window_size: Any, softcap: float, alibi_slopes: Any, deterministic: bool,
+                    return_softmax: bool, is_grad_enabled: bool) -> Any:
+            if softmax_scale is None:
+                softmax_scale = q.shape[-1] ** (-0.5)
+            q, k, v = (_maybe_contiguous(x) for x in (q, k, v))
+            out, lse, _, rng_state = native.fwd(q, k, v, None, alibi_slopes, dropout_p, softmax_scale, causal,
+                                                window_size[0], window_size[1], softcap,
+                                                return_softmax and dropout_p > 0, None)
+            ctx.save_for_backward(q, k, v, out, lse, rng_state)
+            ctx.args = (dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, dout: Any) -> Any:
+            q, k, v, out, lse, rng_state = ctx.saved_tensors
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            dropout_p, scale, causal, window, softcap, alibi, deterministic = ctx.args
+            dout, q, k, v, out = (_maybe_contiguous(x) for x in (dout, q, k, v, out))
+            native.bwd(dout, q, k, v, out, lse, dq, dk, dv, alibi, dropout_p, scale, causal, window[0], window[1],
+                       softcap, deterministic, None, rng_state)
+            return dq, dk, dv, *(None,) * 9
+
+    def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = 0.0, softmax_scale: Any = None,  # noqa: PLR0917 - upstream signature
+                        causal: bool = False, window_size: Any = (-1, -1), softcap: float = 0.0,
+                        alibi_slopes: Any = None, deterministic: bool = False, return_attn_probs: bool = False) -> Any:
+        seen.append(("public", ()))
+        return FlashAttnFunc.apply(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                   deterministic, return_attn_probs, torch.is_grad_enabled())
+
+    public = types.ModuleType("fake_fa2")
+    public.flash_attn_func = flash_attn_func  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_fa2", public)
+    monkeypatch.setitem(sys.modules, "fake_fa2_cuda", native)
+    monkeypatch.setattr(_fa2_direct, "NATIVE", "fake_fa2_cuda")
+    return seen
+
+
+def _fa2(monkeypatch: pytest.MonkeyPatch, *, version_matches: bool) -> Any:
+    monkeypatch.setattr(_fa2_direct, "VERSIONS", frozenset({pytest.__version__ if version_matches else "0.0.0"}))
+    return FlashAttnAdapter(name="flash-attn", caps=_caps("flash-attn"),
+                            requirement=Requirement(modules=("fake_fa2",), distributions=("pytest",)))
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+@pytest.mark.parametrize(("dims", "causal", "scale"), CASES[:4])
+def test_fa2_direct_passes_what_the_public_entry_passes(monkeypatch: pytest.MonkeyPatch,  # noqa: PLR0917 - parametrized
+                                                        dims: dict[str, int], causal: bool, scale: float | None,
+                                                        bshd: bool, grad: bool) -> None:
+    seen = _fa2_modules(monkeypatch)
+    fa2 = _fa2(monkeypatch, version_matches=True)
+    q, k, v = _qkv(**dims, grad=grad)
+    args = tuple(t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
+    out = bound_call(fa2, _call(q, k, causal=causal, grad=grad), causal=causal, scale=scale, bshd=bshd)(*args)
+    bshd_args = args if bshd else tuple(t.transpose(1, 2) for t in args)
+    want = sys.modules["fake_fa2"].flash_attn_func(*bshd_args, softmax_scale=scale, causal=causal)
+    want = want if bshd else want.transpose(1, 2)
+    torch.testing.assert_close(out, want)
+    if grad:
+        got_grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+        want_grads = torch.autograd.grad(want.square().sum(), (q, k, v))
+        for g, w in zip(got_grads, want_grads, strict=True):
+            torch.testing.assert_close(g, w)
+    kinds = [s[0] for s in seen]
+    assert kinds == (["fwd", "public", "fwd", "bwd", "bwd"] if grad else ["fwd", "public", "fwd"])
+    pairs = [(seen[0][1], seen[2][1])] + ([(seen[3][1], seen[4][1])] if grad else [])
+    for got_args, want_args in pairs:
+        _same_args(got_args, want_args)
+
+
+@pytest.mark.parametrize(("d", "version_matches"), [(12, True), (8, False)], ids=["d12-padded", "other-version"])
+def test_fa2_keeps_the_public_function_for_padded_head_dims_or_another_version(
+        monkeypatch: pytest.MonkeyPatch, d: int, version_matches: bool) -> None:
+    seen = _fa2_modules(monkeypatch)
+    fa2 = _fa2(monkeypatch, version_matches=version_matches)
+    q, k, v = _qkv(d=d)
+    bound_call(fa2, _call(q, k, causal=True, grad=False), causal=True, scale=None)(q, k, v)
+    assert seen[0][0] == "public"

@@ -53,6 +53,8 @@ class FlashAttnAdapter(AdapterBase):
     unbounded: ClassVar[int | None] = -1
     #: the keyword that asks for the log-sum-exp
     lse_keyword: ClassVar[str] = "return_attn_probs"
+    #: the direct kernel entry, looked up once (:meth:`direct_entry`)
+    _direct: list[Any] = field(default_factory=list, repr=False)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None, **features: Any) -> Any:
@@ -68,10 +70,47 @@ class FlashAttnAdapter(AdapterBase):
             return out[0].transpose(1, 2), out[1]
         return out.transpose(1, 2)
 
+    def direct_entry(self) -> Any:
+        """What the bound route calls instead of the public function, or None where the installed package is not
+        one a direct entry mirrors; looked up once. FA2: the ``flash_attn_2_cuda`` module
+        (:mod:`attnforge.backends._fa2_direct`). Raises what importing the package raises."""
+        if not self._direct:
+            self._direct.append(self._find_direct())
+        return self._direct[0]
+
+    def _find_direct(self) -> Any:
+        import importlib
+
+        from attnforge.backends import _fa2_direct
+
+        if self.installed_version() not in _fa2_direct.VERSIONS:
+            return None
+        self.module()
+        return importlib.import_module(_fa2_direct.NATIVE)
+
+    def installed_version(self) -> str | None:
+        """The version of the first installed distribution of the backend (package metadata, no import)."""
+        from attnforge.probe.backends import installed_versions
+
+        return next((v for _, v in installed_versions(self.requirement.distributions)), None)
+
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
-        """The plain call bound for a route (:func:`attnforge.backends.bound.bound_call`): ``(q, k, v)`` in the
-        caller's layout straight into ``flash_attn_func`` (bhsd through ``transpose(1, 2)`` views both ways),
-        the module looked up once. Raises what importing the module raises."""
+        """The plain call bound for a route (:func:`attnforge.backends.bound.bound_call`): FA2's native
+        ``fwd``/``bwd`` called directly when the version is mirrored and D is a multiple of 8
+        (:func:`attnforge.backends._fa2_direct.bind`), else :meth:`bind_public`."""
+        from attnforge.backends import _fa2_direct
+
+        native = None if call.head_dim % _fa2_direct.HEAD_DIM_MULTIPLE else self.direct_entry()
+        if native is None:
+            return self.bind_public(call, scale=scale, bshd=bshd)
+        return _fa2_direct.bind(native, scale=scale if scale is not None else call.head_dim ** -0.5,
+                                causal=call.causal, bshd=bshd, needs_grad=call.needs_grad)
+
+    def bind_public(self, call: AttentionCall, *, scale: float | None,
+                    bshd: bool) -> Callable[..., torch.Tensor]:
+        """The plain call bound to the public function: ``(q, k, v)`` in the caller's layout straight into
+        ``flash_attn_func`` (bhsd through ``transpose(1, 2)`` views both ways), the module looked up once.
+        Raises what importing the module raises."""
         kernel = self.module().flash_attn_func
         causal = call.causal
         if bshd:
@@ -136,25 +175,22 @@ class FlashAttn3Adapter(FlashAttnAdapter):
     """
 
     op_namespace: str = "flash_attn_3"
-    _ops: list[Any] = field(default_factory=list, repr=False)
 
-    def direct_ops(self) -> Any:
+    def _find_direct(self) -> Any:
         """The ops to call directly (:class:`~attnforge.backends._fa3_direct.Fa3Ops`), or None when the
-        installed build registers other schemas; looked up once. Raises what importing the package raises."""
-        if not self._ops:
-            from attnforge.backends import _fa3_direct
+        installed build registers other schemas."""
+        from attnforge.backends import _fa3_direct
 
-            self.module()  # importing flash_attn_interface registers the ops (it imports flash_attn_3._C)
-            self._ops.append(_fa3_direct.find_ops(self.op_namespace))
-        return self._ops[0]
+        self.module()  # importing flash_attn_interface registers the ops (it imports flash_attn_3._C)
+        return _fa3_direct.find_ops(self.op_namespace)
 
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
         """The plain call bound for a route: the ops called directly, forward-only when ``call`` needs no
         gradient (:func:`attnforge.backends._fa3_direct.bind`); the public function when the schemas differ.
         The scale defaults to ``D ** -0.5`` here, as ``FlashAttnFunc.forward`` defaults it."""
-        ops = self.direct_ops()
+        ops = self.direct_entry()
         if ops is None:
-            return FlashAttnAdapter.bind(self, call, scale=scale, bshd=bshd)
+            return self.bind_public(call, scale=scale, bshd=bshd)
         from attnforge.backends import _fa3_direct
 
         return _fa3_direct.bind(ops, scale=scale if scale is not None else call.head_dim ** -0.5,
@@ -172,24 +208,18 @@ class FlashAttn4Adapter(FlashAttnAdapter):
 
     unbounded: ClassVar[int | None] = None
     lse_keyword: ClassVar[str] = "return_lse"
-    _forward: list[Any] = field(default_factory=list, repr=False)
 
-    def direct_forward(self) -> Any:
+    def _find_direct(self) -> Any:
         """``flash_attn.cute.interface._flash_attn_fwd`` when the installed flash-attn-4 is a version
-        :data:`~attnforge.backends._fa4_direct.VERSIONS` names, else None; looked up once."""
-        if not self._forward:
-            import importlib
+        :data:`~attnforge.backends._fa4_direct.VERSIONS` names, else None."""
+        import importlib
 
-            from attnforge.backends import _fa4_direct
-            from attnforge.probe.backends import installed_versions
+        from attnforge.backends import _fa4_direct
 
-            version = next((v for _, v in installed_versions(self.requirement.distributions)), None)
-            found = None
-            if version in _fa4_direct.VERSIONS:
-                self.module()
-                found = getattr(importlib.import_module(_fa4_direct.INTERFACE), "_flash_attn_fwd", None)
-            self._forward.append(found)
-        return self._forward[0]
+        if self.installed_version() not in _fa4_direct.VERSIONS:
+            return None
+        self.module()
+        return getattr(importlib.import_module(_fa4_direct.INTERFACE), "_flash_attn_fwd", None)
 
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
         """The plain call bound for a route: ``_flash_attn_fwd`` directly when no gradient is needed and the
@@ -197,9 +227,9 @@ class FlashAttn4Adapter(FlashAttnAdapter):
         from attnforge.backends import _fa4_direct
 
         dv = call.head_dim_v or call.head_dim
-        fwd = None if call.needs_grad or dv == _fa4_direct.MLA_HEAD_DIM else self.direct_forward()
+        fwd = None if call.needs_grad or dv == _fa4_direct.MLA_HEAD_DIM else self.direct_entry()
         if fwd is None:
-            return FlashAttnAdapter.bind(self, call, scale=scale, bshd=bshd)
+            return self.bind_public(call, scale=scale, bshd=bshd)
         return _fa4_direct.bind(fwd, scale=scale, causal=call.causal, bshd=bshd)
 
 
