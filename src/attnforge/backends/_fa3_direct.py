@@ -20,7 +20,7 @@ Mirrored upstream (github.com/Dao-AILab/flash-attention @0251105a, 2026-08-15):
   ``dq, dk, dv = empty_like``, ``deterministic=False``) and lines 258-309 (``_flash_attn_backward``).
 
 Pinned: :func:`find_ops` hands out the ops only when their registered schemas are exactly the mirrored ones
-(another FA3 build, older or newer, keeps the public function); tests/backends/test_fa3_direct.py registers
+(another FA3 build, older or newer, keeps the public function); tests/dispatch/test_direct_entries.py registers
 the mirrored schemas in a test namespace on CPU and checks the mapping against the public path.
 """
 

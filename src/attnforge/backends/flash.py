@@ -88,12 +88,6 @@ class FlashAttnAdapter(AdapterBase):
         self.module()
         return importlib.import_module(_fa2_direct.NATIVE)
 
-    def installed_version(self) -> str | None:
-        """The version of the first installed distribution of the backend (package metadata, no import)."""
-        from attnforge.probe.backends import installed_versions
-
-        return next((v for _, v in installed_versions(self.requirement.distributions)), None)
-
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
         """The plain call bound for a route (:func:`attnforge.backends.bound.bound_call`): FA2's native
         ``fwd``/``bwd`` called directly when the version is mirrored and D is a multiple of 8

@@ -483,3 +483,82 @@ def test_fa2_keeps_the_public_function_for_padded_head_dims_or_another_version(
     q, k, v = _qkv(d=d)
     bound_call(fa2, _call(q, k, causal=True, grad=False), causal=True, scale=None)(q, k, v)
     assert seen[0][0] == "public"
+
+
+# -- SageAttention ----------------------------------------------------------------------------------------------
+def _sage_module(monkeypatch: pytest.MonkeyPatch, arch: tuple[int, int]) -> list[tuple[str, dict[str, Any]]]:
+    """A fake ``sageattention`` whose ``sageattn`` picks the kernel per arch as upstream's does
+    (sageattention/core.py:143-157 @d1a57a5; the arch comes from ``arch`` here, not the GPU)."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+    module = types.ModuleType("fake_sage")
+
+    def kernel(name: str) -> Any:
+        def run(q: Any, k: Any, v: Any, **kw: Any) -> Any:
+            seen.append((name, kw))
+            layout = kw["tensor_layout"]
+            qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v)) if layout == "NHD" else (q, k, v)
+            out = reference_attention(qh, kh, vh, causal=kw["is_causal"], scale=kw["sm_scale"]).to(q.dtype)
+            return out.transpose(1, 2) if layout == "NHD" else out
+        return run
+
+    for name in ("sageattn_qk_int8_pv_fp16_cuda", "sageattn_qk_int8_pv_fp16_triton", "sageattn_qk_int8_pv_fp8_cuda",
+                 "sageattn_qk_int8_pv_fp8_cuda_sm90"):
+        setattr(module, name, kernel(name))
+    m: Any = module
+
+    def sageattn(q: Any, k: Any, v: Any, tensor_layout: str = "HND", is_causal: bool = False,  # noqa: PLR0917 - upstream signature
+                 sm_scale: Any = None, return_lse: bool = False, **kwargs: Any) -> Any:
+        seen.append(("public", {}))
+        common = {"tensor_layout": tensor_layout, "is_causal": is_causal, "sm_scale": sm_scale,
+                  "return_lse": return_lse}
+        name = f"sm{arch[0]}{arch[1]}"
+        if name == "sm80":
+            return m.sageattn_qk_int8_pv_fp16_cuda(q, k, v, **common, pv_accum_dtype="fp32")
+        if name == "sm86":
+            return m.sageattn_qk_int8_pv_fp16_triton(q, k, v, **common)
+        if name == "sm89":
+            return m.sageattn_qk_int8_pv_fp8_cuda(q, k, v, **common, pv_accum_dtype="fp32+fp16")
+        if name == "sm90":
+            return m.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, **common, pv_accum_dtype="fp32+fp32")
+        if name in {"sm120", "sm121"}:
+            return m.sageattn_qk_int8_pv_fp8_cuda(q, k, v, **common, qk_quant_gran="per_warp",
+                                                  pv_accum_dtype="fp32+fp16")
+        raise ValueError(f"Unsupported CUDA architecture: {name}")
+
+    module.sageattn = sageattn  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_sage", module)
+    return seen
+
+
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+@pytest.mark.parametrize("arch", [(8, 0), (8, 6), (8, 9), (9, 0), (12, 0), (12, 1)], ids=str)
+def test_sage_direct_calls_the_kernel_sageattn_picks_with_its_keywords(monkeypatch: pytest.MonkeyPatch,
+                                                                       arch: tuple[int, int], bshd: bool) -> None:
+    from attnforge.backends import external
+
+    seen = _sage_module(monkeypatch, arch)
+    monkeypatch.setattr(external, "SAGE_DIRECT_VERSIONS", frozenset({pytest.__version__}))
+    sage = external.SageAdapter(name="sageattention-2", caps=_caps("sageattention-2"),
+                                requirement=Requirement(modules=("fake_sage",), distributions=("pytest",)))
+    q, k, v = _qkv(hkv=4, sk=5)
+    call = dataclasses.replace(_call(q, k, causal=True, grad=False), compute_capability=arch)
+    args = tuple(t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
+    out = bound_call(sage, call, causal=True, scale=0.3, bshd=bshd)(*args)
+    want = sys.modules["fake_sage"].sageattn(*args, tensor_layout="NHD" if bshd else "HND", is_causal=True,
+                                             sm_scale=0.3)
+    assert [s[0] for s in seen][1] == "public"
+    assert seen[0] == seen[2]  # the same kernel function with the same keywords
+    torch.testing.assert_close(out, want)
+
+
+def test_sage_another_version_or_arch_keeps_sageattn(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnforge.backends import external
+
+    sage = external.SageAdapter(name="sageattention-2", caps=_caps("sageattention-2"),
+                                requirement=Requirement(modules=("fake_sage",), distributions=("pytest",)))
+    q, k, _ = _qkv()
+    call = dataclasses.replace(_call(q, k, causal=False, grad=False), compute_capability=(9, 0))
+    assert sage.bind(call, scale=None, bshd=False) is None  # pytest's version is not a SageAttention one
+    monkeypatch.setattr(external, "SAGE_DIRECT_VERSIONS", frozenset({pytest.__version__}))
+    other = dataclasses.replace(call, compute_capability=(7, 5))
+    assert sage.bind(other, scale=None, bshd=False) is None
