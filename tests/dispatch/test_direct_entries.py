@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+import attnforge
 from attnforge.backends import _fa2_direct, _fa3_direct, _fa4_direct, registry
 from attnforge.backends._base import Requirement
 from attnforge.backends.adapter import AttentionCall, reference_attention
@@ -562,3 +563,28 @@ def test_sage_another_version_or_arch_keeps_sageattn(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(external, "SAGE_DIRECT_VERSIONS", frozenset({pytest.__version__}))
     other = dataclasses.replace(call, compute_capability=(7, 5))
     assert sage.bind(other, scale=None, bshd=False) is None
+
+
+# -- torch.compile and the direct entry -------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch internals imported by dynamo
+def test_fullgraph_compile_serves_the_direct_entry_without_a_graph_break(fa3: FlashAttn3Adapter,
+                                                                         tmp_path: Any) -> None:
+    from attnforge.dispatch import runtime
+    from attnforge.records import RecordStore
+
+    previous = runtime.set_dispatcher(runtime.Dispatcher({"flash-attn-3": fa3}, records=RecordStore(tmp_path)))
+    try:
+        torch._dynamo.reset()
+        q, k, v = (t.transpose(1, 2) for t in _qkv())
+
+        def block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return attnforge.attention(q, k, v, causal=True, layout="bshd", backend="flash-attn-3") * 2
+
+        explained = torch._dynamo.explain(block)(q, k, v)
+        assert explained.graph_break_count == 0
+        out = torch.compile(block, fullgraph=True, backend="aot_eager")(q, k, v)
+    finally:
+        runtime.set_dispatcher(previous)
+    assert SEEN["fwd"] and PUBLIC == []  # the op ran, the public function did not
+    ref = reference_attention(*(t.transpose(1, 2) for t in (q, k, v)), causal=True).transpose(1, 2) * 2
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
