@@ -118,3 +118,18 @@ def test_attention_captured_in_a_cuda_graph_replays_as_eager(backend: str | None
         graph.replay()
         torch.testing.assert_close(static_out, attnforge.attention(q, k, v, causal=True, backend=backend),
                                    atol=0, rtol=0)
+
+
+def test_attention_under_reduce_overhead_compile_matches_eager() -> None:
+    """``torch.compile(mode="reduce-overhead")`` captures the graph around the ``attnforge::attention`` op in a
+    CUDA graph after its warm-up runs; replays must match eager."""
+    torch._dynamo.reset()
+    q, k, v = _qkv(8, 2, 256, 256, 128, grad=False)
+
+    def block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attnforge.attention(q, k, v, causal=True) * 2
+
+    compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+    for _ in range(4):  # warm-up, record, replays
+        out = compiled(q, k, v).clone()
+    torch.testing.assert_close(out, block(q, k, v), atol=0, rtol=0)
