@@ -24,6 +24,7 @@ then builds the autograd graph, as in training). Outputs of each direct entry ar
 entry (``identical``: bit for bit). ``--device cpu`` is a dry run of this script (what CPU lacks is skipped).
 
     python scripts/gpu/overhead.py --out overhead.json [--shapes 1,1,128,128] [--causal on] [--grad]
+        [--backend flash-attn-3]
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def per_call_us(fn: Callable[[], Any], *, calls: int, device: str) -> float:
     return (time.perf_counter_ns() - start) / calls / 1e3
 
 
-def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool,
-             device: str) -> tuple[dict[str, Callable[[], Any]], dict[str, str], dict[str, Any]]:
+def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool, device: str,
+             only: str | None = None) -> tuple[dict[str, Callable[[], Any]], dict[str, str], dict[str, Any]]:
     """(variant -> fn, variant -> why skipped, notes) for one shape."""
     import torch
     import torch.nn.functional as F  # noqa: N812
@@ -88,6 +89,8 @@ def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool,
     for bid, tag in (("flash-attn", "fa2"), ("flash-attn-3", "fa3"), ("flash-attn-4", "fa4")):
         adapter = adapters[bid]
         problem = adapter.load_error() if device == "cuda" else "needs CUDA"
+        if only is not None and only != bid:
+            problem = f"not asked (--backend {only})"
         if problem:
             for name in (f"{tag}_public", f"{tag}_direct", f"attention_{tag}"):
                 skipped[name] = problem.splitlines()[0][:200]
@@ -138,8 +141,8 @@ def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool,
 
 
 def measure(shape: tuple[int, int, int, int], *, causal: bool, grad: bool, device: str, calls: int,
-            warmup: int, rounds: int) -> dict[str, Any]:
-    fns, skipped, notes = variants(shape, causal=causal, grad=grad, device=device)
+            warmup: int, rounds: int, only: str | None) -> dict[str, Any]:
+    fns, skipped, notes = variants(shape, causal=causal, grad=grad, device=device, only=only)
     for fn in fns.values():
         per_call_us(fn, calls=warmup, device=device)
     times: dict[str, list[float]] = {name: [] for name in fns}
@@ -163,6 +166,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=2000, help="calls per timed loop")
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--backend", default=None, choices=("flash-attn", "flash-attn-3", "flash-attn-4"),
+                    help="time only this FlashAttention version's variants (besides SDPA, Flex, attention())")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in part.split(",")) for part in args.shapes.split(";") if part] or SHAPES
     causals = {"both": (False, True), "on": (True,), "off": (False,)}[args.causal]
@@ -182,7 +187,7 @@ def main() -> int:
         for causal in causals:
             try:
                 row = measure(shape, causal=causal, grad=args.grad, device=args.device,  # type: ignore[arg-type]
-                              calls=args.calls, warmup=args.warmup, rounds=args.rounds)
+                              calls=args.calls, warmup=args.warmup, rounds=args.rounds, only=args.backend)
             except Exception as exc:
                 row = {"shape_bhsd": list(shape), "causal": causal, "error": f"{type(exc).__name__}: {exc}"[:500]}
             report["rows"].append(row)
