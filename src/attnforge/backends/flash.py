@@ -18,6 +18,11 @@ Layout: the kernels take ``[B, S, H, D]`` with only the last dim contiguous, so 
 ``transpose(1, 2)`` *views* of bhsd tensors and returns a view of their output: no copy in forward, and
 autograd's gradients flow back through the same views (no copy in backward either). Causal and windows are
 bottom-right aligned, as attnforge's default; rows that see no key come back as zeros.
+
+Bound routes (``bind``: the dispatcher's plain calls, first-use measurement, bench, verify) skip the public
+functions' Python layers where the installed package is one a direct entry mirrors: FA2
+:mod:`~attnforge.backends._fa2_direct`, FA3 :mod:`~attnforge.backends._fa3_direct`, FA4
+:mod:`~attnforge.backends._fa4_direct` (docs/dispatch-overhead.md, 2026-11-26).
 """
 
 from __future__ import annotations
