@@ -588,3 +588,101 @@ def test_fullgraph_compile_serves_the_direct_entry_without_a_graph_break(fa3: Fl
     assert SEEN["fwd"] and PUBLIC == []  # the op ran, the public function did not
     ref = reference_attention(*(t.transpose(1, 2) for t in (q, k, v)), causal=True).transpose(1, 2) * 2
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
+
+
+# -- FA4 replay of the recorded compiled call -------------------------------------------------------------------
+class _Aux:
+    """Stands in for FA4's ``AuxData``: a static object among the compiled call's arguments."""
+
+
+class _FakeFa4:
+    """``_flash_attn_fwd`` as 4.0.0b36 runs a plain call (interface.py:873 allocates out, 1887-1936 call
+    ``compile_cache[key](q, k, v, out, lse, scale, cu_seqlens_q/k, seqused_q/k, page_table, window, sink,
+    block_sparse, aux)``), with a compiled function that writes the reference into ``out``."""
+
+    def __init__(self, *, extra_tensor: bool = False, drift: bool = False) -> None:
+        self.compile_cache: dict[Any, Any] = {}
+        self.calls = 0
+        self.kernel_calls = 0
+        self.extra_tensor, self.drift = extra_tensor, drift
+        self.aux = _Aux()
+
+    def compile(self, causal: bool) -> Any:
+        def kernel(*args: Any) -> None:  # causal is compiled in, as in the real kernels
+            self.kernel_calls += 1
+            q, k, v, out, _lse, scale = args[:6]
+            ref = reference_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                                      scale=scale).transpose(1, 2)
+            out.copy_(ref + (self.kernel_calls if self.drift else 0))
+
+        return kernel
+
+    def __call__(self, q: Any, k: Any, v: Any, **kw: Any) -> Any:
+        self.calls += 1
+        key = (q.dtype, q.shape[-1], kw["causal"], q.stride(), k.stride(), v.stride())
+        if key not in self.compile_cache:
+            self.compile_cache[key] = self.compile(kw["causal"])
+        out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+        lse = torch.empty(1) if self.extra_tensor else None
+        self.compile_cache[key](q.detach(), k.detach(), v.detach(), out.detach(), lse, kw["softmax_scale"] or
+                                q.shape[-1] ** -0.5, None, None, None, None, None, None, None, None, None, self.aux)
+        return out, lse, None, None, None
+
+
+def _bshd(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2).contiguous()
+
+
+def test_fa4_replays_the_recorded_compiled_call_checked_once() -> None:
+    fake = _FakeFa4()
+    run = _fa4_direct.bind(fake, scale=None, causal=True, bshd=True)
+    q, k, v = (_bshd(t) for t in _qkv())
+    first = run(q, k, v)
+    assert (fake.calls, fake.kernel_calls) == (1, 2)  # _flash_attn_fwd once (recording), the replay checked once
+    q2, k2, v2 = (_bshd(t) for t in _qkv(sq=5, sk=7, d=8, hq=4, hkv=2))
+    q2 = q2 * 2
+    for _ in range(3):
+        out = run(q2, k2, v2)
+    assert (fake.calls, fake.kernel_calls) == (1, 5)  # replayed: _flash_attn_fwd not called again
+    ref = reference_attention(*(t.transpose(1, 2) for t in (q2, k2, v2)), causal=True).transpose(1, 2)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
+    assert not torch.equal(first, out)
+    replay = run.replay  # type: ignore[attr-defined]
+    assert replay.args[15] is fake.aux  # the static arguments are the recorded objects
+
+
+def test_fa4_other_strides_go_through_flash_attn_fwd() -> None:
+    fake = _FakeFa4()
+    run = _fa4_direct.bind(fake, scale=0.5, causal=False, bshd=False)  # bhsd: views of [B, H, S, D] tensors
+    q, k, v = _qkv()
+    run(q, k, v)
+    wide = torch.zeros(2, 2, 7, 16)
+    wide[..., :8] = k  # the same shape, other strides
+    out = run(q, wide[..., :8], v)
+    assert fake.calls == 2
+    torch.testing.assert_close(out.double(), reference_attention(q, k, v, scale=0.5), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fake", [pytest.param(_FakeFa4(extra_tensor=True), id="per-call-tensor"),
+                                  pytest.param(_FakeFa4(drift=True), id="replay-differs")])
+def test_fa4_a_call_that_cannot_be_replayed_faithfully_never_is(fake: _FakeFa4) -> None:
+    run = _fa4_direct.bind(fake, scale=None, causal=False, bshd=True)
+    q, k, v = (_bshd(t) for t in _qkv())
+    for _ in range(3):
+        run(q, k, v)
+    assert fake.calls == 3
+    assert run.replay is None  # type: ignore[attr-defined]
+
+
+def test_fa4_records_nothing_while_a_cuda_graph_captures(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeFa4()
+    run = _fa4_direct.bind(fake, scale=None, causal=False, bshd=True)
+    q, k, v = (_bshd(t) for t in _qkv())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    run(q, k, v)
+    assert (fake.calls, fake.kernel_calls, run.tried) == (1, 1, False)  # type: ignore[attr-defined]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    run(q, k, v)
+    run(q, k, v)
+    assert (fake.calls, fake.kernel_calls) == (2, 4)  # recorded and checked after the capture, then replayed
