@@ -62,6 +62,13 @@ class AdapterBase:
         """Run the kernel (see :mod:`attnforge.backends.adapter` for shapes and the causal rule)."""
         raise NotImplementedError
 
+    def installed_version(self) -> str | None:
+        """The version of the first installed distribution of ``requirement.distributions`` (package metadata,
+        no import); None when none is installed. The direct kernel entries are pinned by it."""
+        from attnforge.probe.backends import installed_versions  # the one reader of installed versions
+
+        return next((version for _, version in installed_versions(self.requirement.distributions)), None)
+
     def module(self, index: int = 0) -> Any:
         """The imported module ``requirement.modules[index]``, imported once per adapter and then held
         (``importlib.import_module`` costs about a microsecond per call; this runs on every call)."""
