@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from attnforge.catalog import Catalog
 from attnforge.errors import ResolveError, UsageError
+from attnforge.fetch.indexes import list_find_links, list_index, list_wheels, parse_simple_page
 from attnforge.resolve import build_spec
 from attnforge.resolve.jobs import GIB, size_jobs
-from attnforge.resolve.listing import list_find_links, list_index, list_wheels, parse_simple_page
 from attnforge.resolve.types import Request
 from tests.resolve.conftest import WHEELS, snapshot
 
