@@ -18,8 +18,11 @@ from typing import Any
 
 import pytest
 
+from attnforge._system.net import HostLookup
 from attnforge.cli import main
-from attnforge.fetch.http import Fetcher, FetchError, ListingCache
+from attnforge.fetch.deadline import NetDeadline
+from attnforge.fetch.http import FetchError, HttpClient
+from attnforge.fetch.listings import ListingCache
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SNAP = FIXTURES / "snapshots"
@@ -71,7 +74,7 @@ def _plan(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str
 
 
 def test_a_lookup_that_never_answers_costs_one_short_deadline(silent_dns: list[str]) -> None:
-    fetcher = Fetcher(lookup_timeout_s=0.5)
+    fetcher = HttpClient(deadline=NetDeadline(hosts=HostLookup(timeout_s=0.5)))
     start = time.monotonic()
     with pytest.raises(FetchError, match=r"no answer to the name lookup within 0.5 s .*unreachable"):
         fetcher.get("http://download.pytorch.example/whl/cu130/")

@@ -141,8 +141,8 @@ class NetDeadline:
             thread.join(first_s)
             if thread.is_alive() and limit_s > first_s:
                 if self.on_wait is not None:
-                    self.on_wait(f"waiting for {what} (up to {limit_s - first_s:.0f} s more of the "
-                                 f"{self.budget_s:g} s network budget, {BUDGET_VARIABLE})")
+                    self.on_wait(f"waiting for {what}: up to {limit_s - first_s:.0f} s more of the "
+                                 f"{self.budget_s:g} s network budget ({BUDGET_VARIABLE})")
                 thread.join(limit_s - first_s)
         finally:
             self.charge(self.clock() - start)
