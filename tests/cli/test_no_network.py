@@ -172,7 +172,7 @@ def test_an_offline_build_of_a_source_it_would_download_is_refused_before_buildi
 def test_an_index_url_whose_host_never_answers_is_one_line_after_one_deadline(
     silent_dns: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``--index-url`` pages (resolve/listing.py) sit behind the same deadline: one wait for the host, however
+    """``--index-url`` pages (fetch/indexes.py) sit behind the same deadline: one wait for the host, however
     many distributions the backend has, then the plan goes on."""
     start = time.monotonic()
     rc, doc = _plan(capsys, "flash-attn", "--snapshot", str(SNAP / "h200_torch2.11_cu130.json"),
