@@ -168,7 +168,7 @@ def test_a_wait_past_two_seconds_is_said_once_through_the_callback(
     with pytest.raises(FetchError):
         HttpClient(deadline=deadline).get(f"{black_hole.url}/simple/flash-attn/")
     assert len(said) == 1
-    assert said[0].startswith(f"waiting for {black_hole.url}/simple/flash-attn/ (up to 1 s more of the 1 s")
+    assert said[0].startswith(f"waiting for {black_hole.url}/simple/flash-attn/: up to 1 s more of the 1 s")
 
 
 def test_an_answer_within_the_notice_time_says_nothing(served: str, no_proxies: None) -> None:
@@ -238,3 +238,32 @@ def test_a_command_shares_one_deadline_and_outside_a_command_each_call_gets_its_
         assert current_deadline() is mine
         assert HttpClient().deadline is mine
     assert current_deadline() is not current_deadline()
+
+
+def test_a_redirect_to_another_host_does_not_carry_the_credentials(served: str, no_proxies: None) -> None:
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", f"{served}/file.whl")  # another port: another host for HTTP
+            self.end_headers()
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        answer = HttpClient(deadline=_deadline()).get(f"http://team:pw@127.0.0.1:{srv.server_address[1]}/simple/")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert answer.body == b"hello"
+    assert "Authorization" not in _Recorder.seen[-1]
+
+
+def test_an_upload_is_not_refused_when_the_budget_is_spent(served: str, no_proxies: None) -> None:
+    deadline = _deadline(budget_s=0)
+    with pytest.raises(FetchError, match="budget"):
+        HttpClient(deadline=deadline).get(f"{served}/x")
+    with HttpClient(deadline=deadline).open(f"{served}/x", bounded=False) as resp:
+        assert resp.read() == b"hello"

@@ -69,9 +69,22 @@ def rate_limit_message(code: int, headers: Mapping[str, str], url: str, *, token
     return f"GitHub API rate limit reached (HTTP {code}) for {url}; it resets {when}{hint}"
 
 
+class _NoCredentialsAcrossHosts(urllib.request.HTTPRedirectHandler):
+    """Follows redirects, but drops ``Authorization`` when one leads to another host (as pip and requests do):
+    an index's password or a GitHub token is never sent to the storage host a file redirects to."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            new.remove_header("Authorization")
+        return new
+
+
 def open_url(req: urllib.request.Request, timeout: float) -> Any:
-    """urllib's opener with the proxies the environment has now (``urlopen`` keeps the ones of its first call)."""
-    return urllib.request.build_opener().open(req, timeout=timeout)
+    """urllib's opener with the proxies the environment has now (``urlopen`` keeps the ones of its first call)
+    and no credentials carried across hosts on a redirect."""
+    return urllib.request.build_opener(_NoCredentialsAcrossHosts).open(req, timeout=timeout)
 
 
 def basic_auth(user: str, password: str) -> str:
@@ -170,7 +183,7 @@ class HttpClient:
                                      method="POST" if data is not None else "GET")
         if scheme == "file":
             return self._attempt(req, read=read, what=target, bounded=False)
-        place = self._check_place(target)
+        place = self._check_place(target, bounded=bounded)
         last = ""
         for attempt in range(self.retries):
             if attempt:
@@ -202,16 +215,18 @@ class HttpClient:
                 last = f"{target}: {reason}"
         raise FetchError(f"{last} (after {self.retries} attempts)")
 
-    def _check_place(self, target: str) -> str:
+    def _check_place(self, target: str, *, bounded: bool) -> str:
+        """The first hop of ``target`` once it is known alive and its name resolves (else FetchError)."""
         place = first_hop(target)
         dead = self.deadline.dead(place)
         if dead is not None:
             raise FetchError(f"{target}: not asked, earlier: {dead}")
-        if self.deadline.remaining_s() <= 0:
+        if bounded and self.deadline.remaining_s() <= 0:
             raise FetchError(f"{target}: not asked; {self.deadline.spent_line()}")
         start = time.monotonic()
-        problem = self.deadline.hosts.problem(target, timeout_s=self.deadline.remaining_s())
-        self.deadline.charge(time.monotonic() - start)
+        problem = self.deadline.hosts.problem(target, timeout_s=self.deadline.remaining_s() if bounded else None)
+        if bounded:
+            self.deadline.charge(time.monotonic() - start)
         if problem is not None:
             raise FetchError(problem)
         return place
@@ -228,7 +243,8 @@ class HttpClient:
             if not read:
                 return resp
             with resp:
-                return Answer(status=int(resp.status), body=resp.read(), headers=dict(resp.headers.items()))
+                return Answer(status=int(resp.status or 200), body=resp.read(),  # a file: answer has none
+                              headers=dict(resp.headers.items()))
 
         if not bounded:
             return work()
