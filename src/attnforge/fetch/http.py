@@ -73,8 +73,10 @@ class _NoCredentialsAcrossHosts(urllib.request.HTTPRedirectHandler):
     """Follows redirects, but drops ``Authorization`` when one leads to another host (as pip and requests do):
     an index's password or a GitHub token is never sent to the storage host a file redirects to."""
 
-    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
-                         newurl: str) -> urllib.request.Request | None:
+    def redirect_request(  # noqa: PLR0917 - urllib calls it with these six positional arguments
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
             new.remove_header("Authorization")
