@@ -22,6 +22,7 @@ from pathlib import Path
 from attnforge._system.runner import Runner
 from attnforge.build.frontend import installer_for
 from attnforge.errors import BuildError, InstallError, UsageError
+from attnforge.fetch.deadline import current_deadline
 from attnforge.fetch.download import stream
 from attnforge.fetch.http import shown
 from attnforge.resolve.types import SourceKind, SourceSpec
@@ -162,6 +163,12 @@ def _pip_download(
     source: SourceSpec, *, scratch: Path, python: str, env: Mapping[str, str], runner: Runner
 ) -> FetchedSource:
     requirement = f"{source.location}=={source.version}" if source.version else source.location
+    index = env.get("PIP_INDEX_URL") or "https://pypi.org/simple/"
+    dead = current_deadline().dead_for(index)  # pip would wait its own minutes for the same dead proxy
+    if dead is not None:
+        raise BuildError(f"could not download the sdist of {requirement}: its index is unreachable",
+                         cause=dead, hint="fix the proxy (HTTPS_PROXY/NO_PROXY) or the network, or download the "
+                                          "sdist elsewhere and pass --source PATH")
     dest = scratch / "download"
     dest.mkdir()
     installer = installer_for(python, runner=runner)

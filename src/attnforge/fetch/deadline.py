@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from attnforge._system.net import HostLookup
+from attnforge._system.net import HostLookup, first_hop
 from attnforge.errors import UsageError
 
 #: The variable that sets the budget, and its default (seconds).
@@ -100,6 +100,13 @@ class NetDeadline:
         """Why ``place`` (``host:port``) is not asked again in this command, or None."""
         with self._lock:
             return self._dead.get(place)
+
+    def dead_for(self, url: str) -> str | None:
+        """Why a request for ``url`` would not be made (its host or proxy is dead in this command), or None.
+
+        For a client other than attnforge's own (pip) that would wait for the same dead proxy.
+        """
+        return self.dead(first_hop(url))
 
     def mark_dead(self, place: str, why: str) -> None:
         if place:
