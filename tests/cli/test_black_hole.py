@@ -24,9 +24,11 @@ import pytest
 
 from attnforge.catalog import load_catalog
 from attnforge.cli import main
+from attnforge.fetch.listings import ListingCache
 from tests.fetch.servers import PROXY_VARIABLES, BlackHole
 
-SNAP = Path(__file__).resolve().parent.parent / "fixtures" / "snapshots"
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+SNAP = FIXTURES / "snapshots"
 H200 = str(SNAP / "h200_torch2.11_cu130.json")
 WIN5090 = str(SNAP / "windows_rtx5090_torch2.8_cu128.json")
 
@@ -133,6 +135,24 @@ def test_an_index_url_that_never_answers_is_one_problem_line_per_project(
     assert lines and "no answer from" in lines[0]
     assert not any("s3cret" in p for p in doc["listing_problems"])  # the credentials: sent, never said
     assert rc == 0 and doc["chosen"]["kind"] == "source"
+
+
+def test_a_spent_budget_falls_back_to_the_cached_listing_with_its_age(
+    as_proxy: BlackHole, attnforge_home: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    releases = json.loads((FIXTURES / "wheels" / "listings" / "woct0rdho_SageAttention.releases.json").read_text())
+    url = "https://api.github.com/repos/woct0rdho/SageAttention/releases?per_page=100"
+    ListingCache(root=attnforge_home / "listings").save(url, body=releases, etag=None,
+                                                        fetched_at="2026-11-20T08:00:00+00:00")
+    monkeypatch.setenv("ATTNFORGE_NET_BUDGET_S", "1")
+    rc, elapsed, out, _ = _run(capsys, "plan", "sageattention-2", "--snapshot", WIN5090, "--json")
+    assert elapsed < 10
+    doc = json.loads(out)
+    assert rc == 0 and doc["chosen"]["kind"] == "wheel"
+    line = next(p for p in doc["listing_problems"] if "woct0rdho" in p)
+    assert "network budget of this command (1 s" in line
+    assert "used the listing fetched 2026-11-20T08:00:00+00:00" in line and "days old" in line
 
 
 def test_a_github_api_url_that_is_not_a_url_skips_the_sources_with_a_clear_line(
