@@ -212,5 +212,5 @@ def test_the_real_command_with_the_default_budget_answers_within_20_s(
     assert "note: waiting for https://api.github.com/repos/Dao-AILab" in done.stderr
     said = done.stdout + done.stderr  # the plan's notes are part of the plan
     assert f"the proxy 127.0.0.1:{as_proxy.port} is not asked again in this command" in said
-    assert said.count("not asked, earlier") == 2  # mjun0812 and kingbri1: no second wait
+    assert said.count(f"not asked: the proxy 127.0.0.1:{as_proxy.port} did not answer earlier in this command") == 2
     assert len(as_proxy.accepted) == 1

@@ -108,7 +108,7 @@ def test_a_host_that_never_answers_is_dead_for_the_rest_of_the_command(
         client.get(f"{black_hole.url}/a")
     assert f"no answer from {black_hole.url}/a within 0.5 s" in str(first.value)
     assert f"127.0.0.1:{black_hole.port} is not asked again" in str(first.value)
-    with pytest.raises(FetchError, match="not asked, earlier: no answer"):
+    with pytest.raises(FetchError, match=f"not asked: 127.0.0.1:{black_hole.port} did not answer earlier"):
         HttpClient(deadline=deadline).get(f"{black_hole.url}/b")  # another client of the same command
     assert len(black_hole.accepted) == 1  # one connection, no retry of a timeout
     assert deadline.remaining_s() > 25
@@ -123,7 +123,7 @@ def test_a_proxy_that_never_answers_is_named_and_remembered(
     with pytest.raises(FetchError) as first:
         HttpClient(deadline=deadline, answer_timeout_s=0.5).get("https://api.github.example/repos/a/b/releases")
     assert "through the proxy 127.0.0.1" in str(first.value) and "the proxy 127.0.0.1" in str(first.value)
-    with pytest.raises(FetchError, match="not asked, earlier"):
+    with pytest.raises(FetchError, match=f"not asked: the proxy 127.0.0.1:{black_hole.port} did not answer earlier"):
         HttpClient(deadline=deadline).get("http://download.pytorch.example/whl/cu130/")  # same proxy
     assert len(black_hole.accepted) == 1
 

@@ -201,9 +201,7 @@ class HttpClient:
             except DeadlineError as exc:
                 if cut_by_budget:  # the place may be fine: the command has no time left to wait for it
                     raise FetchError(f"{exc}; {self.deadline.spent_line()}") from None
-                why = self._dead_line(target, place, str(exc))
-                self.deadline.mark_dead(place, why)
-                raise FetchError(why) from None
+                raise FetchError(self._dead(target, place, str(exc), "did not answer")) from None
             except HttpStatusError as exc:
                 if exc.code < 500:
                     raise
@@ -211,9 +209,8 @@ class HttpClient:
             except (urllib.error.URLError, OSError) as exc:
                 reason = getattr(exc, "reason", None) or exc
                 if isinstance(reason, (ConnectionRefusedError, TimeoutError)):
-                    why = self._dead_line(target, place, f"{_what(target)}: {reason}")
-                    self.deadline.mark_dead(place, why)
-                    raise FetchError(why) from None
+                    verb = "refused the connection" if isinstance(reason, ConnectionRefusedError) else "timed out"
+                    raise FetchError(self._dead(target, place, f"{_what(target)}: {reason}", verb)) from None
                 last = f"{target}: {reason}"
         raise FetchError(f"{last} (after {self.retries} attempts)")
 
@@ -222,7 +219,7 @@ class HttpClient:
         place = first_hop(target)
         dead = self.deadline.dead(place)
         if dead is not None:
-            raise FetchError(f"{target}: not asked, earlier: {dead}")
+            raise FetchError(f"{target}: not asked: {dead}")
         if bounded and self.deadline.remaining_s() <= 0:
             raise FetchError(f"{target}: not asked; {self.deadline.spent_line()}")
         start = time.monotonic()
@@ -252,8 +249,10 @@ class HttpClient:
             return work()
         return self.deadline.wait_for(what, work, timeout_s=self.answer_timeout_s, abandon=_close)
 
-    def _dead_line(self, target: str, place: str, cause: str) -> str:
+    def _dead(self, target: str, place: str, cause: str, verb: str) -> str:
+        """Remember ``place`` as dead for the command; the line that says so."""
         kind = "the proxy " if proxy_for(target) is not None else ""
+        self.deadline.mark_dead(place, f"{kind}{place} {verb} earlier in this command")
         return f"{cause}; {kind}{place} is not asked again in this command"
 
 
