@@ -216,7 +216,7 @@ def _url_download(source: SourceSpec, *, scratch: Path) -> FetchedSource:
                          hint="give a URL ending in .tar.gz or .zip, or a git URL with --source git+URL@REF")
     target = scratch / name
     try:  # the one HTTP client: proxies, the command's network deadline, credentials kept out of messages
-        sha256 = stream(source.location, target)
+        sha256 = stream(source.location, target, progress=False)  # the build shows its own progress
     except InstallError as exc:
         raise BuildError(f"could not download the source {shown(source.location)}", cause=exc.cause,
                          hint="check the network or proxy (https_proxy), or download the sdist and pass "
