@@ -80,7 +80,7 @@ def test_plan_behind_a_proxy_that_never_answers_ends_within_the_budget_and_says_
 def test_plan_of_every_catalog_backend_answers_behind_a_dead_proxy(
     backend: str, as_proxy: BlackHole, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("ATTNFORGE_NET_BUDGET_S", "1")
+    monkeypatch.setenv("ATTNFORGE_NET_BUDGET_S", "0.5")
     rc, elapsed, _, _ = _run(capsys, "plan", backend, "--snapshot", H200, "--json")
     assert rc in (0, 1)
     assert elapsed < 10
@@ -103,7 +103,7 @@ def test_install_behind_a_dead_proxy_gets_past_the_network_within_the_budget(
 ) -> None:
     """Up to the network part: the plan (listings through the proxy) is done, then the what-if install stops
     at the snapshot's interpreter, which is not on this machine."""
-    monkeypatch.setenv("ATTNFORGE_NET_BUDGET_S", "3")
+    monkeypatch.setenv("ATTNFORGE_NET_BUDGET_S", "1")
     rc, elapsed, _, err = _run(capsys, "install", "flash-attn", "--snapshot", H200, "--no-verify")
     assert elapsed < 12
     assert rc == 1 and "error: the build interpreter" in err
