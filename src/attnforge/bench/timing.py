@@ -11,6 +11,14 @@ A bench cell is measured in ``rounds`` interleaved rounds (every backend once pe
 :mod:`attnforge.bench.run`), each with ``rep_ms / rounds`` of repetitions; :func:`combine_rounds` reports the
 median of the rounds' medians and keeps each round's median, so the spread between rounds (what a neighbour,
 clock boost or thermal state changes) is measured, not hidden in one long run.
+
+*As the model sees it* (:attr:`TimerMethod.BACK_TO_BACK`, what measure-on-first-use uses, issue 30): a
+repetition is the wall time of a batch of calls issued back to back on the caller's own tensors between two
+synchronizes, divided by the batch's size. The host's cost per call (Python entry, argument checks, launch) is
+then in the figure whenever it exceeds the kernel's, as it is in a model that issues attention between other
+layers: a kernel shorter than its own launch is not chosen over SDPA because its CUDA-event time alone was
+shorter (docs/benchmarks.md: FA3's and FA4's Python entries cost 90-300 us of host time per call against 24-79
+us for SDPA). No L2 flush: consecutive calls of a layer do not start from a cold L2 either.
 """
 
 from __future__ import annotations
@@ -33,6 +41,14 @@ class TimerMethod(StrEnum):
     CUDA_EVENTS = "cuda-events"
     DO_BENCH = "triton-do_bench"
     PERF_COUNTER = "perf_counter"
+    BACK_TO_BACK = "back-to-back"  # wall time of a batch of calls between two synchronizes, per call
+
+
+#: the wall time one back-to-back batch aims at (ms): long enough that the two synchronizes around it weigh
+#: little (about 10 us each on an H100), short enough that a round holds several batches
+BATCH_MS = 2.0
+#: calls per back-to-back batch at most (a call the clock barely sees must not turn into thousands)
+MAX_BATCH = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,10 +215,21 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
         sync()
         if config.method is TimerMethod.CUDA_EVENTS:
             times_ms = _cuda_events(step, counter, reps, flush_bytes)
+        elif config.method is TimerMethod.BACK_TO_BACK:
+            batch = batch_size(estimate_ms)
+            reps = min(config.max_reps, max(config.min_reps, math.ceil(config.rep_ms / (estimate_ms * batch))))
+            times_ms = _back_to_back(step, counter, reps, batch, sync, clock)
         else:
             times_ms = _wall(step, counter, reps, sync, clock)
     return summarize(times_ms, warmup_calls=warmup, first_call_s=first_call_s, input_sets=sets,
                      method=config.method)
+
+
+def batch_size(estimate_ms: float) -> int:
+    """Calls per back-to-back batch for a call estimated at ``estimate_ms`` (wall time, host cost included):
+    enough to fill :data:`BATCH_MS`, at least 2 (so the host's pace between calls is in it), at most
+    :data:`MAX_BATCH`."""
+    return max(2, min(MAX_BATCH, math.ceil(BATCH_MS / max(estimate_ms, 1e-6))))
 
 
 def summarize(times_ms: list[float], *, warmup_calls: int, first_call_s: float, input_sets: int,
@@ -239,6 +266,20 @@ def _wall(step: Step, counter: _Rotation, reps: int, sync: Callable[[], None],
         step(i)
         sync()
         times.append((clock() - start) * 1e3)
+    return times
+
+
+def _back_to_back(step: Step, counter: _Rotation, reps: int, batch: int, sync: Callable[[], None],
+                  clock: Callable[[], float]) -> list[float]:
+    """Per repetition, the wall time of ``batch`` calls queued back to back between two synchronizes, per call."""
+    times = []
+    sync()
+    for _ in range(reps):
+        start = clock()
+        for _ in range(batch):
+            step(counter.next())
+        sync()
+        times.append((clock() - start) * 1e3 / batch)
     return times
 
 

@@ -248,9 +248,12 @@ class Dispatcher:
                              head_dim_v=head_dim_v)
         if not fresh or forced or caller is None or v is None:  # a class is considered once, when decided
             return decision, adapters, call
-        if autotune.first_use(self, caller, call=call, decision=decision, device_key=self._device(q.device).key,
-                              bind=lambda a: bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts),
-                              bhsd=(q, k, v), store=self._source, versions=self.versions):
+        bind = lambda a: bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts)  # noqa: E731
+        outcome = autotune.first_use(self, caller, call=call, decision=decision, device_key=self._device(q.device).key,
+                                     bind=bind, bhsd=(q, k, v), store=self._source, versions=self.versions)
+        if outcome is autotune.Outcome.PENDING:  # autotune.provisional serves until the worker refreshes
+            self.forget_decisions()
+        if outcome is not autotune.Outcome.NONE:  # measured or pending: decide the class again
             decision, adapters, _ = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
                                                forced=None, uses=uses, head_dim_v=head_dim_v)
         return decision, adapters, call
@@ -301,7 +304,8 @@ class Dispatcher:
                                      fallback=self.fallback)
         decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, measured=measured,
                           broken=broken)
-        return features.close_with_fallback(decision, call, self.fallback, refused, measured)
+        decision = features.close_with_fallback(decision, call, self.fallback, refused, measured)
+        return autotune.provisional(decision) if autotune.pending(self, call, dev_key) else decision
 
     def adapter(self, name: str) -> BackendAdapter:
         """The adapter of backend id ``name`` (``"sdpa"``: the fallback; ``"exact"``: the exact math).
