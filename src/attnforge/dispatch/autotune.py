@@ -231,9 +231,7 @@ def provisional(decision: Decision) -> Decision:
     (only the exact math or a kernel for a feature SDPA lacks can serve it). Never a candidate that may still
     have to compile."""
     measured = decision.ranking.measurements if decision.ranking is not None else {}
-    if not decision.order or decision.order[0] in measured or decision.order[0] == FALLBACK:
-        return decision
-    if FALLBACK not in decision.order:
+    if not decision.order or decision.order[0] in measured or FALLBACK not in decision.order:
         return decision
     why = dict(zip(decision.order, decision.basis, strict=False))
     why[FALLBACK] = f"serves while the class is measured off the calling thread; before: {why.get(FALLBACK, '')}"
