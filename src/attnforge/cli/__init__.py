@@ -26,6 +26,7 @@ VERBS: dict[str, str] = {
     "install": "attnforge.cli.install:command",
     "verify": "attnforge.cli.verify:command",
     "bench": "attnforge.cli.bench:command",
+    "warmup": "attnforge.cli.warmup:command",
     "cache": "attnforge.cli.cache:command",
     "cargo-env": "attnforge.cli.cargo_env:command",
     "fleet": "attnforge.cli.fleet:command",
