@@ -75,12 +75,13 @@ def test_the_first_call_returns_while_the_candidate_compiles_and_the_winner_serv
 
 def _first_call_then_switch(jit: Kernel, sdpa: Kernel, compiled: threading.Event) -> None:
     q, k, v = _qkv()
+    me = threading.get_ident()
     out = attnforge.attention(q, k, v)  # jit's first call blocks until `compiled` is set: this must not wait
-    assert sdpa.threads == [threading.get_ident()]  # plain SDPA served the first call
+    assert [t for t in sdpa.threads if t == me] == [me]  # plain SDPA served the first call (the worker times it)
     assert attnforge.explain(q, k, v).chosen == "sdpa"
     assert "measured off the calling thread" in attnforge.explain(q, k, v).basis[0]
     again = attnforge.attention(q, k, v)  # still measuring: still SDPA, still no wait
-    assert jit.threads == []  # nothing of the candidate ran on the calling thread
+    assert jit.threads == []  # the candidate still compiles, and nothing of it ran on the calling thread
     compiled.set()
     assert autotune.background_wait(timeout_s=30)
     served_before = len(jit.threads)

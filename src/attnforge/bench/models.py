@@ -1,13 +1,14 @@
 """``--shapes model --model config.json``: the attention shape classes a Hugging Face model really runs.
 
-From the model's ``config.json`` (transformers' ``PretrainedConfig`` field names): ``num_attention_heads``
-(Hq), ``num_key_value_heads`` (Hkv, GQA; Hq when absent), ``head_dim`` or ``hidden_size / num_attention_heads``
-(D); MLA models (DeepSeek-V2/V3) ``qk_nope_head_dim + qk_rope_head_dim`` (D) and ``v_head_dim`` (Dv);
-``sliding_window`` caps the key length that one query attends; ``attn_logit_softcapping`` (Gemma 2) is the logit
-softcap. Multimodal configs nest the language model in ``text_config``. Diffusers transformer configs
-(``transformer/config.json`` of Flux, Wan: ``num_attention_heads`` and ``attention_head_dim``, no
-``hidden_size``) are read too: full (non-causal) attention, no key/value heads of their own. Per model: causal prefill at a few lengths, chunked prefill (a 512-token chunk against the
-cache) and decode (one query against the cache), forward; prefill also forward + backward (training).
+From the model's ``config.json`` (transformers' ``PretrainedConfig`` field names): ``num_attention_heads`` (Hq),
+``num_key_value_heads`` (Hkv, GQA; Hq when absent), ``head_dim`` or ``hidden_size / num_attention_heads`` (D); MLA
+models (DeepSeek-V2/V3) ``qk_nope_head_dim + qk_rope_head_dim`` (D) and ``v_head_dim`` (Dv); ``sliding_window``
+caps the key length that one query attends; ``attn_logit_softcapping`` (Gemma 2) is the logit softcap. Multimodal
+configs nest the language model in ``text_config``. Diffusers transformer configs (``transformer/config.json`` of
+Flux, Wan: ``num_attention_heads`` and ``attention_head_dim``, no ``hidden_size``) are read too: full (non-causal)
+attention, no key/value heads of their own. Per model: causal prefill at a few lengths, chunked prefill (a
+512-token chunk against the cache) and decode (one query against the cache), forward; prefill also forward +
+backward (training).
 """
 
 from __future__ import annotations

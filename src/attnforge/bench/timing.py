@@ -218,11 +218,48 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
         elif config.method is TimerMethod.BACK_TO_BACK:
             batch = batch_size(estimate_ms)
             reps = min(config.max_reps, max(config.min_reps, math.ceil(config.rep_ms / (estimate_ms * batch))))
-            times_ms = _back_to_back(step, counter, reps, batch, sync, clock)
+            times_ms = _back_to_back(step, counter, reps, batch, sync=sync, clock=clock)
         else:
             times_ms = _wall(step, counter, reps, sync, clock)
     return summarize(times_ms, warmup_calls=warmup, first_call_s=first_call_s, input_sets=sets,
                      method=config.method)
+
+
+def paired(steps: dict[str, Step], *, pairs: int, sync: Callable[[], None] = lambda: None,
+           clock: Callable[[], float] = time.perf_counter, max_call_ms: float = 8.0) -> dict[str, Timing] | None:
+    """Time two or more routes against each other on live calls, as the model issues them, at a bounded cost:
+    ``pairs`` interleaved rounds, each one back-to-back batch (:func:`batch_size`) of every step in turn; each
+    round's per-call time is one entry of the result's ``rounds_ms`` (the noise :func:`attnforge.ranking.beats`
+    weighs). One untimed call of each step first estimates the batch. The in-situ check of the dispatcher
+    (:mod:`attnforge.dispatch.insitu`) runs this on the calling thread, so its cost is about
+    ``2 * pairs * len(steps) * BATCH_MS`` plus one call of each.
+
+    Returns:
+        A :class:`Timing` per step, or None when one call takes longer than ``max_call_ms`` (the check would cost
+        too much, and a host cost is noise at that length anyway).
+
+    Raises:
+        Exception: whatever a step raises.
+    """
+    estimates = {}
+    for name, step in steps.items():
+        sync()
+        start = clock()
+        step(0)
+        sync()
+        estimates[name] = (clock() - start) * 1e3
+    if max(estimates.values()) > max_call_ms:
+        return None
+    batch = batch_size(min(estimates.values()))
+    per: dict[str, list[float]] = {name: [] for name in steps}
+    counter = _Rotation(1)
+    names = list(steps)
+    for r in range(max(1, pairs)):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            per[name].extend(_back_to_back(steps[name], counter, 1, batch, sync=sync, clock=clock))
+    return {name: combine_rounds([summarize([x], warmup_calls=0, first_call_s=estimates[name] / 1e3, input_sets=1,
+                                            method=TimerMethod.BACK_TO_BACK) for x in times])
+            for name, times in per.items()}
 
 
 def batch_size(estimate_ms: float) -> int:
@@ -269,7 +306,7 @@ def _wall(step: Step, counter: _Rotation, reps: int, sync: Callable[[], None],
     return times
 
 
-def _back_to_back(step: Step, counter: _Rotation, reps: int, batch: int, sync: Callable[[], None],
+def _back_to_back(step: Step, counter: _Rotation, reps: int, batch: int, *, sync: Callable[[], None],
                   clock: Callable[[], float]) -> list[float]:
     """Per repetition, the wall time of ``batch`` calls queued back to back between two synchronizes, per call."""
     times = []

@@ -49,7 +49,7 @@ def command(*, model_config: Path | None, shape_set: str | None, batch: int | No
     from attnforge.types.device import DeviceType
     from attnforge.verify.device import current_device
 
-    if (model_config is None) == (shape_set is None or shape_set == "model" and heads_q is None):
+    if model_config is None and shape_set is None:
         raise UsageError("warmup needs either --model config.json or --shapes",
                          hint="attnforge warmup --model path/to/config.json")
     dev = current_device(device)

@@ -1,20 +1,20 @@
 """Measure on first use, by default on a GPU: the first call of a shape class nobody measured times the eligible
 verified candidates on its own tensors, stores the result, and later calls and processes reuse it.
 
-The ``torch.backends.cudnn.benchmark`` model, with what it lacks: the result persists (the record store, under
-this device's key and each backend's installed version, ``run_id`` ``autotune-...``), the decision survives
-noise (:mod:`attnforge.ranking`), and the output never changes (only verified backends are candidates).
+The ``torch.backends.cudnn.benchmark`` model, with what it lacks: the result persists (the record store, under this
+device's key and each backend's installed version, ``run_id`` ``autotune-...``), the decision survives noise
+(:mod:`attnforge.ranking`), and the output never changes (only verified backends are candidates).
 
-When: the dispatcher first decides a call whose shape class has an eligible backend without a measurement for
-the installed version (or a quantized one held back only for lack of one). By default the measurement runs off
-the calling thread (:mod:`attnforge.dispatch.background`, issue 30): the class is served meanwhile by its current
-best (:func:`provisional`: the recorded choice, else plain SDPA), candidates compile and are timed on the
-worker, and the class switches to the measured winner when the records are written (the dispatcher's routes are
-dropped then). No call waits for a compile or a timing. ``autotune(background=False)`` measures inside the
-first call instead (``attnforge warmup`` does, deliberately); leaving an ``autotune()`` context waits for the
-measurements started in it. Code about to capture a CUDA graph holds the worker (:func:`quiet`). Shape classes bucket lengths to
-powers of two (:class:`attnforge.types.shapes.ShapeClass`), so a decode loop with a growing KV cache, or varlen
-batches, measure a handful of classes, not one per length; a class is measured once per process.
+When: the dispatcher first decides a call whose shape class has an eligible backend without a measurement for the
+installed version (or a quantized one held back only for lack of one). By default the measurement runs off the
+calling thread (:mod:`attnforge.dispatch.background`, issue 30): the class is served meanwhile by its current best
+(:func:`provisional`: the recorded choice, else plain SDPA), candidates compile and are timed on the worker, and
+the class switches to the measured winner when the records are written (the dispatcher's routes are dropped then).
+No call waits for a compile or a timing. ``autotune(background=False)`` measures inside the first call instead
+(``attnforge warmup`` does, deliberately); leaving an ``autotune()`` context waits for the measurements started in
+it. Code about to capture a CUDA graph holds the worker (:func:`quiet`). Shape classes bucket lengths to powers of
+two (:class:`attnforge.types.shapes.ShapeClass`), so a decode loop with a growing KV cache, or varlen batches,
+measure a handful of classes, not one per length; a class is measured once per process.
 
 Where it is on:
 
@@ -27,9 +27,10 @@ What is timed: exactly the route that will serve the call (:func:`attnforge.back
 layout, strides, arguments and wrapper), as the model issues it: in interleaved rounds through the one harness
 (:func:`attnforge.bench.timing.measure`), each repetition the wall time of calls back to back between two
 synchronizes (:attr:`~attnforge.bench.timing.TimerMethod.BACK_TO_BACK`: the host's cost per call is in it, so a
-kernel shorter than its own launch does not beat SDPA), within ``budget_s`` of repetitions per class. The timing runs leave the caller's tensors
-untouched (backward runs on detached copies with ``autograd.grad``, so nothing accumulates in ``.grad``), and
-the output returned to the caller is computed afterwards by the route the policy then chooses.
+kernel shorter than its own launch does not beat SDPA), within ``budget_s`` of repetitions per class. The timing
+runs leave the caller's tensors untouched (backward runs on detached copies with ``autograd.grad``, so nothing
+accumulates in ``.grad``), and the output returned to the caller is computed afterwards by the route the policy
+then chooses.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from attnforge._compat import StrEnum
 from attnforge.backends.adapter import AttentionCall, BackendAdapter
 from attnforge.backends.exact import EXACT
 from attnforge.dispatch import background
@@ -79,12 +79,6 @@ class AutotuneConfig:
     background: bool = True
 
 
-class Outcome(StrEnum):
-    """What :func:`first_use` did with a just-decided class."""
-
-    NONE = "none"  # nothing to measure (off, capturing, measured already)
-    MEASURED = "measured"  # measured inside the call: decide again
-    PENDING = "pending"  # queued on the worker: serve :func:`provisional` meanwhile
 
 
 DEFAULT = AutotuneConfig()
@@ -192,18 +186,19 @@ def wanted(dispatcher: Tunable, decision: Decision, call: AttentionCall, device_
 
 def first_use(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionCall, decision: Decision,
               device_key: str, bind: Callable[[BackendAdapter], Callable[..., Any]], bhsd: tuple[Any, Any, Any],
-              store: Callable[[], Any], versions: Callable[[], Mapping[str, str | None]]) -> Outcome:
+              store: Callable[[], Any], versions: Callable[[], Mapping[str, str | None]]) -> bool:
     """Measure a just-decided class when measuring is on here (:func:`active`), nothing captures
-    (:func:`capturing`) and :func:`wanted` says so: inside the call (MEASURED: decide again) or queued on the
-    worker thread (PENDING: serve :func:`provisional` until the worker refreshes the dispatcher). ``store`` and
-    ``versions`` are called only then, on the calling thread. Arguments otherwise as :func:`tune`."""
+    (:func:`capturing`) and :func:`wanted` says so: inside the call, or queued on the worker thread (the
+    dispatcher's decisions are dropped then, and the class decides to :func:`provisional` until the worker
+    refreshes it). True when it did either: decide the class again. ``store`` and ``versions`` are called only
+    then, on the calling thread. Arguments otherwise as :func:`tune`."""
     config = active(tensors[0].device.type)
     if config is None or capturing() or not wanted(dispatcher, decision, call, device_key):
-        return Outcome.NONE
+        return False
     if not config.background:
         tune(dispatcher, tensors, call=call, decision=decision, device_key=device_key, bind=bind, bhsd=bhsd,
              store=store(), config=config, versions=versions())
-        return Outcome.MEASURED
+        return True
     key = _mark_tuned(dispatcher, call, device_key)
     copies, ready = background.snapshot(tensors)
     quantized = any(bool(getattr(getattr(a, "caps", None), "quantized", False))
@@ -222,7 +217,8 @@ def first_use(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: Atten
                  store=records, config=config, versions=known, sync=sync, between=checkpoint)
 
     background.WORKER.submit((id(dispatcher), *key), job)
-    return Outcome.PENDING
+    dispatcher.forget_decisions()  # the class is decided again, to provisional() while pending
+    return True
 
 
 def provisional(decision: Decision) -> Decision:
@@ -280,8 +276,8 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     share_ms = config.budget_s * 1e3 / max(1, len(adapters) * config.rounds)
     timing = TimingConfig(warmup_ms=share_ms / 4, rep_ms=share_ms, min_reps=3, max_reps=MAX_REPS,
                           method=TimerMethod.BACK_TO_BACK, rounds=config.rounds)
-    sync = sync if sync is not None else _sync(tensors[0].device.type == "cuda")
-    steps = {n: _step(bind(a), tensors, grad=call.needs_grad) for n, a in adapters.items()}
+    sync = sync if sync is not None else device_sync(tensors[0].device.type == "cuda")
+    steps = {n: step_of(bind(a), tensors, grad=call.needs_grad) for n, a in adapters.items()}
     rounds: dict[str, list[Any]] = {n: [] for n in adapters}
     deadline = float("inf")  # set after the first round, whose first calls may compile (FlexAttention, FA4's JIT)
     for r in range(config.rounds):
@@ -332,7 +328,7 @@ def _records(rounds: Mapping[str, list[Any]], adapters: Mapping[str, BackendAdap
     return out
 
 
-def _step(fn: Callable[..., Any], tensors: tuple[Any, Any, Any], *, grad: bool) -> Callable[[int], object]:
+def step_of(fn: Callable[..., Any], tensors: tuple[Any, Any, Any], *, grad: bool) -> Callable[[int], object]:
     """One timed call of the bound route on the caller's tensors: forward under ``no_grad``, or forward +
     ``autograd.grad`` on detached copies with the same strides (the caller's tensors and ``.grad`` stay
     untouched)."""
@@ -356,7 +352,8 @@ def _step(fn: Callable[..., Any], tensors: tuple[Any, Any, Any], *, grad: bool) 
     return fwd_bwd
 
 
-def _sync(cuda: bool) -> Callable[[], None]:
+def device_sync(cuda: bool) -> Callable[[], None]:
+    """What waits for the timed work: the device's synchronize on a GPU, nothing on a CPU."""
     if cuda:
         import torch
 

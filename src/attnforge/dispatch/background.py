@@ -93,7 +93,7 @@ class Worker:
                 self._busy = True
             try:
                 job(self.checkpoint)
-            except BaseException as exc:  # noqa: BLE001 - a job must never kill the worker
+            except Exception as exc:  # a job must never kill the worker
                 text = f"{type(exc).__name__}: {exc}".strip().splitlines()
                 self.failed.append((key, text[0] if text else type(exc).__name__))
             finally:

@@ -24,7 +24,7 @@ from attnforge.backends.adapter import (
 from attnforge.backends.bound import Bound, bound_call
 from attnforge.backends.exact import EXACT, ExactAdapter
 from attnforge.backends.registry import installed_versions
-from attnforge.dispatch import autotune, features
+from attnforge.dispatch import autotune, features, insitu
 from attnforge.dispatch.explanation import Explanation
 from attnforge.dispatch.inputs import validate as _validate
 from attnforge.dispatch.policy import (
@@ -231,7 +231,7 @@ class Dispatcher:
         if not forced and (not adapters or adapters[-1] is not self.exact):
             adapters = (*adapters, self.exact)
         steps = tuple((a, bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts)) for a in adapters)
-        return steps, call
+        return (steps if forced else insitu.sampled(self, steps, call, decision)), call
 
     def decide_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, *, causal: bool,
                     precision: str, needs_grad: bool, forced: str | None, uses: frozenset[str],
@@ -248,12 +248,9 @@ class Dispatcher:
                              head_dim_v=head_dim_v)
         if not fresh or forced or caller is None or v is None:  # a class is considered once, when decided
             return decision, adapters, call
-        bind = lambda a: bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts)  # noqa: E731
-        outcome = autotune.first_use(self, caller, call=call, decision=decision, device_key=self._device(q.device).key,
-                                     bind=bind, bhsd=(q, k, v), store=self._source, versions=self.versions)
-        if outcome is autotune.Outcome.PENDING:  # autotune.provisional serves until the worker refreshes
-            self.forget_decisions()
-        if outcome is not autotune.Outcome.NONE:  # measured or pending: decide the class again
+        if autotune.first_use(self, caller, call=call, decision=decision, device_key=self._device(q.device).key,
+                              bind=lambda a: bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts),
+                              bhsd=(q, k, v), store=self._source, versions=self.versions):
             decision, adapters, _ = self._plan(q, k, causal=causal, precision=precision, needs_grad=needs_grad,
                                                forced=None, uses=uses, head_dim_v=head_dim_v)
         return decision, adapters, call
@@ -305,6 +302,7 @@ class Dispatcher:
         decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, measured=measured,
                           broken=broken)
         decision = features.close_with_fallback(decision, call, self.fallback, refused, measured)
+        decision = insitu.annotate(self, decision, call)
         return autotune.provisional(decision) if autotune.pending(self, call, dev_key) else decision
 
     def adapter(self, name: str) -> BackendAdapter:
