@@ -113,7 +113,7 @@ def stream_scope(device: Any) -> tuple[Any, Callable[[], None]]:
         return nullcontext(), lambda: None
     import torch
 
-    stream = torch.cuda.Stream(device=device)
+    stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
 
     @contextmanager
     def scope() -> Iterator[None]:
@@ -131,7 +131,7 @@ def snapshot(tensors: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
 
     copies = tuple(t.detach().clone(memory_format=torch.preserve_format) for t in tensors)
     if copies and copies[0].device.type == "cuda":
-        event = torch.cuda.Event()
-        event.record()  # type: ignore[no-untyped-call]
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record()
         return copies, event
     return copies, None
