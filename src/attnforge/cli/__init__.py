@@ -60,7 +60,10 @@ def _module_exists(target: str) -> bool:
 ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("ATTNFORGE_HOME", "cache and state directory (default: the user cache dir, ~/.cache/attnforge on Linux)"),
     ("ATTNFORGE_AUTOTUNE", "attention() measures the verified backends on the first call of a shape class:"
-                           " on CUDA by default; 0 never, 1 also on CPU"),
+                           " on CUDA by default, off the calling thread; 0 never, 1 also on CPU"),
+    ("TORCHINDUCTOR_CACHE_DIR", "Flex's compile cache (default: $ATTNFORGE_HOME/compile/inductor); yours wins"),
+    ("FLASH_ATTENTION_CUTE_DSL_*", "FA4's compile cache: CACHE_ENABLED (default 1), CACHE_DIR (default"
+                                   " $ATTNFORGE_HOME/compile/flash-attn-cute); yours win"),
     ("GITHUB_API_URL", "GitHub API used to find prebuilt release wheels (GitHub Enterprise, mirrors)"),
     ("GITHUB_TOKEN", "token for that API (higher rate limits); never printed or stored"),
     ("CUDA_HOME / CUDA_PATH", "the CUDA toolkit builds use (else nvcc on PATH)"),
