@@ -147,3 +147,24 @@ def test_a_job_that_raises_leaves_the_worker_running() -> None:
     worker.submit("good", lambda _c: ran.append(1))
     assert worker.wait(timeout_s=30)
     assert ran == [1] and worker.failed == [("bad", "RuntimeError: no kernel image")]
+
+
+def _decision(order: tuple[str, ...], measured: tuple[str, ...]) -> Any:
+    from attnforge.dispatch.policy import Decision
+    from attnforge.ranking import Measurement, rank
+
+    ranking = rank(Measurement(backend=n, tflops=10.0 - i, tflops_lo=9.0 - i, tflops_hi=11.0 - i, noise=0.0)
+                   for i, n in enumerate(measured)) if measured else None
+    return Decision(order=order, basis=tuple(f"why {n}" for n in order), rejected=(), ranking=ranking)
+
+
+@pytest.mark.parametrize(("order", "measured", "serves"), [
+    pytest.param(("fa4", "sdpa"), (), "sdpa", id="unmeasured-leader-waits-behind-sdpa"),
+    pytest.param(("fa3", "fa4", "sdpa"), ("fa3", "sdpa"), "fa3", id="the-recorded-choice-keeps-serving"),
+    pytest.param(("flex", "exact"), (), "flex", id="sdpa-cannot-serve-the-feature"),
+])
+def test_what_serves_while_a_class_is_measured(order: tuple[str, ...], measured: tuple[str, ...],
+                                               serves: str) -> None:
+    decision = autotune.provisional(_decision(order, measured))
+    assert decision.order[0] == serves
+    assert sorted(decision.order) == sorted(order) and len(decision.basis) == len(order)

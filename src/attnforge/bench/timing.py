@@ -159,8 +159,9 @@ def rotation_sets(*, set_bytes: int, l2_bytes: int | None, budget_bytes: int | N
 def flush_bytes(set_bytes: int, l2_bytes: int | None = None) -> int:
     """Bytes of the buffer to overwrite before each timed repetition so it starts with a cold L2, or 0 where
     it does not matter: when one input set (``set_bytes``) is already larger than twice the L2, a repetition
-    evicts its predecessor's data by itself. For calls timed on one input set (measure-on-first-use times the
-    caller's own tensors); ``attnforge bench`` rotates input sets instead (:func:`rotation_sets`).
+    evicts its predecessor's data by itself. For kernel timings on one input set (the GPU scripts,
+    ``scripts/gpu/_timing.py``); ``attnforge bench`` rotates input sets instead (:func:`rotation_sets`), and
+    measure-on-first-use times calls back to back without a flush (:attr:`TimerMethod.BACK_TO_BACK`).
 
     Args:
         set_bytes: bytes of the call's inputs.
