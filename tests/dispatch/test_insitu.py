@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -112,6 +111,7 @@ def test_a_kernel_that_is_faster_in_the_model_keeps_its_class_and_is_checked_onc
         for _ in range(3 * insitu.SAMPLE_AFTER):
             attnforge.attention(q, k, v)
     assert 0 < sdpa.calls <= 2 * insitu.PAIRS * 64 + 2  # one check, not one per SAMPLE_AFTER calls
+    assert fa.calls > 3 * insitu.SAMPLE_AFTER  # it served every call (and was timed once)
     assert attnforge.explain(q, k, v).chosen == "fa"
     assert not [r for r in store.bench_records(CPU_KEY) if r.run_id.startswith("insitu-")]  # nothing stored
 
