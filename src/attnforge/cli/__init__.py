@@ -29,6 +29,7 @@ VERBS: dict[str, str] = {
     "install": "attnforge.cli.install:command",
     "verify": "attnforge.cli.verify:command",
     "bench": "attnforge.cli.bench:command",
+    "warmup": "attnforge.cli.warmup:command",
     "cache": "attnforge.cli.cache:command",
     "cargo-env": "attnforge.cli.cargo_env:command",
     "fleet": "attnforge.cli.fleet:command",
@@ -73,7 +74,11 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar(name="ATTNFORGE_HOME", meaning="cache and state directory", default="the user cache dir, "
            "~/.cache/attnforge on Linux"),
     EnvVar(name="ATTNFORGE_AUTOTUNE", meaning="attention() measures the verified backends on the first call of "
-           "a shape class: 0 never, 1 also on CPU", default="on CUDA only"),
+           "a shape class, off the calling thread: 0 never, 1 also on CPU", default="on CUDA only"),
+    EnvVar(name="TORCHINDUCTOR_CACHE_DIR", meaning="Flex's compile cache; yours wins",
+           default="$ATTNFORGE_HOME/compile/inductor"),
+    EnvVar(name="FLASH_ATTENTION_CUTE_DSL_*", meaning="FA4's compile cache: CACHE_ENABLED (default 1), CACHE_DIR "
+           "(default $ATTNFORGE_HOME/compile/flash-attn-cute); yours win"),
     EnvVar(name="ATTNFORGE_NET_BUDGET_S", meaning="seconds one command may wait for the network in all (listings, "
            "index pages, downloads' answers); a host or proxy that timed out is not asked again",
            default=f"{DEFAULT_BUDGET_S:g}"),

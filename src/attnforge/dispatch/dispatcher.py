@@ -23,7 +23,7 @@ from attnforge.backends.adapter import (
 from attnforge.backends.bound import Bound, bound_call
 from attnforge.backends.exact import EXACT, ExactAdapter
 from attnforge.backends.registry import installed_versions
-from attnforge.dispatch import autotune, features
+from attnforge.dispatch import autotune, features, insitu
 from attnforge.dispatch.explanation import Explanation
 from attnforge.dispatch.failures import FailureMemory, class_key, failure_signature, without_skipped
 from attnforge.dispatch.inputs import check_flag
@@ -243,7 +243,7 @@ class Dispatcher:
         if not forced and (not adapters or adapters[-1] is not self.exact):
             adapters = (*adapters, self.exact)
         steps = tuple((a, bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts)) for a in adapters)
-        return steps, call, (scale, opts)
+        return (steps if forced else insitu.sampled(self, steps, call, decision)), call, (scale, opts)
 
     def decide_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, *, causal: bool,
                     precision: str, needs_grad: bool, forced: str | None, uses: frozenset[str],
@@ -311,7 +311,9 @@ class Dispatcher:
                                      fallback=self.fallback)
         decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, measured=measured,
                           broken=broken)
-        return features.close_with_fallback(decision, call, self.fallback, refused, measured)
+        decision = features.close_with_fallback(decision, call, self.fallback, refused, measured)
+        decision = insitu.annotate(self, decision, call)
+        return autotune.provisional(decision) if autotune.pending(self, call, dev_key) else decision
 
     def adapter(self, name: str) -> BackendAdapter:
         """The adapter of backend id ``name`` (``"sdpa"``: the fallback; ``"exact"``: the exact math).
