@@ -26,6 +26,7 @@ from attnforge._system.statedb import (
     can_write,
     connect_read_only,
     file_problem,
+    home_problem,
     move_aside,
     schema_problem,
     sqlite_kind,
@@ -209,7 +210,6 @@ class RecordStore:
         self.path = home / "records.db"
         self._busy_timeout_s = busy_timeout_s
 
-    # -- connections ----------------------------------------------------------------------------------------
     @contextmanager
     def _reader(self, doing: str) -> Iterator[sqlite3.Connection | None]:
         """A connection that writes nothing (read-only where the home cannot be written); None: no file yet."""
@@ -239,8 +239,7 @@ class RecordStore:
         except OSError as exc:
             raise self.error(exc, doing) from None
         if not can_write(self.path):
-            raise self.error(PermissionError(13, "this user cannot write it (read-only mount or another owner)"),
-                             doing)
+            raise self.error(PermissionError(13, "this user cannot write it (a read-only or shared home)"), doing)
         try:
             conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s)
             try:
@@ -260,13 +259,18 @@ class RecordStore:
             raise self.error(exc, doing) from None
 
     def _check_file(self) -> None:
+        why = home_problem(self.path)
+        if why is not None:
+            err = CacheError(f"the attnforge home {self.path.parent} cannot hold records.db", cause=why,
+                             hint="point ATTNFORGE_HOME at a directory (e.g. `export ATTNFORGE_HOME=$HOME/.af`)")
+            err.exit_code = 2  # ATTNFORGE_HOME names a file: bad input
+            raise err
         problem = file_problem(self.path)
         if problem is not None:
             raise self.damaged(problem)
 
     def _check_schema(self, conn: sqlite3.Connection) -> None:
-        problem = schema_problem(conn, ours=_TABLES, version=SCHEMA_VERSION)
-        if problem is not None:
+        if (problem := schema_problem(conn, ours=_TABLES, version=SCHEMA_VERSION)) is not None:
             raise self.damaged(problem)
 
     def damaged(self, why: str) -> CacheError:
@@ -287,6 +291,24 @@ class RecordStore:
                           hint="point ATTNFORGE_HOME at a directory you can write to (a read-only home is still "
                           "read: doctor and attention() use its records)" if kind is SqliteKind.DISK else
                           "free space there, or point ATTNFORGE_HOME at a bigger disk")
+
+    def check_writable(self) -> None:
+        """Raise the error a write would raise, before a long job whose results go here (``verify``,
+        ``bench``); creates ``records.db`` with its schema when there is none.
+
+        Raises:
+            CacheError: the home cannot be written, or records.db is damaged (it names the file and the fix).
+        """
+        with self._writer("store records"):
+            pass
+
+    def read_or_empty(self, device_key: str) -> tuple[dict[str, VerifyRecord], list[BenchRecord], CacheError | None]:
+        """The verify and bench records of ``device_key`` for a report that goes on without them (``doctor``,
+        ``plan``): empty ones and the error when records.db cannot be read."""
+        try:
+            return self.latest_verify(device_key), self.bench_records(device_key), None
+        except CacheError as exc:
+            return {}, [], exc
 
     def repair(self, now_s: float) -> Path | None:
         """Move a damaged records.db aside (to ``records.db.damaged-<time>``, never deleted) so the next write
@@ -349,7 +371,7 @@ class RecordStore:
             have = set() if conn is None else _columns(conn, "bench")
             if conn is None or not have:
                 return []
-            lacking = [c for c in _BENCH_COLUMNS if c not in have and c not in _ADDED_NAMES]
+            lacking = [c for c in _BENCH_COLUMNS if c not in have and c not in dict(_BENCH_ADDED)]
             if lacking:
                 raise self.damaged(f"its bench table lacks the columns {', '.join(lacking)}")
             # a read-only file from before a column was added is read as it is: the new fields are None
@@ -360,9 +382,6 @@ class RecordStore:
             return [_bench_record(tuple(row)) for row in rows]
         except (ValueError, TypeError) as exc:
             raise self.damaged(f"a bench row cannot be read: {exc}") from None
-
-
-_ADDED_NAMES = frozenset(name for name, _ in _BENCH_ADDED)
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:

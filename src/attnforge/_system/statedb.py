@@ -82,6 +82,15 @@ def file_problem(db: Path) -> str | None:
     return None
 
 
+def home_problem(db: Path) -> str | None:
+    """Why the directory of ``db`` can never hold it (it, or a directory above it, is a file), or None (it is
+    a directory, or does not exist yet and can be created)."""
+    for parent in db.parents:
+        if parent.exists():
+            return None if parent.is_dir() else f"{parent} is a file, not a directory"
+    return None
+
+
 def schema_problem(conn: sqlite3.Connection, *, ours: Collection[str], version: int) -> str | None:
     """Why the database open on ``conn`` is not one attnforge may read or write, or None.
 

@@ -211,7 +211,7 @@ class StoreBase:
             raise damaged_db(self.db_path, problem)
         if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'artifacts'").fetchone() is not None:
             return True
-        on_disk = len(self.entry_dirs())
+        on_disk = sum(1 for d in self.entry_dirs() if (d / "provenance.json").is_file())  # debris has none
         if on_disk:
             state = "is empty" if self.db_path.exists() else "is missing"
             raise damaged_db(self.db_path, f"it {state} while {on_disk} artifacts lie in {self.artifacts_dir}")

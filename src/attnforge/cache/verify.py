@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnforge.cache._provenance import provenance_problem
+from attnforge.cache._provenance import PROVENANCE, provenance_problem
 from attnforge.cache.entry import Entry, entry_from_row
 from attnforge.cache.store import Store
 from attnforge.errors import CacheError
@@ -73,7 +73,7 @@ def verify(store: Store) -> VerifyReport:
         problems.append(Problem(key=entry.key, filename=entry.filename, problem=problem, moved_to=moved))
     database = "ok" if quick == ["ok"] else "; ".join(quick)[:2000]
     indexed = {str(row["key"]).removeprefix("sha256:") for row in rows}
-    unindexed = tuple(d.name for d in store.entry_dirs() if d.name not in indexed)
+    unindexed = tuple(d.name for d in store.entry_dirs() if d.name not in indexed and (d / PROVENANCE).is_file())
     return VerifyReport(root=str(store.root), checked=len(rows), ok=tuple(ok), problems=tuple(problems),
                         database=database, unindexed=unindexed)
 
