@@ -213,7 +213,7 @@ class StoreBase:
             return True
         on_disk = sum(1 for d in self.entry_dirs() if (d / "provenance.json").is_file())  # debris has none
         if on_disk:
-            state = "is empty" if self.db_path.exists() else "is missing"
+            state = "has no table of entries" if self.db_path.exists() else "is missing"
             raise damaged_db(self.db_path, f"it {state} while {on_disk} artifacts lie in {self.artifacts_dir}")
         return False
 
