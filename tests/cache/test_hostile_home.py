@@ -24,7 +24,6 @@ import pytest
 
 from attnforge._system.statedb import DamagedDatabaseError
 from attnforge.cache import Store
-from attnforge.cache.key import CacheKeyInputs
 from attnforge.cli import main
 from attnforge.records import RecordStore, VerifyRecord
 from tests.cache.conftest import inputs_for
@@ -69,7 +68,7 @@ DB_DAMAGE: dict[str, Callable[[Path], None]] = {
     "garbage": _garbage,
     "truncated": _truncated,
     "zero-length": lambda db: db.write_bytes(b""),
-    "no-tables": lambda db: (_clear(db), _sqlite(db, "PRAGMA user_version = 0")) and None,
+    "no-tables": lambda db: _clear(db) or _sqlite(db, "PRAGMA user_version = 0"),
     "directory": _directory,
     "foreign": _foreign,
     "deleted": _clear,
@@ -116,7 +115,7 @@ def test_a_damaged_cache_db_is_named_and_repaired_from_the_artifacts_on_disk(
 
 def test_install_refuses_instead_of_rebuilding_and_no_writer_deletes_the_unindexed_artifacts(
         filled: tuple[Store, list[str]], tmp_path: Path) -> None:
-    store, keys = filled
+    store, _ = filled
     _foreign(store.db_path)
     dirs = sorted(d.name for d in store.entry_dirs())
     fresh = Store(store.root)
@@ -135,7 +134,8 @@ def test_install_refuses_instead_of_rebuilding_and_no_writer_deletes_the_unindex
 def test_an_entry_whose_row_was_lost_is_kept_reported_and_indexed_again(
         filled: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]) -> None:
     store, keys = filled
-    _sqlite(store.db_path, f"DELETE FROM artifacts WHERE key = '{keys[0]}'")
+    with contextlib.closing(sqlite3.connect(store.db_path)) as conn, conn:
+        conn.execute("DELETE FROM artifacts WHERE key = ?", (keys[0],))
     code, text = _cli(capsys, "cache", "verify")
     assert code == 1 and "1 artifacts on disk have no row" in text and "cache repair" in text, text
     assert _cli(capsys, "cache", "prune")[0] == 0  # clears debris; a complete entry is not debris

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from attnforge.dispatch import runtime, state
-from attnforge.records import BenchRecord, RecordStore
+from attnforge.records import BenchRecord
 from tests import hostile_homes
 from tests.hostile_homes import DAMAGED, HOMES, OTHER_DEVICE
 

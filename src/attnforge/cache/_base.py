@@ -146,11 +146,18 @@ class StoreBase:
         """
         check_root(self.root, write=True)
         locks = self.root / "locks"
-        locks.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256(name.encode()).hexdigest()[:32]
-        lock = filelock.FileLock(str(locks / f"{digest}.lock"), timeout=-1)
-        with lock:
+        try:
+            locks.mkdir(parents=True, exist_ok=True)
+            lock = filelock.FileLock(str(locks / f"{digest}.lock"), timeout=-1)
+            lock.acquire()
+        except OSError as exc:
+            raise CacheError(f"cannot take the job lock in {locks}", cause=exc.strerror or str(exc),
+                             hint=f"{locks} must be a directory you can write to: remove what is there") from None
+        try:
             yield
+        finally:
+            lock.release()
 
     def _connect(self) -> sqlite3.Connection:
         check_root(self.root, write=True)

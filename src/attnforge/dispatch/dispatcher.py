@@ -37,8 +37,8 @@ from attnforge.dispatch.policy import (
     forced_decision,
     measurements,
 )
-from attnforge.errors import DispatchError
 from attnforge.dispatch.state import runtime_records
+from attnforge.errors import DispatchError
 from attnforge.records import BenchRecord, VerifyRecord, device_key
 
 _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnforge_forced_backend", default=None)
