@@ -24,7 +24,7 @@ from attnforge._system.statedb import (
     DamagedDatabaseError,
     SqliteKind,
     can_write,
-    connect_read_only,
+    connect_shared,
     file_problem,
     home_problem,
     move_aside,
@@ -221,7 +221,7 @@ class RecordStore:
             if can_write(self.path):
                 conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s)
             else:  # a shared read-only home: no lock, no -shm, nothing written
-                conn = connect_read_only(self.path, timeout_s=self._busy_timeout_s)
+                conn = connect_shared(self.path, timeout_s=self._busy_timeout_s)
             try:
                 self._check_schema(conn)
                 yield conn

@@ -111,15 +111,32 @@ def schema_problem(conn: sqlite3.Connection, *, ours: Collection[str], version: 
     return None
 
 
-def connect_read_only(db: Path, *, timeout_s: float = 60.0) -> sqlite3.Connection:
-    """An immutable, read-only connection: no locks, no ``-shm``/``-wal`` files, no writes at all.
+def connect_read_only(db: Path, *, timeout_s: float = 60.0, immutable: bool = True) -> sqlite3.Connection:
+    """A read-only connection that writes nothing.
 
-    An immutable reader does not see a WAL that was never checkpointed; a writer checkpoints when its last
-    connection closes, so only a writer that is running right now can be missed.
+    ``immutable`` (the default) takes no locks and creates no ``-shm``/``-wal`` file, so it works on a full disk
+    and in any directory this user can read; it does not see a WAL that was never checkpointed (a writer
+    checkpoints when its last connection closes, so only a writer running right now can be missed). Without
+    it, ``mode=ro`` takes the shared lock, so a file another user is writing is read consistently; SQLite
+    then needs the WAL index, and the first query fails where it cannot be opened: :func:`connect_shared`.
     """
-    uri = f"file:{quote(str(db.resolve()))}?mode=ro&immutable=1"
+    uri = f"file:{quote(str(db.resolve()))}?mode=ro" + ("&immutable=1" if immutable else "")
     conn = sqlite3.connect(uri, uri=True, timeout=timeout_s)
     conn.row_factory = sqlite3.Row
+    return conn
+
+
+def connect_shared(db: Path, *, timeout_s: float) -> sqlite3.Connection:
+    """Read a database in a home this user cannot write (a team's shared home): ``mode=ro`` with locks where
+    SQLite can open its WAL index there, else immutable (:func:`connect_read_only`)."""
+    conn = connect_read_only(db, timeout_s=timeout_s, immutable=False)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if sqlite_kind(exc) is SqliteKind.LOCKED:
+            raise
+        return connect_read_only(db, timeout_s=timeout_s)
     return conn
 
 
