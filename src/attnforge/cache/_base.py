@@ -208,6 +208,11 @@ class StoreBase:
     def check_index(self, conn: sqlite3.Connection) -> bool:
         """Whether ``cache.db`` open on ``conn`` has its table (False: a new, empty store).
 
+        A damaged index is refused, not repaired on the fly: readers (``cache list``, ``plan``, ``install``'s
+        look-up) take no lock and may sit in a home that is read-only to them, and a repair moves files and
+        quarantines what fails its checks, which is a change to ask for (``attnforge cache repair``), not a
+        side effect of a look-up. So ``install`` stops with that hint instead of rebuilding what is on disk.
+
         Raises:
             DamagedDatabaseError: it is another program's database or from a newer attnforge, or it has no
                 index (a missing, empty or foreign file) while entries lie on disk.

@@ -106,8 +106,9 @@ def damaged_db(db: Path, why: str) -> DamagedDatabaseError:
     return DamagedDatabaseError(
         f"the cache database {db} is damaged",
         cause=why,
-        hint="the artifacts themselves are intact: `attnforge cache repair` moves the database aside and "
-        "indexes every artifact whose key and sha256 still check out (no rebuild)",
+        hint="the artifacts themselves are intact: `attnforge cache repair` (run by the home's owner where it is "
+        "read-only to you) moves the database aside and indexes every artifact whose key and sha256 still check "
+        "out (no rebuild)",
     )
 
 
