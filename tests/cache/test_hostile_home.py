@@ -186,6 +186,16 @@ def test_a_cache_lock_that_is_a_directory_is_named_with_the_fix(
         assert "cache.lock" in text and "is a directory" in text and "rm -r" in text, text
 
 
+@pytest.mark.parametrize("folder", ["artifacts", "quarantine"])
+def test_a_store_folder_that_is_a_file_is_named_with_the_fix(
+        folder: str, attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    attnforge_home.mkdir()
+    (attnforge_home / folder).write_text("x")
+    for verb in ("list", "verify", "repair"):
+        code, text = _cli(capsys, "cache", verb)
+        assert code == 1 and f"{attnforge_home / folder} is not a directory" in text and "hint:" in text, text
+
+
 def test_repair_moves_a_damaged_records_db_aside_and_records_work_again(
         attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     HOMES["records-garbage"](attnforge_home)

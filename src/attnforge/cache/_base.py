@@ -195,6 +195,11 @@ class StoreBase:
         problem = file_problem(self.db_path)
         if problem is not None:
             raise damaged_db(self.db_path, problem)
+        for folder in (self.artifacts_dir, self.quarantine_dir):
+            if folder.exists() and not folder.is_dir():
+                raise CacheError(f"the cache's {folder.name} directory {folder} is not a directory",
+                                 cause="something other than attnforge put a file there",
+                                 hint=f"move it aside (`mv {folder} {folder}.bad`) and run the command again")
 
     def entry_dirs(self) -> list[Path]:
         """The entry directories on disk (``ROOT/artifacts/<64 hex digits>``), whether ``cache.db`` has their
