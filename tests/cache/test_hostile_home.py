@@ -174,16 +174,20 @@ def test_repair_indexes_only_artifacts_whose_key_and_hash_check_out(
 
 def test_a_cache_lock_that_is_a_directory_is_named_with_the_fix(
         filled: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]) -> None:
-    store, _ = filled
+    store, keys = filled
     (store.root / "cache.lock").unlink(missing_ok=True)
     (store.root / "cache.lock").mkdir()
-    for argv in (("cache", "prune"), ("cache", "repair"), ("cache", "rm", "sha256:")):
+    assert Store(store.root).get(keys[0]).is_file()  # readers and installs need no lock
+    export = store.root.parent / "export"
+    assert _cli(capsys, "cache", "export", str(export))[0] == 0
+    for argv in (("cache", "prune"), ("cache", "repair"), ("cache", "import", str(export)), ("cache", "rm", "sha256:")):
         code, text = _cli(capsys, *argv)
         if argv[-1] == "sha256:":
             assert code == 2  # bad input is checked before the lock
             continue
         assert code == 1, text
         assert "cache.lock" in text and "is a directory" in text and "rm -r" in text, text
+    assert not store.quarantine_dir.exists()  # the import's entries were not blamed for the store's lock
 
 
 @pytest.mark.parametrize("folder", ["artifacts", "quarantine"])

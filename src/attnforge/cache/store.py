@@ -226,8 +226,8 @@ class Store(StoreBase):
             try:
                 with self._db(raw=True) as conn:
                     conn.execute("UPDATE artifacts SET last_used_at = ? WHERE key = ?", (self._clock(), entry.key))
-            except sqlite3.Error:
-                pass  # the last-used time only orders `prune`; a full disk must not stop an install
+            except (sqlite3.Error, CacheError):
+                pass  # the last-used time only orders `prune`; a full disk or a bad lock must not stop an install
         return Path(entry.path)
 
     def find(self, key: CacheKey | str) -> Entry | None:
