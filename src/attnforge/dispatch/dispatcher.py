@@ -76,8 +76,7 @@ class Dispatcher:
         adapters: backends by catalog id (the registry's when None); the SDPA fallback is separate.
         fallback: the adapter of last resort (unforced SDPA when None).
         priorities: catalog priority per id (from the adapters' capabilities when None).
-        records: verify/bench source (:func:`attnforge.dispatch.state.runtime_records`, which never raises,
-            opened on first use, when None).
+        records: verify/bench source (``state.runtime_records()``, never raising, opened on first use, when None).
     """
 
     def __init__(self, adapters: Mapping[str, BackendAdapter] | None = None, *,
