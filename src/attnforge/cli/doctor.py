@@ -27,9 +27,12 @@ def command(as_json: bool, snapshot_path: Path | None) -> int:
 
     snapshot = load_or_probe(snapshot_path)
     catalog = load_catalog()
-    store = open_records()
     key = snapshot.device_key()
-    report = doctor_report(snapshot, catalog, verified=store.latest_verify(key), bench=store.bench_records(key),
+    verified, bench, problem = open_records().read_or_empty(key)  # a damaged records.db: report without it
+    if problem is not None:
+        click.echo(f"warning: {problem.message}; the report goes on without records\ncause: {problem.cause}\n"
+                   f"hint: {problem.hint}", err=True)
+    report = doctor_report(snapshot, catalog, verified=verified, bench=bench,
                            build_blockers=build_blockers(snapshot, catalog))
     caches = ensure(dict(os.environ))  # what attention() in a process started from here would use
     if as_json:

@@ -37,8 +37,9 @@ from attnforge.dispatch.policy import (
     forced_decision,
     measurements,
 )
+from attnforge.dispatch.state import runtime_records
 from attnforge.errors import DispatchError
-from attnforge.records import BenchRecord, VerifyRecord, device_key, open_records
+from attnforge.records import BenchRecord, VerifyRecord, device_key
 
 _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnforge_forced_backend", default=None)
 
@@ -75,7 +76,7 @@ class Dispatcher:
         adapters: backends by catalog id (the registry's when None); the SDPA fallback is separate.
         fallback: the adapter of last resort (unforced SDPA when None).
         priorities: catalog priority per id (from the adapters' capabilities when None).
-        records: verify/bench source (``RecordStore($ATTNFORGE_HOME)``, opened on first use, when None).
+        records: verify/bench source (``state.runtime_records()``, never raising, opened on first use, when None).
     """
 
     def __init__(self, adapters: Mapping[str, BackendAdapter] | None = None, *,
@@ -117,7 +118,7 @@ class Dispatcher:
 
     def _source(self) -> RecordSource:
         if self._records is None:
-            self._records = open_records()
+            self._records = runtime_records()
         return self._records
 
     def _device(self, device: torch.device) -> _Device:

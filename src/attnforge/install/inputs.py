@@ -219,7 +219,7 @@ def _verify_failure(snapshot: SystemSnapshot, backend: str, home: Path) -> str |
     from attnforge.records import RecordStore
 
     state = snapshot.backend(backend)
-    record = RecordStore(home).latest_verify(snapshot.device_key()).get(backend)
+    record = RecordStore(home).read_or_empty(snapshot.device_key())[0].get(backend)  # damaged: no record
     if record is None or record.ok or state is None or record.backend_version != state.version:
         return None
     return record.summary
