@@ -57,18 +57,18 @@ def command(*, name: str | None, jobs: int | None, keep_build_dir: bool, use_scc
     if warning:
         click.echo(warning, err=True)
     return run_build(spec, home=wanted.home, snapshot=wanted.snapshot, keep_build_dir=keep_build_dir, quiet=quiet,
-                     as_json=as_json, store=Store(wanted.home))
+                     as_json=as_json, store=Store(wanted.home), wanted_version=wanted.request.version)
 
 
 def run_build(
     spec: BuildSpec, *, home: Path, snapshot: Any, keep_build_dir: bool, quiet: bool, as_json: bool,
-    launcher: Any = None, store: Store | None = None,
+    launcher: Any = None, store: Store | None = None, wanted_version: str = "",
 ) -> int:
     """Execute ``spec`` with progress on stderr and the result (or the diagnosis) for people or as JSON.
 
     With ``store`` (the command line's), the wheel goes into the cache as ``install`` stores a build
-    (:func:`attnforge.install.keys.store_built`) and the staging copy is removed; without it the wheel stays in
-    the staging directory.
+    (:func:`attnforge.install.keys.store_built`: only a version inside ``wanted_version``) and the staging copy is
+    removed; without it the wheel stays in the staging directory.
 
     Returns:
         The exit code: 0 built, 1 the build failed (diagnosis printed).
@@ -102,7 +102,8 @@ def run_build(
         from attnforge.install.keys import store_built
 
         entry = store_built(store, spec, wheel=result.wheel, log_path=result.log_path,
-                            source_sha256=result.source_sha256, snapshot=snapshot, owned_dir=result.wheel.parent)
+                            source_sha256=result.source_sha256, snapshot=snapshot, owned_dir=result.wheel.parent,
+                            wanted_version=wanted_version)
         wheel, key = Path(entry.path), entry.key
     if as_json:
         emit_json("build", {"ok": True, "result": result, "spec": spec, "cache_key": key, "wheel": wheel})

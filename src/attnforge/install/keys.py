@@ -90,21 +90,45 @@ def prebuilt_wheel_inputs(
     )
 
 
+def check_built_version(wheel: Path, wanted_version: str, *, log_path: Path | None = None) -> None:
+    """Refuse a built wheel whose version is outside the request's PEP 440 specifier (``>=99`` built 2.8.3).
+
+    Raises:
+        BuildError: it is outside (the message names both; the wheel is left to the caller).
+    """
+    if not wanted_version.strip():
+        return
+    from packaging.specifiers import SpecifierSet
+
+    from attnforge.errors import BuildError
+
+    name, version, _, _ = parse_wheel_filename(wheel.name)
+    if not SpecifierSet(wanted_version).contains(version, prereleases=True):
+        raise BuildError(
+            f"the build made {name} {version}, which does not satisfy {wanted_version}; it was not cached",
+            log_path=str(log_path) if log_path else None, cause=f"the source's version is {version}",
+            hint="build a source of a version inside the range, or change the version specifier",
+        )
+
+
 def store_built(store: Store, spec: BuildSpec, *, wheel: Path, log_path: Path | None, source_sha256: str,
-                snapshot: SystemSnapshot, owned_dir: Path | None = None) -> Entry:
+                snapshot: SystemSnapshot, owned_dir: Path | None = None, wanted_version: str = "") -> Entry:
     """Put the wheel a build of ``spec`` produced into ``store``, keyed as ``install`` keys it, so the next
     ``install`` (or ``plan``) of the same request finds it as a cache candidate and ``cache export`` serves it.
 
-    The wheel is first labelled with the torch it was built against (:func:`~attnforge.install.guards.
+    The wheel is first checked against the request's version specifier ``wanted_version`` (a source's version is
+    known only once built) and labelled with the torch it was built against (:func:`~attnforge.install.guards.
     pinned_to_torch`); ``owned_dir`` (the builder's staging directory) is removed afterwards, stored or not.
 
     Raises:
+        BuildError: the built version does not satisfy ``wanted_version`` (nothing is stored).
         CacheError: the disk is full or the store cannot be written.
     """
     from attnforge.cache._files import remove_tree
     from attnforge.install.guards import pinned_to_torch
 
     try:
+        check_built_version(wheel, wanted_version, log_path=log_path)
         labelled = pinned_to_torch(wheel, spec, snapshot)
         inputs = built_wheel_inputs(wheel=labelled, spec=spec, source_sha256=source_sha256, snapshot=snapshot)
         origin = {"origin": "source-build", "source": spec.source.location, "notes": list(spec.notes),
