@@ -69,10 +69,10 @@ def _setup_py_name(tree: Path) -> str | None:
         return None
     module = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     constants: dict[str, str] = {}
-    for node in module.body:  # NAME = "text" at module level
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
-            constants[node.targets[0].id] = node.value.value
+    for stmt in module.body:  # NAME = "text" at module level
+        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)):
+            constants[stmt.targets[0].id] = stmt.value.value
     for node in ast.walk(module):
         if not (isinstance(node, ast.Call) and _callee(node.func) == "setup"):
             continue

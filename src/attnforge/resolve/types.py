@@ -197,3 +197,4 @@ class CachedArtifact:
     sha256: str
     flags: tuple[str, ...] = ()  # the cache key's build flags (a slim build's FLASH_ATTENTION_DISABLE_*=TRUE)
     source_sha256: str | None = None  # the cache key's source hash (a prebuilt wheel's own sha256); None: unknown
+    abi: str = "torch"  # the cache key's AbiKind: "torch-stable" serves any torch >= ``torch_version``
