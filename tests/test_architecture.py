@@ -34,6 +34,7 @@ LAYERS: tuple[str, ...] = (
     "build",         # executing a BuildSpec
     "cargo",         # Rust (candle) builds
     "install",       # putting a wheel into the environment
+    "provision",     # the front door: request -> plan -> obtain -> place -> verify, for every verb
     "fleet",         # the same over a Ray cluster: kinds, plan, builds as Ray tasks, index, rollout
     "backends",      # adapters + capability tables of each kernel (dispatch branch)
     "verify",        # numerical checks against a float64 reference
@@ -144,3 +145,44 @@ def test_the_checker_sees_real_arrows() -> None:
     assert ("cli", "resolve") in edges
     assert ("probe", "_system") in edges
     assert ("resolve", "catalog") in edges
+
+
+#: The stages of getting a kernel: the command line reaches them only through ``attnforge.provision`` (issue 32).
+STAGES = ("attnforge.install", "attnforge.build", "attnforge.resolve", "attnforge.cache", "attnforge.fetch")
+#: Value types and events a verb renders (no stage runs through them).
+VALUES = frozenset({"attnforge.resolve.types", "attnforge.build.progress"})
+#: Verbs not yet moved onto the pipeline, each with what it still imports; shrink it, never grow it.
+NOT_YET_THROUGH_PROVISION: dict[str, frozenset[str]] = {
+    "cli/__init__.py": frozenset({"attnforge.cache._db"}),  # the OSError -> CacheError mapping of main()
+    "cli/cache.py": frozenset({"attnforge.cache", "attnforge.cache.share", "attnforge.cache.verify"}),  # H3's
+    "cli/cargo_env.py": frozenset({"attnforge.cache", "attnforge.cargo.candle"}),
+    "cli/fleet.py": frozenset({"attnforge.build.source", "attnforge.install.inputs", "attnforge.resolve.listing"}),
+    "cli/verify.py": frozenset({"attnforge.cache._db"}),  # the OSError -> CacheError mapping
+    "cli/bench.py": frozenset({"attnforge.cache.capabilities"}),  # what an installed slim build can run
+}
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def test_verbs_reach_the_stages_only_through_provision() -> None:
+    """``plan``, ``build``, ``install`` (and every verb not listed as not yet moved) import no stage module
+    (install/, build/, resolve/, cache/, fetch/) but their value types: a verb is parse -> one provision call ->
+    render, so two verbs cannot assemble or execute a request two ways."""
+    bad = {}
+    for path in sorted((SRC / "cli").glob("*.py")):
+        rel = str(path.relative_to(SRC))
+        stages = {m for m in _imports(path) if m.startswith(STAGES) and m not in VALUES}
+        allowed = NOT_YET_THROUGH_PROVISION.get(rel, frozenset())
+        if stages - allowed:
+            bad[rel] = sorted(stages - allowed)
+    assert not bad, f"verbs that reach a stage around attnforge.provision: {bad}"
+    for verb in ("plan", "build", "install"):
+        assert "attnforge.provision" in {m[:19] for m in _imports(SRC / "cli" / f"{verb}.py")}
