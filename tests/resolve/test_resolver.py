@@ -370,7 +370,8 @@ def test_a_source_is_served_from_the_cache_only_by_a_build_of_its_bytes(
     build of the same name and version from another tree (an older commit) is not."""
     from attnforge.build.source import parse_source
 
-    request = Request(backend="flash-attn", source=parse_source("/src/flash-attention"), source_sha256=source_sha256)
+    source = parse_source("/src/flash-attention" if source_sha256 else "git+https://example.invalid/fa.git@v2.8.3")
+    request = Request(backend="flash-attn", source=source, source_sha256=source_sha256)
     plan = resolve(snapshot(H200), catalog, request, cached=[_cached(source_sha256="c" * 64)])
     cand = next(c for c in plan.candidates if c.kind is CandidateKind.CACHE)
     assert cand.accepted is accepted
@@ -388,3 +389,13 @@ def test_a_source_build_asks_pip_for_the_newest_sdist_inside_a_range(catalog: Ca
     pinned = resolve(snapshot(H200), catalog, Request(backend="flash-attn", version="==2.8.3", from_source=True))
     assert pinned.chosen is not None and pinned.chosen.build is not None
     assert pinned.chosen.build.source.requirement() == "flash-attn==2.8.3"
+
+
+def test_a_wheelhouse_sdist_does_not_hide_a_cached_wheel(catalog: Catalog) -> None:
+    """An sdist found in --find-links becomes the request's source (it builds offline) without being hashed: the
+    cache still serves its entries by the usual checks."""
+    from attnforge.build.source import parse_source
+
+    request = Request(backend="flash-attn", source=parse_source("/wheelhouse/flash_attn-2.8.3.tar.gz"))
+    plan = resolve(snapshot(H200), catalog, request, cached=[_cached(source_sha256="c" * 64)])
+    assert plan.chosen is not None and plan.chosen.kind is CandidateKind.CACHE

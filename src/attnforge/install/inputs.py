@@ -140,7 +140,7 @@ def assemble(args: RequestArgs, *, build: bool = False, environ: Mapping[str, st
     from attnforge.resolve.listing import list_wheels, with_local_sdist
 
     request = with_local_sdist(request, projects)  # an sdist in the wheelhouse builds offline
-    if not build and request.source is not None:  # the cache serves a --source only a build of these bytes
+    if not build and args.source and request.source is not None:  # the cache serves a --source only its bytes' build
         request = dataclasses.replace(request, source_sha256=source_sha256(request, recipe))
     if backend is not None and args.snapshot_path is None:  # this interpreter's install: what it can serve
         from attnforge.cache.capabilities import installed_capabilities

@@ -141,9 +141,12 @@ def _other_source(art: CachedArtifact, request: Request) -> str | None:
     """Why a cached build is not the build of ``request.source`` (None: it is, or no source was named).
 
     A ``--source`` asks for a build of those bytes: a cached build of the same name from another tree (an older
-    commit of the same version) must not pass for it, so the cache key's source hash must be the source's.
+    commit of the same version) must not pass for it, so the cache key's source hash must be the source's. A local
+    path whose bytes were not read (the wheelhouse's own sdist, a what-if's path of another machine) is not checked.
     """
     if request.source is None:
+        return None
+    if request.source_sha256 is None and request.source.kind is SourceKind.PATH:
         return None
     if request.source_sha256 is None:
         return (f"built from source sha256 {_short(art.source_sha256)}; the bytes of {request.source.location} "
