@@ -218,3 +218,4 @@ def test_build_then_install_of_a_source_is_a_cache_hit_and_export_serves_it(
     assert exported.returncode == 0, exported.stderr
     page = (tmp_path / "share" / "simple" / "af-ext-fixture" / "index.html").read_text(encoding="utf-8")
     assert "af_ext_fixture-0.1.0+" in page
+    assert "cxx11abi" in page and ".stable" not in page, "a torch/extension.h build is labelled per torch"
