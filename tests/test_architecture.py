@@ -34,6 +34,7 @@ LAYERS: tuple[str, ...] = (
     "build",         # executing a BuildSpec
     "cargo",         # Rust (candle) builds
     "install",       # putting a wheel into the environment
+    "provision",     # the front door: request -> plan -> obtain -> place -> verify, for every verb
     "fleet",         # the same over a Ray cluster: kinds, plan, builds as Ray tasks, index, rollout
     "backends",      # adapters + capability tables of each kernel (dispatch branch)
     "verify",        # numerical checks against a float64 reference
@@ -160,3 +161,149 @@ def test_resolve_does_no_network_io() -> None:
             found += [f"{path.relative_to(SRC.parent)}:{node.lineno} imports {name}" for name in names
                       if any(name == m or name.startswith(m + ".") for m in NETWORK_MODULES)]
     assert not found, "resolve/ must take listings as data (fetch/ reads the network):\n" + "\n".join(found)
+
+
+#: The stages of getting a kernel: the command line reaches them only through ``attnforge.provision`` (issue 32).
+STAGES = ("attnforge.install", "attnforge.build", "attnforge.resolve", "attnforge.cache", "attnforge.fetch")
+#: Value types and events a verb renders (no stage runs through them).
+VALUES = frozenset({"attnforge.resolve.types", "attnforge.build.progress"})
+#: Verbs not yet moved onto the pipeline, each with what it still imports; shrink it, never grow it.
+NOT_YET_THROUGH_PROVISION: dict[str, frozenset[str]] = {
+    "cli/__init__.py": frozenset({"attnforge.cache._db"}),  # the OSError -> CacheError mapping of main()
+    "cli/cache.py": frozenset({"attnforge.cache", "attnforge.cache.share", "attnforge.cache.verify"}),  # H3's
+    "cli/cargo_env.py": frozenset({"attnforge.cache", "attnforge.cargo.candle"}),
+    "cli/fleet.py": frozenset({"attnforge.build.source", "attnforge.install.inputs", "attnforge.resolve.listing"}),
+    "cli/verify.py": frozenset({"attnforge.cache._db"}),  # the OSError -> CacheError mapping
+    "cli/bench.py": frozenset({"attnforge.cache.capabilities"}),  # what an installed slim build can run
+}
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def test_verbs_reach_the_stages_only_through_provision() -> None:
+    """``plan``, ``build``, ``install`` (and every verb not listed as not yet moved) import no stage module
+    (install/, build/, resolve/, cache/, fetch/) but their value types: a verb is parse -> one provision call ->
+    render, so two verbs cannot assemble or execute a request two ways."""
+    bad = {}
+    for path in sorted((SRC / "cli").glob("*.py")):
+        rel = str(path.relative_to(SRC))
+        stages = {m for m in _imports(path) if m.startswith(STAGES) and m not in VALUES}
+        allowed = NOT_YET_THROUGH_PROVISION.get(rel, frozenset())
+        if stages - allowed:
+            bad[rel] = sorted(stages - allowed)
+    assert not bad, f"verbs that reach a stage around attnforge.provision: {bad}"
+    for verb in ("plan", "build", "install"):
+        assert "attnforge.provision" in {m[:19] for m in _imports(SRC / "cli" / f"{verb}.py")}
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the modules of the same top-level package it imports (any import: module level, in a function,
+    under ``TYPE_CHECKING``), by dotted name (``attnforge.install.flow``)."""
+    names = {}
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC.parent).with_suffix("").parts
+        names[".".join(rel if rel[-1] != "__init__" else rel[:-1])] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1] if node.level else []
+                mod = ".".join([*base, *([node.module] if node.module else [])])
+                found.add(mod)
+                found.update(f"{mod}.{a.name}" for a in node.names)
+        unit = name.split(".")[:2]
+        graph[name] = {m for m in found if m in names and m != name and m.split(".")[:2] == unit
+                       and m.count(".") >= 2 and name.count(".") >= 2}  # modules, not the package's __init__
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+#: In-package cycles known today, each with the import whose move removes it (the packages' owners move them).
+KNOWN_CYCLES: dict[str, str] = {
+    "attnforge.cache": "store.py imports prune, share and verify inside its methods, and they import store: the "
+                       "store's callers should call prune/share/verify, or those take the store's seams as arguments",
+    "attnforge.dispatch": "runtime.py <-> dispatcher/features/autotune/_op: the function-level imports of "
+                          "attnforge.dispatch.runtime in features.py, autotune.py and _op.py should take what they "
+                          "need from dispatcher.py (or be passed in)",
+    "attnforge.backends": "adapter.reference_attention imports exact.exact_attention, and exact.ExactAdapter imports "
+                          "adapter: ExactAdapter moves to adapter.py (or reference_attention to exact.py)",
+}
+
+
+def test_no_import_cycle_inside_a_package() -> None:
+    """Module-level cycles inside one package (``a`` imports ``b`` imports ``a``), counted as the package test counts
+    imports: a reader can then read each package bottom-up."""
+    found = {".".join(c[0].split(".")[:2]): c for c in _cycles(_module_graph())}
+    new = {pkg: c for pkg, c in found.items() if pkg not in KNOWN_CYCLES}
+    assert not new, "import cycles inside a package:\n" + "\n".join(f"  {' <-> '.join(c)}" for c in new.values())
+    gone = sorted(set(KNOWN_CYCLES) - set(found))
+    assert not gone, f"these cycles are gone: delete them from KNOWN_CYCLES: {gone}"
+
+
+def test_the_cycle_finder_sees_a_cycle() -> None:
+    assert _cycles({"a.b.c": {"a.b.d"}, "a.b.d": {"a.b.c"}, "a.b.e": set()}) == [["a.b.c", "a.b.d"]]
+
+
+def test_the_map_names_every_module() -> None:
+    """docs/architecture.md names every module of src/attnforge (as `name.py` in its package's section)."""
+    text = DOC.read_text(encoding="utf-8")
+    unnamed = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                     if p.name != "__init__.py" and f"`{p.name}`" not in text and f"`{p.stem}" not in text)
+    assert not unnamed, f"docs/architecture.md does not map {len(unnamed)} modules: {unnamed}"
+
+
+#: Scripts that still borrow test helpers (tests/cache/wheelmaker.py, tests/cache/conftest.py's inputs_for,
+#: tests/install/fixture_build.py); they move to a helper module both import. Shrink it, never grow it.
+SCRIPTS_ON_TEST_HELPERS = frozenset({"bench_cache_hit.py", "bench_cache_install.py", "reliability/common.py"})
+
+
+def test_scripts_import_nothing_from_tests() -> None:
+    scripts = SRC.parent.parent / "scripts"
+    borrowing = {str(p.relative_to(scripts)) for p in scripts.rglob("*.py")
+                 if any(m == "tests" or m.startswith("tests.") for m in _imports(p))}
+    new, gone = sorted(borrowing - SCRIPTS_ON_TEST_HELPERS), sorted(SCRIPTS_ON_TEST_HELPERS - borrowing)
+    assert not new, f"scripts that import from tests/ (move what they need into scripts/ or src/): {new}"
+    assert not gone, f"these scripts import nothing from tests/ now: delete them from the list: {gone}"

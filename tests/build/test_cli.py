@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from attnforge.cli import main
-from attnforge.cli.build import apply_options, run_build
+from attnforge.cli.build import run_build
+from attnforge.provision.build import with_options
 from attnforge.resolve.types import SourceKind, SourceSpec
 from tests._fakes import FIXTURES
 from tests.build._helpers import FA_LOG, OOM_LOG, ReplayLauncher, copy_fixture, fixture_spec
@@ -17,7 +18,7 @@ CPU_SNAPSHOT = FIXTURES / "snapshots" / "cpu_dev_torch2.13_cpu.json"
 
 
 def test_jobs_option_caps_parallelism_to_n_processes(tmp_path: Path) -> None:
-    spec = apply_options(
+    spec = with_options(
         fixture_spec(tmp_path, tmp_path, env={"MAX_JOBS": "8", "NVCC_THREADS": "4"}),
         jobs=1,
         use_sccache=True,

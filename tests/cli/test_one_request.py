@@ -162,39 +162,60 @@ def test_install_json_on_the_installed_route_shows_the_same_plan(
     assert done["plan"]["candidates"] == doc["candidates"]
 
 
-# -- 3. build stores what it built; install of the same request is a cache hit; export serves it ------------
+# -- 3. build stores what it built; install of the same source is a cache hit; export serves it -------------
 @pytest.mark.integration
-def test_build_then_install_is_a_cache_hit_and_export_serves_it(
+def test_build_then_install_of_a_source_is_a_cache_hit_and_export_serves_it(
     tmp_path: Path, cli_env: dict[str, str]
 ) -> None:
-    """The real console script in a fresh venv: a real build of the C++ fixture extension (any torch extension,
-    not a catalog backend), then ``install`` of the same request, then ``cache export``."""
+    """The real console script in a fresh venv, as issue 32 measured it: ``build --source DIR`` of the C++ fixture
+    extension (any torch extension, not a catalog backend) in a directory named ``src``, then ``plan --source``
+    names the cache entry (the project's own name, this machine's build time), ``install --source`` compiles
+    nothing, an edited tree is a new build, and ``cache export`` serves the entry."""
     import shutil
     import subprocess
 
     from tests.venvs import nested_venv
 
     python = nested_venv(tmp_path / "venv")
-    source = tmp_path / "src"
+    source = tmp_path / "src"  # the directory's name is not the project's
     shutil.copytree(FIXTURES / "ext_pkg", source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    logs = Path(cli_env["ATTNFORGE_HOME"]) / "logs"
 
     def attnforge(*argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([python, "-m", "attnforge", *argv], capture_output=True, text=True, env=cli_env,
                               cwd=tmp_path, timeout=600)
 
-    built = attnforge("build", "af-ext-fixture", "--source", str(source), "--json", "-q")
+    built = attnforge("build", "--source", str(source), "--json", "-q")
     assert built.returncode == 0, built.stderr[-2000:]
     key = json.loads(built.stdout)["cache_key"]
     listed = attnforge("cache", "list", "--json")
     assert key in listed.stdout, listed.stdout
     assert not list((Path(cli_env["ATTNFORGE_HOME"]) / "staging").glob("*/*.whl")), "no staging copy left"
+    compiles = sorted(logs.glob("*.log"))
+    assert len(compiles) == 1, compiles
 
-    done = attnforge("install", "af-ext-fixture", "--source", str(source), "--no-verify", "--json", "--offline")
+    planned = attnforge("plan", "--source", str(source), "--json", "--offline")
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    doc = json.loads(planned.stdout)
+    assert doc["backend"] == "af_ext_fixture", "named by its setup.py, not by its directory"
+    assert (doc["chosen"]["kind"], doc["chosen"]["cache_key"]) == ("cache", key)
+    assert 0 < doc["expected_s"]["source"] < 600, "this machine's build of it, not the catalog's 30 minutes"
+
+    done = attnforge("install", "--source", str(source), "--no-verify", "--json", "--offline")
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert (result["action"], result["cache_key"]) == ("cache-hit", key)
+    assert sorted(logs.glob("*.log")) == compiles, "install compiled nothing"
+
+    add = source / "af_ext_fixture" / "add.cpp"
+    add.write_text(add.read_text(encoding="utf-8") + "// an edit\n", encoding="utf-8")
+    edited = json.loads(attnforge("plan", "--source", str(source), "--json", "--offline").stdout)
+    cached = next(c for c in edited["candidates"] if c["kind"] == "cache")
+    assert not cached["accepted"] and "another source tree" in cached["reasons"][0], cached
+    assert edited["chosen"]["kind"] == "source"
 
     exported = attnforge("cache", "export", str(tmp_path / "share"))
     assert exported.returncode == 0, exported.stderr
     page = (tmp_path / "share" / "simple" / "af-ext-fixture" / "index.html").read_text(encoding="utf-8")
     assert "af_ext_fixture-0.1.0+" in page
+    assert "cxx11abi" in page and ".stable" not in page, "a torch/extension.h build is labelled per torch"

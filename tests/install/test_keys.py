@@ -29,3 +29,24 @@ def test_parallelism_does_not_change_the_key_but_flags_and_archs_do() -> None:
     assert _key(dataclasses.replace(SPEC, archs=((9, 0), (12, 0)))) != base
     assert _key(dataclasses.replace(SPEC, env={**SPEC.env, "FLASH_ATTENTION_DISABLE_DROPOUT": "TRUE"})) != base
     assert _key(dataclasses.replace(SPEC, allow_unsupported_compiler=True)) != base
+
+
+def test_a_built_version_outside_the_request_is_refused_before_it_is_cached(tmp_path: Path) -> None:
+    """A source's version is known only once built: ``>=99`` that built 2.8.3 is an error, and nothing is
+    stored (the staging directory goes either way)."""
+    import pytest
+
+    from attnforge.cache import Store
+    from attnforge.errors import BuildError
+    from attnforge.install.keys import check_built_version, store_built
+    from tests.cache.wheelmaker import make_wheel
+
+    wheel = make_wheel(tmp_path / "staging", name="flash-attn", version="2.8.3", tag="cp312-cp312-linux_x86_64")
+    check_built_version(wheel, ">=2.8")
+    check_built_version(wheel, "")
+    store = Store(tmp_path / "home")
+    with pytest.raises(BuildError, match=r"made flash-attn 2\.8\.3, which does not satisfy >=99"):
+        store_built(store, SPEC, wheel=wheel, log_path=None, source_sha256="ab" * 32, snapshot=H200,
+                    owned_dir=wheel.parent, wanted_version=">=99")
+    assert store.list() == []
+    assert not wheel.parent.exists()

@@ -353,3 +353,49 @@ def test_an_installed_build_whose_verify_failed_is_not_installed_and_working(cat
     ok = next(c for c in resolve(snap, catalog, Request(backend="flash-attn")).candidates
               if c.kind is CandidateKind.INSTALLED)
     assert ok.accepted
+
+
+@pytest.mark.parametrize(
+    ("source_sha256", "accepted", "reason"),
+    [
+        pytest.param("c" * 64, True, "built from these bytes of /src/flash-attention", id="same-tree"),
+        pytest.param("d" * 64, False, "built from another source tree (sha256 cccccccccccc...", id="edited-tree"),
+        pytest.param(None, False, "known only once it is fetched", id="remote-source"),
+    ],
+)
+def test_a_source_is_served_from_the_cache_only_by_a_build_of_its_bytes(
+    catalog: Catalog, source_sha256: str | None, accepted: bool, reason: str
+) -> None:
+    """``install --source`` after ``build --source`` is a cache hit, keyed by the source's content hash: a cached
+    build of the same name and version from another tree (an older commit) is not."""
+    from attnforge.build.source import parse_source
+
+    source = parse_source("/src/flash-attention" if source_sha256 else "git+https://example.invalid/fa.git@v2.8.3")
+    request = Request(backend="flash-attn", source=source, source_sha256=source_sha256)
+    plan = resolve(snapshot(H200), catalog, request, cached=[_cached(source_sha256="c" * 64)])
+    cand = next(c for c in plan.candidates if c.kind is CandidateKind.CACHE)
+    assert cand.accepted is accepted
+    assert reason in " ".join(cand.reasons)
+    assert (plan.chosen is cand) is accepted
+
+
+def test_a_source_build_asks_pip_for_the_newest_sdist_inside_a_range(catalog: Catalog) -> None:
+    """``flash-attn>=99`` downloads ``flash-attn>=99`` (pip lists the versions it saw when none fits), not the
+    newest sdist whatever its version; an exact pin stays the pin."""
+    ranged = resolve(snapshot(H200), catalog, Request(backend="flash-attn", version=">=99", from_source=True))
+    assert ranged.chosen is not None and ranged.chosen.build is not None
+    assert ranged.chosen.build.source.requirement() == "flash-attn>=99"
+    assert "flash-attn>=99" in ranged.chosen.description
+    pinned = resolve(snapshot(H200), catalog, Request(backend="flash-attn", version="==2.8.3", from_source=True))
+    assert pinned.chosen is not None and pinned.chosen.build is not None
+    assert pinned.chosen.build.source.requirement() == "flash-attn==2.8.3"
+
+
+def test_a_wheelhouse_sdist_does_not_hide_a_cached_wheel(catalog: Catalog) -> None:
+    """An sdist found in --find-links becomes the request's source (it builds offline) without being hashed: the
+    cache still serves its entries by the usual checks."""
+    from attnforge.build.source import parse_source
+
+    request = Request(backend="flash-attn", source=parse_source("/wheelhouse/flash_attn-2.8.3.tar.gz"))
+    plan = resolve(snapshot(H200), catalog, request, cached=[_cached(source_sha256="c" * 64)])
+    assert plan.chosen is not None and plan.chosen.kind is CandidateKind.CACHE

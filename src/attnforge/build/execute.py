@@ -336,8 +336,8 @@ def _log_header(log: IO[str], spec: BuildSpec, env: Mapping[str, str]) -> None:
 
 def _describe_source(spec: BuildSpec) -> str:
     src = spec.source
-    if src.version:
-        return f"{src.location}=={src.version}"
+    if src.version or src.specifier:
+        return src.requirement()
     return f"{src.location}@{src.ref}" if src.ref else src.location
 
 

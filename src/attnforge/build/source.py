@@ -159,10 +159,22 @@ def fetch(
     return _url_download(source, scratch=scratch)
 
 
+def local_sha256(source: SourceSpec) -> str | None:
+    """The sha256 :func:`fetch` gives a local source (a directory's tree hash, an sdist's bytes), computed without
+    fetching, so a plan can find the build of these exact bytes in the cache; None for a remote source (its bytes
+    are known only once fetched) or a path that is neither a directory nor an sdist archive."""
+    if source.kind is not SourceKind.PATH:
+        return None
+    path = Path(source.location).expanduser().resolve()
+    if path.is_dir():
+        return tree_sha256(path)
+    return file_sha256(path) if path.is_file() and is_archive(path) else None
+
+
 def _pip_download(
     source: SourceSpec, *, scratch: Path, python: str, env: Mapping[str, str], runner: Runner
 ) -> FetchedSource:
-    requirement = f"{source.location}=={source.version}" if source.version else source.location
+    requirement = source.requirement()  # a range: pip takes its newest sdist, or lists the versions it saw
     index = env.get("PIP_INDEX_URL") or "https://pypi.org/simple/"
     dead = current_deadline().dead_for(index)  # pip would wait its own minutes for the same dead proxy
     if dead is not None:

@@ -19,6 +19,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from attnforge._compat import StrEnum
+from attnforge.types.binary import AbiKind
 from attnforge.types.cc import ComputeCapability
 
 #: Bump when the meaning of a field of :class:`CacheKeyInputs` changes; it is part of every key.
@@ -55,6 +56,10 @@ class CacheKeyInputs:
         platform_tag: wheel platform tag (``linux_x86_64``, ``win_amd64``).
         glibc: glibc version of the build machine (``2.36``), None off glibc.
         toolchain: tool name -> version (``{"nvcc": "13.0", "gcc": "12.2.0"}``).
+        abi: how the binary is bound to torch (:class:`~attnforge.types.binary.AbiKind`). For ``torch-stable``,
+            ``torch_version`` is the minimum torch (``2.9``) and ``cxx11_abi`` is None, so one key serves every
+            torch from that minimum up. Left out of the canonical JSON when it is ``torch`` (every key made before
+            it existed is per-torch, and keeps its value).
     """
 
     name: str
@@ -70,6 +75,7 @@ class CacheKeyInputs:
     platform_tag: str
     glibc: str | None = None
     toolchain: tuple[tuple[str, str], ...] = ()
+    abi: AbiKind = AbiKind.TORCH
 
     def __post_init__(self) -> None:
         if not _HEX_RE.fullmatch(self.source_sha256):
@@ -81,7 +87,9 @@ class CacheKeyInputs:
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values; the canonical form of the key."""
+        extra = {} if self.abi is AbiKind.TORCH else {"abi": self.abi.value}
         return {
+            **extra,
             "key_schema": KEY_SCHEMA,
             "name": self.name,
             "version": self.version,
@@ -113,8 +121,9 @@ class CacheKeyInputs:
             archs = tuple(_parse_arch(a) for a in fields.pop("archs", []))
             toolchain = tuple((str(k), str(v)) for k, v in dict(fields.pop("toolchain", {})).items())
             kind = ArtifactKind(fields.pop("kind", "wheel"))
+            abi = AbiKind(fields.pop("abi", AbiKind.TORCH.value))
             flags = tuple(str(f) for f in fields.pop("flags", ()))
-            return cls(**fields, kind=kind, archs=archs, flags=flags, toolchain=toolchain)
+            return cls(**fields, kind=kind, archs=archs, flags=flags, toolchain=toolchain, abi=abi)
         except TypeError as exc:
             raise ValueError(f"bad cache key inputs: {exc}") from None
 

@@ -264,6 +264,7 @@ class Store(StoreBase):
                     key=e.key, name=e.name, version=str(version), filename=e.filename, archs=e.inputs.archs,
                     torch_version=e.inputs.torch_version, cuda_version=e.inputs.cuda_version,
                     cxx11_abi=e.inputs.cxx11_abi, sha256=e.sha256, flags=e.inputs.flags,
+                    source_sha256=e.inputs.source_sha256, abi=e.inputs.abi.value,
                 )
             )
         return out

@@ -66,6 +66,8 @@ class Recipe:
     sources: tuple[str, ...]
     submodules: tuple[str, ...] = ()
     slim: SlimSwitches | None = None
+    stable_abi_from: MajorMinor | None = None  # built with torch >= this, the binary uses the libtorch stable ABI
+    #                                            and needs torch >= this (a fleet plans one build for those torches)
 
     def target_for(self, cc: ComputeCapability, runs_on: Any) -> Target | None:
         """The best target this recipe can emit whose code runs on ``cc`` (the highest one), or None.
@@ -203,6 +205,7 @@ _RECIPE_FIELDS = {
     "sources",
     "submodules",
     "slim",
+    "stable_abi_from",
 }
 _SOURCE_KINDS = ("pypi-sdist", "git", "path", "url")
 _GRAMMAR_FIELDS = {"distribution", "label", "torch_match", "archs", "example", "sources"}
@@ -250,6 +253,8 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
             sources=errors.str_list(raw, "sources", path, allow_empty=False),
             submodules=tuple(str(m) for m in raw.get("submodules", ())),
             slim=parse_slim(raw.get("slim"), f"{path}.slim", errors),
+            stable_abi_from=errors.parsed(errors.get(raw, "stable_abi_from", path, str), f"{path}.stable_abi_from",
+                                          parse_major_minor, None) if "stable_abi_from" in raw else None,
         )
     if GENERIC_RECIPE not in out and "recipes" in doc:
         errors.add(f"recipes.{GENERIC_RECIPE}", "missing (the recipe for sources the catalog does not know)")

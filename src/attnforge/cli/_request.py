@@ -66,7 +66,7 @@ def request_options(func: F) -> F:
 
 def request_args(params: dict[str, Any], **more: Any) -> Any:
     """The :class:`~attnforge.install.inputs.RequestArgs` of a command's click parameters."""
-    from attnforge.install.inputs import RequestArgs
+    from attnforge.provision import RequestArgs
 
     return RequestArgs(**{k: params[k] for k in REQUEST_PARAMS}, **more)
 

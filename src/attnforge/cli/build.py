@@ -1,18 +1,16 @@
 """``attnforge build``: a source build with a progress bar, a log, and a diagnosis when it fails.
 
-The request is assembled as ``plan`` and ``install`` assemble theirs (:func:`attnforge.install.inputs.assemble`),
-the spec comes from the resolver (``attnforge.resolve.build_spec``: preflight, archs, jobs, environment), and the
-wheel goes into the cache keyed as ``install`` keys it; this module renders progress events and the result.
+:func:`attnforge.provision.build.prepare` assembles the request as ``plan`` and ``install`` assemble theirs and sizes
+the build; :func:`attnforge.provision.build.build` runs it and stores the wheel keyed as ``install`` keys it. This
+module renders progress events and the result.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
-import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -20,9 +18,6 @@ from attnforge.build.progress import BuildEvent, HeartbeatEvent, PhaseEvent, Ste
 from attnforge.cli._output import console, emit_json, json_option
 from attnforge.cli._request import request_args, request_options
 from attnforge.resolve.types import BuildSpec
-
-if TYPE_CHECKING:
-    from attnforge.cache import Store
 
 
 @click.command("build")
@@ -46,35 +41,30 @@ def command(*, name: str | None, jobs: int | None, keep_build_dir: bool, use_scc
     The full log goes under attnforge's logs directory; a failed build prints the cause, the log lines that show
     it, and the fix.
     """
-    from attnforge.cache import Store
-    from attnforge.install.inputs import assemble
-    from attnforge.resolve import build_spec
+    from attnforge.provision.build import prepare
 
-    wanted = assemble(request_args(params, name=name), build=True)
-    spec = apply_options(build_spec(wanted.snapshot, wanted.catalog, wanted.request, home=str(wanted.home)),
-                         jobs=jobs, use_sccache=use_sccache, name=name)
-    warning = unsupported_compiler_warning(spec)
+    job = prepare(request_args(params, name=name), jobs=jobs, use_sccache=use_sccache, name=name)
+    warning = unsupported_compiler_warning(job.spec)
     if warning:
         click.echo(warning, err=True)
-    return run_build(spec, home=wanted.home, snapshot=wanted.snapshot, keep_build_dir=keep_build_dir, quiet=quiet,
-                     as_json=as_json, store=Store(wanted.home))
+    return run_build(job.spec, home=job.home, snapshot=job.snapshot, keep_build_dir=keep_build_dir, quiet=quiet,
+                     as_json=as_json, cache=True, wanted_version=job.wanted_version)
 
 
 def run_build(
     spec: BuildSpec, *, home: Path, snapshot: Any, keep_build_dir: bool, quiet: bool, as_json: bool,
-    launcher: Any = None, store: Store | None = None,
+    launcher: Any = None, cache: bool = False, wanted_version: str = "",
 ) -> int:
-    """Execute ``spec`` with progress on stderr and the result (or the diagnosis) for people or as JSON.
+    """Execute ``spec`` (:func:`attnforge.provision.build.build`) with progress on stderr and the result (or the
+    diagnosis) for people or as JSON.
 
-    With ``store`` (the command line's), the wheel goes into the cache as ``install`` stores a build
-    (:func:`attnforge.install.keys.store_built`) and the staging copy is removed; without it the wheel stays in
-    the staging directory.
+    With ``cache`` (the command line's), the wheel goes into the cache as ``install`` stores a build (only a version
+    inside ``wanted_version``) and the staging copy is removed; without it the wheel stays in the staging directory.
 
     Returns:
         The exit code: 0 built, 1 the build failed (diagnosis printed).
     """
-    from attnforge.build import BuildFailure, NullReporter, execute
-    from attnforge.build.stream import launch
+    from attnforge.provision.build import BuildFailure, BuildJob, NullReporter, build
 
     err = console(stderr=True)
     if quiet:
@@ -85,8 +75,8 @@ def run_build(
         reporter = PlainReporter(lambda line: click.echo(line, err=True))
     try:
         with reporter if isinstance(reporter, RichReporter) else _nothing():
-            result = execute(spec, home=home, reporter=reporter, keep_build_dir=keep_build_dir,
-                             snapshot=snapshot, launcher=launcher or launch)
+            built = build(BuildJob(spec=spec, home=home, snapshot=snapshot, wanted_version=wanted_version),
+                          reporter=reporter, keep_build_dir=keep_build_dir, launcher=launcher, cache=cache)
     except BuildFailure as failure:
         if as_json:
             emit_json("build", {"ok": False, "log_path": failure.log_path, "diagnosis": failure.diagnosis})
@@ -97,13 +87,7 @@ def run_build(
         click.echo(f"error: {failure.message}", err=True)
         click.echo(f"log: {failure.log_path}", err=True)
         return 1
-    wheel, key = result.wheel, None
-    if store is not None:
-        from attnforge.install.keys import store_built
-
-        entry = store_built(store, spec, wheel=result.wheel, log_path=result.log_path,
-                            source_sha256=result.source_sha256, snapshot=snapshot, owned_dir=result.wheel.parent)
-        wheel, key = Path(entry.path), entry.key
+    result, wheel, key = built.result, built.wheel, built.cache_key
     if as_json:
         emit_json("build", {"ok": True, "result": result, "spec": spec, "cache_key": key, "wheel": wheel})
         return 0
@@ -122,12 +106,7 @@ def run_build(
         out.print(f"sccache: {result.sccache.hits} hits, {result.sccache.misses} misses")
     if result.build_dir is not None:
         out.print(f"build tree kept at {result.build_dir}", soft_wrap=True)
-    from attnforge._system.runner import SubprocessRunner
-    from attnforge.build.frontend import installer_for
-
-    frontend = installer_for(spec.python or sys.executable, runner=SubprocessRunner())  # uv in a uv venv
-    out.print(f"install it with: {shlex.join(frontend.argv('install', '--no-deps', str(wheel)))}",
-              soft_wrap=True, markup=False)
+    out.print(f"install it with: {shlex.join(built.install_argv)}", soft_wrap=True, markup=False)
     return 0
 
 
@@ -141,21 +120,6 @@ def unsupported_compiler_warning(spec: BuildSpec) -> str | None:
                 if why else "warning: building with nvcc -allow-unsupported-compiler, at your own risk")
     return ("warning: --allow-unsupported-compiler: nvcc gets -allow-unsupported-compiler only if it would "
             "refuse the host compiler (on Windows: when no installed MSVC toolset fits), at your own risk")
-
-
-def apply_options(spec: BuildSpec, *, jobs: int | None, use_sccache: bool, name: str | None) -> BuildSpec:
-    """The command line's last word on a resolver spec: ``--jobs``, ``--sccache``, ``--name``."""
-    env = dict(spec.env)
-    changes: dict[str, Any] = {}
-    if jobs is not None:
-        env["MAX_JOBS"], env["NVCC_THREADS"] = str(jobs), "1"
-        changes.update(max_jobs=jobs, nvcc_threads=1,
-                       notes=(*spec.notes, f"--jobs {jobs}: MAX_JOBS={jobs} NVCC_THREADS=1"))
-    if use_sccache:
-        changes["use_sccache"] = True
-    if name:
-        changes["name"] = name
-    return dataclasses.replace(spec, env=env, **changes)
 
 
 def _clock(seconds: float | None) -> str:

@@ -1,7 +1,7 @@
 """``attnforge install BACKEND[==VER]``: plan, then cache / wheel / build, then pip install, then verify.
 
 Acts on the interpreter attnforge runs in (``--snapshot`` reuses a saved probe of this machine). The request is
-assembled by :func:`attnforge.install.inputs.assemble`, as ``plan`` and ``build`` assemble theirs.
+assembled and run by :func:`attnforge.provision.install.install`, as ``plan`` and ``build`` assemble theirs.
 Exit codes: 0 installed (and verified, unless --no-verify), 1 not possible here or verification failed,
 2 bad input.
 """
@@ -16,7 +16,7 @@ from attnforge.cli._output import console, emit_json, json_option
 from attnforge.cli._request import request_args, request_options
 
 if TYPE_CHECKING:
-    from attnforge.install.flow import InstallResult
+    from attnforge.provision.install import InstallResult
 
 
 @click.command("install")
@@ -33,9 +33,9 @@ def command(*, no_verify: bool, allow_overlap: bool, require_hashes: bool, as_js
     """Get REQUIREMENT (a backend, optionally with a version) working in this interpreter: from the cache, a
     hash-checked wheel, or a build (the plan is the one `attnforge plan` shows for the same arguments)."""
     from attnforge.cli.build import unsupported_compiler_warning
-    from attnforge.install.defaults import install_request
+    from attnforge.provision.install import install
 
-    result = install_request(request_args(params), verify=not no_verify, allow_overlap=allow_overlap,
+    result = install(request_args(params), verify=not no_verify, allow_overlap=allow_overlap,
                              require_hashes=require_hashes, on_note=lambda line: click.echo(f"note: {line}", err=True))
     built = result.plan.chosen.build if result.action == "built" and result.plan.chosen else None
     warning = unsupported_compiler_warning(built) if built is not None else None

@@ -6,7 +6,6 @@ backend, unreadable snapshot, bad --arch) with a hint.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
@@ -22,22 +21,14 @@ from attnforge.resolve.types import Candidate, Plan
 def command(*, as_json: bool, **params: Any) -> int:
     """Explain what `attnforge install` would do here for the same arguments: every candidate, accepted or
     rejected, in the order install tries them."""
-    from attnforge.install.inputs import assemble
+    from attnforge.provision.plan import plan
 
-    wanted = assemble(request_args(params))
-    plan = wanted.plan()
-    backend = wanted.request.backend
-    expected = {k: _route_s(k, backend) for k in dict.fromkeys(c.kind.value for c in plan.candidates)}
-    measured = _measured_build_s(wanted.projects, wanted.home) if "source" in expected else None
-    slim_s = next((c.build.slim.estimate_s for c in plan.candidates if c.build is not None
-                   and c.build.slim is not None and c.build.slim.estimate_s is not None), None)
-    if measured is not None or slim_s is not None:  # this machine's last build, else the slim build's estimate
-        expected["source"] = measured if measured is not None else slim_s
+    planned = plan(request_args(params))
     if as_json:
-        emit_json("plan", _plan_doc(plan, tuple(wanted.notes), expected))
+        emit_json("plan", _plan_doc(planned.plan, planned.notes, planned.expected_s))
     else:
-        _render(plan, tuple(wanted.notes), expected, measured is not None)
-    return 0 if plan.viable else 1
+        _render(planned.plan, planned.notes, planned.expected_s, planned.measured)
+    return 0 if planned.plan.viable else 1
 
 
 def _plan_doc(plan: Plan, problems: tuple[str, ...], expected: dict[str, float | None]) -> dict[str, Any]:
@@ -87,39 +78,8 @@ def _expected(c: Candidate, expected: dict[str, float | None], measured: bool) -
     return f" (expected ~{secs / 60:.0f} min{how})" if secs >= 120 else f" (expected ~{secs:.0f} s{how})"
 
 
-def _measured_build_s(projects: tuple[str, ...], home: Path) -> float | None:
-    """The duration of the newest build of one of ``projects`` in the local cache (its build log), if any."""
-    from packaging.utils import canonicalize_name
-
-    from attnforge.cache import Store
-    from attnforge.resolve.sources import build_seconds
-
-    if not (home / "cache.db").exists() and not (home / "artifacts").is_dir():
-        return None  # no cache here: do not create one for a what-if
-    wanted = {canonicalize_name(p) for p in projects}
-    entries = sorted(
-        (e for e in Store(home).list() if canonicalize_name(e.name) in wanted and e.log_path),
-        key=lambda e: e.created_at_s,
-        reverse=True,
-    )
-    for e in entries:
-        try:
-            secs = build_seconds(Path(str(e.log_path)).read_text(encoding="utf-8", errors="replace")[-4096:])
-        except OSError:
-            continue
-        if secs is not None:
-            return secs
-    return None
-
-
-def _route_s(kind: str, backend: str) -> float | None:
-    from attnforge.resolve.sources import load_wheel_sources
-
-    return load_wheel_sources().route_times.expected_s(kind, backend)
-
-
 def _render_slim(out: Any, build: Any) -> None:
-    from attnforge.resolve.buildspec import minutes
+    from attnforge.provision.plan import minutes
 
     slim = build.slim
     if slim is None:

@@ -20,8 +20,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from packaging.version import InvalidVersion, Version
+
 from attnforge._serde import to_jsonable
 from attnforge.catalog import Catalog
+from attnforge.catalog.recipes import Recipe
 from attnforge.fleet.kinds import KindGroup, Node, WheelKey, glibc_key
 from attnforge.install.keys import NOT_IN_KEY
 from attnforge.resolve.buildspec import plan_build
@@ -127,7 +130,7 @@ def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence
                 routes[g.kind.id, i] = Route(kind=g.kind.id, backend=request.backend, route="none",
                                              detail="nothing is viable", reasons=reasons)
             elif chosen.kind is CandidateKind.SOURCE and chosen.build is not None:
-                to_build.setdefault((i, g.kind.wheel), []).append(
+                to_build.setdefault((i, build_wheel_key(g.kind.wheel, catalog.recipe(request.backend))), []).append(
                     _Member(group=planned_on, spec=chosen.build))
             else:
                 routes[g.kind.id, i] = Route(kind=g.kind.id, backend=request.backend, route=chosen.kind.value,
@@ -207,6 +210,23 @@ def _merge(members: list[_Member], catalog: Catalog, request: Request, home: str
             if decision.spec is not None:
                 return [(kinds, decision.spec, m.group, gib)]
     return [((m.group.kind.id,), m.spec, m.group, gib) for m in members]
+
+
+def build_wheel_key(wheel: WheelKey, recipe: Recipe | None) -> WheelKey:
+    """The wheel key a build of ``recipe`` for a kind of ``wheel`` has: the kind's own, except that a recipe whose
+    build uses the libtorch stable ABI from torch X.Y (``stable_abi_from``, e.g. FlashAttention-3 from 2.9) makes
+    one binary for every torch >= X.Y (any C++11 ABI), so those kinds share one key: torch ``>=X.Y``, no C++ ABI.
+    The built binary's own ABI is read again when it is stored (:mod:`attnforge.install.abi`)."""
+    if recipe is None or recipe.stable_abi_from is None or wheel.torch_version is None:
+        return wheel
+    try:
+        have = Version(wheel.torch_version.split("+", 1)[0]).release[:2]
+    except InvalidVersion:
+        return wheel
+    floor = recipe.stable_abi_from
+    if tuple(have) < floor:
+        return wheel
+    return dataclasses.replace(wheel, torch_version=f">={floor[0]}.{floor[1]}", cxx11_abi=None)
 
 
 def artifact_key(request: Request, spec: BuildSpec, wheel: WheelKey, source_digest: str | None = None) -> str:

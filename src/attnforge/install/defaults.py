@@ -1,5 +1,5 @@
-"""The real collaborators of :func:`attnforge.install.flow.install`: resolver, builder, verifier, index fetch;
-and :func:`install_request`, the install the command line asks for (assembled request -> flow).
+"""The real collaborators of :func:`attnforge.install.flow.install`: resolver, builder, verifier, index fetch
+(:func:`attnforge.provision.install.install` wires them to the assembled request).
 
 Each is imported when used, so ``attnforge install`` starts fast and this module works in builds of attnforge
 where a stage is missing (the error then says which).
@@ -17,52 +17,13 @@ from pathlib import Path
 from attnforge._system.runner import Runner
 from attnforge.build.frontend import installer_for
 from attnforge.catalog import Catalog
-from attnforge.errors import InstallError, ResolveError
-from attnforge.install.flow import BuiltWheel, IndexFetcher, InstallResult, Planner, Verifier, VerifyOutcome
-from attnforge.install.inputs import RequestArgs
+from attnforge.errors import InstallError
+from attnforge.install.flow import BuiltWheel, IndexFetcher, Planner, Verifier, VerifyOutcome
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import BuildSpec, CachedArtifact, CandidateKind, Plan, Request, WheelRef
 
 #: The module run in a fresh interpreter to verify a new install (a library entry point, not the CLI).
 VERIFY_CHILD = "attnforge.verify.child"
-
-
-def install_request(
-    args: RequestArgs, *, verify: bool = True, allow_overlap: bool = False, require_hashes: bool = False,
-    on_note: Callable[[str], None] | None = None, runner: Runner | None = None, python: str = sys.executable,
-) -> InstallResult:
-    """``attnforge install``: assemble the request (:func:`attnforge.install.inputs.assemble`, as ``plan`` does),
-    then run :func:`attnforge.install.flow.install` with the real collaborators.
-
-    Raises:
-        UsageError: bad input (see ``assemble``).
-        ResolveError: nothing can install it here; for a backend whose builds live on the PyTorch index (its
-            catalog install command names ``{torch_index}``) the hint is that command for this torch's CUDA.
-        CacheError, BuildError, InstallError: see :func:`attnforge.install.flow.install`.
-    """
-    from attnforge._system.runner import SubprocessRunner
-    from attnforge.cache import Store
-    from attnforge.install.flow import install
-    from attnforge.install.inputs import assemble
-    from attnforge.resolve.torch_checks import torch_cuda
-
-    wanted = assemble(args, on_note=on_note)
-    runner = runner or SubprocessRunner()
-    catalog, snapshot = wanted.catalog, wanted.snapshot
-    try:
-        return install(
-            wanted.request, snapshot=snapshot, store=Store(wanted.home), planner=wanted.planner,
-            builder=source_builder, verifier=subprocess_verifier(runner, catalog) if verify else None,
-            runner=runner, python=python, fetch_index=index_fetcher(catalog, runner),
-            allow_overlap=allow_overlap, require_hashes=require_hashes,
-        )
-    except ResolveError as exc:
-        backend = catalog.backends.get(wanted.request.backend)
-        if backend is not None and "{torch_index}" in backend.install and not args.index_urls:
-            # e.g. PyPI's xformers is the CUDA 12.8 build; a cu130 torch needs the PyTorch index's build
-            step = backend.install.replace("{torch_index}", catalog.tools.torch_index_url(torch_cuda(snapshot)))
-            exc.hint = f"this torch needs the {backend.display_name} build for its CUDA: {step}"
-        raise
 
 
 def resolver_planner(

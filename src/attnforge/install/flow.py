@@ -271,7 +271,8 @@ def _obtain(run: _Run, request: Request, plan: Plan, chosen: Candidate) -> tuple
                 plan = again
             built = run.builder(spec, home=store.root)
             entry = store_built(store, spec, wheel=Path(built.wheel_path), log_path=built.log_path,
-                                source_sha256=built.source_sha256, snapshot=run.snapshot, owned_dir=built.owned_dir)
+                                source_sha256=built.source_sha256, snapshot=run.snapshot, owned_dir=built.owned_dir,
+                                wanted_version=request.version)
         return plan, Action.BUILT, store.get(entry.key), entry.key
     raise InstallError(f"the plan chose {chosen.kind.value} without the details to act on it: {chosen}")
 

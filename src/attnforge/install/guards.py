@@ -17,6 +17,7 @@ from attnforge.cache.capabilities import capabilities_file
 from attnforge.cache.label import LocalLabel, label_wheel
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import BuildSpec
+from attnforge.types.binary import AbiKind, BinaryTarget
 
 
 @contextmanager
@@ -42,15 +43,25 @@ def scratch_dir(store: Store) -> Path:
     return Path(tempfile.gettempdir()) if store.read_only else store.root / "tmp"
 
 
-def pinned_to_torch(wheel: Path, spec: BuildSpec, snapshot: SystemSnapshot) -> Path:
+def pinned_to_torch(wheel: Path, spec: BuildSpec, snapshot: SystemSnapshot, target: BinaryTarget | None = None,
+                    ) -> Path:
     """The built wheel with a local label naming the torch/CUDA/ABI/archs it was built for,
     ``Requires-Dist: torch==X.Y.*`` (see :mod:`attnforge.cache.label`) and, for a slim build, its capabilities
     in the ``.dist-info`` (:mod:`attnforge.cache.capabilities`), written next to it; unchanged when
-    there is no torch, the wheel is pure Python (platform ``any``: it links nothing of torch's), or the
-    project set its own local label."""
+    there is no torch, the wheel is pure Python (platform ``any``: it links nothing of torch's), the binary is
+    bound to no torch (``target`` pure or TVM FFI), or the project set its own local label.
+
+    A libtorch stable-ABI ``target`` is labelled with its minimum torch and ``stable``
+    (``cu130torch2.9.stable.sm90``) and requires ``torch>=2.9``: one wheel for every torch it serves."""
     torch = snapshot.torch
     if torch is None or "+" in wheel.name.split("-")[1] or wheel.name.endswith("-any.whl"):
         return wheel
-    label = LocalLabel.for_torch(torch.version, torch.cuda_version, torch.cxx11_abi, spec.archs)
+    if target is not None and target.abi in (AbiKind.PURE, AbiKind.TVM_FFI):
+        return wheel
+    if target is not None and target.abi is AbiKind.TORCH_STABLE and target.torch is not None:
+        major, minor = target.torch.split(".")
+        label = LocalLabel(torch=(int(major), int(minor)), cuda=torch.cuda_version, archs=spec.archs, stable_abi=True)
+    else:
+        label = LocalLabel.for_torch(torch.version, torch.cuda_version, torch.cxx11_abi, spec.archs)
     extra = capabilities_file(spec.capabilities) if spec.capabilities is not None else None
     return label_wheel(wheel, label, wheel.parent, dist_info_files=extra)

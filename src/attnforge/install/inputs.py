@@ -24,6 +24,7 @@ from attnforge.types.cc import ComputeCapability, parse_cc_list
 if TYPE_CHECKING:
     from attnforge.catalog import Catalog
     from attnforge.catalog.backends import Backend
+    from attnforge.catalog.recipes import Recipe
     from attnforge.catalog.slim import SlimRequest
     from attnforge.install.flow import Planner
     from attnforge.probe.snapshot import SystemSnapshot
@@ -139,6 +140,8 @@ def assemble(args: RequestArgs, *, build: bool = False, environ: Mapping[str, st
     from attnforge.fetch.indexes import list_wheels, with_local_sdist
 
     request = with_local_sdist(request, projects)  # an sdist in the wheelhouse builds offline
+    if not build and args.source and request.source is not None:  # the cache serves a --source only its bytes' build
+        request = dataclasses.replace(request, source_sha256=source_sha256(request, recipe))
     if backend is not None and args.snapshot_path is None:  # this interpreter's install: what it can serve
         from attnforge.cache.capabilities import installed_capabilities
 
@@ -256,8 +259,27 @@ def parse_archs(values: tuple[str, ...]) -> tuple[ComputeCapability, ...] | None
         raise UsageError(str(exc), hint="write compute capabilities like --arch 9.0,12.0") from None
 
 
+def source_sha256(request: Request, recipe: Recipe | None) -> str | None:
+    """The sha256 the build of ``request.source`` will record (the tree the recipe builds: a local ``hopper/`` is
+    its repository's tree), computed now; None for a remote source. See :func:`attnforge.build.source.fetch`."""
+    from attnforge.build.source import local_sha256
+    from attnforge.resolve.buildspec import default_source
+
+    assert request.source is not None  # noqa: S101 - the caller checks
+    return local_sha256(default_source(recipe, request) if recipe is not None else request.source)
+
+
 def name_from_source(source: SourceSpec) -> str:
-    """A distribution name for a ``--source`` build: the leaf of its location (``name-1.0.tar.gz`` -> name)."""
+    """A distribution name for a ``--source`` build: the name a local tree's metadata declares (``pyproject.toml``,
+    ``setup.cfg``, ``setup.py``; :func:`attnforge.build.metadata.declared_name`), else the leaf of its location
+    (``name-1.0.tar.gz`` -> name)."""
+    if source.kind is SourceKind.PATH:
+        from attnforge.build.metadata import declared_name
+
+        tree = Path(source.location).expanduser()
+        declared = declared_name(tree / source.subdirectory if source.subdirectory else tree)
+        if declared:
+            return declared
     leaf = source.location.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
     for suffix in _ARCHIVES:
         if leaf.lower().endswith(suffix):

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 from packaging.utils import parse_wheel_filename
 
 from attnforge.cache import ArtifactKind, CacheKeyInputs
+from attnforge.install.abi import built_target, wheel_tags
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import BuildSpec
+from attnforge.types.binary import AbiKind, BinaryTarget
 from attnforge.types.cc import ComputeCapability
 
 if TYPE_CHECKING:
@@ -23,14 +25,6 @@ NOT_IN_KEY = frozenset({
     "MAX_JOBS", "NVCC_THREADS", "FLASH_ATTENTION_FORCE_BUILD", "CUDA_HOME", "CUDA_PATH", "PATH", "TMP",
     "TEMP", "TMPDIR", "SCCACHE_DIR", "CCACHE_DIR", "PIP_NO_BUILD_ISOLATION", "DISTUTILS_USE_SDK",
 })
-
-
-def wheel_tags(filename: str) -> tuple[str, str]:
-    """``(python tag, platform tag)`` of a wheel file name; compressed tag sets are joined with ``.``."""
-    _, _, _, tags = parse_wheel_filename(filename)
-    interpreters = ".".join(sorted({t.interpreter for t in tags}))
-    platforms = ".".join(sorted({t.platform for t in tags}))
-    return interpreters, platforms
 
 
 def toolchain_of(snapshot: SystemSnapshot, spec: BuildSpec | None) -> tuple[tuple[str, str], ...]:
@@ -56,12 +50,20 @@ def torch_fields(snapshot: SystemSnapshot) -> tuple[str | None, str | None, bool
 
 
 def built_wheel_inputs(
-    *, wheel: Path, spec: BuildSpec, source_sha256: str, snapshot: SystemSnapshot
+    *, wheel: Path, spec: BuildSpec, source_sha256: str, snapshot: SystemSnapshot, target: BinaryTarget | None = None
 ) -> CacheKeyInputs:
-    """Key inputs of a wheel built from ``spec`` on the machine ``snapshot`` describes."""
+    """Key inputs of a wheel built from ``spec`` on the machine ``snapshot`` describes.
+
+    ``target`` is what the binary needs (:func:`attnforge.install.abi.built_target`, read from the built wheel): a
+    stable-ABI build is keyed by its minimum torch and no C++11 ABI, so every torch it serves shares its key.
+    None keys it to the snapshot's torch (version, CUDA, C++11 ABI).
+    """
     name, version, _, _ = parse_wheel_filename(wheel.name)
     python_tag, platform_tag = wheel_tags(wheel.name)
     torch_version, cuda_version, cxx11_abi = torch_fields(snapshot)
+    abi = AbiKind.TORCH
+    if target is not None:
+        abi, torch_version, cxx11_abi = target.abi, target.torch, target.cxx11_abi
     flags = tuple(f"{k}={v}" for k, v in spec.env.items() if k not in NOT_IN_KEY)
     if spec.allow_unsupported_compiler:  # on Windows the flag reaches nvcc at build time, not via spec.env
         flags = (*flags, "nvcc:-allow-unsupported-compiler")
@@ -69,7 +71,7 @@ def built_wheel_inputs(
         name=name, version=str(version), kind=ArtifactKind.WHEEL, source_sha256=source_sha256,
         archs=spec.archs, flags=flags, python_tag=python_tag, platform_tag=platform_tag,
         glibc=snapshot.platform.glibc, toolchain=toolchain_of(snapshot, spec),
-        torch_version=torch_version, cuda_version=cuda_version, cxx11_abi=cxx11_abi,
+        torch_version=torch_version, cuda_version=cuda_version, cxx11_abi=cxx11_abi, abi=abi,
     )
 
 
@@ -90,23 +92,60 @@ def prebuilt_wheel_inputs(
     )
 
 
+def _flags_of(log_path: Path | None) -> str:
+    """The compile lines of a build log (where ``-DTORCH_TARGET_VERSION=...`` shows); empty without one."""
+    if log_path is None:
+        return ""
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(line for line in text.splitlines() if "TORCH_TARGET_VERSION" in line)
+
+
+def check_built_version(wheel: Path, wanted_version: str, *, log_path: Path | None = None) -> None:
+    """Refuse a built wheel whose version is outside the request's PEP 440 specifier (``>=99`` built 2.8.3).
+
+    Raises:
+        BuildError: it is outside (the message names both; the wheel is left to the caller).
+    """
+    if not wanted_version.strip():
+        return
+    from packaging.specifiers import SpecifierSet
+
+    from attnforge.errors import BuildError
+
+    name, version, _, _ = parse_wheel_filename(wheel.name)
+    if not SpecifierSet(wanted_version).contains(version, prereleases=True):
+        raise BuildError(
+            f"the build made {name} {version}, which does not satisfy {wanted_version}; it was not cached",
+            log_path=str(log_path) if log_path else None, cause=f"the source's version is {version}",
+            hint="build a source of a version inside the range, or change the version specifier",
+        )
+
+
 def store_built(store: Store, spec: BuildSpec, *, wheel: Path, log_path: Path | None, source_sha256: str,
-                snapshot: SystemSnapshot, owned_dir: Path | None = None) -> Entry:
+                snapshot: SystemSnapshot, owned_dir: Path | None = None, wanted_version: str = "") -> Entry:
     """Put the wheel a build of ``spec`` produced into ``store``, keyed as ``install`` keys it, so the next
     ``install`` (or ``plan``) of the same request finds it as a cache candidate and ``cache export`` serves it.
 
-    The wheel is first labelled with the torch it was built against (:func:`~attnforge.install.guards.
+    The wheel is first checked against the request's version specifier ``wanted_version`` (a source's version is
+    known only once built) and labelled with the torch it was built against (:func:`~attnforge.install.guards.
     pinned_to_torch`); ``owned_dir`` (the builder's staging directory) is removed afterwards, stored or not.
 
     Raises:
+        BuildError: the built version does not satisfy ``wanted_version`` (nothing is stored).
         CacheError: the disk is full or the store cannot be written.
     """
     from attnforge.cache._files import remove_tree
     from attnforge.install.guards import pinned_to_torch
 
     try:
-        labelled = pinned_to_torch(wheel, spec, snapshot)
-        inputs = built_wheel_inputs(wheel=labelled, spec=spec, source_sha256=source_sha256, snapshot=snapshot)
+        check_built_version(wheel, wanted_version, log_path=log_path)
+        target = built_target(wheel, snapshot=snapshot, archs=spec.archs, build_flags=_flags_of(log_path))
+        labelled = pinned_to_torch(wheel, spec, snapshot, target)
+        inputs = built_wheel_inputs(wheel=labelled, spec=spec, source_sha256=source_sha256, snapshot=snapshot,
+                                    target=target)
         origin = {"origin": "source-build", "source": spec.source.location, "notes": list(spec.notes),
                   "capabilities": spec.capabilities.to_json() if spec.capabilities else None}
         return store.put(labelled, inputs, log_path=log_path, provenance=origin).entry

@@ -18,13 +18,13 @@ RegistryReader = Callable[[], int | None]
 
 
 def _default_nvml() -> list[GpuInfo]:
-    from attnforge.probe.gpus import read_nvml
+    from attnforge.probe.readers import read_nvml
 
     return read_nvml()
 
 
 def _default_registry() -> int | None:
-    from attnforge.probe.windows import read_long_paths_enabled
+    from attnforge.probe.readers import read_long_paths_enabled
 
     return read_long_paths_enabled()
 

@@ -13,34 +13,6 @@ SMI_QUERY = ("nvidia-smi", "--query-gpu=index,name,compute_cap,memory.total,driv
              "--format=csv,noheader,nounits")
 
 
-def read_nvml() -> list[GpuInfo]:
-    """Read every GPU through NVML (``nvidia-ml-py``). Raises on any NVML failure."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        try:
-            cuda = parsers.cuda_version_from_int(int(pynvml.nvmlSystemGetCudaDriverVersion()))
-        except pynvml.NVMLError:
-            cuda = None
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
-            gpus.append(GpuInfo(index=i, name=_text(pynvml.nvmlDeviceGetName(h)),
-                                compute_capability=ComputeCapability(major, minor),
-                                memory_bytes=int(mem), driver_version=driver, cuda_driver_version=cuda, source="nvml"))
-        return gpus
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def collect_gpus(ctx: ProbeContext, torch_raw: dict[str, Any] | None) -> tuple[list[GpuInfo], list[str]]:
     """Return the GPUs and the reasons each source that was tried failed (empty when the first worked)."""
     reasons: list[str] = []

@@ -114,19 +114,6 @@ def collect_python_dev(ctx: ProbeContext) -> tuple[PythonDevFiles | None, str | 
         return None, f"the include/libs report lacks {exc}"
 
 
-def read_long_paths_enabled() -> int | None:
-    """``HKLM\\SYSTEM\\CurrentControlSet\\Control\\FileSystem\\LongPathsEnabled``; None when absent."""
-    import winreg  # type: ignore[import-not-found,unused-ignore]
-
-    try:
-        with winreg.OpenKey(winreg.HKEY_LOCAL_MACHINE,  # type: ignore[attr-defined,unused-ignore]
-                            r"SYSTEM\CurrentControlSet\Control\FileSystem") as key:
-            value, _ = winreg.QueryValueEx(key, "LongPathsEnabled")  # type: ignore[attr-defined,unused-ignore]
-            return int(value)
-    except FileNotFoundError:
-        return None
-
-
 def reg_query_long_paths(runner: Runner) -> int | None:
     """The same value through ``reg query`` (for a probe that runs outside the target Windows Python).
 

@@ -63,7 +63,8 @@ def default_source(recipe: Recipe, request: Request) -> SourceSpec:
     if source is None:
         version = pinned_version(request.version)
         if recipe.sdist and "pypi-sdist" in recipe.source_kinds:
-            return SourceSpec(kind=SourceKind.PYPI_SDIST, location=recipe.sdist, version=version)
+            return SourceSpec(kind=SourceKind.PYPI_SDIST, location=recipe.sdist, version=version,
+                              specifier="" if version else request.version.strip())
         source = SourceSpec(kind=SourceKind.GIT, location=recipe.git_url, ref=None,
                             subdirectory=recipe.git_subdirectory or None)
     sub = recipe.git_subdirectory

@@ -27,7 +27,15 @@ from attnforge.resolve.buildspec import (
     plan_build,
 )
 from attnforge.resolve.tags import supported_tags
-from attnforge.resolve.types import CachedArtifact, Candidate, CandidateKind, Plan, Request, WheelRef
+from attnforge.resolve.types import (
+    CachedArtifact,
+    Candidate,
+    CandidateKind,
+    Plan,
+    Request,
+    SourceKind,
+    WheelRef,
+)
 from attnforge.resolve.wheels import check_binary, read_cached, read_wheel, same_distribution, target_ccs
 from attnforge.types.cc import format_cc
 from attnforge.types.versions import newest_first
@@ -76,6 +84,10 @@ def resolve(
         if request.from_source:
             candidates.append(_rejected(CandidateKind.CACHE, desc, [_FROM_SOURCE], cache_key=art.key))
             continue
+        other = _other_source(art, request)
+        if other is not None:
+            candidates.append(_rejected(CandidateKind.CACHE, desc, [other], cache_key=art.key))
+            continue
         try:
             facts = read_cached(art)
         except ValueError as exc:
@@ -91,7 +103,8 @@ def resolve(
                 kind=CandidateKind.CACHE,
                 description=desc,
                 accepted=m.ok and slim is None,
-                reasons=(*m.problems, *([slim] if slim else [])) or m.notes or ("matches this machine",),
+                reasons=(*m.problems, *([slim] if slim else [])) or (*_same_source(request), *m.notes)
+                or ("matches this machine",),
                 cache_key=art.key,
             )
         )
@@ -122,6 +135,37 @@ def _check_version_text(version: str) -> None:
             raise UsageError(
                 f"not a version specifier: {version!r}", hint="write e.g. ==2.8.3 or >=2.8"
             ) from None
+
+
+def _other_source(art: CachedArtifact, request: Request) -> str | None:
+    """Why a cached build is not the build of ``request.source`` (None: it is, or no source was named).
+
+    A ``--source`` asks for a build of those bytes: a cached build of the same name from another tree (an older
+    commit of the same version) must not pass for it, so the cache key's source hash must be the source's. A local
+    path whose bytes were not read (the wheelhouse's own sdist, a what-if's path of another machine) is not checked.
+    """
+    if request.source is None:
+        return None
+    if request.source_sha256 is None and request.source.kind is SourceKind.PATH:
+        return None
+    if request.source_sha256 is None:
+        return (f"built from source sha256 {_short(art.source_sha256)}; the bytes of {request.source.location} "
+                "are known only once it is fetched, so a build of it is not taken from the cache")
+    if art.source_sha256 != request.source_sha256:
+        return (f"built from another source tree (sha256 {_short(art.source_sha256)}, "
+                f"{request.source.location} is {_short(request.source_sha256)})")
+    return None
+
+
+def _same_source(request: Request) -> tuple[str, ...]:
+    if request.source is None or request.source_sha256 is None:
+        return ()
+    return (f"built from these bytes of {request.source.location} (source sha256 {_short(request.source_sha256)})",
+            "matches this machine")
+
+
+def _short(sha256: str | None) -> str:
+    return f"{sha256[:12]}..." if sha256 else "unknown"
 
 
 def _distributions(catalog: Catalog, backend: Backend | None, request: Request) -> tuple[str, ...]:
@@ -293,7 +337,8 @@ def _source(
     if recipe is None or recipe.kind is not RecipeKind.BUILD:
         return None
     source = default_source(recipe, request)
-    where = source.location + (f"=={source.version}" if source.version else "")
+    where = source.requirement() if source.kind is SourceKind.PYPI_SDIST else (
+        source.location + (f"=={source.version}" if source.version else ""))
     if source.subdirectory:
         where += f" (subdirectory {source.subdirectory})"
     desc = f"build {recipe.distribution or request.backend} from {source.kind.value} {where}"

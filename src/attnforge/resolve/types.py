@@ -40,6 +40,11 @@ class SourceSpec:
     ref: str | None = None  # git: branch, tag or commit
     subdirectory: str | None = None  # git/path: where setup.py lives inside the tree
     submodules: tuple[str, ...] = ()  # git submodules the build needs, relative to the tree's root
+    specifier: str = ""  # pypi-sdist without an exact version: the PEP 440 range pip takes the newest release of
+
+    def requirement(self) -> str:
+        """What pip downloads for a pypi-sdist: ``flash-attn==2.8.3``, ``flash-attn>=99`` or ``flash-attn``."""
+        return f"{self.location}=={self.version}" if self.version else f"{self.location}{self.specifier}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,6 +69,9 @@ class Request:
         installed_verify_failure: the summary of the latest ``attnforge verify`` of the installed version on
             this device when it failed (read from the records by the caller); such a build is not "installed and
             working", so the plan obtains it again and the install verifies it again.
+        source_sha256: the content hash of a local ``source`` (the tree hash or the sdist's sha256 the build
+            will record, read by the caller); with a ``source``, only a cached build of exactly these bytes is a
+            cache candidate. None when there is no local source (a git or URL source is hashed once fetched).
     """
 
     backend: str
@@ -78,6 +86,7 @@ class Request:
     slim: SlimRequest | None = None
     installed_capabilities: Capabilities | None = None
     installed_verify_failure: str | None = None
+    source_sha256: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,3 +196,5 @@ class CachedArtifact:
     cxx11_abi: bool | None
     sha256: str
     flags: tuple[str, ...] = ()  # the cache key's build flags (a slim build's FLASH_ATTENTION_DISABLE_*=TRUE)
+    source_sha256: str | None = None  # the cache key's source hash (a prebuilt wheel's own sha256); None: unknown
+    abi: str = "torch"  # the cache key's AbiKind: "torch-stable" serves any torch >= ``torch_version``

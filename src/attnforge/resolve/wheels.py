@@ -23,6 +23,7 @@ from attnforge.catalog.recipes import CudaTag, TorchMatch, WheelGrammar, WheelLa
 from attnforge.catalog.toolchain import Target, TargetKind, parse_major_minor
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import CachedArtifact, Request, WheelRef
+from attnforge.types.binary import AbiKind
 from attnforge.types.cc import ComputeCapability, format_cc
 from attnforge.types.local_label import LocalLabel
 
@@ -90,7 +91,7 @@ def read_wheel(filename: str, catalog: Catalog, ref: WheelRef | None = None) -> 
         built = _own_label(version.local)
         if built is not None:  # a wheel attnforge built (exported, or re-served by a team): its label says it all
             return BinaryFacts(filename=filename, name=name, version=version, tags=tags, label=built[0],
-                               torch_match=TorchMatch.MAJOR_MINOR, archs=built[1])
+                               torch_match=built[2], archs=built[1])
     return BinaryFacts(
         filename=filename,
         name=name,
@@ -102,16 +103,17 @@ def read_wheel(filename: str, catalog: Catalog, ref: WheelRef | None = None) -> 
     )
 
 
-def _own_label(local: str) -> tuple[WheelLabel, tuple[Target, ...]] | None:
+def _own_label(local: str) -> tuple[WheelLabel, tuple[Target, ...], TorchMatch] | None:
     """attnforge's own label (:mod:`attnforge.types.local_label`): torch major.minor (the wheel pins
-    ``torch==X.Y.*``), CUDA, C++11 ABI and the SASS it was built with."""
+    ``torch==X.Y.*``; a stable-ABI build's minimum, ``torch>=X.Y``), CUDA, C++11 ABI and the SASS it was built
+    with."""
     try:
         own = LocalLabel.parse(local)
     except ValueError:
         return None
     label = WheelLabel(grammar="attnforge", cuda=_cuda_tag(own.cuda), torch=f"{own.torch[0]}.{own.torch[1]}",
                        cxx11_abi=own.cxx11_abi)
-    return label, _sass(own.archs)
+    return label, _sass(own.archs), TorchMatch.AT_LEAST if own.stable_abi else TorchMatch.MAJOR_MINOR
 
 
 def _cuda_tag(version: str | None) -> CudaTag | None:
@@ -127,7 +129,8 @@ def _sass(archs: Sequence[ComputeCapability]) -> tuple[Target, ...]:
 
 
 def read_cached(artifact: CachedArtifact) -> BinaryFacts:
-    """The facts of a cached artifact: its own record of torch, CUDA, ABI and archs (exact torch match).
+    """The facts of a cached artifact: its own record of torch, CUDA, ABI and archs (exact torch match; a
+    stable-ABI build's torch is its minimum: any torch at or above it).
 
     Raises:
         ValueError: the artifact's filename is not a wheel filename.
@@ -144,7 +147,7 @@ def read_cached(artifact: CachedArtifact) -> BinaryFacts:
         version=version,
         tags=tags,
         label=label,
-        torch_match=TorchMatch.EXACT,
+        torch_match=TorchMatch.AT_LEAST if artifact.abi == AbiKind.TORCH_STABLE else TorchMatch.EXACT,
         archs=_sass(artifact.archs),
     )
 

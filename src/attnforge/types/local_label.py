@@ -1,12 +1,13 @@
 """attnforge's own local version label of a built wheel: the torch (major.minor), CUDA, C++11 ABI and arch set
-it was built for, e.g. ``cu130torch2.11.cxx11abitrue.sm80sm90``.
+it was built for, e.g. ``cu130torch2.11.cxx11abitrue.sm80sm90``; for a libtorch stable-ABI build, its minimum torch
+and ``stable``, e.g. ``cu130torch2.9.stable.sm90`` (any torch >= 2.9; :mod:`attnforge.types.binary`).
 
 Written by :mod:`attnforge.cache.label` when a build is cached (with ``Requires-Dist: torch==X.Y.*``), and read
 back by :mod:`attnforge.resolve.wheels` when such a wheel is offered by a find-links page, an index or a team's
 GitHub releases: one grammar, one room, below both. The grammar (PEP 440 local version: lowercase alphanumerics
 separated by periods)::
 
-    label   = variant "torch" MAJOR "." MINOR [ ".cxx11abi" ("true" | "false") ] [ "." archs ]
+    label   = variant "torch" MAJOR "." MINOR [ ".cxx11abi" ("true" | "false") | ".stable" ] [ "." archs ]
     variant = "cu" DIGITS        (torch's CUDA, 13.0 -> cu130)  |  "cpu"
     archs   = ( "sm" DIGITS )+   (compute capabilities, 8.0 and 9.0 -> sm80sm90)
 """
@@ -22,7 +23,7 @@ from attnforge.types.cc import ComputeCapability
 
 _LABEL_RE = re.compile(
     r"(?:cu(?P<cu>\d+)|(?P<cpu>cpu))torch(?P<major>\d+)\.(?P<minor>\d+)"
-    r"(?:\.cxx11abi(?P<abi>true|false))?(?:\.(?P<archs>(?:sm\d+)+))?"
+    r"(?:\.cxx11abi(?P<abi>true|false)|\.(?P<stable>stable))?(?:\.(?P<archs>(?:sm\d+)+))?"
 )
 
 
@@ -30,13 +31,16 @@ _LABEL_RE = re.compile(
 class LocalLabel:
     """What a built wheel is bound to. ``str()`` and :meth:`parse` round-trip."""
 
-    torch: tuple[int, int]  # torch's (major, minor)
+    torch: tuple[int, int]  # torch's (major, minor); with ``stable_abi`` the minimum torch
     cuda: str | None  # torch's CUDA ("13.0"), None for a CPU torch
     cxx11_abi: bool | None = None
     archs: tuple[ComputeCapability, ...] = ()
+    stable_abi: bool = False  # the libtorch stable ABI: any torch >= ``torch`` (no C++11 ABI of torch's)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "archs", tuple(sorted(set(self.archs))))
+        if self.stable_abi and self.cxx11_abi is not None:
+            raise ValueError("a stable-ABI build has no C++11 ABI of torch's")
         if self.cuda is not None and not re.fullmatch(r"\d+\.\d", self.cuda):
             raise ValueError(f"CUDA version {self.cuda!r} is not like '13.0'")
 
@@ -52,6 +56,8 @@ class LocalLabel:
         text = f"{variant}torch{self.torch[0]}.{self.torch[1]}"
         if self.cxx11_abi is not None:
             text += f".cxx11abi{str(self.cxx11_abi).lower()}"
+        if self.stable_abi:
+            text += ".stable"
         if self.archs:
             text += "." + "".join(f"sm{major}{minor}" for major, minor in self.archs)
         return text
@@ -66,10 +72,14 @@ class LocalLabel:
         cuda = None if cu is None else f"{cu[:-1]}.{cu[-1]}"
         abi = None if match["abi"] is None else match["abi"] == "true"
         archs = tuple(ComputeCapability(int(a[:-1]), int(a[-1])) for a in re.findall(r"sm(\d+)", match["archs"] or ""))
-        return cls(torch=(int(match["major"]), int(match["minor"])), cuda=cuda, cxx11_abi=abi, archs=archs)
+        return cls(torch=(int(match["major"]), int(match["minor"])), cuda=cuda, cxx11_abi=abi, archs=archs,
+                   stable_abi=match["stable"] is not None)
 
     @property
     def torch_requirement(self) -> str:
+        """``torch==2.11.*`` (one minor), ``torch>=2.9`` (stable ABI)."""
+        if self.stable_abi:
+            return f"torch>={self.torch[0]}.{self.torch[1]}"
         return f"torch=={self.torch[0]}.{self.torch[1]}.*"
 
 

@@ -1,0 +1,128 @@
+"""``build``: a source build of a request into the cache, keyed and labelled as ``install`` keys it.
+
+:func:`prepare` assembles the request (as ``plan`` and ``install`` do) and sizes the build (the resolver's
+:class:`~attnforge.resolve.types.BuildSpec`, then the command line's ``--jobs``/``--sccache``/``--name``);
+:func:`build` executes it, streaming progress events to the caller's reporter, and stores the wheel through
+:func:`attnforge.install.keys.store_built` (version checked against the request, ABI read from the binary,
+labelled, keyed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnforge.build import BuildFailure as BuildFailure  # noqa: PLC0414 - what a failed build raises, for verbs
+from attnforge.build import BuildResult
+from attnforge.build import NullReporter as NullReporter  # noqa: PLC0414 - the silent reporter, for verbs
+from attnforge.install.inputs import RequestArgs
+from attnforge.resolve.types import BuildSpec
+
+if TYPE_CHECKING:
+    from attnforge.build import Reporter
+    from attnforge.build.stream import Launcher
+    from attnforge.probe.snapshot import SystemSnapshot
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuildJob:
+    """A build decided before any compiler runs.
+
+    Attributes:
+        spec: what is built (archs, jobs, environment, root).
+        home: ``$ATTNFORGE_HOME`` (the store, the logs, the staging directory).
+        snapshot: the machine that builds (its torch keys the wheel); None only for an uncached build.
+        wanted_version: the request's version specifier; a built version outside it is not cached.
+    """
+
+    spec: BuildSpec
+    home: Path
+    snapshot: SystemSnapshot | None
+    wanted_version: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Built:
+    """A finished build.
+
+    Attributes:
+        result: the executor's result (log, duration, compile steps, sccache, kept tree).
+        wheel: the stored wheel (the staging copy when nothing was stored).
+        cache_key: the store entry (None when nothing was stored).
+        install_argv: the command that installs ``wheel`` into the building interpreter (uv in a uv venv).
+    """
+
+    result: BuildResult
+    wheel: Path
+    cache_key: str | None
+    install_argv: tuple[str, ...]
+
+
+def prepare(args: RequestArgs, *, jobs: int | None = None, use_sccache: bool = False, name: str | None = None,
+            ) -> BuildJob:
+    """The build ``attnforge build`` runs for ``args``.
+
+    Raises:
+        UsageError: bad input, or a backend with nothing to build.
+        ResolveError: the preflight refuses the build here (every failed check in the cause).
+    """
+    from attnforge.install.inputs import assemble
+    from attnforge.resolve import build_spec
+
+    wanted = assemble(args, build=True)
+    spec = with_options(build_spec(wanted.snapshot, wanted.catalog, wanted.request, home=str(wanted.home)),
+                        jobs=jobs, use_sccache=use_sccache, name=name)
+    return BuildJob(spec=spec, home=wanted.home, snapshot=wanted.snapshot, wanted_version=wanted.request.version)
+
+
+def with_options(spec: BuildSpec, *, jobs: int | None, use_sccache: bool, name: str | None) -> BuildSpec:
+    """The command line's last word on a resolver spec: ``--jobs``, ``--sccache``, ``--name``."""
+    env = dict(spec.env)
+    changes: dict[str, Any] = {}
+    if jobs is not None:
+        env["MAX_JOBS"], env["NVCC_THREADS"] = str(jobs), "1"
+        changes.update(max_jobs=jobs, nvcc_threads=1,
+                       notes=(*spec.notes, f"--jobs {jobs}: MAX_JOBS={jobs} NVCC_THREADS=1"))
+    if use_sccache:
+        changes["use_sccache"] = True
+    if name:
+        changes["name"] = name
+    return dataclasses.replace(spec, env=env, **changes)
+
+
+def build(job: BuildJob, *, reporter: Reporter, keep_build_dir: bool = False, launcher: Launcher | None = None,
+          cache: bool = True) -> Built:
+    """Execute ``job`` and, with ``cache``, put the wheel into the store under ``job.home`` (the staging copy is then
+    removed); without it the wheel stays in the staging directory.
+
+    Raises:
+        BuildFailure: the build failed (its diagnosis and log path).
+        BuildError: the built version is outside ``job.wanted_version`` (nothing stored).
+        CacheError: the store cannot be written.
+    """
+    from attnforge._system.runner import SubprocessRunner
+    from attnforge.build import execute
+    from attnforge.build.frontend import installer_for
+    from attnforge.build.stream import launch
+
+    spec = job.spec
+    result = execute(spec, home=job.home, reporter=reporter, keep_build_dir=keep_build_dir, snapshot=job.snapshot,
+                     launcher=launcher or launch)
+    wheel, key = result.wheel, None
+    if cache:
+        from attnforge.cache import Store
+        from attnforge.install.keys import store_built
+
+        if job.snapshot is None:
+            raise ValueError("a build is cached with the snapshot of the machine that built it")
+        entry = store_built(Store(job.home), spec, wheel=result.wheel, log_path=result.log_path,
+                            source_sha256=result.source_sha256, snapshot=job.snapshot, owned_dir=result.wheel.parent,
+                            wanted_version=job.wanted_version)
+        wheel, key = Path(entry.path), entry.key
+    frontend = installer_for(spec.python or sys.executable, runner=SubprocessRunner())  # uv in a uv venv
+    return Built(result=result, wheel=wheel, cache_key=key,
+                 install_argv=tuple(frontend.argv("install", "--no-deps", str(wheel))))
+
