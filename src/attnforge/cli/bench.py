@@ -11,6 +11,7 @@ import click
 
 from attnforge.bench.run import BenchCell, BenchReport, CellStatus
 from attnforge.cli._output import console, emit_json, json_option
+from attnforge.cli._types import timeout_type
 from attnforge.ranking import Ranking
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -46,7 +47,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
               help="Interleaved rounds per cell; their noise decides ties (the repetition budget is shared).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write TFLOP/s vs sequence length to this PNG.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=1800, show_default=True,
+@click.option("--timeout", "timeout_s", type=timeout_type(), default=1800, show_default=True,
               help="Seconds each backend may run in its own child process before it counts as hung.")
 @json_option
 def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | None, batch: int | None,

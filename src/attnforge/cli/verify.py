@@ -9,6 +9,7 @@ import click
 
 from attnforge.bench.report import device_json
 from attnforge.cli._output import console, emit_json, json_option
+from attnforge.cli._types import timeout_type
 from attnforge.verify.check import BackendVerification, CaseStatus, details_json
 from attnforge.verify.run import VerifyReport
 
@@ -21,7 +22,7 @@ SHOWN_FAILURES = 3
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="default: the GPU when torch sees one, else the CPU.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the random shapes and inputs.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900, show_default=True,
+@click.option("--timeout", "timeout_s", type=timeout_type(), default=900, show_default=True,
               help="Seconds each backend may run in its own child process before it counts as hung.")
 @json_option
 def command(backends: tuple[str, ...], device: str | None, seed: int, timeout_s: float, as_json: bool) -> int:
