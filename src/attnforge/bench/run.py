@@ -30,6 +30,7 @@ from attnforge.bench.timing import Timing, TimingConfig, combine_rounds, measure
 from attnforge.ranking import Measurement, OutputError, Ranking, rank
 from attnforge.types.device import DeviceType
 from attnforge.types.shapes import AttentionShape, Mode
+from attnforge.verify.causes import headline
 from attnforge.verify.device import DeviceInfo
 
 #: The share of free GPU memory the rotating input sets of one shape may take.
@@ -258,7 +259,7 @@ def _run_shape(shape: AttentionShape, *, adapters: Mapping[str, BackendAdapter],
                                  budget_bytes=_input_budget(device))
             inputs = make_inputs(shape, sets, device.torch_device)
         except Exception as exc:  # out of memory for the inputs themselves: every runnable cell is an error
-            detail = _last_line(exc)
+            detail = headline(exc)
             cells.update({n: BenchCell(backend=n, status=CellStatus.ERROR, detail=detail) for n in runnable})
             runnable = []
         cells.update(_time_rounds({n: adapters[n] for n in runnable}, inputs, shape=shape, device=device,
@@ -297,7 +298,7 @@ def _time_rounds(adapters: Mapping[str, BackendAdapter], inputs: Sequence[tuple[
                 done[name].append(measure(steps[name], sets=len(inputs), config=per_round, sync=sync, clock=clock))
             except Exception as exc:  # a backend may raise anything; the cell records it
                 _release(device)
-                failed[name] = BenchCell(backend=name, status=CellStatus.ERROR, detail=_last_line(exc))
+                failed[name] = BenchCell(backend=name, status=CellStatus.ERROR, detail=headline(exc))
     out: dict[str, BenchCell] = dict(failed)
     flops = shape_flops(shape)
     for name in names:
@@ -307,7 +308,7 @@ def _time_rounds(adapters: Mapping[str, BackendAdapter], inputs: Sequence[tuple[
         try:
             peak = _peak_memory(steps[name], device, sync)
         except Exception as exc:
-            out[name] = BenchCell(backend=name, status=CellStatus.ERROR, detail=_last_line(exc))
+            out[name] = BenchCell(backend=name, status=CellStatus.ERROR, detail=headline(exc))
             continue
         out[name] = BenchCell(backend=name, status=CellStatus.OK, ms=result.median_ms,
                               tflops=tflops(flops, result.median_ms), peak_mem_bytes=peak, timing=result)
@@ -322,7 +323,7 @@ def _with_error(cell: BenchCell, adapter: BackendAdapter, inputs: tuple[Any, ...
     try:
         error = output_error(adapter, inputs, causal=shape.causal)
     except Exception as exc:  # a backend may raise anything; the cell records it
-        return BenchCell(backend=cell.backend, status=CellStatus.ERROR, detail=f"error check: {_last_line(exc)}")
+        return BenchCell(backend=cell.backend, status=CellStatus.ERROR, detail=f"error check: {headline(exc)}")
     return dataclasses.replace(cell, error=error)
 
 
@@ -364,8 +365,3 @@ def _release(device: DeviceInfo) -> None:
         import torch
 
         torch.cuda.empty_cache()
-
-
-def _last_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return text.splitlines()[-1] if text else type(exc).__name__

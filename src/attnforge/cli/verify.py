@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from attnforge.bench.report import device_json
-from attnforge.cli._output import console, emit_json, json_option
+from attnforge.cli._output import console, emit_json, json_option, verbose
 from attnforge.cli._types import timeout_type
 from attnforge.verify.check import BackendVerification, CaseStatus, details_json
 from attnforge.verify.run import VerifyReport
@@ -96,9 +96,13 @@ def render_verify(out: Any, report: VerifyReport, *, store_path: str) -> None:
 
 
 def _render_failures(out: Any, result: BackendVerification) -> None:
+    from rich.markup import escape
+
     failures = result.failures
     for case in failures[:SHOWN_FAILURES]:
-        out.print(f"[red]{result.backend}[/red] {case.case.label}: {case.detail}", soft_wrap=True)
+        out.print(f"[red]{result.backend}[/red] {case.case.label}: {escape(case.detail)}", soft_wrap=True)
+        if case.cause and verbose():  # -v: the whole exception chain (also in --json and the stored record)
+            out.print(escape(case.cause), soft_wrap=True)
     if len(failures) > SHOWN_FAILURES:
         out.print(f"  ... and {len(failures) - SHOWN_FAILURES} more failed case(s); --json lists them all")
     errors = [c for c in failures if c.status is CaseStatus.ERROR]
