@@ -43,6 +43,7 @@ class CellStatus(StrEnum):
     OK = "ok"
     SKIPPED = "skipped"  # the backend does not support the shape (its unsupported_reasons)
     ERROR = "error"  # it raised: out of memory, a kernel error
+    NOISY = "noisy"  # measured, but beyond bench's noise bounds (attnforge.bench.isolated): shown, never stored
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,7 +53,7 @@ class BenchCell:
     Attributes:
         backend: the adapter's name.
         status: ok, skipped or error.
-        detail: skip reasons or the error's last line ("" when ok).
+        detail: skip reasons, the error's first meaningful line, or why a noisy cell is not stored ("" when ok).
         ms: median milliseconds per call.
         tflops: TFLOP/s from :mod:`attnforge.bench.flops` and ``ms``.
         ratio_to_baseline: the baseline's ``ms`` divided by this ``ms`` (> 1: faster than SDPA's default).
