@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:  # click >= 8.2 makes ParamType generic (value, input); 8.1, which we admit, does not
+    _FloatParam = click.ParamType[float, Any]
+else:
+    _FloatParam = click.ParamType
 
 #: The longest ``--timeout`` accepted: a week is longer than any build, verify or bench, and far below where the
 #: OS timers overflow (``poll()`` takes a C int of milliseconds: about 24.8 days).
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
-class FiniteFloat(click.ParamType):
+class FiniteFloat(_FloatParam):
     """A finite float in ``[min_value, max_value]``: ``nan``, ``inf`` and out-of-range values are usage errors.
 
     Args:
