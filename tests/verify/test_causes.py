@@ -109,3 +109,24 @@ def test_the_cli_shows_the_meaningful_line_and_the_chain_under_v(
         out = capsys.readouterr().out
         assert f"InductorError: InvalidCxxCompiler: {CXX_MESSAGE}" in " ".join(out.split())
         assert ("The above exception was the direct cause" in out) is verbose
+
+
+@pytest.mark.integration
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch internals imported by inductor
+def test_a_real_flex_compile_without_a_cxx_compiler_is_named_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real torch.compile of FlexAttention on CPU, with Inductor pointed at a compiler that does not exist:
+    the case says so (it used to read "Set TORCHDYNAMO_VERBOSE=1 ...")."""
+    import torch
+
+    from attnforge.backends import registry
+    from attnforge.backends.flex import FlexAdapter
+
+    base = registry.adapters()["flex"]
+    assert isinstance(base, FlexAdapter)
+    flex = FlexAdapter(name="flex", caps=base.caps, requirement=base.requirement)  # torch.compile, on CPU
+    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", ("no-such-cxx",))
+    res = verify_backend(flex, device=CPU, cases=CASES[:1], tolerances=load_tolerances())
+    [case] = res.cases
+    assert case.status is CaseStatus.ERROR
+    assert "No working C++ compiler found" in case.detail, case.detail
+    assert "InvalidCxxCompiler" in case.cause
