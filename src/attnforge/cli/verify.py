@@ -107,4 +107,5 @@ def _render_failures(out: Any, result: BackendVerification) -> None:
         out.print(f"  ... and {len(failures) - SHOWN_FAILURES} more failed case(s); --json lists them all")
     errors = [c for c in failures if c.status is CaseStatus.ERROR]
     if errors and len(errors) == len(failures):
-        out.print(f"  every failure of {result.backend} is an exception: the kernel did not run")
+        more = "" if verbose() else "; -v prints each exception's whole chain (--json has it too)"
+        out.print(f"  every failure of {result.backend} is an exception: the kernel did not run{more}")
