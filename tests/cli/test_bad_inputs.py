@@ -162,7 +162,8 @@ def test_no_command_prints_the_help(argv: list[str], capsys: pytest.CaptureFixtu
 NUMBER_CASES = ["verify --timeout nan sdpa-math", "verify --timeout inf sdpa-math", "verify --timeout -inf sdpa-math",
                 "verify --timeout 1e12 sdpa-math", "verify --timeout abc sdpa-math", "verify --timeout 0 sdpa-math",
                 "bench --timeout nan sdpa-math", "bench --timeout inf sdpa-math", "bench --rounds nan sdpa-math",
-                "bench --max-noise nan sdpa-math", "bench --max-noise 0 sdpa-math",
+                "bench --max-noise nan sdpa-math", "bench --max-noise 0 sdpa-math", "warmup --budget nan",
+                "warmup --budget inf", "warmup --budget 0",
                 "bench --rounds 0 sdpa-math", "build flash-attn --jobs nan --snapshot " + CPU_SNAPSHOT,
                 "build flash-attn --jobs -1 --snapshot " + CPU_SNAPSHOT, "verify --seed nan sdpa-math",
                 "bench --batch nan --shapes model --heads 2 --head-dim 16 --seqlen 16 sdpa-math"]

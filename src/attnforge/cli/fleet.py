@@ -166,10 +166,10 @@ def _outcome_doc(outcome: Any) -> dict[str, Any]:
 def _fleet_plan(backends: Sequence[str], address: str | None, snapshots: tuple[str, ...], opts: dict[str, Any],
                 ray: Any = None) -> tuple[Any, list[Any]]:
     from attnforge.catalog import load_catalog
+    from attnforge.fetch.indexes import list_wheels
     from attnforge.fleet.cluster import load_snapshots
     from attnforge.fleet.kinds import group_nodes
     from attnforge.fleet.plan import plan_fleet
-    from attnforge.resolve.listing import list_wheels
 
     requests = _requests(backends, **opts)
     nodes = load_snapshots(snapshots) if snapshots else _nodes(ray)

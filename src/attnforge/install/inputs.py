@@ -136,7 +136,7 @@ def assemble(args: RequestArgs, *, build: bool = False, environ: Mapping[str, st
     recipe = catalog.recipe(name)
     projects = (*(backend.distributions if backend else (name,)),
                 *((recipe.distribution,) if recipe and recipe.distribution else ()))
-    from attnforge.resolve.listing import list_wheels, with_local_sdist
+    from attnforge.fetch.indexes import list_wheels, with_local_sdist
 
     request = with_local_sdist(request, projects)  # an sdist in the wheelhouse builds offline
     if backend is not None and args.snapshot_path is None:  # this interpreter's install: what it can serve
