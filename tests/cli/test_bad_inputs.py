@@ -156,3 +156,36 @@ def test_no_command_prints_the_help(argv: list[str], capsys: pytest.CaptureFixtu
     out, err = capsys.readouterr()
     assert "Usage: attnforge" in out
     assert "error:" not in err
+
+
+# issue 31 item 9: numbers that used to end as internal errors (NaN/inf through click.FloatRange, int(COLUMNS))
+NUMBER_CASES = ["verify --timeout nan sdpa-math", "verify --timeout inf sdpa-math", "verify --timeout -inf sdpa-math",
+                "verify --timeout 1e12 sdpa-math", "verify --timeout abc sdpa-math", "verify --timeout 0 sdpa-math",
+                "bench --timeout nan sdpa-math", "bench --timeout inf sdpa-math", "bench --rounds nan sdpa-math",
+                "bench --max-noise nan sdpa-math", "bench --max-noise 0 sdpa-math", "warmup --budget nan",
+                "warmup --budget inf", "warmup --budget 0",
+                "bench --rounds 0 sdpa-math", "build flash-attn --jobs nan --snapshot " + CPU_SNAPSHOT,
+                "build flash-attn --jobs -1 --snapshot " + CPU_SNAPSHOT, "verify --seed nan sdpa-math",
+                "bench --batch nan --shapes model --heads 2 --head-dim 16 --seqlen 16 sdpa-math"]
+
+
+@pytest.mark.parametrize("line", NUMBER_CASES)
+def test_a_bad_number_is_a_usage_error_naming_the_option(line: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(line.split())
+    err = capsys.readouterr().err
+    check(code, err, 2)
+    assert "internal error" not in err
+    option = next(a for a in line.split() if a.startswith("--"))  # each line names the bad option first
+    assert option in err
+
+
+@pytest.mark.parametrize("columns", ["abc", "-5", "1e9", " "])
+def test_a_bad_columns_is_ignored_with_a_note_and_the_output_still_printed(
+    columns: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", columns)
+    assert main(["doctor", "--snapshot", CPU_SNAPSHOT]) in (0, 1)  # 1: nothing fast on a CPU machine
+    out, err = capsys.readouterr()
+    assert "this machine" in out  # COLUMNS=-5 once printed nothing at all
+    assert "internal error" not in err
+    assert ("is not a width in columns" in err) is bool(columns.strip())

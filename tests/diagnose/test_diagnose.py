@@ -240,3 +240,47 @@ def test_unreadable_log_is_a_usage_error(tmp_path: Path) -> None:
 
     with pytest.raises(UsageError, match="cannot read the log"):
         diagnose_file(tmp_path / "missing.log")
+
+
+# issue 31 item 8: the log's own nvcc, not this machine's. The fixture is composed: attnforge's own log header
+# (build/execute.py _log_header), pip's and torch cpp_extension's lines around a ninja FAILED block in the shape
+# of the real RTX 5090 log in Dao-AILab/flash-attention#1563, with CUDA 12.4's `nvcc --version` banner
+# (release 12.4, V12.4.131) and nvcc's own "Unsupported gpu architecture 'compute_120'" line.
+NVCC_124_LOG = FIXTURES / "logs" / "flash_attn-2.8.3_sm120_nvcc12.4_unsupported_arch.log"
+
+
+@pytest.mark.parametrize("where", ["snapshot", "machine"])
+def test_an_old_nvcc_in_the_log_is_blamed_not_this_machines_nvcc(where: str) -> None:
+    machine = {where: H200}  # this machine (or the snapshot) has nvcc 13.0, which could build sm_120
+    d = diagnose_file(NVCC_124_LOG, name="flash-attn", **machine)
+    assert d.signature == "unsupported-gpu-arch"
+    assert d.cause == ("nvcc 12.4 cannot compile for compute_120: compute_120 needs CUDA >= 12.8, and the nvcc "
+                       "that ran is 12.4")
+    assert "13.0" not in d.cause
+    assert d.fix[0].startswith("CUDA_HOME=/usr/local/cuda-12.8 attnforge build flash-attn")
+    assert not any("--arch 9.0" in step for step in d.fix)
+    assert any("nvcc 12.4" in n and "gcc 11.4.0" in n and "/usr/local/cuda-12.4" in n for n in d.notes)
+
+
+@pytest.mark.parametrize(
+    ("line", "reason", "fix"),
+    [
+        ("nvcc fatal   : Unsupported gpu architecture 'compute_70'", "CUDA 13.0 dropped it", "--arch 9.0"),
+        ("nvcc fatal   : Unsupported gpu architecture 'compute_128'", "is not an architecture", "--arch 9.0"),
+        ("Cuda compilation tools, release 12.6, V12.6.85\nnvcc fatal   : Unsupported gpu architecture 'sm_100a'",
+         "needs CUDA >= 12.8, and the nvcc that ran is 12.6", "CUDA_HOME=/usr/local/cuda-12.8"),
+    ],
+)
+def test_the_arch_reason_comes_from_the_toolchain_table(line: str, reason: str, fix: str) -> None:
+    d = diagnose_text(line, snapshot=H200, name="flash-attn")
+    assert reason in d.cause
+    assert fix in d.fix[0]
+
+
+def test_diagnose_cli_reads_the_logs_nvcc(capsys: pytest.CaptureFixture[str]) -> None:
+    from attnforge.cli import main
+
+    assert main(["diagnose", str(NVCC_124_LOG), "--snapshot", str(FIXTURES / "snapshots" /
+                                                                  "h200_torch2.11_cu130.json")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "compute_120 needs CUDA >= 12.8, and the nvcc that ran is 12.4" in out

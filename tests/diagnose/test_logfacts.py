@@ -95,3 +95,30 @@ def test_the_cli_fills_placeholders_from_this_machines_probe(tmp_path: Path) -> 
     doc = json.loads(done.stdout)
     assert "<nvcc_version>" not in doc["cause"]
     assert any("this machine's probe" in n for n in doc["notes"])
+
+
+# The toolchain a log shows (issue 31 item 8). Lines as the tools print them: nvcc --version (CUDA 12.4's banner,
+# also in tests/fixtures/logs/flash_attn-2.8.3_sm120_nvcc12.4_unsupported_arch.log), CMake's compiler
+# identification, attnforge's own log header (build/execute.py _log_header), gcc --version / gcc -v, the nvcc
+# path torch's cpp_extension puts on each ninja command line (Linux and the Windows toolkit layout).
+@pytest.mark.parametrize(
+    ("log", "nvcc", "home", "compiler"),
+    [
+        ("Cuda compilation tools, release 12.4, V12.4.131\n", "12.4", None, None),
+        ("-- The CUDA compiler identification is NVIDIA 12.6.85\n", "12.6", None, None),
+        ("attnforge: env CUDA_HOME=/usr/local/cuda-12.1\n", "12.1", "/usr/local/cuda-12.1", None),
+        ("[2/9] /usr/local/cuda-12.4/bin/nvcc -c a.cu\n  gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0\n", "12.4",
+         "/usr/local/cuda-12.4", "gcc 11.4.0"),
+        ("/opt/cuda-12.8/bin/nvcc -c a.cu\nCuda compilation tools, release 12.4, V12.4.131\n", "12.4",
+         "/opt/cuda-12.8", None),  # the banner is what ran; the path only where no banner says
+        ('"C:\\Program Files\\NVIDIA GPU Computing Toolkit\\CUDA\\v12.6\\bin\\nvcc" -c a.cu\n', "12.6",
+         "C:\\Program Files\\NVIDIA GPU Computing Toolkit\\CUDA\\v12.6", None),
+        ("gcc version 13.2.0 (GCC)\n", None, None, "gcc 13.2.0"),
+        ("-- The CXX compiler identification is GNU 12.3.0\n", None, None, "gcc 12.3.0"),
+        ("Ubuntu clang version 17.0.6\n", None, None, "clang 17.0.6"),
+        ("nvcc fatal   : Unsupported gpu architecture 'compute_120'\n", None, None, None),
+    ],
+)
+def test_the_log_names_its_own_toolchain(log: str, nvcc: str | None, home: str | None, compiler: str | None) -> None:
+    facts = log_facts(log)
+    assert (facts.nvcc_version, facts.cuda_home, facts.host_compiler) == (nvcc, home, compiler)

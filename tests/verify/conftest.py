@@ -16,3 +16,11 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
+
+
+@pytest.fixture(autouse=True)
+def private_compile_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verify repairs the Inductor/Triton caches it finds in the environment: in tests, never the user's."""
+    root = tmp_path_factory.mktemp("compile-caches")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(root / "triton"))

@@ -64,7 +64,7 @@ def test_verify_records_a_sigsegv_and_a_hang_and_exits_1(
 def test_bench_records_a_sigsegv_and_a_hang_and_exits_1(
     attnforge_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["bench", *TINY, "--dtype", "bf16", "--mode", "fwd", "--causal", "off", "--json"]
+    argv = ["bench", *TINY, "--dtype", "bf16", "--mode", "fwd", "--causal", "off", "--json", "--max-noise", "1e6"]
     assert main([*argv, "segv", "--timeout", "300"]) == 1
     captured = capsys.readouterr()
     cells = {c["backend"]: c for row in json.loads(captured.out)["rows"] for c in row["cells"]}
@@ -203,7 +203,7 @@ def test_a_stopped_bench_keeps_the_backends_it_finished(
     watcher.start()
     try:
         rc = main(["bench", "hang", *TINY, "--dtype", "bf16", "--mode", "fwd", "--causal", "off",
-                   "--timeout", "300", "--json"])
+                   "--timeout", "300", "--json", "--max-noise", "1e6"])  # sdpa's cell is stored, however loaded
     finally:
         finished.set()
     watcher.join(timeout=5)

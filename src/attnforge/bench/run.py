@@ -30,6 +30,7 @@ from attnforge.bench.timing import Timing, TimingConfig, combine_rounds, measure
 from attnforge.ranking import Measurement, OutputError, Ranking, rank
 from attnforge.types.device import DeviceType
 from attnforge.types.shapes import AttentionShape, Mode
+from attnforge.verify.causes import headline
 from attnforge.verify.device import DeviceInfo
 
 #: The share of free GPU memory the rotating input sets of one shape may take.
@@ -42,6 +43,7 @@ class CellStatus(StrEnum):
     OK = "ok"
     SKIPPED = "skipped"  # the backend does not support the shape (its unsupported_reasons)
     ERROR = "error"  # it raised: out of memory, a kernel error
+    NOISY = "noisy"  # measured, but beyond bench's noise bounds (attnforge.bench.isolated): shown, never stored
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,7 +53,7 @@ class BenchCell:
     Attributes:
         backend: the adapter's name.
         status: ok, skipped or error.
-        detail: skip reasons or the error's last line ("" when ok).
+        detail: skip reasons, the error's first meaningful line, or why a noisy cell is not stored ("" when ok).
         ms: median milliseconds per call.
         tflops: TFLOP/s from :mod:`attnforge.bench.flops` and ``ms``.
         ratio_to_baseline: the baseline's ``ms`` divided by this ``ms`` (> 1: faster than SDPA's default).
@@ -258,7 +260,7 @@ def _run_shape(shape: AttentionShape, *, adapters: Mapping[str, BackendAdapter],
                                  budget_bytes=_input_budget(device))
             inputs = make_inputs(shape, sets, device.torch_device)
         except Exception as exc:  # out of memory for the inputs themselves: every runnable cell is an error
-            detail = _last_line(exc)
+            detail = headline(exc)
             cells.update({n: BenchCell(backend=n, status=CellStatus.ERROR, detail=detail) for n in runnable})
             runnable = []
         cells.update(_time_rounds({n: adapters[n] for n in runnable}, inputs, shape=shape, device=device,
@@ -297,7 +299,7 @@ def _time_rounds(adapters: Mapping[str, BackendAdapter], inputs: Sequence[tuple[
                 done[name].append(measure(steps[name], sets=len(inputs), config=per_round, sync=sync, clock=clock))
             except Exception as exc:  # a backend may raise anything; the cell records it
                 _release(device)
-                failed[name] = BenchCell(backend=name, status=CellStatus.ERROR, detail=_last_line(exc))
+                failed[name] = BenchCell(backend=name, status=CellStatus.ERROR, detail=headline(exc))
     out: dict[str, BenchCell] = dict(failed)
     flops = shape_flops(shape)
     for name in names:
@@ -307,7 +309,7 @@ def _time_rounds(adapters: Mapping[str, BackendAdapter], inputs: Sequence[tuple[
         try:
             peak = _peak_memory(steps[name], device, sync)
         except Exception as exc:
-            out[name] = BenchCell(backend=name, status=CellStatus.ERROR, detail=_last_line(exc))
+            out[name] = BenchCell(backend=name, status=CellStatus.ERROR, detail=headline(exc))
             continue
         out[name] = BenchCell(backend=name, status=CellStatus.OK, ms=result.median_ms,
                               tflops=tflops(flops, result.median_ms), peak_mem_bytes=peak, timing=result)
@@ -322,7 +324,7 @@ def _with_error(cell: BenchCell, adapter: BackendAdapter, inputs: tuple[Any, ...
     try:
         error = output_error(adapter, inputs, causal=shape.causal)
     except Exception as exc:  # a backend may raise anything; the cell records it
-        return BenchCell(backend=cell.backend, status=CellStatus.ERROR, detail=f"error check: {_last_line(exc)}")
+        return BenchCell(backend=cell.backend, status=CellStatus.ERROR, detail=f"error check: {headline(exc)}")
     return dataclasses.replace(cell, error=error)
 
 
@@ -364,8 +366,3 @@ def _release(device: DeviceInfo) -> None:
         import torch
 
         torch.cuda.empty_cache()
-
-
-def _last_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return text.splitlines()[-1] if text else type(exc).__name__

@@ -23,7 +23,8 @@ from attnforge.catalog._check import DATA_DIR, Collector, Sourced, read_checked
 
 STAGES = ("fetch", "metadata", "compile", "link", "import", "runtime")
 #: Facts a cause or fix may name besides its patterns' groups.
-FACTS = ("name", "python", "log", "torch_version", "torch_cuda", "nvcc_version", "cuda_index_tag")
+FACTS = ("name", "python", "log", "torch_version", "torch_cuda", "nvcc_version", "cuda_index_tag", "cuda_home",
+         "host_compiler", "arch_reason", "arch_fix")
 _FIELDS = {"title", "stage", "patterns", "context", "when", "priority", "cause", "fix", "sources"}
 
 

@@ -24,11 +24,13 @@ class _Mode:
 
     as_json = False
     verbose = False
+    warned_columns = False  # a bad COLUMNS is named once per command
 
 
 def set_output_mode(*, as_json: bool, verbose: bool) -> None:
     _Mode.as_json = as_json
     _Mode.verbose = verbose
+    _Mode.warned_columns = False
 
 
 def verbose() -> bool:
@@ -43,11 +45,17 @@ def console(*, stderr: bool = False) -> Any:
 
     from rich.console import Console
 
+    from attnforge.cli._types import columns_from_env
+
     stream = sys.stderr if stderr else sys.stdout
-    width = None
-    if not stream.isatty():  # CI logs and pipes: wide enough for the doctor table
-        width = int(os.environ.get("COLUMNS", "0") or 0) or max(shutil.get_terminal_size().columns, 160)
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+    columns, bad = columns_from_env(os.environ)
+    if bad is not None and not _Mode.warned_columns:  # a bad COLUMNS once printed nothing at all (issue 31)
+        _Mode.warned_columns = True
+        click.echo(f"note: {bad}", err=True)
+    width = columns
+    if not stream.isatty() and width is None:  # CI logs and pipes: wide enough for the doctor table
+        width = max(shutil.get_terminal_size(fallback=(160, 24)).columns, 160)
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)  # rich skips a bad COLUMNS too
 
 
 def emit_json(kind: str, payload: Any) -> None:

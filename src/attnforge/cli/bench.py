@@ -10,7 +10,9 @@ from typing import Any
 import click
 
 from attnforge.bench.run import BenchCell, BenchReport, CellStatus
+from attnforge.bench.stability import DEFAULT_MAX_NOISE
 from attnforge.cli._output import console, emit_json, json_option
+from attnforge.cli._types import FiniteFloat, timeout_type
 from attnforge.ranking import Ranking
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -46,13 +48,17 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
               help="Interleaved rounds per cell; their noise decides ties (the repetition budget is shared).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write TFLOP/s vs sequence length to this PNG.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=1800, show_default=True,
+@click.option("--timeout", "timeout_s", type=timeout_type(), default=1800, show_default=True,
               help="Seconds each backend may run in its own child process before it counts as hung.")
+@click.option("--max-noise", "max_noise", type=FiniteFloat(min_value=0.01, max_value=1e6, unit="fraction"),
+              default=DEFAULT_MAX_NOISE, show_default=True,
+              help="Cells whose rounds spread more (0.5: ±50 %), or whose baseline moved by more between the "
+                   "children (a factor of 1.5), are shown as noisy and not stored; a large value stores everything.")
 @json_option
 def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | None, batch: int | None,
             heads_q: int | None, heads_kv: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...],
             seqlen_k: int | None, dtype: str | None, causal: str, mode: str, device: str | None, timer: str,
-            rounds: int, plot_path: Path | None, timeout_s: float, as_json: bool) -> int:
+            rounds: int, plot_path: Path | None, timeout_s: float, max_noise: float, as_json: bool) -> int:
     """Measure attention backends on this machine: TFLOP/s per shape, best per row, ratio to SDPA's default.
 
     Without BACKENDS, every backend `attnforge verify` passed on this device is measured; SDPA with no kernel
@@ -91,9 +97,10 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
         store.add_bench(got)
         records.extend(got)
         kept.append(name)
+        noisy = sum(c.status is CellStatus.NOISY for row in partial.rows for c in row.cells)
         if lines:
-            click.echo(f"bench: {name} done ({len(kept)} of {len(chosen)} backends, {len(got)} cells stored)",
-                       err=True)
+            click.echo(f"bench: {name} done ({len(kept)} of {len(chosen)} backends, {len(got)} cells stored"
+                       + (f", {noisy} too noisy to store" if noisy else "") + ")", err=True)
 
     with out.status("benchmarking", spinner="dots") as status, sigterm_interrupts():
         def progress(shape: Any, name: str) -> None:
@@ -105,7 +112,7 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
             isolated = _bench_isolated(shapes, chosen=chosen, baseline=baseline, device=dev, timing=timing,
                                        versions=versions, verified=verified,
                                        quantized=quantized, progress=progress, on_backend=keep,
-                                       timeout_s=timeout_s)
+                                       timeout_s=timeout_s, max_noise=max_noise)
         except KeyboardInterrupt:
             left = [n for n in chosen if n not in kept]
             click.echo(f"bench stopped: {len(records)} measurements of {', '.join(kept) or 'no backend'} are "
@@ -144,6 +151,7 @@ def render_bench(out: Any, report: BenchReport, *, plot_path: Path | None, store
                  store_path: Path) -> None:
     """The table (shapes x backends, the winner in bold green, ratio to the baseline and the rounds' noise;
     then the winner, its margin and any tie) and its footnotes."""
+    from rich.markup import escape
     from rich.table import Table
 
     dev = report.device
@@ -179,6 +187,11 @@ def render_bench(out: Any, report: BenchReport, *, plot_path: Path | None, store
                      if c.status is CellStatus.ERROR})
     for name, detail in errors[:5]:
         out.print(f"[red]error[/red] {name}: {detail}")
+    noisy = [(r.shape.label, c) for r in report.rows for c in r.cells if c.status is CellStatus.NOISY]
+    for label, cell in noisy[:5]:
+        out.print(f"[yellow]noisy[/yellow] {cell.backend} {label}: {escape(cell.detail)}", soft_wrap=True)
+    if len(noisy) > 5:
+        out.print(f"  ... and {len(noisy) - 5} more noisy cell(s), not stored; --json lists them all")
     out.print(f"stored {stored} result(s) for {dev.key} in {store_path}")
     if plot_path is not None:
         out.print(f"plot: {plot_path}")
@@ -199,6 +212,8 @@ def _cell_text(cell: BenchCell | None, *, best: bool, baseline: bool) -> str:
         return "[dim]-[/dim]"
     if cell.status is CellStatus.ERROR or cell.tflops is None:
         return "[red]error[/red]"
+    if cell.status is CellStatus.NOISY:  # measured, not stored: the footnotes say why
+        return f"[yellow]{cell.tflops:.3g} noisy[/yellow]"
     text = f"{cell.tflops:.3g}" if cell.tflops < 100 else f"{cell.tflops:.0f}"
     if not baseline and cell.ratio_to_baseline is not None:
         text += f" ({cell.ratio_to_baseline:.2f}x)"

@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from attnforge.bench.report import device_json
-from attnforge.cli._output import console, emit_json, json_option
+from attnforge.cli._output import console, emit_json, json_option, verbose
+from attnforge.cli._types import timeout_type
 from attnforge.verify.check import BackendVerification, CaseStatus, details_json
 from attnforge.verify.run import VerifyReport
 
@@ -21,7 +22,7 @@ SHOWN_FAILURES = 3
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="default: the GPU when torch sees one, else the CPU.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the random shapes and inputs.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900, show_default=True,
+@click.option("--timeout", "timeout_s", type=timeout_type(), default=900, show_default=True,
               help="Seconds each backend may run in its own child process before it counts as hung.")
 @json_option
 def command(backends: tuple[str, ...], device: str | None, seed: int, timeout_s: float, as_json: bool) -> int:
@@ -94,11 +95,16 @@ def render_verify(out: Any, report: VerifyReport, *, store_path: str) -> None:
 
 
 def _render_failures(out: Any, result: BackendVerification) -> None:
+    from rich.markup import escape
+
     failures = result.failures
     for case in failures[:SHOWN_FAILURES]:
-        out.print(f"[red]{result.backend}[/red] {case.case.label}: {case.detail}", soft_wrap=True)
+        out.print(f"[red]{result.backend}[/red] {case.case.label}: {escape(case.detail)}", soft_wrap=True)
+        if case.cause and verbose():  # -v: the whole exception chain (also in --json and the stored record)
+            out.print(escape(case.cause), soft_wrap=True)
     if len(failures) > SHOWN_FAILURES:
         out.print(f"  ... and {len(failures) - SHOWN_FAILURES} more failed case(s); --json lists them all")
     errors = [c for c in failures if c.status is CaseStatus.ERROR]
     if errors and len(errors) == len(failures):
-        out.print(f"  every failure of {result.backend} is an exception: the kernel did not run")
+        more = "" if verbose() else "; -v prints each exception's whole chain (--json has it too)"
+        out.print(f"  every failure of {result.backend} is an exception: the kernel did not run{more}")

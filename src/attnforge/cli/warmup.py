@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from attnforge.cli._output import console, emit_json, json_option
+from attnforge.cli._types import timeout_type
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -29,7 +30,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 @click.option("--mode", type=click.Choice(["fwd", "fwd+bwd", "both"]), default="both", show_default=True)
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="default: the GPU when torch sees one, else the CPU.")
-@click.option("--budget", "budget_s", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+@click.option("--budget", "budget_s", type=timeout_type(min_s=0.01), default=1.0, show_default=True,
               help="Seconds of timed repetitions per shape class, all candidates together.")
 @click.option("--rounds", type=click.IntRange(1, 20), default=5, show_default=True)
 @json_option

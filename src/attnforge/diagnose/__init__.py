@@ -36,6 +36,8 @@ _UNKNOWN = {
     "torch_cuda": "<your torch's CUDA version>",
     "torch_version": "<your torch version>",
     "cuda_index_tag": "<cuXYZ tag of your CUDA, e.g. cu128>",
+    "cuda_home": "<the CUDA toolkit's folder>",
+    "host_compiler": "<the host compiler>",
 }
 
 
@@ -188,6 +190,16 @@ def _values(snap: SystemSnapshot | None, machine: SystemSnapshot | None, said: L
     source = snap or machine
     values = _Values(facts(source, name=name or said.package, log_path=log_path))
     notes: list[str] = []
+    from_log = [f"nvcc {said.nvcc_version}" if said.nvcc_version else "", said.host_compiler or "",
+                f"CUDA_HOME {said.cuda_home}" if said.cuda_home else ""]
+    if said.nvcc_version:  # the toolkit that really ran (a CUDA_HOME or PATH of its own), before any snapshot's
+        values["nvcc_version"] = said.nvcc_version
+    if said.cuda_home:
+        values["cuda_home"] = said.cuda_home
+    if said.host_compiler:
+        values["host_compiler"] = said.host_compiler
+    if snap is not None and any(from_log):
+        notes.append(f"the log's own toolchain ({', '.join(f for f in from_log if f)}) is used before the snapshot's")
     if said.torch_version:  # the torch the build ran against, which may not be the snapshot's (build isolation)
         values["torch_version"] = said.torch_version
         values.pop("torch_cuda", None)
@@ -195,7 +207,14 @@ def _values(snap: SystemSnapshot | None, machine: SystemSnapshot | None, said: L
             values["torch_cuda"] = said.torch_cuda
             values["cuda_index_tag"] = "cu" + said.torch_cuda.replace(".", "")
     if snap is None and machine is not None:
-        known = ", ".join(f"{k} {values[k]}" for k in ("torch_version", "nvcc_version") if k in values)
+        probed = [k for k in ("torch_version", "nvcc_version")
+                  if k in values and not (k == "nvcc_version" and said.nvcc_version)
+                  and not (k == "torch_version" and said.torch_version)]
+        known = ", ".join(f"{k} {values[k]}" for k in probed)
+        if any(from_log):
+            notes.append(f"from the log itself: {', '.join(f for f in from_log if f)}")
+            if not known:
+                return values, tuple(notes)
         notes.append(f"values not in the log come from this machine's probe ({known or 'no torch, no nvcc'}); "
                      "pass --snapshot FILE for the machine the log came from")
     return values, tuple(notes)
@@ -263,6 +282,8 @@ def _known(
                         values[key] = value.strip()
     if "module" in values:
         values["module"] = full_module(values["module"], text)
+    if "arch" in values:
+        values.update(arch_facts(values["arch"], values.get("nvcc_version"), name=values["name"]))
     at = region.index(line)
     shown = region[max(0, at - _CONTEXT_LINES) : at + _CONTEXT_LINES + 1]
     return Diagnosis(
@@ -272,6 +293,41 @@ def _known(
         location=_location(region, match), failed_target=site.target, log_path=log_path, sources=sig.sources,
         notes=notes,
     )
+
+
+def arch_facts(arch: str, nvcc_version: str | None, *, name: str) -> dict[str, str]:
+    """``arch_reason`` and ``arch_fix`` for an nvcc that refused ``arch``, from the toolchain table
+    (``catalog/data/toolchain.toml``, which nvcc releases emit which target): an nvcc too old for it
+    (``compute_120`` needs CUDA >= 12.8), one that dropped it, or a name that is no architecture at all."""
+    from attnforge.catalog import load_catalog
+    from attnforge.catalog.toolchain import Target
+    from attnforge.types.versions import format_major_minor, parse_major_minor
+
+    guess = f"attnforge build {name} --arch 9.0   # one this nvcc can target: the compute capability of your GPU"
+    try:
+        target = Target.parse(arch)
+    except ValueError:
+        target = None
+    support = load_catalog().tools.target_support(target) if target is not None else None
+    if target is None or support is None:
+        return {"arch_reason": f"{arch} is not an architecture any nvcc knows (a CUDA version is not an arch:"
+                               " 12.8 is not compute_128)", "arch_fix": guess}
+    lo = format_major_minor(support.first_cuda)
+    hi = format_major_minor(support.last_cuda) if support.last_cuda is not None else None
+    window = f"CUDA >= {lo}" + (f" and <= {hi}" if hi else "")
+    try:
+        have = parse_major_minor(nvcc_version) if nvcc_version else None
+    except ValueError:
+        have = None
+    if have is not None and have < support.first_cuda:
+        return {"arch_reason": f"{arch} needs {window}, and the nvcc that ran is {nvcc_version}",
+                "arch_fix": f"CUDA_HOME=/usr/local/cuda-{lo} attnforge build {name}   # a CUDA >= {lo} toolkit"
+                            " installed there (or on PATH)"}
+    if have is not None and support.last_cuda is not None and have > support.last_cuda:
+        return {"arch_reason": f"{arch} needs {window}: CUDA {format_major_minor(have)} dropped it",
+                "arch_fix": f"attnforge build {name} --arch 9.0   # without {target.cc[0]}.{target.cc[1]}, or with"
+                            f" CUDA_HOME at a CUDA <= {hi} toolkit"}
+    return {"arch_reason": f"{arch} needs {window}", "arch_fix": guess}
 
 
 def _location(region: tuple[LogLine, ...], match: re.Match[str]) -> str | None:

@@ -21,16 +21,46 @@ _TORCH = (
     re.compile(r"\btorch(?: version)?[ :=]+(?P<v>\d+\.\d+\.\d+\+(?:cpu|cu\d+|rocm[\d.]+))\b"),
     re.compile(r"\btorch-(?P<v>\d+\.\d+\.\d+\+(?:cpu|cu\d+|rocm[\d.]+))"),
 )
+#: nvcc's own banner (``nvcc --version``, printed by build scripts and CMake): the toolkit that really ran.
+_NVCC_RELEASE = re.compile(r"Cuda compilation tools, release (?P<v>\d+\.\d+)"
+                           r"|The CUDA compiler identification is NVIDIA (?P<cmake>\d+\.\d+)")
+#: The nvcc a command line invoked, or CUDA_HOME as a build script printed it: the version is in the folder name
+#: (``/usr/local/cuda-12.4/bin/nvcc``, ``C:\Program Files\NVIDIA GPU Computing Toolkit\CUDA\v12.4\bin\nvcc``).
+_CUDA_PATH = (
+    re.compile(r"(?P<home>/[^\s'\":;]*?/cuda-(?P<v>\d+\.\d+))/bin/nvcc\b"),
+    re.compile(r"(?P<home>[A-Za-z]:\\[^\n\"';]*?\\CUDA\\v(?P<v>\d+\.\d+))\\bin\\nvcc", re.IGNORECASE),
+    re.compile(r"CUDA_HOME\s*[=:]\s*['\"]?(?P<home>/[^\s'\":;]*?/cuda-(?P<v>\d+\.\d+))/?(?=['\"\s]|$)",
+               re.MULTILINE),
+)
+#: The host compiler's version line: ``gcc --version``, ``gcc -v``, CMake's identification, clang's banner.
+_HOST_COMPILER = (
+    re.compile(r"^\s*(?:gcc|g\+\+|c\+\+|cc)(?:-\d+)? \([^)\n]*\) (?P<v>\d+\.\d+(?:\.\d+)?)", re.MULTILINE),
+    re.compile(r"\bgcc version (?P<v>\d+\.\d+(?:\.\d+)?)"),
+    re.compile(r"The CXX compiler identification is GNU (?P<v>\d+\.\d+(?:\.\d+)?)"),
+)
+_CLANG = re.compile(r"\bclang version (?P<v>\d+\.\d+(?:\.\d+)?)")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 _UNPRINTABLE = re.compile(r"[^\t\n\x20-\x7e\u00a0-\ufffc]+")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LogFacts:
-    """What the log says about the build it records (None where it says nothing)."""
+    """What the log says about the build it records (None where it says nothing).
+
+    Attributes:
+        package: the distribution being built.
+        torch_version: the torch the build ran against (``2.13.0+cpu``).
+        nvcc_version: ``12.4`` from nvcc's banner ("Cuda compilation tools, release 12.4, V12.4.131"), else from
+            the folder of the nvcc the log invoked (``/usr/local/cuda-12.4/bin/nvcc``).
+        cuda_home: that toolkit's folder (``/usr/local/cuda-12.4``), when the log shows one.
+        host_compiler: ``gcc 11.4.0`` or ``clang 17.0.6``, from the compiler's version line.
+    """
 
     package: str | None
     torch_version: str | None
+    nvcc_version: str | None = None
+    cuda_home: str | None = None
+    host_compiler: str | None = None
 
     @property
     def torch_cpu(self) -> bool:
@@ -45,7 +75,15 @@ class LogFacts:
 
 
 def log_facts(text: str) -> LogFacts:
-    return LogFacts(package=_first(_PACKAGE, text, "name"), torch_version=_first(_TORCH, text, "v"))
+    """The facts ``text`` states about its own build: the toolchain that really ran, before any snapshot's."""
+    path = next((m for m in (p.search(text) for p in _CUDA_PATH) if m is not None), None)
+    release = _NVCC_RELEASE.search(text)
+    gcc = _first(_HOST_COMPILER, text, "v")
+    clang = _CLANG.search(text)
+    return LogFacts(package=_first(_PACKAGE, text, "name"), torch_version=_first(_TORCH, text, "v"),
+                    nvcc_version=(release["v"] or release["cmake"]) if release else (path["v"] if path else None),
+                    cuda_home=path["home"] if path else None,
+                    host_compiler=f"gcc {gcc}" if gcc else (f"clang {clang['v']}" if clang else None))
 
 
 def _first(patterns: tuple[re.Pattern[str], ...], text: str, group: str) -> str | None:

@@ -6,12 +6,14 @@ process, on the device, case by case (see :mod:`attnforge.verify.cases`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from attnforge._compat import StrEnum
@@ -26,6 +28,7 @@ from attnforge.probe.snapshot import InstalledBackend
 from attnforge.records import VerifyRecord
 from attnforge.types.device import DeviceType
 from attnforge.verify.cases import VerifyCase
+from attnforge.verify.causes import full_text, headline
 from attnforge.verify.compare import Comparison, compare
 from attnforge.verify.device import DeviceInfo
 from attnforge.verify.feature_inputs import case_inputs, check_dropout
@@ -47,9 +50,14 @@ class CaseResult:
     Attributes:
         case: the shape, dtype, causal flag and seed.
         status: passed, failed, error or skipped.
-        detail: the comparison, the error's last line, or the skip reasons.
+        detail: the comparison, the error's first meaningful line (:func:`attnforge.verify.causes.headline`),
+            or the skip reasons.
         comparison: the numbers behind a passed or failed case.
         duration_s: wall time of the backend call and the check.
+        cause: for an error, the whole exception chain with the traceback tails
+            (:func:`attnforge.verify.causes.full_text`); empty otherwise.
+        repaired: the empty compile artifacts removed before this case was run a second time
+            (:mod:`attnforge.verify.repair`); empty when it ran once.
     """
 
     case: VerifyCase
@@ -57,6 +65,8 @@ class CaseResult:
     detail: str
     comparison: Comparison | None = None
     duration_s: float = 0.0
+    cause: str = ""
+    repaired: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,6 +172,7 @@ def native_problem(native: InstalledBackend) -> str | None:
 def verify_backend(
     adapter: BackendAdapter, *, device: DeviceInfo, cases: Sequence[VerifyCase], tolerances: Tolerances,
     kind: PrecisionKind = PrecisionKind.EXACT, native: InstalledBackend | None = None,
+    compile_caches: Sequence[Path] = (),
 ) -> BackendVerification:
     """Run every case on ``adapter`` and compare it with the float64 reference.
 
@@ -172,6 +183,9 @@ def verify_backend(
         tolerances: the tolerance table; the row for ``(kind, case.dtype)`` decides each case.
         kind: exact, or quantized for kernels such as SageAttention.
         native: the subprocess import result, when one was made; a failed import fails the backend unrun.
+        compile_caches: the Inductor/Triton cache folders the backend's compiles use
+            (:func:`attnforge.verify.repair.compile_cache_dirs`): after a case raises, empty artifacts an
+            interrupted compile left there are removed and the case runs once more.
 
     Returns:
         The verdict; never raises for a misbehaving backend (its errors become failed cases).
@@ -181,12 +195,33 @@ def verify_backend(
         problem = adapter.load_error()
     results: list[CaseResult] = []
     if problem is None:
-        results = [_run_case(adapter, c, device=device, tolerances=tolerances, kind=kind) for c in cases]
+        results = _run_cases(adapter, cases, device=device, tolerances=tolerances, kind=kind,
+                             compile_caches=compile_caches)
     return BackendVerification(
         backend=adapter.name, backend_version=native.version if native is not None else None, kind=kind,
         device_key=device.key, native=native, ok=problem is None and all_ok(results),
         summary=problem if problem is not None else summarize(results, device), cases=tuple(results),
     )
+
+
+def _run_cases(adapter: BackendAdapter, cases: Sequence[VerifyCase], *, device: DeviceInfo,
+               tolerances: Tolerances, kind: PrecisionKind, compile_caches: Sequence[Path]) -> list[CaseResult]:
+    """Each case; one that raised runs once more after empty compile artifacts were removed (scanning stops
+    once a scan found none: the rest of the failures are the backend's own)."""
+    from attnforge.verify.repair import remove_empty_artifacts
+
+    results = []
+    for case in cases:
+        result = _run_case(adapter, case, device=device, tolerances=tolerances, kind=kind)
+        if result.status is CaseStatus.ERROR and compile_caches:
+            removed = remove_empty_artifacts(compile_caches)
+            if not removed:
+                compile_caches = ()
+            else:
+                again = _run_case(adapter, case, device=device, tolerances=tolerances, kind=kind)
+                result = dataclasses.replace(again, repaired=tuple(str(p) for p in removed))
+        results.append(result)
+    return results
 
 
 def all_ok(results: Sequence[CaseResult]) -> bool:
@@ -206,7 +241,8 @@ def summarize(results: Sequence[CaseResult], device: DeviceInfo) -> str:
     bad = [r for r in ran if r.status is not CaseStatus.PASSED]
     if any(not r.case.feature for r in bad) or len(bad) == len(ran):
         first = next((r for r in bad if not r.case.feature), bad[0])
-        return f"{len(bad)} of {len(ran)} cases failed; first: {first.case.label}: {first.detail}"
+        return (f"{len(bad)} of {len(ran)} cases failed; first: {first.case.label}: {first.detail}"
+                + repair_note(results))
     if bad:  # only feature cases failed: the backend serves calls without those features
         ran = [r for r in ran if r.status is CaseStatus.PASSED]
         lost = ", ".join(sorted({r.case.feature for r in bad if r.case.feature}))
@@ -219,7 +255,17 @@ def summarize(results: Sequence[CaseResult], device: DeviceInfo) -> str:
     feats = sorted({r.case.feature for r in ran if r.case.feature})
     feat_text = f"; {', '.join(feats)}" if feats else ""
     text = f"{len(ran)} cases passed ({dtypes}; D {dims[0]}-{dims[-1]}; causal on/off{gqa_text}{feat_text})"
-    return text + (f", {skipped} unsupported skipped" if skipped else "")
+    return text + (f", {skipped} unsupported skipped" if skipped else "") + repair_note(results)
+
+
+def repair_note(results: Sequence[CaseResult]) -> str:
+    """``"; repaired: 1 empty compile artifact removed (/tmp/torchinductor_u/ab/cab.so), 1 case re-run"``."""
+    removed = list(dict.fromkeys(p for r in results for p in r.repaired))
+    if not removed:
+        return ""
+    rerun = sum(bool(r.repaired) for r in results)
+    return (f"; repaired: {len(removed)} empty compile artifact(s) an interrupted compile left removed "
+            f"({removed[0]}{', ...' if len(removed) > 1 else ''}), {rerun} case(s) re-run")
 
 
 def _run_case(adapter: BackendAdapter, case: VerifyCase, *, device: DeviceInfo, tolerances: Tolerances,
@@ -243,7 +289,7 @@ def _run_case(adapter: BackendAdapter, case: VerifyCase, *, device: DeviceInfo, 
                 with torch.no_grad():
                     problem = check_dropout(adapter, q, k, v, causal=case.causal, seed=case.seed)
             except Exception as exc:  # a backend may raise anything; it becomes the case's verdict
-                problem = _last_line(exc)
+                return _error(case, exc, start)
             return CaseResult(case=case, status=CaseStatus.FAILED if problem else CaseStatus.PASSED,
                               detail=problem or "reproducible from the seed, finite, changes the output",
                               duration_s=time.perf_counter() - start)
@@ -261,8 +307,7 @@ def _run_case(adapter: BackendAdapter, case: VerifyCase, *, device: DeviceInfo, 
             if device.type is DeviceType.CUDA:
                 torch.cuda.synchronize()
         except Exception as exc:  # a backend may raise anything; it becomes the case's verdict
-            return CaseResult(case=case, status=CaseStatus.ERROR, detail=_last_line(exc),
-                              duration_s=time.perf_counter() - start)
+            return _error(case, exc, start)
     lse_problem = None
     if ref_lse is not None:
         out, lse = out
@@ -321,6 +366,7 @@ def no_tf32() -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def _last_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return text.splitlines()[-1] if text else type(exc).__name__
+def _error(case: VerifyCase, exc: BaseException, start: float) -> CaseResult:
+    """The case's verdict when the backend raised: the first meaningful line, and the whole chain kept."""
+    return CaseResult(case=case, status=CaseStatus.ERROR, detail=headline(exc), cause=full_text(exc),
+                      duration_s=time.perf_counter() - start)

@@ -11,6 +11,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from attnforge._system.isolate import DEFAULT_TIMEOUT_S, portable, run_in_child
@@ -19,6 +20,7 @@ from attnforge.catalog.slim import Capabilities
 from attnforge.catalog.tolerances import PrecisionKind, Tolerances
 from attnforge.probe.snapshot import InstalledBackend
 from attnforge.verify.cases import VerifyCase
+from attnforge.verify.causes import output_headline
 from attnforge.verify.check import (
     BackendVerification,
     CaseResult,
@@ -56,6 +58,7 @@ class _Job:
     cases: tuple[VerifyCase, ...]
     tolerances: Tolerances
     kind: PrecisionKind
+    compile_caches: tuple[Path, ...] = ()
 
 
 def crash_text(failure: str, dtype: str, head_dim: int, caps: Capabilities | None) -> str:
@@ -67,9 +70,10 @@ def crash_text(failure: str, dtype: str, head_dim: int, caps: Capabilities | Non
 def verify_in_child(
     name: str, *, adapter: object, device: DeviceInfo, cases: tuple[VerifyCase, ...], tolerances: Tolerances,
     kind: PrecisionKind, native: InstalledBackend | None, isolation: Isolation, runner: Runner,
-    environ: Mapping[str, str], caps: Capabilities | None,
+    environ: Mapping[str, str], caps: Capabilities | None, compile_caches: tuple[Path, ...] = (),
 ) -> BackendVerification:
-    """Verify one backend in a child process; the verdict is the same shape as :func:`verify_backend`'s."""
+    """Verify one backend in a child process; the verdict is the same shape as :func:`verify_backend`'s
+    (``compile_caches`` as there)."""
     problem = native_problem(native) if native is not None else None
     inside, outside = [], []
     for case in cases:
@@ -84,7 +88,7 @@ def verify_in_child(
     if problem is None and inside:
         job = _Job(adapters_ref=isolation.adapters_ref, name=name, adapter=portable(adapter), device=device,
                    cases=tuple(inside),
-                   tolerances=tolerances, kind=kind)
+                   tolerances=tolerances, kind=kind, compile_caches=compile_caches)
         got = run_in_child("attnforge.verify.isolated:child_cases", job, runner=runner, python=isolation.python,
                            env=environ, timeout_s=isolation.timeout_s)
         load = next((i for i in got.items if isinstance(i, str)), None)
@@ -92,7 +96,7 @@ def verify_in_child(
         results = [i for i in got.items if isinstance(i, CaseResult)]
         if got.failure is not None and load is None:
             current = got.current if isinstance(got.current, VerifyCase) else None
-            last = (got.output_tail.splitlines() or [""])[-1]
+            last = output_headline(got.output_tail)  # the error's line, not torch's boilerplate after it
             crash = (crash_text(got.failure, current.dtype, current.head_dim, caps) if current is not None
                      else f"{got.failure} before the first case" + (f" ({last})" if last else ""))
             if current is not None:
@@ -126,7 +130,8 @@ def child_cases(job: _Job, announce: Callable[[object], None]) -> Iterator[objec
         return
     for case in job.cases:
         announce(case)
-        verdict = verify_backend(adapter, device=job.device, cases=[case], tolerances=job.tolerances, kind=job.kind)
+        verdict = verify_backend(adapter, device=job.device, cases=[case], tolerances=job.tolerances, kind=job.kind,
+                                 compile_caches=job.compile_caches)
         result = verdict.cases[0]
         yield result
         if result.status is CaseStatus.ERROR and _POISONED.search(result.detail):

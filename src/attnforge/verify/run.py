@@ -25,6 +25,7 @@ from attnforge.verify.cases import (
 from attnforge.verify.check import BackendVerification, check_native_import, verify_backend
 from attnforge.verify.device import DeviceInfo
 from attnforge.verify.isolated import Isolation
+from attnforge.verify.repair import compile_cache_dirs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +97,7 @@ def run_verify(
     runner = runner or SubprocessRunner()
     env = dict(os.environ if environ is None else environ)
     chosen = list(dict.fromkeys(names)) if names else sorted(adapters)
+    caches = compile_cache_dirs(env)  # read, not chosen: whoever set TORCHINDUCTOR_CACHE_DIR owns it
     skipped: dict[str, str] = {}
     results: list[BackendVerification] = []
     for name in chosen:
@@ -111,14 +113,15 @@ def run_verify(
         native = check_native_import(entry, runner=runner, python=python, environ=env) if entry else None
         if isolation is None:
             result = verify_backend(adapter, device=device, cases=cases, tolerances=tolerances, kind=kind,
-                                    native=native)
+                                    native=native, compile_caches=caches)
         else:  # each backend in a child process: a crash or hang becomes this backend's failed verdict
             from attnforge.cache.capabilities import backend_capabilities
             from attnforge.verify.isolated import verify_in_child
 
             result = verify_in_child(name, adapter=adapter, device=device, cases=tuple(cases),
                                      tolerances=tolerances, kind=kind, native=native, isolation=isolation,
-                                     runner=runner, environ=env, caps=backend_capabilities(name))
+                                     runner=runner, environ=env, caps=backend_capabilities(name),
+                                     compile_caches=caches)
         results.append(result)
         if store is not None:
             store.add_verify(result.to_record())
