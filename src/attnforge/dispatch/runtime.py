@@ -155,14 +155,15 @@ def attention(
     """
     if not (attn_mask is window is softcap is sinks is cu_seqlens_q is cu_seqlens_k is is_causal is block_table  # type: ignore[comparison-overlap]
             is seqused_k is None
-            and dropout_p == 0.0 and return_lse is False and enable_gqa is True and causal.__class__ is bool
+            and dropout_p == 0.0 and return_lse is False and enable_gqa is True and isinstance(causal, bool)
             and causal_alignment == "bottom_right"):
         return features.attention(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, causal=causal,
             causal_alignment=causal_alignment, enable_gqa=enable_gqa, window=window, softcap=softcap,
             sinks=sinks, return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, layout=layout,
-            backend=backend or _FORCED.get(), precision=precision, is_causal=is_causal, block_table=block_table,
+            backend=backend or (None if torch.compiler.is_compiling() else _FORCED.get()), precision=precision,
+            is_causal=is_causal, block_table=block_table,
             seqused_k=seqused_k)
     if torch.compiler.is_compiling():
         qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
