@@ -69,7 +69,7 @@ def _qkv(sq: int = 16) -> tuple[torch.Tensor, ...]:
 
 def test_the_first_call_returns_while_the_candidate_compiles_and_the_winner_serves_after(kernels: Any) -> None:
     jit, sdpa, compiled = kernels
-    with attnforge.autotune(budget_s=0.05, clock=jit.clock):
+    with attnforge.autotune(budget_s=0.05, clock=jit.clock, background=True):
         _first_call_then_switch(jit, sdpa, compiled)
 
 
@@ -99,7 +99,7 @@ def test_no_measurement_runs_on_the_calling_thread(kernels: Any) -> None:
     compiled.set()
     me = threading.get_ident()
     calls = 0
-    with attnforge.autotune(budget_s=0.02, rounds=3, clock=jit.clock):
+    with attnforge.autotune(budget_s=0.02, rounds=3, clock=jit.clock, background=True):
         for sq in (4, 8, 16, 32, 64, 4, 8, 16):  # five classes, each new one queued for measurement
             attnforge.attention(*_qkv(sq))
             calls += 1
@@ -168,3 +168,35 @@ def test_what_serves_while_a_class_is_measured(order: tuple[str, ...], measured:
     decision = autotune.provisional(_decision(order, measured))
     assert decision.order[0] == serves
     assert sorted(decision.order) == sorted(order) and len(decision.basis) == len(order)
+
+
+def test_a_closed_worker_finishes_its_running_job_drops_the_queue_and_takes_no_more() -> None:
+    """At interpreter exit (atexit) the worker is closed: a process must never finalize while the worker is
+    inside CUDA or a JIT compiler (on an H100 that aborted the process, 2026-11-26)."""
+    worker = background.Worker()
+    started, release, done = threading.Event(), threading.Event(), []
+
+    def running(_checkpoint: Any) -> None:
+        started.set()
+        release.wait(5)
+        done.append("running")
+
+    assert worker.submit("a", running)
+    assert started.wait(5)
+    assert worker.submit("b", lambda _cp: done.append("queued"))
+    timer = threading.Timer(0.2, release.set)
+    timer.start()
+    worker.close(timeout_s=5)
+    timer.join()
+    assert done == ["running"]
+    assert not worker.submit("c", lambda _cp: done.append("late"))
+    assert not worker.pending("b")
+
+
+def test_background_measurement_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(autotune.ENV, raising=False)
+    assert autotune.active("cuda") is autotune.DEFAULT
+    assert not autotune.DEFAULT.background
+    monkeypatch.setenv(autotune.ENV, "background")
+    assert autotune.active("cuda") is autotune.DEFAULT_BACKGROUND
+    assert autotune.active("cpu") is None

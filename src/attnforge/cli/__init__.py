@@ -74,7 +74,8 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar(name="ATTNFORGE_HOME", meaning="cache and state directory", default="the user cache dir, "
            "~/.cache/attnforge on Linux"),
     EnvVar(name="ATTNFORGE_AUTOTUNE", meaning="attention() measures the verified backends on the first call of "
-           "a shape class, off the calling thread: 0 never, 1 also on CPU", default="on CUDA only"),
+           "a shape class: 0 never, 1 also on CPU, background: on CUDA off the calling thread (experimental)",
+           default="on CUDA only, in the call"),
     EnvVar(name="TORCHINDUCTOR_CACHE_DIR", meaning="Flex's compile cache; yours wins",
            default="$ATTNFORGE_HOME/compile/inductor"),
     EnvVar(name="FLASH_ATTENTION_CUTE_DSL_*", meaning="FA4's compile cache: CACHE_ENABLED (default 1), CACHE_DIR "

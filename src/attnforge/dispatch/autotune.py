@@ -6,20 +6,25 @@ device's key and each backend's installed version, ``run_id`` ``autotune-...``),
 (:mod:`attnforge.ranking`), and the output never changes (only verified backends are candidates).
 
 When: the dispatcher first decides a call whose shape class has an eligible backend without a measurement for the
-installed version (or a quantized one held back only for lack of one). By default the measurement runs off the
-calling thread (:mod:`attnforge.dispatch.background`, issue 30): the class is served meanwhile by its current best
-(:func:`provisional`: the recorded choice, else plain SDPA), candidates compile and are timed on the worker, and
-the class switches to the measured winner when the records are written (the dispatcher's routes are dropped then).
-No call waits for a compile or a timing. ``autotune(background=False)`` measures inside the first call instead
-(``attnforge warmup`` does, deliberately); leaving an ``autotune()`` context waits for the measurements started in
-it. Code about to capture a CUDA graph holds the worker (:func:`quiet`). Shape classes bucket lengths to powers of
+installed version (or a quantized one held back only for lack of one). By default the measurement runs inside
+that first call (``attnforge warmup`` does it ahead of time, as a deploy step). ``ATTNFORGE_AUTOTUNE=background``
+(or ``autotune(background=True)``) runs it off the calling thread instead (:mod:`attnforge.dispatch.background`,
+issue 30): the class is served meanwhile by its current best (:func:`provisional`: the recorded choice, else plain
+SDPA), candidates compile and are timed on the worker, and the class switches to the measured winner when the
+records are written (the dispatcher's routes are dropped then), so no call waits for a compile or a timing. It is
+not the default because on an H100 (2026-11-26, docs/benchmarks.md) a process measuring in the background aborted
+twice (``terminate called without an active exception``, once mid-run while FlashAttention-4 compiled CuTe DSL
+kernels on the worker, once at exit), and the measurements competed with the model's own GPU work while they ran.
+Leaving an ``autotune()`` context waits for the measurements started in it.
+Code about to capture a CUDA graph holds the worker (:func:`quiet`). Shape classes bucket lengths to powers of
 two (:class:`attnforge.types.shapes.ShapeClass`), so a decode loop with a growing KV cache, or varlen batches,
 measure a handful of classes, not one per length; a class is measured once per process.
 
 Where it is on:
 
 - on CUDA tensors, by default; ``ATTNFORGE_AUTOTUNE=0`` turns it off everywhere (a recorded choice or plain
-  SDPA then), ``ATTNFORGE_AUTOTUNE=1`` turns it on for CPU tensors too;
+  SDPA then), ``ATTNFORGE_AUTOTUNE=1`` turns it on for CPU tensors too, ``ATTNFORGE_AUTOTUNE=background`` on CUDA
+  off the calling thread;
 - inside ``with attnforge.autotune(budget_s=..., rounds=...)`` for any device (unless the variable says 0);
 - never while ``torch.compile`` traces or a CUDA graph captures (the recorded choice or plain SDPA serves).
 
@@ -55,6 +60,8 @@ from attnforge.records import BenchRecord
 ENV = "ATTNFORGE_AUTOTUNE"
 _OFF = {"0", "false", "no", "off"}
 _ON = {"1", "true", "yes", "on"}
+#: the variable's value that measures off the calling thread (opt-in: see the module docstring)
+BACKGROUND = "background"
 #: timed repetitions per candidate and round at most: the budget is an estimate, this bounds a bad one
 MAX_REPS = 200
 
@@ -70,18 +77,20 @@ class AutotuneConfig:
             :mod:`attnforge.ranking` weighs; five, so two slow rounds cannot move it).
         clock: seconds, monotonic (a fake clock in tests).
         background: measure on the worker thread while the class's current best serves (True), or inside the
-            first call (False).
+            first call (False, the default; see the module docstring).
     """
 
     budget_s: float = 1.0
     rounds: int = 5
     clock: Callable[[], float] = time.perf_counter
-    background: bool = True
+    background: bool = False
 
 
 
 
 DEFAULT = AutotuneConfig()
+#: the default with ``ATTNFORGE_AUTOTUNE=background``
+DEFAULT_BACKGROUND = AutotuneConfig(background=True)
 _ACTIVE: contextvars.ContextVar[AutotuneConfig | None] = contextvars.ContextVar("attnforge_autotune", default=None)
 #: per dispatcher, the (device key, shape class, precision) already measured in this process
 _TUNED: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str]]] = weakref.WeakKeyDictionary()
@@ -101,7 +110,7 @@ class Tunable(Protocol):
 
 @contextmanager
 def autotune(*, budget_s: float = 1.0, rounds: int = 5, clock: Callable[[], float] = time.perf_counter,
-             background: bool = True) -> Iterator[AutotuneConfig]:
+             background: bool = False) -> Iterator[AutotuneConfig]:
     """Measure unmeasured shape classes on first use inside this context, on any device (see the module
     docstring; on CUDA it is on by default, this sets the budget). ``ATTNFORGE_AUTOTUNE=0`` still wins.
     Leaving the context waits for the measurements started in it.
@@ -110,7 +119,7 @@ def autotune(*, budget_s: float = 1.0, rounds: int = 5, clock: Callable[[], floa
         budget_s: seconds of timed repetitions per shape class, all candidates together.
         rounds: interleaved rounds per candidate.
         clock: the timer on a CPU (tests pass a fake one).
-        background: measure off the calling thread (the default) or inside the first call.
+        background: measure off the calling thread, or inside the first call (the default).
     """
     config = AutotuneConfig(budget_s=budget_s, rounds=max(1, rounds), clock=clock, background=background)
     token = _ACTIVE.set(config)
@@ -146,6 +155,8 @@ def active(device_type: str = "cuda") -> AutotuneConfig | None:
     config = _ACTIVE.get()
     if config is not None:
         return config
+    if env == BACKGROUND and device_type == "cuda":
+        return DEFAULT_BACKGROUND
     if env in _ON or device_type == "cuda":
         return DEFAULT
     return None

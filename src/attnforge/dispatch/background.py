@@ -14,6 +14,7 @@ the caller's stream before it was queued, and synchronizes that stream only, nev
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
@@ -34,21 +35,36 @@ class Worker:
         self._holds = 0
         self._busy = False
         self._thread: threading.Thread | None = None
+        self._closed = False
         #: the jobs that raised (their key and error's first line), for explain and tests
         self.failed: list[tuple[Hashable, str]] = []
 
     def submit(self, key: Hashable, job: Job) -> bool:
         """Queue ``job`` unless a job of ``key`` is queued or running; True when queued."""
         with self._cond:
-            if key in self._pending:
+            if key in self._pending or self._closed:
                 return False
             self._pending.add(key)
             self._jobs.append((key, job))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="attnforge-autotune", daemon=True)
                 self._thread.start()
+                atexit.register(self.close)
             self._cond.notify_all()
             return True
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Drop the queued jobs and wait (at most ``timeout_s``) for the running one, so the interpreter never
+        finalizes while the worker is inside CUDA or a JIT compiler (on an H100 that aborted the process with
+        ``terminate called without an active exception``). Registered with :mod:`atexit` when the worker starts;
+        later submissions are refused."""
+        with self._cond:
+            self._closed = True
+            for key, _job in self._jobs:
+                self._pending.discard(key)
+            self._jobs.clear()
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: not self._busy, timeout=timeout_s)
 
     def pending(self, key: Hashable) -> bool:
         """Whether a job of ``key`` is queued or running."""
