@@ -33,20 +33,24 @@ def address_option(func: F) -> F:
 
 
 def plan_options(func: F) -> F:
-    """The options ``plan`` and ``build`` share (one request assembly: :func:`_requests`)."""
-    from attnforge.cli._request import slim_options
+    """The options ``plan`` and ``build`` share: the request options of ``attnforge plan`` (one assembly:
+    :func:`attnforge.fleet.requests.assemble_for_kinds`) and the node selection."""
+    from attnforge.cli._request import _FLAGS, _REPEATED, slim_options
 
+    helps = {param: (flag, metavar, text) for flag, param, metavar, text in _REPEATED}
+    flags = dict(_FLAGS)
     options = [
         address_option,
+        node_options,
         click.option("--snapshot", "snapshots", multiple=True, type=click.Path(dir_okay=False),
                      help="Plan for saved `attnforge probe --json` files instead of the cluster's nodes (offline; "
                           "repeat)."),
-        click.option("--source", "source_text", default=None, metavar="PATH_OR_URL",
+        click.option("--source", "source", default=None, metavar="PATH_OR_URL",
                      help="Build this source (a directory every builder node can read, an sdist URL, git+URL)."),
-        click.option("--find-links", multiple=True, metavar="DIR", help="A directory of wheels to consider."),
-        click.option("--index-url", "index_urls", multiple=True, metavar="URL", help="A PEP 503 index to consider."),
-        click.option("--from-source", is_flag=True, help="Skip prebuilt binaries and plan builds."),
-        click.option("--offline", is_flag=True, help="Never touch the network."),
+        *(click.option(helps[p][0], p, multiple=True, metavar=helps[p][1], help=helps[p][2])
+          for p in ("archs", "find_links", "index_urls")),
+        *(click.option(flag, is_flag=True, help=flags[flag])
+          for flag in ("--from-source", "--offline", "--allow-unsupported-compiler")),
         slim_options,
     ]
     for option in reversed(options):
@@ -54,49 +58,63 @@ def plan_options(func: F) -> F:
     return func
 
 
-def _requests(backends: Sequence[str], *, source_text: str | None, find_links: tuple[str, ...],
-              index_urls: tuple[str, ...], from_source: bool, offline: bool, **slim: Any) -> list[Any]:
-    """One resolver request per backend, assembled once for ``plan`` and ``build``."""
-    from attnforge.build.source import parse_source
-    from attnforge.catalog import load_catalog
-    from attnforge.errors import UsageError
-    from attnforge.install.inputs import RequestArgs, parse_requirement, slim_request
-    from attnforge.resolve.types import Request
+def node_options(func: F) -> F:
+    """``--nodes LABEL=VALUE`` and ``--exclude-head``: which of the cluster's nodes a verb works on."""
+    options = [
+        click.option("--nodes", "node_labels", multiple=True, metavar="LABEL=VALUE",
+                     help="Only nodes whose Ray label LABEL is VALUE (e.g. ray.io/accelerator-type=H100; repeat: "
+                          "all must hold)."),
+        click.option("--exclude-head", is_flag=True, help="Leave the Ray head node out."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
 
-    if not backends:
+
+def _requests(backends: Sequence[str], snapshots: Sequence[Any], opts: dict[str, Any]) -> list[Any]:
+    """One request per backend, assembled by ``attnforge plan``'s own pipeline for every kind's snapshot."""
+    from attnforge.fleet.requests import assemble_for_kinds
+    from attnforge.install.inputs import RequestArgs
+
+    names = {f for f in RequestArgs.__dataclass_fields__ if f in opts}
+    args = RequestArgs(**{k: opts[k] for k in names})
+    if not backends and args.source is None:
+        from attnforge.errors import UsageError
+
         raise UsageError("name at least one backend", hint="attnforge fleet plan flash-attn")
-    catalog = load_catalog()
-    out = []
-    for text in backends:
-        name, spec = parse_requirement(text)
-        if source_text is None:
-            catalog.backend(name)  # UsageError (exit 2) listing the known ids
-        out.append(Request(backend=name, version=spec, find_links=find_links, index_urls=index_urls,
-                           from_source=from_source or source_text is not None, offline=offline,
-                           source=parse_source(source_text) if source_text else None,
-                           slim=slim_request(RequestArgs(**slim))))
-    return out
+    return assemble_for_kinds(backends, args, snapshots, home=_home(), on_note=lambda line: _say(f"note: {line}"))
 
 
 @contextmanager
-def _cluster(address: str | None) -> Iterator[Any]:
+def _cluster(address: str | None, as_json: bool = False) -> Iterator[Any]:
+    """The connected ``ray`` module. Under ``--json`` everything Ray prints on this process's stdout (worker
+    output, worker and node deaths) goes to stderr instead, so stdout carries only the JSON document."""
+    import sys
+    from contextlib import ExitStack, redirect_stdout
+
     from attnforge.fleet.cluster import connect
 
-    ray = connect(address)
-    try:
-        yield ray
-    finally:
-        if address is None:
-            ray.shutdown()
+    with ExitStack() as stack:
+        if as_json:
+            stack.enter_context(redirect_stdout(sys.stderr))
+        ray = connect(address, log_to_driver=True)
+        try:
+            yield ray
+        finally:
+            if address is None:
+                ray.shutdown()
 
 
-def _nodes(ray: Any, *, fresh: bool = False) -> list[Any]:
-    """The alive nodes (probing only the ones not remembered, or all with ``fresh``); problems go to stderr."""
-    from attnforge.fleet.cluster import probe_nodes
+def _nodes(ray: Any, opts: dict[str, Any] | None = None, *, fresh: bool = False) -> list[Any]:
+    """The selected alive nodes (``--nodes``, ``--exclude-head``), probing only the ones not remembered (or all
+    with ``fresh``); problems go to stderr."""
+    from attnforge.fleet.cluster import Selection, probe_nodes
     from attnforge.fleet.state import load_nodes, save_nodes
 
+    opts = opts or {}
+    selection = Selection.parse(opts.get("node_labels", ()), exclude_head=opts.get("exclude_head", False))
     home = _home()
-    nodes, problems = probe_nodes(ray, known=() if fresh else load_nodes(home))
+    nodes, problems = probe_nodes(ray, known=() if fresh else load_nodes(home), selection=selection)
     for p in problems:
         click.echo(f"warning: {p}", err=True)
     save_nodes(home, nodes)
@@ -114,10 +132,11 @@ def command() -> None:
 
 @command.command("probe")
 @address_option
+@node_options
 @click.option("--snapshot", "snapshots", multiple=True, type=click.Path(dir_okay=False),
               help="Group these saved snapshots instead of probing a cluster.")
 @json_option
-def probe(address: str | None, snapshots: tuple[str, ...], as_json: bool) -> int:
+def probe(address: str | None, snapshots: tuple[str, ...], as_json: bool, **opts: Any) -> int:
     """Probe every alive node (one pinned task per node) and group the nodes into machine kinds."""
     from attnforge.fleet.cluster import load_snapshots
     from attnforge.fleet.kinds import group_nodes
@@ -125,8 +144,8 @@ def probe(address: str | None, snapshots: tuple[str, ...], as_json: bool) -> int
     if snapshots:
         nodes = load_snapshots(snapshots)
     else:
-        with _cluster(address) as ray:
-            nodes = _nodes(ray, fresh=True)
+        with _cluster(address, as_json) as ray:
+            nodes = _nodes(ray, opts, fresh=True)
     groups = group_nodes(nodes)
     if as_json:
         emit_json("fleet-probe", {"kinds": [_kind_doc(g) for g in groups]})
@@ -163,29 +182,17 @@ def _outcome_doc(outcome: Any) -> dict[str, Any]:
             **{f.name: getattr(outcome, f.name) for f in dataclasses.fields(outcome) if f.name != "build"}}
 
 
-def _fleet_plan(backends: Sequence[str], address: str | None, snapshots: tuple[str, ...], opts: dict[str, Any],
+def _fleet_plan(backends: Sequence[str], snapshots: tuple[str, ...], opts: dict[str, Any],
                 ray: Any = None) -> tuple[Any, list[Any]]:
     from attnforge.catalog import load_catalog
     from attnforge.fleet.cluster import load_snapshots
     from attnforge.fleet.kinds import group_nodes
     from attnforge.fleet.plan import plan_fleet
-    from attnforge.resolve.listing import list_wheels
 
-    requests = _requests(backends, **opts)
-    nodes = load_snapshots(snapshots) if snapshots else _nodes(ray)
-    catalog = load_catalog()
-    wheels = {r.backend: list_wheels(r.find_links, r.index_urls, _projects(catalog, r.backend),
-                                     offline=r.offline).wheels
-              for r in requests if r.find_links or r.index_urls}
-    return plan_fleet(group_nodes(nodes), catalog, requests, wheels=wheels), nodes
-
-
-def _projects(catalog: Any, name: str) -> list[str]:
-    """The distributions whose wheels serve ``name`` (as ``attnforge plan`` lists them)."""
-    backend = catalog.backends.get(name)
-    recipe = catalog.recipe(name)
-    dists = list(backend.distributions) if backend is not None else [name]
-    return dists + ([recipe.distribution] if recipe is not None and recipe.distribution else [])
+    nodes = load_snapshots(snapshots) if snapshots else _nodes(ray, opts)
+    groups = group_nodes(nodes)
+    requests = _requests(backends, [g.snapshot for g in groups], opts)
+    return plan_fleet(groups, load_catalog(), requests), nodes
 
 
 @command.command("plan")
@@ -196,10 +203,10 @@ def plan(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, .
          **opts: Any) -> int:
     """The fewest artifacts that cover every machine kind: kinds x backends -> route, builds, expected time."""
     if snapshots:
-        result, _ = _fleet_plan(backends, address, snapshots, opts)
+        result, _ = _fleet_plan(backends, snapshots, opts)
     else:
-        with _cluster(address) as ray:
-            result, _ = _fleet_plan(backends, address, snapshots, opts, ray)
+        with _cluster(address, as_json) as ray:
+            result, _ = _fleet_plan(backends, snapshots, opts, ray)
     if as_json:
         emit_json("fleet-plan", _plan_doc(result))
     else:
@@ -219,20 +226,26 @@ def _render_plan(result: Any) -> None:
         g = kinds[r.kind]
         when = "" if r.expected_s is None else f"~{r.expected_s / 60:.0f} min" if r.expected_s >= 120 else \
             f"~{r.expected_s:.0f} s"
-        table.add_row(r.kind, str(len(g.nodes)), g.kind.describe(), r.backend, r.detail if r.route != "none" else
-                      "[red]cannot be served[/red]", when)
+        route = {"none": "[red]cannot be served[/red]", "skipped": "[dim]no GPU: skipped[/dim]"}.get(r.route, r.detail)
+        table.add_row(r.kind, str(len(g.nodes)), g.kind.describe(), r.backend, route, when)
     out.print(table)
+    _render_builds_and_gaps(out, result)
+    out.print(f"{result.artifacts} artifact(s), {len(result.builds)} build(s); expected ~"
+              f"{result.expected_total_s / 60:.0f} min one after another", markup=False)
+
+
+def _render_builds_and_gaps(out: Any, result: Any) -> None:
+    """Each build and where it may run; each kind that cannot be served with the resolver's reasons."""
     for b in result.builds:
         out.print(f"build {b.number} of {len(result.builds)}: {b.backend} for "
-                  f"{', '.join(map(str, b.archs))} ({b.wheel}) on kind {b.builder}, serves {', '.join(b.kinds)}",
+                  f"{', '.join(map(str, b.archs))} ({b.wheel}) on any of {len(b.builder_nodes)} capable node(s), serves "
+                  f"{', '.join(b.kinds)}",
                   markup=False, soft_wrap=True)
     for r in result.routes:
         if r.route == "none":
             out.print(f"{r.kind} cannot get {r.backend}:", markup=False)
             for reason in r.reasons:
                 out.print(f"  - {reason}", markup=False, soft_wrap=True)
-    out.print(f"{result.artifacts} artifact(s), {len(result.builds)} build(s); expected ~"
-              f"{result.expected_total_s / 60:.0f} min one after another", markup=False)
 
 
 @command.command("build")
