@@ -118,11 +118,11 @@ def test_a_node_that_left_is_reported_lost_and_the_others_finish(connected: Flee
         "ATTNFORGE_HOME": str(tmp_path / "extra-home"), "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
     connected.cluster.wait_for_nodes()
     nodes, _ = probe_nodes(ray)
-    assert len(nodes) == 4
+    assert len(nodes) == 5
     connected.cluster.remove_node(extra)
     runs = run_on_nodes(ray, nodes, ["--version"], timeout_s=60)
     by_status = sorted(r.status for r in runs)
-    assert by_status == ["lost", "ok", "ok", "ok"]
+    assert by_status == ["lost", "ok", "ok", "ok", "ok"]
     lost = next(r for r in runs if r.status == "lost")
     assert lost.message
 
@@ -162,7 +162,7 @@ def test_a_node_lost_mid_build_is_reported_lost_and_the_other_build_finishes(con
     outcomes: list = []
     worker = threading.Thread(target=lambda: outcomes.extend(run_builds(
         ray, plan.builds, linux, DirIndex(tmp_path / "index", home=tmp_path / "head"), home=tmp_path / "head",
-        log_dir=tmp_path / "logs")))
+        log_dir=tmp_path / "logs", idle_s=2)))
     worker.start()
     deadline = time.monotonic() + 120
     while not list((home / "fleet" / "running").glob("*.pid")) and time.monotonic() < deadline:

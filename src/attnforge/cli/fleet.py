@@ -7,6 +7,7 @@ Ray starts (the embedded default), so every command works on one machine exactly
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -166,8 +167,6 @@ def _kind_doc(group: Any) -> dict[str, Any]:
 
 def _plan_doc(plan: Any) -> dict[str, Any]:
     """The fleet plan as ``fleet plan --json`` and ``fleet build --json`` print it: its kinds as :func:`_kind_doc`."""
-    import dataclasses
-
     return {**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)},
             "kinds": [_kind_doc(g) for g in plan.kinds]}
 
@@ -175,8 +174,6 @@ def _plan_doc(plan: Any) -> dict[str, Any]:
 def _outcome_doc(outcome: Any) -> dict[str, Any]:
     """A build's outcome as ``fleet build --json`` prints it: its build's number, key and backend (the whole build
     is in the plan), then the outcome's own fields."""
-    import dataclasses
-
     build = outcome.build
     return {"number": build.number, "key": build.key, "backend": build.backend,
             **{f.name: getattr(outcome, f.name) for f in dataclasses.fields(outcome) if f.name != "build"}}
@@ -238,8 +235,8 @@ def _render_builds_and_gaps(out: Any, result: Any) -> None:
     """Each build and where it may run; each kind that cannot be served with the resolver's reasons."""
     for b in result.builds:
         out.print(f"build {b.number} of {len(result.builds)}: {b.backend} for "
-                  f"{', '.join(map(str, b.archs))} ({b.wheel}) on any of {len(b.builder_nodes)} capable node(s), serves "
-                  f"{', '.join(b.kinds)}",
+                  f"{', '.join(map(str, b.archs))} ({b.wheel}) on any of {len(b.builder_nodes)} capable "
+                  f"node(s), serves {', '.join(b.kinds)}",
                   markup=False, soft_wrap=True)
     for r in result.routes:
         if r.route == "none":
@@ -254,29 +251,41 @@ def _render_builds_and_gaps(out: Any, result: Any) -> None:
 @click.option("--index", "index_text", default=None, metavar="DIR|URL",
               help="Where the wheels go: a directory on shared storage (a PEP 503 index; default "
                    "$ATTNFORGE_HOME/fleet/index) or an index server's URL (pypiserver, devpi).")
+@click.option("--builders", "builder_labels", multiple=True, metavar="LABEL=VALUE",
+              help="Only nodes with this Ray label build (repeat: all must hold); default: any capable node.")
 @json_option
 def build(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, ...], index_text: str | None,
-          as_json: bool, **opts: Any) -> int:
-    """Run the planned builds as Ray tasks in parallel and publish each wheel to the index (only whole)."""
+          *, builder_labels: tuple[str, ...], as_json: bool, **opts: Any) -> int:
+    """Run the planned builds as Ray tasks in parallel and publish each wheel to the index (only whole, read back).
+
+    Exit 0 when every build is published or present and every kind is served; 1 otherwise; 130 on Ctrl-C (the
+    running builds are cancelled, nothing more is published)."""
     from attnforge.errors import UsageError
-    from attnforge.fleet.build import run_builds
+    from attnforge.fleet.build import BuildsInterrupted, run_builds
+    from attnforge.fleet.cluster import Selection
     from attnforge.fleet.index import DirIndex, open_index
 
     if snapshots:
         raise UsageError("fleet build runs on the cluster's nodes, not on --snapshot files",
                          hint="use `attnforge fleet plan --snapshot ...` to plan offline")
+    builders = Selection.parse(builder_labels)
     home = _home()
     index = open_index(index_text or str(home / "fleet" / "index"), home=home)
     log_dir = index.root / ".fleet" / "logs" if isinstance(index, DirIndex) else home / "fleet" / "logs"
-    with _cluster(address) as ray:
-        result, nodes = _fleet_plan(backends, address, snapshots, opts, ray)
-        outcomes = run_builds(ray, result.builds, nodes, index, home=home, log_dir=log_dir,
-                              on_event=(lambda _: None) if as_json else _say)
+    interrupted: BuildsInterrupted | None = None
+    with _cluster(address, as_json) as ray:
+        result, nodes = _fleet_plan(backends, snapshots, opts, ray)
+        try:
+            outcomes = run_builds(ray, result.builds, nodes, index, home=home, log_dir=log_dir, on_event=_say,
+                                  builders=builders)
+        except BuildsInterrupted as exc:
+            interrupted, outcomes = exc, exc.outcomes
     bad = [o for o in outcomes if o.status in ("failed", "lost")]
+    rc = 128 + interrupted.signum if interrupted else 1 if bad or result.unserved else 0
     if as_json:
         emit_json("fleet-build", {"index_url": index.pip_url, "plan": _plan_doc(result),
-                                  "builds": [_outcome_doc(o) for o in outcomes]})
-        return 1 if bad or result.unserved else 0
+                                  "builds": [_outcome_doc(o) for o in outcomes], "interrupted": bool(interrupted)})
+        return rc
     out = console()
     for o in outcomes:
         line = f"build {o.build.number}: {o.status}" + (f" {o.wheel.filename}" if o.wheel else "") + (
@@ -290,26 +299,32 @@ def build(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, 
                 out.print(f"  fix: {fix}", markup=False, soft_wrap=True)
             if o.log_path:
                 out.print(f"  log: {o.log_path}", markup=False, soft_wrap=True)
+    if result.unserved:
+        _render_builds_and_gaps(out, dataclasses.replace(result, builds=()))
+    if interrupted:
+        out.print("interrupted: the running builds were cancelled; nothing more was published", markup=False)
     out.print(f"index: {index.pip_url}", markup=False, soft_wrap=True)
-    return 1 if bad or result.unserved else 0
+    return rc
 
 
-def _rollout(verb: str, argvs: list[tuple[str, list[str]]], address: str | None, as_json: bool) -> int:
-    """Run each argv on every node; save and print the records; exit 1 when a node failed or was lost."""
+def _rollout(verb: str, argvs: list[tuple[str, list[str]]], address: str | None, as_json: bool,
+             opts: dict[str, Any], *, hold_gpu: bool) -> int:
+    """Run each argv on every selected GPU node (``hold_gpu``: holding one GPU each); save and print the records;
+    exit 1 when a node failed or was lost (a node skipped for want of a GPU is said, not a failure)."""
     import datetime as dt
 
     from attnforge.fleet.rollout import run_on_nodes
     from attnforge.fleet.state import save_records
 
     runs = []
-    with _cluster(address) as ray:
-        nodes = _nodes(ray)
+    with _cluster(address, as_json) as ray:
+        nodes = _nodes(ray, opts)
         for label, argv in argvs:
-            for run in run_on_nodes(ray, nodes, argv, on_event=(lambda _: None) if as_json else _say):
+            for run in run_on_nodes(ray, nodes, argv, gpu=True, hold_gpu=hold_gpu, on_event=_say):
                 runs.append({"what": label, **_plain(run)})
     doc = {"verb": verb, "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "nodes": runs}
     save_records(_home(), verb, doc)
-    failed = [r for r in runs if r["status"] != "ok"]
+    failed = [r for r in runs if r["status"] in ("failed", "lost")]
     if as_json:
         emit_json(f"fleet-{verb}", doc)
         return 1 if failed else 0
@@ -332,8 +347,9 @@ def _plain(run: Any) -> dict[str, Any]:
 @click.argument("backends", nargs=-1, required=True)
 @click.option("--index-url", required=True, metavar="URL", help="The index `fleet build` published to.")
 @address_option
+@node_options
 @json_option
-def install(backends: tuple[str, ...], index_url: str, address: str | None, as_json: bool) -> int:
+def install(backends: tuple[str, ...], index_url: str, address: str | None, as_json: bool, **opts: Any) -> int:
     """`attnforge install BACKEND --index-url URL` on every node (hash-checked install, then verify)."""
     from attnforge.catalog import load_catalog
     from attnforge.fleet.rollout import install_argv
@@ -343,18 +359,20 @@ def install(backends: tuple[str, ...], index_url: str, address: str | None, as_j
     for text in backends:  # bad names exit 2 here, before any node is asked
         catalog.backend(parse_requirement(text)[0])
 
-    return _rollout("install", [(b, install_argv([b], index_url)) for b in backends], address, as_json)
+    return _rollout("install", [(b, install_argv([b], index_url)) for b in backends], address, as_json, opts,
+                    hold_gpu=False)
 
 
 @command.command("verify")
 @click.argument("backends", nargs=-1)
 @address_option
+@node_options
 @json_option
-def verify(backends: tuple[str, ...], address: str | None, as_json: bool) -> int:
+def verify(backends: tuple[str, ...], address: str | None, as_json: bool, **opts: Any) -> int:
     """`attnforge verify [BACKEND...]` on every node (isolated children, float64 reference)."""
     from attnforge.fleet.rollout import verify_argv
 
-    return _rollout("verify", [("verify", verify_argv(backends))], address, as_json)
+    return _rollout("verify", [("verify", verify_argv(backends))], address, as_json, opts, hold_gpu=True)
 
 
 @command.command("bench")
@@ -363,14 +381,15 @@ def verify(backends: tuple[str, ...], address: str | None, as_json: bool) -> int
 @click.option("--arg", "extra", multiple=True, metavar="ARG",
               help="Pass ARG to `attnforge bench` on each node (repeat: --arg=--seqlen --arg=128).")
 @address_option
+@node_options
 @json_option
 def bench(backends: tuple[str, ...], model: str | None, extra: tuple[str, ...], address: str | None,
-          as_json: bool) -> int:
+          as_json: bool, **opts: Any) -> int:
     """`attnforge bench [BACKEND...]` on every node; records come back for `fleet report`."""
     from attnforge.fleet.rollout import bench_argv
 
     args = [*(["--shapes", "model", "--model", model] if model else []), *extra]
-    return _rollout("bench", [("bench", bench_argv(backends, args))], address, as_json)
+    return _rollout("bench", [("bench", bench_argv(backends, args))], address, as_json, opts, hold_gpu=True)
 
 
 @command.command("report")

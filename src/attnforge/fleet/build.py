@@ -20,9 +20,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
@@ -32,7 +30,7 @@ import filelock
 from attnforge._serde import to_jsonable
 from attnforge.build.progress import BuildEvent, HeartbeatEvent, PhaseEvent, StepEvent
 from attnforge.errors import AttnforgeError
-from attnforge.fleet.cluster import on_node, task_failure
+from attnforge.fleet.cluster import IDLE_LINE_S, Selection, on_nodes, task_failure, waiting_line
 from attnforge.fleet.index import Index, Published, scratch_dir
 from attnforge.fleet.kinds import Node
 from attnforge.fleet.plan import FleetBuild, artifact_key
@@ -62,8 +60,9 @@ class BuildOutcome:
     Attributes:
         build: the planned build, its key sharpened for a local source directory (:func:`_key_with_source`):
             the key it is locked and published under.
-        status: ``built`` (published now), ``present`` (already in the index: not built again), ``failed``
-            (the build failed, or its worker died twice), ``lost`` (its node left, or no node of its kind is alive).
+        status: ``built`` (published now and read back), ``present`` (already in the index: not built again),
+            ``failed`` (the build failed, its worker died twice, or the index did not take the wheel), ``lost``
+            (every node that could build it left, or none is alive), ``cancelled`` (Ctrl-C: nothing published).
         node: the node id it ran on; duration_s: the build's wall time on it, seconds (``built`` only).
         log_path: the build's log (``LOG_DIR/<key>.log``).
         wheel: the wheel in the index (``built``, ``present``); failure: why not (``failed``, ``lost``).
@@ -150,7 +149,8 @@ def node_build(spec: BuildSpec, snapshot_json: str, key: str, log_dir: str) -> d
             result = execute(spec, home=home, reporter=reporter, snapshot=snapshot)
         except BuildFailure as failure:
             _append(log, failure.log_path)
-            return {"ok": False, "message": failure.message, "diagnosis": to_jsonable(failure.diagnosis)}
+            return {"ok": False, "message": failure.message, "diagnosis": to_jsonable(failure.diagnosis),
+                    "node": _node_id()}
         except AttnforgeError as error:  # refused before compiling (no interpreter, no source): its own words
             reporter.line(f"error: {error.message}")
             return {"ok": False, "message": error.message, "diagnosis": {
@@ -160,8 +160,25 @@ def node_build(spec: BuildSpec, snapshot_json: str, key: str, log_dir: str) -> d
         wheel = pinned_to_torch(result.wheel, spec, snapshot)
         inputs = built_wheel_inputs(wheel=wheel, spec=spec, source_sha256=result.source_sha256, snapshot=snapshot)
         reporter.line(f"built {wheel.name} in {result.duration_s:.1f} s")
-        return {"ok": True, "filename": wheel.name, "data": wheel.read_bytes(), "inputs": inputs.to_json(),
-                "duration_s": result.duration_s}
+        data = wheel.read_bytes()
+        _remove_staged(wheel, result.wheel)  # the head keeps the wheel: no copies left in the node's staging dir
+        return {"ok": True, "filename": wheel.name, "data": data, "inputs": inputs.to_json(),
+                "duration_s": result.duration_s, "node": _node_id()}
+
+
+def _node_id() -> str | None:
+    try:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:
+        return None
+
+
+def _remove_staged(*wheels: Path) -> None:
+    """Remove the built and the labelled wheel from the builder's staging directory (0.5-1 GB for flash-attn)."""
+    for wheel in {w.resolve() for w in wheels}:
+        wheel.unlink(missing_ok=True)
 
 
 def _append(log: Any, path: str | None) -> None:
@@ -170,75 +187,182 @@ def _append(log: Any, path: str | None) -> None:
         log.write(Path(path).read_text(encoding="utf-8", errors="replace"))
 
 
+class BuildsInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during :func:`run_builds`: the running builds were cancelled (``ray.cancel``) and
+    nothing more was published. ``outcomes`` has every build: those finished before, the rest ``cancelled``."""
+
+    def __init__(self, outcomes: list[BuildOutcome], signum: int = 2) -> None:
+        super().__init__("the builds were cancelled")
+        self.outcomes, self.signum = outcomes, signum
+
+
+@dataclass(slots=True, kw_only=True)
+class _Running:
+    """A submitted build: its Ray task, the lock it holds, the nodes it may run on."""
+
+    index: int
+    build: FleetBuild
+    ref: Any
+    lock: Any
+    candidates: list[str]
+    log_path: str
+    started: float
+
+
 def run_builds(ray: Any, builds: Sequence[FleetBuild], nodes: Sequence[Node], index: Index, *, home: Path,
-               log_dir: Path, on_event: Callable[[str], None] = lambda _: None) -> list[BuildOutcome]:
-    """Run ``builds`` in parallel as Ray tasks and publish each wheel to ``index``; never raises for one build.
+               log_dir: Path, on_event: Callable[[str], None] = lambda _: None, builders: Selection | None = None,
+               idle_s: float = IDLE_LINE_S) -> list[BuildOutcome]:
+    """Run ``builds`` in parallel as Ray tasks and publish each wheel to ``index`` as it arrives; never raises for
+    one build (a failed build, a lost node, a refused upload: that build's outcome, the others go on).
+
+    Each build may run on any alive node of its plan's ``builder_nodes`` (every node that can compile it, GPU or
+    not) that ``builders`` admits: Ray's scheduler picks one (a label selector ``ray.io/node-id in (...)``), and a
+    retry after a worker or node death goes to any of them again. A build none of whose nodes is alive any more
+    is cancelled and reported ``lost``.
 
     Args:
         ray: the connected ``ray`` module (:func:`attnforge.fleet.cluster.connect`).
         builds: the plan's builds; nodes: the probed alive nodes (their Ray CPU and memory size the tasks).
         index: where wheels go (:func:`attnforge.fleet.index.open_index`).
         home: the head's ``$ATTNFORGE_HOME`` (scratch); log_dir: where builders write logs (shared storage).
-        on_event: one line per start / end of a build, for the CLI.
+        on_event: one line per start / end of a build, and while nothing arrives for ``idle_s``.
+        builders: ``--builders LABEL=VALUE``: only nodes with these Ray labels build.
+
+    Raises:
+        BuildsInterrupted: Ctrl-C: the running tasks were cancelled (``ray.cancel(force=True)``) and nothing
+            more was published; it carries every build's outcome.
     """
+    from attnforge.fleet.cluster import alive_nodes
+
+    builders = builders or Selection()
+    outcomes: dict[int, BuildOutcome] = {}
+    running: list[_Running] = []
+    waiting: list[tuple[int, FleetBuild, Any]] = []  # another fleet build holds the key's lock
     by_id = {n.node_id: n for n in nodes}
-    with ThreadPoolExecutor(max_workers=max(1, len(builds))) as pool:
-        futures = []
-        for i, build in enumerate(builds):
-            candidates = [by_id[n] for n in build.builder_nodes if n in by_id and by_id[n].cpus >= 1]
-            node = candidates[i % len(candidates)] if candidates else None
-            futures.append(pool.submit(_one, ray, build, node=node, index=index, home=home, log_dir=log_dir,
-                                       on_event=on_event))
-        return [f.result() for f in futures]
 
+    def admitted() -> set[str]:
+        return {str(r["NodeID"]) for r in alive_nodes(ray) if builders.admits(r)}
 
-def _one(ray: Any, build: FleetBuild, *, node: Node | None, index: Index, home: Path, log_dir: Path,
-         on_event: Callable[[str], None]) -> BuildOutcome:
-    build = dataclasses.replace(build, key=_key_with_source(build))
-    key = build.key
-    log_path = str(log_dir / f"{key.removeprefix('sha256:')[:32]}.log")
-    with _held(index.lock(key), lambda: on_event(
-            f"build {build.number}: waiting: another fleet build holds the lock of key {key[:19]}")):
-        present = index.published(key)
+    def start(i: int, build: FleetBuild, lock: Any) -> None:
+        present = index.published(build.key)
         if present is not None:
-            on_event(f"build {build.number}: {present.filename} is already in the index (key {key[:19]})")
-            return BuildOutcome(build=build, status="present", wheel=present)
-        if node is None:
-            return BuildOutcome(build=build, status="lost",
-                                failure=Failure(message=f"no alive node of kind {build.builder} can build it"))
-        sizing = size_task(build.spec, gib_per_thread=build.gib_per_thread, node_cpus=node.cpus,
-                           node_memory_bytes=node.memory_bytes)
-        on_event(f"build {build.number}: {build.backend} for {', '.join(map(str, build.archs))} on node "
-                 f"{node.node_id[:12]} ({node.address}), {sizing.num_cpus} CPU(s)")
-        task = on_node(ray, node_build, node.node_id, num_cpus=sizing.num_cpus, memory=sizing.memory_bytes,
-                       max_retries=1, retry_exceptions=False)
-        start = time.monotonic()
+            on_event(f"build {build.number}: {present.filename} is already in the index (key {build.key[:19]})")
+            outcomes[i] = BuildOutcome(build=build, status="present", wheel=present)
+            lock.release()
+            return
+        alive = admitted()
+        candidates = [n for n in build.builder_nodes if n in alive and n in by_id and by_id[n].cpus >= 1]
+        if not candidates:
+            lock.release()
+            outcomes[i] = BuildOutcome(build=build, status="lost", failure=Failure(
+                message=f"no alive node can build it (of {len(build.builder_nodes)} capable"
+                        + (f", none admitted by --builders {' '.join(f'{k}={v}' for k, v in builders.labels)}"
+                           if builders.labels else "") + ")"))
+            on_event(f"build {build.number}: lost: {outcomes[i].failure.message}")  # type: ignore[union-attr]
+            return
+        smallest = min((by_id[n] for n in candidates), key=lambda n: (n.cpus, n.memory_bytes))
+        sizing = size_task(build.spec, gib_per_thread=build.gib_per_thread, node_cpus=smallest.cpus,
+                           node_memory_bytes=smallest.memory_bytes)
+        on_event(f"build {build.number}: {build.backend} for {', '.join(map(str, build.archs))} on any of "
+                 f"{len(candidates)} capable node(s), {sizing.num_cpus} CPU(s)")
+        task = on_nodes(ray, node_build, candidates, num_cpus=sizing.num_cpus, memory=sizing.memory_bytes,
+                        max_retries=1, retry_exceptions=False)
+        ref = task.remote(sizing.spec, smallest.snapshot.to_json(indent=None), build.key, str(log_dir))
+        running.append(_Running(index=i, build=build, ref=ref, lock=lock, candidates=candidates,
+                                log_path=str(log_dir / f"{build.key.removeprefix('sha256:')[:32]}.log"),
+                                started=time.monotonic()))
+
+    def take_lock(i: int, build: FleetBuild) -> None:
+        lock = index.lock(build.key)
         try:
-            out = ray.get(task.remote(sizing.spec, node.snapshot.to_json(indent=None), key, str(log_dir)))
-        except Exception as exc:  # the worker died twice, or the node left: reported, the others go on
-            return _died(ray, build, node=node, exc=exc, log_path=log_path, on_event=on_event)
-        if not out["ok"]:
-            on_event(f"build {build.number}: failed: {out['message']} (log: {log_path})")
-            return BuildOutcome(build=build, status="failed", node=node.node_id, log_path=log_path,
-                                failure=Failure(message=out["message"], diagnosis=out["diagnosis"]))
-        published = _publish(index, key, out, home, log_path)
-        on_event(f"build {build.number}: published {published.filename}")
-        return BuildOutcome(build=build, status="built", node=node.node_id, duration_s=time.monotonic() - start,
-                            log_path=log_path, wheel=published)
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            on_event(f"build {build.number}: waiting: another fleet build holds the lock of key {build.key[:19]}")
+            waiting.append((i, build, lock))
+            return
+        start(i, build, lock)
+
+    try:
+        for i, build in enumerate(builds):
+            take_lock(i, dataclasses.replace(build, key=_key_with_source(build)))
+        quiet_since = time.monotonic()
+        while running or waiting:
+            for item in list(waiting):
+                try:
+                    item[2].acquire(timeout=0)
+                except filelock.Timeout:
+                    continue
+                waiting.remove(item)
+                start(*item)
+            if not running:
+                time.sleep(0.5)
+                continue
+            ready, _ = ray.wait([r.ref for r in running], num_returns=1, timeout=1.0)
+            for done in [r for r in running if r.ref in ready]:
+                running.remove(done)
+                outcomes[done.index] = _finish(ray, done, index=index, home=home, on_event=on_event)
+                done.lock.release()
+                quiet_since = time.monotonic()
+            if not ready and time.monotonic() - quiet_since >= idle_s:
+                quiet_since = time.monotonic()
+                _check_alive(ray, running, outcomes, admitted(), on_event)
+                if running:
+                    on_event(waiting_line(ray, len(outcomes), len(running)))
+    except KeyboardInterrupt as exc:
+        for r in running:
+            ray.cancel(r.ref, force=True)
+            r.lock.release()
+            outcomes[r.index] = BuildOutcome(build=r.build, status="cancelled", log_path=r.log_path,
+                                             failure=Failure(message="cancelled (Ctrl-C): nothing published"))
+        for i, build, _lock in waiting:
+            outcomes[i] = BuildOutcome(build=build, status="cancelled",
+                                       failure=Failure(message="cancelled (Ctrl-C) while waiting for the key's lock"))
+        for i, build in enumerate(builds):
+            outcomes.setdefault(i, BuildOutcome(build=build, status="cancelled",
+                                                failure=Failure(message="cancelled (Ctrl-C) before it started")))
+        raise BuildsInterrupted([outcomes[i] for i in range(len(builds))],
+                                int(getattr(exc, "signum", 2))) from None
+    return [outcomes[i] for i in range(len(builds))]
 
 
-@contextmanager
-def _held(lock: filelock.BaseFileLock, on_wait: Callable[[], None]) -> Iterator[None]:
-    """Hold ``lock``; call ``on_wait`` first when another process holds it (then wait as long as it takes)."""
+def _check_alive(ray: Any, running: list[_Running], outcomes: dict[int, BuildOutcome], alive: set[str],
+                 on_event: Callable[[str], None]) -> None:
+    """Cancel and report ``lost`` each running build none of whose nodes is alive (Ray would keep it queued)."""
+    for r in list(running):
+        if not set(r.candidates) & alive:
+            ray.cancel(r.ref, force=True)
+            running.remove(r)
+            r.lock.release()
+            outcomes[r.index] = BuildOutcome(build=r.build, status="lost", log_path=r.log_path, failure=Failure(
+                message="every node that could build it left the cluster"))
+            on_event(f"build {r.build.number}: lost: every node that could build it left the cluster")
+
+
+def _finish(ray: Any, r: _Running, *, index: Index, home: Path, on_event: Callable[[str], None]) -> BuildOutcome:
+    """The outcome of a finished task: failed, lost, or published (and read back)."""
+    build, log_path = r.build, r.log_path
     try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        on_wait()
-        lock.acquire()
+        out = ray.get(r.ref)
+    except Exception as exc:  # the worker died twice, or the node left: reported, the others go on
+        return _died(ray, build, candidates=r.candidates, exc=exc, log_path=log_path, on_event=on_event)
+    if not out["ok"]:
+        on_event(f"build {build.number}: failed: {out['message']} (log: {log_path})")
+        return BuildOutcome(build=build, status="failed", node=out.get("node"), log_path=log_path,
+                            failure=Failure(message=out["message"], diagnosis=out["diagnosis"]))
     try:
-        yield
-    finally:
-        lock.release()
+        published = _publish(index, build.key, out, home, log_path)
+    except (AttnforgeError, OSError) as exc:  # this build's upload only: the others are published and reported
+        message = exc.message if isinstance(exc, AttnforgeError) else str(exc)
+        cause = exc.cause if isinstance(exc, AttnforgeError) else None
+        on_event(f"build {build.number}: built, but not published: {message}")
+        return BuildOutcome(build=build, status="failed", node=out.get("node"), log_path=log_path,
+                            failure=Failure(message=f"built {out['filename']}, but not published: {message}",
+                                            diagnosis={"known": True, "title": "the index did not take the wheel",
+                                                       "cause": cause or message,
+                                                       "fix": [getattr(exc, "hint", None) or "check the index"]}))
+    on_event(f"build {build.number}: published {published.filename}")
+    return BuildOutcome(build=build, status="built", node=out.get("node"), duration_s=out["duration_s"],
+                        log_path=log_path, wheel=published)
 
 
 def _publish(index: Index, key: str, out: dict[str, Any], home: Path, log_path: str) -> Published:
@@ -251,19 +375,19 @@ def _publish(index: Index, key: str, out: dict[str, Any], home: Path, log_path: 
         return index.publish(key, wheel, CacheKeyInputs.from_json(out["inputs"]), log)
 
 
-def _died(ray: Any, build: FleetBuild, *, node: Node, exc: Exception, log_path: str,
+def _died(ray: Any, build: FleetBuild, *, candidates: Sequence[str], exc: Exception, log_path: str,
           on_event: Callable[[str], None]) -> BuildOutcome:
     from ray import exceptions as rex
 
     from attnforge.diagnose import diagnose_text
     from attnforge.fleet.cluster import alive_nodes
 
-    gone = node.node_id not in {str(n["NodeID"]) for n in alive_nodes(ray)}
+    gone = not set(candidates) & {str(n["NodeID"]) for n in alive_nodes(ray)}
     lost = gone or isinstance(exc, rex.NodeDiedError)
     what = task_failure(exc)
     if isinstance(exc, rex.RayTaskError):  # the build code raised (not retried: it would raise again)
         on_event(f"build {build.number}: failed: {what} (log: {log_path})")
-        return BuildOutcome(build=build, status="failed", node=node.node_id, log_path=log_path, failure=Failure(
+        return BuildOutcome(build=build, status="failed", log_path=log_path, failure=Failure(
             message=what, diagnosis={"known": False, "title": "the build task raised", "cause": what,
                                      "fix": ["read the log", "report it: this is a bug of attnforge fleet"]}))
     text = Path(log_path).read_text(encoding="utf-8", errors="replace") if Path(log_path).is_file() else ""
@@ -276,7 +400,7 @@ def _died(ray: Any, build: FleetBuild, *, node: Node, exc: Exception, log_path: 
                              "more RAM", "run `attnforge fleet build` again: it builds only what is missing"]}
     status = "lost" if lost else "failed"
     on_event(f"build {build.number}: {status}: {what} (log: {log_path})")
-    return BuildOutcome(build=build, status=status, node=node.node_id, log_path=log_path,
+    return BuildOutcome(build=build, status=status, log_path=log_path,
                         failure=Failure(message=what, diagnosis=diagnosis))
 
 

@@ -15,7 +15,8 @@ import dataclasses
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -154,6 +155,50 @@ def on_node(ray: Any, func: Callable[..., T], node_id: str, **options: Any) -> A
 
     strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
     return ray.remote(func).options(scheduling_strategy=strategy, **options)
+
+
+#: Seconds without any result before :func:`as_completed` says what is still pending.
+IDLE_LINE_S = 30.0
+
+
+def as_completed(ray: Any, refs: Sequence[Any], *, on_idle: Callable[[int, int], None] = lambda _done, _left: None,
+                 idle_s: float = IDLE_LINE_S, timeout_s: float | None = None) -> Iterator[int]:
+    """The positions of ``refs`` in the order their results arrive (``ray.wait``), so a caller reports each as it
+    comes; ``on_idle(done, left)`` every ``idle_s`` without a result (a busy cluster: tasks waiting for
+    resources). After ``timeout_s`` the rest are yielded as they are (``ray.get`` then raises for them)."""
+    pending = {ref: i for i, ref in enumerate(refs)}
+    start = time.monotonic()
+    while pending:
+        left_s = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - start))
+        wait_s = idle_s if left_s is None else min(idle_s, left_s)
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
+        if not ready:
+            if left_s is not None and left_s <= wait_s:
+                yield from sorted(pending.values())
+                return
+            on_idle(len(refs) - len(pending), len(pending))
+            continue
+        for ref in ready:
+            yield pending.pop(ref)
+
+
+def waiting_line(ray: Any, done: int, left: int, *, gpu: bool = False) -> str:
+    """``3 of 8 done; 5 running or waiting for resources (free now: 0 GPU, 2 CPU; `ray status` shows the
+    demands)``: what a busy cluster looks like from the head."""
+    try:
+        free = ray.available_resources()
+    except Exception:
+        free = {}
+    what = f"{free.get('GPU', 0):g} GPU, {free.get('CPU', 0):g} CPU" if gpu else f"{free.get('CPU', 0):g} CPU"
+    return (f"{done} of {done + left} done; {left} running or waiting for resources (free now: {what}; "
+            "`ray status` shows the pending demands)")
+
+
+def on_nodes(ray: Any, func: Callable[..., T], node_ids: Sequence[str], **options: Any) -> Any:
+    """``func`` as a Ray task that may run on any of ``node_ids`` (a label selector on Ray's ``ray.io/node-id``
+    label, hard): Ray's scheduler picks one with the resources free, and a retry goes to any of them again."""
+    selector = {"ray.io/node-id": f"in({','.join(node_ids)})"}
+    return ray.remote(func).options(label_selector=selector, **options)
 
 
 def node_probe() -> str:

@@ -25,10 +25,10 @@ from attnforge.catalog import Catalog
 from attnforge.fleet.kinds import KindGroup, Node, WheelKey, glibc_key, kind_of
 from attnforge.fleet.requests import KindRequest
 from attnforge.install.keys import NOT_IN_KEY
+from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.buildspec import plan_build
 from attnforge.resolve.resolver import resolve
 from attnforge.resolve.sources import load_wheel_sources
-from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import BuildSpec, CandidateKind, Plan, Request, WheelRef
 from attnforge.types.cc import ComputeCapability
 

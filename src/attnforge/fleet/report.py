@@ -85,6 +85,8 @@ def _runs(records: Mapping[str, Any] | None, kinds: dict[str, str], problems: li
           ) -> list[dict[str, Any]]:
     out = []
     for run in (records or {}).get("nodes", []):
+        if run["status"] == "skipped":  # a node without a GPU: no kernel there, no row in the report
+            continue
         kinds.setdefault(run["kind"], run.get("describe", run["kind"]))
         if isinstance(run.get("doc"), dict) and run["doc"].get("kind") == verb:
             out.append(run)
