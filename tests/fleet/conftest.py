@@ -50,12 +50,21 @@ def make_snapshots(root: Path) -> dict[str, Path]:
     return out
 
 
+def _pythonpath() -> str:
+    """This worktree's ``src`` first, so every node's workers import the attnforge under test."""
+    return str(Path(__file__).resolve().parents[2] / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+
 @dataclass
 class FleetCluster:
     cluster: Cluster
     address: str
     snapshots: dict[str, Path]
     homes: dict[str, Path]
+
+    def node_env(self, snapshot: Path, home: Path) -> dict[str, str]:
+        """``env_vars`` of an extra node: claims ``snapshot``, its own home, this worktree's attnforge."""
+        return {"ATTNFORGE_PROBE_SNAPSHOT": str(snapshot), "ATTNFORGE_HOME": str(home), "PYTHONPATH": _pythonpath()}
 
     def env(self, home: Path) -> dict[str, str]:
         """Environment for a CLI subprocess that talks to this cluster."""
@@ -72,8 +81,7 @@ def fleet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetClu
     root = tmp_path_factory.mktemp("fleet")
     snapshots = make_snapshots(root / "snapshots")
     homes = {name: root / f"home-{name}" for name in snapshots}
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    pythonpath = src + os.pathsep + os.environ.get("PYTHONPATH", "")
+    pythonpath = _pythonpath()
 
     def node_env(name: str) -> dict[str, str]:
         return {"ATTNFORGE_PROBE_SNAPSHOT": str(snapshots[name]), "ATTNFORGE_HOME": str(homes[name]),
