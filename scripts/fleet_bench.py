@@ -1,6 +1,7 @@
 """Benchmarks of `attnforge fleet` (docs/fleet.md). Not tests: numbers for the docs, printed as JSON lines.
 
     PYTHONPATH=src python3 scripts/fleet_bench.py plan       # 10,000 synthetic nodes of 40 kinds; 4 kinds -> 2 builds
+    PYTHONPATH=src python3 scripts/fleet_bench.py state      # the head's nodes.json at 10,000 nodes: load + save
     PYTHONPATH=src python3 scripts/fleet_bench.py makespan   # 4 independent real nvcc builds on 1 vs 2 Ray workers
     PYTHONPATH=src python3 scripts/fleet_bench.py fanout     # fleet verify on a node vs attnforge verify there
 
@@ -72,6 +73,31 @@ def bench_plan(nodes_total: int = 10_000) -> None:
     print(json.dumps({"bench": "plan-4-kinds", "kinds": len(small.kinds), "builds": len(small.builds),
                       "distinct_wheel_keys": len({b.wheel for b in small.builds}),
                       "routes": [r.detail for r in small.routes]}))
+
+
+def bench_state(nodes_total: int = 10_000) -> None:
+    """The head's per-command state handling at 10,000 nodes of 40 kinds: load nodes.json, save it back."""
+    from attnforge.fleet.kinds import Node
+    from attnforge.fleet.state import load_nodes, save_nodes
+    from attnforge.probe.snapshot import SystemSnapshot
+
+    kinds = [SystemSnapshot.from_json(json.dumps(_h200(t, cc))) for t in TORCHES for cc in CCS]
+    nodes = [Node(node_id=f"{i:056x}", address=f"10.0.{i // 250}.{i % 250}", cpus=128, memory_bytes=2.0**40, gpus=8,
+                  fingerprint=f"{i % 40:016x}",
+                  snapshot=dataclasses.replace(kinds[i % len(kinds)], created_at=f"2026-11-26T00:00:{i % 60:02d}"))
+             for i in range(nodes_total)]
+    home = Path(tempfile.mkdtemp(prefix="fleet-state-"))
+    save_nodes(home, nodes, known=())
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        known = load_nodes(home)
+        save_nodes(home, known, known=known)
+        times.append(time.perf_counter() - start)
+    size = (home / "fleet" / "nodes.json").stat().st_size
+    shutil.rmtree(home, ignore_errors=True)
+    print(json.dumps({"bench": "state", "nodes": nodes_total, "kinds": len(kinds), "file_bytes": size,
+                      "load_and_save_median_s": round(statistics.median(times), 3), "max_s": round(max(times), 3)}))
 
 
 def _cluster(workers: int, snapshot: Path, home: Path):  # type: ignore[no-untyped-def]
@@ -175,9 +201,9 @@ def bench_fanout(repeats: int = 5) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("which", choices=["plan", "makespan", "fanout"])
+    parser.add_argument("which", choices=["plan", "state", "makespan", "fanout"])
     args = parser.parse_args()
-    {"plan": bench_plan, "makespan": bench_makespan, "fanout": bench_fanout}[args.which]()
+    {"plan": bench_plan, "state": bench_state, "makespan": bench_makespan, "fanout": bench_fanout}[args.which]()
 
 
 if __name__ == "__main__":

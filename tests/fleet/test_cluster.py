@@ -173,3 +173,24 @@ def test_install_verify_and_bench_run_per_node_and_report_per_kind(fleet_cluster
     assert {(v["backend"], v["passed_nodes"], v["nodes"]) for v in doc["verdicts"]} == {("sdpa-math", 1, 1)}
     assert len(doc["winners"]) == 3 and all(w["shape_class"].endswith("Sq128 Sk128") for w in doc["winners"])
     assert (tmp_path / "fleet.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_node_whose_torch_changed_is_probed_again(fleet_cluster: FleetCluster, tmp_path: Path) -> None:
+    """The head remembers each node's probe with a cheap fingerprint; a node whose fingerprint changed (here its
+    recorded snapshot, as a torch upgrade changes its installed version) is probed again by the next command."""
+    home = tmp_path / "head"
+    assert fleet(fleet_cluster, home, "probe", "--address", fleet_cluster.address, "--json").returncode == 0
+    path = fleet_cluster.snapshots["a100"]
+    original = path.read_text()
+    try:
+        doc = json.loads(original)
+        doc["torch"]["version"] = "2.10.0+cu130"
+        path.write_text(json.dumps(doc))
+        done = fleet(fleet_cluster, home, "plan", "af-nvcc-fixture", "--source", str(NVCC_EXT), "--address",
+                     fleet_cluster.address, "--json")
+    finally:
+        path.write_text(original)
+    described = [k["describe"] for k in json.loads(done.stdout)["kinds"]]
+    assert any("torch 2.10.0+cu130" in d and d.endswith("sm_80") for d in described), described
+    saved = json.loads((home / "fleet" / "nodes.json").read_text())
+    assert len(saved["snapshots"]) == 4 and len(saved["nodes"]) == 4

@@ -115,10 +115,11 @@ def _nodes(ray: Any, opts: dict[str, Any] | None = None, *, fresh: bool = False)
     opts = opts or {}
     selection = Selection.parse(opts.get("node_labels", ()), exclude_head=opts.get("exclude_head", False))
     home = _home()
-    nodes, problems = probe_nodes(ray, known=() if fresh else load_nodes(home), selection=selection)
+    known = load_nodes(home)
+    nodes, problems = probe_nodes(ray, known=() if fresh else known, selection=selection)
     for p in problems:
         click.echo(f"warning: {p}", err=True)
-    save_nodes(home, nodes)
+    save_nodes(home, nodes, known=known)
     return nodes
 
 

@@ -201,25 +201,58 @@ def on_nodes(ray: Any, func: Callable[..., T], node_ids: Sequence[str], **option
     return ray.remote(func).options(label_selector=selector, **options)
 
 
-def node_probe() -> str:
-    """Run on a node: its snapshot as JSON, from ``$ATTNFORGE_PROBE_SNAPSHOT`` when set, else a fresh probe of
-    this interpreter (``collect_snapshot``, which never raises). An override file that is not a snapshot raises
-    :class:`ProbeError` (reported per node by :func:`probe_nodes`)."""
+def node_fingerprint() -> str:
+    """Run on a node: a cheap digest of what its probe depends on and what changes under a running fleet: the
+    interpreter, torch's installed version, the NVIDIA driver, the CUDA toolkit's version file, and the
+    ``$ATTNFORGE_PROBE_SNAPSHOT`` file (path, size, mtime). Milliseconds: no torch import, no ``nvidia-smi``."""
+    import hashlib
+    import importlib.metadata
+    import sys
+    from pathlib import Path
+
+    parts = [sys.executable, sys.version]
+    try:
+        parts.append(importlib.metadata.version("torch"))
+    except importlib.metadata.PackageNotFoundError:
+        parts.append("no torch")
+    for path in (Path("/proc/driver/nvidia/version"), Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+                 / "version.json"):
+        try:
+            parts.append(path.read_text(encoding="utf-8", errors="replace")[:4096])
+        except OSError:
+            parts.append(f"no {path}")
+    override = os.environ.get(SNAPSHOT_ENV)
+    if override:
+        try:
+            st = os.stat(override)
+            parts.append(f"{override} {st.st_size} {st.st_mtime_ns}")
+        except OSError:
+            parts.append(f"{override} missing")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def node_probe() -> tuple[str, str]:
+    """Run on a node: (its :func:`node_fingerprint`, its snapshot as JSON), the snapshot from
+    ``$ATTNFORGE_PROBE_SNAPSHOT`` when set, else a fresh probe of this interpreter (``collect_snapshot``, which
+    never raises). An override file that is not a snapshot raises :class:`ProbeError` (reported per node by
+    :func:`probe_nodes`)."""
+    fingerprint = node_fingerprint()
     path = os.environ.get(SNAPSHOT_ENV)
     if path:
         from pathlib import Path
 
-        return SystemSnapshot.load(Path(path)).to_json(indent=None)
+        return fingerprint, SystemSnapshot.load(Path(path)).to_json(indent=None)
     from attnforge.catalog import load_catalog
     from attnforge.probe import collect_snapshot
 
-    return collect_snapshot(backends=load_catalog().backends.values()).to_json(indent=None)
+    return fingerprint, collect_snapshot(backends=load_catalog().backends.values()).to_json(indent=None)
 
 
 def probe_nodes(ray: Any, *, known: Sequence[Node] = (), timeout_s: float = 600.0,
                 selection: Selection | None = None) -> tuple[list[Node], list[str]]:
     """Probe every selected alive node with one task pinned to it; returns (nodes, one problem line per node that
-    failed or left). Nodes in ``known`` (by id) are not probed again; their Ray resources are refreshed.
+    failed or left). A node in ``known`` (by id) is probed again only when its :func:`node_fingerprint` changed
+    (torch upgraded, a new driver); else its snapshot is reused and its Ray resources refreshed.
 
     Raises:
         FleetError: no node is alive (or none is selected).
@@ -231,14 +264,25 @@ def probe_nodes(ray: Any, *, known: Sequence[Node] = (), timeout_s: float = 600.
         raise FleetError(f"the Ray cluster has no alive node{chosen}",
                          hint="`ray status` shows the cluster's nodes; `ray list nodes --detail` their labels")
     remembered = {n.node_id: n for n in known}
-    records = [r for r in all_records if str(r["NodeID"]) not in remembered]
+    again = [r for r in all_records if str(r["NodeID"]) in remembered]
+    prints = [on_node(ray, node_fingerprint, str(r["NodeID"]), num_cpus=0, max_retries=1).remote() for r in again]
+    kept: list[Node] = []
+    for record, ref in zip(again, prints, strict=True):
+        old = remembered[str(record["NodeID"])]
+        try:
+            if ray.get(ref, timeout=timeout_s) == old.fingerprint:
+                kept.append(_with_resources(old, record))
+        except Exception:  # noqa: S112 - probed again below, which reports the node if it is gone
+            continue
+    fresh = {n.node_id for n in kept}
+    records = [r for r in all_records if str(r["NodeID"]) not in fresh]
     refs = [on_node(ray, node_probe, str(r["NodeID"]), num_cpus=0, max_retries=1).remote() for r in records]
     nodes: list[Node] = []
     problems: list[str] = []
     for record, ref in zip(records, refs, strict=True):
         node_id, address = str(record["NodeID"]), str(record.get("NodeManagerAddress", "?"))
         try:
-            text = ray.get(ref, timeout=timeout_s)
+            fingerprint, text = ray.get(ref, timeout=timeout_s)
             snapshot = SystemSnapshot.from_json(text)
         except AttnforgeError as exc:
             problems.append(f"node {node_id[:12]} ({address}): {exc.message}")
@@ -246,12 +290,9 @@ def probe_nodes(ray: Any, *, known: Sequence[Node] = (), timeout_s: float = 600.
         except Exception as exc:  # a task error, a node that left, a timeout: the node is reported, others go on
             problems.append(f"node {node_id[:12]} ({address}): lost ({task_failure(exc)})")
             continue
-        nodes.append(_with_resources(Node(node_id=node_id, address=address, snapshot=snapshot), record))
-    for record in all_records:
-        old = remembered.get(str(record["NodeID"]))
-        if old is not None:
-            nodes.append(_with_resources(old, record))
-    return nodes, problems
+        nodes.append(_with_resources(Node(node_id=node_id, address=address, snapshot=snapshot,
+                                          fingerprint=fingerprint), record))
+    return [*nodes, *kept], problems
 
 
 def _with_resources(node: Node, record: Mapping[str, Any]) -> Node:

@@ -84,6 +84,8 @@ class Node:
         cpus / memory_bytes / gpus: the node's Ray resources (``CPU``, ``memory``, ``GPU``); 0 when unknown
             (offline planning).
         head: the node is the Ray head.
+        fingerprint: what the node's probe depends on, cheaply read (:func:`attnforge.fleet.cluster.
+            node_fingerprint`): a node whose fingerprint changed is probed again.
     """
 
     node_id: str
@@ -93,6 +95,7 @@ class Node:
     memory_bytes: float = 0.0
     gpus: float = 0.0
     head: bool = False
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

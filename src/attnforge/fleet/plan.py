@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from attnforge._serde import to_jsonable
 from attnforge.catalog import Catalog
-from attnforge.fleet.kinds import KindGroup, Node, WheelKey, glibc_key, kind_of
+from attnforge.fleet.kinds import KindGroup, Node, WheelKey, glibc_key
 from attnforge.fleet.requests import KindRequest
 from attnforge.install.keys import NOT_IN_KEY
 from attnforge.probe.snapshot import SystemSnapshot
@@ -129,7 +129,6 @@ def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence
     to_build: dict[tuple[int, WheelKey], list[_Member]] = {}
     orphans: dict[tuple[int, WheelKey], list[tuple[KindGroup, Route]]] = {}
     variants = {g.kind.id: _toolchains(g) for g in groups}
-    all_nodes = [n for g in groups for n in g.nodes]
     for i, ask in enumerate(asks):
         request = ask.request
         for g in groups:
@@ -159,7 +158,7 @@ def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence
             build = FleetBuild(
                 number=number, key=artifact_key(request, spec, wheel), backend=request.backend,
                 request=dataclasses.replace(request, archs=spec.archs), spec=spec, wheel=wheel, archs=spec.archs,
-                kinds=kinds, builder=builder.kind.id, builder_nodes=_capable(builder, all_nodes),
+                kinds=kinds, builder=builder.kind.id, builder_nodes=_capable(builder, groups),
                 gib_per_thread=gib,
                 expected_s=times.expected_s(CandidateKind.SOURCE, request.backend),
             )
@@ -221,14 +220,15 @@ def _toolchains(g: KindGroup) -> list[KindGroup]:
     return [KindGroup(kind=g.kind, nodes=tuple(nodes)) for nodes in out.values()]
 
 
-def _capable(builder: KindGroup, nodes: Sequence[Node]) -> tuple[str, ...]:
+def _capable(builder: KindGroup, groups: Sequence[KindGroup]) -> tuple[str, ...]:
     """Every node that can run the build planned on ``builder``: the same wheel key (platform, Python, torch),
     the same toolchain and interpreter, and a glibc no newer than the builder's (a wheel built on glibc X runs on
     >= X). GPU-less nodes count: nvcc needs no GPU. The builder's own nodes come first."""
     wheel, toolchain, glibc = builder.kind.wheel, _toolchain(builder.nodes[0]), glibc_key(builder.snapshot)
     own = [n.node_id for n in builder.nodes]
-    others = [n.node_id for n in nodes if n.node_id not in set(own) and _toolchain(n) == toolchain
-              and kind_of(n.snapshot).wheel == wheel and glibc_key(n.snapshot) <= glibc]
+    mine = set(own)
+    others = [n.node_id for g in groups if g.kind.wheel == wheel for n in g.nodes
+              if n.node_id not in mine and _toolchain(n) == toolchain and glibc_key(n.snapshot) <= glibc]
     return (*own, *others)
 
 
