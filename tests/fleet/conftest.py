@@ -108,3 +108,41 @@ def connected(fleet_cluster: FleetCluster) -> FleetCluster:
 
     connect(fleet_cluster.address)
     return fleet_cluster
+
+
+@pytest.fixture
+def pypiserver(tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """A real pypiserver on 127.0.0.1 (a free port), uploads allowed without authentication (``-a . -P .``), no
+    fallback to PyPI for projects it does not hold (``--disable-fallback``; indirect ``"fallback"``: pypiserver's
+    default, which redirects them to pypi.org)."""
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    packages = tmp_path / "packages"
+    packages.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "pypiserver", "run", "-p", str(port), "-i", "127.0.0.1",
+                             "-a", ".", "-P", ".",
+                             *([] if getattr(request, "param", None) == "fallback" else ["--disable-fallback"]),
+                             str(packages)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/simple/"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("pypiserver did not start")
+            time.sleep(0.2)
+    try:
+        yield url, packages
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

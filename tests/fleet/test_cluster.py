@@ -95,39 +95,6 @@ def test_build_compiles_once_for_two_archs_publishes_and_pip_installs(fleet_clus
     assert log.count("attempt in worker pid") == 1
 
 
-@pytest.fixture
-def pypiserver(tmp_path: Path):  # type: ignore[no-untyped-def]
-    """A real pypiserver on 127.0.0.1 (a free port), uploads allowed without authentication (``-a . -P .``)."""
-    import socket
-    import time
-    import urllib.request
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    packages = tmp_path / "packages"
-    packages.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "pypiserver", "run", "-p", str(port), "-i", "127.0.0.1",
-                             "-a", ".", "-P", ".", str(packages)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/simple/"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("pypiserver did not start")
-            time.sleep(0.2)
-    try:
-        yield url, packages
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
 def test_build_publishes_to_a_real_index_server_and_pip_installs_from_it(
         fleet_cluster: FleetCluster, tmp_path: Path, pypiserver: tuple[str, Path]) -> None:
     url, packages = pypiserver

@@ -283,8 +283,14 @@ def build(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, 
             interrupted, outcomes = exc, exc.outcomes
     bad = [o for o in outcomes if o.status in ("failed", "lost")]
     rc = 128 + interrupted.signum if interrupted else 1 if bad or result.unserved else 0
+    kind_urls: dict[str, str] = {}
+    if isinstance(index, DirIndex) and not interrupted:  # each kind's own sub-index (fleet/kind_index.py)
+        from attnforge.fleet.kind_index import publish_kinds
+
+        kind_urls = publish_kinds(index, {k: [o.wheel for o in outcomes if o.wheel and k in o.build.kinds]
+                                          for k in {k for o in outcomes if o.wheel for k in o.build.kinds}})
     if as_json:
-        emit_json("fleet-build", {"index_url": index.pip_url, "plan": _plan_doc(result),
+        emit_json("fleet-build", {"index_url": index.pip_url, "kind_index_urls": kind_urls, "plan": _plan_doc(result),
                                   "builds": [_outcome_doc(o) for o in outcomes], "interrupted": bool(interrupted)})
         return rc
     out = console()
@@ -305,10 +311,12 @@ def build(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, 
     if interrupted:
         out.print("interrupted: the running builds were cancelled; nothing more was published", markup=False)
     out.print(f"index: {index.pip_url}", markup=False, soft_wrap=True)
+    for kind, url in sorted(kind_urls.items()):
+        out.print(f"  kind {kind}: {url}", markup=False, soft_wrap=True)
     return rc
 
 
-def _rollout(verb: str, argvs: list[tuple[str, list[str]]], address: str | None, as_json: bool,
+def _rollout(verb: str, argvs: list[tuple[str, Any]], address: str | None, as_json: bool,
              opts: dict[str, Any], *, hold_gpu: bool) -> int:
     """Run each argv on every selected GPU node (``hold_gpu``: holding one GPU each); save and print the records;
     exit 1 when a node failed or was lost (a node skipped for want of a GPU is said, not a failure)."""
@@ -351,8 +359,11 @@ def _plain(run: Any) -> dict[str, Any]:
 @node_options
 @json_option
 def install(backends: tuple[str, ...], index_url: str, address: str | None, as_json: bool, **opts: Any) -> int:
-    """`attnforge install BACKEND --index-url URL` on every node (hash-checked install, then verify)."""
+    """`attnforge install BACKEND --index-url URL` on every GPU node (hash-checked install, then verify); from a
+    fleet directory index each node gets its kind's sub-index; a server that falls back to PyPI is refused."""
     from attnforge.catalog import load_catalog
+    from attnforge.fleet.kind_index import kind_index_urls, refuse_fallback
+    from attnforge.fleet.kinds import kind_of
     from attnforge.fleet.rollout import install_argv
     from attnforge.install.inputs import parse_requirement
 
@@ -360,8 +371,18 @@ def install(backends: tuple[str, ...], index_url: str, address: str | None, as_j
     for text in backends:  # bad names exit 2 here, before any node is asked
         catalog.backend(parse_requirement(text)[0])
 
-    return _rollout("install", [(b, install_argv([b], index_url)) for b in backends], address, as_json, opts,
-                    hold_gpu=False)
+    refuse_fallback(index_url)  # a server that hands unknown projects to PyPI: exit 1 before any node is asked
+    url_of = kind_index_urls(index_url)
+
+    def argv_for(backend: str) -> Callable[[Any], list[str] | str]:
+        def argv(node: Any) -> list[str] | str:
+            kind = kind_of(node.snapshot).id
+            url = url_of(kind)
+            return install_argv([backend], url) if url else f"{index_url} has no sub-index for kind {kind}: " \
+                "`attnforge fleet build` published no wheel for it"
+        return argv
+
+    return _rollout("install", [(b, argv_for(b)) for b in backends], address, as_json, opts, hold_gpu=False)
 
 
 @command.command("verify")

@@ -124,6 +124,15 @@ class DirIndex:
             return None
         return Published(key=key, filename=doc["filename"], sha256=doc["sha256"])
 
+    def artifact_path(self, key: str) -> str:
+        """The published wheel of ``key``, relative to the index root (``artifacts/<digest>/<file>``).
+
+        Raises:
+            OSError, ValueError, KeyError: ``key`` was not published here.
+        """
+        doc = json.loads((self.root / ".fleet" / "keys" / f"{_hex(key)}.json").read_text(encoding="utf-8"))
+        return str(doc["path"])
+
     def publish(self, key: str, wheel: Path, inputs: CacheKeyInputs, log_path: Path | None) -> Published:
         """Export ``wheel`` into the index through a one-entry store (``cache/share.py``'s export).
 

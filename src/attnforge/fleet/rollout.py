@@ -71,10 +71,14 @@ def gpu_gap(node: Node, *, hold_gpu: bool) -> str | None:
     return None
 
 
-def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str], *, timeout_s: float = NODE_TIMEOUT_S,
+def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str] | Callable[[Node], Sequence[str] | str],
+                 *, timeout_s: float = NODE_TIMEOUT_S,
                  gpu: bool = False, hold_gpu: bool = False,
                  on_event: Callable[[str], None] = lambda _: None) -> list[NodeRun]:
     """``attnforge ARGV`` on every node in parallel (one pinned task each); never raises for one node.
+
+    ``argv`` may depend on the node (``fleet install``: each kind's sub-index): a function of the node giving the
+    argv, or a string saying why that node gets nothing (reported ``failed`` with it).
 
     Each result is reported (``on_event``) as it arrives (``ray.wait``), with a line while none arrives (a busy
     cluster). With ``gpu`` a node without a GPU is ``skipped`` with the reason (:func:`gpu_gap`); with
@@ -85,19 +89,23 @@ def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str], *, timeou
 
     start = time.monotonic()
     runs: dict[int, NodeRun] = {}
-    todo: list[tuple[int, Node]] = []
+    todo: list[tuple[int, Node, list[str]]] = []
     for i, node in enumerate(nodes):
         gap = gpu_gap(node, hold_gpu=hold_gpu) if gpu or hold_gpu else None
+        mine = argv(node) if callable(argv) else argv
         if gap is not None:
             runs[i] = NodeRun(**_base(node), status="skipped", message=gap)
             on_event(f"node {node.node_id[:12]} ({node.address}): {gap}")
+        elif isinstance(mine, str):
+            runs[i] = NodeRun(**_base(node), status="failed", message=mine)
+            on_event(f"node {node.node_id[:12]} ({node.address}): {mine}")
         else:
-            todo.append((i, node))
+            todo.append((i, node, list(mine)))
     refs = [on_node(ray, node_command, n.node_id, num_cpus=1 if n.cpus >= 1 else 0, num_gpus=1 if hold_gpu else 0,
-                    max_retries=1).remote(list(argv), timeout_s) for _, n in todo]
+                    max_retries=1).remote(a, timeout_s) for _, n, a in todo]
     for j in as_completed(ray, refs, timeout_s=timeout_s + 60,
                           on_idle=lambda done, left: on_event(waiting_line(ray, done, left, gpu=hold_gpu))):
-        i, node = todo[j]
+        i, node, _ = todo[j]
         try:
             out = ray.get(refs[j], timeout=0)
         except Exception as exc:  # the node left, its worker died twice, or it hung: this node only
