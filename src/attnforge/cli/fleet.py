@@ -414,6 +414,20 @@ def bench(backends: tuple[str, ...], model: str | None, extra: tuple[str, ...], 
     return _rollout("bench", [("bench", bench_argv(backends, args))], address, as_json, opts, hold_gpu=True)
 
 
+def _render_node_table(out: Any, rows: Sequence[Any]) -> None:
+    """One row per node and backend: kind, version, verified, best TFLOP/s per shape class."""
+    from rich.table import Table
+
+    table = Table(title="per node")
+    for col in ("node", "address", "kind", "backend", "version", "verified", "best TFLOP/s per class"):
+        table.add_column(col)
+    for r in rows:
+        verified = "-" if r.verified is None else "yes" if r.verified else "[red]FAILED[/red]"
+        speeds = "; ".join(f"{cls}: {t:.3g}" for cls, t in sorted(r.tflops.items())) or "-"
+        table.add_row(r.node_id[:12], r.address, r.kind, r.backend, r.version or "-", verified, speeds)
+    out.print(table)
+
+
 @command.command("report")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a PNG: kinds x shape classes, colour = speed-up over SDPA.")
@@ -443,6 +457,8 @@ def report(plot_path: Path | None, as_json: bool) -> int:
         for w in (w for w in result.winners if w.kind == kind):
             speed = f"{w.speedup:.2f}x SDPA" if w.speedup is not None else "no SDPA figure"
             out.print(f"  {w.shape_class}: {w.backend} ({speed})", markup=False, soft_wrap=True)
+    if result.nodes:
+        _render_node_table(out, result.nodes)
     for p in result.problems:
         out.print(f"note: {p}", markup=False, soft_wrap=True)
     if plot_path is not None:
