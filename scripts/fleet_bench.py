@@ -1,7 +1,9 @@
 """Benchmarks of `attnforge fleet` (docs/fleet.md). Not tests: numbers for the docs, printed as JSON lines.
 
     PYTHONPATH=src python3 scripts/fleet_bench.py plan       # 10,000 synthetic nodes of 40 kinds; 4 kinds -> 2 builds
+    PYTHONPATH=src python3 scripts/fleet_bench.py cli-plan   # the CLI's fleet plan over 40 kind snapshots
     PYTHONPATH=src python3 scripts/fleet_bench.py state      # the head's nodes.json at 10,000 nodes: load + save
+    PYTHONPATH=src python3 scripts/fleet_bench.py first-verified  # fleet verify on 3 nodes: first and last result
     PYTHONPATH=src python3 scripts/fleet_bench.py makespan   # 4 independent real nvcc builds on 1 vs 2 Ray workers
     PYTHONPATH=src python3 scripts/fleet_bench.py fanout     # fleet verify on a node vs attnforge verify there
 
@@ -100,17 +102,71 @@ def bench_state(nodes_total: int = 10_000) -> None:
                       "load_and_save_median_s": round(statistics.median(times), 3), "max_s": round(max(times), 3)}))
 
 
-def _cluster(workers: int, snapshot: Path, home: Path):  # type: ignore[no-untyped-def]
+def _cluster(workers: int, snapshot: Path, home: Path, num_gpus: int = 0):  # type: ignore[no-untyped-def]
     from ray.cluster_utils import Cluster
 
     env = {"ATTNFORGE_PROBE_SNAPSHOT": str(snapshot), "ATTNFORGE_HOME": str(home),
            "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "object_store_memory": 80 << 20, "include_dashboard": False, "env_vars": env})
+        "num_cpus": 1, "num_gpus": num_gpus, "object_store_memory": 80 << 20, "include_dashboard": False,
+        "env_vars": env})
     for _ in range(workers - 1):
-        cluster.add_node(num_cpus=1, object_store_memory=80 << 20, env_vars=env)
+        cluster.add_node(num_cpus=1, num_gpus=num_gpus, object_store_memory=80 << 20, env_vars=env)
     cluster.wait_for_nodes()
     return cluster
+
+
+def bench_first_verified(workers: int = 3) -> None:
+    """`fleet verify sdpa-math` on a real 3-node cluster (one fake GPU each): seconds from the command's start to
+    the first node's verified result (its progress line on stderr) and to the last."""
+    tmp = Path(tempfile.mkdtemp(prefix="fleet-first-"))
+    snap = tmp / "h200.json"
+    snap.write_text(json.dumps(_h200(python=sys.executable)))
+    cluster = _cluster(workers, snap, tmp / "node-home", num_gpus=1)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "ATTNFORGE_HOME": str(tmp / "head")}
+    env.pop("RAY_ADDRESS", None)
+    try:
+        start = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "attnforge", "fleet", "verify", "sdpa-math", "--address",
+                                 cluster.address, "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        arrivals = []
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if ": exit 0" in line:
+                arrivals.append(time.monotonic() - start)
+        proc.wait()
+        total = time.monotonic() - start
+    finally:
+        cluster.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps({"bench": "first-verified", "nodes": workers, "rc": proc.returncode,
+                      "first_verified_s": round(arrivals[0], 1) if arrivals else None,
+                      "last_verified_s": round(arrivals[-1], 1) if arrivals else None, "command_s": round(total, 1)}))
+
+
+def bench_cli_plan(kinds_total: int = 40) -> None:
+    """`fleet plan` on the command line over 40 kind snapshots: each kind assembled by `attnforge plan`'s own
+    pipeline (install.inputs.assemble on the kind's snapshot)."""
+    tmp = Path(tempfile.mkdtemp(prefix="fleet-cli-plan-"))
+    args = []
+    for i, (t, cc) in enumerate((t, cc) for t in TORCHES for cc in CCS):
+        if i >= kinds_total:
+            break
+        (tmp / f"k{i}.json").write_text(json.dumps(_h200(t, cc)))
+        args += ["--snapshot", str(tmp / f"k{i}.json")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "ATTNFORGE_HOME": str(tmp / "home"),
+           "ATTNFORGE_WHEEL_SOURCES": "off"}
+    times = []
+    for _ in range(3):
+        start = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "attnforge", "fleet", "plan", "af-nvcc-fixture", "--source",
+                               str(NVCC_EXT), *args, "--json"], env=env, capture_output=True, text=True, check=False)
+        times.append(time.monotonic() - start)
+    doc = json.loads(done.stdout)
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps({"bench": "cli-plan", "kinds": len(doc["kinds"]), "builds": len(doc["builds"]),
+                      "median_s": round(statistics.median(times), 2), "max_s": round(max(times), 2)}))
 
 
 def bench_makespan(rounds: int = 2) -> None:
@@ -201,9 +257,10 @@ def bench_fanout(repeats: int = 5) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("which", choices=["plan", "state", "makespan", "fanout"])
-    args = parser.parse_args()
-    {"plan": bench_plan, "state": bench_state, "makespan": bench_makespan, "fanout": bench_fanout}[args.which]()
+    benches = {"plan": bench_plan, "cli-plan": bench_cli_plan, "state": bench_state,
+               "first-verified": bench_first_verified, "makespan": bench_makespan, "fanout": bench_fanout}
+    parser.add_argument("which", choices=list(benches))
+    benches[parser.parse_args().which]()
 
 
 if __name__ == "__main__":
