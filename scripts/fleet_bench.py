@@ -3,7 +3,6 @@
     PYTHONPATH=src python3 scripts/fleet_bench.py plan       # 10,000 synthetic nodes of 40 kinds; 4 kinds -> 2 builds
     PYTHONPATH=src python3 scripts/fleet_bench.py cli-plan   # the CLI's fleet plan over 40 kind snapshots
     PYTHONPATH=src python3 scripts/fleet_bench.py state      # the head's nodes.json at 10,000 nodes: load + save
-    PYTHONPATH=src python3 scripts/fleet_bench.py first-verified  # fleet verify on 3 nodes: first and last result
     PYTHONPATH=src python3 scripts/fleet_bench.py makespan   # 4 independent real nvcc builds on 1 vs 2 Ray workers
     PYTHONPATH=src python3 scripts/fleet_bench.py fanout     # fleet verify on a node vs attnforge verify there
 
@@ -114,35 +113,6 @@ def _cluster(workers: int, snapshot: Path, home: Path, num_gpus: int = 0):  # ty
         cluster.add_node(num_cpus=1, num_gpus=num_gpus, object_store_memory=80 << 20, env_vars=env)
     cluster.wait_for_nodes()
     return cluster
-
-
-def bench_first_verified(workers: int = 3) -> None:
-    """`fleet verify sdpa-math` on a real 3-node cluster (one fake GPU each): seconds from the command's start to
-    the first node's verified result (its progress line on stderr) and to the last."""
-    tmp = Path(tempfile.mkdtemp(prefix="fleet-first-"))
-    snap = tmp / "h200.json"
-    snap.write_text(json.dumps(_h200(python=sys.executable)))
-    cluster = _cluster(workers, snap, tmp / "node-home", num_gpus=1)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "ATTNFORGE_HOME": str(tmp / "head")}
-    env.pop("RAY_ADDRESS", None)
-    try:
-        start = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "attnforge", "fleet", "verify", "sdpa-math", "--address",
-                                 cluster.address, "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        arrivals = []
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if ": exit 0" in line:
-                arrivals.append(time.monotonic() - start)
-        proc.wait()
-        total = time.monotonic() - start
-    finally:
-        cluster.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(json.dumps({"bench": "first-verified", "nodes": workers, "rc": proc.returncode,
-                      "first_verified_s": round(arrivals[0], 1) if arrivals else None,
-                      "last_verified_s": round(arrivals[-1], 1) if arrivals else None, "command_s": round(total, 1)}))
 
 
 def bench_cli_plan(kinds_total: int = 40) -> None:
@@ -258,7 +228,7 @@ def bench_fanout(repeats: int = 5) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     benches = {"plan": bench_plan, "cli-plan": bench_cli_plan, "state": bench_state,
-               "first-verified": bench_first_verified, "makespan": bench_makespan, "fanout": bench_fanout}
+               "makespan": bench_makespan, "fanout": bench_fanout}
     parser.add_argument("which", choices=list(benches))
     benches[parser.parse_args().which]()
 
