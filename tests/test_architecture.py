@@ -144,3 +144,19 @@ def test_the_checker_sees_real_arrows() -> None:
     assert ("cli", "resolve") in edges
     assert ("probe", "_system") in edges
     assert ("resolve", "catalog") in edges
+
+
+#: Modules that reach the network. ``resolve/`` decides from data (the listings ``fetch/`` assembled), so it
+#: imports none of them; the one HTTP client (``fetch/http.py``) is also enforced by ruff's banned-api.
+NETWORK_MODULES = frozenset({"urllib.request", "http.client", "socket", "attnforge._system.net", "attnforge.fetch"})
+
+
+def test_resolve_does_no_network_io() -> None:
+    found = []
+    for path in sorted((SRC / "resolve").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(SRC.parent)}:{node.lineno} imports {name}" for name in names
+                      if any(name == m or name.startswith(m + ".") for m in NETWORK_MODULES)]
+    assert not found, "resolve/ must take listings as data (fetch/ reads the network):\n" + "\n".join(found)

@@ -11,6 +11,8 @@
 #   bench     attnforge bench --shapes grid --json (+ diffusion if time)
 #   features  features_check.py: the Gemma-2-style call vs FlexAttention called directly
 #   models    models_gpu.py: tiny Gemma-2, Llama (transformers), Flux (diffusers) through the integrations
+#   e2e       models_e2e.py: real layer shapes (Llama-3-8B, Qwen2.5, Gemma-2-9B, Flux-dev, Wan-2.1) vs the defaults
+#   stall     stall_workload.py twice (two processes, one home): longest call after warm-up, compiles in the second
 #   overhead  overhead.py: per-call overhead over SDPA, FA3, FA4 called directly
 #   layout    layout_flush.py: short kernels on bshd vs bhsd views, L2 flush vs none, host µs per call
 #   cachehit  pip uninstall + attnforge install (cache hit) vs plain pip from a cache export
@@ -87,7 +89,7 @@ stage_install() {
     python -c 'import flash_attn_interface' 2>/dev/null || {
         timed fa3-wheel 300 attnforge install "${fa3[@]}" --find-links "$WH" --offline -v \
         || timed fa3-source 560 attnforge install "${fa3[@]}" --source "$SRC/flash-attention#subdirectory=hopper" --offline -v; }
-    python -c 'import sageattention' 2>/dev/null || {
+    [[ ${AF_SKIP_SAGE:-0} == 1 ]] || python -c 'import sageattention' 2>/dev/null || {
         timed sage-wheel 300 attnforge install sageattention-2 --find-links "$WH" --offline -v \
         || timed sage-source 560 attnforge install sageattention-2 --source "$SRC/SageAttention" --offline -v; }
     if ! python -c 'import flash_attn.cute' 2>/dev/null; then
@@ -141,6 +143,18 @@ stage_features() {
         json_step flex-adapter "$(budget 120)" env PYTHONPATH="$AF_ROOT/src" python "$AF_ROOT/scripts/flex_features.py" --rounds 3
 }
 stage_models() { ensure_attnforge && step models "$(budget 240)" python "$S/models_gpu.py" --out "$STEP_DIR/models.json" ${MODELS_ARGS:-}; }
+# models_e2e.py: Llama-3-8B-, Qwen2.5-, Gemma-2-9B-shaped decoders (forward, train step, generate) and Flux-dev /
+# Wan-2.1 blocks at real layer shapes through the integrations vs each framework's default (issue 30 item 5)
+stage_e2e() { ensure_attnforge && step e2e "$(budget 400)" python "$S/models_e2e.py" --out "$STEP_DIR/models_e2e.json" ${E2E_ARGS:-}; }
+# stall_workload.py twice on one fresh home, in two processes: the longest call after warm-up, and the second
+# process's compiles (0 expected: the compile caches live under ATTNFORGE_HOME)
+stage_stall() {
+    ensure_attnforge || return 1
+    local home=$RUN/stall-home; mkdir -p "$home"
+    "$AF_OUTER_PY" "$S/fresh_home.py" "$ATTNFORGE_HOME" "$home" > "$STEP_DIR/fresh-home.txt" 2>&1
+    ATTNFORGE_HOME=$home step stall-1 "$(budget 300 60)" python "$S/stall_workload.py" --out "$STEP_DIR/stall-1.json" ${STALL_ARGS:-}
+    ATTNFORGE_HOME=$home step stall-2 "$(budget 200)" python "$S/stall_workload.py" --out "$STEP_DIR/stall-2.json" ${STALL_ARGS:-}
+}
 stage_overhead() { ensure_attnforge && step overhead "$(budget 200)" python "$S/overhead.py" --out "$STEP_DIR/overhead.json" ${OVERHEAD_ARGS:-}; }
 stage_layout() { ensure_attnforge && step layout "$(budget 150)" python "$S/layout_flush.py" --out "$STEP_DIR/layout.json" ${LAYOUT_ARGS:-}; }
 
@@ -155,6 +169,18 @@ stage_cachehit() {
     step import-check 120 python -c 'import flash_attn_interface, torch; q = torch.randn(1, 128, 2, 128, device="cuda", dtype=torch.bfloat16); o = flash_attn_interface.flash_attn_func(q, q, q); o = o[0] if isinstance(o, tuple) else o; print(o.shape, torch.isfinite(o).all().item())'
 }
 
+# the wheels this machine built (the cache's export), split into <= 15 MB parts under $OUT/wheels (a device call
+# returns files of <= 16 MB): the next machine installs them with --find-links instead of building again
+stage_pullwheels() {
+    ensure_attnforge || return 1
+    step export-built 120 attnforge cache export /tmp/afexport-built
+    mkdir -p "$OUT/wheels"
+    local w
+    for w in $(find /tmp/afexport-built -name '*.whl'); do
+        (cd "$OUT/wheels" && split -b 15M -d -a 1 "$w" "$(basename "$w").part" && sha256sum "$w" | sed "s|  .*/|  |" >> SHA256SUMS)
+    done
+    ls -la "$OUT/wheels" > "$STEP_DIR/pulled.txt"
+}
 stage_route() { ensure_attnforge && step route "$(budget 300)" python "$S/prebuilt_route.py" --out "$STEP_DIR/route.json"; }
 # the GPU-marked tests of the suite (they skip on CI's CPU machine): the dispatcher and FlexAttention's features
 stage_pytest() {
@@ -175,7 +201,7 @@ stage_maskreuse() {
 
 for stage in "$@"; do
     case $stage in
-        stage|setup|install|verify|check|check-after|bench|features|models|overhead|layout|cachehit|route|pytest|maskreuse) ;;
+        stage|setup|install|verify|check|check-after|bench|features|models|e2e|stall|overhead|layout|cachehit|route|pytest|maskreuse|pullwheels) ;;
         *) note "unknown stage $stage (see the header of run.sh)"; continue ;;
     esac
     if (( $(call_left_s) < 20 )); then note "no call time left: skipped $stage and what follows"; break; fi

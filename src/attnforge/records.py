@@ -2,6 +2,11 @@
 
 ``verify`` and ``bench`` write them; ``doctor`` and the dispatcher read them. They live in SQLite (WAL) at
 ``$ATTNFORGE_HOME/records.db``, keyed by a *device key* so results from one GPU/torch never steer another.
+
+The state is optional (docs/reliability.md, "The runtime's state is optional"): a home that cannot be written
+is read through a read-only connection (a shared team home is supported); a damaged, foreign or newer file is
+refused with a :class:`~attnforge.errors.CacheError` naming it and the recovery (``attnforge cache repair``),
+and the runtime reads through :class:`attnforge.dispatch.state.RuntimeRecords`, which never raises.
 """
 
 from __future__ import annotations
@@ -14,6 +19,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from attnforge._system.statedb import (
+    DamagedDatabaseError,
+    SqliteKind,
+    can_write,
+    connect_shared,
+    file_problem,
+    home_problem,
+    move_aside,
+    schema_problem,
+    sqlite_kind,
+)
+from attnforge.errors import CacheError
 
 # The one device-key constructor lives with the value types; re-exported for the runtime, verify and bench.
 from attnforge.types.device import device_key as device_key  # noqa: PLC0414
@@ -60,6 +78,9 @@ CREATE TABLE IF NOT EXISTS bench (
 );
 CREATE INDEX IF NOT EXISTS bench_device ON bench(device_key, backend);
 """
+#: ``PRAGMA user_version`` of records.db: 0 before versions were written (read as 1), 1 since; a newer one is refused
+SCHEMA_VERSION = 1
+_TABLES = ("verify", "bench")
 #: columns added to ``bench`` after its first release: ``records.db`` files from before get them on open
 _BENCH_ADDED = (("head_dim_v", "INTEGER"), ("features", "TEXT NOT NULL DEFAULT ''"), ("ms_lo", "REAL"),
                 ("ms_hi", "REAL"), ("rel_l1", "REAL"), ("cosine", "REAL"),
@@ -168,31 +189,148 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-class RecordStore:
-    """SQLite-backed store of verify and bench records under ``home``."""
+#: what a damaged records.db costs and how it comes back, said by every error and warning about it
+RECOVERY = ("`attnforge cache repair` moves it aside and starts an empty one (records are re-measurable: "
+             "`attnforge verify` and `attnforge bench` write them again)")
 
-    def __init__(self, home: Path) -> None:
+
+class RecordStore:
+    """SQLite-backed store of verify and bench records under ``home``.
+
+    Args:
+        home: the state directory (``$ATTNFORGE_HOME``); ``records.db`` lives in it.
+        busy_timeout_s: how long a call waits for another process's write lock (the runtime waits less).
+
+    Every method raises :class:`~attnforge.errors.CacheError` (never a ``sqlite3`` error) when the file is
+    damaged, foreign, newer, locked or cannot be written; readers of a home this user cannot write open the
+    file read-only and create nothing.
+    """
+
+    def __init__(self, home: Path, *, busy_timeout_s: float = 30.0) -> None:
         self.path = home / "records.db"
+        self._busy_timeout_s = busy_timeout_s
 
     @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30)
+    def _reader(self, doing: str) -> Iterator[sqlite3.Connection | None]:
+        """A connection that writes nothing (read-only where the home cannot be written); None: no file yet."""
+        self._check_file()
+        if not self.path.exists():
+            yield None
+            return
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
-            have = {row[1] for row in conn.execute("PRAGMA table_info(bench)")}
-            for name, decl in _BENCH_ADDED:
-                if name not in have:
-                    conn.execute(f"ALTER TABLE bench ADD COLUMN {name} {decl}")
-            with conn:
+            if can_write(self.path):
+                conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s)
+            else:  # a shared read-only home: no lock, no -shm, nothing written
+                conn = connect_shared(self.path, timeout_s=self._busy_timeout_s)
+            try:
+                self._check_schema(conn)
                 yield conn
-        finally:
-            conn.close()
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            raise self.error(exc, doing) from None
+
+    @contextmanager
+    def _writer(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """One transaction on a writable records.db (created, and its schema brought up to date, here)."""
+        self._check_file()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise self.error(exc, doing) from None
+        if not can_write(self.path):
+            raise self.error(PermissionError(13, "this user cannot write it (a read-only or shared home)"), doing)
+        try:
+            conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s)
+            try:
+                self._check_schema(conn)
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.executescript(_SCHEMA)
+                have = _columns(conn, "bench")
+                for name, decl in _BENCH_ADDED:
+                    if name not in have:
+                        conn.execute(f"ALTER TABLE bench ADD COLUMN {name} {decl}")
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                with conn:
+                    yield conn
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            raise self.error(exc, doing) from None
+
+    def _check_file(self) -> None:
+        why = home_problem(self.path)
+        if why is not None:
+            err = CacheError(f"the attnforge home {self.path.parent} cannot hold records.db", cause=why,
+                             hint="point ATTNFORGE_HOME at a directory (e.g. `export ATTNFORGE_HOME=$HOME/.af`)")
+            err.exit_code = 2  # ATTNFORGE_HOME names a file: bad input
+            raise err
+        problem = file_problem(self.path)
+        if problem is not None:
+            raise self.damaged(problem)
+
+    def _check_schema(self, conn: sqlite3.Connection) -> None:
+        if (problem := schema_problem(conn, ours=_TABLES, version=SCHEMA_VERSION)) is not None:
+            raise self.damaged(problem)
+
+    def damaged(self, why: str) -> CacheError:
+        """The error for a records.db that is not a sound records database of this attnforge."""
+        return DamagedDatabaseError(f"the records database {self.path} is damaged", cause=why, hint=RECOVERY)
+
+    def error(self, exc: BaseException, doing: str) -> CacheError:
+        """The user-facing error for a SQLite or OS failure while ``doing`` something with records.db."""
+        kind = sqlite_kind(exc)
+        text = getattr(exc, "strerror", None) or str(exc)
+        if kind is SqliteKind.DAMAGED:
+            return self.damaged(f"{type(exc).__name__}: {text}")
+        if kind is SqliteKind.LOCKED:
+            return CacheError(f"the records database {self.path} is locked; could not {doing}",
+                              cause=f"another process held it for over {self._busy_timeout_s:g} s: {text}",
+                              hint="wait for the running `attnforge bench` or `verify` to finish, then retry")
+        return CacheError(f"could not {doing} in {self.path}", cause=text,
+                          hint="point ATTNFORGE_HOME at a directory you can write to (a read-only home is still "
+                          "read: doctor and attention() use its records)" if kind is SqliteKind.DISK else
+                          "free space there, or point ATTNFORGE_HOME at a bigger disk")
+
+    def check_writable(self) -> None:
+        """Raise the error a write would raise, before a long job whose results go here (``verify``,
+        ``bench``); creates ``records.db`` with its schema when there is none.
+
+        Raises:
+            CacheError: the home cannot be written, or records.db is damaged (it names the file and the fix).
+        """
+        with self._writer("store records"):
+            pass
+
+    def read_or_empty(self, device_key: str) -> tuple[dict[str, VerifyRecord], list[BenchRecord], CacheError | None]:
+        """The verify and bench records of ``device_key`` for a report that goes on without them (``doctor``,
+        ``plan``): empty ones and the error when records.db cannot be read."""
+        try:
+            return self.latest_verify(device_key), self.bench_records(device_key), None
+        except CacheError as exc:
+            return {}, [], exc
+
+    def repair(self, now_s: float) -> Path | None:
+        """Move a damaged records.db aside (to ``records.db.damaged-<time>``, never deleted) so the next write
+        starts an empty one; returns where it went, or None when the file is sound or absent.
+
+        Raises:
+            CacheError: it is damaged but cannot be moved (read-only home).
+        """
+        try:
+            self.latest_verify("")
+            self.bench_records("")
+            return None
+        except DamagedDatabaseError:
+            pass
+        try:
+            return move_aside(self.path, now_s)
+        except OSError as exc:
+            raise self.error(exc, "move the damaged records aside") from None
 
     # -- verify -------------------------------------------------------------------------------------------
     def add_verify(self, rec: VerifyRecord) -> None:
-        with self._connect() as conn:
+        with self._writer("store a verify record") as conn:
             conn.execute(
                 "INSERT INTO verify (device_key, backend, backend_version, ok, summary, details, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -202,23 +340,26 @@ class RecordStore:
 
     def latest_verify(self, device_key: str) -> dict[str, VerifyRecord]:
         """The newest verify record per backend for ``device_key``."""
-        if not self.path.exists():
-            return {}
-        with self._connect() as conn:
+        with self._reader("read the verify records") as conn:
+            if conn is None or not _columns(conn, "verify"):
+                return {}
             rows = conn.execute(
                 "SELECT device_key, backend, backend_version, ok, summary, details, created_at FROM verify"
                 " WHERE device_key = ? ORDER BY id", (device_key,)).fetchall()
         out: dict[str, VerifyRecord] = {}
-        for r in rows:
-            out[r[1]] = VerifyRecord(device_key=r[0], backend=r[1], backend_version=r[2], ok=bool(r[3]),
-                                     summary=r[4], details=json.loads(r[5]), created_at=r[6])
+        try:
+            for r in rows:
+                out[r[1]] = VerifyRecord(device_key=r[0], backend=r[1], backend_version=r[2], ok=bool(r[3]),
+                                         summary=r[4], details=json.loads(r[5]), created_at=r[6])
+        except (ValueError, TypeError) as exc:
+            raise self.damaged(f"a verify row cannot be read: {exc}") from None
         return out
 
     # -- bench --------------------------------------------------------------------------------------------
     def add_bench(self, records: list[BenchRecord]) -> None:
         names = ", ".join(_BENCH_COLUMNS)
         marks = ", ".join("?" * len(_BENCH_COLUMNS))
-        with self._connect() as conn:
+        with self._writer("store bench records") as conn:
             conn.executemany(
                 f"INSERT INTO bench ({names}) VALUES ({marks})",  # noqa: S608 - column names are constants
                 [_bench_row(replace(r, created_at=r.created_at or _now())) for r in records],
@@ -226,12 +367,25 @@ class RecordStore:
 
     def bench_records(self, device_key: str) -> list[BenchRecord]:
         """All bench records for ``device_key``, oldest first (later runs override earlier ones)."""
-        if not self.path.exists():
-            return []
-        with self._connect() as conn:
-            rows = conn.execute(f"SELECT {', '.join(_BENCH_COLUMNS)} FROM bench"  # noqa: S608 - constants
+        with self._reader("read the bench records") as conn:
+            have = set() if conn is None else _columns(conn, "bench")
+            if conn is None or not have:
+                return []
+            lacking = [c for c in _BENCH_COLUMNS if c not in have and c not in dict(_BENCH_ADDED)]
+            if lacking:
+                raise self.damaged(f"its bench table lacks the columns {', '.join(lacking)}")
+            # a read-only file from before a column was added is read as it is: the new fields are None
+            wanted = ", ".join(c if c in have else "NULL" for c in _BENCH_COLUMNS)
+            rows = conn.execute(f"SELECT {wanted} FROM bench"  # noqa: S608 - constants
                                 " WHERE device_key = ? ORDER BY id", (device_key,)).fetchall()
-        return [_bench_record(row) for row in rows]
+        try:
+            return [_bench_record(tuple(row)) for row in rows]
+        except (ValueError, TypeError) as exc:
+            raise self.damaged(f"a bench row cannot be read: {exc}") from None
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {str(row[1]) for row in conn.execute(f"PRAGMA table_info({table})")}
 
 
 def open_records(environ: Mapping[str, str] | None = None) -> RecordStore:

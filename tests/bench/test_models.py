@@ -58,3 +58,21 @@ def test_a_file_that_is_not_json(tmp_path: Path) -> None:
     path.write_text("{nope", encoding="utf-8")
     with pytest.raises(UsageError, match="is not JSON"):
         read_model_config(path)
+
+
+def test_diffusers_and_softcap_configs(tmp_path: Path) -> None:
+    """A diffusers transformer (Flux: 24 heads of 128, full attention) and Gemma 2's softcap."""
+    from attnforge.bench.models import model_config_shapes, read_model_config
+
+    flux = tmp_path / "flux.json"
+    flux.write_text('{"_class_name": "FluxTransformer2DModel", "_diffusers_version": "0.30.0", '
+                    '"num_attention_heads": 24, "attention_head_dim": 128}', encoding="utf-8")
+    model = read_model_config(flux)
+    assert (model.heads_q, model.heads_kv, model.head_dim, model.causal) == (24, 24, 128, False)
+    shapes = model_config_shapes(model, dtype="bfloat16", batch=1, seqlens=(4608,), modes=(Mode.FWD,), cpu=False)
+    assert [(s.seqlen_q, s.seqlen_k, s.causal) for s in shapes] == [(4608, 4608, False)]
+    gemma = tmp_path / "gemma.json"
+    gemma.write_text('{"model_type": "gemma2", "num_attention_heads": 16, "num_key_value_heads": 8, '
+                     '"head_dim": 256, "sliding_window": 4096, "attn_logit_softcapping": 50.0}', encoding="utf-8")
+    g = read_model_config(gemma)
+    assert (g.softcap, g.sliding_window, g.causal) == (50.0, 4096, True)

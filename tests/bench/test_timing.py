@@ -91,3 +91,35 @@ def test_errors_of_the_step_propagate() -> None:
 ])
 def test_rotation_sets(set_bytes: int, l2: int | None, budget: int | None, want: int) -> None:
     assert rotation_sets(set_bytes=set_bytes, l2_bytes=l2, budget_bytes=budget) == want
+
+
+class QueuedKernel:
+    """A GPU at the seam: each call costs ``host_ms`` of host time and queues ``kernel_ms`` of device work that
+    starts when the device is free; ``sync`` waits for the queue (the fake clock jumps to its end)."""
+
+    def __init__(self, host_ms: float, kernel_ms: float) -> None:
+        self.now = self.device_free = 0.0
+        self.host_s, self.kernel_s = host_ms / 1e3, kernel_ms / 1e3
+
+    def clock(self) -> float:
+        return self.now
+
+    def step(self, _i: int) -> None:
+        self.now += self.host_s
+        self.device_free = max(self.device_free, self.now) + self.kernel_s
+
+    def sync(self) -> None:
+        self.now = max(self.now, self.device_free)
+
+
+def test_back_to_back_counts_the_host_cost_of_a_kernel_shorter_than_its_launch() -> None:
+    """Issue 30: FA3's/FA4's Python entries cost 90-300 us per call against 24-79 us for SDPA; a kernel that
+    is shorter on the device but slower to issue must measure slower, as the model sees it."""
+    config = TimingConfig(warmup_ms=1.0, rep_ms=20.0, min_reps=3, max_reps=100, method=TimerMethod.BACK_TO_BACK)
+    short_kernel, sdpa = QueuedKernel(host_ms=0.09, kernel_ms=0.05), QueuedKernel(host_ms=0.03, kernel_ms=0.07)
+    t_short = measure(short_kernel.step, sets=1, config=config, sync=short_kernel.sync, clock=short_kernel.clock)
+    t_sdpa = measure(sdpa.step, sets=1, config=config, sync=sdpa.sync, clock=sdpa.clock)
+    assert t_short.median_ms == pytest.approx(0.09, rel=0.05)  # the host's pace, not the kernel's 0.05 ms
+    assert t_sdpa.median_ms == pytest.approx(0.07, rel=0.1)  # the device's pace: launches overlap the kernels
+    assert t_short.median_ms > t_sdpa.median_ms
+    assert t_short.reps >= 3 and t_short.method is TimerMethod.BACK_TO_BACK

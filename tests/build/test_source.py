@@ -15,6 +15,7 @@ import pytest
 from attnforge._system.runner import Completed, SubprocessRunner
 from attnforge.build.source import fetch, file_sha256, lay_out, tree_sha256
 from attnforge.errors import BuildError, UsageError
+from attnforge.fetch.deadline import NetDeadline, command_deadline
 from attnforge.resolve.types import SourceKind, SourceSpec
 from tests.build._helpers import copy_fixture
 
@@ -194,6 +195,26 @@ def test_pypi_download_failure_carries_pips_words(tmp_path: Path) -> None:
         )
     assert info.value.cause is not None
     assert "No matching distribution" in info.value.cause
+
+
+def test_pip_is_not_started_for_an_index_behind_a_proxy_that_is_dead_in_this_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A black-holed proxy found dead by the listings of the same command: pip would wait for it again (its
+    own 15 s x 5 retries), so the build says why at once."""
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    deadline = NetDeadline()
+    deadline.mark_dead("127.0.0.1:9", "no answer from https://api.github.com/... within 10 s")
+    runner = _PipDownload(None)
+    (tmp_path / "scratch").mkdir()
+    with command_deadline(deadline), pytest.raises(BuildError) as info:
+        fetch(SourceSpec(kind=SourceKind.PYPI_SDIST, location="flash-attn", version="2.8.3"),
+              scratch=tmp_path / "scratch", python="py", env={}, runner=runner)
+    assert runner.argv == []
+    assert "its index is unreachable" in info.value.message
+    assert info.value.cause is not None and "no answer from https://api.github.com" in info.value.cause
 
 
 @pytest.mark.integration

@@ -102,3 +102,17 @@ def test_a_misspelt_backend_gets_a_suggestion(capsys: pytest.CaptureFixture[str]
     err = capsys.readouterr().err
     assert "error: unknown backend 'flash-atn'" in err
     assert "hint: did you mean 'flash-attn'?" in err
+
+
+def test_doctor_says_where_the_compile_caches_are_and_that_the_users_win(
+        attnforge_home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/srv/inductor")
+    main(["doctor", "--json", "--snapshot", str(H200)])
+    settings = {s["variable"]: s for s in json.loads(capsys.readouterr().out)["compile_caches"]["settings"]}
+    assert settings["TORCHINDUCTOR_CACHE_DIR"] == {"variable": "TORCHINDUCTOR_CACHE_DIR", "value": "/srv/inductor",
+                                                   "source": "user"}
+    assert settings["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"]["value"] == str(
+        attnforge_home / "compile" / "flash-attn-cute")
+    main(["doctor", "--snapshot", str(H200)])
+    assert "TORCHINDUCTOR_CACHE_DIR=/srv/inductor (user)" in capsys.readouterr().out

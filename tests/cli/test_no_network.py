@@ -18,8 +18,11 @@ from typing import Any
 
 import pytest
 
+from attnforge._system.net import HostLookup
 from attnforge.cli import main
-from attnforge.fetch.http import Fetcher, FetchError, ListingCache
+from attnforge.fetch.deadline import NetDeadline
+from attnforge.fetch.http import FetchError, HttpClient
+from attnforge.fetch.listings import ListingCache
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SNAP = FIXTURES / "snapshots"
@@ -71,7 +74,7 @@ def _plan(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str
 
 
 def test_a_lookup_that_never_answers_costs_one_short_deadline(silent_dns: list[str]) -> None:
-    fetcher = Fetcher(lookup_timeout_s=0.5)
+    fetcher = HttpClient(deadline=NetDeadline(hosts=HostLookup(timeout_s=0.5)))
     start = time.monotonic()
     with pytest.raises(FetchError, match=r"no answer to the name lookup within 0.5 s .*unreachable"):
         fetcher.get("http://download.pytorch.example/whl/cu130/")
@@ -169,7 +172,7 @@ def test_an_offline_build_of_a_source_it_would_download_is_refused_before_buildi
 def test_an_index_url_whose_host_never_answers_is_one_line_after_one_deadline(
     silent_dns: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``--index-url`` pages (resolve/listing.py) sit behind the same deadline: one wait for the host, however
+    """``--index-url`` pages (fetch/indexes.py) sit behind the same deadline: one wait for the host, however
     many distributions the backend has, then the plan goes on."""
     start = time.monotonic()
     rc, doc = _plan(capsys, "flash-attn", "--snapshot", str(SNAP / "h200_torch2.11_cu130.json"),

@@ -195,7 +195,10 @@ def test_a_backend_that_raises_is_marked_broken_warned_once_and_never_used_again
     assert (bad.calls, good.calls) == (1, 2)
     exp = d.explain(q, k, causal=True, precision="exact", needs_grad=False, backend=None)
     assert exp.chosen == "good"
-    assert any("raised at run time" in r for rej in exp.rejected if rej.backend == "bad" for r in rej.reasons)
+    assert any("raised on this call signature" in r for rej in exp.rejected if rej.backend == "bad"
+               for r in rej.reasons)
+    assert exp.notes == ("bad raised on this signature: RuntimeError: no kernel image is available; served by good",)
+    assert "note: bad raised on this signature" in str(exp) and "forced" not in str(exp)
 
 
 def test_records_are_read_once_until_refresh(store: RecordStore) -> None:

@@ -13,7 +13,7 @@ import torch
 
 import attnforge
 from attnforge.backends.adapter import AttentionCall, reference_attention
-from attnforge.dispatch import runtime
+from attnforge.dispatch import autotune, runtime
 from attnforge.records import RecordStore, VerifyRecord, device_key
 from tests._fakes import FakeClock
 
@@ -71,7 +71,7 @@ def test_first_call_measures_stores_and_later_calls_reuse(store: RecordStore, se
     clock, slow, fast, sdpa = setup
     q, k, v = _qkv()
     assert attnforge.explain(q, k, v).chosen == "sdpa"  # unmeasured: plain SDPA leads
-    with attnforge.autotune(budget_s=0.05, rounds=2, clock=clock):
+    with attnforge.autotune(budget_s=0.05, rounds=2, clock=clock, background=False):
         out = attnforge.attention(q, k, v)
         timed = (slow.calls, fast.calls, sdpa.calls)
         again = attnforge.attention(q, k, v)
@@ -113,4 +113,5 @@ def test_env_variable_turns_it_on_and_off_means_no_timing(setup: Any, monkeypatc
     runtime.get_dispatcher().routes.clear()
     q2, k2, v2 = (t[..., :8, :] for t in _qkv())  # another class (Sq 8): decided afresh, so measured now
     attnforge.attention(q2, k2, v2)
+    assert autotune.background_wait(timeout_s=30)  # measured off the calling thread (the default)
     assert fast.calls > 1

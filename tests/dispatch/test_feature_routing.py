@@ -1,5 +1,5 @@
 """Routing with features, at the adapter seam: a backend lacking a feature is never chosen, a backend compiled per
-shape needs a measured win and static shapes, and a backend that raises is disabled for one shape class with
+shape needs a measured win and static shapes, and a backend that raises is skipped for that call signature with
 one warning line."""
 
 from __future__ import annotations
@@ -151,8 +151,8 @@ def test_a_value_head_dim_that_differs_is_a_feature_on_the_hot_path_too(tmp_path
     assert (plain.calls, mla.calls) == (0, 2)
 
 
-# -- one shape class at a time, one line -----------------------------------------------------------------
-def test_a_backend_that_raises_is_disabled_for_its_shape_class_with_one_line(tmp_path: Path, use: Any) -> None:
+# -- one signature at a time, one line -------------------------------------------------------------------
+def test_a_backend_that_raises_is_skipped_for_its_signature_with_one_line(tmp_path: Path, use: Any) -> None:
     flaky = Fake("flaky", raises=RuntimeError("backend exploded\n  File 'x.py', line 1\n  (a long trace)"))
     d = use(_install(tmp_path, flaky))
     q, k, v = _qkv()
@@ -164,9 +164,9 @@ def test_a_backend_that_raises_is_disabled_for_its_shape_class_with_one_line(tmp
     message = str(caught[0].message)
     assert "\n" not in message and "backend exploded" in message and "a long trace" not in message
     assert flaky.calls == 1
-    assert list(d.broken) == ["flaky"] and len(d.broken["flaky"]) == 1
+    assert list(d.demoted) == ["flaky"] and len(d.demoted["flaky"]) == 1 and d.broken == {}
     flaky.raises = None
-    q2, k2, v2 = _qkv(sq=40, sk=40)  # another shape class: the backend is still tried there
+    q2, k2, v2 = _qkv(sq=40, sk=40)  # another signature: the backend is still tried there
     attnforge.attention(q2, k2, v2)
     assert flaky.calls == 2
 

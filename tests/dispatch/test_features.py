@@ -177,14 +177,21 @@ def test_dropout_is_reproducible_from_the_seed_and_unbiased() -> None:
         torch.testing.assert_close(a, attnforge.attention(q, k, v, dropout_p=0.3, backend=backend))
 
 
-def test_is_causal_is_an_alias_of_causal() -> None:
-    q, k, v = _inputs(1, 2, 2, 3, 5, 8, 8)
-    want = attnforge.attention(q, k, v, causal=True)
-    torch.testing.assert_close(attnforge.attention(q, k, v, is_causal=True), want)
-    sdpa_like = attnforge.attention(q, k, v, is_causal=True, causal_alignment="top_left")
-    torch.testing.assert_close(sdpa_like, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
-    with pytest.raises(DispatchError, match="disagree"):
-        attnforge.attention(q, k, v, causal=True, is_causal=False)
+def test_is_causal_means_sdpas_top_left_and_causal_keeps_bottom_right() -> None:
+    q, k, v = _inputs(1, 2, 2, 3, 5, 8, 8)  # Sq != Sk: the alignments differ
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(attnforge.attention(q, k, v, is_causal=True), sdpa)
+    torch.testing.assert_close(attnforge.attention(q, k, v, is_causal=True, causal_alignment="top_left"), sdpa)
+    torch.testing.assert_close(attnforge.attention(q, k, v, causal=True, is_causal=True, causal_alignment="top_left"),
+                               sdpa)
+    bottom_right = attnforge.attention(q, k, v, causal=True)
+    assert (bottom_right - sdpa).abs().max() > 0.1
+    torch.testing.assert_close(bottom_right, reference_attention(q, k, v, causal=True).float())
+    torch.testing.assert_close(attnforge.attention(q, k, v, is_causal=False), attnforge.attention(q, k, v))
+    for both in ({"causal": True, "is_causal": False}, {"causal": True, "is_causal": True}):
+        with pytest.raises(DispatchError, match="disagree") as err:
+            attnforge.attention(q, k, v, **both)
+        assert err.value.hint and "top_left" in err.value.hint
 
 
 # -- zero-sized inputs ----------------------------------------------------------------------------------

@@ -114,7 +114,7 @@ def test_recorded_decode_case_keeps_sdpa_where_fa4_was_half_as_fast(store: Recor
     fa4, sdpa = Timed("fa4", clock, 8.8 / 4.4), Timed("sdpa", clock, 1.0)
     _use(store, sdpa, fa4)
     q, k, v = _qkv(sq=1, sk=64)
-    with attnforge.autotune(budget_s=0.05, clock=clock):
+    with attnforge.autotune(budget_s=0.05, clock=clock, background=False):
         attnforge.attention(q, k, v, causal=True)
         served_before = sdpa.calls
         attnforge.attention(q, k, v, causal=True)

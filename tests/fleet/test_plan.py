@@ -98,7 +98,7 @@ def test_ray_task_sizing_follows_the_jobs_rule(cpus: int, memory_gib: float, wan
 def test_a_prebuilt_wheel_beats_a_build_and_counts_once_across_kinds(tmp_path: Path) -> None:
     import zipfile
 
-    from attnforge.resolve.listing import list_find_links
+    from attnforge.fetch.indexes import list_find_links
 
     name = "flash_attn-2.8.3+cu130torch2.11.cxx11abitrue.sm80sm90-cp312-cp312-linux_x86_64.whl"
     with zipfile.ZipFile(tmp_path / name, "w") as zf:

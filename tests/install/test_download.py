@@ -16,7 +16,7 @@ from attnforge._system.runner import SubprocessRunner
 from attnforge.cache import Store
 from attnforge.cache._files import sha256_file
 from attnforge.errors import CacheError, InstallError
-from attnforge.install.download import check_digest, stream
+from attnforge.fetch.download import check_digest, stream
 from attnforge.install.flow import Action, InstallResult, install
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import CachedArtifact, Candidate, CandidateKind, Plan, Request, WheelRef

@@ -12,7 +12,7 @@ from attnforge._system.runner import SubprocessRunner
 from attnforge.cache import Store
 from attnforge.cache._files import sha256_file
 from attnforge.errors import InstallError
-from attnforge.install.download import HashSource
+from attnforge.fetch.download import HashSource
 from attnforge.install.flow import install
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import Request

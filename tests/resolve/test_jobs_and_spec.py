@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import io
-from pathlib import Path
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,9 +10,8 @@ from attnforge.catalog import Catalog
 from attnforge.errors import ResolveError, UsageError
 from attnforge.resolve import build_spec
 from attnforge.resolve.jobs import GIB, size_jobs
-from attnforge.resolve.listing import list_find_links, list_index, list_wheels, parse_simple_page
 from attnforge.resolve.types import Request
-from tests.resolve.conftest import WHEELS, snapshot
+from tests.resolve.conftest import snapshot
 
 
 @given(
@@ -81,70 +77,3 @@ def test_build_spec_for_a_local_source(catalog: Catalog) -> None:
 def test_nothing_to_build_for_builtins(catalog: Catalog) -> None:
     with pytest.raises(UsageError, match="nothing to build"):
         build_spec(snapshot("h200_torch2.11_cu130"), catalog, Request(backend="sdpa-flash"))
-
-
-def test_find_links_lists_only_wheels() -> None:
-    names = [w.filename for w in list_find_links(str(WHEELS / "h200_flash_attn"))]
-    assert len(names) == 5
-    assert all(n.endswith(".whl") for n in names)
-
-
-def test_missing_find_links_dir_is_usage_error(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="find-links"):
-        list_find_links(str(tmp_path / "nope"))
-
-
-PAGE = """<!DOCTYPE html><html><body>
-<a
-href="../../files/flash_attn-2.8.3+cu13torch2.11cxx11abiTRUE-cp312-cp312-linux_x86_64.whl#sha256=abc123">flash_attn-2.8.3+cu13torch2.11cxx11abiTRUE-cp312-cp312-linux_x86_64.whl</a>
-<a href="flash_attn-2.8.3.tar.gz">flash_attn-2.8.3.tar.gz</a>
-</body></html>"""
-
-
-def test_pep503_page() -> None:
-    refs = parse_simple_page(PAGE, "https://example.org/simple/flash-attn/")
-    assert len(refs) == 1
-    assert refs[0].sha256 == "abc123"
-    assert refs[0].url == (
-        "https://example.org/files/flash_attn-2.8.3+cu13torch2.11cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
-    )
-
-
-def test_file_index(tmp_path: Path) -> None:
-    page_dir = tmp_path / "simple" / "flash-attn"
-    page_dir.mkdir(parents=True)
-    (page_dir / "index.html").write_text(PAGE)
-    refs = list_index((tmp_path / "simple").as_uri(), "flash_attn")
-    assert [r.sha256 for r in refs] == ["abc123"]
-
-
-def test_offline_skips_http_and_fake_opener_is_used() -> None:
-    calls: list[str] = []
-
-    def opener(url: str, timeout_s: float) -> io.BytesIO:
-        calls.append(url)
-        return io.BytesIO(PAGE.encode())
-
-    offline = list_wheels([], ["https://example.org/simple"], ["flash-attn"], offline=True, opener=opener)
-    assert offline.wheels == ()
-    assert calls == []
-    assert "--offline" in offline.problems[0]
-    online = list_wheels(
-        [], ["https://example.org/simple"], ["flash-attn", "flash_attn"], offline=False, opener=opener
-    )
-    assert calls == ["https://example.org/simple/flash-attn/"]
-    assert len(online.wheels) == 1
-
-
-def test_unreachable_index_is_a_problem_not_a_crash() -> None:
-    def opener(url: str, timeout_s: float) -> io.BytesIO:
-        raise OSError("connection refused")
-
-    got = list_wheels([], ["https://example.org/simple"], ["flash-attn"], offline=False, opener=opener)
-    assert got.wheels == ()
-    assert "connection refused" in got.problems[0]
-
-
-def test_bad_index_scheme() -> None:
-    with pytest.raises(UsageError):
-        list_wheels([], ["ftp://example.org"], ["flash-attn"], offline=False)

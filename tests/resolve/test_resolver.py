@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from attnforge.catalog import Catalog
+from attnforge.fetch.indexes import list_find_links
 from attnforge.probe.snapshot import Compiler, InstalledBackend, NativeModule, SystemSnapshot, TorchInfo
-from attnforge.resolve.listing import list_find_links
 from attnforge.resolve.resolver import resolve
 from attnforge.resolve.types import CachedArtifact, CandidateKind, Plan, Request
 from tests.resolve.conftest import WHEELS, snapshot

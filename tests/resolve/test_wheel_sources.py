@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
-import email.message
-import io
 import json
-import urllib.error
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from attnforge.catalog import load_catalog
 from attnforge.catalog._check import Collector
 from attnforge.errors import CatalogError
-from attnforge.fetch.http import Fetcher, FetchError, age_text, rate_limit_message
+from attnforge.fetch.listings import age_text
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.sources import (
     check_against,
@@ -118,72 +114,6 @@ def test_route_times_come_from_the_data() -> None:
     assert rt.expected_s("cache", "flash-attn") == 15
     assert rt.expected_s("source", "flash-attn") == 830
     assert rt.expected_s("source", "xformers") == rt.default_source_s
-
-
-# -- the fetcher -------------------------------------------------------------------------------------------
-class _Resp:
-    def __init__(self, body: bytes, status: int = 200) -> None:
-        self.status, self._body = status, body
-        self.headers = email.message.Message()
-
-    def read(self) -> bytes:
-        return self._body
-
-    def __enter__(self) -> _Resp:
-        return self
-
-    def __exit__(self, *a: object) -> None:
-        pass
-
-
-def _http_error(code: int, headers: dict[str, str]) -> urllib.error.HTTPError:
-    msg = email.message.Message()
-    for k, v in headers.items():
-        msg[k] = v
-    return urllib.error.HTTPError("http://x", code, "err", msg, io.BytesIO(b""))
-
-
-def test_fetcher_retries_server_errors_with_backoff() -> None:
-    answers: list[Any] = [_http_error(503, {}), urllib.error.URLError("reset"), _Resp(b"ok")]
-    slept: list[float] = []
-
-    def opener(req: Any, timeout: float) -> Any:
-        a = answers.pop(0)
-        if isinstance(a, Exception):
-            raise a
-        return a
-
-    f = Fetcher(opener=opener, sleep=slept.append, backoff_s=0.5, lookup=lambda host: None)
-    assert f.get("http://x")[1] == b"ok"
-    assert slept == [0.5, 1.0]
-
-
-def test_fetcher_gives_up_after_its_retries() -> None:
-    def opener(req: Any, timeout: float) -> Any:
-        raise urllib.error.URLError("no route")
-
-    with pytest.raises(FetchError) as err:
-        Fetcher(opener=opener, sleep=lambda s: None, retries=2, lookup=lambda host: None).get("http://x")
-    assert "no route" in str(err.value) and "after 2 attempts" in str(err.value)
-
-
-def test_fetcher_does_not_retry_a_rate_limit_or_a_404() -> None:
-    calls: list[int] = []
-
-    def opener(req: Any, timeout: float) -> Any:
-        calls.append(1)
-        raise _http_error(429, {"X-RateLimit-Reset": "1795000000"})
-
-    with pytest.raises(FetchError) as err:
-        Fetcher(opener=opener, sleep=lambda s: None, lookup=lambda host: None).get("http://x", token=True)
-    assert calls == [1]
-    assert "2026-11-18 11:06 UTC" in str(err.value) and "GITHUB_TOKEN" not in str(err.value)
-
-
-def test_rate_limit_detection() -> None:
-    assert rate_limit_message(403, {"X-RateLimit-Remaining": "12"}, "u", token=False) is None  # a plain 403
-    line = rate_limit_message(403, {"X-RateLimit-Remaining": "0"}, "u", token=False)
-    assert line is not None and "GITHUB_TOKEN" in line and "resets later" in line
 
 
 def test_age_text() -> None:

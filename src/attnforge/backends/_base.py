@@ -1,7 +1,8 @@
 """What every concrete adapter shares: its capabilities, a lazy import check, and small tensor helpers.
 
 Nothing here imports torch or a backend package at import time; :meth:`AdapterBase.load_error` imports the
-backend on first use and remembers the answer.
+backend on first use and remembers the answer, after pointing the JIT compile caches into ``$ATTNFORGE_HOME``
+(:mod:`attnforge._system.compile_cache`: FA4 reads them at import).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from attnforge._system.compile_cache import ensure as ensure_compile_caches
 from attnforge.backends.adapter import AttentionCall
 from attnforge.backends.capabilities import Capabilities
 
@@ -62,11 +64,19 @@ class AdapterBase:
         """Run the kernel (see :mod:`attnforge.backends.adapter` for shapes and the causal rule)."""
         raise NotImplementedError
 
+    def installed_version(self) -> str | None:
+        """The version of the first installed distribution of ``requirement.distributions`` (package metadata,
+        no import); None when none is installed. The direct kernel entries are pinned by it."""
+        from attnforge.probe.backends import installed_versions  # the one reader of installed versions
+
+        return next((version for _, version in installed_versions(self.requirement.distributions)), None)
+
     def module(self, index: int = 0) -> Any:
         """The imported module ``requirement.modules[index]``, imported once per adapter and then held
         (``importlib.import_module`` costs about a microsecond per call; this runs on every call)."""
         found = self._modules.get(index)
         if found is None:
+            ensure_compile_caches()  # FA4 reads its cache variables at import
             found = self._modules[index] = importlib.import_module(self.requirement.modules[index])
         return found
 
@@ -74,6 +84,7 @@ class AdapterBase:
 def _check_requirement(req: Requirement) -> str | None:
     from attnforge.probe.backends import installed_versions  # the one reader of installed versions
 
+    ensure_compile_caches()  # before the first import: FA4 reads its cache variables then
     for name in req.modules:
         try:
             importlib.import_module(name)

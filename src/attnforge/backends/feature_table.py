@@ -33,10 +33,17 @@ float32-accumulating math in torch, which supports all of them. Nothing is dropp
 
 ## Semantics (the same on every backend; `attnforge/backends/exact.py` is the definition)
 
-- **causal**: `causal_alignment="bottom_right"` (default, FlashAttention) lets query `i` see key `j <= i + Sk - Sq`;
-  `"top_left"` (SDPA's `is_causal`) `j <= i`. `is_causal=` is accepted as SDPA's name for `causal=`.
-- **window** `(left, right)`: query `i` sees keys `i' - left .. i' + right`, `i'` aligned as above; None or a
-  negative side is unbounded. `attn_mask`, `causal` and `window` all apply together.
+- **causal**: `causal=True` with `causal_alignment="bottom_right"` (default, FlashAttention) lets query `i` see
+  key `j <= i + Sk - Sq`; `"top_left"` `j <= i`. `is_causal=True` means what it means in SDPA: causal, top-left
+  (`causal=True, causal_alignment="top_left"`); `causal=True` together with `is_causal` is refused unless
+  `causal_alignment="top_left"` (they would disagree when Sq != Sk).
+- **window** `(left, right)` of ints: query `i` sees keys `i' - left .. i' + right`, `i'` aligned as above; None
+  or -1 leaves a side unbounded (< -1 is refused); a side >= max(Sq, Sk) hides no key and is made unbounded, so
+  `(10**30, 0)` is exact and never reaches a kernel. `attn_mask`, `causal` and `window` all apply together.
+- **attn_mask**: bool (True = attend) or additive float, broadcastable to `[B, Hq, Sq, Sk]` on q's device (SDPA's
+  rule); a `[Sk]` or scalar mask is passed on as a `[1, Sk]` view (SDPA's kernels need two dimensions).
+- **scale** and **softcap** are finite Python or numpy numbers, scale > 0, softcap >= 0 (0 or None: off);
+  `dropout_p` in [0, 1); `causal`, `is_causal`, `enable_gqa`, `return_lse` are bools.
 - **softcap** `c`: logits become `c * tanh(logits / c)` after scaling, before masks (Gemma 2).
 - **sinks** `[Hq]`: one extra logit per head in the softmax denominator that carries no value (GPT-OSS `s_aux`).
 - **lse**: float32 `log(sum exp(logits) [+ exp(sink)])`, `[B, Hq, Sq]` (`[Hq, total_q]` for varlen).
@@ -44,9 +51,22 @@ float32-accumulating math in torch, which supports all of them. Nothing is dropp
   without running a kernel.
 - **dropout** on the normalised probabilities, scaled by `1 / (1 - p)`, from torch's RNG (`torch.manual_seed`
   makes it reproducible); applied whenever `dropout_p > 0`, as SDPA does.
-- **varlen**: packed `[total, H, D]` with int32 `cu_seqlens_q/k`; **paged KV**: page pools
-  `[num_blocks, page_size, Hkv, D]`, `block_table [B, blocks]`, `seqused_k [B]`.
-- Nested (jagged) tensors are refused with a hint (pass `values()` and `offsets()` as varlen).
+- **varlen**: packed `[total, H, D]` with int32 `cu_seqlens_q/k` `[batch + 1]` on q's device: they start at 0,
+  never decrease and end at the packed rows; `max_seqlen_q/k` None or at least the longest sequence;
+  **paged KV**: page pools `[num_blocks, page_size, Hkv, D]`, int32 `block_table [B, blocks]` and `seqused_k [B]`.
+- Nested (jagged) tensors, numpy arrays and lists are refused with a hint (pass `values()` and `offsets()` as
+  varlen; `torch.as_tensor` for arrays). Every refusal is a `DispatchError` with a hint, raised before any backend
+  runs (`attnforge/dispatch/inputs.py`).
+
+## When a backend raises
+
+An accepted call that makes a backend raise (a kernel limit its capability table does not know) is served by the
+next backend of its order, the exact math last. The backend is then skipped for that call's exact **signature**
+(sizes, dtype, device, causal, features, scale, each feature argument's shape and value) for the rest of the
+process, with one warning line; other calls of the same shape class keep it. Only after it raised on 3 distinct
+signatures of one shape class is it skipped for the whole class. At most 256 signatures are remembered per
+backend. `attnforge.explain()` says so: `note: flash-attn-3 raised on this signature: <first line>; served by
+sdpa`. A forced backend (`backend=`, `use_backend`) is never skipped: its error reaches the caller.
 """
 
 _FEATURE_LEGEND = "\n".join(f"- `{name}`: {text}" for name, text in FEATURES.items())

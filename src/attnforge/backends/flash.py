@@ -18,12 +18,17 @@ Layout: the kernels take ``[B, S, H, D]`` with only the last dim contiguous, so 
 ``transpose(1, 2)`` *views* of bhsd tensors and returns a view of their output: no copy in forward, and
 autograd's gradients flow back through the same views (no copy in backward either). Causal and windows are
 bottom-right aligned, as attnforge's default; rows that see no key come back as zeros.
+
+Bound routes (``bind``: the dispatcher's plain calls, first-use measurement, bench, verify) skip the public
+functions' Python layers where the installed package is one a direct entry mirrors: FA2
+:mod:`~attnforge.backends._fa2_direct`, FA3 :mod:`~attnforge.backends._fa3_direct`, FA4
+:mod:`~attnforge.backends._fa4_direct` (docs/dispatch-overhead.md, 2026-11-26).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnforge.backends._base import AdapterBase, first
@@ -53,6 +58,8 @@ class FlashAttnAdapter(AdapterBase):
     unbounded: ClassVar[int | None] = -1
     #: the keyword that asks for the log-sum-exp
     lse_keyword: ClassVar[str] = "return_attn_probs"
+    #: the direct kernel entry, looked up once (:meth:`direct_entry`)
+    _direct: list[Any] = field(default_factory=list, repr=False)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None, **features: Any) -> Any:
@@ -68,10 +75,41 @@ class FlashAttnAdapter(AdapterBase):
             return out[0].transpose(1, 2), out[1]
         return out.transpose(1, 2)
 
+    def direct_entry(self) -> Any:
+        """What the bound route calls instead of the public function, or None where the installed package is not
+        one a direct entry mirrors; looked up once. FA2: the ``flash_attn_2_cuda`` module
+        (:mod:`attnforge.backends._fa2_direct`). Raises what importing the package raises."""
+        if not self._direct:
+            self._direct.append(self._find_direct())
+        return self._direct[0]
+
+    def _find_direct(self) -> Any:
+        import importlib
+
+        from attnforge.backends import _fa2_direct
+
+        if self.installed_version() not in _fa2_direct.VERSIONS:
+            return None
+        self.module()
+        return importlib.import_module(_fa2_direct.NATIVE)
+
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
-        """The plain call bound for a route (:func:`attnforge.backends.bound.bound_call`): ``(q, k, v)`` in the
-        caller's layout straight into ``flash_attn_func`` (bhsd through ``transpose(1, 2)`` views both ways),
-        the module looked up once. Raises what importing the module raises."""
+        """The plain call bound for a route (:func:`attnforge.backends.bound.bound_call`): FA2's native
+        ``fwd``/``bwd`` called directly when the version is mirrored and D is a multiple of 8
+        (:func:`attnforge.backends._fa2_direct.bind`), else :meth:`bind_public`."""
+        from attnforge.backends import _fa2_direct
+
+        native = None if call.head_dim % _fa2_direct.HEAD_DIM_MULTIPLE else self.direct_entry()
+        if native is None:
+            return self.bind_public(call, scale=scale, bshd=bshd)
+        return _fa2_direct.bind(native, scale=scale if scale is not None else call.head_dim ** -0.5,
+                                causal=call.causal, bshd=bshd, needs_grad=call.needs_grad)
+
+    def bind_public(self, call: AttentionCall, *, scale: float | None,
+                    bshd: bool) -> Callable[..., torch.Tensor]:
+        """The plain call bound to the public function: ``(q, k, v)`` in the caller's layout straight into
+        ``flash_attn_func`` (bhsd through ``transpose(1, 2)`` views both ways), the module looked up once.
+        Raises what importing the module raises."""
         kernel = self.module().flash_attn_func
         causal = call.causal
         if bshd:
@@ -126,16 +164,72 @@ class FlashAttnAdapter(AdapterBase):
 @dataclass(slots=True, kw_only=True)
 class FlashAttn3Adapter(FlashAttnAdapter):
     """FlashAttention-3 (``flash_attn_interface``, Hopper): as FA2 without dropout; its capabilities can be
-    narrowed to what a slim build compiled (:func:`capabilities_from_build`)."""
+    narrowed to what a slim build compiled (:func:`capabilities_from_build`).
+
+    Its bound route calls the registered ops directly (:mod:`attnforge.backends._fa3_direct`) when their
+    schemas are the ones mirrored there; any other build keeps the public ``flash_attn_func``.
+
+    Attributes:
+        op_namespace: the ``torch.ops`` namespace of the ops (tests register the mirrored schemas in their own).
+    """
+
+    op_namespace: str = "flash_attn_3"
+
+    def _find_direct(self) -> Any:
+        """The ops to call directly (:class:`~attnforge.backends._fa3_direct.Fa3Ops`), or None when the
+        installed build registers other schemas."""
+        from attnforge.backends import _fa3_direct
+
+        self.module()  # importing flash_attn_interface registers the ops (it imports flash_attn_3._C)
+        return _fa3_direct.find_ops(self.op_namespace)
+
+    def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
+        """The plain call bound for a route: the ops called directly, forward-only when ``call`` needs no
+        gradient (:func:`attnforge.backends._fa3_direct.bind`); the public function when the schemas differ.
+        The scale defaults to ``D ** -0.5`` here, as ``FlashAttnFunc.forward`` defaults it."""
+        ops = self.direct_entry()
+        if ops is None:
+            return self.bind_public(call, scale=scale, bshd=bshd)
+        from attnforge.backends import _fa3_direct
+
+        return _fa3_direct.bind(ops, scale=scale if scale is not None else call.head_dim ** -0.5,
+                                causal=call.causal, bshd=bshd, needs_grad=call.needs_grad)
 
 
 @dataclass(slots=True, kw_only=True)
 class FlashAttn4Adapter(FlashAttnAdapter):
     """FlashAttention-4 (``flash_attn.cute``): ``window_size`` sides are None when unbounded, sinks are
-    ``learnable_sink``, the lse is ``return_lse``."""
+    ``learnable_sink``, the lse is ``return_lse``.
+
+    Its bound route for a call that needs no gradient calls ``_flash_attn_fwd`` without the autograd node
+    (:mod:`attnforge.backends._fa4_direct`) when the installed version is one that module mirrors.
+    """
 
     unbounded: ClassVar[int | None] = None
     lse_keyword: ClassVar[str] = "return_lse"
+
+    def _find_direct(self) -> Any:
+        """``flash_attn.cute.interface._flash_attn_fwd`` when the installed flash-attn-4 is a version
+        :data:`~attnforge.backends._fa4_direct.VERSIONS` names, else None."""
+        import importlib
+
+        from attnforge.backends import _fa4_direct
+
+        if self.installed_version() not in _fa4_direct.VERSIONS:
+            return None
+        self.module()
+        return getattr(importlib.import_module(_fa4_direct.INTERFACE), "_flash_attn_fwd", None)
+
+    def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
+        """The plain call bound for a route: ``_flash_attn_fwd`` directly when no gradient is needed and the
+        version is mirrored (:func:`attnforge.backends._fa4_direct.bind`), else the public function."""
+        from attnforge.backends import _fa4_direct
+
+        dv = call.head_dim_v or call.head_dim
+        fwd = None if call.needs_grad or dv == _fa4_direct.MLA_HEAD_DIM else self.direct_entry()
+        if fwd is None:
+            return self.bind_public(call, scale=scale, bshd=bshd)
+        return _fa4_direct.bind(fwd, scale=scale, causal=call.causal, bshd=bshd)
 
 
 def capabilities_from_build(base: Capabilities, build: Mapping[str, Any]) -> Capabilities:

@@ -50,6 +50,10 @@ CPU_COMPILED_LACKS = frozenset({"lse", "sinks"})
 def _default_compiler(fn: Callable[..., Any]) -> Callable[..., Any]:
     import torch
 
+    from attnforge._system.compile_cache import ensure
+
+    ensure()  # Inductor's cache under $ATTNFORGE_HOME, so a second process compiles nothing it compiled before
+
     return torch.compile(fn, dynamic=False, fullgraph=True)
 
 

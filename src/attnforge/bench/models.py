@@ -1,15 +1,19 @@
 """``--shapes model --model config.json``: the attention shape classes a Hugging Face model really runs.
 
-From the model's ``config.json`` (transformers' ``PretrainedConfig`` field names): ``num_attention_heads``
-(Hq), ``num_key_value_heads`` (Hkv, GQA; Hq when absent), ``head_dim`` or ``hidden_size / num_attention_heads``
-(D); MLA models (DeepSeek-V2/V3) ``qk_nope_head_dim + qk_rope_head_dim`` (D) and ``v_head_dim`` (Dv);
-``sliding_window`` caps the key length that one query attends. Multimodal configs nest the language model in
-``text_config``. Per model: causal prefill at a few lengths, chunked prefill (a 512-token chunk against the
-cache) and decode (one query against the cache), forward; prefill also forward + backward (training).
+From the model's ``config.json`` (transformers' ``PretrainedConfig`` field names): ``num_attention_heads`` (Hq),
+``num_key_value_heads`` (Hkv, GQA; Hq when absent), ``head_dim`` or ``hidden_size / num_attention_heads`` (D); MLA
+models (DeepSeek-V2/V3) ``qk_nope_head_dim + qk_rope_head_dim`` (D) and ``v_head_dim`` (Dv); ``sliding_window``
+caps the key length that one query attends; ``attn_logit_softcapping`` (Gemma 2) is the logit softcap. Multimodal
+configs nest the language model in ``text_config``. Diffusers transformer configs (``transformer/config.json`` of
+Flux, Wan: ``num_attention_heads`` and ``attention_head_dim``, no ``hidden_size``) are read too: full (non-causal)
+attention, no key/value heads of their own. Per model: causal prefill at a few lengths, chunked prefill (a
+512-token chunk against the cache) and decode (one query against the cache), forward; prefill also forward +
+backward (training).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +38,8 @@ class ModelAttention:
         heads_q, heads_kv, head_dim, head_dim_v: ``Hq, Hkv, D, Dv``.
         sliding_window: the window of sliding-window layers (None: full attention).
         max_positions: ``max_position_embeddings`` (None when absent).
+        softcap: ``attn_logit_softcapping`` (None: off).
+        causal: decoder self-attention (False for a diffusers transformer: full attention).
         name: ``model_type`` or the file name.
     """
 
@@ -44,6 +50,8 @@ class ModelAttention:
     head_dim_v: int
     sliding_window: int | None
     max_positions: int | None
+    softcap: float | None = None
+    causal: bool = True
 
 
 def read_model_config(path: Path) -> ModelAttention:
@@ -71,16 +79,23 @@ def read_model_config(path: Path) -> ModelAttention:
         head_dim_v = _int(cfg, "v_head_dim", path) or head_dim
     else:
         hidden = _int(cfg, "hidden_size", path)
-        head_dim = _int(cfg, "head_dim", path) or (hidden // heads_q if hidden else 0)
+        head_dim = (_int(cfg, "head_dim", path) or _int(cfg, "attention_head_dim", path)
+                    or (hidden // heads_q if hidden else 0))
         head_dim_v = head_dim
     if head_dim <= 0 or heads_q % heads_kv:
         raise UsageError(f"{path}: inconsistent attention sizes (heads {heads_q}, kv heads {heads_kv}, "
                          f"head dim {head_dim})", hint="num_attention_heads must be a multiple of "
                                                        "num_key_value_heads; head_dim or hidden_size is needed")
     window = _int(cfg, "sliding_window", path) if cfg.get("use_sliding_window", True) is not False else None
-    return ModelAttention(name=str(cfg.get("model_type") or doc.get("model_type") or path.stem), heads_q=heads_q,
-                          heads_kv=heads_kv, head_dim=head_dim, head_dim_v=head_dim_v, sliding_window=window,
-                          max_positions=_int(cfg, "max_position_embeddings", path))
+    softcap = cfg.get("attn_logit_softcapping")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or softcap < 0):
+        raise UsageError(f"{path}: attn_logit_softcapping must be a non-negative number, got {softcap!r}")
+    diffusers = "_diffusers_version" in doc or ("attention_head_dim" in cfg and "hidden_size" not in cfg)
+    name = cfg.get("model_type") or doc.get("model_type") or doc.get("_class_name") or path.stem
+    return ModelAttention(name=str(name), heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
+                          head_dim_v=head_dim_v, sliding_window=window,
+                          max_positions=_int(cfg, "max_position_embeddings", path),
+                          softcap=float(softcap) if softcap else None, causal=not diffusers)
 
 
 def model_config_shapes(model: ModelAttention, *, dtype: str, batch: int, seqlens: tuple[int, ...],
@@ -99,7 +114,9 @@ def model_config_shapes(model: ModelAttention, *, dtype: str, batch: int, seqlen
                               seqlen_q=sq, seqlen_k=sk, causal=sq > 1, mode=mode, dtype=dtype)
 
     out = [shape(s, s, mode) for mode in modes for s in lengths]
-    if Mode.FWD in modes:
+    if not model.causal:  # a diffusion transformer: full attention over its token count, no cache
+        out = [dataclasses.replace(s, causal=False) for s in out]
+    elif Mode.FWD in modes:
         if context > CHUNK:
             out.append(shape(CHUNK, context, Mode.FWD))
         out.append(shape(1, context, Mode.FWD))

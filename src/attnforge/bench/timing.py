@@ -11,6 +11,14 @@ A bench cell is measured in ``rounds`` interleaved rounds (every backend once pe
 :mod:`attnforge.bench.run`), each with ``rep_ms / rounds`` of repetitions; :func:`combine_rounds` reports the
 median of the rounds' medians and keeps each round's median, so the spread between rounds (what a neighbour,
 clock boost or thermal state changes) is measured, not hidden in one long run.
+
+*As the model sees it* (:attr:`TimerMethod.BACK_TO_BACK`, what measure-on-first-use uses, issue 30): a
+repetition is the wall time of a batch of calls issued back to back on the caller's own tensors between two
+synchronizes, divided by the batch's size. The host's cost per call (Python entry, argument checks, launch) is
+then in the figure whenever it exceeds the kernel's, as it is in a model that issues attention between other
+layers: a kernel shorter than its own launch is not chosen over SDPA because its CUDA-event time alone was
+shorter (docs/benchmarks.md: FA3's and FA4's Python entries cost 90-300 us of host time per call against 24-79
+us for SDPA). No L2 flush: consecutive calls of a layer do not start from a cold L2 either.
 """
 
 from __future__ import annotations
@@ -33,6 +41,14 @@ class TimerMethod(StrEnum):
     CUDA_EVENTS = "cuda-events"
     DO_BENCH = "triton-do_bench"
     PERF_COUNTER = "perf_counter"
+    BACK_TO_BACK = "back-to-back"  # wall time of a batch of calls between two synchronizes, per call
+
+
+#: the wall time one back-to-back batch aims at (ms): long enough that the two synchronizes around it weigh
+#: little (about 10 us each on an H100), short enough that a round holds several batches
+BATCH_MS = 2.0
+#: calls per back-to-back batch at most (a call the clock barely sees must not turn into thousands)
+MAX_BATCH = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,8 +159,9 @@ def rotation_sets(*, set_bytes: int, l2_bytes: int | None, budget_bytes: int | N
 def flush_bytes(set_bytes: int, l2_bytes: int | None = None) -> int:
     """Bytes of the buffer to overwrite before each timed repetition so it starts with a cold L2, or 0 where
     it does not matter: when one input set (``set_bytes``) is already larger than twice the L2, a repetition
-    evicts its predecessor's data by itself. For calls timed on one input set (measure-on-first-use times the
-    caller's own tensors); ``attnforge bench`` rotates input sets instead (:func:`rotation_sets`).
+    evicts its predecessor's data by itself. For kernel timings on one input set (the GPU scripts,
+    ``scripts/gpu/_timing.py``); ``attnforge bench`` rotates input sets instead (:func:`rotation_sets`), and
+    measure-on-first-use times calls back to back without a flush (:attr:`TimerMethod.BACK_TO_BACK`).
 
     Args:
         set_bytes: bytes of the call's inputs.
@@ -199,10 +216,58 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
         sync()
         if config.method is TimerMethod.CUDA_EVENTS:
             times_ms = _cuda_events(step, counter, reps, flush_bytes)
+        elif config.method is TimerMethod.BACK_TO_BACK:
+            batch = batch_size(estimate_ms)
+            reps = min(config.max_reps, max(config.min_reps, math.ceil(config.rep_ms / (estimate_ms * batch))))
+            times_ms = _back_to_back(step, counter, reps, batch, sync=sync, clock=clock)
         else:
             times_ms = _wall(step, counter, reps, sync, clock)
     return summarize(times_ms, warmup_calls=warmup, first_call_s=first_call_s, input_sets=sets,
                      method=config.method)
+
+
+def paired(steps: dict[str, Step], *, pairs: int, sync: Callable[[], None] = lambda: None,
+           clock: Callable[[], float] = time.perf_counter, max_call_ms: float = 8.0) -> dict[str, Timing] | None:
+    """Time two or more routes against each other on live calls, as the model issues them, at a bounded cost:
+    ``pairs`` interleaved rounds, each one back-to-back batch (:func:`batch_size`) of every step in turn; each
+    round's per-call time is one entry of the result's ``rounds_ms`` (the noise :func:`attnforge.ranking.beats`
+    weighs). One untimed call of each step first estimates the batch. The in-situ check of the dispatcher
+    (:mod:`attnforge.dispatch.insitu`) runs this on the calling thread, so its cost is about
+    ``2 * pairs * len(steps) * BATCH_MS`` plus one call of each.
+
+    Returns:
+        A :class:`Timing` per step, or None when one call takes longer than ``max_call_ms`` (the check would cost
+        too much, and a host cost is noise at that length anyway).
+
+    Raises:
+        Exception: whatever a step raises.
+    """
+    estimates = {}
+    for name, step in steps.items():
+        sync()
+        start = clock()
+        step(0)
+        sync()
+        estimates[name] = (clock() - start) * 1e3
+    if max(estimates.values()) > max_call_ms:
+        return None
+    batch = batch_size(min(estimates.values()))
+    per: dict[str, list[float]] = {name: [] for name in steps}
+    counter = _Rotation(1)
+    names = list(steps)
+    for r in range(max(1, pairs)):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            per[name].extend(_back_to_back(steps[name], counter, 1, batch, sync=sync, clock=clock))
+    return {name: combine_rounds([summarize([x], warmup_calls=0, first_call_s=estimates[name] / 1e3, input_sets=1,
+                                            method=TimerMethod.BACK_TO_BACK) for x in times])
+            for name, times in per.items()}
+
+
+def batch_size(estimate_ms: float) -> int:
+    """Calls per back-to-back batch for a call estimated at ``estimate_ms`` (wall time, host cost included):
+    enough to fill :data:`BATCH_MS`, at least 2 (so the host's pace between calls is in it), at most
+    :data:`MAX_BATCH`."""
+    return max(2, min(MAX_BATCH, math.ceil(BATCH_MS / max(estimate_ms, 1e-6))))
 
 
 def summarize(times_ms: list[float], *, warmup_calls: int, first_call_s: float, input_sets: int,
@@ -239,6 +304,20 @@ def _wall(step: Step, counter: _Rotation, reps: int, sync: Callable[[], None],
         step(i)
         sync()
         times.append((clock() - start) * 1e3)
+    return times
+
+
+def _back_to_back(step: Step, counter: _Rotation, reps: int, batch: int, *, sync: Callable[[], None],
+                  clock: Callable[[], float]) -> list[float]:
+    """Per repetition, the wall time of ``batch`` calls queued back to back between two synchronizes, per call."""
+    times = []
+    sync()
+    for _ in range(reps):
+        start = clock()
+        for _ in range(batch):
+            step(counter.next())
+        sync()
+        times.append((clock() - start) * 1e3 / batch)
     return times
 
 

@@ -14,7 +14,6 @@ import shlex
 import shutil
 import stat
 import tarfile
-import urllib.request
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -22,7 +21,10 @@ from pathlib import Path
 
 from attnforge._system.runner import Runner
 from attnforge.build.frontend import installer_for
-from attnforge.errors import BuildError, UsageError
+from attnforge.errors import BuildError, InstallError, UsageError
+from attnforge.fetch.deadline import current_deadline
+from attnforge.fetch.download import stream
+from attnforge.fetch.http import shown
 from attnforge.resolve.types import SourceKind, SourceSpec
 
 #: Never part of a tree hash or a copied tree, at any depth.
@@ -161,6 +163,12 @@ def _pip_download(
     source: SourceSpec, *, scratch: Path, python: str, env: Mapping[str, str], runner: Runner
 ) -> FetchedSource:
     requirement = f"{source.location}=={source.version}" if source.version else source.location
+    index = env.get("PIP_INDEX_URL") or "https://pypi.org/simple/"
+    dead = current_deadline().dead_for(index)  # pip would wait its own minutes for the same dead proxy
+    if dead is not None:
+        raise BuildError(f"could not download the sdist of {requirement}: its index is unreachable",
+                         cause=dead, hint="fix the proxy (HTTPS_PROXY/NO_PROXY) or the network, or download the "
+                                          "sdist elsewhere and pass --source PATH")
     dest = scratch / "download"
     dest.mkdir()
     installer = installer_for(python, runner=runner)
@@ -207,12 +215,13 @@ def _url_download(source: SourceSpec, *, scratch: Path) -> FetchedSource:
         raise UsageError(f"{source.location} does not name an sdist archive",
                          hint="give a URL ending in .tar.gz or .zip, or a git URL with --source git+URL@REF")
     target = scratch / name
-    try:
-        with urllib.request.urlopen(source.location, timeout=300) as response, target.open("wb") as out:  # noqa: S310
-            shutil.copyfileobj(response, out, _CHUNK_BYTES)
-    except OSError as exc:
-        raise BuildError(f"could not download {source.location}", cause=str(exc)) from None
-    return FetchedSource(sha256=file_sha256(target), archive=target, tree=None, description=source.location)
+    try:  # the one HTTP client: proxies, the command's network deadline, credentials kept out of messages
+        sha256 = stream(source.location, target, progress=False)  # the build shows its own progress
+    except InstallError as exc:
+        raise BuildError(f"could not download the source {shown(source.location)}", cause=exc.cause,
+                         hint="check the network or proxy (https_proxy), or download the sdist and pass "
+                              "--source PATH") from None
+    return FetchedSource(sha256=sha256, archive=target, tree=None, description=shown(source.location))
 
 
 def lay_out(fetched: FetchedSource, dest: Path, scratch: Path) -> None:

@@ -3,12 +3,20 @@
 Writers take ``ROOT/cache.lock`` and a normal (WAL) connection; readers take no lock and create nothing, and
 open the database read-only and immutable where the root cannot be written or has no room left (see
 ``_db.py``). Every SQLite error leaves here as a :class:`CacheError` with a hint.
+
+Every first connection checks that ``cache.db`` is the index of what lies on disk (:meth:`StoreBase.
+check_index`): a directory in its place, garbage, another program's database, or a missing or empty index
+while entries lie in ``ROOT/artifacts`` is a damaged database (hint: ``attnforge cache repair``), never an
+empty store. So ``cache list`` does not show an empty store, ``install`` does not rebuild what is on disk,
+and no writer treats the unindexed entries as debris to delete.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,7 +24,8 @@ from pathlib import Path
 
 import filelock
 
-from attnforge.cache._db import check_root, connect_read_only, db_error, is_disk_problem, writable
+from attnforge._system.statedb import file_problem, schema_problem
+from attnforge.cache._db import check_root, connect_read_only, damaged_db, db_error, is_disk_problem, writable
 from attnforge.cache._files import CopyFn, copy_hashed
 from attnforge.errors import CacheError
 
@@ -92,6 +101,7 @@ class StoreBase:
             CacheError: another process held it past ``lock_timeout_s``, or the lock file cannot be created.
         """
         check_root(self.root, write=True)
+        self._check_lock_file()
         if self._lock is None:  # one instance per store: re-entrant within this process
             self._lock = filelock.FileLock(str(self.root / "cache.lock"), timeout=self._lock_timeout_s)
         try:
@@ -111,6 +121,22 @@ class StoreBase:
                 cause=str(exc), hint="make it writable by you, or point ATTNFORGE_HOME elsewhere",
             ) from None
 
+    def _check_lock_file(self) -> None:
+        """A ``cache.lock`` that is not a regular file (a directory, a socket) is named with the fix."""
+        lock = self.root / "cache.lock"
+        try:
+            st = os.lstat(lock)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise CacheError(f"cannot read the cache's writer lock {lock}", cause=exc.strerror or str(exc),
+                             hint="make it readable by you, or point ATTNFORGE_HOME elsewhere") from None
+        if not stat.S_ISREG(st.st_mode):
+            what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise CacheError(f"the cache's writer lock {lock} is {what}", cause="something other than attnforge "
+                             "created it; attnforge keeps an empty regular file there",
+                             hint=f"remove it (`rm -r {lock}`; nothing is stored in it) and run the command again")
+
     @contextmanager
     def job_lock(self, name: str) -> Iterator[None]:
         """Serialise one job (e.g. "build flash-attn 2.8.3 for this machine") across processes.
@@ -120,22 +146,93 @@ class StoreBase:
         """
         check_root(self.root, write=True)
         locks = self.root / "locks"
-        locks.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256(name.encode()).hexdigest()[:32]
-        lock = filelock.FileLock(str(locks / f"{digest}.lock"), timeout=-1)
-        with lock:
+        try:
+            locks.mkdir(parents=True, exist_ok=True)
+            lock = filelock.FileLock(str(locks / f"{digest}.lock"), timeout=-1)
+            lock.acquire()
+        except OSError as exc:
+            raise CacheError(f"cannot take the job lock in {locks}", cause=exc.strerror or str(exc),
+                             hint=f"{locks} must be a directory you can write to: remove what is there") from None
+        try:
             yield
+        finally:
+            lock.release()
 
     def _connect(self) -> sqlite3.Connection:
         check_root(self.root, write=True)
+        if not self._schema_ready:
+            self._check_db_file()
         conn = sqlite3.connect(self.db_path, timeout=60.0)
         conn.row_factory = sqlite3.Row
         if not self._schema_ready:
-            with self.writer():
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.executescript(_SCHEMA)
+            try:
+                with self.writer():
+                    self.check_index(conn)
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.executescript(_SCHEMA)
+            except BaseException:
+                conn.close()
+                raise
             self._schema_ready = True
         return conn
+
+    def new_index_locked(self) -> None:
+        """Create ``cache.db`` with its (empty) table where there is none; the caller holds :meth:`writer`
+        (``repair``, after moving a damaged one aside)."""
+        try:
+            conn = sqlite3.connect(self.db_path, timeout=60.0)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.executescript(_SCHEMA)
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            raise db_error(exc, self.db_path, "create a new cache database") from None
+        self._schema_ready = True
+
+    def _check_db_file(self) -> None:
+        problem = file_problem(self.db_path)
+        if problem is not None:
+            raise damaged_db(self.db_path, problem)
+        for folder in (self.artifacts_dir, self.quarantine_dir):
+            if folder.exists() and not folder.is_dir():
+                raise CacheError(f"the cache's {folder.name} directory {folder} is not a directory",
+                                 cause="something other than attnforge put a file there",
+                                 hint=f"move it aside (`mv {folder} {folder}.bad`) and run the command again")
+
+    def entry_dirs(self) -> list[Path]:
+        """The entry directories on disk (``ROOT/artifacts/<64 hex digits>``), whether ``cache.db`` has their
+        rows or not (staging directories are not entries)."""
+        if not self.artifacts_dir.is_dir():
+            return []
+        hexdigits = set("0123456789abcdef")
+        return sorted(d for d in self.artifacts_dir.iterdir()
+                      if len(d.name) == 64 and set(d.name) <= hexdigits and d.is_dir() and not d.is_symlink())
+
+    def check_index(self, conn: sqlite3.Connection) -> bool:
+        """Whether ``cache.db`` open on ``conn`` has its table (False: a new, empty store).
+
+        A damaged index is refused, not repaired on the fly: readers (``cache list``, ``plan``, ``install``'s
+        look-up) take no lock and may sit in a home that is read-only to them, and a repair moves files and
+        quarantines what fails its checks, which is a change to ask for (``attnforge cache repair``), not a
+        side effect of a look-up. So ``install`` stops with that hint instead of rebuilding what is on disk.
+
+        Raises:
+            DamagedDatabaseError: it is another program's database or from a newer attnforge, or it has no
+                index (a missing, empty or foreign file) while entries lie on disk.
+            sqlite3.Error: it is not a database at all (the caller turns it into :func:`db_error`).
+        """
+        problem = schema_problem(conn, ours=("artifacts",), version=0)
+        if problem is not None:
+            raise damaged_db(self.db_path, problem)
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'artifacts'").fetchone() is not None:
+            return True
+        on_disk = sum(1 for d in self.entry_dirs() if (d / "provenance.json").is_file())  # debris has none
+        if on_disk:
+            state = "has no table of entries" if self.db_path.exists() else "is missing"
+            raise damaged_db(self.db_path, f"it {state} while {on_disk} artifacts lie in {self.artifacts_dir}")
+        return False
 
     @contextmanager
     def _db(self, doing: str = "update the cache", *, raw: bool = False) -> Iterator[sqlite3.Connection]:
@@ -162,6 +259,7 @@ class StoreBase:
     def reader(self, doing: str = "read the cache") -> Iterator[sqlite3.Connection]:
         """A reader's connection: creates nothing, and works on a read-only or full disk (see ``_db.py``)."""
         check_root(self.root, write=False)
+        self._check_db_file()
         try:
             if not self.db_path.exists():
                 conn = sqlite3.connect(":memory:")  # no cache yet: an empty one, without creating a file
@@ -170,9 +268,9 @@ class StoreBase:
                 conn = connect_read_only(self.db_path)
             else:
                 conn = self._open_for_reading()
-            if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'artifacts'").fetchone() is None:
-                conn.execute(_EMPTY_TABLE)  # a writer created the file but not yet its table: no entries
             try:
+                if not self.check_index(conn):
+                    conn.execute(_EMPTY_TABLE)  # a new store, or a writer created the file but not yet its table
                 yield conn
             finally:
                 conn.close()

@@ -11,7 +11,9 @@ what lets ``cache list``, ``export`` and installs from the cache work from a rea
   only a writer that is running right now can be missed.)
 
 Every ``sqlite3`` error is turned into :class:`CacheError` with what to do (:func:`db_error`), so a damaged
-or full database never shows a traceback.
+or full database never shows a traceback; a damaged, foreign or empty ``cache.db`` while artifacts are on disk
+is a :class:`~attnforge._system.statedb.DamagedDatabaseError` whose hint is ``attnforge cache repair``
+(:func:`damaged_db`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import os
 import sqlite3
 import stat
 from pathlib import Path
-from urllib.parse import quote
 
+from attnforge._system.statedb import DamagedDatabaseError, SqliteKind, sqlite_kind
+from attnforge._system.statedb import connect_read_only as connect_read_only  # noqa: PLC0414 - the store's readers
 from attnforge.errors import CacheError
 
 #: Phrases of SQLite errors that mean the disk (not the database) is the problem.
@@ -68,14 +71,6 @@ def writable(root: Path) -> bool:
     return root.is_dir() and os.access(root, os.W_OK | os.X_OK)
 
 
-def connect_read_only(db: Path) -> sqlite3.Connection:
-    """An immutable, read-only connection: no locks, no ``-shm``/``-wal`` files, no writes at all."""
-    uri = f"file:{quote(str(db.resolve()))}?mode=ro&immutable=1"
-    conn = sqlite3.connect(uri, uri=True, timeout=60.0)
-    conn.row_factory = sqlite3.Row
-    return conn
-
-
 def is_disk_problem(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS):
         return True
@@ -86,7 +81,6 @@ def is_disk_problem(exc: BaseException) -> bool:
 def db_error(exc: sqlite3.Error, db: Path, doing: str) -> CacheError:
     """The user-facing error for a SQLite failure while ``doing`` something with ``db``."""
     text = str(exc)
-    root = db.parent
     if "database or disk is full" in text.lower() or (isinstance(exc, OSError) and exc.errno == errno.ENOSPC):
         return CacheError(
             f"not enough disk space to {doing}",
@@ -101,11 +95,20 @@ def db_error(exc: sqlite3.Error, db: Path, doing: str) -> CacheError:
             hint="check the disk under it (free space, `dmesg` for I/O errors, a read-only mount); "
             "`attnforge cache list` still reads a read-only cache",
         )
-    return CacheError(
-        f"the cache database is damaged ({doing} failed)",
-        cause=f"{db}: {type(exc).__name__}: {text}",
-        hint=f"the artifacts themselves are intact: move {root} aside (`mv {root} {root}.bad`), then "
-        f"`attnforge cache import {root}.bad` recovers every entry whose hashes still check out",
+    if sqlite_kind(exc) is SqliteKind.LOCKED:
+        return CacheError(f"the cache database is locked; could not {doing}", cause=f"{db}: {text}",
+                          hint="another attnforge process is writing it; retry when it has finished")
+    return damaged_db(db, f"{type(exc).__name__}: {text} ({doing} failed)")
+
+
+def damaged_db(db: Path, why: str) -> DamagedDatabaseError:
+    """The error for a ``cache.db`` that is damaged, foreign, or has no index of the artifacts on disk."""
+    return DamagedDatabaseError(
+        f"the cache database {db} is damaged",
+        cause=why,
+        hint="the artifacts themselves are intact: `attnforge cache repair` (run by the home's owner where it is "
+        "read-only to you) moves the database aside and indexes every artifact whose key and sha256 still check "
+        "out (no rebuild)",
     )
 
 

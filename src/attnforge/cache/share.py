@@ -31,6 +31,7 @@ import filelock
 from packaging.utils import canonicalize_name
 
 from attnforge._system.files import refuse_symlinked_dir, write_atomic
+from attnforge._system.statedb import DamagedDatabaseError
 from attnforge.cache._db import check_root
 from attnforge.cache._files import (
     copy_hashed,
@@ -281,6 +282,8 @@ def import_(store: Store, source: Path) -> ImportResult:
         CacheError: the store's disk is full.
     """
     check_root(store.root, write=True)  # a read-only cache cannot take imports: say so once, up front
+    with store.writer(), store.reader("import into the cache"):
+        pass  # a bad lock file or a damaged cache.db is the store's problem, said once, not each entry's
     source = Path(source).resolve()
     if not (source / "artifacts").is_dir():
         raise UsageError(
@@ -312,7 +315,7 @@ def import_(store: Store, source: Path) -> ImportResult:
                 follow_symlinks=False,
             )
         except (CacheError, UsageError) as exc:
-            if "disk space" in exc.message:
+            if "disk space" in exc.message or isinstance(exc, DamagedDatabaseError):
                 raise
             rejected.append(f"{folder}: {exc.message}; quarantined in "
                             f"{_quarantine_import(store, folder, exc.message)}")

@@ -46,6 +46,7 @@ from attnforge.resolve.types import CachedArtifact
 
 if TYPE_CHECKING:
     from attnforge.cache.prune import PruneResult
+    from attnforge.cache.repair import RepairResult
     from attnforge.cache.share import ExportResult, ImportResult
     from attnforge.cache.verify import VerifyReport
 
@@ -146,6 +147,8 @@ class Store(StoreBase):
         extra: Mapping[str, Any],
         expected_sha256: str | None,
     ) -> Entry:
+        with self._db():  # the index exists (and was checked: check_index) before an entry appears on disk
+            pass
         self.artifacts_dir.mkdir(parents=True, exist_ok=True)
         self.remove_debris_locked()
         final = self.artifacts_dir / key.digest
@@ -177,21 +180,22 @@ class Store(StoreBase):
         except BaseException:
             remove_tree(staging)
             raise
+        entry = entry_at(self.artifacts_dir, key=key, inputs=inputs, filename=artifact.name, sha=sha, size=size,
+                         has_log=has_log, created=now, used=now, extra=extra)
         try:
-            with self._db() as conn:
-                extra_json = json.dumps(dict(extra), sort_keys=True)
-                conn.execute(
-                    _INSERT,
-                    (str(key), inputs.kind.value, inputs.name, inputs.version, artifact.name, sha, size,
-                     inputs.canonical_json(), extra_json, int(has_log), now, now),
-                )
+            self.add_row_locked(entry)
         except BaseException:
             remove_tree(final)
             raise
-        return entry_at(
-            self.artifacts_dir, key=key, inputs=inputs, filename=artifact.name, sha=sha, size=size,
-            has_log=has_log, created=now, used=now, extra=extra,
-        )
+        return entry
+
+    def add_row_locked(self, entry: Entry) -> None:
+        """Commit the row of ``entry``, whose files are in place (``put``; ``repair`` indexing an entry again)."""
+        with self._db() as conn:
+            conn.execute(_INSERT, (
+                entry.key, entry.kind.value, entry.name, entry.version, entry.filename, entry.sha256,
+                entry.size_bytes, entry.inputs.canonical_json(), json.dumps(dict(entry.provenance), sort_keys=True),
+                int(entry.log_path is not None), entry.created_at_s, entry.last_used_at_s))
 
     # -- reading --------------------------------------------------------------------------------------------
 
@@ -222,8 +226,8 @@ class Store(StoreBase):
             try:
                 with self._db(raw=True) as conn:
                     conn.execute("UPDATE artifacts SET last_used_at = ? WHERE key = ?", (self._clock(), entry.key))
-            except sqlite3.Error:
-                pass  # the last-used time only orders `prune`; a full disk must not stop an install
+            except (sqlite3.Error, CacheError):
+                pass  # the last-used time only orders `prune`; a full disk or a bad lock must not stop an install
         return Path(entry.path)
 
     def find(self, key: CacheKey | str) -> Entry | None:
@@ -345,17 +349,10 @@ class Store(StoreBase):
         return prune(self, older_than_s=older_than_s, max_size_bytes=max_size_bytes)
 
     def remove_debris_locked(self) -> builtins.list[str]:
-        """Staging dirs and row-less entry dirs; safe only under the writer lock (no live writer then)."""
-        if not self.artifacts_dir.is_dir():
-            return []
-        with self.reader() as conn:
-            known = {str(r["key"]).removeprefix("sha256:") for r in conn.execute("SELECT key FROM artifacts")}
-        removed = []
-        for child in self.artifacts_dir.iterdir():
-            if child.name.startswith(STAGING_PREFIX) or (child.is_dir() and child.name not in known):
-                remove_tree(child)
-                removed.append(child.name)
-        return removed
+        """Staging dirs and row-less entry dirs that are not complete (see repair.py); under :meth:`writer`."""
+        from attnforge.cache.repair import remove_debris
+
+        return remove_debris(self)
 
     # -- sharing (see share.py) -----------------------------------------------------------------------------
 
@@ -364,6 +361,13 @@ class Store(StoreBase):
         from attnforge.cache.share import export
 
         return export(self, dest)
+
+    def repair(self) -> RepairResult:
+        """Rebuild ``cache.db`` from the artifacts on disk when it is damaged, and index row-less complete
+        entries (see repair.py)."""
+        from attnforge.cache.repair import repair
+
+        return repair(self)
 
     def verify(self) -> VerifyReport:
         """Re-hash every entry and re-check its key; quarantine what fails (see verify.py)."""

@@ -5,7 +5,9 @@ What it catches, and where each came from:
 - the row's key is not the sha256 of its recorded inputs (one flipped byte in ``cache.db`` can relabel a
   torch 2.12 build as 2.13: the key no longer matches, so the entry is refused before any install);
 - ``provenance.json`` is missing, unreadable, or disagrees with the row (an export would carry it);
-- a row that cannot be parsed at all, and SQLite's own ``PRAGMA quick_check``.
+- a row that cannot be parsed at all, and SQLite's own ``PRAGMA quick_check``;
+- a damaged, foreign or empty ``cache.db`` while entries lie on disk (the reader refuses it: the error's hint
+  is ``attnforge cache repair``), and entry directories that have no row (``unindexed``).
 
 Each bad entry is moved to quarantine (never deleted) unless the cache is read-only; then it is reported
 only. The same key and hash checks run on every :meth:`Store.get`, so an install never needs this first.
@@ -19,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnforge.cache._provenance import provenance_problem
+from attnforge.cache._provenance import PROVENANCE, provenance_problem
 from attnforge.cache.entry import Entry, entry_from_row
 from attnforge.cache.store import Store
 from attnforge.errors import CacheError
@@ -40,6 +42,9 @@ class VerifyReport:
     ok: tuple[str, ...]
     problems: tuple[Problem, ...]
     database: str  # "ok", or what PRAGMA quick_check said
+    #: entry directories on disk without a row (a lost index, a writer killed before its commit):
+    #: ``attnforge cache repair`` indexes them again
+    unindexed: tuple[str, ...] = ()
 
 
 def verify(store: Store) -> VerifyReport:
@@ -58,7 +63,7 @@ def verify(store: Store) -> VerifyReport:
         try:
             entry = entry_from_row(row, artifacts_dir=store.artifacts_dir, db_path=store.db_path)
         except CacheError as exc:
-            problems.append(_quarantine_row(store, str(row["key"]), str(row["filename"]), exc.message))
+            problems.append(quarantine_row(store, str(row["key"]), str(row["filename"]), exc.message))
             continue
         problem = entry.problem or store.integrity_problem(entry) or _provenance_problem(entry)
         if problem is None:
@@ -67,8 +72,10 @@ def verify(store: Store) -> VerifyReport:
         moved = None if store.read_only else str(store.quarantine(entry, problem))
         problems.append(Problem(key=entry.key, filename=entry.filename, problem=problem, moved_to=moved))
     database = "ok" if quick == ["ok"] else "; ".join(quick)[:2000]
+    indexed = {str(row["key"]).removeprefix("sha256:") for row in rows}
+    unindexed = tuple(d.name for d in store.entry_dirs() if d.name not in indexed and (d / PROVENANCE).is_file())
     return VerifyReport(root=str(store.root), checked=len(rows), ok=tuple(ok), problems=tuple(problems),
-                        database=database)
+                        database=database, unindexed=unindexed)
 
 
 def _provenance_problem(entry: Entry) -> str | None:
@@ -76,7 +83,7 @@ def _provenance_problem(entry: Entry) -> str | None:
                               filename=entry.filename, inputs=entry.inputs.to_json())
 
 
-def _quarantine_row(store: Store, key: str, filename: str, why: str) -> Problem:
+def quarantine_row(store: Store, key: str, filename: str, why: str) -> Problem:
     """A row too damaged to become an Entry: drop the row, move its directory (if it names one) aside."""
     if store.read_only:
         return Problem(key=key, filename=filename, problem=why, moved_to=None)

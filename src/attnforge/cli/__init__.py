@@ -6,8 +6,10 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -15,6 +17,7 @@ import click
 from attnforge import __version__
 from attnforge.cli._output import emit_error, emit_unexpected, set_output_mode
 from attnforge.errors import AttnforgeError, UsageError
+from attnforge.fetch.deadline import DEFAULT_BUDGET_S, NetDeadline, budget_from, command_deadline
 
 #: verb -> "module:attribute" of its click command; imported only when the verb runs (fast start-up).
 VERBS: dict[str, str] = {
@@ -26,6 +29,7 @@ VERBS: dict[str, str] = {
     "install": "attnforge.cli.install:command",
     "verify": "attnforge.cli.verify:command",
     "bench": "attnforge.cli.bench:command",
+    "warmup": "attnforge.cli.warmup:command",
     "cache": "attnforge.cli.cache:command",
     "cargo-env": "attnforge.cli.cargo_env:command",
     "fleet": "attnforge.cli.fleet:command",
@@ -55,22 +59,69 @@ def _module_exists(target: str) -> bool:
     return importlib.util.find_spec(target.partition(":")[0]) is not None
 
 
-#: Environment variables attnforge reads, shown at the end of ``attnforge --help``.
-ENVIRONMENT: tuple[tuple[str, str], ...] = (
-    ("ATTNFORGE_HOME", "cache and state directory (default: the user cache dir, ~/.cache/attnforge on Linux)"),
-    ("ATTNFORGE_AUTOTUNE", "attention() measures the verified backends on the first call of a shape class:"
-                           " on CUDA by default; 0 never, 1 also on CPU"),
-    ("GITHUB_API_URL", "GitHub API used to find prebuilt release wheels (GitHub Enterprise, mirrors)"),
-    ("GITHUB_TOKEN", "token for that API (higher rate limits); never printed or stored"),
-    ("CUDA_HOME / CUDA_PATH", "the CUDA toolkit builds use (else nvcc on PATH)"),
-    ("PIP_INDEX_URL, PIP_*, UV_*", "pip's and uv's own configuration, used for every install and index query"),
-    ("COLUMNS / NO_COLOR", "table width and colour of the human-readable output"),
-    ("ATTNFORGE_PROBE_SNAPSHOT", "fleet: a node with it set reports this `probe --json` file instead of probing"),
-    ("ATTNFORGE_INDEX_USER", "fleet build: upload user name of an index server (pypiserver, devpi)"),
-    ("ATTNFORGE_INDEX_PASSWORD", "fleet build: its password; never printed"),
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnvVar:
+    """One environment variable attnforge reads: its name, what it does, its default."""
+
+    name: str
+    meaning: str
+    default: str = "unset"
+
+
+#: Every environment variable attnforge reads, shown at the end of ``attnforge --help``. Every ``ATTNFORGE_*``
+#: name in the source must be here (tests/cli/test_environment_table.py greps for them).
+ENVIRONMENT: tuple[EnvVar, ...] = (
+    EnvVar(name="ATTNFORGE_HOME", meaning="cache and state directory", default="the user cache dir, "
+           "~/.cache/attnforge on Linux"),
+    EnvVar(name="ATTNFORGE_AUTOTUNE", meaning="attention() measures the verified backends on the first call of "
+           "a shape class, off the calling thread: 0 never, 1 also on CPU", default="on CUDA only"),
+    EnvVar(name="TORCHINDUCTOR_CACHE_DIR", meaning="Flex's compile cache; yours wins",
+           default="$ATTNFORGE_HOME/compile/inductor"),
+    EnvVar(name="FLASH_ATTENTION_CUTE_DSL_*", meaning="FA4's compile cache: CACHE_ENABLED (default 1), CACHE_DIR "
+           "(default $ATTNFORGE_HOME/compile/flash-attn-cute); yours win"),
+    EnvVar(name="ATTNFORGE_NET_BUDGET_S", meaning="seconds one command may wait for the network in all (listings, "
+           "index pages, downloads' answers); a host or proxy that timed out is not asked again",
+           default=f"{DEFAULT_BUDGET_S:g}"),
+    EnvVar(name="ATTNFORGE_WHEEL_SOURCES", meaning="off: do not ask the known prebuilt-wheel sources (GitHub "
+           "releases, per-CUDA indexes); plan and install use the cache, --find-links and --index-url only",
+           default="on"),
+    EnvVar(name="ATTNFORGE_EXTRA_WHEEL_SOURCES", meaning="a wheel_sources.toml of a team's own sources, added to "
+           "the shipped ones (an equal id replaces one)"),
+    EnvVar(name="ATTNFORGE_NINJA_ORDER", meaning="0: builds run ninja's own order instead of the longest compile "
+           "units first", default="1"),
+    EnvVar(name="ATTNFORGE_PROBE_SNAPSHOT", meaning="fleet: a node with it set reports this `probe --json` file "
+           "instead of probing"),
+    EnvVar(name="ATTNFORGE_INDEX_USER", meaning="fleet build: upload user name of an index server (pypiserver, "
+           "devpi)", default="TWINE_USERNAME"),
+    EnvVar(name="ATTNFORGE_INDEX_PASSWORD", meaning="fleet build: its password; never printed",
+           default="TWINE_PASSWORD"),
+    EnvVar(name="GITHUB_API_URL", meaning="GitHub API used to find prebuilt release wheels (GitHub Enterprise, "
+           "mirrors)", default="https://api.github.com"),
+    EnvVar(name="GITHUB_TOKEN", meaning="token for that API (higher rate limits); never printed or stored"),
+    EnvVar(name="HTTPS_PROXY, HTTP_PROXY, NO_PROXY", meaning="proxies of every request attnforge makes itself, "
+           "read as pip reads them (either case)"),
+    EnvVar(name="CUDA_HOME / CUDA_PATH", meaning="the CUDA toolkit builds use", default="nvcc on PATH"),
+    EnvVar(name="PIP_INDEX_URL, PIP_*, UV_*", meaning="pip's and uv's own configuration, used for every install "
+           "and index query"),
+    EnvVar(name="COLUMNS / NO_COLOR", meaning="table width and colour of the human-readable output"),
 )
 
-EPILOG = "\b\nEnvironment:\n" + "\n".join(f"  {name:<26} {text}" for name, text in ENVIRONMENT) + (
+
+def _environment_help(rows: Sequence[EnvVar], width: int = 108) -> str:
+    """The table as lines click keeps as they are (``\\b``): name, then the meaning and default, wrapped."""
+    import textwrap
+
+    name_width = max(len(r.name) for r in rows)
+    lines = []
+    for row in rows:
+        default = "" if row.default == "unset" else f" (default: {row.default})"
+        text = textwrap.wrap(row.meaning + default, width - name_width - 4, break_on_hyphens=False)
+        lines.append(f"  {row.name:<{name_width}}  {text[0]}")
+        lines += [f"  {'':<{name_width}}  {more}" for more in text[1:]]
+    return "\n".join(lines)
+
+
+EPILOG = "\b\nEnvironment:\n" + _environment_help(ENVIRONMENT) + (
     "\n\n\b\nExit codes: 0 ok, 1 not possible on this machine (every reason is printed), 2 bad usage or input."
 )
 
@@ -98,7 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if moved:
         click.echo(f"note: {moved}", err=True)
     try:
-        result: Any = cli.main(args=args, prog_name="attnforge", standalone_mode=False)
+        # one network deadline for the whole command; its "waiting for ..." lines go to stderr
+        deadline = NetDeadline(budget_s=budget_from(os.environ), on_wait=_say_waiting)
+        with command_deadline(deadline):
+            result: Any = cli.main(args=args, prog_name="attnforge", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.exceptions.Abort as exc:
@@ -128,6 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # the last resort: a bug or an unforeseen fault, never a raw traceback
         return emit_unexpected(exc, argv=args)
     return int(result) if isinstance(result, int) else 0
+
+
+def _say_waiting(line: str) -> None:
+    click.echo(f"note: {line}", err=True)
 
 
 def _split_verbose(args: list[str]) -> tuple[list[str], bool]:

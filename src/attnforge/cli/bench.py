@@ -71,6 +71,7 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
     dev = current_device(device)
     catalog = load_catalog()
     store = open_records()
+    store.check_writable()  # before the work: the cells are stored there (names the file and the fix)
     verified = sorted(n for n, r in store.latest_verify(dev.key).items() if r.ok)
     chosen, baseline = choose_backends(backends, verified)
     dtype_name = _DTYPES[dtype] if dtype else ("bfloat16" if dev.type is DeviceType.CUDA else "float32")

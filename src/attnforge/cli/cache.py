@@ -1,4 +1,4 @@
-"""``attnforge cache``: list, show, rm, prune, export, import and verify the artifact store."""
+"""``attnforge cache``: list, show, rm, prune, export, import, verify and repair the artifact store."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from attnforge.errors import UsageError
 
 if TYPE_CHECKING:
     from attnforge.cache import Entry, Store
+    from attnforge.cache.repair import RepairResult
     from attnforge.cache.share import ExportResult, ImportResult
     from attnforge.cache.verify import VerifyReport
 
@@ -223,7 +224,44 @@ def verify(as_json: bool) -> int:
     """
     report = _store().verify()
     _emit("cache.verify", report, as_json, _print_verify)
-    return 1 if report.problems or report.database != "ok" else 0
+    return 1 if report.problems or report.database != "ok" or report.unindexed else 0
+
+
+@command.command("repair")
+@json_option
+def repair(as_json: bool) -> int:
+    """Rebuild cache.db from the artifacts on disk and start a new records.db if it is damaged.
+
+    A damaged, foreign or empty cache.db is moved aside (never deleted) and every artifact whose key and
+    sha256 still check out is indexed again: nothing is rebuilt. Artifacts that fail go to quarantine.
+    A damaged records.db is moved aside too (verify and bench results are re-measurable). Exit code 1 when
+    an artifact was quarantined.
+    """
+    from attnforge.records import open_records
+
+    store = _store()
+    result = store.repair()
+    records_moved = open_records().repair(store.now())
+    if as_json:
+        emit_json("cache.repair", {"result": result,
+                                   "records_moved_to": None if records_moved is None else str(records_moved)})
+    else:
+        _print_repair(console(), result, records_moved)
+    return 1 if result.quarantined else 0
+
+
+def _print_repair(out: Any, result: RepairResult, records_moved: Path | None) -> None:
+    if result.database_moved_to is not None:
+        out.print(f"cache.db was damaged ({result.damage}); moved to {result.database_moved_to}")
+    elif result.damage is not None:
+        out.print(f"cache.db was missing ({result.damage}); a new one was created")
+    out.print(f"indexed {len(result.indexed)} artifacts from disk, {result.kept} already indexed, "
+              f"{len(result.quarantined)} quarantined, in {result.root}")
+    for line in result.quarantined:
+        out.print(f"[red]quarantined[/red] {line}")
+    if records_moved is not None:
+        out.print(f"records.db was damaged; moved to {records_moved} (run `attnforge verify` and "
+                  "`attnforge bench` to measure again)")
 
 
 def _emit(kind: str, result: Any, as_json: bool, render: Callable[[Any, Any], None]) -> None:
@@ -261,3 +299,8 @@ def _print_verify(out: Any, report: VerifyReport) -> None:
     for p in report.problems:
         where = f"moved to {p.moved_to}" if p.moved_to else "left in place (read-only cache)"
         out.print(f"[red]bad[/red] {p.key[:19]} {p.filename}: {p.problem}; {where}")
+    if report.unindexed:
+        out.print(f"[red]unindexed[/red] {len(report.unindexed)} artifacts on disk have no row in cache.db: "
+                  f"{', '.join(d[:12] for d in report.unindexed[:5])}")
+    if report.unindexed or report.database != "ok":
+        out.print("hint: `attnforge cache repair` rebuilds the database from the artifacts on disk")

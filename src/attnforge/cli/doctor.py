@@ -17,6 +17,9 @@ def command(as_json: bool, snapshot_path: Path | None) -> int:
 
     Exit 0 when a GPU backend is ready, 1 when only the CPU fallback runs here.
     """
+    import os
+
+    from attnforge._system.compile_cache import ensure
     from attnforge.catalog import load_catalog
     from attnforge.records import open_records
     from attnforge.report.doctor import Status, doctor_report
@@ -24,15 +27,22 @@ def command(as_json: bool, snapshot_path: Path | None) -> int:
 
     snapshot = load_or_probe(snapshot_path)
     catalog = load_catalog()
-    store = open_records()
     key = snapshot.device_key()
-    report = doctor_report(snapshot, catalog, verified=store.latest_verify(key), bench=store.bench_records(key),
+    verified, bench, problem = open_records().read_or_empty(key)  # a damaged records.db: report without it
+    if problem is not None:
+        click.echo(f"warning: {problem.message}; the report goes on without records\ncause: {problem.cause}\n"
+                   f"hint: {problem.hint}", err=True)
+    report = doctor_report(snapshot, catalog, verified=verified, bench=bench,
                            build_blockers=build_blockers(snapshot, catalog))
+    caches = ensure(dict(os.environ))  # what attention() in a process started from here would use
     if as_json:
-        emit_json("doctor", {"device_key": key, "report": report, "snapshot": snapshot})
+        emit_json("doctor", {"device_key": key, "report": report, "snapshot": snapshot, "compile_caches": caches})
     else:
         from attnforge.report.render import render_doctor
 
-        render_doctor(console(), report, snapshot)
+        out = console()
+        render_doctor(out, report, snapshot)
+        out.print("JIT compile caches (FA4, FlexAttention): " + "; ".join(caches.lines())
+                  + (f" ({caches.note})" if caches.note else ""), highlight=False)
     gpu_ready = any(r.status is Status.READY and r.backend != "sdpa-math" for r in report.rows)
     return 0 if gpu_ready else 1

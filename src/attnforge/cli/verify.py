@@ -32,7 +32,6 @@ def command(backends: tuple[str, ...], device: str | None, seed: int, timeout_s:
     verified backend passed, 1 when one failed. Verdicts are stored for `attnforge doctor` and the dispatcher.
     """
     from attnforge.backends.registry import adapters
-    from attnforge.cache._db import check_root
     from attnforge.catalog import load_catalog
     from attnforge.catalog.tolerances import load_tolerances
     from attnforge.records import open_records
@@ -41,7 +40,7 @@ def command(backends: tuple[str, ...], device: str | None, seed: int, timeout_s:
     from attnforge.verify.run import run_verify
 
     store = open_records()
-    check_root(store.path.parent, write=True)  # before the work: the verdicts are stored there
+    store.check_writable()  # before the work: the verdicts are stored there (names the file and the fix)
     dev = current_device(device)
     out = console(stderr=True)
     with out.status(f"verifying on {dev.name}", spinner="dots"):

@@ -1,14 +1,20 @@
 """Measure on first use, by default on a GPU: the first call of a shape class nobody measured times the eligible
 verified candidates on its own tensors, stores the result, and later calls and processes reuse it.
 
-The ``torch.backends.cudnn.benchmark`` model, with what it lacks: the result persists (the record store, under
-this device's key and each backend's installed version, ``run_id`` ``autotune-...``), the decision survives
-noise (:mod:`attnforge.ranking`), and the output never changes (only verified backends are candidates).
+The ``torch.backends.cudnn.benchmark`` model, with what it lacks: the result persists (the record store, under this
+device's key and each backend's installed version, ``run_id`` ``autotune-...``), the decision survives noise
+(:mod:`attnforge.ranking`), and the output never changes (only verified backends are candidates).
 
-When: the dispatcher first decides a call whose shape class has an eligible backend without a measurement for
-the installed version (or a quantized one held back only for lack of one). Shape classes bucket lengths to
-powers of two (:class:`attnforge.types.shapes.ShapeClass`), so a decode loop with a growing KV cache, or varlen
-batches, measure a handful of classes, not one per length; a class is measured once per process.
+When: the dispatcher first decides a call whose shape class has an eligible backend without a measurement for the
+installed version (or a quantized one held back only for lack of one). By default the measurement runs off the
+calling thread (:mod:`attnforge.dispatch.background`, issue 30): the class is served meanwhile by its current best
+(:func:`provisional`: the recorded choice, else plain SDPA), candidates compile and are timed on the worker, and
+the class switches to the measured winner when the records are written (the dispatcher's routes are dropped then).
+No call waits for a compile or a timing. ``autotune(background=False)`` measures inside the first call instead
+(``attnforge warmup`` does, deliberately); leaving an ``autotune()`` context waits for the measurements started in
+it. Code about to capture a CUDA graph holds the worker (:func:`quiet`). Shape classes bucket lengths to powers of
+two (:class:`attnforge.types.shapes.ShapeClass`), so a decode loop with a growing KV cache, or varlen batches,
+measure a handful of classes, not one per length; a class is measured once per process.
 
 Where it is on:
 
@@ -18,27 +24,31 @@ Where it is on:
 - never while ``torch.compile`` traces or a CUDA graph captures (the recorded choice or plain SDPA serves).
 
 What is timed: exactly the route that will serve the call (:func:`attnforge.backends.bound.bound_call`, the same
-layout, strides, arguments and wrapper), in interleaved rounds through the one harness
-(:func:`attnforge.bench.timing.measure`, CUDA events, the L2 flushed before each repetition when the call's
-tensors fit in it), within ``budget_s`` of repetitions per class. The timing runs leave the caller's tensors
-untouched (backward runs on detached copies with ``autograd.grad``, so nothing accumulates in ``.grad``), and
-the output returned to the caller is computed afterwards by the route the policy then chooses.
+layout, strides, arguments and wrapper), as the model issues it: in interleaved rounds through the one harness
+(:func:`attnforge.bench.timing.measure`), each repetition the wall time of calls back to back between two
+synchronizes (:attr:`~attnforge.bench.timing.TimerMethod.BACK_TO_BACK`: the host's cost per call is in it, so a
+kernel shorter than its own launch does not beat SDPA), within ``budget_s`` of repetitions per class. The timing
+runs leave the caller's tensors untouched (backward runs on detached copies with ``autograd.grad``, so nothing
+accumulates in ``.grad``), and the output returned to the caller is computed afterwards by the route the policy
+then chooses.
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import os
 import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from attnforge.backends.adapter import AttentionCall, BackendAdapter
 from attnforge.backends.exact import EXACT
+from attnforge.dispatch import background
 from attnforge.dispatch.policy import FALLBACK, Decision, class_of_call, shape_of_call
 from attnforge.records import BenchRecord
 
@@ -59,11 +69,16 @@ class AutotuneConfig:
         rounds: interleaved rounds per candidate (the MAD of their medians is the noise that
             :mod:`attnforge.ranking` weighs; five, so two slow rounds cannot move it).
         clock: seconds, monotonic (a fake clock in tests).
+        background: measure on the worker thread while the class's current best serves (True), or inside the
+            first call (False).
     """
 
     budget_s: float = 1.0
     rounds: int = 5
     clock: Callable[[], float] = time.perf_counter
+    background: bool = True
+
+
 
 
 DEFAULT = AutotuneConfig()
@@ -85,17 +100,19 @@ class Tunable(Protocol):
 
 
 @contextmanager
-def autotune(*, budget_s: float = 1.0, rounds: int = 5,
-             clock: Callable[[], float] = time.perf_counter) -> Iterator[AutotuneConfig]:
+def autotune(*, budget_s: float = 1.0, rounds: int = 5, clock: Callable[[], float] = time.perf_counter,
+             background: bool = True) -> Iterator[AutotuneConfig]:
     """Measure unmeasured shape classes on first use inside this context, on any device (see the module
     docstring; on CUDA it is on by default, this sets the budget). ``ATTNFORGE_AUTOTUNE=0`` still wins.
+    Leaving the context waits for the measurements started in it.
 
     Args:
         budget_s: seconds of timed repetitions per shape class, all candidates together.
         rounds: interleaved rounds per candidate.
         clock: the timer on a CPU (tests pass a fake one).
+        background: measure off the calling thread (the default) or inside the first call.
     """
-    config = AutotuneConfig(budget_s=budget_s, rounds=max(1, rounds), clock=clock)
+    config = AutotuneConfig(budget_s=budget_s, rounds=max(1, rounds), clock=clock, background=background)
     token = _ACTIVE.set(config)
     try:
         from attnforge.dispatch import runtime
@@ -104,6 +121,20 @@ def autotune(*, budget_s: float = 1.0, rounds: int = 5,
         yield config
     finally:
         _ACTIVE.reset(token)
+        background_wait()
+
+
+def background_wait(timeout_s: float | None = None) -> bool:
+    """Block until the measurements queued so far are done (records written, classes switched); False when
+    ``timeout_s`` passed first."""
+    return background.WORKER.wait(timeout_s)
+
+
+def quiet() -> AbstractContextManager[None]:
+    """A context in which no measurement step runs on the worker thread (it waits for the running step, which
+    may be a candidate's compile): for code about to capture a CUDA graph, which another thread's synchronize
+    would invalidate."""
+    return background.WORKER.hold()
 
 
 def active(device_type: str = "cuda") -> AutotuneConfig | None:
@@ -156,21 +187,69 @@ def wanted(dispatcher: Tunable, decision: Decision, call: AttentionCall, device_
 def first_use(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionCall, decision: Decision,
               device_key: str, bind: Callable[[BackendAdapter], Callable[..., Any]], bhsd: tuple[Any, Any, Any],
               store: Callable[[], Any], versions: Callable[[], Mapping[str, str | None]]) -> bool:
-    """Measure a just-decided class on its first call when measuring is on here (:func:`active`), nothing
-    captures (:func:`capturing`) and :func:`wanted` says so; True when it measured (decide again then).
-    ``store`` and ``versions`` are called only then. Arguments otherwise as :func:`tune`."""
+    """Measure a just-decided class when measuring is on here (:func:`active`), nothing captures
+    (:func:`capturing`) and :func:`wanted` says so: inside the call, or queued on the worker thread (the
+    dispatcher's decisions are dropped then, and the class decides to :func:`provisional` until the worker
+    refreshes it). True when it did either: decide the class again. ``store`` and ``versions`` are called only
+    then, on the calling thread. Arguments otherwise as :func:`tune`."""
     config = active(tensors[0].device.type)
     if config is None or capturing() or not wanted(dispatcher, decision, call, device_key):
         return False
-    tune(dispatcher, tensors, call=call, decision=decision, device_key=device_key, bind=bind, bhsd=bhsd,
-         store=store(), config=config, versions=versions())
+    if not config.background:
+        tune(dispatcher, tensors, call=call, decision=decision, device_key=device_key, bind=bind, bhsd=bhsd,
+             store=store(), config=config, versions=versions())
+        return True
+    key = _mark_tuned(dispatcher, call, device_key)
+    copies, ready = background.snapshot(tensors)
+    quantized = any(bool(getattr(getattr(a, "caps", None), "quantized", False))
+                    for n in candidates(decision) if (a := dispatcher.adapters.get(n)) is not None)
+    views = background.snapshot(bhsd)[0] if quantized else copies
+    records, known = store(), versions()
+
+    def job(checkpoint: Callable[[], None]) -> None:
+        scope, sync = background.stream_scope(copies[0].device)
+        with scope:
+            if ready is not None:
+                import torch
+
+                torch.cuda.current_stream().wait_event(ready)
+            tune(dispatcher, copies, call=call, decision=decision, device_key=device_key, bind=bind, bhsd=views,
+                 store=records, config=config, versions=known, sync=sync, between=checkpoint)
+
+    background.WORKER.submit((id(dispatcher), *key), job)
+    dispatcher.forget_decisions()  # the class is decided again, to provisional() while pending
     return True
+
+
+def provisional(decision: Decision) -> Decision:
+    """What serves a class while it is measured off the calling thread: its leader when that one was measured
+    for the class (the recorded choice), else plain SDPA when it may serve the call, else the decision as it is
+    (only the exact math or a kernel for a feature SDPA lacks can serve it). Never a candidate that may still
+    have to compile."""
+    measured = decision.ranking.measurements if decision.ranking is not None else {}
+    if not decision.order or decision.order[0] in measured or FALLBACK not in decision.order:
+        return decision
+    why = dict(zip(decision.order, decision.basis, strict=False))
+    why[FALLBACK] = f"serves while the class is measured off the calling thread; before: {why.get(FALLBACK, '')}"
+    order = (FALLBACK, *(n for n in decision.order if n != FALLBACK))
+    return dataclasses.replace(decision, order=order, basis=tuple(why.get(n, "") for n in order))
+
+
+def pending(dispatcher: Tunable, call: AttentionCall, device_key: str) -> bool:
+    """Whether the class of ``call`` is being measured off the calling thread now."""
+    return background.WORKER.pending((id(dispatcher), device_key, str(class_of_call(call)), call.precision))
+
+
+def _mark_tuned(dispatcher: Tunable, call: AttentionCall, device_key: str) -> tuple[str, str, str]:
+    key = (device_key, str(class_of_call(call)), call.precision)
+    _TUNED.setdefault(dispatcher, set()).add(key)
+    return key
 
 
 def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionCall, decision: Decision,
          device_key: str, bind: Callable[[BackendAdapter], Callable[..., Any]], bhsd: tuple[Any, Any, Any],
-         store: Any, config: AutotuneConfig = DEFAULT,
-         versions: Mapping[str, str | None] | None = None) -> list[BenchRecord]:
+         store: Any, config: AutotuneConfig = DEFAULT, versions: Mapping[str, str | None] | None = None,
+         sync: Callable[[], None] | None = None, between: Callable[[], None] = lambda: None) -> list[BenchRecord]:
     """Time the candidates on the caller's tensors, store the results and refresh the dispatcher.
 
     Args:
@@ -182,24 +261,23 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
         bhsd: ``q [B, Hq, Sq, D]``, ``k``, ``v`` views, for the error of a quantized candidate.
         store: a record store with ``add_bench`` (results are kept in this process only without one).
         config: budgets; versions: installed version per backend id (kept with each record).
+        sync: waits for the work timed (the device's synchronize when None; the worker's stream on the worker).
+        between: called between two candidates' rounds (the worker's checkpoint).
 
     Returns:
         The new records (a candidate that raises while timed gets none; the policy treats it as before).
     """
-    from attnforge.bench.timing import TimerMethod, TimingConfig, combine_rounds, flush_bytes, measure
+    from attnforge.bench.timing import TimerMethod, TimingConfig, combine_rounds, measure
 
-    _TUNED.setdefault(dispatcher, set()).add((device_key, str(class_of_call(call)), call.precision))
+    _mark_tuned(dispatcher, call, device_key)
     names = candidates(decision)
     special = {FALLBACK: dispatcher.fallback, EXACT: dispatcher.exact}
     adapters = {n: special[n] if n in special else dispatcher.adapters[n] for n in names}
     share_ms = config.budget_s * 1e3 / max(1, len(adapters) * config.rounds)
-    q = tensors[0]
-    cuda = q.device.type == "cuda"
     timing = TimingConfig(warmup_ms=share_ms / 4, rep_ms=share_ms, min_reps=3, max_reps=MAX_REPS,
-                          method=TimerMethod.CUDA_EVENTS if cuda else TimerMethod.PERF_COUNTER, rounds=config.rounds)
-    flush = flush_bytes(sum(t.numel() * t.element_size() for t in tensors)) if cuda else 0
-    sync = _sync(cuda)
-    steps = {n: _step(bind(a), tensors, grad=call.needs_grad) for n, a in adapters.items()}
+                          method=TimerMethod.BACK_TO_BACK, rounds=config.rounds)
+    sync = sync if sync is not None else device_sync(tensors[0].device.type == "cuda")
+    steps = {n: step_of(bind(a), tensors, grad=call.needs_grad) for n, a in adapters.items()}
     rounds: dict[str, list[Any]] = {n: [] for n in adapters}
     deadline = float("inf")  # set after the first round, whose first calls may compile (FlexAttention, FA4's JIT)
     for r in range(config.rounds):
@@ -211,9 +289,9 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
         for name in order:
             if name not in rounds:
                 continue
+            between()
             try:
-                rounds[name].append(measure(steps[name], sets=1, config=timing, sync=sync, clock=config.clock,
-                                            flush_bytes=flush))
+                rounds[name].append(measure(steps[name], sets=1, config=timing, sync=sync, clock=config.clock))
             except Exception:  # a candidate that raises is not measured; the policy keeps its own view of it
                 del rounds[name]
     records = _records(rounds, adapters, bhsd, call=call, device_key=device_key, combine=combine_rounds,
@@ -250,7 +328,7 @@ def _records(rounds: Mapping[str, list[Any]], adapters: Mapping[str, BackendAdap
     return out
 
 
-def _step(fn: Callable[..., Any], tensors: tuple[Any, Any, Any], *, grad: bool) -> Callable[[int], object]:
+def step_of(fn: Callable[..., Any], tensors: tuple[Any, Any, Any], *, grad: bool) -> Callable[[int], object]:
     """One timed call of the bound route on the caller's tensors: forward under ``no_grad``, or forward +
     ``autograd.grad`` on detached copies with the same strides (the caller's tensors and ``.grad`` stay
     untouched)."""
@@ -274,7 +352,8 @@ def _step(fn: Callable[..., Any], tensors: tuple[Any, Any, Any], *, grad: bool) 
     return fwd_bwd
 
 
-def _sync(cuda: bool) -> Callable[[], None]:
+def device_sync(cuda: bool) -> Callable[[], None]:
+    """What waits for the timed work: the device's synchronize on a GPU, nothing on a CPU."""
     if cuda:
         import torch
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import threading
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,8 +23,10 @@ from attnforge.backends.adapter import (
 from attnforge.backends.bound import Bound, bound_call
 from attnforge.backends.exact import EXACT, ExactAdapter
 from attnforge.backends.registry import installed_versions
-from attnforge.dispatch import autotune, features
+from attnforge.dispatch import autotune, features, insitu
 from attnforge.dispatch.explanation import Explanation
+from attnforge.dispatch.failures import FailureMemory, class_key, failure_signature, without_skipped
+from attnforge.dispatch.inputs import check_flag
 from attnforge.dispatch.inputs import validate as _validate
 from attnforge.dispatch.policy import (
     FALLBACK,
@@ -36,8 +37,9 @@ from attnforge.dispatch.policy import (
     forced_decision,
     measurements,
 )
+from attnforge.dispatch.state import runtime_records
 from attnforge.errors import DispatchError
-from attnforge.records import BenchRecord, VerifyRecord, device_key, open_records
+from attnforge.records import BenchRecord, VerifyRecord, device_key
 
 _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnforge_forced_backend", default=None)
 
@@ -47,9 +49,10 @@ ROUTES_MAX = 4096
 #: one backend of a route: the adapter, and the call bound to the signature: ``fn(q, k, v)`` on the caller's
 #: tensors, in the caller's layout (:func:`attnforge.backends.bound.bound_call`)
 Step = tuple[BackendAdapter, Bound]
-#: the backends to try in order, the exact math last (:meth:`Dispatcher.serve`), and the call whose shape class
-#: a backend that raises is disabled for (named only then: :func:`~attnforge.dispatch.policy.failure_class`)
-Route = tuple[tuple[Step, ...], AttentionCall | None]
+#: the backends to try in order, the exact math last (:meth:`Dispatcher.serve`); the call, and its scale and
+#: feature keywords: what a backend that raises is skipped for (turned into a signature only then:
+#: :func:`~attnforge.dispatch.failures.failure_signature`)
+Route = tuple[tuple[Step, ...], AttentionCall | None, tuple[float | None, Mapping[str, Any] | None]]
 
 
 class RecordSource(Protocol):
@@ -73,7 +76,7 @@ class Dispatcher:
         adapters: backends by catalog id (the registry's when None); the SDPA fallback is separate.
         fallback: the adapter of last resort (unforced SDPA when None).
         priorities: catalog priority per id (from the adapters' capabilities when None).
-        records: verify/bench source (``RecordStore($ATTNFORGE_HOME)``, opened on first use, when None).
+        records: verify/bench source (``state.runtime_records()``, never raising, opened on first use, when None).
     """
 
     def __init__(self, adapters: Mapping[str, BackendAdapter] | None = None, *,
@@ -96,8 +99,10 @@ class Dispatcher:
         self._versions: dict[str, str | None] | None = None
         self._generation = 0  # bumped whenever plans and routes are dropped
         self.exact: BackendAdapter = ExactAdapter()
-        #: backends that raised at run time: name -> {shape class: the error's first line}
-        self.broken: dict[str, dict[str, str]] = {}
+        #: backends that raised at run time: skipped per call signature (``demoted``), per shape class past a
+        #: few signatures of it (``broken``: name -> {shape class: the error's first line})
+        self.failures = FailureMemory()
+        self.broken, self.demoted = self.failures.broken, self.failures.demoted
         #: exact shapes seen per shape class (a class with many is dynamic: no per-shape JIT kernel for it)
         self._shapes_seen: dict[str, set[tuple[int, ...]]] = {}
 
@@ -113,7 +118,7 @@ class Dispatcher:
 
     def _source(self) -> RecordSource:
         if self._records is None:
-            self._records = open_records()
+            self._records = runtime_records()
         return self._records
 
     def _device(self, device: torch.device) -> _Device:
@@ -147,6 +152,8 @@ class Dispatcher:
               head_dim_v: int | None = None) -> tuple[Decision, tuple[BackendAdapter, ...], bool]:
         """The decision for the call class of bhsd ``q``/``k`` (cached per class), its adapters in order, and
         whether it was decided just now (only then may measure-on-first-use run for it)."""
+        if forced is not None and forced.__class__ is not str:
+            self.adapter(forced)  # raises: not a backend name (and unhashable as a key)
         _, hq, sq, d = q.shape
         _, hkv, sk, _ = k.shape
         # the call class: everything unsupported_reasons looks at; (n - 1).bit_length() is bench's S bucket
@@ -156,7 +163,7 @@ class Dispatcher:
         if plan is None:
             generation = self._generation
             if not q.is_floating_point():
-                raise DispatchError(f"attention needs floating-point tensors, got {q.dtype}")
+                raise DispatchError(f"attention needs floating-point tensors, got {q.dtype}", hint="q.float()")
             call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
                                  head_dim_v=head_dim_v)
             dev_key = self._device(q.device).key
@@ -177,6 +184,8 @@ class Dispatcher:
         forced backend that cannot serve the call; nothing is remembered then.
         """
         qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+        causal = check_flag("causal", causal)
+        scale = None if scale is None else float(scale)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         generation = self._generation
         route = self._plain_route(qh, kh, vh, causal=causal, scale=scale, precision=precision,
@@ -197,7 +206,8 @@ class Dispatcher:
         bound to its causal flag, scale, shapes and the caller's layout; a zero-sized call's route is the exact
         math: no kernel ever sees one (SIGFPE in some)."""
         if features.is_empty(q, k) or v.shape[3] == 0:
-            return ((self.exact, bound_call(self.exact, None, causal=causal, scale=scale, bshd=bshd)),), None
+            exact = bound_call(self.exact, None, causal=causal, scale=scale, bshd=bshd)
+            return ((self.exact, exact),), None, (scale, None)
         dv = v.shape[3] if v.shape[3] != q.shape[3] else None
         uses = frozenset(("dv",)) if dv else frozenset()
         caller = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) if bshd else (q, k, v)
@@ -224,14 +234,17 @@ class Dispatcher:
     def _bind(self, adapters: tuple[BackendAdapter, ...], call: AttentionCall, *, causal: bool,
               scale: float | None, bshd: bool, forced: str | None, decision: Decision,
               opts: Mapping[str, Any] | None = None) -> Route:
-        """The decided backends bound to the call; the exact math ends every unforced route (the one last
-        resort, :meth:`serve`)."""
+        """The decided backends bound to the call, less those that raised on its signature before (unforced);
+        the exact math ends every unforced route (the one last resort, :meth:`serve`)."""
         if forced and not adapters:
             features.raise_forced(forced, decision)
+        if not forced and self.demoted:
+            skipped = self.failures.skipped(failure_signature(call, scale, opts))
+            adapters = tuple(a for a in adapters if a.name not in skipped)
         if not forced and (not adapters or adapters[-1] is not self.exact):
             adapters = (*adapters, self.exact)
         steps = tuple((a, bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts)) for a in adapters)
-        return steps, call
+        return (steps if forced else insitu.sampled(self, steps, call, decision)), call, (scale, opts)
 
     def decide_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, *, causal: bool,
                     precision: str, needs_grad: bool, forced: str | None, uses: frozenset[str],
@@ -293,15 +306,15 @@ class Dispatcher:
         verified, bench = self._records_for(dev_key)
         measured = measurements(bench, class_of_call(call))
         tflops = {name: m.tflops for name, m in measured.items()}
-        cls = failure_class(call)
-        with self._lock:  # another thread may be marking a backend broken
-            broken = {name: by_class[cls] for name, by_class in self.broken.items() if cls in by_class}
+        broken = self.failures.broken_in(class_key(call))
         seen = len(self._shapes_seen.get(failure_class(dataclasses.replace(call, causal=False)), ()))
         _, refused = features.admit(call, self.adapters, tflops=tflops, shapes_seen=seen, verified=verified,
                                      fallback=self.fallback)
         decision = decide(call, self.adapters, priorities=self.priorities, verified=verified, measured=measured,
                           broken=broken)
-        return features.close_with_fallback(decision, call, self.fallback, refused, measured)
+        decision = features.close_with_fallback(decision, call, self.fallback, refused, measured)
+        decision = insitu.annotate(self, decision, call)
+        return autotune.provisional(decision) if autotune.pending(self, call, dev_key) else decision
 
     def adapter(self, name: str) -> BackendAdapter:
         """The adapter of backend id ``name`` (``"sdpa"``: the fallback; ``"exact"``: the exact math).
@@ -313,24 +326,27 @@ class Dispatcher:
             return self.fallback
         if name == EXACT:
             return self.exact
-        adapter = self.adapters.get(name)
+        adapter = self.adapters.get(name) if isinstance(name, str) else None
         if adapter is None:
             known = ", ".join(sorted([*self.adapters, FALLBACK, EXACT]))
             raise DispatchError(f"unknown attention backend {name!r}", hint=f"known backends: {known}")
         return adapter
 
     def explain(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
-                backend: str | None, uses: frozenset[str] = frozenset(),
-                head_dim_v: int | None = None) -> Explanation:
-        """The decision for bhsd tensors, as an :class:`Explanation` (see :func:`explain`)."""
+                backend: str | None, uses: frozenset[str] = frozenset(), head_dim_v: int | None = None,
+                scale: float | None = None, opts: Mapping[str, Any] | None = None) -> Explanation:
+        """The decision for bhsd tensors, as an :class:`Explanation` (see :func:`explain`), less the backends
+        that raised on the signature of a call with ``scale`` and feature keywords ``opts`` (as :meth:`_bind`)."""
         forced = backend or _FORCED.get()
         call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
                              head_dim_v=head_dim_v)
         dev_key = self._device(q.device).key
         decision = forced_decision(call, forced, self.adapter(forced)) if forced else self._decide(call, dev_key)
+        skipped = {} if forced else self.failures.skipped(failure_signature(call, scale, opts))
+        order, basis, rejected, notes = without_skipped(decision, skipped, None if forced else EXACT)
         return Explanation(call=call, device=dev_key, shape_class=str(class_of_call(call)),
-                           chosen=decision.order[0] if decision.order else None, forced=forced is not None,
-                           order=decision.order, basis=decision.basis, rejected=decision.rejected)
+                           chosen=order[0] if order else None, forced=forced is not None, order=order,
+                           basis=basis, rejected=rejected, notes=notes)
 
     # -- running ----------------------------------------------------------------------------------------
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float | None,
@@ -349,9 +365,9 @@ class Dispatcher:
     def serve(self, route: Route, q: Any, k: Any, v: Any, forced: str | None) -> Any:
         """Run ``route`` on the caller's tensors. The one rule for plain and featured calls alike
         (docs/dispatch-policy.md): the first backend that does not raise serves the call; an unforced backend
-        that raises is disabled for the call's shape class (:meth:`_mark_broken`) and the next one serves; the
-        last one's error (the exact math's, or a forced backend's) reaches the caller, and so does running out
-        of memory (a fallback would need more still)."""
+        that raises is skipped for the call's signature (:meth:`_demote`) and the next one serves; the last
+        one's error (the exact math's, or a forced backend's) reaches the caller, and so does running out of
+        memory (a fallback would need more still)."""
         steps = route[0]
         try:  # the first backend serves nearly every call: no loop on the hot path
             return steps[0][1](q, k, v)
@@ -360,7 +376,7 @@ class Dispatcher:
         except Exception as exc:
             if forced or len(steps) == 1:
                 raise
-            self._mark_broken(steps[0][0].name, exc, failure_class(route[1]))
+            self._demote(steps[0][0].name, exc, route)
         last = len(steps) - 1
         for i in range(1, len(steps)):
             adapter, fn = steps[i]
@@ -371,7 +387,7 @@ class Dispatcher:
             except Exception as exc:
                 if i == last:
                     raise
-                self._mark_broken(adapter.name, exc, failure_class(route[1]))
+                self._demote(adapter.name, exc, route)
         raise AssertionError("unreachable: the last backend returned or raised")
 
     def forget_decisions(self) -> None:
@@ -382,18 +398,13 @@ class Dispatcher:
             self._plans.clear()
             self.routes.clear()
 
-    def _mark_broken(self, name: str, exc: Exception, cls: str) -> None:
-        """Disable ``name`` for shape class ``cls`` for the rest of the process, with one warning line."""
-        error = features.one_line(exc)
-        with self._lock:
-            by_class = self.broken.setdefault(name, {})
-            if cls in by_class:
-                return
-            by_class[cls] = error
-            self._generation += 1
-            self._plans.clear()
-            self.routes.clear()
-        warnings.warn(f"attnforge: attention backend {name!r} raised {error}; it is skipped for shape class"
-                      f" {cls} for the rest of this process and the next backend serves the call",
-                      RuntimeWarning, stacklevel=4)
-
+    def _demote(self, name: str, exc: Exception, route: Route) -> None:
+        """Skip ``name`` for the signature of ``route``'s call, or its shape class (the rule and the warning:
+        :meth:`FailureMemory.demote`); the routes are rebuilt, and the plans when a class lost it."""
+        outcome = self.failures.demote(name, exc, route[1], *route[2])
+        if outcome is not None:
+            with self._lock:
+                self._generation += 1
+                self.routes.clear()
+                if outcome == "class":
+                    self._plans.clear()

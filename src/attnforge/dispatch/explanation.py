@@ -21,6 +21,8 @@ class Explanation:
         order: every backend that would be tried, in order (later ones serve if earlier ones raise).
         basis: for each entry of ``order``, why it stands there.
         rejected: every backend that will not be tried, with all its reasons.
+        notes: what happened in this process that changed the order (a backend that raised on this call
+            signature, and which one serves it instead).
     """
 
     call: AttentionCall
@@ -31,6 +33,7 @@ class Explanation:
     order: tuple[str, ...]
     basis: tuple[str, ...]
     rejected: tuple[Rejection, ...]
+    notes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         c = self.call
@@ -43,7 +46,8 @@ class Explanation:
             dv = f"; Dv={c.head_dim_v}" if c.head_dim_v is not None else ""
             lines.append(f"  features: {', '.join(sorted(needed))}{dv}")
         if self.chosen is None:
-            lines.append("  forced backend cannot serve this call")
+            lines.append("  forced backend cannot serve this call" if self.forced else "  no backend serves this call")
+        lines.extend(f"  note: {note}" for note in self.notes)
         for i, (name, why) in enumerate(zip(self.order, self.basis, strict=True)):
             label = ("forced" if self.forced else "chosen") if i == 0 else "then"
             lines.append(f"  {label:7} {name}: {why}")

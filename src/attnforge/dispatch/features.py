@@ -19,9 +19,18 @@ from typing import TYPE_CHECKING, Any
 from attnforge.backends.adapter import AttentionCall, BackendAdapter, required_features, supported_features
 from attnforge.backends.exact import EXACT
 from attnforge.dispatch.inputs import (
+    bound_window,
+    check_dropout,
+    check_dtypes,
+    check_flag,
     check_heads,
+    check_index_tensor,
     check_mask,
+    check_max_seqlen,
+    check_offsets,
+    check_scale,
     check_sinks,
+    check_softcap,
     check_window,
     refuse_nested_or_packed,
     validate,
@@ -142,6 +151,7 @@ class Prepared:
         head_dim_v: Dv when it differs from D.
         opts: the feature keywords every backend in the order gets.
         causal, needs_grad: as the call.
+        scale: the checked softmax scale (a float, or None for ``1/sqrt(D)``).
     """
 
     q: Any
@@ -154,6 +164,7 @@ class Prepared:
     opts: dict[str, Any]
     causal: bool
     needs_grad: bool
+    scale: float | None = None
 
 
 def attention(q: Any, k: Any, v: Any, *, layout: str, backend: str | None, precision: str,
@@ -162,7 +173,7 @@ def attention(q: Any, k: Any, v: Any, *, layout: str, backend: str | None, preci
     from attnforge.dispatch import runtime
 
     call = prepare(q, k, v, layout=layout, precision=precision, scale=scale, **kwargs)
-    out = _serve(runtime.get_dispatcher(), call, scale=scale, backend=backend, precision=precision)
+    out = _serve(runtime.get_dispatcher(), call, scale=call.scale, backend=backend, precision=precision)
     if layout == "bshd" and "varlen" not in call.uses:
         return (out[0].transpose(1, 2), out[1]) if "lse" in call.uses else out.transpose(1, 2)
     return out
@@ -176,32 +187,41 @@ def prepare(
     layout: str = "bhsd", precision: str = "exact", is_causal: bool | None = None, block_table: Any = None,
     seqused_k: Any = None,
 ) -> Prepared:
-    """Check a call's arguments and name its features; raises :class:`DispatchError` for bad input."""
-    if is_causal is not None:
-        if causal and not is_causal:
-            raise DispatchError("causal=True and is_causal=False disagree", hint="pass one of them")
-        causal = bool(is_causal)
+    """Check a call's arguments and name its features; raises :class:`DispatchError` for bad input.
+
+    ``is_causal=True`` is SDPA's: causal, aligned top-left (``causal=True, causal_alignment="top_left"``);
+    ``causal=True`` keeps FlashAttention's bottom-right alignment (or ``causal_alignment``'s). Passing both
+    ``causal=True`` and ``is_causal`` is refused unless they agree (``is_causal=True`` with
+    ``causal_alignment="top_left"``).
+    """
+    causal = check_flag("causal", causal)
+    enable_gqa = check_flag("enable_gqa", enable_gqa)
+    return_lse = check_flag("return_lse", return_lse)
     if causal_alignment not in ALIGNMENTS:
         raise DispatchError(f"unknown causal_alignment {causal_alignment!r}",
                             hint="use 'bottom_right' (FlashAttention) or 'top_left' (SDPA's is_causal)")
+    if is_causal is not None:
+        is_causal = check_flag("is_causal", is_causal)
+        if causal and not (is_causal and causal_alignment == "top_left"):
+            raise DispatchError(f"causal=True and is_causal={is_causal} disagree: causal aligns bottom-right"
+                                " (FlashAttention), is_causal top-left (SDPA)",
+                                hint="pass one of them (is_causal=True is causal=True,"
+                                     " causal_alignment='top_left')")
+        if is_causal:
+            causal, causal_alignment = True, "top_left"
+    scale = check_scale(scale)
     refuse_nested_or_packed(q, k, v, packed=False)
     uses: set[str] = set()
     opts: dict[str, Any] = {}
+    dropout_p = check_dropout(dropout_p)
     if dropout_p:
-        if not 0.0 < dropout_p < 1.0:
-            raise DispatchError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
         uses.add("dropout")
-        opts["dropout_p"] = float(dropout_p)
-    if window is not None:
-        window = check_window(window)
-        if window != (None, None):
-            uses.add("window")
-            opts["window"] = window
+        opts["dropout_p"] = dropout_p
+    sides = check_window(window) if window is not None else None
+    softcap = check_softcap(softcap)
     if softcap:
-        if not softcap > 0:
-            raise DispatchError(f"softcap must be positive, got {softcap!r}", hint="pass None to turn it off")
         uses.add("softcap")
-        opts["softcap"] = float(softcap)
+        opts["softcap"] = softcap
     if return_lse:
         uses.add("lse")
         opts["return_lse"] = True
@@ -211,22 +231,34 @@ def prepare(
                                 hint="seqused_k gives each sequence's length in its pages")
         return _paged(q, k, v, block_table=block_table, seqused_k=seqused_k, layout=layout, precision=precision,
                       scale=scale, uses=uses, opts=opts, causal=causal, alignment=causal_alignment,
-                      enable_gqa=enable_gqa, sinks=sinks)
+                      enable_gqa=enable_gqa, sinks=sinks, window=sides)
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
         return _varlen(q, k, v, uses=uses, opts=opts, attn_mask=attn_mask, causal=causal,
                        alignment=causal_alignment, enable_gqa=enable_gqa, sinks=sinks, cu_q=cu_seqlens_q,
-                       cu_k=cu_seqlens_k, max_q=max_seqlen_q, max_k=max_seqlen_k)
+                       cu_k=cu_seqlens_k, max_q=max_seqlen_q, max_k=max_seqlen_k, window=sides, scale=scale)
     refuse_nested_or_packed(q, k, v, packed=True)
     qh, kh, vh = validate(q, k, v, layout=layout, precision=precision, scale=scale)
     check_heads(qh.shape[1], kh.shape[1], enable_gqa)
     if attn_mask is not None:
-        check_mask(attn_mask, qh, kh)
+        opts["attn_mask"] = check_mask(attn_mask, qh, kh)
         uses.add("mask")
-        opts["attn_mask"] = attn_mask
+    _window(sides, qh.shape[2], kh.shape[2], uses=uses, opts=opts)
     dv = _shared_features(qh, vh, uses=uses, opts=opts, causal=causal, alignment=causal_alignment, sinks=sinks,
                           square=qh.shape[2] == kh.shape[2])
     return Prepared(q=qh, k=kh, v=vh, probe=(qh, kh), empty=is_empty(qh, kh) or vh.shape[3] == 0, uses=frozenset(uses),
-                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks))
+                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks), scale=scale)
+
+
+def _window(sides: tuple[int | None, int | None] | None, seqlen_q: int, seqlen_k: int, *, uses: set[str],
+            opts: dict[str, Any]) -> None:
+    """Name the window feature when ``sides`` (checked) still bound a side once sides past the sequences are
+    made unbounded (:func:`~attnforge.dispatch.inputs.bound_window`)."""
+    if sides is None:
+        return
+    bounded = bound_window(sides, seqlen_q, seqlen_k)
+    if bounded != (None, None):
+        uses.add("window")
+        opts["window"] = bounded
 
 
 def _needs_grad(*tensors: Any) -> bool:
@@ -247,7 +279,7 @@ def _serve(dispatcher: Any, call: Prepared, *, scale: float | None, backend: str
 
 def _varlen(q: Any, k: Any, v: Any, *, uses: set[str], opts: dict[str, Any], attn_mask: Any,
             causal: bool, alignment: str, enable_gqa: bool, sinks: Any, cu_q: Any, cu_k: Any,
-            max_q: int | None, max_k: int | None) -> Prepared:
+            max_q: Any, max_k: Any, window: tuple[int | None, int | None] | None, scale: float | None) -> Prepared:
     """Packed ``[total, H, D]`` sequences with ``cu_seqlens``: checked, then served like a dense call."""
     import torch
 
@@ -260,26 +292,23 @@ def _varlen(q: Any, k: Any, v: Any, *, uses: set[str], opts: dict[str, Any], att
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise DispatchError(f"varlen {name} must be a packed [total, H, D] tensor",
-                                cause=f"got {getattr(t, 'shape', type(t).__name__)}")
-    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
-        if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
-            raise DispatchError(f"{name} must be a 1-D int32 tensor of offsets [batch + 1]")
-    if cu_q.numel() != cu_k.numel() or cu_q.numel() < 1:
-        raise DispatchError("cu_seqlens_q and cu_seqlens_k must have the same length batch + 1")
-    lens_q, lens_k = (cu[1:] - cu[:-1] for cu in (cu_q, cu_k))
-    if int(cu_q[-1]) != q.shape[0] or int(cu_k[-1]) != k.shape[0] or bool((lens_q < 0).any()
-                                                                          or (lens_k < 0).any()):
-        raise DispatchError("cu_seqlens do not describe the packed tensors",
-                            cause=f"q has {q.shape[0]} rows, k {k.shape[0]}; offsets end at"
-                                  f" {int(cu_q[-1])} and {int(cu_k[-1])}",
-                            hint="offsets start at 0, never decrease and end at the packed length")
-    if k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2] or q.dtype != k.dtype or q.dtype != v.dtype:
-        raise DispatchError("varlen q, k, v disagree in length, heads, head dim or dtype",
-                            cause=f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+                                cause=f"got {getattr(t, 'shape', type(t).__name__)}",
+                                hint="pack the sequences along dim 0: torch.cat(seqs) with [len, H, D] each")
+    if k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2] or not k.shape[1] or q.shape[1] % k.shape[1]:
+        raise DispatchError("varlen q, k, v disagree in length, heads or head dim",
+                            cause=f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}",
+                            hint="k and v need the same rows and heads, q and k the same head dim, Hq % Hkv == 0")
+    check_dtypes(q, k, v)
+    if q.device != k.device or q.device != v.device:
+        raise DispatchError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}",
+                            hint="move them to one device: k.to(q.device), v.to(q.device)")
     check_heads(q.shape[1], k.shape[1], enable_gqa)
+    lens_q, lens_k, longest_q, longest_k = check_offsets(cu_q, cu_k, rows_q=q.shape[0], rows_k=k.shape[0],
+                                                         device=q.device)
     batch = cu_q.numel() - 1
-    max_q = int(lens_q.max()) if max_q is None and batch else (max_q or 0)
-    max_k = int(lens_k.max()) if max_k is None and batch else (max_k or 0)
+    max_q = check_max_seqlen("max_seqlen_q", max_q, longest_q, q.shape[0])
+    max_k = check_max_seqlen("max_seqlen_k", max_k, longest_k, k.shape[0])
+    _window(window, q.shape[0], k.shape[0], uses=uses, opts=opts)
     uses.add("varlen")
     opts.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
     if alignment == "top_left" and (causal or "window" in uses) and not torch.equal(lens_q, lens_k):
@@ -297,12 +326,12 @@ def _varlen(q: Any, k: Any, v: Any, *, uses: set[str], opts: dict[str, Any], att
                                 k.as_strided((batch, k.shape[1], max_k, k.shape[2]), (0, 0, 0, 1)))
     return Prepared(q=q, k=k, v=v, probe=probe or (q, k), empty=empty or not max_q or not max_k,
                     uses=frozenset(uses), head_dim_v=dv, opts=opts, causal=causal,
-                    needs_grad=_needs_grad(q, k, v, sinks))
+                    needs_grad=_needs_grad(q, k, v, sinks), scale=scale)
 
 
 def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: str, precision: str,
            scale: float | None, uses: set[str], opts: dict[str, Any], causal: bool, alignment: str,
-           enable_gqa: bool, sinks: Any) -> Prepared:
+           enable_gqa: bool, sinks: Any, window: tuple[int | None, int | None] | None) -> Prepared:
     """A paged KV call: dense q, K/V page pools addressed by ``block_table``."""
     import torch
 
@@ -310,18 +339,24 @@ def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: 
         raise DispatchError("seqused_k without block_table", hint="pass the block table of the paged cache")
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise DispatchError(f"paged {name} must be a page pool [num_blocks, page_size, Hkv, D]")
-    if (not isinstance(block_table, torch.Tensor) or block_table.dim() != 2
-            or block_table.dtype not in (torch.int32, torch.int64)):
-        raise DispatchError("block_table must be a 2-D int32 tensor [B, blocks]")
+            raise DispatchError(f"paged {name} must be a page pool [num_blocks, page_size, Hkv, D]",
+                                cause=f"got {getattr(t, 'shape', type(t).__name__)}",
+                                hint="k and v are the page pools; block_table says which pages each sequence uses")
+    if not isinstance(q, torch.Tensor):
+        raise DispatchError(f"q is a {type(q).__name__}, not a torch.Tensor", hint="pass torch tensors")
+    check_index_tensor("block_table", block_table, dims=2, device=q.device, shape="[B, blocks]")
     pages = block_table.shape[1] * k.shape[1]
     if block_table.numel() and (int(block_table.min()) < 0 or int(block_table.max()) >= k.shape[0]):
-        raise DispatchError(f"block_table points outside the {k.shape[0]} pages of the cache")
-    if seqused_k is not None and (not isinstance(seqused_k, torch.Tensor) or tuple(seqused_k.shape) !=
-                                  (block_table.shape[0],) or bool((seqused_k < 0).any() | (seqused_k > pages).any())):
-        raise DispatchError(f"seqused_k must be [B] ints within 0..{pages} (the keys in each sequence's pages)")
-    if isinstance(q, torch.Tensor) and q.dim() == 4 and block_table.shape[0] != q.shape[0]:
-        raise DispatchError(f"block_table has {block_table.shape[0]} rows, q a batch of {q.shape[0]}")
+        raise DispatchError(f"block_table points outside the {k.shape[0]} pages of the cache",
+                            hint=f"page indices are 0..{k.shape[0] - 1}")
+    if seqused_k is not None:
+        check_index_tensor("seqused_k", seqused_k, dims=1, device=q.device, shape="[B]")
+        if tuple(seqused_k.shape) != (block_table.shape[0],) or bool((seqused_k < 0).any() | (seqused_k > pages).any()):
+            raise DispatchError(f"seqused_k must be [B] ints within 0..{pages} (the keys in each sequence's pages)",
+                                cause=f"got {tuple(seqused_k.shape)}", hint="one filled length per row of block_table")
+    if q.dim() == 4 and block_table.shape[0] != q.shape[0]:
+        raise DispatchError(f"block_table has {block_table.shape[0]} rows, q a batch of {q.shape[0]}",
+                            hint="one block_table row per sequence of q")
     # checked as dense calls: q in its layout against a [B, Hkv, pages, D] view of the pool's first page rows
     probe_k, probe_v = (
         t.as_strided((block_table.shape[0], t.shape[2], pages, t.shape[3]), (0, t.shape[3], 0, 1)) if t.numel()
@@ -330,11 +365,12 @@ def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: 
         probe_k, probe_v = probe_k.transpose(1, 2), probe_v.transpose(1, 2)
     qh, kp, _ = validate(q, probe_k, probe_v, layout=layout, precision=precision, scale=scale)
     check_heads(qh.shape[1], kp.shape[1], enable_gqa)
+    _window(window, qh.shape[2], pages, uses=uses, opts=opts)
     uses.add("paged")
     opts.update(block_table=block_table, seqused_k=seqused_k)
     dv = _shared_features(qh, v, uses=uses, opts=opts, causal=causal, alignment=alignment, sinks=sinks)
     return Prepared(q=qh, k=k, v=v, probe=(qh, kp), empty=is_empty(qh, kp), uses=frozenset(uses),
-                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks))
+                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks), scale=scale)
 
 
 def _shared_features(qh: Any, v: Any, *, uses: set[str], opts: dict[str, Any], causal: bool, alignment: str,

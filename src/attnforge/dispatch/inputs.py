@@ -1,17 +1,30 @@
 """The inputs of :func:`attnforge.attention`: the checks every call runs (kept cheap: they run on the hot path
-the first time a signature is seen) and the error that names what is wrong."""
+the first time a signature is seen) and the error that names what is wrong.
+
+Every argument is checked here, before any backend sees it (issue 31): an accepted call must never fail inside
+a kernel, and a refused one raises :class:`~attnforge.errors.DispatchError` with a hint. Numbers may be Python or
+numpy scalars (``numbers.Real`` / ``numbers.Integral``), never strings, bools or tensors; flags are bools.
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
+import sys
 from typing import Any
 
 import torch
 
 from attnforge.errors import DispatchError
 
+_INF = math.inf
+#: the dtypes attention takes (docs/features.md); FlashAttention-3's float8 goes through its own backend only
+FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
 
 def validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
-              scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q, k, v)`` as ``[B, H, S, D]`` views, or a :class:`DispatchError` naming the problem.
 
     Kept to integer and identity comparisons: it runs on every call (docs/dispatch-overhead.md).
@@ -19,7 +32,7 @@ def validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
     if layout == "bshd":
         try:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        except (AttributeError, IndexError, RuntimeError, TypeError):
+        except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
             raise_for_input(q, k, v, layout)
     elif layout != "bhsd":
         raise DispatchError(f"unknown layout {layout!r}", hint="use layout='bhsd' ([B, H, S, D]) or 'bshd'")
@@ -32,7 +45,7 @@ def validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
         dtype = q.dtype
         ok = (b == kb == vb and d == kd and hkv == vh and sk == vs and hkv > 0 and hq % hkv == 0
               and dtype is k.dtype and dtype is v.dtype and q.device == k.device and q.device == v.device
-              and (scale is None or scale > 0))
+              and dtype in FLOATS and (scale is None or (scale.__class__ is float and 0.0 < scale < _INF)))
     except (AttributeError, TypeError, ValueError):
         ok = False
     if not ok:
@@ -40,12 +53,15 @@ def validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
     return q, k, v
 
 
-def raise_for_input(q: Any, k: Any, v: Any, layout: str, scale: float | None = None) -> None:
-    """The slow path of :func:`validate`: find what is wrong with the inputs and say it."""
+def raise_for_input(q: Any, k: Any, v: Any, layout: str, scale: Any = None) -> None:
+    """The slow path of :func:`validate`: find what is wrong with the inputs and say it (returns only when
+    nothing is: a numpy or int scale that passes :func:`check_scale`)."""
     refuse_nested_or_packed(q, k, v, packed=isinstance(q, torch.Tensor))
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
-            raise DispatchError(f"{name} is a {type(t).__name__}, not a torch.Tensor")
+            raise DispatchError(f"{name} is a {type(t).__name__}, not a torch.Tensor",
+                                hint="pass torch tensors: torch.as_tensor(x) (numpy arrays and lists are not"
+                                     " converted, to keep copies and devices explicit)")
         if t.dim() != 4:
             raise DispatchError(f"{name} has {t.dim()} dimensions, expected 4",
                                 hint=f"layout={layout!r} means [{', '.join(layout.upper())}]")
@@ -54,15 +70,16 @@ def raise_for_input(q: Any, k: Any, v: Any, layout: str, scale: float | None = N
         raise DispatchError(f"k and v differ in shape: {tuple(k.shape)} vs {tuple(v.shape)}{where}",
                             hint="k and v need the same batch, heads and length (v's head dim may differ)")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise DispatchError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim{where}")
+        raise DispatchError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim{where}",
+                            hint="q and k need the same batch and head dim D; check the layout argument")
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         raise DispatchError(f"query heads Hq={q.shape[1]} is not a multiple of key/value heads"
                             f" Hkv={k.shape[1]}{where}", hint="GQA needs Hq % Hkv == 0")
-    if q.dtype != k.dtype or q.dtype != v.dtype:
-        raise DispatchError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    check_dtypes(q, k, v)
     if q.device != k.device or q.device != v.device:
-        raise DispatchError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
-    raise DispatchError(f"scale must be positive, got {scale!r}")
+        raise DispatchError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}",
+                            hint="move them to one device: k.to(q.device), v.to(q.device)")
+    check_scale(scale)
 
 
 def refuse_nested_or_packed(q: Any, k: Any, v: Any, *, packed: bool) -> None:
@@ -80,16 +97,115 @@ def refuse_nested_or_packed(q: Any, k: Any, v: Any, *, packed: bool) -> None:
                                  " (then layout='bshd')")
 
 
+def check_dtypes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Refuse q, k, v of different dtypes or of a dtype attention does not take (:data:`FLOATS`)."""
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise DispatchError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}",
+                            hint="cast them to one dtype: k.to(q.dtype), v.to(q.dtype)")
+    if q.dtype not in FLOATS:
+        raise DispatchError(f"attention needs floating-point tensors (float16, bfloat16, float32, float64),"
+                            f" got {q.dtype}",
+                            hint="cast the inputs, e.g. q.float(); int8/fp8 kernels are chosen with"
+                                 " precision='allow_quantized' on float16/bfloat16 inputs")
+
+
+def _real(value: Any) -> float | None:
+    """``value`` as a float when it is a Python or numpy real number (not a bool, a string or a tensor)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
+def _got(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
+def check_scale(scale: Any) -> float | None:
+    """The softmax scale as a finite positive float, None for ``1/sqrt(D)``.
+
+    Refuses inf and nan (they turn every output into NaN), zero and negative scales (no backend is verified
+    for them), and what is not a number.
+    """
+    if scale is None:
+        return None
+    value = _real(scale)
+    if value is None or not 0.0 < value < _INF:
+        raise DispatchError(f"scale must be positive and finite, got {_got(scale)}",
+                            hint="pass a float such as 1 / math.sqrt(D), or None for 1/sqrt(D)")
+    return value
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` as a bool: a Python or numpy bool, nothing else (a string ``'False'`` is not False)."""
+    if value is True or value is False:
+        return value
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.bool_):
+        return bool(value)
+    raise DispatchError(f"{name} must be True or False, got {_got(value)}",
+                        hint=f"pass {name}=True or {name}=False")
+
+
+def check_dropout(dropout_p: Any) -> float:
+    """``dropout_p`` as a float in [0, 1)."""
+    p = _real(dropout_p)
+    if p is None or not 0.0 <= p < 1.0:
+        raise DispatchError(f"dropout_p must be a number in [0, 1), got {_got(dropout_p)}",
+                            hint="pass a float in [0, 1), 0.0 in eval")
+    return p
+
+
+def check_softcap(softcap: Any) -> float | None:
+    """``softcap`` as a finite positive float, None when off (None or 0)."""
+    if softcap is None:
+        return None
+    value = _real(softcap)
+    if value is None or not 0.0 <= value < _INF:
+        raise DispatchError(f"softcap must be positive and finite (0 or None: off), got {_got(softcap)}",
+                            hint="pass a float such as 50.0 (Gemma 2), or None (or 0) to turn it off")
+    return value or None
+
+
 def check_window(window: Any) -> tuple[int | None, int | None]:
-    """``window`` as ``(left, right)``, None for an unbounded side (None or negative given)."""
+    """``window`` as ``(left, right)``, None for an unbounded side (None or -1 given).
+
+    Sides are ints (numpy ints too) >= -1; a side larger than the sequences is made unbounded by
+    :func:`bound_window` once the lengths are known (exact: it then hides no key).
+    """
+    hint = "None or -1 leaves a side unbounded: (128, 0) is a causal 128-token window"
     try:
         left, right = window
-        sides = tuple(None if s is None or int(s) < 0 else int(s) for s in (left, right))
     except (TypeError, ValueError):
-        raise DispatchError(f"window must be (left, right) with ints or None, got {window!r}",
-                            hint="None or -1 leaves a side unbounded: (128, 0) is a causal 128-token window"
-                            ) from None
+        raise DispatchError(f"window must be (left, right) with ints or None, got {window!r}"[:200],
+                            hint=hint) from None
+    sides: list[int | None] = []
+    for side in (left, right):
+        if side is None:
+            sides.append(None)
+            continue
+        try:
+            if isinstance(side, bool):
+                raise TypeError
+            n = operator.index(side)
+        except TypeError:
+            raise DispatchError(f"window must be (left, right) with ints or None, got {window!r}"[:200],
+                                hint=hint) from None
+        if n < -1:
+            raise DispatchError(f"window sides must be >= -1, got {window!r}"[:200], hint=hint)
+        sides.append(None if n == -1 else n)
     return sides[0], sides[1]
+
+
+def bound_window(window: tuple[int | None, int | None], seqlen_q: int, seqlen_k: int) -> tuple[int | None, int | None]:
+    """``window`` with each side of at least ``max(Sq, Sk)`` made unbounded (None).
+
+    Exact under either alignment: query ``i`` is aligned to ``i'`` in ``[min(0, Sk - Sq), max(Sq, Sk) - 1]``, so a
+    left side >= max(Sq, Sk) reaches below key 0 and a right side >= max(Sq, Sk) past key Sk - 1. Keeps
+    ``window=(10**30, 0)`` from reaching a kernel's int32 (issue 31).
+    """
+    bound = max(seqlen_q, seqlen_k)
+    left, right = (None if s is None or s >= bound else s for s in window)
+    return left, right
 
 
 def check_heads(hq: int, hkv: int, enable_gqa: bool) -> None:
@@ -99,11 +215,17 @@ def check_heads(hq: int, hkv: int, enable_gqa: bool) -> None:
                             hint="pass enable_gqa=True (the default) for grouped-query attention")
 
 
-def check_mask(mask: Any, q: Any, k: Any) -> None:
-    """Refuse a mask that is not bool/float or does not broadcast to ``[B, Hq, Sq, Sk]`` on q's device."""
-    if not isinstance(mask, torch.Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
+def check_mask(mask: Any, q: Any, k: Any) -> torch.Tensor:
+    """The mask SDPA can take: bool/float, broadcastable to ``[B, Hq, Sq, Sk]`` on q's device.
+
+    Returns ``mask`` itself, or a view of at least two dimensions for a ``[Sk]`` or scalar mask (SDPA's kernels
+    index the mask's ``-2`` dimension and raise on fewer, torch 2.13; the view broadcasts the same).
+    """
+    if (not isinstance(mask, torch.Tensor) or getattr(mask, "is_nested", False)
+            or not (mask.dtype == torch.bool or mask.is_floating_point())):
         raise DispatchError("attn_mask must be a bool or floating-point tensor",
-                            cause=f"got {getattr(mask, 'dtype', type(mask).__name__)}")
+                            cause=f"got {getattr(mask, 'dtype', type(mask).__name__)}",
+                            hint="True = attend (bool) or an additive float mask (0 / -inf); mask.bool()")
     full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     dims = tuple(mask.shape)
     fits = len(dims) <= 4 and all(m in (1, f) for m, f in zip(dims[::-1], full[::-1], strict=False))
@@ -111,13 +233,74 @@ def check_mask(mask: Any, q: Any, k: Any) -> None:
         raise DispatchError(f"attn_mask {tuple(mask.shape)} on {mask.device} does not broadcast to"
                             f" [B, Hq, Sq, Sk] = {list(full)} on {q.device}",
                             hint="masks are [B or 1, Hq or 1, Sq or 1, Sk], in either layout")
+    if mask.dim() < 2:
+        return mask.reshape((1,) * (2 - mask.dim()) + dims)
+    return mask
 
 
 def check_sinks(sinks: Any, q: Any) -> Any:
     """The ``[Hq]`` float sinks on q's device, or the error that says what they must be."""
     if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point() or tuple(sinks.shape) != (q.shape[1],):
         raise DispatchError(f"sinks must be a float tensor of shape [Hq] = [{q.shape[1]}]",
-                            cause=f"got {getattr(sinks, 'shape', type(sinks).__name__)}")
+                            cause=f"got {getattr(sinks, 'shape', type(sinks).__name__)}",
+                            hint="one logit per query head, e.g. torch.zeros(Hq)")
     if sinks.device != q.device:
-        raise DispatchError(f"sinks are on {sinks.device}, q on {q.device}")
+        raise DispatchError(f"sinks are on {sinks.device}, q on {q.device}", hint="sinks.to(q.device)")
     return sinks
+
+
+def check_index_tensor(name: str, t: Any, *, dims: int, device: Any, shape: str) -> torch.Tensor:
+    """An int32 index tensor (offsets, page table, used lengths) of ``dims`` dimensions on ``device``."""
+    if not isinstance(t, torch.Tensor) or t.dim() != dims or t.dtype != torch.int32:
+        tensor = isinstance(t, torch.Tensor)
+        got = f"{t.dtype} {tuple(t.shape)}" if tensor else type(t).__name__
+        hint = (f"pass a {dims}-D tensor {shape}" if tensor and t.dtype == torch.int32
+                else f"build it with dtype=torch.int32, or pass {name}.int()")
+        raise DispatchError(f"{name} must be a {dims}-D int32 tensor {shape}", cause=f"got {got}", hint=hint)
+    if t.device != device:
+        raise DispatchError(f"{name} is on {t.device}, q on {device}", hint=f"{name}.to(q.device)")
+    return t
+
+
+def check_offsets(cu_q: Any, cu_k: Any, *, rows_q: int, rows_k: int, device: Any) -> tuple[Any, Any, int, int]:
+    """Check varlen offsets: int32 ``[batch + 1]`` each, on q's device, starting at 0, never decreasing, ending
+    at the packed rows of q and k. Returns the per-sequence lengths and the longest of each (one device sync).
+    """
+    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        check_index_tensor(name, cu, dims=1, device=device, shape="of offsets [batch + 1]")
+    if cu_q.numel() != cu_k.numel() or cu_q.numel() < 1:
+        raise DispatchError("cu_seqlens_q and cu_seqlens_k must have the same length batch + 1",
+                            cause=f"got {cu_q.numel()} and {cu_k.numel()}",
+                            hint="one offset per sequence start plus the end: [0, len_0, len_0 + len_1, ...]")
+    lens_q, lens_k = (cu[1:] - cu[:-1] for cu in (cu_q, cu_k))
+    parts = [cu_q[0], cu_q[-1], cu_k[0], cu_k[-1]]
+    if lens_q.numel():
+        parts += [lens_q.min(), lens_k.min(), lens_q.max(), lens_k.max()]
+    facts = torch.stack(parts).tolist()
+    first_q, last_q, first_k, last_k = facts[:4]
+    min_q, min_k, max_q, max_k = facts[4:] or (0, 0, 0, 0)
+    if (first_q, first_k, last_q, last_k) != (0, 0, rows_q, rows_k) or min_q < 0 or min_k < 0:
+        raise DispatchError("cu_seqlens do not describe the packed tensors",
+                            cause=f"q has {rows_q} rows, k {rows_k}; offsets run {first_q}..{last_q} and"
+                                  f" {first_k}..{last_k}{'' if min(min_q, min_k) >= 0 else ', and decrease'}",
+                            hint="offsets start at 0, never decrease and end at the packed length")
+    return lens_q, lens_k, max_q, max_k
+
+
+def check_max_seqlen(name: str, given: Any, longest: int, rows: int) -> int:
+    """``max_seqlen_*``: None (the longest sequence), or an int at least the longest sequence; a value past the
+    packed rows is lowered to them (exact: no sequence is longer, and no kernel sees a value past int32)."""
+    if given is None:
+        return longest
+    try:
+        if isinstance(given, bool):
+            raise TypeError
+        n = operator.index(given)
+    except TypeError:
+        raise DispatchError(f"{name} must be an int, got {_got(given)}",
+                            hint=f"pass None to let attnforge compute it, or int({name})") from None
+    if n < longest:
+        raise DispatchError(f"{name}={n} is less than the longest sequence ({longest})",
+                            hint=f"pass None to let attnforge compute it, or the true maximum of the lengths"
+                                 f" in cu_seqlens{name.removeprefix('max_seqlen')}")
+    return min(n, rows)

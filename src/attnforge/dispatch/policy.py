@@ -241,8 +241,8 @@ def forced_decision(call: AttentionCall, name: str, adapter: BackendAdapter) -> 
 
 
 def failure_class(call: AttentionCall | None) -> str:
-    """The shape class a call's run-time failures and exact shapes are kept under (its features aside: a
-    backend that raised is disabled for the whole class); ``"empty"`` for a zero-sized call."""
+    """The shape class a call's exact shapes are counted under (its features aside: a class with many shapes is
+    dynamic); ``"empty"`` for a zero-sized call."""
     if call is None:
         return "empty"
     return str(class_of_call(replace(call, features=frozenset(), head_dim_v=None, top_left=False,

@@ -1,13 +1,15 @@
 """``attention()``: every call served by the fastest verified backend that supports it, SDPA as the fallback.
 
 Shapes: ``B`` batch, ``Hq`` query heads, ``Hkv`` key/value heads (Hq a multiple of Hkv: GQA), ``Sq``/``Sk``
-query/key lengths, ``D`` head dim. Causal masks are aligned to the bottom-right when Sq != Sk (query ``i``
-sees key ``j`` when ``j <= i + Sk - Sq``, as in FlashAttention >= 2.1); :mod:`attnforge.backends.capabilities`
-documents how each backend is made to follow that rule.
+query/key lengths, ``D`` head dim. ``causal=True`` masks are aligned to the bottom-right when Sq != Sk (query
+``i`` sees key ``j`` when ``j <= i + Sk - Sq``, as in FlashAttention >= 2.1); SDPA's ``is_causal=True`` keeps
+SDPA's top-left alignment (``j <= i``). :mod:`attnforge.backends.capabilities` documents how each backend is
+made to follow either rule.
 
 State per process (thread-safe): verify and bench records, read once per device on first use
 (:func:`refresh` re-reads them); the decision per call class; the backends that raised at run time (each
-disabled for the shape class it raised in, with one warning line); the exact shapes seen per shape class (a
+skipped for the call signature it raised on, and for a whole shape class only once it raised on several
+signatures of it: :meth:`Dispatcher.serve`); the exact shapes seen per shape class (a
 class with many is dynamic, and a backend compiled per shape is not chosen for it); and the *route* per exact
 call signature (shapes, dtypes, devices, causal, layout, precision, forced backend, grad).
 
@@ -110,21 +112,28 @@ def attention(
         v: as k, with its own head dim ``Dv`` (may differ from ``D``).
         attn_mask: bool (True = attend) or additive float mask broadcastable to ``[B, Hq, Sq, Sk]`` (SDPA's);
             it combines with ``causal`` and ``window`` (all of them apply; SDPA itself refuses both at once).
-        dropout_p: dropout probability on the attention weights, applied when > 0 (as SDPA: pass 0 in eval).
-        scale: softmax scale; None means ``1/sqrt(D)``.
-        causal: mask future keys. ``is_causal`` is accepted as SDPA's name for it.
+        dropout_p: dropout probability in [0, 1) on the attention weights, applied when > 0 (as SDPA: pass 0
+            in eval).
+        scale: softmax scale, a finite number > 0 (Python or numpy); None means ``1/sqrt(D)``.
+        causal: mask future keys, aligned as ``causal_alignment`` says (bottom-right by default).
+        is_causal: SDPA's argument with SDPA's meaning: ``is_causal=True`` is ``causal=True,
+            causal_alignment="top_left"``; passing ``causal=True`` as well is an error unless
+            ``causal_alignment="top_left"`` (they would disagree when Sq != Sk).
         causal_alignment: ``"bottom_right"`` (FlashAttention: query ``i`` sees key ``j`` iff
             ``j <= i + Sk - Sq``) or ``"top_left"`` (SDPA's ``is_causal``: ``j <= i``); they agree when Sq == Sk.
             Windows are aligned the same way. Rows that see no key are zeros.
         enable_gqa: allow Hq != Hkv (a multiple); False makes Hq != Hkv an error, as in SDPA.
-        window: sliding window ``(left, right)``: query ``i`` sees keys ``i' - left .. i' + right`` where ``i'``
-            is ``i`` aligned as above; a None or negative side is unbounded.
-        softcap: logit soft-capping ``softcap * tanh(logits / softcap)`` (Gemma 2); None or 0: off.
+        window: sliding window ``(left, right)`` of ints: query ``i`` sees keys ``i' - left .. i' + right``
+            where ``i'`` is ``i`` aligned as above; a None or -1 side is unbounded, and so is a side of at least
+            ``max(Sq, Sk)`` (it hides no key; ``10**30`` is accepted and made unbounded).
+        softcap: logit soft-capping ``softcap * tanh(logits / softcap)`` (Gemma 2), a finite number >= 0
+            (Python or numpy); None or 0: off.
         sinks: ``[Hq]`` float tensor: an extra logit per head in the softmax denominator that carries no
             value (GPT-OSS ``s_aux``).
         return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]`` (``[Hq, total_q]`` for varlen).
-        cu_seqlens_q, cu_seqlens_k: int32 offsets ``[batch + 1]`` of packed sequences (varlen).
-        max_seqlen_q, max_seqlen_k: the longest sequence of each (computed when None).
+        cu_seqlens_q, cu_seqlens_k: int32 offsets ``[batch + 1]`` of packed sequences (varlen) on q's device:
+            they start at 0, never decrease and end at the packed rows of q and k.
+        max_seqlen_q, max_seqlen_k: the longest sequence of each: None (computed), or an int at least that.
         block_table: paged KV cache: ``[B, blocks]`` int32 page indices; k and v are then the page pools
             ``[num_blocks, page_size, Hkv, D]`` (``Dv`` for v) in any layout, and ``seqused_k [B]`` int32 says
             how many keys of each sequence are filled (all pages when None).
@@ -138,13 +147,15 @@ def attention(
         running a kernel. Under ``torch.compile`` a plain call is one custom op (``attnforge::attention``).
 
     Raises:
-        DispatchError: bad shapes, dtypes, devices, layout, precision or feature arguments (nested tensors and
-            packed inputs without ``cu_seqlens`` included); an unknown forced backend; a forced backend that
-            cannot serve the call (with its reasons).
+        DispatchError: bad shapes, dtypes, devices, layout, precision or feature arguments (nested tensors,
+            numpy arrays and packed inputs without ``cu_seqlens`` included), each with a hint; an unknown forced
+            backend; a forced backend that cannot serve the call (with its reasons). Every argument is checked
+            before a backend runs (:mod:`attnforge.dispatch.inputs`); a backend that raises on an accepted call
+            is skipped for that call's signature (docs/features.md, "When a backend raises").
     """
     if not (attn_mask is window is softcap is sinks is cu_seqlens_q is cu_seqlens_k is is_causal is block_table  # type: ignore[comparison-overlap]
             is seqused_k is None
-            and dropout_p == 0.0 and return_lse is False and enable_gqa is True
+            and dropout_p == 0.0 and return_lse is False and enable_gqa is True and causal.__class__ is bool
             and causal_alignment == "bottom_right"):
         return features.attention(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, causal=causal,
@@ -156,6 +167,7 @@ def attention(
     if torch.compiler.is_compiling():
         qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        scale = None if scale is None else float(scale)  # a numpy scale passed validation; the op takes a float
         out: torch.Tensor = _op.attention_op(qh, kh, vh, causal, scale, backend, precision, needs_grad)
         return out.transpose(1, 2) if layout == "bshd" else out
     dispatcher = _DISPATCHER or get_dispatcher()
@@ -189,4 +201,5 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float |
     call = features.prepare(q, k, v, scale=scale, layout=layout, precision=precision, **kwargs)
     qp, kp = call.probe
     return get_dispatcher().explain(qp, kp, causal=call.causal, precision=precision, needs_grad=call.needs_grad,
-                                    backend=backend, uses=call.uses, head_dim_v=call.head_dim_v)
+                                    backend=backend, uses=call.uses, head_dim_v=call.head_dim_v,
+                                    scale=call.scale, opts=call.opts)

@@ -28,16 +28,26 @@ _LOCK = threading.Lock()
 __all__ = ["SdpaPatch", "original_sdpa", "patch_sdpa"]
 
 
-def _servable(query: Any, key: Any, value: Any, *, attn_mask: Any, is_causal: bool, enable_gqa: bool) -> bool:
+def _servable(query: Any, key: Any, value: Any, *, attn_mask: Any, is_causal: bool, enable_gqa: bool,
+              scale: Any = None, dropout_p: Any = 0.0) -> bool:
     import torch
+
+    from attnforge.dispatch.inputs import FLOATS, check_dropout, check_flag, check_scale
+    from attnforge.errors import DispatchError
 
     if attn_mask is not None and is_causal:
         return False  # SDPA raises for this; let it
+    try:  # arguments SDPA takes and attention() refuses (a scale <= 0 or inf, dropout_p=1): SDPA's own answer
+        check_scale(scale)
+        check_dropout(dropout_p)
+        check_flag("is_causal", is_causal)
+    except DispatchError:
+        return False
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 and not t.is_nested for t in (query, key, value)):
         return False
     if key.shape[:3] != value.shape[:3] or query.shape[0] != key.shape[0] or query.shape[3] != key.shape[3]:
         return False
-    if not query.is_floating_point() or not query.dtype == key.dtype == value.dtype:
+    if query.dtype not in FLOATS or not query.dtype == key.dtype == value.dtype:
         return False
     if not query.device == key.device == value.device:
         return False
@@ -49,7 +59,8 @@ def _routed(  # noqa: PLR0917 - the signature of F.scaled_dot_product_attention
     query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
             is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
     if not sdpa_original.kernels_restricted() and _servable(query, key, value, attn_mask=attn_mask,
-                                                            is_causal=is_causal, enable_gqa=enable_gqa):
+                                                            is_causal=is_causal, enable_gqa=enable_gqa,
+                                                            scale=scale, dropout_p=dropout_p):
         from attnforge.dispatch.runtime import attention
 
         if attn_mask is None and not dropout_p and (not is_causal or query.shape[2] == key.shape[2]):

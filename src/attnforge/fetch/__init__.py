@@ -1,2 +1,4 @@
-"""The network side of prebuilt wheels: list sources (GitHub releases, PEP 503 pages) with a cache of
-listings, and download wheels with a progress bar and a hash check. Decisions stay in ``attnforge.resolve``."""
+"""The network side of getting a wheel: the one HTTP client (``http.py``) and the command's network deadline
+(``deadline.py``) every request attnforge makes goes through; the known sources' listings with their cache
+(``listings.py``), the places the user named (``indexes.py``), and downloads with a hash check (``download.py``).
+Decisions stay in ``attnforge.resolve``, which takes the listings as data."""

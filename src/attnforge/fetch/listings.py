@@ -2,25 +2,32 @@
 
 GitHub releases come from the REST API, ``GET {GITHUB_API_URL}/repos/{owner}/{repo}/releases?per_page=100``,
 following the ``Link: <...>; rel="next"`` header, with ``Authorization: Bearer $GITHUB_TOKEN`` when set. PEP 503
-pages are read with :func:`attnforge.resolve.listing.parse_simple_page`. Each listing is cached with its
-fetch time and ETag (:class:`ListingCache`); a source that cannot be listed is one line in the plan and never
-fails it.
+pages are read with :func:`attnforge.fetch.indexes.parse_simple_page`. Every request goes through
+:class:`attnforge.fetch.http.HttpClient` (one per listing, so the sources share the command's deadline and its
+dead hosts). Each listing is cached with its fetch time and ETag under ``$ATTNFORGE_HOME/listings/``
+(:class:`ListingCache`): the next fetch sends ``If-None-Match`` and a 304 reuses it; offline, unreachable or out
+of network budget the cached listing is used and its age is said. A source that cannot be listed is one line
+in the plan and never fails it.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import hashlib
 import json
 import os
 import re
+import urllib.parse
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from attnforge.fetch.http import Fetcher, FetchError, ListingCache, age_text, now_iso
+from attnforge.fetch.http import FetchError, HttpClient
+from attnforge.fetch.indexes import Listing, parse_simple_page
 from attnforge.probe.snapshot import SystemSnapshot
-from attnforge.resolve.listing import Listing, parse_simple_page
 from attnforge.resolve.sources import (
     SourceKind,
     WheelSource,
@@ -44,11 +51,11 @@ def list_sources(
     home: Path,
     offline: bool,
     environ: Mapping[str, str] | None = None,
-    fetcher: Fetcher | None = None,
+    fetcher: HttpClient | None = None,
 ) -> Listing:
     """Wheels of ``backend`` from every source that serves it, and one line per source that gave none."""
     env = os.environ if environ is None else environ
-    fetcher = fetcher or Fetcher()
+    fetcher = fetcher or HttpClient()
     cache = ListingCache(root=home / "listings")
     wheels: list[WheelRef] = []
     problems: list[str] = []
@@ -71,11 +78,10 @@ def _list_one(
     cache: ListingCache,
     offline: bool,
     env: Mapping[str, str],
-    fetcher: Fetcher,
+    fetcher: HttpClient,
 ) -> tuple[list[WheelRef], str | None]:
     if source.kind is SourceKind.GITHUB_RELEASES:
-        api = (env.get("GITHUB_API_URL") or GITHUB_API).rstrip("/")
-        url = f"{api}/repos/{source.repo}/releases?per_page=100"
+        url = f"{github_api(env)}/repos/{source.repo}/releases?per_page=100"
         token = env.get("GITHUB_TOKEN") or None
         body, fetched_at, note = _cached(url, cache, offline, lambda etag: _github_pages(url, etag, token, fetcher))
         releases = body if isinstance(body, list) else []
@@ -117,12 +123,28 @@ def _cached(url: str, cache: ListingCache, offline: bool, fetch: Any) -> tuple[o
     return body, at, None
 
 
-def _github_pages(url: str, etag: str | None, token: str | None, fetcher: Fetcher) -> tuple[int, list[Any], str | None]:
+def github_api(env: Mapping[str, str]) -> str:
+    """The GitHub API base (``GITHUB_API_URL``, else api.github.com), without a trailing slash.
+
+    Raises:
+        FetchError: ``GITHUB_API_URL`` is not an http(s) URL (the source is skipped with that line).
+    """
+    api = (env.get("GITHUB_API_URL") or GITHUB_API).rstrip("/")
+    parts = urllib.parse.urlsplit(api)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise FetchError(f"GITHUB_API_URL={api!r} is not an http(s):// URL (e.g. https://api.github.com, or "
+                         "https://HOST/api/v3 for GitHub Enterprise)")
+    return api
+
+
+def _github_pages(url: str, etag: str | None, token: str | None, fetcher: HttpClient,
+                  ) -> tuple[int, list[Any], str | None]:
     headers = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": "2022-11-28"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     first = dict(headers, **({"If-None-Match": etag} if etag else {}))
-    status, body, hdrs = fetcher.get(url, first, token=bool(token))
+    answer = fetcher.get(url, first, token=bool(token))
+    status, body, hdrs = answer.status, answer.body, answer.headers
     if status == 304:
         return 304, [], etag
     new_etag = hdrs.get("ETag") or hdrs.get("etag")
@@ -138,15 +160,16 @@ def _github_pages(url: str, etag: str | None, token: str | None, fetcher: Fetche
         m = _NEXT.search(hdrs.get("Link") or hdrs.get("link") or "")
         if m is None or page == MAX_PAGES - 1:
             break
-        status, body, hdrs = fetcher.get(m.group(1), headers, token=bool(token))
+        answer = fetcher.get(m.group(1), headers, token=bool(token))
+        body, hdrs = answer.body, answer.headers
     return 200, releases, new_etag
 
 
-def _page(url: str, etag: str | None, fetcher: Fetcher) -> tuple[int, str, str | None]:
-    status, body, hdrs = fetcher.get(url, {"If-None-Match": etag} if etag else None)
-    if status == 304:
+def _page(url: str, etag: str | None, fetcher: HttpClient) -> tuple[int, str, str | None]:
+    answer = fetcher.get(url, {"If-None-Match": etag} if etag else None)
+    if answer.status == 304:
         return 304, "", etag
-    return 200, body.decode("utf-8", errors="replace"), hdrs.get("ETag") or hdrs.get("etag")
+    return 200, answer.body.decode("utf-8", errors="replace"), answer.headers.get("ETag") or answer.headers.get("etag")
 
 
 def known_source_wheels(
@@ -178,3 +201,43 @@ def merged(*listings: Listing) -> Listing:
         wheels=tuple(w for li in listings for w in li.wheels),
         problems=tuple(p for li in listings for p in li.problems),
     )
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def age_text(fetched_at: str, now: _dt.datetime | None = None) -> str:
+    """``"3 h old"``, ``"2 days old"`` for an ISO time."""
+    try:
+        then = _dt.datetime.fromisoformat(fetched_at)
+    except ValueError:
+        return "of unknown age"
+    secs = max(0.0, ((now or _dt.datetime.now(_dt.timezone.utc)) - then).total_seconds())
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if secs >= size:
+            return f"{secs / size:.0f} {unit} old"
+    return f"{secs:.0f} s old"
+
+
+@dataclass(slots=True, kw_only=True)
+class ListingCache:
+    """Fetched listings under ``root`` (one JSON file per URL: fetch time, ETag, body)."""
+
+    root: Path
+
+    def _file(self, key: str) -> Path:
+        return self.root / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+    def load(self, key: str) -> dict[str, object] | None:
+        try:
+            doc = json.loads(self._file(key).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) and doc.get("key") == key else None
+
+    def save(self, key: str, *, body: object, etag: str | None, fetched_at: str) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self._file(key).with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "fetched_at": fetched_at, "etag": etag, "body": body}), encoding="utf-8")
+        tmp.replace(self._file(key))

@@ -7,9 +7,11 @@ Two kinds of package index, both read by plain ``pip install --index-url``:
   place, the pages rewritten atomically afterwards, so a wheel is visible only whole); pip's URL is
   ``file://DIR/simple``;
 - an **index server** by URL (pypiserver, devpi-server: ``http(s)://HOST/.../simple/``), uploaded to with the
-  ``file_upload`` form of the PyPI legacy upload API (the one ``twine`` speaks). Credentials come from
-  ``ATTNFORGE_INDEX_USER``/``ATTNFORGE_INDEX_PASSWORD`` (else ``TWINE_USERNAME``/``TWINE_PASSWORD``) and are never
-  printed: every message names the URL without its user part.
+  ``file_upload`` form of the PyPI legacy upload API (the one ``twine`` speaks), through the one HTTP client
+  (:class:`attnforge.fetch.http.HttpClient`: proxies, the command's network deadline for pages; an upload is
+  bounded by its stall timeout instead). Credentials come from ``ATTNFORGE_INDEX_USER``/
+  ``ATTNFORGE_INDEX_PASSWORD`` (else ``TWINE_USERNAME``/``TWINE_PASSWORD``, else the URL's ``user:password@``)
+  and are never printed: every message names the URL without its user part.
 
 Which fleet artifact keys are published is recorded per key (``.fleet/keys/<hex>.json`` in the directory; for a
 server, under ``$ATTNFORGE_HOME/fleet/published/``) so a re-run builds only what is missing, and a
@@ -18,12 +20,10 @@ server, under ``$ATTNFORGE_HOME/fleet/published/``) so a re-run builds only what
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
 import tempfile
-import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
@@ -39,10 +39,8 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from attnforge._system.files import write_atomic
 from attnforge.cache._files import sha256_file
 from attnforge.cache.key import CacheKey, CacheKeyInputs
+from attnforge.fetch.http import FetchError, HttpClient, HttpStatusError, basic_auth
 from attnforge.fleet import FleetError
-
-#: Seconds to wait for an index server to answer.
-HTTP_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,7 +169,7 @@ class ServerIndex:
         self.upload_url = urllib.parse.urlunsplit((parts.scheme, netloc, path.removesuffix("/simple") + "/", "", ""))
         user = environ.get("ATTNFORGE_INDEX_USER") or environ.get("TWINE_USERNAME") or parts.username
         password = environ.get("ATTNFORGE_INDEX_PASSWORD") or environ.get("TWINE_PASSWORD") or parts.password
-        self._auth = None if not user else "Basic " + base64.b64encode(f"{user}:{password or ''}".encode()).decode()
+        self._auth = None if not user else basic_auth(user, password or "")
         self.state = home / "fleet" / "published" / hashlib.sha256(self.simple_url.encode()).hexdigest()[:16]
         self.state.mkdir(parents=True, exist_ok=True)
 
@@ -180,22 +178,21 @@ class ServerIndex:
         return self.simple_url  # without credentials: pip takes them from its own config or keyring
 
     def _open(self, url: str, *, data: bytes | None = None, content_type: str | None = None) -> Any:
-        """GET ``url`` (POST ``data``) with the credentials; the URLs are this server's http(s) ones."""
-        request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")  # noqa: S310
-        if content_type:
-            request.add_header("Content-Type", content_type)
-        if self._auth:
-            request.add_header("Authorization", self._auth)
-        return urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)  # noqa: S310 - http(s) only (open_index)
+        """GET ``url`` (POST ``data``, not bounded by the network budget) with the credentials.
+
+        Raises:
+            FetchError: the server did not answer or answered with an error status (:class:`HttpStatusError`).
+        """
+        headers = {"Content-Type": content_type} if content_type else None
+        return HttpClient().open(url, headers=headers, data=data, auth=self._auth, bounded=data is None)
 
     def check(self) -> None:
         """Raises FleetError when the index does not answer (exit 1), naming the URL without credentials."""
         try:
             with self._open(self.simple_url) as resp:
                 resp.read(1)
-        except (urllib.error.URLError, OSError) as exc:
-            raise FleetError(f"the package index at {self.simple_url} does not answer",
-                             cause=str(getattr(exc, "reason", exc)),
+        except (FetchError, OSError) as exc:
+            raise FleetError(f"the package index at {self.simple_url} does not answer", cause=str(exc),
                              hint="start the index server (e.g. `pypi-server run -p 8080 DIR`) or check --index; "
                                   "credentials go in ATTNFORGE_INDEX_USER/ATTNFORGE_INDEX_PASSWORD") from None
 
@@ -209,7 +206,7 @@ class ServerIndex:
             project = canonicalize_name(parse_wheel_filename(doc["filename"])[0])
             with self._open(f"{self.simple_url}{project}/") as resp:
                 page = resp.read().decode("utf-8", "replace")
-        except (OSError, ValueError, KeyError, urllib.error.URLError):
+        except (OSError, ValueError, KeyError, FetchError):
             return None
         if doc["filename"] not in page:
             return None
@@ -229,15 +226,14 @@ class ServerIndex:
         try:
             with self._open(self.upload_url, data=body, content_type=ctype) as resp:
                 resp.read()
-        except urllib.error.HTTPError as exc:
+        except HttpStatusError as exc:
             if exc.code != 409:
-                raise FleetError(f"the index at {self.simple_url} refused {wheel.name}",
-                                 cause=f"HTTP {exc.code} {exc.reason}",
+                raise FleetError(f"the index at {self.simple_url} refused {wheel.name}", cause=str(exc),
                                  hint="check the upload credentials (ATTNFORGE_INDEX_USER/ATTNFORGE_INDEX_PASSWORD)"
                                  " and that the server accepts uploads") from None
-        except (urllib.error.URLError, OSError) as exc:
+        except (FetchError, OSError) as exc:
             raise FleetError(f"the package index at {self.simple_url} does not answer",
-                             cause=str(getattr(exc, "reason", exc)), hint="check the index server") from None
+                             cause=str(exc), hint="check the index server") from None
         _check_served(self.simple_url, wheel.name, sha, lambda: self._served_sha256(str(name), wheel.name))
         doc = {"key": key, "filename": wheel.name, "sha256": sha}
         write_atomic(self.state / f"{_hex(key)}.json", json.dumps(doc).encode())
@@ -278,9 +274,9 @@ def _check_served(url: str, filename: str, sha256: str, served: Any) -> None:
     """
     try:
         got = served()
-    except (OSError, urllib.error.URLError) as exc:
+    except (FetchError, OSError) as exc:
         raise FleetError(f"{filename} could not be read back from the index at {url}",
-                         cause=str(getattr(exc, "reason", exc)),
+                         cause=str(exc),
                          hint="check the index server and its storage") from None
     if got is None:
         raise FleetError(f"the index at {url} took {filename} but does not list it",

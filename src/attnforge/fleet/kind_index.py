@@ -24,7 +24,10 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from attnforge._system.files import write_atomic
 from attnforge.fleet import FleetError
-from attnforge.fleet.index import HTTP_TIMEOUT_S, DirIndex, Published
+from attnforge.fleet.index import DirIndex, Published
+
+#: Seconds to wait for the index's answer to the fallback check.
+FALLBACK_CHECK_TIMEOUT_S = 10.0
 
 
 def kind_url(index: DirIndex, kind: str) -> str:
@@ -115,7 +118,8 @@ def refuse_fallback(url: str) -> None:
             return None
 
     try:
-        urllib.request.build_opener(NoRedirect).open(probe, timeout=HTTP_TIMEOUT_S).close()
+        # the redirect itself is the answer: HttpClient follows redirects, so this one request opens its own way
+        urllib.request.build_opener(NoRedirect).open(probe, timeout=FALLBACK_CHECK_TIMEOUT_S).close()  # noqa: TID251
     except urllib.error.HTTPError as exc:
         target = exc.headers.get("Location", "") if exc.headers else ""
         if 300 <= exc.code < 400 and target and urllib.parse.urlsplit(

@@ -25,7 +25,7 @@ from attnforge._system.runner import Runner
 from attnforge.cache import CacheKey, Store
 from attnforge.cache._files import sha256_file
 from attnforge.errors import CacheError, InstallError, ResolveError
-from attnforge.install.download import check_digest, stream
+from attnforge.fetch.download import check_digest, stream
 from attnforge.install.guards import interpreter_lock, scratch_dir
 from attnforge.install.keys import prebuilt_wheel_inputs, store_built
 from attnforge.install.overlap import warning as overlap_warning

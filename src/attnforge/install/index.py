@@ -3,8 +3,8 @@ the URL and proxies apply exactly as they do for ``pip install``.
 
 Two questions: which versions of a project an index offers this interpreter (:func:`index_versions`, from
 ``pip index versions``), and which file pip would install for a requirement, with its URL and sha256
-(:func:`index_pick`, from ``pip install --dry-run --report``). ``resolve/listing.py`` can call these instead of
-its own urllib client where the user's configuration matters.
+(:func:`index_pick`, from ``pip install --dry-run --report``). The plan's own listings (``fetch/indexes.py``)
+go through attnforge's one HTTP client instead; these are for where pip's own configuration must apply.
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ def assemble(args: RequestArgs, *, build: bool = False, environ: Mapping[str, st
     recipe = catalog.recipe(name)
     projects = (*(backend.distributions if backend else (name,)),
                 *((recipe.distribution,) if recipe and recipe.distribution else ()))
-    from attnforge.resolve.listing import list_wheels, with_local_sdist
+    from attnforge.fetch.indexes import list_wheels, with_local_sdist
 
     request = with_local_sdist(request, projects)  # an sdist in the wheelhouse builds offline
     if backend is not None and args.snapshot_path is None:  # this interpreter's install: what it can serve
@@ -219,7 +219,7 @@ def _verify_failure(snapshot: SystemSnapshot, backend: str, home: Path) -> str |
     from attnforge.records import RecordStore
 
     state = snapshot.backend(backend)
-    record = RecordStore(home).latest_verify(snapshot.device_key()).get(backend)
+    record = RecordStore(home).read_or_empty(snapshot.device_key())[0].get(backend)  # damaged: no record
     if record is None or record.ok or state is None or record.backend_version != state.version:
         return None
     return record.summary

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from attnforge.resolve.listing import find_sdist, with_local_sdist
+from attnforge.fetch.indexes import find_sdist, with_local_sdist
 from attnforge.resolve.types import Request, SourceKind, SourceSpec
 
 

@@ -1,31 +1,27 @@
-"""The only I/O in ``resolve/``: list the wheels in ``--find-links`` directories and PEP 503 indexes.
+"""The wheels (and sdists) in the places the user named: ``--find-links`` directories and ``--index-url``
+PEP 503 indexes. The resolver takes the result as data (``resolve/`` does no I/O).
 
 A find-links directory is read with ``os.scandir``; an index page ``<index>/<project>/`` is fetched with
-urllib (``file://`` works offline; ``http(s)://`` is skipped with a note when offline). Anchors are read as
-PEP 503 says: the text of the link is the filename, ``#sha256=...`` in the URL is the hash.
+:class:`attnforge.fetch.http.HttpClient` (``file://`` works offline; ``http(s)://`` is skipped with a note when
+offline; ``user:password@`` in the URL is sent as basic auth and never shown). Anchors are read as PEP 503
+says: the text of the link is the filename, ``#sha256=...`` in the URL is the hash.
 """
 
 from __future__ import annotations
 
-import functools
 import html.parser
 import os
-import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from packaging.utils import canonicalize_name
 
-from attnforge._system.net import HostLookup
 from attnforge.errors import UsageError
+from attnforge.fetch.http import FetchError, HttpClient, HttpStatusError, shown
 from attnforge.resolve.types import Request, SourceKind, SourceSpec, WheelRef
-
-#: ``opener(url, timeout_s) -> file-like``; tests pass a fake, the CLI uses urllib.
-Opener = Callable[[str, float], IO[bytes]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,29 +92,22 @@ def parse_simple_page(page: str, page_url: str) -> list[WheelRef]:
     return out
 
 
-def _urlopen(url: str, timeout_s: float, hosts: HostLookup | None = None) -> IO[bytes]:
-    if url.startswith("file:"):
-        path = Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path))
-        if path.is_dir():
-            url = (path / "index.html").as_uri()
-    problem = (hosts or HostLookup()).problem(url)  # a silent DNS costs seconds, not the C library's minutes
-    if problem is not None:
-        raise OSError(problem)
-    return urllib.request.urlopen(url, timeout=timeout_s)  # type: ignore[no-any-return]  # noqa: S310
-
-
-def list_index(
-    index_url: str, project: str, *, timeout_s: float = 30.0, opener: Opener = _urlopen
-) -> list[WheelRef]:
-    """The wheels of ``project`` on the PEP 503 index ``index_url``.
+def list_index(index_url: str, project: str, *, client: HttpClient | None = None) -> list[WheelRef]:
+    """The wheels of ``project`` on the PEP 503 index ``index_url`` (``file:`` or ``http(s):``).
 
     Raises:
-        OSError: the page cannot be fetched (urllib's URLError is an OSError).
+        FetchError: the page cannot be fetched (:class:`HttpStatusError` for an HTTP status).
     """
     page_url = f"{index_url.rstrip('/')}/{canonicalize_name(project)}/"
-    with opener(page_url, timeout_s) as fh:
-        page = fh.read().decode("utf-8", errors="replace")
-    return parse_simple_page(page, page_url)
+    if page_url.startswith("file:"):  # a local index: no network, no deadline
+        path = Path(urllib.request.url2pathname(urllib.parse.urlsplit(page_url).path))
+        try:
+            page = (path / "index.html" if path.is_dir() else path).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise FetchError(f"{page_url}: {exc.strerror or exc}") from None
+    else:
+        page = (client or HttpClient()).get(page_url).body.decode("utf-8", errors="replace")
+    return parse_simple_page(page, shown(page_url))
 
 
 def list_wheels(
@@ -127,7 +116,7 @@ def list_wheels(
     projects: Sequence[str],
     *,
     offline: bool,
-    opener: Opener = _urlopen,
+    client: HttpClient | None = None,
 ) -> Listing:
     """Wheels of ``projects`` from every find-links dir and index, with a problem line per place that failed.
 
@@ -136,25 +125,24 @@ def list_wheels(
     """
     wheels: list[WheelRef] = []
     problems: list[str] = []
-    if opener is _urlopen:  # one lookup per host for all the projects of an index
-        opener = functools.partial(_urlopen, hosts=HostLookup())
     for d in find_links:
         wheels.extend(list_find_links(d))
     for index in index_urls:
         scheme = urllib.parse.urlsplit(index).scheme
         if scheme not in ("file", "http", "https"):
-            raise UsageError(f"not an index URL: {index}", hint="use https://..., http://... or file:///...")
+            raise UsageError(f"not an index URL: {shown(index)}", hint="use https://..., http://... or file:///...")
         if offline and scheme != "file":
-            problems.append(f"--offline: skipped the index {index}")
+            problems.append(f"--offline: skipped the index {shown(index)}")
             continue
+        client = client or HttpClient()  # one client (one deadline) for all the projects of every index
         for project in dict.fromkeys(canonicalize_name(p) for p in projects):
             try:
-                wheels.extend(list_index(index, project, opener=opener))
-            except urllib.error.HTTPError as exc:
+                wheels.extend(list_index(index, project, client=client))
+            except HttpStatusError as exc:
                 if exc.code != 404:
-                    problems.append(f"{index}: {project}: HTTP {exc.code}")
-            except OSError as exc:
-                problems.append(f"{index}: {project}: {getattr(exc, 'reason', None) or exc}")
+                    problems.append(f"{shown(index)}: {project}: HTTP {exc.code}")
+            except FetchError as exc:
+                problems.append(f"{shown(index)}: {project}: {exc}")
     return Listing(wheels=tuple(wheels), problems=tuple(problems))
 
 

@@ -1,4 +1,6 @@
-"""Stream a wheel to disk with a progress bar, hashing it on the way, and check it against its digest.
+"""Stream a wheel (or an sdist) to disk with a progress bar, hashing it on the way, and check it against its
+digest. The request goes through :class:`attnforge.fetch.http.HttpClient` (proxies, the command's deadline for
+the answer; once the body flows it is bounded by a stall timeout, not by the budget).
 
 A wheel with a published sha256 (a GitHub asset's ``digest``, an index's ``#sha256=``) must match it; one
 without is hashed and the hash is kept as "recorded on first use, not published" in the cache's provenance.
@@ -8,14 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from attnforge.errors import CacheError, InstallError
-from attnforge.fetch.http import USER_AGENT, open_url
+from attnforge.fetch.http import FetchError, HttpClient, shown
 
 CHUNK = 1 << 20
 
@@ -24,11 +24,10 @@ def stream(
     url: str,
     target: Path,
     *,
-    timeout_s: float = 300.0,
     progress: bool | None = None,
-    opener: Callable[..., Any] = open_url,
+    client: HttpClient | None = None,
 ) -> str:
-    """Download ``url`` into ``target`` and return its sha256 (hex).
+    """Download ``url`` (``http(s)://``, ``file:``) into ``target`` and return its sha256 (hex).
 
     ``progress`` None shows a rich progress bar on stderr when stderr is a terminal.
 
@@ -37,21 +36,18 @@ def stream(
     """
     show = sys.stderr.isatty() if progress is None else progress
     digest = hashlib.sha256()
-    req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})  # noqa: S310
     try:
-        with opener(req, timeout=timeout_s) as resp, target.open("wb") as out:
+        with (client or HttpClient()).open(url) as resp, target.open("wb") as out:
             total = int(resp.headers.get("Content-Length") or 0) or None
             with _bar(show, target.name, total) as advance:
                 while chunk := resp.read(CHUNK):
                     out.write(chunk)
                     digest.update(chunk)
                     advance(len(chunk))
-    except (urllib.error.URLError, OSError) as exc:
-        if isinstance(exc, urllib.error.HTTPError):
-            exc.close()
+    except (FetchError, OSError) as exc:
         target.unlink(missing_ok=True)
         raise InstallError(
-            f"could not download {url}", cause=str(getattr(exc, "reason", None) or exc),
+            f"could not download {shown(url)}", cause=str(exc),
             hint="check the network or proxy (https_proxy), or put the wheel in a --find-links directory",
         ) from None
     return digest.hexdigest()

@@ -1,0 +1,155 @@
+"""Where JIT-compiled kernels persist between processes: FlashAttention-4's CuTe DSL cache and Inductor's
+(FlexAttention), both under ``$ATTNFORGE_HOME/compile/`` unless the user pointed them elsewhere.
+
+Without it every process compiles again: FA4's on-disk cache is off by default (``FLASH_ATTENTION_CUTE_DSL_
+CACHE_ENABLED`` defaults to ``"0"``, ``flash_attn/cute/cache_utils.py``), and Inductor's default folder is in the
+system temp dir, which a container or a reboot empties (/work/shared/research/levers-2026-11-26.md section 2;
+issue 30: a 50-call workload of new classes did not finish in 300 s, each paying FA4's JIT and Flex's compile).
+
+FA4 reads its two variables when ``flash_attn.cute`` is imported, Inductor reads its own at each compile
+(``torch/_inductor/runtime/cache_dir_utils.py``), so :func:`ensure` runs before attnforge imports a backend's
+module (:mod:`attnforge.backends._base`) or compiles FlexAttention (:mod:`attnforge.backends.flex`): in the
+runtime, the verify child and the bench child alike. A variable the user set wins (and so does Inductor's own
+default once an earlier ``torch.compile`` of this process wrote it back into the environment); a home that cannot
+be written leaves the defaults (a shared read-only home must not make attention fail).
+
+:func:`count_artifacts` counts the compiled files in the folders: a second process that compiles nothing leaves
+the count unchanged (issue 30's "0 compiles, counted, not assumed").
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnforge._compat import StrEnum
+from attnforge._system.paths import home_dir
+
+FA4_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+FA4_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
+INDUCTOR_DIR = "TORCHINDUCTOR_CACHE_DIR"
+#: the folders under ``$ATTNFORGE_HOME`` per variable
+FOLDERS = {FA4_DIR: Path("compile", "flash-attn-cute"), INDUCTOR_DIR: Path("compile", "inductor")}
+
+
+class Source(StrEnum):
+    """Who chose a variable's value."""
+
+    ATTNFORGE = "attnforge"  # set by :func:`ensure` to a folder under $ATTNFORGE_HOME
+    USER = "user"  # set before attnforge looked (by the user, or by an earlier torch.compile of this process)
+    DEFAULT = "default"  # unset: the home was not writable, the library's own default applies
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheSetting:
+    """One variable as :func:`ensure` left it.
+
+    Attributes:
+        variable: the environment variable.
+        value: its value (None: unset).
+        source: who chose it.
+    """
+
+    variable: str
+    value: str | None
+    source: Source
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompileCaches:
+    """The compile caches of this process (:func:`ensure`).
+
+    Attributes:
+        settings: the three variables.
+        note: why attnforge left a variable alone ("" when it set them all).
+    """
+
+    settings: tuple[CacheSetting, ...]
+    note: str = ""
+
+    @property
+    def folders(self) -> tuple[Path, ...]:
+        """The cache folders in use (set or chosen by the user; not the libraries' defaults)."""
+        return tuple(Path(s.value) for s in self.settings if s.variable != FA4_ENABLED and s.value)
+
+    def lines(self) -> list[str]:
+        """One line per variable, for ``explain``/``doctor``/``warmup``."""
+        return [f"{s.variable}={s.value if s.value is not None else '(unset)'} ({s.source.value})"
+                for s in self.settings]
+
+
+_LOCK = threading.Lock()
+#: what ensure() wrote, per variable: a value still equal to it is ours, and follows a new ATTNFORGE_HOME
+_OURS: dict[str, str] = {}
+
+
+def ensure(environ: MutableMapping[str, str] | None = None) -> CompileCaches:
+    """Point the compile caches into ``$ATTNFORGE_HOME/compile/`` unless the user already set them.
+
+    Idempotent and cheap after the first call; never raises.
+
+    Args:
+        environ: the environment to read and write (``os.environ`` when None; tests pass a dict).
+
+    Returns:
+        The settings and, when a variable was left alone, why.
+    """
+    env: MutableMapping[str, str] = os.environ if environ is None else environ
+    with _LOCK:
+        notes: list[str] = []
+        try:
+            home = home_dir(env)
+        except Exception as exc:  # platformdirs missing or broken: leave the defaults
+            home, reason = None, f"no attnforge home ({type(exc).__name__})"
+            notes.append(reason)
+        settings = []
+        for variable, folder in FOLDERS.items():
+            current = env.get(variable)
+            if current is not None and _OURS.get(variable) != current:
+                settings.append(CacheSetting(variable=variable, value=current, source=Source.USER))
+                continue
+            target = home / folder if home is not None else None
+            if target is None or not _writable(target):
+                if current is not None:  # ours from an earlier home; that home is not ours to keep using
+                    del env[variable]
+                    _OURS.pop(variable, None)
+                if target is not None:
+                    notes.append(f"{target} is not writable: {variable} left at the library's default")
+                settings.append(CacheSetting(variable=variable, value=None, source=Source.DEFAULT))
+                continue
+            env[variable] = _OURS[variable] = str(target)
+            settings.append(CacheSetting(variable=variable, value=str(target), source=Source.ATTNFORGE))
+        enabled = env.get(FA4_ENABLED)
+        fa4_dir = next(s for s in settings if s.variable == FA4_DIR)
+        if enabled is not None and _OURS.get(FA4_ENABLED) != enabled:
+            settings.insert(0, CacheSetting(variable=FA4_ENABLED, value=enabled, source=Source.USER))
+        elif fa4_dir.value is None:
+            settings.insert(0, CacheSetting(variable=FA4_ENABLED, value=enabled, source=Source.DEFAULT))
+        else:
+            env[FA4_ENABLED] = _OURS[FA4_ENABLED] = "1"
+            settings.insert(0, CacheSetting(variable=FA4_ENABLED, value="1", source=Source.ATTNFORGE))
+        return CompileCaches(settings=tuple(settings), note="; ".join(notes))
+
+
+def count_artifacts(folders: tuple[Path, ...] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """The number of files in the compile cache folders (``folders``, else the ones the environment names):
+    compiling a kernel adds some, loading one from the cache adds none. A missing folder counts 0."""
+    env = os.environ if environ is None else environ
+    if folders is None:
+        folders = tuple(Path(v) for v in (env.get(FA4_DIR), env.get(INDUCTOR_DIR)) if v)
+    total = 0
+    for folder in folders:
+        for _root, _dirs, files in os.walk(folder):
+            total += sum(1 for f in files if not f.endswith(".lock"))
+    return total
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK | os.X_OK)

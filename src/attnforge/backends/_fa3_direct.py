@@ -1,0 +1,199 @@
+"""FlashAttention-3's registered ops called directly: the route of a bound FA3 call without the public entry.
+
+The public ``flash_attn_interface.flash_attn_func`` makes four hops per call (``FlashAttnFunc.apply``, the
+Python ``custom_op`` ``flash_attn_3::_flash_attn_forward``, ``maybe_contiguous`` on 14 arguments, the op, then
+two ``torch.tensor([])`` allocations): ~97 us of host time per call on an H100 against ~31 us for the op called
+positionally (shared/research/h100-host-cost-2026-11-26.md). This module calls ``torch.ops.flash_attn_3.fwd``
+positionally with an argument tail prepared once per bound signature, inside one lean
+``torch.autograd.Function`` whose backward calls ``torch.ops.flash_attn_3.bwd`` positionally, or with no
+autograd at all when the call needs no gradient (as vLLM and SGLang call their FA3 ops).
+
+Mirrored upstream (github.com/Dao-AILab/flash-attention @0251105a, 2026-08-15):
+
+- the op schemas: ``hopper/flash_api_stable.cpp`` lines 1893-1950 (``STABLE_TORCH_LIBRARY(flash_attn_3, m)``,
+  ``fwd`` and ``bwd``; ``hopper/flash_api.cpp`` lines 1674-1730 holds the same text for torch < 2.9);
+- the arguments the public entry passes: ``hopper/flash_attn_interface.py`` lines 552-608
+  (``FlashAttnFunc.forward``: the scale defaults to ``D ** -0.5``, ``num_splits=1``, ``pack_gqa=None``,
+  ``sm_margin=0``, ``attention_chunk=0``), lines 59-150 (``_flash_attn_forward``: ``rotary_interleaved=True``,
+  ``maybe_contiguous``, V made contiguous only when neither its last nor its third-last stride is 1; the op
+  returns ``(out, softmax_lse, out_accum, softmax_lse_accum)``), lines 610-639 (``FlashAttnFunc.backward``:
+  ``dq, dk, dv = empty_like``, ``deterministic=False``) and lines 258-309 (``_flash_attn_backward``).
+
+Pinned: :func:`find_ops` hands out the ops only when their registered schemas are exactly the mirrored ones
+(another FA3 build, older or newer, keeps the public function); tests/dispatch/test_direct_entries.py registers
+the mirrored schemas in a test namespace on CPU and checks the mapping against the public path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: ``m.def("fwd(...")``, hopper/flash_api_stable.cpp:1893-1927 @0251105a, verbatim
+FWD_SCHEMA = (
+    "fwd(Tensor q, Tensor k, Tensor v, Tensor(k_new!)? k_new = None, Tensor(v_new!)? v_new = None,"
+    " Tensor? q_v = None, Tensor(out!)? out = None, Tensor? cu_seqlens_q = None, Tensor? cu_seqlens_k = None,"
+    " Tensor? cu_seqlens_k_new = None, Tensor? seqused_q = None, Tensor? seqused_k = None,"
+    " int? max_seqlen_q = None, int? max_seqlen_k = None, Tensor? page_table = None,"
+    " Tensor? kv_batch_idx = None, Tensor? leftpad_k = None, Tensor? rotary_cos = None,"
+    " Tensor? rotary_sin = None, Tensor? seqlens_rotary = None, Tensor? q_descale = None,"
+    " Tensor? k_descale = None, Tensor? v_descale = None, float? softmax_scale = None, bool is_causal = False,"
+    " int window_size_left = -1, int window_size_right = -1, int attention_chunk = 0, float softcap = 0.0,"
+    " bool is_rotary_interleaved = False, Tensor? scheduler_metadata = None, int num_splits = 0,"
+    " bool? pack_gqa = None, int sm_margin = 0) -> (Tensor(out!), Tensor, Tensor, Tensor)"
+)
+#: ``m.def("bwd(...")``, hopper/flash_api_stable.cpp:1928-1950 @0251105a, verbatim
+BWD_SCHEMA = (
+    "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor(dq!)? dq = None,"
+    " Tensor(dk!)? dk = None, Tensor(dv!)? dv = None, Tensor? cu_seqlens_q = None, Tensor? cu_seqlens_k = None,"
+    " Tensor? seqused_q = None, Tensor? seqused_k = None, int? max_seqlen_q = None, int? max_seqlen_k = None,"
+    " float? softmax_scale = None, bool is_causal = False, int window_size_left = -1,"
+    " int window_size_right = -1, float softcap = 0.0, bool deterministic = False,"
+    " int sm_margin = 0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+#: the namespace ``flash_attn_3._C`` registers its ops under (``STABLE_TORCH_LIBRARY(flash_attn_3, m)``)
+NAMESPACE = "flash_attn_3"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fa3Ops:
+    """The two registered ops (``OpOverload``s: ``.default``, no overload resolution per call)."""
+
+    fwd: Callable[..., Any]
+    bwd: Callable[..., Any]
+
+
+def find_ops(namespace: str = NAMESPACE) -> Fa3Ops | None:
+    """FA3's ``fwd`` and ``bwd`` ops when their registered schemas are the mirrored ones, else None.
+
+    Call after importing the package that registers them (``flash_attn_interface`` imports
+    ``flash_attn_3._C``). A schema that differs in any argument, default or return (another FA3 version) gives
+    None, and the adapter keeps the public function.
+    """
+    try:
+        ns = getattr(torch.ops, namespace)
+        fwd, bwd = ns.fwd.default, ns.bwd.default
+    except (AttributeError, RuntimeError):  # not registered (or no such overload)
+        return None
+    for op, mirrored in ((fwd, FWD_SCHEMA), (bwd, BWD_SCHEMA)):
+        if str(op._schema) != str(torch._C.parse_schema(f"{namespace}::{mirrored}")):
+            return None
+    return Fa3Ops(fwd=fwd, bwd=bwd)
+
+
+def forward_tail(*, scale: float, causal: bool, window: tuple[int, int] = (-1, -1),
+                 softcap: float = 0.0) -> tuple[Any, ...]:
+    """The 31 positional arguments of ``fwd`` after ``q, k, v``, as ``FlashAttnFunc.forward`` passes them
+    through ``_flash_attn_forward`` (hopper/flash_attn_interface.py:576-598 and 107-142 @0251105a).
+
+    Args:
+        scale: the softmax scale, already defaulted to ``D ** -0.5`` (``FlashAttnFunc.forward`` line 574).
+        causal: bottom-right causal.
+        window: ``(left, right)``, -1 = unbounded.
+        softcap: 0.0 = off.
+    """
+    return (None, None, None, None,  # k_new, v_new, q_v, out
+            None, None, None, None, None,  # cu_seqlens_q/k/k_new, seqused_q/k
+            None, None,  # max_seqlen_q/k
+            None, None, None,  # page_table, kv_batch_idx, leftpad_k
+            None, None, None,  # rotary_cos/sin, seqlens_rotary
+            None, None, None,  # q/k/v_descale
+            scale, causal, window[0], window[1],
+            0,  # attention_chunk
+            softcap,
+            True,  # rotary_interleaved: _flash_attn_forward's default (line 90), not the op's
+            None,  # scheduler_metadata
+            1,  # num_splits: FlashAttnFunc.forward's default (line 567)
+            None,  # pack_gqa
+            0)  # sm_margin
+
+
+def backward_tail(*, scale: float, causal: bool, window: tuple[int, int] = (-1, -1),
+                  softcap: float = 0.0) -> tuple[Any, ...]:
+    """The 13 positional arguments of ``bwd`` after ``dout, q, k, v, out, lse, dq, dk, dv``, as
+    ``FlashAttnFunc.backward`` passes them (hopper/flash_attn_interface.py:615-635 @0251105a)."""
+    return (None, None, None, None, None, None,  # cu_seqlens_q/k, seqused_q/k, max_seqlen_q/k
+            scale, causal, window[0], window[1], softcap,
+            False,  # deterministic
+            0)  # sm_margin
+
+
+def _lastdim(t: torch.Tensor) -> torch.Tensor:
+    """``maybe_contiguous`` (hopper/flash_attn_interface.py:30)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _values(v: torch.Tensor) -> torch.Tensor:
+    """V's rule in ``_flash_attn_forward`` (line 97): FP8 V may come with its third-last dim contiguous."""
+    return v.contiguous() if v.stride(-1) != 1 and v.stride(-3) != 1 else v
+
+
+class _Fa3Function(torch.autograd.Function):
+    """One autograd node around the two ops (no Python ``custom_op`` in between)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - autograd
+                ops: Fa3Ops, tail: tuple[Any, ...], grad_tail: tuple[Any, ...]) -> torch.Tensor:
+        q, k, v = _lastdim(q), _lastdim(k), _values(v)
+        out, lse, _, _ = ops.fwd(q, k, v, *tail)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.ops, ctx.grad_tail = ops, grad_tail
+        return out  # type: ignore[no-any-return]
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        ctx.ops.bwd(_lastdim(dout), _lastdim(q), _lastdim(k), _lastdim(v), _lastdim(out), lse, dq, dk, dv,
+                    *ctx.grad_tail)
+        return dq, dk, dv, None, None, None
+
+
+def bind(ops: Fa3Ops, *, scale: float, causal: bool, bshd: bool, needs_grad: bool,
+         window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Callable[..., torch.Tensor]:
+    """``fn(q, k, v)`` on the caller's tensors in their layout, calling the ops directly.
+
+    Args:
+        ops: from :func:`find_ops`.
+        scale: the softmax scale (``D ** -0.5`` when the caller gave none, as the public entry defaults it).
+        causal: bottom-right causal.
+        bshd: the caller's tensors are ``[B, S, H, D]``; else ``[B, H, S, D]``, handed to the op as
+            ``transpose(1, 2)`` views, and the output ``[B, Sq, Hq, Dv]`` comes back as a view the same way.
+        needs_grad: wrap the op in :class:`_Fa3Function` (else no autograd at all).
+        window, softcap: as :func:`forward_tail`.
+
+    Returns:
+        The bound call: ``[B, Sq, Hq, D]`` / ``[B, Sk, Hkv, D]`` fp16/bf16 CUDA tensors in (or bhsd), the output
+        in q's dtype and the same layout. It allocates only the op's own outputs and never synchronises, so it
+        can be captured in a CUDA graph.
+    """
+    fwd = ops.fwd
+    tail = forward_tail(scale=scale, causal=causal, window=window, softcap=softcap)
+    if not needs_grad:
+        if bshd:
+            def forward_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                return fwd(_lastdim(q), _lastdim(k), _values(v), *tail)[0]  # type: ignore[no-any-return]
+
+            return forward_bshd
+
+        def forward_bhsd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            out = fwd(_lastdim(q.transpose(1, 2)), _lastdim(k.transpose(1, 2)), _values(v.transpose(1, 2)), *tail)
+            return out[0].transpose(1, 2)  # type: ignore[no-any-return]
+
+        return forward_bhsd
+    apply: Callable[..., Any] = _Fa3Function.apply
+    grad_tail = backward_tail(scale=scale, causal=causal, window=window, softcap=softcap)
+    if bshd:
+        def train_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return apply(q, k, v, ops, tail, grad_tail)  # type: ignore[no-any-return]
+
+        return train_bshd
+
+    def train_bhsd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), ops, tail, grad_tail)
+        return out.transpose(1, 2)  # type: ignore[no-any-return]
+
+    return train_bhsd

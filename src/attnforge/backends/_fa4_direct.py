@@ -1,0 +1,208 @@
+"""FlashAttention-4's forward without its Python layers, for calls that need no gradient.
+
+``flash_attn.cute.flash_attn_func`` runs ``FlashAttnFunc.apply``, whose forward calls
+``flash_attn.cute.interface._flash_attn_fwd`` (input checks, the compile key, the compiled-kernel cache, the
+TVM-FFI call). When no gradient is needed the autograd node does nothing but cost host time, so the bound route
+calls ``_flash_attn_fwd`` itself with exactly the keywords ``FlashAttnFunc.forward`` passes it (vLLM:
+``vllm/vllm_flash_attn/flash_attn_interface.py`` imports ``_flash_attn_fwd`` from the CuTe interface and calls
+it directly; shared/research/levers-2026-11-26.md §1). Calls that need a gradient keep the public function.
+
+Replay (:class:`Replayer`): ``_flash_attn_fwd`` itself spends most of FA4's host time (input checks, a
+~60-element compile key, the ``call_args`` list) before it calls the compiled TVM-FFI function it finds in
+``_flash_attn_fwd.compile_cache``. For a plain call that needs no gradient that function receives
+``(q, k, v, out, lse=None, softmax_scale, ...)`` where everything after ``out`` is fixed by the bound signature
+(shapes, dtype, device, causal, scale; interface.py:1887-1936), ``out`` is a fresh contiguous ``torch.empty`` (line
+873), and nothing runs after the kernel (no split-KV combine, no scheduler metadata: lines 1938-1967). So the first
+call of a bound signature runs ``_flash_attn_fwd`` with its cache wrapped to record the one compiled call; later
+calls allocate ``out`` and call the recorded function with the recorded arguments, as long as q, k and v keep the
+strides and 16-byte alignment of the recorded call (else ``maybe_contiguous`` and the compile key could differ,
+and ``_flash_attn_fwd`` serves). The replay is checked bit for bit against ``_flash_attn_fwd``'s output once per
+bound signature before it is used; a call that does not fit (another tensor argument, more than one compiled
+call, keywords) is never replayed, and nothing is recorded while a CUDA graph captures.
+
+Mirrored: the flash-attn-4 4.0.0b36 wheel (PyPI), ``flash_attn/cute/interface.py`` lines 3780-3840
+(``FlashAttnFunc.forward``: the keywords of its ``_flash_attn_fwd`` call at lines 3816-3837, and the MLA rewrite
+``k is v and D == 512`` before it), line 678 (``_flash_attn_fwd``'s signature; it returns
+``(out, lse, p, row_max, o_lo)``) and lines 4145-4210 (``flash_attn_func`` -> ``FlashAttnFunc.apply``). Pinned to
+:data:`VERSIONS`; another installed version keeps the public function.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: the flash-attn-4 versions whose ``interface.py`` the mapping below was read from
+VERSIONS = frozenset({"4.0.0b36"})
+#: the module that defines ``_flash_attn_fwd``
+INTERFACE = "flash_attn.cute.interface"
+#: FlashAttnFunc.forward treats ``k is v`` with this V head dim as MLA (line 3810): never bound directly
+MLA_HEAD_DIM = 512
+
+
+def forward_keywords(*, scale: float | None, causal: bool) -> dict[str, Any]:
+    """The keywords ``FlashAttnFunc.forward`` passes ``_flash_attn_fwd`` for ``flash_attn_func(q, k, v,
+    softmax_scale=scale, causal=causal)`` (interface.py:3816-3837 @4.0.0b36, every other argument at
+    ``flash_attn_func``'s default; the scale stays None when None: ``_flash_attn_fwd`` defaults it)."""
+    return {"qv": None, "softmax_scale": scale, "causal": causal, "window_size_left": None,
+            "window_size_right": None, "learnable_sink": None, "softcap": 0.0, "num_splits": 1, "pack_gqa": None,
+            "score_mod": None, "mask_mod": None, "aux_tensors": None, "aux_scalars": None,
+            "block_sparse_tensors": None, "return_lse": False, "gather_kv_indices": None,
+            "gather_bwd_recompute_p": False}
+
+
+#: the alignment ``maybe_contiguous`` demands of q, k, v before it would copy them (cute_dsl_utils.py:87-99)
+ALIGN_BYTES = 16
+#: recording swaps ``_flash_attn_fwd.compile_cache`` for a moment: one recording at a time
+_RECORDING = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replay:
+    """The compiled call recorded for one bound signature.
+
+    Attributes:
+        kernel: the compiled TVM-FFI function out of ``_flash_attn_fwd.compile_cache``.
+        args: its positional arguments; slots 0-3 (q, k, v, out) are filled per call.
+        strides: the strides of the recorded q, k, v (``[B, S, H, D]``).
+        out_shape, out_dtype: the output ``torch.empty`` allocates.
+    """
+
+    kernel: Callable[..., Any]
+    args: tuple[Any, ...]
+    strides: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+    out_shape: tuple[int, ...]
+    out_dtype: Any
+
+
+class Replayer:
+    """``fn(q, k, v)`` on ``[B, S, H, D]`` tensors: the recorded compiled call when it fits, else
+    ``_flash_attn_fwd`` (see the module docstring)."""
+
+    __slots__ = ("fwd", "keywords", "replay", "tried")
+
+    def __init__(self, fwd: Callable[..., Any], keywords: dict[str, Any]) -> None:
+        self.fwd, self.keywords = fwd, keywords
+        self.replay: Replay | None = None
+        self.tried = False
+
+    def __call__(self, q: Any, k: Any, v: Any) -> Any:
+        replay = self.replay
+        if replay is not None and (q.stride(), k.stride(), v.stride()) == replay.strides and not (
+                q.data_ptr() % ALIGN_BYTES or k.data_ptr() % ALIGN_BYTES or v.data_ptr() % ALIGN_BYTES):
+            return _run(replay, q, k, v)
+        if not self.tried:
+            return self._record(q, k, v)
+        return self.fwd(q, k, v, **self.keywords)[0]
+
+    def _record(self, q: Any, k: Any, v: Any) -> Any:
+        """Run ``_flash_attn_fwd`` with its compile cache recording, and keep the replay if it reproduces the
+        output bit for bit (one synchronisation, so never while a CUDA graph captures)."""
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return self.fwd(q, k, v, **self.keywords)[0]  # record on a later call
+        seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        with _RECORDING:
+            if self.tried:  # another thread recorded meanwhile
+                return self(q, k, v)
+            self.tried = True
+            cache = getattr(self.fwd, "compile_cache", None)
+            if cache is not None:
+                self.fwd.compile_cache = _Recorder(cache, seen)  # type: ignore[attr-defined]
+            try:
+                out = self.fwd(q, k, v, **self.keywords)[0]
+            finally:
+                if cache is not None:
+                    self.fwd.compile_cache = cache  # type: ignore[attr-defined]
+        replay = _replay_of(seen, (q, k, v), out)
+        if replay is not None:
+            try:
+                same = bool(torch.equal(_run(replay, q, k, v), out))
+            except Exception:  # a replay that raises is not used; _flash_attn_fwd serves
+                same = False
+            self.replay = replay if same else None
+        return out
+
+
+def _run(replay: Replay, q: Any, k: Any, v: Any) -> Any:
+    """The recorded compiled call on new q, k, v, into a fresh output (as ``_flash_attn_fwd`` allocates it)."""
+    import torch
+
+    out = torch.empty(replay.out_shape, dtype=replay.out_dtype, device=q.device)
+    replay.kernel(q.detach(), k.detach(), v.detach(), out, *replay.args[4:])
+    return out
+
+
+class _Recorder:
+    """Stands in for ``_flash_attn_fwd.compile_cache`` during one call: every compiled function handed out is
+    wrapped to record its arguments."""
+
+    def __init__(self, cache: Any, seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]]) -> None:
+        self.cache, self.seen = cache, seen
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self.cache
+
+    def __setitem__(self, key: Any, fn: Any) -> None:
+        self.cache[key] = fn
+
+    def __getitem__(self, key: Any) -> Any:
+        fn = self.cache[key]
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            self.seen.append((fn, args, kwargs))
+            return fn(*args, **kwargs)
+
+        return recorded
+
+
+def _replay_of(seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]], qkv: tuple[Any, Any, Any],
+               out: Any) -> Replay | None:
+    """The recorded call as a :class:`Replay`, or None when it cannot be replayed faithfully: not exactly one
+    compiled call, keywords, slots 0-3 not the caller's q, k, v (uncopied) and the returned out, or any other
+    tensor among the arguments (an lse, scheduler buffers, cu_seqlens: per-call state)."""
+    import torch
+
+    if len(seen) != 1:
+        return None
+    kernel, args, kwargs = seen[0]
+    if kwargs or len(args) < 5:
+        return None
+    for got, want in zip(args[:4], (*qkv, out), strict=True):
+        if not (isinstance(got, torch.Tensor) and got.data_ptr() == want.data_ptr() and got.shape == want.shape
+                and got.stride() == want.stride() and got.dtype == want.dtype):
+            return None
+    if not out.is_contiguous() or any(isinstance(a, torch.Tensor) for a in args[4:]):
+        return None
+    q, k, v = qkv
+    return Replay(kernel=kernel, args=tuple(args), strides=(q.stride(), k.stride(), v.stride()),
+                  out_shape=tuple(out.shape), out_dtype=out.dtype)
+
+
+def bind(fwd: Callable[..., Any], *, scale: float | None, causal: bool, bshd: bool) -> Callable[..., Any]:
+    """``fn(q, k, v)`` for a call that needs no gradient: the recorded compiled call (:class:`Replayer`), else
+    ``_flash_attn_fwd`` called directly.
+
+    Args:
+        fwd: ``flash_attn.cute.interface._flash_attn_fwd`` of a version in :data:`VERSIONS`.
+        scale: softmax scale or None (``1/sqrt(D)``).
+        causal: bottom-right causal.
+        bshd: the caller's tensors are ``[B, S, H, D]``; else ``[B, H, S, D]``, handed over as
+            ``transpose(1, 2)`` views, and the ``[B, Sq, Hq, Dv]`` output returned as a view the same way.
+
+    Returns:
+        The bound call; fp16/bf16 CUDA tensors in, the output in q's dtype and the caller's layout. Its first
+        call per binding records and checks the replay (one device synchronisation); later calls allocate only
+        the output and never synchronise.
+    """
+    run = Replayer(fwd, forward_keywords(scale=scale, causal=causal))
+    if bshd:
+        return run
+
+    def forward_bhsd(q: Any, k: Any, v: Any) -> Any:
+        return run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+    return forward_bhsd

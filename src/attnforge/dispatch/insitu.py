@@ -1,0 +1,177 @@
+"""The in-situ check (issue 30): after a non-SDPA route has served :data:`SAMPLE_AFTER` calls of a shape class,
+it is timed once against plain SDPA on a live call, and the class reverts to SDPA when SDPA is faster beyond the
+noise (:func:`attnforge.ranking.beats`).
+
+Why: a measurement taken once (bench, or first use) can mislead in the model: the host's pace at that moment,
+another layout, a kernel whose Python entry costs more than its run (docs/benchmarks.md: FA3's and FA4's entries
+90-300 us of host time per call, SDPA's 24-79 us; issue 30's D256 forward, 0.68x of SDPA through
+``attention()``). The check times the two routes as the model issues them: :func:`attnforge.bench.timing.paired`,
+a few interleaved back-to-back batches on the caller's own tensors (forward + backward on detached copies for a
+call that needs grad), on the calling thread, bounded (about ``2 * PAIRS * 2 * BATCH_MS`` ms; skipped when one
+call takes more than :data:`MAX_CALL_MS`). It never runs while ``torch.compile`` traces or a CUDA graph captures
+(:func:`attnforge.dispatch.autotune.capturing`), nor when measuring is off (``ATTNFORGE_AUTOTUNE=0``).
+
+A revert is written as two records of the class (``run_id`` ``insitu-...``, the route's and SDPA's live timings),
+which supersede the older ones for both backends, so the decision persists across processes; ``explain()`` says
+so on SDPA's line. A class is checked once per process whatever the outcome.
+"""
+
+from __future__ import annotations
+
+import uuid
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from attnforge.backends.adapter import AttentionCall, BackendAdapter
+from attnforge.backends.exact import EXACT
+from attnforge.dispatch import autotune
+from attnforge.dispatch.policy import FALLBACK, Decision, class_of_call, shape_of_call
+
+#: calls of a class a non-SDPA route serves before it is checked
+SAMPLE_AFTER = 64
+#: interleaved rounds of the check (each: one back-to-back batch of the route, one of SDPA)
+PAIRS = 3
+#: no check when one call takes longer (ms): its cost would be a stall, and the host cost is noise there
+MAX_CALL_MS = 8.0
+
+
+@dataclass(slots=True, kw_only=True)
+class _State:
+    counts: dict[str, int] = field(default_factory=dict)
+    checked: set[str] = field(default_factory=set)
+    #: class -> the explain line of a revert
+    reverted: dict[str, str] = field(default_factory=dict)
+
+
+_STATE: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
+
+
+def _key(call: AttentionCall) -> str:
+    return f"{class_of_call(call)}|{call.precision}|{call.device_type}"
+
+
+def sampled(dispatcher: Checked, steps: tuple[tuple[BackendAdapter, Callable[..., Any]], ...], call: AttentionCall,
+            decision: Decision) -> tuple[tuple[BackendAdapter, Callable[..., Any]], ...]:
+    """The route's steps, the first one counting its calls when it is a non-SDPA backend that a class-level
+    measurement put there and SDPA may serve the call (then the check runs at call :data:`SAMPLE_AFTER`)."""
+    if not steps or len(steps) < 2 or FALLBACK not in decision.order:
+        return steps
+    first, fn = steps[0]
+    if first.name in (FALLBACK, EXACT) or decision.ranking is None or first.name not in decision.ranking.measurements:
+        return steps
+    state = _STATE.setdefault(dispatcher, _State())
+    key = _key(call)
+    if key in state.checked:
+        return steps
+    sdpa = next(f for a, f in steps if a.name == FALLBACK)
+    counting = _Sampler(dispatcher, state=state, key=key, call=call, name=first.name, fn=fn, sdpa=sdpa)
+    return ((first, counting), *steps[1:])
+
+
+def annotate(dispatcher: Any, decision: Decision, call: AttentionCall) -> Decision:
+    """The decision with the in-situ revert of its class, if any, said on SDPA's line."""
+    state = _STATE.get(dispatcher)
+    line = state.reverted.get(_key(call)) if state is not None else None
+    if line is None or FALLBACK not in decision.order:
+        return decision
+    i = decision.order.index(FALLBACK)
+    basis = list(decision.basis)
+    basis[i] = f"{basis[i]}; {line}"
+    return replace(decision, basis=tuple(basis))
+
+
+class Checked(Protocol):
+    """What the check needs of the dispatcher (:class:`attnforge.dispatch.dispatcher.Dispatcher`)."""
+
+    def _device(self, device: Any) -> Any: ...  # its ``.key``: the records' device key
+
+    def _source(self) -> Any: ...  # the record store
+
+    def versions(self) -> dict[str, str | None]: ...
+
+    def refresh(self) -> None: ...
+
+    def forget_decisions(self) -> None: ...
+
+
+class _Sampler:
+    """A route's first step that counts the calls of its class and runs the check once."""
+
+    __slots__ = ("call", "dispatcher", "fn", "key", "name", "sdpa", "state")
+
+    def __init__(self, dispatcher: Checked, *, state: _State, key: str, call: AttentionCall, name: str,
+                 fn: Callable[..., Any], sdpa: Callable[..., Any]) -> None:
+        self.dispatcher, self.state, self.key, self.call = dispatcher, state, key, call
+        self.name, self.fn, self.sdpa = name, fn, sdpa
+
+    def __call__(self, q: Any, k: Any, v: Any) -> Any:
+        n = self.state.counts.get(self.key, 0) + 1
+        self.state.counts[self.key] = n
+        if n >= SAMPLE_AFTER and self.key not in self.state.checked:
+            self._check(q, k, v)
+        return self.fn(q, k, v)
+
+    def _check(self, q: Any, k: Any, v: Any) -> None:
+        if autotune.active(q.device.type) is None or autotune.capturing():
+            return  # off, or capturing: not now (the next call of the class asks again)
+        self.state.checked.add(self.key)
+        try:
+            reverted = check(self.dispatcher, (q, k, v), call=self.call, route=self.name, fn=self.fn, sdpa=self.sdpa)
+        except Exception:  # a failed check changes nothing: the route keeps serving
+            reverted = None
+        if reverted is not None:
+            self.state.reverted[self.key] = reverted
+            self.dispatcher.refresh()  # re-read the records: the class is decided again
+        else:
+            self.dispatcher.forget_decisions()  # rebuild the routes without this counter
+
+
+def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: AttentionCall, route: str,
+          fn: Callable[..., Any], sdpa: Callable[..., Any],
+          clock: Callable[[], float] | None = None) -> str | None:
+    """Time ``route`` against SDPA on the caller's tensors; when SDPA wins beyond the noise store both timings
+    and return the explain line of the revert, else None (nothing stored).
+
+    Args:
+        dispatcher: whose record source and device keys are used.
+        tensors: the caller's ``(q, k, v)`` as the route receives them.
+        call: the call's description; route: the backend serving it.
+        fn, sdpa: the bound calls of the route's backend and of SDPA.
+        clock: seconds, monotonic (the active autotune configuration's when None; a fake clock in tests).
+    """
+    from attnforge.bench.flops import shape_flops, tflops
+    from attnforge.bench.timing import paired
+    from attnforge.ranking import Measurement, beats
+    from attnforge.records import BenchRecord
+
+    q = tensors[0]
+    config = autotune.active(q.device.type) or autotune.DEFAULT
+    steps = {route: autotune.step_of(fn, tensors, grad=call.needs_grad),
+             FALLBACK: autotune.step_of(sdpa, tensors, grad=call.needs_grad)}
+    sync = autotune.device_sync(q.device.type == "cuda")
+    timings = paired(steps, pairs=PAIRS, sync=sync, clock=clock or config.clock, max_call_ms=MAX_CALL_MS)
+    if timings is None:
+        return None
+    shape = shape_of_call(call)
+    flops = shape_flops(shape)
+
+    def measurement(name: str) -> Measurement:
+        t = timings[name]
+        return Measurement(backend=name, tflops=tflops(flops, t.median_ms), tflops_lo=tflops(flops, t.hi_ms),
+                           tflops_hi=tflops(flops, t.lo_ms), noise=t.mad_ms / t.median_ms if t.median_ms else 0.0)
+
+    if not beats(measurement(FALLBACK), measurement(route)):
+        return None
+    device_key = dispatcher._device(q.device).key
+    versions = dispatcher.versions()
+    run_id = "insitu-" + uuid.uuid4().hex[:8]
+    records = [BenchRecord.measured(shape, device_key=device_key, backend=name, backend_version=versions.get(name),
+                                    ms=timings[name].median_ms, tflops=tflops(flops, timings[name].median_ms),
+                                    run_id=run_id, timing=timings[name]) for name in (route, FALLBACK)]
+    store = dispatcher._source()
+    if hasattr(store, "add_bench"):
+        store.add_bench(records)
+    return (f"reverted from {route} by an in-situ check on live calls ({route} {timings[route].median_ms:.3f} ms, "
+            f"{FALLBACK} {timings[FALLBACK].median_ms:.3f} ms per call, {run_id})")

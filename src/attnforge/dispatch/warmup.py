@@ -1,0 +1,115 @@
+"""``attnforge warmup`` as a library call: compile and measure a model's shape classes ahead of time, as a deploy
+step, so that serving never pays a first use (issue 30).
+
+Per shape (:mod:`attnforge.bench.models` reads a ``config.json`` into shapes, :mod:`attnforge.bench.grid` the
+``--shapes`` sets; the same readers as ``attnforge bench``), one call of :func:`attnforge.attention` on random
+tensors (:func:`attnforge.bench.run.random_inputs`) inside ``autotune(background=False)``: the class is measured
+by first-use measurement itself (:func:`attnforge.dispatch.autotune.tune`: the one timing harness,
+:mod:`attnforge.bench.timing`, and the records the dispatcher reads), every candidate's first call compiles it
+into the persistent compile caches (:mod:`attnforge._system.compile_cache`), and the route then chosen serves
+the call (and its backward for fwd+bwd shapes). A model with a sliding window or a logit softcap is warmed with
+those features too (the window on causal shapes: Gemma 2 alternates windowed and global layers).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from attnforge._system import compile_cache
+from attnforge.dispatch import autotune
+from attnforge.types.shapes import AttentionShape, Mode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarmedClass:
+    """One warmed call.
+
+    Attributes:
+        shape: its shape; features: the feature keywords it used (``window``, ``softcap``).
+        shape_class: the class the dispatcher decides on (records are kept per class).
+        chosen: the backend that serves the class now (None when the call raised).
+        basis: why (:class:`attnforge.dispatch.explanation.Explanation`'s first basis).
+        duration_s: wall time of the warm-up of this call, compiles and measurement included.
+        error: the error's first line when the call raised ("" otherwise).
+    """
+
+    shape: AttentionShape
+    features: tuple[str, ...]
+    shape_class: str
+    chosen: str | None
+    basis: str
+    duration_s: float
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarmupReport:
+    """The result of :func:`warmup`.
+
+    Attributes:
+        classes: one entry per warmed call.
+        measuring: False when ``ATTNFORGE_AUTOTUNE=0`` turned measurement off (nothing was measured then).
+        caches: the compile cache settings (:func:`attnforge._system.compile_cache.ensure`).
+        compiled_files: files the compile caches gained during the warm-up (0 in a second run: nothing compiled).
+    """
+
+    classes: tuple[WarmedClass, ...]
+    measuring: bool
+    caches: compile_cache.CompileCaches
+    compiled_files: int
+
+
+def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None = None,
+           softcap: float | None = None, budget_s: float = 1.0, rounds: int = 5,
+           progress: Callable[[AttentionShape], None] | None = None) -> WarmupReport:
+    """Compile and measure every shape's class now (module docstring).
+
+    Args:
+        shapes: ``[B, H, S, D]`` sizes, dtype, causal and mode of each call (:class:`AttentionShape`).
+        device: ``"cuda"`` or ``"cpu"`` (a torch device string).
+        window: a model's sliding window (keys per query), also warmed on causal shapes; None: none.
+        softcap: a model's logit softcap, used on every call; None: none.
+        budget_s, rounds: as :func:`attnforge.autotune`.
+        progress: called before each shape (the CLI's status line).
+
+    Returns:
+        The report; a call that raises is an entry with its error, not an exception.
+    """
+    from attnforge.bench.run import random_inputs
+    from attnforge.dispatch import runtime
+
+    caches = compile_cache.ensure()
+    before = compile_cache.count_artifacts(caches.folders)
+    out: list[WarmedClass] = []
+    with autotune.autotune(budget_s=budget_s, rounds=rounds, background=False):
+        measuring = autotune.active(device.split(":", maxsplit=1)[0]) is not None
+        for shape in shapes:
+            if progress is not None:
+                progress(shape)
+            variants: list[dict[str, Any]] = [{"softcap": softcap} if softcap else {}]
+            if window and shape.causal and shape.seqlen_k > window:
+                variants.append({**variants[0], "window": (window - 1, 0)})
+            for kw in variants:
+                out.append(_warm(shape, kw, device=device, inputs=random_inputs, runtime=runtime))
+    return WarmupReport(classes=tuple(out), measuring=measuring, caches=caches,
+                        compiled_files=compile_cache.count_artifacts(caches.folders) - before)
+
+
+def _warm(shape: AttentionShape, kw: dict[str, Any], *, device: str, inputs: Any, runtime: Any) -> WarmedClass:
+    start = time.perf_counter()
+    names = tuple(sorted(kw))
+    try:
+        q, k, v, dout = inputs(shape, 1, device)[0]
+        result = runtime.attention(q, k, v, causal=shape.causal, **kw)
+        if shape.mode is Mode.FWD_BWD:
+            result.backward(dout)
+        explained = runtime.explain(q, k, v, causal=shape.causal, **kw)
+    except Exception as exc:  # a shape this machine cannot run (out of memory): reported, the rest goes on
+        text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+        return WarmedClass(shape=shape, features=names, shape_class=str(shape.shape_class), chosen=None, basis="",
+                           duration_s=time.perf_counter() - start, error=text[0] if text else type(exc).__name__)
+    return WarmedClass(shape=shape, features=names, shape_class=explained.shape_class, chosen=explained.chosen,
+                       basis=explained.basis[0] if explained.basis else "", duration_s=time.perf_counter() - start)

@@ -1,0 +1,81 @@
+"""``attnforge warmup``: a model's config.json -> its shape classes compiled and measured now, the records the
+dispatcher reads stored, one line per class (real CPU backends, the real record store)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.cli import main
+from attnforge.dispatch import runtime
+from attnforge.records import RecordStore, VerifyRecord
+from attnforge.verify.device import current_device
+
+LLAMA = {"model_type": "llama", "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "max_position_embeddings": 4096}
+
+
+@pytest.fixture(autouse=True)
+def fresh_dispatcher(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    import torch
+
+    monkeypatch.setenv("ATTNFORGE_AUTOTUNE", "1")
+    previous, threads = runtime.set_dispatcher(None), torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    runtime.set_dispatcher(previous)
+
+
+def _config(tmp_path: Path, doc: dict[str, object]) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return str(path)
+
+
+class Kernel:
+    """A verified backend at the kernel seam (on a CPU no real kernel is a candidate without a bench record)."""
+
+    def load_error(self) -> str | None:
+        return None
+
+    def unsupported_reasons(self, call: AttentionCall) -> list[str]:
+        return []
+
+    def __call__(self, q: Any, k: Any, v: Any, *, causal: bool, scale: float | None) -> Any:
+        return reference_attention(q, k, v, causal=causal, scale=scale).to(q.dtype)
+
+
+def test_a_models_classes_are_measured_and_stored(attnforge_home: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    key = current_device("cpu").key
+    store = RecordStore(attnforge_home)
+    store.add_verify(VerifyRecord(device_key=key, backend="kernel", backend_version=None, ok=True, summary="ok"))
+    runtime.set_dispatcher(runtime.Dispatcher({"kernel": Kernel()}, records=store))
+    argv = ["warmup", "--model", _config(tmp_path, LLAMA), "--device", "cpu", "--mode", "fwd", "--budget", "0.02",
+            "--rounds", "1", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "warmup" and doc["measuring"] is True
+    assert [c["chosen"] for c in doc["classes"]] and all(c["chosen"] in {"sdpa", "kernel"} for c in doc["classes"])
+    assert {c["shape"]["head_dim"] for c in doc["classes"]} == {32}  # hidden_size / num_attention_heads
+    measured = {(r.backend, r.run_id[:9]) for r in store.bench_records(key)}
+    assert measured == {("sdpa", "autotune-"), ("kernel", "autotune-")}  # the records attention() reads
+    assert any(s["source"] == "attnforge" for s in doc["caches"]["settings"])
+
+
+def test_measuring_off_is_said_and_fails(attnforge_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("ATTNFORGE_AUTOTUNE", "0")
+    assert main(["warmup", "--model", _config(tmp_path, LLAMA), "--device", "cpu", "--mode", "fwd"]) == 1
+    assert "ATTNFORGE_AUTOTUNE=0" in capsys.readouterr().out
+
+
+def test_it_needs_a_model_or_shapes(attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["warmup", "--device", "cpu"]) == 2
+    assert "--model" in capsys.readouterr().err

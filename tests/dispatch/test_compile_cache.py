@@ -1,0 +1,75 @@
+"""The JIT compile caches persist under ``$ATTNFORGE_HOME/compile`` (issue 30): set before a backend module is
+imported, the user's own settings win, a home that cannot be written leaves the defaults, and a second process
+that compiles nothing it compiled before leaves the artifact count unchanged (real processes, real Inductor)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnforge._system import compile_cache as cc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_caches_go_under_the_home_and_fa4s_is_switched_on(tmp_path: Path) -> None:
+    env = {"ATTNFORGE_HOME": str(tmp_path)}
+    caches = cc.ensure(env)
+    assert env[cc.FA4_ENABLED] == "1"
+    assert env[cc.FA4_DIR] == str(tmp_path / "compile" / "flash-attn-cute")
+    assert env[cc.INDUCTOR_DIR] == str(tmp_path / "compile" / "inductor")
+    assert {s.source for s in caches.settings} == {cc.Source.ATTNFORGE} and caches.note == ""
+    env["ATTNFORGE_HOME"] = str(tmp_path / "other")  # ours follow a new home (each test has its own)
+    assert cc.ensure(env).folders[1] == tmp_path / "other" / "compile" / "inductor"
+
+
+def test_the_users_settings_win(tmp_path: Path) -> None:
+    env = {"ATTNFORGE_HOME": str(tmp_path), cc.INDUCTOR_DIR: "/mine", cc.FA4_ENABLED: "0"}
+    caches = cc.ensure(env)
+    assert (env[cc.INDUCTOR_DIR], env[cc.FA4_ENABLED]) == ("/mine", "0")
+    by_var = {s.variable: s for s in caches.settings}
+    assert by_var[cc.INDUCTOR_DIR].source is cc.Source.USER and by_var[cc.FA4_ENABLED].source is cc.Source.USER
+    assert f"{cc.INDUCTOR_DIR}=/mine (user)" in caches.lines()
+
+
+def test_a_home_that_cannot_hold_the_caches_leaves_the_defaults_and_does_not_fail(tmp_path: Path) -> None:
+    """A shared read-only home: here ``compile`` is a file, so no folder can be made under it (as root too)."""
+    home = tmp_path / "shared"
+    home.mkdir()
+    (home / "compile").write_text("not a folder", encoding="utf-8")
+    env = {"ATTNFORGE_HOME": str(home)}
+    caches = cc.ensure(env)
+    assert cc.FA4_DIR not in env and cc.INDUCTOR_DIR not in env and cc.FA4_ENABLED not in env
+    assert "not writable" in caches.note
+    assert all(s.source is cc.Source.DEFAULT for s in caches.settings)
+
+
+_CHILD = """
+import json, torch
+from attnforge._system import compile_cache
+from attnforge.backends.flex import _default_compiler
+caches = compile_cache.ensure()
+before = compile_cache.count_artifacts(caches.folders)
+fn = _default_compiler(lambda x: torch.sin(x) * 2 + 1)
+fn(torch.ones(8))
+print(json.dumps({"new": compile_cache.count_artifacts(caches.folders) - before, "dir": str(caches.folders[1])}))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_compiles_nothing_it_compiled_before(cli_env: dict[str, str]) -> None:
+    env = {k: v for k, v in cli_env.items() if k not in (cc.INDUCTOR_DIR, cc.FA4_DIR, cc.FA4_ENABLED)}
+
+    def child() -> dict[str, object]:
+        done = subprocess.run([sys.executable, "-c", _CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    first, second = child(), child()
+    assert str(first["dir"]).startswith(env["ATTNFORGE_HOME"])
+    assert isinstance(first["new"], int) and first["new"] > 0  # compiled, and the files landed under the home
+    assert second["new"] == 0  # read back from the cache: nothing compiled again

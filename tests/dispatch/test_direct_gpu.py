@@ -1,0 +1,142 @@
+"""On a CUDA GPU: the FA3/FA4 direct entries against their public functions, and ``attention()`` captured in a
+CUDA graph and replayed against eager (skipped without a GPU; each backend skipped where it does not import)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import attnforge
+from attnforge.backends import registry
+from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.bound import bound_call
+from attnforge.dispatch import runtime
+from attnforge.records import RecordStore
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore:Argument aux_data:UserWarning")]  # FA4's first compile
+
+CASES = [
+    pytest.param(8, 8, 128, 128, 64, False, id="plain"),
+    pytest.param(8, 8, 256, 256, 128, True, id="causal"),
+    pytest.param(8, 2, 96, 160, 128, True, id="gqa-sq<sk"),
+    pytest.param(4, 4, 1, 300, 256, True, id="decode-d256"),
+]
+
+
+@pytest.fixture(autouse=True)
+def own_dispatcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("ATTNFORGE_AUTOTUNE", "0")  # the capture test needs a decision, not a measurement
+    previous = runtime.set_dispatcher(runtime.Dispatcher(records=RecordStore(tmp_path)))
+    yield
+    runtime.set_dispatcher(previous)
+
+
+def _usable(name: str) -> Any:
+    adapter = registry.adapters()[name]
+    problem = adapter.load_error()
+    if problem:
+        pytest.skip(problem)
+    return adapter
+
+
+def _qkv(hq: int, hkv: int, sq: int, sk: int, d: int, *, grad: bool) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return tuple(torch.randn(2, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(grad)
+                 for h, s in ((hq, sq), (hkv, sk), (hkv, sk)))
+
+
+def _call(q: torch.Tensor, k: torch.Tensor, *, causal: bool, grad: bool) -> AttentionCall:
+    cc = torch.cuda.get_device_capability()
+    return AttentionCall(device_type="cuda", compute_capability=(cc[0], cc[1]), dtype="bfloat16",
+                         batch=q.shape[0], heads_q=q.shape[1], heads_kv=k.shape[1], seqlen_q=q.shape[2],
+                         seqlen_k=k.shape[2], head_dim=q.shape[3], causal=causal, needs_grad=grad)
+
+
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+@pytest.mark.parametrize(("hq", "hkv", "sq", "sk", "d", "causal"), CASES)
+def test_fa3_direct_equals_the_public_function(hq: int, hkv: int, sq: int, sk: int, d: int,  # noqa: PLR0917
+                                               causal: bool, bshd: bool) -> None:
+    fa3 = _usable("flash-attn-3")
+    assert fa3.direct_entry() is not None, "this FA3 build registers other op schemas: the direct entry is off"
+    q, k, v = _qkv(hq, hkv, sq, sk, d, grad=True)
+    if fa3.unsupported_reasons(_call(q, k, causal=causal, grad=True)):
+        pytest.skip("; ".join(fa3.unsupported_reasons(_call(q, k, causal=causal, grad=True))))
+    args = tuple(t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
+    public = fa3.module().flash_attn_func
+    want = public(*(a if bshd else a.transpose(1, 2) for a in args), causal=causal)
+    want = want if bshd else want.transpose(1, 2)
+    with torch.no_grad():
+        out = bound_call(fa3, _call(q, k, causal=causal, grad=False), causal=causal, scale=None, bshd=bshd)(*args)
+    assert torch.equal(out, want)  # the same kernel with the same arguments
+    trained = bound_call(fa3, _call(q, k, causal=causal, grad=True), causal=causal, scale=None, bshd=bshd)(*args)
+    assert torch.equal(trained, want)
+    grad = torch.randn_like(want)
+    got = torch.autograd.grad(trained, (q, k, v), grad)
+    expected = torch.autograd.grad(want, (q, k, v), grad)
+    for g, w in zip(got, expected, strict=True):  # dq accumulates atomically: equal up to the order of sums
+        torch.testing.assert_close(g, w, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize(("hq", "hkv", "sq", "sk", "d", "causal"), CASES)
+def test_fa4_direct_equals_the_public_function(hq: int, hkv: int, sq: int, sk: int, d: int,  # noqa: PLR0917
+                                               causal: bool) -> None:
+    fa4 = _usable("flash-attn-4")
+    q, k, v = _qkv(hq, hkv, sq, sk, d, grad=False)
+    call = _call(q, k, causal=causal, grad=False)
+    if fa4.unsupported_reasons(call):
+        pytest.skip("; ".join(fa4.unsupported_reasons(call)))
+    qs, ks, vs = (t.transpose(1, 2) for t in (q, k, v))
+    want = fa4.module().flash_attn_func(qs, ks, vs, causal=causal)
+    want = want[0] if isinstance(want, tuple) else want
+    bound = bound_call(fa4, call, causal=causal, scale=None, bshd=True)
+    assert torch.equal(bound(qs, ks, vs), want)  # first call: _flash_attn_fwd, recording and checking the replay
+    assert getattr(bound, "replay", None) is not None, "the compiled call was not replayable (see _fa4_direct)"
+    g = torch.Generator(device="cuda").manual_seed(9)
+    qs2, ks2, vs2 = (torch.randn(t.transpose(1, 2).shape, device="cuda", dtype=t.dtype, generator=g).transpose(1, 2)
+                     for t in (qs, ks, vs))  # the same strides as the recorded call
+    want2 = fa4.module().flash_attn_func(qs2, ks2, vs2, causal=causal)
+    want2 = want2[0] if isinstance(want2, tuple) else want2
+    assert torch.equal(bound(qs2, ks2, vs2), want2)  # replayed on new tensors
+
+
+@pytest.mark.parametrize("backend", [None, "sdpa", "flash-attn-3", "flash-attn-4"],
+                         ids=["choice", "sdpa", "fa3", "fa4"])
+def test_attention_captured_in_a_cuda_graph_replays_as_eager(backend: str | None) -> None:
+    if backend is not None and backend != "sdpa":
+        _usable(backend)
+    q, k, v = _qkv(8, 2, 256, 256, 128, grad=False)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture: the decision, imports, JIT compiles
+        for _ in range(3):
+            attnforge.attention(q, k, v, causal=True, backend=backend)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = attnforge.attention(q, k, v, causal=True, backend=backend)
+    for seed in (1, 2):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, device="cuda", dtype=t.dtype, generator=g))
+        graph.replay()
+        torch.testing.assert_close(static_out, attnforge.attention(q, k, v, causal=True, backend=backend),
+                                   atol=0, rtol=0)
+
+
+def test_attention_under_reduce_overhead_compile_matches_eager() -> None:
+    """``torch.compile(mode="reduce-overhead")`` captures the graph around the ``attnforge::attention`` op in a
+    CUDA graph after its warm-up runs; replays must match eager."""
+    torch._dynamo.reset()
+    q, k, v = _qkv(8, 2, 256, 256, 128, grad=False)
+
+    def block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attnforge.attention(q, k, v, causal=True) * 2
+
+    compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+    for _ in range(4):  # warm-up, record, replays
+        out = compiled(q, k, v).clone()
+    torch.testing.assert_close(out, block(q, k, v), atol=0, rtol=0)

@@ -1,0 +1,148 @@
+"""attention() from a hostile ATTNFORGE_HOME (issue 31 item 1): it serves exactly as from an empty home (plain
+SDPA on CPU, bit for bit), warns once with the cause and the fix, and never raises; measurements it cannot
+store are kept in the process.
+
+The homes are real files (tests/hostile_homes.py). The read-only home of another user is made real too: the
+home is chmod 0555 and the check runs in a child without root's CAP_DAC_OVERRIDE (``setpriv``), so the kernel
+refuses its writes as it would a colleague's; skipped where that is not possible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnforge.dispatch import runtime, state
+from attnforge.records import BenchRecord
+from tests import hostile_homes
+from tests.hostile_homes import DAMAGED, HOMES, OTHER_DEVICE
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+_NO_DAC = "-dac_override,-dac_read_search,-fowner"
+
+
+@pytest.fixture(autouse=True)
+def fresh_runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A new process-wide dispatcher (it opens the records of this test's home) and no warning given yet."""
+    monkeypatch.setattr(state, "_WARNED", set())
+    previous = runtime.set_dispatcher(runtime.Dispatcher())
+    yield
+    runtime.set_dispatcher(previous)
+
+
+def _calls() -> list[tuple[torch.Tensor, ...]]:
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(2, 4, 33, 16, generator=g), torch.randn(2, 4, 33, 16, generator=g),
+             torch.randn(2, 4, 33, 16, generator=g)),
+            (torch.randn(1, 8, 17, 32, generator=g), torch.randn(1, 8, 40, 32, generator=g),
+             torch.randn(1, 8, 40, 32, generator=g))]
+
+
+def _serve_all() -> list[warnings.WarningMessage]:
+    import attnforge
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for q, k, v in _calls():
+            for _ in range(2):  # the second call takes the remembered route
+                got = attnforge.attention(q, k, v, layout="bhsd")
+                assert torch.equal(got, torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    return [w for w in caught if issubclass(w.category, state.StateWarning)]
+
+
+@pytest.mark.parametrize("case", sorted(HOMES))
+def test_attention_from_a_hostile_home_equals_sdpa_and_warns_at_most_once(
+        case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNFORGE_HOME", str(HOMES[case](tmp_path / "home")))
+    found = _serve_all()
+    if case in DAMAGED:
+        assert len(found) == 1, [str(w.message) for w in found]
+        text = str(found[0].message)
+        assert "records.db" in text or "attnforge home" in text, text
+        assert "Fix:" in text and "empty home" in text, text
+    else:
+        assert found == []
+
+
+@pytest.mark.parametrize("case", sorted(HOMES))
+def test_first_use_measurements_that_cannot_be_stored_are_kept_in_the_process(
+        case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNFORGE_HOME", str(HOMES[case](tmp_path / "home")))
+    records = state.runtime_records()
+    rec = BenchRecord(device_key="cpu|torch-x", backend="sdpa", backend_version=None, dtype="float32",
+                      mode="fwd", causal=False, batch=1, heads_q=2, heads_kv=2, head_dim=16, seqlen_q=8,
+                      seqlen_k=8, ms=1.0, tflops=1.0, peak_mem_bytes=None, run_id="t")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records.add_bench([rec])  # the write autotune.tune makes after a first-use measurement
+        records.add_bench([rec])
+        got = records.bench_records("cpu|torch-x")
+    assert [r.backend for r in got] == ["sdpa", "sdpa"]  # stored, or kept in memory: never lost, never raised
+    assert len([w for w in caught if issubclass(w.category, state.StateWarning)]) <= 1
+
+
+def test_a_locked_records_db_is_waited_for_briefly_then_served_around(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    with hostile_homes.locked(tmp_path / "home") as home:
+        monkeypatch.setenv("ATTNFORGE_HOME", str(home))
+        found = _serve_all()
+    assert len(found) == 1 and "locked" in str(found[0].message)
+
+
+def test_the_dispatcher_reads_its_records_through_the_never_raising_view() -> None:
+    assert isinstance(runtime.get_dispatcher()._source(), state.RuntimeRecords)
+
+
+_CHILD = """
+import json, os, sys, warnings, torch
+import attnforge
+from attnforge.dispatch import runtime
+from attnforge.records import BenchRecord
+q = torch.randn(1, 2, 9, 16)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = attnforge.attention(q, q, q, layout="bhsd")
+    source = runtime.get_dispatcher()._source()
+    verified = source.latest_verify(sys.argv[1])
+    rec = BenchRecord(device_key=sys.argv[1], backend="sdpa", backend_version=None, dtype="float32", mode="fwd",
+                      causal=False, batch=1, heads_q=2, heads_kv=2, head_dim=16, seqlen_q=8, seqlen_k=8, ms=1.0,
+                      tflops=1.0, peak_mem_bytes=None, run_id="child")
+    source.add_bench([rec])
+    source.add_bench([rec])
+print(json.dumps({
+    "equal": bool(torch.equal(out, torch.nn.functional.scaled_dot_product_attention(q, q, q))),
+    "verified": sorted(verified), "bench": len(source.bench_records(sys.argv[1])),
+    "warnings": [str(w.message) for w in caught if w.category.__name__ == "StateWarning"],
+    "can_write": os.access(os.environ["ATTNFORGE_HOME"], os.W_OK)}))
+"""
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv to act as a user that file permissions apply to")
+def test_a_shared_read_only_home_is_read_and_its_writes_are_kept_in_the_process(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    db = hostile_homes._sound(home, rows=5)
+    before = {p.name: p.stat().st_mtime_ns for p in home.iterdir()}
+    for path in (home, db):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    env = {**os.environ, "ATTNFORGE_HOME": str(home), "PYTHONPATH": str(SRC)}
+    done = subprocess.run(["setpriv", f"--bounding-set={_NO_DAC}", f"--inh-caps={_NO_DAC}", sys.executable,
+                           "-c", _CHILD, OTHER_DEVICE], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["can_write"] is False  # the kernel really refuses this child's writes
+    assert got["equal"] is True
+    assert got["verified"] == ["sdpa-math"]  # a read-only home is still read
+    assert got["bench"] == 5 + 2  # the stored rows, and the two this process could not store
+    assert len(got["warnings"]) == 1 and "kept in this process" in got["warnings"][0], got["warnings"]
+    assert {p.name: p.stat().st_mtime_ns for p in home.iterdir()} == before  # nothing was written

@@ -1,0 +1,132 @@
+"""The in-situ check (issue 30): after a non-SDPA route served SAMPLE_AFTER calls of a class, it is timed against
+plain SDPA on a live call, as the model issues it, and the class reverts to SDPA (a record, an explain line)
+when SDPA is faster beyond the noise. Fakes at the kernel seam on a fake GPU clock: each call costs host time
+and queues device time, so a kernel shorter than its own launch is what the check must catch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnforge
+from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.dispatch import autotune, insitu, runtime
+from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
+from attnforge.types.shapes import AttentionShape, Mode
+
+CPU_KEY = device_key("cpu", None, torch.__version__)
+
+
+class Gpu:
+    """A fake clock with a queue: a call costs ``host_ms`` now and ``kernel_ms`` when the device is free."""
+
+    def __init__(self) -> None:
+        self.now = self.free = 0.0
+
+    def clock(self) -> float:
+        # the check synchronizes through the clock: reading it after a batch waits for the queue
+        self.now = max(self.now, self.free)
+        return self.now
+
+
+@dataclass
+class Kernel:
+    name: str
+    gpu: Gpu
+    host_ms: float
+    kernel_ms: float
+    calls: int = 0
+
+    def load_error(self) -> str | None:
+        return None
+
+    def unsupported_reasons(self, call: AttentionCall) -> list[str]:
+        return []
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None) -> torch.Tensor:
+        self.calls += 1
+        self.gpu.now += self.host_ms / 1e3
+        self.gpu.free = max(self.gpu.free, self.gpu.now) + self.kernel_ms / 1e3
+        return reference_attention(q, k, v, causal=causal, scale=scale).to(q.dtype)
+
+
+def _qkv() -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(2)
+    return tuple(torch.randn(1, h, 16, 8, generator=g) for h in (4, 2, 2))
+
+
+def _setup(tmp_path: Path, host_ms: float) -> tuple[RecordStore, Kernel, Kernel, Gpu]:
+    """A class where bench recorded "fa" 2x faster than SDPA (kernel times), and fa's host cost ``host_ms``."""
+    gpu = Gpu()
+    fa, sdpa = Kernel("fa", gpu, host_ms, 0.05), Kernel("sdpa", gpu, 0.03, 0.07)
+    store = RecordStore(tmp_path / "home")
+    store.add_verify(VerifyRecord(device_key=CPU_KEY, backend="fa", backend_version=None, ok=True, summary="ok"))
+    shape = AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=16, seqlen_k=16, causal=False,
+                           mode=Mode.FWD, dtype="float32")
+    store.add_bench([BenchRecord.measured(shape, device_key=CPU_KEY, backend=name, backend_version=None, ms=ms,
+                                          tflops=1e-3 / ms, run_id="bench") for name, ms in (("fa", 0.05),
+                                                                                             ("sdpa", 0.1))])
+    runtime.set_dispatcher(runtime.Dispatcher({"fa": fa}, fallback=sdpa, records=store))
+    return store, fa, sdpa, gpu
+
+
+@pytest.fixture(autouse=True)
+def restore() -> Iterator[None]:
+    previous = runtime.set_dispatcher(None)
+    yield
+    runtime.set_dispatcher(previous)
+
+
+def test_a_kernel_slower_as_the_model_calls_it_is_reverted_with_a_record_and_a_line(tmp_path: Path) -> None:
+    store, fa, sdpa, gpu = _setup(tmp_path, host_ms=0.2)  # FA's entry costs 200 us: slower than SDPA in a model
+    q, k, v = _qkv()
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        assert attnforge.explain(q, k, v).chosen == "fa"  # bench's kernel times say FA
+        for _ in range(insitu.SAMPLE_AFTER - 1):
+            attnforge.attention(q, k, v)
+        assert sdpa.calls == 0  # no check before SAMPLE_AFTER calls
+        attnforge.attention(q, k, v)  # the check runs here, on this call
+        checked = sdpa.calls
+        assert 0 < checked <= 2 * insitu.PAIRS * 64 + 2  # bounded: a few back-to-back batches
+        attnforge.attention(q, k, v)
+    assert sdpa.calls == checked + 1  # reverted: SDPA serves the class now
+    explained = attnforge.explain(q, k, v)
+    assert explained.chosen == "sdpa" and "reverted from fa by an in-situ check" in explained.basis[0]
+    live = [r for r in store.bench_records(CPU_KEY) if r.run_id.startswith("insitu-")]
+    assert {r.backend for r in live} == {"fa", "sdpa"}  # persisted: the next process decides the same
+    fresh = runtime.Dispatcher({"fa": fa}, fallback=sdpa, records=store)
+    runtime.set_dispatcher(fresh)
+    assert attnforge.explain(q, k, v).chosen == "sdpa"
+
+
+def test_a_kernel_that_is_faster_in_the_model_keeps_its_class_and_is_checked_once(tmp_path: Path) -> None:
+    store, fa, sdpa, gpu = _setup(tmp_path, host_ms=0.01)
+    q, k, v = _qkv()
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for _ in range(3 * insitu.SAMPLE_AFTER):
+            attnforge.attention(q, k, v)
+    assert 0 < sdpa.calls <= 2 * insitu.PAIRS * 64 + 2  # one check, not one per SAMPLE_AFTER calls
+    assert fa.calls > 3 * insitu.SAMPLE_AFTER  # it served every call (and was timed once)
+    assert attnforge.explain(q, k, v).chosen == "fa"
+    assert not [r for r in store.bench_records(CPU_KEY) if r.run_id.startswith("insitu-")]  # nothing stored
+
+
+def test_no_check_when_measuring_is_off_or_while_capturing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _store, _fa, sdpa, _gpu = _setup(tmp_path, host_ms=0.2)
+    q, k, v = _qkv()
+    monkeypatch.setenv(autotune.ENV, "0")
+    for _ in range(insitu.SAMPLE_AFTER + 1):
+        attnforge.attention(q, k, v)
+    assert sdpa.calls == 0
+    monkeypatch.setenv(autotune.ENV, "1")
+    monkeypatch.setattr(autotune, "capturing", lambda: True)  # the seam both guards ask
+    attnforge.attention(q, k, v)
+    assert sdpa.calls == 0
+    monkeypatch.setattr(autotune, "capturing", lambda: False)
+    attnforge.attention(q, k, v)  # the next call outside a capture checks
+    assert sdpa.calls > 0
