@@ -1,6 +1,8 @@
 """Benchmarks of `attnforge fleet` (docs/fleet.md). Not tests: numbers for the docs, printed as JSON lines.
 
     PYTHONPATH=src python3 scripts/fleet_bench.py plan       # 10,000 synthetic nodes of 40 kinds; 4 kinds -> 2 builds
+    PYTHONPATH=src python3 scripts/fleet_bench.py cli-plan   # the CLI's fleet plan over 40 kind snapshots
+    PYTHONPATH=src python3 scripts/fleet_bench.py state      # the head's nodes.json at 10,000 nodes: load + save
     PYTHONPATH=src python3 scripts/fleet_bench.py makespan   # 4 independent real nvcc builds on 1 vs 2 Ray workers
     PYTHONPATH=src python3 scripts/fleet_bench.py fanout     # fleet verify on a node vs attnforge verify there
 
@@ -74,17 +76,67 @@ def bench_plan(nodes_total: int = 10_000) -> None:
                       "routes": [r.detail for r in small.routes]}))
 
 
-def _cluster(workers: int, snapshot: Path, home: Path):  # type: ignore[no-untyped-def]
+def bench_state(nodes_total: int = 10_000) -> None:
+    """The head's per-command state handling at 10,000 nodes of 40 kinds: load nodes.json, save it back."""
+    from attnforge.fleet.kinds import Node
+    from attnforge.fleet.state import load_nodes, save_nodes
+    from attnforge.probe.snapshot import SystemSnapshot
+
+    kinds = [SystemSnapshot.from_json(json.dumps(_h200(t, cc))) for t in TORCHES for cc in CCS]
+    nodes = [Node(node_id=f"{i:056x}", address=f"10.0.{i // 250}.{i % 250}", cpus=128, memory_bytes=2.0**40, gpus=8,
+                  fingerprint=f"{i % 40:016x}",
+                  snapshot=dataclasses.replace(kinds[i % len(kinds)], created_at=f"2026-11-26T00:00:{i % 60:02d}"))
+             for i in range(nodes_total)]
+    home = Path(tempfile.mkdtemp(prefix="fleet-state-"))
+    save_nodes(home, nodes, known=())
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        known = load_nodes(home)
+        save_nodes(home, known, known=known)
+        times.append(time.perf_counter() - start)
+    size = (home / "fleet" / "nodes.json").stat().st_size
+    shutil.rmtree(home, ignore_errors=True)
+    print(json.dumps({"bench": "state", "nodes": nodes_total, "kinds": len(kinds), "file_bytes": size,
+                      "load_and_save_median_s": round(statistics.median(times), 3), "max_s": round(max(times), 3)}))
+
+
+def _cluster(workers: int, snapshot: Path, home: Path, num_gpus: int = 0):  # type: ignore[no-untyped-def]
     from ray.cluster_utils import Cluster
 
     env = {"ATTNFORGE_PROBE_SNAPSHOT": str(snapshot), "ATTNFORGE_HOME": str(home),
            "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "object_store_memory": 80 << 20, "include_dashboard": False, "env_vars": env})
+        "num_cpus": 1, "num_gpus": num_gpus, "object_store_memory": 80 << 20, "include_dashboard": False,
+        "env_vars": env})
     for _ in range(workers - 1):
-        cluster.add_node(num_cpus=1, object_store_memory=80 << 20, env_vars=env)
+        cluster.add_node(num_cpus=1, num_gpus=num_gpus, object_store_memory=80 << 20, env_vars=env)
     cluster.wait_for_nodes()
     return cluster
+
+
+def bench_cli_plan(kinds_total: int = 40) -> None:
+    """`fleet plan` on the command line over 40 kind snapshots: each kind assembled by `attnforge plan`'s own
+    pipeline (install.inputs.assemble on the kind's snapshot)."""
+    tmp = Path(tempfile.mkdtemp(prefix="fleet-cli-plan-"))
+    args = []
+    for i, (t, cc) in enumerate((t, cc) for t in TORCHES for cc in CCS):
+        if i >= kinds_total:
+            break
+        (tmp / f"k{i}.json").write_text(json.dumps(_h200(t, cc)))
+        args += ["--snapshot", str(tmp / f"k{i}.json")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "ATTNFORGE_HOME": str(tmp / "home"),
+           "ATTNFORGE_WHEEL_SOURCES": "off"}
+    times = []
+    for _ in range(3):
+        start = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "attnforge", "fleet", "plan", "af-nvcc-fixture", "--source",
+                               str(NVCC_EXT), *args, "--json"], env=env, capture_output=True, text=True, check=False)
+        times.append(time.monotonic() - start)
+    doc = json.loads(done.stdout)
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps({"bench": "cli-plan", "kinds": len(doc["kinds"]), "builds": len(doc["builds"]),
+                      "median_s": round(statistics.median(times), 2), "max_s": round(max(times), 2)}))
 
 
 def bench_makespan(rounds: int = 2) -> None:
@@ -175,9 +227,10 @@ def bench_fanout(repeats: int = 5) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("which", choices=["plan", "makespan", "fanout"])
-    args = parser.parse_args()
-    {"plan": bench_plan, "makespan": bench_makespan, "fanout": bench_fanout}[args.which]()
+    benches = {"plan": bench_plan, "cli-plan": bench_cli_plan, "state": bench_state,
+               "makespan": bench_makespan, "fanout": bench_fanout}
+    parser.add_argument("which", choices=list(benches))
+    benches[parser.parse_args().which]()
 
 
 if __name__ == "__main__":

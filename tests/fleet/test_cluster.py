@@ -1,4 +1,4 @@
-"""The fleet on a real three-node Ray cluster (tests/fleet/conftest.py): probe, plan, a real nvcc build for two
+"""The fleet on a real four-node Ray cluster (tests/fleet/conftest.py): probe, plan, a real nvcc build for two
 compute capabilities published to a PEP 503 directory, pip installing from it, idempotent re-runs."""
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def test_probe_runs_on_every_node_and_groups_kinds(fleet_cluster: FleetCluster, 
     assert done.returncode == 0, done.stderr
     kinds = json.loads(done.stdout)["kinds"]
     described = sorted(k["describe"] for k in kinds)
-    assert len(kinds) == 3
+    assert len(kinds) == 4
+    assert any(d.endswith("no GPU") for d in described)
     assert any("torch 2.11.0+cu130" in d and d.endswith("sm_90") for d in described)
     assert any("torch 2.11.0+cu130" in d and d.endswith("sm_80") for d in described)
     assert any(d.startswith("win_amd64") and d.endswith("sm_120") for d in described)
@@ -43,6 +44,14 @@ def test_plan_on_the_cluster_shares_one_build_across_the_linux_kinds(fleet_clust
     assert len(plan["builds"]) == 2  # linux (H200 + A100: one fatbin) and windows
     assert [[8, 0], [9, 0]] in [list(map(list, a)) for a in archs]
     assert plan["artifacts"] == 2
+    routes = {r["kind"]: r["route"] for r in plan["routes"]}
+    kinds = {k["describe"].rsplit(" ", 1)[-1]: k["id"] for k in plan["kinds"]}
+    assert routes[kinds["sm_80"]] == "build"  # the A100 has no nvcc: the H200's wheel key builds for it
+    assert routes[kinds["GPU"]] == "skipped"  # the CPU-only head: no target, no failure (exit 0)
+    linux = _linux_build(plan)
+    assert len(linux["builder_nodes"]) == 2  # the H200 and the CPU-only head (nvcc needs no GPU); not the A100
+    a100 = next(k for k in plan["kinds"] if k["id"] == kinds["sm_80"])
+    assert a100["nodes"][0]["node_id"] not in linux["builder_nodes"]
 
 
 def _linux_build(plan: dict) -> dict:
@@ -86,39 +95,6 @@ def test_build_compiles_once_for_two_archs_publishes_and_pip_installs(fleet_clus
     assert log.count("attempt in worker pid") == 1
 
 
-@pytest.fixture
-def pypiserver(tmp_path: Path):  # type: ignore[no-untyped-def]
-    """A real pypiserver on 127.0.0.1 (a free port), uploads allowed without authentication (``-a . -P .``)."""
-    import socket
-    import time
-    import urllib.request
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    packages = tmp_path / "packages"
-    packages.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "pypiserver", "run", "-p", str(port), "-i", "127.0.0.1",
-                             "-a", ".", "-P", ".", str(packages)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/simple/"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("pypiserver did not start")
-            time.sleep(0.2)
-    try:
-        yield url, packages
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
 def test_build_publishes_to_a_real_index_server_and_pip_installs_from_it(
         fleet_cluster: FleetCluster, tmp_path: Path, pypiserver: tuple[str, Path]) -> None:
     url, packages = pypiserver
@@ -143,12 +119,16 @@ def test_install_verify_and_bench_run_per_node_and_report_per_kind(fleet_cluster
     verify = fleet(fleet_cluster, home, "verify", "sdpa-math", "--address", fleet_cluster.address, "--json")
     assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
     runs = json.loads(verify.stdout)["nodes"]
-    assert len(runs) == 3 and {r["status"] for r in runs} == {"ok"}
+    assert sorted(r["status"] for r in runs) == ["ok", "ok", "ok", "skipped"]  # the CPU-only head: no GPU
+    assert "no GPU" in next(r["message"] for r in runs if r["status"] == "skipped")
+    runs = [r for r in runs if r["status"] == "ok"]
     assert all(r["doc"]["kind"] == "verify" and r["doc"]["results"][0]["ok"] for r in runs)
     install = fleet(fleet_cluster, home, "install", "sdpa-math", "--index-url", (tmp_path / "idx").as_uri(),
                     "--address", fleet_cluster.address, "--json")
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
-    assert {r["doc"]["kind"] for r in json.loads(install.stdout)["nodes"]} == {"install"}
+    installed = json.loads(install.stdout)["nodes"]
+    assert {r["doc"]["kind"] for r in installed if r["status"] == "ok"} == {"install"}
+    assert sorted(r["status"] for r in installed) == ["ok", "ok", "ok", "skipped"]
     bench = fleet(fleet_cluster, home, "bench", "sdpa-math", "--address", fleet_cluster.address,
                   "--arg=--mode", "--arg=fwd", "--arg=--causal", "--arg=off", "--arg=--seqlen", "--arg=128",
                   "--arg=--head-dim", "--arg=64", "--arg=--max-noise", "--arg=1e6")  # 3 nodes on one loaded CPU
@@ -160,3 +140,24 @@ def test_install_verify_and_bench_run_per_node_and_report_per_kind(fleet_cluster
     assert {(v["backend"], v["passed_nodes"], v["nodes"]) for v in doc["verdicts"]} == {("sdpa-math", 1, 1)}
     assert len(doc["winners"]) == 3 and all(w["shape_class"].endswith("Sq128 Sk128") for w in doc["winners"])
     assert (tmp_path / "fleet.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_node_whose_torch_changed_is_probed_again(fleet_cluster: FleetCluster, tmp_path: Path) -> None:
+    """The head remembers each node's probe with a cheap fingerprint; a node whose fingerprint changed (here its
+    recorded snapshot, as a torch upgrade changes its installed version) is probed again by the next command."""
+    home = tmp_path / "head"
+    assert fleet(fleet_cluster, home, "probe", "--address", fleet_cluster.address, "--json").returncode == 0
+    path = fleet_cluster.snapshots["a100"]
+    original = path.read_text()
+    try:
+        doc = json.loads(original)
+        doc["torch"]["version"] = "2.10.0+cu130"
+        path.write_text(json.dumps(doc))
+        done = fleet(fleet_cluster, home, "plan", "af-nvcc-fixture", "--source", str(NVCC_EXT), "--address",
+                     fleet_cluster.address, "--json")
+    finally:
+        path.write_text(original)
+    described = [k["describe"] for k in json.loads(done.stdout)["kinds"]]
+    assert any("torch 2.10.0+cu130" in d and d.endswith("sm_80") for d in described), described
+    saved = json.loads((home / "fleet" / "nodes.json").read_text())
+    assert len(saved["snapshots"]) == 4 and len(saved["nodes"]) == 4

@@ -72,3 +72,40 @@ def test_report_without_records_says_what_to_run(cli_env: dict[str, str]) -> Non
 def test_fleet_install_of_an_unknown_backend_is_refused_before_any_node_is_asked(cli_env: dict[str, str]) -> None:
     _clean(_run(cli_env, "install", "no-such-kernel", "--index-url", "file:///nowhere/simple",
                 "--address", f"127.0.0.1:{_free_port()}"), 2, "unknown backend")
+
+
+@pytest.mark.parametrize("answer", [pytest.param(None, id="silent"),
+                                    pytest.param(b"HTTP/1.1 400 Bad Request\r\n\r\n", id="http1")])
+def test_an_address_that_is_not_ray_fails_clearly_within_20_s(cli_env: dict[str, str], answer: bytes | None,
+                                                              ) -> None:
+    """A plain TCP server on 127.0.0.1 (silent, or an HTTP/1 server): not Ray's gRPC. `ray.init` alone hung 820 s."""
+    import threading
+    import time
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if answer is not None:
+                conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    start = time.monotonic()
+    try:
+        done = _run(cli_env, "probe", "--address", f"127.0.0.1:{port}", "--json")
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+    assert time.monotonic() - start <= 20
+    _clean(done, 1, "does not answer as a Ray cluster")
+    assert json.loads(done.stdout)["kind"] == "error"  # --json: JSON on stdout in this fault too

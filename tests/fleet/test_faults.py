@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -113,16 +114,15 @@ def test_a_node_that_left_is_reported_lost_and_the_others_finish(connected: Flee
     from attnforge.fleet.cluster import probe_nodes
     from attnforge.fleet.rollout import run_on_nodes
 
-    extra = connected.cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024, env_vars={
-        "ATTNFORGE_PROBE_SNAPSHOT": str(connected.snapshots["h200"]),
-        "ATTNFORGE_HOME": str(tmp_path / "extra-home"), "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    extra = connected.cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024, env_vars=connected.node_env(
+        connected.snapshots["h200"], tmp_path / "extra-home"))
     connected.cluster.wait_for_nodes()
     nodes, _ = probe_nodes(ray)
-    assert len(nodes) == 4
+    assert len(nodes) == 5
     connected.cluster.remove_node(extra)
     runs = run_on_nodes(ray, nodes, ["--version"], timeout_s=60)
     by_status = sorted(r.status for r in runs)
-    assert by_status == ["lost", "ok", "ok", "ok"]
+    assert by_status == ["lost", "ok", "ok", "ok", "ok"]
     lost = next(r for r in runs if r.status == "lost")
     assert lost.message
 
@@ -149,9 +149,8 @@ def test_a_node_lost_mid_build_is_reported_lost_and_the_other_build_finishes(con
     snap = tmp_path / "torch210.json"
     snap.write_text(json.dumps(doc))
     home = tmp_path / "extra-home"
-    extra = connected.cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024, env_vars={
-        "ATTNFORGE_PROBE_SNAPSHOT": str(snap), "ATTNFORGE_HOME": str(home),
-        "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    extra = connected.cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024,
+                                       env_vars=connected.node_env(snap, home))
     connected.cluster.wait_for_nodes()
     nodes, _ = probe_nodes(ray)
     linux = [n for n in nodes if n.snapshot.platform.os == "linux"]
@@ -162,7 +161,7 @@ def test_a_node_lost_mid_build_is_reported_lost_and_the_other_build_finishes(con
     outcomes: list = []
     worker = threading.Thread(target=lambda: outcomes.extend(run_builds(
         ray, plan.builds, linux, DirIndex(tmp_path / "index", home=tmp_path / "head"), home=tmp_path / "head",
-        log_dir=tmp_path / "logs")))
+        log_dir=tmp_path / "logs", idle_s=2)))
     worker.start()
     deadline = time.monotonic() + 120
     while not list((home / "fleet" / "running").glob("*.pid")) and time.monotonic() < deadline:
@@ -174,3 +173,137 @@ def test_a_node_lost_mid_build_is_reported_lost_and_the_other_build_finishes(con
     built, lost = sorted(outcomes, key=lambda o: o.status)
     assert built.wheel is not None and built.failure is None
     assert lost.wheel is None and lost.failure is not None and lost.failure.message
+
+
+def _running_pids(fc: FleetCluster, *homes: Path) -> list[int]:
+    folders = [h / "fleet" / "running" for h in homes or fc.homes.values()]
+    return [int(p.read_text()) for f in folders if f.is_dir() for p in f.glob("*.pid")]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").is_dir() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_the_builds_publishes_nothing_and_exits_130(connected: FleetCluster, tmp_path: Path) -> None:
+    import json
+
+    for folder in (h / "fleet" / "running" for h in connected.homes.values()):
+        shutil.rmtree(folder, ignore_errors=True)
+    index = tmp_path / "index"
+    proc = subprocess.Popen([sys.executable, "-m", "attnforge", "fleet", "build", "af-nvcc-fixture", "--source",
+                             str(_slow_source(tmp_path, 60)), "--address", connected.address, "--index", str(index),
+                             "--json"], env=connected.env(tmp_path / "head"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    linux = [connected.homes["cpu"], connected.homes["h200"]]  # the Linux build's capable nodes
+    deadline = time.monotonic() + 120
+    while not _running_pids(connected, *linux) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (worker,) = _running_pids(connected, *linux)
+    time.sleep(1.0)  # mid-build: the fixture sleeps 60 s before nvcc
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert time.monotonic() - sent <= 10
+    doc = json.loads(out)  # --json: one JSON document, Ray's lines on stderr
+    assert doc["interrupted"] is True
+    linux = next(b for b in doc["builds"] if b["wheel"] is None and b["status"] == "cancelled")
+    assert "nothing published" in linux["failure"]["message"]
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:  # ray.cancel(force=True) kills the build's worker
+        time.sleep(0.2)
+    assert not _alive(worker)
+    assert not list(index.glob("artifacts/*/*.whl"))
+    assert not list(index.glob(".fleet/keys/*.json"))
+
+
+@pytest.fixture
+def empty_index() -> Iterator[str]:
+    """An index server that answers 200 to every upload and stores nothing (its pages list no file)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<!DOCTYPE html><html><body></body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_index_that_answers_200_and_stores_nothing_is_a_failed_publish(
+        connected: FleetCluster, tmp_path: Path, empty_index: str) -> None:
+    import json
+
+    done = subprocess.run([sys.executable, "-m", "attnforge", "fleet", "build", "af-nvcc-fixture", "--source",
+                           str(_slow_source(tmp_path, 0)), "--address", connected.address, "--index", empty_index,
+                           "--json"], env=connected.env(tmp_path / "head"), capture_output=True, text=True,
+                          timeout=240, check=False)
+    assert done.returncode == 1, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    statuses = sorted(b["status"] for b in doc["builds"])
+    assert statuses == ["failed", "failed"]  # both reported: the Linux one built but not published, Windows failed
+    linux = next(b for b in doc["builds"] if "not published" in b["failure"]["message"])
+    assert "does not list it" in linux["failure"]["message"] and linux["wheel"] is None
+
+
+@pytest.mark.slow
+def test_a_lost_builder_moves_the_build_to_another_capable_node(connected: FleetCluster, tmp_path: Path) -> None:
+    """Two extra CPU-only builder nodes (nvcc, no GPU, label role=builder); the one Ray picked leaves mid-build;
+    Ray runs the build again on the other and it is published."""
+    import ray
+
+    from attnforge.fleet.build import run_builds
+    from attnforge.fleet.cluster import Selection
+    from attnforge.fleet.index import DirIndex
+
+    homes = [tmp_path / f"builder{i}" for i in range(2)]
+    extra = [connected.cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024, labels={"role": "builder"},
+                                        env_vars=connected.node_env(connected.snapshots["cpu"], home))
+             for home in homes]
+    connected.cluster.wait_for_nodes()
+    plan, nodes = _linux_plan(connected, _slow_source(tmp_path, 8))
+    (build,) = plan.builds
+    assert {n.node_id for n in nodes if not n.snapshot.gpus} <= set(build.builder_nodes)  # GPU-less builders
+    outcomes: list = []
+    worker = threading.Thread(target=lambda: outcomes.extend(run_builds(
+        ray, plan.builds, nodes, DirIndex(tmp_path / "index", home=tmp_path / "head"), home=tmp_path / "head",
+        log_dir=tmp_path / "logs", builders=Selection.parse(["role=builder"]), idle_s=2)))
+    worker.start()
+    deadline = time.monotonic() + 120
+    first = None
+    while first is None and time.monotonic() < deadline:
+        first = next((i for i, h in enumerate(homes) if list((h / "fleet" / "running").glob("*.pid"))), None)
+        time.sleep(0.2)
+    assert first is not None
+    connected.cluster.remove_node(extra[first])
+    worker.join(timeout=180)
+    (outcome,) = outcomes
+    assert outcome.status == "built", outcome
+    assert list((homes[1 - first] / "fleet" / "running").glob("*.pid"))  # the second try ran on the other node
+    assert outcome.node == extra[1 - first].node_id
+    connected.cluster.remove_node(extra[1 - first])

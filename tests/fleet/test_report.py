@@ -40,3 +40,33 @@ def test_verdicts_winners_and_margins_per_kind(tmp_path: Path) -> None:
     assert any("lost" in p for p in report.problems)
     png = plot(report, tmp_path / "fleet.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_row_per_node_and_backend_with_version_verdict_and_best_tflops(tmp_path: Path) -> None:
+    verify = {"nodes": [_run("a", "k1", {"kind": "verify", "results": [
+                            {"backend": "flash-attn", "version": "2.8.3", "ok": True, "summary": "24 cases"}]}),
+                        _run("b", "k1", None, status="skipped")]}
+    cells = [{"backend": "flash-attn", "tflops": 310.0}, {"backend": "sdpa", "tflops": 250.0}]
+    bench = {"nodes": [_run("a", "k1", {"kind": "bench", "rows": [
+        {"shape_class": "bf16 fwd", "best": "flash-attn", "cells": cells},
+        {"shape_class": "bf16 fwd", "best": "flash-attn", "cells": [{"backend": "flash-attn", "tflops": 330.0}]}]})]}
+    report = build_report(verify, bench)
+    rows = {(r.node_id, r.backend): r for r in report.nodes}
+    assert set(rows) == {("a", "flash-attn"), ("a", "sdpa")}  # the skipped node has no row
+    fa = rows["a", "flash-attn"]
+    assert (fa.version, fa.verified, fa.tflops) == ("2.8.3", True, {"bf16 fwd": 330.0})
+    assert rows["a", "sdpa"].verified is None and rows["a", "sdpa"].tflops == {"bf16 fwd": 250.0}
+
+
+def test_the_plot_grows_with_its_rows(tmp_path: Path) -> None:
+    def size(png: Path) -> tuple[int, int]:  # the IHDR chunk: width, height (big-endian) at bytes 16..24
+        data = png.read_bytes()
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+    def report(kinds: int):  # type: ignore[no-untyped-def]
+        bench = {"nodes": [_run(f"n{i}", f"k{i}", _bench(("bf16 fwd", "flash-attn", 2.0))) for i in range(kinds)]}
+        return build_report(None, bench)
+
+    small = size(plot(report(2), tmp_path / "small.png"))
+    big = size(plot(report(12), tmp_path / "big.png"))
+    assert big[1] > small[1] * 2

@@ -1,52 +1,43 @@
 """``attnforge fleet ...``: attnforge over a Ray cluster (probe, plan, build, install, verify, bench, report).
 
-Each verb is parse -> one library call in :mod:`attnforge.fleet` -> render. Without ``--address`` a local one-node
-Ray starts (the embedded default), so every command works on one machine exactly as on a cluster. Exit codes:
-0 ok, 1 not possible (Ray missing or unreachable, an index down, a build failed, a node lost), 2 bad input.
+Each verb is parse -> one library call in :mod:`attnforge.fleet` -> render; this module has the group, ``probe``,
+``plan`` and ``build``; :mod:`attnforge.cli.fleet_rollout` the per-node verbs and ``report``. Without
+``--address`` Ray's own rule applies (``$RAY_ADDRESS``, a cluster running here, else a local one-node Ray), so
+every command works on one machine exactly as on a cluster. Exit codes: 0 ok, 1 not possible (Ray missing or
+unreachable, an index down, a build failed, a node lost), 2 bad input, 130 Ctrl-C.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, TypeVar
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
+from attnforge.cli._fleet import F, address_option, cluster, head_home, node_options, say, selected_nodes
 from attnforge.cli._output import console, emit_json, json_option
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _home() -> Path:
-    from attnforge._system.paths import home_dir
-
-    return home_dir(os.environ)
-
-
-def address_option(func: F) -> F:
-    return click.option("--address", default=None, metavar="HOST:PORT",
-                        help="The Ray cluster's head (HOST:PORT, ray://HOST:10001 or auto); default: start a "
-                             "local one-node Ray.")(func)
 
 
 def plan_options(func: F) -> F:
-    """The options ``plan`` and ``build`` share (one request assembly: :func:`_requests`)."""
-    from attnforge.cli._request import slim_options
+    """The options ``plan`` and ``build`` share: the request options of ``attnforge plan`` (one assembly:
+    :func:`attnforge.fleet.requests.assemble_for_kinds`) and the node selection."""
+    from attnforge.cli._request import _FLAGS, _REPEATED, slim_options
 
+    helps = {param: (flag, metavar, text) for flag, param, metavar, text in _REPEATED}
+    flags = dict(_FLAGS)
     options = [
         address_option,
+        node_options,
         click.option("--snapshot", "snapshots", multiple=True, type=click.Path(dir_okay=False),
                      help="Plan for saved `attnforge probe --json` files instead of the cluster's nodes (offline; "
                           "repeat)."),
-        click.option("--source", "source_text", default=None, metavar="PATH_OR_URL",
+        click.option("--source", "source", default=None, metavar="PATH_OR_URL",
                      help="Build this source (a directory every builder node can read, an sdist URL, git+URL)."),
-        click.option("--find-links", multiple=True, metavar="DIR", help="A directory of wheels to consider."),
-        click.option("--index-url", "index_urls", multiple=True, metavar="URL", help="A PEP 503 index to consider."),
-        click.option("--from-source", is_flag=True, help="Skip prebuilt binaries and plan builds."),
-        click.option("--offline", is_flag=True, help="Never touch the network."),
+        *(click.option(helps[p][0], p, multiple=True, metavar=helps[p][1], help=helps[p][2])
+          for p in ("archs", "find_links", "index_urls")),
+        *(click.option(flag, is_flag=True, help=flags[flag])
+          for flag in ("--from-source", "--offline", "--allow-unsupported-compiler")),
         slim_options,
     ]
     for option in reversed(options):
@@ -54,57 +45,18 @@ def plan_options(func: F) -> F:
     return func
 
 
-def _requests(backends: Sequence[str], *, source_text: str | None, find_links: tuple[str, ...],
-              index_urls: tuple[str, ...], from_source: bool, offline: bool, **slim: Any) -> list[Any]:
-    """One resolver request per backend, assembled once for ``plan`` and ``build``."""
-    from attnforge.build.source import parse_source
-    from attnforge.catalog import load_catalog
-    from attnforge.errors import UsageError
-    from attnforge.install.inputs import RequestArgs, parse_requirement, slim_request
-    from attnforge.resolve.types import Request
+def _requests(backends: Sequence[str], snapshots: Sequence[Any], opts: dict[str, Any]) -> list[Any]:
+    """One request per backend, assembled by ``attnforge plan``'s own pipeline for every kind's snapshot."""
+    from attnforge.fleet.requests import assemble_for_kinds
+    from attnforge.install.inputs import RequestArgs
 
-    if not backends:
+    names = {f for f in RequestArgs.__dataclass_fields__ if f in opts}
+    args = RequestArgs(**{k: opts[k] for k in names})
+    if not backends and args.source is None:
+        from attnforge.errors import UsageError
+
         raise UsageError("name at least one backend", hint="attnforge fleet plan flash-attn")
-    catalog = load_catalog()
-    out = []
-    for text in backends:
-        name, spec = parse_requirement(text)
-        if source_text is None:
-            catalog.backend(name)  # UsageError (exit 2) listing the known ids
-        out.append(Request(backend=name, version=spec, find_links=find_links, index_urls=index_urls,
-                           from_source=from_source or source_text is not None, offline=offline,
-                           source=parse_source(source_text) if source_text else None,
-                           slim=slim_request(RequestArgs(**slim))))
-    return out
-
-
-@contextmanager
-def _cluster(address: str | None) -> Iterator[Any]:
-    from attnforge.fleet.cluster import connect
-
-    ray = connect(address)
-    try:
-        yield ray
-    finally:
-        if address is None:
-            ray.shutdown()
-
-
-def _nodes(ray: Any, *, fresh: bool = False) -> list[Any]:
-    """The alive nodes (probing only the ones not remembered, or all with ``fresh``); problems go to stderr."""
-    from attnforge.fleet.cluster import probe_nodes
-    from attnforge.fleet.state import load_nodes, save_nodes
-
-    home = _home()
-    nodes, problems = probe_nodes(ray, known=() if fresh else load_nodes(home))
-    for p in problems:
-        click.echo(f"warning: {p}", err=True)
-    save_nodes(home, nodes)
-    return nodes
-
-
-def _say(line: str) -> None:
-    click.echo(line, err=True)
+    return assemble_for_kinds(backends, args, snapshots, home=head_home(), on_note=lambda line: say(f"note: {line}"))
 
 
 @click.group("fleet")
@@ -114,10 +66,11 @@ def command() -> None:
 
 @command.command("probe")
 @address_option
+@node_options
 @click.option("--snapshot", "snapshots", multiple=True, type=click.Path(dir_okay=False),
               help="Group these saved snapshots instead of probing a cluster.")
 @json_option
-def probe(address: str | None, snapshots: tuple[str, ...], as_json: bool) -> int:
+def probe(address: str | None, snapshots: tuple[str, ...], as_json: bool, **opts: Any) -> int:
     """Probe every alive node (one pinned task per node) and group the nodes into machine kinds."""
     from attnforge.fleet.cluster import load_snapshots
     from attnforge.fleet.kinds import group_nodes
@@ -125,8 +78,8 @@ def probe(address: str | None, snapshots: tuple[str, ...], as_json: bool) -> int
     if snapshots:
         nodes = load_snapshots(snapshots)
     else:
-        with _cluster(address) as ray:
-            nodes = _nodes(ray, fresh=True)
+        with cluster(address, as_json) as ray:
+            nodes = selected_nodes(ray, opts, fresh=True)
     groups = group_nodes(nodes)
     if as_json:
         emit_json("fleet-probe", {"kinds": [_kind_doc(g) for g in groups]})
@@ -147,8 +100,6 @@ def _kind_doc(group: Any) -> dict[str, Any]:
 
 def _plan_doc(plan: Any) -> dict[str, Any]:
     """The fleet plan as ``fleet plan --json`` and ``fleet build --json`` print it: its kinds as :func:`_kind_doc`."""
-    import dataclasses
-
     return {**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)},
             "kinds": [_kind_doc(g) for g in plan.kinds]}
 
@@ -156,36 +107,22 @@ def _plan_doc(plan: Any) -> dict[str, Any]:
 def _outcome_doc(outcome: Any) -> dict[str, Any]:
     """A build's outcome as ``fleet build --json`` prints it: its build's number, key and backend (the whole build
     is in the plan), then the outcome's own fields."""
-    import dataclasses
-
     build = outcome.build
     return {"number": build.number, "key": build.key, "backend": build.backend,
             **{f.name: getattr(outcome, f.name) for f in dataclasses.fields(outcome) if f.name != "build"}}
 
 
-def _fleet_plan(backends: Sequence[str], address: str | None, snapshots: tuple[str, ...], opts: dict[str, Any],
+def _fleet_plan(backends: Sequence[str], snapshots: tuple[str, ...], opts: dict[str, Any],
                 ray: Any = None) -> tuple[Any, list[Any]]:
     from attnforge.catalog import load_catalog
-    from attnforge.fetch.indexes import list_wheels
     from attnforge.fleet.cluster import load_snapshots
     from attnforge.fleet.kinds import group_nodes
     from attnforge.fleet.plan import plan_fleet
 
-    requests = _requests(backends, **opts)
-    nodes = load_snapshots(snapshots) if snapshots else _nodes(ray)
-    catalog = load_catalog()
-    wheels = {r.backend: list_wheels(r.find_links, r.index_urls, _projects(catalog, r.backend),
-                                     offline=r.offline).wheels
-              for r in requests if r.find_links or r.index_urls}
-    return plan_fleet(group_nodes(nodes), catalog, requests, wheels=wheels), nodes
-
-
-def _projects(catalog: Any, name: str) -> list[str]:
-    """The distributions whose wheels serve ``name`` (as ``attnforge plan`` lists them)."""
-    backend = catalog.backends.get(name)
-    recipe = catalog.recipe(name)
-    dists = list(backend.distributions) if backend is not None else [name]
-    return dists + ([recipe.distribution] if recipe is not None and recipe.distribution else [])
+    nodes = load_snapshots(snapshots) if snapshots else selected_nodes(ray, opts)
+    groups = group_nodes(nodes)
+    requests = _requests(backends, [g.snapshot for g in groups], opts)
+    return plan_fleet(groups, load_catalog(), requests), nodes
 
 
 @command.command("plan")
@@ -196,10 +133,10 @@ def plan(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, .
          **opts: Any) -> int:
     """The fewest artifacts that cover every machine kind: kinds x backends -> route, builds, expected time."""
     if snapshots:
-        result, _ = _fleet_plan(backends, address, snapshots, opts)
+        result, _ = _fleet_plan(backends, snapshots, opts)
     else:
-        with _cluster(address) as ray:
-            result, _ = _fleet_plan(backends, address, snapshots, opts, ray)
+        with cluster(address, as_json) as ray:
+            result, _ = _fleet_plan(backends, snapshots, opts, ray)
     if as_json:
         emit_json("fleet-plan", _plan_doc(result))
     else:
@@ -219,20 +156,26 @@ def _render_plan(result: Any) -> None:
         g = kinds[r.kind]
         when = "" if r.expected_s is None else f"~{r.expected_s / 60:.0f} min" if r.expected_s >= 120 else \
             f"~{r.expected_s:.0f} s"
-        table.add_row(r.kind, str(len(g.nodes)), g.kind.describe(), r.backend, r.detail if r.route != "none" else
-                      "[red]cannot be served[/red]", when)
+        route = {"none": "[red]cannot be served[/red]", "skipped": "[dim]no GPU: skipped[/dim]"}.get(r.route, r.detail)
+        table.add_row(r.kind, str(len(g.nodes)), g.kind.describe(), r.backend, route, when)
     out.print(table)
+    _render_builds_and_gaps(out, result)
+    out.print(f"{result.artifacts} artifact(s), {len(result.builds)} build(s); expected ~"
+              f"{result.expected_total_s / 60:.0f} min one after another", markup=False)
+
+
+def _render_builds_and_gaps(out: Any, result: Any) -> None:
+    """Each build and where it may run; each kind that cannot be served with the resolver's reasons."""
     for b in result.builds:
         out.print(f"build {b.number} of {len(result.builds)}: {b.backend} for "
-                  f"{', '.join(map(str, b.archs))} ({b.wheel}) on kind {b.builder}, serves {', '.join(b.kinds)}",
+                  f"{', '.join(map(str, b.archs))} ({b.wheel}) on any of {len(b.builder_nodes)} capable "
+                  f"node(s), serves {', '.join(b.kinds)}",
                   markup=False, soft_wrap=True)
     for r in result.routes:
         if r.route == "none":
             out.print(f"{r.kind} cannot get {r.backend}:", markup=False)
             for reason in r.reasons:
                 out.print(f"  - {reason}", markup=False, soft_wrap=True)
-    out.print(f"{result.artifacts} artifact(s), {len(result.builds)} build(s); expected ~"
-              f"{result.expected_total_s / 60:.0f} min one after another", markup=False)
 
 
 @command.command("build")
@@ -241,29 +184,47 @@ def _render_plan(result: Any) -> None:
 @click.option("--index", "index_text", default=None, metavar="DIR|URL",
               help="Where the wheels go: a directory on shared storage (a PEP 503 index; default "
                    "$ATTNFORGE_HOME/fleet/index) or an index server's URL (pypiserver, devpi).")
+@click.option("--builders", "builder_labels", multiple=True, metavar="LABEL=VALUE",
+              help="Only nodes with this Ray label build (repeat: all must hold); default: any capable node.")
 @json_option
 def build(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, ...], index_text: str | None,
-          as_json: bool, **opts: Any) -> int:
-    """Run the planned builds as Ray tasks in parallel and publish each wheel to the index (only whole)."""
+          *, builder_labels: tuple[str, ...], as_json: bool, **opts: Any) -> int:
+    """Run the planned builds as Ray tasks in parallel and publish each wheel to the index (only whole, read back).
+
+    Exit 0 when every build is published or present and every kind is served; 1 otherwise; 130 on Ctrl-C (the
+    running builds are cancelled, nothing more is published)."""
     from attnforge.errors import UsageError
-    from attnforge.fleet.build import run_builds
+    from attnforge.fleet.build import BuildsInterrupted, run_builds
+    from attnforge.fleet.cluster import Selection
     from attnforge.fleet.index import DirIndex, open_index
 
     if snapshots:
         raise UsageError("fleet build runs on the cluster's nodes, not on --snapshot files",
                          hint="use `attnforge fleet plan --snapshot ...` to plan offline")
-    home = _home()
+    builders = Selection.parse(builder_labels)
+    home = head_home()
     index = open_index(index_text or str(home / "fleet" / "index"), home=home)
     log_dir = index.root / ".fleet" / "logs" if isinstance(index, DirIndex) else home / "fleet" / "logs"
-    with _cluster(address) as ray:
-        result, nodes = _fleet_plan(backends, address, snapshots, opts, ray)
-        outcomes = run_builds(ray, result.builds, nodes, index, home=home, log_dir=log_dir,
-                              on_event=(lambda _: None) if as_json else _say)
+    interrupted: BuildsInterrupted | None = None
+    with cluster(address, as_json) as ray:
+        result, nodes = _fleet_plan(backends, snapshots, opts, ray)
+        try:
+            outcomes = run_builds(ray, result.builds, nodes, index, home=home, log_dir=log_dir, on_event=say,
+                                  builders=builders)
+        except BuildsInterrupted as exc:
+            interrupted, outcomes = exc, exc.outcomes
     bad = [o for o in outcomes if o.status in ("failed", "lost")]
+    rc = 128 + interrupted.signum if interrupted else 1 if bad or result.unserved else 0
+    kind_urls: dict[str, str] = {}
+    if isinstance(index, DirIndex) and not interrupted:  # each kind's own sub-index (fleet/kind_index.py)
+        from attnforge.fleet.kind_index import publish_kinds
+
+        kind_urls = publish_kinds(index, {k: [o.wheel for o in outcomes if o.wheel and k in o.build.kinds]
+                                          for k in {k for o in outcomes if o.wheel for k in o.build.kinds}})
     if as_json:
-        emit_json("fleet-build", {"index_url": index.pip_url, "plan": _plan_doc(result),
-                                  "builds": [_outcome_doc(o) for o in outcomes]})
-        return 1 if bad or result.unserved else 0
+        emit_json("fleet-build", {"index_url": index.pip_url, "kind_index_urls": kind_urls, "plan": _plan_doc(result),
+                                  "builds": [_outcome_doc(o) for o in outcomes], "interrupted": bool(interrupted)})
+        return rc
     out = console()
     for o in outcomes:
         line = f"build {o.build.number}: {o.status}" + (f" {o.wheel.filename}" if o.wheel else "") + (
@@ -277,120 +238,21 @@ def build(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, 
                 out.print(f"  fix: {fix}", markup=False, soft_wrap=True)
             if o.log_path:
                 out.print(f"  log: {o.log_path}", markup=False, soft_wrap=True)
+    if result.unserved:
+        _render_builds_and_gaps(out, dataclasses.replace(result, builds=()))
+    if interrupted:
+        out.print("interrupted: the running builds were cancelled; nothing more was published", markup=False)
     out.print(f"index: {index.pip_url}", markup=False, soft_wrap=True)
-    return 1 if bad or result.unserved else 0
+    for kind, url in sorted(kind_urls.items()):
+        out.print(f"  kind {kind}: {url}", markup=False, soft_wrap=True)
+    return rc
 
 
-def _rollout(verb: str, argvs: list[tuple[str, list[str]]], address: str | None, as_json: bool) -> int:
-    """Run each argv on every node; save and print the records; exit 1 when a node failed or was lost."""
-    import datetime as dt
+def _register() -> None:
+    from attnforge.cli.fleet_rollout import bench, install, report, verify
 
-    from attnforge.fleet.rollout import run_on_nodes
-    from attnforge.fleet.state import save_records
-
-    runs = []
-    with _cluster(address) as ray:
-        nodes = _nodes(ray)
-        for label, argv in argvs:
-            for run in run_on_nodes(ray, nodes, argv, on_event=(lambda _: None) if as_json else _say):
-                runs.append({"what": label, **_plain(run)})
-    doc = {"verb": verb, "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "nodes": runs}
-    save_records(_home(), verb, doc)
-    failed = [r for r in runs if r["status"] != "ok"]
-    if as_json:
-        emit_json(f"fleet-{verb}", doc)
-        return 1 if failed else 0
-    out = console()
-    for r in runs:
-        out.print(f"{r['node_id'][:12]} {r['address']} {r['kind']} {r['what']}: {r['status']}"
-                  + (f" ({r['command_s']:.1f} s on the node, {r['wall_s']:.1f} s from the head)" if r["command_s"]
-                     else "") + (f": {r['message']}" if r.get("message") else ""), markup=False, soft_wrap=True)
-    return 1 if failed else 0
+    for verb in (install, verify, bench, report):
+        command.add_command(verb)
 
 
-def _plain(run: Any) -> dict[str, Any]:
-    from attnforge._serde import to_jsonable
-
-    doc: dict[str, Any] = to_jsonable(run)
-    return doc
-
-
-@command.command("install")
-@click.argument("backends", nargs=-1, required=True)
-@click.option("--index-url", required=True, metavar="URL", help="The index `fleet build` published to.")
-@address_option
-@json_option
-def install(backends: tuple[str, ...], index_url: str, address: str | None, as_json: bool) -> int:
-    """`attnforge install BACKEND --index-url URL` on every node (hash-checked install, then verify)."""
-    from attnforge.catalog import load_catalog
-    from attnforge.fleet.rollout import install_argv
-    from attnforge.install.inputs import parse_requirement
-
-    catalog = load_catalog()
-    for text in backends:  # bad names exit 2 here, before any node is asked
-        catalog.backend(parse_requirement(text)[0])
-
-    return _rollout("install", [(b, install_argv([b], index_url)) for b in backends], address, as_json)
-
-
-@command.command("verify")
-@click.argument("backends", nargs=-1)
-@address_option
-@json_option
-def verify(backends: tuple[str, ...], address: str | None, as_json: bool) -> int:
-    """`attnforge verify [BACKEND...]` on every node (isolated children, float64 reference)."""
-    from attnforge.fleet.rollout import verify_argv
-
-    return _rollout("verify", [("verify", verify_argv(backends))], address, as_json)
-
-
-@command.command("bench")
-@click.argument("backends", nargs=-1)
-@click.option("--model", type=click.Path(dir_okay=False), default=None, help="Time a config.json's classes.")
-@click.option("--arg", "extra", multiple=True, metavar="ARG",
-              help="Pass ARG to `attnforge bench` on each node (repeat: --arg=--seqlen --arg=128).")
-@address_option
-@json_option
-def bench(backends: tuple[str, ...], model: str | None, extra: tuple[str, ...], address: str | None,
-          as_json: bool) -> int:
-    """`attnforge bench [BACKEND...]` on every node; records come back for `fleet report`."""
-    from attnforge.fleet.rollout import bench_argv
-
-    args = [*(["--shapes", "model", "--model", model] if model else []), *extra]
-    return _rollout("bench", [("bench", bench_argv(backends, args))], address, as_json)
-
-
-@command.command("report")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write a PNG: kinds x shape classes, colour = speed-up over SDPA.")
-@json_option
-def report(plot_path: Path | None, as_json: bool) -> int:
-    """Per kind: each backend's verify verdict and the per-class winner with its margin over SDPA."""
-    from attnforge.errors import UsageError
-    from attnforge.fleet.report import build_report, plot
-    from attnforge.fleet.state import load_records
-
-    home = _home()
-    verify_doc, bench_doc = load_records(home, "verify"), load_records(home, "bench")
-    if verify_doc is None and bench_doc is None:
-        raise UsageError("no fleet records yet", hint="run `attnforge fleet verify` and `attnforge fleet bench`")
-    result = build_report(verify_doc, bench_doc)
-    if plot_path is not None:
-        plot(result, plot_path)
-    if as_json:
-        emit_json("fleet-report", result)
-        return 0
-    out = console()
-    for kind, describe in result.kinds.items():
-        out.print(f"[bold]{kind}[/bold] {describe}", soft_wrap=True)
-        for v in (v for v in result.verdicts if v.kind == kind):
-            verdict = "passed" if v.ok else f"FAILED on {v.nodes - v.passed_nodes} of {v.nodes} node(s)"
-            out.print(f"  verify {v.backend}: {verdict} ({v.summary})", markup=False, soft_wrap=True)
-        for w in (w for w in result.winners if w.kind == kind):
-            speed = f"{w.speedup:.2f}x SDPA" if w.speedup is not None else "no SDPA figure"
-            out.print(f"  {w.shape_class}: {w.backend} ({speed})", markup=False, soft_wrap=True)
-    for p in result.problems:
-        out.print(f"note: {p}", markup=False, soft_wrap=True)
-    if plot_path is not None:
-        out.print(f"plot: {plot_path}", markup=False)
-    return 0
+_register()

@@ -4,10 +4,13 @@ build them once as Ray tasks, publish them to one package index, and roll them o
 Layout (one room per question):
 
 - :mod:`.kinds`: which nodes are the same machine kind, and which kinds can share one wheel (pure);
-- :mod:`.plan`: the fewest artifacts that serve every kind, through the one resolver (pure);
-- :mod:`.cluster`: the Ray connection, the alive nodes and the per-node probe (node affinity, hard);
+- :mod:`.requests`: each backend's request for a kind, assembled exactly as ``attnforge plan`` assembles it;
+- :mod:`.plan`: the fewest artifacts that serve every kind, and which nodes can build each (pure);
+- :mod:`.cluster`: the Ray connection, the alive and selected nodes, the per-node probe and fingerprint;
 - :mod:`.index`: where artifacts land (a PEP 503 directory, or an index server by URL) and the lock per key;
-- :mod:`.build`: the planned builds as Ray tasks (sized by the local jobs rule, retried once);
+- :mod:`.kind_index`: one sub-index per kind, and the check that an index never falls back to PyPI;
+- :mod:`.build`: the planned builds as Ray tasks on any capable node (sized by the local jobs rule, retried once);
+- :mod:`.builder`: what runs on the builder node;
 - :mod:`.rollout`: ``install`` / ``verify`` / ``bench`` per node, by the single-machine CLI in a subprocess;
 - :mod:`.report`: per kind, each backend's verdict and the per-class winner over SDPA.
 

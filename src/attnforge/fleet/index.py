@@ -122,6 +122,15 @@ class DirIndex:
             return None
         return Published(key=key, filename=doc["filename"], sha256=doc["sha256"])
 
+    def artifact_path(self, key: str) -> str:
+        """The published wheel of ``key``, relative to the index root (``artifacts/<digest>/<file>``).
+
+        Raises:
+            OSError, ValueError, KeyError: ``key`` was not published here.
+        """
+        doc = json.loads((self.root / ".fleet" / "keys" / f"{_hex(key)}.json").read_text(encoding="utf-8"))
+        return str(doc["path"])
+
     def publish(self, key: str, wheel: Path, inputs: CacheKeyInputs, log_path: Path | None) -> Published:
         """Export ``wheel`` into the index through a one-entry store (``cache/share.py``'s export).
 
@@ -141,6 +150,7 @@ class DirIndex:
         finally:
             remove_tree(staging)
         rel = f"artifacts/{CacheKey.parse(put.entry.key).digest}/{put.entry.filename}"
+        _check_served(self.pip_url, put.entry.filename, put.entry.sha256, lambda: sha256_file(self.root / rel))
         doc = {"key": key, "filename": put.entry.filename, "sha256": put.entry.sha256, "path": rel}
         write_atomic(self.root / ".fleet" / "keys" / f"{_hex(key)}.json", json.dumps(doc).encode())
         return Published(key=key, filename=put.entry.filename, sha256=put.entry.sha256)
@@ -224,9 +234,58 @@ class ServerIndex:
         except (FetchError, OSError) as exc:
             raise FleetError(f"the package index at {self.simple_url} does not answer",
                              cause=str(exc), hint="check the index server") from None
+        _check_served(self.simple_url, wheel.name, sha, lambda: self._served_sha256(str(name), wheel.name))
         doc = {"key": key, "filename": wheel.name, "sha256": sha}
         write_atomic(self.state / f"{_hex(key)}.json", json.dumps(doc).encode())
         return Published(key=key, filename=wheel.name, sha256=sha)
+
+    def _served_sha256(self, project: str, filename: str) -> str | None:
+        """The sha256 of ``filename`` as the server serves it now (its project page's link, downloaded), None when
+        the page does not list it."""
+        import html.parser
+
+        page_url = f"{self.simple_url}{canonicalize_name(project)}/"
+        with self._open(page_url) as resp:
+            page = resp.read().decode("utf-8", "replace")
+        hrefs: list[str] = []
+
+        class Links(html.parser.HTMLParser):
+            def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+                href = dict(attrs).get("href")
+                if tag == "a" and href and urllib.parse.urlsplit(href).path.rsplit("/", 1)[-1] == filename:
+                    hrefs.append(href)
+
+        Links().feed(page)
+        if not hrefs:
+            return None
+        digest = hashlib.sha256()
+        with self._open(urllib.parse.urljoin(page_url, hrefs[0].split("#", 1)[0])) as resp:
+            for chunk in iter(lambda: resp.read(1 << 20), b""):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+
+def _check_served(url: str, filename: str, sha256: str, served: Any) -> None:
+    """A publish counts once the index serves the very bytes: ``served()`` (the sha256 read back, None when not
+    listed) must equal ``sha256``.
+
+    Raises:
+        FleetError: the index does not list the file, or serves other bytes (exit 1 for that build).
+    """
+    try:
+        got = served()
+    except (FetchError, OSError) as exc:
+        raise FleetError(f"{filename} could not be read back from the index at {url}",
+                         cause=str(exc),
+                         hint="check the index server and its storage") from None
+    if got is None:
+        raise FleetError(f"the index at {url} took {filename} but does not list it",
+                         cause="the upload was answered with success, yet the project page has no such file",
+                         hint="check the index server's package directory (is it writable, is it the one served?)")
+    if got != sha256:
+        raise FleetError(f"the index at {url} serves other bytes for {filename}",
+                         cause=f"sha256 {got[:16]}... served, {sha256[:16]}... uploaded",
+                         hint="another wheel of that name is already there: remove it from the index")
 
 
 def _multipart(fields: Mapping[str, str], wheel: Path) -> tuple[bytes, str]:

@@ -81,7 +81,11 @@ class Node:
         node_id: Ray's node id (hex); for ``--snapshot`` files, the file name.
         address: the node's IP address (Ray's ``NodeManagerAddress``), or the file path.
         snapshot: the node's :class:`SystemSnapshot`.
-        cpus / memory_bytes: the node's Ray resources (``CPU``, ``memory``); 0 when unknown (offline planning).
+        cpus / memory_bytes / gpus: the node's Ray resources (``CPU``, ``memory``, ``GPU``); 0 when unknown
+            (offline planning).
+        head: the node is the Ray head.
+        fingerprint: what the node's probe depends on, cheaply read (:func:`attnforge.fleet.cluster.
+            node_fingerprint`): a node whose fingerprint changed is probed again.
     """
 
     node_id: str
@@ -89,6 +93,9 @@ class Node:
     snapshot: SystemSnapshot
     cpus: float = 0.0
     memory_bytes: float = 0.0
+    gpus: float = 0.0
+    head: bool = False
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,7 +26,9 @@ from attnforge._serde import to_jsonable
 from attnforge.catalog import Catalog
 from attnforge.catalog.recipes import Recipe
 from attnforge.fleet.kinds import KindGroup, Node, WheelKey, glibc_key
+from attnforge.fleet.requests import KindRequest
 from attnforge.install.keys import NOT_IN_KEY
+from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.buildspec import plan_build
 from attnforge.resolve.resolver import resolve
 from attnforge.resolve.sources import load_wheel_sources
@@ -71,7 +73,8 @@ class Route:
     """How one kind gets one backend.
 
     Attributes:
-        route: ``installed``, ``cache``, ``wheel``, ``build`` or ``none`` (cannot be served).
+        route: ``installed``, ``cache``, ``wheel``, ``build``, ``none`` (cannot be served) or ``skipped`` (a kind
+            without a GPU: nothing to install; not counted as unserved).
         detail: the chosen candidate's description (``build 1 of 2`` for a build).
         build: the number of the build that serves it, None otherwise.
         reasons: for ``none``, every rejected candidate's reasons (as ``attnforge plan`` prints them).
@@ -102,33 +105,47 @@ class FleetPlan:
     unserved: int
 
 
-def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence[Request], *,
+def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence[Request | KindRequest], *,
                wheels: Mapping[str, Sequence[WheelRef]] | None = None, home: str | None = None) -> FleetPlan:
     """Plan ``requests`` (one per backend) for every kind of ``groups``.
+
+    A kind without a GPU is ``skipped`` (it runs no kernel; it may still build for the others); a kind whose own
+    nodes cannot build (no nvcc, one too old) is served by the build of another kind of its wheel key whose
+    toolchain reaches its compute capability too.
 
     Args:
         groups: the kinds (:func:`~attnforge.fleet.kinds.group_nodes`).
         catalog: ``load_catalog()``.
-        requests: one resolver :class:`Request` per backend, ``archs=None`` (each kind's own GPUs).
-        wheels: backend id -> wheels listed from ``--find-links`` / ``--index-url`` (what ``plan`` lists).
+        requests: per backend, a :class:`~attnforge.fleet.requests.KindRequest` (what the CLI passes: the
+            one-machine pipeline of ``attnforge plan``), or a bare resolver :class:`Request` planned with
+            :func:`attnforge.resolve.resolve` over ``wheels`` (library callers, benchmarks).
+        wheels: backend id -> wheels listed from ``--find-links`` / ``--index-url`` (bare requests only).
         home: build root base for the build specs (default: each builder snapshot's own cache dir).
 
     Raises:
         UsageError: a bad version text, or a backend with nothing to build when a build is planned.
     """
+    asks = [r if isinstance(r, KindRequest) else _resolver_request(r, catalog, (wheels or {}).get(r.backend, ()),
+                                                                   home) for r in requests]
     times = load_wheel_sources().route_times
     routes: dict[tuple[str, int], Route] = {}
     to_build: dict[tuple[int, WheelKey], list[_Member]] = {}
+    orphans: dict[tuple[int, WheelKey], list[tuple[KindGroup, Route]]] = {}
     variants = {g.kind.id: _toolchains(g) for g in groups}
-    for i, request in enumerate(requests):
-        offered = (wheels or {}).get(request.backend, ())
+    for i, ask in enumerate(asks):
+        request = ask.request
         for g in groups:
-            plan, planned_on = _first_viable(variants[g.kind.id], catalog, request, offered, home)
+            if not g.kind.ccs:
+                routes[g.kind.id, i] = Route(kind=g.kind.id, backend=request.backend, route="skipped",
+                                             detail="no GPU: nothing to install (it may build for others)")
+                continue
+            plan, planned_on = _first_viable(variants[g.kind.id], ask)
             chosen = plan.chosen
             if chosen is None:
                 reasons = tuple(f"{c.kind.value}: {r}" for c in plan.candidates for r in c.reasons)
                 routes[g.kind.id, i] = Route(kind=g.kind.id, backend=request.backend, route="none",
                                              detail="nothing is viable", reasons=reasons)
+                orphans.setdefault((i, g.kind.wheel), []).append((g, routes[g.kind.id, i]))
             elif chosen.kind is CandidateKind.SOURCE and chosen.build is not None:
                 to_build.setdefault((i, build_wheel_key(g.kind.wheel, catalog.recipe(request.backend))), []).append(
                     _Member(group=planned_on, spec=chosen.build))
@@ -138,13 +155,13 @@ def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence
                                              expected_s=times.expected_s(chosen.kind, request.backend))
     builds: list[FleetBuild] = []
     for (i, wheel), members in to_build.items():
-        request = requests[i]
-        for kinds, spec, builder, gib in _merge(members, catalog, request, home):
+        request = asks[i].request
+        for kinds, spec, builder, gib in _merge(members, orphans.get((i, wheel), []), catalog, request, home):
             number = len(builds) + 1
             build = FleetBuild(
                 number=number, key=artifact_key(request, spec, wheel), backend=request.backend,
                 request=dataclasses.replace(request, archs=spec.archs), spec=spec, wheel=wheel, archs=spec.archs,
-                kinds=kinds, builder=builder.kind.id, builder_nodes=tuple(n.node_id for n in builder.nodes),
+                kinds=kinds, builder=builder.kind.id, builder_nodes=_capable(builder, groups),
                 gib_per_thread=gib,
                 expected_s=times.expected_s(CandidateKind.SOURCE, request.backend),
             )
@@ -152,7 +169,7 @@ def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence
             for kind in kinds:
                 routes[kind, i] = Route(kind=kind, backend=request.backend, route="build",
                                         detail=f"build {number}", build=number, expected_s=build.expected_s)
-    ordered = tuple(routes[g.kind.id, i] for i in range(len(requests)) for g in groups)
+    ordered = tuple(routes[g.kind.id, i] for i in range(len(asks)) for g in groups)
     ordered = tuple(dataclasses.replace(r, detail=f"build {r.build} of {len(builds)}") if r.build else r
                     for r in ordered)
     return FleetPlan(
@@ -160,6 +177,14 @@ def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence
         routes=ordered, builds=tuple(builds), artifacts=_artifacts(ordered, builds),
         expected_total_s=_total_s(ordered, builds), unserved=sum(r.route == "none" for r in ordered),
     )
+
+
+def _resolver_request(request: Request, catalog: Catalog, offered: Sequence[WheelRef],
+                      home: str | None) -> KindRequest:
+    def plan_on(snapshot: SystemSnapshot) -> Plan:
+        return resolve(snapshot, catalog, request, wheels=offered, home=home)
+
+    return KindRequest(request=request, plan_on=plan_on)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,10 +196,9 @@ class _Member:
     spec: BuildSpec
 
 
-def _first_viable(variants: list[KindGroup], catalog: Catalog, request: Request, offered: Sequence[WheelRef],
-                  home: str | None) -> tuple[Plan, KindGroup]:
+def _first_viable(variants: list[KindGroup], ask: KindRequest) -> tuple[Plan, KindGroup]:
     """The plan on the first toolchain variant of a kind that serves the request (else the last one's plan)."""
-    plans = ((resolve(v.snapshot, catalog, request, wheels=offered, home=home), v) for v in variants)
+    plans = ((ask.plan_on(v.snapshot), v) for v in variants)
     last = None
     for last in plans:
         if last[0].viable:
@@ -184,28 +208,51 @@ def _first_viable(variants: list[KindGroup], catalog: Catalog, request: Request,
     return last
 
 
+def _toolchain(node: Node) -> object:
+    """What decides whether a node can run a build planned on another: its toolchains and interpreter."""
+    s = node.snapshot
+    return (s.cuda_toolkits, s.compilers, s.visual_studio, s.ninja, s.platform.python_executable)
+
+
 def _toolchains(g: KindGroup) -> list[KindGroup]:
     """The kind's nodes split by toolchain (CUDA toolkits, compilers, Visual Studio, ninja), in node order: nodes
     of one kind may differ in what can build. Each part's ``snapshot`` (its first node's) stands for its toolchain."""
     out: dict[object, list[Node]] = {}
     for node in g.nodes:
-        s = node.snapshot
-        out.setdefault((s.cuda_toolkits, s.compilers, s.visual_studio, s.ninja), []).append(node)
+        out.setdefault(_toolchain(node), []).append(node)
     return [KindGroup(kind=g.kind, nodes=tuple(nodes)) for nodes in out.values()]
 
 
-def _merge(members: list[_Member], catalog: Catalog, request: Request, home: str | None,
-           ) -> list[tuple[tuple[str, ...], BuildSpec, KindGroup, int]]:
+def _capable(builder: KindGroup, groups: Sequence[KindGroup]) -> tuple[str, ...]:
+    """Every node that can run the build planned on ``builder``: the same wheel key (platform, Python, torch),
+    the same toolchain and interpreter, and a glibc no newer than the builder's (a wheel built on glibc X runs on
+    >= X). GPU-less nodes count: nvcc needs no GPU. The builder's own nodes come first."""
+    wheel, toolchain, glibc = builder.kind.wheel, _toolchain(builder.nodes[0]), glibc_key(builder.snapshot)
+    own = [n.node_id for n in builder.nodes]
+    mine = set(own)
+    others = [n.node_id for g in groups if g.kind.wheel == wheel for n in g.nodes
+              if n.node_id not in mine and _toolchain(n) == toolchain and glibc_key(n.snapshot) <= glibc]
+    return (*own, *others)
+
+
+def _merge(members: list[_Member], orphans: list[tuple[KindGroup, Route]], catalog: Catalog, request: Request,
+           home: str | None) -> list[tuple[tuple[str, ...], BuildSpec, KindGroup, int]]:
     """One build for every member when one builder's toolchain reaches the union of their archs, else one each.
+    Kinds that cannot build themselves (``orphans``) join the union when a member's toolchain reaches it too.
 
     Returns: (kind ids, spec, the builder (its kind's nodes of one toolchain), GiB per nvcc thread) per build.
     """
-    union = tuple(sorted({cc for m in members for cc in m.spec.archs}))
-    kinds = tuple(m.group.kind.id for m in members)
     recipe = catalog.recipe(request.backend)
     gib = recipe.gb_per_nvcc_thread if recipe is not None else 1
-    if len(members) > 1:
-        for m in sorted(members, key=lambda m: glibc_key(m.group.snapshot)):
+    by_glibc = sorted(members, key=lambda m: glibc_key(m.group.snapshot))
+    # with --arch every kind gets the list asked for; else each kind's own GPUs join the union
+    orphan_ccs = {cc for g, _ in orphans for cc in g.kind.ccs} if request.archs is None else set()
+    for extra in ([g for g, _ in orphans], []) if orphans else ([],):
+        union = tuple(sorted({cc for m in members for cc in m.spec.archs} | (orphan_ccs if extra else set())))
+        kinds = tuple(m.group.kind.id for m in members) + tuple(g.kind.id for g in extra)
+        if len(kinds) < 2:
+            continue
+        for m in by_glibc:
             decision = plan_build(m.group.snapshot, catalog, dataclasses.replace(request, archs=union), home=home)
             if decision.spec is not None:
                 return [(kinds, decision.spec, m.group, gib)]

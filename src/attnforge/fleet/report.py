@@ -43,13 +43,29 @@ class Winner:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NodeRow:
+    """One backend on one node: its version, its verify verdict (None: not verified) and its best TFLOP/s per
+    shape class (bench's cells; empty: not timed)."""
+
+    node_id: str
+    address: str
+    kind: str
+    backend: str
+    version: str | None
+    verified: bool | None
+    tflops: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FleetReport:
-    """Kinds (id -> description), verdicts, winners, and the nodes whose run failed or was lost."""
+    """Kinds (id -> description), verdicts, winners, one row per node and backend, and the nodes whose run
+    failed or was lost."""
 
     kinds: dict[str, str]
     verdicts: tuple[Verdict, ...]
     winners: tuple[Winner, ...]
     problems: tuple[str, ...]
+    nodes: tuple[NodeRow, ...] = ()
 
 
 def build_report(verify: Mapping[str, Any] | None, bench: Mapping[str, Any] | None) -> FleetReport:
@@ -78,13 +94,42 @@ def build_report(verify: Mapping[str, Any] | None, bench: Mapping[str, Any] | No
         ratios = [r for b, r in values if b == backend and isinstance(r, (int, float))]
         winners.append(Winner(kind=kind, shape_class=cls, backend=backend, nodes=count,
                               speedup=statistics.median(ratios) if ratios else None))
-    return FleetReport(kinds=kinds, verdicts=verdicts, winners=tuple(winners), problems=tuple(problems))
+    return FleetReport(kinds=kinds, verdicts=verdicts, winners=tuple(winners), problems=tuple(problems),
+                       nodes=_node_rows(verify, bench))
+
+
+def _node_rows(verify: Mapping[str, Any] | None, bench: Mapping[str, Any] | None) -> tuple[NodeRow, ...]:
+    """Per (node, backend): version and verdict from verify, best TFLOP/s per shape class from bench."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def row(run: Mapping[str, Any], backend: str) -> dict[str, Any]:
+        return rows.setdefault((str(run["node_id"]), backend), {
+            "node_id": str(run["node_id"]), "address": str(run["address"]), "kind": str(run["kind"]),
+            "backend": backend, "version": None, "verified": None, "tflops": {}})
+
+    for run in (verify or {}).get("nodes", []):
+        doc = run.get("doc")
+        for result in doc.get("results", []) if isinstance(doc, dict) else []:
+            r = row(run, str(result["backend"]))
+            r["version"] = result.get("version") or r["version"]
+            r["verified"] = bool(result.get("ok"))
+    for run in (bench or {}).get("nodes", []):
+        doc = run.get("doc")
+        for bench_row in doc.get("rows", []) if isinstance(doc, dict) else []:
+            cls = str(bench_row.get("shape_class"))
+            for cell in bench_row.get("cells", []):
+                if isinstance(cell.get("tflops"), (int, float)):
+                    best = row(run, str(cell["backend"]))["tflops"]
+                    best[cls] = max(best.get(cls, 0.0), float(cell["tflops"]))
+    return tuple(NodeRow(**r) for _, r in sorted(rows.items()))
 
 
 def _runs(records: Mapping[str, Any] | None, kinds: dict[str, str], problems: list[str], verb: str,
           ) -> list[dict[str, Any]]:
     out = []
     for run in (records or {}).get("nodes", []):
+        if run["status"] == "skipped":  # a node without a GPU: no kernel there, no row in the report
+            continue
         kinds.setdefault(run["kind"], run.get("describe", run["kind"]))
         if isinstance(run.get("doc"), dict) and run["doc"].get("kind") == verb:
             out.append(run)
@@ -114,7 +159,9 @@ def plot(report: FleetReport, path: Path) -> Path:
     kinds = sorted({w.kind for w in report.winners})
     classes = sorted({w.shape_class for w in report.winners})
     grid = [[float("nan")] * len(classes) for _ in kinds]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(classes) + 3), max(2.5, 0.6 * len(kinds) + 1.5)))
+    labels = [f"{k}\n{report.kinds.get(k, '')}" for k in kinds]
+    label_in = 0.065 * max((len(line) for lab in labels for line in lab.splitlines()), default=10)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(classes) + 2.5 + label_in), max(2.5, 0.75 * len(kinds) + 2.0)))
     for w in report.winners:
         i, j = kinds.index(w.kind), classes.index(w.shape_class)
         grid[i][j] = w.speedup if w.speedup is not None else float("nan")
@@ -123,9 +170,9 @@ def plot(report: FleetReport, path: Path) -> Path:
     image = ax.imshow(grid, cmap="viridis", aspect="auto")
     fig.colorbar(image, ax=ax, label="speed-up over SDPA")
     ax.set_xticks(range(len(classes)), classes, rotation=45, ha="right", fontsize=7)
-    ax.set_yticks(range(len(kinds)), [f"{k}: {report.kinds.get(k, '')}"[:60] for k in kinds], fontsize=7)
+    ax.set_yticks(range(len(kinds)), labels, fontsize=7)
     ax.set_title("fastest verified backend per kind and shape class")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # every label whole, however long
     plt.close(fig)
     return path

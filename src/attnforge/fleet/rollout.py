@@ -10,6 +10,7 @@ leaves mid-way is reported lost and the others finish.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +30,7 @@ class NodeRun:
 
     Attributes:
         status: ``ok`` (exit 0), ``failed`` (another exit code; ``message`` says why), ``lost`` (the node or its
-            worker went away).
+            worker went away), ``skipped`` (a GPU command on a node without a GPU; ``message`` says why).
         kind / describe: the node's machine kind.
         rc: the command's exit code (None when lost); doc: its ``--json`` output (None when it printed none).
         command_s: the command's own wall time on the node; wall_s: from the head's submit to the result.
@@ -49,30 +50,67 @@ class NodeRun:
 
 def node_command(argv: Sequence[str], timeout_s: float) -> dict[str, Any]:
     """Run on a node: ``python -m attnforge ARGV`` in this node's interpreter; returns rc, stdout, stderr's
-    last lines and the duration."""
+    last lines and the duration. ``OMP_NUM_THREADS`` (Ray sets it to the task's CPUs, 1) is dropped, so the
+    command's CPU side runs as it would when typed on the node; ``CUDA_VISIBLE_DEVICES`` (Ray's GPU grant) stays."""
     from attnforge._system.runner import SubprocessRunner
 
-    done = SubprocessRunner().run([sys.executable, "-m", "attnforge", *argv], timeout_s=timeout_s)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    done = SubprocessRunner().run([sys.executable, "-m", "attnforge", *argv], env=env, timeout_s=timeout_s)
     return {"rc": done.returncode, "stdout": done.stdout, "stderr": done.stderr[-4000:],
             "duration_s": done.duration_s}
 
 
-def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str], *, timeout_s: float = NODE_TIMEOUT_S,
+def gpu_gap(node: Node, *, hold_gpu: bool) -> str | None:
+    """Why a GPU command skips ``node``: its probe saw no GPU, or (``hold_gpu``: verify, bench) Ray grants none
+    there (a task asking ``num_gpus=1`` would wait forever); None when it can run."""
+    if not node.snapshot.gpus:
+        return "no GPU: skipped (no attention kernel to install, verify or time there)"
+    if hold_gpu and node.gpus < 1:
+        return ("skipped: Ray grants no GPU on this node (start it with `ray start --num-gpus N`, or Ray did not "
+                "detect its GPUs)")
+    return None
+
+
+def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str] | Callable[[Node], Sequence[str] | str],
+                 *, timeout_s: float = NODE_TIMEOUT_S,
+                 gpu: bool = False, hold_gpu: bool = False,
                  on_event: Callable[[str], None] = lambda _: None) -> list[NodeRun]:
-    """``attnforge ARGV`` on every node in parallel (one pinned task each); never raises for one node."""
+    """``attnforge ARGV`` on every node in parallel (one pinned task each); never raises for one node.
+
+    ``argv`` may depend on the node (``fleet install``: each kind's sub-index): a function of the node giving the
+    argv, or a string saying why that node gets nothing (reported ``failed`` with it).
+
+    Each result is reported (``on_event``) as it arrives (``ray.wait``), with a line while none arrives (a busy
+    cluster). With ``gpu`` a node without a GPU is ``skipped`` with the reason (:func:`gpu_gap`); with
+    ``hold_gpu`` (verify, bench) each task also asks Ray for ``num_gpus=1``, so Ray hands it one GPU
+    (``CUDA_VISIBLE_DEVICES``) and runs no other GPU task on it meanwhile (a bench times its GPU alone).
+    """
+    from attnforge.fleet.cluster import as_completed, waiting_line
+
     start = time.monotonic()
-    refs = [on_node(ray, node_command, n.node_id, num_cpus=1 if n.cpus >= 1 else 0, max_retries=1,
-                    ).remote(list(argv), timeout_s) for n in nodes]
-    runs: list[NodeRun] = []
-    for node, ref in zip(nodes, refs, strict=True):
-        kind = kind_of(node.snapshot)
-        base: dict[str, Any] = {"node_id": node.node_id, "address": node.address, "kind": kind.id,
-                                "describe": kind.describe()}
+    runs: dict[int, NodeRun] = {}
+    todo: list[tuple[int, Node, list[str]]] = []
+    for i, node in enumerate(nodes):
+        gap = gpu_gap(node, hold_gpu=hold_gpu) if gpu or hold_gpu else None
+        mine = argv(node) if callable(argv) else argv
+        if gap is not None:
+            runs[i] = NodeRun(**_base(node), status="skipped", message=gap)
+            on_event(f"node {node.node_id[:12]} ({node.address}): {gap}")
+        elif isinstance(mine, str):
+            runs[i] = NodeRun(**_base(node), status="failed", message=mine)
+            on_event(f"node {node.node_id[:12]} ({node.address}): {mine}")
+        else:
+            todo.append((i, node, list(mine)))
+    refs = [on_node(ray, node_command, n.node_id, num_cpus=1 if n.cpus >= 1 else 0, num_gpus=1 if hold_gpu else 0,
+                    max_retries=1).remote(a, timeout_s) for _, n, a in todo]
+    for j in as_completed(ray, refs, timeout_s=timeout_s + 60,
+                          on_idle=lambda done, left: on_event(waiting_line(ray, done, left, gpu=hold_gpu))):
+        i, node, _ = todo[j]
         try:
-            out = ray.get(ref, timeout=timeout_s + 60)
+            out = ray.get(refs[j], timeout=0)
         except Exception as exc:  # the node left, its worker died twice, or it hung: this node only
-            runs.append(NodeRun(**base, status="lost", message=task_failure(exc),
-                                wall_s=time.monotonic() - start))
+            runs[i] = NodeRun(**_base(node), status="lost", message=task_failure(exc),
+                              wall_s=time.monotonic() - start)
             on_event(f"node {node.node_id[:12]} ({node.address}): lost: {task_failure(exc)}")
             continue
         doc = _json(out["stdout"])
@@ -81,10 +119,16 @@ def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str], *, timeou
             error = doc.get("error") if isinstance(doc, dict) else None
             message = (error or {}).get("message") if isinstance(error, dict) else None
             message = message or (out["stderr"].strip().splitlines() or [f"exit status {out['rc']}"])[-1]
-        runs.append(NodeRun(**base, status="ok" if out["rc"] == 0 else "failed", rc=out["rc"], doc=doc,
-                            message=message, command_s=out["duration_s"], wall_s=time.monotonic() - start))
-        on_event(f"node {node.node_id[:12]} ({node.address}): exit {out['rc']}" + (f": {message}" if message else ""))
-    return runs
+        runs[i] = NodeRun(**_base(node), status="ok" if out["rc"] == 0 else "failed", rc=out["rc"], doc=doc,
+                          message=message, command_s=out["duration_s"], wall_s=time.monotonic() - start)
+        on_event(f"node {node.node_id[:12]} ({node.address}): exit {out['rc']} ({len(runs)} of {len(nodes)})"
+                 + (f": {message}" if message else ""))
+    return [runs[i] for i in range(len(nodes))]
+
+
+def _base(node: Node) -> dict[str, Any]:
+    kind = kind_of(node.snapshot)
+    return {"node_id": node.node_id, "address": node.address, "kind": kind.id, "describe": kind.describe()}
 
 
 def _json(text: str) -> Any:
