@@ -174,7 +174,6 @@ NOT_YET_THROUGH_PROVISION: dict[str, frozenset[str]] = {
     "cli/cache.py": frozenset({"attnforge.cache", "attnforge.cache.share", "attnforge.cache.verify",
                                 "attnforge.cache.repair"}),
     "cli/cargo_env.py": frozenset({"attnforge.cache", "attnforge.cargo.candle"}),
-    "cli/fleet.py": frozenset({"attnforge.build.source", "attnforge.install.inputs", "attnforge.fetch.indexes"}),
     "cli/verify.py": frozenset({"attnforge.cache._db"}),  # the OSError -> CacheError mapping
     "cli/bench.py": frozenset({"attnforge.cache.capabilities"}),  # what an installed slim build can run
 }

@@ -48,7 +48,7 @@ def plan_options(func: F) -> F:
 def _requests(backends: Sequence[str], snapshots: Sequence[Any], opts: dict[str, Any]) -> list[Any]:
     """One request per backend, assembled by ``attnforge plan``'s own pipeline for every kind's snapshot."""
     from attnforge.fleet.requests import assemble_for_kinds
-    from attnforge.install.inputs import RequestArgs
+    from attnforge.provision import RequestArgs
 
     names = {f for f in RequestArgs.__dataclass_fields__ if f in opts}
     args = RequestArgs(**{k: opts[k] for k in names})

@@ -62,7 +62,7 @@ def install(backends: tuple[str, ...], index_url: str, address: str | None, as_j
     from attnforge.fleet.kind_index import kind_index_urls, refuse_fallback
     from attnforge.fleet.kinds import kind_of
     from attnforge.fleet.rollout import install_argv
-    from attnforge.install.inputs import parse_requirement
+    from attnforge.provision import parse_requirement
 
     catalog = load_catalog()
     for text in backends:  # bad names exit 2 here, before any node is asked
