@@ -33,8 +33,7 @@ def main() -> None:
     from triton.testing import do_bench
 
     from attnforge.backends import registry
-    from attnforge.backends.adapter import reference_attention
-    from attnforge.backends.exact import exact_attention
+    from attnforge.backends.exact import exact_attention, reference_attention
 
     cap, left, s = 50.0, 1024, args.seqlen
     g = torch.Generator(device="cuda").manual_seed(0)

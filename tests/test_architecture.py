@@ -269,8 +269,6 @@ KNOWN_CYCLES: dict[str, str] = {
     "attnforge.dispatch": "runtime.py <-> dispatcher/features/autotune/_op: the function-level imports of "
                           "attnforge.dispatch.runtime in features.py, autotune.py and _op.py should take what they "
                           "need from dispatcher.py (or be passed in)",
-    "attnforge.backends": "adapter.reference_attention imports exact.exact_attention, and exact.ExactAdapter imports "
-                          "adapter: ExactAdapter moves to adapter.py (or reference_attention to exact.py)",
 }
 
 

@@ -19,7 +19,7 @@ import torch
 import torch._dynamo
 
 from attnforge.backends import registry
-from attnforge.backends.adapter import reference_attention
+from attnforge.backends.exact import reference_attention
 
 
 def main() -> None:

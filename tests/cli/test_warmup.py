@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.exact import reference_attention
 from attnforge.cli import main
 from attnforge.dispatch import runtime
 from attnforge.records import RecordStore, VerifyRecord

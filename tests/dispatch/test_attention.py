@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 import attnforge
 from attnforge.backends import registry
-from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.exact import reference_attention
 from attnforge.dispatch import runtime
 from attnforge.errors import DispatchError
 from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attnforge
-from attnforge.backends.adapter import reference_attention
+from attnforge.backends.exact import reference_attention
 from attnforge.dispatch import autotune, runtime
 from attnforge.records import RecordStore
 from tests._fakes import FakeClock

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import attnforge
-from attnforge.backends.adapter import reference_attention
+from attnforge.backends.exact import reference_attention
 from attnforge.dispatch import runtime
 from attnforge.records import RecordStore
 

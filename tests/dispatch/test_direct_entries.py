@@ -24,8 +24,9 @@ import torch
 import attnforge
 from attnforge.backends import _fa2_direct, _fa3_direct, _fa4_direct, registry
 from attnforge.backends._base import Requirement
-from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.backends.adapter import AttentionCall
 from attnforge.backends.bound import bound_call
+from attnforge.backends.exact import reference_attention
 from attnforge.backends.flash import FlashAttn3Adapter, FlashAttn4Adapter, FlashAttnAdapter
 
 NS = "attnforge_fa3_direct_test"

@@ -22,7 +22,8 @@ import torch
 import attnforge
 from attnforge.backends import registry
 from attnforge.backends._base import Requirement
-from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.exact import reference_attention
 from attnforge.backends.external import SageAdapter, XformersAdapter
 from attnforge.backends.flash import FlashAttnAdapter
 from attnforge.dispatch import dispatcher as dispatcher_module

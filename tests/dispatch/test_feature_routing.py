@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import attnforge
-from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.exact import reference_attention
 from attnforge.dispatch import features, runtime
 from attnforge.errors import DispatchError
 from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key

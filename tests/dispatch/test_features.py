@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnforge
-from attnforge.backends.adapter import reference_attention
+from attnforge.backends.exact import reference_attention
 from attnforge.dispatch import runtime
 from attnforge.errors import DispatchError
 from attnforge.records import RecordStore

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 import attnforge
-from attnforge.backends.adapter import FEATURES, AttentionCall, reference_attention
+from attnforge.backends.adapter import FEATURES, AttentionCall
+from attnforge.backends.exact import reference_attention
 from attnforge.dispatch import autotune, runtime
 from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
 from tests._fakes import FakeClock

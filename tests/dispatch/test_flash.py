@@ -13,7 +13,8 @@ import torch
 
 from attnforge.backends import registry
 from attnforge.backends._base import Requirement
-from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.exact import reference_attention
 from attnforge.backends.flash import (
     FlashAttn3Adapter,
     FlashAttn4Adapter,

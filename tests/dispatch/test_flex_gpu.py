@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from attnforge.backends import registry
-from attnforge.backends.adapter import reference_attention
+from attnforge.backends.exact import reference_attention
 from attnforge.backends.flex import FlexAdapter
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::DeprecationWarning")]

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from attnforge.backends import registry
-from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.exact import reference_attention
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import attnforge
-from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.exact import reference_attention
 from attnforge.dispatch import autotune, insitu, runtime
 from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
 from attnforge.types.shapes import AttentionShape, Mode

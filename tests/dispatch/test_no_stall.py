@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import attnforge
-from attnforge.backends.adapter import AttentionCall, reference_attention
+from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.exact import reference_attention
 from attnforge.dispatch import autotune, background, runtime
 from attnforge.records import RecordStore, VerifyRecord, device_key
 from tests._fakes import FakeClock

@@ -9,7 +9,7 @@ import torch
 
 from attnforge.backends import registry
 from attnforge.backends._base import bottom_right_mask
-from attnforge.backends.adapter import reference_attention
+from attnforge.backends.exact import reference_attention
 from attnforge.backends.flex import FlexAdapter
 from attnforge.catalog import load_catalog
 from tests.dispatch._compiler import CountingCompiler

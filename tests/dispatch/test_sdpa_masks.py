@@ -15,7 +15,7 @@ import torch
 
 from attnforge.backends import registry
 from attnforge.backends import sdpa as sdpa_module
-from attnforge.backends.adapter import reference_attention
+from attnforge.backends.exact import reference_attention
 
 
 @pytest.fixture

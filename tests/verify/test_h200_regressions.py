@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from attnforge.backends.adapter import reference_attention
+from attnforge.backends.exact import reference_attention
 from attnforge.catalog.tolerances import PrecisionKind, load_tolerances
 from attnforge.verify.compare import compare
 from tests._fakes import FIXTURES

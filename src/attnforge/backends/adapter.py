@@ -25,7 +25,7 @@ views and the dispatcher transposes the output back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -127,19 +127,3 @@ class BackendAdapter(Protocol):
         ...
 
 
-def reference_attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None,
-                        **features: Any) -> Any:
-    """Attention in float64 on q's device: the ground truth for verify and tests.
-
-    Takes every feature of :func:`attnforge.attention` as keywords (see
-    :func:`attnforge.backends.exact.exact_attention`); rows that see no key are zeros.
-
-    Returns:
-        ``[B, Hq, Sq, Dv]`` in float64 (and the lse when ``return_lse=True``).
-    """
-    import torch
-
-    from attnforge.backends.exact import exact_attention
-
-    return exact_attention(q, k, v, causal=causal, scale=scale, accum=torch.float64, out_dtype=torch.float64,
-                           **features)

@@ -224,3 +224,19 @@ class ExactAdapter:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None, **features: Any) -> Any:
         return exact_attention(q, k, v, causal=causal, scale=scale, **features)
+
+
+def reference_attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: float | None = None,
+                        **features: Any) -> Any:
+    """Attention in float64 on q's device: the ground truth for verify and tests.
+
+    Takes every feature of :func:`attnforge.attention` as keywords (see
+    :func:`attnforge.backends.exact.exact_attention`); rows that see no key are zeros.
+
+    Returns:
+        ``[B, Hq, Sq, Dv]`` in float64 (and the lse when ``return_lse=True``).
+    """
+    import torch
+
+    return exact_attention(q, k, v, causal=causal, scale=scale, accum=torch.float64, out_dtype=torch.float64,
+                           **features)

@@ -18,8 +18,9 @@ from typing import Any
 
 from attnforge._compat import StrEnum
 from attnforge._system.runner import Runner
-from attnforge.backends.adapter import BackendAdapter, reference_attention, supported_features
+from attnforge.backends.adapter import BackendAdapter, supported_features
 from attnforge.backends.bound import bound_call
+from attnforge.backends.exact import reference_attention
 from attnforge.catalog.backends import Backend
 from attnforge.catalog.tolerances import PrecisionKind, Tolerances
 from attnforge.probe.backends import _probe_import, installed_distribution

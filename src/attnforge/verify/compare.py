@@ -63,7 +63,7 @@ def compare(out: Any, ref: Any, tol: Tolerance) -> Comparison:
     Args:
         out: the backend's output, ``[B, H, S, D]``, any floating dtype, any device.
         ref: the float64 reference of the same shape
-            (:func:`attnforge.backends.adapter.reference_attention`).
+            (:func:`attnforge.backends.exact.reference_attention`).
         tol: the tolerance row for the backend's precision kind and the inputs' dtype.
 
     Returns:

@@ -1,7 +1,7 @@
 """The inputs of a verify case that uses a feature, and how its output is checked.
 
 Every feature but dropout is checked like a plain case: the backend's output (and its log-sum-exp for
-``lse``) against :func:`attnforge.backends.adapter.reference_attention` in float64 with the same keywords.
+``lse``) against :func:`attnforge.backends.exact.reference_attention` in float64 with the same keywords.
 Dropout draws random numbers, so no reference can match it; its case checks what can be checked: the same
 torch seed gives the same output, the output is finite and of the right shape, and it differs from the output
 without dropout.
