@@ -67,3 +67,14 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class ReadyAdapter:
+    """The two questions the dispatcher asks a fake adapter before calling it, answered "loads, serves
+    everything": the base of the timed stand-ins in tests/dispatch (their ``__call__`` is what differs)."""
+
+    def load_error(self) -> str | None:
+        return None
+
+    def unsupported_reasons(self, call: object) -> list[str]:
+        return []

@@ -12,17 +12,16 @@ import pytest
 import torch
 
 import attnforge
-from attnforge.backends.adapter import AttentionCall
 from attnforge.backends.exact import reference_attention
 from attnforge.dispatch import autotune, runtime
 from attnforge.records import RecordStore, VerifyRecord, device_key
-from tests._fakes import FakeClock
+from tests._fakes import FakeClock, ReadyAdapter
 
 CPU_KEY = device_key("cpu", None, torch.__version__)
 
 
 @dataclass
-class Timed:
+class Timed(ReadyAdapter):
     """A verified backend at the seam: exact output, each call advances the fake clock by ``cost_ms``."""
 
     name: str
@@ -30,12 +29,6 @@ class Timed:
     cost_ms: float
     calls: int = 0
     grads_seen: list[bool] = field(default_factory=list)
-
-    def load_error(self) -> str | None:
-        return None
-
-    def unsupported_reasons(self, call: AttentionCall) -> list[str]:
-        return []
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None) -> torch.Tensor:

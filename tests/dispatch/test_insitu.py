@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import attnforge
-from attnforge.backends.adapter import AttentionCall
 from attnforge.backends.exact import reference_attention
 from attnforge.dispatch import autotune, insitu, runtime
 from attnforge.records import BenchRecord, RecordStore, VerifyRecord, device_key
 from attnforge.types.shapes import AttentionShape, Mode
+from tests._fakes import ReadyAdapter
 
 CPU_KEY = device_key("cpu", None, torch.__version__)
 
@@ -35,18 +35,12 @@ class Gpu:
 
 
 @dataclass
-class Kernel:
+class Kernel(ReadyAdapter):
     name: str
     gpu: Gpu
     host_ms: float
     kernel_ms: float
     calls: int = 0
-
-    def load_error(self) -> str | None:
-        return None
-
-    def unsupported_reasons(self, call: AttentionCall) -> list[str]:
-        return []
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None) -> torch.Tensor:

@@ -15,17 +15,16 @@ import pytest
 import torch
 
 import attnforge
-from attnforge.backends.adapter import AttentionCall
 from attnforge.backends.exact import reference_attention
 from attnforge.dispatch import autotune, background, runtime
 from attnforge.records import RecordStore, VerifyRecord, device_key
-from tests._fakes import FakeClock
+from tests._fakes import FakeClock, ReadyAdapter
 
 CPU_KEY = device_key("cpu", None, torch.__version__)
 
 
 @dataclass
-class Kernel:
+class Kernel(ReadyAdapter):
     """A verified backend: exact output, ``cost_ms`` on the fake clock per call, the thread of every call;
     with ``compiling`` set, its first call waits for that event (a JIT compile the test controls)."""
 
@@ -34,12 +33,6 @@ class Kernel:
     cost_ms: float
     compiling: threading.Event | None = None
     threads: list[int] = field(default_factory=list)
-
-    def load_error(self) -> str | None:
-        return None
-
-    def unsupported_reasons(self, call: AttentionCall) -> list[str]:
-        return []
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None) -> torch.Tensor:
