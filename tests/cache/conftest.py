@@ -41,6 +41,15 @@ def inputs_for(artifact: Path, **changes: Any) -> CacheKeyInputs:
     return CacheKeyInputs(**fields)
 
 
+def put_wheels(store: Store, tmp_path: Path, count: int = 2) -> list[str]:
+    """``count`` test wheels (versions ``0.0``, ``1.0`` ...) stored in ``store``; their keys, in order."""
+    keys = []
+    for i in range(count):
+        wheel = make_wheel(tmp_path / f"w{i}", version=f"{i}.0")
+        keys.append(store.put(wheel, inputs_for(wheel), provenance={"host": "test"}).entry.key)
+    return keys
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(1_700_000_000.0)  # Unix seconds, for prune by age

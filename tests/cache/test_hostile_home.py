@@ -26,7 +26,7 @@ from attnforge._system.statedb import DamagedDatabaseError
 from attnforge.cache import Store
 from attnforge.cli import main
 from attnforge.records import RecordStore, VerifyRecord
-from tests.cache.conftest import inputs_for
+from tests.cache.conftest import inputs_for, put_wheels
 from tests.cache.wheelmaker import flip_byte, make_wheel
 from tests.hostile_homes import DAMAGED, HOMES
 
@@ -79,11 +79,7 @@ DB_DAMAGE: dict[str, Callable[[Path], None]] = {
 def filled(attnforge_home: Path, tmp_path: Path) -> tuple[Store, list[str]]:
     """Two entries in this test's ATTNFORGE_HOME (the CLI's store)."""
     store = Store(attnforge_home)
-    keys = []
-    for i in range(2):
-        wheel = make_wheel(tmp_path / f"w{i}", version=f"{i}.0")
-        keys.append(store.put(wheel, inputs_for(wheel), provenance={"host": "test"}).entry.key)
-    return store, keys
+    return store, put_wheels(store, tmp_path)
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:

@@ -10,8 +10,8 @@ from attnforge.cache import Store
 from attnforge.cli import main
 from attnforge.cli.cache import parse_duration_s, parse_size_bytes
 from attnforge.errors import UsageError
-from tests.cache.conftest import inputs_for
-from tests.cache.wheelmaker import flip_byte, make_wheel
+from tests.cache.conftest import put_wheels
+from tests.cache.wheelmaker import flip_byte
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
@@ -23,11 +23,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[
 @pytest.fixture
 def filled(attnforge_home: Path, tmp_path: Path) -> tuple[Store, list[str]]:
     store = Store(attnforge_home)
-    keys = []
-    for i in range(2):
-        wheel = make_wheel(tmp_path / f"w{i}", version=f"{i}.0")
-        keys.append(store.put(wheel, inputs_for(wheel), provenance={"host": "test"}).entry.key)
-    return store, keys
+    return store, put_wheels(store, tmp_path)
 
 
 def test_list_json_names_every_entry_with_its_inputs(

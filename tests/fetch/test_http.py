@@ -19,6 +19,7 @@ from attnforge._system.net import HostLookup
 from attnforge.errors import UsageError
 from attnforge.fetch.deadline import NetDeadline, budget_from, command_deadline, current_deadline
 from attnforge.fetch.http import FetchError, HttpClient, HttpStatusError, rate_limit_message, shown
+from tests._http import local_server
 from tests.fetch.servers import BlackHole, refusing_port
 
 
@@ -196,11 +197,8 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def served() -> Iterator[str]:
     _Recorder.seen = []
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    with local_server(_Recorder) as url:
+        yield url
 
 
 def test_credentials_in_the_url_are_basic_auth_and_never_shown(served: str, no_proxies: None) -> None:

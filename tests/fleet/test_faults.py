@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._http import local_server
 from tests.fleet.conftest import NVCC_EXT, FleetCluster
 
 pytestmark = pytest.mark.integration
@@ -226,7 +227,6 @@ def test_ctrl_c_cancels_the_builds_publishes_nothing_and_exits_130(connected: Fl
 def empty_index() -> Iterator[str]:
     """An index server that answers 200 to every upload and stores nothing (its pages list no file)."""
     import http.server
-    import threading
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -246,13 +246,8 @@ def empty_index() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/simple/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with local_server(Handler) as url:
+        yield url + "/simple/"
 
 
 def test_an_index_that_answers_200_and_stores_nothing_is_a_failed_publish(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import http.server
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from attnforge.fetch.deadline import NetDeadline, command_deadline
 from attnforge.fleet import FleetError
 from attnforge.fleet.index import open_index
+from tests._http import local_server
 from tests.fetch.servers import PROXY_VARIABLES, BlackHole
 
 
@@ -42,11 +42,8 @@ class _Simple(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def simple() -> Iterator[str]:
     _Simple.seen = []
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Simple)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/simple/"
-    srv.shutdown()
-    srv.server_close()
+    with local_server(_Simple) as url:
+        yield url + "/simple/"
 
 
 def test_an_index_server_that_never_answers_is_a_fleet_error_within_the_budget(tmp_path: Path) -> None:

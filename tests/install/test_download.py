@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import http.server
 import subprocess
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from attnforge.fetch.download import check_digest, stream
 from attnforge.install.flow import Action, InstallResult, install
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import CachedArtifact, Candidate, CandidateKind, Plan, Request, WheelRef
+from tests._http import local_server
 from tests.cache.wheelmaker import make_wheel
 from tests.conftest import REPO
 from tests.install.helpers import pip_wheel_builder
@@ -37,11 +37,8 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     root = tmp_path / "served"
     root.mkdir()
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}", root
-    srv.shutdown()
-    srv.server_close()
+    with local_server(functools.partial(_Quiet, directory=str(root))) as url:
+        yield url, root
 
 
 def test_stream_hashes_what_it_writes(served: tuple[str, Path], tmp_path: Path) -> None:

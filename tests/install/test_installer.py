@@ -7,7 +7,6 @@ import base64
 import http.server
 import os
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from attnforge.build.frontend import Installer, installer_for
 from attnforge.errors import InstallError
 from attnforge.install.index import index_pick, index_versions
 from attnforge.install.pip import pip_install
+from tests._http import local_server
 from tests.cache.wheelmaker import make_wheel
 from tests.venvs import nested_venv, uv_venv
 
@@ -94,14 +94,8 @@ def auth_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     def handler(*args: object, **kwargs: object) -> _AuthIndex:
         return _AuthIndex(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://af:s3cret@127.0.0.1:{server.server_address[1]}/simple/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with local_server(handler) as url:
+        yield url.replace("http://", "http://af:s3cret@") + "/simple/"
 
 
 @pytest.mark.integration
