@@ -38,3 +38,40 @@ def first_call_s(torch: Any, fn: Callable[[], Any]) -> float:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return time.perf_counter() - start
+
+
+def wall_ms(torch: Any, fn: Callable[[], Any], *, reps: int = 10, warmup: int = 3) -> float:
+    """Median wall time of ``fn()`` in ms after ``warmup`` calls, CUDA synchronised after each call: a model step
+    as its user waits for it (host, launches and kernels; no L2 flush), for the models scripts."""
+    import time
+
+    def sync() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def waited_s(timeout_s: float) -> float:
+    """Seconds until the first-use measurements queued so far finished (they may run off the calling thread,
+    ``ATTNFORGE_AUTOTUNE=background``), so what is timed next is served by the measured choice; 0 for a tree
+    whose measurement runs only in the call."""
+    import time
+
+    try:
+        from attnforge.dispatch.autotune import background_wait
+    except ImportError:
+        return 0.0
+    start = time.perf_counter()
+    background_wait(timeout_s=timeout_s)
+    return time.perf_counter() - start

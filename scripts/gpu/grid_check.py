@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from _timing import first_call_s, measure_ms
+from _timing import first_call_s, measure_ms, waited_s
 
 
 @dataclass(frozen=True)
@@ -111,18 +111,6 @@ class Row:
     best_quantized: str | None = None
     ratio_quantized_to_best: float | None = None
     ratio_quantized_to_sdpa: float | None = None
-
-
-def _measured_s() -> float:
-    """Seconds until the class's first-use measurement (off the calling thread since issue 30) has finished, so
-    the timed calls after it are served by the measured choice; 0 where attnforge measures in the call."""
-    try:
-        from attnforge.dispatch.autotune import background_wait
-    except ImportError:
-        return 0.0
-    start = time.perf_counter()
-    background_wait(timeout_s=120)
-    return time.perf_counter() - start
 
 
 def flops(c: Cell, mode: str) -> float:
@@ -261,10 +249,10 @@ def measure(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[
         try:
             row.first_use_s[label] = first_call_s(torch, timed(
                 lambda p=prec: attnforge.attention(qb, kb, vb, causal=cell.causal, precision=p)))
-            row.first_use_s[label + "-measured"] = _measured_s()  # first use measures off the calling thread
+            row.first_use_s[label + "-measured"] = waited_s(timeout_s=120)  # first use measures off the calling thread
             row.first_use_s[label + "-bshd"] = first_call_s(torch, timed(
                 lambda p=prec: attnforge.attention(qs, ks, vs, causal=cell.causal, precision=p, layout="bshd")))
-            row.first_use_s[label + "-bshd-measured"] = _measured_s()
+            row.first_use_s[label + "-bshd-measured"] = waited_s(timeout_s=120)
             ex = attnforge.explain(qb, kb, vb, causal=cell.causal, precision=prec)
             chosen = getattr(ex, "chosen", None)
             if prec == "exact":

@@ -31,6 +31,8 @@ import sys
 import time
 from typing import Any
 
+from _timing import wall_ms
+
 DEV, DT, SMALL = "cuda", "bfloat16", False
 LAYERS = 2
 
@@ -38,21 +40,6 @@ LAYERS = 2
 def _sync(torch: Any) -> None:
     if DEV == "cuda":
         torch.cuda.synchronize()
-
-
-def _time_ms(torch: Any, fn: Any, reps: int = 10, warmup: int = 3) -> float:
-    """Median wall time of ``fn()`` in ms, CUDA synchronised after each call, after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    _sync(torch)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        _sync(torch)
-        times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def _compare(got: Any, ref: Any) -> dict[str, float]:
@@ -106,14 +93,14 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
         model.set_attn_implementation(impl)  # the same weights for both
         with torch.no_grad():
             logits[impl] = model(input_ids=ids, attention_mask=mask).logits
-            res[f"{impl}_fwd_ms"] = _time_ms(torch, lambda: model(input_ids=ids, attention_mask=mask))
+            res[f"{impl}_fwd_ms"] = wall_ms(torch, lambda: model(input_ids=ids, attention_mask=mask))
 
         def step() -> None:
             out = model(input_ids=ids, attention_mask=mask, labels=ids)
             out.loss.backward()
             model.zero_grad(set_to_none=True)
 
-        res[f"{impl}_train_step_ms"] = _time_ms(torch, step, reps=5, warmup=2)
+        res[f"{impl}_train_step_ms"] = wall_ms(torch, step, reps=5, warmup=2)
         res[f"{impl}_generate"] = _generate(torch, model, batch)
         if name == "llama3-8b":  # where a padded forward's time goes, per implementation (issue 30 item 4)
             res[f"{impl}_fwd_kernels"] = _kernels(torch, lambda: model(input_ids=ids, attention_mask=mask))
@@ -195,8 +182,8 @@ def _generate(torch: Any, model: Any, batch: int) -> dict[str, float]:
         with torch.no_grad():
             return model.generate(**kw, max_new_tokens=n, min_new_tokens=n)
 
-    t1 = _time_ms(torch, lambda: run(1), reps=3, warmup=1)
-    tn = _time_ms(torch, lambda: run(1 + new), reps=3, warmup=1)
+    t1 = wall_ms(torch, lambda: run(1), reps=3, warmup=1)
+    tn = wall_ms(torch, lambda: run(1 + new), reps=3, warmup=1)
     return {"prefill_ms": t1, "decode_tokens_per_s": batch * new / max((tn - t1) / 1e3, 1e-9),
             "prompt": prompt, "new_tokens": new}
 
@@ -249,11 +236,11 @@ def _diffusion(torch: Any, model: Any, inputs: dict[str, Any], label: str) -> di
     res: dict[str, Any] = {"model": label}
     with torch.no_grad():
         ref = model(**inputs).sample
-        res["default_step_ms"] = _time_ms(torch, lambda: model(**inputs), reps=5)
+        res["default_step_ms"] = wall_ms(torch, lambda: model(**inputs), reps=5)
         register()
         model.set_attention_backend("attnforge")
         got = model(**inputs).sample
-        res["attnforge_step_ms"] = _time_ms(torch, lambda: model(**inputs), reps=5)
+        res["attnforge_step_ms"] = wall_ms(torch, lambda: model(**inputs), reps=5)
         model.reset_attention_backend()
     res.update(_compare(got, ref))
     res["speedup_step_ms"] = res["default_step_ms"] / res["attnforge_step_ms"]

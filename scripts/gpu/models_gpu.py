@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
+
+from _timing import wall_ms
 
 DEV, DT, SMALL = "cuda", "bfloat16", False
 
@@ -27,21 +28,6 @@ DEV, DT, SMALL = "cuda", "bfloat16", False
 def _sync(torch: Any) -> None:
     if DEV == "cuda":
         torch.cuda.synchronize()
-
-
-def _time(torch: Any, fn: Any, reps: int = 10) -> float:
-    """Median wall time of ``fn()`` in ms, CUDA synchronised, after 3 warm-up calls."""
-    for _ in range(3):
-        fn()
-    _sync(torch)
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        _sync(torch)
-        out.append((time.perf_counter() - t0) * 1e3)
-    out.sort()
-    return out[len(out) // 2]
 
 
 def llama(torch: Any) -> dict[str, Any]:
@@ -83,14 +69,14 @@ def causal_lm(torch: Any, kind: str) -> dict[str, Any]:
         base.set_attn_implementation(impl)  # the same weights for both
         with torch.no_grad():
             logits[impl] = base(input_ids=ids, attention_mask=mask).logits.float()
-            res[f"{impl}_fwd_ms"] = _time(torch, lambda: base(input_ids=ids, attention_mask=mask))
+            res[f"{impl}_fwd_ms"] = wall_ms(torch, lambda: base(input_ids=ids, attention_mask=mask))
             res[f"{impl}_fwd_kernels"] = _kernels(torch, lambda: base(input_ids=ids, attention_mask=mask))
 
         def step() -> None:
             out = base(input_ids=ids, attention_mask=mask, labels=ids)
             out.loss.backward()
             base.zero_grad(set_to_none=True)
-        res[f"{impl}_train_step_ms"] = _time(torch, step, reps=5)
+        res[f"{impl}_train_step_ms"] = wall_ms(torch, step, reps=5)
     valid = mask.bool()
     diff = (logits["attnforge"] - logits[default]).abs()[valid]
     res["max_abs_diff_logits"] = float(diff.max())
@@ -149,11 +135,11 @@ def flux(torch: Any) -> dict[str, Any]:
     res: dict[str, Any] = {"model": "flux transformer (random, 2+4 blocks, H8, D128)", "tokens": n_img + 512}
     with torch.no_grad():
         ref = model(**inputs).sample.float()
-        res["default_step_ms"] = _time(torch, lambda: model(**inputs))
+        res["default_step_ms"] = wall_ms(torch, lambda: model(**inputs))
         register()
         model.set_attention_backend("attnforge")
         got = model(**inputs).sample.float()
-        res["attnforge_step_ms"] = _time(torch, lambda: model(**inputs))
+        res["attnforge_step_ms"] = wall_ms(torch, lambda: model(**inputs))
     res["max_abs_diff"] = float((got - ref).abs().max())
     res["ref_abs_max"] = float(ref.abs().max())
     res["rel_l2"] = float((got - ref).norm() / ref.norm())

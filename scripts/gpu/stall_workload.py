@@ -26,6 +26,8 @@ import sys
 import time
 from typing import Any
 
+import _timing
+
 COMPILES = {"cute": 0}
 
 
@@ -41,17 +43,6 @@ def _count_cute_compiles() -> None:
         return original(*args, **kwargs)
 
     cute.compile = counting  # FA4 calls cute.compile(...) through the module attribute
-
-
-def _background_wait() -> float:
-    """Seconds the first-use measurements queued by pass 1 still ran after it (off the calling thread)."""
-    try:
-        from attnforge.dispatch.autotune import background_wait
-    except ImportError:
-        return 0.0
-    start = time.perf_counter()
-    background_wait(timeout_s=300)
-    return time.perf_counter() - start
 
 
 def make_calls(n: int, seed: int, small: bool) -> list[dict[str, Any]]:
@@ -166,7 +157,7 @@ def main() -> int:
     t0 = time.perf_counter()
     first = run_pass(torch, attnforge, calls, args.device, check=False)
     pass1_s = time.perf_counter() - t0
-    waited_s = _background_wait()
+    waited_s = _timing.waited_s(timeout_s=300)
     second = run_pass(torch, attnforge, calls, args.device, check=True)
     longest = max(second, key=lambda r: r["ms"])
     result = {
