@@ -106,7 +106,7 @@ def run_build(
         out.print(f"sccache: {result.sccache.hits} hits, {result.sccache.misses} misses")
     if result.build_dir is not None:
         out.print(f"build tree kept at {result.build_dir}", soft_wrap=True)
-    out.print(f"install it with: {shlex.join(built.install_argv)}", soft_wrap=True, markup=False)
+    out.print(f"install it with: {shlex.join(built.install_argv())}", soft_wrap=True, markup=False)
     return 0
 
 

@@ -52,13 +52,26 @@ class Built:
         result: the executor's result (log, duration, compile steps, sccache, kept tree).
         wheel: the stored wheel (the staging copy when nothing was stored).
         cache_key: the store entry (None when nothing was stored).
-        install_argv: the command that installs ``wheel`` into the building interpreter (uv in a uv venv).
+        python: the interpreter the wheel was built for.
     """
 
     result: BuildResult
     wheel: Path
     cache_key: str | None
-    install_argv: tuple[str, ...]
+    python: str
+
+    def install_argv(self) -> tuple[str, ...]:
+        """The command that installs ``wheel`` into :attr:`python` (uv in a uv venv): asked only when someone
+        shows it, since finding the installer runs the interpreter and fails where it has neither pip nor uv.
+
+        Raises:
+            InstallError: the interpreter has neither pip nor uv.
+        """
+        from attnforge._system.runner import SubprocessRunner
+        from attnforge.build.frontend import installer_for
+
+        frontend = installer_for(self.python, runner=SubprocessRunner())
+        return tuple(frontend.argv("install", "--no-deps", str(self.wheel)))
 
 
 def prepare(args: RequestArgs, *, jobs: int | None = None, use_sccache: bool = False, name: str | None = None,
@@ -103,26 +116,22 @@ def build(job: BuildJob, *, reporter: Reporter, keep_build_dir: bool = False, la
         BuildError: the built version is outside ``job.wanted_version`` (nothing stored).
         CacheError: the store cannot be written.
     """
-    from attnforge._system.runner import SubprocessRunner
     from attnforge.build import execute
-    from attnforge.build.frontend import installer_for
     from attnforge.build.stream import launch
 
-    spec = job.spec
+    spec, snapshot = job.spec, job.snapshot
+    if cache and snapshot is None:  # refused before an hour of compiling, not after it
+        raise ValueError("a build is cached with the snapshot of the machine that built it")
     result = execute(spec, home=job.home, reporter=reporter, keep_build_dir=keep_build_dir, snapshot=job.snapshot,
                      launcher=launcher or launch)
     wheel, key = result.wheel, None
-    if cache:
+    if cache and snapshot is not None:
         from attnforge.cache import Store
         from attnforge.install.keys import store_built
 
-        if job.snapshot is None:
-            raise ValueError("a build is cached with the snapshot of the machine that built it")
         entry = store_built(Store(job.home), spec, wheel=result.wheel, log_path=result.log_path,
-                            source_sha256=result.source_sha256, snapshot=job.snapshot, owned_dir=result.wheel.parent,
+                            source_sha256=result.source_sha256, snapshot=snapshot, owned_dir=result.wheel.parent,
                             wanted_version=job.wanted_version)
         wheel, key = Path(entry.path), entry.key
-    frontend = installer_for(spec.python or sys.executable, runner=SubprocessRunner())  # uv in a uv venv
-    return Built(result=result, wheel=wheel, cache_key=key,
-                 install_argv=tuple(frontend.argv("install", "--no-deps", str(wheel))))
+    return Built(result=result, wheel=wheel, cache_key=key, python=spec.python or sys.executable)
 
