@@ -243,3 +243,20 @@ def test_no_traceback_from_a_real_process_in_a_damaged_home(filled: tuple[Store,
         text = done.stdout + done.stderr
         assert "Traceback" not in text, text
         assert "hint:" in text, text
+
+
+def test_repair_finds_damage_that_a_lookup_by_key_does_not_read(attnforge_home: Path) -> None:
+    """A probe lookup reads only the index's pages; repair checks every page (``PRAGMA quick_check``), so a records.db
+    whose table pages are garbled is moved aside, not called sound while every read says "run cache repair"."""
+    store = RecordStore(attnforge_home)
+    for i in range(400):
+        store.add_verify(VerifyRecord(device_key=f"k{i % 7}", backend=f"b{i}", backend_version=None, ok=True,
+                                      summary="x" * 200))
+    with contextlib.closing(sqlite3.connect(store.path)) as conn:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'verify'").fetchone()[0]
+    with store.path.open("r+b") as fh:
+        fh.seek((root - 1) * page_size)
+        fh.write(b"\xff" * page_size)
+    moved = store.repair(1_800_000_000.0)
+    assert moved is not None and moved.exists() and not store.path.exists()
