@@ -70,3 +70,13 @@ def test_the_plot_grows_with_its_rows(tmp_path: Path) -> None:
     small = size(plot(report(2), tmp_path / "small.png"))
     big = size(plot(report(12), tmp_path / "big.png"))
     assert big[1] > small[1] * 2
+
+
+def test_a_noisy_cell_is_never_a_nodes_best() -> None:
+    """bench shows a cell beyond its noise bounds but stores it nowhere; the per-node table follows it."""
+    cells = [{"backend": "flash-attn", "status": "ok", "tflops": 300.0},
+             {"backend": "flash-attn", "status": "noisy", "tflops": 900.0}]
+    bench = {"nodes": [_run("a", "k1", {"kind": "bench", "rows": [
+        {"shape_class": "bf16 fwd", "best": "flash-attn", "cells": cells}]})]}
+    (row,) = build_report(None, bench).nodes
+    assert row.tflops == {"bf16 fwd": 300.0}

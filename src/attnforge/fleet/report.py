@@ -118,7 +118,7 @@ def _node_rows(verify: Mapping[str, Any] | None, bench: Mapping[str, Any] | None
         for bench_row in doc.get("rows", []) if isinstance(doc, dict) else []:
             cls = str(bench_row.get("shape_class"))
             for cell in bench_row.get("cells", []):
-                if isinstance(cell.get("tflops"), (int, float)):
+                if isinstance(cell.get("tflops"), (int, float)) and cell.get("status", "ok") == "ok":  # not noisy
                     best = row(run, str(cell["backend"]))["tflops"]
                     best[cls] = max(best.get(cls, 0.0), float(cell["tflops"]))
     return tuple(NodeRow(**r) for _, r in sorted(rows.items()))
