@@ -265,3 +265,18 @@ def test_an_upload_is_not_refused_when_the_budget_is_spent(served: str, no_proxi
         HttpClient(deadline=deadline).get(f"{served}/x")
     with HttpClient(deadline=deadline).open(f"{served}/x", bounded=False) as resp:
         assert resp.read() == b"hello"
+
+
+def test_a_name_lookup_cut_short_by_the_callers_deadline_does_not_mark_the_host_dead() -> None:
+    import threading as _threading
+
+    answered = _threading.Event()
+
+    def slow(host: str) -> None:
+        if not answered.wait(1.0):  # the first lookup outlives the caller's 0.05 s
+            return
+
+    hosts = HostLookup(lookup=slow)
+    assert hosts.problem("https://files.example/x", timeout_s=0.05) is not None  # no answer in the time left
+    answered.set()
+    assert hosts.problem("https://files.example/x") is None  # asked again with the whole timeout: it answers

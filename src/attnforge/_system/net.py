@@ -90,6 +90,8 @@ class HostLookup:
         if not outcome:
             why = (f"{host}: no answer to the name lookup within {wait_s:g} s (no network or DNS?); "
                    "the source is unreachable")
+            if wait_s < self.timeout_s:  # the caller's deadline cut it short: not proof the host is dead
+                return why
         elif isinstance(outcome[0], OSError):
             why = f"{host}: the name does not resolve ({outcome[0]}); the source is unreachable"
         else:
