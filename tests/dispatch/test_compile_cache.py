@@ -48,6 +48,19 @@ def test_a_home_that_cannot_hold_the_caches_leaves_the_defaults_and_does_not_fai
     assert all(s.source is cc.Source.DEFAULT for s in caches.settings)
 
 
+
+def test_a_home_that_can_no_longer_hold_the_caches_takes_back_all_of_ours(tmp_path: Path) -> None:
+    """Our settings from an earlier home go, FA4's switch too: left on, FA4 would cache in its own default folder."""
+    env = {"ATTNFORGE_HOME": str(tmp_path / "first")}
+    cc.ensure(env)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "compile").write_text("not a folder", encoding="utf-8")
+    env["ATTNFORGE_HOME"] = str(shared)
+    cc.ensure(env)
+    assert cc.FA4_DIR not in env and cc.INDUCTOR_DIR not in env and cc.FA4_ENABLED not in env
+
+
 _CHILD = """
 import json, torch
 from attnforge._system import compile_cache

@@ -127,7 +127,10 @@ def ensure(environ: MutableMapping[str, str] | None = None) -> CompileCaches:
         if enabled is not None and _OURS.get(FA4_ENABLED) != enabled:
             settings.insert(0, CacheSetting(variable=FA4_ENABLED, value=enabled, source=Source.USER))
         elif fa4_dir.value is None:
-            settings.insert(0, CacheSetting(variable=FA4_ENABLED, value=enabled, source=Source.DEFAULT))
+            if enabled is not None:  # ours from an earlier home: FA4's cache would stay on in its own default folder
+                del env[FA4_ENABLED]
+                _OURS.pop(FA4_ENABLED, None)
+            settings.insert(0, CacheSetting(variable=FA4_ENABLED, value=None, source=Source.DEFAULT))
         else:
             env[FA4_ENABLED] = _OURS[FA4_ENABLED] = "1"
             settings.insert(0, CacheSetting(variable=FA4_ENABLED, value="1", source=Source.ATTNFORGE))
