@@ -211,10 +211,13 @@ def first_use(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: Atten
              store=store(), config=config, versions=versions())
         return True
     key = _mark_tuned(dispatcher, call, device_key)
-    copies, ready = background.snapshot(tensors)
     quantized = any(bool(getattr(getattr(a, "caps", None), "quantized", False))
                     for n in candidates(decision) if (a := dispatcher.adapters.get(n)) is not None)
-    views = background.snapshot(bhsd)[0] if quantized else copies
+    # one snapshot, one event: the bhsd views a quantized candidate's error is read on are copied before the
+    # event the worker waits on, as the caller's tensors are
+    both, ready = background.snapshot((*tensors, *bhsd) if quantized else tuple(tensors))
+    copies = both[:len(tensors)]
+    views = both[len(tensors):] if quantized else copies
     records, known = store(), versions()
 
     def job(checkpoint: Callable[[], None]) -> None:
