@@ -25,6 +25,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from attnforge._system.files import write_atomic
 from attnforge.fetch.http import FetchError, HttpClient
 from attnforge.fetch.indexes import Listing, parse_simple_page
 from attnforge.probe.snapshot import SystemSnapshot
@@ -237,7 +238,11 @@ class ListingCache:
         return doc if isinstance(doc, dict) and doc.get("key") == key else None
 
     def save(self, key: str, *, body: object, etag: str | None, fetched_at: str) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self._file(key).with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "fetched_at": fetched_at, "etag": etag, "body": body}), encoding="utf-8")
-        tmp.replace(self._file(key))
+        """Keep a fetched listing for offline and unreachable use. Best effort: a home that cannot be written (a
+        shared read-only one) keeps nothing, and the listing just fetched is used all the same."""
+        doc = json.dumps({"key": key, "fetched_at": fetched_at, "etag": etag, "body": body}).encode("utf-8")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            write_atomic(self._file(key), doc)  # a fresh temp name: two commands saving at once do not collide
+        except OSError:
+            return
