@@ -21,6 +21,8 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
+from attnforge.dispatch.features import one_line
+
 #: a queued measurement: runs on the worker thread; ``checkpoint`` is called between its steps
 Job = Callable[[Callable[[], None]], None]
 
@@ -110,8 +112,7 @@ class Worker:
             try:
                 job(self.checkpoint)
             except Exception as exc:  # a job must never kill the worker
-                text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-                self.failed.append((key, text[0] if text else type(exc).__name__))
+                self.failed.append((key, one_line(exc)))
             finally:
                 with self._cond:
                     self._busy = False

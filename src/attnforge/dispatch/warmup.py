@@ -20,6 +20,7 @@ from typing import Any
 
 from attnforge._system import compile_cache
 from attnforge.dispatch import autotune
+from attnforge.dispatch.features import one_line
 from attnforge.types.shapes import AttentionShape, Mode
 
 
@@ -108,8 +109,7 @@ def _warm(shape: AttentionShape, kw: dict[str, Any], *, device: str, inputs: Any
             result.backward(dout)
         explained = runtime.explain(q, k, v, causal=shape.causal, **kw)
     except Exception as exc:  # a shape this machine cannot run (out of memory): reported, the rest goes on
-        text = f"{type(exc).__name__}: {exc}".strip().splitlines()
         return WarmedClass(shape=shape, features=names, shape_class=str(shape.shape_class), chosen=None, basis="",
-                           duration_s=time.perf_counter() - start, error=text[0] if text else type(exc).__name__)
+                           duration_s=time.perf_counter() - start, error=one_line(exc))
     return WarmedClass(shape=shape, features=names, shape_class=explained.shape_class, chosen=explained.chosen,
                        basis=explained.basis[0] if explained.basis else "", duration_s=time.perf_counter() - start)
