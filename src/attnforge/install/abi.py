@@ -22,6 +22,7 @@ from packaging.utils import parse_wheel_filename
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.types.binary import AbiKind, BinaryTarget, target_version
 from attnforge.types.cc import ComputeCapability
+from attnforge.types.versions import format_major_minor, parse_major_minor
 
 _CXX_TORCH = ("_ZN3c10", "_ZN2at", "_ZN5torch", "_ZNK3c10", "_ZNK2at", "_ZNK5torch")
 _STABLE = ("aoti_torch_", "torch_call_dispatcher")
@@ -100,9 +101,6 @@ def built_target(wheel: Path, *, snapshot: SystemSnapshot, archs: tuple[ComputeC
     if abi is AbiKind.TORCH_STABLE:
         minimum = target_version(build_flags)
         if minimum is None:
-            from packaging.version import Version
-
-            release = Version(torch.version.split("+", 1)[0]).release
-            minimum = (release[0], release[1] if len(release) > 1 else 0)
-        return dataclasses.replace(base, abi=abi, torch=f"{minimum[0]}.{minimum[1]}")
+            minimum = parse_major_minor(torch.version)
+        return dataclasses.replace(base, abi=abi, torch=format_major_minor(minimum))
     return dataclasses.replace(base, abi=AbiKind.TORCH, torch=torch.version, cxx11_abi=torch.cxx11_abi)

@@ -18,6 +18,7 @@ from attnforge.cache.label import LocalLabel, label_wheel
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import BuildSpec
 from attnforge.types.binary import AbiKind, BinaryTarget
+from attnforge.types.versions import parse_major_minor
 
 
 @contextmanager
@@ -59,8 +60,8 @@ def pinned_to_torch(wheel: Path, spec: BuildSpec, snapshot: SystemSnapshot, targ
     if target is not None and target.abi in (AbiKind.PURE, AbiKind.TVM_FFI):
         return wheel
     if target is not None and target.abi is AbiKind.TORCH_STABLE and target.torch is not None:
-        major, minor = target.torch.split(".")
-        label = LocalLabel(torch=(int(major), int(minor)), cuda=torch.cuda_version, archs=spec.archs, stable_abi=True)
+        label = LocalLabel(torch=parse_major_minor(target.torch), cuda=torch.cuda_version, archs=spec.archs,
+                           stable_abi=True)
     else:
         label = LocalLabel.for_torch(torch.version, torch.cuda_version, torch.cxx11_abi, spec.archs)
     extra = capabilities_file(spec.capabilities) if spec.capabilities is not None else None

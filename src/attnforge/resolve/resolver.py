@@ -337,8 +337,7 @@ def _source(
     if recipe is None or recipe.kind is not RecipeKind.BUILD:
         return None
     source = default_source(recipe, request)
-    where = source.requirement() if source.kind is SourceKind.PYPI_SDIST else (
-        source.location + (f"=={source.version}" if source.version else ""))
+    where = source.requirement()
     if source.subdirectory:
         where += f" (subdirectory {source.subdirectory})"
     desc = f"build {recipe.distribution or request.backend} from {source.kind.value} {where}"
