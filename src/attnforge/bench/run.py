@@ -79,15 +79,20 @@ class BenchCell:
             return self
         return dataclasses.replace(self, ratio_to_baseline=base_ms / self.ms)
 
+    @property
+    def noise(self) -> float:
+        """The rounds' relative spread: MAD of their medians over the median (0.0 without rounds: no spread)."""
+        t = self.timing
+        return t.mad_ms / t.median_ms if t is not None and t.median_ms > 0 else 0.0
+
     def measurement(self, flops: float) -> Measurement | None:
         """The cell for :func:`attnforge.ranking.rank` (None unless it ran)."""
         if self.status is not CellStatus.OK or self.ms is None:
             return None
         t = self.timing
         lo_ms, hi_ms = (t.lo_ms, t.hi_ms) if t is not None else (self.ms, self.ms)
-        noise = t.mad_ms / t.median_ms if t is not None and t.median_ms > 0 else 0.0  # no rounds: no spread either
         return Measurement(backend=self.backend, tflops=tflops(flops, self.ms), tflops_lo=tflops(flops, hi_ms),
-                           tflops_hi=tflops(flops, lo_ms), noise=noise, error=self.error)
+                           tflops_hi=tflops(flops, lo_ms), noise=self.noise, error=self.error)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from attnforge.bench.run import BenchCell, CellStatus
+from attnforge.ranking import K
 
 #: Largest noise (MAD of the rounds' medians over their median) of a stored cell. The "fastest" rule already ties
 #: leads below 3x the combined noise (:func:`attnforge.ranking.beats`, which reads the stored noise too): past
@@ -32,9 +33,8 @@ DEFAULT_MAX_NOISE = 0.5
 
 
 def noise(cell: BenchCell | None) -> float:
-    """The cell's rounds' relative MAD (0.0 without rounds or timing)."""
-    t = cell.timing if cell is not None else None
-    return t.mad_ms / t.median_ms if t is not None and t.median_ms > 0 else 0.0
+    """The cell's rounds' relative MAD (:attr:`BenchCell.noise`; 0.0 without a cell)."""
+    return cell.noise if cell is not None else 0.0
 
 
 def drift(paired: BenchCell | None, reference: BenchCell | None) -> float | None:
@@ -47,12 +47,12 @@ def drift(paired: BenchCell | None, reference: BenchCell | None) -> float | None
 
 
 def drifted(paired: BenchCell | None, reference: BenchCell | None, *, bound: float = MAX_BASELINE_DRIFT) -> bool:
-    """The load changed between the two children beyond ``bound`` (or beyond 3x the pair's combined noise,
-    whichever is wider)."""
+    """The load changed between the two children beyond ``bound``, or beyond K (3) times the pair's combined
+    noise (:mod:`attnforge.ranking`'s lead rule), whichever is wider."""
     moved = drift(paired, reference)
     if moved is None:
         return False
-    allowed = 1.0 + max(bound, 3 * (noise(paired) + noise(reference)))
+    allowed = 1.0 + max(bound, K * (noise(paired) + noise(reference)))
     return moved > allowed or moved < 1.0 / allowed
 
 
