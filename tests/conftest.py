@@ -18,6 +18,8 @@ from typing import Any
 import platformdirs as _platformdirs
 import pytest
 
+from attnforge._system import compile_cache as _compile_cache
+
 # Tests never list the real wheel sources (GitHub, download.pytorch.org); tests of them turn this back on and
 # point GITHUB_API_URL at a server on 127.0.0.1 (tests/resolve/test_wheel_sources_http.py).
 os.environ.setdefault("ATTNFORGE_WHEEL_SOURCES", "off")
@@ -85,6 +87,12 @@ def attnforge_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     """
     home = tmp_path / "afhome"
     monkeypatch.setenv("ATTNFORGE_HOME", str(home))
+    # the compile caches attnforge points into a home (attnforge._system.compile_cache) start unset, as in a fresh
+    # process: left from an earlier test they name another test's home, and a monkeypatch restoring one of them
+    # makes attnforge take it for the user's own setting
+    for variable in (_compile_cache.FA4_ENABLED, *_compile_cache.FOLDERS):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(_compile_cache, "_OURS", {})
     tripwire = tmp_path / "REAL-USER-CACHE-TRIPWIRE"
     real = _platformdirs.user_cache_dir
 
