@@ -337,6 +337,27 @@ def write(path: str, rows: list[Row], summary: dict[str, Any]) -> None:
         json.dump({"summary": summary, "rows": [asdict(r) for r in rows]}, fh, indent=1)
 
 
+def warm(cells: tuple[Cell, ...], wanted: set[str], args: Any, t_start: float) -> None:
+    """``attnforge warmup`` of the cells' shapes (each mode), timed; prints one line per class."""
+    from attnforge.dispatch.warmup import warmup
+    from attnforge.types.shapes import AttentionShape, Mode
+
+    shapes = []
+    for cell in cells:
+        if wanted and cell.name not in wanted:
+            continue
+        c = cell if args.device == "cuda" else shrink(cell)
+        for mode in c.modes:
+            shapes.append(AttentionShape(batch=c.b, heads_q=c.hq, heads_kv=c.hkv, seqlen_q=c.sq, seqlen_k=c.sk,
+                                         head_dim=c.d, causal=c.causal, dtype=args.dtype.removeprefix("torch."),
+                                         mode=Mode.FWD_BWD if mode == "fwdbwd" else Mode.FWD))
+    report = warmup(shapes, device=args.device)
+    for w in report.classes:
+        print(f"warmup {w.shape_class}: {w.chosen} ({w.basis}) {w.duration_s:.1f} s {w.error}", flush=True)
+    print(f"warmup: {len(report.classes)} classes in {time.monotonic() - t_start:.0f} s, measuring="
+          f"{report.measuring}, compiled files {report.compiled_files}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -346,6 +367,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the flow at tiny sizes")
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--warmup", action="store_true",
+                    help="first `attnforge warmup` the chosen cells (attnforge.dispatch.warmup, the CLI's code), so "
+                         "the check times what a deployment gets after its warm-up step")
     args = ap.parse_args()
 
     import torch
@@ -359,6 +383,8 @@ def main() -> int:
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     rows: list[Row] = []
     cells = {"bench": grid(), "unseen": UNSEEN, "all": grid() + UNSEEN}[args.grid]
+    if args.warmup:
+        warm(cells, wanted, args, t_start)
     for cell in cells:
         if wanted and cell.name not in wanted:
             continue

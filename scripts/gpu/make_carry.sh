@@ -41,6 +41,7 @@ if [[ ! -f $BC/flash-attention.tar.gz && -n ${FA_REPO:-} ]]; then
 fi
 [[ -f $BC/flash-attention.tar.gz ]] || cp "$ROOT"/carry/early/src/*.tar.gz "$BC/" 2>/dev/null || true
 
+shopt -s nullglob  # a fresh checkout has no early-call wheels: FA3 and Sage are then built on the device
 rm -rf "$C"/c1 "$C"/c2 "$C"/c3
 mkdir -p "$C"/c1 "$C"/c2 "$C"/c3
 put() { local batch=$1; shift; for f in "$@"; do cp "$f" "$C/$batch/"; done; }

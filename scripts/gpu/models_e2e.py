@@ -33,8 +33,36 @@ from typing import Any
 
 from _timing import wall_ms
 
-DEV, DT, SMALL = "cuda", "bfloat16", False
+DEV, DT, SMALL, WARMUP = "cuda", "bfloat16", False, False
 LAYERS = 2
+
+
+def _warmup_decoder(torch: Any, cfg_kw: dict[str, Any], batch: int, seq: int) -> dict[str, Any]:
+    """``attnforge warmup --model config.json --batch B --seqlen S`` of this decoder's geometry (the CLI's code:
+    :func:`attnforge.bench.models.read_model_config` + :func:`attnforge.dispatch.warmup.warmup`), so no timed
+    call compiles or measures; returns the seconds, classes and compiled files."""
+    import tempfile
+    from pathlib import Path
+
+    from attnforge.bench.models import model_config_shapes, read_model_config
+    from attnforge.types.shapes import Mode
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.json"
+        path.write_text(json.dumps({**cfg_kw, "max_position_embeddings": 8192}))
+        model = read_model_config(path)
+    shapes = model_config_shapes(model, dtype=DT, batch=batch, seqlens=(seq,), modes=(Mode.FWD, Mode.FWD_BWD),
+                                 cpu=SMALL)
+    return _warm(shapes, window=model.sliding_window, softcap=model.softcap)
+
+
+def _warm(shapes: Any, **kw: Any) -> dict[str, Any]:
+    from attnforge.dispatch.warmup import warmup
+
+    t0 = time.perf_counter()
+    report = warmup(shapes, device=DEV, **kw)
+    return {"s": round(time.perf_counter() - t0, 2), "compiled_files": report.compiled_files,
+            "classes": [f"{w.shape_class}: {w.chosen} {w.duration_s:.1f}s {w.error}" for w in report.classes]}
 
 
 def _sync(torch: Any) -> None:
@@ -88,15 +116,20 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
     default = spec["default"]
     res: dict[str, Any] = {"model": f"{name} shapes, {LAYERS} layers, random weights", "default": default,
                            "batch": batch, "seqlen": seq, "config": cfg_kw}
+    if WARMUP:
+        res["warmup"] = _warmup_decoder(torch, cfg_kw, batch, seq)
     logits = {}
     for impl in (default, "attnforge"):
         model.set_attn_implementation(impl)  # the same weights for both
         with torch.no_grad():
             logits[impl] = model(input_ids=ids, attention_mask=mask).logits
-            res[f"{impl}_fwd_ms"] = wall_ms(torch, lambda: model(input_ids=ids, attention_mask=mask))
+            # an unpadded batch (packed or equal-length training data: no mask, plain causal attention) and the
+            # left-padded one (a bool mask on every call)
+            res[f"{impl}_fwd_ms"] = wall_ms(torch, lambda: model(input_ids=ids))
+            res[f"{impl}_fwd_padded_ms"] = wall_ms(torch, lambda: model(input_ids=ids, attention_mask=mask))
 
         def step() -> None:
-            out = model(input_ids=ids, attention_mask=mask, labels=ids)
+            out = model(input_ids=ids, labels=ids)
             out.loss.backward()
             model.zero_grad(set_to_none=True)
 
@@ -107,7 +140,7 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
     valid = mask.bool()
     res["logits"] = _compare(logits["attnforge"][valid], logits[default][valid])
     res["attnforge_explain_padded"] = _explain_padded(torch, model, ids, mask)
-    for key in ("fwd_ms", "train_step_ms"):
+    for key in ("fwd_ms", "fwd_padded_ms", "train_step_ms"):
         res[f"speedup_{key}"] = res[f"{default}_{key}"] / res[f"attnforge_{key}"]
     for key in ("prefill_ms", "decode_tokens_per_s"):
         a, d = res["attnforge_generate"][key], res[f"{default}_generate"][key]
@@ -208,7 +241,8 @@ def flux(torch: Any) -> dict[str, Any]:
               "pooled_projections": torch.randn(1, 768, device=DEV, dtype=dt),
               "timestep": torch.tensor([0.5], device=DEV, dtype=dt), "guidance": torch.tensor([3.5], device=DEV),
               "img_ids": img_ids, "txt_ids": torch.zeros(n_txt, 3, device=DEV)}
-    return _diffusion(torch, model, inputs, f"flux-dev shapes ({heads}x{dim}, {n_img}+{n_txt} tokens)")
+    return _diffusion(torch, model, inputs, f"flux-dev shapes ({heads}x{dim}, {n_img}+{n_txt} tokens)",
+                      heads=heads, dim=dim, tokens=n_img + n_txt)
 
 
 def wan(torch: Any) -> dict[str, Any]:
@@ -227,13 +261,20 @@ def wan(torch: Any) -> dict[str, Any]:
               "timestep": torch.tensor([500], device=DEV),
               "encoder_hidden_states": torch.randn(1, n_txt, 4096 if not SMALL else 32, device=DEV, dtype=dt)}
     tokens = frames * (h // 2) * (w // 2)
-    return _diffusion(torch, model, inputs, f"wan2.1-1.3b shapes ({heads}x{dim}, {tokens}+{n_txt} tokens)")
+    return _diffusion(torch, model, inputs, f"wan2.1-1.3b shapes ({heads}x{dim}, {tokens}+{n_txt} tokens)",
+                      heads=heads, dim=dim, tokens=tokens)
 
 
-def _diffusion(torch: Any, model: Any, inputs: dict[str, Any], label: str) -> dict[str, Any]:
+def _diffusion(torch: Any, model: Any, inputs: dict[str, Any], label: str, *, heads: int, dim: int,
+               tokens: int) -> dict[str, Any]:
     from attnforge.integrations.diffusers import register
 
     res: dict[str, Any] = {"model": label}
+    if WARMUP:
+        from attnforge.types.shapes import AttentionShape, Mode
+
+        res["warmup"] = _warm([AttentionShape(batch=1, heads_q=heads, heads_kv=heads, seqlen_q=tokens, seqlen_k=tokens,
+                                              head_dim=dim, causal=False, mode=Mode.FWD, dtype=DT)])
     with torch.no_grad():
         ref = model(**inputs).sample
         res["default_step_ms"] = wall_ms(torch, lambda: model(**inputs), reps=5)
@@ -256,11 +297,14 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", help="cpu: a float32 dry run at tiny sizes")
     ap.add_argument("--only", default="", help="comma-separated subset of " + ",".join(MODELS))
+    ap.add_argument("--warmup", action="store_true",
+                    help="`attnforge warmup` each model's shape classes before timing it (a deploy step)")
     args = ap.parse_args()
     import torch
 
-    global DEV, DT, SMALL
+    global DEV, DT, SMALL, WARMUP
     DEV, DT, SMALL = args.device, ("bfloat16" if args.device == "cuda" else "float32"), args.device != "cuda"
+    WARMUP = args.warmup
     results: dict[str, Any] = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
                                "torch": torch.__version__}
     wanted = [m for m in args.only.split(",") if m] or list(MODELS)

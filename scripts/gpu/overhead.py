@@ -137,6 +137,33 @@ def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool, devi
             return graph.replay
 
         add("attention_graph", graphed)
+
+        def sdpa_graphed() -> Callable[[], Any]:  # the kernel alone: SDPA's kernel replayed, no host work per call
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return graph.replay
+
+        add("sdpa_graph", sdpa_graphed)
+
+        def compiled(fn: Callable[..., Any], label: str) -> Callable[[], Any]:
+            # torch.compile(mode="reduce-overhead", fullgraph=True): Inductor's CUDA graphs around the call
+            step = torch.compile(fn, mode="reduce-overhead", fullgraph=True)
+            for _ in range(3):
+                out = step(q, k, v)
+            notes[f"{label}_equals_eager"] = bool(torch.equal(out.clone(), fn(q, k, v)))
+            return lambda: step(q, k, v)
+
+        add("sdpa_compiled", lambda: compiled(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal),
+                                              "sdpa_compiled"))
+        add("attention_compiled", lambda: compiled(lambda a, b, c: attnforge.attention(a, b, c, causal=causal),
+                                                   "attention_compiled"))
     return fns, skipped, notes
 
 

@@ -19,6 +19,8 @@
 #   route     prebuilt_route.py: the wheel route through a local GitHub API stand-in, with its arch check
 #   pytest    the suite's GPU-marked tests (dispatcher, FlexAttention features); PYTEST_ARGS narrows them
 #   maskreuse mask_reuse.py: layers sharing one padded mask, SDPA direct vs attention() (the kept mask preparation)
+#   fleet     Ray from the carried wheels, `fleet verify` / `fleet bench` / `fleet report` on a local one-node Ray
+#   abi       a second venv on the same home: `attnforge install flash-attn-3` a cache hit (no compile), one call
 # Every stage is time-boxed from AF_CALL_T0 (export it first: a call is 600 s, AF_CALL_BUDGET_S=560 by default),
 # records rc/duration/log of every step and goes on after a failure; all under /tmp/afrun; each call ends with
 # $OUT/afrun.tar.gz and $OUT/summary.txt. See scripts/gpu/README.md for the plan of calls.
@@ -47,6 +49,17 @@ stage_stage() {
             else note "joined $name: sha256 mismatch"; fi
         else note "cu13 libs incomplete: $(cd "$WH" && ls cu13.tree.tar.xz.part* 2>/dev/null | tr '\n' ' ')"; fi
     fi
+    local j
+    for j in "$WH"/JOIN-*; do  # other split files (the ray wheel): "JOIN name sha256 part..." once all parts are here
+        [[ -f $j ]] || continue
+        read -r _ name sha parts < "$j"
+        [[ -f $WH/$name ]] && continue
+        if (cd "$WH" && ls $parts >/dev/null 2>&1); then
+            (cd "$WH" && cat $parts > "$name.tmp")
+            if [[ $(sha256sum < "$WH/$name.tmp" | cut -d' ' -f1) == "$sha" ]]; then mv "$WH/$name.tmp" "$WH/$name"
+            else note "joined $name: sha256 mismatch"; rm -f "$WH/$name.tmp"; fi
+        else note "$name incomplete: waiting for the other parts"; fi
+    done
     ls -la "$WH" "$SRC" > "$STEP_DIR/staged.txt" 2>&1
 }
 
@@ -158,9 +171,18 @@ stage_stall() {
 stage_overhead() { ensure_attnforge && step overhead "$(budget 200)" python "$S/overhead.py" --out "$STEP_DIR/overhead.json" ${OVERHEAD_ARGS:-}; }
 stage_layout() { ensure_attnforge && step layout "$(budget 150)" python "$S/layout_flush.py" --out "$STEP_DIR/layout.json" ${LAYOUT_ARGS:-}; }
 
+# the FA3 request as `install` made it on this machine: from the carried source tree (keyed by its content hash)
+# when it was built here, else from the carried wheel
+fa3_request() {
+    local fa3=(flash-attn-3 --head-dim 64,128,256 --dtype bf16 --offline)
+    if [[ -d $SRC/flash-attention/hopper ]]; then fa3+=(--source "$SRC/flash-attention#subdirectory=hopper")
+    else fa3+=(--find-links "$WH"); fi
+    printf '%s\n' "${fa3[@]}"
+}
+
 stage_cachehit() {
     ensure_attnforge || return 1
-    local fa3=(flash-attn-3 --head-dim 64,128,256 --dtype bf16 --find-links "$WH" --offline)
+    local fa3; mapfile -t fa3 < <(fa3_request)
     step uninstall 120 python -m pip uninstall -y flash-attn-3
     timed cache-hit-install "$(budget 120)" attnforge install "${fa3[@]}" --no-verify
     step export 120 attnforge cache export /tmp/afexport
@@ -177,10 +199,47 @@ stage_pullwheels() {
     mkdir -p "$OUT/wheels"
     local w
     for w in $(find /tmp/afexport-built -name '*.whl'); do
-        (cd "$OUT/wheels" && split -b 15M -d -a 1 "$w" "$(basename "$w").part" && sha256sum "$w" | sed "s|  .*/|  |" >> SHA256SUMS)
+        local base; base=$(basename "$w"); base=${base//+/__plus__}  # a name with '+' does not come back
+        (cd "$OUT/wheels" && split -b 15M -d -a 1 "$w" "$base.part" && echo "$(sha256sum < "$w" | cut -d' ' -f1)  $(basename "$w")" >> SHA256SUMS)
     done
     ls -la "$OUT/wheels" > "$STEP_DIR/pulled.txt"
 }
+# the fleet verbs on this one GPU through a local Ray (issue 34 item 6): Ray from the carried wheels, then
+# `fleet verify` and `fleet bench` (their tasks ask for num_gpus=1) against the single-machine verbs' results
+stage_fleet() {
+    ensure_attnforge || return 1
+    [[ -f $WH/ray-2.60.0.tree.tar.xz && ! -f $WH/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl ]] && step ray-rezip 300 \
+        "$AF_OUTER_PY" "$S/rezip.py" "$WH/ray-2.60.0.tree.tar.xz" "$WH/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl"
+    python -c 'import ray' 2>/dev/null || step ray-install 200 python -m pip install -q --no-index --no-deps \
+        "$WH"/ray-*.whl "$WH"/msgpack-*.whl "$WH"/jsonschema-*.whl "$WH"/jsonschema_specifications-*.whl \
+        "$WH"/referencing-*.whl "$WH"/rpds_py-*.whl "$WH"/attrs-*.whl "$WH"/protobuf-*.whl
+    step ray-import 60 python -c 'import ray; print(ray.__version__)' || return 1
+    json_step fleet-verify "$(budget 300 120)" attnforge fleet verify ${FLEET_VERIFY:-flash-attn-3 sdpa-cudnn} --json
+    json_step fleet-bench "$(budget 240 30)" attnforge fleet bench ${FLEET_BENCH:-flash-attn-3} --json
+    json_step fleet-report 60 attnforge fleet report --json
+    python -c 'import ray; ray.shutdown()' 2>/dev/null; ray stop --force > /dev/null 2>&1 || true
+}
+
+# a second interpreter environment (its own venv on the same torch) and the same ATTNFORGE_HOME: `attnforge
+# install flash-attn-3` there must be a cache hit of the stable-ABI wheel this machine built (no compile), verified
+stage_abi() {
+    ensure_attnforge || return 1
+    local v2=/tmp/afvenv2
+    if [[ ! -x $v2/bin/python ]]; then
+        step venv2 120 "$AF_OUTER_PY" -m venv --system-site-packages "$v2"
+        local site; site=$("$v2/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        cp "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_attnforge_outer_env.pth" "$site/"
+        step venv2-deps 120 "$v2/bin/python" -m pip install -q --no-index --no-deps --find-links "$WH" platformdirs pyelftools
+        step venv2-attnforge 300 "$v2/bin/python" -m pip install -q --no-index --no-deps --no-build-isolation -e "$AF_ROOT" || {
+            step venv2-setuptools 120 "$v2/bin/python" -m pip install -q --no-index --find-links "$WH" "setuptools>=77"
+            step venv2-attnforge-retry 300 "$v2/bin/python" -m pip install -q --no-index --no-deps --no-build-isolation -e "$AF_ROOT"; }
+    fi
+    step venv2-no-fa3 30 "$v2/bin/python" -c 'import importlib.util as u, sys; print("flash_attn_interface in venv2 before:", u.find_spec("flash_attn_interface")); sys.exit(0)'
+    local fa3; mapfile -t fa3 < <(fa3_request)
+    timed venv2-install "$(budget 300)" env VIRTUAL_ENV=$v2 PATH=$v2/bin:$PATH "$v2/bin/attnforge" install "${fa3[@]}" -v
+    step venv2-import 60 "$v2/bin/python" -c 'import flash_attn_interface, torch; q = torch.randn(1, 128, 2, 128, device="cuda", dtype=torch.bfloat16); o = flash_attn_interface.flash_attn_func(q, q, q); o = o[0] if isinstance(o, tuple) else o; print(flash_attn_interface.__file__, o.shape, torch.isfinite(o).all().item())'
+}
+
 stage_route() { ensure_attnforge && step route "$(budget 300)" python "$S/prebuilt_route.py" --out "$STEP_DIR/route.json"; }
 # the GPU-marked tests of the suite (they skip on CI's CPU machine): the dispatcher and FlexAttention's features
 stage_pytest() {
@@ -201,7 +260,7 @@ stage_maskreuse() {
 
 for stage in "$@"; do
     case $stage in
-        stage|setup|install|verify|check|check-after|bench|features|models|e2e|stall|overhead|layout|cachehit|route|pytest|maskreuse|pullwheels) ;;
+        stage|setup|install|verify|check|check-after|bench|features|models|e2e|stall|overhead|layout|cachehit|route|pytest|maskreuse|pullwheels|fleet|abi) ;;
         *) note "unknown stage $stage (see the header of run.sh)"; continue ;;
     esac
     if (( $(call_left_s) < 20 )); then note "no call time left: skipped $stage and what follows"; break; fi
