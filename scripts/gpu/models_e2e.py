@@ -33,7 +33,7 @@ from typing import Any
 
 from _timing import wall_ms
 
-DEV, DT, SMALL, WARMUP = "cuda", "bfloat16", False, False
+DEV, DT, SMALL, WARMUP, DIAGNOSE = "cuda", "bfloat16", False, False, False
 LAYERS = 2
 
 
@@ -215,10 +215,44 @@ def _generate(torch: Any, model: Any, batch: int) -> dict[str, float]:
         with torch.no_grad():
             return model.generate(**kw, max_new_tokens=n, min_new_tokens=n)
 
-    t1 = wall_ms(torch, lambda: run(1), reps=3, warmup=1)
-    tn = wall_ms(torch, lambda: run(1 + new), reps=3, warmup=1)
-    return {"prefill_ms": t1, "decode_tokens_per_s": batch * new / max((tn - t1) / 1e3, 1e-9),
-            "prompt": prompt, "new_tokens": new}
+    t1 = wall_ms(torch, lambda: run(1), reps=5, warmup=1)
+    tn = wall_ms(torch, lambda: run(1 + new), reps=5, warmup=1)
+    res = {"prefill_ms": t1, "decode_tokens_per_s": batch * new / max((tn - t1) / 1e3, 1e-9),
+           "prompt": prompt, "new_tokens": new}
+    if DIAGNOSE:  # what a decode step's attention calls chose, and the GPU kernels of 8 decode steps
+        res["decode_calls"] = _spy_calls(torch, lambda: run(3))
+        res["decode_kernels"] = _kernels(torch, lambda: run(9))
+    return res
+
+
+def _spy_calls(torch: Any, fn: Any) -> list[dict[str, Any]]:
+    """The first attention calls ``fn`` makes through the integration (shapes, mask, what attention() chose)."""
+    import attnforge
+    from attnforge.dispatch import runtime
+
+    seen: list[dict[str, Any]] = []
+    original = runtime.attention
+
+    def spy(q: Any, k: Any, v: Any, **kw: Any) -> Any:
+        if len(seen) < 6:
+            m = kw.get("attn_mask")
+            row: dict[str, Any] = {"q": list(q.shape), "k": list(k.shape), "k_stride": list(k.stride()),
+                                   "mask": None if m is None else [list(m.shape), str(m.dtype)],
+                                   "kwargs": sorted(k2 for k2, v2 in kw.items() if v2 is not None)}
+            try:
+                why = attnforge.explain(q, k, v, **kw)
+                row["chosen"], row["order"], row["basis"] = why.chosen, list(why.order), list(why.basis)[:2]
+            except Exception as exc:
+                row["explain_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            seen.append(row)
+        return original(q, k, v, **kw)
+
+    runtime.attention = spy
+    try:
+        fn()
+    finally:
+        runtime.attention = original
+    return seen
 
 
 def flux(torch: Any) -> dict[str, Any]:
@@ -299,12 +333,14 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated subset of " + ",".join(MODELS))
     ap.add_argument("--warmup", action="store_true",
                     help="`attnforge warmup` each model's shape classes before timing it (a deploy step)")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="also record a decode step's attention calls (explain) and the kernels of 8 decode steps")
     args = ap.parse_args()
     import torch
 
-    global DEV, DT, SMALL, WARMUP  # noqa: PLW0603 - a script's run settings, set once from its arguments
+    global DEV, DT, SMALL, WARMUP, DIAGNOSE  # noqa: PLW0603 - a script's run settings, set once from its arguments
     DEV, DT, SMALL = args.device, ("bfloat16" if args.device == "cuda" else "float32"), args.device != "cuda"
-    WARMUP = args.warmup
+    WARMUP, DIAGNOSE = args.warmup, args.diagnose
     results: dict[str, Any] = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
                                "torch": torch.__version__}
     wanted = [m for m in args.only.split(",") if m] or list(MODELS)
