@@ -171,8 +171,6 @@ VALUES = frozenset({"attnforge.resolve.types", "attnforge.build.progress",
 #: Verbs not yet moved onto the pipeline, each with what it still imports; shrink it, never grow it.
 NOT_YET_THROUGH_PROVISION: dict[str, frozenset[str]] = {
     "cli/__init__.py": frozenset({"attnforge.cache._db"}),  # the OSError -> CacheError mapping of main()
-    "cli/cache.py": frozenset({"attnforge.cache", "attnforge.cache.share", "attnforge.cache.verify",
-                                "attnforge.cache.repair"}),
     "cli/cargo_env.py": frozenset({"attnforge.cache", "attnforge.cargo.candle"}),
     "cli/verify.py": frozenset({"attnforge.cache._db"}),  # the OSError -> CacheError mapping
     "cli/bench.py": frozenset({"attnforge.cache.capabilities"}),  # what an installed slim build can run
@@ -264,8 +262,6 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 #: In-package cycles known today, each with the import whose move removes it (the packages' owners move them).
 KNOWN_CYCLES: dict[str, str] = {
-    "attnforge.cache": "store.py imports prune, share and verify inside its methods, and they import store: the "
-                       "store's callers should call prune/share/verify, or those take the store's seams as arguments",
     "attnforge.dispatch": "runtime.py <-> dispatcher/features/autotune/_op: the function-level imports of "
                           "attnforge.dispatch.runtime in features.py, autotune.py and _op.py should take what they "
                           "need from dispatcher.py (or be passed in)",
