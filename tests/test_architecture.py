@@ -169,12 +169,7 @@ STAGES = ("attnforge.install", "attnforge.build", "attnforge.resolve", "attnforg
 VALUES = frozenset({"attnforge.resolve.types", "attnforge.build.progress",
                     "attnforge.fetch.deadline"})  # the command's network deadline, opened once by cli.main
 #: Verbs not yet moved onto the pipeline, each with what it still imports; shrink it, never grow it.
-NOT_YET_THROUGH_PROVISION: dict[str, frozenset[str]] = {
-    "cli/__init__.py": frozenset({"attnforge.cache._db"}),  # the OSError -> CacheError mapping of main()
-    "cli/cargo_env.py": frozenset({"attnforge.cache", "attnforge.cargo.candle"}),
-    "cli/verify.py": frozenset({"attnforge.cache._db"}),  # the OSError -> CacheError mapping
-    "cli/bench.py": frozenset({"attnforge.cache.capabilities"}),  # what an installed slim build can run
-}
+NOT_YET_THROUGH_PROVISION: dict[str, frozenset[str]] = {}
 
 
 def _imports(path: Path) -> set[str]:
