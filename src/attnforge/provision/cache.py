@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from attnforge.cache import Store
 from attnforge.cache.entry import Entry as Entry  # noqa: PLC0414 - the values verbs render
+from attnforge.cache.key import CacheKeyInputs
 from attnforge.cache.prune import PruneResult as PruneResult  # noqa: PLC0414
 from attnforge.cache.repair import RepairResult as RepairResult  # noqa: PLC0414
 from attnforge.cache.share import ExportResult as ExportResult  # noqa: PLC0414
@@ -155,3 +157,40 @@ def disk_error(exc: OSError) -> CacheError | None:
     from attnforge.cache._db import os_error_as_cache_error
 
     return os_error_as_cache_error(exc)
+
+
+def publish_to_directory(wheel: Path, inputs: CacheKeyInputs, *, dest: Path, scratch: Path,
+                         log_path: Path | None = None, provenance: Mapping[str, Any] | None = None) -> Entry:
+    """Add one wheel to the PEP 503 directory index ``dest`` exactly as ``attnforge cache export`` writes one
+    (``dest/artifacts/<digest>/`` with its provenance, ``dest/simple`` rewritten): through a one-entry store in
+    ``scratch`` (a fresh directory, removed afterwards). The fleet's directory index publishes with it.
+
+    Returns:
+        The entry as stored (its key, file name and sha256; its path is in ``scratch``, gone on return).
+
+    Raises:
+        UsageError: the wheel's file name does not match ``inputs``.
+        CacheError: the disk is full or a symlink was planted in ``dest`` (nothing partial stays visible).
+    """
+    from attnforge.cache._files import remove_tree
+    from attnforge.cache.share import export as run
+
+    scratch.mkdir(parents=True)
+    try:
+        store = Store(scratch)
+        put = store.put(wheel, inputs, log_path=log_path, provenance=provenance)
+        run(store, dest)
+    finally:
+        remove_tree(scratch)
+    return put.entry
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file's bytes, as the store records an artifact's (read in chunks).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    from attnforge.cache._files import sha256_file
+
+    return sha256_file(path)
