@@ -17,7 +17,7 @@ Variants (each skipped, with the reason, where this machine lacks it):
 - ``attention``: ``attnforge.attention(q, k, v)`` on [B, H, S, D], its own choice (named in the output);
 - ``attention_graph``: ``torch.cuda.graph`` capture of ``attention()`` (its choice), then ``graph.replay()``.
 
-Method (shared/research/h100-host-cost-2026-11-26.md): per variant 50 warm-up calls, then 2,000 calls back to back
+Method (docs/research/h100-host-cost-2026-11-26.md): per variant 50 warm-up calls, then 2,000 calls back to back
 between two ``torch.cuda.synchronize()``; wall time / 2,000 = host cost per call; 5 rounds, variants
 interleaved in a rotating order; the median and the range. ``--grad`` makes the inputs require grad (the forward
 then builds the autograd graph, as in training). Outputs of each direct entry are compared with its public

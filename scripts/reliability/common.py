@@ -19,6 +19,7 @@ from tests.cache.conftest import inputs_for  # noqa: E402
 from tests.cache.wheelmaker import make_wheel  # noqa: E402
 
 from attnforge.cache import Store  # noqa: E402
+from attnforge.cache.verify import verify  # noqa: E402
 
 #: setpriv arguments that drop root's right to ignore file permissions: "another user" for these scripts.
 NO_DAC = "-dac_override,-dac_read_search,-fowner"
@@ -70,7 +71,7 @@ def store_with(root: Path, dist: Path, versions: list[str], padding: int = 0) ->
 def consistent(store: Store) -> str | None:
     """None when every listed entry is intact and ``cache verify`` finds nothing; else what is wrong."""
     try:
-        report = store.verify()
+        report = verify(store)
     except Exception as exc:
         return f"verify raised {type(exc).__name__}: {exc}"
     if report.problems:

@@ -33,6 +33,7 @@ from common import (
 
 from attnforge.cache._files import sha256_file
 from attnforge.cache._provenance import MAX_PROVENANCE_BYTES, MAX_WHEEL_BYTES
+from attnforge.cache.share import export
 
 _TREE = """
 import subprocess, sys, time
@@ -87,7 +88,7 @@ def _export(work: Path, name: str) -> tuple[Path, Path]:
     store, _ = store_with(fresh(work / f"{name}-src"), work / f"{name}-dist", ["1.0"])
     out = work / f"{name}-out"
     shutil.rmtree(out, ignore_errors=True)
-    store.export(out)
+    export(store, out)
     (entry,) = (out / "artifacts").iterdir()
     return out, entry
 

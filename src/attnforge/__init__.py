@@ -15,7 +15,7 @@ _LAZY = {
     "explain": "attnforge.dispatch.runtime",
     "use_backend": "attnforge.dispatch.runtime",
     "patch_sdpa": "attnforge.dispatch.sdpa_patch",
-    "autotune": "attnforge.dispatch.autotune",
+    "autotune": "attnforge.dispatch.runtime",
 }
 
 

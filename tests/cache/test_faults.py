@@ -65,7 +65,7 @@ def _log(tmp_path: Path) -> Path:
 
 
 def _exported(store: Store, dest: Path) -> Path:
-    store.export(dest)
+    export(store, dest)
     (entry_dir,) = (dest / "artifacts").iterdir()
     return entry_dir
 
@@ -82,7 +82,7 @@ def test_export_refuses_a_planted_symlinked_dir(filled: Store, tmp_path: Path, p
     (dest / planted).parent.mkdir(parents=True, exist_ok=True)
     (dest / planted).symlink_to(victim)
     with pytest.raises(CacheError, match="symlink"):
-        filled.export(dest)
+        export(filled, dest)
     assert sorted(p.name for p in victim.iterdir()) == [".bashrc"]
     assert (victim / ".bashrc").read_text() == "mine\n"
 
@@ -107,7 +107,7 @@ def test_export_replaces_a_planted_index_symlink_without_writing_through_it(fill
     (dest / "simple" / "index.html").symlink_to(victim)
     for pid in range(os.getpid() - 2, os.getpid() + 3):  # the old predictable temp names
         (dest / "simple" / f".index.html.tmp-{pid}").symlink_to(victim)
-    filled.export(dest)
+    export(filled, dest)
     assert victim.read_text() == "mine\n"
     assert not (dest / "simple" / "index.html").is_symlink()
     assert "af-pure-fixture" in (dest / "simple" / "index.html").read_text()

@@ -24,6 +24,7 @@ import pytest
 
 from attnforge._system.statedb import DamagedDatabaseError
 from attnforge.cache import Store
+from attnforge.cache.prune import prune
 from attnforge.cli import main
 from attnforge.records import RecordStore, VerifyRecord
 from tests.cache.conftest import inputs_for, put_wheels
@@ -121,7 +122,7 @@ def test_install_refuses_instead_of_rebuilding_and_no_writer_deletes_the_unindex
     with pytest.raises(DamagedDatabaseError):
         fresh.put(other, inputs_for(other))  # a writer must not take the entries for debris
     with pytest.raises(DamagedDatabaseError):
-        fresh.prune(max_size_bytes=0)
+        prune(fresh, max_size_bytes=0)
     assert sorted(d.name for d in store.entry_dirs()) == dirs
     with contextlib.closing(sqlite3.connect(store.db_path)) as conn:
         assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["users"]  # not written into

@@ -22,6 +22,7 @@ import pytest
 
 from attnforge.cache import Store
 from attnforge.cache.label import LocalLabel, label_wheel
+from attnforge.cache.share import export
 from attnforge.errors import UsageError
 from tests.cache.conftest import inputs_for
 from tests.cache.wheelmaker import make_wheel
@@ -83,7 +84,7 @@ def test_two_builds_for_two_torches_export_side_by_side(tmp_path: Path) -> None:
     for torch in ("2.11", "2.12"):
         wheel = _labelled(tmp_path / torch, torch)
         store.put(wheel, inputs_for(wheel, torch_version=f"{torch}.0+cu130"))
-    result = store.export(tmp_path / "out")
+    result = export(store, tmp_path / "out")
     assert len(result.exported) == 2 and result.skipped == () and result.errors == ()
     page = (tmp_path / "out" / "simple" / "af-pure-fixture" / "index.html").read_text()
     assert "torch2.11" in page and "torch2.12" in page

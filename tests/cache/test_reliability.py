@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from attnforge.cache import CacheKey, Store
+from attnforge.cache.share import export
 from attnforge.errors import CacheError
 from tests.cache.conftest import inputs_for, mounted_tmpfs
 from tests.cache.wheelmaker import make_wheel
@@ -134,7 +135,7 @@ def test_real_full_disk_fails_cleanly(tiny_tmpfs: Path, tmp_path: Path) -> None:
 def test_pip_installs_from_an_export_into_a_fresh_venv(store: Store, tmp_path: Path) -> None:
     wheel = make_wheel(tmp_path / "dist", version="1.0+cu13.0", value=7)
     store.put(wheel, inputs_for(wheel))
-    result = store.export(tmp_path / "share")
+    result = export(store, tmp_path / "share")
     env_dir = tmp_path / "venv"
     python = Path(nested_venv(env_dir))  # sees this process's packages, also when the tests run in a venv
     pip = [sys.executable, "-m", "pip", "--python", str(python)]

@@ -11,6 +11,7 @@ import pytest
 
 from attnforge.cache import ArtifactKind, CacheKeyInputs, Store
 from attnforge.cache._files import sha256_file
+from attnforge.cache.share import export, import_
 from attnforge.errors import UsageError
 from tests._fakes import FakeClock
 from tests.cache.conftest import inputs_for
@@ -41,7 +42,7 @@ def test_export_writes_a_pep503_index_whose_links_resolve_to_the_wheels(
     for w in (a, b):
         store.put(w, inputs_for(w))
     out = tmp_path / "export"
-    result = store.export(out)
+    result = export(store, out)
     assert result.projects == ("af-other", "af-pure-fixture")
     assert result.index_url == (out / "simple").resolve().as_uri()
     assert sorted(links(out / "simple" / "index.html")) == ["af-other/", "af-pure-fixture/"]
@@ -58,8 +59,8 @@ def test_export_writes_a_pep503_index_whose_links_resolve_to_the_wheels(
 
 def test_export_is_incremental(store: Store, wheel: Path, tmp_path: Path) -> None:
     store.put(wheel, inputs_for(wheel))
-    first = store.export(tmp_path / "out")
-    second = store.export(tmp_path / "out")
+    first = export(store, tmp_path / "out")
+    second = export(store, tmp_path / "out")
     assert len(first.exported) == 1
     assert second.exported == ()
     assert second.already == first.exported
@@ -73,10 +74,10 @@ def test_export_leaves_out_static_libraries_from_the_pip_index_but_carries_them(
     inputs = CacheKeyInputs(name="candle-flash-attn", version="0.9.1", kind=ArtifactKind.STATIC_LIB,
                             source_sha256="34" * 32, python_tag="none", platform_tag="win_amd64")
     key = store.put(lib, inputs).entry.key
-    result = store.export(tmp_path / "out")
+    result = export(store, tmp_path / "out")
     assert result.projects == ()
     fresh = Store(tmp_path / "other")
-    assert fresh.import_(tmp_path / "out").imported == (key,)
+    assert import_(fresh, tmp_path / "out").imported == (key,)
     assert fresh.get(key).read_bytes() == lib.read_bytes()
 
 
@@ -86,7 +87,7 @@ def test_same_filename_from_two_builds_keeps_the_newest_in_the_index(
     old = store.put(wheel, inputs_for(wheel, archs=((8, 0),))).entry.key
     clock.now += 60
     new = store.put(wheel, inputs_for(wheel, archs=((9, 0),))).entry.key
-    result = store.export(tmp_path / "out")
+    result = export(store, tmp_path / "out")
     [href] = links(tmp_path / "out" / "simple" / "af-pure-fixture" / "index.html")
     assert new.removeprefix("sha256:") in href
     assert any(old in s for s in result.skipped)
@@ -97,9 +98,9 @@ def test_import_of_an_export_recovers_every_entry(store: Store, tmp_path: Path) 
     log = tmp_path / "build.log"
     log.write_text("compiled\n")
     keys = {store.put(w, inputs_for(w), log_path=log, provenance={"host": "ci"}).entry.key for w in wheels}
-    store.export(tmp_path / "out")
+    export(store, tmp_path / "out")
     fresh = Store(tmp_path / "fresh")
-    result = fresh.import_(tmp_path / "out")
+    result = import_(fresh, tmp_path / "out")
     assert set(result.imported) == keys
     assert result.rejected == ()
     for key in keys:
@@ -108,13 +109,13 @@ def test_import_of_an_export_recovers_every_entry(store: Store, tmp_path: Path) 
         assert entry.log_path is not None
         assert Path(entry.log_path).read_text() == "compiled\n"
         assert entry.provenance["host"] == "ci"
-    assert fresh.import_(tmp_path / "out").already == result.imported
+    assert import_(fresh, tmp_path / "out").already == result.imported
 
 
 def test_import_from_another_cache_root(store: Store, wheel: Path, tmp_path: Path) -> None:
     key = store.put(wheel, inputs_for(wheel)).entry.key
     fresh = Store(tmp_path / "fresh")
-    assert fresh.import_(store.root).imported == (key,)
+    assert import_(fresh, store.root).imported == (key,)
 
 
 @pytest.mark.parametrize(
@@ -139,11 +140,11 @@ def test_import_rejects_tampered_exports(  # type: ignore[no-untyped-def]
     store: Store, wheel: Path, tmp_path: Path, tamper, reason: str
 ) -> None:
     store.put(wheel, inputs_for(wheel))
-    store.export(tmp_path / "out")
+    export(store, tmp_path / "out")
     [entry_dir] = [p for p in (tmp_path / "out" / "artifacts").iterdir() if not p.name.startswith(".")]
     tamper(entry_dir)
     fresh = Store(tmp_path / "fresh")
-    result = fresh.import_(tmp_path / "out")
+    result = import_(fresh, tmp_path / "out")
     assert result.imported == ()
     assert len(result.rejected) == 1
     assert reason in result.rejected[0]
@@ -162,7 +163,7 @@ def test_export_skips_a_corrupt_entry_and_says_so(store: Store, tmp_path: Path) 
     bad = make_wheel(tmp_path / "b", version="2.0")
     store.put(good, inputs_for(good))
     flip_byte(Path(store.put(bad, inputs_for(bad)).entry.path))
-    result = store.export(tmp_path / "out")
+    result = export(store, tmp_path / "out")
     assert len(result.exported) == 1
     assert any("corrupt" in s for s in result.errors)
     page = (tmp_path / "out/simple/af-pure-fixture/index.html").read_text()
@@ -172,12 +173,12 @@ def test_export_skips_a_corrupt_entry_and_says_so(store: Store, tmp_path: Path) 
 def test_import_of_a_directory_that_is_not_an_export_is_bad_input(store: Store, tmp_path: Path) -> None:
     (tmp_path / "random").mkdir()
     with pytest.raises(UsageError, match="not an attnforge export"):
-        store.import_(tmp_path / "random")
+        import_(store, tmp_path / "random")
 
 
 def test_a_copied_export_still_imports(store: Store, wheel: Path, tmp_path: Path) -> None:
     """An export is relocatable: it is what gets uploaded to a bucket and downloaded elsewhere."""
     key = store.put(wheel, inputs_for(wheel)).entry.key
-    store.export(tmp_path / "out")
+    export(store, tmp_path / "out")
     shutil.copytree(tmp_path / "out", tmp_path / "moved")
-    assert Store(tmp_path / "fresh").import_(tmp_path / "moved").imported == (key,)
+    assert import_(Store(tmp_path / "fresh"), tmp_path / "moved").imported == (key,)

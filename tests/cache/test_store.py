@@ -9,6 +9,7 @@ import pytest
 
 from attnforge.cache import ArtifactKind, CacheKey, CacheKeyInputs, Store
 from attnforge.cache._files import copy_hashed, sha256_file
+from attnforge.cache.prune import prune
 from attnforge.errors import CacheError, UsageError
 from tests._fakes import FakeClock
 from tests.cache.conftest import inputs_for
@@ -161,7 +162,7 @@ def test_prune_by_age_removes_entries_unused_since(store: Store, clock: FakeCloc
     old_key = store.put(old, inputs_for(old)).entry.key
     clock.now += 40 * 86400
     new_key = store.put(new, inputs_for(new)).entry.key
-    result = store.prune(older_than_s=30 * 86400)
+    result = prune(store, older_than_s=30 * 86400)
     assert [e.key for e in result.removed] == [old_key]
     assert [e.key for e in store.list()] == [new_key]
     assert result.freed_bytes == old.stat().st_size
@@ -177,7 +178,7 @@ def test_prune_by_size_removes_least_recently_used_first(
         clock.now += 10
     store.get(keys[0])  # the oldest is used again, so the second is now least recently used
     budget = sum(w.stat().st_size for w in wheels) - 1
-    result = store.prune(max_size_bytes=budget)
+    result = prune(store, max_size_bytes=budget)
     assert [e.key for e in result.removed] == [keys[1]]
     assert result.kept_bytes <= budget
 
@@ -186,7 +187,7 @@ def test_prune_clears_debris_of_dead_writers(store: Store, wheel: Path) -> None:
     store.put(wheel, inputs_for(wheel))
     (store.artifacts_dir / ".staging-deadbeef-1234").mkdir()
     (store.artifacts_dir / ("e" * 64)).mkdir()  # renamed into place, but its writer died before the commit
-    result = store.prune()
+    result = prune(store)
     assert sorted(result.debris_removed) == sorted([".staging-deadbeef-1234", "e" * 64])
     assert len(store.list()) == 1
 

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnforge.cache import ArtifactKind, Store
+from attnforge.cache.share import export, import_
 from attnforge.cargo.candle import (
     BUILD_DIR_VAR,
     COMPUTE_CAP_VAR,
@@ -161,9 +162,9 @@ def test_export_and_import_carry_the_library(tmp_path: Path) -> None:
     restore(plan, first, "x86_64")
     plan.library.write_bytes(b"!<arch>\nkernels")
     store_library(plan, first, "x86_64")
-    first.export(tmp_path / "export")
+    export(first, tmp_path / "export")
     second = Store(tmp_path / "b")
-    second.import_(tmp_path / "export")
+    import_(second, tmp_path / "export")
     fresh = _plan(tmp_path, "third-home")
     assert restore(fresh, second, "x86_64") is True
     assert fresh.library.read_bytes() == b"!<arch>\nkernels"

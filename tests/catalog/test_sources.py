@@ -1,5 +1,6 @@
 """Catalog sources cite documents in the repository or URLs (issue 32): the research notes the catalog's facts come
-from live in ``docs/research/``, and every repository path a source names exists."""
+from live in ``docs/research/``, every source names a repository path or a URL, and every repository path a source
+names exists. attnforge's own estimates and choices cite ``docs/research/own-figures.md``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "src" / "attnforge" / "catalog" / "data"
 _REPO_PATH = re.compile(r"(?<![\w/.:-])((?:docs|tests|src|scripts)/[\w./-]*\w)")
+_URL = re.compile(r"\bhttps?://[\w.-]+\.[a-z]{2,}\S*")
 _RESEARCH = re.compile(r"(?<![\w/-])(?:install-anchors|runtime-anchors|toolchain-facts)\b")
 
 
@@ -58,3 +60,18 @@ def test_every_repository_path_a_source_names_exists() -> None:
     missing = [f"{where}: {path}" for where, text in _all() for path in _REPO_PATH.findall(text)
                if not (ROOT / path.rstrip(".")).exists()]
     assert not missing, "\n".join(missing)
+
+
+def test_every_source_names_a_repository_document_or_a_url() -> None:
+    """A bare ``KB-01``, ``§3.2``, ``owner/repo#12`` or "estimate" is not a citation a reader can open: each source
+    names a file of this repository (``docs/research/install-anchors.md §10 KB-01``) or a URL."""
+    bare = [f"{where}: {text}" for where, text in _all() if not _URL.search(text) and not _REPO_PATH.search(text)]
+    assert not bare, f"{len(bare)} sources cite neither a repository file nor a URL:\n" + "\n".join(bare)
+
+
+def test_the_citation_checker_tells_a_citation_from_free_text() -> None:
+    for cited in ("docs/research/toolchain-facts.md §1.1", "https://github.com/Dao-AILab/flash-attention/issues/948"):
+        assert _URL.search(cited) or _REPO_PATH.search(cited)
+    for free in ("KB-01", "§3.2 (CUDA release notes)", "Dao-AILab/flash-attention#948", "estimate, not measured",
+                 "torch/utils/cpp_extension.py", "developer.nvidia.com/cuda-gpus"):
+        assert not _URL.search(free) and not _REPO_PATH.search(free), free

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from attnforge.cache import Entry, Store
+from attnforge.cache.share import export, import_
 from tests.cache.wheelmaker import flip_byte
 from tests.conftest import REPO, SRC
 from tests.install.fixture_build import EXT_PKG, build_fixture_into
@@ -44,7 +45,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, Entry, Path]
     root = tmp_path_factory.mktemp("e2e")
     store = Store(root / "home")
     entry = build_fixture_into(store)
-    store.export(root / "share")
+    export(store, root / "share")
     return store, entry, root / "share"
 
 
@@ -111,7 +112,7 @@ def test_eight_concurrent_cli_installs_share_one_entry(
     """A team member imports the export, then 8 `attnforge install` processes run at once."""
     _, entry, share = built
     home = tmp_path / "home"
-    assert Store(home).import_(share).imported == (entry.key,)
+    assert import_(Store(home), share).imported == (entry.key,)
     pythons = [make_venv(tmp_path / f"venv{i}") for i in range(8)]
 
     def one(python: str) -> subprocess.CompletedProcess[str]:
@@ -185,7 +186,7 @@ def test_a_tampered_cached_wheel_is_refused_with_a_clear_error(
     _, entry, share = built
     home = tmp_path / "home"
     store = Store(home)
-    store.import_(share)
+    import_(store, share)
     flip_byte(Path(store.show(entry.key).path))
     python = make_venv(tmp_path / "venv")
     # no C++ compiler on PATH: the fixture is a C++-only extension, which a CPU torch would otherwise rebuild
@@ -224,7 +225,7 @@ def test_a_uv_venv_installs_attnforge_then_a_cached_backend(
                            "--no-build-isolation", str(repo)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     home = tmp_path / "home"
-    assert Store(home).import_(share).imported == (entry.key,)
+    assert import_(Store(home), share).imported == (entry.key,)
     env = {k: v for k, v in env_for(home).items() if k != "PYTHONPATH"}  # the attnforge installed in the uv venv
     attnforge = str(Path(python).parent / "attnforge")
     done = subprocess.run([attnforge, "install", "af-ext-fixture", "--source", str(EXT_PKG), "--json",

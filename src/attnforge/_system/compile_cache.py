@@ -3,7 +3,7 @@
 
 Without it every process compiles again: FA4's on-disk cache is off by default (``FLASH_ATTENTION_CUTE_DSL_
 CACHE_ENABLED`` defaults to ``"0"``, ``flash_attn/cute/cache_utils.py``), and Inductor's default folder is in the
-system temp dir, which a container or a reboot empties (/work/shared/research/levers-2026-11-26.md section 2;
+system temp dir, which a container or a reboot empties (docs/research/levers-2026-11-26.md section 2;
 issue 30: a 50-call workload of new classes did not finish in 300 s, each paying FA4's JIT and Flex's compile).
 
 FA4 reads its two variables when ``flash_attn.cute`` is imported, Inductor reads its own at each compile

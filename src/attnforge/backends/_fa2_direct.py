@@ -5,7 +5,7 @@
 positionally with the arguments ``FlashAttnFunc.forward`` passes (prepared once per bound signature), inside one
 ``torch.autograd.Function`` whose backward calls ``flash_attn_2_cuda.bwd`` positionally, or with no autograd at
 all when no gradient is needed (TGI and vLLM call ``flash_attn_2_cuda`` / their FA2 ops the same way;
-shared/research/levers-2026-11-26.md §1).
+docs/research/levers-2026-11-26.md §1).
 
 Mirrored: flash-attention v2.8.3 ``flash_attn/flash_attn_interface.py`` lines 76-106 (``_flash_attn_forward``:
 ``maybe_contiguous``, ``fwd(q, k, v, None, alibi_slopes, dropout_p, softmax_scale, causal, window_size_left,

@@ -3,7 +3,7 @@
 The public ``flash_attn_interface.flash_attn_func`` makes four hops per call (``FlashAttnFunc.apply``, the
 Python ``custom_op`` ``flash_attn_3::_flash_attn_forward``, ``maybe_contiguous`` on 14 arguments, the op, then
 two ``torch.tensor([])`` allocations): ~97 us of host time per call on an H100 against ~31 us for the op called
-positionally (shared/research/h100-host-cost-2026-11-26.md). This module calls ``torch.ops.flash_attn_3.fwd``
+positionally (docs/research/h100-host-cost-2026-11-26.md). This module calls ``torch.ops.flash_attn_3.fwd``
 positionally with an argument tail prepared once per bound signature, inside one lean
 ``torch.autograd.Function`` whose backward calls ``torch.ops.flash_attn_3.bwd`` positionally, or with no
 autograd at all when the call needs no gradient (as vLLM and SGLang call their FA3 ops).

@@ -5,7 +5,7 @@
 TVM-FFI call). When no gradient is needed the autograd node does nothing but cost host time, so the bound route
 calls ``_flash_attn_fwd`` itself with exactly the keywords ``FlashAttnFunc.forward`` passes it (vLLM:
 ``vllm/vllm_flash_attn/flash_attn_interface.py`` imports ``_flash_attn_fwd`` from the CuTe interface and calls
-it directly; shared/research/levers-2026-11-26.md §1). Calls that need a gradient keep the public function.
+it directly; docs/research/levers-2026-11-26.md §1). Calls that need a gradient keep the public function.
 
 Replay (:class:`Replayer`): ``_flash_attn_fwd`` itself spends most of FA4's host time (input checks, a
 ~60-element compile key, the ``call_args`` list) before it calls the compiled TVM-FFI function it finds in

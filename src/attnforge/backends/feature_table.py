@@ -101,7 +101,7 @@ def render(caps: Mapping[str, Capabilities], sources: Mapping[str, Sequence[str]
     for bid in caps:
         lines.append(f"- `{bid}`: " + "; ".join(sources.get(bid, ())))
     lines.append("- `sdpa` (the fallback): `attnforge/backends/capabilities.py` `SDPA_FALLBACK`"
-                 " (shared/research/runtime-anchors.md §3.1, §3.3)")
+                 " (docs/research/runtime-anchors.md §3.1, §3.3)")
     lines.append("- `exact`: `attnforge/backends/exact.py` (attnforge's own code; semantics in its docstring)")
     return "\n".join(lines) + "\n"
 

@@ -4,7 +4,7 @@ build needs on top of it, for the toolset and toolkit the resolver chose.
 Which MSVC toolset and CUDA toolkit to use is decided once, in :mod:`attnforge.resolve.msvc`; this module only
 executes that decision. Only :func:`capture_vcvars` runs anything, through the :class:`Runner` seam.
 Nothing here was run on a real Windows machine: it is tested against
-recorded outputs (``tests/fixtures/outputs/windows/``). Facts: shared/research/toolchain-facts.md §3 (MSVC
+recorded outputs (``tests/fixtures/outputs/windows/``). Facts: docs/research/toolchain-facts.md §3 (MSVC
 vs nvcc), §4 (vswhere, vcvars, long paths, CUDA_PATH); install-anchors.md §5.3, §5.4, §8.5.
 """
 

@@ -1,5 +1,5 @@
 """Making room in the store: entries unused for a while, then the least recently used, and the debris of
-writers that died (:meth:`attnforge.cache.store.Store.prune`)."""
+writers that died (``attnforge cache prune``, through :func:`attnforge.provision.cache.prune`)."""
 
 from __future__ import annotations
 

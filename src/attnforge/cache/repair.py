@@ -1,4 +1,4 @@
-"""What lies on disk that ``cache.db`` does not index: debris to clear, and complete entries to index again.
+"""What lies on disk that ``cache.db`` does not index: complete entries to index again.
 
 The artifacts are content-addressed and self-describing: every ``ROOT/artifacts/<digest>/`` holds the file
 and a ``provenance.json`` (:func:`attnforge.cache._provenance.provenance_doc`) with the key, the inputs it
@@ -8,9 +8,9 @@ database is moved aside (never deleted) and every entry whose key is the hash of
 file still hashes to its recorded sha256 is indexed again; one that fails goes to quarantine with the reason.
 Nothing is rebuilt or downloaded.
 
-A row-less entry directory is not debris when it is complete (:func:`remove_debris` keeps it): a writer that
-died between the rename and the commit, or a lost index, leaves exactly that, and a FlashAttention build can
-take an hour.
+A row-less entry directory is not debris when it is complete (``Store.remove_debris_locked`` keeps it): a
+writer that died between the rename and the commit, or a lost index, leaves exactly that, and a FlashAttention
+build can take an hour.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnforge._system.statedb import DamagedDatabaseError, move_aside
-from attnforge.cache._files import remove_tree, sha256_file
+from attnforge.cache._files import sha256_file
 from attnforge.cache._provenance import (
     BUILD_LOG,
     MAX_WHEEL_BYTES,
@@ -30,7 +30,7 @@ from attnforge.cache._provenance import (
 )
 from attnforge.cache.entry import Entry, entry_at
 from attnforge.cache.key import ArtifactKind, CacheKey, CacheKeyInputs
-from attnforge.cache.store import STAGING_PREFIX, Store
+from attnforge.cache.store import Store
 from attnforge.errors import AttnforgeError, CacheError
 
 
@@ -146,19 +146,3 @@ def entry_on_disk(store: Store, folder: Path) -> tuple[Entry | None, str]:
     size = (folder / filename).stat().st_size
     return entry_at(store.artifacts_dir, key=key, inputs=inputs, filename=filename, sha=sha, size=size,
                     has_log=has_log, created=created, used=now, extra=extra), ""
-
-
-def remove_debris(store: Store) -> list[str]:
-    """Remove staging directories and row-less entry directories without a sound ``provenance.json``; safe
-    only under the writer lock (no live writer then). Complete row-less entries are kept for :func:`repair`."""
-    if not store.artifacts_dir.is_dir():
-        return []
-    with store.reader() as conn:
-        known = {str(r["key"]).removeprefix("sha256:") for r in conn.execute("SELECT key FROM artifacts")}
-    removed = []
-    for child in store.artifacts_dir.iterdir():
-        incomplete = child.is_dir() and child.name not in known and read_provenance(child)[0] is None
-        if child.name.startswith(STAGING_PREFIX) or incomplete:
-            remove_tree(child)
-            removed.append(child.name)
-    return removed

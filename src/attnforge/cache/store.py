@@ -24,7 +24,7 @@ import sqlite3
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from packaging.utils import parse_wheel_filename
 
@@ -38,17 +38,18 @@ from attnforge.cache._files import (
     remove_tree,
     sha256_file,
 )
-from attnforge.cache._provenance import BUILD_LOG, PROVENANCE, check_wheel_name, provenance_doc, unsafe_member
+from attnforge.cache._provenance import (
+    BUILD_LOG,
+    PROVENANCE,
+    check_wheel_name,
+    provenance_doc,
+    read_provenance,
+    unsafe_member,
+)
 from attnforge.cache.entry import Entry, PutResult, entry_at, entry_from_row
 from attnforge.cache.key import ArtifactKind, CacheKey, CacheKeyInputs
 from attnforge.errors import CacheError, UsageError
 from attnforge.resolve.types import CachedArtifact
-
-if TYPE_CHECKING:
-    from attnforge.cache.prune import PruneResult
-    from attnforge.cache.repair import RepairResult
-    from attnforge.cache.share import ExportResult, ImportResult
-    from attnforge.cache.verify import VerifyReport
 
 STAGING_PREFIX = ".staging-"
 
@@ -343,44 +344,29 @@ class Store(StoreBase):
         (dest / "reason.txt").write_text(f"{entry.key}\n{entry.filename}\n{reason}\n")
         return dest
 
-    def prune(self, *, older_than_s: float | None = None, max_size_bytes: int | None = None) -> PruneResult:
-        """Remove entries unused for ``older_than_s``, then least recently used ones (see prune.py)."""
-        from attnforge.cache.prune import prune
-
-        return prune(self, older_than_s=older_than_s, max_size_bytes=max_size_bytes)
-
     def remove_debris_locked(self) -> builtins.list[str]:
-        """Staging dirs and row-less entry dirs that are not complete (see repair.py); under :meth:`writer`."""
-        from attnforge.cache.repair import remove_debris
+        """Remove staging directories and row-less entry directories without a sound ``provenance.json``; safe
+        only under :meth:`writer` (no live writer then). Complete row-less entries are kept: a writer that died
+        between the rename and the commit, or a lost index, leaves exactly that, and
+        :func:`attnforge.cache.repair.repair` indexes them again (a FlashAttention build can take an hour).
 
-        return remove_debris(self)
+        Returns:
+            The names of the directories removed under ``artifacts/``.
+        """
+        if not self.artifacts_dir.is_dir():
+            return []
+        with self.reader() as conn:
+            known = {str(r["key"]).removeprefix("sha256:") for r in conn.execute("SELECT key FROM artifacts")}
+        removed = []
+        for child in self.artifacts_dir.iterdir():
+            incomplete = child.is_dir() and child.name not in known and read_provenance(child)[0] is None
+            if child.name.startswith(STAGING_PREFIX) or incomplete:
+                remove_tree(child)
+                removed.append(child.name)
+        return removed
 
-    # -- sharing (see share.py) -----------------------------------------------------------------------------
-
-    def export(self, dest: Path) -> ExportResult:
-        """Write every intact entry into ``dest`` with a PEP 503 index at ``dest/simple``."""
-        from attnforge.cache.share import export
-
-        return export(self, dest)
-
-    def repair(self) -> RepairResult:
-        """Rebuild ``cache.db`` from the artifacts on disk when it is damaged, and index row-less complete
-        entries (see repair.py)."""
-        from attnforge.cache.repair import repair
-
-        return repair(self)
-
-    def verify(self) -> VerifyReport:
-        """Re-hash every entry and re-check its key; quarantine what fails (see verify.py)."""
-        from attnforge.cache.verify import verify
-
-        return verify(self)
-
-    def import_(self, source: Path) -> ImportResult:
-        """Merge an export directory or another cache root, verifying keys and hashes."""
-        from attnforge.cache.share import import_
-
-        return import_(self, source)
+    # The store's maintenance lives beside it and takes the store as an argument (the store imports none of it):
+    # prune.prune, share.export / share.import_, verify.verify, repair.repair; attnforge.provision.cache calls them.
 
     # -- helpers --------------------------------------------------------------------------------------------
 

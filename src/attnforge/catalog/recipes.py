@@ -4,7 +4,7 @@
 A recipe says how a backend is compiled: which variable carries the arch list and in what format
 (``FLASH_ATTN_CUDA_ARCHS="90;120"`` versus ``TORCH_CUDA_ARCH_LIST="9.0;12.0"``), which nvcc targets it can
 emit and what nvcc each needs. A wheel grammar says how a publisher spells torch/CUDA/C++11 ABI in the PEP 440
-local version label (``2.8.3+cu12torch2.8cxx11abiTRUE``). Sources: shared/research/install-anchors.md §1-§7.
+local version label (``2.8.3+cu12torch2.8cxx11abiTRUE``). Sources: docs/research/install-anchors.md §1-§7.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The predicates here answer the questions the resolver asks (can this nvcc emit ``sm_120``? does an ``sm_90a``
 cubin run on a ``(9, 0)`` GPU? which gcc does nvcc 12.4 accept?) from the data file, not from if/elif chains.
-Sources: shared/research/toolchain-facts.md §1-§5 (each row of the data file names its own).
+Sources: docs/research/toolchain-facts.md §1-§5 (each row of the data file names its own).
 """
 
 from __future__ import annotations

@@ -170,9 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         emit_error(exc)
         return exc.exit_code
     except OSError as exc:  # a full or read-only disk under any verb: a message, not a traceback
-        from attnforge.cache._db import os_error_as_cache_error
+        from attnforge.provision.cache import disk_error
 
-        error = os_error_as_cache_error(exc)
+        error = disk_error(exc)
         if error is None:
             raise
         emit_error(error)

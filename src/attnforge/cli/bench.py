@@ -140,11 +140,11 @@ def _bench_isolated(shapes: Any, *, chosen: Any, timeout_s: float, **kw: Any) ->
 
     from attnforge._system.runner import SubprocessRunner
     from attnforge.bench.isolated import bench_in_children
-    from attnforge.cache.capabilities import backend_capabilities
+    from attnforge.provision.install import installed_capabilities
     from attnforge.verify.isolated import Isolation
 
     return bench_in_children(shapes, adapters=chosen, isolation=Isolation(timeout_s=timeout_s, python=sys.executable),
-                             runner=SubprocessRunner(), environ=dict(os.environ), caps=backend_capabilities, **kw)
+                             runner=SubprocessRunner(), environ=dict(os.environ), caps=installed_capabilities, **kw)
 
 
 def render_bench(out: Any, report: BenchReport, *, plot_path: Path | None, stored: int,

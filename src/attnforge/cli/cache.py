@@ -14,10 +14,7 @@ from attnforge.cli._output import console, emit_json, json_option
 from attnforge.errors import UsageError
 
 if TYPE_CHECKING:
-    from attnforge.cache import Entry, Store
-    from attnforge.cache.repair import RepairResult
-    from attnforge.cache.share import ExportResult, ImportResult
-    from attnforge.cache.verify import VerifyReport
+    from attnforge.provision.cache import Entry, ExportResult, ImportResult, RepairResult, VerifyReport
 
 _DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SIZE_BYTES = {
@@ -48,12 +45,6 @@ def parse_size_bytes(text: str) -> int:
     if match is None or match.group(2) not in _SIZE_BYTES:
         raise UsageError(f"not a size: {text!r}", hint="write it like 20GB, 500MB or 8GiB")
     return int(float(match.group(1)) * _SIZE_BYTES[match.group(2)])
-
-
-def _store() -> Store:
-    from attnforge.cache import open_store
-
-    return open_store()
 
 
 def entry_json(entry: Entry) -> dict[str, Any]:
@@ -98,19 +89,21 @@ def command() -> None:
 @json_option
 def list_(as_json: bool) -> int:
     """Every entry, newest first."""
-    store = _store()
-    entries = store.list()
+    from attnforge.provision.cache import list_entries
+
+    listing = list_entries()
+    entries, root = listing.entries, listing.root
     if as_json:
-        emit_json("cache.list", {"root": str(store.root), "entries": [entry_json(e) for e in entries]})
+        emit_json("cache.list", {"root": str(root), "entries": [entry_json(e) for e in entries]})
         return 0
     from rich import box
     from rich.table import Table
 
     out = console()
     if not entries:
-        out.print(f"the cache at {store.root} is empty")
+        out.print(f"the cache at {root} is empty")
         return 0
-    out.print(f"cache: {store.root}")
+    out.print(f"cache: {root}")
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("key", "name", "version", "archs", "torch", "size", "last used"):
         table.add_column(col, no_wrap=col in ("key", "name"))
@@ -130,7 +123,9 @@ def list_(as_json: bool) -> int:
 @json_option
 def show(key: str, as_json: bool) -> int:
     """One entry in full (KEY may be a unique prefix)."""
-    entry = _store().show(key)
+    from attnforge.provision.cache import show as show_entry
+
+    entry = show_entry(key)
     doc = entry_json(entry)
     if as_json:
         emit_json("cache.show", doc)
@@ -157,7 +152,9 @@ def _print_mapping(out: Any, title: str, mapping: Mapping[str, Any]) -> None:
 @json_option
 def rm(key: str, as_json: bool) -> int:
     """Delete one entry (KEY may be a unique prefix)."""
-    entry = _store().remove(key)
+    from attnforge.provision.cache import remove
+
+    entry = remove(key)
     if as_json:
         emit_json("cache.rm", {"removed": entry_json(entry)})
     else:
@@ -175,7 +172,9 @@ def prune(older_than: str | None, max_size: str | None, as_json: bool) -> int:
     """Free space: old entries, then least recently used ones over a size budget; also clears debris."""
     older_s = parse_duration_s(older_than) if older_than is not None else None
     max_bytes = parse_size_bytes(max_size) if max_size is not None else None
-    result = _store().prune(older_than_s=older_s, max_size_bytes=max_bytes)
+    from attnforge.provision.cache import prune as run_prune
+
+    result = run_prune(older_than_s=older_s, max_size_bytes=max_bytes)
     if as_json:
         emit_json("cache.prune", {
             "removed": [entry_json(e) for e in result.removed], "freed_bytes": result.freed_bytes,
@@ -197,7 +196,9 @@ def export(dest: Path, as_json: bool) -> int:
 
     Exit code 1 when an entry could not be exported.
     """
-    result = _store().export(dest)
+    from attnforge.provision.cache import export as run_export
+
+    result = run_export(dest)
     _emit("cache.export", result, as_json, _print_export)
     return 1 if result.errors else 0
 
@@ -210,7 +211,9 @@ def import_(source: Path, as_json: bool) -> int:
 
     Exit code 1 when anything was rejected.
     """
-    result = _store().import_(source)
+    from attnforge.provision.cache import import_ as run_import
+
+    result = run_import(source)
     _emit("cache.import", result, as_json, _print_import)
     return 1 if result.rejected else 0
 
@@ -222,7 +225,9 @@ def verify(as_json: bool) -> int:
 
     Exit code 1 when anything failed.
     """
-    report = _store().verify()
+    from attnforge.provision.cache import verify as run_verify
+
+    report = run_verify()
     _emit("cache.verify", report, as_json, _print_verify)
     return 1 if report.problems or report.database != "ok" or report.unindexed else 0
 
@@ -237,11 +242,10 @@ def repair(as_json: bool) -> int:
     A damaged records.db is moved aside too (verify and bench results are re-measurable). Exit code 1 when
     an artifact was quarantined.
     """
-    from attnforge.records import open_records
+    from attnforge.provision.cache import repair as run_repair
 
-    store = _store()
-    result = store.repair()
-    records_moved = open_records().repair(store.now())
+    repaired = run_repair()
+    result, records_moved = repaired.cache, repaired.records_moved_to
     if as_json:
         emit_json("cache.repair", {"result": result,
                                    "records_moved_to": None if records_moved is None else str(records_moved)})

@@ -14,11 +14,30 @@ No ``from __future__ import annotations`` here: ``torch.library`` reads the anno
 which is positional by nature (PLR0917 is silenced for the op signatures).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 _NAMESPACE = "attnforge"
+
+#: The process-wide dispatcher's getter, handed in by :mod:`attnforge.dispatch.runtime` when it loads (it emits
+#: these ops and imports this module; this module imports nothing of it).
+_dispatcher: Callable[[], Any] | None = None
+
+
+def serve_with(get_dispatcher: Callable[[], Any]) -> None:
+    """Run the ops' real implementations on ``get_dispatcher()`` (a
+    :class:`~attnforge.dispatch.dispatcher.Dispatcher`, looked up at each run so ``set_dispatcher`` applies)."""
+    global _dispatcher  # noqa: PLW0603 - the one seam, set once by the runtime
+    _dispatcher = get_dispatcher
+
+
+def _current() -> Any:
+    if _dispatcher is None:
+        raise RuntimeError("attnforge::attention ran before attnforge.dispatch.runtime was loaded; "
+                           "call attnforge.attention instead of the op")
+    return _dispatcher()
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::attention", mutates_args=())
@@ -26,10 +45,8 @@ def attention_op(  # noqa: PLR0917 - op schema
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
                  backend: str | None, precision: str, needs_grad: bool) -> torch.Tensor:
     """Dispatch ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns a contiguous ``[B, Hq, Sq, D]``."""
-    from attnforge.dispatch.runtime import get_dispatcher
-
-    out = get_dispatcher().run(q, k, v, causal=causal, scale=scale, backend=backend, precision=precision,
-                               needs_grad=needs_grad)
+    out: torch.Tensor = _current().run(q, k, v, causal=causal, scale=scale, backend=backend, precision=precision,
+                                       needs_grad=needs_grad)
     return out.contiguous()
 
 
@@ -46,12 +63,10 @@ def attention_backward_op(  # noqa: PLR0917 - op schema
                           scale: float | None, backend: str | None,
                           precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of :func:`attention_op` for q, k, v by recomputing the forward with autograd on."""
-    from attnforge.dispatch.runtime import get_dispatcher
-
     with _autograd_on(), torch.enable_grad():
         qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
-        out = get_dispatcher().run(qd, kd, vd, causal=causal, scale=scale, backend=backend,
-                                   precision=precision, needs_grad=True)
+        out = _current().run(qd, kd, vd, causal=causal, scale=scale, backend=backend,
+                             precision=precision, needs_grad=True)
         dq, dk, dv = torch.autograd.grad(out, (qd, kd, vd), grad)
     return dq.contiguous(), dk.contiguous(), dv.contiguous()
 

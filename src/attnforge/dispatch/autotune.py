@@ -109,24 +109,12 @@ class Tunable(Protocol):
 
 
 @contextmanager
-def autotune(*, budget_s: float = 1.0, rounds: int = 5, clock: Callable[[], float] = time.perf_counter,
-             background: bool = False) -> Iterator[AutotuneConfig]:
-    """Measure unmeasured shape classes on first use inside this context, on any device (see the module
-    docstring; on CUDA it is on by default, this sets the budget). ``ATTNFORGE_AUTOTUNE=0`` still wins.
-    Leaving the context waits for the measurements started in it.
-
-    Args:
-        budget_s: seconds of timed repetitions per shape class, all candidates together.
-        rounds: interleaved rounds per candidate.
-        clock: the timer on a CPU (tests pass a fake one).
-        background: measure off the calling thread, or inside the first call (the default).
-    """
-    config = AutotuneConfig(budget_s=budget_s, rounds=max(1, rounds), clock=clock, background=background)
+def configured(config: AutotuneConfig) -> Iterator[AutotuneConfig]:
+    """Make ``config`` the active configuration in this context (per thread / asyncio task); leaving it waits for
+    the measurements started in it. :func:`attnforge.autotune` (:mod:`attnforge.dispatch.runtime`, which holds
+    the process-wide dispatcher whose decisions it forgets) is the public way in."""
     token = _ACTIVE.set(config)
     try:
-        from attnforge.dispatch import runtime
-
-        runtime.get_dispatcher().forget_decisions()  # classes decided before the context are considered again
         yield config
     finally:
         _ACTIVE.reset(token)

@@ -167,13 +167,13 @@ class Prepared:
     scale: float | None = None
 
 
-def attention(q: Any, k: Any, v: Any, *, layout: str, backend: str | None, precision: str,
+def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: str | None, precision: str,
               scale: float | None, **kwargs: Any) -> Any:
-    """Serve a call that uses a feature (see the module docstring); arguments as :func:`attnforge.attention`."""
-    from attnforge.dispatch import runtime
-
+    """Serve a call that uses a feature (see the module docstring) on ``dispatcher`` (the process-wide
+    :class:`~attnforge.dispatch.dispatcher.Dispatcher` that :func:`attnforge.attention` passes); the other arguments
+    as :func:`attnforge.attention`."""
     call = prepare(q, k, v, layout=layout, precision=precision, scale=scale, **kwargs)
-    out = _serve(runtime.get_dispatcher(), call, scale=call.scale, backend=backend, precision=precision)
+    out = _serve(dispatcher, call, scale=call.scale, backend=backend, precision=precision)
     if layout == "bshd" and "varlen" not in call.uses:
         return (out[0].transpose(1, 2), out[1]) if "lse" in call.uses else out.transpose(1, 2)
     return out

@@ -26,19 +26,21 @@ raises clear the routes (a generation counter keeps a route decided before that 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from attnforge.dispatch import _op, features
+from attnforge.dispatch.autotune import AutotuneConfig, configured
 from attnforge.dispatch.dispatcher import _FORCED, Dispatcher, RecordSource
 from attnforge.dispatch.explanation import Explanation
 from attnforge.dispatch.inputs import validate as _validate
 
-__all__ = ["Dispatcher", "RecordSource", "attention", "explain", "get_dispatcher", "refresh", "set_dispatcher",
-           "use_backend"]
+__all__ = ["Dispatcher", "RecordSource", "attention", "autotune", "explain", "get_dispatcher", "refresh",
+           "set_dispatcher", "use_backend"]
 
 _DISPATCHER: Dispatcher | None = None
 _DISPATCHER_LOCK = threading.Lock()
@@ -65,6 +67,9 @@ def set_dispatcher(dispatcher: Dispatcher | None) -> Dispatcher | None:
     return previous
 
 
+_op.serve_with(get_dispatcher)  # the compiled path's op runs on the same process-wide dispatcher
+
+
 def refresh() -> None:
     """Re-read verify and bench records on the next call (after ``attnforge verify`` or ``bench`` ran)."""
     get_dispatcher().refresh()
@@ -87,6 +92,26 @@ def use_backend(name: str) -> Iterator[None]:
         yield
     finally:
         _FORCED.reset(token)
+
+
+@contextmanager
+def autotune(*, budget_s: float = 1.0, rounds: int = 5, clock: Callable[[], float] = time.perf_counter,
+             background: bool = False) -> Iterator[AutotuneConfig]:
+    """Measure unmeasured shape classes on first use inside this context, on any device (see
+    :mod:`attnforge.dispatch.autotune`; on CUDA it is on by default, this sets the budget). ``ATTNFORGE_AUTOTUNE=0``
+    still wins. Classes the process-wide dispatcher decided before the context are considered again; leaving the
+    context waits for the measurements started in it.
+
+    Args:
+        budget_s: seconds of timed repetitions per shape class, all candidates together.
+        rounds: interleaved rounds per candidate.
+        clock: the timer on a CPU (tests pass a fake one).
+        background: measure off the calling thread, or inside the first call (the default).
+    """
+    config = AutotuneConfig(budget_s=budget_s, rounds=max(1, rounds), clock=clock, background=background)
+    with configured(config):
+        get_dispatcher().forget_decisions()
+        yield config
 
 
 def attention(
@@ -158,8 +183,9 @@ def attention(
             and dropout_p == 0.0 and return_lse is False and enable_gqa is True and isinstance(causal, bool)
             and causal_alignment == "bottom_right"):
         return features.attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, causal=causal,
-            causal_alignment=causal_alignment, enable_gqa=enable_gqa, window=window, softcap=softcap,
+            q, k, v, dispatcher=_DISPATCHER or get_dispatcher(), attn_mask=attn_mask, dropout_p=dropout_p,
+            scale=scale, causal=causal, causal_alignment=causal_alignment, enable_gqa=enable_gqa, window=window,
+            softcap=softcap,
             sinks=sinks, return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, layout=layout,
             backend=backend or (None if torch.compiler.is_compiling() else _FORCED.get()), precision=precision,

@@ -320,7 +320,7 @@ def _key_with_source(build: FleetBuild) -> str:
     """The plan's key, sharpened with the tree hash of a local source directory (edits make a new key)."""
     source = build.spec.source
     if source.kind is SourceKind.PATH and Path(source.location).is_dir():
-        from attnforge.build.source import tree_sha256
+        from attnforge.provision.build import source_tree_sha256
 
-        return artifact_key(build.request, build.spec, build.wheel, tree_sha256(Path(source.location)))
+        return artifact_key(build.request, build.spec, build.wheel, source_tree_sha256(Path(source.location)))
     return build.key

@@ -1,6 +1,6 @@
-"""What runs on the builder node: the build (:func:`attnforge.build.execute`), its progress lines (to the worker's
-stderr, which Ray streams to the head, and to the fleet log), and the labelled wheel sent back to the head, which
-publishes it (:mod:`attnforge.fleet.build`)."""
+"""What runs on the builder node: the build (:func:`attnforge.provision.build.build_here`: executed, labelled and
+keyed there, as ``install`` keys it), its progress lines (to the worker's stderr, which Ray streams to the head, and
+to the fleet log), and the labelled wheel sent back to the head, which publishes it (:mod:`attnforge.fleet.build`)."""
 
 from __future__ import annotations
 
@@ -44,10 +44,8 @@ def node_build(spec: BuildSpec, snapshot_json: str, key: str, log_dir: str) -> d
     ``diagnosis``. The node's ``$ATTNFORGE_HOME`` holds the build tree; ``log_dir`` (shared) gets the log.
     """
     from attnforge._system.paths import home_dir
-    from attnforge.build import BuildFailure, execute
-    from attnforge.install.guards import pinned_to_torch
-    from attnforge.install.keys import built_wheel_inputs
     from attnforge.probe.snapshot import SystemSnapshot
+    from attnforge.provision.build import BuildFailure, build_here
 
     snapshot = SystemSnapshot.from_json(snapshot_json)
     home = home_dir(os.environ)
@@ -62,7 +60,7 @@ def node_build(spec: BuildSpec, snapshot_json: str, key: str, log_dir: str) -> d
         reporter = _LogReporter(f"[fleet build {hexkey[:12]}]", log)
         reporter.line(f"attempt in worker pid {os.getpid()}: {spec.name} for {', '.join(map(str, spec.archs))}")
         try:
-            result = execute(spec, home=home, reporter=reporter, snapshot=snapshot)
+            built = build_here(spec, home=home, reporter=reporter, snapshot=snapshot)
         except BuildFailure as failure:
             _append(log, failure.log_path)
             return {"ok": False, "message": failure.message, "diagnosis": to_jsonable(failure.diagnosis),
@@ -72,9 +70,8 @@ def node_build(spec: BuildSpec, snapshot_json: str, key: str, log_dir: str) -> d
             return {"ok": False, "message": error.message, "diagnosis": {
                 "known": True, "title": error.message, "cause": error.cause or error.message,
                 "fix": [error.hint] if error.hint else []}}
+        result, wheel, inputs = built.result, built.wheel, built.inputs
         _append(log, str(result.log_path))
-        wheel = pinned_to_torch(result.wheel, spec, snapshot)
-        inputs = built_wheel_inputs(wheel=wheel, spec=spec, source_sha256=result.source_sha256, snapshot=snapshot)
         reporter.line(f"built {wheel.name} in {result.duration_s:.1f} s")
         data = wheel.read_bytes()
         _remove_staged(wheel, result.wheel)  # the head keeps the wheel: no copies left in the node's staging dir

@@ -37,10 +37,10 @@ import filelock
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from attnforge._system.files import write_atomic
-from attnforge.cache._files import sha256_file
 from attnforge.cache.key import CacheKey, CacheKeyInputs
 from attnforge.fetch.http import FetchError, HttpClient, HttpStatusError, basic_auth
 from attnforge.fleet import FleetError
+from attnforge.provision.cache import file_sha256 as sha256_file
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,23 +137,15 @@ class DirIndex:
         Raises:
             CacheError: the disk is full or a symlink was planted in the index (nothing partial stays visible).
         """
-        from attnforge.cache import Store
-        from attnforge.cache._files import remove_tree
-        from attnforge.cache.share import export
+        from attnforge.provision.cache import publish_to_directory
 
-        staging = self.home / "fleet" / "staging" / uuid.uuid4().hex[:12]
-        staging.mkdir(parents=True)
-        try:
-            store = Store(staging)
-            put = store.put(wheel, inputs, log_path=log_path, provenance={"fleet_key": key})
-            export(store, self.root)
-        finally:
-            remove_tree(staging)
-        rel = f"artifacts/{CacheKey.parse(put.entry.key).digest}/{put.entry.filename}"
-        _check_served(self.pip_url, put.entry.filename, put.entry.sha256, lambda: sha256_file(self.root / rel))
-        doc = {"key": key, "filename": put.entry.filename, "sha256": put.entry.sha256, "path": rel}
+        entry = publish_to_directory(wheel, inputs, dest=self.root, log_path=log_path, provenance={"fleet_key": key},
+                                     scratch=self.home / "fleet" / "staging" / uuid.uuid4().hex[:12])
+        rel = f"artifacts/{CacheKey.parse(entry.key).digest}/{entry.filename}"
+        _check_served(self.pip_url, entry.filename, entry.sha256, lambda: sha256_file(self.root / rel))
+        doc = {"key": key, "filename": entry.filename, "sha256": entry.sha256, "path": rel}
         write_atomic(self.root / ".fleet" / "keys" / f"{_hex(key)}.json", json.dumps(doc).encode())
-        return Published(key=key, filename=put.entry.filename, sha256=put.entry.sha256)
+        return Published(key=key, filename=entry.filename, sha256=entry.sha256)
 
 
 class ServerIndex:

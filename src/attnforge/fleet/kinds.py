@@ -16,8 +16,8 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from attnforge.install.keys import torch_fields
 from attnforge.probe.snapshot import SystemSnapshot
+from attnforge.provision.build import key_torch
 from attnforge.types.cc import ComputeCapability
 
 
@@ -115,11 +115,11 @@ def kind_of(snapshot: SystemSnapshot) -> MachineKind:
 
     The wheel tag (``cp312-cp312-manylinux_2_39_x86_64``, ``PlatformInfo.wheel_tag``) gives the Python ABI and
     the platform tag; torch gives version, CUDA and C++11 ABI as the cache keys them
-    (:func:`attnforge.install.keys.torch_fields`); the GPUs give the compute capabilities.
+    (:func:`attnforge.provision.build.key_torch`); the GPUs give the compute capabilities.
     """
     p = snapshot.platform
     _, abi, platform_tag = [*p.wheel_tag.split("-", 2), "", ""][:3]
-    torch_version, cuda_version, cxx11_abi = torch_fields(snapshot)
+    torch_version, cuda_version, cxx11_abi = key_torch(snapshot)
     wheel = WheelKey(os=p.os, cpu_arch=p.cpu_arch, python_abi=abi or p.wheel_tag, torch_version=torch_version,
                      cuda_version=cuda_version, cxx11_abi=cxx11_abi)
     return MachineKind(platform_tag=platform_tag or p.wheel_tag, wheel=wheel,

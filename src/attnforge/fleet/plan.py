@@ -27,8 +27,8 @@ from attnforge.catalog import Catalog
 from attnforge.catalog.recipes import Recipe
 from attnforge.fleet.kinds import KindGroup, Node, WheelKey, glibc_key
 from attnforge.fleet.requests import KindRequest
-from attnforge.install.keys import NOT_IN_KEY
 from attnforge.probe.snapshot import SystemSnapshot
+from attnforge.provision.build import NOT_IN_KEY
 from attnforge.resolve.buildspec import plan_build
 from attnforge.resolve.resolver import resolve
 from attnforge.resolve.sources import load_wheel_sources
@@ -280,7 +280,7 @@ def artifact_key(request: Request, spec: BuildSpec, wheel: WheelKey, source_dige
     """``sha256:`` of everything that changes the built binary, known before the build.
 
     The backend, version, source, the wheel key, the archs, the build variables that change the bytes (every
-    variable of ``spec.env`` except :data:`attnforge.install.keys.NOT_IN_KEY`) and nvcc's version; and
+    variable of ``spec.env`` except :data:`attnforge.provision.build.NOT_IN_KEY`) and nvcc's version; and
     ``source_digest`` (the tree sha256 of a local source directory) when the caller knows it.
     """
     doc = {

@@ -1,7 +1,8 @@
 """Each backend's request for every machine kind, assembled exactly as ``attnforge plan`` assembles it on one machine.
 
-The one request-assembly room is :func:`attnforge.install.inputs.assemble`: names and aliases (``flash_attn``),
-version specifiers, ``--source``, ``--arch``, the slim options, ``--find-links`` / ``--index-url`` listings and
+The one request-assembly room is :func:`attnforge.install.inputs.assemble` (reached through
+:mod:`attnforge.provision.plan`): names and aliases (``flash_attn``), version specifiers, ``--source``, ``--arch``,
+the slim options, ``--find-links`` / ``--index-url`` listings and
 the known release sources (prebuilt wheels of the kind's torch/CUDA/Python), and the planner that ranks them
 (:func:`attnforge.install.defaults.resolver_planner`). A kind is "another machine" to the head, so each kind's
 plan is ``attnforge plan REQUIREMENT --snapshot <that kind's snapshot>``: the snapshot is written once under
@@ -21,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnforge._system.files import write_atomic
-from attnforge.install.inputs import Assembled, RequestArgs, assemble
 from attnforge.probe.snapshot import SystemSnapshot
+from attnforge.provision import RequestArgs
+from attnforge.provision.plan import Assembled, assemble
 from attnforge.resolve.types import Plan, Request
 
 

@@ -83,7 +83,7 @@ def toolset_msc_ver(toolset: str) -> int:
     """MSVC toolset directory name -> ``_MSC_VER``: ``"14.44.35207"`` -> 1944, ``"14.29.30133"`` -> 1929.
 
     The toolset minor and the ``cl`` minor move together from VS 2017 on (14.1x/19.1x ... 14.50/19.50);
-    source: shared/research/toolchain-facts.md §3.2.
+    source: docs/research/toolchain-facts.md §3.2.
 
     Raises:
         ValueError: not a ``14.xx[.yyyyy]`` toolset version.

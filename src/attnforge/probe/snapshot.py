@@ -179,7 +179,7 @@ class PythonDevFiles:
 
     Embedded ("portable") CPython distributions, such as ComfyUI's ``python_embeded``, ship neither
     ``include`` nor ``libs`` and mark themselves with a ``pythonXY._pth`` file next to ``python.exe``.
-    Source: shared/research/install-anchors.md §8.5, §5.4; toolchain-facts.md §4.2.
+    Source: docs/research/install-anchors.md §8.5, §5.4; toolchain-facts.md §4.2.
 
     Attributes:
         include_dir: ``sysconfig.get_paths()["include"]``.

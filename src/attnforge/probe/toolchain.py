@@ -22,7 +22,7 @@ def toolkit_candidates(ctx: ProbeContext) -> list[tuple[Path, str]]:
     """Toolkit roots to look at, each with how it was found, in the order torch's cpp_extension prefers.
 
     Source: torch/utils/cpp_extension.py ``_find_cuda_home`` (CUDA_HOME, CUDA_PATH, then nvcc on PATH, then
-    /usr/local/cuda); shared/research/install-anchors.md §8.1.
+    /usr/local/cuda); docs/research/install-anchors.md §8.1.
     """
     out: list[tuple[Path, str]] = []
     for var in ("CUDA_HOME", "CUDA_PATH"):

@@ -2,7 +2,7 @@
 the target Python can build extensions at all (embedded/portable Pythons cannot).
 
 Nothing here was run on a real Windows machine: every parser is tested against recorded real outputs
-(``tests/fixtures/outputs/windows/``). Sources: shared/research/toolchain-facts.md §4.1 (vswhere's fixed
+(``tests/fixtures/outputs/windows/``). Sources: docs/research/toolchain-facts.md §4.1 (vswhere's fixed
 location and flags), §4.2 (what a build needs), §4.3 (long paths); install-anchors.md §8.5 (embedded
 Python).
 """

@@ -19,11 +19,13 @@ from attnforge.build import BuildFailure as BuildFailure  # noqa: PLC0414 - what
 from attnforge.build import BuildResult
 from attnforge.build import NullReporter as NullReporter  # noqa: PLC0414 - the silent reporter, for verbs
 from attnforge.install.inputs import RequestArgs
+from attnforge.install.keys import NOT_IN_KEY as NOT_IN_KEY  # noqa: PLC0414 - the build variables no key holds
 from attnforge.resolve.types import BuildSpec
 
 if TYPE_CHECKING:
     from attnforge.build import Reporter
     from attnforge.build.stream import Launcher
+    from attnforge.cache.key import CacheKeyInputs
     from attnforge.probe.snapshot import SystemSnapshot
 
 
@@ -135,3 +137,54 @@ def build(job: BuildJob, *, reporter: Reporter, keep_build_dir: bool = False, la
         wheel, key = Path(entry.path), entry.key
     return Built(result=result, wheel=wheel, cache_key=key, python=spec.python or sys.executable)
 
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeBuilt:
+    """A build made on a fleet node, labelled and keyed there, not stored (the head publishes it).
+
+    Attributes:
+        result: the executor's result (log, duration, source hash).
+        wheel: the wheel labelled with the node's torch (in the builder's staging directory: the caller removes it).
+        inputs: its cache-key inputs, as ``install`` keys a build of the same spec on the same machine.
+    """
+
+    result: BuildResult
+    wheel: Path
+    inputs: CacheKeyInputs
+
+
+def build_here(spec: BuildSpec, *, home: Path, snapshot: SystemSnapshot, reporter: Reporter) -> NodeBuilt:
+    """Execute ``spec`` on this machine (the fleet's build task on its node) and label the wheel with the torch of
+    ``snapshot`` (:func:`attnforge.install.guards.pinned_to_torch`), keyed by
+    :func:`attnforge.install.keys.built_wheel_inputs` for that torch.
+
+    Raises:
+        BuildFailure: the build failed (its diagnosis and log path).
+        AttnforgeError: the build was refused before compiling (no interpreter, no source).
+    """
+    from attnforge.build import execute
+    from attnforge.install.guards import pinned_to_torch
+    from attnforge.install.keys import built_wheel_inputs
+
+    result = execute(spec, home=home, reporter=reporter, snapshot=snapshot)
+    wheel = pinned_to_torch(result.wheel, spec, snapshot)
+    inputs = built_wheel_inputs(wheel=wheel, spec=spec, source_sha256=result.source_sha256, snapshot=snapshot)
+    return NodeBuilt(result=result, wheel=wheel, inputs=inputs)
+
+
+def source_tree_sha256(top: Path) -> str:
+    """The content hash of a source directory, as a build of it records its source (hex sha256 over every file's
+    relative path, executable bit and bytes; VCS folders, caches and build outputs skipped:
+    :func:`attnforge.build.source.tree_sha256`). An edit makes a new key."""
+    from attnforge.build.source import tree_sha256
+
+    return tree_sha256(top)
+
+
+def key_torch(snapshot: SystemSnapshot) -> tuple[str | None, str | None, bool | None]:
+    """(torch version, torch's CUDA, C++11 ABI) that key a per-torch build for the machine ``snapshot`` describes
+    (all None without torch): :func:`attnforge.install.keys.torch_fields`."""
+    from attnforge.install.keys import torch_fields
+
+    return torch_fields(snapshot)

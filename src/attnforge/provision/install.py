@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from attnforge._system.runner import Runner
 from attnforge.errors import ResolveError
 from attnforge.install.flow import InstallResult as InstallResult  # noqa: PLC0414 - the result verbs render
 from attnforge.install.inputs import RequestArgs
+
+if TYPE_CHECKING:
+    from attnforge.catalog.slim import Capabilities
 
 
 def install(args: RequestArgs, *, verify: bool = True, allow_overlap: bool = False, require_hashes: bool = False,
@@ -48,3 +52,13 @@ def install(args: RequestArgs, *, verify: bool = True, allow_overlap: bool = Fal
             step = backend.install.replace("{torch_index}", catalog.tools.torch_index_url(torch_cuda(snapshot)))
             exc.hint = f"this torch needs the {backend.display_name} build for its CUDA: {step}"
         raise
+
+
+def installed_capabilities(backend_id: str) -> Capabilities | None:
+    """What the installed build of catalog backend ``backend_id`` can run (head dims, dtypes, backward, features),
+    as its slim build recorded it in its wheel or its cache entry; None for a full build, a wheel from elsewhere,
+    an unknown id or a torch built-in (the backend's own capability table applies then). Reads this interpreter's
+    installed distributions (:func:`attnforge.cache.capabilities.backend_capabilities`)."""
+    from attnforge.cache.capabilities import backend_capabilities
+
+    return backend_capabilities(backend_id)

@@ -7,7 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnforge.install.inputs import Assembled as Assembled  # noqa: PLC0414 - an assembled request, for the fleet
 from attnforge.install.inputs import RequestArgs
+from attnforge.install.inputs import assemble as assemble  # noqa: PLC0414 - the one request assembly, for the fleet
 from attnforge.resolve.buildspec import minutes as minutes  # noqa: PLC0414 - the estimates' wording, for renderers
 from attnforge.resolve.types import CandidateKind, Plan
 

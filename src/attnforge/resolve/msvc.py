@@ -4,7 +4,7 @@ nvcc's ``_MSC_VER`` window per CUDA release is ``toolchain.toml`` ``[[host_compi
 the conformance flags and Visual Studio release names are ``msvc.toml``. The resolver's preflight
 (:mod:`attnforge.resolve.windows`) asks :func:`choose_windows_toolchain` and writes the answer into the
 BuildSpec (``toolkit``, ``msvc_toolset``); the build (:mod:`attnforge.build.windows_env`) asks the same function
-with those answers, so it can only execute what the plan chose. Facts: shared/research/toolchain-facts.md §3
+with those answers, so it can only execute what the plan chose. Facts: docs/research/toolchain-facts.md §3
 (MSVC vs nvcc), §4.2 (vswhere -latest); install-anchors.md §10 KB-09/16.
 """
 
