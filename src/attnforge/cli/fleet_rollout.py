@@ -50,36 +50,71 @@ def _plain(run: Any) -> dict[str, Any]:
 
 
 @click.command("install")
-@click.argument("backends", nargs=-1, required=True)
+@click.argument("backends", nargs=-1)
 @click.option("--index-url", required=True, metavar="URL", help="The index `fleet build` published to.")
+@click.option("--source", "source", default=None, metavar="PATH_OR_URL",
+              help="The source `fleet build --source` built (its name need not be a catalog id; a directory every "
+                   "node can read at that path).")
 @address_option
 @node_options
 @json_option
-def install(backends: tuple[str, ...], index_url: str, address: str | None, as_json: bool, **opts: Any) -> int:
+def install(backends: tuple[str, ...], index_url: str, source: str | None, address: str | None, as_json: bool,
+            **opts: Any) -> int:
     """`attnforge install BACKEND --index-url URL` on every GPU node (hash-checked install, then verify); from a
-    fleet directory index each node gets its kind's sub-index; a server that falls back to PyPI is refused."""
-    from attnforge.catalog import load_catalog
-    from attnforge.fleet.kind_index import kind_index_urls, refuse_fallback
-    from attnforge.fleet.kinds import kind_of
-    from attnforge.fleet.rollout import install_argv
-    from attnforge.provision import parse_requirement
+    fleet directory index each node gets its kind's sub-index, from an index server the exact version its kind
+    takes there; a server that falls back to PyPI is refused."""
+    import urllib.parse
 
-    catalog = load_catalog()
-    for text in backends:  # bad names exit 2 here, before any node is asked
-        catalog.backend(parse_requirement(text)[0])
+    from attnforge.catalog import load_catalog
+    from attnforge.errors import UsageError
+    from attnforge.fleet.kind_index import kind_index_urls, refuse_fallback, server_requirement
+    from attnforge.fleet.kinds import kind_of
+    from attnforge.fleet.requests import KindRequest, assemble_for_kinds
+    from attnforge.fleet.rollout import install_argv
+    from attnforge.provision import RequestArgs, parse_requirement
+
+    if source is None:  # a --source build's name is free; else bad names exit 2 here, before any node is asked
+        if not backends:
+            raise UsageError("name at least one backend", hint="attnforge fleet install flash-attn --index-url URL")
+        catalog = load_catalog()
+        for text in backends:
+            catalog.backend(parse_requirement(text)[0])
 
     refuse_fallback(index_url)  # a server that hands unknown projects to PyPI: exit 1 before any node is asked
     url_of = kind_index_urls(index_url)
+    server = urllib.parse.urlsplit(index_url).scheme in ("http", "https")
+    extra = ["--source", source] if source else []
+    planned: dict[tuple[str | None, str], str | None] = {}
+    requests: dict[str | None, KindRequest] = {}
 
-    def argv_for(backend: str) -> Callable[[Any], list[str] | str]:
+    def server_pin(text: str | None, node: Any) -> str | None:
+        """The exact version of the wheel the node's kind takes from the server (one namespace: no sub-index)."""
+        kind = kind_of(node.snapshot).id
+        if (text, kind) not in planned:
+            if text not in requests:
+                (requests[text],) = assemble_for_kinds([text] if text else [], RequestArgs(
+                    source=source, index_urls=(index_url,)), [node.snapshot], home=head_home())
+            plan = requests[text].plan_on(node.snapshot)
+            planned[text, kind] = server_requirement(plan, index_url, text or plan.request.backend)
+        return planned[text, kind]
+
+    def argv_for(text: str | None) -> Callable[[Any], list[str] | str]:
         def argv(node: Any) -> list[str] | str:
             kind = kind_of(node.snapshot).id
             url = url_of(kind)
-            return install_argv([backend], url) if url else f"{index_url} has no sub-index for kind {kind}: " \
-                "`attnforge fleet build` published no wheel for it"
+            if url is None:
+                return (f"{index_url} has no sub-index for kind {kind}: `attnforge fleet build` published no wheel "
+                        "for it")
+            requirement = server_pin(text, node) if server else text
+            if server and requirement is None:
+                return (f"{index_url} has no wheel of {text or source} for kind {kind} (`attnforge plan --index-url "
+                        "URL` on it would build): run `attnforge fleet build` with this index first")
+            return install_argv([requirement] if requirement else [], url, extra)
         return argv
 
-    return _rollout("install", [(b, argv_for(b)) for b in backends], address, as_json, opts, hold_gpu=False)
+    texts: list[str | None] = list(backends) or [None]
+    return _rollout("install", [(t or str(source), argv_for(t)) for t in texts], address, as_json, opts,
+                    hold_gpu=False)
 
 
 @click.command("verify")

@@ -34,6 +34,8 @@ class NodeRun:
         kind / describe: the node's machine kind.
         rc: the command's exit code (None when lost); doc: its ``--json`` output (None when it printed none).
         command_s: the command's own wall time on the node; wall_s: from the head's submit to the result.
+        argv: what ran there after ``python -m attnforge`` (``fleet install``: the node's kind's index URL and
+            requirement); None when nothing ran.
     """
 
     node_id: str
@@ -46,6 +48,7 @@ class NodeRun:
     message: str | None = None
     command_s: float | None = None
     wall_s: float | None = None
+    argv: tuple[str, ...] | None = None
 
 
 def node_command(argv: Sequence[str], timeout_s: float) -> dict[str, Any]:
@@ -105,12 +108,12 @@ def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str] | Callable
                     max_retries=1).remote(a, timeout_s) for _, n, a in todo]
     for j in as_completed(ray, refs, timeout_s=timeout_s + 60,
                           on_idle=lambda done, left: on_event(waiting_line(ray, done, left, gpu=hold_gpu))):
-        i, node, _ = todo[j]
+        i, node, ran = todo[j]
         try:
             out = ray.get(refs[j], timeout=0)
         except Exception as exc:  # the node left, its worker died twice, or it hung: this node only
             runs[i] = NodeRun(**_base(node), status="lost", message=task_failure(exc),
-                              wall_s=time.monotonic() - start)
+                              wall_s=time.monotonic() - start, argv=tuple(ran))
             on_event(f"node {node.node_id[:12]} ({node.address}): lost: {task_failure(exc)}")
             continue
         doc = _json(out["stdout"])
@@ -120,7 +123,8 @@ def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str] | Callable
             message = (error or {}).get("message") if isinstance(error, dict) else None
             message = message or (out["stderr"].strip().splitlines() or [f"exit status {out['rc']}"])[-1]
         runs[i] = NodeRun(**_base(node), status="ok" if out["rc"] == 0 else "failed", rc=out["rc"], doc=doc,
-                          message=message, command_s=out["duration_s"], wall_s=time.monotonic() - start)
+                          message=message, command_s=out["duration_s"], wall_s=time.monotonic() - start,
+                          argv=tuple(ran))
         on_event(f"node {node.node_id[:12]} ({node.address}): exit {out['rc']} ({len(runs)} of {len(nodes)})"
                  + (f": {message}" if message else ""))
     return [runs[i] for i in range(len(nodes))]
