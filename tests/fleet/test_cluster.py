@@ -107,9 +107,11 @@ def test_build_publishes_to_a_real_index_server_and_pip_installs_from_it(
     assert "s3cret-pw" not in done.stdout + done.stderr
     assert "published af_nvcc_fixture-0.1.0+cu130torch2.11" in done.stderr, done.stderr
     assert [p.name for p in packages.iterdir() if "sm80sm90" in p.name]
+    pin = "af-nvcc-fixture==0.1.0+cu130torch2.11.cxx11abitrue.sm80sm90"  # the H200 and A100 kinds' exact version
+    assert done.stdout.count(f"pip install --index-url {url} '{pin}'") == 2, done.stdout
     target = tmp_path / "target"
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target),
-                          "--index-url", url, "af-nvcc-fixture"], capture_output=True, text=True, check=False)
+                          "--index-url", url, pin], capture_output=True, text=True, check=False)
     assert pip.returncode == 0, pip.stdout + pip.stderr
     assert list(target.glob("af_nvcc_fixture/_C*.so"))
 
