@@ -114,6 +114,16 @@ def test_build_publishes_to_a_real_index_server_and_pip_installs_from_it(
                           "--index-url", url, pin], capture_output=True, text=True, check=False)
     assert pip.returncode == 0, pip.stdout + pip.stderr
     assert list(target.glob("af_nvcc_fixture/_C*.so"))
+    # fleet install from the server: each Linux GPU node is handed that exact version (its kind's plan takes it
+    # from the server); the Windows kind, for which the server holds nothing, is told so and nothing runs there
+    done = subprocess.run([sys.executable, "-m", "attnforge", "fleet", "install", "af-nvcc-fixture", "--source",
+                           str(NVCC_EXT), "--index-url", url, "--address", fleet_cluster.address, "--json"],
+                          capture_output=True, text=True, env=env, timeout=240, check=False)
+    runs = json.loads(done.stdout)["nodes"]
+    argvs = sorted(r["argv"][1] for r in runs if r["argv"])
+    assert argvs == [pin, pin], done.stderr[-3000:]
+    windows = next(r for r in runs if r["describe"].startswith("win_amd64"))
+    assert "has no wheel of af-nvcc-fixture" in windows["message"] and windows["argv"] is None
 
 
 def test_install_of_a_source_build_gives_each_node_its_kind_index_and_the_source(fleet_cluster: FleetCluster,

@@ -95,7 +95,7 @@ def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str] | Callable
     todo: list[tuple[int, Node, list[str]]] = []
     for i, node in enumerate(nodes):
         gap = gpu_gap(node, hold_gpu=hold_gpu) if gpu or hold_gpu else None
-        mine = argv(node) if callable(argv) else argv
+        mine = argv if not callable(argv) else argv(node) if gap is None else ()  # a skipped node is not planned
         if gap is not None:
             runs[i] = NodeRun(**_base(node), status="skipped", message=gap)
             on_event(f"node {node.node_id[:12]} ({node.address}): {gap}")
