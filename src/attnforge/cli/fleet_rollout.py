@@ -3,7 +3,7 @@ records back to the head, and the report over them. Each verb: parse -> one libr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,15 +63,11 @@ def install(backends: tuple[str, ...], index_url: str, source: str | None, addre
     """`attnforge install BACKEND --index-url URL` on every GPU node (hash-checked install, then verify); from a
     fleet directory index each node gets its kind's sub-index, from an index server the exact version its kind
     takes there; a server that falls back to PyPI is refused."""
-    import urllib.parse
-
     from attnforge.catalog import load_catalog
     from attnforge.errors import UsageError
-    from attnforge.fleet.kind_index import kind_index_urls, refuse_fallback, server_requirement
-    from attnforge.fleet.kinds import kind_of
-    from attnforge.fleet.requests import KindRequest, assemble_for_kinds
-    from attnforge.fleet.rollout import install_argv
-    from attnforge.provision import RequestArgs, parse_requirement
+    from attnforge.fleet.kind_index import refuse_fallback
+    from attnforge.fleet.rollout import InstallArgv
+    from attnforge.provision import parse_requirement
 
     if source is None:  # a --source build's name is free; else bad names exit 2 here, before any node is asked
         if not backends:
@@ -79,42 +75,10 @@ def install(backends: tuple[str, ...], index_url: str, source: str | None, addre
         catalog = load_catalog()
         for text in backends:
             catalog.backend(parse_requirement(text)[0])
-
     refuse_fallback(index_url)  # a server that hands unknown projects to PyPI: exit 1 before any node is asked
-    url_of = kind_index_urls(index_url)
-    server = urllib.parse.urlsplit(index_url).scheme in ("http", "https")
-    extra = ["--source", source] if source else []
-    planned: dict[tuple[str | None, str], str | None] = {}
-    requests: dict[str | None, KindRequest] = {}
-
-    def server_pin(text: str | None, node: Any) -> str | None:
-        """The exact version of the wheel the node's kind takes from the server (one namespace: no sub-index)."""
-        kind = kind_of(node.snapshot).id
-        if (text, kind) not in planned:
-            if text not in requests:
-                (requests[text],) = assemble_for_kinds([text] if text else [], RequestArgs(
-                    source=source, index_urls=(index_url,)), [node.snapshot], home=head_home())
-            plan = requests[text].plan_on(node.snapshot)
-            planned[text, kind] = server_requirement(plan, index_url, text or plan.request.backend)
-        return planned[text, kind]
-
-    def argv_for(text: str | None) -> Callable[[Any], list[str] | str]:
-        def argv(node: Any) -> list[str] | str:
-            kind = kind_of(node.snapshot).id
-            url = url_of(kind)
-            if url is None:
-                return (f"{index_url} has no sub-index for kind {kind}: `attnforge fleet build` published no wheel "
-                        "for it")
-            requirement = server_pin(text, node) if server else text
-            if server and requirement is None:
-                return (f"{index_url} has no wheel of {text or source} for kind {kind} (`attnforge plan --index-url "
-                        "URL` on it would build): run `attnforge fleet build` with this index first")
-            return install_argv([requirement] if requirement else [], url, extra)
-        return argv
-
     texts: list[str | None] = list(backends) or [None]
-    return _rollout("install", [(t or str(source), argv_for(t)) for t in texts], address, as_json, opts,
-                    hold_gpu=False)
+    return _rollout("install", [(t or str(source), InstallArgv(t, index_url, source=source, home=head_home()))
+                                for t in texts], address, as_json, opts, hold_gpu=False)
 
 
 @click.command("verify")
