@@ -5,6 +5,7 @@
     PYTHONPATH=src python3 scripts/fleet_bench.py state      # the head's nodes.json at 10,000 nodes: load + save
     PYTHONPATH=src python3 scripts/fleet_bench.py makespan   # 4 independent real nvcc builds on 1 vs 2 Ray workers
     PYTHONPATH=src python3 scripts/fleet_bench.py fanout     # fleet verify on a node vs attnforge verify there
+    PYTHONPATH=src python3 scripts/fleet_bench.py first-verified  # six nodes: fleet build, then fleet verify
 
 Every cluster here is a real Ray cluster on this machine (ray.cluster_utils.Cluster); its nodes claim a
 recorded H200 snapshot through ATTNFORGE_PROBE_SNAPSHOT. State goes to a temporary ATTNFORGE_HOME.
@@ -225,10 +226,89 @@ def bench_fanout(repeats: int = 5) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _six_nodes(tmp: Path):  # type: ignore[no-untyped-def]
+    """Issue 33's six nodes (tests/fleet/test_six_nodes.py): a CPU-only head Ray gives no CPU, two H200s, an A100
+    and an L40S without nvcc, a CPU-only nvcc builder; every node its own home."""
+    from ray.cluster_utils import Cluster
+
+    cpu = _h200(python=sys.executable)
+    cpu["gpus"] = []
+    docs = {"cpu": cpu, "h200a": _h200(python=sys.executable), "h200b": _h200(python=sys.executable),
+            "a100": _h200(cc=(8, 0), python=sys.executable), "l40s": _h200(cc=(8, 9), python=sys.executable),
+            "cpub": cpu}
+    for name in ("a100", "l40s"):
+        docs[name]["cuda_toolkits"] = []
+    pythonpath = str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+    def env(name: str) -> dict[str, str]:
+        (tmp / f"{name}.json").write_text(json.dumps(docs[name]))
+        return {"ATTNFORGE_PROBE_SNAPSHOT": str(tmp / f"{name}.json"), "ATTNFORGE_HOME": str(tmp / f"home-{name}"),
+                "PYTHONPATH": pythonpath}
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "num_gpus": 0, "object_store_memory": 80 << 20, "include_dashboard": False,
+        "env_vars": env("cpu")})
+    for name in ("h200a", "h200b", "a100", "l40s", "cpub"):
+        cluster.add_node(num_cpus=1, num_gpus=0 if name == "cpub" else 1, object_store_memory=80 << 20,
+                         env_vars=env(name))
+    cluster.wait_for_nodes()
+    return cluster
+
+
+def bench_first_verified(rounds: int = 2) -> None:
+    """Time to the first verified node, as a user types it: `fleet build` of the real nvcc fixture (one fatbin for
+    sm_80/89/90, published to a directory index), then `fleet verify sdpa-math`, each a fresh command against a
+    six-node cluster that is already up; the clock runs from the build command's start to the verify command's
+    first `exit 0` line (a node's verified record). The nodes' interpreter is this box's CPU-only torch, so what
+    is verified there is SDPA's math kernel, not the fixture (it is no attention kernel and cannot load on a
+    CPU-only torch): the figure is the fleet's own path (plan, build, publish, fan-out, per-node verify)."""
+    rows = []
+    for _ in range(rounds):
+        tmp = Path(tempfile.mkdtemp(prefix="fleet-first-"))
+        up = time.monotonic()
+        cluster = _six_nodes(tmp)
+        up_s = time.monotonic() - up
+        env = {**os.environ, "ATTNFORGE_HOME": str(tmp / "head"),
+               "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env.pop("RAY_ADDRESS", None)
+        fleet = [sys.executable, "-m", "attnforge", "fleet"]
+        try:
+            start = time.monotonic()
+            built = subprocess.run([*fleet, "build", "af-nvcc-fixture", "--source", str(NVCC_EXT), "--address",
+                                    cluster.address, "--index", str(tmp / "index"), "--json"], env=env,
+                                   capture_output=True, text=True, check=False)
+            build_s = time.monotonic() - start
+            doc = json.loads(built.stdout)
+            assert built.returncode == 0 and [b["status"] for b in doc["builds"]] == ["built"], built.stderr[-2000:]
+            with open(tmp / "verify.json", "w+") as out:  # a file: a full stdout pipe would stall the command
+                verify = subprocess.Popen([*fleet, "verify", "sdpa-math", "--address", cluster.address, "--json"],
+                                          env=env, stdout=out, stderr=subprocess.PIPE, text=True)
+                first_s = None
+                assert verify.stderr is not None
+                for line in verify.stderr:
+                    if first_s is None and ": exit 0 (" in line:
+                        first_s = time.monotonic() - start
+                verify.wait()
+            runs = json.loads((tmp / "verify.json").read_text())["nodes"]
+            all_s = time.monotonic() - start
+            assert verify.returncode == 0 and first_s is not None, verify.returncode
+            ran = [r for r in runs if r["status"] == "ok"]
+            rows.append({"cluster_up_s": round(up_s, 1), "build_s": round(build_s, 1),
+                         "first_verified_s": round(first_s, 1), "all_verified_s": round(all_s, 1),
+                         "verify_on_node_s": sorted(round(r["command_s"], 1) for r in ran),
+                         "verify_wall_from_head_s": sorted(round(r["wall_s"], 1) for r in ran),
+                         "kinds": len(doc["plan"]["kinds"]), "builds": len(doc["plan"]["builds"])})
+        finally:
+            cluster.shutdown()
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps({"bench": "first-verified", "nodes": 6, "rounds": rows,
+                      "first_verified_median_s": round(statistics.median(r["first_verified_s"] for r in rows), 1)}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     benches = {"plan": bench_plan, "cli-plan": bench_cli_plan, "state": bench_state,
-               "makespan": bench_makespan, "fanout": bench_fanout}
+               "makespan": bench_makespan, "fanout": bench_fanout, "first-verified": bench_first_verified}
     parser.add_argument("which", choices=list(benches))
     benches[parser.parse_args().which]()
 

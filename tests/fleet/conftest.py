@@ -5,7 +5,8 @@ Each node is made a different machine through the probe's documented override ``
 GPUs: the same wheel key, nvcc, no GPU), an H200 Linux node (the recorded H200 probe), an A100 Linux node without
 nvcc (the same machine with its GPU swapped for an A100 and no CUDA toolkit: it cannot build, another node builds
 for it) and an RTX 5090 Windows node (the recorded Windows probe). The Linux snapshots point their interpreter at
-this one (``sys.executable``), so the builds they plan run here for real. Every node has its own
+this one (``sys.executable``) and its Python version, so the builds they plan run here for real and their wheels
+fit the kinds' tags. Every node has its own
 ``ATTNFORGE_HOME``, 1 CPU and an 80 MB object store; the GPU nodes tell Ray they have one GPU (``num_gpus=1``).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +37,9 @@ def make_snapshots(root: Path) -> dict[str, Path]:
     root.mkdir(parents=True, exist_ok=True)
     h200 = json.loads((FIXTURES / "h200_torch2.11_cu130.json").read_text())
     h200["platform"]["python_executable"] = sys.executable
+    py = f"cp{sys.version_info[0]}{sys.version_info[1]}"  # the Python of that interpreter: its wheels fit the kind
+    h200["platform"]["python_version"] = platform.python_version()
+    h200["platform"]["wheel_tag"] = f"{py}-{py}-" + h200["platform"]["wheel_tag"].split("-", 2)[2]
     h200["platform"]["disk_path"] = str(root / "disk")
     a100 = json.loads(json.dumps(h200))
     for gpu in a100["gpus"]:

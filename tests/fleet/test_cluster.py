@@ -107,11 +107,49 @@ def test_build_publishes_to_a_real_index_server_and_pip_installs_from_it(
     assert "s3cret-pw" not in done.stdout + done.stderr
     assert "published af_nvcc_fixture-0.1.0+cu130torch2.11" in done.stderr, done.stderr
     assert [p.name for p in packages.iterdir() if "sm80sm90" in p.name]
+    pin = "af-nvcc-fixture==0.1.0+cu130torch2.11.cxx11abitrue.sm80sm90"  # the H200 and A100 kinds' exact version
+    assert done.stdout.count(f"pip install --index-url {url} '{pin}'") == 2, done.stdout
     target = tmp_path / "target"
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target),
-                          "--index-url", url, "af-nvcc-fixture"], capture_output=True, text=True, check=False)
+                          "--index-url", url, pin], capture_output=True, text=True, check=False)
     assert pip.returncode == 0, pip.stdout + pip.stderr
     assert list(target.glob("af_nvcc_fixture/_C*.so"))
+    # fleet install from the server: each Linux GPU node is handed that exact version (its kind's plan takes it
+    # from the server); the Windows kind, for which the server holds nothing, is told so and nothing runs there
+    done = subprocess.run([sys.executable, "-m", "attnforge", "fleet", "install", "af-nvcc-fixture", "--source",
+                           str(NVCC_EXT), "--index-url", url, "--address", fleet_cluster.address, "--json"],
+                          capture_output=True, text=True, env=env, timeout=240, check=False)
+    runs = json.loads(done.stdout)["nodes"]
+    argvs = sorted(r["argv"][1] for r in runs if r["argv"])
+    assert argvs == [pin, pin], done.stderr[-3000:]
+    windows = next(r for r in runs if r["describe"].startswith("win_amd64"))
+    assert "has no wheel of af-nvcc-fixture" in windows["message"] and windows["argv"] is None
+
+
+def test_install_of_a_source_build_gives_each_node_its_kind_index_and_the_source(fleet_cluster: FleetCluster,
+                                                                                 tmp_path: Path) -> None:
+    """`fleet install NAME --source S` (a name outside the catalog, issue 33: refused before) runs `attnforge
+    install NAME --index-url <the kind's sub-index> --json --source S` on every GPU node, and each node's own
+    install plans with its kind's wheel. The nodes here claim GPUs they lack (their interpreter is this CPU-only
+    torch), so their install then refuses that wheel with the reason: a GPU node would install it."""
+    index = tmp_path / "index"
+    built = fleet(fleet_cluster, tmp_path / "head", "build", "af-nvcc-fixture", "--source", str(NVCC_EXT),
+                  "--address", fleet_cluster.address, "--index", str(index), "--json")
+    doc = json.loads(built.stdout)
+    wheel = next(b["wheel"]["filename"] for b in doc["builds"] if b["status"] == "built")
+    done = fleet(fleet_cluster, tmp_path / "head", "install", "af-nvcc-fixture", "--source", str(NVCC_EXT),
+                 "--index-url", (index / "simple").as_uri(), "--address", fleet_cluster.address, "--json")
+    assert "Traceback" not in done.stderr and done.returncode in (0, 1), done.stderr[-3000:]
+    runs = {r["kind"]: r for r in json.loads(done.stdout)["nodes"]}
+    assert sorted(r["status"] for r in runs.values()) == ["failed", "failed", "failed", "skipped"]
+    for kind, url in doc["kind_index_urls"].items():  # the H200 and the A100 kinds: one build serves both
+        assert runs[kind]["argv"] == ["install", "af-nvcc-fixture", "--index-url", url, "--json", "--source",
+                                      str(NVCC_EXT)]
+        assert runs[kind]["doc"]["error"]["type"] == "ResolveError"
+        assert wheel in runs[kind]["doc"]["error"]["cause"]  # the node's own plan weighed its kind's wheel
+    assert len(doc["kind_index_urls"]) == 2
+    windows = next(r for r in runs.values() if r["describe"].startswith("win_amd64"))
+    assert "has no sub-index" in windows["message"] and windows["argv"] is None  # its build failed: not guessed
 
 
 def test_install_verify_and_bench_run_per_node_and_report_per_kind(fleet_cluster: FleetCluster, tmp_path: Path) -> None:

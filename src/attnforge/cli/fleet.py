@@ -216,13 +216,18 @@ def build(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, 
     bad = [o for o in outcomes if o.status in ("failed", "lost")]
     rc = 128 + interrupted.signum if interrupted else 1 if bad or result.unserved else 0
     kind_urls: dict[str, str] = {}
-    if isinstance(index, DirIndex) and not interrupted:  # each kind's own sub-index (fleet/kind_index.py)
-        from attnforge.fleet.kind_index import publish_kinds
+    kind_pins: dict[str, list[str]] = {}
+    if not interrupted:  # what each kind installs (fleet/kind_index.py): its sub-index, and its exact versions
+        from attnforge.fleet.kind_index import kind_requirements, publish_kinds
 
-        kind_urls = publish_kinds(index, {k: [o.wheel for o in outcomes if o.wheel and k in o.build.kinds]
-                                          for k in {k for o in outcomes if o.wheel for k in o.build.kinds}})
+        wheels = {k: [o.wheel for o in outcomes if o.wheel and k in o.build.kinds]
+                  for k in {k for o in outcomes if o.wheel for k in o.build.kinds}}
+        kind_pins = kind_requirements(wheels)
+        if isinstance(index, DirIndex):
+            kind_urls = publish_kinds(index, wheels)
     if as_json:
-        emit_json("fleet-build", {"index_url": index.pip_url, "kind_index_urls": kind_urls, "plan": _plan_doc(result),
+        emit_json("fleet-build", {"index_url": index.pip_url, "kind_index_urls": kind_urls,
+                                  "kind_requirements": kind_pins, "plan": _plan_doc(result),
                                   "builds": [_outcome_doc(o) for o in outcomes], "interrupted": bool(interrupted)})
         return rc
     out = console()
@@ -245,6 +250,10 @@ def build(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, 
     out.print(f"index: {index.pip_url}", markup=False, soft_wrap=True)
     for kind, url in sorted(kind_urls.items()):
         out.print(f"  kind {kind}: {url}", markup=False, soft_wrap=True)
+    if not kind_urls:  # an index server has one namespace: a kind's wheels by exact version
+        for kind, pins in sorted(kind_pins.items()):
+            out.print(f"  kind {kind}: pip install --index-url {index.pip_url} "
+                      + " ".join(f"'{p}'" for p in pins), markup=False, soft_wrap=True)
     return rc
 
 

@@ -3,7 +3,7 @@ records back to the head, and the report over them. Each verb: parse -> one libr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,36 +50,35 @@ def _plain(run: Any) -> dict[str, Any]:
 
 
 @click.command("install")
-@click.argument("backends", nargs=-1, required=True)
+@click.argument("backends", nargs=-1)
 @click.option("--index-url", required=True, metavar="URL", help="The index `fleet build` published to.")
+@click.option("--source", "source", default=None, metavar="PATH_OR_URL",
+              help="The source `fleet build --source` built (its name need not be a catalog id; a directory every "
+                   "node can read at that path).")
 @address_option
 @node_options
 @json_option
-def install(backends: tuple[str, ...], index_url: str, address: str | None, as_json: bool, **opts: Any) -> int:
+def install(backends: tuple[str, ...], index_url: str, source: str | None, address: str | None, as_json: bool,
+            **opts: Any) -> int:
     """`attnforge install BACKEND --index-url URL` on every GPU node (hash-checked install, then verify); from a
-    fleet directory index each node gets its kind's sub-index; a server that falls back to PyPI is refused."""
+    fleet directory index each node gets its kind's sub-index, from an index server the exact version its kind
+    takes there; a server that falls back to PyPI is refused."""
     from attnforge.catalog import load_catalog
-    from attnforge.fleet.kind_index import kind_index_urls, refuse_fallback
-    from attnforge.fleet.kinds import kind_of
-    from attnforge.fleet.rollout import install_argv
+    from attnforge.errors import UsageError
+    from attnforge.fleet.kind_index import refuse_fallback
+    from attnforge.fleet.rollout import InstallArgv
     from attnforge.provision import parse_requirement
 
-    catalog = load_catalog()
-    for text in backends:  # bad names exit 2 here, before any node is asked
-        catalog.backend(parse_requirement(text)[0])
-
+    if source is None:  # a --source build's name is free; else bad names exit 2 here, before any node is asked
+        if not backends:
+            raise UsageError("name at least one backend", hint="attnforge fleet install flash-attn --index-url URL")
+        catalog = load_catalog()
+        for text in backends:
+            catalog.backend(parse_requirement(text)[0])
     refuse_fallback(index_url)  # a server that hands unknown projects to PyPI: exit 1 before any node is asked
-    url_of = kind_index_urls(index_url)
-
-    def argv_for(backend: str) -> Callable[[Any], list[str] | str]:
-        def argv(node: Any) -> list[str] | str:
-            kind = kind_of(node.snapshot).id
-            url = url_of(kind)
-            return install_argv([backend], url) if url else f"{index_url} has no sub-index for kind {kind}: " \
-                "`attnforge fleet build` published no wheel for it"
-        return argv
-
-    return _rollout("install", [(b, argv_for(b)) for b in backends], address, as_json, opts, hold_gpu=False)
+    texts: list[str | None] = list(backends) or [None]
+    return _rollout("install", [(t or str(source), InstallArgv(t, index_url, source=source, home=head_home()))
+                                for t in texts], address, as_json, opts, hold_gpu=False)
 
 
 @click.command("verify")

@@ -5,8 +5,14 @@ With several torch variants of one project in one index (the same public version
 ``+cu130torch2.11...``, ``+cu130torch2.10...``), pip picks by version and tags, not by the node's torch, and so
 may install another kind's build. A fleet directory index therefore also has ``DIR/<kind-id>/simple/``, listing
 exactly the wheels built for that kind (a stable-ABI wheel under several), linking to the same files under
-``DIR/artifacts/``. A server index (pypiserver) has one namespace: there, one torch variant per project and
-version is what is safe (docs/fleet.md).
+``DIR/artifacts/``.
+
+An index server cannot do that: pypiserver serves all its package directories, subdirectories included, as one
+``/simple/`` namespace. There a kind's wheel is named by its exact version instead (``PROJECT==0.1.0+cu130torch
+2.11...``, the local label included, so exactly one file matches; pip checks it against the listing's
+``#sha256=``): ``fleet build`` prints that pin per kind (:func:`kind_requirements`), and ``fleet install`` hands
+each node the pin of the wheel ``attnforge plan --index-url URL --snapshot <its kind>`` takes from that index
+(:func:`server_requirement`), never a bare name.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from attnforge._system.files import write_atomic
 from attnforge.fleet import FleetError
 from attnforge.fleet.index import DirIndex, Published
+from attnforge.resolve.types import CandidateKind, Plan
 
 #: Seconds to wait for the index's answer to the fallback check.
 FALLBACK_CHECK_TIMEOUT_S = 10.0
@@ -97,6 +104,36 @@ def kind_index_urls(url: str) -> Any:
         if (root / ".fleet" / "kinds").is_dir():
             return lambda kind: (root / kind / "simple").as_uri() if (root / kind / "simple").is_dir() else None
     return lambda _kind: url
+
+
+def pinned(filename: str, name: str | None = None) -> str:
+    """``PROJECT==VERSION`` of a wheel file, its local label included, so no other variant matches (PEP 440:
+    ``==`` with a local label is exact); ``name`` instead of the file's project (``attnforge install`` takes the
+    backend's id, which may differ from its distribution's name)."""
+    project, version, _, _ = parse_wheel_filename(filename)
+    return f"{name or canonicalize_name(project)}=={version}"
+
+
+def kind_requirements(wheels: Mapping[str, Sequence[Published]]) -> dict[str, list[str]]:
+    """kind id -> the pinned requirement of each wheel built for it (:func:`pinned`), for an index without
+    sub-indexes: ``pip install --index-url URL 'PROJECT==VERSION'`` on a node of that kind takes its own wheel."""
+    return {kind: sorted({pinned(p.filename) for p in published}) for kind, published in wheels.items()}
+
+
+def server_requirement(plan: Plan, index_url: str, requirement: str) -> str | None:
+    """The requirement a node installs from an index server (``fleet install --index-url URL``): the pin of the
+    wheel that ``plan`` (``attnforge plan REQUIREMENT --index-url URL --snapshot <the node's kind>``) takes from
+    that index; ``requirement`` as given when the plan takes nothing from it (already installed, a release wheel
+    of a known source: the node's own ``attnforge install`` finds it the same way); None when the plan would
+    build or cannot serve the kind (the index holds no wheel for it: reported, not built on every node)."""
+    chosen = plan.chosen
+    if chosen is None or chosen.kind is CandidateKind.SOURCE:
+        return None
+    wheel = chosen.wheel
+    if chosen.kind is CandidateKind.WHEEL and wheel is not None and wheel.source is None and \
+            urllib.parse.urlsplit(wheel.url).netloc == urllib.parse.urlsplit(index_url).netloc:
+        return pinned(wheel.filename, plan.request.backend)
+    return requirement
 
 
 def refuse_fallback(url: str) -> None:

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from attnforge.fleet.cluster import on_node, task_failure
@@ -34,6 +35,8 @@ class NodeRun:
         kind / describe: the node's machine kind.
         rc: the command's exit code (None when lost); doc: its ``--json`` output (None when it printed none).
         command_s: the command's own wall time on the node; wall_s: from the head's submit to the result.
+        argv: what ran there after ``python -m attnforge`` (``fleet install``: the node's kind's index URL and
+            requirement); None when nothing ran.
     """
 
     node_id: str
@@ -46,6 +49,7 @@ class NodeRun:
     message: str | None = None
     command_s: float | None = None
     wall_s: float | None = None
+    argv: tuple[str, ...] | None = None
 
 
 def node_command(argv: Sequence[str], timeout_s: float) -> dict[str, Any]:
@@ -92,7 +96,7 @@ def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str] | Callable
     todo: list[tuple[int, Node, list[str]]] = []
     for i, node in enumerate(nodes):
         gap = gpu_gap(node, hold_gpu=hold_gpu) if gpu or hold_gpu else None
-        mine = argv(node) if callable(argv) else argv
+        mine = argv if not callable(argv) else argv(node) if gap is None else ()  # a skipped node is not planned
         if gap is not None:
             runs[i] = NodeRun(**_base(node), status="skipped", message=gap)
             on_event(f"node {node.node_id[:12]} ({node.address}): {gap}")
@@ -105,12 +109,12 @@ def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str] | Callable
                     max_retries=1).remote(a, timeout_s) for _, n, a in todo]
     for j in as_completed(ray, refs, timeout_s=timeout_s + 60,
                           on_idle=lambda done, left: on_event(waiting_line(ray, done, left, gpu=hold_gpu))):
-        i, node, _ = todo[j]
+        i, node, ran = todo[j]
         try:
             out = ray.get(refs[j], timeout=0)
         except Exception as exc:  # the node left, its worker died twice, or it hung: this node only
             runs[i] = NodeRun(**_base(node), status="lost", message=task_failure(exc),
-                              wall_s=time.monotonic() - start)
+                              wall_s=time.monotonic() - start, argv=tuple(ran))
             on_event(f"node {node.node_id[:12]} ({node.address}): lost: {task_failure(exc)}")
             continue
         doc = _json(out["stdout"])
@@ -120,7 +124,8 @@ def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str] | Callable
             message = (error or {}).get("message") if isinstance(error, dict) else None
             message = message or (out["stderr"].strip().splitlines() or [f"exit status {out['rc']}"])[-1]
         runs[i] = NodeRun(**_base(node), status="ok" if out["rc"] == 0 else "failed", rc=out["rc"], doc=doc,
-                          message=message, command_s=out["duration_s"], wall_s=time.monotonic() - start)
+                          message=message, command_s=out["duration_s"], wall_s=time.monotonic() - start,
+                          argv=tuple(ran))
         on_event(f"node {node.node_id[:12]} ({node.address}): exit {out['rc']} ({len(runs)} of {len(nodes)})"
                  + (f": {message}" if message else ""))
     return [runs[i] for i in range(len(nodes))]
@@ -141,6 +146,64 @@ def _json(text: str) -> Any:
 def install_argv(backends: Sequence[str], index_url: str, extra: Sequence[str] = ()) -> list[str]:
     """``install BACKEND... --index-url URL --json`` (the hash-checked install of one machine)."""
     return ["install", *backends, "--index-url", index_url, "--json", *extra]
+
+
+class InstallArgv:
+    """``fleet install``'s command for each node: ``install REQUIREMENT --index-url <URL> --json [--source S]``.
+
+    From a fleet directory index the URL is the node's kind's sub-index
+    (:func:`attnforge.fleet.kind_index.kind_index_urls`). An index server has one namespace, so there the
+    requirement becomes the exact version of the wheel the kind's plan takes from it
+    (:func:`attnforge.fleet.kind_index.server_requirement`; planned once per kind, as ``attnforge plan
+    REQUIREMENT --index-url URL --snapshot <kind> [--source S]`` plans it). Called with a node, it gives the argv,
+    or a line saying why that node gets nothing (no sub-index, no wheel on the server for its kind).
+
+    Args:
+        requirement: ``NAME[specifier]`` as the user typed it; None with ``source`` alone (named by the source).
+        index_url: ``fleet install --index-url``; source: ``--source`` (a directory every node can read, a URL).
+        home: the head's ``$ATTNFORGE_HOME`` (the kinds' snapshot files of the plan).
+
+    Raises (when called):
+        UsageError: a bad requirement or source (exit 2).
+    """
+
+    def __init__(self, requirement: str | None, index_url: str, *, source: str | None, home: Path) -> None:
+        import urllib.parse
+
+        from attnforge.fleet.kind_index import kind_index_urls
+
+        self.requirement, self.index_url, self.source, self.home = requirement, index_url, source, home
+        self.url_of = kind_index_urls(index_url)
+        self.server = urllib.parse.urlsplit(index_url).scheme in ("http", "https")
+        self._pins: dict[str, str | None] = {}
+        self._request: Any = None
+
+    def __call__(self, node: Node) -> list[str] | str:
+        kind = kind_of(node.snapshot).id
+        url = self.url_of(kind)
+        if url is None:
+            return (f"{self.index_url} has no sub-index for kind {kind}: `attnforge fleet build` published no "
+                    "wheel for it")
+        requirement = self._server_pin(node) if self.server else self.requirement
+        if self.server and requirement is None:
+            return (f"{self.index_url} has no wheel of {self.requirement or self.source} for kind {kind} (`attnforge "
+                    "plan --index-url URL` on it would build): run `attnforge fleet build` with this index first")
+        return install_argv([requirement] if requirement else [], url, ["--source", self.source] if self.source else [])
+
+    def _server_pin(self, node: Node) -> str | None:
+        from attnforge.fleet.kind_index import server_requirement
+        from attnforge.fleet.requests import assemble_for_kinds
+        from attnforge.provision import RequestArgs
+
+        kind = kind_of(node.snapshot).id
+        if kind not in self._pins:
+            if self._request is None:
+                args = RequestArgs(source=self.source, index_urls=(self.index_url,))
+                (self._request,) = assemble_for_kinds([self.requirement] if self.requirement else [], args,
+                                                      [node.snapshot], home=self.home)
+            plan = self._request.plan_on(node.snapshot)
+            self._pins[kind] = server_requirement(plan, self.index_url, self.requirement or plan.request.backend)
+        return self._pins[kind]
 
 
 def verify_argv(backends: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
