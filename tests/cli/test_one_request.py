@@ -164,6 +164,7 @@ def test_install_json_on_the_installed_route_shows_the_same_plan(
 
 # -- 3. build stores what it built; install of the same source is a cache hit; export serves it -------------
 @pytest.mark.integration
+@pytest.mark.slow  # 20-30 s: a real compile of the C++ fixture extension (issue 32)
 def test_build_then_install_of_a_source_is_a_cache_hit_and_export_serves_it(
     tmp_path: Path, cli_env: dict[str, str]
 ) -> None:

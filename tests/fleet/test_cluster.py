@@ -152,6 +152,7 @@ def test_install_of_a_source_build_gives_each_node_its_kind_index_and_the_source
     assert "has no sub-index" in windows["message"] and windows["argv"] is None  # its build failed: not guessed
 
 
+@pytest.mark.slow  # 40-100 s: verify, install and bench on three nodes of one 2-core machine (issue 32)
 def test_install_verify_and_bench_run_per_node_and_report_per_kind(fleet_cluster: FleetCluster, tmp_path: Path) -> None:
     home = tmp_path / "head"
     verify = fleet(fleet_cluster, home, "verify", "sdpa-math", "--address", fleet_cluster.address, "--json")

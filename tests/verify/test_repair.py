@@ -4,18 +4,27 @@ artifact the way Inductor does (a real CPU compile takes 10-30 s on this machine
 
 from __future__ import annotations
 
+import getpass
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from attnforge.catalog import load_catalog
 from attnforge.catalog.tolerances import load_tolerances
 from attnforge.verify.cases import generate_cases
 from attnforge.verify.check import CaseStatus
 from attnforge.verify.device import current_device
-from attnforge.verify.repair import compile_cache_dirs, empty_artifacts, remove_empty_artifacts
+from attnforge.verify.repair import (
+    compile_cache_dirs,
+    empty_artifacts,
+    inductor_default_cache_dir,
+    remove_empty_artifacts,
+)
 from attnforge.verify.run import run_verify
 from tests.verify.adapters import SdpaMathAdapter, sdpa_math
 
@@ -79,6 +88,20 @@ def test_the_cache_dirs_are_read_from_the_environment_not_chosen(tmp_path: Path)
     default = compile_cache_dirs({})
     assert default[0].name.startswith("torchinductor_")  # torch's own default
     assert default[1] == Path.home() / ".triton" / "cache"
+
+
+def test_the_inductor_default_is_torchs_own_without_importing_inductor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """attnforge applies torch's rule itself (importing torch._inductor costs about 1.2 s per verify); it must give
+    the installed torch's answer, for this user and for a user name torch sanitizes."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    expected = Path(default_cache_dir()).absolute()
+    with monkeypatch.context() as m:  # an import of torch._inductor now raises ImportError
+        m.setitem(sys.modules, "torch._inductor", None)
+        assert compile_cache_dirs({})[0] == expected
+    monkeypatch.setattr(getpass, "getuser", lambda: "DOMAIN\\a:b*c")
+    assert inductor_default_cache_dir() == default_cache_dir()
+    assert inductor_default_cache_dir().endswith("torchinductor_DOMAIN_a_b_c")
 
 
 def test_verify_removes_an_empty_so_left_in_the_inductor_cache_and_passes_on_the_retry(tmp_path: Path) -> None:
