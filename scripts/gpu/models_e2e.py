@@ -338,7 +338,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    global DEV, DT, SMALL, WARMUP, DIAGNOSE  # noqa: PLW0603 - a script's run settings, set once from its arguments
+    global DEV, DT, SMALL, WARMUP, DIAGNOSE
     DEV, DT, SMALL = args.device, ("bfloat16" if args.device == "cuda" else "float32"), args.device != "cuda"
     WARMUP, DIAGNOSE = args.warmup, args.diagnose
     results: dict[str, Any] = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
