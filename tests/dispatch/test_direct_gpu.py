@@ -3,6 +3,7 @@ CUDA graph and replayed against eager (skipped without a GPU; each backend skipp
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,16 @@ def test_attention_under_reduce_overhead_compile_matches_eager() -> None:
         return attnforge.attention(q, k, v, causal=True) * 2
 
     compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
-    for _ in range(4):  # warm-up, record, replays
-        out = compiled(q, k, v).clone()
-    torch.testing.assert_close(out, block(q, k, v), atol=0, rtol=0)
+    with warnings.catch_warnings():
+        # Inductor's graph partitions may hold an empty CUDA graph (no kernel before the op): torch warns, the
+        # replays below are what must hold (seen on an H200, torch 2.11, docs/benchmarks.md 2026-11-27)
+        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+        for _ in range(3):  # warm-up, record, replay
+            compiled(q, k, v)
+        for seed in range(2):  # new values in the same buffers: a replay that skipped attention would be stale
+            with torch.no_grad():
+                for t in (q, k, v):
+                    t.copy_(torch.randn(t.shape, generator=torch.Generator(device="cuda").manual_seed(seed),
+                                        device="cuda", dtype=t.dtype))
+            out = compiled(q, k, v).clone()
+            torch.testing.assert_close(out, block(q, k, v), atol=0, rtol=0)
