@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import tarfile
+import time
 import zipfile
 
 
@@ -19,7 +20,9 @@ def main() -> int:
                 continue
             data = tar.extractfile(member)
             assert data is not None
-            out.writestr(member.name.removeprefix("./"), data.read())
+            info = zipfile.ZipInfo(member.name.removeprefix("./"), date_time=time.gmtime(member.mtime)[:6])
+            info.external_attr = (member.mode & 0o777 | 0o100000) << 16  # keep the file modes (Ray's binaries)
+            out.writestr(info, data.read())
             n += 1
     print(f"{wheel}: {n} files")
     return 0
