@@ -120,37 +120,32 @@ def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool, devi
     elif grad:
         skipped["attention_graph"] = "captured forward only (--grad off)"
     else:
-        def graphed() -> Callable[[], Any]:
+        def captured(fn: Callable[[], Any]) -> tuple[Any, Any]:
+            """``fn`` warmed on a side stream, then captured in a CUDA graph: (the graph, its static output)."""
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(3):
-                    attnforge.attention(q, k, v, causal=causal)
+                    fn()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                static_out = attnforge.attention(q, k, v, causal=causal)
+                static_out = fn()
+            return graph, static_out
+
+        def attention_eager() -> Any:
+            return attnforge.attention(q, k, v, causal=causal)
+
+        def graphed() -> Callable[[], Any]:
+            graph, static_out = captured(attention_eager)
             graph.replay()
             torch.cuda.synchronize()
-            notes["attention_graph_equals_eager"] = bool(torch.equal(static_out,
-                                                                     attnforge.attention(q, k, v, causal=causal)))
+            notes["attention_graph_equals_eager"] = bool(torch.equal(static_out, attention_eager()))
             return graph.replay
 
         add("attention_graph", graphed)
-
-        def sdpa_graphed() -> Callable[[], Any]:  # the kernel alone: SDPA's kernel replayed, no host work per call
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            return graph.replay
-
-        add("sdpa_graph", sdpa_graphed)
+        # the kernel alone: SDPA's kernel replayed, no host work per call
+        add("sdpa_graph", lambda: captured(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))[0].replay)
 
         def compiled(fn: Callable[..., Any], label: str) -> Callable[[], Any]:
             # torch.compile(mode="reduce-overhead", fullgraph=True): Inductor's CUDA graphs around the call
