@@ -221,8 +221,31 @@ def _generate(torch: Any, model: Any, batch: int) -> dict[str, float]:
            "prompt": prompt, "new_tokens": new}
     if DIAGNOSE:  # what a decode step's attention calls chose, and the GPU kernels of 8 decode steps
         res["decode_calls"] = _spy_calls(torch, lambda: run(3))
+        res["decode_syncs"] = _syncs(torch, lambda: run(3))
         res["decode_kernels"] = _kernels(torch, lambda: run(9))
     return res
+
+
+def _syncs(torch: Any, fn: Any) -> dict[str, int]:
+    """The host syncs ``fn`` makes, by the source line that asked (``torch.cuda.set_sync_debug_mode("warn")``:
+    a sync per attention call would serialize host and GPU in decode). Empty off CUDA."""
+    if DEV != "cuda":
+        return {}
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    where: dict[str, int] = {}
+    for w in seen:
+        if "synchroniz" in str(w.message):
+            line = f"{w.filename}:{w.lineno}"
+            where[line] = where.get(line, 0) + 1
+    return where
 
 
 def _spy_calls(torch: Any, fn: Any) -> list[dict[str, Any]]:

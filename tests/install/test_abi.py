@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from attnforge.cache import CacheKeyInputs, Store
+from attnforge.cache.key import CacheKey
 from attnforge.catalog import load_catalog
 from attnforge.install.abi import abi_of_symbols, built_target
-from attnforge.install.keys import store_built
+from attnforge.install.keys import label_and_key, store_built
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.resolver import resolve
 from attnforge.resolve.types import BuildSpec, CandidateKind, Request, SourceKind, SourceSpec
@@ -91,9 +92,11 @@ def test_a_stable_abi_build_is_keyed_once_and_served_to_any_newer_torch(tmp_path
                           build_flags=result.log_path.read_text(encoding="utf-8"))
     assert (target.abi, target.torch, target.cxx11_abi) == (AbiKind.TORCH_STABLE, "2.9", None)
     assert target.describe() == "torch >= 2.9 (stable ABI)"
-    other = tmp_path / "other"
+    other, node = tmp_path / "other", tmp_path / "node"
     other.mkdir()
+    node.mkdir()
     copy = Path(shutil.copy(result.wheel, other))
+    node_wheel = Path(shutil.copy(result.wheel, node))
     entry = store_built(store, spec, wheel=result.wheel, log_path=result.log_path,
                         source_sha256=result.source_sha256, snapshot=built_here, owned_dir=result.wheel.parent)
     assert entry.filename == "af_stable_fixture-0.1.0+cputorch2.9.stable-cp310-abi3-linux_x86_64.whl"
@@ -101,6 +104,11 @@ def test_a_stable_abi_build_is_keyed_once_and_served_to_any_newer_torch(tmp_path
     again = store_built(Store(tmp_path / "home2"), spec, wheel=copy, log_path=result.log_path,
                         source_sha256=result.source_sha256, snapshot=_with_torch(CPU, "2.11.0+cpu", cxx11_abi=False))
     assert again.key == entry.key
+    # a fleet node's build (provision.build.build_here) labels and keys it the same way, on its own torch
+    labelled, node_inputs = label_and_key(node_wheel, spec, source_sha256=result.source_sha256,
+                                          snapshot=_with_torch(CPU, "2.10.0+cpu"), log_path=result.log_path)
+    assert labelled.name == entry.filename
+    assert str(CacheKey.of(node_inputs)) == entry.key
     with zipfile.ZipFile(entry.path) as zf:
         metadata = zf.read("af_stable_fixture-0.1.0+cputorch2.9.stable.dist-info/METADATA").decode()
     assert "Requires-Dist: torch>=2.9" in metadata

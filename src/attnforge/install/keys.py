@@ -124,6 +124,25 @@ def check_built_version(wheel: Path, wanted_version: str, *, log_path: Path | No
         )
 
 
+def label_and_key(wheel: Path, spec: BuildSpec, *, source_sha256: str, snapshot: SystemSnapshot,
+                  log_path: Path | None) -> tuple[Path, CacheKeyInputs]:
+    """A freshly built wheel labelled and keyed by the ABI its binary really has (:func:`built_target`: the
+    ELF symbols and the build's ``TORCH_TARGET_VERSION`` flag; a stable-ABI build is labelled and keyed once per
+    minimum torch, a per-torch build per torch and C++ ABI): the one way a build becomes an artifact, for
+    ``install``/``build`` (:func:`store_built`) and for a fleet node (:func:`attnforge.provision.build.build_here`).
+
+    Returns:
+        (the labelled wheel, next to ``wheel``; its cache-key inputs).
+    """
+    from attnforge.install.guards import pinned_to_torch
+
+    target = built_target(wheel, snapshot=snapshot, archs=spec.archs, build_flags=_flags_of(log_path))
+    labelled = pinned_to_torch(wheel, spec, snapshot, target)
+    inputs = built_wheel_inputs(wheel=labelled, spec=spec, source_sha256=source_sha256, snapshot=snapshot,
+                                target=target)
+    return labelled, inputs
+
+
 def store_built(store: Store, spec: BuildSpec, *, wheel: Path, log_path: Path | None, source_sha256: str,
                 snapshot: SystemSnapshot, owned_dir: Path | None = None, wanted_version: str = "") -> Entry:
     """Put the wheel a build of ``spec`` produced into ``store``, keyed as ``install`` keys it, so the next
@@ -138,14 +157,11 @@ def store_built(store: Store, spec: BuildSpec, *, wheel: Path, log_path: Path | 
         CacheError: the disk is full or the store cannot be written.
     """
     from attnforge.cache._files import remove_tree
-    from attnforge.install.guards import pinned_to_torch
 
     try:
         check_built_version(wheel, wanted_version, log_path=log_path)
-        target = built_target(wheel, snapshot=snapshot, archs=spec.archs, build_flags=_flags_of(log_path))
-        labelled = pinned_to_torch(wheel, spec, snapshot, target)
-        inputs = built_wheel_inputs(wheel=labelled, spec=spec, source_sha256=source_sha256, snapshot=snapshot,
-                                    target=target)
+        labelled, inputs = label_and_key(wheel, spec, source_sha256=source_sha256, snapshot=snapshot,
+                                         log_path=log_path)
         origin = {"origin": "source-build", "source": spec.source.location, "notes": list(spec.notes),
                   "capabilities": spec.capabilities.to_json() if spec.capabilities else None}
         return store.put(labelled, inputs, log_path=log_path, provenance=origin).entry

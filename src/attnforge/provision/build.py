@@ -145,7 +145,7 @@ class NodeBuilt:
 
     Attributes:
         result: the executor's result (log, duration, source hash).
-        wheel: the wheel labelled with the node's torch (in the builder's staging directory: the caller removes it).
+        wheel: the labelled wheel (in the builder's staging directory: the caller removes it).
         inputs: its cache-key inputs, as ``install`` keys a build of the same spec on the same machine.
     """
 
@@ -155,21 +155,20 @@ class NodeBuilt:
 
 
 def build_here(spec: BuildSpec, *, home: Path, snapshot: SystemSnapshot, reporter: Reporter) -> NodeBuilt:
-    """Execute ``spec`` on this machine (the fleet's build task on its node) and label the wheel with the torch of
-    ``snapshot`` (:func:`attnforge.install.guards.pinned_to_torch`), keyed by
-    :func:`attnforge.install.keys.built_wheel_inputs` for that torch.
+    """Execute ``spec`` on this machine (the fleet's build task on its node) and label and key the wheel as
+    ``install`` does (:func:`attnforge.install.keys.label_and_key`: by the ABI the binary really has, so a
+    stable-ABI build gets the one key the fleet's plan gave it for every torch >= its minimum).
 
     Raises:
         BuildFailure: the build failed (its diagnosis and log path).
         AttnforgeError: the build was refused before compiling (no interpreter, no source).
     """
     from attnforge.build import execute
-    from attnforge.install.guards import pinned_to_torch
-    from attnforge.install.keys import built_wheel_inputs
+    from attnforge.install.keys import label_and_key
 
     result = execute(spec, home=home, reporter=reporter, snapshot=snapshot)
-    wheel = pinned_to_torch(result.wheel, spec, snapshot)
-    inputs = built_wheel_inputs(wheel=wheel, spec=spec, source_sha256=result.source_sha256, snapshot=snapshot)
+    wheel, inputs = label_and_key(result.wheel, spec, source_sha256=result.source_sha256, snapshot=snapshot,
+                                  log_path=result.log_path)
     return NodeBuilt(result=result, wheel=wheel, inputs=inputs)
 
 
