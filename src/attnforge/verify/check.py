@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
@@ -173,7 +173,7 @@ def native_problem(native: InstalledBackend) -> str | None:
 def verify_backend(
     adapter: BackendAdapter, *, device: DeviceInfo, cases: Sequence[VerifyCase], tolerances: Tolerances,
     kind: PrecisionKind = PrecisionKind.EXACT, native: InstalledBackend | None = None,
-    compile_caches: Sequence[Path] = (),
+    compile_caches: Sequence[Path] | Callable[[], Sequence[Path]] = (),
 ) -> BackendVerification:
     """Run every case on ``adapter`` and compare it with the float64 reference.
 
@@ -184,9 +184,9 @@ def verify_backend(
         tolerances: the tolerance table; the row for ``(kind, case.dtype)`` decides each case.
         kind: exact, or quantized for kernels such as SageAttention.
         native: the subprocess import result, when one was made; a failed import fails the backend unrun.
-        compile_caches: the Inductor/Triton cache folders the backend's compiles use
-            (:func:`attnforge.verify.repair.compile_cache_dirs`): after a case raises, empty artifacts an
-            interrupted compile left there are removed and the case runs once more.
+        compile_caches: the Inductor/Triton cache folders the backend's compiles use, or what finds them when
+            called (:class:`attnforge.verify.repair.CompileCaches`, asked only once a case raised): after a case
+            raises, empty artifacts an interrupted compile left there are removed and the case runs once more.
 
     Returns:
         The verdict; never raises for a misbehaving backend (its errors become failed cases).
@@ -206,7 +206,8 @@ def verify_backend(
 
 
 def _run_cases(adapter: BackendAdapter, cases: Sequence[VerifyCase], *, device: DeviceInfo,
-               tolerances: Tolerances, kind: PrecisionKind, compile_caches: Sequence[Path]) -> list[CaseResult]:
+               tolerances: Tolerances, kind: PrecisionKind,
+               compile_caches: Sequence[Path] | Callable[[], Sequence[Path]]) -> list[CaseResult]:
     """Each case; one that raised runs once more after empty compile artifacts were removed (scanning stops
     once a scan found none: the rest of the failures are the backend's own)."""
     from attnforge.verify.repair import remove_empty_artifacts
@@ -215,6 +216,8 @@ def _run_cases(adapter: BackendAdapter, cases: Sequence[VerifyCase], *, device: 
     for case in cases:
         result = _run_case(adapter, case, device=device, tolerances=tolerances, kind=kind)
         if result.status is CaseStatus.ERROR and compile_caches:
+            if callable(compile_caches):
+                compile_caches = compile_caches()
             removed = remove_empty_artifacts(compile_caches)
             if not removed:
                 compile_caches = ()

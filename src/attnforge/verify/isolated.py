@@ -31,6 +31,7 @@ from attnforge.verify.check import (
     verify_backend,
 )
 from attnforge.verify.device import DeviceInfo
+from attnforge.verify.repair import CompileCaches
 
 #: Where the child gets its adapters: a ``module:function`` returning ``{name: adapter}``.
 DEFAULT_ADAPTERS = "attnforge.backends.registry:adapters"
@@ -58,7 +59,7 @@ class _Job:
     cases: tuple[VerifyCase, ...]
     tolerances: Tolerances
     kind: PrecisionKind
-    compile_caches: tuple[Path, ...] = ()
+    compile_caches: tuple[Path, ...] | CompileCaches = ()
 
 
 def crash_text(failure: str, dtype: str, head_dim: int, caps: Capabilities | None) -> str:
@@ -70,7 +71,7 @@ def crash_text(failure: str, dtype: str, head_dim: int, caps: Capabilities | Non
 def verify_in_child(
     name: str, *, adapter: object, device: DeviceInfo, cases: tuple[VerifyCase, ...], tolerances: Tolerances,
     kind: PrecisionKind, native: InstalledBackend | None, isolation: Isolation, runner: Runner,
-    environ: Mapping[str, str], caps: Capabilities | None, compile_caches: tuple[Path, ...] = (),
+    environ: Mapping[str, str], caps: Capabilities | None, compile_caches: tuple[Path, ...] | CompileCaches = (),
 ) -> BackendVerification:
     """Verify one backend in a child process; the verdict is the same shape as :func:`verify_backend`'s
     (``compile_caches`` as there)."""

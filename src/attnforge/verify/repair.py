@@ -9,20 +9,17 @@ raises, looks for such files in the caches the compile uses, removes them and ru
 The cache locations are read, not chosen: ``TORCHINDUCTOR_CACHE_DIR`` (whoever set it: the user, or attnforge's
 runtime), else torch's default (``torch/_inductor/runtime/cache_dir_utils.py``, ``default_cache_dir``:
 ``$TMPDIR/torchinductor_$USER``); ``TRITON_CACHE_DIR``, else Triton's ``~/.triton/cache``
-(``triton/runtime/cache.py``, ``default_cache_dir``). torch's default is computed here by torch's own rule rather
-than by calling its helper: importing ``torch._inductor`` loads TorchDynamo (about 1.2 s on a 2-core machine) in
-every ``attnforge verify`` for a folder looked at only after a case failed; tests/verify/test_repair.py checks the
-rule against the installed torch's helper.
+(``triton/runtime/cache.py``, ``default_cache_dir``). They are looked up only once a case failed
+(:class:`CompileCaches`): torch's helper lives in ``torch._inductor``, whose import loads TorchDynamo (about 1.2 s on
+a 2-core machine), and a verify where every case passes never needs the folders.
 """
 
 from __future__ import annotations
 
-import getpass
 import os
-import re
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 #: Files a compile writes whole and a later compile loads as they are: empty means a writer was killed.
@@ -37,25 +34,35 @@ MAX_SCANNED = 200_000
 
 
 def compile_cache_dirs(environ: Mapping[str, str]) -> tuple[Path, ...]:
-    """The Inductor and Triton cache folders a compile in a process with ``environ`` uses (existing or not)."""
-    inductor = environ.get("TORCHINDUCTOR_CACHE_DIR") or inductor_default_cache_dir()
+    """The Inductor and Triton cache folders a compile in a process with ``environ`` uses (existing or not).
+
+    Asked only once a case failed (:class:`CompileCaches`): torch's default comes from its own helper, whose
+    import loads TorchDynamo (about 1.2 s on a 2-core machine)."""
+    inductor = environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not inductor:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+            inductor = default_cache_dir()
+        except Exception:  # torch missing or moved the helper: its documented default
+            import getpass
+            import tempfile
+
+            inductor = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
     triton = environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
     return tuple(dict.fromkeys(Path(p).absolute() for p in (inductor, triton)))
 
 
-def inductor_default_cache_dir() -> str:
-    """Inductor's cache folder when ``TORCHINDUCTOR_CACHE_DIR`` is unset: ``<tempdir>/torchinductor_<user>``.
+@dataclass(frozen=True)  # no slots: frozen slotted dataclasses do not unpickle on Python 3.10
+class CompileCaches:
+    """The cache folders of :func:`compile_cache_dirs` for ``environ``, looked up when first called: verify asks
+    only after a case raised, so a passing verify never imports ``torch._inductor``. Picklable (a verify child
+    gets it in its job)."""
 
-    torch's rule (``torch/_inductor/runtime/cache_dir_utils.py``, ``default_cache_dir`` as of torch 2.13), without
-    importing ``torch._inductor`` (see the module docstring): the user name with ``\\/:*?"<>|`` made ``_``, or
-    ``uid_<uid>`` where the system has no name for this user.
-    """
-    try:
-        username = getpass.getuser()
-    except (KeyError, ModuleNotFoundError, OSError):
-        getuid = getattr(os, "getuid", None)
-        username = f"uid_{getuid()}" if callable(getuid) else "unknown_user"
-    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", username))
+    environ: Mapping[str, str]
+
+    def __call__(self) -> tuple[Path, ...]:
+        return compile_cache_dirs(self.environ)
 
 
 def empty_artifacts(roots: Iterable[Path], *, now_s: float | None = None,

@@ -25,7 +25,7 @@ from attnforge.verify.cases import (
 from attnforge.verify.check import BackendVerification, check_native_import, verify_backend
 from attnforge.verify.device import DeviceInfo
 from attnforge.verify.isolated import Isolation
-from attnforge.verify.repair import compile_cache_dirs
+from attnforge.verify.repair import CompileCaches
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,7 +97,7 @@ def run_verify(
     runner = runner or SubprocessRunner()
     env = dict(os.environ if environ is None else environ)
     chosen = list(dict.fromkeys(names)) if names else sorted(adapters)
-    caches = compile_cache_dirs(env)  # read, not chosen: whoever set TORCHINDUCTOR_CACHE_DIR owns it
+    caches = CompileCaches(env)  # read, not chosen (whoever set TORCHINDUCTOR_CACHE_DIR owns it), once a case fails
     skipped: dict[str, str] = {}
     results: list[BackendVerification] = []
     for name in chosen:
