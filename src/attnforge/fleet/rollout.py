@@ -184,18 +184,18 @@ class InstallArgv:
         if url is None:
             return (f"{self.index_url} has no sub-index for kind {kind}: `attnforge fleet build` published no "
                     "wheel for it")
-        requirement = self._server_pin(node) if self.server else self.requirement
+        requirement = self._server_pin(node, kind) if self.server else self.requirement
         if self.server and requirement is None:
             return (f"{self.index_url} has no wheel of {self.requirement or self.source} for kind {kind} (`attnforge "
                     "plan --index-url URL` on it would build): run `attnforge fleet build` with this index first")
         return install_argv([requirement] if requirement else [], url, ["--source", self.source] if self.source else [])
 
-    def _server_pin(self, node: Node) -> str | None:
+    def _server_pin(self, node: Node, kind: str) -> str | None:
+        """The pin for ``node``, whose machine kind is ``kind`` (planned once per kind)."""
         from attnforge.fleet.kind_index import server_requirement
         from attnforge.fleet.requests import assemble_for_kinds
         from attnforge.provision import RequestArgs
 
-        kind = kind_of(node.snapshot).id
         if kind not in self._pins:
             if self._request is None:
                 args = RequestArgs(source=self.source, index_urls=(self.index_url,))
