@@ -37,7 +37,7 @@ DEV, DT, SMALL, WARMUP, DIAGNOSE = "cuda", "bfloat16", False, False, False
 LAYERS = 2
 
 
-def _warmup_decoder(torch: Any, cfg_kw: dict[str, Any], batch: int, seq: int) -> dict[str, Any]:
+def _warmup_decoder(cfg_kw: dict[str, Any], batch: int, seq: int) -> dict[str, Any]:
     """``attnforge warmup --model config.json --batch B --seqlen S`` of this decoder's geometry (the CLI's code:
     :func:`attnforge.bench.models.read_model_config` + :func:`attnforge.dispatch.warmup.warmup`), so no timed
     call compiles or measures; returns the seconds, classes and compiled files."""
@@ -117,7 +117,7 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
     res: dict[str, Any] = {"model": f"{name} shapes, {LAYERS} layers, random weights", "default": default,
                            "batch": batch, "seqlen": seq, "config": cfg_kw}
     if WARMUP:
-        res["warmup"] = _warmup_decoder(torch, cfg_kw, batch, seq)
+        res["warmup"] = _warmup_decoder(cfg_kw, batch, seq)
     logits = {}
     for impl in (default, "attnforge"):
         model.set_attn_implementation(impl)  # the same weights for both
