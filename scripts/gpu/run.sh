@@ -11,6 +11,7 @@
 #   bench     attnforge bench --shapes grid --json (+ diffusion if time)
 #   features  features_check.py: the Gemma-2-style call vs FlexAttention called directly
 #   models    models_gpu.py: tiny Gemma-2, Llama (transformers), Flux (diffusers) through the integrations
+#   decode    decode_probe.py: a padded decode step's SDPA calls, packed GQA vs enable_gqa, and generate
 #   e2e       models_e2e.py: real layer shapes (Llama-3-8B, Qwen2.5, Gemma-2-9B, Flux-dev, Wan-2.1) vs the defaults
 #   stall     stall_workload.py twice (two processes, one home): longest call after warm-up, compiles in the second
 #   overhead  overhead.py: per-call overhead over SDPA, FA3, FA4 called directly
@@ -158,6 +159,8 @@ stage_features() {
 stage_models() { ensure_attnforge && step models "$(budget 240)" python "$S/models_gpu.py" --out "$STEP_DIR/models.json" ${MODELS_ARGS:-}; }
 # models_e2e.py: Llama-3-8B-, Qwen2.5-, Gemma-2-9B-shaped decoders (forward, train step, generate) and Flux-dev /
 # Wan-2.1 blocks at real layer shapes through the integrations vs each framework's default (issue 30 item 5)
+# decode_probe.py: a padded decode step's SDPA calls with and without the adapter's GQA packing, and generate
+stage_decode() { ensure_attnforge && step decode "$(budget 300)" python "$S/decode_probe.py" --out "$STEP_DIR/decode.json" ${DECODE_ARGS:-}; }
 stage_e2e() { ensure_attnforge && step e2e "$(budget 400)" python "$S/models_e2e.py" --out "$STEP_DIR/models_e2e.json" ${E2E_ARGS:-}; }
 # stall_workload.py twice on one fresh home, in two processes: the longest call after warm-up, and the second
 # process's compiles (0 expected: the compile caches live under ATTNFORGE_HOME)
@@ -260,7 +263,7 @@ stage_maskreuse() {
 
 for stage in "$@"; do
     case $stage in
-        stage|setup|install|verify|check|check-after|bench|features|models|e2e|stall|overhead|layout|cachehit|route|pytest|maskreuse|pullwheels|fleet|abi) ;;
+        stage|setup|install|verify|check|check-after|bench|features|models|decode|e2e|stall|overhead|layout|cachehit|route|pytest|maskreuse|pullwheels|fleet|abi) ;;
         *) note "unknown stage $stage (see the header of run.sh)"; continue ;;
     esac
     if (( $(call_left_s) < 20 )); then note "no call time left: skipped $stage and what follows"; break; fi

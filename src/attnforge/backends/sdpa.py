@@ -175,11 +175,16 @@ class SdpaAdapter(AdapterBase):
             else:
                 mask, empty = opened
             kwargs["attn_mask"] = mask
+        packed = pack_decode_gqa(q, k, kwargs) if kwargs.get("enable_gqa") else None
+        if packed is not None:  # one query row per head: the group's rows share their K/V head (HF's pack_gqa)
+            q = packed
         if self.kernel is None:
             out = sdpa(q, k, v, **kwargs)
         else:
             with _force(self.kernel):
                 out = sdpa(q, k, v, **kwargs)
+        if packed is not None:
+            out = out.reshape(out.shape[0], -1, 1, out.shape[3])
         return out if empty is None else out.masked_fill(empty, 0.0)
 
     @staticmethod
@@ -205,6 +210,28 @@ class SdpaAdapter(AdapterBase):
             empty = ~seen.any(dim=-1, keepdim=True)
             mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
         return mask, empty
+
+
+def pack_decode_gqa(q: torch.Tensor, k: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """A one-row GQA call (decode: ``q [B, Hq, 1, D]``, ``k [B, Hkv, Sk, D]``) as ``q [B, Hkv, Hq/Hkv, D]``: each
+    K/V head's query heads become its rows, so SDPA runs on Hkv heads with no ``enable_gqa`` and no repeated K/V.
+    Exact: every row still sees the same keys (the ``attn_mask`` in ``kwargs``, whose query dimension is 1, is
+    reshaped the same way when it has Hq heads; ``enable_gqa`` is dropped from ``kwargs``). None (``kwargs``
+    untouched) when the call has more than one row or a causal flag.
+
+    Why: transformers' SDPA function does the same for decode with a padding mask (``pack_gqa``,
+    transformers/integrations/sdpa_attention.py, 5.23); SDPA's kernels take a mask with ``enable_gqa`` on another
+    path, and a padded Llama-3-8B-shaped ``generate`` decoded 0.77x the default's tokens/s through it (H200,
+    docs/benchmarks.md 2026-11-27)."""
+    if q.shape[2] != 1 or kwargs.get("is_causal"):
+        return None
+    b, hq, _, d = q.shape
+    hkv = k.shape[1]
+    mask = kwargs.get("attn_mask")
+    if mask is not None and mask.dim() >= 3 and mask.shape[-3] != 1:
+        kwargs["attn_mask"] = mask.reshape(*mask.shape[:-3], hkv, hq // hkv, mask.shape[-1])
+    del kwargs["enable_gqa"]
+    return q.reshape(b, hkv, hq // hkv, d)
 
 
 def _force(kernel: str) -> Any:

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Where a padded decode loses (issue 30, docs/benchmarks.md 2026-11-27: Llama-3-8B-shaped ``generate`` decoded
+0.77x the default's tokens/s with the same kernels): the SDPA calls of one decode step, timed as a model issues
+them, with and without the SDPA adapter's GQA packing (:func:`attnforge.backends.sdpa.pack_decode_gqa`).
+
+1. ``calls``: Llama-3-8B's decode call (``q [4, 32, 1, 128]``, ``k/v [4, 8, Sk, 128]`` bf16, a ``[4, 1, 1, Sk]``
+   bool padding mask), ``Sk`` growing by one each call (a new K/V tensor each time, as ``DynamicCache`` cats), 64
+   calls back to back between two synchronizes, wall µs per call, for: SDPA with ``enable_gqa`` and the mask (what
+   ``attention()`` sent before the packing), SDPA on the packed query (what transformers sends),
+   ``attention()`` now, ``attention()`` with the packing off; each also at a fixed ``Sk``. Each variant's GPU
+   kernels and CUDA API calls (torch.profiler) and its host syncs (``set_sync_debug_mode``).
+2. ``generate``: the 2-layer Llama-3-8B-shaped model's padded ``generate`` (prefill, decode tokens/s) with
+   transformers' SDPA, ``attnforge``, and ``attnforge`` with the packing off.
+
+Usage: ``python scripts/gpu/decode_probe.py --out decode.json [--device cpu]`` (cpu: float32 at tiny sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any
+
+import models_e2e
+
+
+@contextmanager
+def packing(on: bool) -> Any:
+    """The SDPA adapter's decode packing on (as shipped) or off (the path before it)."""
+    from attnforge.backends import sdpa
+
+    real = sdpa.pack_decode_gqa
+    if not on:
+        sdpa.pack_decode_gqa = lambda q, k, kwargs: None
+    try:
+        yield
+    finally:
+        sdpa.pack_decode_gqa = real
+
+
+def _tensors(torch: Any, dev: str, dt: Any, small: bool) -> tuple[Any, ...]:
+    b, hq, hkv, d, s0 = (4, 8, 2, 16, 64) if small else (4, 32, 8, 128, 1024)
+    torch.manual_seed(0)
+    q = torch.randn(b, hq, 1, d, device=dev, dtype=dt)
+    kv = torch.randn(2, b, hkv, s0 + 80, d, device=dev, dtype=dt)
+    return q, kv, s0
+
+
+def _step_inputs(torch: Any, kv: Any, s0: int, n: int, grow: bool) -> list[tuple[Any, Any, Any]]:
+    out = []
+    for i in range(n):
+        sk = s0 + (i if grow else 0) + 1
+        k, v = (t[:, :, :sk].clone() for t in kv)  # a new tensor per call, as DynamicCache's torch.cat makes
+        mask = torch.ones(k.shape[0], 1, 1, sk, dtype=torch.bool, device=k.device)
+        mask[1, ..., : s0 // 5] = False  # left padding on one row
+        out.append((k, v, mask))
+    return out
+
+
+def calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
+    import torch.nn.functional as F  # noqa: N812
+
+    import attnforge
+
+    q, kv, s0 = _tensors(torch, dev, dt, small)
+    hq, hkv = q.shape[1], kv.shape[2]
+    g = hq // hkv
+
+    def gqa(k: Any, v: Any, m: Any) -> Any:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
+
+    def packed(k: Any, v: Any, m: Any) -> Any:
+        out = F.scaled_dot_product_attention(q.reshape(q.shape[0], hkv, g, q.shape[3]), k, v, attn_mask=m)
+        return out.reshape(q.shape)
+
+    def af(k: Any, v: Any, m: Any) -> Any:
+        return attnforge.attention(q, k, v, attn_mask=m)
+
+    variants: dict[str, tuple[Callable[..., Any], bool]] = {
+        "sdpa_enable_gqa": (gqa, True), "sdpa_packed": (packed, True), "attention": (af, True),
+        "attention_unpacked": (af, False)}
+    res: dict[str, Any] = {"q": list(q.shape), "k0": [kv.shape[1], hkv, s0 + 1, kv.shape[4]]}
+    ref = None
+    for grow in (True, False):
+        inputs = _step_inputs(torch, kv, s0, 64, grow)
+        for name, (fn, pack) in variants.items():
+            with packing(pack):
+                for k, v, m in inputs[:4]:
+                    fn(k, v, m)  # first use, caches
+                _sync(torch, dev)
+                best = float("inf")
+                for _ in range(5):
+                    t0 = time.perf_counter()
+                    for k, v, m in inputs:
+                        out = fn(k, v, m)
+                    _sync(torch, dev)
+                    best = min(best, (time.perf_counter() - t0) / len(inputs) * 1e6)
+                res[f"{name}{'' if grow else '_fixed_sk'}_us"] = round(best, 2)
+                if grow:
+                    if ref is None:
+                        ref = out.float()
+                    res[f"{name}_max_abs_diff"] = float((out.float() - ref).abs().max())
+                    res[f"{name}_syncs"] = _syncs(torch, dev, lambda fn=fn: [fn(*x) for x in inputs[:8]])
+                    res[f"{name}_profile"] = _profile(torch, dev, lambda fn=fn: [fn(*x) for x in inputs[:8]])
+    return res
+
+
+def _sync(torch: Any, dev: str) -> None:
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def _syncs(torch: Any, dev: str, fn: Callable[[], Any]) -> dict[str, int]:
+    if dev != "cuda":
+        return {}
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    where: dict[str, int] = {}
+    for w in seen:
+        if "synchroniz" in str(w.message):
+            where[f"{w.filename}:{w.lineno}"] = where.get(f"{w.filename}:{w.lineno}", 0) + 1
+    return where
+
+
+def _profile(torch: Any, dev: str, fn: Callable[[], Any]) -> list[dict[str, Any]]:
+    """Every profiler row of 8 calls: kernels (device µs) and CUDA API calls (count, self CPU µs)."""
+    if dev != "cuda":
+        return []
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    _sync(torch, dev)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        _sync(torch, dev)
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total + e.device_time_total, reverse=True)
+    return [{"name": e.key[:110], "calls": e.count, "device_us": round(e.device_time_total, 1),
+             "self_cpu_us": round(e.self_cpu_time_total, 1)} for e in rows[:25]]
+
+
+def generate(torch: Any) -> dict[str, Any]:
+    """The padded ``generate`` of the 2-layer Llama-3-8B-shaped decoder: SDPA, attnforge, attnforge unpacked."""
+    import transformers
+
+    from attnforge.integrations.transformers import register
+
+    register()
+    spec = models_e2e.DECODERS["llama3-8b"]
+    cfg_kw = dict(spec["cfg"])
+    if models_e2e.SMALL:
+        cfg_kw.update(hidden_size=128, head_dim=16, intermediate_size=64)
+    cfg = transformers.LlamaConfig(vocab_size=2048, num_hidden_layers=models_e2e.LAYERS,
+                                   max_position_embeddings=8192, **cfg_kw)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(models_e2e.DEV, getattr(torch, models_e2e.DT))
+    res: dict[str, Any] = {}
+    for label, impl, pack in (("sdpa", "sdpa", True), ("attnforge", "attnforge", True),
+                              ("attnforge_unpacked", "attnforge", False), ("sdpa_again", "sdpa", True)):
+        model.set_attn_implementation(impl)
+        with packing(pack):
+            res[label] = models_e2e._generate(torch, model, 4)
+    res["speedup_decode"] = res["attnforge"]["decode_tokens_per_s"] / res["sdpa"]["decode_tokens_per_s"]
+    res["speedup_decode_unpacked"] = (res["attnforge_unpacked"]["decode_tokens_per_s"]
+                                      / res["sdpa"]["decode_tokens_per_s"])
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    import torch
+
+    small = args.device != "cuda"
+    models_e2e.DEV, models_e2e.DT, models_e2e.SMALL = args.device, ("float32" if small else "bfloat16"), small
+    dt = getattr(torch, models_e2e.DT)
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name() if not small else "cpu",
+                               "torch": torch.__version__}
+    for name, fn in (("calls", lambda: calls(torch, args.device, dt, small)), ("generate", lambda: generate(torch))):
+        t0 = time.perf_counter()
+        try:
+            results[name] = fn()
+        except Exception as exc:
+            import traceback
+
+            traceback.print_exc()
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"[:800]}
+        results[name]["wall_s"] = round(time.perf_counter() - t0, 1)
+        print(name, json.dumps({k: v for k, v in results[name].items() if not k.endswith("_profile")}, indent=1),
+              flush=True)
+        with open(args.out, "w") as fh:
+            json.dump(results, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
