@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """Where a padded decode loses (issue 30, docs/benchmarks.md 2026-11-27: Llama-3-8B-shaped ``generate`` decoded
 0.77x the default's tokens/s with the same kernels): the SDPA calls of one decode step, timed as a model issues
-them, with and without the SDPA adapter's GQA packing (:func:`attnforge.backends.sdpa.pack_decode_gqa`).
+them: SDPA with a bool mask (transformers' default), SDPA with that mask additive (what the SDPA adapter hands it
+now, prepared once per mask object), SDPA on transformers' packed query, and ``attention()``.
 
 1. ``calls``: Llama-3-8B's decode call (``q [4, 32, 1, 128]``, ``k/v [4, 8, Sk, 128]`` bf16, a ``[4, 1, 1, Sk]``
    bool padding mask), ``Sk`` growing by one each call (a new K/V tensor each time, as ``DynamicCache`` cats), 64
-   calls back to back between two synchronizes, wall µs per call, for: SDPA with ``enable_gqa`` and the mask (what
-   ``attention()`` sent before the packing), SDPA on the packed query (what transformers sends),
-   ``attention()`` now, ``attention()`` with the packing off; each also at a fixed ``Sk``. Each variant's GPU
-   kernels and CUDA API calls (torch.profiler) and its host syncs (``set_sync_debug_mode``).
+   calls back to back between two synchronizes, wall µs per call, for each variant above; each also at a fixed
+   ``Sk``. Each variant's GPU kernels and CUDA API calls (torch.profiler) and its host syncs
+   (``set_sync_debug_mode``). (2026-11-28, H100: the packed query took cuDNN's 64-row kernel, 2.5x the device time
+   of the ``enable_gqa`` call's; attention()'s extra cost was the mask preparation's kernel launches.)
 2. ``generate``: the 2-layer Llama-3-8B-shaped model's padded ``generate`` (prefill, decode tokens/s) with
-   transformers' SDPA, ``attnforge``, and ``attnforge`` with the packing off.
+   transformers' SDPA and ``attnforge``, twice each (the host's pace drifts).
 
 Usage: ``python scripts/gpu/decode_probe.py --out decode.json [--device cpu]`` (cpu: float32 at tiny sizes).
 """
@@ -21,24 +22,9 @@ import argparse
 import json
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from typing import Any
 
 import models_e2e
-
-
-@contextmanager
-def packing(on: bool) -> Any:
-    """The SDPA adapter's decode packing on (as shipped) or off (the path before it)."""
-    from attnforge.backends import sdpa
-
-    real = sdpa.pack_decode_gqa
-    if not on:
-        sdpa.pack_decode_gqa = lambda q, k, kwargs: None
-    try:
-        yield
-    finally:
-        sdpa.pack_decode_gqa = real
 
 
 def _tensors(torch: Any, dev: str, dt: Any, small: bool) -> tuple[Any, ...]:
@@ -76,35 +62,38 @@ def calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
         out = F.scaled_dot_product_attention(q.reshape(q.shape[0], hkv, g, q.shape[3]), k, v, attn_mask=m)
         return out.reshape(q.shape)
 
+    def additive(k: Any, v: Any, m: Any) -> Any:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=adds[id(m)], enable_gqa=True)
+
     def af(k: Any, v: Any, m: Any) -> Any:
         return attnforge.attention(q, k, v, attn_mask=m)
 
-    variants: dict[str, tuple[Callable[..., Any], bool]] = {
-        "sdpa_enable_gqa": (gqa, True), "sdpa_packed": (packed, True), "attention": (af, True),
-        "attention_unpacked": (af, False)}
+    variants: dict[str, Callable[..., Any]] = {"sdpa_enable_gqa": gqa, "sdpa_additive": additive,
+                                               "sdpa_packed": packed, "attention": af}
     res: dict[str, Any] = {"q": list(q.shape), "k0": [kv.shape[1], hkv, s0 + 1, kv.shape[4]]}
     ref = None
     for grow in (True, False):
         inputs = _step_inputs(torch, kv, s0, 64, grow)
-        for name, (fn, pack) in variants.items():
-            with packing(pack):
-                for k, v, m in inputs[:4]:
-                    fn(k, v, m)  # first use, caches
+        adds = {id(m): torch.zeros(m.shape, dtype=dt, device=m.device).masked_fill_(~m, float("-inf"))
+                for _, _, m in inputs}
+        for name, fn in variants.items():
+            for k, v, m in inputs[:4]:
+                fn(k, v, m)  # first use, caches
+            _sync(torch, dev)
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for k, v, m in inputs:
+                    out = fn(k, v, m)
                 _sync(torch, dev)
-                best = float("inf")
-                for _ in range(5):
-                    t0 = time.perf_counter()
-                    for k, v, m in inputs:
-                        out = fn(k, v, m)
-                    _sync(torch, dev)
-                    best = min(best, (time.perf_counter() - t0) / len(inputs) * 1e6)
-                res[f"{name}{'' if grow else '_fixed_sk'}_us"] = round(best, 2)
-                if grow:
-                    if ref is None:
-                        ref = out.float()
-                    res[f"{name}_max_abs_diff"] = float((out.float() - ref).abs().max())
-                    res[f"{name}_syncs"] = _syncs(torch, dev, lambda fn=fn: [fn(*x) for x in inputs[:8]])
-                    res[f"{name}_profile"] = _profile(torch, dev, lambda fn=fn: [fn(*x) for x in inputs[:8]])
+                best = min(best, (time.perf_counter() - t0) / len(inputs) * 1e6)
+            res[f"{name}{'' if grow else '_fixed_sk'}_us"] = round(best, 2)
+            if grow:
+                if ref is None:
+                    ref = out.float()
+                res[f"{name}_max_abs_diff"] = float((out.float() - ref).abs().max())
+                res[f"{name}_syncs"] = _syncs(torch, dev, lambda fn=fn, xs=inputs[:8]: [fn(*x) for x in xs])
+                res[f"{name}_profile"] = _profile(torch, dev, lambda fn=fn, xs=inputs[:8]: [fn(*x) for x in xs])
     return res
 
 
@@ -149,7 +138,7 @@ def _profile(torch: Any, dev: str, fn: Callable[[], Any]) -> list[dict[str, Any]
 
 
 def generate(torch: Any) -> dict[str, Any]:
-    """The padded ``generate`` of the 2-layer Llama-3-8B-shaped decoder: SDPA, attnforge, attnforge unpacked."""
+    """The padded ``generate`` of the 2-layer Llama-3-8B-shaped decoder: SDPA, attnforge, then both again."""
     import transformers
 
     from attnforge.integrations.transformers import register
@@ -164,14 +153,11 @@ def generate(torch: Any) -> dict[str, Any]:
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).to(models_e2e.DEV, getattr(torch, models_e2e.DT))
     res: dict[str, Any] = {}
-    for label, impl, pack in (("sdpa", "sdpa", True), ("attnforge", "attnforge", True),
-                              ("attnforge_unpacked", "attnforge", False), ("sdpa_again", "sdpa", True)):
-        model.set_attn_implementation(impl)
-        with packing(pack):
-            res[label] = models_e2e._generate(torch, model, 4)
-    res["speedup_decode"] = res["attnforge"]["decode_tokens_per_s"] / res["sdpa"]["decode_tokens_per_s"]
-    res["speedup_decode_unpacked"] = (res["attnforge_unpacked"]["decode_tokens_per_s"]
-                                      / res["sdpa"]["decode_tokens_per_s"])
+    for label in ("sdpa", "attnforge", "attnforge_again", "sdpa_again"):
+        model.set_attn_implementation(label.removesuffix("_again"))
+        res[label] = models_e2e._generate(torch, model, 4)
+    tps = {k: v["decode_tokens_per_s"] for k, v in res.items()}
+    res["speedup_decode"] = (tps["attnforge"] * tps["attnforge_again"] / tps["sdpa"] / tps["sdpa_again"]) ** 0.5
     return res
 
 

@@ -168,8 +168,8 @@ stage_stall() {
     ensure_attnforge || return 1
     local home=$RUN/stall-home; mkdir -p "$home"
     "$AF_OUTER_PY" "$S/fresh_home.py" "$ATTNFORGE_HOME" "$home" > "$STEP_DIR/fresh-home.txt" 2>&1
-    ATTNFORGE_HOME=$home step stall-1 "$(budget 300 60)" python "$S/stall_workload.py" --out "$STEP_DIR/stall-1.json" ${STALL_ARGS:-}
-    ATTNFORGE_HOME=$home step stall-2 "$(budget 200)" python "$S/stall_workload.py" --out "$STEP_DIR/stall-2.json" ${STALL_ARGS:-}
+    ATTNFORGE_HOME=$home step stall-1 "$(budget "${STALL1_S:-300}" 60)" python "$S/stall_workload.py" --out "$STEP_DIR/stall-1.json" ${STALL_ARGS:-}
+    ATTNFORGE_HOME=$home step stall-2 "$(budget "${STALL2_S:-200}")" python "$S/stall_workload.py" --out "$STEP_DIR/stall-2.json" ${STALL_ARGS:-}
 }
 stage_overhead() { ensure_attnforge && step overhead "$(budget 200)" python "$S/overhead.py" --out "$STEP_DIR/overhead.json" ${OVERHEAD_ARGS:-}; }
 stage_layout() { ensure_attnforge && step layout "$(budget 150)" python "$S/layout_flush.py" --out "$STEP_DIR/layout.json" ${LAYOUT_ARGS:-}; }

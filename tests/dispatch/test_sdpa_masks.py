@@ -99,7 +99,52 @@ def test_a_mask_that_requires_grad_is_never_kept(preparations: list[int]) -> Non
 def test_what_was_derived_from_a_mask_goes_with_it(preparations: list[int]) -> None:
     mask = _padding_mask()
     _run(mask)
-    assert sdpa_module._OPENED._entry is not None
+    assert sdpa_module._OPENED._entries
     del mask
     gc.collect()
-    assert sdpa_module._OPENED._entry is None
+    assert not sdpa_module._OPENED._entries
+
+
+def test_two_masks_alternating_by_layer_are_each_prepared_once(preparations: list[int]) -> None:
+    """Gemma-2 passes a sliding-window mask and a full one to alternate layers: both stay prepared."""
+    full, sliding = _padding_mask(), _padding_mask()
+    sliding[:, :, :, :10] = False
+    for layer in range(6):
+        out, ref = _run(full if layer % 2 else sliding, seed=layer)
+        torch.testing.assert_close(out, ref)
+    assert len(preparations) == 2
+
+
+def test_sdpa_gets_the_bool_mask_as_an_additive_one_in_the_query_dtype(
+        preparations: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """SDPA turns a bool mask into an additive one on every call; the adapter hands it the additive mask it
+    prepared once (0 where a key is seen, -inf where hidden, 0 across a row that sees no key)."""
+    got: list[torch.Tensor] = []
+    real = sdpa_module.original_sdpa()
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        got.append(kwargs["attn_mask"])  # type: ignore[arg-type]
+        return real(*args, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(sdpa_module, "original_sdpa", lambda: spy)
+    mask = _padding_mask()
+    _run(mask)
+    sent = got[-1]
+    assert sent.dtype == torch.float64
+    expected = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+    expected[1, :, 3, :] = 0.0  # the row that sees no key, opened
+    assert torch.equal(sent, expected)
+
+
+def test_a_call_that_needs_grad_keeps_the_output_graph(preparations: list[int]) -> None:
+    """The rows that see no key are zeroed out of place when autograd records the output, and their gradients
+    are zeros (finite) while the other rows' match the reference."""
+    mask = _padding_mask()
+    q, k, v = (t.requires_grad_(True) for t in _qkv(2))
+    out = registry.fallback()(q, k, v, causal=False, scale=None, attn_mask=mask)
+    ref = reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask)
+    torch.testing.assert_close(out, ref)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    for got, want in zip(grads, torch.autograd.grad(ref.sum(), (q, k, v)), strict=True):
+        torch.testing.assert_close(got, want)
+    assert torch.equal(grads[0][1, :, 3], torch.zeros_like(grads[0][1, :, 3]))

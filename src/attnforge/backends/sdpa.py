@@ -51,32 +51,36 @@ def _safe_softmax_on_cpu() -> bool:
 
 
 class _OpenedMasks:
-    """The last caller mask the adapter prepared for SDPA: the mask with the rows that see no key opened, and
-    those rows (``[B or 1, H or 1, Sq, 1]`` bool). A model passes one mask object to every layer (transformers
-    builds it once per forward), so the pass over all ``B x Sq x Sk`` entries runs once per forward, not once
-    per layer. An entry is found only for the same mask object (a weak reference: a new mask never matches a
-    dead one's entry, and the entry is dropped with the caller's mask), at the same version counter (an in-place
-    change misses) and with the same preparation parameters; masks that require grad are never kept."""
+    """The last few caller masks the adapter prepared for SDPA (:data:`KEPT` of them, the newest first): the mask
+    as SDPA gets it (additive, in q's dtype, the rows that see no key opened) and those rows
+    (``[B or 1, H or 1, Sq, 1]`` bool). A model passes one mask object to every layer (transformers builds it once
+    per forward; Gemma-2 two, a sliding and a full one, alternating by layer), so the pass over all
+    ``B x Sq x Sk`` entries runs once per mask and forward, not once per layer. An entry is found only for the same
+    mask object (a weak reference: a new mask never matches a dead one's entry, and the entry is dropped with
+    the caller's mask), at the same version counter (an in-place change misses) and with the same preparation
+    parameters; masks that require grad are never kept."""
 
-    __slots__ = ("_entry",)
+    __slots__ = ("_entries",)
+
+    #: masks kept at once (transformers' models use one or two per forward)
+    KEPT = 4
 
     def __init__(self) -> None:
-        self._entry: tuple[Any, ...] | None = None
+        self._entries: list[tuple[Any, ...]] = []
 
     def get(self, mask: torch.Tensor, params: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        entry = self._entry
-        if entry is not None and entry[0]() is mask and entry[1] == mask._version and entry[2] == params:
-            return entry[3]  # type: ignore[no-any-return]
+        for entry in self._entries:
+            if entry[0]() is mask and entry[1] == mask._version and entry[2] == params:
+                return entry[3]  # type: ignore[no-any-return]
         return None
 
     def put(self, mask: torch.Tensor, params: tuple[Any, ...], value: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self._entry = (weakref.ref(mask, self._drop), mask._version, params, value)
+        ref = weakref.ref(mask, self._drop)
+        self._entries = [(ref, mask._version, params, value), *self._entries[: self.KEPT - 1]]
 
     def _drop(self, ref: weakref.ref[Any]) -> None:
-        """The caller's mask is gone: free what was derived from it (unless a newer mask took the entry)."""
-        entry = self._entry
-        if entry is not None and entry[0] is ref:
-            self._entry = None
+        """The caller's mask is gone: free what was derived from it."""
+        self._entries = [e for e in self._entries if e[0] is not ref]
 
 
 _OPENED = _OpenedMasks()
@@ -175,17 +179,15 @@ class SdpaAdapter(AdapterBase):
             else:
                 mask, empty = opened
             kwargs["attn_mask"] = mask
-        packed = pack_decode_gqa(q, k, kwargs) if kwargs.get("enable_gqa") else None
-        if packed is not None:  # one query row per head: the group's rows share their K/V head (HF's pack_gqa)
-            q = packed
         if self.kernel is None:
             out = sdpa(q, k, v, **kwargs)
         else:
             with _force(self.kernel):
                 out = sdpa(q, k, v, **kwargs)
-        if packed is not None:
-            out = out.reshape(out.shape[0], -1, 1, out.shape[3])
-        return out if empty is None else out.masked_fill(empty, 0.0)
+        if empty is None:
+            return out
+        # in place when nothing records the output for backward (one kernel instead of a copy and a fill)
+        return out.masked_fill(empty, 0.0) if out.requires_grad else out.masked_fill_(empty, 0.0)
 
     @staticmethod
     def _sdpa_mask(attn_mask: Any, q: torch.Tensor, *, sq: int, sk: int, causal: bool, top_left: bool,
@@ -206,32 +208,16 @@ class SdpaAdapter(AdapterBase):
         empty = None
         if mask is not None and not (q.device.type == "cpu" and _safe_softmax_on_cpu()):
             # rows that see no key are opened to every key (no NaN in softmax or its gradient) and zeroed
-            seen = mask if mask.dtype == torch.bool else mask > float("-inf")
-            empty = ~seen.any(dim=-1, keepdim=True)
-            mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
+            seen = (mask if mask.dtype == torch.bool else mask > float("-inf")).any(dim=-1, keepdim=True)
+            empty = ~seen
+            if mask.dtype == torch.bool:
+                # additive, as SDPA turns a bool mask on every call (a where and two fills, torch 2.11), here once
+                # per mask object: -inf where a row that sees some key hides a key (mask < seen), else 0
+                mask = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(mask < seen,
+                                                                                              float("-inf"))
+            else:
+                mask = mask.masked_fill(empty, 0.0)
         return mask, empty
-
-
-def pack_decode_gqa(q: torch.Tensor, k: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """A one-row GQA call (decode: ``q [B, Hq, 1, D]``, ``k [B, Hkv, Sk, D]``) as ``q [B, Hkv, Hq/Hkv, D]``: each
-    K/V head's query heads become its rows, so SDPA runs on Hkv heads with no ``enable_gqa`` and no repeated K/V.
-    Exact: every row still sees the same keys (the ``attn_mask`` in ``kwargs``, whose query dimension is 1, is
-    reshaped the same way when it has Hq heads; ``enable_gqa`` is dropped from ``kwargs``). None (``kwargs``
-    untouched) when the call has more than one row or a causal flag.
-
-    Why: transformers' SDPA function does the same for decode with a padding mask (``pack_gqa``,
-    transformers/integrations/sdpa_attention.py, 5.23); SDPA's kernels take a mask with ``enable_gqa`` on another
-    path, and a padded Llama-3-8B-shaped ``generate`` decoded 0.77x the default's tokens/s through it (H200,
-    docs/benchmarks.md 2026-11-27)."""
-    if q.shape[2] != 1 or kwargs.get("is_causal"):
-        return None
-    b, hq, _, d = q.shape
-    hkv = k.shape[1]
-    mask = kwargs.get("attn_mask")
-    if mask is not None and mask.dim() >= 3 and mask.shape[-3] != 1:
-        kwargs["attn_mask"] = mask.reshape(*mask.shape[:-3], hkv, hq // hkv, mask.shape[-1])
-    del kwargs["enable_gqa"]
-    return q.reshape(b, hkv, hq // hkv, d)
 
 
 def _force(kernel: str) -> Any:

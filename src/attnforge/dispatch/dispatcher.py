@@ -63,6 +63,18 @@ class RecordSource(Protocol):
     def bench_records(self, device_key: str) -> list[BenchRecord]: ...
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FeaturePlan:
+    """What a call with features was decided to run on: the decision, its adapters in order, the call's
+    description, the forced backend, and the checked call it was decided for (its scalar keywords are reused)."""
+
+    decision: Decision
+    adapters: tuple[BackendAdapter, ...]
+    call: AttentionCall
+    forced: str | None
+    prepared: features.Prepared
+
+
 @dataclass(frozen=True, slots=True)
 class _Device:
     key: str
@@ -96,6 +108,9 @@ class Dispatcher:
         self._plans: dict[tuple[Any, ...], tuple[Decision, tuple[BackendAdapter, ...]]] = {}
         #: the route per exact call signature: read by the hot path of :func:`attnforge.attention`, written here
         self.routes: dict[tuple[Any, ...], Route] = {}
+        #: the decided backends per exact signature of a call with features (:func:`features.attention` reads it;
+        #: the route itself is bound per call: its keywords hold the caller's mask)
+        self.feature_plans: dict[tuple[Any, ...], FeaturePlan] = {}
         self._versions: dict[str, str | None] | None = None
         self._generation = 0  # bumped whenever plans and routes are dropped
         self.exact: BackendAdapter = ExactAdapter()
@@ -115,6 +130,7 @@ class Dispatcher:
             self._bench.clear()
             self._plans.clear()
             self.routes.clear()
+            self.feature_plans.clear()
 
     def _source(self) -> RecordSource:
         if self._records is None:
@@ -217,19 +233,33 @@ class Dispatcher:
         return self._bind(adapters, call, causal=causal, scale=scale, bshd=bshd, forced=forced, decision=decision)
 
     def feature_route(self, prepared: features.Prepared, *, scale: float | None, forced: str | None,
-                      precision: str) -> Route:
+                      precision: str, key: tuple[Any, ...] | None = None) -> Route:
         """The route of a call that uses a feature (:func:`attnforge.dispatch.features.prepare` checked it):
         every backend bound to the call's feature keywords, on the prepared bhsd views (or packed tensors).
-        Not remembered (the keywords hold the caller's tensors); the decision per class is."""
+        The route is not remembered (the keywords hold the caller's tensors); the decision per class is, and
+        with ``key`` (the call's exact signature) the decided backends too, in :attr:`feature_plans`
+        (:meth:`planned_route` binds them to a later call of the signature)."""
         p = prepared
         qp, kp = p.probe
         dense = "varlen" not in p.uses and "paged" not in p.uses
+        generation = self._generation
         decision, adapters, call = self.decide_call(
             qp, kp, p.v if dense else None, causal=p.causal, precision=precision, needs_grad=p.needs_grad,
             forced=forced, uses=p.uses, head_dim_v=p.head_dim_v, scale=scale, bshd=False,
             caller=(p.q, p.k, p.v) if dense else None, opts=p.opts)
-        return self._bind(adapters, call, causal=p.causal, scale=scale, bshd=False, forced=forced,
-                          decision=decision, opts=p.opts)
+        plan = FeaturePlan(decision=decision, adapters=adapters, call=call, forced=forced, prepared=p)
+        if key is not None:
+            with self._lock:
+                if self._generation == generation:  # else a measurement or a failure changed the decision
+                    if len(self.feature_plans) >= ROUTES_MAX:
+                        self.feature_plans.clear()
+                    self.feature_plans[key] = plan
+        return self.planned_route(plan, p)
+
+    def planned_route(self, plan: FeaturePlan, prepared: features.Prepared) -> Route:
+        """``plan``'s backends bound to ``prepared`` (a call of the signature the plan was decided for)."""
+        return self._bind(plan.adapters, plan.call, causal=prepared.causal, scale=prepared.scale, bshd=False,
+                          forced=plan.forced, decision=plan.decision, opts=prepared.opts)
 
     def _bind(self, adapters: tuple[BackendAdapter, ...], call: AttentionCall, *, causal: bool,
               scale: float | None, bshd: bool, forced: str | None, decision: Decision,
@@ -301,6 +331,7 @@ class Dispatcher:
                 self._generation += 1
                 self._plans.clear()
                 self.routes.clear()
+                self.feature_plans.clear()
 
     def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
         verified, bench = self._records_for(dev_key)
@@ -397,6 +428,7 @@ class Dispatcher:
             self._generation += 1
             self._plans.clear()
             self.routes.clear()
+            self.feature_plans.clear()
 
     def _demote(self, name: str, exc: Exception, route: Route) -> None:
         """Skip ``name`` for the signature of ``route``'s call, or its shape class (the rule and the warning:
@@ -406,5 +438,6 @@ class Dispatcher:
             with self._lock:
                 self._generation += 1
                 self.routes.clear()
+                self.feature_plans.clear()
                 if outcome == "class":
                     self._plans.clear()

@@ -166,17 +166,69 @@ class Prepared:
     needs_grad: bool
     scale: float | None = None
 
+    def rebound(self, q: Any, k: Any, v: Any, attn_mask: Any, *, layout: str) -> Prepared:
+        """This checked dense call on new tensors of the same :func:`signature` (their bhsd views, the mask
+        viewed as :func:`~attnforge.dispatch.inputs.check_mask` did); every scalar keyword stays as checked."""
+        if layout == "bshd":
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        opts = self.opts
+        if attn_mask is not None:
+            dims = attn_mask.dim()
+            mask = attn_mask if dims >= 2 else attn_mask.reshape((1,) * (2 - dims) + tuple(attn_mask.shape))
+            opts = {**opts, "attn_mask": mask}
+        return Prepared(q=q, k=k, v=v, probe=(q, k), empty=False, uses=self.uses, head_dim_v=self.head_dim_v,
+                        opts=opts, causal=self.causal, needs_grad=self.needs_grad, scale=self.scale)
+
 
 def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: str | None, precision: str,
               scale: float | None, **kwargs: Any) -> Any:
     """Serve a call that uses a feature (see the module docstring) on ``dispatcher`` (the process-wide
     :class:`~attnforge.dispatch.dispatcher.Dispatcher` that :func:`attnforge.attention` passes); the other arguments
     as :func:`attnforge.attention`."""
-    call = prepare(q, k, v, layout=layout, precision=precision, scale=scale, **kwargs)
-    out = _serve(dispatcher, call, scale=call.scale, backend=backend, precision=precision)
+    key = signature(q, k, v, layout=layout, backend=backend, precision=precision, scale=scale, kwargs=kwargs)
+    plan = dispatcher.feature_plans.get(key) if key is not None else None
+    if plan is not None:  # a signature served before: checked then, decided then; only its tensors are new
+        call = plan.prepared.rebound(q, k, v, kwargs["attn_mask"], layout=layout)
+        out = dispatcher.serve(dispatcher.planned_route(plan, call), call.q, call.k, call.v, backend)
+    else:
+        call = prepare(q, k, v, layout=layout, precision=precision, scale=scale, **kwargs)
+        out = _serve(dispatcher, call, scale=call.scale, backend=backend, precision=precision, key=key)
     if layout == "bshd" and "varlen" not in call.uses:
         return (out[0].transpose(1, 2), out[1]) if "lse" in call.uses else out.transpose(1, 2)
     return out
+
+
+#: the keywords of :func:`prepare` that a call signature (:func:`signature`) may carry: scalars and the mask
+_SIGNED = frozenset({"attn_mask", "dropout_p", "causal", "causal_alignment", "enable_gqa", "window", "softcap",
+                     "return_lse", "is_causal"})
+
+
+def signature(q: Any, k: Any, v: Any, *, layout: str, backend: str | None, precision: str, scale: Any,
+              kwargs: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The exact signature of a dense call with features: everything :func:`prepare` and the decision look at
+    (shapes, dtypes, devices, whether autograd records it, the mask's shape, dtype and device, every scalar
+    keyword), never a tensor's values. None for a call that is not signed this way (a tensor feature other than
+    the mask: sinks, varlen offsets, a page table; an unhashable keyword; while ``torch.compile`` traces)."""
+    import torch
+
+    names, values = tuple(kwargs), tuple(kwargs.values())
+    for name, val in zip(names, values, strict=True):
+        if val is not None and name not in _SIGNED:
+            return None
+    mask = kwargs.get("attn_mask")
+    try:
+        if mask is not None and not (mask.__class__ is torch.Tensor and not mask.is_nested):
+            return None
+        if not (q.__class__ is k.__class__ is v.__class__ is torch.Tensor) or torch.compiler.is_compiling():
+            return None
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+               None if mask is None else (mask.shape, mask.dtype, mask.device), grad, layout, backend, precision,
+               scale, names, *(None if val is mask else val for val in values))
+        hash(key)
+    except (AttributeError, RuntimeError, TypeError, ValueError):  # nested shapes, unhashable windows, ...
+        return None
+    return key
 
 
 def prepare(
@@ -268,12 +320,12 @@ def _needs_grad(*tensors: Any) -> bool:
 
 
 def _serve(dispatcher: Any, call: Prepared, *, scale: float | None, backend: str | None,
-           precision: str) -> Any:
+           precision: str, key: tuple[Any, ...] | None = None) -> Any:
     """Run the decided order on the prepared call (:meth:`~attnforge.dispatch.dispatcher.Dispatcher.serve`:
-    the one rule for plain and featured calls)."""
+    the one rule for plain and featured calls); ``key``: the call's :func:`signature`, to remember its plan."""
     if call.empty:  # no kernel ever sees a zero-sized input; the exact math returns the right empty/zero result
         return dispatcher.exact(call.q, call.k, call.v, causal=call.causal, scale=scale, **call.opts)
-    route = dispatcher.feature_route(call, scale=scale, forced=backend, precision=precision)
+    route = dispatcher.feature_route(call, scale=scale, forced=backend, precision=precision, key=key)
     return dispatcher.serve(route, call.q, call.k, call.v, backend)
 
 

@@ -1,0 +1,148 @@
+"""Calls with features remember their decided backends per exact signature (``Dispatcher.feature_plans``).
+
+A model sends the same masked (or softcapped, windowed) call from every layer of a forward with a new mask each
+forward; checking and deciding it once per signature takes that cost off every layer but the first. What is
+remembered is never a tensor: each test here changes something the checks or the decision look at, or the
+tensors' values, and checks the next call sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import attnforge
+from attnforge.backends.exact import reference_attention
+from attnforge.dispatch import features, runtime
+from attnforge.errors import DispatchError
+from attnforge.records import RecordStore
+
+
+@pytest.fixture
+def prepared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """A fresh process-wide dispatcher (SDPA and the exact math) and a count of the calls that were checked."""
+    d = runtime.Dispatcher({}, records=RecordStore(tmp_path / "home"))
+    previous = runtime.set_dispatcher(d)
+    count: list[int] = []
+    real = features.prepare
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        count.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(features, "prepare", counting)
+    yield count
+    runtime.set_dispatcher(previous)
+
+
+def _qkv(seed: int, *, hq: int = 4, hkv: int = 2, sq: int = 6, sk: int = 9) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(2, h, s, 8, generator=g, dtype=torch.float64) for h, s in ((hq, sq), (hkv, sk), (hkv, sk)))
+
+
+def _mask(seed: int, shape: tuple[int, ...] = (2, 1, 6, 9)) -> torch.Tensor:
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed)) > 0.4
+
+
+def _check(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) -> None:
+    torch.testing.assert_close(out, reference_attention(q, k, v, **kw))
+
+
+def test_layers_sharing_a_signature_are_checked_once_and_each_gets_its_own_mask(prepared: list[int]) -> None:
+    for layer in range(5):
+        q, k, v = _qkv(layer)
+        mask = _mask(layer)  # new values every call: nothing of the first call's mask may be reused
+        _check(attnforge.attention(q, k, v, attn_mask=mask), q, k, v, attn_mask=mask)
+    assert len(prepared) == 1
+
+
+def test_an_in_place_change_of_the_mask_is_seen(prepared: list[int]) -> None:
+    q, k, v = _qkv(0)
+    mask = _mask(0)
+    attnforge.attention(q, k, v, attn_mask=mask)
+    mask[0, :, 2, :] = False
+    mask[1] = True
+    _check(attnforge.attention(q, k, v, attn_mask=mask), q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("change", [
+    {"softcap": 5.0}, {"window": (2, 1)}, {"scale": 0.3}, {"causal": True}, {"mask_shape": (2, 4, 6, 9)},
+    {"mask_dtype": torch.float64}, {"sk": 11}, {"layout": "bshd"}, {"grad": True},
+], ids=lambda c: next(iter(c)))
+def test_another_signature_is_checked_on_its_own(prepared: list[int], change: dict[str, Any]) -> None:
+    q, k, v = _qkv(1)
+    mask = _mask(1)
+    attnforge.attention(q, k, v, attn_mask=mask)
+    kw: dict[str, Any] = {}
+    if "sk" in change:
+        q, k, v = _qkv(2, sk=change["sk"])
+        mask = _mask(2, (2, 1, 6, change["sk"]))
+    if "mask_shape" in change:
+        mask = _mask(3, change["mask_shape"])
+    if "mask_dtype" in change:
+        mask = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+    for name in ("softcap", "window", "scale", "causal"):
+        if name in change:
+            kw[name] = change[name]
+    if change.get("grad"):
+        q = q.clone().requires_grad_(True)
+    if change.get("layout") == "bshd":
+        out = attnforge.attention(*(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask, layout="bshd")
+        out = out.transpose(1, 2)
+    else:
+        out = attnforge.attention(q, k, v, attn_mask=mask, **kw)
+    _check(out, q, k, v, attn_mask=mask, **kw)
+    assert len(prepared) == 2
+
+
+def test_a_bad_mask_after_a_good_call_is_still_refused(prepared: list[int]) -> None:
+    q, k, v = _qkv(0)
+    attnforge.attention(q, k, v, attn_mask=_mask(0))
+    with pytest.raises(DispatchError, match="does not broadcast"):
+        attnforge.attention(q, k, v, attn_mask=_mask(1, (2, 1, 6, 8)))
+    with pytest.raises(DispatchError, match="bool or floating-point"):
+        attnforge.attention(q, k, v, attn_mask=_mask(1).int())
+
+
+def test_a_one_dimensional_mask_is_viewed_as_the_checks_did(prepared: list[int]) -> None:
+    q, k, v = _qkv(4)
+    for seed in range(3):
+        keys = _mask(seed, (9,))
+        _check(attnforge.attention(q, k, v, attn_mask=keys), q, k, v, attn_mask=keys)
+    assert len(prepared) == 1
+
+
+def test_bshd_calls_of_one_signature_stay_exact(prepared: list[int]) -> None:
+    for seed in range(3):
+        q, k, v = _qkv(seed)
+        mask = _mask(seed)
+        out = attnforge.attention(*(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask, layout="bshd",
+                                  softcap=4.0)
+        _check(out.transpose(1, 2), q, k, v, attn_mask=mask, softcap=4.0)
+    assert len(prepared) == 1
+
+
+def test_forgetting_decisions_forgets_the_plans(prepared: list[int]) -> None:
+    q, k, v = _qkv(0)
+    attnforge.attention(q, k, v, attn_mask=_mask(0))
+    d = runtime.get_dispatcher()
+    assert d.feature_plans
+    d.forget_decisions()
+    assert not d.feature_plans
+    attnforge.attention(q, k, v, attn_mask=_mask(0))
+    d.refresh()
+    assert not d.feature_plans
+    assert len(prepared) == 2
+
+
+def test_tensor_features_other_than_the_mask_are_not_remembered(prepared: list[int]) -> None:
+    q, k, v = _qkv(5)
+    sinks = torch.zeros(4, dtype=torch.float64)
+    for _ in range(2):
+        _check(attnforge.attention(q, k, v, sinks=sinks), q, k, v, sinks=sinks)
+    assert len(prepared) == 2
+    assert not runtime.get_dispatcher().feature_plans
