@@ -62,6 +62,34 @@ def wall_ms(torch: Any, fn: Callable[[], Any], *, reps: int = 10, warmup: int = 
     return times[len(times) // 2]
 
 
+def paired_ms(torch: Any, fn: Callable[[], Any], use: dict[str, Callable[[], Any]], *, rounds: int = 5,
+              reps: int = 3, warmup: int = 2) -> dict[str, float]:
+    """Median wall ms of ``fn()`` under each setting of ``use`` (name -> a call that switches the model to it),
+    the settings interleaved round by round (the order alternating), each call synchronised: a host whose pace
+    drifts (an H100 host on 2026-11-28 moved one model's decode figure from 0.75x to 1.09x between two runs
+    timed one implementation after the other) shifts both sides alike."""
+    import time
+
+    def sync() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    times: dict[str, list[float]] = {name: [] for name in use}
+    names = list(use)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            use[name]()
+            for _ in range(warmup if r == 0 else 1):
+                fn()
+            sync()
+            for _ in range(reps):
+                start = time.perf_counter()
+                fn()
+                sync()
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
 def waited_s(timeout_s: float) -> float:
     """Seconds until the first-use measurements queued so far finished (they may run off the calling thread,
     ``ATTNFORGE_AUTOTUNE=background``), so what is timed next is served by the measured choice; 0 for a tree

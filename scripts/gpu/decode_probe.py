@@ -11,7 +11,7 @@ now, prepared once per mask object), SDPA on transformers' packed query, and ``a
    (``set_sync_debug_mode``). (2026-11-28, H100: the packed query took cuDNN's 64-row kernel, 2.5x the device time
    of the ``enable_gqa`` call's; attention()'s extra cost was the mask preparation's kernel launches.)
 2. ``generate``: the 2-layer Llama-3-8B-shaped model's padded ``generate`` (prefill, decode tokens/s) with
-   transformers' SDPA and ``attnforge``, twice each (the host's pace drifts).
+   transformers' SDPA and ``attnforge``, interleaved (the host's pace drifts).
 
 Usage: ``python scripts/gpu/decode_probe.py --out decode.json [--device cpu]`` (cpu: float32 at tiny sizes).
 """
@@ -138,7 +138,7 @@ def _profile(torch: Any, dev: str, fn: Callable[[], Any]) -> list[dict[str, Any]
 
 
 def generate(torch: Any) -> dict[str, Any]:
-    """The padded ``generate`` of the 2-layer Llama-3-8B-shaped decoder: SDPA, attnforge, then both again."""
+    """The padded ``generate`` of the 2-layer Llama-3-8B-shaped decoder: SDPA and attnforge, interleaved."""
     import transformers
 
     from attnforge.integrations.transformers import register
@@ -152,12 +152,10 @@ def generate(torch: Any) -> dict[str, Any]:
                                    max_position_embeddings=8192, **cfg_kw)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).to(models_e2e.DEV, getattr(torch, models_e2e.DT))
-    res: dict[str, Any] = {}
-    for label in ("sdpa", "attnforge", "attnforge_again", "sdpa_again"):
-        model.set_attn_implementation(label.removesuffix("_again"))
-        res[label] = models_e2e._generate(torch, model, 4)
-    tps = {k: v["decode_tokens_per_s"] for k, v in res.items()}
-    res["speedup_decode"] = (tps["attnforge"] * tps["attnforge_again"] / tps["sdpa"] / tps["sdpa_again"]) ** 0.5
+    use = {impl: (lambda impl=impl: model.set_attn_implementation(impl)) for impl in ("sdpa", "attnforge")}
+    res: dict[str, Any] = models_e2e._generate_paired(torch, model, 4, use)
+    res["speedup_decode"] = (res["attnforge_generate"]["decode_tokens_per_s"]
+                             / res["sdpa_generate"]["decode_tokens_per_s"])
     return res
 
 

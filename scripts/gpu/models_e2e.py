@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from _timing import wall_ms
+from _timing import paired_ms
 
 DEV, DT, SMALL, WARMUP, DIAGNOSE = "cuda", "bfloat16", False, False, False
 LAYERS = 2
@@ -118,23 +118,33 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
                            "batch": batch, "seqlen": seq, "config": cfg_kw}
     if WARMUP:
         res["warmup"] = _warmup_decoder(cfg_kw, batch, seq)
+    impls = (default, "attnforge")
     logits = {}
-    for impl in (default, "attnforge"):
+    for impl in impls:
         model.set_attn_implementation(impl)  # the same weights for both
         with torch.no_grad():
             logits[impl] = model(input_ids=ids, attention_mask=mask).logits
-            # an unpadded batch (packed or equal-length training data: no mask, plain causal attention) and the
-            # left-padded one (a bool mask on every call)
-            res[f"{impl}_fwd_ms"] = wall_ms(torch, lambda: model(input_ids=ids))
-            res[f"{impl}_fwd_padded_ms"] = wall_ms(torch, lambda: model(input_ids=ids, attention_mask=mask))
+    use = {impl: (lambda impl=impl: model.set_attn_implementation(impl)) for impl in impls}
+    with torch.no_grad():
+        # an unpadded batch (packed or equal-length training data: no mask, plain causal attention) and the
+        # left-padded one (a bool mask on every call); both implementations interleaved (paired_ms)
+        for key, fn in (("fwd_ms", lambda: model(input_ids=ids)),
+                        ("fwd_padded_ms", lambda: model(input_ids=ids, attention_mask=mask))):
+            for impl, ms in paired_ms(torch, fn, use).items():
+                res[f"{impl}_{key}"] = ms
 
-        def step() -> None:
-            out = model(input_ids=ids, labels=ids)
-            out.loss.backward()
-            model.zero_grad(set_to_none=True)
+    def step() -> None:
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        model.zero_grad(set_to_none=True)
 
-        res[f"{impl}_train_step_ms"] = wall_ms(torch, step, reps=5, warmup=2)
-        res[f"{impl}_generate"] = _generate(torch, model, batch)
+    for impl, ms in paired_ms(torch, step, use, reps=2).items():
+        res[f"{impl}_train_step_ms"] = ms
+    res.update(_generate_paired(torch, model, batch, use))
+    for impl in impls:
+        model.set_attn_implementation(impl)
+        if DIAGNOSE:
+            res[f"{impl}_generate"].update(_generate_diagnosis(torch, model, batch))
         if name == "llama3-8b":  # where a padded forward's time goes, per implementation (issue 30 item 4)
             res[f"{impl}_fwd_kernels"] = _kernels(torch, lambda: model(input_ids=ids, attention_mask=mask))
     valid = mask.bool()
@@ -201,29 +211,45 @@ def _explain_padded(torch: Any, model: Any, ids: Any, mask: Any) -> dict[str, An
     return seen
 
 
-def _generate(torch: Any, model: Any, batch: int) -> dict[str, float]:
-    """Prefill time (``max_new_tokens=1``) and decode tokens/s (``(t(1 + N) - t(1)) / N`` per sequence, KV cache)
-    of greedy ``generate`` over a left-padded batch of ``batch`` prompts."""
+def _generate_inputs(torch: Any, batch: int) -> tuple[dict[str, Any], int, int]:
     prompt, new = (24, 8) if SMALL else (1024, 64)
     torch.manual_seed(1)
     ids = torch.randint(3, 2048, (batch, prompt), device=DEV)
     mask = torch.ones_like(ids)
     mask[1, : prompt // 5] = 0
-    kw = {"input_ids": ids, "attention_mask": mask, "do_sample": False, "pad_token_id": 0, "eos_token_id": None}
+    return ({"input_ids": ids, "attention_mask": mask, "do_sample": False, "pad_token_id": 0, "eos_token_id": None},
+            prompt, new)
+
+
+def _generate_paired(torch: Any, model: Any, batch: int, use: dict[str, Any]) -> dict[str, Any]:
+    """Per implementation (``use``: name -> switch the model to it), ``{name}_generate``: prefill time
+    (``max_new_tokens=1``) and decode tokens/s (``(t(1 + N) - t(1)) / N`` per sequence, KV cache) of greedy
+    ``generate`` over a left-padded batch of ``batch`` prompts, the implementations interleaved round by round
+    (:func:`_timing.paired_ms`)."""
+    kw, prompt, new = _generate_inputs(torch, batch)
 
     def run(n: int) -> Any:
         with torch.no_grad():
             return model.generate(**kw, max_new_tokens=n, min_new_tokens=n)
 
-    t1 = wall_ms(torch, lambda: run(1), reps=5, warmup=1)
-    tn = wall_ms(torch, lambda: run(1 + new), reps=5, warmup=1)
-    res = {"prefill_ms": t1, "decode_tokens_per_s": batch * new / max((tn - t1) / 1e3, 1e-9),
-           "prompt": prompt, "new_tokens": new}
-    if DIAGNOSE:  # what a decode step's attention calls chose, and the GPU kernels of 8 decode steps
-        res["decode_calls"] = _spy_calls(torch, lambda: run(3))
-        res["decode_syncs"] = _syncs(torch, lambda: run(3))
-        res["decode_kernels"] = _kernels(torch, lambda: run(9))
-    return res
+    t1 = paired_ms(torch, lambda: run(1), use, reps=3)
+    tn = paired_ms(torch, lambda: run(1 + new), use, reps=3)
+    return {f"{name}_generate": {"prefill_ms": t1[name], "prompt": prompt, "new_tokens": new,
+                                 "decode_tokens_per_s": batch * new / max((tn[name] - t1[name]) / 1e3, 1e-9)}
+            for name in use}
+
+
+def _generate_diagnosis(torch: Any, model: Any, batch: int) -> dict[str, Any]:
+    """What a decode step's attention calls chose, the host syncs of a 3-token generate, and the GPU kernels of
+    8 decode steps, for the implementation the model is set to."""
+    kw, _, _ = _generate_inputs(torch, batch)
+
+    def run(n: int) -> Any:
+        with torch.no_grad():
+            return model.generate(**kw, max_new_tokens=n, min_new_tokens=n)
+
+    return {"decode_calls": _spy_calls(torch, lambda: run(3)), "decode_syncs": _syncs(torch, lambda: run(3)),
+            "decode_kernels": _kernels(torch, lambda: run(9))}
 
 
 def _syncs(torch: Any, fn: Any) -> dict[str, int]:
@@ -332,13 +358,14 @@ def _diffusion(torch: Any, model: Any, inputs: dict[str, Any], label: str, *, he
 
         res["warmup"] = _warm([AttentionShape(batch=1, heads_q=heads, heads_kv=heads, seqlen_q=tokens, seqlen_k=tokens,
                                               head_dim=dim, causal=False, mode=Mode.FWD, dtype=DT)])
+    register()
+    use = {"default": model.reset_attention_backend, "attnforge": lambda: model.set_attention_backend("attnforge")}
     with torch.no_grad():
         ref = model(**inputs).sample
-        res["default_step_ms"] = wall_ms(torch, lambda: model(**inputs), reps=5)
-        register()
-        model.set_attention_backend("attnforge")
+        use["attnforge"]()
         got = model(**inputs).sample
-        res["attnforge_step_ms"] = wall_ms(torch, lambda: model(**inputs), reps=5)
+        for impl, ms in paired_ms(torch, lambda: model(**inputs), use, reps=2).items():
+            res[f"{impl}_step_ms"] = ms
         model.reset_attention_backend()
     res.update(_compare(got, ref))
     res["speedup_step_ms"] = res["default_step_ms"] / res["attnforge_step_ms"]

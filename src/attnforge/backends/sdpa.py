@@ -213,11 +213,25 @@ class SdpaAdapter(AdapterBase):
             if mask.dtype == torch.bool:
                 # additive, as SDPA turns a bool mask on every call (a where and two fills, torch 2.11), here once
                 # per mask object: -inf where a row that sees some key hides a key (mask < seen), else 0
-                mask = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(mask < seen,
-                                                                                              float("-inf"))
+                hidden = mask < seen
+                if mask.device.type == "cuda" and not torch.compiler.is_compiling() and not (
+                        torch.cuda.is_current_stream_capturing()):
+                    mask = torch.where(hidden, *_additive_values(q.dtype, mask.device))  # one kernel
+                else:  # the values' tensors are made outside capture and tracing only
+                    mask = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(hidden,
+                                                                                                  float("-inf"))
             else:
                 mask = mask.masked_fill(empty, 0.0)
         return mask, empty
+
+
+@functools.lru_cache(maxsize=16)
+def _additive_values(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``-inf`` and ``0`` as 0-dim tensors of ``dtype`` on ``device``: an additive mask in one ``torch.where``."""
+    import torch
+
+    return (torch.full((), float("-inf"), dtype=dtype, device=device),
+            torch.zeros((), dtype=dtype, device=device))
 
 
 def _force(kernel: str) -> Any:
