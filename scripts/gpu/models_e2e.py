@@ -233,10 +233,44 @@ def _generate_paired(torch: Any, model: Any, batch: int, use: dict[str, Any]) ->
             return model.generate(**kw, max_new_tokens=n, min_new_tokens=n)
 
     t1 = paired_ms(torch, lambda: run(1), use, reps=3)
-    tn = paired_ms(torch, lambda: run(1 + new), use, reps=3)
+    step = _decode_step_ms(torch, model, kw, new, use)
     return {f"{name}_generate": {"prefill_ms": t1[name], "prompt": prompt, "new_tokens": new,
-                                 "decode_tokens_per_s": batch * new / max((tn[name] - t1[name]) / 1e3, 1e-9)}
+                                 "decode_step_ms": step[name], "decode_tokens_per_s": batch / (step[name] / 1e3)}
             for name in use}
+
+
+def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], new: int, use: dict[str, Any],
+                    rounds: int = 6) -> dict[str, float]:
+    """Median ms of one decode step of ``generate`` (KV cache) per implementation, from a clock read between
+    steps (a logits processor that synchronises and stamps), the implementations interleaved round by round:
+    ``rounds x (new - 1)`` steps each. The difference of two generate runs (``t(1 + N) - t(1)``) moved one model's
+    figure between 0.84x and 1.09x on an H100 host (2026-11-28, docs/benchmarks.md); per-step medians do not
+    carry the run-to-run drift."""
+    import time
+
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class Clock(LogitsProcessor):
+        def __init__(self) -> None:
+            self.stamps: list[float] = []
+
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            _sync(torch)
+            self.stamps.append(time.perf_counter())
+            return scores
+
+    steps: dict[str, list[float]] = {name: [] for name in use}
+    names = list(use)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            use[name]()
+            clock = Clock()
+            with torch.no_grad():
+                model.generate(**kw, max_new_tokens=1 + new, min_new_tokens=1 + new,
+                               logits_processor=LogitsProcessorList([clock]))
+            if r:  # the first round warms both up
+                steps[name] += [(b - a) * 1e3 for a, b in zip(clock.stamps[1:], clock.stamps[2:], strict=False)]
+    return {name: sorted(t)[len(t) // 2] for name, t in steps.items()}
 
 
 def _generate_diagnosis(torch: Any, model: Any, batch: int) -> dict[str, Any]:
