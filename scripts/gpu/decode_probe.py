@@ -7,7 +7,8 @@ now, prepared once per mask object), SDPA on transformers' packed query, and ``a
 1. ``calls``: Llama-3-8B's decode call (``q [4, 32, 1, 128]``, ``k/v [4, 8, Sk, 128]`` bf16, a ``[4, 1, 1, Sk]``
    bool padding mask), ``Sk`` growing by one each call (a new K/V tensor each time, as ``DynamicCache`` cats), 64
    calls back to back between two synchronizes, wall µs per call, for each variant above; each also at a fixed
-   ``Sk``. Each variant's GPU kernels and CUDA API calls (torch.profiler) and its host syncs
+   ``Sk``, and with four calls sharing each mask object (``*_layers4``, as a model's layers do). Each variant's
+   GPU kernels and CUDA API calls (torch.profiler) and its host syncs
    (``set_sync_debug_mode``). (2026-11-28, H100: the packed query took cuDNN's 64-row kernel, 2.5x the device time
    of the ``enable_gqa`` call's; attention()'s extra cost was the mask preparation's kernel launches.)
 2. ``generate``: the 2-layer Llama-3-8B-shaped model's padded ``generate`` (prefill, decode tokens/s) with
@@ -69,26 +70,30 @@ def calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
         return attnforge.attention(q, k, v, attn_mask=m)
 
     variants: dict[str, Callable[..., Any]] = {"sdpa_enable_gqa": gqa, "sdpa_additive": additive,
-                                               "sdpa_packed": packed, "attention": af}
+                                               "sdpa_packed": packed, "attention": af,
+                                               "sdpa_enable_gqa_layers4": gqa, "attention_layers4": af}
     res: dict[str, Any] = {"q": list(q.shape), "k0": [kv.shape[1], hkv, s0 + 1, kv.shape[4]]}
     ref = None
     for grow in (True, False):
         inputs = _step_inputs(torch, kv, s0, 64, grow)
         adds = {id(m): torch.zeros(m.shape, dtype=dt, device=m.device).masked_fill_(~m, float("-inf"))
                 for _, _, m in inputs}
+        # "_layers4": four calls share each mask object, as four layers of one forward do
+        layered = [x for x in inputs[:16] for _ in range(4)]
         for name, fn in variants.items():
-            for k, v, m in inputs[:4]:
+            calls_of = layered if name.endswith("_layers4") else inputs
+            for k, v, m in calls_of[:4]:
                 fn(k, v, m)  # first use, caches
             _sync(torch, dev)
             best = float("inf")
             for _ in range(5):
                 t0 = time.perf_counter()
-                for k, v, m in inputs:
+                for k, v, m in calls_of:
                     out = fn(k, v, m)
                 _sync(torch, dev)
-                best = min(best, (time.perf_counter() - t0) / len(inputs) * 1e6)
+                best = min(best, (time.perf_counter() - t0) / len(calls_of) * 1e6)
             res[f"{name}{'' if grow else '_fixed_sk'}_us"] = round(best, 2)
-            if grow:
+            if grow and not name.endswith("_layers4"):
                 if ref is None:
                     ref = out.float()
                 res[f"{name}_max_abs_diff"] = float((out.float() - ref).abs().max())

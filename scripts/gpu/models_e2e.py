@@ -233,13 +233,13 @@ def _generate_paired(torch: Any, model: Any, batch: int, use: dict[str, Any]) ->
             return model.generate(**kw, max_new_tokens=n, min_new_tokens=n)
 
     t1 = paired_ms(torch, lambda: run(1), use, reps=3)
-    step = _decode_step_ms(torch, model, kw, new, use)
+    step = _decode_step_ms(torch, model, kw, new=new, use=use)
     return {f"{name}_generate": {"prefill_ms": t1[name], "prompt": prompt, "new_tokens": new,
                                  "decode_step_ms": step[name], "decode_tokens_per_s": batch / (step[name] / 1e3)}
             for name in use}
 
 
-def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], new: int, use: dict[str, Any],
+def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use: dict[str, Any],
                     rounds: int = 6) -> dict[str, float]:
     """Median ms of one decode step of ``generate`` (KV cache) per implementation, from a clock read between
     steps (a logits processor that synchronises and stamps), the implementations interleaved round by round:
