@@ -14,6 +14,7 @@ import attnforge
 from attnforge.backends import registry
 from attnforge.backends.adapter import AttentionCall
 from attnforge.backends.bound import bound_call
+from attnforge.backends.exact import reference_attention
 from attnforge.dispatch import runtime
 from attnforge.records import RecordStore
 
@@ -126,6 +127,32 @@ def test_attention_captured_in_a_cuda_graph_replays_as_eager(backend: str | None
         graph.replay()
         torch.testing.assert_close(static_out, attnforge.attention(q, k, v, causal=True, backend=backend),
                                    atol=0, rtol=0)
+
+
+def test_a_mask_first_prepared_inside_capture_serves_eager_calls_right() -> None:
+    """The SDPA adapter keeps its preparation of a caller's mask (additive, empty rows opened) per mask object;
+    one made inside CUDA graph capture holds nothing until the graph replays, so it is not kept: an eager call
+    with the same mask object before any replay must still be exact."""
+    q, k, v = _qkv(8, 2, 1, 300, 128, grad=False)
+    mask = torch.ones(2, 1, 1, 300, dtype=torch.bool, device="cuda")
+    mask[1, ..., :120] = False
+    mask[0] = False  # a row that sees no key: zeros
+    warm = mask.clone()  # the decision and imports, on another mask object
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            attnforge.attention(q, k, v, attn_mask=warm, backend="sdpa")
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = attnforge.attention(q, k, v, attn_mask=mask, backend="sdpa")
+    eager = attnforge.attention(q, k, v, attn_mask=mask, backend="sdpa")  # before any replay
+    ref = reference_attention(q, k, v, attn_mask=mask).to(q.dtype)
+    torch.testing.assert_close(eager, ref, atol=2e-2, rtol=2e-2)
+    assert torch.equal(eager[0], torch.zeros_like(eager[0]))
+    graph.replay()
+    torch.testing.assert_close(static_out, eager, atol=0, rtol=0)
 
 
 def test_attention_under_reduce_overhead_compile_matches_eager() -> None:

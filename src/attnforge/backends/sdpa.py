@@ -174,7 +174,10 @@ class SdpaAdapter(AdapterBase):
             if opened is None:
                 mask, empty = self._sdpa_mask(attn_mask, q, sq=sq, sk=sk, causal=causal, top_left=top_left,
                                               window=window)
-                if keep and empty is not None:
+                # never kept from inside CUDA graph capture: the captured kernels have not run, so the tensors
+                # would hold garbage for an eager call of the same mask object until the graph is replayed
+                if keep and empty is not None and not (mask.device.type == "cuda"
+                                                       and torch.cuda.is_current_stream_capturing()):
                     _OPENED.put(attn_mask, params, (mask, empty))
             else:
                 mask, empty = opened
