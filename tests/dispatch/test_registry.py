@@ -92,3 +92,16 @@ def test_flex_real_compile_matches_reference_with_empty_rows() -> None:
     out = flex(q, k, v, causal=True, scale=0.5)
     torch.testing.assert_close(out.double(), reference_attention(q, k, v, causal=True, scale=0.5),
                                atol=1e-5, rtol=1e-4)
+
+
+def test_the_bottom_right_mask_is_kept_except_when_made_inside_cuda_graph_capture(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mask made inside capture is filled only when the graph replays: keeping it would hand garbage to eager
+    calls (the meta device stands in for a GPU here)."""
+    meta = torch.device("meta")
+    assert bottom_right_mask(7, 5, meta)[0] is bottom_right_mask(7, 5, meta)[0]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    inside = bottom_right_mask(9, 6, meta)
+    assert inside[0] is not bottom_right_mask(9, 6, meta)[0]
+    assert inside[0].shape == (9, 6) and inside[1] is not None and inside[1].shape == (9, 1)

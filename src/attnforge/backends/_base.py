@@ -114,8 +114,20 @@ def expand_kv(k: torch.Tensor, v: torch.Tensor, heads_q: int, *,
     return k.repeat_interleave(groups, dim=dim), v.repeat_interleave(groups, dim=dim)
 
 
-@functools.lru_cache(maxsize=64)
 def bottom_right_mask(seqlen_q: int, seqlen_k: int, device: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The bottom-right causal mask for SDPA's ``attn_mask`` and the rows that see no key (see
+    :func:`_bottom_right_mask`), kept per ``(Sq, Sk, device)``, except when made inside CUDA graph capture: the
+    captured kernels have not run until the graph replays, so a kept copy would be garbage for eager calls."""
+    import torch
+
+    if getattr(device, "type", device) != "cpu" and torch.cuda.is_available() and (
+            torch.cuda.is_current_stream_capturing()):
+        return _bottom_right_mask.__wrapped__(seqlen_q, seqlen_k, device)
+    return _bottom_right_mask(seqlen_q, seqlen_k, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _bottom_right_mask(seqlen_q: int, seqlen_k: int, device: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The bottom-right causal mask for SDPA's ``attn_mask`` and the rows that see no key.
 
     Query ``i`` may attend key ``j`` when ``j <= i + Sk - Sq`` (FlashAttention's convention). When Sq > Sk the

@@ -128,8 +128,8 @@ class SdpaAdapter(AdapterBase):
         else:
             with _force(self.kernel):
                 out = sdpa(q, k, v, scale=scale, **kwargs)
-        if empty is not None:
-            out = out.masked_fill(empty, 0.0)
+        if empty is not None:  # in place when nothing records the output for backward
+            out = out.masked_fill(empty, 0.0) if out.requires_grad else out.masked_fill_(empty, 0.0)
         return out
 
 
