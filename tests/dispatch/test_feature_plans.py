@@ -146,3 +146,19 @@ def test_tensor_features_other_than_the_mask_are_not_remembered(prepared: list[i
         _check(attnforge.attention(q, k, v, sinks=sinks), q, k, v, sinks=sinks)
     assert len(prepared) == 2
     assert not runtime.get_dispatcher().feature_plans
+
+
+def test_a_remembered_plan_keeps_no_tensor_of_the_call_alive(prepared: list[int]) -> None:
+    """A decode loop makes a new signature every step (Sk grows): a plan that held the call's K/V or mask would
+    keep every step's cache alive."""
+    import gc
+    import weakref
+
+    q, k, v = _qkv(6)
+    mask = _mask(6)
+    refs = [weakref.ref(t) for t in (q, k, v, mask)]
+    attnforge.attention(q, k, v, attn_mask=mask, softcap=3.0)
+    assert runtime.get_dispatcher().feature_plans
+    del q, k, v, mask
+    gc.collect()
+    assert [r() for r in refs] == [None] * 4

@@ -66,7 +66,8 @@ class RecordSource(Protocol):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FeaturePlan:
     """What a call with features was decided to run on: the decision, its adapters in order, the call's
-    description, the forced backend, and the checked call it was decided for (its scalar keywords are reused)."""
+    description, the forced backend, and the checked call it was decided for (kept as its
+    :meth:`~attnforge.dispatch.features.Prepared.template`, no tensors: its scalar keywords are reused)."""
 
     decision: Decision
     adapters: tuple[BackendAdapter, ...]
@@ -253,7 +254,7 @@ class Dispatcher:
                 if self._generation == generation:  # else a measurement or a failure changed the decision
                     if len(self.feature_plans) >= ROUTES_MAX:
                         self.feature_plans.clear()
-                    self.feature_plans[key] = plan
+                    self.feature_plans[key] = dataclasses.replace(plan, prepared=p.template())
         return self.planned_route(plan, p)
 
     def planned_route(self, plan: FeaturePlan, prepared: features.Prepared) -> Route:

@@ -166,9 +166,18 @@ class Prepared:
     needs_grad: bool
     scale: float | None = None
 
+    def template(self) -> Prepared:
+        """This call without its tensors (q, k, v, the mask): what a remembered plan may hold without keeping
+        a caller's tensors alive (a decode loop's K/V caches, a prefill's mask)."""
+        opts = {name: val for name, val in self.opts.items() if name != "attn_mask"}
+        return Prepared(q=None, k=None, v=None, probe=(None, None), empty=self.empty, uses=self.uses,
+                        head_dim_v=self.head_dim_v, opts=opts, causal=self.causal, needs_grad=self.needs_grad,
+                        scale=self.scale)
+
     def rebound(self, q: Any, k: Any, v: Any, attn_mask: Any, *, layout: str) -> Prepared:
-        """This checked dense call on new tensors of the same :func:`signature` (their bhsd views, the mask
-        viewed as :func:`~attnforge.dispatch.inputs.check_mask` did); every scalar keyword stays as checked."""
+        """This checked dense call (or its :meth:`template`) on new tensors of the same :func:`signature` (their
+        bhsd views, the mask viewed as :func:`~attnforge.dispatch.inputs.check_mask` did); every scalar keyword
+        stays as checked."""
         if layout == "bshd":
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         opts = self.opts
@@ -198,9 +207,9 @@ def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: 
     return out
 
 
-#: the keywords of :func:`prepare` that a call signature (:func:`signature`) may carry: scalars and the mask
-_SIGNED = frozenset({"attn_mask", "dropout_p", "causal", "causal_alignment", "enable_gqa", "window", "softcap",
-                     "return_lse", "is_causal"})
+#: the keywords of :func:`prepare` a call signature (:func:`signature`) does not carry: tensors other than the mask
+#: (and varlen's lengths); a call that passes one is not signed
+_UNSIGNED = ("sinks", "cu_seqlens_q", "cu_seqlens_k", "block_table", "seqused_k", "max_seqlen_q", "max_seqlen_k")
 
 
 def signature(q: Any, k: Any, v: Any, *, layout: str, backend: str | None, precision: str, scale: Any,
@@ -211,11 +220,11 @@ def signature(q: Any, k: Any, v: Any, *, layout: str, backend: str | None, preci
     the mask: sinks, varlen offsets, a page table; an unhashable keyword; while ``torch.compile`` traces)."""
     import torch
 
-    names, values = tuple(kwargs), tuple(kwargs.values())
-    for name, val in zip(names, values, strict=True):
-        if val is not None and name not in _SIGNED:
+    get = kwargs.get
+    for name in _UNSIGNED:
+        if get(name) is not None:
             return None
-    mask = kwargs.get("attn_mask")
+    mask = get("attn_mask")
     try:
         if mask is not None and not (mask.__class__ is torch.Tensor and not mask.is_nested):
             return None
@@ -224,7 +233,7 @@ def signature(q: Any, k: Any, v: Any, *, layout: str, backend: str | None, preci
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                None if mask is None else (mask.shape, mask.dtype, mask.device), grad, layout, backend, precision,
-               scale, names, *(None if val is mask else val for val in values))
+               scale, tuple(kwargs), *[None if val is mask else val for val in kwargs.values()])
         hash(key)
     except (AttributeError, RuntimeError, TypeError, ValueError):  # nested shapes, unhashable windows, ...
         return None
