@@ -240,3 +240,49 @@ def test_real_compile_serves_gemma2_features_and_follows_a_changed_mask() -> Non
                                    **TOL[torch.float32])
         mask.logical_not_()
     assert flex.compiled_signatures == 1
+
+
+def test_a_decode_loop_with_a_mask_and_softcap_stops_compiling_per_step(tmp_path: Any) -> None:
+    """Flex compiles one kernel per exact shape; a decode loop makes a new shape every step (Sk grows), so after
+    DYNAMIC_AFTER shapes its class is dynamic and decided without flex (here: the exact math; SDPA lacks
+    softcap). Before, only plain calls counted shapes: a masked softcap decode compiled flex on every step."""
+    from pathlib import Path
+
+    from attnforge.dispatch import features, runtime
+    from attnforge.records import RecordStore, VerifyRecord, device_key
+
+    flex, compiler = _flex()
+    store = RecordStore(Path(tmp_path))
+    store.add_verify(VerifyRecord(device_key=device_key("cpu", None, torch.__version__), backend="flex",
+                                  backend_version=None, ok=True, summary="ok"))
+    previous = runtime.set_dispatcher(runtime.Dispatcher({"flex": flex}, records=store))
+    try:
+        q = torch.randn(2, 4, 1, 16, generator=torch.Generator().manual_seed(0))
+        for step in range(10):
+            k, v = (torch.randn(2, 2, 40 + step, 16, generator=torch.Generator().manual_seed(step + s))
+                    for s in (1, 2))
+            mask = torch.ones(2, 1, 1, 40 + step, dtype=torch.bool)  # one length bucket (33-64)
+            mask[1, ..., :7] = False
+            got = runtime.attention(q, k, v, attn_mask=mask, softcap=30.0)
+            want = reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask, softcap=30.0)
+            torch.testing.assert_close(got.double(), want, **TOL[torch.float32])
+        assert len(compiler.compiled) == features.DYNAMIC_AFTER
+        assert "changed shape" in str(runtime.explain(q, k, v, attn_mask=mask, softcap=30.0))
+    finally:
+        runtime.set_dispatcher(previous)
+
+
+def test_block_masks_kept_are_bounded_oldest_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A windowed decode loop makes a new block mask per step: only the newest BLOCK_MASKS_KEPT stay."""
+    from attnforge.backends import flex as flex_module
+
+    monkeypatch.setattr(flex_module, "BLOCK_MASKS_KEPT", 2)
+    flex, _ = _flex()
+    q = _qkv(1, 20)[0]
+    for sk in (20, 21, 22):
+        k, v = _qkv(1, sk)[1:]
+        _check(flex, q, k, v, causal=False, window=(4, 0))
+    assert flex.block_masks_built == 2
+    k, v = _qkv(1, 22)[1:]
+    _check(flex, q, k, v, causal=False, window=(4, 0))  # the newest stays kept
+    assert flex.block_masks_built == 2

@@ -45,6 +45,8 @@ Compiler = Callable[[Callable[..., Any]], Callable[..., Any]]
 Window = tuple[int | None, int | None] | None
 #: features the CPU (inductor C++) flex kernel lacks: it returns no lse, and sinks are computed from the lse
 CPU_COMPILED_LACKS = frozenset({"lse", "sinks"})
+#: structural block masks kept per adapter (a windowed decode loop makes one per step; the oldest go first)
+BLOCK_MASKS_KEPT = 256
 
 
 def _default_compiler(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -88,7 +90,8 @@ class FlexAdapter(AdapterBase):
 
     @property
     def block_masks_built(self) -> int:
-        """How many structural ``BlockMask`` objects were built so far (each exactly once per key)."""
+        """How many structural ``BlockMask`` objects are kept now (each built once per key while kept; at most
+        :data:`BLOCK_MASKS_KEPT`)."""
         return len(self._masks)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
@@ -138,14 +141,23 @@ class FlexAdapter(AdapterBase):
 
     def _block_mask(self, seqlen_q: int, seqlen_k: int, device: Any, *, offset: int, left: int | None,
                     right: int | None) -> Any:
-        """The ``BlockMask`` of keys ``i + offset - left .. i + offset + right``, built once per key."""
+        """The ``BlockMask`` of keys ``i + offset - left .. i + offset + right``, built once per key and kept for
+        the last :data:`BLOCK_MASKS_KEPT` keys (a decode loop makes a new key every step); one built inside CUDA
+        graph capture is not kept (its kernels have not run until the graph replays: garbage for eager calls)."""
         key = (seqlen_q, seqlen_k, device, offset, left, right)
         mask = self._masks.get(key)
         if mask is None:
+            import torch
+
+            if getattr(device, "type", device) != "cpu" and torch.cuda.is_available() and (
+                    torch.cuda.is_current_stream_capturing()):
+                return _build_block_mask(seqlen_q, seqlen_k, device, offset=offset, left=left, right=right)
             with self._lock:
                 mask = self._masks.get(key)
                 if mask is None:
                     mask = _build_block_mask(seqlen_q, seqlen_k, device, offset=offset, left=left, right=right)
+                    if len(self._masks) >= BLOCK_MASKS_KEPT:
+                        self._masks.pop(next(iter(self._masks)))  # the oldest
                     self._masks[key] = mask
         return mask
 

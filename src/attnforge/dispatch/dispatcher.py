@@ -243,6 +243,8 @@ class Dispatcher:
         p = prepared
         qp, kp = p.probe
         dense = "varlen" not in p.uses and "paged" not in p.uses
+        if dense:  # a decode loop with a mask or softcap is dynamic too: no per-shape compile for each step
+            self._note_shape(qp, kp, p.needs_grad)
         generation = self._generation
         decision, adapters, call = self.decide_call(
             qp, kp, p.v if dense else None, causal=p.causal, precision=precision, needs_grad=p.needs_grad,
