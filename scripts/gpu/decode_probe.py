@@ -97,7 +97,7 @@ def calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
                 if ref is None:
                     ref = out.float()
                 res[f"{name}_max_abs_diff"] = float((out.float() - ref).abs().max())
-                res[f"{name}_syncs"] = _syncs(torch, dev, lambda fn=fn, xs=inputs[:8]: [fn(*x) for x in xs])
+                res[f"{name}_syncs"] = models_e2e._syncs(torch, lambda fn=fn, xs=inputs[:8]: [fn(*x) for x in xs])
                 res[f"{name}_profile"] = _profile(torch, dev, lambda fn=fn, xs=inputs[:8]: [fn(*x) for x in xs])
     return res
 
@@ -105,25 +105,6 @@ def calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
 def _sync(torch: Any, dev: str) -> None:
     if dev == "cuda":
         torch.cuda.synchronize()
-
-
-def _syncs(torch: Any, dev: str, fn: Callable[[], Any]) -> dict[str, int]:
-    if dev != "cuda":
-        return {}
-    import warnings
-
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    where: dict[str, int] = {}
-    for w in seen:
-        if "synchroniz" in str(w.message):
-            where[f"{w.filename}:{w.lineno}"] = where.get(f"{w.filename}:{w.lineno}", 0) + 1
-    return where
 
 
 def _profile(torch: Any, dev: str, fn: Callable[[], Any]) -> list[dict[str, Any]]:
