@@ -148,3 +148,26 @@ def test_a_call_that_needs_grad_keeps_the_output_graph(preparations: list[int]) 
     for got, want in zip(grads, torch.autograd.grad(ref.sum(), (q, k, v)), strict=True):
         torch.testing.assert_close(got, want)
     assert torch.equal(grads[0][1, :, 3], torch.zeros_like(grads[0][1, :, 3]))
+
+
+@pytest.mark.parametrize(("sq", "sk"), [(5, 9), (9, 5)], ids=["sq<sk", "sq>sk"])
+def test_a_bottom_right_causal_call_hands_sdpa_an_additive_mask_kept_per_shape(
+        monkeypatch: pytest.MonkeyPatch, sq: int, sk: int) -> None:
+    """Causal with Sq != Sk needs an explicit bottom-right mask; SDPA gets it additive in q's dtype (it would
+    convert a bool mask on every call), made once per (Sq, Sk, dtype, device); rows that see no key are zeros."""
+    got: list[torch.Tensor] = []
+    real = sdpa_module.original_sdpa()
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        got.append(kwargs["attn_mask"])  # type: ignore[arg-type]
+        return real(*args, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(sdpa_module, "original_sdpa", lambda: spy)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, sq, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 4, sk, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    for _ in range(2):
+        out = registry.fallback()(q, k, v, causal=True, scale=None)
+        torch.testing.assert_close(out, reference_attention(q, k, v, causal=True, scale=None))
+    assert got[0].dtype == torch.float64 and got[0] is got[1]
+    assert torch.isinf(got[0]).sum() == sum(max(0, sk - max(0, i + sk - sq + 1)) for i in range(max(0, sq - sk), sq))

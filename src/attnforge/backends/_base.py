@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -21,6 +22,8 @@ from attnforge.backends.capabilities import Capabilities
 
 if TYPE_CHECKING:
     import torch
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,21 +117,29 @@ def expand_kv(k: torch.Tensor, v: torch.Tensor, heads_q: int, *,
     return k.repeat_interleave(groups, dim=dim), v.repeat_interleave(groups, dim=dim)
 
 
+def kept_outside_capture(maxsize: int) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """``functools.lru_cache(maxsize)`` for a function that makes device tensors from hashable arguments, bypassed
+    inside CUDA graph capture: what a captured kernel writes exists only once the graph replays, so a kept copy
+    made there would hand garbage to eager calls (it is made anew, uncached, instead)."""
+    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+        cached = functools.lru_cache(maxsize=maxsize)(fn)
+
+        @functools.wraps(fn)
+        def call(*args: Any) -> T:
+            import torch
+
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                return fn(*args)
+            return cached(*args)
+
+        return call
+    return wrap
+
+
+@kept_outside_capture(64)
 def bottom_right_mask(seqlen_q: int, seqlen_k: int, device: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The bottom-right causal mask for SDPA's ``attn_mask`` and the rows that see no key (see
-    :func:`_bottom_right_mask`), kept per ``(Sq, Sk, device)``, except when made inside CUDA graph capture: the
-    captured kernels have not run until the graph replays, so a kept copy would be garbage for eager calls."""
-    import torch
-
-    if getattr(device, "type", device) != "cpu" and torch.cuda.is_available() and (
-            torch.cuda.is_current_stream_capturing()):
-        return _bottom_right_mask.__wrapped__(seqlen_q, seqlen_k, device)
-    return _bottom_right_mask(seqlen_q, seqlen_k, device)
-
-
-@functools.lru_cache(maxsize=64)
-def _bottom_right_mask(seqlen_q: int, seqlen_k: int, device: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The bottom-right causal mask for SDPA's ``attn_mask`` and the rows that see no key.
+    """The bottom-right causal mask for SDPA's ``attn_mask`` and the rows that see no key, kept per
+    ``(Sq, Sk, device)`` (:func:`kept_outside_capture`).
 
     Query ``i`` may attend key ``j`` when ``j <= i + Sk - Sq`` (FlashAttention's convention). When Sq > Sk the
     first ``Sq - Sk`` rows see no key; they are opened to every key here (so softmax has no empty row and no

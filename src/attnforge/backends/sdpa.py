@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import AdapterBase, bottom_right_mask, expand_kv
+from attnforge.backends._base import AdapterBase, bottom_right_mask, expand_kv, kept_outside_capture
 from attnforge.backends.capabilities import GqaMode
 from attnforge.backends.exact import visible_keys
 from attnforge.backends.sdpa_original import original_sdpa
@@ -122,7 +122,7 @@ class SdpaAdapter(AdapterBase):
             if q.shape[2] == k.shape[2]:
                 kwargs["is_causal"] = True
             else:
-                kwargs["attn_mask"], empty = bottom_right_mask(q.shape[2], k.shape[2], q.device)
+                kwargs["attn_mask"], empty = _bottom_right_additive(q.shape[2], k.shape[2], q.dtype, q.device)
         if self.kernel is None:
             out = sdpa(q, k, v, scale=scale, **kwargs)
         else:
@@ -226,6 +226,17 @@ class SdpaAdapter(AdapterBase):
             else:
                 mask = mask.masked_fill(empty, 0.0)
         return mask, empty
+
+
+@kept_outside_capture(64)
+def _bottom_right_additive(seqlen_q: int, seqlen_k: int, dtype: torch.dtype,
+                           device: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`~attnforge.backends._base.bottom_right_mask` as SDPA takes it without converting it on every call:
+    additive (0 / -inf) in ``dtype``, the rows that see no key opened; and those rows (or None)."""
+    import torch
+
+    allowed, empty = bottom_right_mask(seqlen_q, seqlen_k, device)
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf")), empty
 
 
 @functools.lru_cache(maxsize=16)
