@@ -70,7 +70,7 @@ def exact_attention(
     dtype = out_dtype or q.dtype
     opts: dict[str, Any] = {"causal": causal, "scale": scale, "dropout_p": dropout_p,
                             "top_left": causal_alignment == "top_left", "window": window,
-                            "softcap": softcap, "sinks": sinks, "accum": accum}
+                            "softcap": softcap, "sinks": sinks, "accum": accum, "lse": return_lse}
     if block_table is not None:
         if attn_mask is not None or cu_seqlens_q is not None:
             raise ValueError("paged attention takes no attn_mask and no cu_seqlens")
@@ -83,12 +83,13 @@ def exact_attention(
             outs.append(o)
             lses.append(lse)
         out = torch.cat(outs).to(dtype) if outs else q.new_zeros((*q.shape[:3], v.shape[-1]))
-        lse_all = torch.cat(lses) if lses else q.new_zeros(q.shape[:3])
-        return (out, lse_all.float()) if return_lse else out
+        if not return_lse:
+            return out
+        return out, (torch.cat(lses) if lses else q.new_zeros(q.shape[:3])).float()
     if cu_seqlens_q is None:
         out, lse = _dense(q, k, v, attn_mask=attn_mask, **opts)
         out = out.to(dtype)
-        return (out, lse.float()) if return_lse else out
+        return (out, lse.float()) if return_lse else out  # lse is None unless return_lse
     if cu_seqlens_k is None or attn_mask is not None:
         raise ValueError("varlen attention needs cu_seqlens_k too, and takes no attn_mask")
     outs, lses = [], []
@@ -97,7 +98,8 @@ def exact_attention(
         o, lse = _dense(q[q0:q1].transpose(0, 1).unsqueeze(0), k[k0:k1].transpose(0, 1).unsqueeze(0),
                         v[k0:k1].transpose(0, 1).unsqueeze(0), attn_mask=None, **opts)
         outs.append(o[0].transpose(0, 1))
-        lses.append(lse[0])
+        if return_lse:
+            lses.append(lse[0])
     out = torch.cat(outs, dim=0).to(dtype) if outs else q.new_zeros((0, q.shape[1], v.shape[-1]))
     if not return_lse:
         return out
@@ -111,9 +113,9 @@ CHUNK_ELEMENTS = 1 << 27
 
 def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_mask: Any,
            dropout_p: float, top_left: bool, window: Any, softcap: float | None, sinks: Any,
-           accum: Any) -> tuple[Any, Any]:
-    """``[B, Hq, Sq, Dv]`` output and ``[B, Hq, Sq]`` lse of dense inputs, computed in ``accum``, in chunks of
-    query rows so no step holds more than :data:`CHUNK_ELEMENTS` logits."""
+           accum: Any, lse: bool = True) -> tuple[Any, Any]:
+    """``[B, Hq, Sq, Dv]`` output and ``[B, Hq, Sq]`` lse (None unless ``lse``) of dense inputs, computed in
+    ``accum``, in chunks of query rows so no step holds more than :data:`CHUNK_ELEMENTS` logits."""
     import torch
 
     qa, ka, va = q.to(accum), k.to(accum), v.to(accum)
@@ -133,15 +135,17 @@ def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_ma
         visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=qa.device,
                                rows=(rows.start, rows.stop))
         parts.append(_rows(qa[:, :, rows], ka, va, scale=s, visible=visible, attn_mask=mask, dropout_p=dropout_p,
-                           softcap=softcap, sinks=sinks, accum=accum))
+                           softcap=softcap, sinks=sinks, accum=accum, lse=lse))
     if len(parts) == 1:
         return parts[0]
-    return torch.cat([o for o, _ in parts], dim=2), torch.cat([lse for _, lse in parts], dim=2)
+    out = torch.cat([o for o, _ in parts], dim=2)
+    return out, (torch.cat([part for _, part in parts], dim=2) if lse else None)
 
 
 def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any, dropout_p: float,
-          softcap: float | None, sinks: Any, accum: Any) -> tuple[Any, Any]:
-    """One chunk of query rows of :func:`_dense` (K/V already expanded to Hq heads and in ``accum``)."""
+          softcap: float | None, sinks: Any, accum: Any, lse: bool = True) -> tuple[Any, Any]:
+    """One chunk of query rows of :func:`_dense` (K/V already expanded to Hq heads and in ``accum``); the lse is
+    None unless ``lse``."""
     import torch
 
     logits = torch.matmul(q, k.transpose(-1, -2)) * scale
@@ -165,14 +169,17 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
     denom = weights.sum(dim=-1, keepdim=True)
     if sink is not None:
         denom = denom + torch.exp(sink - peak)
-    empty = denom == 0
-    safe = torch.where(empty, torch.ones_like(denom), denom)
+    # a row that sees a key has denom >= 1 (its largest term is exp(0)), one that sees none 0 (all its weights are
+    # 0): dividing by the clamped denominator is exact for the first and gives the second zeros, in one kernel
+    safe = denom.clamp_min(torch.finfo(denom.dtype).tiny)
     probs = weights / safe
     if dropout_p > 0.0:
         probs = torch.nn.functional.dropout(probs, p=dropout_p)
     out = torch.matmul(probs, v)
-    lse = torch.where(empty, torch.full_like(denom, -math.inf), torch.log(safe) + peak).squeeze(-1)
-    return out, lse
+    if not lse:  # the log-sum-exp's kernels only when a caller reads it (the fallback serves decode steps too)
+        return out, None
+    lse_rows = torch.where(denom == 0, torch.full_like(denom, -math.inf), torch.log(safe) + peak).squeeze(-1)
+    return out, lse_rows
 
 
 def visible_bounds(*, causal: bool, window: tuple[int | None, int | None] | None) -> tuple[int | None, int | None]:
