@@ -122,3 +122,18 @@ def cli_env(attnforge_home: Path) -> dict[str, str]:
 def attnforge_argv() -> list[str]:
     """argv prefix that runs this checkout's attnforge in a subprocess."""
     return [sys.executable, "-m", "attnforge"]
+
+
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt in this process during the test, however the run was started: a
+    process launched in the background by a non-interactive shell (``setsid cmd &``, ``nohup``) inherits SIGINT
+    ignored, and a test that sends itself SIGINT then sees nothing happen (seen 2026-11-28: CI's script started
+    with ``setsid ... &`` failed exactly the two tests that use this)."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

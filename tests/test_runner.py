@@ -22,6 +22,7 @@ def _our_children_since(start: float) -> list[psutil.Process]:
     return [c for c in psutil.Process().children() if c.create_time() >= start - 1]
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_ctrl_c_kills_and_reaps_the_child_even_when_a_grandchild_holds_its_pipes() -> None:
     started = time.time()
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))

@@ -181,6 +181,7 @@ def test_a_failed_feature_case_in_the_child_takes_only_that_feature_away() -> No
     assert "not used for softcap" in result.summary
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
 def test_a_stopped_bench_keeps_the_backends_it_finished(
     attnforge_home: Path, capsys: pytest.CaptureFixture[str], signum: int, code: int
