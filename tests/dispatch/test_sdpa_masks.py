@@ -115,18 +115,24 @@ def test_two_masks_alternating_by_layer_are_each_prepared_once(preparations: lis
     assert len(preparations) == 2
 
 
-def test_sdpa_gets_the_bool_mask_as_an_additive_one_in_the_query_dtype(
-        preparations: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    """SDPA turns a bool mask into an additive one on every call; the adapter hands it the additive mask it
-    prepared once (0 where a key is seen, -inf where hidden, 0 across a row that sees no key)."""
-    got: list[torch.Tensor] = []
+@pytest.fixture
+def got(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """The ``attn_mask`` of every call SDPA receives from the adapter."""
+    masks: list[torch.Tensor] = []
     real = sdpa_module.original_sdpa()
 
     def spy(*args: object, **kwargs: object) -> torch.Tensor:
-        got.append(kwargs["attn_mask"])  # type: ignore[arg-type]
+        masks.append(kwargs["attn_mask"])  # type: ignore[arg-type]
         return real(*args, **kwargs)  # type: ignore[no-any-return]
 
     monkeypatch.setattr(sdpa_module, "original_sdpa", lambda: spy)
+    return masks
+
+
+def test_sdpa_gets_the_bool_mask_as_an_additive_one_in_the_query_dtype(
+        preparations: list[int], got: list[torch.Tensor]) -> None:
+    """SDPA turns a bool mask into an additive one on every call; the adapter hands it the additive mask it
+    prepared once (0 where a key is seen, -inf where hidden, 0 across a row that sees no key)."""
     mask = _padding_mask()
     _run(mask)
     sent = got[-1]
@@ -152,17 +158,9 @@ def test_a_call_that_needs_grad_keeps_the_output_graph(preparations: list[int]) 
 
 @pytest.mark.parametrize(("sq", "sk"), [(5, 9), (9, 5)], ids=["sq<sk", "sq>sk"])
 def test_a_bottom_right_causal_call_hands_sdpa_an_additive_mask_kept_per_shape(
-        monkeypatch: pytest.MonkeyPatch, sq: int, sk: int) -> None:
+        got: list[torch.Tensor], sq: int, sk: int) -> None:
     """Causal with Sq != Sk needs an explicit bottom-right mask; SDPA gets it additive in q's dtype (it would
     convert a bool mask on every call), made once per (Sq, Sk, dtype, device); rows that see no key are zeros."""
-    got: list[torch.Tensor] = []
-    real = sdpa_module.original_sdpa()
-
-    def spy(*args: object, **kwargs: object) -> torch.Tensor:
-        got.append(kwargs["attn_mask"])  # type: ignore[arg-type]
-        return real(*args, **kwargs)  # type: ignore[no-any-return]
-
-    monkeypatch.setattr(sdpa_module, "original_sdpa", lambda: spy)
     g = torch.Generator().manual_seed(3)
     q = torch.randn(2, 4, sq, 8, generator=g, dtype=torch.float64)
     k, v = (torch.randn(2, 4, sk, 8, generator=g, dtype=torch.float64) for _ in range(2))
