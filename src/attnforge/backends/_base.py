@@ -117,6 +117,14 @@ def expand_kv(k: torch.Tensor, v: torch.Tensor, heads_q: int, *,
     return k.repeat_interleave(groups, dim=dim), v.repeat_interleave(groups, dim=dim)
 
 
+def graph_capturing() -> bool:
+    """True while a CUDA graph captures on the current stream: what a captured kernel writes exists only once the
+    graph replays, and nothing may synchronise."""
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
 def kept_outside_capture(maxsize: int) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """``functools.lru_cache(maxsize)`` for a function that makes device tensors from hashable arguments, bypassed
     inside CUDA graph capture: what a captured kernel writes exists only once the graph replays, so a kept copy
@@ -126,9 +134,7 @@ def kept_outside_capture(maxsize: int) -> Callable[[Callable[..., T]], Callable[
 
         @functools.wraps(fn)
         def call(*args: Any) -> T:
-            import torch
-
-            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            if graph_capturing():
                 return fn(*args)
             return cached(*args)
 

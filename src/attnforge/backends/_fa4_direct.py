@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from attnforge.backends._base import graph_capturing
+
 #: the flash-attn-4 versions whose ``interface.py`` the mapping below was read from
 VERSIONS = frozenset({"4.0.0b36"})
 #: the module that defines ``_flash_attn_fwd``
@@ -102,7 +104,7 @@ class Replayer:
         output bit for bit (one synchronisation, so never while a CUDA graph captures)."""
         import torch
 
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        if graph_capturing():
             return self.fwd(q, k, v, **self.keywords)[0]  # record on a later call
         seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
         with _RECORDING:

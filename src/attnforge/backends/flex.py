@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import AdapterBase
+from attnforge.backends._base import AdapterBase, graph_capturing
 from attnforge.backends.adapter import AttentionCall, required_features
 from attnforge.backends.exact import visible_bounds
 
@@ -147,10 +147,7 @@ class FlexAdapter(AdapterBase):
         key = (seqlen_q, seqlen_k, device, offset, left, right)
         mask = self._masks.get(key)
         if mask is None:
-            import torch
-
-            if getattr(device, "type", device) != "cpu" and torch.cuda.is_available() and (
-                    torch.cuda.is_current_stream_capturing()):
+            if getattr(device, "type", device) != "cpu" and graph_capturing():
                 return _build_block_mask(seqlen_q, seqlen_k, device, offset=offset, left=left, right=right)
             with self._lock:
                 mask = self._masks.get(key)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import AdapterBase, bottom_right_mask, expand_kv, kept_outside_capture
+from attnforge.backends._base import AdapterBase, bottom_right_mask, expand_kv, graph_capturing, kept_outside_capture
 from attnforge.backends.capabilities import GqaMode
 from attnforge.backends.exact import visible_keys
 from attnforge.backends.sdpa_original import original_sdpa
@@ -176,8 +176,7 @@ class SdpaAdapter(AdapterBase):
                                               window=window)
                 # never kept from inside CUDA graph capture: the captured kernels have not run, so the tensors
                 # would hold garbage for an eager call of the same mask object until the graph is replayed
-                if keep and empty is not None and not (mask.device.type == "cuda"
-                                                       and torch.cuda.is_current_stream_capturing()):
+                if keep and empty is not None and not (mask.device.type == "cuda" and graph_capturing()):
                     _OPENED.put(attn_mask, params, (mask, empty))
             else:
                 mask, empty = opened
@@ -217,8 +216,7 @@ class SdpaAdapter(AdapterBase):
                 # additive, as SDPA turns a bool mask on every call (a where and two fills, torch 2.11), here once
                 # per mask object: -inf where a row that sees some key hides a key (mask < seen), else 0
                 hidden = mask < seen
-                if mask.device.type == "cuda" and not torch.compiler.is_compiling() and not (
-                        torch.cuda.is_current_stream_capturing()):
+                if mask.device.type == "cuda" and not torch.compiler.is_compiling() and not graph_capturing():
                     mask = torch.where(hidden, *_additive_values(q.dtype, mask.device))  # one kernel
                 else:  # the values' tensors are made outside capture and tracing only
                     mask = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(hidden,

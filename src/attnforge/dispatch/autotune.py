@@ -51,6 +51,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from attnforge.backends._base import graph_capturing
 from attnforge.backends.adapter import AttentionCall, BackendAdapter
 from attnforge.backends.exact import EXACT
 from attnforge.dispatch import background
@@ -155,9 +156,7 @@ def capturing() -> bool:
     timed or synchronised then."""
     import torch
 
-    if torch.compiler.is_compiling():
-        return True
-    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    return torch.compiler.is_compiling() or graph_capturing()
 
 
 def candidates(decision: Decision) -> list[str]:
