@@ -97,11 +97,13 @@ def test_flex_real_compile_matches_reference_with_empty_rows() -> None:
 def test_the_bottom_right_mask_is_kept_except_when_made_inside_cuda_graph_capture(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A mask made inside capture is filled only when the graph replays: keeping it would hand garbage to eager
-    calls (the meta device stands in for a GPU here)."""
+    calls (the meta device stands in for a GPU here). The SDPA adapter keeps its additive form."""
+    from attnforge.backends.sdpa import _bottom_right_additive
+
     meta = torch.device("meta")
-    assert bottom_right_mask(7, 5, meta)[0] is bottom_right_mask(7, 5, meta)[0]
+    assert _bottom_right_additive(7, 5, torch.float32, meta)[0] is _bottom_right_additive(7, 5, torch.float32, meta)[0]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    inside = bottom_right_mask(9, 6, meta)
-    assert inside[0] is not bottom_right_mask(9, 6, meta)[0]
+    inside = _bottom_right_additive(9, 6, torch.float32, meta)
+    assert inside[0] is not _bottom_right_additive(9, 6, torch.float32, meta)[0]
     assert inside[0].shape == (9, 6) and inside[1] is not None and inside[1].shape == (9, 1)

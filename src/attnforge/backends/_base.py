@@ -142,10 +142,9 @@ def kept_outside_capture(maxsize: int) -> Callable[[Callable[..., T]], Callable[
     return wrap
 
 
-@kept_outside_capture(64)
 def bottom_right_mask(seqlen_q: int, seqlen_k: int, device: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The bottom-right causal mask for SDPA's ``attn_mask`` and the rows that see no key, kept per
-    ``(Sq, Sk, device)`` (:func:`kept_outside_capture`).
+    """The bottom-right causal mask for SDPA's ``attn_mask`` and the rows that see no key (made anew: the SDPA
+    adapter keeps its additive form, ``sdpa._bottom_right_additive``).
 
     Query ``i`` may attend key ``j`` when ``j <= i + Sk - Sq`` (FlashAttention's convention). When Sq > Sk the
     first ``Sq - Sk`` rows see no key; they are opened to every key here (so softmax has no empty row and no
