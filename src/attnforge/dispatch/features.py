@@ -32,6 +32,7 @@ from attnforge.dispatch.inputs import (
     check_sinks,
     check_softcap,
     check_window,
+    mask_view,
     refuse_nested_or_packed,
     validate,
 )
@@ -176,15 +177,13 @@ class Prepared:
 
     def rebound(self, q: Any, k: Any, v: Any, attn_mask: Any, *, layout: str) -> Prepared:
         """This checked dense call (or its :meth:`template`) on new tensors of the same :func:`signature` (their
-        bhsd views, the mask viewed as :func:`~attnforge.dispatch.inputs.check_mask` did); every scalar keyword
+        bhsd views, the mask as :func:`~attnforge.dispatch.inputs.mask_view` gives it); every scalar keyword
         stays as checked."""
         if layout == "bshd":
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         opts = self.opts
         if attn_mask is not None:
-            dims = attn_mask.dim()
-            mask = attn_mask if dims >= 2 else attn_mask.reshape((1,) * (2 - dims) + tuple(attn_mask.shape))
-            opts = {**opts, "attn_mask": mask}
+            opts = {**opts, "attn_mask": mask_view(attn_mask)}
         return Prepared(q=q, k=k, v=v, probe=(q, k), empty=False, uses=self.uses, head_dim_v=self.head_dim_v,
                         opts=opts, causal=self.causal, needs_grad=self.needs_grad, scale=self.scale)
 

@@ -218,8 +218,7 @@ def check_heads(hq: int, hkv: int, enable_gqa: bool) -> None:
 def check_mask(mask: Any, q: Any, k: Any) -> torch.Tensor:
     """The mask SDPA can take: bool/float, broadcastable to ``[B, Hq, Sq, Sk]`` on q's device.
 
-    Returns ``mask`` itself, or a view of at least two dimensions for a ``[Sk]`` or scalar mask (SDPA's kernels
-    index the mask's ``-2`` dimension and raise on fewer, torch 2.13; the view broadcasts the same).
+    Returns :func:`mask_view` of it.
     """
     if (not isinstance(mask, torch.Tensor) or getattr(mask, "is_nested", False)
             or not (mask.dtype == torch.bool or mask.is_floating_point())):
@@ -233,9 +232,15 @@ def check_mask(mask: Any, q: Any, k: Any) -> torch.Tensor:
         raise DispatchError(f"attn_mask {tuple(mask.shape)} on {mask.device} does not broadcast to"
                             f" [B, Hq, Sq, Sk] = {list(full)} on {q.device}",
                             hint="masks are [B or 1, Hq or 1, Sq or 1, Sk], in either layout")
-    if mask.dim() < 2:
-        return mask.reshape((1,) * (2 - mask.dim()) + dims)
-    return mask
+    return mask_view(mask)
+
+
+def mask_view(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` as backends get it: itself, or a view of at least two dimensions for a ``[Sk]`` or scalar mask
+    (SDPA's kernels index the mask's ``-2`` dimension and raise on fewer, torch 2.13; the view broadcasts the same).
+    """
+    dims = mask.dim()
+    return mask if dims >= 2 else mask.reshape((1,) * (2 - dims) + tuple(mask.shape))
 
 
 def check_sinks(sinks: Any, q: Any) -> Any:
