@@ -42,24 +42,9 @@ def first_call_s(torch: Any, fn: Callable[[], Any]) -> float:
 
 def wall_ms(torch: Any, fn: Callable[[], Any], *, reps: int = 10, warmup: int = 3) -> float:
     """Median wall time of ``fn()`` in ms after ``warmup`` calls, CUDA synchronised after each call: a model step
-    as its user waits for it (host, launches and kernels; no L2 flush), for the models scripts."""
-    import time
-
-    def sync() -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - start) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
+    as its user waits for it (host, launches and kernels; no L2 flush), for the models scripts (:func:`paired_ms`
+    with one setting and one round)."""
+    return paired_ms(torch, fn, {"": lambda: None}, rounds=1, reps=reps, warmup=warmup)[""]
 
 
 def paired_ms(torch: Any, fn: Callable[[], Any], use: dict[str, Callable[[], Any]], *, rounds: int = 5,

@@ -84,13 +84,13 @@ def calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
             calls_of = layered if name.endswith("_layers4") else inputs
             for k, v, m in calls_of[:4]:
                 fn(k, v, m)  # first use, caches
-            _sync(torch, dev)
+            models_e2e._sync(torch)
             best = float("inf")
             for _ in range(5):
                 t0 = time.perf_counter()
                 for k, v, m in calls_of:
                     out = fn(k, v, m)
-                _sync(torch, dev)
+                models_e2e._sync(torch)
                 best = min(best, (time.perf_counter() - t0) / len(calls_of) * 1e6)
             res[f"{name}{'' if grow else '_fixed_sk'}_us"] = round(best, 2)
             if grow and not name.endswith("_layers4"):
@@ -102,11 +102,6 @@ def calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     return res
 
 
-def _sync(torch: Any, dev: str) -> None:
-    if dev == "cuda":
-        torch.cuda.synchronize()
-
-
 def _profile(torch: Any, dev: str, fn: Callable[[], Any]) -> list[dict[str, Any]]:
     """Every profiler row of 8 calls: kernels (device µs) and CUDA API calls (count, self CPU µs)."""
     if dev != "cuda":
@@ -114,10 +109,10 @@ def _profile(torch: Any, dev: str, fn: Callable[[], Any]) -> list[dict[str, Any]
     from torch.profiler import ProfilerActivity, profile
 
     fn()
-    _sync(torch, dev)
+    models_e2e._sync(torch)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
-        _sync(torch, dev)
+        models_e2e._sync(torch)
     rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total + e.device_time_total, reverse=True)
     return [{"name": e.key[:110], "calls": e.count, "device_us": round(e.device_time_total, 1),
              "self_cpu_us": round(e.self_cpu_time_total, 1)} for e in rows[:25]]
