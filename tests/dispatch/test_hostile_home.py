@@ -53,9 +53,12 @@ def _serve_all() -> list[warnings.WarningMessage]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for q, k, v in _calls():
-            for _ in range(2):  # the second call takes the remembered route
+            mask = torch.rand(q.shape[0], 1, q.shape[2], k.shape[2], generator=torch.Generator().manual_seed(4)) > 0.3
+            for _ in range(2):  # the second call takes the remembered route (the remembered plan, with a mask)
                 got = attnforge.attention(q, k, v, layout="bhsd")
                 assert torch.equal(got, torch.nn.functional.scaled_dot_product_attention(q, k, v))
+                got = attnforge.attention(q, k, v, attn_mask=mask)
+                assert torch.equal(got, torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
     return [w for w in caught if issubclass(w.category, state.StateWarning)]
 
 
