@@ -162,3 +162,82 @@ def test_a_remembered_plan_keeps_no_tensor_of_the_call_alive(prepared: list[int]
     del q, k, v, mask
     gc.collect()
     assert [r() for r in refs] == [None] * 4
+
+
+# -- a dynamic shape class (a decode loop: a new Sk every step) keeps one plan for every length ------------------
+
+
+def _decode_step(step: int, *, sk0: int = 20, b: int = 2, **kw: Any) -> tuple[torch.Tensor, ...]:
+    q, k, v = _qkv(100 + step, sq=1, sk=sk0 + step)
+    mask = torch.ones(b, 1, 1, sk0 + step, dtype=torch.bool)
+    mask[0, ..., : 3 + step % 4] = False  # left padding of the first sequence, a new mask object every step
+    return q, k, v, mask
+
+
+def test_a_decode_loop_is_checked_once_per_length_only_until_its_class_turns_dynamic(prepared: list[int]) -> None:
+    for step in range(12):
+        q, k, v, mask = _decode_step(step)
+        _check(attnforge.attention(q, k, v, attn_mask=mask, softcap=4.0), q, k, v, attn_mask=mask, softcap=4.0)
+    # one check per length until the class has shown more than DYNAMIC_AFTER lengths, then its class-level plan
+    assert len(prepared) == features.DYNAMIC_AFTER + 1
+
+
+def test_a_window_that_starts_to_bind_as_the_cache_grows_is_served_exactly(prepared: list[int]) -> None:
+    """Sk 9..16 is one bucket; the window (12, 0) hides no key while Sk <= 12 and binds past it: the class-level
+    plan decided at Sk 12 (the class's fourth length: dynamic) without the window must not serve Sk 13..16."""
+    for step in range(8):
+        q, k, v, mask = _decode_step(step, sk0=9)
+        out = attnforge.attention(q, k, v, attn_mask=mask, window=(12, 0))
+        _check(out, q, k, v, attn_mask=mask, window=(12, 0))
+    assert len(prepared) == 5  # Sk 9, 10, 11, 12, then 13 where the window starts to bind (and its plan serves on)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_prefill_lengths_of_one_bucket_share_the_class_plan_and_stay_exact(prepared: list[int], layout: str) -> None:
+    for i, s in enumerate((33, 40, 47, 50, 55, 60, 64)):  # one bucket (64), Sq == Sk, causal
+        q, k, v = _qkv(200 + i, sq=s, sk=s)
+        mask = _mask(200 + i, (2, 1, s, s))
+        if layout == "bshd":
+            out = attnforge.attention(*(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask, causal=True,
+                                      layout="bshd").transpose(1, 2)
+        else:
+            out = attnforge.attention(q, k, v, attn_mask=mask, causal=True)
+        _check(out, q, k, v, attn_mask=mask, causal=True)
+    assert len(prepared) == features.DYNAMIC_AFTER + 1
+
+
+def test_the_class_plan_is_not_taken_across_buckets_squareness_or_mask_layout(prepared: list[int]) -> None:
+    for step in range(features.DYNAMIC_AFTER + 2):  # the decode class turns dynamic
+        q, k, v, mask = _decode_step(step, sk0=40)
+        attnforge.attention(q, k, v, attn_mask=mask)
+    checked = len(prepared)
+    cases = [
+        _decode_step(0, sk0=70),  # another Sk bucket (128): another class
+        (*_qkv(300, sq=1, sk=45)[:3], _mask(300, (2, 1, 1, 1)).expand(2, 1, 1, 1).clone()),  # a mask of one key
+        (*_qkv(301, sq=1, sk=46)[:3], _mask(301, (46,))),  # a [Sk] mask: another mask layout
+    ]
+    for q, k, v, mask in cases:
+        _check(attnforge.attention(q, k, v, attn_mask=mask), q, k, v, attn_mask=mask)
+    assert len(prepared) == checked + len(cases)
+    # a bad mask at a new length of the dynamic class is still refused (its layout differs, so it is checked)
+    q, k, v, _ = _decode_step(9, sk0=40)
+    with pytest.raises(DispatchError, match="does not broadcast"):
+        attnforge.attention(q, k, v, attn_mask=torch.ones(2, 1, 1, 7, dtype=torch.bool))
+
+
+def test_the_dynamic_signature_names_the_lengths_and_keeps_the_rest() -> None:
+    q, k, v, mask = _decode_step(0, sk0=40)
+    key = features.signature(q, k, v, layout="bhsd", backend=None, precision="exact", scale=None,
+                             kwargs={"attn_mask": mask, "softcap": 4.0})
+    assert key is not None
+    dyn = features.dynamic_signature(key, layout="bhsd")
+    assert dyn is not None
+    assert dyn[1] == (2, 4, ("S", 1), 8) and dyn[2] == (2, 2, ("S", 64), 8)
+    assert dyn[10] == ((2, "Sq", "Sq", "Sk"), torch.bool, mask.device)
+    q2, k2, v2, mask2 = _decode_step(5, sk0=40)
+    key2 = features.signature(q2, k2, v2, layout="bhsd", backend=None, precision="exact", scale=None,
+                              kwargs={"attn_mask": mask2, "softcap": 4.0})
+    assert key2 != key and features.dynamic_signature(key2, layout="bhsd") == dyn
+    empty = features.signature(q[:, :, :0], k, v, layout="bhsd", backend=None, precision="exact", scale=None,
+                               kwargs={"attn_mask": None, "softcap": 4.0})
+    assert empty is not None and features.dynamic_signature(empty, layout="bhsd") is None

@@ -234,17 +234,19 @@ class Dispatcher:
         return self._bind(adapters, call, causal=causal, scale=scale, bshd=bshd, forced=forced, decision=decision)
 
     def feature_route(self, prepared: features.Prepared, *, scale: float | None, forced: str | None,
-                      precision: str, key: tuple[Any, ...] | None = None) -> Route:
+                      precision: str, key: tuple[Any, ...] | None = None,
+                      dynamic_key: tuple[Any, ...] | None = None) -> Route:
         """The route of a call that uses a feature (:func:`attnforge.dispatch.features.prepare` checked it):
         every backend bound to the call's feature keywords, on the prepared bhsd views (or packed tensors).
         The route is not remembered (the keywords hold the caller's tensors); the decision per class is, and
         with ``key`` (the call's exact signature) the decided backends too, in :attr:`feature_plans`
-        (:meth:`planned_route` binds them to a later call of the signature)."""
+        (:meth:`planned_route` binds them to a later call of the signature); once the class is dynamic, under
+        ``dynamic_key`` (:func:`features.dynamic_signature`) as well, for the lengths it has not shown yet."""
         p = prepared
         qp, kp = p.probe
         dense = "varlen" not in p.uses and "paged" not in p.uses
-        if dense:  # a decode loop with a mask or softcap is dynamic too: no per-shape compile for each step
-            self._note_shape(qp, kp, p.needs_grad)
+        # a decode loop with a mask or softcap is dynamic too: no per-shape compile for each step
+        dynamic = dense and self._note_shape(qp, kp, p.needs_grad)
         generation = self._generation
         decision, adapters, call = self.decide_call(
             qp, kp, p.v if dense else None, causal=p.causal, precision=precision, needs_grad=p.needs_grad,
@@ -254,10 +256,19 @@ class Dispatcher:
         if key is not None:
             with self._lock:
                 if self._generation == generation:  # else a measurement or a failure changed the decision
-                    if len(self.feature_plans) >= ROUTES_MAX:
-                        self.feature_plans.clear()
-                    self.feature_plans[key] = dataclasses.replace(plan, prepared=p.template())
+                    kept = dataclasses.replace(plan, prepared=p.template())
+                    self.remember_plan(key, kept)
+                    if dynamic and dynamic_key is not None:  # decided for the class: every length of it
+                        self.feature_plans[dynamic_key] = kept
         return self.planned_route(plan, p)
+
+    def remember_plan(self, key: tuple[Any, ...], plan: FeaturePlan) -> None:
+        """Keep ``plan`` for the exact signature ``key`` (at most :data:`ROUTES_MAX` plans: all are dropped
+        when full, as routes are)."""
+        with self._lock:
+            if len(self.feature_plans) >= ROUTES_MAX:
+                self.feature_plans.clear()
+            self.feature_plans[key] = plan
 
     def planned_route(self, plan: FeaturePlan, prepared: features.Prepared) -> Route:
         """``plan``'s backends bound to ``prepared`` (a call of the signature the plan was decided for)."""
@@ -320,14 +331,15 @@ class Dispatcher:
                              precision=precision, features=uses - ROUTING_ONLY, head_dim_v=head_dim_v,
                              top_left="causal_top_left" in uses)
 
-    def _note_shape(self, q: torch.Tensor, k: torch.Tensor, needs_grad: bool) -> None:
+    def _note_shape(self, q: torch.Tensor, k: torch.Tensor, needs_grad: bool) -> bool:
         """Count the exact shapes of a shape class; when it turns dynamic, decide its calls again (so a
-        backend compiled per shape drops out of it, see :func:`attnforge.dispatch.features.admit`)."""
+        backend compiled per shape drops out of it, see :func:`attnforge.dispatch.features.admit`). Returns
+        whether the class is dynamic."""
         cls = failure_class(self.describe(q, k, causal=False, precision="exact", needs_grad=needs_grad))
         seen = self._shapes_seen.setdefault(cls, set())
         before = len(seen)
         if before > features.DYNAMIC_AFTER:
-            return  # already dynamic; the count needs to go no higher
+            return True  # already dynamic; the count needs to go no higher
         seen.add((*q.shape, *k.shape))
         if before == features.DYNAMIC_AFTER and len(seen) > before:
             with self._lock:
@@ -335,6 +347,7 @@ class Dispatcher:
                 self._plans.clear()
                 self.routes.clear()
                 self.feature_plans.clear()
+        return len(seen) > features.DYNAMIC_AFTER
 
     def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
         verified, bench = self._records_for(dev_key)

@@ -194,13 +194,24 @@ def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: 
     :class:`~attnforge.dispatch.dispatcher.Dispatcher` that :func:`attnforge.attention` passes); the other arguments
     as :func:`attnforge.attention`."""
     key = signature(q, k, v, layout=layout, backend=backend, precision=precision, scale=scale, kwargs=kwargs)
-    plan = dispatcher.feature_plans.get(key) if key is not None else None
+    plans = dispatcher.feature_plans
+    plan = plans.get(key) if key is not None else None
+    keys: tuple[tuple[Any, ...] | None, tuple[Any, ...] | None] = (key, None)
+    if plan is None and key is not None and plans:  # a new length of a dynamic class: its class-level plan
+        keys = (key, dynamic_signature(key, layout=layout))
+        plan = plans.get(keys[1]) if keys[1] is not None else None
+        if plan is not None and not _same_window(plan.prepared, kwargs.get("window"), key, layout=layout):
+            plan = None
+        if plan is not None:  # the next call of this exact signature (the next layer) finds it at once
+            dispatcher.remember_plan(key, plan)
     if plan is not None:  # a signature served before: checked then, decided then; only its tensors are new
         call = plan.prepared.rebound(q, k, v, kwargs["attn_mask"], layout=layout)
         out = dispatcher.serve(dispatcher.planned_route(plan, call), call.q, call.k, call.v, backend)
     else:
         call = prepare(q, k, v, layout=layout, precision=precision, scale=scale, **kwargs)
-        out = _serve(dispatcher, call, scale=call.scale, backend=backend, precision=precision, key=key)
+        if key is not None and keys[1] is None:
+            keys = (key, dynamic_signature(key, layout=layout))
+        out = _serve(dispatcher, call, scale=call.scale, backend=backend, precision=precision, keys=keys)
     if layout == "bshd" and "varlen" not in call.uses:
         return (out[0].transpose(1, 2), out[1]) if "lse" in call.uses else out.transpose(1, 2)
     return out
@@ -237,6 +248,45 @@ def signature(q: Any, k: Any, v: Any, *, layout: str, backend: str | None, preci
     except (AttributeError, RuntimeError, TypeError, ValueError):  # nested shapes, unhashable windows, ...
         return None
     return key
+
+
+def dynamic_signature(key: tuple[Any, ...], *, layout: str) -> tuple[Any, ...] | None:
+    """The class-level form of an exact :func:`signature`: the same call at any sequence lengths of the same
+    power-of-two buckets (:func:`attnforge.types.shapes.bucket`, the shape class's), with Sq == Sk or not as the
+    signature has it, and the mask's dimensions that are Sq or Sk named so rather than sized. A dynamic shape
+    class (a decode loop: a new Sk every step) reuses the plan decided for it under this key, for every length
+    (:meth:`~attnforge.dispatch.dispatcher.Dispatcher.feature_route` stores it once the class is dynamic, when the
+    decision no longer depends on the exact shape). None for a zero-sized call.
+
+    What :func:`prepare` derives from the lengths is either in the key (the buckets, Sq == Sk, which mask
+    dimensions are a length) or checked again per call (a window's sides past the sequences: :func:`_same_window`)."""
+    from attnforge.types.shapes import bucket
+
+    s = 2 if layout == "bhsd" else 1
+    q_shape, k_shape, v_shape = key[0], key[1], key[2]
+    if 0 in q_shape or 0 in k_shape or 0 in v_shape:
+        return None
+    sq, sk = q_shape[s], k_shape[s]
+
+    def sized(shape: Any, n: int) -> tuple[Any, ...]:
+        return (*shape[:s], ("S", bucket(n)), *shape[s + 1:])
+
+    mask = key[9]
+    if mask is not None:
+        mask = (tuple("Sk" if d == sk else "Sq" if d == sq else d for d in mask[0]), *mask[1:])
+    return ("dynamic", sized(q_shape, sq), sized(k_shape, sk), sized(v_shape, sk), *key[3:9], mask, *key[10:],
+            sq == sk)
+
+
+def _same_window(template: Prepared, window: Any, key: tuple[Any, ...], *, layout: str) -> bool:
+    """Whether ``window`` bounds the same sides at this call's lengths (in ``key``) as it did for ``template``'s
+    call: a side at least ``max(Sq, Sk)`` is unbounded (:func:`~attnforge.dispatch.inputs.bound_window`), so
+    a window can start to bind as a decode loop's Sk grows."""
+    if window is None:
+        return True
+    s = 2 if layout == "bhsd" else 1
+    bounded = bound_window(check_window(window), key[0][s], key[1][s])
+    return bool(template.opts.get("window", (None, None)) == bounded)
 
 
 def prepare(
@@ -328,12 +378,14 @@ def _needs_grad(*tensors: Any) -> bool:
 
 
 def _serve(dispatcher: Any, call: Prepared, *, scale: float | None, backend: str | None,
-           precision: str, key: tuple[Any, ...] | None = None) -> Any:
+           precision: str, keys: tuple[tuple[Any, ...] | None, tuple[Any, ...] | None] = (None, None)) -> Any:
     """Run the decided order on the prepared call (:meth:`~attnforge.dispatch.dispatcher.Dispatcher.serve`:
-    the one rule for plain and featured calls); ``key``: the call's :func:`signature`, to remember its plan."""
+    the one rule for plain and featured calls); ``keys``: the call's :func:`signature` and
+    :func:`dynamic_signature`, to remember its plan."""
     if call.empty:  # no kernel ever sees a zero-sized input; the exact math returns the right empty/zero result
         return dispatcher.exact(call.q, call.k, call.v, causal=call.causal, scale=scale, **call.opts)
-    route = dispatcher.feature_route(call, scale=scale, forced=backend, precision=precision, key=key)
+    route = dispatcher.feature_route(call, scale=scale, forced=backend, precision=precision, key=keys[0],
+                                     dynamic_key=keys[1])
     return dispatcher.serve(route, call.q, call.k, call.v, backend)
 
 
