@@ -7,7 +7,8 @@ now, prepared once per mask object), SDPA on transformers' packed query, and ``a
 1. ``calls``: Llama-3-8B's decode call (``q [4, 32, 1, 128]``, ``k/v [4, 8, Sk, 128]`` bf16, a ``[4, 1, 1, Sk]``
    bool padding mask), ``Sk`` growing by one each call (a new K/V tensor each time, as ``DynamicCache`` cats), 64
    calls back to back between two synchronizes, wall µs per call, for each variant above; each also at a fixed
-   ``Sk``, and with four calls sharing each mask object (``*_layers4``, as a model's layers do). Each variant's
+   ``Sk``, and with four calls sharing each mask object (``*_layers4``, as a model's layers do; ``*_new_lengths``:
+   lengths no call had before, as a generate loop's next tokens). Each variant's
    GPU kernels and CUDA API calls (torch.profiler) and its host syncs
    (``set_sync_debug_mode``). (2026-11-28, H100: the packed query took cuDNN's 64-row kernel, 2.5x the device time
    of the ``enable_gqa`` call's; attention()'s extra cost was the mask preparation's kernel launches.)
@@ -32,7 +33,7 @@ def _tensors(torch: Any, dev: str, dt: Any, small: bool) -> tuple[Any, ...]:
     b, hq, hkv, d, s0 = (4, 8, 2, 16, 64) if small else (4, 32, 8, 128, 1024)
     torch.manual_seed(0)
     q = torch.randn(b, hq, 1, d, device=dev, dtype=dt)
-    kv = torch.randn(2, b, hkv, s0 + 80, d, device=dev, dtype=dt)
+    kv = torch.randn(2, b, hkv, s0 + 280, d, device=dev, dtype=dt)
     return q, kv, s0
 
 
@@ -99,6 +100,20 @@ def calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
                 res[f"{name}_max_abs_diff"] = float((out.float() - ref).abs().max())
                 res[f"{name}_syncs"] = models_e2e._syncs(torch, lambda fn=fn, xs=inputs[:8]: [fn(*x) for x in xs])
                 res[f"{name}_profile"] = _profile(torch, dev, lambda fn=fn, xs=inputs[:8]: [fn(*x) for x in xs])
+    # "_new_lengths": as "_layers4", but every round's 16 steps have lengths no call had before, as a generate
+    # loop's next tokens do (the rounds above repeat their lengths, so from the second round on each was seen)
+    fresh_variants = (("sdpa_enable_gqa_layers4_new_lengths", gqa), ("attention_layers4_new_lengths", af))
+    for j, (name, fn) in enumerate(fresh_variants):
+        best = float("inf")
+        for r in range(5):
+            fresh = [x for x in _step_inputs(torch, kv, s0 + 100 + 16 * r + 90 * j, 16, True) for _ in range(4)]
+            models_e2e._sync(torch)
+            t0 = time.perf_counter()
+            for k, v, m in fresh:
+                fn(k, v, m)
+            models_e2e._sync(torch)
+            best = min(best, (time.perf_counter() - t0) / len(fresh) * 1e6)
+        res[f"{name}_us"] = round(best, 2)
     return res
 
 
