@@ -19,7 +19,7 @@ Per decoder: forward of a left-padded batch (logits compared on the valid positi
 (forward + backward), and ``generate`` with a KV cache (prefill, then decode tokens/s over a padded batch).
 Per diffusion block: one forward (a denoising step), output compared.
 
-Usage: ``python scripts/gpu/models_e2e.py --out models_e2e.json [--only llama3,flux] [--device cpu]``;
+Usage: ``python scripts/gpu/models_e2e.py --out models_e2e.json [--only llama3,flux] [--layers 2] [--device cpu]``;
 ``--device cpu`` is a float32 dry run at tiny sizes. Prints each result and writes JSON after every model.
 """
 
@@ -411,6 +411,7 @@ MODELS = {**{name: (lambda torch, n=name: decoder(torch, n)) for name in DECODER
 
 
 def main() -> int:
+    global DEV, DT, SMALL, WARMUP, DIAGNOSE, LAYERS
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", help="cpu: a float32 dry run at tiny sizes")
@@ -419,12 +420,14 @@ def main() -> int:
                     help="`attnforge warmup` each model's shape classes before timing it (a deploy step)")
     ap.add_argument("--diagnose", action="store_true",
                     help="also record a decode step's attention calls (explain) and the kernels of 8 decode steps")
+    ap.add_argument("--layers", type=int, default=LAYERS,
+                    help="decoder layers, and Flux's blocks (half double, half single); the published models have"
+                         " 26-42: what a forward pays once (a mask's preparation) is shared by all of them")
     args = ap.parse_args()
     import torch
 
-    global DEV, DT, SMALL, WARMUP, DIAGNOSE
     DEV, DT, SMALL = args.device, ("bfloat16" if args.device == "cuda" else "float32"), args.device != "cuda"
-    WARMUP, DIAGNOSE = args.warmup, args.diagnose
+    WARMUP, DIAGNOSE, LAYERS = args.warmup, args.diagnose, max(2, args.layers)
     results: dict[str, Any] = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
                                "torch": torch.__version__}
     wanted = [m for m in args.only.split(",") if m] or list(MODELS)
