@@ -233,7 +233,7 @@ def test_the_dynamic_signature_names_the_lengths_and_keeps_the_rest() -> None:
     dyn = features.dynamic_signature(key, layout="bhsd")
     assert dyn is not None
     assert dyn[1] == (2, 4, ("S", 1), 8) and dyn[2] == (2, 2, ("S", 64), 8)
-    assert dyn[10] == ((2, "Sq", "Sq", "Sk"), torch.bool, mask.device)
+    assert dyn[10] == ((2, 1, "Sq", "Sk"), torch.bool, mask.device)
     q2, k2, v2, mask2 = _decode_step(5, sk0=40)
     key2 = features.signature(q2, k2, v2, layout="bhsd", backend=None, precision="exact", scale=None,
                               kwargs={"attn_mask": mask2, "softcap": 4.0})
@@ -241,3 +241,24 @@ def test_the_dynamic_signature_names_the_lengths_and_keeps_the_rest() -> None:
     empty = features.signature(q[:, :, :0], k, v, layout="bhsd", backend=None, precision="exact", scale=None,
                                kwargs={"attn_mask": None, "softcap": 4.0})
     assert empty is not None and features.dynamic_signature(empty, layout="bhsd") is None
+
+
+def test_a_mask_whose_head_dimension_matched_Sq_by_chance_is_still_checked(prepared: list[int]) -> None:
+    """Hq = 8 and Sq = 8 when the class turns dynamic: a later mask with 6 heads at Sq 6 must not pass for the same
+    layout (it does not broadcast to 8 heads)."""
+    for sq in (5, 6, 7, 8):  # one bucket (8), Sk 20: the fourth length makes the class dynamic
+        q, k, v = _qkv(400 + sq, hq=8, hkv=2, sq=sq, sk=20)
+        mask = _mask(400 + sq, (2, 8, sq, 20))
+        _check(attnforge.attention(q, k, v, attn_mask=mask), q, k, v, attn_mask=mask)
+    q, k, v = _qkv(410, hq=8, hkv=2, sq=6, sk=20)
+    with pytest.raises(DispatchError, match="does not broadcast"):
+        attnforge.attention(q, k, v, attn_mask=_mask(410, (2, 6, 6, 20)))
+
+
+def test_values_of_another_length_than_the_keys_are_still_refused_in_a_dynamic_class(prepared: list[int]) -> None:
+    for step in range(features.DYNAMIC_AFTER + 2):
+        q, k, v, mask = _decode_step(step, sk0=40)
+        attnforge.attention(q, k, v, attn_mask=mask, softcap=4.0)
+    q, k, v, mask = _decode_step(9, sk0=40)
+    with pytest.raises(DispatchError):
+        attnforge.attention(q, k, v[:, :, :-1], attn_mask=mask, softcap=4.0)

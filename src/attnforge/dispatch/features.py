@@ -253,8 +253,9 @@ def signature(q: Any, k: Any, v: Any, *, layout: str, backend: str | None, preci
 def dynamic_signature(key: tuple[Any, ...], *, layout: str) -> tuple[Any, ...] | None:
     """The class-level form of an exact :func:`signature`: the same call at any sequence lengths of the same
     power-of-two buckets (:func:`attnforge.types.shapes.bucket`, the shape class's), with Sq == Sk or not as the
-    signature has it, and the mask's dimensions that are Sq or Sk named so rather than sized. A dynamic shape
-    class (a decode loop: a new Sk every step) reuses the plan decided for it under this key, for every length
+    signature has it (and V's length == K's), the mask's last two dimensions named where they are Sk and Sq rather
+    than sized. A dynamic shape class (a decode loop: a new Sk every step) reuses the plan decided for it under this
+    key, for every length
     (:meth:`~attnforge.dispatch.dispatcher.Dispatcher.feature_route` stores it once the class is dynamic, when the
     decision no longer depends on the exact shape). None for a zero-sized call.
 
@@ -272,10 +273,14 @@ def dynamic_signature(key: tuple[Any, ...], *, layout: str) -> tuple[Any, ...] |
         return (*shape[:s], ("S", bucket(n)), *shape[s + 1:])
 
     mask = key[9]
-    if mask is not None:
-        mask = (tuple("Sk" if d == sk else "Sq" if d == sq else d for d in mask[0]), *mask[1:])
-    return ("dynamic", sized(q_shape, sq), sized(k_shape, sk), sized(v_shape, sk), *key[3:9], mask, *key[10:],
-            sq == sk)
+    if mask is not None:  # its last dimension is Sk's, the one before Sq's (or 1: broadcast); the rest are sizes
+        dims = list(mask[0])
+        for i, (n, name) in enumerate(((sk, "Sk"), (sq, "Sq")), start=1):
+            if i <= len(dims) and dims[-i] == n:
+                dims[-i] = name
+        mask = (tuple(dims), *mask[1:])
+    return ("dynamic", sized(q_shape, sq), sized(k_shape, sk), sized(v_shape, v_shape[s]), *key[3:9], mask,
+            *key[10:], sq == sk, v_shape[s] == sk)
 
 
 def _same_window(template: Prepared, window: Any, key: tuple[Any, ...], *, layout: str) -> bool:
