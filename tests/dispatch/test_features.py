@@ -340,3 +340,27 @@ def test_the_exact_math_in_row_chunks_equals_one_step(monkeypatch: pytest.Monkey
     chunked = exact.exact_attention(q, k, v, **kwargs)
     for a, b in zip(whole, chunked, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_the_exact_math_of_a_gqa_decode_call_launches_few_ops() -> None:
+    """Gemma-2's decode call (GQA, a padding mask, softcap) is served by the exact math on a GPU, where each torch op
+    is a kernel launch of ~10 µs host time (H200 host, 2026-11-28, docs/benchmarks.md): K/V are expanded with one
+    copy each (``repeat_interleave`` takes several kernels), the mask applied with one ``where`` (no ``~mask`` first),
+    a row's non-finite peak zeroed with one ``nan_to_num``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from attnforge.backends.exact import exact_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, s, 16, generator=g, dtype=torch.bfloat16) for h, s in ((8, 1), (4, 70), (4, 70)))
+    mask = torch.rand(2, 1, 1, 70, generator=g) > 0.2
+    exact_attention(q, k, v, attn_mask=mask, softcap=50.0)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = exact_attention(q, k, v, attn_mask=mask, softcap=50.0)
+    ops = [e.name for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None]
+    views = {"aten::alias", "aten::transpose", "aten::detach", "aten::unsqueeze", "aten::expand"}
+    launching = [name for name in ops if name not in views]
+    assert "aten::repeat_interleave" not in ops and "aten::bitwise_not" not in ops, ops
+    assert len(launching) <= 20, launching  # 23 before (2026-11-28), with repeat_interleave taking several kernels
+    want, _ = naive(q.double(), k.double(), v.double(), attn_mask=mask, softcap=50.0)
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)

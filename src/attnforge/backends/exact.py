@@ -120,9 +120,9 @@ def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_ma
 
     qa, ka, va = q.to(accum), k.to(accum), v.to(accum)
     hq, hkv = qa.shape[1], ka.shape[1]
-    if hq != hkv:
-        ka = ka.repeat_interleave(hq // hkv, dim=1)
-        va = va.repeat_interleave(hq // hkv, dim=1)
+    if hq != hkv:  # query head h reads K/V head h // (hq / hkv); a view expanded then copied once (one kernel each)
+        ka, va = (t.unsqueeze(2).expand(-1, -1, hq // hkv, -1, -1).reshape(t.shape[0], hq, *t.shape[2:])
+                  for t in (ka, va))
     s = scale if scale is not None else 1.0 / math.sqrt(max(1, qa.shape[-1]))
     sq, sk = qa.shape[2], ka.shape[2]
     step = max(1, CHUNK_ELEMENTS // max(1, qa.shape[0] * hq * sk))
@@ -157,14 +157,14 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
         else:
             logits = logits + attn_mask.to(accum)
     if visible is not None:
-        logits = logits.masked_fill(~visible, float("-inf"))
+        logits = torch.where(visible, logits, float("-inf"))  # one kernel (a masked_fill needs ~visible first)
     sk = k.shape[2]
     peak = logits.amax(dim=-1, keepdim=True) if sk else logits.new_full((*logits.shape[:-1], 1), -math.inf)
     sink = None
     if sinks is not None:
         sink = sinks.to(accum).view(1, -1, 1, 1).expand(*peak.shape)
         peak = torch.maximum(peak, sink)
-    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak)).detach()
+    peak = torch.nan_to_num(peak, nan=0.0, posinf=0.0, neginf=0.0).detach()  # a row's non-finite peak -> 0
     weights = torch.exp(logits - peak)
     denom = weights.sum(dim=-1, keepdim=True)
     if sink is not None:
