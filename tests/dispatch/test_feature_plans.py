@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import attnforge
 from attnforge.backends.exact import reference_attention
@@ -262,3 +264,42 @@ def test_values_of_another_length_than_the_keys_are_still_refused_in_a_dynamic_c
     q, k, v, mask = _decode_step(9, sk0=40)
     with pytest.raises(DispatchError):
         attnforge.attention(q, k, v[:, :, :-1], attn_mask=mask, softcap=4.0)
+
+
+
+_MODEL = st.fixed_dictionaries({
+    "decode": st.booleans(), "heads": st.sampled_from([(4, 2), (4, 4)]),
+    "mask": st.sampled_from(["none", "keys", "full", "heads", "additive"]), "causal": st.booleans(),
+    "window": st.sampled_from([None, (12, 0), (3, 2)]), "softcap": st.sampled_from([None, 4.0]),
+    "layout": st.sampled_from(["bhsd", "bshd"]),
+})
+_STEP = st.tuples(st.integers(5, 8), st.integers(9, 16), st.integers(0, 9))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(model=_MODEL, steps=st.lists(_STEP, min_size=6, max_size=14))
+def test_any_sequence_of_calls_through_remembered_plans_stays_exact(
+        prepared: list[int], model: dict[str, Any], steps: list[tuple[int, int, int]]) -> None:
+    """One model's calls at many lengths of one bucket (Sq 1 or 5-8, Sk 9-16), so its class turns dynamic and the
+    class-level plan serves the lengths that follow: every output equals the reference, and a mask one key short
+    (one call in ten) is refused."""
+    runtime.get_dispatcher().forget_decisions()
+    (hq, hkv), c = model["heads"], model
+    for i, (sq, sk, bad) in enumerate(steps):
+        sq = 1 if c["decode"] else sq
+        q, k, v = _qkv(i, hq=hq, hkv=hkv, sq=sq, sk=sk)
+        shape = {"none": None, "keys": (2, 1, 1, sk), "full": (2, 1, sq, sk), "heads": (2, hq, sq, sk),
+                 "additive": (2, 1, sq, sk)}[c["mask"]]
+        mask = None if shape is None else _mask(i, shape)
+        if mask is not None and c["mask"] == "additive":
+            mask = torch.zeros(shape, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+        kw: dict[str, Any] = {"causal": c["causal"], "window": c["window"], "softcap": c["softcap"]}
+        if mask is not None and bad == 0:
+            with pytest.raises(DispatchError):
+                attnforge.attention(q, k, v, attn_mask=mask[..., :-1], **kw)
+        if c["layout"] == "bshd":
+            out = attnforge.attention(*(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask, layout="bshd",
+                                      **kw).transpose(1, 2)
+        else:
+            out = attnforge.attention(q, k, v, attn_mask=mask, **kw)
+        _check(out, q, k, v, attn_mask=mask, **kw)
