@@ -285,8 +285,8 @@ def test_any_sequence_of_calls_through_remembered_plans_stays_exact(
     (one call in ten) is refused."""
     runtime.get_dispatcher().forget_decisions()
     (hq, hkv), c = model["heads"], model
-    for i, (sq, sk, bad) in enumerate(steps):
-        sq = 1 if c["decode"] else sq
+    for i, (rows, sk, bad) in enumerate(steps):
+        sq = 1 if c["decode"] else rows
         q, k, v = _qkv(i, hq=hq, hkv=hkv, sq=sq, sk=sk)
         shape = {"none": None, "keys": (2, 1, 1, sk), "full": (2, 1, sq, sk), "heads": (2, hq, sq, sk),
                  "additive": (2, 1, sq, sk)}[c["mask"]]
