@@ -18,6 +18,7 @@ so on SDPA's line. A class is checked once per process whatever the outcome.
 
 from __future__ import annotations
 
+import functools
 import uuid
 import weakref
 from collections.abc import Callable
@@ -48,7 +49,10 @@ class _State:
 _STATE: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
 
 
+@functools.lru_cache(maxsize=4096)
 def _key(call: AttentionCall) -> str:
+    """The class a revert applies to; kept per call description (formatting the class costs ~6 µs, and a call with
+    features asks on every call: its route is bound per call)."""
     return f"{class_of_call(call)}|{call.precision}|{call.device_type}"
 
 
