@@ -303,3 +303,35 @@ def test_any_sequence_of_calls_through_remembered_plans_stays_exact(
         else:
             out = attnforge.attention(q, k, v, attn_mask=mask, **kw)
         _check(out, q, k, v, attn_mask=mask, **kw)
+
+
+def test_a_remembered_sdpa_plan_that_starts_raising_falls_back_with_the_one_rule(
+        prepared: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A remembered signature whose first backend is SDPA calls it directly (no route is bound); when it raises,
+    the whole route serves the call: SDPA is skipped for the signature with one warning, the exact math answers."""
+    from attnforge.backends import sdpa as sdpa_module
+
+    q, k, v = _qkv(7)
+    mask = _mask(7)
+    attnforge.attention(q, k, v, attn_mask=mask, softcap=None)
+    assert runtime.get_dispatcher().feature_plans
+    real = sdpa_module.SdpaAdapter.__call__
+
+    def broken(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(sdpa_module.SdpaAdapter, "__call__", broken)
+    with pytest.warns(RuntimeWarning, match="'sdpa' raised"):
+        out = attnforge.attention(q, k, v, attn_mask=mask)
+    _check(out, q, k, v, attn_mask=mask)
+    again = attnforge.attention(q, k, v, attn_mask=mask)  # skipped for the signature now: no second warning
+    _check(again, q, k, v, attn_mask=mask)
+    monkeypatch.setattr(sdpa_module.SdpaAdapter, "__call__", real)
+
+
+def test_only_an_unforced_plan_led_by_sdpa_or_the_exact_math_is_called_directly(prepared: list[int]) -> None:
+    q, k, v = _qkv(8)
+    attnforge.attention(q, k, v, attn_mask=_mask(8))
+    attnforge.attention(q, k, v, attn_mask=_mask(8), backend="sdpa")
+    plans = list(runtime.get_dispatcher().feature_plans.values())
+    assert {(p.forced, p.direct.name if p.direct else None) for p in plans} == {(None, "sdpa"), ("sdpa", None)}

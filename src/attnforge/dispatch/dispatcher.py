@@ -74,6 +74,9 @@ class FeaturePlan:
     call: AttentionCall
     forced: str | None
     prepared: features.Prepared
+    #: the backend that serves the signature when nothing wraps its step (SDPA or the exact math first, unforced):
+    #: :func:`features.attention` calls it directly, and takes the whole route only when it raises
+    direct: BackendAdapter | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,14 +256,17 @@ class Dispatcher:
             forced=forced, uses=p.uses, head_dim_v=p.head_dim_v, scale=scale, bshd=False,
             caller=(p.q, p.k, p.v) if dense else None, opts=p.opts)
         plan = FeaturePlan(decision=decision, adapters=adapters, call=call, forced=forced, prepared=p)
+        route = self.planned_route(plan, p)
         if key is not None:
+            first = route[0][0][0]
+            direct = first if not forced and first.name in (FALLBACK, EXACT) else None  # no in-situ sampler
             with self._lock:
                 if self._generation == generation:  # else a measurement or a failure changed the decision
-                    kept = dataclasses.replace(plan, prepared=p.template())
+                    kept = dataclasses.replace(plan, prepared=p.template(), direct=direct)
                     self.remember_plan(key, kept)
                     if dynamic and dynamic_key is not None:  # decided for the class: every length of it
                         self.feature_plans[dynamic_key] = kept
-        return self.planned_route(plan, p)
+        return route
 
     def remember_plan(self, key: tuple[Any, ...], plan: FeaturePlan) -> None:
         """Keep ``plan`` for the exact signature ``key`` (at most :data:`ROUTES_MAX` plans: all are dropped

@@ -205,8 +205,11 @@ def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: 
         if plan is not None:  # the next call of this exact signature (the next layer) finds it at once
             dispatcher.remember_plan(key, plan)
     if plan is not None:  # a signature served before: checked then, decided then; only its tensors are new
-        call = plan.prepared.rebound(q, k, v, kwargs["attn_mask"], layout=layout)
-        out = dispatcher.serve(dispatcher.planned_route(plan, call), call.q, call.k, call.v, backend)
+        call = plan.prepared
+        out = _direct(plan, q, k, v, kwargs["attn_mask"], layout=layout)
+        if out is None:
+            call = call.rebound(q, k, v, kwargs["attn_mask"], layout=layout)
+            out = dispatcher.serve(dispatcher.planned_route(plan, call), call.q, call.k, call.v, backend)
     else:
         call = prepare(q, k, v, layout=layout, precision=precision, scale=scale, **kwargs)
         if key is not None and keys[1] is None:
@@ -215,6 +218,28 @@ def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: 
     if layout == "bshd" and "varlen" not in call.uses:
         return (out[0].transpose(1, 2), out[1]) if "lse" in call.uses else out.transpose(1, 2)
     return out
+
+
+def _direct(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, layout: str) -> Any:
+    """A remembered signature's output from its first backend called directly (``plan.direct``: SDPA or the exact
+    math, unforced, nothing wrapping its step), or None when there is none or it raised: the whole route then
+    serves the call, with the rule for a backend that raises (``Dispatcher.serve``). What :meth:`Prepared.rebound`
+    and the route's binding would build, without building them."""
+    import torch
+
+    adapter = plan.direct
+    if adapter is None:
+        return None
+    t = plan.prepared
+    if layout == "bshd":
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    opts = t.opts if attn_mask is None else {**t.opts, "attn_mask": mask_view(attn_mask)}
+    try:
+        return adapter(q, k, v, causal=t.causal, scale=t.scale, **opts)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception:  # the route runs it again and handles it as any raising backend
+        return None
 
 
 #: the keywords of :func:`prepare` a call signature (:func:`signature`) does not carry: tensors other than the mask
