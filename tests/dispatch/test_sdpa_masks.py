@@ -169,3 +169,23 @@ def test_a_bottom_right_causal_call_hands_sdpa_an_additive_mask_kept_per_shape(
         torch.testing.assert_close(out, reference_attention(q, k, v, causal=True, scale=None))
     assert got[0].dtype == torch.float64 and got[0] is got[1]
     assert torch.isinf(got[0]).sum() == sum(max(0, sk - max(0, i + sk - sq + 1)) for i in range(max(0, sq - sk), sq))
+
+
+def test_an_additive_mask_with_a_row_that_sees_no_key_gives_zeros_there(preparations: list[int]) -> None:
+    mask = torch.zeros(2, 1, 16, 24, dtype=torch.float64).masked_fill(~_padding_mask(), float("-inf"))
+    q, k, v = _qkv(4)
+    out = registry.fallback()(q, k, v, causal=False, scale=None, attn_mask=mask)
+    torch.testing.assert_close(out, reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask))
+    assert torch.equal(out[1, :, 3], torch.zeros_like(out[1, :, 3]))
+
+
+def test_a_new_mask_is_prepared_without_negating_its_rows(preparations: list[int]) -> None:
+    """A model pays the preparation once per forward (decode: once per step): any, <, where (on CUDA), and the
+    rows that see no key zeroed by multiplying the output with the rows that see some, so no ``~seen`` kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = _qkv(5)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        registry.fallback()(q, k, v, causal=False, scale=None, attn_mask=_padding_mask())
+    ops = [e.name for e in prof.events() if e.name.startswith("aten::")]
+    assert "aten::any" in ops and "aten::bitwise_not" not in ops and "aten::logical_not" not in ops, ops

@@ -117,19 +117,19 @@ class SdpaAdapter(AdapterBase):
                 kwargs["enable_gqa"] = True
             else:
                 k, v = expand_kv(k, v, q.shape[1])
-        empty = None
+        seen = None
         if causal:
             if q.shape[2] == k.shape[2]:
                 kwargs["is_causal"] = True
             else:
-                kwargs["attn_mask"], empty = _bottom_right_additive(q.shape[2], k.shape[2], q.dtype, q.device)
+                kwargs["attn_mask"], seen = _bottom_right_additive(q.shape[2], k.shape[2], q.dtype, q.device)
         if self.kernel is None:
             out = sdpa(q, k, v, scale=scale, **kwargs)
         else:
             with _force(self.kernel):
                 out = sdpa(q, k, v, scale=scale, **kwargs)
-        if empty is not None:  # in place when nothing records the output for backward
-            out = out.masked_fill(empty, 0.0) if out.requires_grad else out.masked_fill_(empty, 0.0)
+        if seen is not None:  # in place when nothing records the output for backward
+            out = out.mul(seen) if out.requires_grad else out.mul_(seen)
         return out
 
 
@@ -163,7 +163,7 @@ class SdpaAdapter(AdapterBase):
                 k, v = expand_kv(k, v, q.shape[1])
         sq, sk = q.shape[2], k.shape[2]
         top_left = causal_alignment == "top_left" or sq == sk
-        empty = None
+        seen = None
         if attn_mask is None and window is None and causal and top_left:
             kwargs["is_causal"] = True  # SDPA's own top-left causal
         else:
@@ -172,30 +172,32 @@ class SdpaAdapter(AdapterBase):
                     and not (q.device.type == "cpu" and _safe_softmax_on_cpu()))
             opened = _OPENED.get(attn_mask, params) if keep else None
             if opened is None:
-                mask, empty = self._sdpa_mask(attn_mask, q, sq=sq, sk=sk, causal=causal, top_left=top_left,
+                mask, seen = self._sdpa_mask(attn_mask, q, sq=sq, sk=sk, causal=causal, top_left=top_left,
                                               window=window)
                 # never kept from inside CUDA graph capture: the captured kernels have not run, so the tensors
                 # would hold garbage for an eager call of the same mask object until the graph is replayed
-                if keep and empty is not None and not (mask.device.type == "cuda" and graph_capturing()):
-                    _OPENED.put(attn_mask, params, (mask, empty))
+                if keep and seen is not None and not (mask.device.type == "cuda" and graph_capturing()):
+                    _OPENED.put(attn_mask, params, (mask, seen))
             else:
-                mask, empty = opened
+                mask, seen = opened
             kwargs["attn_mask"] = mask
         if self.kernel is None:
             out = sdpa(q, k, v, **kwargs)
         else:
             with _force(self.kernel):
                 out = sdpa(q, k, v, **kwargs)
-        if empty is None:
+        if seen is None:
             return out
-        # in place when nothing records the output for backward (one kernel instead of a copy and a fill)
-        return out.masked_fill(empty, 0.0) if out.requires_grad else out.masked_fill_(empty, 0.0)
+        # the rows that see no key, opened in the mask, become zeros: in place when nothing records the output for
+        # backward (one kernel instead of a copy and a multiply)
+        return out.mul(seen) if out.requires_grad else out.mul_(seen)
 
     @staticmethod
     def _sdpa_mask(attn_mask: Any, q: torch.Tensor, *, sq: int, sk: int, causal: bool, top_left: bool,
                    window: Any) -> tuple[Any, Any]:
-        """The one ``attn_mask`` SDPA gets for the caller's mask, causal alignment and window, and the rows that
-        see no key (None where SDPA itself returns zeros for them: CPU since torch 2.5)."""
+        """The one ``attn_mask`` SDPA gets for the caller's mask, causal alignment and window, and which rows see
+        some key (bool ``[..., Sq, 1]``: the output is multiplied by it; None where SDPA itself returns zeros for
+        rows that see none: CPU since torch 2.5)."""
         import torch
 
         visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=q.device)
@@ -207,11 +209,10 @@ class SdpaAdapter(AdapterBase):
                 mask = visible if mask is None else mask & visible
             else:
                 mask = mask.masked_fill(~visible, float("-inf"))
-        empty = None
+        seen = None
         if mask is not None and not (q.device.type == "cpu" and _safe_softmax_on_cpu()):
             # rows that see no key are opened to every key (no NaN in softmax or its gradient) and zeroed
             seen = (mask if mask.dtype == torch.bool else mask > float("-inf")).any(dim=-1, keepdim=True)
-            empty = ~seen
             if mask.dtype == torch.bool:
                 # additive, as SDPA turns a bool mask on every call (a where and two fills, torch 2.11), here once
                 # per mask object: -inf where a row that sees some key hides a key (mask < seen), else 0
@@ -222,20 +223,22 @@ class SdpaAdapter(AdapterBase):
                     mask = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(hidden,
                                                                                                   float("-inf"))
             else:
-                mask = mask.masked_fill(empty, 0.0)
-        return mask, empty
+                mask = torch.where(seen, mask, 0.0)
+        return mask, seen
 
 
 @kept_outside_capture(64)
 def _bottom_right_additive(seqlen_q: int, seqlen_k: int, dtype: torch.dtype,
                            device: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`~attnforge.backends._base.bottom_right_mask` as SDPA takes it without converting it on every call:
-    additive (0 / -inf) in ``dtype``, the rows that see no key opened; and those rows (or None). Kept per
+    additive (0 / -inf) in ``dtype``, the rows that see no key opened; and which rows see some key (bool
+    ``[Sq, 1]``, or None when all do). Kept per
     ``(Sq, Sk, dtype, device)`` outside CUDA graph capture (:func:`~attnforge.backends._base.kept_outside_capture`)."""
     import torch
 
     allowed, empty = bottom_right_mask(seqlen_q, seqlen_k, device)
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf")), empty
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
+    return additive, (None if empty is None else ~empty)
 
 
 @functools.lru_cache(maxsize=16)
