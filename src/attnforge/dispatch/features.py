@@ -280,9 +280,8 @@ def dynamic_signature(key: tuple[Any, ...], *, layout: str) -> tuple[Any, ...] |
     power-of-two buckets (:func:`attnforge.types.shapes.bucket`, the shape class's), with Sq == Sk or not as the
     signature has it (and V's length == K's), the mask's last two dimensions named where they are Sk and Sq rather
     than sized. A dynamic shape class (a decode loop: a new Sk every step) reuses the plan decided for it under this
-    key, for every length
-    (:meth:`~attnforge.dispatch.dispatcher.Dispatcher.feature_route` stores it once the class is dynamic, when the
-    decision no longer depends on the exact shape). None for a zero-sized call.
+    key, for every length (:meth:`~attnforge.dispatch.dispatcher.Dispatcher.feature_route` stores it once the class
+    is dynamic, when the decision no longer depends on the exact shape). None for a zero-sized call.
 
     What :func:`prepare` derives from the lengths is either in the key (the buckets, Sq == Sk, which mask
     dimensions are a length) or checked again per call (a window's sides past the sequences: :func:`_same_window`)."""
