@@ -85,15 +85,8 @@ def calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
             calls_of = layered if name.endswith("_layers4") else inputs
             for k, v, m in calls_of[:4]:
                 fn(k, v, m)  # first use, caches
-            models_e2e._sync(torch)
-            best = float("inf")
-            for _ in range(5):
-                t0 = time.perf_counter()
-                for k, v, m in calls_of:
-                    out = fn(k, v, m)
-                models_e2e._sync(torch)
-                best = min(best, (time.perf_counter() - t0) / len(calls_of) * 1e6)
-            res[f"{name}{'' if grow else '_fixed_sk'}_us"] = round(best, 2)
+            best, out = _best_us_per_call(torch, fn, [calls_of] * 5)
+            res[f"{name}{'' if grow else '_fixed_sk'}_us"] = best
             if grow and not name.endswith("_layers4"):
                 if ref is None:
                     ref = out.float()
@@ -104,17 +97,25 @@ def calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     # loop's next tokens do (the rounds above repeat their lengths, so from the second round on each was seen)
     fresh_variants = (("sdpa_enable_gqa_layers4_new_lengths", gqa), ("attention_layers4_new_lengths", af))
     for j, (name, fn) in enumerate(fresh_variants):
-        best = float("inf")
-        for r in range(5):
-            fresh = [x for x in _step_inputs(torch, kv, s0 + 100 + 16 * r + 90 * j, 16, True) for _ in range(4)]
-            models_e2e._sync(torch)
-            t0 = time.perf_counter()
-            for k, v, m in fresh:
-                fn(k, v, m)
-            models_e2e._sync(torch)
-            best = min(best, (time.perf_counter() - t0) / len(fresh) * 1e6)
-        res[f"{name}_us"] = round(best, 2)
+        rounds = [[x for x in _step_inputs(torch, kv, s0 + 100 + 16 * r + 90 * j, 16, True) for _ in range(4)]
+                  for r in range(5)]
+        res[f"{name}_us"] = _best_us_per_call(torch, fn, rounds)[0]
     return res
+
+
+def _best_us_per_call(torch: Any, fn: Callable[..., Any],
+                      rounds: list[list[tuple[Any, Any, Any]]]) -> tuple[float, Any]:
+    """µs per call of ``fn(k, v, mask)`` over each round's calls back to back between two synchronizes, the best
+    round; and the last call's output."""
+    best, out = float("inf"), None
+    for calls in rounds:
+        models_e2e._sync(torch)
+        t0 = time.perf_counter()
+        for k, v, m in calls:
+            out = fn(k, v, m)
+        models_e2e._sync(torch)
+        best = min(best, (time.perf_counter() - t0) / len(calls) * 1e6)
+    return round(best, 2), out
 
 
 def _profile(torch: Any, dev: str, fn: Callable[[], Any]) -> list[dict[str, Any]]:
