@@ -232,8 +232,8 @@ def _bottom_right_additive(seqlen_q: int, seqlen_k: int, dtype: torch.dtype,
                            device: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`~attnforge.backends._base.bottom_right_mask` as SDPA takes it without converting it on every call:
     additive (0 / -inf) in ``dtype``, the rows that see no key opened; and which rows see some key (bool
-    ``[Sq, 1]``, or None when all do). Kept per
-    ``(Sq, Sk, dtype, device)`` outside CUDA graph capture (:func:`~attnforge.backends._base.kept_outside_capture`)."""
+    ``[Sq, 1]``, or None when all do). Kept per ``(Sq, Sk, dtype, device)`` outside CUDA graph capture
+    (:func:`~attnforge.backends._base.kept_outside_capture`)."""
     import torch
 
     allowed, empty = bottom_right_mask(seqlen_q, seqlen_k, device)

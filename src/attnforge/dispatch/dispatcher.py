@@ -265,12 +265,12 @@ class Dispatcher:
                     kept = dataclasses.replace(plan, prepared=p.template(), direct=direct)
                     self.remember_plan(key, kept)
                     if dynamic and dynamic_key is not None:  # decided for the class: every length of it
-                        self.feature_plans[dynamic_key] = kept
+                        self.remember_plan(dynamic_key, kept)
         return route
 
     def remember_plan(self, key: tuple[Any, ...], plan: FeaturePlan) -> None:
-        """Keep ``plan`` for the exact signature ``key`` (at most :data:`ROUTES_MAX` plans: all are dropped
-        when full, as routes are)."""
+        """Keep ``plan`` for ``key`` (an exact or a class-level signature; at most :data:`ROUTES_MAX` plans: all
+        are dropped when full, as routes are)."""
         with self._lock:
             if len(self.feature_plans) >= ROUTES_MAX:
                 self.feature_plans.clear()

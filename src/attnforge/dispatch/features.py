@@ -176,16 +176,18 @@ class Prepared:
                         scale=self.scale)
 
     def rebound(self, q: Any, k: Any, v: Any, attn_mask: Any, *, layout: str) -> Prepared:
-        """This checked dense call (or its :meth:`template`) on new tensors of the same :func:`signature` (their
-        bhsd views, the mask as :func:`~attnforge.dispatch.inputs.mask_view` gives it); every scalar keyword
-        stays as checked."""
-        if layout == "bshd":
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        opts = self.opts
-        if attn_mask is not None:
-            opts = {**opts, "attn_mask": mask_view(attn_mask)}
+        """This checked dense call (or its :meth:`template`) on new tensors of the same :func:`signature`
+        (:meth:`arguments`); every scalar keyword stays as checked."""
+        q, k, v, opts = self.arguments(q, k, v, attn_mask, layout=layout)
         return Prepared(q=q, k=k, v=v, probe=(q, k), empty=False, uses=self.uses, head_dim_v=self.head_dim_v,
                         opts=opts, causal=self.causal, needs_grad=self.needs_grad, scale=self.scale)
+
+    def arguments(self, q: Any, k: Any, v: Any, attn_mask: Any, *, layout: str) -> tuple[Any, Any, Any, dict[str, Any]]:
+        """What a backend gets for new tensors of this call's signature: their bhsd views, and the feature
+        keywords with the mask as :func:`~attnforge.dispatch.inputs.mask_view` gives it."""
+        if layout == "bshd":
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return q, k, v, (self.opts if attn_mask is None else {**self.opts, "attn_mask": mask_view(attn_mask)})
 
 
 def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: str | None, precision: str,
@@ -196,10 +198,10 @@ def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: 
     key = signature(q, k, v, layout=layout, backend=backend, precision=precision, scale=scale, kwargs=kwargs)
     plans = dispatcher.feature_plans
     plan = plans.get(key) if key is not None else None
-    keys: tuple[tuple[Any, ...] | None, tuple[Any, ...] | None] = (key, None)
-    if plan is None and key is not None and plans:  # a new length of a dynamic class: its class-level plan
-        keys = (key, dynamic_signature(key, layout=layout))
-        plan = plans.get(keys[1]) if keys[1] is not None else None
+    dynamic = None
+    if plan is None and key is not None:  # a new length of a dynamic class: its class-level plan, if any
+        dynamic = dynamic_signature(key, layout=layout)
+        plan = plans.get(dynamic) if dynamic is not None else None
         if plan is not None and not _same_window(plan.prepared, kwargs.get("window"), key, layout=layout):
             plan = None
         if plan is not None:  # the next call of this exact signature (the next layer) finds it at once
@@ -212,9 +214,7 @@ def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: 
             out = dispatcher.serve(dispatcher.planned_route(plan, call), call.q, call.k, call.v, backend)
     else:
         call = prepare(q, k, v, layout=layout, precision=precision, scale=scale, **kwargs)
-        if key is not None and keys[1] is None:
-            keys = (key, dynamic_signature(key, layout=layout))
-        out = _serve(dispatcher, call, scale=call.scale, backend=backend, precision=precision, keys=keys)
+        out = _serve(dispatcher, call, scale=call.scale, backend=backend, precision=precision, keys=(key, dynamic))
     if layout == "bshd" and "varlen" not in call.uses:
         return (out[0].transpose(1, 2), out[1]) if "lse" in call.uses else out.transpose(1, 2)
     return out
@@ -223,17 +223,15 @@ def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: 
 def _direct(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, layout: str) -> Any:
     """A remembered signature's output from its first backend called directly (``plan.direct``: SDPA or the exact
     math, unforced, nothing wrapping its step), or None when there is none or it raised: the whole route then
-    serves the call, with the rule for a backend that raises (``Dispatcher.serve``). What :meth:`Prepared.rebound`
-    and the route's binding would build, without building them."""
+    serves the call, with the rule for a backend that raises (``Dispatcher.serve``). The arguments are
+    :meth:`Prepared.arguments`, without building a :class:`Prepared` or a route."""
     import torch
 
     adapter = plan.direct
     if adapter is None:
         return None
     t = plan.prepared
-    if layout == "bshd":
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    opts = t.opts if attn_mask is None else {**t.opts, "attn_mask": mask_view(attn_mask)}
+    q, k, v, opts = t.arguments(q, k, v, attn_mask, layout=layout)
     try:
         return adapter(q, k, v, causal=t.causal, scale=t.scale, **opts)
     except torch.OutOfMemoryError:
