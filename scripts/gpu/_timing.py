@@ -4,7 +4,7 @@ of every comparison are timed alike. On a CPU (dry runs) the same function with 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -60,19 +60,27 @@ def paired_ms(torch: Any, fn: Callable[[], Any], use: dict[str, Callable[[], Any
             torch.cuda.synchronize()
 
     times: dict[str, list[float]] = {name: [] for name in use}
+    for r, name in interleaved(use, rounds):
+        for _ in range(warmup if r == 0 else 1):
+            fn()
+        sync()
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+def interleaved(use: dict[str, Callable[[], Any]], rounds: int) -> Iterator[tuple[int, str]]:
+    """``(round, name)`` for each setting of ``use`` in each round, the order alternating round by round, with
+    the model switched to that setting (``use[name]()``) before each is yielded: the schedule of
+    :func:`paired_ms` for timings that read their own clock (a decode step's)."""
     names = list(use)
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             use[name]()
-            for _ in range(warmup if r == 0 else 1):
-                fn()
-            sync()
-            for _ in range(reps):
-                start = time.perf_counter()
-                fn()
-                sync()
-                times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+            yield r, name
 
 
 def waited_s(timeout_s: float) -> float:

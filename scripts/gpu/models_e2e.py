@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from _timing import paired_ms
+from _timing import interleaved, paired_ms
 
 DEV, DT, SMALL, WARMUP, DIAGNOSE = "cuda", "bfloat16", False, False, False
 LAYERS = 2
@@ -227,12 +227,7 @@ def _generate_paired(torch: Any, model: Any, batch: int, use: dict[str, Any]) ->
     ``generate`` over a left-padded batch of ``batch`` prompts, the implementations interleaved round by round
     (:func:`_timing.paired_ms`)."""
     kw, prompt, new = _generate_inputs(torch, batch)
-
-    def run(n: int) -> Any:
-        with torch.no_grad():
-            return model.generate(**kw, max_new_tokens=n, min_new_tokens=n)
-
-    t1 = paired_ms(torch, lambda: run(1), use, reps=3)
+    t1 = paired_ms(torch, lambda: _generate_run(torch, model, kw, 1), use, reps=3)
     step = _decode_step_ms(torch, model, kw, new=new, use=use)
     return {f"{name}_generate": {"prefill_ms": t1[name], "prompt": prompt, "new_tokens": new,
                                  "decode_step_ms": step[name], "decode_tokens_per_s": batch / (step[name] / 1e3)}
@@ -260,16 +255,11 @@ def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use
             return scores
 
     steps: dict[str, list[float]] = {name: [] for name in use}
-    names = list(use)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            use[name]()
-            clock = Clock()
-            with torch.no_grad():
-                model.generate(**kw, max_new_tokens=1 + new, min_new_tokens=1 + new,
-                               logits_processor=LogitsProcessorList([clock]))
-            if r:  # the first round warms both up
-                steps[name] += [(b - a) * 1e3 for a, b in zip(clock.stamps[1:], clock.stamps[2:], strict=False)]
+    for r, name in interleaved(use, rounds):
+        clock = Clock()
+        _generate_run(torch, model, kw, 1 + new, logits_processor=LogitsProcessorList([clock]))
+        if r:  # the first round warms both up
+            steps[name] += [(b - a) * 1e3 for a, b in zip(clock.stamps[1:], clock.stamps[2:], strict=False)]
     return {name: sorted(t)[len(t) // 2] for name, t in steps.items()}
 
 
@@ -279,11 +269,16 @@ def _generate_diagnosis(torch: Any, model: Any, batch: int) -> dict[str, Any]:
     kw, _, _ = _generate_inputs(torch, batch)
 
     def run(n: int) -> Any:
-        with torch.no_grad():
-            return model.generate(**kw, max_new_tokens=n, min_new_tokens=n)
+        return _generate_run(torch, model, kw, n)
 
     return {"decode_calls": _spy_calls(torch, lambda: run(3)), "decode_syncs": _syncs(torch, lambda: run(3)),
             "decode_kernels": _kernels(torch, lambda: run(9))}
+
+
+def _generate_run(torch: Any, model: Any, kw: dict[str, Any], n: int, **extra: Any) -> Any:
+    """Greedy ``generate`` of exactly ``n`` new tokens on ``kw`` (:func:`_generate_inputs`), without autograd."""
+    with torch.no_grad():
+        return model.generate(**kw, max_new_tokens=n, min_new_tokens=n, **extra)
 
 
 def _syncs(torch: Any, fn: Any) -> dict[str, int]:
