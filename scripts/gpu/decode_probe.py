@@ -33,7 +33,7 @@ def _tensors(torch: Any, dev: str, dt: Any, small: bool) -> tuple[Any, ...]:
     b, hq, hkv, d, s0 = (4, 8, 2, 16, 64) if small else (4, 32, 8, 128, 1024)
     torch.manual_seed(0)
     q = torch.randn(b, hq, 1, d, device=dev, dtype=dt)
-    kv = torch.randn(2, b, hkv, s0 + 280, d, device=dev, dtype=dt)
+    kv = torch.randn(2, b, hkv, s0 + 420, d, device=dev, dtype=dt)
     return q, kv, s0
 
 
@@ -100,6 +100,49 @@ def calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
         rounds = [[x for x in _step_inputs(torch, kv, s0 + 100 + 16 * r + 90 * j, 16, True) for _ in range(4)]
                   for r in range(5)]
         res[f"{name}_us"] = _best_us_per_call(torch, fn, rounds)[0]
+    res["first_call_on_a_new_length"] = _first_calls(torch, dev, q, kv, s0, gqa=gqa, af=af)
+    return res
+
+
+def _first_calls(torch: Any, dev: str, q: Any, kv: Any, s0: int, *, gqa: Callable[..., Any],
+                 af: Callable[..., Any]) -> dict[str, Any]:
+    """Each variant's first call on a length it never had, one call between two synchronizes (wall µs: median, max
+    of 8 lengths; then the same calls again), and the kernels of one call. 2026-11-28 (H200): 16 new lengths x
+    4 calls cost ~11.6 ms a call for SDPA with ``enable_gqa`` and a bool mask, and for attention(); cuDNN's
+    attention builds a graph per sequence length (ml-explore/mlx#2743 on cuDNN SDPA). ``sdpa_repeat_kv`` is
+    transformers' masked path (K/V repeated to Hq heads, no ``enable_gqa``); ``*_no_cudnn`` excludes cuDNN."""
+    import torch.nn.functional as F  # noqa: N812
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = q.shape[1] // kv.shape[2]
+
+    def repeat_kv(k: Any, v: Any, m: Any) -> Any:
+        k2, v2 = (t.repeat_interleave(g, dim=1) for t in (k, v))
+        return F.scaled_dot_product_attention(q, k2, v2, attn_mask=m)
+
+    def no_cudnn(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(k: Any, v: Any, m: Any) -> Any:
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+                return fn(k, v, m)
+        return run
+
+    variants = {"sdpa_enable_gqa": gqa, "sdpa_repeat_kv": repeat_kv, "attention": af,
+                "sdpa_enable_gqa_no_cudnn": no_cudnn(gqa), "attention_no_cudnn": no_cudnn(af)}
+    res: dict[str, Any] = {}
+    for j, (name, fn) in enumerate(variants.items()):
+        inputs = _step_inputs(torch, kv, s0 + 300 + 20 * j, 9, True)  # lengths no call above had
+        walls: dict[str, list[float]] = {"first": [], "again": []}
+        for label in ("first", "again"):
+            for k, v, m in inputs[:8]:
+                models_e2e._sync(torch)
+                t0 = time.perf_counter()
+                fn(k, v, m)
+                models_e2e._sync(torch)
+                walls[label].append((time.perf_counter() - t0) * 1e6)
+        res[name] = {label: {"median_us": round(sorted(w)[len(w) // 2], 1), "max_us": round(max(w), 1)}
+                     for label, w in walls.items()}
+        res[name]["kernels"] = [r["name"] for r in _profile(torch, dev, lambda fn=fn, x=inputs[8]: fn(*x))
+                                                if r["device_us"] > 0][:8]
     return res
 
 

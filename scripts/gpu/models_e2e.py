@@ -272,7 +272,31 @@ def _generate_diagnosis(torch: Any, model: Any, batch: int) -> dict[str, Any]:
         return _generate_run(torch, model, kw, n)
 
     return {"decode_calls": _spy_calls(torch, lambda: run(3)), "decode_syncs": _syncs(torch, lambda: run(3)),
-            "decode_kernels": _kernels(torch, lambda: run(9))}
+            "decode_kernels": _kernels(torch, lambda: run(9)), "decode_host": _host_profile(torch, lambda: run(9))}
+
+
+def _host_profile(torch: Any, fn: Any, top: int = 30) -> dict[str, list[dict[str, Any]]]:
+    """Where ``fn``'s host time goes (cProfile, after one unprofiled run): the ``top`` functions by own time, and
+    by cumulative time among attnforge's and transformers' attention and masking functions (ms, calls)."""
+    import cProfile
+    import pstats
+
+    fn()
+    _sync(torch)
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    _sync(torch)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = [{"fn": f"{path.rsplit('/', 2)[-1]}:{line}({name})", "calls": nc, "own_ms": round(tt * 1e3, 3),
+             "cum_ms": round(ct * 1e3, 3), "path": path}
+            for (path, line, name), (_, nc, tt, ct, _) in stats.items()]
+    ours = [r for r in rows if "attnforge" in r["path"] or "masking_utils" in r["path"] or "attention" in r["fn"]]
+    for r in rows:
+        del r["path"]
+    return {"by_own": sorted(rows, key=lambda r: -r["own_ms"])[:top],
+            "attention_by_cum": sorted(ours, key=lambda r: -r["cum_ms"])[:top]}
 
 
 def _generate_run(torch: Any, model: Any, kw: dict[str, Any], n: int, **extra: Any) -> Any:
