@@ -114,6 +114,8 @@ def _first_calls(torch: Any, dev: str, q: Any, kv: Any, s0: int, *, gqa: Callabl
     import torch.nn.functional as F  # noqa: N812
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from attnforge.backends.sdpa import _decode_without_cudnn
+
     g = q.shape[1] // kv.shape[2]
 
     def repeat_kv(k: Any, v: Any, m: Any) -> Any:
@@ -126,8 +128,11 @@ def _first_calls(torch: Any, dev: str, q: Any, kv: Any, s0: int, *, gqa: Callabl
                 return fn(k, v, m)
         return run
 
+    def folded(k: Any, v: Any, m: Any) -> Any:  # the SDPA adapter's decode path alone (query heads folded)
+        return _decode_without_cudnn(F.scaled_dot_product_attention, q, k, v, {"attn_mask": m, "enable_gqa": True})
+
     variants = {"sdpa_enable_gqa": gqa, "sdpa_repeat_kv": repeat_kv, "attention": af,
-                "sdpa_enable_gqa_no_cudnn": no_cudnn(gqa), "attention_no_cudnn": no_cudnn(af)}
+                "sdpa_enable_gqa_no_cudnn": no_cudnn(gqa), "sdpa_folded_no_cudnn": folded}
     res: dict[str, Any] = {}
     for j, (name, fn) in enumerate(variants.items()):
         inputs = _step_inputs(torch, kv, s0 + 300 + 20 * j, 9, True)  # lengths no call above had
@@ -143,6 +148,46 @@ def _first_calls(torch: Any, dev: str, q: Any, kv: Any, s0: int, *, gqa: Callabl
                      for label, w in walls.items()}
         res[name]["kernels"] = [r["name"] for r in _profile(torch, dev, lambda fn=fn, x=inputs[8]: fn(*x))
                                                 if r["device_us"] > 0][:8]
+    return res
+
+
+def gemma_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
+    """Gemma-2-9B's decode call (``q [4, 16, 1, 256]``, ``k/v [4, 8, Sk, 256]``, softcap 50, a bool padding mask),
+    which SDPA cannot serve (softcap): transformers' default for Gemma-2 (``eager_attention_forward``, K/V
+    repeated, an additive mask) against ``attention()`` (the exact math on a class whose lengths vary), 64 calls
+    back to back with Sk growing, wall µs per call (best of 5 rounds), outputs compared, and each one's kernels."""
+    from types import SimpleNamespace
+
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    import attnforge
+
+    b, hq, hkv, d, s0 = (4, 4, 2, 16, 64) if small else (4, 16, 8, 256, 1024)
+    torch.manual_seed(0)
+    q = torch.randn(b, hq, 1, d, device=dev, dtype=dt)
+    kv = torch.randn(2, b, hkv, s0 + 80, d, device=dev, dtype=dt)
+    inputs = _step_inputs(torch, kv, s0, 64, True)
+    additive = {id(m): torch.zeros(m.shape, dtype=dt, device=dev).masked_fill_(~m, torch.finfo(dt).min)
+                for _, _, m in inputs}
+    module = SimpleNamespace(num_key_value_groups=hq // hkv, training=False)
+    scale = 256 ** -0.5
+
+    def eager(k: Any, v: Any, m: Any) -> Any:
+        return eager_attention_forward(module, q, k, v, additive[id(m)], scaling=scale, softcap=50.0)[0]
+
+    def af(k: Any, v: Any, m: Any) -> Any:
+        return attnforge.attention(q, k, v, attn_mask=m, scale=scale, softcap=50.0)
+
+    res: dict[str, Any] = {}
+    outs = {}
+    for name, fn in (("eager", eager), ("attention", af)):
+        for k, v, m in inputs[:4]:
+            fn(k, v, m)
+        res[f"{name}_us"], outs[name] = _best_us_per_call(torch, fn, [inputs] * 5)
+        res[f"{name}_profile"] = _profile(torch, dev, lambda fn=fn, xs=inputs[:8]: [fn(*x) for x in xs])
+    # eager returns [B, Sq, H, D] (transposed for the output projection)
+    res["max_abs_diff"] = float((outs["attention"].transpose(1, 2).float() - outs["eager"].float()).abs().max())
+    res["speedup"] = res["eager_us"] / res["attention_us"]
     return res
 
 
@@ -211,7 +256,9 @@ def main() -> int:
     dt = getattr(torch, models_e2e.DT)
     results: dict[str, Any] = {"device": torch.cuda.get_device_name() if not small else "cpu",
                                "torch": torch.__version__}
-    for name, fn in (("calls", lambda: calls(torch, args.device, dt, small)), ("generate", lambda: generate(torch))):
+    for name, fn in (("calls", lambda: calls(torch, args.device, dt, small)),
+                     ("gemma_calls", lambda: gemma_calls(torch, args.device, dt, small)),
+                     ("generate", lambda: generate(torch))):
         t0 = time.perf_counter()
         try:
             results[name] = fn()

@@ -70,3 +70,27 @@ def test_every_claimed_feature_matches_the_reference_on_this_gpu(name: str) -> N
                          kind=kind)
     bad = [f"{c.case.label}: {c.detail}" for c in res.cases if c.status in (CaseStatus.FAILED, CaseStatus.ERROR)]
     assert not bad, bad
+
+
+@pytest.mark.parametrize(("hq", "hkv", "sq", "mask_heads"), [(32, 8, 1, 1), (16, 8, 1, 16), (8, 8, 1, 1),
+                                                               (32, 8, 4, 1)],
+                         ids=["llama-decode", "per-head-mask", "mha", "speculative-4"])
+def test_a_masked_decode_call_runs_no_cudnn_kernel_at_any_length(hq: int, hkv: int, sq: int, mask_heads: int) -> None:
+    """cuDNN's SDPA builds a graph per new sequence length (42-67 ms a first call on an H200, 2026-11-28): the
+    SDPA adapter's masked decode calls leave it out, at every length, and match the reference."""
+    from torch.profiler import ProfilerActivity, profile
+
+    adapter = registry.fallback()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for sk in (1025, 1026, 1041):
+        q = torch.randn(4, hq, sq, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(4, hkv, sk, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        mask = torch.ones(4, mask_heads, sq, sk, dtype=torch.bool, device="cuda")
+        mask[1, ..., : sk // 5] = False  # left padding on one row
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out = adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
+            torch.cuda.synchronize()
+        kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+        assert kernels and not [n for n in kernels if "cudnn" in n.lower()], kernels
+        ref = reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask)
+        torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)

@@ -189,3 +189,51 @@ def test_a_new_mask_is_prepared_without_negating_its_rows(preparations: list[int
         registry.fallback()(q, k, v, causal=False, scale=None, attn_mask=_padding_mask())
     ops = [e.name for e in prof.events() if e.name.startswith("aten::")]
     assert "aten::any" in ops and "aten::bitwise_not" not in ops and "aten::logical_not" not in ops, ops
+
+
+@pytest.mark.parametrize("sq", [1, 3])
+@pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.parametrize("mask_shape", ["b1qk", "b11k", "bh1k", "bhqk", "11qk", "qk", "1k"])
+@pytest.mark.parametrize("additive", [False, True], ids=["bool", "additive"])
+def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(
+        sq: int, groups: int, mask_shape: str, additive: bool) -> None:
+    """The decode path that leaves cuDNN out (query heads folded into their K/V head's rows, the mask's rows
+    repeated to match) returns what SDPA returns for the unfolded call, for every mask shape that broadcasts to
+    ``[B, Hq, Sq, Sk]``, and leaves SDPA's cuDNN flag as it found it."""
+    import torch.nn.functional as F  # noqa: N812
+
+    g = torch.Generator().manual_seed(sq * 10 + groups)
+    b, hkv, sk, d = 2, 2, 19, 8
+    hq = hkv * groups
+    q = torch.randn(b, hq, sq, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(b, hkv, sk, d, generator=g, dtype=torch.float64) for _ in range(2))
+    dims = {"b": b, "h": hq, "q": sq, "k": sk, "1": 1}
+    shape = [dims[c] for c in mask_shape]
+    mask = torch.rand(*shape, generator=g) > 0.3
+    mask[..., -1] = True  # every row sees a key (the adapter's own pass handles rows that see none)
+    if additive:
+        mask = torch.zeros(shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
+    kwargs = {"attn_mask": mask, "dropout_p": 0.0, "scale": None}
+    if groups > 1:
+        kwargs["enable_gqa"] = True
+    want = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    got = sdpa_module._decode_without_cudnn(F.scaled_dot_product_attention, q, k, v, dict(kwargs))
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want)
+
+
+def test_the_decode_path_restores_the_cudnn_flag_when_sdpa_raises() -> None:
+    q, k, v = _qkv()
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+
+    def failing(*args: object, **kwargs: object) -> torch.Tensor:
+        assert not torch.backends.cuda.cudnn_sdp_enabled()  # left out while SDPA chooses
+        raise RuntimeError("kernel failed")
+
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        sdpa_module._decode_without_cudnn(failing, q[:, :, :1], k, v,
+                                          {"attn_mask": torch.ones(2, 1, 1, 24, dtype=torch.bool),
+                                           "enable_gqa": True})
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from attnforge.backends._base import AdapterBase, bottom_right_mask, expand_kv, graph_capturing, kept_outside_capture
 from attnforge.backends.capabilities import GqaMode
 from attnforge.backends.exact import visible_keys
-from attnforge.backends.sdpa_original import original_sdpa
+from attnforge.backends.sdpa_original import kernels_restricted, original_sdpa
 
 if TYPE_CHECKING:
     import torch
@@ -181,11 +181,13 @@ class SdpaAdapter(AdapterBase):
             else:
                 mask, seen = opened
             kwargs["attn_mask"] = mask
-        if self.kernel is None:
-            out = sdpa(q, k, v, **kwargs)
-        else:
+        if self.kernel is not None:
             with _force(self.kernel):
                 out = sdpa(q, k, v, **kwargs)
+        elif "attn_mask" in kwargs and sq <= DECODE_ROWS and q.device.type == "cuda" and _cudnn_free_decode():
+            out = _decode_without_cudnn(sdpa, q, k, v, kwargs)
+        else:
+            out = sdpa(q, k, v, **kwargs)
         if seen is None:
             return out
         # the rows that see no key, opened in the mask, become zeros: in place when nothing records the output for
@@ -225,6 +227,63 @@ class SdpaAdapter(AdapterBase):
             else:
                 mask = torch.where(seen, mask, 0.0)
         return mask, seen
+
+
+#: the query rows (Sq) up to which a masked call is served as a decode step (:func:`_decode_without_cudnn`)
+DECODE_ROWS = 16
+
+
+def _cudnn_free_decode() -> bool:
+    """Whether a masked decode call may leave cuDNN out: SDPA's kernel choice is the caller's (no
+    ``sdpa_kernel`` context restricting it) and nothing traces the call (``torch.compile`` fixes its kernel when it
+    compiles)."""
+    import torch
+
+    return not kernels_restricted() and not torch.compiler.is_compiling()
+
+
+def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          kwargs: dict[str, Any]) -> torch.Tensor:
+    """A masked call of a few query rows (a decode step; ``q [B, Hq, Sq, D]``, ``Sq <=`` :data:`DECODE_ROWS`) with
+    cuDNN left out of SDPA's choice; returns ``[B, Hq, Sq, Dv]``.
+
+    SDPA picks cuDNN's attention for a masked call on an H100/H200 (torch 2.11), and cuDNN builds a graph for every
+    new sequence length: the first call at each new ``Sk`` took 42-67 ms on an H200 (2026-11-28,
+    ``scripts/gpu/decode_probe.py``, docs/benchmarks.md; cuDNN SDPA graphs are rebuilt when the sequence length
+    changes, ml-explore/mlx#2743), which a decode loop meets at every step of every new request. SDPA's
+    memory-efficient kernel takes the same additive mask and compiles nothing per shape, but has no GQA: the
+    ``Hq / Hkv`` query heads of one K/V head are folded into its rows (``[B, Hkv, g * Sq, D]``, K/V read as they
+    are) and the mask's rows repeated to match (a copy only when ``Sq > 1`` and the mask has rows)."""
+    import torch
+
+    b, hq, sq, d = q.shape
+    hkv = k.shape[1]
+    mask = kwargs["attn_mask"]
+    if hq != hkv:
+        g = hq // hkv
+        kwargs = {key: val for key, val in kwargs.items() if key != "enable_gqa"}
+        kwargs["attn_mask"] = _fold_mask_rows(mask, hq=hq, hkv=hkv, sq=sq)
+        q = q.reshape(b, hkv, g * sq, d)
+    previous = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        out = sdpa(q, k, v, **kwargs)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(previous)
+    return out if hq == hkv else out.reshape(b, hq, sq, out.shape[-1])
+
+
+def _fold_mask_rows(mask: torch.Tensor, *, hq: int, hkv: int, sq: int) -> torch.Tensor:
+    """``mask`` (broadcastable to ``[B, Hq, Sq, Sk]``) for the folded query of :func:`_decode_without_cudnn`,
+    broadcastable to ``[B, Hkv, g * Sq, Sk]``: row ``i * Sq + s`` of K/V head ``h`` is query head ``h * g + i``'s row
+    ``s``."""
+    g = hq // hkv
+    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)) if mask.dim() < 4 else mask
+    mb, mh, mq, sk = m.shape
+    if mh == 1 and mq == 1:
+        return m  # the same row for every head and query: it broadcasts as it is
+    m5 = m.reshape(mb, hkv, g, mq, sk) if mh == hq else m.reshape(mb, 1, 1, mq, sk)
+    return m5.expand(mb, m5.shape[1], g, sq, sk).reshape(mb, m5.shape[1], g * sq, sk)
 
 
 @kept_outside_capture(64)
