@@ -264,12 +264,13 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
         kwargs = {key: val for key, val in kwargs.items() if key != "enable_gqa"}
         kwargs["attn_mask"] = _fold_mask_rows(mask, hq=hq, hkv=hkv, sq=sq)
         q = q.reshape(b, hkv, g * sq, d)
-    previous = torch.backends.cuda.cudnn_sdp_enabled()
-    torch.backends.cuda.enable_cudnn_sdp(False)
+    flags = torch._C  # what torch.backends.cuda.{cudnn_sdp_enabled,enable_cudnn_sdp} wrap (untyped there)
+    previous = flags._get_cudnn_sdp_enabled()
+    flags._set_sdp_use_cudnn(False)
     try:
         out = sdpa(q, k, v, **kwargs)
     finally:
-        torch.backends.cuda.enable_cudnn_sdp(previous)
+        flags._set_sdp_use_cudnn(previous)
     return out if hq == hkv else out.reshape(b, hq, sq, out.shape[-1])
 
 
