@@ -237,3 +237,18 @@ def test_the_decode_path_restores_the_cudnn_flag_when_sdpa_raises() -> None:
                                           {"attn_mask": torch.ones(2, 1, 1, 24, dtype=torch.bool),
                                            "enable_gqa": True})
     assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+def test_a_decode_shape_is_met_first_once_until_it_is_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first call of a masked decode shape goes without cuDNN; the same shapes and strides again go to SDPA's
+    own choice; another stride, dtype or length is a first meeting; the oldest shapes are forgotten past KEPT."""
+    met = sdpa_module._MetShapes()
+    monkeypatch.setattr(sdpa_module._MetShapes, "KEPT", 3)
+    q, k, v = _qkv()
+    mask = torch.ones(2, 1, 16, 24, dtype=torch.bool)
+    assert met.first_meeting(q, k, v, mask)
+    assert not met.first_meeting(q.clone(), k.clone(), v.clone(), mask.clone())  # same shapes, new tensors
+    assert met.first_meeting(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, mask)  # bshd strides
+    assert met.first_meeting(q.float(), k.float(), v.float(), mask)
+    assert met.first_meeting(q, k[:, :, :20], v[:, :, :20], mask[..., :20])  # another length
+    assert met.first_meeting(q, k, v, mask)  # forgotten: three newer shapes since

@@ -184,7 +184,8 @@ class SdpaAdapter(AdapterBase):
         if self.kernel is not None:
             with _force(self.kernel):
                 out = sdpa(q, k, v, **kwargs)
-        elif "attn_mask" in kwargs and sq <= DECODE_ROWS and q.device.type == "cuda" and _cudnn_free_decode():
+        elif ("attn_mask" in kwargs and sq <= DECODE_ROWS and q.device.type == "cuda" and _cudnn_free_decode()
+              and _MET.first_meeting(q, k, v, kwargs["attn_mask"])):
             out = _decode_without_cudnn(sdpa, q, k, v, kwargs)
         else:
             out = sdpa(q, k, v, **kwargs)
@@ -233,6 +234,40 @@ class SdpaAdapter(AdapterBase):
 DECODE_ROWS = 16
 
 
+class _MetShapes:
+    """The masked decode calls' shapes (and strides) the adapter has met, the newest :data:`KEPT`: the first call
+    of a shape is served without cuDNN (:func:`_decode_without_cudnn`: no graph to build, 0.32 ms instead of 55 ms
+    on an H200, 2026-11-28), a shape met again by SDPA's own choice, whose cuDNN graph is then built once and
+    reused (the same call at a repeated length: 50 µs with cuDNN, 150-250 µs without). A decode loop whose cache
+    grows meets each length once and never waits for a graph; a fixed-size cache or a length that recurs across
+    requests pays one build for the rest of the process."""
+
+    __slots__ = ("_seen",)
+
+    #: shapes remembered at once (a forgotten one is served without cuDNN again: slower, never wrong)
+    KEPT = 4096
+
+    def __init__(self) -> None:
+        from collections import OrderedDict
+
+        self._seen: OrderedDict[tuple[Any, ...], None] = OrderedDict()
+
+    def first_meeting(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> bool:
+        """True the first time this call's shapes, strides, dtypes and device are met (and remembers them)."""
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), mask.shape, mask.stride(),
+               mask.dtype, q.dtype, q.device)
+        if key in self._seen:
+            self._seen.move_to_end(key)
+            return False
+        self._seen[key] = None
+        if len(self._seen) > self.KEPT:
+            self._seen.popitem(last=False)
+        return True
+
+
+_MET = _MetShapes()
+
+
 def _cudnn_free_decode() -> bool:
     """Whether a masked decode call may leave cuDNN out: SDPA's kernel choice is the caller's (no
     ``sdpa_kernel`` context restricting it) and nothing traces the call (``torch.compile`` fixes its kernel when it
@@ -253,7 +288,10 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
     changes, ml-explore/mlx#2743), which a decode loop meets at every step of every new request. SDPA's
     memory-efficient kernel takes the same additive mask and compiles nothing per shape, but has no GQA: the
     ``Hq / Hkv`` query heads of one K/V head are folded into its rows (``[B, Hkv, g * Sq, D]``, K/V read as they
-    are) and the mask's rows repeated to match (a copy only when ``Sq > 1`` and the mask has rows)."""
+    are) and the mask's rows repeated to match (a copy only when ``Sq > 1`` and the mask has rows). Measured
+    there: the first call at a new length 0.32 ms through ``attention()`` (SDPA: 55 ms); at a repeated length it
+    is slower than cuDNN's cached graph (attention() 256 µs a call back to back, SDPA 50 µs), so only a shape's
+    first meeting comes here (:class:`_MetShapes`)."""
     import torch
 
     b, hq, sq, d = q.shape
