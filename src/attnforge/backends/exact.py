@@ -153,7 +153,11 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
     b, hq, rows, _ = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     grouped = q.reshape(b, hkv, (hq // hkv) * rows, q.shape[-1])
-    logits = (torch.matmul(grouped, k.transpose(-1, -2)) * scale).view(b, hq, rows, sk)
+    logits = torch.matmul(grouped, k.transpose(-1, -2)).view(b, hq, rows, sk)
+    if not lse and sinks is None and dropout_p == 0.0 and not _records_grad(q, k, v, attn_mask) and sk:
+        return _inference_rows(logits, grouped, v, scale=scale, visible=visible, attn_mask=attn_mask,
+                               softcap=softcap, accum=accum), None
+    logits = logits * scale
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     if attn_mask is not None:
@@ -174,8 +178,10 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
     if sink is not None:
         denom = denom + torch.exp(sink - peak)
     # a row that sees a key has denom >= 1 (its largest term is exp(0)), one that sees none 0 (all its weights are
-    # 0): dividing by the clamped denominator is exact for the first and gives the second zeros, in one kernel
-    safe = denom.clamp_min(torch.finfo(denom.dtype).tiny)
+    # 0): dividing by the denominator clamped to 1 is exact for the first and gives the second zeros, in one kernel.
+    # Clamped to 1, not to the smallest float: 1 / tiny made the second's gradient inf x 0 = NaN where a float
+    # mask hid every key (a bool mask's where() had kept it away)
+    safe = denom.clamp_min(1.0)
     probs = weights / safe
     if dropout_p > 0.0:
         probs = torch.nn.functional.dropout(probs, p=dropout_p)
@@ -184,6 +190,41 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
         return out, None
     lse_rows = torch.where(denom == 0, torch.full_like(denom, -math.inf), torch.log(safe) + peak).squeeze(-1)
     return out, lse_rows
+
+
+def _records_grad(*tensors: Any) -> bool:
+    """Whether autograd records a call on ``tensors`` (None entries ignored)."""
+    import torch
+
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _inference_rows(logits: Any, grouped: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
+                    softcap: float | None, accum: Any) -> Any:
+    """:func:`_rows` where nothing reads the lse or records a gradient (a decode step, inference): the unscaled
+    logits (``[B, Hq, rows, Sk]``, a fresh tensor) changed in place, and ``torch.softmax`` (which subtracts each
+    row's maximum itself) in ``accum``: 12 ops for Gemma-2's decode call against 18, each a kernel launch of
+    ~20 µs host time on the H200 host (``scripts/gpu/decode_probe.py`` ``gemma_calls``, 2026-11-28). A row that
+    sees no key is all ``-inf``, softmax makes it NaN, and ``nan_to_num_`` makes it zeros, as the general path
+    gives; without a gradient no NaN can reach a backward pass."""
+    import torch
+
+    if softcap:
+        logits.mul_(scale / softcap).tanh_().mul_(softcap)
+    else:
+        logits.mul_(scale)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            visible = attn_mask if visible is None else visible & attn_mask
+        else:
+            logits.add_(attn_mask.to(accum))
+    if visible is not None:
+        logits = torch.where(visible, logits, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if visible is not None or attn_mask is not None:  # a row may hide every key (a float mask's -inf too)
+        probs.nan_to_num_(nan=0.0)
+    b, hq, rows, sk = probs.shape
+    return torch.matmul(probs.view(*grouped.shape[:3], sk), v).view(b, hq, rows, v.shape[-1])
 
 
 def visible_bounds(*, causal: bool, window: tuple[int | None, int | None] | None) -> tuple[int | None, int | None]:
