@@ -33,7 +33,7 @@ from typing import Any
 
 from _timing import interleaved, paired_ms
 
-DEV, DT, SMALL, WARMUP, DIAGNOSE = "cuda", "bfloat16", False, False, False
+DEV, DT, SMALL, WARMUP, DIAGNOSE, FRESH_LENGTHS = "cuda", "bfloat16", False, False, False, False
 LAYERS = 2
 
 
@@ -240,7 +240,9 @@ def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use
     steps (a logits processor that synchronises and stamps), the implementations interleaved round by round:
     ``rounds x (new - 1)`` steps each. The difference of two generate runs (``t(1 + N) - t(1)``) moved one model's
     figure between 0.84x and 1.09x on an H100 host (2026-11-28, docs/benchmarks.md); per-step medians do not
-    carry the run-to-run drift."""
+    carry the run-to-run drift. With ``--fresh-lengths`` every round and implementation generates from a prompt
+    cut to a length no other had, as a server's requests do (a kernel that builds a graph per sequence length,
+    cuDNN's attention, pays for it in every step then; with repeated lengths only in the warm-up round)."""
     import time
 
     from transformers import LogitsProcessor, LogitsProcessorList
@@ -255,9 +257,14 @@ def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use
             return scores
 
     steps: dict[str, list[float]] = {name: [] for name in use}
+    order = list(use)
     for r, name in interleaved(use, rounds):
         clock = Clock()
-        _generate_run(torch, model, kw, 1 + new, logits_processor=LogitsProcessorList([clock]))
+        run_kw = kw
+        if FRESH_LENGTHS:  # a prompt length no round had: every decode step meets K/V lengths never seen before
+            cut = 8 * (len(order) * r + order.index(name)) + 1
+            run_kw = dict(kw, input_ids=kw["input_ids"][:, :-cut], attention_mask=kw["attention_mask"][:, :-cut])
+        _generate_run(torch, model, run_kw, 1 + new, logits_processor=LogitsProcessorList([clock]))
         if r:  # the first round warms both up
             steps[name] += [(b - a) * 1e3 for a, b in zip(clock.stamps[1:], clock.stamps[2:], strict=False)]
     return {name: sorted(t)[len(t) // 2] for name, t in steps.items()}
@@ -430,7 +437,7 @@ MODELS = {**{name: (lambda torch, n=name: decoder(torch, n)) for name in DECODER
 
 
 def main() -> int:
-    global DEV, DT, SMALL, WARMUP, DIAGNOSE, LAYERS
+    global DEV, DT, SMALL, WARMUP, DIAGNOSE, LAYERS, FRESH_LENGTHS  # noqa: PLW0603 - the run's options
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", help="cpu: a float32 dry run at tiny sizes")
@@ -442,9 +449,13 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=LAYERS,
                     help="decoder layers, and Flux's blocks (half double, half single); the published models have"
                          " 26-42: what a forward pays once (a mask's preparation) is shared by all of them")
+    ap.add_argument("--fresh-lengths", action="store_true",
+                    help="decode from prompts of a length no earlier round had (a server's requests): every step"
+                         " meets K/V lengths never seen before")
     args = ap.parse_args()
     import torch
 
+    FRESH_LENGTHS = args.fresh_lengths
     DEV, DT, SMALL = args.device, ("bfloat16" if args.device == "cuda" else "float32"), args.device != "cuda"
     WARMUP, DIAGNOSE, LAYERS = args.warmup, args.diagnose, max(2, args.layers)
     results: dict[str, Any] = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
