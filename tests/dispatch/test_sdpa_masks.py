@@ -252,3 +252,46 @@ def test_a_decode_shape_is_met_first_once_until_it_is_forgotten(monkeypatch: pyt
     assert met.first_meeting(q.float(), k.float(), v.float(), mask)
     assert met.first_meeting(q, k[:, :, :20], v[:, :, :20], mask[..., :20])  # another length
     assert met.first_meeting(q, k, v, mask)  # forgotten: three newer shapes since
+
+
+def test_hides_keys_says_whether_the_mask_hides_any_key() -> None:
+    """From the shapes alone, whether causal and window hide a key from any of the rows: exactly when the mask built
+    key by key has a False (so a call that hides none gets no mask at all), over every small case."""
+    import itertools
+
+    from attnforge.backends.exact import hides_keys, visible_bounds
+
+    sides = (None, -1, 0, 1, 2, 5)
+    for sq, sk, causal, top_left, left0, right0 in itertools.product(range(6), range(7), (False, True),
+                                                                    (False, True), sides, sides):
+        window = None if left0 is None and right0 is None else (left0, right0)
+        left, right = visible_bounds(causal=causal, window=window)
+        offset = 0 if top_left else sk - sq
+        for start, stop in {(0, sq), (min(1, sq), sq), (0, min(1, sq))}:
+            hidden = any(not ((right is None or j <= i + offset + right) and (left is None or j >= i + offset - left))
+                         for i in range(start, stop) for j in range(sk))
+            got = hides_keys(sq, sk, causal=causal, top_left=top_left, window=window, rows=(start, stop))
+            assert got == hidden, (sq, sk, causal, top_left, window, start, stop)
+
+
+def test_a_causal_decode_step_hands_sdpa_no_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bottom-right causal with one query row sees every key: the SDPA adapter passes no mask (with one, SDPA picks
+    cuDNN on an H100/H200, which builds a graph per sequence length), with and without features."""
+    import torch.nn.functional as F  # noqa: N812
+
+    got: list[dict[str, object]] = []
+
+    def spy(*args: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        got.append(kwargs)
+        return F.scaled_dot_product_attention(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sdpa_module, "original_sdpa", lambda: spy)
+    adapter = registry.fallback()
+    q, k, v = _qkv()
+    step = q[:, :, -1:]
+    plain = adapter(step, k, v, causal=True, scale=None)
+    featured = adapter(step, k, v, causal=True, scale=None, window=(30, None))  # a window wider than the keys
+    assert [kw.get("attn_mask") for kw in got] == [None, None] and not any(kw.get("is_causal") for kw in got)
+    want = reference_attention(step, k, v, causal=True)
+    torch.testing.assert_close(plain, want.to(plain.dtype))
+    torch.testing.assert_close(featured, want.to(featured.dtype))

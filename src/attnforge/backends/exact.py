@@ -238,6 +238,25 @@ def visible_bounds(*, causal: bool, window: tuple[int | None, int | None] | None
     return left, right
 
 
+def hides_keys(seqlen_q: int, seqlen_k: int, *, causal: bool, top_left: bool,
+               window: tuple[int | None, int | None] | None, rows: tuple[int, int] | None = None) -> bool:
+    """Whether causal and window hide any key from any query row (``rows``: only rows ``start..stop``), from the
+    shapes alone: a bottom-right causal call of one query row (a decode step) or a window wider than the keys hides
+    none, and needs no mask (with one, SDPA on an H100/H200 picks cuDNN, which builds a graph per sequence length:
+    docs/dispatch-overhead.md)."""
+    left, right = visible_bounds(causal=causal, window=window)
+    if left is None and right is None:
+        return False
+    start, stop = rows if rows is not None else (0, seqlen_q)
+    if stop <= start or seqlen_k == 0:
+        return False
+    offset = 0 if top_left else seqlen_k - seqlen_q
+    # row i sees keys i' - left .. i' + right (i' = i + offset): the first row hides the most on the right, the
+    # last the most on the left
+    return (right is not None and start + offset + right < seqlen_k - 1) or (
+        left is not None and stop - 1 + offset - left > 0)
+
+
 def visible_keys(seqlen_q: int, seqlen_k: int, *, causal: bool, top_left: bool,
                  window: tuple[int | None, int | None] | None, device: Any,
                  rows: tuple[int, int] | None = None) -> Any:
@@ -245,9 +264,9 @@ def visible_keys(seqlen_q: int, seqlen_k: int, *, causal: bool, top_left: bool,
     (``rows``: only query rows ``start..stop`` of the ``seqlen_q``)."""
     import torch
 
-    left, right = visible_bounds(causal=causal, window=window)
-    if left is None and right is None:
+    if not hides_keys(seqlen_q, seqlen_k, causal=causal, top_left=top_left, window=window, rows=rows):
         return None
+    left, right = visible_bounds(causal=causal, window=window)
     offset = 0 if top_left else seqlen_k - seqlen_q
     start, stop = rows if rows is not None else (0, seqlen_q)
     i = torch.arange(start, stop, device=device).unsqueeze(1) + offset

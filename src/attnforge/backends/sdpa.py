@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnforge.backends._base import AdapterBase, bottom_right_mask, expand_kv, graph_capturing, kept_outside_capture
 from attnforge.backends.capabilities import GqaMode
-from attnforge.backends.exact import visible_keys
+from attnforge.backends.exact import hides_keys, visible_keys
 from attnforge.backends.sdpa_original import kernels_restricted, original_sdpa
 
 if TYPE_CHECKING:
@@ -121,13 +121,10 @@ class SdpaAdapter(AdapterBase):
         if causal:
             if q.shape[2] == k.shape[2]:
                 kwargs["is_causal"] = True
-            else:
+            elif hides_keys(q.shape[2], k.shape[2], causal=True, top_left=False, window=None):
                 kwargs["attn_mask"], seen = _bottom_right_additive(q.shape[2], k.shape[2], q.dtype, q.device)
-        if self.kernel is None:
-            out = sdpa(q, k, v, scale=scale, **kwargs)
-        else:
-            with _force(self.kernel):
-                out = sdpa(q, k, v, scale=scale, **kwargs)
+            # else one query row at the end of the keys (a decode step): bottom-right causal hides nothing
+        out = self._run(sdpa, q, k, v, dict(kwargs, scale=scale))
         if seen is not None:  # in place when nothing records the output for backward
             out = out.mul(seen) if out.requires_grad else out.mul_(seen)
         return out
@@ -181,19 +178,25 @@ class SdpaAdapter(AdapterBase):
             else:
                 mask, seen = opened
             kwargs["attn_mask"] = mask
-        if self.kernel is not None:
-            with _force(self.kernel):
-                out = sdpa(q, k, v, **kwargs)
-        elif ("attn_mask" in kwargs and sq <= DECODE_ROWS and q.device.type == "cuda" and _cudnn_free_decode()
-              and _MET.first_meeting(q, k, v, kwargs["attn_mask"])):
-            out = _decode_without_cudnn(sdpa, q, k, v, kwargs)
-        else:
-            out = sdpa(q, k, v, **kwargs)
+        out = self._run(sdpa, q, k, v, kwargs)
         if seen is None:
             return out
         # the rows that see no key, opened in the mask, become zeros: in place when nothing records the output for
         # backward (one kernel instead of a copy and a multiply)
         return out.mul(seen) if out.requires_grad else out.mul_(seen)
+
+    def _run(self, sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             kwargs: dict[str, Any]) -> torch.Tensor:
+        """SDPA on the prepared keywords: under the forced kernel, or for a masked decode shape's first meeting
+        without cuDNN (:func:`_decode_without_cudnn`), else as SDPA chooses."""
+        if self.kernel is not None:
+            with _force(self.kernel):
+                return sdpa(q, k, v, **kwargs)
+        mask = kwargs.get("attn_mask")
+        if (mask is not None and q.shape[2] <= DECODE_ROWS and q.device.type == "cuda" and _cudnn_free_decode()
+                and _MET.first_meeting(q, k, v, mask)):
+            return _decode_without_cudnn(sdpa, q, k, v, kwargs)
+        return sdpa(q, k, v, **kwargs)
 
     @staticmethod
     def _sdpa_mask(attn_mask: Any, q: torch.Tensor, *, sq: int, sk: int, causal: bool, top_left: bool,
