@@ -151,6 +151,55 @@ def _first_calls(torch: Any, dev: str, q: Any, kv: Any, s0: int, *, gqa: Callabl
     return res
 
 
+def prefill_first_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
+    """A prefill's first call at a length never seen (``q [2, 32, S, 128]``, ``k/v [2, 8, S, 128]``, S = 1000 +
+    8 i), plain causal and with a left-padding bool mask, SDPA and ``attention()``: wall µs between two
+    synchronizes, median and max of 6 lengths, then the same calls again, and the kernels of one call. Whether
+    cuDNN's graph per sequence length (measured for decode, 2026-11-28) stalls prefill too, where the SDPA adapter's
+    decode path (<= 16 query rows) does not reach."""
+    import torch.nn.functional as F  # noqa: N812
+
+    import attnforge
+
+    b, hq, hkv, d, base = (2, 4, 2, 16, 40) if small else (2, 32, 8, 128, 1000)
+    res: dict[str, Any] = {}
+
+    def tensors(s: int, masked: bool) -> tuple[Any, ...]:
+        q = torch.randn(b, hq, s, d, device=dev, dtype=dt)
+        k, v = (torch.randn(b, hkv, s, d, device=dev, dtype=dt) for _ in range(2))
+        if not masked:
+            return q, k, v, None
+        allowed = torch.ones(s, s, dtype=torch.bool, device=dev).tril().expand(b, 1, s, s).clone()
+        allowed[1, :, :, : s // 5] = False
+        allowed[1, :, : s // 5, : s // 5] |= torch.eye(s // 5, dtype=torch.bool, device=dev)  # padded rows see one key
+        return q, k, v, allowed
+
+    def sdpa(q: Any, k: Any, v: Any, m: Any) -> Any:
+        if m is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
+
+    def af(q: Any, k: Any, v: Any, m: Any) -> Any:
+        return attnforge.attention(q, k, v, causal=m is None, attn_mask=m)
+
+    for j, (name, fn, masked) in enumerate((("sdpa_causal", sdpa, False), ("attention_causal", af, False),
+                                            ("sdpa_masked", sdpa, True), ("attention_masked", af, True))):
+        calls = [tensors(base + 8 * (6 * j + i) + 1, masked) for i in range(6)]
+        walls: dict[str, list[float]] = {"first": [], "again": []}
+        for label in ("first", "again"):
+            for x in calls:
+                models_e2e._sync(torch)
+                t0 = time.perf_counter()
+                fn(*x)
+                models_e2e._sync(torch)
+                walls[label].append((time.perf_counter() - t0) * 1e6)
+        res[name] = {label: {"median_us": round(sorted(w)[len(w) // 2], 1), "max_us": round(max(w), 1)}
+                     for label, w in walls.items()}
+        res[name]["kernels"] = [r["name"] for r in _profile(torch, dev, lambda fn=fn, x=calls[0]: fn(*x))
+                                if r["device_us"] > 0][:8]
+    return res
+
+
 def gemma_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     """Gemma-2-9B's decode call (``q [4, 16, 1, 256]``, ``k/v [4, 8, Sk, 256]``, softcap 50, a bool padding mask),
     which SDPA cannot serve (softcap): transformers' default for Gemma-2 (``eager_attention_forward``, K/V
@@ -258,6 +307,7 @@ def main() -> int:
                                "torch": torch.__version__}
     for name, fn in (("calls", lambda: calls(torch, args.device, dt, small)),
                      ("gemma_calls", lambda: gemma_calls(torch, args.device, dt, small)),
+                     ("prefill_first_calls", lambda: prefill_first_calls(torch, args.device, dt, small)),
                      ("generate", lambda: generate(torch))):
         t0 = time.perf_counter()
         try:
