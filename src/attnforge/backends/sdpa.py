@@ -259,12 +259,17 @@ class _MetShapes:
         """True the first time this call's shapes, strides, dtypes and device are met (and remembers them)."""
         key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), mask.shape, mask.stride(),
                mask.dtype, q.dtype, q.device)
-        if key in self._seen:
+        try:  # no lock: a key another thread evicts between the lookup and the move is a first meeting again
             self._seen.move_to_end(key)
             return False
+        except KeyError:
+            pass
         self._seen[key] = None
-        if len(self._seen) > self.KEPT:
-            self._seen.popitem(last=False)
+        while len(self._seen) > self.KEPT:
+            try:
+                self._seen.popitem(last=False)
+            except KeyError:
+                break
         return True
 
 
