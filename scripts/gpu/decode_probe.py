@@ -128,14 +128,19 @@ def _first_calls(torch: Any, dev: str, q: Any, kv: Any, s0: int, *, gqa: Callabl
                 return fn(k, v, m)
         return run
 
+    adds: dict[int, Any] = {}  # each bool mask as the adapter hands it over: additive, in q's dtype
+
     def folded(k: Any, v: Any, m: Any) -> Any:  # the SDPA adapter's decode path alone (query heads folded)
-        return _decode_without_cudnn(F.scaled_dot_product_attention, q, k, v, {"attn_mask": m, "enable_gqa": True})
+        return _decode_without_cudnn(F.scaled_dot_product_attention, q, k, v,
+                                     {"attn_mask": adds[id(m)], "enable_gqa": True})
 
     variants = {"sdpa_enable_gqa": gqa, "sdpa_repeat_kv": repeat_kv, "attention": af,
                 "sdpa_enable_gqa_no_cudnn": no_cudnn(gqa), "sdpa_folded_no_cudnn": folded}
     res: dict[str, Any] = {}
     for j, (name, fn) in enumerate(variants.items()):
         inputs = _step_inputs(torch, kv, s0 + 300 + 20 * j, 9, True)  # lengths no call above had
+        adds.update({id(m): torch.zeros(m.shape, dtype=q.dtype, device=m.device).masked_fill_(~m, float("-inf"))
+                     for _, _, m in inputs})
         walls: dict[str, list[float]] = {"first": [], "again": []}
         for label in ("first", "again"):
             for k, v, m in inputs[:8]:

@@ -199,7 +199,7 @@ def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(
         sq: int, groups: int, mask_shape: str, additive: bool) -> None:
     """The decode path that leaves cuDNN out (query heads folded into their K/V head's rows, the mask's rows
     repeated to match) returns what SDPA returns for the unfolded call, for every mask shape that broadcasts to
-    ``[B, Hq, Sq, Sk]``, and leaves SDPA's cuDNN flag as it found it."""
+    ``[B, Hq, Sq, Sk]``."""
     import torch.nn.functional as F  # noqa: N812
 
     g = torch.Generator().manual_seed(sq * 10 + groups)
@@ -217,26 +217,28 @@ def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(
     if groups > 1:
         kwargs["enable_gqa"] = True
     want = F.scaled_dot_product_attention(q, k, v, **kwargs)
-    before = torch.backends.cuda.cudnn_sdp_enabled()
     got = sdpa_module._decode_without_cudnn(F.scaled_dot_product_attention, q, k, v, dict(kwargs))
-    assert torch.backends.cuda.cudnn_sdp_enabled() == before
     assert got.shape == want.shape
     torch.testing.assert_close(got, want)
 
 
-def test_the_decode_path_restores_the_cudnn_flag_when_sdpa_raises() -> None:
+def test_the_decode_path_switches_no_global_sdpa_flag() -> None:
+    """The decode path leaves SDPA's global kernel flags alone (another thread's SDPA call would see them, and two
+    threads restoring them in turn could leave cuDNN off for good): it calls the memory-efficient kernel itself on
+    CUDA; here, on CPU, SDPA chooses, and an error reaches the caller."""
     q, k, v = _qkv()
-    before = torch.backends.cuda.cudnn_sdp_enabled()
+    before = [torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+              torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()]
 
     def failing(*args: object, **kwargs: object) -> torch.Tensor:
-        assert not torch.backends.cuda.cudnn_sdp_enabled()  # left out while SDPA chooses
+        assert [torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+                torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()] == before
         raise RuntimeError("kernel failed")
 
     with pytest.raises(RuntimeError, match="kernel failed"):
         sdpa_module._decode_without_cudnn(failing, q[:, :, :1], k, v,
                                           {"attn_mask": torch.ones(2, 1, 1, 24, dtype=torch.bool),
                                            "enable_gqa": True})
-    assert torch.backends.cuda.cudnn_sdp_enabled() == before
 
 
 def test_a_decode_shape_is_met_first_once_until_it_is_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -287,8 +287,8 @@ def _cudnn_free_decode() -> bool:
 
 def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           kwargs: dict[str, Any]) -> torch.Tensor:
-    """A masked call of a few query rows (a decode step; ``q [B, Hq, Sq, D]``, ``Sq <=`` :data:`DECODE_ROWS`) with
-    cuDNN left out of SDPA's choice; returns ``[B, Hq, Sq, Dv]``.
+    """A masked call of a few query rows (a decode step; ``q [B, Hq, Sq, D]``, ``Sq <=`` :data:`DECODE_ROWS`) on
+    SDPA's memory-efficient kernel, not cuDNN's; returns ``[B, Hq, Sq, Dv]``.
 
     SDPA picks cuDNN's attention for a masked call on an H100/H200 (torch 2.11), and cuDNN builds a graph for every
     new sequence length: the first call at each new ``Sk`` took 42-67 ms on an H200 (2026-11-28,
@@ -300,7 +300,6 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
     there: the first call at a new length 0.32 ms through ``attention()`` (SDPA: 55 ms); at a repeated length it
     is slower than cuDNN's cached graph (attention() 256 µs a call back to back, SDPA 50 µs), so only a shape's
     first meeting comes here (:class:`_MetShapes`)."""
-    import torch
 
     b, hq, sq, d = q.shape
     hkv = k.shape[1]
@@ -310,14 +309,32 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
         kwargs = {key: val for key, val in kwargs.items() if key != "enable_gqa"}
         kwargs["attn_mask"] = _fold_mask_rows(mask, hq=hq, hkv=hkv, sq=sq)
         q = q.reshape(b, hkv, g * sq, d)
-    flags = torch._C  # what torch.backends.cuda.{cudnn_sdp_enabled,enable_cudnn_sdp} wrap (untyped there)
-    previous = flags._get_cudnn_sdp_enabled()
-    flags._set_sdp_use_cudnn(False)
-    try:
-        out = sdpa(q, k, v, **kwargs)
-    finally:
-        flags._set_sdp_use_cudnn(previous)
+    out = _memory_efficient(sdpa, q, k, v, kwargs)
     return out if hq == hkv else out.reshape(b, hq, sq, out.shape[-1])
+
+
+def _memory_efficient(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      kwargs: dict[str, Any]) -> torch.Tensor:
+    """SDPA's memory-efficient kernel on equal heads and an additive mask in q's dtype (``[B, H, Sq, D]`` in and
+    out), called as SDPA calls it once chosen (``aten::_scaled_dot_product_efficient_attention``: the kernel pads an
+    unaligned mask itself), so no global ``torch.backends`` flag is switched, which another thread's SDPA call would
+    see. Anything else, or an input the kernel refuses, goes to ``sdpa`` (SDPA's own choice: right, if slower)."""
+    import torch
+
+    mask = kwargs.get("attn_mask")
+    if q.device.type == "cuda" and mask is not None and mask.dtype == q.dtype and set(kwargs) <= _EFFICIENT_KW:
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                            or mask.requires_grad)
+        try:
+            return torch.ops.aten._scaled_dot_product_efficient_attention(  # type: ignore[no-any-return]
+                q, k, v, mask, grad, kwargs.get("dropout_p", 0.0), False, scale=kwargs.get("scale"))[0]
+        except RuntimeError:
+            pass
+    return sdpa(q, k, v, **kwargs)
+
+
+#: the SDPA keywords :func:`_memory_efficient` hands the kernel itself
+_EFFICIENT_KW = frozenset({"attn_mask", "dropout_p", "scale"})
 
 
 def _fold_mask_rows(mask: torch.Tensor, *, hq: int, hkv: int, sq: int) -> torch.Tensor:
