@@ -141,18 +141,25 @@ def _first_calls(torch: Any, dev: str, q: Any, kv: Any, s0: int, *, gqa: Callabl
         inputs = _step_inputs(torch, kv, s0 + 300 + 20 * j, 9, True)  # lengths no call above had
         adds.update({id(m): torch.zeros(m.shape, dtype=q.dtype, device=m.device).masked_fill_(~m, float("-inf"))
                      for _, _, m in inputs})
-        walls: dict[str, list[float]] = {"first": [], "again": []}
-        for label in ("first", "again"):
-            for k, v, m in inputs[:8]:
-                models_e2e._sync(torch)
-                t0 = time.perf_counter()
-                fn(k, v, m)
-                models_e2e._sync(torch)
-                walls[label].append((time.perf_counter() - t0) * 1e6)
-        res[name] = {label: {"median_us": round(sorted(w)[len(w) // 2], 1), "max_us": round(max(w), 1)}
-                     for label, w in walls.items()}
-        res[name]["kernels"] = [r["name"] for r in _profile(torch, dev, lambda fn=fn, x=inputs[8]: fn(*x))
-                                                if r["device_us"] > 0][:8]
+        res[name] = _first_and_again(torch, dev, fn, inputs[:8], inputs[8])
+    return res
+
+
+def _first_and_again(torch: Any, dev: str, fn: Callable[..., Any], calls: list[tuple[Any, ...]],
+                     spare: tuple[Any, ...]) -> dict[str, Any]:
+    """``fn(*call)`` for each of ``calls`` (each a shape ``fn`` never had), one call between two synchronizes:
+    wall µs median and max, ``first`` time and ``again``; and the kernels of a call on ``spare``."""
+    walls: dict[str, list[float]] = {"first": [], "again": []}
+    for label in ("first", "again"):
+        for x in calls:
+            models_e2e._sync(torch)
+            t0 = time.perf_counter()
+            fn(*x)
+            models_e2e._sync(torch)
+            walls[label].append((time.perf_counter() - t0) * 1e6)
+    res: dict[str, Any] = {label: {"median_us": round(sorted(w)[len(w) // 2], 1), "max_us": round(max(w), 1)}
+                           for label, w in walls.items()}
+    res["kernels"] = [r["name"] for r in _profile(torch, dev, lambda: fn(*spare)) if r["device_us"] > 0][:8]
     return res
 
 
@@ -189,19 +196,8 @@ def prefill_first_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str,
 
     for j, (name, fn, masked) in enumerate((("sdpa_causal", sdpa, False), ("attention_causal", af, False),
                                             ("sdpa_masked", sdpa, True), ("attention_masked", af, True))):
-        calls = [tensors(base + 8 * (6 * j + i) + 1, masked) for i in range(6)]
-        walls: dict[str, list[float]] = {"first": [], "again": []}
-        for label in ("first", "again"):
-            for x in calls:
-                models_e2e._sync(torch)
-                t0 = time.perf_counter()
-                fn(*x)
-                models_e2e._sync(torch)
-                walls[label].append((time.perf_counter() - t0) * 1e6)
-        res[name] = {label: {"median_us": round(sorted(w)[len(w) // 2], 1), "max_us": round(max(w), 1)}
-                     for label, w in walls.items()}
-        res[name]["kernels"] = [r["name"] for r in _profile(torch, dev, lambda fn=fn, x=calls[0]: fn(*x))
-                                if r["device_us"] > 0][:8]
+        calls = [tensors(base + 8 * (7 * j + i) + 1, masked) for i in range(7)]
+        res[name] = _first_and_again(torch, dev, fn, calls[:6], calls[6])
     return res
 
 
