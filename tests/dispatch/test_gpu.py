@@ -78,8 +78,8 @@ def test_every_claimed_feature_matches_the_reference_on_this_gpu(name: str) -> N
 @pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")  # torch 2.11's profiler, H200
 def test_a_masked_decode_call_runs_no_cudnn_kernel_at_any_length(hq: int, hkv: int, sq: int, mask_heads: int) -> None:
     """cuDNN's SDPA builds a graph per new sequence length (42-67 ms a first call on an H200, 2026-11-28): the
-    SDPA adapter's masked decode calls leave it out the first time each length is met, and match the reference;
-    met again, SDPA chooses (cuDNN's graph is built once and reused), with the same result."""
+    SDPA adapter's masked decode calls leave it out while a length is not settled (met fewer times than a step has
+    layers, and more), and match the reference, called once and again."""
     from torch.profiler import ProfilerActivity, profile
 
     adapter = registry.fallback()

@@ -241,19 +241,20 @@ def test_the_decode_path_switches_no_global_sdpa_flag() -> None:
                                            "enable_gqa": True})
 
 
-def test_a_decode_shape_is_met_first_once_until_it_is_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first call of a masked decode shape goes without cuDNN; the same shapes and strides again go to SDPA's
-    own choice; another stride, dtype or length is a first meeting; the oldest shapes are forgotten past KEPT."""
-    met = sdpa_module._MetShapes()
+def test_a_decode_shape_settles_after_more_meetings_than_a_step_has_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A masked decode shape goes without cuDNN until it has been met SETTLED times (a model meets one step's shape
+    once per layer, so the layers after the first must not settle it); then SDPA's own choice. Another stride, dtype
+    or length counts apart; the oldest shapes are forgotten past KEPT and start again."""
     monkeypatch.setattr(sdpa_module._MetShapes, "KEPT", 3)
+    monkeypatch.setattr(sdpa_module._MetShapes, "SETTLED", 4)
+    met = sdpa_module._MetShapes()
     q, k, v = _qkv()
     mask = torch.ones(2, 1, 16, 24, dtype=torch.bool)
-    assert met.first_meeting(q, k, v, mask)
-    assert not met.first_meeting(q.clone(), k.clone(), v.clone(), mask.clone())  # same shapes, new tensors
-    assert met.first_meeting(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, mask)  # bshd strides
-    assert met.first_meeting(q.float(), k.float(), v.float(), mask)
-    assert met.first_meeting(q, k[:, :, :20], v[:, :, :20], mask[..., :20])  # another length
-    assert met.first_meeting(q, k, v, mask)  # forgotten: three newer shapes since
+    assert [met.unsettled(q.clone(), k.clone(), v.clone(), mask.clone()) for _ in range(6)] == [True] * 4 + [False] * 2
+    assert met.unsettled(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, mask)  # bshd strides
+    assert met.unsettled(q.float(), k.float(), v.float(), mask)
+    assert met.unsettled(q, k[:, :, :20], v[:, :, :20], mask[..., :20])  # another length
+    assert met.unsettled(q, k, v, mask)  # forgotten: three newer shapes since, so counted from 1 again
 
 
 def test_hides_keys_says_whether_the_mask_hides_any_key() -> None:

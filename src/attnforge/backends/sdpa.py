@@ -187,14 +187,14 @@ class SdpaAdapter(AdapterBase):
 
     def _run(self, sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              kwargs: dict[str, Any]) -> torch.Tensor:
-        """SDPA on the prepared keywords: under the forced kernel, or for a masked decode shape's first meeting
+        """SDPA on the prepared keywords: under the forced kernel, or for a masked decode shape not yet settled
         without cuDNN (:func:`_decode_without_cudnn`), else as SDPA chooses."""
         if self.kernel is not None:
             with _force(self.kernel):
                 return sdpa(q, k, v, **kwargs)
         mask = kwargs.get("attn_mask")
         if (mask is not None and q.shape[2] <= DECODE_ROWS and q.device.type == "cuda" and _cudnn_free_decode()
-                and _MET.first_meeting(q, k, v, mask)):
+                and _MET.unsettled(q, k, v, mask)):
             return _decode_without_cudnn(sdpa, q, k, v, kwargs)
         return sdpa(q, k, v, **kwargs)
 
@@ -238,39 +238,40 @@ DECODE_ROWS = 16
 
 
 class _MetShapes:
-    """The masked decode calls' shapes (and strides) the adapter has met, the newest :data:`KEPT`: the first call
-    of a shape is served without cuDNN (:func:`_decode_without_cudnn`: no graph to build, 0.32 ms instead of 55 ms
-    on an H200, 2026-11-28), a shape met again by SDPA's own choice, whose cuDNN graph is then built once and
-    reused (the same call at a repeated length: 50 µs with cuDNN, 150-250 µs without). A decode loop whose cache
-    grows meets each length once and never waits for a graph; a fixed-size cache or a length that recurs across
-    requests pays one build for the rest of the process."""
+    """How often the adapter has met each masked decode call's shapes (and strides), for the newest :data:`KEPT`
+    shapes: a shape met fewer than :data:`SETTLED` times is served without cuDNN (:func:`_decode_without_cudnn`: no
+    graph to build, 0.32 ms at a new length instead of 55 ms on an H200, 2026-11-28); after that SDPA chooses, and
+    cuDNN builds its graph once and reuses it (at a repeated length: 50 µs a call with cuDNN, 150-250 µs without).
+    A model meets a step's shape once per layer (26-42 layers in the published decoders), so a decode loop whose
+    cache grows never settles a length and never waits for a graph; a fixed-size cache settles after a few steps,
+    and a length that recurs across requests after a few requests, each paying one build."""
 
     __slots__ = ("_seen",)
 
     #: shapes remembered at once (a forgotten one is served without cuDNN again: slower, never wrong)
     KEPT = 4096
+    #: meetings after which a shape goes to SDPA's own choice: more than any model's layers in one step
+    SETTLED = 256
 
     def __init__(self) -> None:
         from collections import OrderedDict
 
-        self._seen: OrderedDict[tuple[Any, ...], None] = OrderedDict()
+        self._seen: OrderedDict[tuple[Any, ...], int] = OrderedDict()
 
-    def first_meeting(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> bool:
-        """True the first time this call's shapes, strides, dtypes and device are met (and remembers them)."""
+    def unsettled(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> bool:
+        """Counts a meeting of this call's shapes, strides, dtypes and device; True while they have been met fewer
+        than :data:`SETTLED` times."""
         key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), mask.shape, mask.stride(),
                mask.dtype, q.dtype, q.device)
-        try:  # no lock: a key another thread evicts between the lookup and the move is a first meeting again
-            self._seen.move_to_end(key)
-            return False
-        except KeyError:
-            pass
-        self._seen[key] = None
+        # no lock: a count lost to another thread's call, or a key it evicts, only delays settling
+        met = self._seen.pop(key, 0) + 1
+        self._seen[key] = met
         while len(self._seen) > self.KEPT:
             try:
                 self._seen.popitem(last=False)
             except KeyError:
                 break
-        return True
+        return met <= self.SETTLED
 
 
 _MET = _MetShapes()
@@ -298,8 +299,8 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
     ``Hq / Hkv`` query heads of one K/V head are folded into its rows (``[B, Hkv, g * Sq, D]``, K/V read as they
     are) and the mask's rows repeated to match (a copy only when ``Sq > 1`` and the mask has rows). Measured
     there: the first call at a new length 0.32 ms through ``attention()`` (SDPA: 55 ms); at a repeated length it
-    is slower than cuDNN's cached graph (attention() 256 µs a call back to back, SDPA 50 µs), so only a shape's
-    first meeting comes here (:class:`_MetShapes`)."""
+    is slower than cuDNN's cached graph (attention() 256 µs a call back to back, SDPA 50 µs), so only shapes not
+    yet met often (:class:`_MetShapes`) come here."""
 
     b, hq, sq, d = q.shape
     hkv = k.shape[1]
