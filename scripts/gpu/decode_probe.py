@@ -33,7 +33,7 @@ def _tensors(torch: Any, dev: str, dt: Any, small: bool) -> tuple[Any, ...]:
     b, hq, hkv, d, s0 = (4, 8, 2, 16, 64) if small else (4, 32, 8, 128, 1024)
     torch.manual_seed(0)
     q = torch.randn(b, hq, 1, d, device=dev, dtype=dt)
-    kv = torch.randn(2, b, hkv, s0 + 420, d, device=dev, dtype=dt)
+    kv = torch.randn(2, b, hkv, s0 + 460, d, device=dev, dtype=dt)
     return q, kv, s0
 
 
@@ -110,10 +110,12 @@ def _first_calls(torch: Any, dev: str, q: Any, kv: Any, s0: int, *, gqa: Callabl
     of 8 lengths; then the same calls again), and the kernels of one call. 2026-11-28 (H200): 16 new lengths x
     4 calls cost ~11.6 ms a call for SDPA with ``enable_gqa`` and a bool mask, and for attention(); cuDNN's
     attention builds a graph per sequence length (ml-explore/mlx#2743 on cuDNN SDPA). ``sdpa_repeat_kv`` is
-    transformers' masked path (K/V repeated to Hq heads, no ``enable_gqa``); ``*_no_cudnn`` excludes cuDNN."""
+    transformers' masked path (K/V repeated to Hq heads, no ``enable_gqa``); ``*_no_cudnn`` excludes cuDNN;
+    ``*_unmasked*`` is an unpadded batch's step (no mask), whose plain route the SDPA adapter does not touch."""
     import torch.nn.functional as F  # noqa: N812
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    import attnforge
     from attnforge.backends.sdpa import _decode_without_cudnn
 
     g = q.shape[1] // kv.shape[2]
@@ -134,8 +136,15 @@ def _first_calls(torch: Any, dev: str, q: Any, kv: Any, s0: int, *, gqa: Callabl
         return _decode_without_cudnn(F.scaled_dot_product_attention, q, k, v,
                                      {"attn_mask": adds[id(m)], "enable_gqa": True})
 
+    def unmasked_sdpa(k: Any, v: Any, m: Any) -> Any:  # an unpadded batch's decode step: no mask at all
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    def unmasked_af(k: Any, v: Any, m: Any) -> Any:
+        return attnforge.attention(q, k, v, causal=True)  # bottom-right causal, one row: no mask (hides_keys)
+
     variants = {"sdpa_enable_gqa": gqa, "sdpa_repeat_kv": repeat_kv, "attention": af,
-                "sdpa_enable_gqa_no_cudnn": no_cudnn(gqa), "sdpa_folded_no_cudnn": folded}
+                "sdpa_enable_gqa_no_cudnn": no_cudnn(gqa), "sdpa_folded_no_cudnn": folded,
+                "sdpa_unmasked": unmasked_sdpa, "attention_unmasked_causal": unmasked_af}
     res: dict[str, Any] = {}
     for j, (name, fn) in enumerate(variants.items()):
         inputs = _step_inputs(torch, kv, s0 + 300 + 20 * j, 9, True)  # lengths no call above had
