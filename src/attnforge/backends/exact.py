@@ -153,20 +153,18 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
     b, hq, rows, _ = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     grouped = q.reshape(b, hkv, (hq // hkv) * rows, q.shape[-1])
-    logits = torch.matmul(grouped, k.transpose(-1, -2)).view(b, hq, rows, sk)
-    if not lse and sinks is None and dropout_p == 0.0 and not _records_grad(q, k, v, attn_mask) and sk:
-        return _inference_rows(logits, grouped, v, scale=scale, visible=visible, attn_mask=attn_mask,
-                               softcap=softcap, accum=accum), None
-    logits = logits * scale
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            visible = attn_mask if visible is None else visible & attn_mask
-        else:
-            logits = logits + attn_mask.to(accum)
-    if visible is not None:
-        logits = torch.where(visible, logits, float("-inf"))  # one kernel (a masked_fill needs ~visible first)
+    # where nothing reads the lse or records a gradient (a decode step, inference): the logits changed in place and
+    # torch.softmax (which subtracts each row's maximum itself): 12 ops for Gemma-2's decode call against 18, each a
+    # kernel launch of ~20 µs host time on the H200 host (scripts/gpu/decode_probe.py gemma_calls, 2026-11-28)
+    inference = bool(sk) and not lse and sinks is None and dropout_p == 0.0 and not _records_grad(q, k, v, attn_mask)
+    logits, masked = _masked_logits(torch.matmul(grouped, k.transpose(-1, -2)).view(b, hq, rows, sk), scale=scale,
+                                    softcap=softcap, visible=visible, attn_mask=attn_mask, accum=accum,
+                                    in_place=inference)
+    if inference:
+        probs = torch.softmax(logits, dim=-1)
+        if masked:  # a row that hides every key is all -inf: softmax makes it NaN, zeros as the path below gives
+            probs.nan_to_num_(nan=0.0)
+        return _unfold_rows(probs, grouped, v), None
     peak = logits.amax(dim=-1, keepdim=True) if sk else logits.new_full((*logits.shape[:-1], 1), -math.inf)
     sink = None
     if sinks is not None:
@@ -185,7 +183,7 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
     probs = weights / safe
     if dropout_p > 0.0:
         probs = torch.nn.functional.dropout(probs, p=dropout_p)
-    out = torch.matmul(probs.reshape(*grouped.shape[:3], sk), v).view(b, hq, rows, v.shape[-1])
+    out = _unfold_rows(probs, grouped, v)
     if not lse:  # the log-sum-exp's kernels only when a caller reads it (the fallback serves decode steps too)
         return out, None
     lse_rows = torch.where(denom == 0, torch.full_like(denom, -math.inf), torch.log(safe) + peak).squeeze(-1)
@@ -199,32 +197,35 @@ def _records_grad(*tensors: Any) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _inference_rows(logits: Any, grouped: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
-                    softcap: float | None, accum: Any) -> Any:
-    """:func:`_rows` where nothing reads the lse or records a gradient (a decode step, inference): the unscaled
-    logits (``[B, Hq, rows, Sk]``, a fresh tensor) changed in place, and ``torch.softmax`` (which subtracts each
-    row's maximum itself) in ``accum``: 12 ops for Gemma-2's decode call against 18, each a kernel launch of
-    ~20 µs host time on the H200 host (``scripts/gpu/decode_probe.py`` ``gemma_calls``, 2026-11-28). A row that
-    sees no key is all ``-inf``, softmax makes it NaN, and ``nan_to_num_`` makes it zeros, as the general path
-    gives; without a gradient no NaN can reach a backward pass."""
+def _masked_logits(raw: Any, *, scale: float, softcap: float | None, visible: Any, attn_mask: Any, accum: Any,
+                   in_place: bool) -> tuple[Any, bool]:
+    """``raw`` (``q k^T``, ``[B, Hq, rows, Sk]``, a fresh tensor) scaled, softcapped and masked (hidden keys
+    ``-inf``), changed in place when ``in_place`` (nothing records a gradient); and whether any mask applies."""
     import torch
 
-    if softcap:
-        logits.mul_(scale / softcap).tanh_().mul_(softcap)
+    if in_place:
+        logits = raw.mul_(scale / softcap).tanh_().mul_(softcap) if softcap else raw.mul_(scale)
     else:
-        logits.mul_(scale)
+        logits = raw * scale
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             visible = attn_mask if visible is None else visible & attn_mask
         else:
-            logits.add_(attn_mask.to(accum))
+            logits = logits.add_(attn_mask.to(accum)) if in_place else logits + attn_mask.to(accum)
     if visible is not None:
-        logits = torch.where(visible, logits, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if visible is not None or attn_mask is not None:  # a row may hide every key (a float mask's -inf too)
-        probs.nan_to_num_(nan=0.0)
+        logits = torch.where(visible, logits, float("-inf"))  # one kernel (a masked_fill needs ~visible first)
+    return logits, visible is not None or attn_mask is not None
+
+
+def _unfold_rows(probs: Any, grouped: Any, v: Any) -> Any:
+    """``probs @ v`` with the query heads of each K/V head folded into its rows (``grouped``'s layout, as
+    :func:`_rows` made the logits), unfolded to ``[B, Hq, rows, Dv]``."""
+    import torch
+
     b, hq, rows, sk = probs.shape
-    return torch.matmul(probs.view(*grouped.shape[:3], sk), v).view(b, hq, rows, v.shape[-1])
+    return torch.matmul(probs.reshape(*grouped.shape[:3], sk), v).view(b, hq, rows, v.shape[-1])
 
 
 def visible_bounds(*, causal: bool, window: tuple[int | None, int | None] | None) -> tuple[int | None, int | None]:

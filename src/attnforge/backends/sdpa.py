@@ -301,7 +301,6 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
     there: the first call at a new length 0.32 ms through ``attention()`` (SDPA: 55 ms); at a repeated length it
     is slower than cuDNN's cached graph (attention() 256 µs a call back to back, SDPA 50 µs), so only shapes not
     yet met often (:class:`_MetShapes`) come here."""
-
     b, hq, sq, d = q.shape
     hkv = k.shape[1]
     mask = kwargs["attn_mask"]
