@@ -241,8 +241,11 @@ def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use
     ``rounds x (new - 1)`` steps each. The difference of two generate runs (``t(1 + N) - t(1)``) moved one model's
     figure between 0.84x and 1.09x on an H100 host (2026-11-28, docs/benchmarks.md); per-step medians do not
     carry the run-to-run drift. With ``--fresh-lengths`` every round and implementation generates from a prompt
-    cut to a length no other had, as a server's requests do (a kernel that builds a graph per sequence length,
-    cuDNN's attention, pays for it in every step then; with repeated lengths only in the warm-up round)."""
+    cut to a length no other had, as a server's requests do: the prompt grows by ``new + 1`` tokens per round and
+    implementation (1024 to ~1800 tokens), and each cut is one decode's span apart, so no K/V length repeats (a
+    kernel that builds a graph per sequence length, cuDNN's attention, pays for it in every step then; with
+    repeated lengths only in the warm-up round). Until 2026-11-28 the cuts were 8 tokens apart, so 7 of 8 lengths
+    had been met in an earlier round."""
     import time
 
     from transformers import LogitsProcessor, LogitsProcessorList
@@ -258,11 +261,17 @@ def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use
 
     steps: dict[str, list[float]] = {name: [] for name in use}
     order = list(use)
+    if FRESH_LENGTHS:  # the prompt grown by one decode's span per round and implementation, cut back per round
+        span = new + 1
+        extra = torch.randint(3, 2048, (kw["input_ids"].shape[0], rounds * len(order) * span),
+                              device=kw["input_ids"].device)
+        kw = dict(kw, input_ids=torch.cat([kw["input_ids"], extra], dim=1),
+                  attention_mask=torch.cat([kw["attention_mask"], torch.ones_like(extra)], dim=1))
     for r, name in interleaved(use, rounds):
         clock = Clock()
         run_kw = kw
-        if FRESH_LENGTHS:  # a prompt length no round had: every decode step meets K/V lengths never seen before
-            cut = 8 * (len(order) * r + order.index(name)) + 1
+        if FRESH_LENGTHS:  # K/V lengths no round had: the spans of two rounds' decodes never overlap
+            cut = span * (len(order) * r + order.index(name)) + 1
             run_kw = dict(kw, input_ids=kw["input_ids"][:, :-cut], attention_mask=kw["attention_mask"][:, :-cut])
         _generate_run(torch, model, run_kw, 1 + new, logits_processor=LogitsProcessorList([clock]))
         if r:  # the first round warms both up

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attnforge.backends import registry
+from attnforge.backends import sdpa as sdpa_module
 from attnforge.backends.adapter import AttentionCall
 from attnforge.backends.exact import reference_attention
 
@@ -94,6 +95,8 @@ def test_a_masked_decode_call_runs_no_cudnn_kernel_at_any_length(hq: int, hkv: i
             torch.cuda.synchronize()
         kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
         assert kernels and not [n for n in kernels if "cudnn" in n.lower()], kernels
+        assert [n for n in kernels if "fmha" in n.lower() or "efficient" in n.lower()], kernels
+        assert sdpa_module._REFUSED == {}  # the kernel took the prepared mask (a refusal goes to SDPA's choice)
         ref = reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask)
         torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
         again = adapter(q, k, v, causal=False, scale=None, attn_mask=mask)

@@ -9,6 +9,7 @@ these tests make the adapter take the CUDA path on CPU (``_safe_softmax_on_cpu``
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -191,19 +192,83 @@ def test_a_new_mask_is_prepared_without_negating_its_rows(preparations: list[int
     assert "aten::any" in ops and "aten::bitwise_not" not in ops and "aten::logical_not" not in ops, ops
 
 
+def _efficient_kernel(  # noqa: PLR0917 (the op's own positional signature)
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+                      compute_log_sumexp: bool, dropout_p: float = 0.0, is_causal: bool = False, *,
+                      scale: float | None = None) -> tuple[torch.Tensor, ...]:
+    """A stand-in for ``aten::_scaled_dot_product_efficient_attention`` (CUDA only) that refuses what the real
+    kernel refuses, with its message: no GQA; a bias of exactly ``[B, H, Sq, Sk]``, in q's dtype, its last dimension
+    contiguous, its start and every stride of a dimension longer than 1 a multiple of 8 elements (torch 2.11,
+    aten/src/ATen/native/transformers/cuda/attention.cu ``_efficient_attention_forward`` and
+    mem_eff_attention/kernel_forward.h ``check_supported``; an H200 raised "attn_bias is not correctly aligned
+    (strideB)" for a ``[4, 1, 1, 1025]`` mask on 2026-11-28). Then SDPA's math on the same inputs."""
+    import torch.nn.functional as F  # noqa: N812
+
+    assert q.shape[1] == k.shape[1] == v.shape[1], "the kernel has no GQA"
+    if bias is not None:
+        b, h, m, n = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        if bias.dim() != 4 or tuple(bias.shape) != (b, h, m, n) or bias.dtype != q.dtype:
+            raise RuntimeError(f"attn_bias must be [{b}, {h}, {m}, {n}] in {q.dtype}, got {tuple(bias.shape)}")
+        if bias.stride(-1) != 1:
+            raise RuntimeError("attn_bias is not last-dim contiguous")
+        if bias.storage_offset() % 8:
+            raise RuntimeError("attn_bias is not correctly aligned (pointer)")
+        for name, size, stride in zip("BHM", bias.shape[:3], bias.stride()[:3], strict=True):
+            if size > 1 and stride % 8:
+                raise RuntimeError(f"attn_bias is not correctly aligned (stride{name})")
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, is_causal=is_causal,
+                                         scale=scale)
+    return out, torch.empty(0), torch.empty(0), torch.empty(0)
+
+
+class _OpSeam:
+    """Stands for ``torch.ops.aten._scaled_dot_product_efficient_attention`` while a test runs: calls go to ``fn``,
+    and the op's other attributes (``.default``, which torch's own modules register against when a test first
+    imports them) to the real op."""
+
+    def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]]) -> None:
+        self._fn = fn
+        self._real = torch.ops.aten._scaled_dot_product_efficient_attention
+
+    def __call__(self, *args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        return self._fn(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
+@pytest.fixture
+def efficient_kernel(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The decode path's kernel seam on CPU: :func:`_efficient_kernel` as the op, this process's refusals
+    cleared; returns the bias shapes it was called with (``()``: no bias)."""
+    calls: list[tuple[int, ...]] = []
+
+    def kernel(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        calls.append(() if args[3] is None else tuple(args[3].shape))  # type: ignore[attr-defined]
+        return _efficient_kernel(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", _OpSeam(kernel))
+    monkeypatch.setattr(sdpa_module, "_EFFICIENT_DEVICES", frozenset({"cuda", "cpu"}))
+    monkeypatch.setattr(sdpa_module, "_REFUSED", {})
+    return calls
+
+
 @pytest.mark.parametrize("sq", [1, 3])
 @pytest.mark.parametrize("groups", [1, 4])
 @pytest.mark.parametrize("mask_shape", ["b1qk", "b11k", "bh1k", "bhqk", "11qk", "qk", "1k"])
 @pytest.mark.parametrize("additive", [False, True], ids=["bool", "additive"])
-def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(
-        sq: int, groups: int, mask_shape: str, additive: bool) -> None:
+@pytest.mark.parametrize("sk", [19, 24])
+def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(  # noqa: PLR0917
+        sq: int, groups: int, mask_shape: str, additive: bool, sk: int,
+        efficient_kernel: list[tuple[int, ...]]) -> None:
     """The decode path that leaves cuDNN out (query heads folded into their K/V head's rows, the mask's rows
     repeated to match) returns what SDPA returns for the unfolded call, for every mask shape that broadcasts to
-    ``[B, Hq, Sq, Sk]``."""
+    ``[B, Hq, Sq, Sk]``; an additive mask reaches the memory-efficient kernel in the form it takes, aligned or
+    not (``Sk`` 24 and 19), and the kernel refuses none."""
     import torch.nn.functional as F  # noqa: N812
 
     g = torch.Generator().manual_seed(sq * 10 + groups)
-    b, hkv, sk, d = 2, 2, 19, 8
+    b, hkv, d = 2, 2, 8
     hq = hkv * groups
     q = torch.randn(b, hq, sq, d, generator=g, dtype=torch.float64)
     k, v = (torch.randn(b, hkv, sk, d, generator=g, dtype=torch.float64) for _ in range(2))
@@ -220,6 +285,120 @@ def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(
     got = sdpa_module._decode_without_cudnn(F.scaled_dot_product_attention, q, k, v, dict(kwargs))
     assert got.shape == want.shape
     torch.testing.assert_close(got, want)
+    assert sdpa_module._REFUSED == {}
+    assert efficient_kernel == ([(b, hkv, groups * sq, sk)] if additive else [])  # a bool mask goes to SDPA
+
+
+def test_a_padded_decode_mask_reaches_the_kernel_in_a_form_it_takes(efficient_kernel: list[tuple[int, ...]],
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """As a model's decode step reaches the kernel on CUDA (``q [4, 32, 1, D]``, ``k/v [4, 8, Sk, D]``, a bool
+    padding mask ``[4, 1, 1, Sk]`` prepared by the adapter), at lengths the kernel's stride rule cuts differently:
+    every call reaches the kernel, none is refused, and the output is the float64 reference's."""
+    monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)  # the adapter's CUDA preparation
+    g = torch.Generator().manual_seed(3)
+    lengths = (1025, 1026, 1032, 1041)
+    for sk in lengths:
+        q = torch.randn(4, 32, 1, 16, generator=g, dtype=torch.float64)
+        k, v = (torch.randn(4, 8, sk, 16, generator=g, dtype=torch.float64) for _ in range(2))
+        mask = torch.ones(4, 1, 1, sk, dtype=torch.bool)
+        mask[1, ..., : sk // 5] = False
+        prepared, _ = sdpa_module.SdpaAdapter._sdpa_mask(mask, q, sq=1, sk=sk, causal=False, top_left=False,
+                                                         window=None)
+        got = sdpa_module._decode_without_cudnn(torch.nn.functional.scaled_dot_product_attention, q, k, v,
+                                                {"attn_mask": prepared, "enable_gqa": True})
+        torch.testing.assert_close(got, reference_attention(q, k, v, causal=False, attn_mask=mask))
+    assert efficient_kernel == [(4, 8, 4, sk) for sk in lengths]
+    assert sdpa_module._REFUSED == {} and "refused" not in caplog.text
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.parametrize("sq", [1, 3])
+def test_an_unmasked_decode_call_without_cudnn_equals_sdpa(groups: int, sq: int,
+                                                           efficient_kernel: list[tuple[int, ...]]) -> None:
+    """A decode step with no mask (a batch without padding; cuDNN builds a graph per new length for it too, 36-39 ms
+    on an H200, 2026-11-28) goes to the memory-efficient kernel with no bias, the query heads folded, and returns
+    what SDPA returns."""
+    import torch.nn.functional as F  # noqa: N812
+
+    g = torch.Generator().manual_seed(groups + sq)
+    q = torch.randn(2, 2 * groups, sq, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 1025, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    kwargs = {"scale": 0.3, **({"enable_gqa": True} if groups > 1 else {})}
+    got = sdpa_module._decode_without_cudnn(F.scaled_dot_product_attention, q, k, v, dict(kwargs))
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, **kwargs))
+    assert efficient_kernel == [()]  # called, with no bias (the seam records its shape as ())
+    assert sdpa_module._REFUSED == {}
+
+
+def test_a_decode_class_on_cuda_binds_no_plain_sdpa_call() -> None:
+    """A route's plain call is SDPA itself (no adapter code per call), except a decode step on CUDA, which the
+    adapter's decode path serves (SDPA would build a cuDNN graph at every new length)."""
+    from attnforge.backends.adapter import AttentionCall
+
+    adapter = registry.fallback()
+
+    def call(device: str, sq: int) -> AttentionCall:
+        return AttentionCall(device_type=device, compute_capability=(9, 0) if device == "cuda" else None,
+                             dtype="bfloat16", batch=4, heads_q=32, heads_kv=8, seqlen_q=sq, seqlen_k=1025,
+                             head_dim=128, causal=False, needs_grad=False)
+
+    assert adapter.bind(call("cuda", 1), scale=None, bshd=False) is None
+    assert adapter.bind(call("cuda", 16), scale=None, bshd=False) is None
+    assert adapter.bind(call("cuda", 17), scale=None, bshd=False) is not None
+    assert adapter.bind(call("cpu", 1), scale=None, bshd=False) is not None
+
+
+def test_a_refusal_turns_the_kernel_path_off_once_and_says_so(monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """An input the memory-efficient kernel refuses still gets SDPA's answer, and the refusal is logged once and
+    turns the path off: a C++ exception per call cost ~350 µs on an H200 (2026-11-28)."""
+    import torch.nn.functional as F  # noqa: N812
+
+    tries: list[int] = []
+
+    def refusing(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        tries.append(1)
+        raise RuntimeError("attn_bias is not correctly aligned (strideB). attn_bias.stride(0) = 1025\nmore")
+
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", _OpSeam(refusing))
+    monkeypatch.setattr(sdpa_module, "_EFFICIENT_DEVICES", frozenset({"cuda", "cpu"}))
+    monkeypatch.setattr(sdpa_module, "_REFUSED", {})
+    q, k, v = _qkv()
+    mask = torch.zeros(2, 1, 1, 24, dtype=q.dtype)
+    mask[0, ..., :3] = float("-inf")
+    for _ in range(3):
+        got = sdpa_module._decode_without_cudnn(F.scaled_dot_product_attention, q[:, :, :1], k, v,
+                                                {"attn_mask": mask, "enable_gqa": True})
+        torch.testing.assert_close(got, F.scaled_dot_product_attention(q[:, :, :1], k, v, attn_mask=mask,
+                                                                       enable_gqa=True))
+    assert len(tries) == 1
+    assert caplog.text.count("refused a decode call") == 1 and "strideB" in caplog.text
+    assert list(sdpa_module._REFUSED.values()) == [
+        "attn_bias is not correctly aligned (strideB). attn_bias.stride(0) = 1025"]
+
+
+@pytest.mark.parametrize("shape", [(4, 1, 1, 1025), (1025,), (1, 1025), (4, 8, 1, 17), (2, 1, 3, 7), (3, 1, 8, 16)])
+@pytest.mark.parametrize("offset", [0, 3])
+def test_the_efficient_bias_is_the_mask_in_the_kernels_form(shape: tuple[int, ...], offset: int) -> None:
+    """The mask for the memory-efficient kernel: the same values broadcast to ``[B, H, Sq, Sk]``, in the form
+    the kernel takes (checked by the stand-in's rules), a copy only where the mask is not aligned already."""
+    n = 1
+    for x in shape:
+        n *= x
+    storage = torch.randn(n + offset, dtype=torch.float32)
+    mask = storage[offset:].view(shape)
+    full = (1,) * (4 - len(shape)) + shape
+    b, h, sq, sk = (full[0] if full[0] > 1 else 4), (full[1] if full[1] > 1 else 8), full[2], full[3]
+    q = torch.zeros(b, h, sq, 8)
+    k = torch.zeros(b, h, sk, 8)
+    bias = sdpa_module._efficient_bias(mask, q, k)
+    assert tuple(bias.shape) == (b, h, sq, sk)
+    torch.testing.assert_close(bias, mask.expand(b, h, sq, sk), rtol=0, atol=0)
+    _efficient_kernel(q, k, k, bias, False)  # raises where the real kernel would
+    copied = bias.untyped_storage().data_ptr() != storage.untyped_storage().data_ptr()
+    unaligned = any(st % 8 for n, st in zip(mask.shape[:-1], mask.stride()[:-1], strict=True) if n > 1)
+    assert copied == (offset != 0 or unaligned)
 
 
 def test_the_decode_path_switches_no_global_sdpa_flag() -> None:

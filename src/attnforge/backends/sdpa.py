@@ -108,6 +108,8 @@ class SdpaAdapter(AdapterBase):
             return self._with_features(sdpa, q, k, v, causal=causal, scale=scale, **features)
         if q.shape[1] == k.shape[1] and not causal:  # the common case, kept short: it runs on every call
             if self.kernel is None:
+                if q.shape[2] <= DECODE_ROWS and q.device.type == "cuda":  # a decode step: see _run
+                    return self._run(sdpa, q, k, v, {"scale": scale})
                 return sdpa(q, k, v, scale=scale)
             with _force(self.kernel):
                 return sdpa(q, k, v, scale=scale)
@@ -137,6 +139,8 @@ class SdpaAdapter(AdapterBase):
         (Sq == Sk) and whose heads need no repeat; None otherwise (``__call__`` serves)."""
         if self.kernel is not None or bshd or (call.causal and call.seqlen_q != call.seqlen_k):
             return None
+        if call.seqlen_q <= DECODE_ROWS and call.device_type == "cuda":
+            return None  # a decode step: __call__'s decode path, not SDPA's per-length cuDNN graph
         kwargs: dict[str, Any] = {"scale": scale}
         if call.causal:
             kwargs["is_causal"] = True
@@ -187,14 +191,13 @@ class SdpaAdapter(AdapterBase):
 
     def _run(self, sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              kwargs: dict[str, Any]) -> torch.Tensor:
-        """SDPA on the prepared keywords: under the forced kernel, or for a masked decode shape not yet settled
-        without cuDNN (:func:`_decode_without_cudnn`), else as SDPA chooses."""
+        """SDPA on the prepared keywords: under the forced kernel, or for a decode shape not yet settled (masked,
+        or without a causal mask to apply) without cuDNN (:func:`_decode_without_cudnn`), else as SDPA chooses."""
         if self.kernel is not None:
             with _force(self.kernel):
                 return sdpa(q, k, v, **kwargs)
-        mask = kwargs.get("attn_mask")
-        if (mask is not None and q.shape[2] <= DECODE_ROWS and q.device.type == "cuda" and _cudnn_free_decode()
-                and _MET.unsettled(q, k, v, mask)):
+        if (q.shape[2] <= DECODE_ROWS and q.device.type == "cuda" and not kwargs.get("is_causal")
+                and _cudnn_free_decode() and _MET.unsettled(q, k, v, kwargs.get("attn_mask"))):
             return _decode_without_cudnn(sdpa, q, k, v, kwargs)
         return sdpa(q, k, v, **kwargs)
 
@@ -258,11 +261,11 @@ class _MetShapes:
 
         self._seen: OrderedDict[tuple[Any, ...], int] = OrderedDict()
 
-    def unsettled(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> bool:
-        """Counts a meeting of this call's shapes, strides, dtypes and device; True while they have been met fewer
-        than :data:`SETTLED` times."""
-        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), mask.shape, mask.stride(),
-               mask.dtype, q.dtype, q.device)
+    def unsettled(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
+        """Counts a meeting of this call's shapes, strides, dtypes and device (``mask`` None: no mask); True while
+        they have been met fewer than :data:`SETTLED` times."""
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
+               None if mask is None else (mask.shape, mask.stride(), mask.dtype))
         # no lock: a count lost to another thread's call, or a key it evicts, only delays settling
         met = self._seen.pop(key, 0) + 1
         self._seen[key] = met
@@ -288,26 +291,28 @@ def _cudnn_free_decode() -> bool:
 
 def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           kwargs: dict[str, Any]) -> torch.Tensor:
-    """A masked call of a few query rows (a decode step; ``q [B, Hq, Sq, D]``, ``Sq <=`` :data:`DECODE_ROWS`) on
-    SDPA's memory-efficient kernel, not cuDNN's; returns ``[B, Hq, Sq, Dv]``.
+    """A call of a few query rows (a decode step; ``q [B, Hq, Sq, D]``, ``Sq <=`` :data:`DECODE_ROWS`), masked or
+    with no causal mask to apply, on SDPA's memory-efficient kernel, not cuDNN's; returns ``[B, Hq, Sq, Dv]``.
 
-    SDPA picks cuDNN's attention for a masked call on an H100/H200 (torch 2.11), and cuDNN builds a graph for every
-    new sequence length: the first call at each new ``Sk`` took 42-67 ms on an H200 (2026-11-28,
+    SDPA picks cuDNN's attention for such a call on an H100/H200 (torch 2.11), and cuDNN builds a graph for every
+    new sequence length: the first call at each new ``Sk`` took 42-67 ms masked, 36-39 ms unmasked, on an H200
+    (2026-11-28,
     ``scripts/gpu/decode_probe.py``, docs/benchmarks.md; cuDNN SDPA graphs are rebuilt when the sequence length
     changes, ml-explore/mlx#2743), which a decode loop meets at every step of every new request. SDPA's
     memory-efficient kernel takes the same additive mask and compiles nothing per shape, but has no GQA: the
     ``Hq / Hkv`` query heads of one K/V head are folded into its rows (``[B, Hkv, g * Sq, D]``, K/V read as they
-    are) and the mask's rows repeated to match (a copy only when ``Sq > 1`` and the mask has rows). Measured
+    are) and a mask's rows repeated to match (a copy only when ``Sq > 1`` and the mask has rows). Measured
     there: the first call at a new length 0.32 ms through ``attention()`` (SDPA: 55 ms); at a repeated length it
     is slower than cuDNN's cached graph (attention() 256 µs a call back to back, SDPA 50 µs), so only shapes not
     yet met often (:class:`_MetShapes`) come here."""
     b, hq, sq, d = q.shape
     hkv = k.shape[1]
-    mask = kwargs["attn_mask"]
+    mask = kwargs.get("attn_mask")
     if hq != hkv:
         g = hq // hkv
         kwargs = {key: val for key, val in kwargs.items() if key != "enable_gqa"}
-        kwargs["attn_mask"] = _fold_mask_rows(mask, hq=hq, hkv=hkv, sq=sq)
+        if mask is not None:
+            kwargs["attn_mask"] = _fold_mask_rows(mask, hq=hq, hkv=hkv, sq=sq)
         q = q.reshape(b, hkv, g * sq, d)
     out = _memory_efficient(sdpa, q, k, v, kwargs)
     return out if hq == hkv else out.reshape(b, hq, sq, out.shape[-1])
@@ -316,25 +321,69 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
 def _memory_efficient(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       kwargs: dict[str, Any]) -> torch.Tensor:
     """SDPA's memory-efficient kernel on equal heads and an additive mask in q's dtype (``[B, H, Sq, D]`` in and
-    out), called as SDPA calls it once chosen (``aten::_scaled_dot_product_efficient_attention``: the kernel pads an
-    unaligned mask itself), so no global ``torch.backends`` flag is switched, which another thread's SDPA call would
-    see. Anything else, or an input the kernel refuses, goes to ``sdpa`` (SDPA's own choice: right, if slower)."""
+    out), called as SDPA calls it once chosen (``aten::_scaled_dot_product_efficient_attention``, the mask
+    prepared by :func:`_efficient_bias`), so no global ``torch.backends`` flag is switched, which another thread's
+    SDPA call would see. Anything else goes to ``sdpa`` (SDPA's own choice: right, if slower). An input the kernel
+    refuses goes there too, and so does every later call of its kind (:data:`_REFUSED`, logged once): a refusal is
+    a C++ exception, ~350 µs a call on an H200 (2026-11-28: Llama-3-8B's decode 0.84x its default while every
+    call raised)."""
     import torch
 
     mask = kwargs.get("attn_mask")
-    if q.device.type == "cuda" and mask is not None and mask.dtype == q.dtype and set(kwargs) <= _EFFICIENT_KW:
-        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                            or mask.requires_grad)
-        try:
-            return torch.ops.aten._scaled_dot_product_efficient_attention(  # type: ignore[no-any-return]
-                q, k, v, mask, grad, kwargs.get("dropout_p", 0.0), False, scale=kwargs.get("scale"))[0]
-        except RuntimeError:
-            pass
+    if (q.device.type in _EFFICIENT_DEVICES and (mask is None or mask.dtype == q.dtype)
+            and set(kwargs) <= _EFFICIENT_KW):
+        kind = (q.dtype, q.shape[-1], v.shape[-1], mask is None,
+                tuple((x.stride(-1), x.stride(-2) % 8, x.storage_offset() % 8) for x in (q, k, v)))
+        if kind not in _REFUSED:
+            grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                                or (mask is not None and mask.requires_grad))
+            try:
+                return torch.ops.aten._scaled_dot_product_efficient_attention(  # type: ignore[no-any-return]
+                    q, k, v, None if mask is None else _efficient_bias(mask, q, k), grad,
+                    kwargs.get("dropout_p", 0.0), False, scale=kwargs.get("scale"))[0]
+            except RuntimeError as exc:
+                _REFUSED[kind] = str(exc).splitlines()[0][:300]
+                import logging
+
+                logging.getLogger("attnforge").warning(
+                    "SDPA's memory-efficient kernel refused a decode call (q %s %s, k %s %s, mask %s): %s; calls "
+                    "of this kind go to SDPA's own choice from now on", tuple(q.shape), q.stride(), tuple(k.shape),
+                    k.stride(), None if mask is None else (tuple(mask.shape), mask.stride()), _REFUSED[kind])
     return sdpa(q, k, v, **kwargs)
 
 
+#: the devices whose memory-efficient kernel :func:`_memory_efficient` calls itself (the op is CUDA's; a test's fake
+#: kernel is the seam that adds the CPU)
+_EFFICIENT_DEVICES = frozenset({"cuda"})
 #: the SDPA keywords :func:`_memory_efficient` hands the kernel itself
 _EFFICIENT_KW = frozenset({"attn_mask", "dropout_p", "scale"})
+#: the memory-efficient kernel's refusals in this process: the kind of call (dtype, head dims, masked or not, the
+#: layout's alignment) -> the kernel's message; :func:`_memory_efficient` sends that kind to SDPA's own choice
+_REFUSED: dict[tuple[Any, ...], str] = {}
+#: the stride alignment, in elements, of every dimension of the mask but the last that SDPA gives the kernel
+#: (``mem_eff_alignment``, aten/src/ATen/native/transformers/attention.cpp, torch 2.4-2.11)
+_BIAS_ALIGNMENT = 8
+
+
+def _efficient_bias(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The additive ``mask`` (broadcastable to ``[B, H, Sq, Sk]`` of ``q [B, H, Sq, D]`` and ``k [B, H, Sk, D]``) as
+    the memory-efficient kernel takes it: exactly ``[B, H, Sq, Sk]`` (an expanded view) with the last dimension
+    contiguous and every other stride a multiple of :data:`_BIAS_ALIGNMENT`, else the kernel raises ("attn_bias is
+    not correctly aligned"). SDPA prepares it the same way before that kernel (``preprocess_mask``: pad the last
+    dimension, slice it back, expand; attention.cpp), which the op itself does not; a mask whose dimensions longer
+    than 1 are aligned already is not copied."""
+    import torch.nn.functional as F  # noqa: N812
+
+    m = mask
+    if m.dim() < 4:
+        m = m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))
+    # a dimension of size 1 is expanded (stride 0), so only the others' strides count, as in the kernel's check
+    aligned = (m.stride(-1) == 1 and m.storage_offset() % _BIAS_ALIGNMENT == 0
+               and all(st % _BIAS_ALIGNMENT == 0 for n, st in zip(m.shape[:-1], m.stride()[:-1], strict=True) if n > 1))
+    if not aligned:
+        n = m.shape[-1]
+        m = F.pad(m, (0, _BIAS_ALIGNMENT - n % _BIAS_ALIGNMENT))[..., :n]
+    return m.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
 
 
 def _fold_mask_rows(mask: torch.Tensor, *, hq: int, hkv: int, sq: int) -> torch.Tensor:
