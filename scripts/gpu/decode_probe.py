@@ -250,6 +250,52 @@ def gemma_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     return res
 
 
+def efficient_breakdown(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
+    """Where ``attention()``'s decode path spends its time at lengths met before (SDPA's cuDNN graphs cached):
+    Llama-3-8B's padded decode call, four calls sharing each mask object (a model's layers), ``Sk`` growing over 16
+    steps, the rounds repeating those lengths. Variants: SDPA (``enable_gqa``, bool mask: cuDNN), the
+    memory-efficient op called directly on the folded query with the bias prepared beforehand (``op_bias``), the
+    same without a bias (``op_no_bias``), and ``attention()``. Wall µs per call (best of 5 rounds) and the device
+    µs per call of their kernels (torch.profiler), so host cost = what the wall adds to the device time when the
+    host is the bottleneck."""
+    import torch.nn.functional as F  # noqa: N812
+
+    import attnforge
+    from attnforge.backends import sdpa as sdpa_module
+
+    q, kv, s0 = _tensors(torch, dev, dt, small)
+    b, hq, _, d = q.shape
+    hkv = kv.shape[2]
+    steps = _step_inputs(torch, kv, s0, 16, True)
+    layered = [x for x in steps for _ in range(4)]
+    bias = {}
+    for _, _, m in steps:
+        add = torch.zeros(m.shape, dtype=dt, device=m.device).masked_fill_(~m, float("-inf"))
+        bias[id(m)] = sdpa_module._efficient_bias(add, q.reshape(b, hkv, hq // hkv, d), kv[0, :, :, : m.shape[-1]])
+    qf = q.reshape(b, hkv, hq // hkv, d)
+    op = torch.ops.aten._scaled_dot_product_efficient_attention
+
+    variants: dict[str, Callable[..., Any]] = {
+        "sdpa": lambda k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+        "op_bias": lambda k, v, m: op(qf, k, v, bias[id(m)], False, 0.0, False)[0],
+        "op_no_bias": lambda k, v, m: op(qf, k, v, None, False, 0.0, False)[0],
+        "attention": lambda k, v, m: attnforge.attention(q, k, v, attn_mask=m),
+    }
+    res: dict[str, Any] = {}
+    for name, fn in variants.items():
+        if dev != "cuda" and name.startswith("op_"):
+            continue
+        for x in layered:
+            fn(*x)  # every length met once: SDPA's graphs built
+        res[f"{name}_us"] = _best_us_per_call(torch, fn, [layered] * 5)[0]
+        rows = _profile(torch, dev, lambda fn=fn: [fn(*x) for x in layered[:16]])
+        kernels = [r for r in rows if r["device_us"] > 0 and not r["name"].startswith(("aten::", "Activity"))]
+        res[f"{name}_device_us"] = round(sum(r["device_us"] for r in kernels) / 16, 1)
+        res[f"{name}_kernels"] = kernels[:6]
+        res[f"{name}_host_ops"] = [r for r in rows if r["name"].startswith(("aten::", "cuda"))][:12]
+    return res
+
+
 def _best_us_per_call(torch: Any, fn: Callable[..., Any],
                       rounds: list[list[tuple[Any, Any, Any]]]) -> tuple[float, Any]:
     """µs per call of ``fn(k, v, mask)`` over each round's calls back to back between two synchronizes, the best
@@ -307,6 +353,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--only", default="", help="comma-separated sections (efficient_breakdown, calls, gemma_calls, "
+                                                "prefill_first_calls, generate); default all")
     args = ap.parse_args()
     import torch
 
@@ -315,10 +363,14 @@ def main() -> int:
     dt = getattr(torch, models_e2e.DT)
     results: dict[str, Any] = {"device": torch.cuda.get_device_name() if not small else "cpu",
                                "torch": torch.__version__}
-    for name, fn in (("calls", lambda: calls(torch, args.device, dt, small)),
+    only = set(args.only.split(",")) if args.only else None
+    for name, fn in (("efficient_breakdown", lambda: efficient_breakdown(torch, args.device, dt, small)),
+                     ("calls", lambda: calls(torch, args.device, dt, small)),
                      ("gemma_calls", lambda: gemma_calls(torch, args.device, dt, small)),
                      ("prefill_first_calls", lambda: prefill_first_calls(torch, args.device, dt, small)),
                      ("generate", lambda: generate(torch))):
+        if only is not None and name not in only:
+            continue
         t0 = time.perf_counter()
         try:
             results[name] = fn()

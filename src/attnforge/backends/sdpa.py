@@ -227,7 +227,12 @@ class SdpaAdapter(AdapterBase):
                 # per mask object: -inf where a row that sees some key hides a key (mask < seen), else 0
                 hidden = mask < seen
                 if mask.device.type == "cuda" and not torch.compiler.is_compiling() and not graph_capturing():
-                    mask = torch.where(hidden, *_additive_values(q.dtype, mask.device))  # one kernel
+                    # one kernel, into rows whose stride is a multiple of 8 elements: the memory-efficient kernel
+                    # takes the mask as it is (SDPA pads an unaligned one on every call, _efficient_bias too)
+                    n = hidden.shape[-1]
+                    out = torch.empty((*hidden.shape[:-1], n + (-n) % _BIAS_ALIGNMENT), dtype=q.dtype,
+                                      device=mask.device)[..., :n]
+                    mask = torch.where(hidden, *_additive_values(q.dtype, mask.device), out=out)
                 else:  # the values' tensors are made outside capture and tracing only
                     mask = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(hidden,
                                                                                                   float("-inf"))
@@ -332,8 +337,8 @@ def _memory_efficient(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: tor
     mask = kwargs.get("attn_mask")
     if (q.device.type in _EFFICIENT_DEVICES and (mask is None or mask.dtype == q.dtype)
             and set(kwargs) <= _EFFICIENT_KW):
-        kind = (q.dtype, q.shape[-1], v.shape[-1], mask is None,
-                tuple((x.stride(-1), x.stride(-2) % 8, x.storage_offset() % 8) for x in (q, k, v)))
+        kind = (q.dtype, q.shape[-1], v.shape[-1], mask is None, q.stride(-2) % 8, k.stride(-2) % 8,
+                v.stride(-2) % 8)
         if kind not in _REFUSED:
             grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                                 or (mask is not None and mask.requires_grad))
@@ -358,7 +363,7 @@ _EFFICIENT_DEVICES = frozenset({"cuda"})
 #: the SDPA keywords :func:`_memory_efficient` hands the kernel itself
 _EFFICIENT_KW = frozenset({"attn_mask", "dropout_p", "scale"})
 #: the memory-efficient kernel's refusals in this process: the kind of call (dtype, head dims, masked or not, the
-#: layout's alignment) -> the kernel's message; :func:`_memory_efficient` sends that kind to SDPA's own choice
+#: alignment of the rows of q, k, v) -> the kernel's message; :func:`_memory_efficient` sends that kind to SDPA
 _REFUSED: dict[tuple[Any, ...], str] = {}
 #: the stride alignment, in elements, of every dimension of the mask but the last that SDPA gives the kernel
 #: (``mem_eff_alignment``, aten/src/ATen/native/transformers/attention.cpp, torch 2.4-2.11)
