@@ -90,6 +90,7 @@ def test_a_masked_decode_call_runs_no_cudnn_kernel_at_any_length(hq: int, hkv: i
         k, v = (torch.randn(4, hkv, sk, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
         mask = torch.ones(4, mask_heads, sq, sk, dtype=torch.bool, device="cuda")
         mask[1, ..., : sk // 5] = False  # left padding on one row
+        mask[2] = False  # a batch row that sees no key: zeros, as the reference
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             out = adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
             torch.cuda.synchronize()

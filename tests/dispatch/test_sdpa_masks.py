@@ -349,6 +349,41 @@ def test_a_decode_class_on_cuda_binds_no_plain_sdpa_call() -> None:
     assert adapter.bind(call("cpu", 1), scale=None, bshd=False) is not None
 
 
+@pytest.mark.parametrize("mask_shape", ["b1qk", "bhqk", "qk", "bh1k"])
+@pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.parametrize("grad", [False, True])
+def test_rows_that_see_no_key_are_zeros_on_the_decode_path(mask_shape: str, groups: int, grad: bool,
+                                                          efficient_kernel: list[tuple[int, ...]],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode call whose mask hides every key of some rows: the adapter opens those rows for the kernel and the
+    decode path zeroes them in the copy back to ``[B, Hq, Sq, D]`` (folded query) or in place, as the float64
+    reference does, for each shape of the rows-that-see-a-key tensor, with and without a gradient recorded."""
+    monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)  # the adapter's CUDA preparation
+    g = torch.Generator().manual_seed(groups)
+    b, hkv, sq, sk, d = 2, 2, 3, 21, 8
+    hq = hkv * groups
+    q = torch.randn(b, hq, sq, d, generator=g, dtype=torch.float64, requires_grad=grad)
+    k, v = (torch.randn(b, hkv, sk, d, generator=g, dtype=torch.float64) for _ in range(2))
+    dims = {"b": b, "h": hq, "q": sq, "k": sk, "1": 1}
+    mask = torch.rand(*[dims[c] for c in mask_shape], generator=g) > 0.4
+    mask[..., -1] = True
+    mask[..., 0, :] = False  # the first row (of every head, batch) sees no key
+    prepared, seen = sdpa_module.SdpaAdapter._sdpa_mask(mask, q, sq=sq, sk=sk, causal=False, top_left=False,
+                                                        window=None)
+    assert seen is not None
+    kwargs = {"attn_mask": prepared, **({"enable_gqa": True} if groups > 1 else {})}
+    got = sdpa_module._decode_without_cudnn(torch.nn.functional.scaled_dot_product_attention, q, k, v, kwargs,
+                                            seen=seen)
+    want = reference_attention(q, k, v, causal=False, attn_mask=mask)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want)
+    assert (got[:, :, 0] == 0).all()
+    if grad:
+        got.sum().backward()
+        assert q.grad is not None and torch.isfinite(q.grad).all()
+    assert efficient_kernel and sdpa_module._REFUSED == {}
+
+
 def test_a_refusal_turns_the_kernel_path_off_once_and_says_so(monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     """An input the memory-efficient kernel refuses still gets SDPA's answer, and the refusal is logged once and

@@ -126,10 +126,7 @@ class SdpaAdapter(AdapterBase):
             elif hides_keys(q.shape[2], k.shape[2], causal=True, top_left=False, window=None):
                 kwargs["attn_mask"], seen = _bottom_right_additive(q.shape[2], k.shape[2], q.dtype, q.device)
             # else one query row at the end of the keys (a decode step): bottom-right causal hides nothing
-        out = self._run(sdpa, q, k, v, dict(kwargs, scale=scale))
-        if seen is not None:  # in place when nothing records the output for backward
-            out = out.mul(seen) if out.requires_grad else out.mul_(seen)
-        return out
+        return self._run(sdpa, q, k, v, dict(kwargs, scale=scale), seen=seen)
 
 
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor] | None:
@@ -182,24 +179,26 @@ class SdpaAdapter(AdapterBase):
             else:
                 mask, seen = opened
             kwargs["attn_mask"] = mask
-        out = self._run(sdpa, q, k, v, kwargs)
-        if seen is None:
-            return out
-        # the rows that see no key, opened in the mask, become zeros: in place when nothing records the output for
-        # backward (one kernel instead of a copy and a multiply)
-        return out.mul(seen) if out.requires_grad else out.mul_(seen)
+        return self._run(sdpa, q, k, v, kwargs, seen=seen)
 
     def _run(self, sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             kwargs: dict[str, Any]) -> torch.Tensor:
+             kwargs: dict[str, Any], *, seen: torch.Tensor | None = None) -> torch.Tensor:
         """SDPA on the prepared keywords: under the forced kernel, or for a decode shape not yet settled (masked,
-        or without a causal mask to apply) without cuDNN (:func:`_decode_without_cudnn`), else as SDPA chooses."""
+        or without a causal mask to apply) without cuDNN (:func:`_decode_without_cudnn`), else as SDPA chooses.
+        ``seen`` (bool, broadcastable to ``[B, Hq, Sq, 1]``): the rows that see some key; the others, opened in the
+        mask, become zeros."""
         if self.kernel is not None:
             with _force(self.kernel):
-                return sdpa(q, k, v, **kwargs)
-        if (q.shape[2] <= DECODE_ROWS and q.device.type == "cuda" and not kwargs.get("is_causal")
+                out = sdpa(q, k, v, **kwargs)
+        elif (q.shape[2] <= DECODE_ROWS and q.device.type == "cuda" and not kwargs.get("is_causal")
                 and _cudnn_free_decode() and _MET.unsettled(q, k, v, kwargs.get("attn_mask"))):
-            return _decode_without_cudnn(sdpa, q, k, v, kwargs)
-        return sdpa(q, k, v, **kwargs)
+            return _decode_without_cudnn(sdpa, q, k, v, kwargs, seen=seen)
+        else:
+            out = sdpa(q, k, v, **kwargs)
+        if seen is None:
+            return out
+        # in place when nothing records the output for backward (one kernel instead of a copy and a multiply)
+        return out.mul(seen) if out.requires_grad else out.mul_(seen)
 
     @staticmethod
     def _sdpa_mask(attn_mask: Any, q: torch.Tensor, *, sq: int, sk: int, causal: bool, top_left: bool,
@@ -295,7 +294,7 @@ def _cudnn_free_decode() -> bool:
 
 
 def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          kwargs: dict[str, Any]) -> torch.Tensor:
+                          kwargs: dict[str, Any], *, seen: torch.Tensor | None = None) -> torch.Tensor:
     """A call of a few query rows (a decode step; ``q [B, Hq, Sq, D]``, ``Sq <=`` :data:`DECODE_ROWS`), masked or
     with no causal mask to apply, on SDPA's memory-efficient kernel, not cuDNN's; returns ``[B, Hq, Sq, Dv]``.
 
@@ -309,18 +308,35 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
     are) and a mask's rows repeated to match (a copy only when ``Sq > 1`` and the mask has rows). Measured
     there: the first call at a new length 0.32 ms through ``attention()`` (SDPA: 55 ms); at a repeated length it
     is slower than cuDNN's cached graph (attention() 256 µs a call back to back, SDPA 50 µs), so only shapes not
-    yet met often (:class:`_MetShapes`) come here."""
+    yet met often (:class:`_MetShapes`) come here.
+
+    ``seen`` (bool, broadcastable to ``[B, Hq, Sq, 1]``), the rows that see some key, zeroes the others: with the
+    query folded, in the one kernel that copies the output back to ``[B, Hq, Sq, Dv]`` (a multiply into it)."""
+    import torch
+
     b, hq, sq, d = q.shape
     hkv = k.shape[1]
     mask = kwargs.get("attn_mask")
-    if hq != hkv:
-        g = hq // hkv
-        kwargs = {key: val for key, val in kwargs.items() if key != "enable_gqa"}
-        if mask is not None:
-            kwargs["attn_mask"] = _fold_mask_rows(mask, hq=hq, hkv=hkv, sq=sq)
-        q = q.reshape(b, hkv, g * sq, d)
-    out = _memory_efficient(sdpa, q, k, v, kwargs)
-    return out if hq == hkv else out.reshape(b, hq, sq, out.shape[-1])
+    if hq == hkv:
+        out = _memory_efficient(sdpa, q, k, v, kwargs)
+        if seen is None:
+            return out
+        return out.mul(seen) if out.requires_grad else out.mul_(seen)
+    g = hq // hkv
+    kwargs = {key: val for key, val in kwargs.items() if key != "enable_gqa"}
+    if mask is not None:
+        kwargs["attn_mask"] = _fold_mask_rows(mask, hq=hq, hkv=hkv, sq=sq)
+    out = _memory_efficient(sdpa, q.reshape(b, hkv, g * sq, d), k, v, kwargs)
+    dv = out.shape[-1]
+    if seen is None:
+        return out.reshape(b, hq, sq, dv)
+    out5 = out.reshape(b, hkv, g, sq, dv)  # a view of the kernel's output
+    s = seen.reshape((1,) * (4 - seen.dim()) + tuple(seen.shape)) if seen.dim() < 4 else seen
+    s5 = s.reshape(s.shape[0], *((hkv, g) if s.shape[1] == hq else (1, 1)), s.shape[2], 1)
+    if out.requires_grad:
+        return (out5 * s5).reshape(b, hq, sq, dv)
+    zeroed = torch.empty((b, hkv, g, sq, dv), dtype=out.dtype, device=out.device)
+    return torch.mul(out5, s5, out=zeroed).view(b, hq, sq, dv)
 
 
 def _memory_efficient(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
