@@ -201,7 +201,8 @@ def _efficient_kernel(  # noqa: PLR0917 (the op's own positional signature)
     contiguous, its start and every stride of a dimension longer than 1 a multiple of 8 elements (torch 2.11,
     aten/src/ATen/native/transformers/cuda/attention.cu ``_efficient_attention_forward`` and
     mem_eff_attention/kernel_forward.h ``check_supported``; an H200 raised "attn_bias is not correctly aligned
-    (strideB)" for a ``[4, 1, 1, 1025]`` mask on 2026-11-28). Then SDPA's math on the same inputs."""
+    (strideB)" for a ``[4, 1, 1, 1025]`` mask on 2026-11-28). Then SDPA's math on the same inputs, returned in the
+    kernel's output layout."""
     import torch.nn.functional as F  # noqa: N812
 
     assert q.shape[1] == k.shape[1] == v.shape[1], "the kernel has no GQA"
@@ -218,7 +219,8 @@ def _efficient_kernel(  # noqa: PLR0917 (the op's own positional signature)
                 raise RuntimeError(f"attn_bias is not correctly aligned (stride{name})")
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, is_causal=is_causal,
                                          scale=scale)
-    return out, torch.empty(0), torch.empty(0), torch.empty(0)
+    # in the kernel's memory layout: it writes [B, Sq, H, Dv] and returns that transposed to [B, H, Sq, Dv]
+    return out.transpose(1, 2).contiguous().transpose(1, 2), torch.empty(0), torch.empty(0), torch.empty(0)
 
 
 class _OpSeam:
