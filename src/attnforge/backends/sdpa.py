@@ -195,10 +195,7 @@ class SdpaAdapter(AdapterBase):
             return _decode_without_cudnn(sdpa, q, k, v, kwargs, seen=seen)
         else:
             out = sdpa(q, k, v, **kwargs)
-        if seen is None:
-            return out
-        # in place when nothing records the output for backward (one kernel instead of a copy and a multiply)
-        return out.mul(seen) if out.requires_grad else out.mul_(seen)
+        return _zero_unseen(out, seen)
 
     @staticmethod
     def _sdpa_mask(attn_mask: Any, q: torch.Tensor, *, sq: int, sk: int, causal: bool, top_left: bool,
@@ -318,10 +315,7 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
     hkv = k.shape[1]
     mask = kwargs.get("attn_mask")
     if hq == hkv:
-        out = _memory_efficient(sdpa, q, k, v, kwargs)
-        if seen is None:
-            return out
-        return out.mul(seen) if out.requires_grad else out.mul_(seen)
+        return _zero_unseen(_memory_efficient(sdpa, q, k, v, kwargs), seen)
     g = hq // hkv
     kwargs = {key: val for key, val in kwargs.items() if key != "enable_gqa"}
     if mask is not None:
@@ -337,6 +331,15 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
         return (out5 * s5).reshape(b, hq, sq, dv)
     zeroed = torch.empty((b, hkv, g, sq, dv), dtype=out.dtype, device=out.device)
     return torch.mul(out5, s5, out=zeroed).view(b, hq, sq, dv)
+
+
+def _zero_unseen(out: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
+    """``out`` (``[B, H, Sq, Dv]``) with the rows that see no key (``seen`` False, broadcastable to
+    ``[B, H, Sq, 1]``; None: every row sees one) zeroed: in place when nothing records ``out`` for backward (one
+    kernel instead of a copy and a multiply)."""
+    if seen is None:
+        return out
+    return out.mul(seen) if out.requires_grad else out.mul_(seen)
 
 
 def _memory_efficient(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
