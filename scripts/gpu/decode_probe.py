@@ -177,7 +177,9 @@ def prefill_first_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str,
     8 i), plain causal and with a left-padding bool mask, SDPA and ``attention()``: wall µs between two
     synchronizes, median and max of 6 lengths, then the same calls again, and the kernels of one call. Whether
     cuDNN's graph per sequence length (measured for decode, 2026-11-28) stalls prefill too, where the SDPA adapter's
-    decode path (<= 16 query rows) does not reach."""
+    decode path (<= 16 query rows) does not reach (it does: ~40-50 ms, 2026-11-28). On CUDA also the candidates
+    that build no graph, for the rule to reach prefill: the memory-efficient op (masked) and the flash op (causal),
+    K/V expanded, and the flash op given fewer K/V heads."""
     import torch.nn.functional as F  # noqa: N812
 
     import attnforge
@@ -203,10 +205,40 @@ def prefill_first_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str,
     def af(q: Any, k: Any, v: Any, m: Any) -> Any:
         return attnforge.attention(q, k, v, causal=m is None, attn_mask=m)
 
-    for j, (name, fn, masked) in enumerate((("sdpa_causal", sdpa, False), ("attention_causal", af, False),
-                                            ("sdpa_masked", sdpa, True), ("attention_masked", af, True))):
+    def expanded(k: Any, v: Any) -> tuple[Any, Any]:  # K/V repeated to the query's heads (a copy each)
+        return (t.repeat_interleave(hq // hkv, dim=1) for t in (k, v))  # type: ignore[return-value]
+
+    def efficient_masked(q: Any, k: Any, v: Any, m: Any) -> Any:
+        """Candidate for a masked prefill at a new length: the memory-efficient op, K/V expanded, the mask additive
+        and aligned as the SDPA adapter prepares it (no graph to build)."""
+        from attnforge.backends import sdpa as sdpa_module
+
+        add = torch.zeros(m.shape, dtype=dt, device=dev).masked_fill_(~m, float("-inf"))
+        ke, ve = expanded(k, v)
+        bias = sdpa_module._efficient_bias(add, q, ke)
+        return torch.ops.aten._scaled_dot_product_efficient_attention(q, ke, ve, bias, False, 0.0, False)[0]
+
+    def flash_causal(q: Any, k: Any, v: Any, m: Any) -> Any:
+        """Candidate for a plain causal prefill at a new length: SDPA's flash kernel's op (FlashAttention-2, no
+        graph to build), K/V expanded (whether the op takes fewer K/V heads is the second variant's question)."""
+        ke, ve = expanded(k, v)
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, ke, ve, 0.0, True, False)[0]
+
+    def flash_causal_gqa(q: Any, k: Any, v: Any, m: Any) -> Any:
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False)[0]
+
+    variants: list[tuple[str, Callable[..., Any], bool]] = [
+        ("sdpa_causal", sdpa, False), ("attention_causal", af, False), ("sdpa_masked", sdpa, True),
+        ("attention_masked", af, True)]
+    if dev == "cuda":
+        variants += [("efficient_masked_kv_expanded", efficient_masked, True),
+                     ("flash_causal_kv_expanded", flash_causal, False), ("flash_causal_gqa", flash_causal_gqa, False)]
+    for j, (name, fn, masked) in enumerate(variants):
         calls = [tensors(base + 8 * (7 * j + i) + 1, masked) for i in range(7)]
-        res[name] = _first_and_again(torch, dev, fn, calls[:6], calls[6])
+        try:
+            res[name] = _first_and_again(torch, dev, fn, calls[:6], calls[6])
+        except Exception as exc:  # a candidate op that refuses these inputs: say so, go on
+            res[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     return res
 
 
