@@ -228,14 +228,15 @@ def _generate_paired(torch: Any, model: Any, batch: int, use: dict[str, Any]) ->
     (:func:`_timing.paired_ms`)."""
     kw, prompt, new = _generate_inputs(torch, batch)
     t1 = paired_ms(torch, lambda: _generate_run(torch, model, kw, 1), use, reps=3)
-    step = _decode_step_ms(torch, model, kw, new=new, use=use)
+    step, first = _decode_step_ms(torch, model, kw, new=new, use=use)
     return {f"{name}_generate": {"prefill_ms": t1[name], "prompt": prompt, "new_tokens": new,
-                                 "decode_step_ms": step[name], "decode_tokens_per_s": batch / (step[name] / 1e3)}
+                                 "decode_step_ms": step[name], "decode_tokens_per_s": batch / (step[name] / 1e3),
+                                 "first_round_decode_step_ms": first[name]}
             for name in use}
 
 
 def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use: dict[str, Any],
-                    rounds: int = 6) -> dict[str, float]:
+                    rounds: int = 6) -> tuple[dict[str, float], dict[str, float]]:
     """Median ms of one decode step of ``generate`` (KV cache) per implementation, from a clock read between
     steps (a logits processor that synchronises and stamps), the implementations interleaved round by round:
     ``rounds x (new - 1)`` steps each. The difference of two generate runs (``t(1 + N) - t(1)``) moved one model's
@@ -245,7 +246,8 @@ def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use
     implementation (1024 to ~1800 tokens), and each cut is one decode's span apart, so no K/V length repeats (a
     kernel that builds a graph per sequence length, cuDNN's attention, pays for it in every step then; with
     repeated lengths only in the warm-up round). Until 2026-11-28 the cuts were 8 tokens apart, so 7 of 8 lengths
-    had been met in an earlier round."""
+    had been met in an earlier round. Second, the same median of the untimed warm-up round: a first request at
+    those lengths (it holds, without ``--fresh-lengths``, the graph builds the timed rounds no longer pay)."""
     import time
 
     from transformers import LogitsProcessor, LogitsProcessorList
@@ -260,6 +262,7 @@ def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use
             return scores
 
     steps: dict[str, list[float]] = {name: [] for name in use}
+    warm: dict[str, list[float]] = {name: [] for name in use}
     order = list(use)
     if FRESH_LENGTHS:  # the prompt grown by one decode's span per round and implementation, cut back per round
         span = new + 1
@@ -274,9 +277,11 @@ def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use
             cut = span * (len(order) * r + order.index(name)) + 1
             run_kw = dict(kw, input_ids=kw["input_ids"][:, :-cut], attention_mask=kw["attention_mask"][:, :-cut])
         _generate_run(torch, model, run_kw, 1 + new, logits_processor=LogitsProcessorList([clock]))
-        if r:  # the first round warms both up
-            steps[name] += [(b - a) * 1e3 for a, b in zip(clock.stamps[1:], clock.stamps[2:], strict=False)]
-    return {name: sorted(t)[len(t) // 2] for name, t in steps.items()}
+        # the first round warms both up
+        (steps if r else warm)[name] += [(b - a) * 1e3 for a, b in zip(clock.stamps[1:], clock.stamps[2:],
+                                                                        strict=False)]
+    return ({name: sorted(t)[len(t) // 2] for name, t in steps.items()},
+            {name: sorted(t)[len(t) // 2] for name, t in warm.items()})
 
 
 def _generate_diagnosis(torch: Any, model: Any, batch: int) -> dict[str, Any]:
