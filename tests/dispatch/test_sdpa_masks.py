@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from attnforge.backends import registry
 from attnforge.backends import sdpa as sdpa_module
@@ -514,3 +516,45 @@ def test_a_causal_decode_step_hands_sdpa_no_mask(monkeypatch: pytest.MonkeyPatch
     want = reference_attention(step, k, v, causal=True)
     torch.testing.assert_close(plain, want.to(plain.dtype))
     torch.testing.assert_close(featured, want.to(featured.dtype))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sq=st.integers(1, 16), groups=st.sampled_from([1, 2, 4, 7]), sk=st.integers(1, 70),
+       dims=st.tuples(st.booleans(), st.booleans(), st.booleans()), layout=st.sampled_from(["contiguous", "slice",
+                                                                                              "expand", "offset"]),
+       kind=st.sampled_from(["bool", "additive"]), data=st.data())
+def test_any_decode_mask_layout_reaches_the_kernel_in_its_form(  # noqa: PLR0917
+        sq: int, groups: int, sk: int, dims: tuple[bool, bool, bool], layout: str, kind: str, data: st.DataObject,
+        efficient_kernel: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Property: a decode call (``Sq <= 16``) with a mask of any broadcastable shape (batch, head, row dimensions
+    present or 1) in any layout a caller may hand (contiguous, a slice of a longer mask, an expanded view, a view at a
+    storage offset), bool or additive, through the adapter's CUDA mask preparation and the decode path: the stand-in
+    kernel (the real one's rules) takes every bias, and the output is the float64 reference's, rows that see no key
+    zeros."""
+    monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
+    calls_before = len(efficient_kernel)  # the fixture's list lives across hypothesis's examples
+    b, hkv, d = 2, 2, 4
+    hq = hkv * groups
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    q = torch.randn(b, hq, sq, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(b, hkv, sk, d, generator=g, dtype=torch.float64) for _ in range(2))
+    shape = (b if dims[0] else 1, hq if dims[1] else 1, sq if dims[2] else 1, sk)
+    allowed = torch.rand(shape, generator=g) > 0.3
+    if layout == "slice":
+        wide = torch.rand((*shape[:-1], sk + 5), generator=g) > 0.3
+        wide[..., :sk] = allowed
+        allowed = wide[..., :sk]
+    elif layout == "expand":
+        allowed = allowed[..., :1, :].expand(*shape[:-2], shape[-2], sk) if shape[-2] > 1 else allowed
+    elif layout == "offset":
+        flat = torch.zeros(allowed.numel() + 3, dtype=torch.bool)
+        flat[3:] = allowed.flatten()
+        allowed = flat[3:].view(shape)
+    mask = allowed if kind == "bool" else torch.zeros(shape, dtype=q.dtype).masked_fill(~allowed, float("-inf"))
+    prepared, seen = sdpa_module.SdpaAdapter._sdpa_mask(mask, q, sq=sq, sk=sk, causal=False, top_left=False,
+                                                        window=None)
+    kwargs = {"attn_mask": prepared, **({"enable_gqa": True} if groups > 1 else {})}
+    got = sdpa_module._decode_without_cudnn(torch.nn.functional.scaled_dot_product_attention, q, k, v, kwargs,
+                                            seen=seen)
+    torch.testing.assert_close(got, reference_attention(q, k, v, causal=False, attn_mask=allowed))
+    assert len(efficient_kernel) == calls_before + 1 and sdpa_module._REFUSED == {}
