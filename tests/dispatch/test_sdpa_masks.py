@@ -388,6 +388,33 @@ def test_rows_that_see_no_key_are_zeros_on_the_decode_path(mask_shape: str, grou
     assert efficient_kernel and sdpa_module._REFUSED == {}
 
 
+def test_explain_says_how_sdpa_serves_a_decode_step_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``explain()`` notes that SDPA serves a decode step on CUDA without cuDNN until its shape settles: the note
+    comes from the chosen adapter (on CUDA only: a CPU call, a longer query, a forced kernel or SDPA's own causal
+    get none), and the dispatcher shows it."""
+    import attnforge
+    from attnforge.backends.adapter import AttentionCall
+
+    def call(device: str, sq: int, sk: int = 1025, causal: bool = False) -> AttentionCall:
+        return AttentionCall(device_type=device, compute_capability=(9, 0) if device == "cuda" else None,
+                             dtype="bfloat16", batch=4, heads_q=32, heads_kv=8, seqlen_q=sq, seqlen_k=sk,
+                             head_dim=128, causal=causal, needs_grad=False)
+
+    sdpa = registry.fallback()
+    (note,) = sdpa.serving_notes(call("cuda", 1))
+    assert "memory-efficient" in note and str(sdpa_module._MetShapes.SETTLED) in note
+    assert sdpa.serving_notes(call("cuda", 16, causal=True)) == sdpa.serving_notes(call("cuda", 1))
+    assert sdpa.serving_notes(call("cuda", 16, sk=16, causal=True)) == ()  # SDPA's own top-left causal
+    assert sdpa.serving_notes(call("cuda", 17)) == sdpa.serving_notes(call("cpu", 1)) == ()
+    assert registry.adapters()["sdpa-cudnn"].serving_notes(call("cuda", 1)) == ()  # a forced kernel
+
+    q, k, v = _qkv()
+    assert not attnforge.explain(q[:, :, :1], k, v).notes  # CPU: SDPA as it is
+    monkeypatch.setattr(sdpa_module.SdpaAdapter, "serving_notes", lambda self, c: ("served so",))
+    exp = attnforge.explain(q[:, :, :1], k, v)
+    assert exp.chosen == "sdpa" and exp.notes == ("served so",) and "note: served so" in str(exp)
+
+
 def test_a_refusal_turns_the_kernel_path_off_once_and_says_so(monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     """An input the memory-efficient kernel refuses still gets SDPA's answer, and the refusal is logged once and

@@ -62,6 +62,11 @@ class AdapterBase:
         """Pure: every reason this backend cannot serve ``call`` (from its declared capabilities)."""
         return self.caps.unsupported_reasons(call)
 
+    def serving_notes(self, call: AttentionCall) -> tuple[str, ...]:
+        """Pure: how this backend serves ``call`` where it differs from what its name says (``explain()``'s notes;
+        SDPA's decode steps, for one); none by default."""
+        return ()
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None) -> torch.Tensor:
         """Run the kernel (see :mod:`attnforge.backends.adapter` for shapes and the causal rule)."""

@@ -129,6 +129,16 @@ class SdpaAdapter(AdapterBase):
         return self._run(sdpa, q, k, v, dict(kwargs, scale=scale), seen=seen)
 
 
+    def serving_notes(self, call: AttentionCall) -> tuple[str, ...]:
+        """A decode step on CUDA that SDPA chooses the kernel for: how :meth:`_run` serves it."""
+        if self.kernel is not None or call.device_type != "cuda" or call.seqlen_q > DECODE_ROWS:
+            return ()
+        if call.causal and call.seqlen_q == call.seqlen_k:
+            return ()  # SDPA's own top-left causal: SDPA chooses
+        return (f"a decode step (Sq <= {DECODE_ROWS}): SDPA's memory-efficient kernel serves each shape until it "
+                f"has been met {_MetShapes.SETTLED} times, then SDPA's own choice (cuDNN builds a graph for every "
+                "new sequence length, ~40-50 ms on an H200)",)
+
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor] | None:
         """The plain call as SDPA itself, for a route (:func:`attnforge.backends.bound.bound_call`): a
         ``functools.partial`` of the unpatched SDPA taking ``(q, k, v)`` ``[B, H, S, D]``, so nothing of the

@@ -397,6 +397,9 @@ class Dispatcher:
         decision = forced_decision(call, forced, self.adapter(forced)) if forced else self._decide(call, dev_key)
         skipped = {} if forced else self.failures.skipped(failure_signature(call, scale, opts))
         order, basis, rejected, notes = without_skipped(decision, skipped, None if forced else EXACT)
+        serving = getattr(self.adapter(order[0]), "serving_notes", None) if order else None  # AdapterBase's
+        if serving is not None:
+            notes = (*notes, *serving(call))
         return Explanation(call=call, device=dev_key, shape_class=str(class_of_call(call)),
                            chosen=order[0] if order else None, forced=forced is not None, order=order,
                            basis=basis, rejected=rejected, notes=notes)

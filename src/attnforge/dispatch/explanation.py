@@ -22,7 +22,8 @@ class Explanation:
         basis: for each entry of ``order``, why it stands there.
         rejected: every backend that will not be tried, with all its reasons.
         notes: what happened in this process that changed the order (a backend that raised on this call
-            signature, and which one serves it instead).
+            signature, and which one serves it instead), and how the chosen backend serves the call where its
+            name does not say (SDPA's decode steps).
     """
 
     call: AttentionCall
