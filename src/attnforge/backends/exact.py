@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from attnforge.backends._base import records_grad
 from attnforge.backends.adapter import FEATURES, AttentionCall
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
     # where nothing reads the lse or records a gradient (a decode step, inference): the logits changed in place and
     # torch.softmax (which subtracts each row's maximum itself): 12 ops for Gemma-2's decode call against 18, each a
     # kernel launch of ~20 µs host time on the H200 host (scripts/gpu/decode_probe.py gemma_calls, 2026-11-28)
-    inference = bool(sk) and not lse and sinks is None and dropout_p == 0.0 and not _records_grad(q, k, v, attn_mask)
+    inference = bool(sk) and not lse and sinks is None and dropout_p == 0.0 and not records_grad(q, k, v, attn_mask)
     logits, masked = _masked_logits(torch.matmul(grouped, k.transpose(-1, -2)).view(b, hq, rows, sk), scale=scale,
                                     softcap=softcap, visible=visible, attn_mask=attn_mask, accum=accum,
                                     in_place=inference)
@@ -188,13 +189,6 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
         return out, None
     lse_rows = torch.where(denom == 0, torch.full_like(denom, -math.inf), torch.log(safe) + peak).squeeze(-1)
     return out, lse_rows
-
-
-def _records_grad(*tensors: Any) -> bool:
-    """Whether autograd records a call on ``tensors`` (None entries ignored)."""
-    import torch
-
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _masked_logits(raw: Any, *, scale: float, softcap: float | None, visible: Any, attn_mask: Any, accum: Any,

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import AdapterBase, graph_capturing
+from attnforge.backends._base import AdapterBase, graph_capturing, records_grad
 from attnforge.backends.adapter import AttentionCall, required_features
 from attnforge.backends.exact import visible_bounds
 
@@ -108,7 +108,6 @@ class FlexAdapter(AdapterBase):
         Returns:
             ``[B, Hq, Sq, Dv]`` in q's dtype; with ``return_lse`` also the float32 lse ``[B, Hq, Sq]``.
         """
-        import torch
 
         top_left = causal_alignment == "top_left"
         left = right = None
@@ -116,8 +115,7 @@ class FlexAdapter(AdapterBase):
             left, right = visible_bounds(causal=causal, window=window)
         mask = None if attn_mask is None else _as_4d(attn_mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         sink = None if sinks is None else sinks.float()
-        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
-            mask is not None and mask.requires_grad) or (sink is not None and sink.requires_grad))
+        grad = records_grad(q, k, v, mask, sink)
         extra = None  # the features' part of the signature; None for a plain call (it runs on every call)
         if mask is not None or sink is not None or softcap is not None or return_lse or window is not None or top_left:
             extra = (left, right, top_left, softcap, return_lse, sink is not None,

@@ -18,7 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import AdapterBase, bottom_right_mask, expand_kv, graph_capturing, kept_outside_capture
+from attnforge.backends._base import (
+    AdapterBase,
+    bottom_right_mask,
+    expand_kv,
+    graph_capturing,
+    kept_outside_capture,
+    records_grad,
+)
 from attnforge.backends.capabilities import GqaMode
 from attnforge.backends.exact import hides_keys, visible_keys
 from attnforge.backends.sdpa_original import kernels_restricted, original_sdpa
@@ -369,8 +376,7 @@ def _memory_efficient(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: tor
         kind = (q.dtype, q.shape[-1], v.shape[-1], mask is None, q.stride(-2) % 8, k.stride(-2) % 8,
                 v.stride(-2) % 8)
         if kind not in _REFUSED:
-            grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                                or (mask is not None and mask.requires_grad))
+            grad = records_grad(q, k, v, mask)
             try:
                 return torch.ops.aten._scaled_dot_product_efficient_attention(  # type: ignore[no-any-return]
                     q, k, v, None if mask is None else _efficient_bias(mask, q, k), grad,

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
+from attnforge.backends._base import records_grad
 from attnforge.backends.adapter import (
     ROUTING_ONLY,
     AttentionCall,
@@ -206,7 +207,7 @@ class Dispatcher:
         qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
         causal = check_flag("causal", causal)
         scale = None if scale is None else float(scale)
-        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        needs_grad = records_grad(q, k, v)
         generation = self._generation
         route = self._plain_route(qh, kh, vh, causal=causal, scale=scale, precision=precision,
                                   needs_grad=needs_grad, forced=forced, bshd=layout == "bshd")

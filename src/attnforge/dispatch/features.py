@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from attnforge.backends._base import records_grad
 from attnforge.backends.adapter import AttentionCall, BackendAdapter, required_features, supported_features
 from attnforge.backends.exact import EXACT
 from attnforge.dispatch.inputs import (
@@ -263,7 +264,7 @@ def signature(q: Any, k: Any, v: Any, *, layout: str, backend: str | None, preci
             return None
         if not (q.__class__ is k.__class__ is v.__class__ is torch.Tensor) or torch.compiler.is_compiling():
             return None
-        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        grad = records_grad(q, k, v)
         key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                None if mask is None else (mask.shape, mask.dtype, mask.device), grad, layout, backend, precision,
                scale, tuple(kwargs), *[None if val is mask else val for val in kwargs.values()])
@@ -383,7 +384,7 @@ def prepare(
     dv = _shared_features(qh, vh, uses=uses, opts=opts, causal=causal, alignment=causal_alignment, sinks=sinks,
                           square=qh.shape[2] == kh.shape[2])
     return Prepared(q=qh, k=kh, v=vh, probe=(qh, kh), empty=is_empty(qh, kh) or vh.shape[3] == 0, uses=frozenset(uses),
-                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks), scale=scale)
+                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=records_grad(q, k, v, sinks), scale=scale)
 
 
 def _window(sides: tuple[int | None, int | None] | None, seqlen_q: int, seqlen_k: int, *, uses: set[str],
@@ -396,12 +397,6 @@ def _window(sides: tuple[int | None, int | None] | None, seqlen_q: int, seqlen_k
     if bounded != (None, None):
         uses.add("window")
         opts["window"] = bounded
-
-
-def _needs_grad(*tensors: Any) -> bool:
-    import torch
-
-    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
 
 
 def _serve(dispatcher: Any, call: Prepared, *, scale: float | None, backend: str | None,
@@ -465,7 +460,7 @@ def _varlen(q: Any, k: Any, v: Any, *, uses: set[str], opts: dict[str, Any], att
                                 k.as_strided((batch, k.shape[1], max_k, k.shape[2]), (0, 0, 0, 1)))
     return Prepared(q=q, k=k, v=v, probe=probe or (q, k), empty=empty or not max_q or not max_k,
                     uses=frozenset(uses), head_dim_v=dv, opts=opts, causal=causal,
-                    needs_grad=_needs_grad(q, k, v, sinks), scale=scale)
+                    needs_grad=records_grad(q, k, v, sinks), scale=scale)
 
 
 def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: str, precision: str,
@@ -509,7 +504,7 @@ def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: 
     opts.update(block_table=block_table, seqused_k=seqused_k)
     dv = _shared_features(qh, v, uses=uses, opts=opts, causal=causal, alignment=alignment, sinks=sinks)
     return Prepared(q=qh, k=k, v=v, probe=(qh, kp), empty=is_empty(qh, kp), uses=frozenset(uses),
-                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=_needs_grad(q, k, v, sinks), scale=scale)
+                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=records_grad(q, k, v, sinks), scale=scale)
 
 
 def _shared_features(qh: Any, v: Any, *, uses: set[str], opts: dict[str, Any], causal: bool, alignment: str,
