@@ -135,6 +135,12 @@ def records_grad(*tensors: Any) -> bool:
     return False
 
 
+def four_dims(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (a mask, or which rows see a key: broadcastable to ``[B, H, Sq, Sk]``) as a view with leading
+    dimensions of size 1 up to four; itself when it has four."""
+    return t if t.dim() >= 4 else t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
+
+
 def graph_capturing() -> bool:
     """True while a CUDA graph captures on the current stream: what a captured kernel writes exists only once the
     graph replays, and nothing may synchronise."""

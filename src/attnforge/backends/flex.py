@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import AdapterBase, graph_capturing, records_grad
+from attnforge.backends._base import AdapterBase, four_dims, graph_capturing, records_grad
 from attnforge.backends.adapter import AttentionCall, required_features
 from attnforge.backends.exact import visible_bounds
 
@@ -181,7 +181,7 @@ def _as_4d(mask: torch.Tensor, batch: int, heads: int, seqlen_q: int, seqlen_k: 
 
     if mask.dtype == torch.float64:
         mask = mask.float()
-    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).expand(batch, heads, seqlen_q, seqlen_k)
+    return four_dims(mask).expand(batch, heads, seqlen_q, seqlen_k)
 
 
 def _fresh_copy(index: int) -> Callable[..., Any]:

@@ -22,6 +22,7 @@ from attnforge.backends._base import (
     AdapterBase,
     bottom_right_mask,
     expand_kv,
+    four_dims,
     graph_capturing,
     kept_outside_capture,
     records_grad,
@@ -342,7 +343,7 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
     if seen is None:
         return out.reshape(b, hq, sq, dv)
     out5 = out.reshape(b, hkv, g, sq, dv)  # a view of the kernel's output
-    s = seen.reshape((1,) * (4 - seen.dim()) + tuple(seen.shape)) if seen.dim() < 4 else seen
+    s = four_dims(seen)
     s5 = s.reshape(s.shape[0], *((hkv, g) if s.shape[1] == hq else (1, 1)), s.shape[2], 1)
     if out.requires_grad:
         return (out5 * s5).reshape(b, hq, sq, dv)
@@ -414,9 +415,7 @@ def _efficient_bias(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tor
     than 1 are aligned already is not copied."""
     import torch.nn.functional as F  # noqa: N812
 
-    m = mask
-    if m.dim() < 4:
-        m = m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))
+    m = four_dims(mask)
     # a dimension of size 1 is expanded (stride 0), so only the others' strides count, as in the kernel's check
     aligned = (m.stride(-1) == 1 and m.storage_offset() % _BIAS_ALIGNMENT == 0
                and all(st % _BIAS_ALIGNMENT == 0 for n, st in zip(m.shape[:-1], m.stride()[:-1], strict=True) if n > 1))
@@ -431,7 +430,7 @@ def _fold_mask_rows(mask: torch.Tensor, *, hq: int, hkv: int, sq: int) -> torch.
     broadcastable to ``[B, Hkv, g * Sq, Sk]``: row ``i * Sq + s`` of K/V head ``h`` is query head ``h * g + i``'s row
     ``s``."""
     g = hq // hkv
-    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)) if mask.dim() < 4 else mask
+    m = four_dims(mask)
     mb, mh, mq, sk = m.shape
     if mh == 1 and mq == 1:
         return m  # the same row for every head and query: it broadcasts as it is
