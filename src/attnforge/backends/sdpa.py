@@ -255,15 +255,16 @@ class SdpaAdapter(AdapterBase):
         return mask, seen
 
 
-#: the query rows (Sq) up to which a masked call is served as a decode step (:func:`_decode_without_cudnn`)
+#: the query rows (Sq) up to which a call is served as a decode step (:func:`_decode_without_cudnn`)
 DECODE_ROWS = 16
 
 
 class _MetShapes:
-    """How often the adapter has met each masked decode call's shapes (and strides), for the newest :data:`KEPT`
-    shapes: a shape met fewer than :data:`SETTLED` times is served without cuDNN (:func:`_decode_without_cudnn`: no
-    graph to build, 0.32 ms at a new length instead of 55 ms on an H200, 2026-11-28); after that SDPA chooses, and
-    cuDNN builds its graph once and reuses it (at a repeated length: 50 µs a call with cuDNN, 150-250 µs without).
+    """How often the adapter has met each decode call's shapes (and strides), for the newest :data:`KEPT` shapes: a
+    shape met fewer than :data:`SETTLED` times is served without cuDNN (:func:`_decode_without_cudnn`: no graph to
+    build, 0.25-0.32 ms at a new length instead of 40-55 ms on an H200, 2026-11-28); after that SDPA chooses, and
+    cuDNN builds its graph once and reuses it (at a repeated length on that H200: 48.6 µs a call through SDPA on its
+    cached graph, 121 µs through attention() without it).
     A model meets a step's shape once per layer (26-42 layers in the published decoders), so a decode loop whose
     cache grows never settles a length and never waits for a graph; a fixed-size cache settles after a few steps,
     and a length that recurs across requests after a few requests, each paying one build."""
@@ -300,7 +301,7 @@ _MET = _MetShapes()
 
 
 def _cudnn_free_decode() -> bool:
-    """Whether a masked decode call may leave cuDNN out: SDPA's kernel choice is the caller's (no
+    """Whether a decode call may leave cuDNN out: SDPA's kernel choice is the caller's (no
     ``sdpa_kernel`` context restricting it) and nothing traces the call (``torch.compile`` fixes its kernel when it
     compiles)."""
     import torch
@@ -321,8 +322,8 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
     memory-efficient kernel takes the same additive mask and compiles nothing per shape, but has no GQA: the
     ``Hq / Hkv`` query heads of one K/V head are folded into its rows (``[B, Hkv, g * Sq, D]``, K/V read as they
     are) and a mask's rows repeated to match (a copy only when ``Sq > 1`` and the mask has rows). Measured
-    there: the first call at a new length 0.32 ms through ``attention()`` (SDPA: 55 ms); at a repeated length it
-    is slower than cuDNN's cached graph (attention() 256 µs a call back to back, SDPA 50 µs), so only shapes not
+    there: the first call at a new length 0.25-0.32 ms through ``attention()`` (SDPA: 38-55 ms); at a repeated
+    length it is slower than cuDNN's cached graph (attention() 121 µs a call, SDPA 48.6 µs), so only shapes not
     yet met often (:class:`_MetShapes`) come here.
 
     ``seen`` (bool, broadcastable to ``[B, Hq, Sq, 1]``), the rows that see some key, zeroes the others: with the
