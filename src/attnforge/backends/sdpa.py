@@ -374,7 +374,7 @@ def _memory_efficient(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: tor
 
     mask = kwargs.get("attn_mask")
     if (q.device.type in _EFFICIENT_DEVICES and (mask is None or mask.dtype == q.dtype)
-            and set(kwargs) <= _EFFICIENT_KW):
+            and _EFFICIENT_KW.issuperset(kwargs)):
         kind = (q.dtype, q.shape[-1], v.shape[-1], mask is None, q.stride(-2) % 8, k.stride(-2) % 8,
                 v.stride(-2) % 8)
         if kind not in _REFUSED:
