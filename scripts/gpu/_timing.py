@@ -69,7 +69,12 @@ def paired_ms(torch: Any, fn: Callable[[], Any], use: dict[str, Callable[[], Any
             fn()
             sync()
             times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    return {name: median(t) for name, t in times.items()}
+
+
+def median(values: list[float]) -> float:
+    """The median these scripts report: the upper middle of the sorted values (one of them, never an average)."""
+    return sorted(values)[len(values) // 2]
 
 
 def interleaved(use: dict[str, Callable[[], Any]], rounds: int) -> Iterator[tuple[int, str]]:

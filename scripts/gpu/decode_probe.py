@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import models_e2e
+from _timing import median
 
 
 def _tensors(torch: Any, dev: str, dt: Any, small: bool) -> tuple[Any, ...]:
@@ -166,7 +167,7 @@ def _first_and_again(torch: Any, dev: str, fn: Callable[..., Any], calls: list[t
             fn(*x)
             models_e2e._sync(torch)
             walls[label].append((time.perf_counter() - t0) * 1e6)
-    res: dict[str, Any] = {label: {"median_us": round(sorted(w)[len(w) // 2], 1), "max_us": round(max(w), 1)}
+    res: dict[str, Any] = {label: {"median_us": round(median(w), 1), "max_us": round(max(w), 1)}
                            for label, w in walls.items()}
     res["kernels"] = [r["name"] for r in _profile(torch, dev, lambda: fn(*spare)) if r["device_us"] > 0][:8]
     return res

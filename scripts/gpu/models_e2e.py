@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from _timing import interleaved, paired_ms
+from _timing import interleaved, median, paired_ms
 
 DEV, DT, SMALL, WARMUP, DIAGNOSE, FRESH_LENGTHS = "cuda", "bfloat16", False, False, False, False
 LAYERS = 2
@@ -280,8 +280,7 @@ def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use
         # the first round warms both up
         (steps if r else warm)[name] += [(b - a) * 1e3 for a, b in zip(clock.stamps[1:], clock.stamps[2:],
                                                                         strict=False)]
-    return ({name: sorted(t)[len(t) // 2] for name, t in steps.items()},
-            {name: sorted(t)[len(t) // 2] for name, t in warm.items()})
+    return {name: median(t) for name, t in steps.items()}, {name: median(t) for name, t in warm.items()}
 
 
 def _generate_diagnosis(torch: Any, model: Any, batch: int) -> dict[str, Any]:
