@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from attnforge.backends import registry
 from attnforge.backends import sdpa as sdpa_module
+from attnforge.backends.adapter import AttentionCall
 from attnforge.backends.exact import reference_attention
 
 
@@ -335,22 +336,22 @@ def test_an_unmasked_decode_call_without_cudnn_equals_sdpa(groups: int, sq: int,
     assert sdpa_module._REFUSED == {}
 
 
+def _decode_call(device: str, sq: int, sk: int = 1025, causal: bool = False) -> AttentionCall:
+    """Llama-3-8B's decode call's properties (``Hq 32, Hkv 8, D 128``, bf16) on ``device``."""
+    return AttentionCall(device_type=device, compute_capability=(9, 0) if device == "cuda" else None,
+                         dtype="bfloat16", batch=4, heads_q=32, heads_kv=8, seqlen_q=sq, seqlen_k=sk, head_dim=128,
+                         causal=causal, needs_grad=False)
+
+
 def test_a_decode_class_on_cuda_binds_no_plain_sdpa_call() -> None:
     """A route's plain call is SDPA itself (no adapter code per call), except a decode step on CUDA, which the
     adapter's decode path serves (SDPA would build a cuDNN graph at every new length)."""
-    from attnforge.backends.adapter import AttentionCall
-
     adapter = registry.fallback()
 
-    def call(device: str, sq: int) -> AttentionCall:
-        return AttentionCall(device_type=device, compute_capability=(9, 0) if device == "cuda" else None,
-                             dtype="bfloat16", batch=4, heads_q=32, heads_kv=8, seqlen_q=sq, seqlen_k=1025,
-                             head_dim=128, causal=False, needs_grad=False)
-
-    assert adapter.bind(call("cuda", 1), scale=None, bshd=False) is None
-    assert adapter.bind(call("cuda", 16), scale=None, bshd=False) is None
-    assert adapter.bind(call("cuda", 17), scale=None, bshd=False) is not None
-    assert adapter.bind(call("cpu", 1), scale=None, bshd=False) is not None
+    assert adapter.bind(_decode_call("cuda", 1), scale=None, bshd=False) is None
+    assert adapter.bind(_decode_call("cuda", 16), scale=None, bshd=False) is None
+    assert adapter.bind(_decode_call("cuda", 17), scale=None, bshd=False) is not None
+    assert adapter.bind(_decode_call("cpu", 1), scale=None, bshd=False) is not None
 
 
 @pytest.mark.parametrize("mask_shape", ["b1qk", "bhqk", "qk", "bh1k"])
@@ -393,20 +394,13 @@ def test_explain_says_how_sdpa_serves_a_decode_step_on_cuda(monkeypatch: pytest.
     comes from the chosen adapter (on CUDA only: a CPU call, a longer query, a forced kernel or SDPA's own causal
     get none), and the dispatcher shows it."""
     import attnforge
-    from attnforge.backends.adapter import AttentionCall
-
-    def call(device: str, sq: int, sk: int = 1025, causal: bool = False) -> AttentionCall:
-        return AttentionCall(device_type=device, compute_capability=(9, 0) if device == "cuda" else None,
-                             dtype="bfloat16", batch=4, heads_q=32, heads_kv=8, seqlen_q=sq, seqlen_k=sk,
-                             head_dim=128, causal=causal, needs_grad=False)
-
     sdpa = registry.fallback()
-    (note,) = sdpa.serving_notes(call("cuda", 1))
+    (note,) = sdpa.serving_notes(_decode_call("cuda", 1))
     assert "memory-efficient" in note and str(sdpa_module._MetShapes.SETTLED) in note
-    assert sdpa.serving_notes(call("cuda", 16, causal=True)) == sdpa.serving_notes(call("cuda", 1))
-    assert sdpa.serving_notes(call("cuda", 16, sk=16, causal=True)) == ()  # SDPA's own top-left causal
-    assert sdpa.serving_notes(call("cuda", 17)) == sdpa.serving_notes(call("cpu", 1)) == ()
-    assert registry.adapters()["sdpa-cudnn"].serving_notes(call("cuda", 1)) == ()  # a forced kernel
+    assert sdpa.serving_notes(_decode_call("cuda", 16, causal=True)) == sdpa.serving_notes(_decode_call("cuda", 1))
+    assert sdpa.serving_notes(_decode_call("cuda", 16, sk=16, causal=True)) == ()  # SDPA's own top-left causal
+    assert sdpa.serving_notes(_decode_call("cuda", 17)) == sdpa.serving_notes(_decode_call("cpu", 1)) == ()
+    assert registry.adapters()["sdpa-cudnn"].serving_notes(_decode_call("cuda", 1)) == ()  # a forced kernel
 
     q, k, v = _qkv()
     assert not attnforge.explain(q[:, :, :1], k, v).notes  # CPU: SDPA as it is
