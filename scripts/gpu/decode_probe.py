@@ -30,8 +30,8 @@ import models_e2e
 from _timing import median
 
 
-def _tensors(torch: Any, dev: str, dt: Any, small: bool) -> tuple[Any, ...]:
-    b, hq, hkv, d, s0 = (4, 8, 2, 16, 64) if small else (4, 32, 8, 128, 1024)
+def _tensors(torch: Any, dev: str, dt: Any, small: bool, *, batch: int = 4, keys: int = 1024) -> tuple[Any, ...]:
+    b, hq, hkv, d, s0 = (batch, 8, 2, 16, keys // 16) if small else (batch, 32, 8, 128, keys)
     torch.manual_seed(0)
     q = torch.randn(b, hq, 1, d, device=dev, dtype=dt)
     kv = torch.randn(2, b, hkv, s0 + 460, d, device=dev, dtype=dt)
@@ -44,7 +44,7 @@ def _step_inputs(torch: Any, kv: Any, s0: int, n: int, grow: bool) -> list[tuple
         sk = s0 + (i if grow else 0) + 1
         k, v = (t[:, :, :sk].clone() for t in kv)  # a new tensor per call, as DynamicCache's torch.cat makes
         mask = torch.ones(k.shape[0], 1, 1, sk, dtype=torch.bool, device=k.device)
-        mask[1, ..., : s0 // 5] = False  # left padding on one row
+        mask[min(1, k.shape[0] - 1), ..., : s0 // 5] = False  # left padding on one row
         out.append((k, v, mask))
     return out
 
@@ -329,7 +329,8 @@ def efficient_breakdown(torch: Any, dev: str, dt: Any, small: bool) -> dict[str,
     return res
 
 
-def decode_kernels(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
+def decode_kernels(torch: Any, dev: str, dt: Any, small: bool, *, batch: int = 4,
+                   keys: int = 1024) -> dict[str, Any]:
     """Kernels for a decode step at lengths met before, against SDPA on cuDNN's cached graph (2026-11-28, H200:
     48.6 µs a call, 16.8 device; the memory-efficient op on the folded query 47.6, 45.7 device: 8 K/V heads x 4
     batch rows are 32 thread blocks, each walking every key). Llama-3-8B's padded decode call, four calls sharing
@@ -344,13 +345,15 @@ def decode_kernels(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]
     - ``fa2_dense_unmasked``: the dense op on bshd views (GQA native), for an unpadded batch's step (no mask).
     - ``fa2_varlen_bh_unmasked``: the varlen form without padding.
     Wall µs per call (best of 5 rounds), device µs per call (torch.profiler), and the largest difference from
-    the float32 reference."""
+    the float32 reference. ``batch`` and ``keys`` (the first step's ``Sk - 1``) change the shape:
+    ``decode_kernels_long`` is one sequence at 4096 keys (8 thread blocks of the memory-efficient kernel, each
+    walking every key)."""
     import torch.nn.functional as F  # noqa: N812
 
     import attnforge
     from attnforge.backends import sdpa as sdpa_module
 
-    q, kv, s0 = _tensors(torch, dev, dt, small)
+    q, kv, s0 = _tensors(torch, dev, dt, small, batch=batch, keys=keys)
     b, hq, _, d = q.shape
     hkv = kv.shape[2]
     g = hq // hkv
@@ -482,8 +485,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--only", default="", help="comma-separated sections (efficient_breakdown, decode_kernels, calls, "
-                                                "gemma_calls, prefill_first_calls, generate); default all")
+    ap.add_argument("--only", default="", help="comma-separated sections (efficient_breakdown, decode_kernels[_long], "
+                                                "calls, gemma_calls, prefill_first_calls, generate); default all")
     args = ap.parse_args()
     import torch
 
@@ -495,6 +498,8 @@ def main() -> int:
     only = set(args.only.split(",")) if args.only else None
     for name, fn in (("efficient_breakdown", lambda: efficient_breakdown(torch, args.device, dt, small)),
                      ("decode_kernels", lambda: decode_kernels(torch, args.device, dt, small)),
+                     ("decode_kernels_long", lambda: decode_kernels(torch, args.device, dt, small, batch=1,
+                                                                    keys=4096)),
                      ("calls", lambda: calls(torch, args.device, dt, small)),
                      ("gemma_calls", lambda: gemma_calls(torch, args.device, dt, small)),
                      ("prefill_first_calls", lambda: prefill_first_calls(torch, args.device, dt, small)),

@@ -102,3 +102,28 @@ def test_a_masked_decode_call_runs_no_cudnn_kernel_at_any_length(hq: int, hkv: i
         torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
         again = adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
         torch.testing.assert_close(again.double(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize(("b", "sk", "kernel"), [(4, 1025, "fmha"), (4, 4097, "pytorch_flash::flash_fwd"),
+                                                 (1, 2049, "pytorch_flash::flash_fwd")])
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")  # torch 2.11's profiler, H200
+def test_an_unmasked_decode_call_takes_the_split_kv_kernel_when_its_keys_are_many(b: int, sk: int,
+                                                                                   kernel: str) -> None:
+    """An unmasked decode step (Llama-3-8B's heads) runs no cuDNN kernel: the memory-efficient kernel while each of
+    its thread blocks walks few keys, FlashAttention-2's split-KV kernel from ``_FLASH_FROM_KEYS`` on (SDPA's own
+    copy, GQA native); both match the reference, and nothing is refused."""
+    from torch.profiler import ProfilerActivity, profile
+
+    adapter = registry.fallback()
+    g = torch.Generator(device="cuda").manual_seed(sk)
+    q = torch.randn(b, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(b, 8, sk, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = adapter(q, k, v, causal=False, scale=None)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert not [n for n in kernels if "cudnn" in n.lower()], kernels
+    assert [n for n in kernels if kernel in n], kernels
+    assert sdpa_module._REFUSED == {}
+    ref = reference_attention(q, k, v, causal=False, scale=None)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)

@@ -579,3 +579,134 @@ def test_any_decode_mask_layout_reaches_the_kernel_in_its_form(  # noqa: PLR0917
                                             seen=seen)
     torch.testing.assert_close(got, reference_attention(q, k, v, causal=False, attn_mask=allowed))
     assert len(efficient_kernel) == calls_before + 1 and sdpa_module._REFUSED == {}
+
+
+def _flash_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_seq_q: object, cum_seq_k: object,  # noqa: PLR0917
+                  max_q: int, max_k: int, dropout_p: float, is_causal: bool, return_debug_mask: bool, *,
+                  scale: float | None = None, **_: object) -> tuple[torch.Tensor, ...]:
+    """A stand-in for ``aten::_flash_attention_forward`` (CUDA only), dense form: ``[B, S, H, D]`` in and out, GQA
+    native. It refuses what the real op refuses, with its messages (torch 2.11, aten/src/ATen/native/transformers/
+    cuda/flash_attn/flash_api.cpp ``mha_fwd``): fp16/bf16 only, the last dimension contiguous, head dims up to 256
+    in multiples of 8, query heads a multiple of the K/V heads. Then SDPA's math on the same inputs, in the op's
+    output layout (bshd, contiguous)."""
+    import torch.nn.functional as F  # noqa: N812
+
+    assert cum_seq_q is None and cum_seq_k is None and not is_causal and dropout_p == 0.0
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        raise RuntimeError("Input tensor must have contiguous last dimension")
+    if q.shape[-1] % 8 or q.shape[-1] > 256:
+        raise RuntimeError("FlashAttention forward only supports head dimension at most 256")
+    if q.shape[2] % k.shape[2]:
+        raise RuntimeError("Number of heads in key/value must divide number of heads in query")
+    assert (max_q, max_k) == (q.shape[1], k.shape[1])
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale,
+                                         enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), torch.empty(0), torch.empty(0), torch.empty(0), torch.empty(0)
+
+
+@pytest.fixture
+def flash_kernel(monkeypatch: pytest.MonkeyPatch, efficient_kernel: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """:func:`_flash_kernel` as FlashAttention-2's op on CPU (beside the memory-efficient stand-in), one
+    multiprocessor (so each thread block's walk is the keys times the blocks); returns the K shapes it served."""
+    calls: list[tuple[int, ...]] = []
+
+    def kernel(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        calls.append(tuple(args[1].shape))  # type: ignore[attr-defined]
+        return _flash_kernel(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward", kernel)
+    monkeypatch.setattr(sdpa_module, "_FLASH_DEVICES", frozenset({"cuda", "cpu"}))
+    monkeypatch.setattr(sdpa_module, "_multiprocessors", lambda device: 1)
+    return calls
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.parametrize("sq", [1, 3])
+@pytest.mark.parametrize("sk", [40, 400])
+def test_an_unmasked_decode_call_with_many_keys_a_block_takes_flash_attention_2(  # noqa: PLR0917
+        groups: int, sq: int, sk: int, flash_kernel: list[tuple[int, ...]],
+        efficient_kernel: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unmasked bf16 decode step goes to FlashAttention-2's split-KV op (bshd views, GQA native, no copy of K/V)
+    once the memory-efficient kernel's thread blocks would walk ``_FLASH_FROM_KEYS`` keys or more, else to the
+    memory-efficient kernel; both return what SDPA returns, ``[B, Hq, Sq, D]``."""
+    import torch.nn.functional as F  # noqa: N812
+
+    monkeypatch.setattr(sdpa_module, "_FLASH_FROM_KEYS", 512)
+    g = torch.Generator().manual_seed(groups * sq + sk)
+    q = torch.randn(2, 2 * groups, sq, 16, generator=g).bfloat16()
+    k, v = (torch.randn(2, 2, sk, 16, generator=g).bfloat16() for _ in range(2))
+    kwargs = {"scale": 0.3, **({"enable_gqa": True} if groups > 1 else {})}
+    got = sdpa_module._decode_without_cudnn(F.scaled_dot_product_attention, q, k, v, dict(kwargs))
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, **kwargs))
+    walk = sk * 2 * 2 * -(-groups * sq // 64)  # one multiprocessor: every block is a wave
+    assert (flash_kernel, efficient_kernel) == (([(2, sk, 2, 16)], []) if walk >= 512 else ([], [()]))
+    assert sdpa_module._REFUSED == {}
+
+
+def test_a_refused_flash_decode_goes_to_the_memory_efficient_kernel_once_said(
+        flash_kernel: list[tuple[int, ...]], efficient_kernel: list[tuple[int, ...]],
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """FlashAttention-2's op refusing an unmasked decode call (an older GPU: "FlashAttention only supports Ampere
+    GPUs or newer") sends it, and every later call of its kind, to the memory-efficient kernel: one exception,
+    logged once, the same answer."""
+    import torch.nn.functional as F  # noqa: N812
+
+    tries: list[int] = []
+
+    def refusing(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        tries.append(1)
+        raise RuntimeError("FlashAttention only supports Ampere GPUs or newer.")
+
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward", refusing)
+    monkeypatch.setattr(sdpa_module, "_FLASH_FROM_KEYS", 1)
+    q, k, v = (t.bfloat16() for t in _qkv())
+    for _ in range(3):
+        got = sdpa_module._decode_without_cudnn(F.scaled_dot_product_attention, q[:, :, :1], k, v,
+                                                {"enable_gqa": True})
+        torch.testing.assert_close(got, F.scaled_dot_product_attention(q[:, :, :1], k, v, enable_gqa=True))
+    assert len(tries) == 1 and len(efficient_kernel) == 3
+    assert caplog.text.count("FlashAttention-2") == 1 and "Ampere" in caplog.text
+
+
+def test_a_decode_mask_becomes_the_kernels_bias_once_for_all_layers(efficient_kernel: list[tuple[int, ...]],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's layers share one prepared mask: its bias for the memory-efficient kernel is made at the first
+    layer's call and handed as it is to the others (one preparation per mask object, not per layer); a new mask (the
+    next step) gets its own; a call that records a gradient takes the general path (rows opened, then zeroed)."""
+    import torch.nn.functional as F  # noqa: N812
+
+    monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
+    biases: list[torch.Tensor] = []
+    made: list[int] = []
+    real_bias = sdpa_module._efficient_bias
+
+    def spy_bias(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        made.append(1)
+        out = real_bias(mask, q, k)
+        biases.append(out)
+        return out
+
+    monkeypatch.setattr(sdpa_module, "_efficient_bias", spy_bias)
+    g = torch.Generator().manual_seed(5)
+    for step, sk in enumerate((33, 34)):
+        q = torch.randn(2, 8, 1, 8, generator=g, dtype=torch.float64)
+        k, v = (torch.randn(2, 2, sk, 8, generator=g, dtype=torch.float64) for _ in range(2))
+        mask = torch.ones(2, 1, 1, sk, dtype=torch.bool)
+        mask[1, ..., :5] = False
+        mask[0] = False  # a batch row that sees no key: zeros with no multiply (the kernel's, hidden again)
+        prepared, seen = sdpa_module.SdpaAdapter._sdpa_mask(mask, q, sq=1, sk=sk, causal=False, top_left=False,
+                                                            window=None)
+        for _layer in range(3):
+            got = sdpa_module._decode_without_cudnn(F.scaled_dot_product_attention, q, k, v,
+                                                    {"attn_mask": prepared, "enable_gqa": True}, seen=seen)
+            torch.testing.assert_close(got, reference_attention(q, k, v, causal=False, attn_mask=mask))
+            assert (got[0] == 0).all()
+        assert len(made) == step + 1
+    assert biases[0].untyped_storage().data_ptr() != biases[1].untyped_storage().data_ptr()
+    qg = q.clone().requires_grad_()
+    got = sdpa_module._decode_without_cudnn(F.scaled_dot_product_attention, qg, k, v,
+                                            {"attn_mask": prepared, "enable_gqa": True}, seen=seen)
+    got.sum().backward()
+    assert len(made) == 3 and qg.grad is not None and torch.isfinite(qg.grad).all()

@@ -16,7 +16,7 @@ import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from attnforge.backends._base import (
     AdapterBase,
@@ -58,14 +58,18 @@ def _safe_softmax_on_cpu() -> bool:
     return loose_version(torch.__version__).release[:2] >= (2, 5)
 
 
-class _OpenedMasks:
-    """The last few caller masks the adapter prepared for SDPA (:data:`KEPT` of them, the newest first): the mask
-    as SDPA gets it (additive, in q's dtype, the rows that see no key opened) and those rows
-    (``[B or 1, H or 1, Sq, 1]`` bool). A model passes one mask object to every layer (transformers builds it once
-    per forward; Gemma-2 two, a sliding and a full one, alternating by layer), so the pass over all
-    ``B x Sq x Sk`` entries runs once per mask and forward, not once per layer. An entry is found only for the same
-    mask object (a weak reference: a new mask never matches a dead one's entry, and the entry is dropped with
-    the caller's mask), at the same version counter (an in-place change misses) and with the same preparation
+_V = TypeVar("_V")
+
+
+class _OpenedMasks(Generic[_V]):
+    """What the adapter derived from the last few masks (:data:`KEPT` of them, the newest first). :data:`_OPENED`:
+    for a caller's mask, the mask as SDPA gets it (additive, in q's dtype, the rows that see no key opened) and those
+    rows (``[B or 1, H or 1, Sq, 1]`` bool); :data:`_DECODE_BIASES`: for such a prepared mask, the memory-efficient
+    kernel's bias of a decode call (:func:`_efficient_decode`). A model passes one mask object to every layer
+    (transformers builds it once per forward; Gemma-2 two, a sliding and a full one, alternating by layer), so the
+    pass over all ``B x Sq x Sk`` entries runs once per mask and forward, not once per layer. An entry is found
+    only for the same mask object (a weak reference: a new mask never matches a dead one's entry, and the entry is
+    dropped with the mask), at the same version counter (an in-place change misses) and with the same preparation
     parameters; masks that require grad are never kept."""
 
     __slots__ = ("_entries",)
@@ -76,13 +80,13 @@ class _OpenedMasks:
     def __init__(self) -> None:
         self._entries: list[tuple[Any, ...]] = []
 
-    def get(self, mask: torch.Tensor, params: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def get(self, mask: torch.Tensor, params: tuple[Any, ...]) -> _V | None:
         for entry in self._entries:
             if entry[0]() is mask and entry[1] == mask._version and entry[2] == params:
                 return entry[3]  # type: ignore[no-any-return]
         return None
 
-    def put(self, mask: torch.Tensor, params: tuple[Any, ...], value: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def put(self, mask: torch.Tensor, params: tuple[Any, ...], value: _V) -> None:
         ref = weakref.ref(mask, self._drop)
         self._entries = [(ref, mask._version, params, value), *self._entries[: self.KEPT - 1]]
 
@@ -91,7 +95,7 @@ class _OpenedMasks:
         self._entries = [e for e in self._entries if e[0] is not ref]
 
 
-_OPENED = _OpenedMasks()
+_OPENED: _OpenedMasks[tuple[torch.Tensor, torch.Tensor]] = _OpenedMasks()
 
 
 @dataclass(slots=True, kw_only=True)
@@ -143,7 +147,8 @@ class SdpaAdapter(AdapterBase):
             return ()
         if call.causal and call.seqlen_q == call.seqlen_k:
             return ()  # SDPA's own top-left causal: SDPA chooses
-        return (f"a decode step (Sq <= {DECODE_ROWS}): SDPA's memory-efficient kernel serves each shape until it "
+        return (f"a decode step (Sq <= {DECODE_ROWS}): SDPA's memory-efficient kernel (FlashAttention-2's split-KV "
+                f"kernel for an unmasked call over {_FLASH_FROM_KEYS}+ keys) serves each shape until it "
                 f"has been met {_MetShapes.SETTLED} times, then SDPA's own choice (cuDNN builds a graph for every "
                 "new sequence length, ~40-50 ms on an H200)",)
 
@@ -312,7 +317,8 @@ def _cudnn_free_decode() -> bool:
 def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           kwargs: dict[str, Any], *, seen: torch.Tensor | None = None) -> torch.Tensor:
     """A call of a few query rows (a decode step; ``q [B, Hq, Sq, D]``, ``Sq <=`` :data:`DECODE_ROWS`), masked or
-    with no causal mask to apply, on SDPA's memory-efficient kernel, not cuDNN's; returns ``[B, Hq, Sq, Dv]``.
+    with no causal mask to apply, on a kernel that builds nothing per length, not cuDNN's; returns
+    ``[B, Hq, Sq, Dv]``.
 
     SDPA picks cuDNN's attention for such a call on an H100/H200 (torch 2.11), and cuDNN builds a graph for every
     new sequence length: the first call at each new ``Sk`` took 42-67 ms masked, 36-39 ms unmasked, on an H200
@@ -321,18 +327,25 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
     changes, ml-explore/mlx#2743), which a decode loop meets at every step of every new request. SDPA's
     memory-efficient kernel takes the same additive mask and compiles nothing per shape, but has no GQA: the
     ``Hq / Hkv`` query heads of one K/V head are folded into its rows (``[B, Hkv, g * Sq, D]``, K/V read as they
-    are) and a mask's rows repeated to match (a copy only when ``Sq > 1`` and the mask has rows). Measured
+    are) and a mask's rows repeated to match. Measured
     there: the first call at a new length 0.25-0.32 ms through ``attention()`` (SDPA: 38-55 ms); at a repeated
-    length it is slower than cuDNN's cached graph (attention() 121 µs a call, SDPA 48.6 µs), so only shapes not
-    yet met often (:class:`_MetShapes`) come here.
+    length it is slower than cuDNN's cached graph (attention() 114-121 µs a call, SDPA 48.6-117 µs), so only shapes
+    not yet met often (:class:`_MetShapes`) come here.
 
+    With nothing recorded for backward (generation), a masked call takes :func:`_efficient_decode` (its bias
+    prepared once per mask object) and an unmasked one whose keys are many :func:`_flash_decode`. Otherwise:
     ``seen`` (bool, broadcastable to ``[B, Hq, Sq, 1]``), the rows that see some key, zeroes the others: with the
     query folded, in the one kernel that copies the output back to ``[B, Hq, Sq, Dv]`` (a multiply into it)."""
     import torch
 
+    mask = kwargs.get("attn_mask")
+    if not records_grad(q, k, v, mask) and _DECODE_KW.issuperset(kwargs) and not kwargs.get("dropout_p"):
+        lean = (_flash_decode(q, k, v, kwargs.get("scale")) if mask is None
+                else _efficient_decode(q, k, v, mask, seen=seen, scale=kwargs.get("scale")))
+        if lean is not None:
+            return lean
     b, hq, sq, d = q.shape
     hkv = k.shape[1]
-    mask = kwargs.get("attn_mask")
     if hq == hkv:
         return _zero_unseen(_memory_efficient(sdpa, q, k, v, kwargs), seen)
     g = hq // hkv
@@ -352,6 +365,91 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
     return torch.mul(out5, s5, out=zeroed).view(b, hq, sq, dv)
 
 
+def _efficient_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
+                      seen: torch.Tensor | None, scale: float | None) -> torch.Tensor | None:
+    """A masked decode call with nothing recorded for backward on the memory-efficient kernel, its per-call host
+    work cut to the kernel and one copy: ``q [B, Hq, Sq, D]``, ``k/v [B, Hkv, Sk, D]``, ``mask`` additive in q's
+    dtype (broadcastable to ``[B, Hq, Sq, Sk]``, the rows that see no key opened, as the adapter prepares it),
+    ``seen`` those rows (or None); returns ``[B, Hq, Sq, Dv]``, or None where the kernel cannot serve the call
+    (another dtype or device, or a kind it refused: the caller's general path serves it).
+
+    The kernel's bias (the query heads folded as in :func:`_decode_without_cudnn`, aligned and expanded,
+    :func:`_efficient_bias`) is made once per mask object and kept beside it (:data:`_DECODE_BIASES`; a model's
+    layers share one mask per step): each layer's call is then the kernel and the copy of its output back to
+    ``[B, Hq, Sq, Dv]``. The rows that see no key are hidden again in that bias, and the kernel returns zeros for a
+    row whose bias hides every key (measured on an H200, torch 2.11, 2026-11-28: ``decode_probe.py``
+    ``op_folded_all_hidden_row``, max 0.0, no NaN; ``tests/dispatch/test_gpu.py`` holds such a row), so no multiply
+    zeroes them."""
+    b, hq, sq, d = q.shape
+    hkv = k.shape[1]
+    if q.device.type not in _EFFICIENT_DEVICES or mask.dtype != q.dtype:
+        return None
+    kind = _efficient_kind(q, k, v, masked=True)
+    if kind in _REFUSED:
+        return None
+    g = hq // hkv
+    qf = q.reshape(b, hkv, g * sq, d)
+    params = (b, hkv, g, sq, k.shape[2], q.device)
+    bias = _DECODE_BIASES.get(mask, params)
+    if bias is None:
+        hidden = mask if seen is None else mask.masked_fill(~seen, float("-inf"))
+        bias = _efficient_bias(_fold_mask_rows(hidden, hq=hq, hkv=hkv, sq=sq), qf, k)
+        if not graph_capturing():  # a captured kernel has not run: the bias would hold garbage for an eager call
+            _DECODE_BIASES.put(mask, params, bias)
+    out = _efficient_op(kind, qf, k, v, bias, scale=scale, grad=False)
+    return None if out is None else out.reshape(b, hq, sq, out.shape[-1])
+
+
+def _flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor | None:
+    """An unmasked decode call with nothing recorded for backward on FlashAttention-2's split-KV kernel (SDPA's own
+    copy, ``aten::_flash_attention_forward``, GQA native, ``[B, S, H, D]`` views of the bhsd tensors) when the
+    memory-efficient kernel would walk many keys per thread block; returns ``[B, Hq, Sq, D]`` (a view of the
+    kernel's bshd output), or None (fp16/bf16 and head dims up to 256 in multiples of 8 only; a kind the kernel
+    refused; few keys: the memory-efficient kernel then).
+
+    Why a threshold: on an H200 (torch 2.11, 2026-11-28, ``decode_probe.py decode_kernels``, Llama-3-8B's step at
+    1025-1040 keys, 4 x 8 K/V heads) the memory-efficient kernel took 38 µs of device time with no bias (32 thread
+    blocks, each walking every key; it splits no keys) and ~40 µs a call; FlashAttention-2 splits the keys
+    (14 µs of device time) but its host path costs ~58 µs a call. The walk grows with the keys and with the waves
+    of thread blocks (:func:`_efficient_walk`); from :data:`_FLASH_FROM_KEYS` keys a block the split kernel's
+    device time saving outweighs its host cost."""
+    import torch
+
+    d = q.shape[-1]
+    if (q.device.type not in _FLASH_DEVICES or q.dtype not in (torch.float16, torch.bfloat16) or d % 8 or d > 256
+            or v.shape[-1] != d or _efficient_walk(q, k) < _FLASH_FROM_KEYS):
+        return None
+    kind = ("flash", q.dtype, d)
+    if kind in _REFUSED:
+        return None
+    try:
+        out = torch.ops.aten._flash_attention_forward(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, None, q.shape[2], k.shape[2], 0.0,
+            False, False, scale=scale)[0]
+    except RuntimeError as exc:
+        _refuse(kind, exc, q, k, None)
+        return None
+    return out.transpose(1, 2)  # type: ignore[no-any-return]
+
+
+def _efficient_walk(q: torch.Tensor, k: torch.Tensor) -> int:
+    """The keys each thread block of the memory-efficient kernel walks, times its waves of blocks, for ``q [B, Hq,
+    Sq, D]`` folded as :func:`_decode_without_cudnn` folds it: ``Sk x ceil(B x Hkv x ceil(g x Sq / 64) / SMs)``
+    (64 query rows a block: ``fmha_cutlassF_*_64x128``, torch 2.11)."""
+    b, hq, sq, _ = q.shape
+    hkv = k.shape[1]
+    blocks = b * hkv * -(-(hq // hkv) * sq // 64)
+    return int(k.shape[2]) * -(-blocks // _multiprocessors(q.device))
+
+
+@functools.cache
+def _multiprocessors(device: Any) -> int:
+    """The streaming multiprocessors of a CUDA ``device`` (``torch.cuda.get_device_properties``)."""
+    import torch
+
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
 def _zero_unseen(out: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
     """``out`` (``[B, H, Sq, Dv]``) with the rows that see no key (``seen`` False, broadcastable to
     ``[B, H, Sq, 1]``; None: every row sees one) zeroed: in place when nothing records ``out`` for backward (one
@@ -367,40 +465,74 @@ def _memory_efficient(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: tor
     out), called as SDPA calls it once chosen (``aten::_scaled_dot_product_efficient_attention``, the mask
     prepared by :func:`_efficient_bias`), so no global ``torch.backends`` flag is switched, which another thread's
     SDPA call would see. Anything else goes to ``sdpa`` (SDPA's own choice: right, if slower). An input the kernel
-    refuses goes there too, and so does every later call of its kind (:data:`_REFUSED`, logged once): a refusal is
-    a C++ exception, ~350 µs a call on an H200 (2026-11-28: Llama-3-8B's decode 0.84x its default while every
-    call raised)."""
-    import torch
-
+    refuses goes there too, and so does every later call of its kind (:data:`_REFUSED`, :func:`_efficient_op`)."""
     mask = kwargs.get("attn_mask")
     if (q.device.type in _EFFICIENT_DEVICES and (mask is None or mask.dtype == q.dtype)
             and _EFFICIENT_KW.issuperset(kwargs)):
-        kind = (q.dtype, q.shape[-1], v.shape[-1], mask is None, q.stride(-2) % 8, k.stride(-2) % 8,
-                v.stride(-2) % 8)
+        kind = _efficient_kind(q, k, v, masked=mask is not None)
         if kind not in _REFUSED:
-            grad = records_grad(q, k, v, mask)
-            try:
-                return torch.ops.aten._scaled_dot_product_efficient_attention(  # type: ignore[no-any-return]
-                    q, k, v, None if mask is None else _efficient_bias(mask, q, k), grad,
-                    kwargs.get("dropout_p", 0.0), False, scale=kwargs.get("scale"))[0]
-            except RuntimeError as exc:
-                _REFUSED[kind] = str(exc).splitlines()[0][:300]
-                import logging
-
-                logging.getLogger("attnforge").warning(
-                    "SDPA's memory-efficient kernel refused a decode call (q %s %s, k %s %s, mask %s): %s; calls "
-                    "of this kind go to SDPA's own choice from now on", tuple(q.shape), q.stride(), tuple(k.shape),
-                    k.stride(), None if mask is None else (tuple(mask.shape), mask.stride()), _REFUSED[kind])
+            out = _efficient_op(kind, q, k, v, None if mask is None else _efficient_bias(mask, q, k),
+                                scale=kwargs.get("scale"), grad=records_grad(q, k, v, mask),
+                                dropout_p=kwargs.get("dropout_p", 0.0))
+            if out is not None:
+                return out
     return sdpa(q, k, v, **kwargs)
+
+
+def _efficient_kind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, masked: bool) -> tuple[Any, ...]:
+    """What the memory-efficient kernel's refusals are remembered by (:data:`_REFUSED`): dtype, head dims, masked
+    or not, the alignment of the rows of q, k, v."""
+    return (q.dtype, q.shape[-1], v.shape[-1], not masked, q.stride(-2) % 8, k.stride(-2) % 8, v.stride(-2) % 8)
+
+
+def _efficient_op(kind: tuple[Any, ...], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  bias: torch.Tensor | None, *, scale: float | None, grad: bool,
+                  dropout_p: float = 0.0) -> torch.Tensor | None:
+    """``aten::_scaled_dot_product_efficient_attention`` on ``[B, H, Sq, D]`` and a bias in the kernel's form
+    (:func:`_efficient_bias`); None if the kernel refuses the inputs, and that ``kind`` is refused from then on
+    (:func:`_refuse`): a refusal is a C++ exception, ~350 µs a call on an H200 (2026-11-28: Llama-3-8B's decode
+    0.84x its default while every call raised)."""
+    import torch
+
+    try:
+        return torch.ops.aten._scaled_dot_product_efficient_attention(  # type: ignore[no-any-return]
+            q, k, v, bias, grad, dropout_p, False, scale=scale)[0]
+    except RuntimeError as exc:
+        _refuse(kind, exc, q, k, bias)
+        return None
+
+
+def _refuse(kind: tuple[Any, ...], exc: RuntimeError, q: torch.Tensor, k: torch.Tensor,
+            mask: torch.Tensor | None) -> None:
+    """Remember that a kernel refused this ``kind`` of decode call (:data:`_REFUSED`) and log it once."""
+    import logging
+
+    _REFUSED[kind] = str(exc).splitlines()[0][:300]
+    logging.getLogger("attnforge").warning(
+        "a decode kernel refused a decode call (%s; q %s %s, k %s %s, mask %s): %s; calls of this kind go to "
+        "another kernel from now on", "FlashAttention-2" if kind[0] == "flash" else "SDPA's memory-efficient",
+        tuple(q.shape), q.stride(), tuple(k.shape), k.stride(),
+        None if mask is None else (tuple(mask.shape), mask.stride()), _REFUSED[kind])
 
 
 #: the devices whose memory-efficient kernel :func:`_memory_efficient` calls itself (the op is CUDA's; a test's fake
 #: kernel is the seam that adds the CPU)
 _EFFICIENT_DEVICES = frozenset({"cuda"})
+#: the devices whose FlashAttention-2 op :func:`_flash_decode` calls (as :data:`_EFFICIENT_DEVICES`)
+_FLASH_DEVICES = frozenset({"cuda"})
+#: keys a memory-efficient thread block walks (:func:`_efficient_walk`) from which an unmasked decode call takes
+#: FlashAttention-2's split-KV kernel (:func:`_flash_decode`): at ~1030 the memory-efficient kernel's 38 µs of device
+#: time were under FlashAttention-2's ~58 µs host path (H200, 2026-11-28); twice that many keys, it is not
+_FLASH_FROM_KEYS = 1536
+#: the SDPA keywords the lean decode paths (:func:`_efficient_decode`, :func:`_flash_decode`) serve
+_DECODE_KW = frozenset({"attn_mask", "dropout_p", "scale", "enable_gqa"})
+#: the memory-efficient kernel's bias for a decode call's mask, kept per prepared mask object
+#: (:func:`_efficient_decode`): a model's layers share one mask per step
+_DECODE_BIASES: _OpenedMasks[torch.Tensor] = _OpenedMasks()
 #: the SDPA keywords :func:`_memory_efficient` hands the kernel itself
 _EFFICIENT_KW = frozenset({"attn_mask", "dropout_p", "scale"})
-#: the memory-efficient kernel's refusals in this process: the kind of call (dtype, head dims, masked or not, the
-#: alignment of the rows of q, k, v) -> the kernel's message; :func:`_memory_efficient` sends that kind to SDPA
+#: the decode kernels' refusals in this process: the kind of call (:func:`_efficient_kind`, or ``("flash", dtype,
+#: head dim)``) -> the kernel's message; that kind goes to another kernel from then on
 _REFUSED: dict[tuple[Any, ...], str] = {}
 #: the stride alignment, in elements, of every dimension of the mask but the last that SDPA gives the kernel
 #: (``mem_eff_alignment``, aten/src/ATen/native/transformers/attention.cpp, torch 2.4-2.11)
