@@ -104,6 +104,35 @@ def test_a_masked_decode_call_runs_no_cudnn_kernel_at_any_length(hq: int, hkv: i
         torch.testing.assert_close(again.double(), ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize(("b", "sk", "holes"), [(4, 1025, False), (1, 4097, False), (4, 1030, True)],
+                         ids=["llama-padded", "one-long-sequence", "not-one-run"])
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")  # torch 2.11's profiler, H200
+def test_a_padded_decode_step_takes_flash_attention_2_varlen(b: int, sk: int, holes: bool) -> None:
+    """A left-padded batch's decode step (one run of visible keys per row) runs FlashAttention-2's varlen split-KV
+    kernel on views of the bhsd K/V (no cuDNN, no memory-efficient kernel), as the reference, called once per layer
+    on one mask; a mask with holes in a row goes to the memory-efficient kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    adapter = registry.fallback()
+    g = torch.Generator(device="cuda").manual_seed(sk)
+    q = torch.randn(b, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(b, 8, sk, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    mask = torch.ones(b, 1, 1, sk, dtype=torch.bool, device="cuda")
+    mask[-1, ..., : sk // 5] = False  # left padding on the last row
+    if holes:
+        mask[0, ..., 7:9] = False
+    ref = reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask)
+    for _layer in range(3):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out = adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
+            torch.cuda.synchronize()
+        kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+        assert not [n for n in kernels if "cudnn" in n.lower()], kernels
+        assert [n for n in kernels if ("fmha" if holes else "pytorch_flash::flash_fwd") in n], kernels
+        torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+    assert sdpa_module._REFUSED == {}
+
+
 @pytest.mark.parametrize(("b", "sk", "kernel"), [(4, 1025, "fmha"), (4, 4097, "pytorch_flash::flash_fwd"),
                                                  (1, 2049, "pytorch_flash::flash_fwd")])
 @pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")  # torch 2.11's profiler, H200

@@ -584,22 +584,35 @@ def test_any_decode_mask_layout_reaches_the_kernel_in_its_form(  # noqa: PLR0917
 def _flash_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_seq_q: object, cum_seq_k: object,  # noqa: PLR0917
                   max_q: int, max_k: int, dropout_p: float, is_causal: bool, return_debug_mask: bool, *,
                   scale: float | None = None, **_: object) -> tuple[torch.Tensor, ...]:
-    """A stand-in for ``aten::_flash_attention_forward`` (CUDA only), dense form: ``[B, S, H, D]`` in and out, GQA
-    native. It refuses what the real op refuses, with its messages (torch 2.11, aten/src/ATen/native/transformers/
-    cuda/flash_attn/flash_api.cpp ``mha_fwd``): fp16/bf16 only, the last dimension contiguous, head dims up to 256
-    in multiples of 8, query heads a multiple of the K/V heads. Then SDPA's math on the same inputs, in the op's
-    output layout (bshd, contiguous)."""
+    """A stand-in for ``aten::_flash_attention_forward`` (CUDA only): dense (``[B, S, H, D]`` in and out) or varlen
+    (``[total, H, D]``, sequence ``i`` the query rows ``cum_seq_q[i]:cum_seq_q[i + 1]`` over the keys from
+    ``cum_seq_k[i]``, ``seqused_k[i]`` of them when given), GQA native. It refuses what the real op refuses, with
+    its messages (torch 2.11, aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp ``mha_fwd``,
+    ``mha_varlen_fwd``): fp16/bf16 only, the last dimension contiguous, head dims up to 256 in multiples of 8, query
+    heads a multiple of the K/V heads. Then SDPA's math on the same inputs, in the op's output layout (contiguous)."""
     import torch.nn.functional as F  # noqa: N812
 
-    assert cum_seq_q is None and cum_seq_k is None and not is_causal and dropout_p == 0.0
+    assert not is_causal and dropout_p == 0.0
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
     if any(t.stride(-1) != 1 for t in (q, k, v)):
         raise RuntimeError("Input tensor must have contiguous last dimension")
     if q.shape[-1] % 8 or q.shape[-1] > 256:
         raise RuntimeError("FlashAttention forward only supports head dimension at most 256")
-    if q.shape[2] % k.shape[2]:
+    if q.shape[-2] % k.shape[-2]:
         raise RuntimeError("Number of heads in key/value must divide number of heads in query")
+    if cum_seq_q is not None:  # varlen: q [total_q, H, D], k/v [total_k, Hkv, D]
+        used = _.get("seqused_k")
+        out = torch.zeros_like(q)
+        for i in range(len(cum_seq_q) - 1):  # type: ignore[arg-type]
+            q0, q1 = int(cum_seq_q[i]), int(cum_seq_q[i + 1])  # type: ignore[index]
+            k0 = int(cum_seq_k[i])  # type: ignore[index]
+            k1 = k0 + int(used[i]) if used is not None else int(cum_seq_k[i + 1])  # type: ignore[index]
+            assert q1 - q0 <= max_q and k1 - k0 <= max_k and k1 <= k.shape[0]
+            o = F.scaled_dot_product_attention(q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1),
+                                               v[k0:k1].transpose(0, 1), scale=scale, enable_gqa=True)
+            out[q0:q1] = o.transpose(0, 1)
+        return out, torch.empty(0), torch.empty(0), torch.empty(0), torch.empty(0)
     assert (max_q, max_k) == (q.shape[1], k.shape[1])
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale,
                                          enable_gqa=True)
@@ -710,3 +723,55 @@ def test_a_decode_mask_becomes_the_kernels_bias_once_for_all_layers(efficient_ke
                                             {"attn_mask": prepared, "enable_gqa": True}, seen=seen)
     got.sum().backward()
     assert len(made) == 3 and qg.grad is not None and torch.isfinite(qg.grad).all()
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.parametrize("case", ["left", "right", "additive", "static-cache", "holes", "empty-row",
+                                  "other-values", "bshd-kv", "per-head"])
+def test_a_padded_decode_step_runs_as_varlen_sequences(groups: int, case: str, flash_kernel: list[tuple[int, ...]],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode step under a padding mask (one run of visible keys per batch row, bool or additive 0/-inf, K/V
+    contiguous or a slice of a longer cache) goes to FlashAttention-2's varlen op as one sequence per (batch row,
+    K/V head) on views (no copy of K/V); anything else (holes, a row that sees no key, other additive values, bshd
+    K/V, a mask per head) to the caller's path: the reference's answer either way, the runs read once per mask
+    object over a step's layers."""
+    monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
+    reads: list[int] = []
+    real_runs = sdpa_module._padding_runs
+
+    def spy_runs(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        reads.append(1)
+        return real_runs(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sdpa_module, "_padding_runs", spy_runs)
+    g = torch.Generator().manual_seed(groups)
+    b, hkv, sk, d = 3, 2, 37, 16
+    q = torch.randn(b, hkv * groups, 1, d, generator=g).bfloat16()
+    cache = torch.randn(2, b, hkv, sk + (9 if case == "static-cache" else 0), d, generator=g).bfloat16()
+    k, v = cache[0, :, :, :sk], cache[1, :, :, :sk]
+    if case == "bshd-kv":
+        k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+    allowed = torch.ones(b, 1, 1, sk, dtype=torch.bool)
+    allowed[1, ..., :6] = False
+    if case == "right":
+        allowed[2, ..., -4:] = False
+    if case == "holes":
+        allowed[0, ..., 10:12] = False
+    if case == "empty-row":
+        allowed[2] = False
+    if case == "per-head":
+        allowed = allowed.expand(b, hkv * groups, 1, sk).clone()
+    mask: torch.Tensor = allowed
+    if case in ("additive", "other-values"):
+        mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, float("-inf"))
+        if case == "other-values":
+            mask[0, ..., 3] = -2.0
+    adapter = registry.fallback()
+    want = reference_attention(q, k, v, causal=False, attn_mask=mask)
+    for _layer in range(3):
+        got = adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
+        torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)
+    varlen = case in ("left", "right", "additive", "static-cache")
+    assert len(flash_kernel) == (3 if varlen else 0)
+    assert len(reads) == (0 if case in ("bshd-kv", "per-head") else 1)
+    assert sdpa_module._REFUSED == {}
