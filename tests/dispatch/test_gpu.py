@@ -104,13 +104,14 @@ def test_a_masked_decode_call_runs_no_cudnn_kernel_at_any_length(hq: int, hkv: i
         torch.testing.assert_close(again.double(), ref, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize(("b", "sk", "holes"), [(4, 1025, False), (1, 4097, False), (4, 1030, True)],
-                         ids=["llama-padded", "one-long-sequence", "not-one-run"])
+@pytest.mark.parametrize(("b", "sk", "holes"), [(4, 4097, False), (1, 4097, False), (4, 4100, True)],
+                         ids=["llama-padded-4k", "one-long-sequence", "not-one-run"])
 @pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")  # torch 2.11's profiler, H200
 def test_a_padded_decode_step_takes_flash_attention_2_varlen(b: int, sk: int, holes: bool) -> None:
-    """A left-padded batch's decode step (one run of visible keys per row) runs FlashAttention-2's varlen split-KV
-    kernel on views of the bhsd K/V (no cuDNN, no memory-efficient kernel), as the reference, called once per layer
-    on one mask; a mask with holes in a row goes to the memory-efficient kernel."""
+    """A left-padded batch's decode step over many keys (one run of visible keys per row) runs FlashAttention-2's
+    varlen split-KV kernel on views of the bhsd K/V (no cuDNN, no memory-efficient kernel), as the reference, called
+    once per layer on one mask; a mask with holes in a row goes to the memory-efficient kernel. (At 1025 keys the
+    masked decode test above holds the memory-efficient kernel.)"""
     from torch.profiler import ProfilerActivity, profile
 
     adapter = registry.fallback()
