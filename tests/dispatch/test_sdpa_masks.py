@@ -268,8 +268,8 @@ def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(  # noqa
         efficient_kernel: list[tuple[int, ...]]) -> None:
     """The decode path that leaves cuDNN out (query heads folded into their K/V head's rows, the mask's rows
     repeated to match) returns what SDPA returns for the unfolded call, for every mask shape that broadcasts to
-    ``[B, Hq, Sq, Sk]``; an additive mask reaches the memory-efficient kernel in the form it takes, aligned or
-    not (``Sk`` 24 and 19), and the kernel refuses none."""
+    ``[B, Hq, Sq, Sk]``; a bool or additive mask reaches the memory-efficient kernel in the form it takes, aligned
+    or not (``Sk`` 24 and 19), and the kernel refuses none."""
     import torch.nn.functional as F  # noqa: N812
 
     g = torch.Generator().manual_seed(sq * 10 + groups)
@@ -291,7 +291,7 @@ def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(  # noqa
     assert got.shape == want.shape
     torch.testing.assert_close(got, want)
     assert sdpa_module._REFUSED == {}
-    assert efficient_kernel == ([(b, hkv, groups * sq, sk)] if additive else [])  # a bool mask goes to SDPA
+    assert efficient_kernel == [(b, hkv, groups * sq, sk)]  # bool or additive, the kernel serves it
 
 
 def test_a_padded_decode_mask_reaches_the_kernel_in_a_form_it_takes(efficient_kernel: list[tuple[int, ...]],
@@ -795,3 +795,65 @@ def test_a_padded_decode_step_over_few_keys_a_block_stays_on_the_memory_efficien
         want = reference_attention(q, k, v, causal=False, attn_mask=mask)
         torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)
         assert len(flash_kernel) == (1 if varlen else 0)  # else the caller's path (SDPA itself on CPU)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sq=st.integers(1, 16), groups=st.sampled_from([1, 2, 4]), sk=st.integers(16, 60),
+       dims=st.tuples(st.booleans(), st.booleans(), st.booleans()),
+       kind=st.sampled_from(["bool", "additive-q-dtype", "additive-float32"]), empty_row=st.booleans(),
+       causal=st.booleans(), data=st.data())
+def test_the_adapter_serves_a_decode_step_under_the_callers_mask_as_the_reference(  # noqa: PLR0917
+        sq: int, groups: int, sk: int, dims: tuple[bool, bool, bool], kind: str, empty_row: bool, causal: bool,
+        data: st.DataObject, efficient_kernel: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Property: through the adapter (the CUDA decode path on the CPU stand-in kernel), a decode step with the
+    caller's mask (any broadcastable shape; bool, additive in q's dtype or in float32; a row that sees no key or
+    not; bottom-right causal on top, which hides keys only when ``Sq > 1``) returns the float64 reference's output,
+    rows that see no key zeros, over three layers sharing the mask; the kernel serves every call and refuses none."""
+    monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
+    calls_before = len(efficient_kernel)
+    b, hkv, d = 2, 2, 8
+    hq = hkv * groups
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    q = torch.randn(b, hq, sq, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(b, hkv, sk, d, generator=g, dtype=torch.float64) for _ in range(2))
+    shape = (b if dims[0] else 1, hq if dims[1] else 1, sq if dims[2] else 1, sk)
+    allowed = torch.rand(shape, generator=g) > 0.3
+    if empty_row:
+        allowed[0] = False
+    mask: torch.Tensor = allowed
+    if kind != "bool":
+        dtype = q.dtype if kind == "additive-q-dtype" else torch.float32
+        mask = torch.zeros(shape, dtype=dtype).masked_fill(~allowed, float("-inf"))
+    adapter = registry.fallback()
+    want = reference_attention(q, k, v, causal=causal, attn_mask=allowed)
+    for _layer in range(3):
+        got = adapter(q, k, v, causal=causal, scale=None, attn_mask=mask)
+        torch.testing.assert_close(got, want)
+    assert len(efficient_kernel) == calls_before + 3 and sdpa_module._REFUSED == {}
+
+
+def test_a_settled_decode_shape_goes_to_sdpa_without_being_counted_again(
+        efficient_kernel: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adapter counts a decode step under the caller's mask once: while its shape is met fewer than SETTLED times
+    the kernel serves it, from then on SDPA's own choice (the prepared mask is not counted as another shape, which
+    would keep it off cuDNN for as many meetings again), and the answers stay the reference's."""
+    monkeypatch.setattr(sdpa_module._MetShapes, "SETTLED", 3)
+    monkeypatch.setattr(sdpa_module, "_MET", sdpa_module._MetShapes())
+    monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
+    decoded: list[int] = []
+    real = sdpa_module._decode_without_cudnn
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        decoded.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sdpa_module, "_decode_without_cudnn", spy)
+    q, k, v = _qkv()
+    step = q[:, :, :1]
+    adapter = registry.fallback()
+    for i in range(6):
+        mask = torch.ones(2, 1, 1, 24, dtype=torch.bool)
+        mask[1, ..., : i + 1] = False
+        got = adapter(step, k, v, causal=False, scale=None, attn_mask=mask)
+        torch.testing.assert_close(got, reference_attention(step, k, v, causal=False, attn_mask=mask).to(got.dtype))
+    assert len(efficient_kernel) == 3 and decoded == []

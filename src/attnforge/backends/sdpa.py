@@ -120,7 +120,7 @@ class SdpaAdapter(AdapterBase):
             return self._with_features(sdpa, q, k, v, causal=causal, scale=scale, **features)
         if q.shape[1] == k.shape[1] and not causal:  # the common case, kept short: it runs on every call
             if self.kernel is None:
-                if q.shape[2] <= DECODE_ROWS and q.device.type == "cuda":  # a decode step: see _run
+                if q.shape[2] <= DECODE_ROWS and q.device.type in _EFFICIENT_DEVICES:  # a decode step: see _run
                     return self._run(sdpa, q, k, v, {"scale": scale})
                 return sdpa(q, k, v, scale=scale)
             with _force(self.kernel):
@@ -184,10 +184,17 @@ class SdpaAdapter(AdapterBase):
                 k, v = expand_kv(k, v, q.shape[1])
         sq, sk = q.shape[2], k.shape[2]
         top_left = causal_alignment == "top_left" or sq == sk
-        if (attn_mask is not None and sq == 1 and self.kernel is None and not dropout_p
-                and q.device.type in _FLASH_DEVICES
-                and not hides_keys(sq, sk, causal=causal, top_left=top_left, window=window)):
-            lean = _varlen_decode(q, k, v, attn_mask, scale=scale)
+        decode = True
+        if (attn_mask is not None and sq <= DECODE_ROWS and self.kernel is None and not dropout_p
+                and q.device.type in _EFFICIENT_DEVICES
+                and not hides_keys(sq, sk, causal=causal, top_left=top_left, window=window)
+                and not records_grad(q, k, v, attn_mask) and _cudnn_free_decode() and not graph_capturing()):
+            # a decode step under the caller's mask alone: the lean paths take it as it is, no opening of its rows
+            lean = _varlen_decode(q, k, v, attn_mask, scale=scale) if sq == 1 else None
+            if lean is None and _MET.unsettled(q, k, v, attn_mask):
+                lean = _efficient_decode(q, k, v, attn_mask, seen=None, scale=scale)
+            elif lean is None:
+                decode = False  # settled: SDPA's own choice (cuDNN's graph, built once), not counted again below
             if lean is not None:
                 return lean
         seen = None
@@ -208,19 +215,20 @@ class SdpaAdapter(AdapterBase):
             else:
                 mask, seen = opened
             kwargs["attn_mask"] = mask
-        return self._run(sdpa, q, k, v, kwargs, seen=seen)
+        return self._run(sdpa, q, k, v, kwargs, seen=seen, decode=decode)
 
     def _run(self, sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             kwargs: dict[str, Any], *, seen: torch.Tensor | None = None) -> torch.Tensor:
+             kwargs: dict[str, Any], *, seen: torch.Tensor | None = None, decode: bool = True) -> torch.Tensor:
         """SDPA on the prepared keywords: under the forced kernel, or for a decode shape not yet settled (masked,
         or without a causal mask to apply) without cuDNN (:func:`_decode_without_cudnn`), else as SDPA chooses.
         ``seen`` (bool, broadcastable to ``[B, Hq, Sq, 1]``): the rows that see some key; the others, opened in the
-        mask, become zeros."""
+        mask, become zeros. ``decode`` False: the caller found the decode shape settled already."""
         if self.kernel is not None:
             with _force(self.kernel):
                 out = sdpa(q, k, v, **kwargs)
-        elif (q.shape[2] <= DECODE_ROWS and q.device.type == "cuda" and not kwargs.get("is_causal")
-                and _cudnn_free_decode() and _MET.unsettled(q, k, v, kwargs.get("attn_mask"))):
+        elif (decode and q.shape[2] <= DECODE_ROWS and q.device.type in _EFFICIENT_DEVICES
+                and not kwargs.get("is_causal") and _cudnn_free_decode()
+                and _MET.unsettled(q, k, v, kwargs.get("attn_mask"))):
             return _decode_without_cudnn(sdpa, q, k, v, kwargs, seen=seen)
         else:
             out = sdpa(q, k, v, **kwargs)
@@ -252,12 +260,7 @@ class SdpaAdapter(AdapterBase):
                 # per mask object: -inf where a row that sees some key hides a key (mask < seen), else 0
                 hidden = mask < seen
                 if mask.device.type == "cuda" and not torch.compiler.is_compiling() and not graph_capturing():
-                    # one kernel, into rows whose stride is a multiple of 8 elements: the memory-efficient kernel
-                    # takes the mask as it is (SDPA pads an unaligned one on every call, _efficient_bias too)
-                    n = hidden.shape[-1]
-                    out = torch.empty((*hidden.shape[:-1], n + (-n) % _BIAS_ALIGNMENT), dtype=q.dtype,
-                                      device=mask.device)[..., :n]
-                    mask = torch.where(hidden, *_additive_values(q.dtype, mask.device), out=out)
+                    mask = _aligned_additive(hidden, q.dtype, hide=True)
                 else:  # the values' tensors are made outside capture and tracing only
                     mask = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(hidden,
                                                                                                   float("-inf"))
@@ -374,7 +377,8 @@ def _decode_without_cudnn(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k:
 def _varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
                    scale: float | None) -> torch.Tensor | None:
     """A decode step (``q [B, Hq, 1, D]``, ``k/v [B, Hkv, Sk, D]``) under a padding mask, with nothing recorded for
-    backward, on FlashAttention-2's split-KV kernel in its varlen form (SDPA's own copy,
+    backward, no kernel restriction of the caller's and no CUDA graph capture (the adapter checked: the one host
+    sync below would break a capture), on FlashAttention-2's split-KV kernel in its varlen form (SDPA's own copy,
     ``aten::_flash_attention_forward``): no graph per length, no copy of K/V, of the mask or of the output; returns
     ``[B, Hq, 1, D]`` (a view of the kernel's output), or None where it does not apply (the caller's path serves).
 
@@ -389,7 +393,7 @@ def _varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     Measured on an H200 (torch 2.11, 2026-11-28, ``decode_probe.py decode_kernels``, Llama-3-8B's padded step):
     15.5 µs of device time at 1025 keys (the memory-efficient kernel 47.6, cuDNN's cached graph 16.8) and 18 µs at
     4097 keys for one sequence (memory-efficient 163, it splits no keys). But reading the runs costs a host sync and
-    some fifteen small kernels per mask object: taken at 1025 keys, the 4-layer Llama-3-8B- and Qwen2.5-shaped
+    some fifteen small kernels per mask object: taken at 1025 keys, the 2-layer Llama-3-8B- and Qwen2.5-shaped
     decoders' decode fell from 0.92-0.96x to 0.84-0.85x their default (attention() 173 µs a call against 124 on the
     memory-efficient kernel). So only calls whose memory-efficient walk is long (:func:`_efficient_walk` from
     :data:`_FLASH_FROM_KEYS`, as :func:`_flash_decode`) come here, where a layer saves more device time than a
@@ -399,10 +403,10 @@ def _varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     b, hq, _, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     rs = k.stride(2)
-    if (q.dtype not in (torch.float16, torch.bfloat16) or d % 8 or d > 256 or v.shape[-1] != d
-            or k.stride() != v.stride() or k.stride(-1) != 1 or q.stride(-1) != 1 or rs % 8 or k.stride(0) % rs
-            or k.stride(1) % rs or records_grad(q, k, v, mask) or not _cudnn_free_decode() or graph_capturing()
-            or mask.dtype not in (torch.bool, q.dtype) or _efficient_walk(q, k) < _FLASH_FROM_KEYS):
+    if (q.device.type not in _FLASH_DEVICES or q.dtype not in (torch.float16, torch.bfloat16) or d % 8 or d > 256
+            or v.shape[-1] != d or k.stride() != v.stride() or k.stride(-1) != 1 or q.stride(-1) != 1 or rs % 8
+            or k.stride(0) % rs or k.stride(1) % rs or mask.dtype not in (torch.bool, q.dtype)
+            or _efficient_walk(q, k) < _FLASH_FROM_KEYS):
         return None
     kind = ("varlen", q.dtype, d)
     if kind in _REFUSED:
@@ -474,10 +478,11 @@ def _query_starts(n: int, device: Any) -> torch.Tensor:
 def _efficient_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
                       seen: torch.Tensor | None, scale: float | None) -> torch.Tensor | None:
     """A masked decode call with nothing recorded for backward on the memory-efficient kernel, its per-call host
-    work cut to the kernel and one copy: ``q [B, Hq, Sq, D]``, ``k/v [B, Hkv, Sk, D]``, ``mask`` additive in q's
-    dtype (broadcastable to ``[B, Hq, Sq, Sk]``, the rows that see no key opened, as the adapter prepares it),
-    ``seen`` those rows (or None); returns ``[B, Hq, Sq, Dv]``, or None where the kernel cannot serve the call
-    (another dtype or device, or a kind it refused: the caller's general path serves it).
+    work cut to the kernel and one copy: ``q [B, Hq, Sq, D]``, ``k/v [B, Hkv, Sk, D]``, ``mask`` broadcastable to
+    ``[B, Hq, Sq, Sk]``: the caller's (bool, or additive in any float dtype; ``seen`` None), or additive as the
+    adapter prepares it for SDPA, the rows that see no key opened, and ``seen`` those rows; returns
+    ``[B, Hq, Sq, Dv]``, or None where the kernel cannot serve the call (another device, or a kind it refused: the
+    caller's general path serves it).
 
     The kernel's bias (the query heads folded as in :func:`_decode_without_cudnn`, aligned and expanded,
     :func:`_efficient_bias`) is made once per mask object and kept beside it (:data:`_DECODE_BIASES`; a model's
@@ -486,19 +491,28 @@ def _efficient_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     row whose bias hides every key (measured on an H200, torch 2.11, 2026-11-28: ``decode_probe.py``
     ``op_folded_all_hidden_row``, max 0.0, no NaN; ``tests/dispatch/test_gpu.py`` holds such a row), so no multiply
     zeroes them."""
+    import torch
+
     b, hq, sq, d = q.shape
     hkv = k.shape[1]
-    if q.device.type not in _EFFICIENT_DEVICES or mask.dtype != q.dtype:
+    if q.device.type not in _EFFICIENT_DEVICES or not (mask.dtype == torch.bool or mask.is_floating_point()):
         return None
     kind = _efficient_kind(q, k, v, masked=True)
     if kind in _REFUSED:
         return None
     g = hq // hkv
     qf = q.reshape(b, hkv, g * sq, d)
-    params = (b, hkv, g, sq, k.shape[2], q.device)
+    params = (b, hkv, g, sq, k.shape[2], q.dtype, q.device)
     bias = _DECODE_BIASES.get(mask, params)
     if bias is None:
-        hidden = mask if seen is None else mask.masked_fill(~seen, float("-inf"))
+        if mask.dtype == torch.bool and not graph_capturing():  # -inf where hidden: one kernel, rows aligned
+            hidden = _aligned_additive(mask, q.dtype, hide=False)
+        elif mask.dtype == torch.bool:
+            hidden = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        else:
+            hidden = mask.to(q.dtype)
+            if seen is not None:
+                hidden = hidden.masked_fill(~seen, float("-inf"))
         bias = _efficient_bias(_fold_mask_rows(hidden, hq=hq, hkv=hkv, sq=sq), qf, k)
         if not graph_capturing():  # a captured kernel has not run: the bias would hold garbage for an eager call
             _DECODE_BIASES.put(mask, params, bias)
@@ -691,6 +705,19 @@ def _bottom_right_additive(seqlen_q: int, seqlen_k: int, dtype: torch.dtype,
     allowed, empty = bottom_right_mask(seqlen_q, seqlen_k, device)
     additive = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
     return additive, (None if empty is None else ~empty)
+
+
+def _aligned_additive(cond: torch.Tensor, dtype: torch.dtype, *, hide: bool) -> torch.Tensor:
+    """A bool mask as an additive one in ``dtype``: -inf where ``cond`` is ``hide``, 0 elsewhere; one kernel, into
+    rows whose stride is a multiple of :data:`_BIAS_ALIGNMENT` elements, so the memory-efficient kernel takes it as
+    it is (SDPA pads an unaligned mask on every call; :func:`_efficient_bias` would once). Outside CUDA graph
+    capture and tracing only (:func:`_additive_values`)."""
+    import torch
+
+    n = cond.shape[-1]
+    out = torch.empty((*cond.shape[:-1], n + (-n) % _BIAS_ALIGNMENT), dtype=dtype, device=cond.device)[..., :n]
+    inf, zero = _additive_values(dtype, cond.device)
+    return torch.where(cond, inf, zero, out=out) if hide else torch.where(cond, zero, inf, out=out)
 
 
 @functools.lru_cache(maxsize=16)
