@@ -428,6 +428,57 @@ def decode_kernels(torch: Any, dev: str, dt: Any, small: bool, *, batch: int = 4
     return res
 
 
+def adapter_steps(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
+    """Host cost of the SDPA adapter's masked decode path per step: Llama-3-8B's padded call, two layers sharing a
+    new bool mask each step, the same length every step, the shape kept unsettled (``_MetShapes.SETTLED`` raised).
+    On CUDA the real kernels (wall µs per step, best of 5 rounds of 50 steps); on CPU the decode path runs against a
+    stand-in op that returns an empty output (``--device cpu``: the path's own host cost, its launches and Python,
+    without a kernel; the CPU machine measured 64-67 µs a step before `0af2025`, 49 after, 2026-11-28)."""
+    from attnforge.backends import registry
+    from attnforge.backends import sdpa as sdpa_module
+
+    q, kv, s0 = _tensors(torch, dev, torch.bfloat16, False)  # the real shapes: on CPU the op computes nothing
+    k, v = (t[:, :, : s0 + 1] for t in kv)
+    real = torch.ops.aten._scaled_dot_product_efficient_attention
+    saved = (sdpa_module._MetShapes.SETTLED, sdpa_module._EFFICIENT_DEVICES, sdpa_module._safe_softmax_on_cpu)
+    sdpa_module._MetShapes.SETTLED = 10 ** 9
+    if dev != "cuda":
+        class _Empty:  # the op's output layout, nothing computed
+            def __call__(self, q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+                return (torch.empty(q.shape[0], q.shape[2], q.shape[1], v.shape[-1], dtype=q.dtype).transpose(1, 2),)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+        torch.ops.aten._scaled_dot_product_efficient_attention = _Empty()
+        sdpa_module._EFFICIENT_DEVICES = frozenset({"cuda", "cpu"})
+        sdpa_module._safe_softmax_on_cpu = lambda: False
+    adapter = registry.fallback()
+
+    def step() -> None:
+        mask = torch.ones(k.shape[0], 1, 1, k.shape[2], dtype=torch.bool, device=k.device)
+        mask[1, ..., : s0 // 5] = False
+        for _layer in range(2):
+            adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
+
+    try:
+        for _ in range(20):
+            step()
+        best = float("inf")
+        for _ in range(5):
+            models_e2e._sync(torch)
+            t0 = time.perf_counter()
+            for _ in range(50):
+                step()
+            models_e2e._sync(torch)
+            best = min(best, (time.perf_counter() - t0) / 50 * 1e6)
+    finally:
+        torch.ops.aten._scaled_dot_product_efficient_attention = real
+        (sdpa_module._MetShapes.SETTLED, sdpa_module._EFFICIENT_DEVICES, sdpa_module._safe_softmax_on_cpu) = saved
+    return {"us_per_step_2_layers": round(best, 1), "q": list(q.shape), "k": list(k.shape),
+            "op": "real" if dev == "cuda" else "stand-in (empty output)"}
+
+
 def _best_us_per_call(torch: Any, fn: Callable[..., Any],
                       rounds: list[list[tuple[Any, Any, Any]]]) -> tuple[float, Any]:
     """µs per call of ``fn(k, v, mask)`` over each round's calls back to back between two synchronizes, the best
@@ -486,7 +537,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--only", default="", help="comma-separated sections (efficient_breakdown, decode_kernels[_long], "
-                                                "calls, gemma_calls, prefill_first_calls, generate); default all")
+                                                "adapter_steps, calls, gemma_calls, prefill_first_calls, generate); "
+                                                "default all")
     args = ap.parse_args()
     import torch
 
@@ -498,6 +550,7 @@ def main() -> int:
     only = set(args.only.split(",")) if args.only else None
     for name, fn in (("efficient_breakdown", lambda: efficient_breakdown(torch, args.device, dt, small)),
                      ("decode_kernels", lambda: decode_kernels(torch, args.device, dt, small)),
+                     ("adapter_steps", lambda: adapter_steps(torch, args.device, dt, small)),
                      ("decode_kernels_long", lambda: decode_kernels(torch, args.device, dt, small, batch=1,
                                                                     keys=4096)),
                      ("calls", lambda: calls(torch, args.device, dt, small)),
