@@ -539,6 +539,21 @@ def test_a_causal_decode_step_hands_sdpa_no_mask(monkeypatch: pytest.MonkeyPatch
     torch.testing.assert_close(featured, want.to(featured.dtype))
 
 
+def _decode_case(data: st.DataObject, *, sq: int, groups: int, sk: int, dims: tuple[bool, bool, bool],
+                 d: int) -> tuple[torch.Generator, torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...],
+                                  torch.Tensor]:
+    """A random decode call for the property tests: its generator, float64 ``q [2, 2 * groups, Sq, d]``, ``k/v
+    [2, 2, Sk, d]``, a mask shape with the batch, head and row dimensions present or 1 (``dims``), and a bool mask of
+    that shape (about 70 % of keys visible)."""
+    b, hkv = 2, 2
+    hq = hkv * groups
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    q = torch.randn(b, hq, sq, d, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(b, hkv, sk, d, generator=g, dtype=torch.float64) for _ in range(2))
+    shape = (b if dims[0] else 1, hq if dims[1] else 1, sq if dims[2] else 1, sk)
+    return g, q, k, v, shape, torch.rand(shape, generator=g) > 0.3
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sq=st.integers(1, 16), groups=st.sampled_from([1, 2, 4, 7]), sk=st.integers(1, 70),
        dims=st.tuples(st.booleans(), st.booleans(), st.booleans()), layout=st.sampled_from(["contiguous", "slice",
@@ -554,13 +569,7 @@ def test_any_decode_mask_layout_reaches_the_kernel_in_its_form(  # noqa: PLR0917
     zeros."""
     monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
     calls_before = len(efficient_kernel)  # the fixture's list lives across hypothesis's examples
-    b, hkv, d = 2, 2, 4
-    hq = hkv * groups
-    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
-    q = torch.randn(b, hq, sq, d, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(b, hkv, sk, d, generator=g, dtype=torch.float64) for _ in range(2))
-    shape = (b if dims[0] else 1, hq if dims[1] else 1, sq if dims[2] else 1, sk)
-    allowed = torch.rand(shape, generator=g) > 0.3
+    g, q, k, v, shape, allowed = _decode_case(data, sq=sq, groups=groups, sk=sk, dims=dims, d=4)
     if layout == "slice":
         wide = torch.rand((*shape[:-1], sk + 5), generator=g) > 0.3
         wide[..., :sk] = allowed
@@ -811,13 +820,7 @@ def test_the_adapter_serves_a_decode_step_under_the_callers_mask_as_the_referenc
     rows that see no key zeros, over three layers sharing the mask; the kernel serves every call and refuses none."""
     monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
     calls_before = len(efficient_kernel)
-    b, hkv, d = 2, 2, 8
-    hq = hkv * groups
-    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
-    q = torch.randn(b, hq, sq, d, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(b, hkv, sk, d, generator=g, dtype=torch.float64) for _ in range(2))
-    shape = (b if dims[0] else 1, hq if dims[1] else 1, sq if dims[2] else 1, sk)
-    allowed = torch.rand(shape, generator=g) > 0.3
+    _, q, k, v, shape, allowed = _decode_case(data, sq=sq, groups=groups, sk=sk, dims=dims, d=8)
     if empty_row:
         allowed[0] = False
     mask: torch.Tensor = allowed
