@@ -147,10 +147,11 @@ class SdpaAdapter(AdapterBase):
             return ()
         if call.causal and call.seqlen_q == call.seqlen_k:
             return ()  # SDPA's own top-left causal: SDPA chooses
-        return (f"a decode step (Sq <= {DECODE_ROWS}): SDPA's memory-efficient kernel (FlashAttention-2's split-KV "
-                f"kernel for an unmasked call over {_FLASH_FROM_KEYS}+ keys) serves each shape until it "
+        return (f"a decode step (Sq <= {DECODE_ROWS}): SDPA's memory-efficient kernel serves each shape until it "
                 f"has been met {_MetShapes.SETTLED} times, then SDPA's own choice (cuDNN builds a graph for every "
-                "new sequence length, ~40-50 ms on an H200)",)
+                "new sequence length, ~40-50 ms on an H200); where a memory-efficient thread block would walk "
+                f"{_FLASH_FROM_KEYS}+ keys, FlashAttention-2's split-KV kernel serves it instead (a padded batch's "
+                "step at every meeting: it never settles on cuDNN)",)
 
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor] | None:
         """The plain call as SDPA itself, for a route (:func:`attnforge.backends.bound.bound_call`): a
