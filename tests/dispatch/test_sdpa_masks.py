@@ -860,3 +860,87 @@ def test_a_settled_decode_shape_goes_to_sdpa_without_being_counted_again(
         got = adapter(step, k, v, causal=False, scale=None, attn_mask=mask)
         torch.testing.assert_close(got, reference_attention(step, k, v, causal=False, attn_mask=mask).to(got.dtype))
     assert len(efficient_kernel) == 3 and decoded == []
+
+
+def test_decode_inputs_the_lean_kernels_do_not_take_still_get_the_reference(
+        flash_kernel: list[tuple[int, ...]], efficient_kernel: list[tuple[int, ...]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inputs outside the lean kernels' forms go elsewhere without an error and without turning a kernel off: K/V
+    expanded over the keys (stride 0: the varlen view's row stride), K with a strided last dimension (FlashAttention-2
+    refuses it: checked before the call, so no refusal is remembered for the next, ordinary call), and a decode step
+    under ``torch.inference_mode`` (an inference tensor has no version counter for the kept masks)."""
+    import torch.nn.functional as F  # noqa: N812
+
+    monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
+    monkeypatch.setattr(sdpa_module, "_FLASH_FROM_KEYS", 1)
+    adapter = registry.fallback()
+    q = torch.randn(3, 4, 1, 16).bfloat16()
+    mask = torch.ones(3, 1, 1, 40, dtype=torch.bool)
+    mask[1, ..., :5] = False
+    expanded = torch.randn(3, 2, 1, 16).bfloat16().expand(-1, -1, 40, -1)
+    got = adapter(q, expanded, expanded, causal=False, scale=None, attn_mask=mask)
+    torch.testing.assert_close(got.double(), reference_attention(q, expanded, expanded, causal=False,
+                                                                 attn_mask=mask), atol=2e-2, rtol=2e-2)
+    strided = torch.randn(3, 2, 16, 40).bfloat16().transpose(-1, -2)
+    got = sdpa_module._decode_without_cudnn(F.scaled_dot_product_attention, q, strided, strided,
+                                            {"enable_gqa": True})
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, strided, strided, enable_gqa=True))
+    k = torch.randn(3, 2, 40, 16).bfloat16()
+    sdpa_module._decode_without_cudnn(F.scaled_dot_product_attention, q, k, k, {"enable_gqa": True})
+    assert sdpa_module._REFUSED == {} and len(flash_kernel) == 1
+    with torch.inference_mode():
+        qi, ki, mi = q.clone(), k.clone(), mask.clone()
+        for _layer in range(2):
+            got = adapter(qi, ki, ki, causal=False, scale=None, attn_mask=mi)
+            torch.testing.assert_close(got.double(), reference_attention(qi, ki, ki, causal=False, attn_mask=mi),
+                                       atol=2e-2, rtol=2e-2)
+
+
+def test_out_of_memory_in_a_decode_kernel_reaches_the_caller_and_turns_nothing_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of memory (or a CUDA error) in a decode kernel is the device's state, not a refusal of the inputs: it
+    reaches the caller, and the kernel serves the next call."""
+    import torch.nn.functional as F  # noqa: N812
+
+    state = {"oom": True}
+
+    def kernel(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        if state["oom"]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return _efficient_kernel(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", _OpSeam(kernel))
+    monkeypatch.setattr(sdpa_module, "_EFFICIENT_DEVICES", frozenset({"cuda", "cpu"}))
+    monkeypatch.setattr(sdpa_module, "_REFUSED", {})
+    q, k, v = _qkv()
+    mask = torch.zeros(2, 1, 1, 24, dtype=q.dtype)
+    with pytest.raises(torch.OutOfMemoryError):
+        sdpa_module._decode_without_cudnn(F.scaled_dot_product_attention, q[:, :, :1], k, v,
+                                          {"attn_mask": mask, "enable_gqa": True})
+    assert sdpa_module._REFUSED == {}
+    state["oom"] = False
+    got = sdpa_module._decode_without_cudnn(F.scaled_dot_product_attention, q[:, :, :1], k, v,
+                                            {"attn_mask": mask, "enable_gqa": True})
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q[:, :, :1], k, v, attn_mask=mask,
+                                                                   enable_gqa=True))
+
+
+def test_a_decode_call_the_kernel_refuses_is_counted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode step under the caller's mask is counted once towards settling, also when the lean kernel refuses it
+    and the general path serves it (counting it again there would settle it after half the meetings)."""
+    def refusing(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        raise RuntimeError("attn_bias is not correctly aligned (strideB)")
+
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", _OpSeam(refusing))
+    monkeypatch.setattr(sdpa_module, "_EFFICIENT_DEVICES", frozenset({"cuda", "cpu"}))
+    monkeypatch.setattr(sdpa_module, "_REFUSED", {})
+    monkeypatch.setattr(sdpa_module, "_MET", sdpa_module._MetShapes())
+    monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
+    q, k, v = _qkv()
+    mask = torch.zeros(2, 1, 1, 24, dtype=q.dtype)
+    adapter = registry.fallback()
+    for _ in range(3):
+        got = adapter(q[:, :, :1], k, v, causal=False, scale=None, attn_mask=mask)
+        torch.testing.assert_close(got, reference_attention(q[:, :, :1], k, v, causal=False,
+                                                            attn_mask=mask).to(got.dtype))
+    assert sorted(sdpa_module._MET._seen.values()) == [3]

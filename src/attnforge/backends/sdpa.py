@@ -70,7 +70,8 @@ class _OpenedMasks(Generic[_V]):
     pass over all ``B x Sq x Sk`` entries runs once per mask and forward, not once per layer. An entry is found
     only for the same mask object (a weak reference: a new mask never matches a dead one's entry, and the entry is
     dropped with the mask), at the same version counter (an in-place change misses) and with the same preparation
-    parameters; masks that require grad are never kept."""
+    parameters; masks that require grad are never kept, nor inference tensors (``torch.inference_mode``: no version
+    counter), nor anything under CUDA graph capture (a captured kernel has not run)."""
 
     __slots__ = ("_entries",)
 
@@ -81,12 +82,16 @@ class _OpenedMasks(Generic[_V]):
         self._entries: list[tuple[Any, ...]] = []
 
     def get(self, mask: torch.Tensor, params: tuple[Any, ...]) -> _V | None:
+        if mask.is_inference():
+            return None  # an inference tensor has no version counter to check (torch.inference_mode): never kept
         for entry in self._entries:
             if entry[0]() is mask and entry[1] == mask._version and entry[2] == params:
                 return entry[3]  # type: ignore[no-any-return]
         return None
 
     def put(self, mask: torch.Tensor, params: tuple[Any, ...], value: _V) -> None:
+        if mask.is_inference():
+            return
         ref = weakref.ref(mask, self._drop)
         self._entries = [(ref, mask._version, params, value), *self._entries[: self.KEPT - 1]]
 
@@ -185,17 +190,16 @@ class SdpaAdapter(AdapterBase):
                 k, v = expand_kv(k, v, q.shape[1])
         sq, sk = q.shape[2], k.shape[2]
         top_left = causal_alignment == "top_left" or sq == sk
-        decode = True
+        met: bool | None = None  # the hook's count of this decode shape, if it counted it (see _run)
         if (attn_mask is not None and sq <= DECODE_ROWS and self.kernel is None and not dropout_p
                 and q.device.type in _EFFICIENT_DEVICES
                 and not hides_keys(sq, sk, causal=causal, top_left=top_left, window=window)
                 and not records_grad(q, k, v, attn_mask) and _cudnn_free_decode() and not graph_capturing()):
             # a decode step under the caller's mask alone: the lean paths take it as it is, no opening of its rows
             lean = _varlen_decode(q, k, v, attn_mask, scale=scale) if sq == 1 else None
-            if lean is None and _MET.unsettled(q, k, v, attn_mask):
-                lean = _efficient_decode(q, k, v, attn_mask, seen=None, scale=scale)
-            elif lean is None:
-                decode = False  # settled: SDPA's own choice (cuDNN's graph, built once), not counted again below
+            if lean is None:
+                met = _MET.unsettled(q, k, v, attn_mask)  # settled: SDPA's own choice (cuDNN's graph, built once)
+                lean = _efficient_decode(q, k, v, attn_mask, seen=None, scale=scale) if met else None
             if lean is not None:
                 return lean
         seen = None
@@ -204,32 +208,36 @@ class SdpaAdapter(AdapterBase):
         else:
             params = (sq, sk, causal, top_left, window, q.dtype, q.device)
             keep = (attn_mask is not None and not attn_mask.requires_grad and not torch.compiler.is_compiling()
-                    and not (q.device.type == "cpu" and _safe_softmax_on_cpu()))
+                    and not (q.device.type == "cpu" and _safe_softmax_on_cpu())
+                    and not (q.device.type == "cuda" and graph_capturing()))
             opened = _OPENED.get(attn_mask, params) if keep else None
             if opened is None:
                 mask, seen = self._sdpa_mask(attn_mask, q, sq=sq, sk=sk, causal=causal, top_left=top_left,
                                               window=window)
-                # never kept from inside CUDA graph capture: the captured kernels have not run, so the tensors
-                # would hold garbage for an eager call of the same mask object until the graph is replayed
-                if keep and seen is not None and not (mask.device.type == "cuda" and graph_capturing()):
+                # never kept nor found under CUDA graph capture (keep): the captured kernels have not run, so the
+                # tensors would hold garbage for an eager call of the same mask object until the graph is replayed,
+                # and a capture that found an eager entry would replay it after the caller changed the mask in place
+                if keep and seen is not None:
                     _OPENED.put(attn_mask, params, (mask, seen))
             else:
                 mask, seen = opened
             kwargs["attn_mask"] = mask
-        return self._run(sdpa, q, k, v, kwargs, seen=seen, decode=decode)
+        return self._run(sdpa, q, k, v, kwargs, seen=seen, unsettled=met)
 
     def _run(self, sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             kwargs: dict[str, Any], *, seen: torch.Tensor | None = None, decode: bool = True) -> torch.Tensor:
+             kwargs: dict[str, Any], *, seen: torch.Tensor | None = None,
+             unsettled: bool | None = None) -> torch.Tensor:
         """SDPA on the prepared keywords: under the forced kernel, or for a decode shape not yet settled (masked,
         or without a causal mask to apply) without cuDNN (:func:`_decode_without_cudnn`), else as SDPA chooses.
         ``seen`` (bool, broadcastable to ``[B, Hq, Sq, 1]``): the rows that see some key; the others, opened in the
-        mask, become zeros. ``decode`` False: the caller found the decode shape settled already."""
+        mask, become zeros. ``unsettled``: the caller's count of this decode shape (:data:`_MET`), so it is not
+        counted twice; None: counted here."""
         if self.kernel is not None:
             with _force(self.kernel):
                 out = sdpa(q, k, v, **kwargs)
-        elif (decode and q.shape[2] <= DECODE_ROWS and q.device.type in _EFFICIENT_DEVICES
+        elif (unsettled is not False and q.shape[2] <= DECODE_ROWS and q.device.type in _EFFICIENT_DEVICES
                 and not kwargs.get("is_causal") and _cudnn_free_decode()
-                and _MET.unsettled(q, k, v, kwargs.get("attn_mask"))):
+                and (unsettled or _MET.unsettled(q, k, v, kwargs.get("attn_mask")))):
             return _decode_without_cudnn(sdpa, q, k, v, kwargs, seen=seen)
         else:
             out = sdpa(q, k, v, **kwargs)
@@ -405,7 +413,8 @@ def _varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     hkv, sk = k.shape[1], k.shape[2]
     rs = k.stride(2)
     if (q.device.type not in _FLASH_DEVICES or q.dtype not in (torch.float16, torch.bfloat16) or d % 8 or d > 256
-            or v.shape[-1] != d or k.stride() != v.stride() or k.stride(-1) != 1 or q.stride(-1) != 1 or rs % 8
+            or v.shape[-1] != d or k.stride() != v.stride() or k.stride(-1) != 1 or q.stride(-1) != 1 or rs <= 0
+            or rs % 8
             or k.stride(0) % rs or k.stride(1) % rs or mask.dtype not in (torch.bool, q.dtype)
             or _efficient_walk(q, k) < _FLASH_FROM_KEYS):
         return None
@@ -538,7 +547,8 @@ def _flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
 
     d = q.shape[-1]
     if (q.device.type not in _FLASH_DEVICES or q.dtype not in (torch.float16, torch.bfloat16) or d % 8 or d > 256
-            or v.shape[-1] != d or _efficient_walk(q, k) < _FLASH_FROM_KEYS):
+            or v.shape[-1] != d or k.dtype != q.dtype or v.dtype != q.dtype
+            or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or _efficient_walk(q, k) < _FLASH_FROM_KEYS):
         return None
     kind = ("flash", q.dtype, d)
     if kind in _REFUSED:
@@ -625,13 +635,21 @@ def _efficient_op(kind: tuple[Any, ...], q: torch.Tensor, k: torch.Tensor, v: to
 
 def _refuse(kind: tuple[Any, ...], exc: RuntimeError, q: torch.Tensor, k: torch.Tensor,
             mask: torch.Tensor | None) -> None:
-    """Remember that a kernel refused this ``kind`` of decode call (:data:`_REFUSED`) and log it once."""
+    """Remember that a kernel refused this ``kind`` of decode call (:data:`_REFUSED`) and log it once. Raises
+    ``exc`` itself when it is no refusal of the inputs but the device's state (out of memory, a CUDA error): that
+    reaches the caller, and the kernel stays on for the next call."""
     import logging
 
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError | getattr(torch, "AcceleratorError", torch.OutOfMemoryError)) or (
+            str(exc).startswith("CUDA error")):
+        raise exc
     _REFUSED[kind] = str(exc).splitlines()[0][:300]
+    name = {"flash": "FlashAttention-2", "varlen": "FlashAttention-2 varlen"}.get(kind[0], "SDPA's memory-efficient")
     logging.getLogger("attnforge").warning(
         "a decode kernel refused a decode call (%s; q %s %s, k %s %s, mask %s): %s; calls of this kind go to "
-        "another kernel from now on", "FlashAttention-2" if kind[0] == "flash" else "SDPA's memory-efficient",
+        "another kernel from now on", name,
         tuple(q.shape), q.stride(), tuple(k.shape), k.stride(),
         None if mask is None else (tuple(mask.shape), mask.stride()), _REFUSED[kind])
 
