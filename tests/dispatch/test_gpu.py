@@ -157,3 +157,21 @@ def test_an_unmasked_decode_call_takes_the_split_kv_kernel_when_its_keys_are_man
     assert sdpa_module._REFUSED == {}
     ref = reference_attention(q, k, v, causal=False, scale=None)
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_a_masked_decode_step_under_inference_mode_matches_the_reference() -> None:
+    """Serving code runs under ``torch.inference_mode``: a padded decode step (two layers sharing the mask) and a
+    padded prefill through the SDPA adapter return the reference's output (inference tensors have no version
+    counter, so the adapter keeps nothing for them)."""
+    adapter = registry.fallback()
+    g = torch.Generator(device="cuda").manual_seed(7)
+    with torch.inference_mode():
+        for sq in (1, 64):
+            q = torch.randn(4, 32, sq, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+            k, v = (torch.randn(4, 8, 1025, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+            mask = torch.ones(4, 1, sq, 1025, dtype=torch.bool, device="cuda")
+            mask[1, ..., :200] = False
+            ref = reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask)
+            for _layer in range(2):
+                out = adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
+                torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
