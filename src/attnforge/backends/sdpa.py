@@ -412,11 +412,8 @@ def _varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     b, hq, _, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     rs = k.stride(2)
-    if (q.device.type not in _FLASH_DEVICES or q.dtype not in (torch.float16, torch.bfloat16) or d % 8 or d > 256
-            or v.shape[-1] != d or k.stride() != v.stride() or k.stride(-1) != 1 or q.stride(-1) != 1 or rs <= 0
-            or rs % 8
-            or k.stride(0) % rs or k.stride(1) % rs or mask.dtype not in (torch.bool, q.dtype)
-            or _efficient_walk(q, k) < _FLASH_FROM_KEYS):
+    if (not _flash_serves(q, k, v) or k.stride() != v.stride() or rs <= 0 or rs % 8 or k.stride(0) % rs
+            or k.stride(1) % rs or mask.dtype not in (torch.bool, q.dtype)):
         return None
     kind = ("varlen", q.dtype, d)
     if kind in _REFUSED:
@@ -432,7 +429,7 @@ def _varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     if not runs:
         return None  # not one run of visible keys per row
     starts, used = runs
-    span = (k.shape[0] - 1) * k.stride(0) // rs + (hkv - 1) * k.stride(1) // rs + sk
+    span = _key_rows(k)
     try:
         out = torch.ops.aten._flash_attention_forward(
             q.reshape(b * hkv, hq // hkv, d), k.as_strided((span, 1, d), (rs, d, 1)),
@@ -473,8 +470,30 @@ def _padding_runs(m: torch.Tensor, *, b: int, hkv: int, k: torch.Tensor) -> tupl
             + torch.arange(hkv, device=k.device, dtype=torch.int32)[None, :] * (k.stride(1) // rs))
     starts = torch.empty(b * hkv + 1, dtype=torch.int32, device=k.device)
     starts[:-1] = (base + first[:, None]).flatten()
-    starts[-1] = (b - 1) * (k.stride(0) // rs) + (hkv - 1) * (k.stride(1) // rs) + sk
+    starts[-1] = _key_rows(k)
     return starts, count.repeat_interleave(hkv)
+
+
+def _key_rows(k: torch.Tensor) -> int:
+    """The rows of ``k [B, Hkv, Sk, D]``'s storage (each ``k.stride(2)`` elements) from its first element through its
+    last key: the length of the ``[N, 1, D]`` view :func:`_varlen_decode` gives the kernel, and the end of the last
+    varlen sequence (:func:`_padding_runs`)."""
+    rs = k.stride(2)
+    return (k.shape[0] - 1) * (k.stride(0) // rs) + (k.shape[1] - 1) * (k.stride(1) // rs) + k.shape[2]
+
+
+def _flash_serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether FlashAttention-2's op (:func:`_flash_decode`, :func:`_varlen_decode`) takes these decode inputs and
+    is worth its host path: its device, fp16/bf16 for all three, head dims up to 256 in multiples of 8 and equal,
+    every last dimension contiguous (``mha_fwd``/``mha_varlen_fwd``'s checks, torch 2.11; checked here so that an
+    odd call does not turn the op off as a refusal), and a memory-efficient walk of :data:`_FLASH_FROM_KEYS` keys or
+    more (:func:`_efficient_walk`)."""
+    import torch
+
+    d = q.shape[-1]
+    return (q.device.type in _FLASH_DEVICES and q.dtype in (torch.float16, torch.bfloat16) and not d % 8
+            and d <= 256 and v.shape[-1] == d and k.dtype == q.dtype and v.dtype == q.dtype and q.stride(-1) == 1
+            and k.stride(-1) == 1 and v.stride(-1) == 1 and _efficient_walk(q, k) >= _FLASH_FROM_KEYS)
 
 
 @functools.lru_cache(maxsize=64)
@@ -545,12 +564,9 @@ def _flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     device time saving outweighs its host cost."""
     import torch
 
-    d = q.shape[-1]
-    if (q.device.type not in _FLASH_DEVICES or q.dtype not in (torch.float16, torch.bfloat16) or d % 8 or d > 256
-            or v.shape[-1] != d or k.dtype != q.dtype or v.dtype != q.dtype
-            or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or _efficient_walk(q, k) < _FLASH_FROM_KEYS):
+    if not _flash_serves(q, k, v):
         return None
-    kind = ("flash", q.dtype, d)
+    kind = ("flash", q.dtype, q.shape[-1])
     if kind in _REFUSED:
         return None
     try:
