@@ -191,10 +191,12 @@ class SdpaAdapter(AdapterBase):
         sq, sk = q.shape[2], k.shape[2]
         top_left = causal_alignment == "top_left" or sq == sk
         met: bool | None = None  # the hook's count of this decode shape, if it counted it (see _run)
+        # asked once (a CUDA API call): nothing is kept or found, and no lean path runs, under graph capture
+        capturing = attn_mask is not None and q.device.type == "cuda" and graph_capturing()
         if (attn_mask is not None and sq <= DECODE_ROWS and self.kernel is None and not dropout_p
                 and q.device.type in _EFFICIENT_DEVICES
                 and not hides_keys(sq, sk, causal=causal, top_left=top_left, window=window)
-                and not records_grad(q, k, v, attn_mask) and _cudnn_free_decode() and not graph_capturing()):
+                and not records_grad(q, k, v, attn_mask) and _cudnn_free_decode() and not capturing):
             # a decode step under the caller's mask alone: the lean paths take it as it is, no opening of its rows
             lean = _varlen_decode(q, k, v, attn_mask, scale=scale) if sq == 1 else None
             if lean is None:
@@ -208,8 +210,7 @@ class SdpaAdapter(AdapterBase):
         else:
             params = (sq, sk, causal, top_left, window, q.dtype, q.device)
             keep = (attn_mask is not None and not attn_mask.requires_grad and not torch.compiler.is_compiling()
-                    and not (q.device.type == "cpu" and _safe_softmax_on_cpu())
-                    and not (q.device.type == "cuda" and graph_capturing()))
+                    and not (q.device.type == "cpu" and _safe_softmax_on_cpu()) and not capturing)
             opened = _OPENED.get(attn_mask, params) if keep else None
             if opened is None:
                 mask, seen = self._sdpa_mask(attn_mask, q, sq=sq, sk=sk, causal=causal, top_left=top_left,
