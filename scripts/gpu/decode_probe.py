@@ -320,13 +320,20 @@ def efficient_breakdown(torch: Any, dev: str, dt: Any, small: bool) -> dict[str,
             continue
         for x in layered:
             fn(*x)  # every length met once: SDPA's graphs built
-        res[f"{name}_us"] = _best_us_per_call(torch, fn, [layered] * 5)[0]
-        rows = _profile(torch, dev, lambda fn=fn: [fn(*x) for x in layered[:16]])
-        kernels = [r for r in rows if r["device_us"] > 0 and not r["name"].startswith(("aten::", "Activity"))]
-        res[f"{name}_device_us"] = round(sum(r["device_us"] for r in kernels) / 16, 1)
+        res[f"{name}_us"], res[f"{name}_device_us"], kernels, rows = _wall_and_device(torch, dev, fn, layered)
         res[f"{name}_kernels"] = kernels[:6]
         res[f"{name}_host_ops"] = [r for r in rows if r["name"].startswith(("aten::", "cuda"))][:12]
     return res
+
+
+def _wall_and_device(torch: Any, dev: str, fn: Callable[..., Any],
+                     calls: list[tuple[Any, Any, Any]]) -> tuple[float, float, list[dict[str, Any]], list[Any]]:
+    """``fn(k, v, mask)`` over ``calls`` back to back: wall µs per call (best of 5 rounds), device µs per call of
+    its kernels over the first 16 calls (torch.profiler), those kernels' rows, and every profiler row."""
+    wall = _best_us_per_call(torch, fn, [calls] * 5)[0]
+    rows = _profile(torch, dev, lambda: [fn(*x) for x in calls[:16]])
+    kernels = [r for r in rows if r["device_us"] > 0 and not r["name"].startswith(("aten::", "Activity"))]
+    return wall, round(sum(r["device_us"] for r in kernels) / 16, 1), kernels, rows
 
 
 def decode_kernels(torch: Any, dev: str, dt: Any, small: bool, *, batch: int = 4,
@@ -365,10 +372,7 @@ def decode_kernels(torch: Any, dev: str, dt: Any, small: bool, *, batch: int = 4
     for k, _, m in steps:
         sk = k.shape[2]
         add = torch.zeros(m.shape, dtype=dt, device=m.device).masked_fill_(~m, float("-inf"))
-        first = m.reshape(b, sk).int().argmax(dim=-1).to(i32)  # the first visible key of each row
-        used = (sk - first).repeat_interleave(hkv)
-        starts = torch.arange(b * hkv + 1, device=m.device, dtype=i32) * sk
-        starts[:-1] += first.repeat_interleave(hkv)
+        starts, used = sdpa_module._padding_runs(m, b=b, hkv=hkv, k=k)  # the adapter's own runs (one sync each)
         prep[id(m)] = {"bias": sdpa_module._efficient_bias(add, qf, k), "used": used, "starts": starts,
                        "plain_starts": torch.arange(b * hkv + 1, device=m.device, dtype=i32) * sk}
     cu_q = torch.arange(b * hkv + 1, device=q.device, dtype=i32)
@@ -410,10 +414,7 @@ def decode_kernels(torch: Any, dev: str, dt: Any, small: bool, *, batch: int = 4
             for x in layered:
                 fn(*x)  # every length met once: SDPA's graphs built
             res[f"{name}_max_abs_diff"] = float((fn(k_last, v_last, m_last).float() - refs[masked]).abs().max())
-            res[f"{name}_us"] = _best_us_per_call(torch, fn, [layered] * 5)[0]
-            rows = _profile(torch, dev, lambda fn=fn: [fn(*x) for x in layered[:16]])
-            kernels = [r for r in rows if r["device_us"] > 0 and not r["name"].startswith(("aten::", "Activity"))]
-            res[f"{name}_device_us"] = round(sum(r["device_us"] for r in kernels) / 16, 1)
+            res[f"{name}_us"], res[f"{name}_device_us"], kernels, _ = _wall_and_device(torch, dev, fn, layered)
             res[f"{name}_kernels"] = kernels[:4]
         except Exception as exc:  # a candidate the op refuses: say so, go on
             res[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:400]
