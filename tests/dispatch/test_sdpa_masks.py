@@ -242,6 +242,14 @@ class _OpSeam:
         return getattr(self._real, name)
 
 
+def _install_efficient_kernel(monkeypatch: pytest.MonkeyPatch, fn: Callable[..., tuple[torch.Tensor, ...]]) -> None:
+    """``fn`` as the memory-efficient op while a test runs (:class:`_OpSeam`), the decode path's kernel seam opened
+    to the CPU, this process's refusals cleared."""
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", _OpSeam(fn))
+    monkeypatch.setattr(sdpa_module, "_EFFICIENT_DEVICES", frozenset({"cuda", "cpu"}))
+    monkeypatch.setattr(sdpa_module, "_REFUSED", {})
+
+
 @pytest.fixture
 def efficient_kernel(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     """The decode path's kernel seam on CPU: :func:`_efficient_kernel` as the op, this process's refusals
@@ -252,9 +260,7 @@ def efficient_kernel(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
         calls.append(() if args[3] is None else tuple(args[3].shape))  # type: ignore[attr-defined]
         return _efficient_kernel(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", _OpSeam(kernel))
-    monkeypatch.setattr(sdpa_module, "_EFFICIENT_DEVICES", frozenset({"cuda", "cpu"}))
-    monkeypatch.setattr(sdpa_module, "_REFUSED", {})
+    _install_efficient_kernel(monkeypatch, kernel)
     return calls
 
 
@@ -421,9 +427,7 @@ def test_a_refusal_turns_the_kernel_path_off_once_and_says_so(monkeypatch: pytes
         tries.append(1)
         raise RuntimeError("attn_bias is not correctly aligned (strideB). attn_bias.stride(0) = 1025\nmore")
 
-    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", _OpSeam(refusing))
-    monkeypatch.setattr(sdpa_module, "_EFFICIENT_DEVICES", frozenset({"cuda", "cpu"}))
-    monkeypatch.setattr(sdpa_module, "_REFUSED", {})
+    _install_efficient_kernel(monkeypatch, refusing)
     q, k, v = _qkv()
     mask = torch.zeros(2, 1, 1, 24, dtype=q.dtype)
     mask[0, ..., :3] = float("-inf")
@@ -909,9 +913,7 @@ def test_out_of_memory_in_a_decode_kernel_reaches_the_caller_and_turns_nothing_o
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return _efficient_kernel(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", _OpSeam(kernel))
-    monkeypatch.setattr(sdpa_module, "_EFFICIENT_DEVICES", frozenset({"cuda", "cpu"}))
-    monkeypatch.setattr(sdpa_module, "_REFUSED", {})
+    _install_efficient_kernel(monkeypatch, kernel)
     q, k, v = _qkv()
     mask = torch.zeros(2, 1, 1, 24, dtype=q.dtype)
     with pytest.raises(torch.OutOfMemoryError):
@@ -931,9 +933,7 @@ def test_a_decode_call_the_kernel_refuses_is_counted_once(monkeypatch: pytest.Mo
     def refusing(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
         raise RuntimeError("attn_bias is not correctly aligned (strideB)")
 
-    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", _OpSeam(refusing))
-    monkeypatch.setattr(sdpa_module, "_EFFICIENT_DEVICES", frozenset({"cuda", "cpu"}))
-    monkeypatch.setattr(sdpa_module, "_REFUSED", {})
+    _install_efficient_kernel(monkeypatch, refusing)
     monkeypatch.setattr(sdpa_module, "_MET", sdpa_module._MetShapes())
     monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
     q, k, v = _qkv()
