@@ -480,6 +480,90 @@ def adapter_steps(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
             "op": "real" if dev == "cuda" else "stand-in (empty output)"}
 
 
+def host_costs(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
+    """Host µs per call of each layer of ``attention()``'s masked decode path, and of the pieces it calls, against
+    transformers' own SDPA call: Llama-3-8B's padded decode call (``q [4, 32, 1, 128]``, ``k/v [4, 8, Sk, 128]``, a
+    bool ``[4, 1, 1, Sk]`` mask) at ``Sk = 65``, where every kernel is shorter than its launch, so wall time per
+    call back to back is host time. One mask object for every call (a model's later layers: the bias is kept), the
+    shape kept unsettled (``_MetShapes.SETTLED`` raised); best of 5 rounds of 300 calls. On CPU (``--device cpu``)
+    the memory-efficient op is a stand-in that returns an empty output (the path's Python alone)."""
+    import torch.nn.functional as F  # noqa: N812
+
+    import attnforge
+    from attnforge.backends import _base, registry, sdpa_original
+    from attnforge.backends import sdpa as sdpa_module
+    from attnforge.integrations.transformers import attention_forward
+
+    b, hq, hkv, d, sk = 4, 32, 8, 128, 65
+    torch.manual_seed(0)
+    # as transformers makes them: q a bhsd view of the projection's bshd output, K/V the cache's bhsd tensors
+    q = torch.randn(b, 1, hq, d, device=dev, dtype=dt).transpose(1, 2)
+    k, v = (torch.randn(b, hkv, sk, d, device=dev, dtype=dt) for _ in range(2))
+    mask = torch.ones(b, 1, 1, sk, dtype=torch.bool, device=dev)
+    mask[1, ..., : sk // 5] = False
+    real = torch.ops.aten._scaled_dot_product_efficient_attention
+    saved = (sdpa_module._MetShapes.SETTLED, sdpa_module._EFFICIENT_DEVICES, sdpa_module._safe_softmax_on_cpu)
+    sdpa_module._MetShapes.SETTLED = 10 ** 9
+    if dev != "cuda":
+        class _Empty:  # the op's output layout, nothing computed
+            def __call__(self, q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+                return (torch.empty(q.shape[0], q.shape[2], q.shape[1], v.shape[-1], dtype=q.dtype).transpose(1, 2),)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+        torch.ops.aten._scaled_dot_product_efficient_attention = _Empty()
+        sdpa_module._EFFICIENT_DEVICES = frozenset({"cuda", "cpu"})
+        sdpa_module._safe_softmax_on_cpu = lambda: False
+
+    class Module:  # what transformers' attention functions read off the layer
+        is_causal = True
+        layer_idx = 0
+
+    adapter = registry.fallback()
+    folded = sdpa_module._batch_folded(q, k, v)
+    bias = sdpa_module._decode_bias(mask, None, b=b, hkv=hkv, g=hq // hkv, sq=1, dtype=dt, batch_folded=True,
+                                    capturing=False)
+    op = torch.ops.aten._scaled_dot_product_efficient_attention
+    scale = d ** -0.5
+    variants: dict[str, Callable[[], Any]] = {
+        "sdpa_bool_mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                                                 enable_gqa=True).transpose(1, 2).contiguous(),
+        "integration": lambda: attention_forward(Module(), q, k, v, mask, scaling=scale),
+        "attention": lambda: attnforge.attention(q, k, v, attn_mask=mask, scale=scale),
+        "adapter": lambda: adapter(q, k, v, causal=False, scale=scale, attn_mask=mask),
+        "efficient_decode": lambda: sdpa_module._efficient_decode(q, k, v, mask, seen=None, scale=scale),
+        "op_batch_folded": lambda: op(*folded, bias, False, 0.0, False, scale=scale),
+        "op_heads_folded_and_copy": lambda: op(q.reshape(b, hkv, hq // hkv, d), k, v,
+                                               bias.view(b, hkv, hq // hkv, sk), False, 0.0, False,
+                                               scale=scale)[0].reshape(b, hq, 1, d),
+        "batch_folded_views": lambda: sdpa_module._batch_folded(q, k, v),
+        "graph_capturing": _base.graph_capturing,
+        "kernels_restricted": sdpa_original.kernels_restricted,
+        "met_unsettled": lambda: sdpa_module._MET.unsettled(q, k, v, mask),
+        "records_grad": lambda: _base.records_grad(q, k, v, mask),
+        "empty_like_output": lambda: torch.empty(b, 1, hq, d, device=dev, dtype=dt),
+    }
+    out: dict[str, Any] = {"q": list(q.shape), "k": list(k.shape), "op": "real" if dev == "cuda" else "stand-in"}
+    try:
+        for name, fn in variants.items():
+            for _ in range(30):
+                fn()
+            best = float("inf")
+            for _ in range(5):
+                models_e2e._sync(torch)
+                t0 = time.perf_counter()
+                for _ in range(300):
+                    fn()
+                models_e2e._sync(torch)
+                best = min(best, (time.perf_counter() - t0) / 300 * 1e6)
+            out[f"{name}_us"] = round(best, 2)
+    finally:
+        torch.ops.aten._scaled_dot_product_efficient_attention = real
+        (sdpa_module._MetShapes.SETTLED, sdpa_module._EFFICIENT_DEVICES, sdpa_module._safe_softmax_on_cpu) = saved
+    return out
+
+
 def _best_us_per_call(torch: Any, fn: Callable[..., Any],
                       rounds: list[list[tuple[Any, Any, Any]]]) -> tuple[float, Any]:
     """µs per call of ``fn(k, v, mask)`` over each round's calls back to back between two synchronizes, the best
@@ -538,8 +622,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--only", default="", help="comma-separated sections (efficient_breakdown, decode_kernels[_long], "
-                                                "adapter_steps, calls, gemma_calls, prefill_first_calls, generate); "
-                                                "default all")
+                                                "adapter_steps, host_costs, calls, gemma_calls, prefill_first_calls, "
+                                                "generate); default all")
     args = ap.parse_args()
     import torch
 
@@ -552,6 +636,7 @@ def main() -> int:
     for name, fn in (("efficient_breakdown", lambda: efficient_breakdown(torch, args.device, dt, small)),
                      ("decode_kernels", lambda: decode_kernels(torch, args.device, dt, small)),
                      ("adapter_steps", lambda: adapter_steps(torch, args.device, dt, small)),
+                     ("host_costs", lambda: host_costs(torch, args.device, dt, small)),
                      ("decode_kernels_long", lambda: decode_kernels(torch, args.device, dt, small, batch=1,
                                                                     keys=4096)),
                      ("calls", lambda: calls(torch, args.device, dt, small)),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -269,13 +270,15 @@ def efficient_kernel(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
 @pytest.mark.parametrize("mask_shape", ["b1qk", "b11k", "bh1k", "bhqk", "11qk", "qk", "1k"])
 @pytest.mark.parametrize("additive", [False, True], ids=["bool", "additive"])
 @pytest.mark.parametrize("sk", [19, 24])
+@pytest.mark.parametrize("kv_layout", ["bhsd", "bshd"])
 def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(  # noqa: PLR0917
-        sq: int, groups: int, mask_shape: str, additive: bool, sk: int,
+        sq: int, groups: int, mask_shape: str, additive: bool, sk: int, kv_layout: str,
         efficient_kernel: list[tuple[int, ...]]) -> None:
-    """The decode path that leaves cuDNN out (query heads folded into their K/V head's rows, the mask's rows
-    repeated to match) returns what SDPA returns for the unfolded call, for every mask shape that broadcasts to
-    ``[B, Hq, Sq, Sk]``; a bool or additive mask reaches the memory-efficient kernel in the form it takes, aligned
-    or not (``Sk`` 24 and 19), and the kernel refuses none."""
+    """The decode path that leaves cuDNN out (each batch row and K/V head one kernel batch entry holding its query
+    heads' rows, or, where K/V's batch and head strides do not merge (``bshd`` memory), the query heads folded into
+    their K/V head's rows; the mask's rows repeated to match) returns what SDPA returns for the unfolded call, for
+    every mask shape that broadcasts to ``[B, Hq, Sq, Sk]``; a bool or additive mask reaches the memory-efficient
+    kernel in the form it takes, aligned or not (``Sk`` 24 and 19), and the kernel refuses none."""
     import torch.nn.functional as F  # noqa: N812
 
     g = torch.Generator().manual_seed(sq * 10 + groups)
@@ -283,6 +286,8 @@ def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(  # noqa
     hq = hkv * groups
     q = torch.randn(b, hq, sq, d, generator=g, dtype=torch.float64)
     k, v = (torch.randn(b, hkv, sk, d, generator=g, dtype=torch.float64) for _ in range(2))
+    if kv_layout == "bshd":  # [B, Sk, Hkv, D] memory seen as bhsd: batch stride != Hkv x head stride
+        k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
     dims = {"b": b, "h": hq, "q": sq, "k": sk, "1": 1}
     shape = [dims[c] for c in mask_shape]
     mask = torch.rand(*shape, generator=g) > 0.3
@@ -297,7 +302,8 @@ def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(  # noqa
     assert got.shape == want.shape
     torch.testing.assert_close(got, want)
     assert sdpa_module._REFUSED == {}
-    assert efficient_kernel == [(b, hkv, groups * sq, sk)]  # bool or additive, the kernel serves it
+    # bool or additive, the kernel serves it: one entry per (batch row, K/V head), or the heads folded into rows
+    assert efficient_kernel == [(b * hkv, 1, groups * sq, sk) if kv_layout == "bhsd" else (b, hkv, groups * sq, sk)]
 
 
 def test_a_padded_decode_mask_reaches_the_kernel_in_a_form_it_takes(efficient_kernel: list[tuple[int, ...]],
@@ -319,7 +325,7 @@ def test_a_padded_decode_mask_reaches_the_kernel_in_a_form_it_takes(efficient_ke
         got = sdpa_module._decode_without_cudnn(torch.nn.functional.scaled_dot_product_attention, q, k, v,
                                                 {"attn_mask": prepared, "enable_gqa": True})
         torch.testing.assert_close(got, reference_attention(q, k, v, causal=False, attn_mask=mask))
-    assert efficient_kernel == [(4, 8, 4, sk) for sk in lengths]
+    assert efficient_kernel == [(32, 1, 4, sk) for sk in lengths]
     assert sdpa_module._REFUSED == {} and "refused" not in caplog.text
 
 
@@ -706,15 +712,15 @@ def test_a_decode_mask_becomes_the_kernels_bias_once_for_all_layers(efficient_ke
     monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
     biases: list[torch.Tensor] = []
     made: list[int] = []
-    real_bias = sdpa_module._efficient_bias
+    real_bias = sdpa_module._decode_bias
 
-    def spy_bias(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    def spy_bias(mask: torch.Tensor, seen: torch.Tensor | None, **kw: Any) -> torch.Tensor:
         made.append(1)
-        out = real_bias(mask, q, k)
+        out = real_bias(mask, seen, **kw)
         biases.append(out)
         return out
 
-    monkeypatch.setattr(sdpa_module, "_efficient_bias", spy_bias)
+    monkeypatch.setattr(sdpa_module, "_decode_bias", spy_bias)
     g = torch.Generator().manual_seed(5)
     for step, sk in enumerate((33, 34)):
         q = torch.randn(2, 8, 1, 8, generator=g, dtype=torch.float64)
@@ -735,7 +741,7 @@ def test_a_decode_mask_becomes_the_kernels_bias_once_for_all_layers(efficient_ke
     got = sdpa_module._decode_without_cudnn(F.scaled_dot_product_attention, qg, k, v,
                                             {"attn_mask": prepared, "enable_gqa": True}, seen=seen)
     got.sum().backward()
-    assert len(made) == 3 and qg.grad is not None and torch.isfinite(qg.grad).all()
+    assert len(made) == 2 and qg.grad is not None and torch.isfinite(qg.grad).all()  # not the lean path's bias
 
 
 @pytest.mark.parametrize("groups", [1, 4])

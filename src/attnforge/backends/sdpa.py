@@ -508,46 +508,109 @@ def _query_starts(n: int, device: Any) -> torch.Tensor:
 def _efficient_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
                       seen: torch.Tensor | None, scale: float | None) -> torch.Tensor | None:
     """A masked decode call with nothing recorded for backward on the memory-efficient kernel, its per-call host
-    work cut to the kernel and one copy: ``q [B, Hq, Sq, D]``, ``k/v [B, Hkv, Sk, D]``, ``mask`` broadcastable to
+    work cut to the kernel alone: ``q [B, Hq, Sq, D]``, ``k/v [B, Hkv, Sk, D]``, ``mask`` broadcastable to
     ``[B, Hq, Sq, Sk]``: the caller's (bool, or additive in any float dtype; ``seen`` None), or additive as the
     adapter prepares it for SDPA, the rows that see no key opened, and ``seen`` those rows; returns
     ``[B, Hq, Sq, Dv]``, or None where the kernel cannot serve the call (another device, or a kind it refused: the
     caller's general path serves it).
 
-    The kernel's bias (the query heads folded as in :func:`_decode_without_cudnn`, aligned and expanded,
-    :func:`_efficient_bias`) is made once per mask object and kept beside it (:data:`_DECODE_BIASES`; a model's
-    layers share one mask per step): each layer's call is then the kernel and the copy of its output back to
-    ``[B, Hq, Sq, Dv]``. The rows that see no key are hidden again in that bias, and the kernel returns zeros for a
-    row whose bias hides every key (measured on an H200, torch 2.11, 2026-11-28: ``decode_probe.py``
-    ``op_folded_all_hidden_row``, max 0.0, no NaN; ``tests/dispatch/test_gpu.py`` holds such a row), so no multiply
-    zeroes them."""
+    The kernel has no GQA. Each (batch row, K/V head) is one batch entry of the kernel, with one head and the
+    ``g x Sq`` query rows of its ``g = Hq / Hkv`` query heads (:func:`_batch_folded`): q, K/V and the output are then
+    views of the caller's tensors, in the output's case a view of ``[B, Hq, Sq, Dv]`` itself, with no copy (the
+    query heads folded into the K/V heads' rows instead, ``[B, Hkv, g x Sq, D]``, leave the output in the order
+    ``(g, Hkv)``: a copy kernel per call, ~10 µs of host time on an H200's host, 2026-11-28). Where K/V's batch and
+    head dimensions do not merge into one stride (a bhsd view of a bshd cache), the query heads are folded into the
+    rows as before.
+
+    The kernel's bias (:func:`_decode_bias`) is made once per mask object and kept beside it
+    (:data:`_DECODE_BIASES`; a model's layers share one mask per step). The rows that see no key are hidden in it,
+    and the kernel returns zeros for a row whose bias hides every key (measured on an H200, torch 2.11, 2026-11-28:
+    ``decode_probe.py`` ``op_folded_all_hidden_row``, max 0.0, no NaN; ``tests/dispatch/test_gpu.py`` holds such a
+    row), so no multiply zeroes them."""
     import torch
 
     b, hq, sq, d = q.shape
     hkv = k.shape[1]
     if q.device.type not in _EFFICIENT_DEVICES or not (mask.dtype == torch.bool or mask.is_floating_point()):
         return None
-    kind = _efficient_kind(q, k, v, masked=True)
+    g = hq // hkv
+    folded = _batch_folded(q, k, v)
+    if folded is None:  # the query heads into the K/V heads' rows: [B, Hkv, g x Sq, D], the output copied back
+        qf, kf, vf = q.reshape(b, hkv, g * sq, d), k, v
+    else:
+        qf, kf, vf = folded
+    kind = _efficient_kind(qf, kf, vf, masked=True)
     if kind in _REFUSED:
         return None
-    g = hq // hkv
-    qf = q.reshape(b, hkv, g * sq, d)
-    params = (b, hkv, g, sq, k.shape[2], q.dtype, q.device)
+    params = (folded is not None, b, hkv, g, sq, k.shape[2], q.dtype, q.device)
     bias = _DECODE_BIASES.get(mask, params)
     if bias is None:
-        if mask.dtype == torch.bool and not graph_capturing():  # -inf where hidden: one kernel, rows aligned
-            hidden = _aligned_additive(mask, q.dtype, hide=False)
-        elif mask.dtype == torch.bool:
-            hidden = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-        else:
-            hidden = mask.to(q.dtype)
-            if seen is not None:
-                hidden = hidden.masked_fill(~seen, float("-inf"))
-        bias = _efficient_bias(_fold_mask_rows(hidden, hq=hq, hkv=hkv, sq=sq), qf, k)
-        if not graph_capturing():  # a captured kernel has not run: the bias would hold garbage for an eager call
+        capturing = graph_capturing()
+        bias = _decode_bias(mask, seen, b=b, hkv=hkv, g=g, sq=sq, dtype=q.dtype, batch_folded=folded is not None,
+                            capturing=capturing)
+        if not capturing:  # a captured kernel has not run: the bias would hold garbage for an eager call
             _DECODE_BIASES.put(mask, params, bias)
-    out = _efficient_op(kind, qf, k, v, bias, scale=scale, grad=False)
+    out = _efficient_op(kind, qf, kf, vf, bias, scale=scale, grad=False)
     return None if out is None else out.reshape(b, hq, sq, out.shape[-1])
+
+
+def _batch_folded(q: torch.Tensor, k: torch.Tensor,
+                  v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``q [B, Hq, Sq, D]``, ``k/v [B, Hkv, Sk, D]`` as the memory-efficient kernel's batch of ``B x Hkv`` entries
+    of one head each: q ``[B x Hkv, 1, g x Sq, D]`` (row ``i x Sq + s`` of entry ``b x Hkv + h`` is query head
+    ``h x g + i``'s row ``s``; a view where q's strides allow, else a copy of q), K/V ``[B x Hkv, 1, Sk, D]`` views
+    of their storage; None where K's or V's batch stride is not ``Hkv`` times its head stride (their two dimensions
+    do not merge into one: a bhsd view of a bshd cache). The kernel writes its output ``[B x Hkv, g x Sq, 1, Dv]``,
+    which is ``[B, Hq, Sq, Dv]`` in memory."""
+    b, hkv = k.shape[0], k.shape[1]
+    if b > 1 and hkv > 1 and (k.stride(0) != hkv * k.stride(1) or v.stride(0) != hkv * v.stride(1)):
+        return None
+    n = b * hkv  # the views below merge what the check above says merges (a C++ view each: ~1 µs, 2026-11-28)
+    return (q.reshape(n, 1, -1, q.shape[3]), k.view(n, 1, k.shape[2], k.shape[3]),
+            v.view(n, 1, v.shape[2], v.shape[3]))
+
+
+def _decode_bias(mask: torch.Tensor, seen: torch.Tensor | None, *, b: int, hkv: int, g: int, sq: int,
+                 dtype: torch.dtype, batch_folded: bool, capturing: bool) -> torch.Tensor:
+    """The memory-efficient kernel's bias for a decode call's ``mask`` (broadcastable to ``[B, Hq, Sq, Sk]``, ``Hq =
+    Hkv x g``; bool, True where a key is seen, or additive in any float dtype) with its query heads folded as
+    :func:`_efficient_decode` folds them: ``[B x Hkv, 1, g x Sq, Sk]`` (``batch_folded``) or ``[B, Hkv, g x Sq,
+    Sk]``, additive in ``dtype``, -inf where a key is hidden and over every key of a row ``seen`` says sees none
+    (bool, broadcastable to ``[B, Hq, Sq, 1]``, or None). One kernel writes it (a ``where``, or a copy and a fill
+    for an additive mask with ``seen``) into rows whose stride is a multiple of :data:`_BIAS_ALIGNMENT`, over the
+    dimensions the mask varies in (the batch and K/V head dimensions merged when folded so); the others are
+    expanded (stride 0), as the kernel takes them (:func:`_efficient_bias`). ``capturing``: under CUDA graph
+    capture, where :func:`_aligned_additive`'s kept values are not made."""
+    import torch
+
+    m = four_dims(mask)
+    mb, mh, mq, sk = m.shape
+    heads = mh > 1
+    m5 = m.reshape(mb, hkv, g, mq, sk) if heads else m.reshape(mb, 1, 1, mq, sk)
+    rows = (g, sq) if heads or mq > 1 else (1, 1)
+    if batch_folded:
+        lead = (b, hkv) if mb > 1 or heads else (1, 1)
+    else:
+        lead = (mb, hkv if heads else 1)
+    n = sk + (-sk) % _BIAS_ALIGNMENT
+    buf = torch.empty((*lead, *rows, n), dtype=dtype, device=mask.device)
+    out = buf[..., :sk]
+    src = m5.expand(out.shape)
+    if m.dtype == torch.bool and not capturing:
+        inf, zero = _additive_values(dtype, mask.device)
+        torch.where(src, zero, inf, out=out)
+    elif m.dtype == torch.bool:  # the kept values are made outside capture only
+        out.zero_().masked_fill_(~src, float("-inf"))
+    else:
+        out.copy_(src)
+        if seen is not None:
+            s = four_dims(seen)
+            s5 = s.reshape(s.shape[0], hkv, g, s.shape[2], 1) if s.shape[1] > 1 else s.reshape(
+                s.shape[0], 1, 1, s.shape[2], 1)
+            out.masked_fill_(~s5.expand(*out.shape[:-1], 1), float("-inf"))
+    if batch_folded:
+        return buf.view(lead[0] * lead[1], 1, rows[0] * rows[1], n)[..., :sk].expand(b * hkv, 1, g * sq, sk)
+    return buf.view(*lead, rows[0] * rows[1], n)[..., :sk].expand(b, hkv, g * sq, sk)
 
 
 def _flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor | None:
