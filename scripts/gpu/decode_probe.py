@@ -440,7 +440,7 @@ def adapter_steps(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
 
     q, kv, s0 = _tensors(torch, dev, torch.bfloat16, False)  # the real shapes: on CPU the op computes nothing
     k, v = (t[:, :, : s0 + 1] for t in kv)
-    real = torch.ops.aten._scaled_dot_product_efficient_attention
+    real = torch._scaled_dot_product_efficient_attention
     saved = (sdpa_module._MetShapes.SETTLED, sdpa_module._EFFICIENT_DEVICES, sdpa_module._safe_softmax_on_cpu)
     sdpa_module._MetShapes.SETTLED = 10 ** 9
     if dev != "cuda":
@@ -451,7 +451,7 @@ def adapter_steps(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
             def __getattr__(self, name: str) -> Any:
                 return getattr(real, name)
 
-        torch.ops.aten._scaled_dot_product_efficient_attention = _Empty()
+        torch._scaled_dot_product_efficient_attention = _Empty()
         sdpa_module._EFFICIENT_DEVICES = frozenset({"cuda", "cpu"})
         sdpa_module._safe_softmax_on_cpu = lambda: False
     adapter = registry.fallback()
@@ -474,7 +474,7 @@ def adapter_steps(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
             models_e2e._sync(torch)
             best = min(best, (time.perf_counter() - t0) / 50 * 1e6)
     finally:
-        torch.ops.aten._scaled_dot_product_efficient_attention = real
+        torch._scaled_dot_product_efficient_attention = real
         (sdpa_module._MetShapes.SETTLED, sdpa_module._EFFICIENT_DEVICES, sdpa_module._safe_softmax_on_cpu) = saved
     return {"us_per_step_2_layers": round(best, 1), "q": list(q.shape), "k": list(k.shape),
             "op": "real" if dev == "cuda" else "stand-in (empty output)"}
@@ -501,7 +501,7 @@ def host_costs(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     k, v = (torch.randn(b, hkv, sk, d, device=dev, dtype=dt) for _ in range(2))
     mask = torch.ones(b, 1, 1, sk, dtype=torch.bool, device=dev)
     mask[1, ..., : sk // 5] = False
-    real = torch.ops.aten._scaled_dot_product_efficient_attention
+    real = torch._scaled_dot_product_efficient_attention
     saved = (sdpa_module._MetShapes.SETTLED, sdpa_module._EFFICIENT_DEVICES, sdpa_module._safe_softmax_on_cpu)
     sdpa_module._MetShapes.SETTLED = 10 ** 9
     if dev != "cuda":
@@ -512,7 +512,7 @@ def host_costs(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
             def __getattr__(self, name: str) -> Any:
                 return getattr(real, name)
 
-        torch.ops.aten._scaled_dot_product_efficient_attention = _Empty()
+        torch._scaled_dot_product_efficient_attention = _Empty()
         sdpa_module._EFFICIENT_DEVICES = frozenset({"cuda", "cpu"})
         sdpa_module._safe_softmax_on_cpu = lambda: False
 
@@ -524,7 +524,7 @@ def host_costs(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     folded = sdpa_module._batch_folded(q, k, v)
     bias = sdpa_module._decode_bias(mask, None, b=b, hkv=hkv, g=hq // hkv, sq=1, dtype=dt, batch_folded=True,
                                     capturing=False)
-    op = torch.ops.aten._scaled_dot_product_efficient_attention
+    op = torch._scaled_dot_product_efficient_attention
     scale = d ** -0.5
     variants: dict[str, Callable[[], Any]] = {
         "sdpa_bool_mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
@@ -559,7 +559,7 @@ def host_costs(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
                 best = min(best, (time.perf_counter() - t0) / 300 * 1e6)
             out[f"{name}_us"] = round(best, 2)
     finally:
-        torch.ops.aten._scaled_dot_product_efficient_attention = real
+        torch._scaled_dot_product_efficient_attention = real
         (sdpa_module._MetShapes.SETTLED, sdpa_module._EFFICIENT_DEVICES, sdpa_module._safe_softmax_on_cpu) = saved
     return out
 

@@ -227,26 +227,10 @@ def _efficient_kernel(  # noqa: PLR0917 (the op's own positional signature)
     return out.transpose(1, 2).contiguous().transpose(1, 2), torch.empty(0), torch.empty(0), torch.empty(0)
 
 
-class _OpSeam:
-    """Stands for ``torch.ops.aten._scaled_dot_product_efficient_attention`` while a test runs: calls go to ``fn``,
-    and the op's other attributes (``.default``, which torch's own modules register against when a test first
-    imports them) to the real op."""
-
-    def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]]) -> None:
-        self._fn = fn
-        self._real = torch.ops.aten._scaled_dot_product_efficient_attention
-
-    def __call__(self, *args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
-        return self._fn(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._real, name)
-
-
 def _install_efficient_kernel(monkeypatch: pytest.MonkeyPatch, fn: Callable[..., tuple[torch.Tensor, ...]]) -> None:
-    """``fn`` as the memory-efficient op while a test runs (:class:`_OpSeam`), the decode path's kernel seam opened
-    to the CPU, this process's refusals cleared."""
-    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", _OpSeam(fn))
+    """``fn`` as the memory-efficient op (``torch._scaled_dot_product_efficient_attention``, the binding the adapter
+    calls) while a test runs, the decode path's kernel seam opened to the CPU, this process's refusals cleared."""
+    monkeypatch.setattr(torch, "_scaled_dot_product_efficient_attention", fn)
     monkeypatch.setattr(sdpa_module, "_EFFICIENT_DEVICES", frozenset({"cuda", "cpu"}))
     monkeypatch.setattr(sdpa_module, "_REFUSED", {})
 

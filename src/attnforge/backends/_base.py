@@ -143,10 +143,12 @@ def four_dims(t: torch.Tensor) -> torch.Tensor:
 
 def graph_capturing() -> bool:
     """True while a CUDA graph captures on the current stream: what a captured kernel writes exists only once the
-    graph replays, and nothing may synchronise."""
+    graph replays, and nothing may synchronise. A capture needs CUDA initialized in this process, which is asked
+    first: ``torch.cuda.is_available()`` reads the environment on every call (~1 µs of the 2.3 this took on an
+    H200's host, 2026-11-28, ``decode_probe.py host_costs``), and every decode step's layers ask this."""
     import torch
 
-    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    return bool(torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
 
 
 def kept_outside_capture(maxsize: int) -> Callable[[Callable[..., T]], Callable[..., T]]:

@@ -182,28 +182,31 @@ class SdpaAdapter(AdapterBase):
                        causal_alignment: str = "bottom_right") -> torch.Tensor:
         import torch
 
+        sq, sk = q.shape[2], k.shape[2]
+        top_left = causal_alignment == "top_left" or sq == sk
+        met: bool | None = None  # the hook's count of this decode shape, if it counted it (see _run)
+        capturing: bool | None = None  # asked once (a CUDA API call) where a mask is given: see below
+        if (attn_mask is not None and sq <= DECODE_ROWS and not dropout_p and self.kernel is None
+                and q.device.type in _EFFICIENT_DEVICES):
+            # a decode step under the caller's mask alone: the lean paths take it as it is, no opening of its rows;
+            # the checks run cheapest first (every layer of every decode step passes here)
+            capturing = q.device.type == "cuda" and graph_capturing()
+            if (not capturing and not records_grad(q, k, v, attn_mask) and _cudnn_free_decode()
+                    and not hides_keys(sq, sk, causal=causal, top_left=top_left, window=window)):
+                lean = _varlen_decode(q, k, v, attn_mask, scale=scale) if sq == 1 else None
+                if lean is None:
+                    met = _MET.unsettled(q, k, v, attn_mask)  # settled: SDPA's choice (cuDNN's graph, built once)
+                    lean = _efficient_decode(q, k, v, attn_mask, seen=None, scale=scale) if met else None
+                if lean is not None:
+                    return lean
+        if capturing is None:  # nothing is kept or found, and no lean path runs, under graph capture
+            capturing = attn_mask is not None and q.device.type == "cuda" and graph_capturing()
         kwargs: dict[str, Any] = {"dropout_p": dropout_p, "scale": scale}
         if q.shape[1] != k.shape[1]:
             if self.caps.gqa is GqaMode.NATIVE:
                 kwargs["enable_gqa"] = True
             else:
                 k, v = expand_kv(k, v, q.shape[1])
-        sq, sk = q.shape[2], k.shape[2]
-        top_left = causal_alignment == "top_left" or sq == sk
-        met: bool | None = None  # the hook's count of this decode shape, if it counted it (see _run)
-        # asked once (a CUDA API call): nothing is kept or found, and no lean path runs, under graph capture
-        capturing = attn_mask is not None and q.device.type == "cuda" and graph_capturing()
-        if (attn_mask is not None and sq <= DECODE_ROWS and self.kernel is None and not dropout_p
-                and q.device.type in _EFFICIENT_DEVICES
-                and not hides_keys(sq, sk, causal=causal, top_left=top_left, window=window)
-                and not records_grad(q, k, v, attn_mask) and _cudnn_free_decode() and not capturing):
-            # a decode step under the caller's mask alone: the lean paths take it as it is, no opening of its rows
-            lean = _varlen_decode(q, k, v, attn_mask, scale=scale) if sq == 1 else None
-            if lean is None:
-                met = _MET.unsettled(q, k, v, attn_mask)  # settled: SDPA's own choice (cuDNN's graph, built once)
-                lean = _efficient_decode(q, k, v, attn_mask, seen=None, scale=scale) if met else None
-            if lean is not None:
-                return lean
         seen = None
         if attn_mask is None and window is None and causal and top_left:
             kwargs["is_causal"] = True  # SDPA's own top-left causal
@@ -410,10 +413,12 @@ def _varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     step's read costs; no shape settles on cuDNN here (:class:`_MetShapes` is for the memory-efficient path)."""
     import torch
 
+    if not _flash_serves(q, k, v):
+        return None
     b, hq, _, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     rs = k.stride(2)
-    if (not _flash_serves(q, k, v) or k.stride() != v.stride() or rs <= 0 or rs % 8 or k.stride(0) % rs
+    if (k.stride() != v.stride() or rs <= 0 or rs % 8 or k.stride(0) % rs
             or k.stride(1) % rs or mask.dtype not in (torch.bool, q.dtype)):
         return None
     kind = ("varlen", q.dtype, d)
@@ -491,10 +496,12 @@ def _flash_serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     more (:func:`_efficient_walk`)."""
     import torch
 
+    if q.device.type not in _FLASH_DEVICES or _efficient_walk(q, k) < _FLASH_FROM_KEYS:  # the most selective first
+        return False
     d = q.shape[-1]
-    return (q.device.type in _FLASH_DEVICES and q.dtype in (torch.float16, torch.bfloat16) and not d % 8
-            and d <= 256 and v.shape[-1] == d and k.dtype == q.dtype and v.dtype == q.dtype and q.stride(-1) == 1
-            and k.stride(-1) == 1 and v.stride(-1) == 1 and _efficient_walk(q, k) >= _FLASH_FROM_KEYS)
+    return (q.dtype in (torch.float16, torch.bfloat16) and not d % 8 and d <= 256 and v.shape[-1] == d
+            and k.dtype == q.dtype and v.dtype == q.dtype and q.stride(-1) == 1 and k.stride(-1) == 1
+            and v.stride(-1) == 1)
 
 
 @functools.lru_cache(maxsize=64)
@@ -539,8 +546,8 @@ def _efficient_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
         qf, kf, vf = q.reshape(b, hkv, g * sq, d), k, v
     else:
         qf, kf, vf = folded
-    kind = _efficient_kind(qf, kf, vf, masked=True)
-    if kind in _REFUSED:
+    kind = _efficient_kind(qf, kf, vf, masked=True) if _REFUSED else None  # asked only once some kind was refused
+    if kind is not None and kind in _REFUSED:
         return None
     params = (folded is not None, b, hkv, g, sq, k.shape[2], q.dtype, q.device)
     bias = _DECODE_BIASES.get(mask, params)
@@ -696,20 +703,23 @@ def _efficient_kind(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, masked
     return (q.dtype, q.shape[-1], v.shape[-1], not masked, q.stride(-2) % 8, k.stride(-2) % 8, v.stride(-2) % 8)
 
 
-def _efficient_op(kind: tuple[Any, ...], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _efficient_op(kind: tuple[Any, ...] | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   bias: torch.Tensor | None, *, scale: float | None, grad: bool,
                   dropout_p: float = 0.0) -> torch.Tensor | None:
     """``aten::_scaled_dot_product_efficient_attention`` on ``[B, H, Sq, D]`` and a bias in the kernel's form
-    (:func:`_efficient_bias`); None if the kernel refuses the inputs, and that ``kind`` is refused from then on
-    (:func:`_refuse`): a refusal is a C++ exception, ~350 µs a call on an H200 (2026-11-28: Llama-3-8B's decode
-    0.84x its default while every call raised)."""
+    (:func:`_decode_bias`, :func:`_efficient_bias`); None if the kernel refuses the inputs, and that ``kind`` (None:
+    :func:`_efficient_kind` of these inputs) is refused from then on (:func:`_refuse`): a refusal is a C++
+    exception, ~350 µs a call on an H200 (2026-11-28: Llama-3-8B's decode 0.84x its default while every call
+    raised). Called through torch's own Python binding of the op (``torch._scaled_dot_product_efficient_attention``),
+    not the ``torch.ops.aten`` packet, whose schema-driven argument parsing costs ~0.7 µs more a call (this
+    repository's CPU machine, torch 2.13, 2026-11-28)."""
     import torch
 
     try:
-        return torch.ops.aten._scaled_dot_product_efficient_attention(  # type: ignore[no-any-return]
+        return torch._scaled_dot_product_efficient_attention(  # type: ignore[no-any-return]
             q, k, v, bias, grad, dropout_p, False, scale=scale)[0]
     except RuntimeError as exc:
-        _refuse(kind, exc, q, k, bias)
+        _refuse(kind if kind is not None else _efficient_kind(q, k, v, masked=bias is not None), exc, q, k, bias)
         return None
 
 
