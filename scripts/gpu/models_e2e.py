@@ -34,6 +34,8 @@ from typing import Any
 from _timing import interleaved, median, paired_ms
 
 DEV, DT, SMALL, WARMUP, DIAGNOSE, FRESH_LENGTHS = "cuda", "bfloat16", False, False, False, False
+#: timed decode rounds per implementation (``--decode-rounds``), after one untimed warm-up round
+DECODE_ROUNDS = 5
 LAYERS = 2
 
 
@@ -236,7 +238,7 @@ def _generate_paired(torch: Any, model: Any, batch: int, use: dict[str, Any]) ->
 
 
 def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use: dict[str, Any],
-                    rounds: int = 6) -> tuple[dict[str, float], dict[str, float]]:
+                    rounds: int | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """Median ms of one decode step of ``generate`` (KV cache) per implementation, from a clock read between
     steps (a logits processor that synchronises and stamps), the implementations interleaved round by round:
     ``rounds x (new - 1)`` steps each. The difference of two generate runs (``t(1 + N) - t(1)``) moved one model's
@@ -261,6 +263,7 @@ def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use
             self.stamps.append(time.perf_counter())
             return scores
 
+    rounds = DECODE_ROUNDS + 1 if rounds is None else rounds
     steps: dict[str, list[float]] = {name: [] for name in use}
     warm: dict[str, list[float]] = {name: [] for name in use}
     order = list(use)
@@ -450,7 +453,7 @@ MODELS = {**{name: (lambda torch, n=name: decoder(torch, n)) for name in DECODER
 
 
 def main() -> int:
-    global DEV, DT, SMALL, WARMUP, DIAGNOSE, LAYERS, FRESH_LENGTHS  # noqa: PLW0603 - the run's options
+    global DEV, DT, SMALL, WARMUP, DIAGNOSE, LAYERS, FRESH_LENGTHS, DECODE_ROUNDS
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", help="cpu: a float32 dry run at tiny sizes")
@@ -465,10 +468,13 @@ def main() -> int:
     ap.add_argument("--fresh-lengths", action="store_true",
                     help="decode from prompts of a length no earlier round had (a server's requests): every step"
                          " meets K/V lengths never seen before")
+    ap.add_argument("--decode-rounds", type=int, default=DECODE_ROUNDS,
+                    help="timed decode rounds per implementation, interleaved (the host's pace drifts between "
+                         "rounds: 5 rounds moved a ratio by up to ~10%% between two H200 machines, 2026-11-28)")
     args = ap.parse_args()
     import torch
 
-    FRESH_LENGTHS = args.fresh_lengths
+    FRESH_LENGTHS, DECODE_ROUNDS = args.fresh_lengths, max(1, args.decode_rounds)
     DEV, DT, SMALL = args.device, ("bfloat16" if args.device == "cuda" else "float32"), args.device != "cuda"
     WARMUP, DIAGNOSE, LAYERS = args.warmup, args.diagnose, max(2, args.layers)
     results: dict[str, Any] = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",

@@ -290,6 +290,44 @@ def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(  # noqa
     assert efficient_kernel == [(b * hkv, 1, groups * sq, sk) if kv_layout == "bhsd" else (b, hkv, groups * sq, sk)]
 
 
+@pytest.mark.parametrize("kv_layout", ["bhsd", "static-cache-slice", "bshd"])
+def test_a_decode_call_hands_the_kernel_views_and_returns_its_output_uncopied(kv_layout: str,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama-3-8B's decode call as transformers makes it (``q`` a bhsd view of bshd memory; K/V a cache's bhsd
+    tensors, or a static cache's slice): the kernel gets q, K and V as views of their storage (each (batch row, K/V
+    head) one kernel batch entry) and attention()'s output is the kernel's own output, with no copy kernel. K/V whose
+    batch and head dimensions do not merge (bshd memory) go to the heads-folded form, whose output is copied."""
+    seen: list[tuple[torch.Tensor, ...]] = []
+
+    def kernel(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        out = _efficient_kernel(*args, **kwargs)
+        seen.append((*args[:3], out[0]))
+        return out
+
+    _install_efficient_kernel(monkeypatch, kernel)
+    g = torch.Generator().manual_seed(11)
+    b, hq, hkv, sk, d = 4, 32, 8, 40, 16
+    q = torch.randn(b, 1, hq, d, generator=g, dtype=torch.float64).transpose(1, 2)
+    if kv_layout == "bhsd":
+        k, v = (torch.randn(b, hkv, sk, d, generator=g, dtype=torch.float64) for _ in range(2))
+    elif kv_layout == "static-cache-slice":
+        k, v = (torch.randn(b, hkv, 64, d, generator=g, dtype=torch.float64)[:, :, :sk] for _ in range(2))
+    else:
+        k, v = (torch.randn(b, sk, hkv, d, generator=g, dtype=torch.float64).transpose(1, 2) for _ in range(2))
+    mask = torch.ones(b, 1, 1, sk, dtype=torch.bool)
+    mask[1, ..., : sk // 5] = False
+    got = sdpa_module._efficient_decode(q, k, v, mask, seen=None, scale=None)
+    assert got is not None
+    torch.testing.assert_close(got, reference_attention(q, k, v, causal=False, attn_mask=mask))
+    (kq, kk, kv, kout), = seen
+    for handed, ours in ((kq, q), (kk, k), (kv, v)):
+        assert handed.untyped_storage().data_ptr() == ours.untyped_storage().data_ptr()  # a view, not a copy
+    if kv_layout == "bshd":
+        assert tuple(kk.shape) == (b, hkv, sk, d) and got.data_ptr() != kout.data_ptr()
+    else:
+        assert tuple(kk.shape) == (b * hkv, 1, sk, d) and got.data_ptr() == kout.data_ptr()
+
+
 def test_a_padded_decode_mask_reaches_the_kernel_in_a_form_it_takes(efficient_kernel: list[tuple[int, ...]],
                                                                      monkeypatch: pytest.MonkeyPatch,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
