@@ -148,7 +148,7 @@ def graph_capturing() -> bool:
     H200's host, 2026-11-28, ``decode_probe.py host_costs``), and every decode step's layers ask this."""
     import torch
 
-    return bool(torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
+    return bool(torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())  # type: ignore[no-untyped-call]
 
 
 def kept_outside_capture(maxsize: int) -> Callable[[Callable[..., T]], Callable[..., T]]:

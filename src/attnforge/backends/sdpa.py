@@ -716,7 +716,7 @@ def _efficient_op(kind: tuple[Any, ...] | None, q: torch.Tensor, k: torch.Tensor
     import torch
 
     try:
-        return torch._scaled_dot_product_efficient_attention(  # type: ignore[no-any-return]
+        return torch._scaled_dot_product_efficient_attention(
             q, k, v, bias, grad, dropout_p, False, scale=scale)[0]
     except RuntimeError as exc:
         _refuse(kind if kind is not None else _efficient_kind(q, k, v, masked=bias is not None), exc, q, k, bias)
