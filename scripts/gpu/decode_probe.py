@@ -429,6 +429,46 @@ def decode_kernels(torch: Any, dev: str, dt: Any, small: bool, *, batch: int = 4
     return res
 
 
+def _best_loop_us(torch: Any, fn: Callable[[], Any], *, warm: int, n: int, rounds: int = 5) -> float:
+    """µs per call of ``fn()`` called ``n`` times back to back between two synchronizes, after ``warm`` calls: the
+    best of ``rounds`` rounds."""
+    for _ in range(warm):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        models_e2e._sync(torch)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        models_e2e._sync(torch)
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    return best
+
+
+def _unsettled_decode_path(torch: Any, dev: str) -> Callable[[], None]:
+    """Keep every decode shape unsettled (``_MetShapes.SETTLED`` raised), and off CUDA open the decode path to the
+    CPU with a stand-in memory-efficient op that returns an empty output in the op's layout (the path's own host
+    cost, nothing computed); returns what undoes it."""
+    from attnforge.backends import sdpa as sdpa_module
+
+    real = torch._scaled_dot_product_efficient_attention
+    saved = (sdpa_module._MetShapes.SETTLED, sdpa_module._EFFICIENT_DEVICES, sdpa_module._safe_softmax_on_cpu)
+    sdpa_module._MetShapes.SETTLED = 10 ** 9
+    if dev != "cuda":
+        def empty(q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+            return (torch.empty(q.shape[0], q.shape[2], q.shape[1], v.shape[-1], dtype=q.dtype).transpose(1, 2),)
+
+        torch._scaled_dot_product_efficient_attention = empty
+        sdpa_module._EFFICIENT_DEVICES = frozenset({"cuda", "cpu"})
+        sdpa_module._safe_softmax_on_cpu = lambda: False
+
+    def restore() -> None:
+        torch._scaled_dot_product_efficient_attention = real
+        (sdpa_module._MetShapes.SETTLED, sdpa_module._EFFICIENT_DEVICES, sdpa_module._safe_softmax_on_cpu) = saved
+
+    return restore
+
+
 def adapter_steps(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     """Host cost of the SDPA adapter's masked decode path per step: Llama-3-8B's padded call, two layers sharing a
     new bool mask each step, the same length every step, the shape kept unsettled (``_MetShapes.SETTLED`` raised).
@@ -436,24 +476,10 @@ def adapter_steps(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     stand-in op that returns an empty output (``--device cpu``: the path's own host cost, its launches and Python,
     without a kernel; the CPU machine measured 64-67 µs a step before `0af2025`, 49 after, 2026-11-28)."""
     from attnforge.backends import registry
-    from attnforge.backends import sdpa as sdpa_module
 
     q, kv, s0 = _tensors(torch, dev, torch.bfloat16, False)  # the real shapes: on CPU the op computes nothing
     k, v = (t[:, :, : s0 + 1] for t in kv)
-    real = torch._scaled_dot_product_efficient_attention
-    saved = (sdpa_module._MetShapes.SETTLED, sdpa_module._EFFICIENT_DEVICES, sdpa_module._safe_softmax_on_cpu)
-    sdpa_module._MetShapes.SETTLED = 10 ** 9
-    if dev != "cuda":
-        class _Empty:  # the op's output layout, nothing computed
-            def __call__(self, q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-                return (torch.empty(q.shape[0], q.shape[2], q.shape[1], v.shape[-1], dtype=q.dtype).transpose(1, 2),)
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(real, name)
-
-        torch._scaled_dot_product_efficient_attention = _Empty()
-        sdpa_module._EFFICIENT_DEVICES = frozenset({"cuda", "cpu"})
-        sdpa_module._safe_softmax_on_cpu = lambda: False
+    restore = _unsettled_decode_path(torch, dev)
     adapter = registry.fallback()
 
     def step() -> None:
@@ -463,19 +489,9 @@ def adapter_steps(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
             adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
 
     try:
-        for _ in range(20):
-            step()
-        best = float("inf")
-        for _ in range(5):
-            models_e2e._sync(torch)
-            t0 = time.perf_counter()
-            for _ in range(50):
-                step()
-            models_e2e._sync(torch)
-            best = min(best, (time.perf_counter() - t0) / 50 * 1e6)
+        best = _best_loop_us(torch, step, warm=20, n=50)
     finally:
-        torch._scaled_dot_product_efficient_attention = real
-        (sdpa_module._MetShapes.SETTLED, sdpa_module._EFFICIENT_DEVICES, sdpa_module._safe_softmax_on_cpu) = saved
+        restore()
     return {"us_per_step_2_layers": round(best, 1), "q": list(q.shape), "k": list(k.shape),
             "op": "real" if dev == "cuda" else "stand-in (empty output)"}
 
@@ -501,20 +517,7 @@ def host_costs(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     k, v = (torch.randn(b, hkv, sk, d, device=dev, dtype=dt) for _ in range(2))
     mask = torch.ones(b, 1, 1, sk, dtype=torch.bool, device=dev)
     mask[1, ..., : sk // 5] = False
-    real = torch._scaled_dot_product_efficient_attention
-    saved = (sdpa_module._MetShapes.SETTLED, sdpa_module._EFFICIENT_DEVICES, sdpa_module._safe_softmax_on_cpu)
-    sdpa_module._MetShapes.SETTLED = 10 ** 9
-    if dev != "cuda":
-        class _Empty:  # the op's output layout, nothing computed
-            def __call__(self, q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-                return (torch.empty(q.shape[0], q.shape[2], q.shape[1], v.shape[-1], dtype=q.dtype).transpose(1, 2),)
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(real, name)
-
-        torch._scaled_dot_product_efficient_attention = _Empty()
-        sdpa_module._EFFICIENT_DEVICES = frozenset({"cuda", "cpu"})
-        sdpa_module._safe_softmax_on_cpu = lambda: False
+    restore = _unsettled_decode_path(torch, dev)
 
     class Module:  # what transformers' attention functions read off the layer
         is_causal = True
@@ -547,20 +550,9 @@ def host_costs(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"q": list(q.shape), "k": list(k.shape), "op": "real" if dev == "cuda" else "stand-in"}
     try:
         for name, fn in variants.items():
-            for _ in range(30):
-                fn()
-            best = float("inf")
-            for _ in range(5):
-                models_e2e._sync(torch)
-                t0 = time.perf_counter()
-                for _ in range(300):
-                    fn()
-                models_e2e._sync(torch)
-                best = min(best, (time.perf_counter() - t0) / 300 * 1e6)
-            out[f"{name}_us"] = round(best, 2)
+            out[f"{name}_us"] = round(_best_loop_us(torch, fn, warm=30, n=300), 2)
     finally:
-        torch._scaled_dot_product_efficient_attention = real
-        (sdpa_module._MetShapes.SETTLED, sdpa_module._EFFICIENT_DEVICES, sdpa_module._safe_softmax_on_cpu) = saved
+        restore()
     return out
 
 
