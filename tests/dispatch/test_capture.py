@@ -26,7 +26,7 @@ def store(tmp_path: Path) -> Any:
 
 
 def _capturing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a capture needs CUDA initialized
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
 
 

@@ -679,7 +679,7 @@ def test_fa4_records_nothing_while_a_cuda_graph_captures(monkeypatch: pytest.Mon
     fake = _FakeFa4()
     run = _fa4_direct.bind(fake, scale=None, causal=False, bshd=True)
     q, k, v = (_bshd(t) for t in _qkv())
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a capture needs CUDA initialized
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     run(q, k, v)
     assert (fake.calls, fake.kernel_calls, run.tried) == (1, 1, False)  # type: ignore[attr-defined]

@@ -140,7 +140,7 @@ def test_nothing_is_timed_while_a_cuda_graph_captures(store: RecordStore, monkey
     clock = FakeClock()
     fast, sdpa = Timed("fast", clock, 1.0), Timed("sdpa", clock, 2.0)
     _use(store, sdpa, fast)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a capture needs CUDA initialized
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     q, k, v = _qkv()
     with attnforge.autotune(budget_s=0.05, clock=clock):

@@ -175,3 +175,40 @@ def test_a_masked_decode_step_under_inference_mode_matches_the_reference() -> No
             for _layer in range(2):
                 out = adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
                 torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_a_decode_steps_later_layers_take_the_lane_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama-3-8B's padded decode step through ``attention()`` (q a bhsd view of bshd memory, a bool padding mask
+    shared by four layers, each with its own K/V): layers 2-4 are served by the lane (the real memory-efficient op
+    on the batch fold, no refusal), and every layer's output is the reference's, for two steps."""
+    import attnforge
+    from attnforge.dispatch import features, runtime
+
+    previous = runtime.set_dispatcher(None)
+    runs: list[bool] = []
+    real = sdpa_module.DecodeLane.__call__
+
+    def spy(self: sdpa_module.DecodeLane, *args: object) -> object:
+        out = real(self, *args)  # type: ignore[arg-type]
+        runs.append(out is not None)
+        return out
+
+    monkeypatch.setattr(sdpa_module.DecodeLane, "__call__", spy)
+    monkeypatch.setenv("ATTNFORGE_AUTOTUNE", "0")
+    features._LANES.__dict__.clear()
+    g = torch.Generator(device="cuda").manual_seed(11)
+    try:
+        for step, sk in enumerate((1025, 1026)):
+            q = torch.randn(4, 1, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2)
+            mask = torch.ones(4, 1, 1, sk, dtype=torch.bool, device="cuda")
+            mask[1, ..., : sk // 5] = False
+            for _layer in range(4):
+                k, v = (torch.randn(4, 8, sk, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+                out = attnforge.attention(q, k, v, attn_mask=mask, scale=128 ** -0.5)
+                ref = reference_attention(q, k, v, causal=False, scale=128 ** -0.5, attn_mask=mask)
+                torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+            assert runs == [True] * 3 * (step + 1)
+        assert sdpa_module._REFUSED == {}
+    finally:
+        features._LANES.__dict__.clear()
+        runtime.set_dispatcher(previous)

@@ -102,7 +102,7 @@ def test_the_bottom_right_mask_is_kept_except_when_made_inside_cuda_graph_captur
 
     meta = torch.device("meta")
     assert _bottom_right_additive(7, 5, torch.float32, meta)[0] is _bottom_right_additive(7, 5, torch.float32, meta)[0]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a capture needs CUDA initialized
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     inside = _bottom_right_additive(9, 6, torch.float32, meta)
     assert inside[0] is not _bottom_right_additive(9, 6, torch.float32, meta)[0]

@@ -127,6 +127,12 @@ class Dispatcher:
         self._shapes_seen: dict[str, set[tuple[int, ...]]] = {}
 
     # -- state ------------------------------------------------------------------------------------------
+    @property
+    def generation(self) -> int:
+        """A count bumped whenever remembered plans and routes are dropped (records re-read, decisions forgotten, a
+        backend demoted, a class turned dynamic): what was derived from a plan holds while it is unchanged."""
+        return self._generation
+
     def refresh(self) -> None:
         """Forget records and cached decisions; the next call re-reads them. Broken backends stay broken."""
         with self._lock:

@@ -13,7 +13,9 @@ rule for kernels compiled per shape) and how a decision ends (:func:`close_with_
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import threading
+import weakref
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from attnforge.backends._base import records_grad
@@ -192,10 +194,12 @@ class Prepared:
 
 
 def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: str | None, precision: str,
-              scale: float | None, **kwargs: Any) -> Any:
+              scale: float | None, lane: bool = False, **kwargs: Any) -> Any:
     """Serve a call that uses a feature (see the module docstring) on ``dispatcher`` (the process-wide
     :class:`~attnforge.dispatch.dispatcher.Dispatcher` that :func:`attnforge.attention` passes); the other arguments
-    as :func:`attnforge.attention`."""
+    as :func:`attnforge.attention`. ``lane``: the call is a bhsd call with a mask and a scale and nothing else, no
+    backend forced (:func:`lane_call` can serve its repeats): a plan served directly offers its backend's lane."""
+    generation = dispatcher.generation  # before the plan is read: a lane holds only while its plan does
     key = signature(q, k, v, layout=layout, backend=backend, precision=precision, scale=scale, kwargs=kwargs)
     plans = dispatcher.feature_plans
     plan = plans.get(key) if key is not None else None
@@ -213,9 +217,14 @@ def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: 
         if out is None:
             call = call.rebound(q, k, v, kwargs["attn_mask"], layout=layout)
             out = dispatcher.serve(dispatcher.planned_route(plan, call), call.q, call.k, call.v, backend)
+        elif lane:
+            _offer_lane(plan, q, k, v, kwargs["attn_mask"], scale=scale, dispatcher=dispatcher, generation=generation)
     else:
         call = prepare(q, k, v, layout=layout, precision=precision, scale=scale, **kwargs)
         out = _serve(dispatcher, call, scale=call.scale, backend=backend, precision=precision, keys=(key, dynamic))
+        plan = plans.get(key) if lane and key is not None else None  # the plan this call's decision was kept as
+        if plan is not None and plan.direct is not None:
+            _offer_lane(plan, q, k, v, kwargs["attn_mask"], scale=scale, dispatcher=dispatcher, generation=generation)
     if layout == "bshd" and "varlen" not in call.uses:
         return (out[0].transpose(1, 2), out[1]) if "lse" in call.uses else out.transpose(1, 2)
     return out
@@ -239,6 +248,78 @@ def _direct(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, layout: str) -
         raise
     except Exception:  # the route runs it again and handles it as any raising backend
         return None
+
+
+@dataclasses.dataclass(slots=True)
+class _Lane:
+    """A remembered call's direct backend path (:func:`lane_call`) and what a repeat of that call must match."""
+
+    mask: weakref.ref[Any]
+    version: int
+    dispatcher: Any
+    generation: int
+    scale: Any
+    geometry: tuple[Any, ...]
+    run: Callable[..., Any] | None  # None: the backend offered none for this mask (not asked again for it)
+
+
+#: the newest lane of each thread (:func:`lane_call`)
+_LANES = threading.local()
+
+
+def _geometry(q: Any, k: Any, v: Any) -> tuple[Any, ...]:
+    """What a repeat of a call must share with it besides the mask object and the scale: q, k and v's shapes,
+    strides, dtypes and devices."""
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+            k.device, v.device)
+
+
+def lane_call(q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, dispatcher: Any) -> Any:
+    """A repeat of this thread's last lane-offering call (:func:`attention` with ``lane``): the same mask object at
+    the same version counter, q/k/v of the same geometry (:func:`_geometry`), the same scale, on the same
+    dispatcher with its plans unchanged since (:attr:`~attnforge.dispatch.dispatcher.Dispatcher.generation`),
+    served by the lane its backend offered (for SDPA, :class:`attnforge.backends.sdpa.DecodeLane`): the next
+    layers of a decode step, which transformers calls with one mask object, skip the call's signature, the plan
+    lookup and the adapter's checks. Returns the output ``[B, Hq, Sq, Dv]``, or None for any other call (and where
+    the lane declines it): :func:`attention` then serves it. Never raises for bad input (that is
+    :func:`attention`'s to report)."""
+    lane = getattr(_LANES, "lane", None)
+    if (lane is None or lane.run is None or lane.mask() is not attn_mask or lane.dispatcher is not dispatcher
+            or lane.generation != dispatcher.generation
+            or not (scale is lane.scale or (scale.__class__ is float and lane.scale.__class__ is float
+                                            and scale == lane.scale))):
+        return None
+    try:
+        if attn_mask._version != lane.version or _geometry(q, k, v) != lane.geometry:
+            return None
+    except (AttributeError, RuntimeError, TypeError):  # not tensors, nested shapes: attention() says what is wrong
+        return None
+    return lane.run(q, k, v, attn_mask)
+
+
+def _offer_lane(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, dispatcher: Any,
+                generation: int) -> None:
+    """After ``plan``'s direct backend served a call that :func:`lane_call` can serve the repeats of: keep that
+    backend's lane for it (``decode_lane``, where the backend has one), once per mask object and thread."""
+    current = getattr(_LANES, "lane", None)
+    if current is not None and current.mask() is attn_mask:
+        return  # asked already for this mask object
+    offer = getattr(plan.direct, "decode_lane", None)
+    try:
+        if attn_mask.is_inference() or attn_mask.__class__ is not _tensor_class():
+            return  # no version counter to check (torch.inference_mode), or a tensor subclass
+        run = None if offer is None else offer(q, k, v, attn_mask, scale=plan.prepared.scale)
+        _LANES.lane = _Lane(mask=weakref.ref(attn_mask), version=attn_mask._version, dispatcher=dispatcher,
+                            generation=generation, scale=scale, geometry=_geometry(q, k, v), run=run)
+    except (AttributeError, RuntimeError, TypeError):
+        return
+
+
+def _tensor_class() -> Any:
+    """``torch.Tensor`` (imported when first needed, as this module's other torch uses)."""
+    import torch
+
+    return torch.Tensor
 
 
 #: the keywords of :func:`prepare` a call signature (:func:`signature`) does not carry: tensors other than the mask

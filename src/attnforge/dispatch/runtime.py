@@ -183,8 +183,19 @@ def attention(
             is seqused_k is None
             and dropout_p == 0.0 and return_lse is False and enable_gqa is True and isinstance(causal, bool)
             and causal_alignment == "bottom_right"):
+        dispatcher = _DISPATCHER or get_dispatcher()
+        # a mask and a scale, nothing else (transformers' call of every layer): a repeat of the previous call on the
+        # same mask object takes the lane its backend offered (features.lane_call), no signature or plan lookup
+        lane = (attn_mask is not None and window is softcap is sinks is cu_seqlens_q is cu_seqlens_k is is_causal  # type: ignore[comparison-overlap]
+                is block_table is seqused_k is None and dropout_p == 0.0 and causal is False and return_lse is False
+                and enable_gqa is True and causal_alignment == "bottom_right" and layout == "bhsd" and backend is None
+                and precision == "exact" and _FORCED.get() is None)
+        if lane:
+            served = features.lane_call(q, k, v, attn_mask, scale=scale, dispatcher=dispatcher)
+            if served is not None:
+                return served
         return features.attention(
-            q, k, v, dispatcher=_DISPATCHER or get_dispatcher(), attn_mask=attn_mask, dropout_p=dropout_p,
+            q, k, v, dispatcher=dispatcher, lane=lane, attn_mask=attn_mask, dropout_p=dropout_p,
             scale=scale, causal=causal, causal_alignment=causal_alignment, enable_gqa=enable_gqa, window=window,
             softcap=softcap,
             sinks=sinks, return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,

@@ -1,0 +1,183 @@
+"""The decode lane: a decode step's later layers (transformers calls every layer with one mask object) served by the
+lane the first layer's backend offered (:func:`attnforge.dispatch.features.lane_call`,
+:class:`attnforge.backends.sdpa.DecodeLane`), and every call that is not such a repeat served as before.
+
+On CPU the memory-efficient op is the stand-in of ``tests/dispatch/test_sdpa_masks.py`` (the real op's rules), and
+the decode path is opened to the CPU at its device seam; outputs are compared with the float64 reference."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import attnforge
+from attnforge.backends import sdpa as sdpa_module
+from attnforge.backends.exact import reference_attention
+from attnforge.dispatch import features, runtime
+from attnforge.errors import DispatchError
+from tests.dispatch.test_sdpa_masks import _efficient_kernel, _install_efficient_kernel
+
+B, HQ, HKV, D = 2, 8, 2, 8
+SCALE = D ** -0.5
+
+
+@pytest.fixture
+def lane_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
+    """A fresh process dispatcher, the stand-in op, no lane kept; yields what each lane run returned (True: it
+    served the call)."""
+    previous = runtime.set_dispatcher(None)
+    _install_efficient_kernel(monkeypatch, _efficient_kernel)
+    runs: list[bool] = []
+    real = sdpa_module.DecodeLane.__call__
+
+    def spy(self: sdpa_module.DecodeLane, *args: Any) -> Any:
+        out = real(self, *args)
+        runs.append(out is not None)
+        return out
+
+    monkeypatch.setattr(sdpa_module.DecodeLane, "__call__", spy)
+    features._LANES.__dict__.clear()
+    yield runs
+    features._LANES.__dict__.clear()
+    runtime.set_dispatcher(previous)
+
+
+def _step(sk: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step's query (a bhsd view of bshd memory, as transformers' projection gives it) and its padding
+    mask ``[B, 1, 1, Sk]`` (bool, True = attend; left padding on row 1)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, 1, HQ, D, generator=g, dtype=torch.float64).transpose(1, 2)
+    mask = torch.ones(B, 1, 1, sk, dtype=torch.bool)
+    mask[1, ..., : sk // 3] = False
+    return q, mask
+
+
+def _kv(sk: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + seed)
+    return (torch.randn(B, HKV, sk, D, generator=g, dtype=torch.float64) for _ in range(2))  # type: ignore[return-value]
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, **kw: Any) -> torch.Tensor:
+    out = attnforge.attention(q, k, v, attn_mask=mask, **kw)
+    torch.testing.assert_close(out, reference_attention(q, k, v, causal=False, attn_mask=mask,
+                                                        scale=kw.get("scale")))
+    return out
+
+
+def test_the_next_layers_of_a_decode_step_take_the_lane(lane_runs: list[bool]) -> None:
+    """Three decode steps of a 4-layer model (a new length and a new mask object each step, each layer its own
+    K/V): layers 2-4 of every step are served by the lane, the first by the plan (which offers the lane), and every
+    output is the reference's."""
+    for step, sk in enumerate((19, 20, 21)):
+        q, mask = _step(sk, seed=step)
+        for layer in range(4):
+            k, v = _kv(sk, seed=layer)
+            _check(q, k, v, mask, scale=SCALE)
+        assert lane_runs == [True] * 3 * (step + 1)
+
+
+@pytest.mark.parametrize("change", ["scale", "kv-layout", "mask-in-place", "decisions-forgotten", "grad",
+                                    "kernels-restricted", "forced-backend", "causal", "dtype", "other-mask"])
+def test_a_call_that_is_not_a_repeat_is_served_as_before(change: str, lane_runs: list[bool]) -> None:
+    """After a layer's call kept a lane, a call that differs in anything the lane was made for (the scale, the K/V
+    strides, the mask changed in place, the decisions forgotten, a call autograd records, SDPA's kernels restricted,
+    a forced backend, causal, the dtype, another mask) is not served by it, and its output is its reference's (the
+    in-place mask change included: a kept bias of the old values would be wrong)."""
+    sk = 19
+    q, mask = _step(sk)
+    k, v = _kv(sk, seed=0)
+    _check(q, k, v, mask, scale=SCALE)  # the lane is made for this call
+    kw: dict[str, Any] = {"scale": SCALE}
+    if change == "scale":
+        kw["scale"] = 0.5
+    elif change == "kv-layout":
+        k, v = (torch.cat([t, t[:, :, :3]], dim=2)[:, :, :sk] for t in (k, v))  # a longer cache's slice
+    elif change == "mask-in-place":
+        mask[0, ..., 2:5] = False
+    elif change == "decisions-forgotten":
+        runtime.get_dispatcher().forget_decisions()
+    elif change == "grad":
+        q = q.detach().clone().requires_grad_()
+    elif change == "dtype":
+        q, k, v = (t.float() for t in (q, k, v))
+    elif change == "other-mask":
+        mask = mask.clone()
+    if change == "kernels-restricted":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.MATH]):
+            _check(q, k, v, mask, **kw)
+    elif change == "forced-backend":
+        with attnforge.use_backend("exact"):
+            _check(q, k, v, mask, **kw)
+    elif change == "causal":
+        out = attnforge.attention(q, k, v, attn_mask=mask, causal=True, scale=SCALE)
+        torch.testing.assert_close(out, reference_attention(q, k, v, causal=True, attn_mask=mask, scale=SCALE))
+    elif change == "dtype":
+        out = attnforge.attention(q, k, v, attn_mask=mask, **kw)
+        torch.testing.assert_close(out, reference_attention(q, k, v, causal=False, attn_mask=mask,
+                                                            scale=SCALE).float(), atol=1e-5, rtol=1e-4)
+    else:
+        out = _check(q, k, v, mask, **kw)
+        if change == "grad":
+            out.sum().backward()
+            assert q.grad is not None and torch.isfinite(q.grad).all()
+    assert True not in lane_runs
+
+
+def test_bad_input_on_the_lanes_mask_gets_the_error_with_its_hint(lane_runs: list[bool]) -> None:
+    """A call with the lane's mask object and bad tensors (a numpy array, a 3-D q) gets attention()'s own error,
+    not a traceback from the lane's checks."""
+    q, mask = _step(19)
+    k, v = _kv(19, seed=0)
+    _check(q, k, v, mask, scale=SCALE)
+    with pytest.raises(DispatchError):
+        attnforge.attention(q.detach().numpy(), k, v, attn_mask=mask, scale=SCALE)
+    with pytest.raises(DispatchError):
+        attnforge.attention(q[0], k, v, attn_mask=mask, scale=SCALE)
+    assert True not in lane_runs
+
+
+def test_a_lane_belongs_to_the_thread_that_made_it(lane_runs: list[bool]) -> None:
+    """Another thread's call with the same mask object and geometry is not served by this thread's lane (it makes
+    its own), and its output is the reference's."""
+    q, mask = _step(19)
+    k, v = _kv(19, seed=0)
+    _check(q, k, v, mask, scale=SCALE)
+    errors: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            _check(q, k, v, mask, scale=SCALE)
+        except BaseException as exc:  # reported to the test's thread
+            errors.append(exc)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert not errors and lane_runs == []
+    _check(q, k, v, mask, scale=SCALE)
+    assert lane_runs == [True]
+
+
+def test_no_lane_for_an_inference_mask_nor_a_settled_shape(lane_runs: list[bool],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mask made under ``torch.inference_mode`` (no version counter) gets no lane; a shape met often enough to
+    settle on SDPA's own choice is not served by a lane made before it settled. Outputs are the reference's."""
+    with torch.inference_mode():
+        q, mask = _step(19)
+        k, v = _kv(19, seed=0)
+        for _layer in range(3):
+            _check(q, k, v, mask, scale=SCALE)
+    assert lane_runs == []
+    monkeypatch.setattr(sdpa_module._MetShapes, "SETTLED", 2)
+    monkeypatch.setattr(sdpa_module, "_MET", sdpa_module._MetShapes())
+    q, mask = _step(23)
+    k, v = _kv(23, seed=0)
+    for _layer in range(4):  # meetings 1-2 unsettled (the plan, then the lane), 3-4 settled
+        _check(q, k, v, mask, scale=SCALE)
+    assert lane_runs == [True, False, False]
