@@ -181,3 +181,18 @@ def test_no_lane_for_an_inference_mask_nor_a_settled_shape(lane_runs: list[bool]
     for _layer in range(4):  # meetings 1-2 unsettled (the plan, then the lane), 3-4 settled
         _check(q, k, v, mask, scale=SCALE)
     assert lane_runs == [True, False, False]
+
+
+def test_a_lane_keeps_no_bias_alive_after_its_mask(lane_runs: list[bool]) -> None:
+    """The lane a thread keeps after its last decode step holds its bias weakly: once the step's mask is gone, so
+    is the bias (a mask per head makes one of ``B x Hq x Sq x Sk`` elements)."""
+    import gc
+
+    q, mask = _step(19)
+    k, v = _kv(19, seed=0)
+    _check(q, k, v, mask, scale=SCALE)
+    lane = features._LANES.lane.run
+    assert isinstance(lane, sdpa_module.DecodeLane) and lane.bias() is not None
+    del mask
+    gc.collect()
+    assert lane.bias() is None

@@ -193,7 +193,7 @@ class SdpaAdapter(AdapterBase):
         bias = _DECODE_BIASES.get(mask, (True, b, hkv, hq // hkv, sq, k.shape[2], q.dtype, q.device))
         if bias is None:
             return None
-        return DecodeLane(bias=bias, scale=scale, shape=(b, hq, sq), cuda=q.device.type == "cuda")
+        return DecodeLane(bias=weakref.ref(bias), scale=scale, shape=(b, hq, sq), cuda=q.device.type == "cuda")
 
     def _with_features(self, sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                        v: torch.Tensor, *, causal: bool, scale: float | None, attn_mask: Any = None,
@@ -602,19 +602,22 @@ class DecodeLane:
     ~20 µs of the 62.8 a call took through the transformers integration, against 59.3 for transformers' own SDPA
     call; a 2-layer decoder's decode step read 0.97-0.98x its default at repeated lengths."""
 
-    bias: torch.Tensor
+    #: the bias kept beside the mask (:data:`_DECODE_BIASES`), held weakly: a lane outlives its mask in its thread,
+    #: and a bias (up to ``B x Hq x Sq x Sk`` elements for a mask per head) must not
+    bias: weakref.ref[torch.Tensor]
     scale: float | None
     shape: tuple[int, int, int]
     cuda: bool
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
-        if ((self.cuda and graph_capturing()) or records_grad(q, k, v, mask) or not _cudnn_free_decode()
-                or not _MET.unsettled(q, k, v, mask)):
+        bias = self.bias()
+        if (bias is None or (self.cuda and graph_capturing()) or records_grad(q, k, v, mask)
+                or not _cudnn_free_decode() or not _MET.unsettled(q, k, v, mask)):
             return None
         folded = _batch_views(q, k, v)  # the lane's geometry is its first call's, whose K/V merged
         if _REFUSED and _efficient_kind(*folded, masked=True) in _REFUSED:
             return None
-        return _efficient_folded(*folded, self.bias, scale=self.scale, shape=self.shape)
+        return _efficient_folded(*folded, bias, scale=self.scale, shape=self.shape)
 
 
 def _batch_folded(q: torch.Tensor, k: torch.Tensor,
