@@ -525,7 +525,7 @@ def host_costs(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
 
     adapter = registry.fallback()
     folded = sdpa_module._batch_folded(q, k, v)
-    bias = sdpa_module._decode_bias(mask, None, b=b, hkv=hkv, g=hq // hkv, sq=1, dtype=dt, batch_folded=True,
+    bias = sdpa_module._decode_bias(mask, None, b=b, hkv=hkv, g=hq // hkv, sq=1, sk=sk, dtype=dt, batch_folded=True,
                                     capturing=False)
     op = torch._scaled_dot_product_efficient_attention
     scale = d ** -0.5

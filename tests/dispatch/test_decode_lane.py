@@ -191,8 +191,46 @@ def test_a_lane_keeps_no_bias_alive_after_its_mask(lane_runs: list[bool]) -> Non
     q, mask = _step(19)
     k, v = _kv(19, seed=0)
     _check(q, k, v, mask, scale=SCALE)
-    lane = features._LANES.lane.run
+    lane = features._LANES.lanes[0].run
     assert isinstance(lane, sdpa_module.DecodeLane) and lane.bias() is not None
     del mask
     gc.collect()
     assert lane.bias() is None
+
+
+def test_alternating_masks_and_a_mask_reused_in_place_keep_their_lanes(lane_runs: list[bool]) -> None:
+    """Gemma-2's layers alternate two mask objects (sliding and full): each keeps its lane. A mask object that the
+    caller updates in place each step (one buffer reused) gets its lane made again at the step's first layer, so
+    the later layers of every step take it. Outputs are the reference's."""
+    q, full = _step(19)
+    sliding = full.clone()
+    sliding[..., :4] = False
+    for _step_no in range(2):
+        for layer in range(6):
+            k, v = _kv(19, seed=layer)
+            _check(q, k, v, full if layer % 2 else sliding, scale=SCALE)
+    assert lane_runs == [True] * 10  # all but each mask's first call
+    lane_runs.clear()
+    mask = full.clone()
+    for step in range(3):
+        mask[0, ..., step] = False  # the caller's buffer, changed in place for the next step
+        for layer in range(3):
+            k, v = _kv(19, seed=layer)
+            _check(q, k, v, mask, scale=SCALE)
+        assert lane_runs == [True] * 2 * (step + 1)
+
+
+def test_a_lane_holds_its_dispatcher_weakly(lane_runs: list[bool]) -> None:
+    """A dispatcher replaced in the process (``runtime.set_dispatcher``) is not kept alive by the lanes of the
+    threads that served calls on it."""
+    import gc
+    import weakref
+
+    q, mask = _step(19)
+    k, v = _kv(19, seed=0)
+    _check(q, k, v, mask, scale=SCALE)
+    gone = weakref.ref(runtime.get_dispatcher())
+    runtime.set_dispatcher(None)
+    gc.collect()
+    assert gone() is None
+    _check(q, k, v, mask, scale=SCALE)  # a new dispatcher: its own plan, the output the reference's

@@ -255,8 +255,9 @@ def efficient_kernel(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
 @pytest.mark.parametrize("additive", [False, True], ids=["bool", "additive"])
 @pytest.mark.parametrize("sk", [19, 24])
 @pytest.mark.parametrize("kv_layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("b", [1, 2])
 def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(  # noqa: PLR0917
-        sq: int, groups: int, mask_shape: str, additive: bool, sk: int, kv_layout: str,
+        sq: int, groups: int, mask_shape: str, additive: bool, sk: int, kv_layout: str, b: int,
         efficient_kernel: list[tuple[int, ...]]) -> None:
     """The decode path that leaves cuDNN out (each batch row and K/V head one kernel batch entry holding its query
     heads' rows, or, where K/V's batch and head strides do not merge (``bshd`` memory), the query heads folded into
@@ -266,7 +267,7 @@ def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(  # noqa
     import torch.nn.functional as F  # noqa: N812
 
     g = torch.Generator().manual_seed(sq * 10 + groups)
-    b, hkv, d = 2, 2, 8
+    hkv, d = 2, 8  # batch 1 with a mask per head: every (batch row, K/V head) entry has its own bias rows
     hq = hkv * groups
     q = torch.randn(b, hq, sq, d, generator=g, dtype=torch.float64)
     k, v = (torch.randn(b, hkv, sk, d, generator=g, dtype=torch.float64) for _ in range(2))
@@ -287,7 +288,8 @@ def test_a_masked_decode_call_without_cudnn_equals_sdpa_with_enable_gqa(  # noqa
     torch.testing.assert_close(got, want)
     assert sdpa_module._REFUSED == {}
     # bool or additive, the kernel serves it: one entry per (batch row, K/V head), or the heads folded into rows
-    assert efficient_kernel == [(b * hkv, 1, groups * sq, sk) if kv_layout == "bhsd" else (b, hkv, groups * sq, sk)]
+    batch_folded = kv_layout == "bhsd" or b == 1  # one batch row: its K/V heads merge with it whatever their stride
+    assert efficient_kernel == [(b * hkv, 1, groups * sq, sk) if batch_folded else (b, hkv, groups * sq, sk)]
 
 
 @pytest.mark.parametrize("kv_layout", ["bhsd", "static-cache-slice", "bshd"])
@@ -326,6 +328,22 @@ def test_a_decode_call_hands_the_kernel_views_and_returns_its_output_uncopied(kv
         assert tuple(kk.shape) == (b, hkv, sk, d) and got.data_ptr() != kout.data_ptr()
     else:
         assert tuple(kk.shape) == (b * hkv, 1, sk, d) and got.data_ptr() == kout.data_ptr()
+
+
+@pytest.mark.parametrize("shape", [(4, 1, 1, 1), (1,), ()], ids=["b111", "1", "scalar"])
+def test_a_mask_that_broadcasts_over_the_keys_reaches_the_kernel_at_full_length(
+        shape: tuple[int, ...], efficient_kernel: list[tuple[int, ...]], caplog: pytest.LogCaptureFixture) -> None:
+    """A mask whose last dimension is 1 (it broadcasts over the keys; attention() accepts it) becomes a bias over
+    all ``Sk`` keys, as the kernel wants ("bias.size(-1) != n_keys" otherwise): no refusal, which would turn the
+    kernel off for every later call of its kind, and the reference's output."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(4, 8, 1, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(4, 2, 19, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.ones(shape, dtype=torch.bool)
+    got = sdpa_module._efficient_decode(q, k, v, mask, seen=None, scale=None)
+    assert got is not None
+    torch.testing.assert_close(got, reference_attention(q, k, v, causal=False, attn_mask=mask))
+    assert efficient_kernel == [(8, 1, 4, 19)] and sdpa_module._REFUSED == {} and "refused" not in caplog.text
 
 
 def test_a_padded_decode_mask_reaches_the_kernel_in_a_form_it_takes(efficient_kernel: list[tuple[int, ...]],

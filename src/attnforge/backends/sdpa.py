@@ -571,8 +571,8 @@ def _efficient_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     bias = _DECODE_BIASES.get(mask, params)
     if bias is None:
         capturing = graph_capturing()
-        bias = _decode_bias(mask, seen, b=b, hkv=hkv, g=g, sq=sq, dtype=q.dtype, batch_folded=folded is not None,
-                            capturing=capturing)
+        bias = _decode_bias(mask, seen, b=b, hkv=hkv, g=g, sq=sq, sk=k.shape[2], dtype=q.dtype,
+                            batch_folded=folded is not None, capturing=capturing)
         if not capturing:  # a captured kernel has not run: the bias would hold garbage for an eager call
             _DECODE_BIASES.put(mask, params, bias)
     return _efficient_folded(qf, kf, vf, bias, scale=scale, shape=(b, hq, sq))
@@ -647,12 +647,13 @@ def _batch_merges(k: torch.Tensor, v: torch.Tensor) -> bool:
     return b == 1 or hkv == 1 or (k.stride(0) == hkv * k.stride(1) and v.stride(0) == hkv * v.stride(1))
 
 
-def _decode_bias(mask: torch.Tensor, seen: torch.Tensor | None, *, b: int, hkv: int, g: int, sq: int,
+def _decode_bias(mask: torch.Tensor, seen: torch.Tensor | None, *, b: int, hkv: int, g: int, sq: int, sk: int,
                  dtype: torch.dtype, batch_folded: bool, capturing: bool) -> torch.Tensor:
     """The memory-efficient kernel's bias for a decode call's ``mask`` (broadcastable to ``[B, Hq, Sq, Sk]``, ``Hq =
     Hkv x g``; bool, True where a key is seen, or additive in any float dtype) with its query heads folded as
     :func:`_efficient_decode` folds them: ``[B x Hkv, 1, g x Sq, Sk]`` (``batch_folded``) or ``[B, Hkv, g x Sq,
-    Sk]``, additive in ``dtype``, -inf where a key is hidden and over every key of a row ``seen`` says sees none
+    Sk]`` (``sk``: K's length; a mask whose last dimension is 1 is expanded to it), additive in ``dtype``, -inf where
+    a key is hidden and over every key of a row ``seen`` says sees none
     (bool, broadcastable to ``[B, Hq, Sq, 1]``, or None). One kernel writes it (a ``where``, or a copy and a fill
     for an additive mask with ``seen``) into rows whose stride is a multiple of :data:`_BIAS_ALIGNMENT`, over the
     dimensions the mask varies in (the batch and K/V head dimensions merged when folded so); the others are
@@ -661,9 +662,9 @@ def _decode_bias(mask: torch.Tensor, seen: torch.Tensor | None, *, b: int, hkv: 
     import torch
 
     m = four_dims(mask)
-    mb, mh, mq, sk = m.shape
+    mb, mh, mq, mk = m.shape  # mk: Sk, or 1 for a mask that broadcasts over the keys (the kernel wants all Sk)
     heads = mh > 1
-    m5 = m.reshape(mb, hkv, g, mq, sk) if heads else m.reshape(mb, 1, 1, mq, sk)
+    m5 = m.reshape(mb, hkv, g, mq, mk) if heads else m.reshape(mb, 1, 1, mq, mk)
     rows = (g, sq) if heads or mq > 1 else (1, 1)
     if batch_folded:
         lead = (b, hkv) if mb > 1 or heads else (1, 1)
@@ -689,7 +690,8 @@ def _decode_bias(mask: torch.Tensor, seen: torch.Tensor | None, *, b: int, hkv: 
     # one view of the buffer in the kernel's shape: a dimension the mask does not vary in has stride 0
     m_stride = n if rows_n > 1 else 0
     if batch_folded:
-        return buf.as_strided((b * hkv, 1, g * sq, sk), (rows_n * n if lead[0] > 1 else 0, 0, m_stride, 1))
+        # B x Hkv entries: their own rows wherever the mask varies by batch row or head (b may be 1: heads vary)
+        return buf.as_strided((b * hkv, 1, g * sq, sk), (rows_n * n if lead[0] * lead[1] > 1 else 0, 0, m_stride, 1))
     return buf.as_strided((b, hkv, g * sq, sk), (lead[1] * rows_n * n if lead[0] > 1 else 0,
                                                   rows_n * n if lead[1] > 1 else 0, m_stride, 1))
 

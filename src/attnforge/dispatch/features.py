@@ -256,15 +256,17 @@ class _Lane:
 
     mask: weakref.ref[Any]
     version: int
-    dispatcher: Any
+    dispatcher: weakref.ref[Any]
     generation: int
     scale: Any
     geometry: tuple[Any, ...]
     run: Callable[..., Any] | None  # None: the backend offered none for this mask (not asked again for it)
 
 
-#: the newest lane of each thread (:func:`lane_call`)
+#: each thread's lanes (:func:`lane_call`), the newest first, one per mask object
 _LANES = threading.local()
+#: lanes kept per thread: transformers' models pass one mask a forward (Gemma-2 two, alternating by layer)
+LANES_KEPT = 4
 
 
 def _geometry(q: Any, k: Any, v: Any) -> tuple[Any, ...]:
@@ -274,20 +276,29 @@ def _geometry(q: Any, k: Any, v: Any) -> tuple[Any, ...]:
             k.device, v.device)
 
 
+def _same_scale(a: Any, b: Any) -> bool:
+    return a is b or (a.__class__ is float and b.__class__ is float and a == b)
+
+
 def lane_call(q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, dispatcher: Any) -> Any:
-    """A repeat of this thread's last lane-offering call (:func:`attention` with ``lane``): the same mask object at
-    the same version counter, q/k/v of the same geometry (:func:`_geometry`), the same scale, on the same
+    """A repeat of one of this thread's last lane-offering calls (:func:`attention` with ``lane``): the same mask
+    object at the same version counter, q/k/v of the same geometry (:func:`_geometry`), the same scale, on the same
     dispatcher with its plans unchanged since (:attr:`~attnforge.dispatch.dispatcher.Dispatcher.generation`),
     served by the lane its backend offered (for SDPA, :class:`attnforge.backends.sdpa.DecodeLane`): the next
     layers of a decode step, which transformers calls with one mask object, skip the call's signature, the plan
     lookup and the adapter's checks. Returns the output ``[B, Hq, Sq, Dv]``, or None for any other call (and where
     the lane declines it): :func:`attention` then serves it. Never raises for bad input (that is
     :func:`attention`'s to report)."""
-    lane = getattr(_LANES, "lane", None)
-    if (lane is None or lane.run is None or lane.mask() is not attn_mask or lane.dispatcher is not dispatcher
-            or lane.generation != dispatcher.generation
-            or not (scale is lane.scale or (scale.__class__ is float and lane.scale.__class__ is float
-                                            and scale == lane.scale))):
+    lanes = getattr(_LANES, "lanes", None)
+    if not lanes:
+        return None
+    for lane in lanes:
+        if lane.mask() is attn_mask:
+            break
+    else:
+        return None
+    if (lane.run is None or lane.dispatcher() is not dispatcher or lane.generation != dispatcher.generation
+            or not _same_scale(scale, lane.scale)):
         return None
     try:
         if attn_mask._version != lane.version or _geometry(q, k, v) != lane.geometry:
@@ -300,19 +311,35 @@ def lane_call(q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, dispatcher:
 def _offer_lane(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, dispatcher: Any,
                 generation: int) -> None:
     """After ``plan``'s direct backend served a call that :func:`lane_call` can serve the repeats of: keep that
-    backend's lane for it (``decode_lane``, where the backend has one), once per mask object and thread."""
-    current = getattr(_LANES, "lane", None)
-    if current is not None and current.mask() is attn_mask:
-        return  # asked already for this mask object
-    offer = getattr(plan.direct, "decode_lane", None)
+    backend's lane for it (``decode_lane``, where the backend has one), one per mask object and thread, made again
+    when the mask changed in place (a mask object reused step after step), the plans changed, or the geometry or
+    scale differ; the :data:`LANES_KEPT` newest are kept."""
     try:
         if attn_mask.is_inference() or attn_mask.__class__ is not _tensor_class():
             return  # no version counter to check (torch.inference_mode), or a tensor subclass
-        run = None if offer is None else offer(q, k, v, attn_mask, scale=plan.prepared.scale)
-        _LANES.lane = _Lane(mask=weakref.ref(attn_mask), version=attn_mask._version, dispatcher=dispatcher,
-                            generation=generation, scale=scale, geometry=_geometry(q, k, v), run=run)
+        version, geometry = attn_mask._version, _geometry(q, k, v)
     except (AttributeError, RuntimeError, TypeError):
         return
+    lanes = getattr(_LANES, "lanes", None)
+    if lanes is None:
+        lanes = _LANES.lanes = []
+    for lane in lanes:
+        if lane.mask() is attn_mask:
+            if (lane.version == version and lane.generation == generation and lane.geometry == geometry
+                    and _same_scale(scale, lane.scale) and lane.dispatcher() is dispatcher):
+                return  # asked already for this call
+            break
+    offer = getattr(plan.direct, "decode_lane", None)
+    try:
+        run = None if offer is None else offer(q, k, v, attn_mask, scale=plan.prepared.scale)
+    except (AttributeError, RuntimeError, TypeError):
+        return
+    made = _Lane(mask=weakref.ref(attn_mask), version=version, dispatcher=weakref.ref(dispatcher),
+                 generation=generation, scale=scale, geometry=geometry, run=run)
+    # this mask's older lane and the lanes of masks that are gone make way (identity only: == on tensors compares
+    # their elements)
+    kept = [lane for lane in lanes if (m := lane.mask()) is not None and m is not attn_mask]
+    lanes[:] = [made, *kept[: LANES_KEPT - 1]]
 
 
 def _tensor_class() -> Any:
