@@ -501,7 +501,8 @@ def host_costs(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     transformers' own SDPA call: Llama-3-8B's padded decode call (``q [4, 32, 1, 128]``, ``k/v [4, 8, Sk, 128]``, a
     bool ``[4, 1, 1, Sk]`` mask) at ``Sk = 65``, where every kernel is shorter than its launch, so wall time per
     call back to back is host time. One mask object for every call (a model's later layers: the bias is kept), the
-    shape kept unsettled (``_MetShapes.SETTLED`` raised); best of 5 rounds of 300 calls. On CPU (``--device cpu``)
+    shape kept unsettled (``_MetShapes.SETTLED`` raised); best of 5 rounds of 300 calls. ``integration_step_2_layers``:
+    a decode step of two layers, a new mask each step (its making included). On CPU (``--device cpu``)
     the memory-efficient op is a stand-in that returns an empty output (the path's Python alone)."""
     import torch.nn.functional as F  # noqa: N812
 
@@ -524,6 +525,15 @@ def host_costs(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
         layer_idx = 0
 
     adapter = registry.fallback()
+
+    def two_layers(step_mask: Any, *, sdpa: bool = False) -> None:
+        for _layer in range(2):
+            if sdpa:  # transformers' own SDPA call, as "sdpa_bool_mask"
+                F.scaled_dot_product_attention(q, k, v, attn_mask=step_mask, scale=scale,
+                                               enable_gqa=True).transpose(1, 2).contiguous()
+            else:
+                attention_forward(Module(), q, k, v, step_mask, scaling=scale)
+
     folded = sdpa_module._batch_folded(q, k, v)
     bias = sdpa_module._decode_bias(mask, None, b=b, hkv=hkv, g=hq // hkv, sq=1, sk=sk, dtype=dt, batch_folded=True,
                                     capturing=False)
@@ -533,6 +543,9 @@ def host_costs(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
         "sdpa_bool_mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                                                  enable_gqa=True).transpose(1, 2).contiguous(),
         "integration": lambda: attention_forward(Module(), q, k, v, mask, scaling=scale),
+        # a step's first layer: a new mask object each call (its bias made, the lane made), then its second layer
+        "integration_step_2_layers": lambda: two_layers(torch.ones(b, 1, 1, sk, dtype=torch.bool, device=dev)),
+        "sdpa_step_2_layers": lambda: two_layers(torch.ones(b, 1, 1, sk, dtype=torch.bool, device=dev), sdpa=True),
         "attention": lambda: attnforge.attention(q, k, v, attn_mask=mask, scale=scale),
         "adapter": lambda: adapter(q, k, v, causal=False, scale=scale, attn_mask=mask),
         "efficient_decode": lambda: sdpa_module._efficient_decode(q, k, v, mask, seen=None, scale=scale),
