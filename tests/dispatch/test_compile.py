@@ -92,3 +92,23 @@ def test_a_value_head_dim_that_differs_compiles_and_matches() -> None:
     torch.testing.assert_close(out.double(), reference_attention(q, k, v, causal=True), atol=1e-5, rtol=1e-4)
     torch.library.opcheck(torch.ops.attnforge.attention.default, (q, k, v, True, None, None, "exact", False),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+# the SDPA adapter asks a cached question on CPU (whether SDPA zeroes rows that see no key); Dynamo traces it through
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`-wrapped function:UserWarning")
+def test_a_masked_decode_call_compiles_fullgraph_and_matches_eager() -> None:
+    """A decode call with a padding mask and a scale (transformers' call of every layer, the one the decode lane
+    serves in eager mode) compiles with ``fullgraph=True``, after eager calls have made a lane, and matches eager."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 1, 16, generator=g)
+    k, v = torch.randn(2, 2, 9, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g)
+    mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    mask[1, ..., :3] = False
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return attnforge.attention(q, k, v, attn_mask=mask, scale=0.25)
+
+    eager = fn(q, k, v, mask)
+    fn(q, k, v, mask)  # a repeat: the eager path's lane, if the backend offers one
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v, mask)
+    torch.testing.assert_close(out, eager)
