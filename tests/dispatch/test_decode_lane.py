@@ -167,7 +167,8 @@ def test_a_lane_belongs_to_the_thread_that_made_it(lane_runs: list[bool]) -> Non
 def test_no_lane_for_an_inference_mask_nor_a_settled_shape(lane_runs: list[bool],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A mask made under ``torch.inference_mode`` (no version counter) gets no lane; a shape met often enough to
-    settle on SDPA's own choice is not served by a lane made before it settled. Outputs are the reference's."""
+    settle on SDPA's own choice is not served by a lane made before it settled, which is then dropped rather than
+    asked again on every call (a mask object reused at a fixed shape). Outputs are the reference's."""
     with torch.inference_mode():
         q, mask = _step(19)
         k, v = _kv(19, seed=0)
@@ -180,7 +181,7 @@ def test_no_lane_for_an_inference_mask_nor_a_settled_shape(lane_runs: list[bool]
     k, v = _kv(23, seed=0)
     for _layer in range(4):  # meetings 1-2 unsettled (the plan, then the lane), 3-4 settled
         _check(q, k, v, mask, scale=SCALE)
-    assert lane_runs == [True, False, False]
+    assert lane_runs == [True, False]  # it declined for good at the first settled meeting: not asked again
 
 
 def test_a_lane_keeps_no_bias_alive_after_its_mask(lane_runs: list[bool]) -> None:
@@ -234,3 +235,59 @@ def test_a_lane_holds_its_dispatcher_weakly(lane_runs: list[bool]) -> None:
     gc.collect()
     assert gone() is None
     _check(q, k, v, mask, scale=SCALE)  # a new dispatcher: its own plan, the output the reference's
+
+
+def test_a_lane_whose_kernel_raises_is_dropped_and_the_call_served(monkeypatch: pytest.MonkeyPatch,
+                                                                   lane_runs: list[bool]) -> None:
+    """An exception from the kernel on a lane's call (any kind: the general path absorbs any, as it does for a
+    raising backend) reaches the general path, which serves the call; the lane is dropped. Out of memory reaches
+    the caller."""
+    q, mask = _step(19)
+    k, v = _kv(19, seed=0)
+    _check(q, k, v, mask, scale=SCALE)
+    raised: list[int] = []
+
+    def flaky(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        if not raised:
+            raised.append(1)
+            raise ValueError("a kernel's own complaint")
+        return _efficient_kernel(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_dot_product_efficient_attention", flaky)
+    _check(q, k, v, mask, scale=SCALE)  # the lane's call raised; the general path served it
+    assert raised and features._LANES.lanes[0].run is None
+    _check(q, k, v, mask, scale=SCALE)
+    assert lane_runs == []  # the spy saw the raise, not a return; then no lane was asked
+
+    def oom(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        raise torch.OutOfMemoryError("out of memory")
+
+    q2, mask2 = _step(19, seed=1)
+    _check(q2, k, v, mask2, scale=SCALE)  # makes a lane for the new mask
+    monkeypatch.setattr(torch, "_scaled_dot_product_efficient_attention", oom)
+    with pytest.raises(torch.OutOfMemoryError):
+        attnforge.attention(q2, k, v, attn_mask=mask2, scale=SCALE)
+
+
+def test_calls_through_the_sdpa_patch_take_the_lane(monkeypatch: pytest.MonkeyPatch, lane_runs: list[bool]) -> None:
+    """``attnforge.patch_sdpa()`` routes ``F.scaled_dot_product_attention`` to attention() with top-left causal
+    alignment, which changes nothing without causal or a window: a step's later layers take the lane there too,
+    and match the unpatched SDPA."""
+    import torch.nn.functional as F  # noqa: N812
+
+    from attnforge.backends.sdpa_original import original_sdpa
+
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, *_: Any,
+               scale: float | None = None) -> tuple[torch.Tensor, ...]:
+        out = reference_attention(q, k, v, causal=False, scale=scale, attn_mask=bias).to(q.dtype)
+        return out.transpose(1, 2).contiguous().transpose(1, 2), torch.empty(0), torch.empty(0), torch.empty(0)
+
+    monkeypatch.setattr(torch, "_scaled_dot_product_efficient_attention", kernel)  # no SDPA call inside: patched
+    q, mask = _step(19)
+    with attnforge.patch_sdpa():
+        sdpa = original_sdpa()
+        for layer in range(3):
+            k, v = _kv(19, seed=layer)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=SCALE, enable_gqa=True)
+            torch.testing.assert_close(out, sdpa(q, k, v, attn_mask=mask, scale=SCALE, enable_gqa=True))
+    assert lane_runs == [True, True]

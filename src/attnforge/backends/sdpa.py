@@ -608,16 +608,24 @@ class DecodeLane:
     scale: float | None
     shape: tuple[int, int, int]
     cuda: bool
+    #: True once the lane declines for good (the bias gone, the shape settled on cuDNN, the kernel refused the kind):
+    #: its keeper (:func:`attnforge.dispatch.features.lane_call`) drops it instead of asking it again every call
+    retired: bool = False
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+        if (self.cuda and graph_capturing()) or records_grad(q, k, v, mask) or not _cudnn_free_decode():
+            return None  # this call only: the next may be outside capture, without grad, unrestricted
         bias = self.bias()
-        if (bias is None or (self.cuda and graph_capturing()) or records_grad(q, k, v, mask)
-                or not _cudnn_free_decode() or not _MET.unsettled(q, k, v, mask)):
+        if bias is None or not _MET.unsettled(q, k, v, mask):
+            self.retired = True
             return None
         folded = _batch_views(q, k, v)  # the lane's geometry is its first call's, whose K/V merged
         if _REFUSED and _efficient_kind(*folded, masked=True) in _REFUSED:
+            self.retired = True
             return None
-        return _efficient_folded(*folded, bias, scale=self.scale, shape=self.shape)
+        out = _efficient_folded(*folded, bias, scale=self.scale, shape=self.shape)
+        self.retired = out is None  # None: the kernel refused this kind now
+        return out
 
 
 def _batch_folded(q: torch.Tensor, k: torch.Tensor,

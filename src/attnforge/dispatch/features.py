@@ -305,7 +305,18 @@ def lane_call(q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, dispatcher:
             return None
     except (AttributeError, RuntimeError, TypeError):  # not tensors, nested shapes: attention() says what is wrong
         return None
-    return lane.run(q, k, v, attn_mask)
+    import torch
+
+    try:
+        out = lane.run(q, k, v, attn_mask)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception:  # as features._direct: attention() serves it, with the rule for a raising backend
+        lane.run = None
+        return None
+    if out is None and getattr(lane.run, "retired", False):
+        lane.run = None  # it declines for good: not asked again for this mask object
+    return out
 
 
 def _offer_lane(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, dispatcher: Any,
