@@ -188,11 +188,10 @@ class SdpaAdapter(AdapterBase):
         if (self.kernel is not None or q.shape[2] > DECODE_ROWS or q.device.type not in _EFFICIENT_DEVICES
                 or not _batch_merges(k, v)):
             return None
-        b, hq, sq, _ = q.shape
-        hkv = k.shape[1]
-        bias = _DECODE_BIASES.get(mask, (True, b, hkv, hq // hkv, sq, k.shape[2], q.dtype, q.device))
+        bias = _DECODE_BIASES.get(mask, _bias_params(q, k, batch_folded=True))
         if bias is None:
             return None
+        b, hq, sq, _ = q.shape
         return DecodeLane(bias=weakref.ref(bias), scale=scale, shape=(b, hq, sq), cuda=q.device.type == "cuda")
 
     def _with_features(self, sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor,
@@ -567,7 +566,7 @@ def _efficient_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
         qf, kf, vf = folded
     if _REFUSED and _efficient_kind(qf, kf, vf, masked=True) in _REFUSED:  # asked once some kind was refused
         return None
-    params = (folded is not None, b, hkv, g, sq, k.shape[2], q.dtype, q.device)
+    params = _bias_params(q, k, batch_folded=folded is not None)
     bias = _DECODE_BIASES.get(mask, params)
     if bias is None:
         capturing = graph_capturing()
@@ -576,6 +575,15 @@ def _efficient_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
         if not capturing:  # a captured kernel has not run: the bias would hold garbage for an eager call
             _DECODE_BIASES.put(mask, params, bias)
     return _efficient_folded(qf, kf, vf, bias, scale=scale, shape=(b, hq, sq))
+
+
+def _bias_params(q: torch.Tensor, k: torch.Tensor, *, batch_folded: bool) -> tuple[Any, ...]:
+    """What a decode call's kept bias (:data:`_DECODE_BIASES`, beside its mask object) was made for: the fold, B,
+    Hkv, g, Sq, Sk, dtype and device; :func:`_efficient_decode` keeps it under this key and
+    :meth:`SdpaAdapter.decode_lane` finds it by the same key."""
+    b, hq, sq, _ = q.shape
+    hkv = k.shape[1]
+    return (batch_folded, b, hkv, hq // hkv, sq, k.shape[2], q.dtype, q.device)
 
 
 def _efficient_folded(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, bias: torch.Tensor, *,

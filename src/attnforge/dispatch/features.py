@@ -325,8 +325,10 @@ def _offer_lane(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any
     backend's lane for it (``decode_lane``, where the backend has one), one per mask object and thread, made again
     when the mask changed in place (a mask object reused step after step), the plans changed, or the geometry or
     scale differ; the :data:`LANES_KEPT` newest are kept."""
+    import torch
+
     try:
-        if attn_mask.is_inference() or attn_mask.__class__ is not _tensor_class():
+        if attn_mask.is_inference() or attn_mask.__class__ is not torch.Tensor:
             return  # no version counter to check (torch.inference_mode), or a tensor subclass
         version, geometry = attn_mask._version, _geometry(q, k, v)
     except (AttributeError, RuntimeError, TypeError):
@@ -351,13 +353,6 @@ def _offer_lane(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any
     # their elements)
     kept = [lane for lane in lanes if (m := lane.mask()) is not None and m is not attn_mask]
     lanes[:] = [made, *kept[: LANES_KEPT - 1]]
-
-
-def _tensor_class() -> Any:
-    """``torch.Tensor`` (imported when first needed, as this module's other torch uses)."""
-    import torch
-
-    return torch.Tensor
 
 
 #: the keywords of :func:`prepare` a call signature (:func:`signature`) does not carry: tensors other than the mask
