@@ -33,7 +33,7 @@ from typing import Any
 
 from _timing import interleaved, median, paired_ms
 
-DEV, DT, SMALL, WARMUP, DIAGNOSE, FRESH_LENGTHS = "cuda", "bfloat16", False, False, False, False
+DEV, DT, SMALL, WARMUP, DIAGNOSE, FRESH_LENGTHS, DECODE_ONLY = "cuda", "bfloat16", False, False, False, False, False
 #: timed decode rounds per implementation (``--decode-rounds``), after one untimed warm-up round
 DECODE_ROUNDS = 5
 LAYERS = 2
@@ -127,6 +127,29 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
         with torch.no_grad():
             logits[impl] = model(input_ids=ids, attention_mask=mask).logits
     use = {impl: (lambda impl=impl: model.set_attn_implementation(impl)) for impl in impls}
+    if not DECODE_ONLY:
+        _forward_and_train(torch, model, ids, mask, use=use, res=res)
+    res.update(_generate_paired(torch, model, batch, use))
+    for impl in impls:
+        model.set_attn_implementation(impl)
+        if DIAGNOSE:
+            res[f"{impl}_generate"].update(_generate_diagnosis(torch, model, batch))
+        if name == "llama3-8b" and not DECODE_ONLY:  # where a padded forward's time goes (issue 30 item 4)
+            res[f"{impl}_fwd_kernels"] = _kernels(torch, lambda: model(input_ids=ids, attention_mask=mask))
+    valid = mask.bool()
+    res["logits"] = _compare(logits["attnforge"][valid], logits[default][valid])
+    res["attnforge_explain_padded"] = _explain_padded(torch, model, ids, mask)
+    for key in () if DECODE_ONLY else ("fwd_ms", "fwd_padded_ms", "train_step_ms"):
+        res[f"speedup_{key}"] = res[f"{default}_{key}"] / res[f"attnforge_{key}"]
+    for key in ("prefill_ms", "decode_tokens_per_s"):
+        a, d = res["attnforge_generate"][key], res[f"{default}_generate"][key]
+        res[f"speedup_{key}"] = (d / a) if key.endswith("_ms") else (a / d)
+    return res
+
+
+def _forward_and_train(torch: Any, model: Any, ids: Any, mask: Any, *, use: dict[str, Any],
+                       res: dict[str, Any]) -> None:
+    """The forward (unpadded and padded) and train-step figures of :func:`decoder`, the implementations paired."""
     with torch.no_grad():
         # an unpadded batch (packed or equal-length training data: no mask, plain causal attention) and the
         # left-padded one (a bool mask on every call); both implementations interleaved (paired_ms)
@@ -142,22 +165,6 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
 
     for impl, ms in paired_ms(torch, step, use, reps=2).items():
         res[f"{impl}_train_step_ms"] = ms
-    res.update(_generate_paired(torch, model, batch, use))
-    for impl in impls:
-        model.set_attn_implementation(impl)
-        if DIAGNOSE:
-            res[f"{impl}_generate"].update(_generate_diagnosis(torch, model, batch))
-        if name == "llama3-8b":  # where a padded forward's time goes, per implementation (issue 30 item 4)
-            res[f"{impl}_fwd_kernels"] = _kernels(torch, lambda: model(input_ids=ids, attention_mask=mask))
-    valid = mask.bool()
-    res["logits"] = _compare(logits["attnforge"][valid], logits[default][valid])
-    res["attnforge_explain_padded"] = _explain_padded(torch, model, ids, mask)
-    for key in ("fwd_ms", "fwd_padded_ms", "train_step_ms"):
-        res[f"speedup_{key}"] = res[f"{default}_{key}"] / res[f"attnforge_{key}"]
-    for key in ("prefill_ms", "decode_tokens_per_s"):
-        a, d = res["attnforge_generate"][key], res[f"{default}_generate"][key]
-        res[f"speedup_{key}"] = (d / a) if key.endswith("_ms") else (a / d)
-    return res
 
 
 def _kernels(torch: Any, fn: Any, top: int = 15) -> list[dict[str, Any]]:
@@ -295,7 +302,8 @@ def _generate_diagnosis(torch: Any, model: Any, batch: int) -> dict[str, Any]:
         return _generate_run(torch, model, kw, n)
 
     return {"decode_calls": _spy_calls(torch, lambda: run(3)), "decode_syncs": _syncs(torch, lambda: run(3)),
-            "decode_kernels": _kernels(torch, lambda: run(9)), "decode_host": _host_profile(torch, lambda: run(9))}
+            "decode_kernels": _kernels(torch, lambda: run(9), top=40),
+            "decode_host": _host_profile(torch, lambda: run(9))}
 
 
 def _host_profile(torch: Any, fn: Any, top: int = 30) -> dict[str, list[dict[str, Any]]]:
@@ -453,7 +461,7 @@ MODELS = {**{name: (lambda torch, n=name: decoder(torch, n)) for name in DECODER
 
 
 def main() -> int:
-    global DEV, DT, SMALL, WARMUP, DIAGNOSE, LAYERS, FRESH_LENGTHS, DECODE_ROUNDS
+    global DEV, DT, SMALL, WARMUP, DIAGNOSE, LAYERS, FRESH_LENGTHS, DECODE_ROUNDS, DECODE_ONLY
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", help="cpu: a float32 dry run at tiny sizes")
@@ -468,13 +476,15 @@ def main() -> int:
     ap.add_argument("--fresh-lengths", action="store_true",
                     help="decode from prompts of a length no earlier round had (a server's requests): every step"
                          " meets K/V lengths never seen before")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="decoders: only generate (prefill and decode), no forward or train step (a short call)")
     ap.add_argument("--decode-rounds", type=int, default=DECODE_ROUNDS,
                     help="timed decode rounds per implementation, interleaved (the host's pace drifts between "
                          "rounds: 5 rounds moved a ratio by up to ~10%% between two H200 machines, 2026-11-28)")
     args = ap.parse_args()
     import torch
 
-    FRESH_LENGTHS, DECODE_ROUNDS = args.fresh_lengths, max(1, args.decode_rounds)
+    FRESH_LENGTHS, DECODE_ROUNDS, DECODE_ONLY = args.fresh_lengths, max(1, args.decode_rounds), args.decode_only
     DEV, DT, SMALL = args.device, ("bfloat16" if args.device == "cuda" else "float32"), args.device != "cuda"
     WARMUP, DIAGNOSE, LAYERS = args.warmup, args.diagnose, max(2, args.layers)
     results: dict[str, Any] = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",

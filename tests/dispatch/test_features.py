@@ -373,6 +373,70 @@ def test_the_exact_math_of_a_gqa_decode_call_launches_few_ops() -> None:
     torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
 
 
+def _bmm_with_out_dtype_as_cuda_has_it(real: Any) -> Any:
+    """torch.bmm as torch's CUDA build runs ``bmm(a, b, out_dtype=torch.float32)`` on half-precision inputs (the
+    CPU build has no kernel for it): products of the inputs summed in float32, a float32 result."""
+    def bmm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        if out_dtype is None:
+            return real(a, b)
+        assert a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16) and out_dtype == torch.float32
+        with torch.profiler.record_function("bmm.dtype"):  # one kernel on CUDA: the casts here are not counted
+            return real(a.to(out_dtype), b.to(out_dtype))
+    return bmm
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "additive-bf16", "additive-f32", "none"])
+def test_the_exact_decode_math_takes_half_precision_q_and_k_as_they_are(
+        monkeypatch: pytest.MonkeyPatch, mask_kind: str) -> None:
+    """Where the device has ``bmm(..., out_dtype=float32)`` (CUDA), a decode call's logits come from one matmul of
+    the bfloat16 q and K (no cast kernels, no float32 copy of the cache), and softcap's last multiply and an additive
+    mask are one kernel: 9 launches for Gemma-2's call with its additive mask, the same values as the casts give."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from attnforge.backends import exact
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, h, 1, 16, generator=g).to(torch.bfloat16) if s == 1 else
+               torch.randn(2, h, s, 16, generator=g).to(torch.bfloat16) for h, s in ((8, 1), (4, 70), (4, 70)))
+    hidden = torch.rand(2, 1, 1, 70, generator=g) < 0.3
+    hidden[1] = True  # a row that sees no key: zeros
+    mask = {"bool": ~hidden, "none": None,
+            "additive-bf16": torch.zeros(2, 1, 1, 70, dtype=torch.bfloat16).masked_fill(hidden, float("-inf")),
+            "additive-f32": torch.zeros(2, 1, 1, 70).masked_fill(hidden, float("-inf"))}[mask_kind]
+    cast = exact.exact_attention(q, k, v, attn_mask=mask, softcap=50.0)  # this CPU: the casts
+    assert exact._MIXED_MATMUL.get("cpu") is None  # not even tried on a device without the kernel
+    monkeypatch.setitem(exact._MIXED_MATMUL, "cpu", True)
+    monkeypatch.setattr(torch, "bmm", _bmm_with_out_dtype_as_cuda_has_it(torch.bmm))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        mixed = exact.exact_attention(q, k, v, attn_mask=mask, softcap=50.0)
+    torch.testing.assert_close(mixed, cast, atol=0, rtol=0)
+    if mask is not None:
+        assert mixed[1].abs().max() == 0
+    top = [e.name for e in prof.events() if (e.name.startswith("aten::") or e.name == "bmm.dtype")
+           and e.cpu_parent is None]
+    assert top.count("bmm.dtype") == 1, top
+    casts = [name for name in top if name in ("aten::to", "aten::_to_copy")]
+    # v's cast and the output's: q's and K's are gone
+    assert len(casts) == 2, top
+    views = {"aten::alias", "aten::transpose", "aten::view", "aten::reshape", "aten::expand"}
+    launching = [name for name in top if name not in views]
+    assert len(launching) <= (9 if mask_kind.startswith("additive") else 10), launching
+
+
+def test_the_exact_math_takes_the_casts_where_bmm_with_out_dtype_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device type whose torch lacks ``bmm(..., out_dtype=)`` raises on the first try; that call and every later
+    one take the casts, with the same values."""
+    from attnforge.backends import exact
+
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, h, s, 8, generator=g).to(torch.float16) for h, s in ((4, 1), (2, 9), (2, 9)))
+    want = exact.exact_attention(q, k, v, softcap=20.0)
+    monkeypatch.setitem(exact._MIXED_MATMUL, "cpu", True)  # as if the device had it: torch 2.13's CPU raises
+    got = exact.exact_attention(q, k, v, softcap=20.0)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert exact._MIXED_MATMUL["cpu"] is False
+
+
 @pytest.mark.parametrize("softcap", [None, 30.0])
 @pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
 def test_the_exact_math_without_grad_equals_its_general_path(softcap: float | None, mask_kind: str) -> None:

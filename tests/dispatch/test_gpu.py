@@ -212,3 +212,28 @@ def test_a_decode_steps_later_layers_take_the_lane_on_the_gpu(monkeypatch: pytes
     finally:
         features._LANES.__dict__.clear()
         runtime.set_dispatcher(previous)
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "additive"])
+def test_the_exact_decode_math_takes_bf16_q_and_k_in_one_matmul_on_the_gpu(mask_kind: str) -> None:
+    """Gemma-2-9B's decode call on the exact math (softcap 50, GQA 16/8, D256, a padding mask; a row that sees no
+    key): CUDA's ``bmm(..., out_dtype=float32)`` serves the logits (no cast of q and K), and the output is the
+    float64 reference's, zeros for the hidden row."""
+    from attnforge.backends import exact
+
+    g = torch.Generator(device="cuda").manual_seed(13)
+    q = torch.randn(4, 1, 16, 256, device="cuda", dtype=torch.bfloat16, generator=g).transpose(1, 2)
+    k, v = (torch.randn(4, 8, 1100, 256, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    hidden = torch.zeros(4, 1, 1, 1100, dtype=torch.bool, device="cuda")
+    hidden[1, ..., :300] = True
+    hidden[2] = True
+    mask = ~hidden if mask_kind == "bool" else torch.zeros(
+        hidden.shape, dtype=torch.bfloat16, device="cuda").masked_fill(hidden, torch.finfo(torch.bfloat16).min)
+    with torch.no_grad():
+        out = exact.exact_attention(q, k, v, attn_mask=mask, softcap=50.0, scale=256 ** -0.5)
+    assert exact._MIXED_MATMUL.get("cuda") is True
+    ref = reference_attention(q, k, v, attn_mask=mask, softcap=50.0, scale=256 ** -0.5)
+    if mask_kind == "bool":
+        assert out[2].abs().max() == 0
+    # transformers' additive mask hides with finfo.min, not -inf: that row attends to every key evenly, as eager's
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)

@@ -119,7 +119,11 @@ def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_ma
     ``accum``, in chunks of query rows so no step holds more than :data:`CHUNK_ELEMENTS` logits."""
     import torch
 
-    qa, ka, va = q.to(accum), k.to(accum), v.to(accum)
+    # where nothing reads the lse or records a gradient (a decode step, inference), half-precision q and K go to the
+    # logits' matmul as they are (:func:`_logits`: one kernel accumulating in float32, no copy of the cache)
+    mixed = (not lse and sinks is None and dropout_p == 0.0 and _mixed_matmul(q, k, accum)
+             and not records_grad(q, k, v, attn_mask))
+    qa, ka, va = (q, k, v.to(accum)) if mixed else (q.to(accum), k.to(accum), v.to(accum))
     hq = qa.shape[1]
     s = scale if scale is not None else 1.0 / math.sqrt(max(1, qa.shape[-1]))
     sq, sk = qa.shape[2], ka.shape[2]
@@ -156,11 +160,11 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
     grouped = q.reshape(b, hkv, (hq // hkv) * rows, q.shape[-1])
     # where nothing reads the lse or records a gradient (a decode step, inference): the logits changed in place and
     # torch.softmax (which subtracts each row's maximum itself): 12 ops for Gemma-2's decode call against 18, each a
-    # kernel launch of ~20 µs host time on the H200 host (scripts/gpu/decode_probe.py gemma_calls, 2026-11-28)
+    # kernel launch of ~20 µs host time on the H200 host (scripts/gpu/decode_probe.py gemma_calls, 2026-11-28); 10
+    # with a bool mask, 9 with an additive one, where q and K go to the logits' matmul as they are (_logits)
     inference = bool(sk) and not lse and sinks is None and dropout_p == 0.0 and not records_grad(q, k, v, attn_mask)
-    logits, masked = _masked_logits(torch.matmul(grouped, k.transpose(-1, -2)).view(b, hq, rows, sk), scale=scale,
-                                    softcap=softcap, visible=visible, attn_mask=attn_mask, accum=accum,
-                                    in_place=inference)
+    logits, masked = _masked_logits(_logits(grouped, k, accum).view(b, hq, rows, sk), scale=scale, softcap=softcap,
+                                    visible=visible, attn_mask=attn_mask, accum=accum, in_place=inference)
     if inference:
         probs = torch.softmax(logits, dim=-1)
         if masked:  # a row that hides every key is all -inf: softmax makes it NaN, zeros as the path below gives
@@ -197,20 +201,62 @@ def _masked_logits(raw: Any, *, scale: float, softcap: float | None, visible: An
     ``-inf``), changed in place when ``in_place`` (nothing records a gradient); and whether any mask applies."""
     import torch
 
+    additive = attn_mask is not None and attn_mask.dtype != torch.bool
     if in_place:
-        logits = raw.mul_(scale / softcap).tanh_().mul_(softcap) if softcap else raw.mul_(scale)
+        # the last multiply (by the softcap, or the scale) and an additive mask in one kernel: torch.add(mask, x,
+        # alpha=c) is mask + c * x, in float32 for a mask in any float dtype (type promotion: no cast of the mask)
+        last = softcap if softcap else scale
+        if softcap:
+            raw.mul_(scale / softcap).tanh_()
+        logits = torch.add(attn_mask, raw, alpha=last) if additive else raw.mul_(last)
+        if logits.dtype != accum:  # a float64 mask with float32 logits
+            logits = logits.to(accum)
     else:
         logits = raw * scale
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            visible = attn_mask if visible is None else visible & attn_mask
-        else:
-            logits = logits.add_(attn_mask.to(accum)) if in_place else logits + attn_mask.to(accum)
+        if additive:
+            logits = logits + attn_mask.to(accum)
+    if attn_mask is not None and not additive:
+        visible = attn_mask if visible is None else visible & attn_mask
     if visible is not None:
         logits = torch.where(visible, logits, float("-inf"))  # one kernel (a masked_fill needs ~visible first)
     return logits, visible is not None or attn_mask is not None
+
+
+#: whether torch's matmul with an ``out_dtype`` (``aten::bmm.dtype``: half-precision inputs, a float32 output
+#: accumulated in float32) serves a device type: absent = not tried yet; it has CUDA kernels only (torch 2.13's CPU
+#: build raises NotImplementedError), and a device type where it raised once takes the casts from then on
+_MIXED_MATMUL: dict[str, bool] = {}
+
+
+def _mixed_matmul(q: Any, k: Any, accum: Any) -> bool:
+    """Whether the logits' matmul may take ``q`` and ``k`` as they are (:func:`_logits`): float16/bfloat16 inputs of
+    one dtype, float32 accumulation, on a device whose torch has the kernel."""
+    import torch
+
+    return (accum == torch.float32 and q.dtype == k.dtype and q.dtype in (torch.float16, torch.bfloat16)
+            and _MIXED_MATMUL.get(q.device.type, q.device.type == "cuda"))
+
+
+def _logits(grouped: Any, k: Any, accum: Any) -> Any:
+    """``grouped @ k^T`` (``[B, Hkv, g x rows, D]`` by ``[B, Hkv, Sk, D]``) in ``accum``: inputs in ``accum`` by
+    ``torch.matmul``; half-precision inputs by one ``torch.bmm(..., out_dtype=accum)`` (their products are exact in
+    float32, summed in float32: the values of the cast inputs' matmul, without two cast kernels and a float32 copy of
+    the cache; 2026-11-28, Gemma-2's decode call on the exact math), or by those casts where that kernel raised."""
+    import torch
+
+    if grouped.dtype == accum:
+        return torch.matmul(grouped, k.transpose(-1, -2))
+    b, h, r, d = grouped.shape
+    sk = k.shape[2]
+    try:
+        out = torch.bmm(grouped.reshape(b * h, r, d), k.reshape(b * h, sk, d).transpose(1, 2), out_dtype=accum)
+    except (NotImplementedError, RuntimeError, TypeError):  # no such kernel on this device or torch
+        _MIXED_MATMUL[grouped.device.type] = False
+        return torch.matmul(grouped.to(accum), k.to(accum).transpose(-1, -2))
+    _MIXED_MATMUL[grouped.device.type] = True
+    return out.view(b, h, r, sk)
 
 
 def _unfold_rows(probs: Any, grouped: Any, v: Any) -> Any:
