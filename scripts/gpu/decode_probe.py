@@ -21,6 +21,7 @@ Usage: ``python scripts/gpu/decode_probe.py --out decode.json [--device cpu]`` (
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -502,8 +503,10 @@ def host_costs(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     bool ``[4, 1, 1, Sk]`` mask) at ``Sk = 65``, where every kernel is shorter than its launch, so wall time per
     call back to back is host time. One mask object for every call (a model's later layers: the bias is kept), the
     shape kept unsettled (``_MetShapes.SETTLED`` raised); best of 5 rounds of 300 calls. ``integration_step_2_layers``:
-    a decode step of two layers, a new mask each step (its making included). On CPU (``--device cpu``)
-    the memory-efficient op is a stand-in that returns an empty output (the path's Python alone)."""
+    a decode step of two layers, a new mask each step (its making included); ``*_new_mask``: one layer, a mask
+    object no keeper holds each call (made beforehand), each piece of the path that a step's first layer pays. On
+    CPU (``--device cpu``) the memory-efficient op is a stand-in that returns an empty output (the path's Python
+    alone)."""
     import torch.nn.functional as F  # noqa: N812
 
     import attnforge
@@ -539,7 +542,19 @@ def host_costs(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
                                     capturing=False)
     op = torch._scaled_dot_product_efficient_attention
     scale = d ** -0.5
+    # a step's first layer alone: 64 mask objects in turn, more than any keeper holds (lanes, kept biases), each
+    # made before the timing (the mask's own making is the model's, as SDPA pays it too)
+    pool = itertools.cycle([mask.clone() for _ in range(64)])
     variants: dict[str, Callable[[], Any]] = {
+        "integration_new_mask": lambda: attention_forward(Module(), q, k, v, next(pool), scaling=scale),
+        "sdpa_new_mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=next(pool), scale=scale,
+                                                                enable_gqa=True).transpose(1, 2).contiguous(),
+        "adapter_new_mask": lambda: adapter(q, k, v, causal=False, scale=scale, attn_mask=next(pool)),
+        "efficient_decode_new_mask": lambda: sdpa_module._efficient_decode(q, k, v, next(pool), seen=None,
+                                                                           scale=scale),
+        "decode_bias_new_mask": lambda: sdpa_module._decode_bias(next(pool), None, b=b, hkv=hkv, g=hq // hkv, sq=1,
+                                                                 sk=sk, dtype=dt, batch_folded=True,
+                                                                 capturing=False),
         "sdpa_bool_mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                                                  enable_gqa=True).transpose(1, 2).contiguous(),
         "integration": lambda: attention_forward(Module(), q, k, v, mask, scaling=scale),
