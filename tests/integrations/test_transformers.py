@@ -129,6 +129,94 @@ def test_generate_with_cache_matches_eager(served: list[tuple[int, ...]]) -> Non
     assert len(served) == 2 * 5  # two layers, the prompt and four single-token steps
 
 
+@pytest.fixture
+def skip_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The query length of every time transformers reads a padding mask to see whether it may skip building the
+    mask (``masking_utils._ignore_causal_mask_sdpa``: a host sync on a GPU), counted from here on."""
+    from transformers import masking_utils
+
+    tf_integration._PADDED_DECODE.clear()
+    calls: list[int] = []
+    asking: list[int] = []
+    real, real_all = masking_utils._ignore_causal_mask_sdpa, masking_utils.fast_all
+
+    def spy(padding_mask: Any, q_length: int, *args: Any, **kwargs: Any) -> bool:
+        asking.append(q_length)
+        try:
+            return real(padding_mask, q_length, *args, **kwargs)  # type: ignore[no-any-return]
+        finally:
+            asking.pop()
+
+    def reads(tensor: Any) -> Any:
+        if asking:
+            calls.append(asking[-1])
+        return real_all(tensor)
+
+    monkeypatch.setattr(masking_utils, "_ignore_causal_mask_sdpa", spy)
+    monkeypatch.setattr(masking_utils, "fast_all", reads)
+    return calls
+
+
+# Gemma-2's sliding layers: a window of 4 (MODELS) the keys reach, which sdpa_mask builds without reading
+@pytest.mark.parametrize(("name", "kinds"), [("llama", 1), ("gemma2-softcap-sliding-window", 1)])
+def test_a_padded_generate_reads_its_padding_once_for_its_decode_steps(
+        name: str, kinds: int, skip_checks: list[int], served: list[tuple[int, ...]]) -> None:
+    """A padded batch's decode steps build their masks without reading the padding mask again after the first step
+    (transformers' SDPA mask reads it, a host sync, on every step for each kind of mask); the tokens are SDPA's (or
+    eager's, for a model SDPA cannot serve), for an unpadded batch of the same size after it too."""
+    ids, mask = _inputs(length=6, left_pad=2)
+    kwargs = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    default = "eager" if name.startswith("gemma2") else "sdpa"
+    want = _model(name, default).eval().generate(ids, **kwargs)
+    skip_checks.clear()
+    got = _model(name, "attnforge").eval().generate(ids, **kwargs)
+    assert got.tolist() == want.tolist()
+    assert skip_checks.count(1) == kinds, skip_checks  # the first decode step asks, for each kind of mask
+    # the same batch size, unpadded
+    skip_checks.clear()
+    full = torch.ones_like(mask)
+    want = _model(name, default).eval().generate(ids, **{**kwargs, "attention_mask": full})
+    skip_checks.clear()
+    got = _model(name, "attnforge").eval().generate(ids, **{**kwargs, "attention_mask": full})
+    assert got.tolist() == want.tolist()
+    assert skip_checks == []  # transformers drops an all-visible padding mask before any mask function is asked
+
+
+def test_the_mask_builder_builds_a_continued_padded_decode_steps_mask_and_passes_the_rest_through() -> None:
+    """The registered mask function against ``sdpa_mask`` itself: the same mask wherever it builds one; a decode step
+    that continues a padded one (the next K/V length, or the same: a static cache) built; a new length asked again;
+    positional calls and calls that forbid the skip passed through."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    tf_integration._PADDED_DECODE.clear()
+    build = tf_integration._mask_builder(sdpa_mask)
+    padded = torch.ones(2, 9, dtype=torch.bool)
+    padded[0, :3] = False
+
+    def ask(kv: int, padding: torch.Tensor, **extra: Any) -> Any:
+        kw = {"batch_size": 2, "q_length": 1, "kv_length": kv, "q_offset": kv - 1, "kv_offset": 0,
+              "mask_function": causal_mask_function, "attention_mask": padding[:, :kv], **extra}
+        got, want = build(**kw), sdpa_mask(**kw)
+        assert (got is None) == (want is None) or (want is None and bool(got.all()))
+        if want is not None:
+            assert torch.equal(got, want)
+        return got
+
+    assert ask(6, padded) is not None  # asked: padded
+    assert tf_integration._PADDED_DECODE[(2, "cpu", None)] == (6, True)
+    full = torch.ones(2, 9, dtype=torch.bool)
+    assert ask(7, full) is not None  # continues the padded batch: built, all visible, not asked
+    assert ask(7, full) is not None  # a static cache: the same length, still built
+    assert ask(3, full) is None  # a new length: asked, unpadded, skipped
+    assert tf_integration._PADDED_DECODE[(2, "cpu", None)] == (3, False)
+    assert ask(4, full) is None  # continues an unpadded batch: asked again (skipped)
+    # a window the keys reach: sdpa_mask builds without asking; that answer is not the padding's
+    assert ask(5, full, local_size=4) is not None
+    assert (2, "cpu", 4) not in tf_integration._PADDED_DECODE
+    positional = build(2, 1, 4, 3, 0, causal_mask_function, full[:, :4])
+    assert positional is None
+
+
 def test_a_model_without_an_eager_function_gets_a_hint() -> None:
     class Bare(torch.nn.Module):
         pass
