@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import attnforge
 from attnforge.errors import DispatchError
@@ -160,7 +162,8 @@ def skip_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 # Gemma-2's sliding layers: a window of 4 (MODELS) the keys reach, which sdpa_mask builds without reading
 @pytest.mark.parametrize(("name", "kinds"), [("llama", 1), ("gemma2-softcap-sliding-window", 1)])
 def test_a_padded_generate_reads_its_padding_once_for_its_decode_steps(
-        name: str, kinds: int, skip_checks: list[int], served: list[tuple[int, ...]]) -> None:
+        name: str, kinds: int, skip_checks: list[int], served: list[tuple[int, ...]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A padded batch's decode steps build their masks without reading the padding mask again after the first step
     (transformers' SDPA mask reads it, a host sync, on every step for each kind of mask); the tokens are SDPA's (or
     eager's, for a model SDPA cannot serve), for an unpadded batch of the same size after it too."""
@@ -169,9 +172,13 @@ def test_a_padded_generate_reads_its_padding_once_for_its_decode_steps(
     default = "eager" if name.startswith("gemma2") else "sdpa"
     want = _model(name, default).eval().generate(ids, **kwargs)
     skip_checks.clear()
+    views: list[bool] = []
+    real = tf_integration._last_query_mask
+    monkeypatch.setattr(tf_integration, "_last_query_mask", lambda kw: views.append(real(kw) is not None) or real(kw))
     got = _model(name, "attnforge").eval().generate(ids, **kwargs)
     assert got.tolist() == want.tolist()
     assert skip_checks.count(1) == kinds, skip_checks  # the first decode step asks, for each kind of mask
+    assert views == [True] * 4  # the full-attention mask of decode steps 2-5: the padding mask's view
     # the same batch size, unpadded
     skip_checks.clear()
     full = torch.ones_like(mask)
@@ -182,6 +189,29 @@ def test_a_padded_generate_reads_its_padding_once_for_its_decode_steps(
     assert skip_checks == []  # transformers drops an all-visible padding mask before any mask function is asked
 
 
+@settings(max_examples=200, deadline=None)
+@given(batch=st.integers(1, 3), kv_length=st.integers(1, 12), kv_offset=st.integers(0, 3), extra=st.integers(0, 3),
+       q_shift=st.sampled_from([0, 0, 0, -1, 1]), seed=st.integers(0, 2**16), dtype=st.sampled_from(["bool", "long"]))
+def test_the_last_query_mask_is_sdpa_masks_own(  # noqa: PLR0917 - hypothesis draws
+        batch: int, kv_length: int, kv_offset: int, extra: int, q_shift: int,
+        seed: int, dtype: str) -> None:
+    """Where :func:`_last_query_mask` answers (a bool padding mask, the query the last key), its mask is the one
+    ``sdpa_mask`` builds for the plain causal mask; anywhere else it leaves the call to ``sdpa_mask``."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    padding = torch.rand(batch, kv_offset + kv_length + extra, generator=torch.Generator().manual_seed(seed)) < 0.7
+    kw = {"batch_size": batch, "q_length": 1, "kv_length": kv_length, "kv_offset": kv_offset,
+          "q_offset": kv_offset + kv_length - 1 + q_shift, "mask_function": causal_mask_function,
+          "attention_mask": padding if dtype == "bool" else padding.long(), "allow_is_causal_skip": False}
+    got = tf_integration._last_query_mask(kw)
+    if dtype == "long" or q_shift:
+        assert got is None
+        return
+    want = sdpa_mask(**kw)
+    assert got is not None and got.shape == want.shape and got.dtype == torch.bool
+    assert torch.equal(got, want)
+
+
 def test_the_mask_builder_builds_a_continued_padded_decode_steps_mask_and_passes_the_rest_through() -> None:
     """The registered mask function against ``sdpa_mask`` itself: the same mask wherever it builds one; a decode step
     that continues a padded one (the next K/V length, or the same: a static cache) built; a new length asked again;
@@ -189,7 +219,7 @@ def test_the_mask_builder_builds_a_continued_padded_decode_steps_mask_and_passes
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     tf_integration._PADDED_DECODE.clear()
-    build = tf_integration._mask_builder(sdpa_mask)
+    build = tf_integration._mask_builder(sdpa_mask, causal_mask_function)
     padded = torch.ones(2, 9, dtype=torch.bool)
     padded[0, :3] = False
 
