@@ -210,8 +210,8 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
         padding = get("attention_mask")
         # transformers passes keywords (masking_utils' mask_interface calls): anything else is passed through, as is
         # a traced call (sdpa_mask reads no values then, and the state here is nothing to guard a graph on)
-        if (args or get("q_length") != 1 or padding is None or get("allow_is_causal_skip", True) is False
-                or torch.compiler.is_compiling()):
+        if (args or get("q_length") != 1 or not isinstance(padding, torch.Tensor)
+                or get("allow_is_causal_skip", True) is False or torch.compiler.is_compiling()):
             return sdpa_mask(*args, **kwargs)
         key, kv_length = (get("batch_size"), str(padding.device), get("local_size")), get("kv_length")
         last = _PADDED_DECODE.get(key)
