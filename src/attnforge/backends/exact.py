@@ -128,6 +128,10 @@ def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_ma
     s = scale if scale is not None else 1.0 / math.sqrt(max(1, qa.shape[-1]))
     sq, sk = qa.shape[2], ka.shape[2]
     step = max(1, CHUNK_ELEMENTS // max(1, qa.shape[0] * hq * sk))
+    if step >= sq:  # one chunk (a decode step): q and the mask as they are, no slicing views
+        visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=qa.device)
+        return _rows(qa, ka, va, scale=s, visible=visible, attn_mask=attn_mask, dropout_p=dropout_p,
+                     softcap=softcap, sinks=sinks, accum=accum, lse=lse)
     parts = []
     for start in range(0, max(sq, 1), step):
         rows = slice(start, min(sq, start + step))
