@@ -437,6 +437,26 @@ def test_the_exact_math_takes_the_casts_where_bmm_with_out_dtype_raises(monkeypa
     assert exact._MIXED_MATMUL["cpu"] is False
 
 
+def test_out_of_memory_in_the_exact_maths_one_matmul_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of memory in ``bmm(..., out_dtype=)`` is the device's state, not a missing kernel: it reaches the caller
+    (whose rule for it applies) and the kernel stays on for the next call."""
+    from attnforge.backends import exact
+
+    real = torch.bmm
+
+    def bmm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        if out_dtype is not None:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(a, b)
+
+    monkeypatch.setitem(exact._MIXED_MATMUL, "cpu", True)
+    monkeypatch.setattr(torch, "bmm", bmm)
+    q, k, v = (torch.randn(1, h, s, 8).to(torch.float16) for h, s in ((4, 1), (2, 9), (2, 9)))
+    with torch.no_grad(), pytest.raises(torch.OutOfMemoryError):
+        exact.exact_attention(q, k, v)
+    assert exact._MIXED_MATMUL["cpu"] is True
+
+
 @pytest.mark.parametrize("softcap", [None, 30.0])
 @pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
 def test_the_exact_math_without_grad_equals_its_general_path(softcap: float | None, mask_kind: str) -> None:

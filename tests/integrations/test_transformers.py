@@ -236,7 +236,11 @@ def test_the_mask_builder_builds_a_continued_padded_decode_steps_mask_and_passes
     assert tf_integration._PADDED_DECODE[(2, "cpu", None)] == (6, True)
     full = torch.ones(2, 9, dtype=torch.bool)
     assert ask(7, full) is not None  # continues the padded batch: built, all visible, not asked
-    assert ask(7, full) is not None  # a static cache: the same length, still built
+    assert ask(7, full) is not None  # the same length again (the query still the last key): still built
+    # a query that is not the last key (a static cache's step, a prefix longer than the input): sdpa_mask decides
+    kw = {"batch_size": 2, "q_length": 1, "kv_length": 8, "q_offset": 0, "kv_offset": 0,
+          "mask_function": causal_mask_function, "attention_mask": full[:, :8]}
+    assert build(**kw) is None and sdpa_mask(**kw) is None
     assert ask(3, full) is None  # a new length: asked, unpadded, skipped
     assert tf_integration._PADDED_DECODE[(2, "cpu", None)] == (3, False)
     assert ask(4, full) is None  # continues an unpadded batch: asked again (skipped)
@@ -245,6 +249,21 @@ def test_the_mask_builder_builds_a_continued_padded_decode_steps_mask_and_passes
     assert (2, "cpu", 4) not in tf_integration._PADDED_DECODE
     positional = build(2, 1, 4, 3, 0, causal_mask_function, full[:, :4])
     assert positional is None
+
+
+def test_a_one_token_forward_after_a_padded_generate_is_sdpas(skip_checks: list[int]) -> None:
+    """A padded ``generate`` leaves the mask function expecting more padded steps; a later forward of one token with
+    no cache and a padding mask longer than its input (transformers skips that mask: the query is not the last
+    key) gets SDPA's logits, not a mask that does not fit its one key."""
+    ids, mask = _inputs(length=6, left_pad=2)
+    sdpa, ours = _model("llama", "sdpa").eval(), _model("llama", "attnforge").eval()
+    for model in (sdpa, ours):
+        model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    one, longer = ids[:, :1], torch.ones(2, 11, dtype=torch.long)
+    with torch.no_grad():
+        want = sdpa(one, attention_mask=longer, use_cache=False).logits
+        got = ours(one, attention_mask=longer, use_cache=False).logits
+    assert _max_diff(got, want) <= TOL
 
 
 def test_a_model_without_an_eager_function_gets_a_hint() -> None:

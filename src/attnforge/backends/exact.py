@@ -256,6 +256,8 @@ def _logits(grouped: Any, k: Any, accum: Any) -> Any:
     sk = k.shape[2]
     try:
         out = torch.bmm(grouped.reshape(b * h, r, d), k.reshape(b * h, sk, d).transpose(1, 2), out_dtype=accum)
+    except torch.OutOfMemoryError:
+        raise  # the device's state, not a missing kernel: the caller's to handle, the kernel stays on
     except (NotImplementedError, RuntimeError, TypeError):  # no such kernel on this device or torch
         _MIXED_MATMUL[grouped.device.type] = False
         return torch.matmul(grouped.to(accum), k.to(accum).transpose(-1, -2))

@@ -185,9 +185,11 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
     no mask), ``sdpa_mask`` first reads whether the padding mask hides any key
     (``masking_utils._ignore_causal_mask_sdpa``: a sum and a host sync, on every step and for each kind of mask).
     A padded batch's answer is the same on every step of its ``generate``, so only its first decode step asks; a
-    step continues the last one of its batch size, device and window when its K/V length is the last one's or one
-    more (a static cache's length stays). A built mask that hides nothing gives the outputs of no mask, so a wrong
-    guess (an unpadded batch following a padded one at the next length) only costs that ``generate`` its skip.
+    step continues the last one of its batch size, device and window when its one query is the last key (a dynamic
+    cache's step) and its K/V length is the last one's or one more. A built mask that hides nothing gives the
+    outputs of no mask, so a wrong guess (an unpadded batch following a padded one at the next length) only costs
+    that ``generate`` its skip. A step whose query is not the last key (a static cache, a prefix longer than the
+    input) is left to ``sdpa_mask``: its skip there may also mean that a built mask would not fit the call.
 
     Measured on an H200 (2026-11-28, ``models_e2e.py --diagnose``, Gemma-2-9B-shaped, 2 layers, a padded batch): 35
     host syncs in 9 decode steps through ``"attnforge"`` against 15 for eager (whose mask is always built), the
@@ -214,9 +216,13 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
                 or get("allow_is_causal_skip", True) is False or torch.compiler.is_compiling()):
             return sdpa_mask(*args, **kwargs)
         key, kv_length = (get("batch_size"), str(padding.device), get("local_size")), get("kv_length")
+        kv_offset, q_offset = get("kv_offset", 0), get("q_offset", 0)
         last = _PADDED_DECODE.get(key)
+        # a continued step: the query is the last key (a dynamic cache's decode step; anything else, a static cache's
+        # or a prefix's, is sdpa_mask's to decide, since its skip also means the mask would not fit the call)
         if (last is not None and last[1] and isinstance(kv_length, int) and isinstance(last[0], int)
-                and kv_length - last[0] in (0, 1)):
+                and kv_length - last[0] in (0, 1) and isinstance(kv_offset, int) and isinstance(q_offset, int)
+                and q_offset == kv_offset + kv_length - 1):
             _PADDED_DECODE[key] = (kv_length, True)
             built = _last_query_mask(kwargs) if get("mask_function") is causal else None
             return built if built is not None else sdpa_mask(**{**kwargs, "allow_is_causal_skip": False})
