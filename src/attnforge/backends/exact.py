@@ -119,10 +119,11 @@ def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_ma
     ``accum``, in chunks of query rows so no step holds more than :data:`CHUNK_ELEMENTS` logits."""
     import torch
 
-    # where nothing reads the lse or records a gradient (a decode step, inference), half-precision q and K go to the
-    # logits' matmul as they are (:func:`_logits`: one kernel accumulating in float32, no copy of the cache)
-    mixed = (not lse and sinks is None and dropout_p == 0.0 and _mixed_matmul(q, k, accum)
-             and not records_grad(q, k, v, attn_mask))
+    # where nothing reads the lse or records a gradient (a decode step, inference): the in-place path of _rows, and
+    # half-precision q and K go to the logits' matmul as they are (_logits: one kernel accumulating in float32, no
+    # copy of the cache)
+    no_grad = not lse and sinks is None and dropout_p == 0.0 and not records_grad(q, k, v, attn_mask)
+    mixed = no_grad and _mixed_matmul(q, k, accum)
     qa, ka, va = (q, k, v.to(accum)) if mixed else (q.to(accum), k.to(accum), v.to(accum))
     hq = qa.shape[1]
     s = scale if scale is not None else 1.0 / math.sqrt(max(1, qa.shape[-1]))
@@ -131,7 +132,7 @@ def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_ma
     if step >= sq:  # one chunk (a decode step): q and the mask as they are, no slicing views
         visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=qa.device)
         return _rows(qa, ka, va, scale=s, visible=visible, attn_mask=attn_mask, dropout_p=dropout_p,
-                     softcap=softcap, sinks=sinks, accum=accum, lse=lse)
+                     softcap=softcap, sinks=sinks, accum=accum, lse=lse, no_grad=no_grad)
     parts = []
     for start in range(0, max(sq, 1), step):
         rows = slice(start, min(sq, start + step))
@@ -141,7 +142,7 @@ def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_ma
         visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=qa.device,
                                rows=(rows.start, rows.stop))
         parts.append(_rows(qa[:, :, rows], ka, va, scale=s, visible=visible, attn_mask=mask, dropout_p=dropout_p,
-                           softcap=softcap, sinks=sinks, accum=accum, lse=lse))
+                           softcap=softcap, sinks=sinks, accum=accum, lse=lse, no_grad=no_grad))
     if len(parts) == 1:
         return parts[0]
     out = torch.cat([o for o, _ in parts], dim=2)
@@ -149,9 +150,10 @@ def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_ma
 
 
 def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any, dropout_p: float,
-          softcap: float | None, sinks: Any, accum: Any, lse: bool = True) -> tuple[Any, Any]:
+          softcap: float | None, sinks: Any, accum: Any, lse: bool, no_grad: bool) -> tuple[Any, Any]:
     """One chunk of query rows of :func:`_dense` (``q [B, Hq, rows, D]``, ``k/v [B, Hkv, Sk, D]``, all in
-    ``accum``); the lse is None unless ``lse``.
+    ``accum``, or q and K in half precision for :func:`_logits`); the lse is None unless ``lse``; ``no_grad``:
+    :func:`_dense`'s answer to whether nothing reads the lse or records a gradient.
 
     GQA reads K/V as they are: query head ``h`` reads K/V head ``h // (Hq / Hkv)``, so the ``Hq / Hkv`` query heads
     of one K/V head are folded into its rows (``[B, Hkv, g * rows, D]``) and the logits unfolded to
@@ -166,7 +168,7 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
     # torch.softmax (which subtracts each row's maximum itself): 12 ops for Gemma-2's decode call against 18, each a
     # kernel launch of ~20 µs host time on the H200 host (scripts/gpu/decode_probe.py gemma_calls, 2026-11-28); 10
     # with a bool mask, 9 with an additive one, where q and K go to the logits' matmul as they are (_logits)
-    inference = bool(sk) and not lse and sinks is None and dropout_p == 0.0 and not records_grad(q, k, v, attn_mask)
+    inference = bool(sk) and no_grad
     logits, masked = _masked_logits(_logits(grouped, k, accum).view(b, hq, rows, sk), scale=scale, softcap=softcap,
                                     visible=visible, attn_mask=attn_mask, accum=accum, in_place=inference)
     if inference:

@@ -216,13 +216,11 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
                 or get("allow_is_causal_skip", True) is False or torch.compiler.is_compiling()):
             return sdpa_mask(*args, **kwargs)
         key, kv_length = (get("batch_size"), str(padding.device), get("local_size")), get("kv_length")
-        kv_offset, q_offset = get("kv_offset", 0), get("q_offset", 0)
         last = _PADDED_DECODE.get(key)
         # a continued step: the query is the last key (a dynamic cache's decode step; anything else, a static cache's
         # or a prefix's, is sdpa_mask's to decide, since its skip also means the mask would not fit the call)
-        if (last is not None and last[1] and isinstance(kv_length, int) and isinstance(last[0], int)
-                and kv_length - last[0] in (0, 1) and isinstance(kv_offset, int) and isinstance(q_offset, int)
-                and q_offset == kv_offset + kv_length - 1):
+        if (last is not None and last[1] and isinstance(last[0], int) and _query_is_last_key(kwargs)
+                and kwargs["kv_length"] - last[0] in (0, 1)):
             _PADDED_DECODE[key] = (kv_length, True)
             built = _last_query_mask(kwargs) if get("mask_function") is causal else None
             return built if built is not None else sdpa_mask(**{**kwargs, "allow_is_causal_skip": False})
@@ -242,12 +240,20 @@ def _last_query_mask(kwargs: dict[str, Any]) -> Any:
     the keywords say anything else (``sdpa_mask`` builds those)."""
     import torch
 
-    padding, b = kwargs["attention_mask"], kwargs.get("batch_size")
-    kv_length, kv_offset, q_offset = kwargs.get("kv_length"), kwargs.get("kv_offset", 0), kwargs.get("q_offset", 0)
-    if not (isinstance(kv_length, int) and isinstance(kv_offset, int) and isinstance(q_offset, int)
-            and padding.__class__ is torch.Tensor and padding.dtype == torch.bool and padding.dim() == 2
-            and padding.shape[0] == b and padding.shape[1] >= kv_offset + kv_length
-            and q_offset == kv_offset + kv_length - 1):
+    padding = kwargs["attention_mask"]
+    if not (_query_is_last_key(kwargs) and padding.__class__ is torch.Tensor and padding.dtype == torch.bool
+            and padding.dim() == 2 and padding.shape[0] == kwargs.get("batch_size")):
+        return None
+    kv_offset, kv_length = kwargs.get("kv_offset", 0), kwargs["kv_length"]
+    if padding.shape[1] < kv_offset + kv_length:
         return None
     return padding[:, None, None, kv_offset:kv_offset + kv_length]
+
+
+def _query_is_last_key(kwargs: dict[str, Any]) -> bool:
+    """Whether a mask function's one query is its last key (``q_offset == kv_offset + kv_length - 1``, all ints: a
+    dynamic cache's decode step), read from the keywords transformers passes it."""
+    kv_length, kv_offset, q_offset = kwargs.get("kv_length"), kwargs.get("kv_offset", 0), kwargs.get("q_offset", 0)
+    return (isinstance(kv_length, int) and isinstance(kv_offset, int) and isinstance(q_offset, int)
+            and q_offset == kv_offset + kv_length - 1)
 
