@@ -103,6 +103,8 @@ class Row:
     failed: dict[str, str] = field(default_factory=dict)
     first_use_s: dict[str, float] = field(default_factory=dict)
     chosen: str | None = None
+    #: the choice after the timed calls (the in-situ check runs after 64 calls of a class and may revert it)
+    chosen_after: str | None = None
     chosen_quantized: str | None = None
     best_exact: str | None = None
     ratio_to_best: float | None = None
@@ -287,6 +289,8 @@ def measure(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[
         row.ms[n] = m["median_ms"]
         row.spread[n] = (m["hi_ms"] - m["lo_ms"]) / m["median_ms"] if m["median_ms"] else 0.0
         row.tflops[n] = f / (m["median_ms"] * 1e-3) / 1e12
+    if "attnforge" in cands:
+        row.chosen_after = getattr(attnforge.explain(qb, kb, vb, causal=cell.causal), "chosen", None)
     exact_ok = [n for n in backends if n in row.ms and n not in QUANTIZED and row.errors.get(n, 1) < 2e-2]
     if exact_ok and "attnforge" in row.ms:
         best = min(exact_ok, key=lambda n: row.ms[n])

@@ -146,6 +146,11 @@ def rank(measurements: Iterable[Measurement]) -> Ranking:
                    measurements=by_name)
 
 
+#: the ``run_id`` prefix of the in-situ check's records (:mod:`attnforge.dispatch.insitu`): timings of the route and
+#: of SDPA on a live call, which supersede what was measured of the class before them (:func:`class_measurements`)
+LIVE_RUN_PREFIX = "insitu-"
+
+
 def latest(records: Iterable[BenchRecord]) -> list[BenchRecord]:
     """The newest record per (backend, exact shape): records come oldest first, later runs override."""
     newest: dict[tuple[object, ...], BenchRecord] = {}
@@ -167,9 +172,12 @@ def class_measurements(records: Iterable[BenchRecord], shape_class: ShapeClass,
         among: only these backends (e.g. the verified ones); None for all.
     """
     per: dict[str, list[BenchRecord]] = {}
-    for r in latest(records):
+    for r in latest(records):  # newest last
         if r.tflops > 0 and (among is None or r.backend in among) and r.shape.shape_class == shape_class:
-            per.setdefault(r.backend, []).append(r)
+            if r.run_id.startswith(LIVE_RUN_PREFIX):  # a live check supersedes the class's older records of it,
+                per[r.backend] = [r]  # at whatever length of the class they were taken
+            else:
+                per.setdefault(r.backend, []).append(r)
     return {name: _mean(name, recs) for name, recs in per.items()}
 
 

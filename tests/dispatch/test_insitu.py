@@ -125,3 +125,102 @@ def test_no_check_when_measuring_is_off_or_while_capturing(tmp_path: Path, monke
     monkeypatch.setattr(autotune, "capturing", lambda: False)
     attnforge.attention(q, k, v)  # the next call outside a capture checks
     assert sdpa.calls > 0
+
+
+@dataclass
+class SettlingSdpa(Kernel):
+    """SDPA as its adapter serves a decode shape: slower until told the shape repeats (the split-KV path), then a
+    graph built on the next call (``build_ms`` once) and the fast kernel after it (cuDNN's cached graph)."""
+
+    settled_kernel_ms: float = 0.01
+    build_ms: float = 37.0
+    settled: set[tuple[int, ...]] | None = None
+    built: bool = False
+
+    def settle_repeated(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        self.settled = (self.settled or set()) | {tuple(k.shape)}
+        return True
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None) -> torch.Tensor:
+        if self.settled and tuple(k.shape) in self.settled:
+            if not self.built:
+                self.built = True
+                self.gpu.now += self.build_ms / 1e3
+            self.calls += 1
+            self.gpu.now += self.host_ms / 1e3
+            self.gpu.free = max(self.gpu.free, self.gpu.now) + self.settled_kernel_ms / 1e3
+            return reference_attention(q, k, v, causal=causal, scale=scale).to(q.dtype)
+        return super().__call__(q, k, v, causal=causal, scale=scale)
+
+
+def _decode_setup(tmp_path: Path) -> tuple[RecordStore, Kernel, SettlingSdpa, Gpu]:
+    """A decode class (Sq 1, 17-32 keys) where first use measured "fa" faster than SDPA's unsettled path; SDPA
+    settled on one shape is faster than fa."""
+    gpu = Gpu()
+    fa = Kernel("fa", gpu, 0.02, 0.05)
+    sdpa = SettlingSdpa("sdpa", gpu, 0.02, 0.09)
+    store = RecordStore(tmp_path / "home")
+    store.add_verify(VerifyRecord(device_key=CPU_KEY, backend="fa", backend_version=None, ok=True, summary="ok"))
+    shape = AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=1, seqlen_k=32, causal=False,
+                           mode=Mode.FWD, dtype="float32")
+    store.add_bench([BenchRecord.measured(shape, device_key=CPU_KEY, backend=name, backend_version=None, ms=ms,
+                                          tflops=1e-3 / ms, run_id="bench") for name, ms in (("fa", 0.05),
+                                                                                             ("sdpa", 0.09))])
+    runtime.set_dispatcher(runtime.Dispatcher({"fa": fa}, fallback=sdpa, records=store))
+    return store, fa, sdpa, gpu
+
+
+def _decode_qkv(keys: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(keys)
+    return (torch.randn(1, 4, 1, 8, generator=g), torch.randn(1, 2, keys, 8, generator=g),
+            torch.randn(1, 2, keys, 8, generator=g))
+
+
+def test_a_repeated_decode_shape_is_checked_against_sdpa_settled_on_it(tmp_path: Path) -> None:
+    """Every sampled call of one decode shape (a fixed-size cache, a benchmark loop): SDPA is told the shape
+    repeats and timed as a long run of it gets it (its graph built once, untimed), so a route faster than SDPA's
+    first meetings but slower than its settled kernel reverts (the grid's decode GQA cell, H200, 2026-11-28)."""
+    store, _fa, sdpa, gpu = _decode_setup(tmp_path)
+    q, k, v = _decode_qkv(24)
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        assert attnforge.explain(q, k, v).chosen == "fa"
+        for _ in range(insitu.SAMPLE_AFTER + 1):
+            attnforge.attention(q, k, v)
+    assert sdpa.settled == {(1, 2, 24, 8)} and sdpa.built
+    explained = attnforge.explain(q, k, v)
+    assert explained.chosen == "sdpa" and "reverted from fa by an in-situ check" in explained.basis[0]
+    live = {r.backend: r.ms for r in store.bench_records(CPU_KEY) if r.run_id.startswith("insitu-")}
+    assert live["sdpa"] < live["fa"] < 0.09  # SDPA's settled time, not its first meetings' and not the build
+
+
+def test_a_decode_class_of_growing_lengths_keeps_sdpa_unsettled_in_the_check(tmp_path: Path) -> None:
+    """A decode loop whose cache grows (another length every few calls, one class): no shape repeats, so SDPA is
+    timed as such a loop gets it (unsettled, slower than fa here) and the route stays."""
+    store, _fa, sdpa, gpu = _decode_setup(tmp_path)
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for i in range(insitu.SAMPLE_AFTER + 1):
+            attnforge.attention(*_decode_qkv(17 + i // 8))  # 8 layers a step, lengths 17..25
+    assert sdpa.settled is None and sdpa.calls > 0
+    assert attnforge.explain(*_decode_qkv(30)).chosen == "fa"
+    assert not [r for r in store.bench_records(CPU_KEY) if r.run_id.startswith("insitu-")]
+
+
+def test_a_revert_taken_at_another_length_of_the_class_decides_the_class(tmp_path: Path) -> None:
+    """The check's records supersede what first use or bench measured of the class at other lengths: a class
+    measured at 32 keys and checked at 24 reverts (the mean over both lengths kept the route before)."""
+    store, fa, sdpa, gpu = _decode_setup(tmp_path)  # first use's records: 32 keys
+    q, k, v = _decode_qkv(24)
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for _ in range(insitu.SAMPLE_AFTER + 1):
+            attnforge.attention(q, k, v)
+    for keys in (24, 32, 17):  # every length of the class, in this process and the next
+        assert attnforge.explain(*_decode_qkv(keys)).chosen == "sdpa"
+    runtime.set_dispatcher(runtime.Dispatcher({"fa": fa}, fallback=sdpa, records=store))
+    assert attnforge.explain(*_decode_qkv(20)).chosen == "sdpa"
+    store.add_bench([BenchRecord.measured(  # a later bench of the class counts again
+        AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=1, seqlen_k=32, causal=False,
+                       mode=Mode.FWD, dtype="float32"),
+        device_key=CPU_KEY, backend="fa", backend_version=None, ms=0.001, tflops=1.0, run_id="bench-2")])
+    runtime.set_dispatcher(runtime.Dispatcher({"fa": fa}, fallback=sdpa, records=store))
+    assert attnforge.explain(*_decode_qkv(20)).chosen == "fa"

@@ -990,3 +990,36 @@ def test_a_decode_call_the_kernel_refuses_is_counted_once(monkeypatch: pytest.Mo
         torch.testing.assert_close(got, reference_attention(q[:, :, :1], k, v, causal=False,
                                                             attn_mask=mask).to(got.dtype))
     assert sorted(sdpa_module._MET._seen.values()) == [3]
+
+
+def test_a_repeated_unmasked_decode_shape_settles_at_once(
+        efficient_kernel: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Told that an unmasked decode shape repeats (the in-situ check saw only it), the adapter serves it as a settled
+    shape from the next call (SDPA's own choice, not the decode path) with the same answers; once only, and never
+    for a forced kernel, more than DECODE_ROWS query rows, or another shape."""
+    monkeypatch.setattr(sdpa_module, "_MET", sdpa_module._MetShapes())
+    decoded: list[int] = []
+    real = sdpa_module._decode_without_cudnn
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        decoded.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sdpa_module, "_decode_without_cudnn", spy)
+    q, k, v = _qkv()
+    step = q[:, :, :1]
+    adapter = registry.fallback()
+    want = reference_attention(step, k, v, causal=False)
+    torch.testing.assert_close(adapter(step, k, v, causal=False, scale=None), want)
+    assert decoded == [1]  # a first meeting: the decode path
+    assert adapter.settle_repeated(step, k, v) and not adapter.settle_repeated(step, k, v)
+    for _ in range(3):
+        torch.testing.assert_close(adapter(step, k, v, causal=False, scale=None), want)
+    assert decoded == [1]  # settled: SDPA's own choice
+    adapter(step, k[:, :, :20], v[:, :, :20], causal=False, scale=None)
+    assert decoded == [1, 1]  # another length was not settled
+    forced = sdpa_module.SdpaAdapter(name="sdpa-math", caps=adapter.caps, requirement=adapter.requirement,
+                                     kernel="MATH")
+    assert not forced.settle_repeated(q[:, :, :1].clone(), k.clone(), v.clone())
+    rows = torch.randn(2, 4, sdpa_module.DECODE_ROWS + 1, 8, dtype=torch.float64)
+    assert not adapter.settle_repeated(rows, k, v)  # more rows than a decode step: SDPA chooses anyway

@@ -301,7 +301,7 @@ class Dispatcher:
         if not forced and (not adapters or adapters[-1] is not self.exact):
             adapters = (*adapters, self.exact)
         steps = tuple((a, bound_call(a, call, causal=causal, scale=scale, bshd=bshd, opts=opts)) for a in adapters)
-        return (steps if forced else insitu.sampled(self, steps, call, decision)), call, (scale, opts)
+        return (steps if forced else insitu.sampled(self, steps, call, decision, bshd=bshd)), call, (scale, opts)
 
     def decide_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, *, causal: bool,
                     precision: str, needs_grad: bool, forced: str | None, uses: frozenset[str],

@@ -12,8 +12,16 @@ call takes more than :data:`MAX_CALL_MS`). It never runs while ``torch.compile``
 (:func:`attnforge.dispatch.autotune.capturing`), nor when measuring is off (``ATTNFORGE_AUTOTUNE=0``).
 
 A revert is written as two records of the class (``run_id`` ``insitu-...``, the route's and SDPA's live timings),
-which supersede the older ones for both backends, so the decision persists across processes; ``explain()`` says
+which supersede the class's older ones for both backends whatever lengths those were taken at
+(:func:`attnforge.ranking.class_measurements`), so the decision persists across processes; ``explain()`` says
 so on SDPA's line. A class is checked once per process whatever the outcome.
+
+Where every sampled call had one shape (a fixed-size cache, a benchmark loop, a fixed resolution), SDPA is timed as
+a long run of that shape gets it (:meth:`~attnforge.backends._base.AdapterBase.settle_repeated`): its decode path
+serves a shape's first meetings without cuDNN (a graph per new length), and at a repeated length cuDNN's cached
+graph is the faster kernel (the grid's decode GQA cell on an H200, 2026-11-28: FlashAttention-4 chosen at first
+use, 87.5 µs a call, plain SDPA 62.9). Classes whose calls vary (a decode loop's growing cache) time SDPA as that
+loop gets it.
 """
 
 from __future__ import annotations
@@ -42,6 +50,9 @@ MAX_CALL_MS = 8.0
 class _State:
     counts: dict[str, int] = field(default_factory=dict)
     checked: set[str] = field(default_factory=set)
+    #: class -> the first call description its counted calls had; classes whose calls had another are in mixed
+    first: dict[str, AttentionCall] = field(default_factory=dict)
+    mixed: set[str] = field(default_factory=set)
     #: class -> the explain line of a revert
     reverted: dict[str, str] = field(default_factory=dict)
 
@@ -57,9 +68,10 @@ def _key(call: AttentionCall) -> str:
 
 
 def sampled(dispatcher: Checked, steps: tuple[tuple[BackendAdapter, Callable[..., Any]], ...], call: AttentionCall,
-            decision: Decision) -> tuple[tuple[BackendAdapter, Callable[..., Any]], ...]:
+            decision: Decision, *, bshd: bool = False) -> tuple[tuple[BackendAdapter, Callable[..., Any]], ...]:
     """The route's steps, the first one counting its calls when it is a non-SDPA backend that a class-level
-    measurement put there and SDPA may serve the call (then the check runs at call :data:`SAMPLE_AFTER`)."""
+    measurement put there and SDPA may serve the call (then the check runs at call :data:`SAMPLE_AFTER`);
+    ``bshd``: the route takes ``[B, S, H, D]`` tensors."""
     if not steps or len(steps) < 2 or FALLBACK not in decision.order:
         return steps
     first, fn = steps[0]
@@ -69,8 +81,9 @@ def sampled(dispatcher: Checked, steps: tuple[tuple[BackendAdapter, Callable[...
     key = _key(call)
     if key in state.checked:
         return steps
-    sdpa = next(f for a, f in steps if a.name == FALLBACK)
-    counting = _Sampler(dispatcher, state=state, key=key, call=call, name=first.name, fn=fn, sdpa=sdpa)
+    adapter, sdpa = next((a, f) for a, f in steps if a.name == FALLBACK)
+    counting = _Sampler(dispatcher, state=state, key=key, call=call, name=first.name, fn=fn, sdpa=sdpa,
+                        settle=_settler(adapter, bshd=bshd))
     return ((first, counting), *steps[1:])
 
 
@@ -100,20 +113,36 @@ class Checked(Protocol):
     def forget_decisions(self) -> None: ...
 
 
+def _settler(adapter: BackendAdapter, *, bshd: bool) -> Callable[[Any, Any, Any], bool]:
+    """SDPA's :meth:`~attnforge.backends._base.AdapterBase.settle_repeated` for the route's tensors (``[B, S, H,
+    D]`` ones seen as the adapter receives them)."""
+    settle = getattr(adapter, "settle_repeated", None)
+    if settle is None:
+        return lambda q, k, v: False
+    if bshd:
+        return lambda q, k, v: bool(settle(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)))
+    return lambda q, k, v: bool(settle(q, k, v))
+
+
 class _Sampler:
     """A route's first step that counts the calls of its class and runs the check once."""
 
-    __slots__ = ("call", "dispatcher", "fn", "key", "name", "sdpa", "state")
+    __slots__ = ("call", "dispatcher", "fn", "key", "name", "sdpa", "settle", "state")
 
     def __init__(self, dispatcher: Checked, *, state: _State, key: str, call: AttentionCall, name: str,
-                 fn: Callable[..., Any], sdpa: Callable[..., Any]) -> None:
+                 fn: Callable[..., Any], sdpa: Callable[..., Any],
+                 settle: Callable[[Any, Any, Any], bool] = lambda q, k, v: False) -> None:
         self.dispatcher, self.state, self.key, self.call = dispatcher, state, key, call
-        self.name, self.fn, self.sdpa = name, fn, sdpa
+        self.name, self.fn, self.sdpa, self.settle = name, fn, sdpa, settle
 
     def __call__(self, q: Any, k: Any, v: Any) -> Any:
-        n = self.state.counts.get(self.key, 0) + 1
-        self.state.counts[self.key] = n
-        if n >= SAMPLE_AFTER and self.key not in self.state.checked:
+        state, key = self.state, self.key
+        n = state.counts.get(key, 0) + 1
+        state.counts[key] = n
+        first = state.first.setdefault(key, self.call)
+        if first is not self.call and first != self.call:
+            state.mixed.add(key)
+        if n >= SAMPLE_AFTER and key not in state.checked:
             self._check(q, k, v)
         return self.fn(q, k, v)
 
@@ -122,6 +151,10 @@ class _Sampler:
             return  # off, or capturing: not now (the next call of the class asks again)
         self.state.checked.add(self.key)
         try:
+            # every sampled call of one shape (a fixed-size cache, a benchmark loop, a fixed resolution): SDPA is
+            # timed as a long run of that shape gets it (a decode step's cuDNN graph, built once here, untimed)
+            if self.key not in self.state.mixed and self.settle(q, k, v):
+                self.sdpa(q, k, v)
             reverted = check(self.dispatcher, (q, k, v), call=self.call, route=self.name, fn=self.fn, sdpa=self.sdpa)
         except Exception:  # a failed check changes nothing: the route keeps serving
             reverted = None
@@ -147,7 +180,7 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
     """
     from attnforge.bench.flops import shape_flops, tflops
     from attnforge.bench.timing import paired
-    from attnforge.ranking import Measurement, beats
+    from attnforge.ranking import LIVE_RUN_PREFIX, Measurement, beats
     from attnforge.records import BenchRecord
 
     q = tensors[0]
@@ -170,7 +203,7 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
         return None
     device_key = dispatcher._device(q.device).key
     versions = dispatcher.versions()
-    run_id = "insitu-" + uuid.uuid4().hex[:8]
+    run_id = LIVE_RUN_PREFIX + uuid.uuid4().hex[:8]
     records = [BenchRecord.measured(shape, device_key=device_key, backend=name, backend_version=versions.get(name),
                                     ms=timings[name].median_ms, tflops=tflops(flops, timings[name].median_ms),
                                     run_id=run_id, timing=timings[name]) for name in (route, FALLBACK)]
