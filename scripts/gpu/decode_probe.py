@@ -248,12 +248,15 @@ def gemma_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     """Gemma-2-9B's decode call (``q [4, 16, 1, 256]``, ``k/v [4, 8, Sk, 256]``, softcap 50, a bool padding mask),
     which SDPA cannot serve (softcap): transformers' default for Gemma-2 (``eager_attention_forward``, K/V
     repeated, an additive mask) against ``attention()`` (the exact math on a class whose lengths vary), 64 calls
-    back to back with Sk growing, wall µs per call (best of 5 rounds), outputs compared, and each one's kernels."""
+    back to back with Sk growing, wall µs per call (best of 5 rounds), host µs per call (the device kept busy:
+    :func:`_host_us_per_call`), outputs compared, and each one's kernels; ``exact``: the exact math called
+    directly (what ``attention()`` adds is the difference)."""
     from types import SimpleNamespace
 
     from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
 
     import attnforge
+    from attnforge.backends.exact import exact_attention
 
     b, hq, hkv, d, s0 = (4, 4, 2, 16, 64) if small else (4, 16, 8, 256, 1024)
     torch.manual_seed(0)
@@ -271,12 +274,16 @@ def gemma_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     def af(k: Any, v: Any, m: Any) -> Any:
         return attnforge.attention(q, k, v, attn_mask=m, scale=scale, softcap=50.0)
 
+    def exact(k: Any, v: Any, m: Any) -> Any:  # the exact math alone: what attention() adds is the rest
+        return exact_attention(q, k, v, attn_mask=m, scale=scale, softcap=50.0)
+
     res: dict[str, Any] = {}
     outs = {}
-    for name, fn in (("eager", eager), ("attention", af)):
+    for name, fn in (("eager", eager), ("attention", af), ("exact", exact)):
         for k, v, m in inputs[:4]:
             fn(k, v, m)
         res[f"{name}_us"], outs[name] = _best_us_per_call(torch, fn, [inputs] * 5)
+        res[f"{name}_host_us"] = _host_us_per_call(torch, fn, inputs)
         res[f"{name}_profile"] = _profile(torch, dev, lambda fn=fn, xs=inputs[:8]: [fn(*x) for x in xs])
     # eager returns [B, Sq, H, D] (transposed for the output projection)
     res["max_abs_diff"] = float((outs["attention"].transpose(1, 2).float() - outs["eager"].float()).abs().max())
@@ -597,6 +604,27 @@ def _best_us_per_call(torch: Any, fn: Callable[..., Any],
         models_e2e._sync(torch)
         best = min(best, (time.perf_counter() - t0) / len(calls) * 1e6)
     return round(best, 2), out
+
+
+def _host_us_per_call(torch: Any, fn: Callable[..., Any], calls: list[tuple[Any, Any, Any]]) -> float | None:
+    """Host µs per call of ``fn(k, v, mask)``, the device kept busy meanwhile (a ~50 ms ``torch.cuda._sleep``
+    queued first), so no call waits for a kernel: what a call costs the host alone; the best of 5 rounds, None
+    off CUDA or where the device finished before the host (the sleep too short to hide it)."""
+    if not torch.cuda.is_available() or calls[0][0].device.type != "cuda":
+        return None
+    best = float("inf")
+    for _ in range(5):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(100_000_000)  # cycles: ~50 ms at the H200's ~2 GHz
+        t0 = time.perf_counter()
+        for k, v, m in calls:
+            fn(k, v, m)
+        t1 = time.perf_counter()
+        busy = not torch.cuda.current_stream().query()
+        torch.cuda.synchronize()
+        if busy:
+            best = min(best, (t1 - t0) / len(calls) * 1e6)
+    return round(best, 2) if best < float("inf") else None
 
 
 def _profile(torch: Any, dev: str, fn: Callable[[], Any]) -> list[dict[str, Any]]:

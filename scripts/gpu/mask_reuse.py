@@ -43,7 +43,7 @@ def main() -> int:
     mask = torch.ones(s, s, dtype=torch.bool, device=args.device).tril().expand(b, 1, s, s).clone()
     mask[1, :, :, : s // 7] = False
 
-    class Redo(sdpa_module._OpenedMasks):
+    class Redo(sdpa_module.KeptPerMask):
         def get(self, mask: object, params: object) -> None:  # type: ignore[override]
             return None
 

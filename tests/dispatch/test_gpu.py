@@ -217,8 +217,8 @@ def test_a_decode_steps_later_layers_take_the_lane_on_the_gpu(monkeypatch: pytes
 @pytest.mark.parametrize("mask_kind", ["bool", "additive"])
 def test_the_exact_decode_math_takes_bf16_q_and_k_in_one_matmul_on_the_gpu(mask_kind: str) -> None:
     """Gemma-2-9B's decode call on the exact math (softcap 50, GQA 16/8, D256, a padding mask; a row that sees no
-    key): CUDA's ``bmm(..., out_dtype=float32)`` serves the logits (no cast of q and K), and the output is the
-    float64 reference's, zeros for the hidden row."""
+    key): CUDA's ``baddbmm(..., out_dtype=float32)`` serves the logits and their first multiply (no cast of q and
+    K), and the output is the float64 reference's, zeros for the hidden row."""
     from attnforge.backends import exact
 
     g = torch.Generator(device="cuda").manual_seed(13)
@@ -237,3 +237,4 @@ def test_the_exact_decode_math_takes_bf16_q_and_k_in_one_matmul_on_the_gpu(mask_
         assert out[2].abs().max() == 0
     # transformers' additive mask hides with finfo.min, not -inf: that row attends to every key evenly, as eager's
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+    assert exact._SCALED_MATMUL.get("cuda") is True  # baddbmm(..., out_dtype=) took the first multiply

@@ -27,7 +27,7 @@ from attnforge.backends.exact import reference_attention
 def preparations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Count the adapter's mask preparations, with a fresh cache and the CUDA path taken on CPU."""
     monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
-    monkeypatch.setattr(sdpa_module, "_OPENED", sdpa_module._OpenedMasks())
+    monkeypatch.setattr(sdpa_module, "_OPENED", sdpa_module.KeptPerMask())
     count: list[int] = []
     real = sdpa_module.SdpaAdapter._sdpa_mask
 

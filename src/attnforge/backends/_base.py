@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     import torch
 
 T = TypeVar("T")
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,3 +201,40 @@ def bottom_right_mask(seqlen_q: int, seqlen_k: int, device: Any) -> tuple[torch.
 def first(result: Any) -> Any:
     """The output tensor of kernels that return ``(out, lse)`` in some versions and ``out`` in others."""
     return result[0] if isinstance(result, (tuple, list)) else result  # a tuple: faster than a union
+
+
+class KeptPerMask(Generic[_V]):
+    """What an adapter derived from the last few masks (:data:`KEPT` of them, the newest first), so a model that
+    passes one mask object to every layer (transformers builds it once per forward; Gemma-2 two, a sliding and a
+    full one, alternating by layer) pays the pass over all its entries once per mask and forward, not once per
+    layer. An entry is found only for the same mask object (a weak reference: a new mask never matches a dead one's
+    entry, and the entry is dropped with the mask), at the same version counter (an in-place change misses) and with
+    the same preparation parameters; inference tensors (``torch.inference_mode``: no version counter) are never
+    kept. The callers keep nothing for masks that require grad, nor under CUDA graph capture (a captured kernel has
+    not run) or while ``torch.compile`` traces."""
+
+    __slots__ = ("_entries",)
+
+    #: masks kept at once (transformers' models use one or two per forward)
+    KEPT = 4
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[Any, ...]] = []
+
+    def get(self, mask: torch.Tensor, params: tuple[Any, ...]) -> _V | None:
+        if mask.is_inference():
+            return None  # an inference tensor has no version counter to check (torch.inference_mode): never kept
+        for entry in self._entries:
+            if entry[0]() is mask and entry[1] == mask._version and entry[2] == params:
+                return entry[3]  # type: ignore[no-any-return]
+        return None
+
+    def put(self, mask: torch.Tensor, params: tuple[Any, ...], value: _V) -> None:
+        if mask.is_inference():
+            return
+        ref = weakref.ref(mask, self._drop)
+        self._entries = [(ref, mask._version, params, value), *self._entries[: self.KEPT - 1]]
+
+    def _drop(self, ref: weakref.ref[Any]) -> None:
+        """The caller's mask is gone: free what was derived from it."""
+        self._entries = [e for e in self._entries if e[0] is not ref]

@@ -24,12 +24,13 @@ Semantics (those of :func:`attnforge.attention`), for query ``i`` and key ``j`` 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import records_grad
+from attnforge.backends._base import KeptPerMask, graph_capturing, records_grad
 from attnforge.backends.adapter import FEATURES, AttentionCall
 
 if TYPE_CHECKING:
@@ -169,8 +170,11 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
     # kernel launch of ~20 µs host time on the H200 host (scripts/gpu/decode_probe.py gemma_calls, 2026-11-28); 10
     # with a bool mask, 9 with an additive one, where q and K go to the logits' matmul as they are (_logits)
     inference = bool(sk) and no_grad
-    logits, masked = _masked_logits(_logits(grouped, k, accum).view(b, hq, rows, sk), scale=scale, softcap=softcap,
-                                    visible=visible, attn_mask=attn_mask, accum=accum, in_place=inference)
+    # the first multiply (by scale / softcap, or the scale) goes into the logits' matmul where it can (inference)
+    first = (scale / softcap if softcap else scale) if inference else 1.0
+    raw, scaled = _logits(grouped, k, accum, alpha=first)
+    logits, masked = _masked_logits(raw.view(b, hq, rows, sk), scale=scale, softcap=softcap, visible=visible,
+                                    attn_mask=attn_mask, accum=accum, in_place=inference, scaled=scaled)
     if inference:
         probs = torch.softmax(logits, dim=-1)
         if masked:  # a row that hides every key is all -inf: softmax makes it NaN, zeros as the path below gives
@@ -202,19 +206,30 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
 
 
 def _masked_logits(raw: Any, *, scale: float, softcap: float | None, visible: Any, attn_mask: Any, accum: Any,
-                   in_place: bool) -> tuple[Any, bool]:
+                   in_place: bool, scaled: bool = False) -> tuple[Any, bool]:
     """``raw`` (``q k^T``, ``[B, Hq, rows, Sk]``, a fresh tensor) scaled, softcapped and masked (hidden keys
-    ``-inf``), changed in place when ``in_place`` (nothing records a gradient); and whether any mask applies."""
+    ``-inf``), changed in place when ``in_place`` (nothing records a gradient); and whether any mask applies.
+    ``scaled`` (with ``in_place`` only): ``raw`` already holds the first multiply (``scale / softcap``, or
+    ``scale`` without softcap: :func:`_logits`)."""
     import torch
 
     additive = attn_mask is not None and attn_mask.dtype != torch.bool
     if in_place:
+        if not additive and attn_mask is not None:  # a bool mask as the additive one kept for its object, if any
+            bias = _kept_bias(attn_mask, accum)
+            if bias is not None:
+                attn_mask, additive = bias, True
         # the last multiply (by the softcap, or the scale) and an additive mask in one kernel: torch.add(mask, x,
         # alpha=c) is mask + c * x, in float32 for a mask in any float dtype (type promotion: no cast of the mask)
-        last = softcap if softcap else scale
         if softcap:
-            raw.mul_(scale / softcap).tanh_()
-        logits = torch.add(attn_mask, raw, alpha=last) if additive else raw.mul_(last)
+            last = softcap
+            (raw if scaled else raw.mul_(scale / softcap)).tanh_()
+        else:
+            last = 1.0 if scaled else scale
+        if additive:
+            logits = torch.add(attn_mask, raw, alpha=last)
+        else:
+            logits = raw if last == 1.0 else raw.mul_(last)
         if logits.dtype != accum:  # a float64 mask with float32 logits
             logits = logits.to(accum)
     else:
@@ -228,6 +243,33 @@ def _masked_logits(raw: Any, *, scale: float, softcap: float | None, visible: An
     if visible is not None:
         logits = torch.where(visible, logits, float("-inf"))  # one kernel (a masked_fill needs ~visible first)
     return logits, visible is not None or attn_mask is not None
+
+
+#: a bool mask's additive form in the exact math's dtype (0 visible, -inf hidden), kept per mask object: a model's
+#: layers share one mask per step, so its decode calls take the multiply and the mask in one kernel (one ``add``
+#: where a multiply, a ``where`` and its fill of -inf ran per call: :func:`_masked_logits`)
+_BOOL_BIASES: KeptPerMask[Any] = KeptPerMask()
+#: the largest bool mask kept so (entries; 16 MiB in float32): a decode step's ``[B, 1, 1, Sk]`` is far below, a
+#: prefill's ``[B, 1, S, S]`` may not be (its calls pay the ``where`` as before, without 4x its memory held)
+KEPT_BIAS_ELEMENTS = 1 << 22
+
+
+def _kept_bias(mask: Any, accum: Any) -> Any:
+    """The additive form of the bool ``mask`` (``accum``, its shape; -inf where it hides a key), made once per mask
+    object (:data:`_BOOL_BIASES`); None for a mask of more than :data:`KEPT_BIAS_ELEMENTS` entries and while
+    ``torch.compile`` traces or a CUDA graph captures (nothing is kept then: the caller applies the bool mask
+    itself)."""
+    import torch
+
+    if (mask.numel() > KEPT_BIAS_ELEMENTS or torch.compiler.is_compiling()
+            or (mask.device.type == "cuda" and graph_capturing())):
+        return None
+    params = (accum,)
+    bias = _BOOL_BIASES.get(mask, params)
+    if bias is None:
+        bias = torch.zeros(mask.shape, dtype=accum, device=mask.device).masked_fill_(~mask, float("-inf"))
+        _BOOL_BIASES.put(mask, params, bias)
+    return bias
 
 
 #: whether torch's matmul with an ``out_dtype`` (``aten::bmm.dtype``: half-precision inputs, a float32 output
@@ -245,26 +287,55 @@ def _mixed_matmul(q: Any, k: Any, accum: Any) -> bool:
             and _MIXED_MATMUL.get(q.device.type, q.device.type == "cuda"))
 
 
-def _logits(grouped: Any, k: Any, accum: Any) -> Any:
-    """``grouped @ k^T`` (``[B, Hkv, g x rows, D]`` by ``[B, Hkv, Sk, D]``) in ``accum``: inputs in ``accum`` by
-    ``torch.matmul``; half-precision inputs by one ``torch.bmm(..., out_dtype=accum)`` (their products are exact in
-    float32, summed in float32: the values of the cast inputs' matmul, without two cast kernels and a float32 copy of
-    the cache; 2026-11-28, Gemma-2's decode call on the exact math), or by those casts where that kernel raised."""
+def _logits(grouped: Any, k: Any, accum: Any, *, alpha: float = 1.0) -> tuple[Any, bool]:
+    """``grouped @ k^T`` (``[B, Hkv, g x rows, D]`` by ``[B, Hkv, Sk, D]``) in ``accum``, and whether it is already
+    multiplied by ``alpha`` (a fresh tensor either way). Inputs in ``accum`` by ``torch.matmul``; half-precision
+    inputs by one ``torch.bmm(..., out_dtype=accum)`` (their products are exact in float32, summed in float32: the
+    values of the cast inputs' matmul, without two cast kernels and a float32 copy of the cache; 2026-11-28,
+    Gemma-2's decode call on the exact math), as ``torch.baddbmm(..., beta=0, alpha=alpha, out_dtype=accum)`` where
+    ``alpha`` is not 1 (the multiply in the matmul's epilogue, in float32: one kernel fewer), or by those casts
+    where that kernel raised."""
     import torch
 
     if grouped.dtype == accum:
-        return torch.matmul(grouped, k.transpose(-1, -2))
+        return torch.matmul(grouped, k.transpose(-1, -2)), False
     b, h, r, d = grouped.shape
     sk = k.shape[2]
+    a, bt = grouped.reshape(b * h, r, d), k.reshape(b * h, sk, d).transpose(1, 2)
+    device = grouped.device.type
+    if alpha != 1.0 and _SCALED_MATMUL.get(device, True):
+        try:
+            out = torch.baddbmm(_zeros(accum, grouped.device).expand(b * h, r, sk), a, bt, beta=0.0, alpha=alpha,
+                                out_dtype=accum)
+        except torch.OutOfMemoryError:
+            raise
+        except (NotImplementedError, RuntimeError, TypeError):  # no such kernel here: the plain one below
+            _SCALED_MATMUL[device] = False
+        else:
+            _SCALED_MATMUL[device] = _MIXED_MATMUL[device] = True
+            return out.view(b, h, r, sk), True
     try:
-        out = torch.bmm(grouped.reshape(b * h, r, d), k.reshape(b * h, sk, d).transpose(1, 2), out_dtype=accum)
+        out = torch.bmm(a, bt, out_dtype=accum)
     except torch.OutOfMemoryError:
         raise  # the device's state, not a missing kernel: the caller's to handle, the kernel stays on
     except (NotImplementedError, RuntimeError, TypeError):  # no such kernel on this device or torch
-        _MIXED_MATMUL[grouped.device.type] = False
-        return torch.matmul(grouped.to(accum), k.to(accum).transpose(-1, -2))
-    _MIXED_MATMUL[grouped.device.type] = True
-    return out.view(b, h, r, sk)
+        _MIXED_MATMUL[device] = False
+        return torch.matmul(grouped.to(accum), k.to(accum).transpose(-1, -2)), False
+    _MIXED_MATMUL[device] = True
+    return out.view(b, h, r, sk), False
+
+
+#: whether ``torch.baddbmm(..., out_dtype=...)`` (``aten::baddbmm.dtype``) serves a device type (absent: not tried
+#: yet); where it raised once, :func:`_logits` multiplies after ``bmm`` as before
+_SCALED_MATMUL: dict[str, bool] = {}
+
+
+@functools.lru_cache(maxsize=16)
+def _zeros(dtype: Any, device: Any) -> Any:
+    """A zero scalar tensor (``baddbmm``'s ignored input with ``beta=0``), one per dtype and device."""
+    import torch
+
+    return torch.zeros((), dtype=dtype, device=device)
 
 
 def _unfold_rows(probs: Any, grouped: Any, v: Any) -> Any:

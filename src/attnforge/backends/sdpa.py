@@ -16,10 +16,11 @@ import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from attnforge.backends._base import (
     AdapterBase,
+    KeptPerMask,
     bottom_right_mask,
     expand_kv,
     four_dims,
@@ -58,49 +59,11 @@ def _safe_softmax_on_cpu() -> bool:
     return loose_version(torch.__version__).release[:2] >= (2, 5)
 
 
-_V = TypeVar("_V")
-
-
-class _OpenedMasks(Generic[_V]):
-    """What the adapter derived from the last few masks (:data:`KEPT` of them, the newest first). :data:`_OPENED`:
-    for a caller's mask, the mask as SDPA gets it (additive, in q's dtype, the rows that see no key opened) and those
-    rows (``[B or 1, H or 1, Sq, 1]`` bool); :data:`_DECODE_BIASES`: for such a prepared mask, the memory-efficient
-    kernel's bias of a decode call (:func:`_efficient_decode`). A model passes one mask object to every layer
-    (transformers builds it once per forward; Gemma-2 two, a sliding and a full one, alternating by layer), so the
-    pass over all ``B x Sq x Sk`` entries runs once per mask and forward, not once per layer. An entry is found
-    only for the same mask object (a weak reference: a new mask never matches a dead one's entry, and the entry is
-    dropped with the mask), at the same version counter (an in-place change misses) and with the same preparation
-    parameters; masks that require grad are never kept, nor inference tensors (``torch.inference_mode``: no version
-    counter), nor anything under CUDA graph capture (a captured kernel has not run)."""
-
-    __slots__ = ("_entries",)
-
-    #: masks kept at once (transformers' models use one or two per forward)
-    KEPT = 4
-
-    def __init__(self) -> None:
-        self._entries: list[tuple[Any, ...]] = []
-
-    def get(self, mask: torch.Tensor, params: tuple[Any, ...]) -> _V | None:
-        if mask.is_inference():
-            return None  # an inference tensor has no version counter to check (torch.inference_mode): never kept
-        for entry in self._entries:
-            if entry[0]() is mask and entry[1] == mask._version and entry[2] == params:
-                return entry[3]  # type: ignore[no-any-return]
-        return None
-
-    def put(self, mask: torch.Tensor, params: tuple[Any, ...], value: _V) -> None:
-        if mask.is_inference():
-            return
-        ref = weakref.ref(mask, self._drop)
-        self._entries = [(ref, mask._version, params, value), *self._entries[: self.KEPT - 1]]
-
-    def _drop(self, ref: weakref.ref[Any]) -> None:
-        """The caller's mask is gone: free what was derived from it."""
-        self._entries = [e for e in self._entries if e[0] is not ref]
-
-
-_OPENED: _OpenedMasks[tuple[torch.Tensor, torch.Tensor]] = _OpenedMasks()
+#: for a caller's mask, the mask as SDPA gets it (additive, in q's dtype, the rows that see no key opened) and those
+#: rows (``[B or 1, H or 1, Sq, 1]`` bool): a model passes one mask object to every layer (transformers builds it
+#: once per forward; Gemma-2 two, a sliding and a full one, alternating by layer), so the pass over all
+#: ``B x Sq x Sk`` entries runs once per mask and forward, not once per layer
+_OPENED: KeptPerMask[tuple[torch.Tensor, torch.Tensor]] = KeptPerMask()
 
 
 @dataclass(slots=True, kw_only=True)
@@ -871,10 +834,10 @@ _FLASH_FROM_KEYS = 1536
 #: the SDPA keywords the lean decode paths (:func:`_efficient_decode`, :func:`_flash_decode`) serve
 _DECODE_KW = frozenset({"attn_mask", "dropout_p", "scale", "enable_gqa"})
 #: a decode mask's runs of visible keys (:func:`_padding_runs`), kept per caller's mask object (:func:`_varlen_decode`)
-_PADDING_RUNS: _OpenedMasks[tuple[torch.Tensor, ...]] = _OpenedMasks()
+_PADDING_RUNS: KeptPerMask[tuple[torch.Tensor, ...]] = KeptPerMask()
 #: the memory-efficient kernel's bias for a decode call's mask, kept per prepared mask object
 #: (:func:`_efficient_decode`): a model's layers share one mask per step
-_DECODE_BIASES: _OpenedMasks[torch.Tensor] = _OpenedMasks()
+_DECODE_BIASES: KeptPerMask[torch.Tensor] = KeptPerMask()
 #: the SDPA keywords :func:`_memory_efficient` hands the kernel itself
 _EFFICIENT_KW = frozenset({"attn_mask", "dropout_p", "scale"})
 #: the decode kernels' refusals in this process: the kind of call (:func:`_efficient_kind`, or ``("flash", dtype,
