@@ -125,9 +125,7 @@ def _dense(q: Any, k: Any, v: Any, *, causal: bool, scale: float | None, attn_ma
     # copy of the cache)
     no_grad = not lse and sinks is None and dropout_p == 0.0 and not records_grad(q, k, v, attn_mask)
     mixed = no_grad and _mixed_matmul(q, k, accum)
-    # V's cast lays it out [B, Hkv, Sk, Dv] contiguous in the same kernel, so the matmul with it takes views
-    va = v.to(accum, memory_format=torch.contiguous_format)
-    qa, ka = (q, k) if mixed else (q.to(accum), k.to(accum))
+    qa, ka, va = (q, k, v.to(accum)) if mixed else (q.to(accum), k.to(accum), v.to(accum))
     hq = qa.shape[1]
     s = scale if scale is not None else 1.0 / math.sqrt(max(1, qa.shape[-1]))
     sq, sk = qa.shape[2], ka.shape[2]
@@ -346,12 +344,7 @@ def _unfold_rows(probs: Any, grouped: Any, v: Any) -> Any:
     import torch
 
     b, hq, rows, sk = probs.shape
-    if v.shape[:2] != grouped.shape[:2]:  # K/V broadcast over the batch: matmul's broadcasting
-        return torch.matmul(probs.reshape(*grouped.shape[:3], sk), v).view(b, hq, rows, v.shape[-1])
-    # bmm on 3-d views: torch.matmul on 4-d ones adds an expand, reshapes and a view of its own per call (host time
-    # on a decode step's every layer)
-    n, r, dv = grouped.shape[0] * grouped.shape[1], grouped.shape[2], v.shape[-1]
-    return torch.bmm(probs.reshape(n, r, sk), v.reshape(n, sk, dv)).view(b, hq, rows, dv)
+    return torch.matmul(probs.reshape(*grouped.shape[:3], sk), v).view(b, hq, rows, v.shape[-1])
 
 
 def visible_bounds(*, causal: bool, window: tuple[int | None, int | None] | None) -> tuple[int | None, int | None]:
