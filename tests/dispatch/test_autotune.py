@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -109,3 +110,67 @@ def test_env_variable_turns_it_on_and_off_means_no_timing(setup: Any, monkeypatc
     attnforge.attention(q2, k2, v2)
     assert autotune.background_wait(timeout_s=30)  # measured off the calling thread (the default)
     assert fast.calls > 1
+
+
+@dataclass
+class Compiled(Timed):
+    """A verified backend whose kernel compiles on its first call per variant (FlashAttention-4's CuTe DSL
+    kernels): the first call costs ``compile_ms`` more."""
+
+    compile_ms: float = 8000.0
+    caps: Any = field(default_factory=lambda: SimpleNamespace(jit_per_variant=True))
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None) -> torch.Tensor:
+        if not self.calls:
+            self.clock.now += self.compile_ms / 1e3
+        return super().__call__(q, k, v, causal=causal, scale=scale)
+
+
+def test_first_use_leaves_out_a_kernel_that_compiles_on_its_first_call(store: RecordStore) -> None:
+    """Measure-on-first-use times the candidates that run at once and leaves a per-variant JIT kernel out (its
+    compile would stall the call for seconds: 8.4-13.8 s on an H200 with FlashAttention-4, 2026-11-28), so that
+    kernel does not serve the class and explain() says how to time it; with ``compiling`` (``attnforge warmup``)
+    it is timed, its compile untimed, and chosen where fastest."""
+    clock = FakeClock()
+    jit, slow, sdpa = Compiled("jit", clock, 0.5), Timed("slow", clock, 5.0), Timed("sdpa", clock, 3.0)
+    store.add_verify(VerifyRecord(device_key=CPU_KEY, backend="jit", backend_version="1", ok=True, summary="ok"))
+    previous = runtime.set_dispatcher(runtime.Dispatcher({"jit": jit, "slow": slow}, fallback=sdpa, records=store))
+    try:
+        q, k, v = _qkv()
+        with attnforge.autotune(budget_s=0.05, rounds=2, clock=clock, background=False):
+            start = clock.now
+            attnforge.attention(q, k, v)
+        assert jit.calls == 0 and slow.calls > 2  # first use timed the others, never the compiling one
+        assert clock.now - start < 1.0  # no compile inside the call
+        explained = attnforge.explain(q, k, v)
+        assert explained.chosen == "sdpa"
+        line = explained.basis[explained.order.index("jit")]
+        assert "first use does not time it" in line and "attnforge warmup" in line
+        with attnforge.autotune(budget_s=0.05, rounds=2, clock=clock, background=False, compiling=True):
+            attnforge.attention(*_qkv())  # a deploy step's call: the class is measured again, jit with it
+        assert jit.calls > 2
+        assert attnforge.explain(q, k, v).chosen == "jit"
+        assert {r.backend for r in store.bench_records(CPU_KEY)} == {"jit", "slow", "sdpa"}
+    finally:
+        runtime.set_dispatcher(previous)
+
+
+def test_warmup_times_kernels_that_compile_on_their_first_call(store: RecordStore) -> None:
+    """``attnforge warmup`` (the library call the CLI runs) is where a per-variant JIT kernel is compiled and
+    timed (on the real clock: both fakes cost the same there, so which one wins is not asserted)."""
+    from attnforge.dispatch.warmup import warmup
+    from attnforge.types.shapes import AttentionShape, Mode
+
+    clock = FakeClock()
+    jit, sdpa = Compiled("jit", clock, 0.5, compile_ms=1.0), Timed("sdpa", clock, 3.0)
+    store.add_verify(VerifyRecord(device_key=CPU_KEY, backend="jit", backend_version="1", ok=True, summary="ok"))
+    previous = runtime.set_dispatcher(runtime.Dispatcher({"jit": jit}, fallback=sdpa, records=store))
+    try:
+        shape = AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=16, seqlen_k=16, causal=False,
+                               mode=Mode.FWD, dtype="float32")
+        report = warmup([shape], device="cpu", budget_s=0.02, rounds=1)
+        assert jit.calls > 1 and report.measuring and not report.classes[0].error
+        assert "jit" in {r.backend for r in store.bench_records(CPU_KEY)}
+    finally:
+        runtime.set_dispatcher(previous)

@@ -29,7 +29,8 @@ from attnforge.types.shapes import Layout
 
 _FIELDS = {
     "devices", "layout", "causal", "empty_rows_zero", "gqa", "backward", "head_dim_multiple", "sources",
-    "features", "offers", "backward_devices", "jit_per_shape", "win_required_on", "gqa_masked_min_seqlen_q",
+    "features", "offers", "backward_devices", "jit_per_shape", "jit_per_variant", "win_required_on",
+    "gqa_masked_min_seqlen_q",
 }
 DEVICES = tuple(d.value for d in DeviceType)
 
@@ -72,6 +73,9 @@ class Capabilities:
         backward_devices: device types with a backward pass (all of ``devices`` when ``backward``).
         jit_per_shape: the kernel is compiled per exact shape (FlexAttention), so it is only chosen where a
             measurement showed it winning (see :mod:`attnforge.dispatch.runtime`).
+        jit_per_variant: the kernel is compiled on its first call for each variant (dtype, head dim, causal,
+            features; FlashAttention-4's CuTe DSL kernels), seconds each, so measure-on-first-use leaves it out
+            (:mod:`attnforge.dispatch.autotune`); ``attnforge warmup``, bench and background measuring time it.
         win_required_on: device types where the backend is chosen only when bench measured it faster than
             plain SDPA for the call's shape class (a forced SDPA kernel on CPU can at best match plain SDPA).
         gqa_masked_min_seqlen_q: on CUDA, a GQA call (Hq != Hkv) with a causal or window mask needs Sq >= this
@@ -93,6 +97,7 @@ class Capabilities:
     offers: frozenset[str] = frozenset()
     backward_devices: tuple[str, ...] | None = None
     jit_per_shape: bool = False
+    jit_per_variant: bool = False
     win_required_on: tuple[str, ...] = ()
     gqa_masked_min_seqlen_q: int = 0
 
@@ -205,6 +210,7 @@ def _load(catalog: Catalog, data_dir: Path) -> dict[str, Capabilities]:
                 offers=offers,
                 backward_devices=backward_devices,
                 jit_per_shape=errors.get(raw, "jit_per_shape", path, bool, False),
+                jit_per_variant=errors.get(raw, "jit_per_variant", path, bool, False),
                 win_required_on=(errors.str_list(raw, "win_required_on", path) if "win_required_on" in raw
                                  else ()),
                 gqa_masked_min_seqlen_q=errors.get(raw, "gqa_masked_min_seqlen_q", path, int, 0),

@@ -72,6 +72,14 @@ sdpa`. A forced backend (`backend=`, `use_backend`) is never skipped: its error 
 _FEATURE_LEGEND = "\n".join(f"- `{name}`: {text}" for name, text in FEATURES.items())
 
 
+def _compiled(c: Capabilities) -> str:
+    """The Limits table's "compiled on first call" cell: per exact shape (chosen only with a measured win), per
+    kernel variant (timed by warmup and bench, not by measure-on-first-use), or not at all."""
+    if c.jit_per_shape:
+        return "per shape"
+    return "per variant (timed by warmup/bench)" if c.jit_per_variant else "-"
+
+
 def render(caps: Mapping[str, Capabilities], sources: Mapping[str, Sequence[str]]) -> str:
     """The page for these capabilities (catalog backends in the given order, then the two fallbacks)."""
     rows = [*caps.values(), SDPA_FALLBACK]
@@ -84,7 +92,8 @@ def render(caps: Mapping[str, Capabilities], sources: Mapping[str, Sequence[str]
     lines.append("| `exact` | " + " | ".join("yes" for _ in names) + " |")
     lines += ["", _FEATURE_LEGEND, "", "## Limits", "",
               "| backend | devices | compute capability | dtypes | max head dim | causal | GQA | backward |"
-              " compiled per shape | chosen only with a measured win on |", "|---|---|---|---|---|---|---|---|---|---|"]
+              " compiled on first call | chosen only with a measured win on |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for c in rows:
         backward = "-" if not c.backward else "/".join(c.backward_devices or c.devices)
         span = c.support.cc_range_text() if "cuda" in c.devices else "-"
@@ -94,7 +103,7 @@ def render(caps: Mapping[str, Capabilities], sources: Mapping[str, Sequence[str]
         if c.head_dim_multiple > 1:
             head_dim += f" (multiple of {c.head_dim_multiple})"
         lines.append(f"| `{c.backend}` | {'/'.join(c.devices)} | {span} | {', '.join(c.support.dtypes)} | {head_dim} |"
-                     f" {c.causal.value} | {c.gqa.value} | {backward} | {'yes' if c.jit_per_shape else '-'} |"
+                     f" {c.causal.value} | {c.gqa.value} | {backward} | {_compiled(c)} |"
                      f" {'/'.join(c.devices) if c.jit_per_shape else '/'.join(c.win_required_on) or '-'} |")
     lines.append("| `exact` | cuda/cpu | any | any float | any | any alignment | native | cuda/cpu | - | - |")
     lines += ["", "## Sources", ""]
@@ -125,3 +134,4 @@ def main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
+

@@ -28,6 +28,13 @@ Where it is on:
 - inside ``with attnforge.autotune(budget_s=..., rounds=...)`` for any device (unless the variable says 0);
 - never while ``torch.compile`` traces or a CUDA graph captures (the recorded choice or plain SDPA serves).
 
+What is not timed on first use: a backend whose kernel compiles on its first call per variant (``jit_per_variant``
+in ``runtime.toml``: FlashAttention-4's CuTe DSL kernels). Measured on first use, the 200-call workload on an H200
+compiled 24 of them in its first 20 calls, its longest call 8.4 s (docs/benchmarks.md, 2026-11-28, eighth
+session): a model's request would wait for each. Such a backend stays unmeasured (it follows SDPA, and
+``explain()`` says so) until ``attnforge warmup`` (``AutotuneConfig.compiling``), bench or background measuring
+times it; a class measured without it is measured again by a later warm-up in the same process.
+
 What is timed: exactly the route that will serve the call (:func:`attnforge.backends.bound.bound_call`, the same
 layout, strides, arguments and wrapper), as the model issues it: in interleaved rounds through the one harness
 (:func:`attnforge.bench.timing.measure`), each repetition the wall time of calls back to back between two
@@ -46,7 +53,7 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -79,12 +86,18 @@ class AutotuneConfig:
         clock: seconds, monotonic (a fake clock in tests).
         background: measure on the worker thread while the class's current best serves (True), or inside the
             first call (False, the default; see the module docstring).
+        compiling: inside the first call, also time candidates that compile their kernel on their first call
+            (``jit_per_variant``: FlashAttention-4's CuTe DSL kernels, seconds a variant); ``attnforge warmup``
+            sets it (a deploy step may take that time), measure-on-first-use leaves them out so that no call of a
+            model waits for a compile to be measured. Off the calling thread (``background``) they are timed
+            anyway.
     """
 
     budget_s: float = 1.0
     rounds: int = 5
     clock: Callable[[], float] = time.perf_counter
     background: bool = False
+    compiling: bool = False
 
 
 
@@ -95,6 +108,9 @@ DEFAULT_BACKGROUND = AutotuneConfig(background=True)
 _ACTIVE: contextvars.ContextVar[AutotuneConfig | None] = contextvars.ContextVar("attnforge_autotune", default=None)
 #: per dispatcher, the (device key, shape class, precision) already measured in this process
 _TUNED: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str]]] = weakref.WeakKeyDictionary()
+#: per dispatcher, those of them measured without the candidates that compile on their first call: a later
+#: measurement that may compile (``attnforge warmup`` in the same process) measures them again
+_PARTIAL: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str]]] = weakref.WeakKeyDictionary()
 
 
 class Tunable(Protocol):
@@ -159,27 +175,41 @@ def capturing() -> bool:
     return torch.compiler.is_compiling() or graph_capturing()
 
 
-def candidates(decision: Decision) -> list[str]:
+def candidates(decision: Decision, skip: Collection[str] = ()) -> list[str]:
     """The backends worth timing: the eligible ones, plus quantized ones held back only for lack of a
-    measurement. The exact math only where SDPA lacks a feature of the call (it is then the baseline a kernel
-    must beat, as plain SDPA is for plain calls), and never alone."""
+    measurement, less ``skip`` (:func:`compiled_on_call`). The exact math only where SDPA lacks a feature of the
+    call (it is then the baseline a kernel must beat, as plain SDPA is for plain calls), and never alone."""
     gated = [r.backend for r in decision.rejected if r.reasons and all(x.startswith("quantized:") for x in r.reasons)]
-    names = [*decision.order, *gated]
+    names = [n for n in (*decision.order, *gated) if n not in skip]
     if FALLBACK in names or names == [EXACT]:
         names = [n for n in names if n != EXACT]
     return names
 
 
-def wanted(dispatcher: Tunable, decision: Decision, call: AttentionCall, device_key: str) -> bool:
-    """Whether :func:`tune` should run for this decision: the class was not measured in this process, and
-    some candidate of two or more has no measurement."""
-    names = candidates(decision)
+def compiled_on_call(dispatcher: Tunable, config: AutotuneConfig) -> frozenset[str]:
+    """The backends ``config`` does not time: those that compile their kernel on their first call
+    (``jit_per_variant``), unless it measures off the calling thread or for a deploy step (``compiling``)."""
+    if config.background or config.compiling:
+        return frozenset()
+    return frozenset(n for n, a in dispatcher.adapters.items()
+                     if getattr(getattr(a, "caps", None), "jit_per_variant", False))
+
+
+def wanted(dispatcher: Tunable, decision: Decision, call: AttentionCall, device_key: str,
+           skip: Collection[str] = ()) -> bool:
+    """Whether :func:`tune` should run for this decision: the class was not measured in this process (or only
+    without the candidates ``skip`` leaves out, and now none is left out), and some candidate of two or more
+    (less ``skip``) has no measurement."""
+    names = candidates(decision, skip)
     measured = dict(decision.ranking.measurements) if decision.ranking is not None else {}
     if decision.exact is not None:
         measured[EXACT] = decision.exact
     if len(names) < 2 or all(n in measured for n in names):
         return False
-    return (device_key, str(class_of_call(call)), call.precision) not in _TUNED.get(dispatcher, set())
+    key = (device_key, str(class_of_call(call)), call.precision)
+    if key not in _TUNED.get(dispatcher, set()):
+        return True
+    return not skip and key in _PARTIAL.get(dispatcher, set())
 
 
 def first_use(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionCall, decision: Decision,
@@ -191,11 +221,14 @@ def first_use(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: Atten
     refreshes it). True when it did either: decide the class again. ``store`` and ``versions`` are called only
     then, on the calling thread. Arguments otherwise as :func:`tune`."""
     config = active(tensors[0].device.type)
-    if config is None or capturing() or not wanted(dispatcher, decision, call, device_key):
+    if config is None or capturing():
+        return False
+    skip = compiled_on_call(dispatcher, config)
+    if not wanted(dispatcher, decision, call, device_key, skip):
         return False
     if not config.background:
         tune(dispatcher, tensors, call=call, decision=decision, device_key=device_key, bind=bind, bhsd=bhsd,
-             store=store(), config=config, versions=versions())
+             store=store(), config=config, versions=versions(), skip=skip)
         return True
     key = _mark_tuned(dispatcher, call, device_key)
     quantized = any(bool(getattr(getattr(a, "caps", None), "quantized", False))
@@ -241,16 +274,22 @@ def pending(dispatcher: Tunable, call: AttentionCall, device_key: str) -> bool:
     return background.WORKER.pending((id(dispatcher), device_key, str(class_of_call(call)), call.precision))
 
 
-def _mark_tuned(dispatcher: Tunable, call: AttentionCall, device_key: str) -> tuple[str, str, str]:
+def _mark_tuned(dispatcher: Tunable, call: AttentionCall, device_key: str,
+                partial: bool = False) -> tuple[str, str, str]:
     key = (device_key, str(class_of_call(call)), call.precision)
     _TUNED.setdefault(dispatcher, set()).add(key)
+    if partial:
+        _PARTIAL.setdefault(dispatcher, set()).add(key)
+    else:
+        _PARTIAL.get(dispatcher, set()).discard(key)
     return key
 
 
 def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionCall, decision: Decision,
          device_key: str, bind: Callable[[BackendAdapter], Callable[..., Any]], bhsd: tuple[Any, Any, Any],
          store: Any, config: AutotuneConfig = DEFAULT, versions: Mapping[str, str | None] | None = None,
-         sync: Callable[[], None] | None = None, between: Callable[[], None] = lambda: None) -> list[BenchRecord]:
+         sync: Callable[[], None] | None = None, between: Callable[[], None] = lambda: None,
+         skip: Collection[str] = ()) -> list[BenchRecord]:
     """Time the candidates on the caller's tensors, store the results and refresh the dispatcher.
 
     Args:
@@ -264,14 +303,15 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
         config: budgets; versions: installed version per backend id (kept with each record).
         sync: waits for the work timed (the device's synchronize when None; the worker's stream on the worker).
         between: called between two candidates' rounds (the worker's checkpoint).
+        skip: backends not timed (:func:`compiled_on_call`).
 
     Returns:
         The new records (a candidate that raises while timed gets none; the policy treats it as before).
     """
     from attnforge.bench.timing import TimerMethod, TimingConfig, combine_rounds, measure
 
-    _mark_tuned(dispatcher, call, device_key)
-    names = candidates(decision)
+    _mark_tuned(dispatcher, call, device_key, partial=bool(skip))
+    names = candidates(decision, skip)
     special = {FALLBACK: dispatcher.fallback, EXACT: dispatcher.exact}
     adapters = {n: special[n] if n in special else dispatcher.adapters[n] for n in names}
     share_ms = config.budget_s * 1e3 / max(1, len(adapters) * config.rounds)

@@ -154,7 +154,9 @@ def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, prior
     if FALLBACK in eligible and FALLBACK not in order:
         order = (*order, FALLBACK)
     order = (*order, *unmeasured)
-    basis = tuple(_basis(name, ranking, priorities, lead, bracket) for name in order)
+    compiling = frozenset(n for n in unmeasured
+                          if getattr(getattr(adapters[n], "caps", None), "jit_per_variant", False))
+    basis = tuple(_basis(name, ranking, priorities, lead, bracket, compiling=compiling) for name in order)
     return Decision(order=order, basis=basis, rejected=tuple(rejected), ranking=ranking if ranking.order else None)
 
 
@@ -215,7 +217,7 @@ def _reasons(name: str, adapter: BackendAdapter, call: AttentionCall, verified: 
 
 
 def _basis(name: str, ranking: Ranking, priorities: Mapping[str, int], lead: str | None,
-           bracket: tuple[Bracket, Bracket] | None) -> str:
+           bracket: tuple[Bracket, Bracket] | None, *, compiling: frozenset[str] = frozenset()) -> str:
     if name in ranking.measurements:
         return ranking.basis(name)
     if name == lead and bracket is not None:
@@ -224,7 +226,11 @@ def _basis(name: str, ranking: Ranking, priorities: Mapping[str, int], lead: str
                 f" around it ({shorter}; {longer})")
     if name == FALLBACK:
         return "fallback: PyTorch SDPA, always available; unmeasured backends do not precede it"
-    return f"verified, not measured for this shape class; after SDPA, catalog priority {priorities.get(name, '-')}"
+    line = f"verified, not measured for this shape class; after SDPA, catalog priority {priorities.get(name, '-')}"
+    if name in compiling:  # measure-on-first-use leaves it out (autotune.compiled_on_call)
+        line += ("; compiles a kernel per variant on its first call (seconds), so first use does not time it"
+                 " (run: attnforge warmup, or attnforge bench)")
+    return line
 
 
 def forced_decision(call: AttentionCall, name: str, adapter: BackendAdapter) -> Decision:

@@ -97,7 +97,7 @@ def use_backend(name: str) -> Iterator[None]:
 
 @contextmanager
 def autotune(*, budget_s: float = 1.0, rounds: int = 5, clock: Callable[[], float] = time.perf_counter,
-             background: bool = False) -> Iterator[AutotuneConfig]:
+             background: bool = False, compiling: bool = False) -> Iterator[AutotuneConfig]:
     """Measure unmeasured shape classes on first use inside this context, on any device (see
     :mod:`attnforge.dispatch.autotune`; on CUDA it is on by default, this sets the budget). ``ATTNFORGE_AUTOTUNE=0``
     still wins. Classes the process-wide dispatcher decided before the context are considered again; leaving the
@@ -108,8 +108,12 @@ def autotune(*, budget_s: float = 1.0, rounds: int = 5, clock: Callable[[], floa
         rounds: interleaved rounds per candidate.
         clock: the timer on a CPU (tests pass a fake one).
         background: measure off the calling thread, or inside the first call (the default).
+        compiling: inside the first call, also time backends that compile their kernel on their first call
+            (FlashAttention-4: seconds a kernel variant); ``attnforge warmup`` sets it, the default leaves them
+            out so that no call waits for a compile to be measured.
     """
-    config = AutotuneConfig(budget_s=budget_s, rounds=max(1, rounds), clock=clock, background=background)
+    config = AutotuneConfig(budget_s=budget_s, rounds=max(1, rounds), clock=clock, background=background,
+                            compiling=compiling)
     with configured(config):
         get_dispatcher().forget_decisions()
         yield config

@@ -85,7 +85,7 @@ def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None 
     caches = compile_cache.ensure()
     before = compile_cache.count_artifacts(caches.folders)
     out: list[WarmedClass] = []
-    with runtime.autotune(budget_s=budget_s, rounds=rounds, background=False):
+    with runtime.autotune(budget_s=budget_s, rounds=rounds, background=False, compiling=True):
         measuring = autotune.active(device.split(":", maxsplit=1)[0]) is not None
         for shape in shapes:
             if progress is not None:
