@@ -59,15 +59,21 @@ def _setup(tmp_path: Path, host_ms: float) -> tuple[RecordStore, Kernel, Kernel,
     """A class where bench recorded "fa" 2x faster than SDPA (kernel times), and fa's host cost ``host_ms``."""
     gpu = Gpu()
     fa, sdpa = Kernel("fa", gpu, host_ms, 0.05), Kernel("sdpa", gpu, 0.03, 0.07)
+    return _measured(tmp_path, fa, sdpa, sq=16, sk=16, sdpa_ms=0.1), fa, sdpa, gpu
+
+
+def _measured(tmp_path: Path, fa: Kernel, sdpa: Kernel, *, sq: int, sk: int, sdpa_ms: float) -> RecordStore:
+    """A store where "fa" is verified and bench recorded fa at 0.05 ms and SDPA at ``sdpa_ms`` for the class of
+    ``[1, 4|2, sq|sk, 8]`` float32; the process-wide dispatcher serves from it."""
     store = RecordStore(tmp_path / "home")
     store.add_verify(VerifyRecord(device_key=CPU_KEY, backend="fa", backend_version=None, ok=True, summary="ok"))
-    shape = AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=16, seqlen_k=16, causal=False,
+    shape = AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=sq, seqlen_k=sk, causal=False,
                            mode=Mode.FWD, dtype="float32")
     store.add_bench([BenchRecord.measured(shape, device_key=CPU_KEY, backend=name, backend_version=None, ms=ms,
                                           tflops=1e-3 / ms, run_id="bench") for name, ms in (("fa", 0.05),
-                                                                                             ("sdpa", 0.1))])
+                                                                                             ("sdpa", sdpa_ms))])
     runtime.set_dispatcher(runtime.Dispatcher({"fa": fa}, fallback=sdpa, records=store))
-    return store, fa, sdpa, gpu
+    return store
 
 
 @pytest.fixture(autouse=True)
@@ -160,15 +166,7 @@ def _decode_setup(tmp_path: Path) -> tuple[RecordStore, Kernel, SettlingSdpa, Gp
     gpu = Gpu()
     fa = Kernel("fa", gpu, 0.02, 0.05)
     sdpa = SettlingSdpa("sdpa", gpu, 0.02, 0.09)
-    store = RecordStore(tmp_path / "home")
-    store.add_verify(VerifyRecord(device_key=CPU_KEY, backend="fa", backend_version=None, ok=True, summary="ok"))
-    shape = AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=1, seqlen_k=32, causal=False,
-                           mode=Mode.FWD, dtype="float32")
-    store.add_bench([BenchRecord.measured(shape, device_key=CPU_KEY, backend=name, backend_version=None, ms=ms,
-                                          tflops=1e-3 / ms, run_id="bench") for name, ms in (("fa", 0.05),
-                                                                                             ("sdpa", 0.09))])
-    runtime.set_dispatcher(runtime.Dispatcher({"fa": fa}, fallback=sdpa, records=store))
-    return store, fa, sdpa, gpu
+    return _measured(tmp_path, fa, sdpa, sq=1, sk=32, sdpa_ms=0.09), fa, sdpa, gpu
 
 
 def _decode_qkv(keys: int) -> tuple[torch.Tensor, ...]:

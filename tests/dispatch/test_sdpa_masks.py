@@ -885,14 +885,8 @@ def test_the_adapter_serves_a_decode_step_under_the_callers_mask_as_the_referenc
     assert len(efficient_kernel) == calls_before + 3 and sdpa_module._REFUSED == {}
 
 
-def test_a_settled_decode_shape_goes_to_sdpa_without_being_counted_again(
-        efficient_kernel: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The adapter counts a decode step under the caller's mask once: while its shape is met fewer than SETTLED times
-    the kernel serves it, from then on SDPA's own choice (the prepared mask is not counted as another shape, which
-    would keep it off cuDNN for as many meetings again), and the answers stay the reference's."""
-    monkeypatch.setattr(sdpa_module._MetShapes, "SETTLED", 3)
-    monkeypatch.setattr(sdpa_module, "_MET", sdpa_module._MetShapes())
-    monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
+def _count_decode_path(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets one entry per call the decode path without cuDNN serves (:func:`_decode_without_cudnn`)."""
     decoded: list[int] = []
     real = sdpa_module._decode_without_cudnn
 
@@ -901,6 +895,18 @@ def test_a_settled_decode_shape_goes_to_sdpa_without_being_counted_again(
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(sdpa_module, "_decode_without_cudnn", spy)
+    return decoded
+
+
+def test_a_settled_decode_shape_goes_to_sdpa_without_being_counted_again(
+        efficient_kernel: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adapter counts a decode step under the caller's mask once: while its shape is met fewer than SETTLED times
+    the kernel serves it, from then on SDPA's own choice (the prepared mask is not counted as another shape, which
+    would keep it off cuDNN for as many meetings again), and the answers stay the reference's."""
+    monkeypatch.setattr(sdpa_module._MetShapes, "SETTLED", 3)
+    monkeypatch.setattr(sdpa_module, "_MET", sdpa_module._MetShapes())
+    monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
+    decoded = _count_decode_path(monkeypatch)
     q, k, v = _qkv()
     step = q[:, :, :1]
     adapter = registry.fallback()
@@ -998,14 +1004,7 @@ def test_a_repeated_unmasked_decode_shape_settles_at_once(
     shape from the next call (SDPA's own choice, not the decode path) with the same answers; once only, and never
     for a forced kernel, more than DECODE_ROWS query rows, or another shape."""
     monkeypatch.setattr(sdpa_module, "_MET", sdpa_module._MetShapes())
-    decoded: list[int] = []
-    real = sdpa_module._decode_without_cudnn
-
-    def spy(*args: object, **kwargs: object) -> torch.Tensor:
-        decoded.append(1)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(sdpa_module, "_decode_without_cudnn", spy)
+    decoded = _count_decode_path(monkeypatch)
     q, k, v = _qkv()
     step = q[:, :, :1]
     adapter = registry.fallback()
