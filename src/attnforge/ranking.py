@@ -147,7 +147,7 @@ def rank(measurements: Iterable[Measurement]) -> Ranking:
 
 
 #: the ``run_id`` prefix of the in-situ check's records (:mod:`attnforge.dispatch.insitu`): timings of the route and
-#: of SDPA on a live call, which supersede what was measured of the class before them (:func:`class_measurements`)
+#: of SDPA on a live call, which supersede everything measured of the class before them (:func:`class_measurements`)
 LIVE_RUN_PREFIX = "insitu-"
 
 
@@ -172,12 +172,15 @@ def class_measurements(records: Iterable[BenchRecord], shape_class: ShapeClass,
         among: only these backends (e.g. the verified ones); None for all.
     """
     per: dict[str, list[BenchRecord]] = {}
+    live = None
     for r in latest(records):  # newest last
         if r.tflops > 0 and (among is None or r.backend in among) and r.shape.shape_class == shape_class:
-            if r.run_id.startswith(LIVE_RUN_PREFIX):  # a live check supersedes the class's older records of it,
-                per[r.backend] = [r]  # at whatever length of the class they were taken
-            else:
-                per.setdefault(r.backend, []).append(r)
+            if r.run_id.startswith(LIVE_RUN_PREFIX) and r.run_id != live:
+                # a live check supersedes every older record of the class, of every backend and at whatever length
+                # they were taken: a backend it did not time is unmeasured again, not compared across lengths
+                per.clear()
+                live = r.run_id
+            per.setdefault(r.backend, []).append(r)
     return {name: _mean(name, recs) for name, recs in per.items()}
 
 

@@ -425,7 +425,7 @@ def test_the_exact_decode_math_takes_half_precision_q_and_k_as_they_are(
     monkeypatch.setattr(torch, "bmm", _bmm_with_out_dtype_as_cuda_has_it(torch.bmm))
     monkeypatch.setattr(torch, "baddbmm", _baddbmm_with_out_dtype_as_cuda_has_it(torch.baddbmm))
     calls = []
-    for _layer in range(2):  # a model's layers share the step's mask object
+    for _layer in range(2):  # the first call makes the zero scalar baddbmm ignores, once
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             mixed = exact.exact_attention(q, k, v, attn_mask=mask, softcap=50.0)
         torch.testing.assert_close(mixed, cast, atol=0, rtol=0)
@@ -435,17 +435,17 @@ def test_the_exact_decode_math_takes_half_precision_q_and_k_as_they_are(
                       and e.cpu_parent is None])
     views = {"aten::alias", "aten::transpose", "aten::view", "aten::reshape", "aten::expand"}
     for top in calls:
-        # one matmul for the logits, their first multiply in it (the last one, softcap's, is the mask's add, or a
-        # multiply with no mask); v's cast and the output's: q's and K's are gone
+        # one matmul for the logits, their first multiply in it (the last one, softcap's, is an additive mask's
+        # add, else a multiply); v's cast and the output's: q's and K's are gone
         assert top.count("baddbmm.dtype") == 1 and "bmm.dtype" not in top, top
-        assert top.count("aten::mul_") == (mask is None), top
+        assert top.count("aten::mul_") == (not mask_kind.startswith("additive")), top
         assert len([name for name in top if name in ("aten::to", "aten::_to_copy")]) == 2, top
     first, later = ([name for name in top if name not in views] for top in calls)
-    # v's cast, the matmul, tanh, the last multiply with the mask, softmax, the hidden rows' zeros, the matmul
-    # with V, the output's cast: 8 (12 on 2026-11-27, 10 with the bmm, 9 with an additive mask); a bool mask's
-    # additive form is made once per mask object (the first layer's call: 3 more)
-    assert len(later) <= (7 if mask is None else 8), later
-    assert len(first) <= len(later) + (3 if mask_kind == "bool" else 1), first  # + the zero scalar, once
+    # v's cast, the matmul, tanh, the last multiply (with an additive mask: its add), softmax, the hidden rows'
+    # zeros, the matmul with V, the output's cast: 8 with an additive mask (12 on 2026-11-27, 9 with the bmm); a
+    # bool mask adds its where
+    assert len(later) <= {"none": 7, "bool": 9}.get(mask_kind, 8), later
+    assert len(first) <= len(later) + 1, first  # + the zero scalar, once
 
 
 def test_the_exact_math_takes_the_casts_where_bmm_with_out_dtype_raises(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -480,42 +480,27 @@ def test_the_exact_math_multiplies_after_bmm_where_baddbmm_with_out_dtype_raises
     assert exact._SCALED_MATMUL["cpu"] is False and exact._MIXED_MATMUL["cpu"] is True
 
 
-def test_a_bool_masks_kept_additive_form_follows_the_mask(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The exact math's decode calls take a bool mask as an additive one made once per mask object: a second call
-    with the same mask reuses it, one after an in-place change of the mask (a new version) or with another mask
-    object makes it anew, and each answer is that mask's reference; a mask over KEPT_BIAS_ELEMENTS entries is
-    never kept."""
+def test_the_exact_math_takes_bmm_not_baddbmm_while_torch_compile_traces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``aten::baddbmm.dtype`` does not trace under torch.compile (its fake tensors reject the keywords, torch
+    2.13): while tracing, the logits come from the bmm and a multiply, with the same values."""
     from attnforge.backends import exact
 
-    made: list[int] = []
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, h, s, 8, generator=g).to(torch.bfloat16) for h, s in ((4, 1), (2, 9), (2, 9)))
+    want = exact.exact_attention(q, k, v, softcap=20.0, scale=0.3)
 
-    class Counting(exact.KeptPerMask[Any]):
-        def put(self, mask: torch.Tensor, params: tuple[Any, ...], value: Any) -> None:
-            if params == (torch.float32,):  # not the float64 reference's own
-                made.append(1)
-            super().put(mask, params, value)
+    def untraceable(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise AssertionError("baddbmm with out_dtype while tracing")
 
-    monkeypatch.setattr(exact, "_BOOL_BIASES", Counting())
-    g = torch.Generator().manual_seed(9)
-    q, k, v = (torch.randn(2, h, s, 8, generator=g) for h, s in ((4, 1), (2, 12), (2, 12)))
-    mask = torch.rand(2, 1, 1, 12, generator=g) > 0.4
-
-    def check(m: torch.Tensor) -> None:
-        with torch.no_grad():
-            got = exact.exact_attention(q, k, v, attn_mask=m, softcap=30.0)
-        torch.testing.assert_close(got.double(), reference_attention(q, k, v, attn_mask=m, softcap=30.0),
-                                   atol=1e-5, rtol=1e-5)
-
-    check(mask)
-    check(mask)
-    assert made == [1]
-    mask[0, ..., :6] = ~mask[0, ..., :6]  # in place: the kept form is stale
-    check(mask)
-    check(mask.clone())
-    assert made == [1, 1, 1]
-    monkeypatch.setattr(exact, "KEPT_BIAS_ELEMENTS", mask.numel() - 1)
-    check(mask.clone())
-    assert made == [1, 1, 1]
+    monkeypatch.setitem(exact._MIXED_MATMUL, "cpu", True)
+    monkeypatch.setitem(exact._SCALED_MATMUL, "cpu", True)
+    monkeypatch.setattr(torch, "bmm", _bmm_with_out_dtype_as_cuda_has_it(torch.bmm))
+    monkeypatch.setattr(torch, "baddbmm", untraceable)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with torch.no_grad():
+        got = exact.exact_attention(q, k, v, softcap=20.0, scale=0.3)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert exact._SCALED_MATMUL["cpu"] is True  # not turned off: only skipped while tracing
 
 
 def test_out_of_memory_in_the_exact_maths_one_matmul_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:

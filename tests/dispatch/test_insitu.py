@@ -143,7 +143,7 @@ class SettlingSdpa(Kernel):
     settled: set[tuple[int, ...]] | None = None
     built: bool = False
 
-    def settle_repeated(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    def settle_repeated(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> bool:
         self.settled = (self.settled or set()) | {tuple(k.shape)}
         return True
 
@@ -222,3 +222,25 @@ def test_a_revert_taken_at_another_length_of_the_class_decides_the_class(tmp_pat
         device_key=CPU_KEY, backend="fa", backend_version=None, ms=0.001, tflops=1.0, run_id="bench-2")])
     runtime.set_dispatcher(runtime.Dispatcher({"fa": fa}, fallback=sdpa, records=store))
     assert attnforge.explain(*_decode_qkv(20)).chosen == "fa"
+
+
+def test_a_live_check_supersedes_every_older_record_of_its_class() -> None:
+    """After a revert the class's older records, of every backend and at any length, no longer count: a third
+    backend that bench measured fast at another length is unmeasured again (it follows SDPA) until measured
+    anew."""
+    from attnforge.ranking import LIVE_RUN_PREFIX, class_measurements
+
+    def shape(keys: int) -> AttentionShape:
+        return AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=1, seqlen_k=keys, causal=False,
+                              mode=Mode.FWD, dtype="float32")
+
+    def records(keys: int, run_id: str, **ms: float) -> list[BenchRecord]:
+        return [BenchRecord.measured(shape(keys), device_key=CPU_KEY, backend=name, backend_version=None, ms=t,
+                                     tflops=1e-3 / t, run_id=run_id) for name, t in ms.items()]
+
+    bench = records(32, "bench", fa=0.05, fa2=0.04, sdpa=0.09)
+    live = records(17, LIVE_RUN_PREFIX + "1", fa=0.05, sdpa=0.02)
+    cls = shape(24).shape_class
+    assert set(class_measurements(bench + live, cls)) == {"fa", "sdpa"}
+    assert set(class_measurements(bench + live + records(32, "bench-2", fa2=0.01), cls)) == {"fa", "fa2", "sdpa"}
+    assert set(class_measurements(live + bench, cls)) == {"fa", "fa2", "sdpa"}  # a bench after the check counts

@@ -1011,7 +1011,7 @@ def test_a_repeated_unmasked_decode_shape_settles_at_once(
     want = reference_attention(step, k, v, causal=False)
     torch.testing.assert_close(adapter(step, k, v, causal=False, scale=None), want)
     assert decoded == [1]  # a first meeting: the decode path
-    assert adapter.settle_repeated(step, k, v) and not adapter.settle_repeated(step, k, v)
+    assert adapter.settle_repeated(step, k, v, causal=False) and not adapter.settle_repeated(step, k, v, causal=True)
     for _ in range(3):
         torch.testing.assert_close(adapter(step, k, v, causal=False, scale=None), want)
     assert decoded == [1]  # settled: SDPA's own choice
@@ -1019,6 +1019,7 @@ def test_a_repeated_unmasked_decode_shape_settles_at_once(
     assert decoded == [1, 1]  # another length was not settled
     forced = sdpa_module.SdpaAdapter(name="sdpa-math", caps=adapter.caps, requirement=adapter.requirement,
                                      kernel="MATH")
-    assert not forced.settle_repeated(q[:, :, :1].clone(), k.clone(), v.clone())
+    assert not forced.settle_repeated(q[:, :, :1].clone(), k.clone(), v.clone(), causal=False)
     rows = torch.randn(2, 4, sdpa_module.DECODE_ROWS + 1, 8, dtype=torch.float64)
-    assert not adapter.settle_repeated(rows, k, v)  # more rows than a decode step: SDPA chooses anyway
+    assert not adapter.settle_repeated(rows, k, v, causal=False)  # more rows than a decode step: SDPA chooses
+    assert not adapter.settle_repeated(q[:, :, :4], k, v, causal=True)  # a bottom-right mask: counted with it

@@ -74,11 +74,11 @@ class AdapterBase:
         """Run the kernel (see :mod:`attnforge.backends.adapter` for shapes and the causal rule)."""
         raise NotImplementedError
 
-    def settle_repeated(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-        """Told that calls of exactly these tensors' shapes repeat (``[B, H, S, D]``, as ``__call__`` receives
-        them; the in-situ check saw nothing else in its sample): serve them from now on as a long run of them is
-        served, where that differs from a first meeting; True when it does (the next call may then build what a
-        repeated shape reuses). None differs by default."""
+    def settle_repeated(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> bool:
+        """Told that plain calls (no feature; ``causal`` as given) of exactly these tensors' shapes repeat (``[B,
+        H, S, D]``, as ``__call__`` receives them; the in-situ check saw nothing else in its sample): serve them
+        from now on as a long run of them is served, where that differs from a first meeting; True when it does
+        (the next call may then build what a repeated shape reuses). None differs by default."""
         return False
 
     def installed_version(self) -> str | None:

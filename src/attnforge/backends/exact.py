@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import KeptPerMask, graph_capturing, records_grad
+from attnforge.backends._base import records_grad
 from attnforge.backends.adapter import FEATURES, AttentionCall
 
 if TYPE_CHECKING:
@@ -215,10 +215,6 @@ def _masked_logits(raw: Any, *, scale: float, softcap: float | None, visible: An
 
     additive = attn_mask is not None and attn_mask.dtype != torch.bool
     if in_place:
-        if not additive and attn_mask is not None:  # a bool mask as the additive one kept for its object, if any
-            bias = _kept_bias(attn_mask, accum)
-            if bias is not None:
-                attn_mask, additive = bias, True
         # the last multiply (by the softcap, or the scale) and an additive mask in one kernel: torch.add(mask, x,
         # alpha=c) is mask + c * x, in float32 for a mask in any float dtype (type promotion: no cast of the mask)
         if softcap:
@@ -243,33 +239,6 @@ def _masked_logits(raw: Any, *, scale: float, softcap: float | None, visible: An
     if visible is not None:
         logits = torch.where(visible, logits, float("-inf"))  # one kernel (a masked_fill needs ~visible first)
     return logits, visible is not None or attn_mask is not None
-
-
-#: a bool mask's additive form in the exact math's dtype (0 visible, -inf hidden), kept per mask object: a model's
-#: layers share one mask per step, so its decode calls take the multiply and the mask in one kernel (one ``add``
-#: where a multiply, a ``where`` and its fill of -inf ran per call: :func:`_masked_logits`)
-_BOOL_BIASES: KeptPerMask[Any] = KeptPerMask()
-#: the largest bool mask kept so (entries; 16 MiB in float32): a decode step's ``[B, 1, 1, Sk]`` is far below, a
-#: prefill's ``[B, 1, S, S]`` may not be (its calls pay the ``where`` as before, without 4x its memory held)
-KEPT_BIAS_ELEMENTS = 1 << 22
-
-
-def _kept_bias(mask: Any, accum: Any) -> Any:
-    """The additive form of the bool ``mask`` (``accum``, its shape; -inf where it hides a key), made once per mask
-    object (:data:`_BOOL_BIASES`); None for a mask of more than :data:`KEPT_BIAS_ELEMENTS` entries and while
-    ``torch.compile`` traces or a CUDA graph captures (nothing is kept then: the caller applies the bool mask
-    itself)."""
-    import torch
-
-    if (mask.numel() > KEPT_BIAS_ELEMENTS or torch.compiler.is_compiling()
-            or (mask.device.type == "cuda" and graph_capturing())):
-        return None
-    params = (accum,)
-    bias = _BOOL_BIASES.get(mask, params)
-    if bias is None:
-        bias = torch.zeros(mask.shape, dtype=accum, device=mask.device).masked_fill_(~mask, float("-inf"))
-        _BOOL_BIASES.put(mask, params, bias)
-    return bias
 
 
 #: whether torch's matmul with an ``out_dtype`` (``aten::bmm.dtype``: half-precision inputs, a float32 output
@@ -303,7 +272,8 @@ def _logits(grouped: Any, k: Any, accum: Any, *, alpha: float = 1.0) -> tuple[An
     sk = k.shape[2]
     a, bt = grouped.reshape(b * h, r, d), k.reshape(b * h, sk, d).transpose(1, 2)
     device = grouped.device.type
-    if alpha != 1.0 and _SCALED_MATMUL.get(device, True):
+    # not while torch.compile traces: its fake tensors lack aten::baddbmm.dtype's keywords (torch 2.13)
+    if alpha != 1.0 and _SCALED_MATMUL.get(device, True) and not torch.compiler.is_compiling():
         try:
             out = torch.baddbmm(_zeros(accum, grouped.device).expand(b * h, r, sk), a, bt, beta=0.0, alpha=alpha,
                                 out_dtype=accum)

@@ -139,16 +139,18 @@ class SdpaAdapter(AdapterBase):
             kwargs["enable_gqa"] = True
         return functools.partial(original_sdpa(), **kwargs)
 
-    def settle_repeated(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    def settle_repeated(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> bool:
         """An unmasked decode call (``q [B, Hq, Sq, D]``, Sq <= :data:`DECODE_ROWS`, CUDA, SDPA choosing) whose
         shapes repeat is served as a settled shape at once (:meth:`_MetShapes.settle`): SDPA's own choice, cuDNN's
         graph built on the next call (36-39 ms on an H200) and reused after it (the grid's decode GQA cell, B8 Hq32
         Hkv8, 4096 keys, H200, torch 2.11, 2026-11-28: plain SDPA 62.9 µs a call, FlashAttention-2's split-KV op
-        through SDPA 98.5). The decode path's unsettled kernels exist for lengths that do not repeat."""
+        through SDPA 98.5). The decode path's unsettled kernels exist for lengths that do not repeat. A causal call
+        of more than one query row is not settled here (its bottom-right mask is counted with the shape, or SDPA's
+        own causal serves it)."""
         if (self.kernel is not None or q.shape[2] > DECODE_ROWS or q.device.type not in _EFFICIENT_DEVICES
-                or not _cudnn_free_decode()):
+                or (causal and q.shape[2] > 1) or not _cudnn_free_decode()):
             return False
-        return _MET.settle(q, k, v, None)
+        return _MET.settle(q, k, v, None)  # the unmasked key: the in-situ check settles plain calls only
 
     def decode_lane(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
                     scale: float | None) -> DecodeLane | None:

@@ -310,8 +310,9 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     """
     from attnforge.bench.timing import TimerMethod, TimingConfig, combine_rounds, measure
 
-    _mark_tuned(dispatcher, call, device_key, partial=bool(skip))
     names = candidates(decision, skip)
+    # partial only where a candidate of this decision was left out (a CUDA-only backend is none on a CPU call)
+    _mark_tuned(dispatcher, call, device_key, partial=len(names) < len(candidates(decision)))
     special = {FALLBACK: dispatcher.fallback, EXACT: dispatcher.exact}
     adapters = {n: special[n] if n in special else dispatcher.adapters[n] for n in names}
     share_ms = config.budget_s * 1e3 / max(1, len(adapters) * config.rounds)

@@ -12,8 +12,9 @@ call takes more than :data:`MAX_CALL_MS`). It never runs while ``torch.compile``
 (:func:`attnforge.dispatch.autotune.capturing`), nor when measuring is off (``ATTNFORGE_AUTOTUNE=0``).
 
 A revert is written as two records of the class (``run_id`` ``insitu-...``, the route's and SDPA's live timings),
-which supersede the class's older ones for both backends whatever lengths those were taken at
-(:func:`attnforge.ranking.class_measurements`), so the decision persists across processes; ``explain()`` says
+which supersede every older record of the class, of any backend and at any length
+(:func:`attnforge.ranking.class_measurements`: a third backend measured before is unmeasured again, so it follows
+SDPA), so the decision persists across processes; ``explain()`` says
 so on SDPA's line. A class is checked once per process whatever the outcome.
 
 Where every sampled call had one shape (a fixed-size cache, a benchmark loop, a fixed resolution), SDPA is timed as
@@ -83,7 +84,7 @@ def sampled(dispatcher: Checked, steps: tuple[tuple[BackendAdapter, Callable[...
         return steps
     adapter, sdpa = next((a, f) for a, f in steps if a.name == FALLBACK)
     counting = _Sampler(dispatcher, state=state, key=key, call=call, name=first.name, fn=fn, sdpa=sdpa,
-                        settle=_settler(adapter, bshd=bshd))
+                        settle=_settler(adapter, bshd=bshd, causal=call.causal))
     return ((first, counting), *steps[1:])
 
 
@@ -113,15 +114,15 @@ class Checked(Protocol):
     def forget_decisions(self) -> None: ...
 
 
-def _settler(adapter: BackendAdapter, *, bshd: bool) -> Callable[[Any, Any, Any], bool]:
+def _settler(adapter: BackendAdapter, *, bshd: bool, causal: bool) -> Callable[[Any, Any, Any], bool]:
     """SDPA's :meth:`~attnforge.backends._base.AdapterBase.settle_repeated` for the route's tensors (``[B, S, H,
     D]`` ones seen as the adapter receives them)."""
     settle = getattr(adapter, "settle_repeated", None)
     if settle is None:
         return lambda q, k, v: False
     if bshd:
-        return lambda q, k, v: bool(settle(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)))
-    return lambda q, k, v: bool(settle(q, k, v))
+        return lambda q, k, v: bool(settle(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal))
+    return lambda q, k, v: bool(settle(q, k, v, causal=causal))
 
 
 class _Sampler:
@@ -153,7 +154,7 @@ class _Sampler:
         try:
             # every sampled call of one shape (a fixed-size cache, a benchmark loop, a fixed resolution): SDPA is
             # timed as a long run of that shape gets it (a decode step's cuDNN graph, built once here, untimed)
-            if self.key not in self.state.mixed and self.settle(q, k, v):
+            if not self.call.features and self.key not in self.state.mixed and self.settle(q, k, v):
                 self.sdpa(q, k, v)
             reverted = check(self.dispatcher, (q, k, v), call=self.call, route=self.name, fn=self.fn, sdpa=self.sdpa)
         except Exception:  # a failed check changes nothing: the route keeps serving
