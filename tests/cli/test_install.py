@@ -97,3 +97,18 @@ def test_the_installed_versions_failed_verify_reaches_the_request(tmp_path: Path
     assert _verify_failure(snap, "flash-attn", tmp_path / "home") == "max abs err 0.3 > 0.02"
     store.add_verify(dataclasses.replace(record, ok=True, summary="ok"))
     assert _verify_failure(snap, "flash-attn", tmp_path / "home") is None  # the newest one passed
+
+
+def test_an_installed_backend_that_compiles_on_first_call_says_to_run_warmup(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """FlashAttention-4 is left out of measure-on-first-use (its kernels compile per variant on their first call):
+    its install says how to let it compete; another backend's install says nothing of the kind."""
+    from attnforge.cli.install import _render
+    from attnforge.install.flow import InstallResult
+    from attnforge.resolve.types import Plan, Request
+
+    for backend, expected in (("flash-attn-4", True), ("flash-attn-3", False)):
+        request = Request(backend=backend)
+        _render(InstallResult(request=request, plan=Plan(request=request, candidates=()), action="cache-hit"))
+        out = " ".join(capsys.readouterr().out.split())
+        assert ("attnforge warmup" in out) is expected, out

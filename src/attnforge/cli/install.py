@@ -75,8 +75,24 @@ def _render(result: InstallResult) -> None:
             v.ok, "not verified"  # type: ignore[arg-type]
         )
         out.print(f"  {mark}: {v.summary}", soft_wrap=True)
-    for w in result.warnings:  # plain text: a path or requirement may hold [brackets]
+    for w in (*result.warnings, *_usage_notes(result)):  # plain text: a path or requirement may hold [brackets]
         out.print(Text.assemble("  ", ("note", "yellow"), ": ", w), soft_wrap=True)
     timings = ", ".join(f"{k} {v:.2f} s" for k, v in result.timings_s.items())
     if timings:
         out.print(f"  time: {timings}", soft_wrap=True)
+
+
+def _usage_notes(result: InstallResult) -> tuple[str, ...]:
+    """What the user must do for attention() to use the backend just installed, beyond verify: a backend whose
+    kernels compile on their first call (``jit_per_variant``, FlashAttention-4) is timed by warmup or bench only
+    (measure-on-first-use leaves it out: docs/dispatch-policy.md)."""
+    from attnforge.backends.capabilities import load_capabilities
+
+    if not result.ok:
+        return ()
+    caps = load_capabilities().get(result.request.backend)
+    if caps is None or not caps.jit_per_variant:
+        return ()
+    return (f"{result.request.backend} compiles its kernels on their first call (seconds each), so attention() "
+            "does not time it on a class's first use: run `attnforge warmup --model config.json` (or `attnforge "
+            "bench`) as a deploy step to let it compete",)
