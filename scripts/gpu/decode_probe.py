@@ -291,6 +291,72 @@ def gemma_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     return res
 
 
+def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
+    """Can FlashAttention-4 serve Gemma-2's padded decode call in one kernel (the next run's item 1)? Its varlen
+    forward over the padding runs as :func:`attnforge.backends.sdpa._varlen_decode` gives FA2's op: each (batch
+    row, K/V head) one sequence of one query row with its ``g`` query heads (``q [B x Hkv, g, D]``), K/V viewed
+    ``[N, 1, D]`` on the cache's storage, ``cu_seqlens_k`` the runs' starts and ``seqused_k`` their lengths, with
+    softcap 50. Per call shape as ``gemma_calls``: the error against the exact math, wall and host µs per call
+    through ``flash_attn.cute.interface._flash_attn_fwd`` (its Python included) against eager's and the exact
+    math's, and whether the kernel took the strided K/V views as they are. Skipped where FA4 does not import."""
+    from types import SimpleNamespace
+
+    try:
+        from flash_attn.cute.interface import _flash_attn_fwd
+    except Exception as exc:  # not installed here (the CPU machine's dry run; a call before carry d2)
+        return {"skipped": f"flash_attn.cute does not import: {type(exc).__name__}: {exc}"[:300]}
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    from attnforge.backends import sdpa as sdpa_module
+    from attnforge.backends.exact import exact_attention
+
+    b, hq, hkv, d, s0 = 4, 16, 8, 256, 1024
+    g = hq // hkv
+    torch.manual_seed(0)
+    q = torch.randn(b, hq, 1, d, device=dev, dtype=dt)
+    kv = torch.randn(2, b, hkv, s0 + 80, d, device=dev, dtype=dt)
+    inputs = _step_inputs(torch, kv, s0, 64, True)
+    scale = 256 ** -0.5
+    module = SimpleNamespace(num_key_value_groups=g, training=False)
+    additive = {id(m): torch.zeros(m.shape, dtype=dt, device=dev).masked_fill_(~m, torch.finfo(dt).min)
+                for _, _, m in inputs}
+
+    def fa4(k: Any, v: Any, m: Any) -> Any:
+        runs = sdpa_module._padding_runs(m, b=b, hkv=hkv, k=k)
+        starts, used = runs
+        rs = k.stride(2)
+        span = sdpa_module._key_rows(k)
+        out = _flash_attn_fwd(q.reshape(b * hkv, g, d), k.as_strided((span, 1, d), (rs, d, 1)),
+                              v.as_strided((span, 1, d), (rs, d, 1)),
+                              cu_seqlens_q=sdpa_module._query_starts(b * hkv, q.device), cu_seqlens_k=starts,
+                              seqused_k=used, max_seqlen_q=1, max_seqlen_k=k.shape[2], softmax_scale=scale,
+                              softcap=50.0)[0]
+        return out.view(b, hq, 1, d)
+
+    def eager(k: Any, v: Any, m: Any) -> Any:
+        return eager_attention_forward(module, q, k, v, additive[id(m)], scaling=scale, softcap=50.0)[0]
+
+    def exact(k: Any, v: Any, m: Any) -> Any:
+        return exact_attention(q, k, v, attn_mask=m, scale=scale, softcap=50.0)
+
+    res: dict[str, Any] = {}
+    k, v, m = inputs[-1]
+    t0 = time.perf_counter()
+    got = fa4(k, v, m)
+    models_e2e._sync(torch)
+    res["first_call_s"] = round(time.perf_counter() - t0, 2)  # its CuTe DSL compile, once per variant
+    want = exact(k, v, m)
+    res["max_abs_diff_vs_exact"] = float((got.float() - want.float()).abs().max())
+    res["rel_l2_vs_exact"] = float((got.float() - want.float()).norm() / want.float().norm())
+    for name, fn in (("eager", eager), ("exact", exact), ("fa4_varlen", fa4)):
+        for x in inputs[:4]:
+            fn(*x)
+        res[f"{name}_us"], _ = _best_us_per_call(torch, fn, [inputs] * 5)
+        res[f"{name}_host_us"] = _host_us_per_call(torch, fn, inputs)
+    res["fa4_profile"] = _profile(torch, dev, lambda xs=inputs[:8]: [fa4(*x) for x in xs])
+    return res
+
+
 def efficient_breakdown(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     """Where ``attention()``'s decode path spends its time at lengths met before (SDPA's cuDNN graphs cached):
     Llama-3-8B's padded decode call, four calls sharing each mask object (a model's layers), ``Sk`` growing over 16
@@ -670,8 +736,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--only", default="", help="comma-separated sections (efficient_breakdown, decode_kernels[_long], "
-                                                "adapter_steps, host_costs, calls, gemma_calls, prefill_first_calls, "
-                                                "generate); default all")
+                                                "adapter_steps, host_costs, calls, gemma_calls, fa4_varlen_decode, "
+                                                "prefill_first_calls, generate); default all")
     args = ap.parse_args()
     import torch
 
@@ -689,6 +755,7 @@ def main() -> int:
                                                                     keys=4096)),
                      ("calls", lambda: calls(torch, args.device, dt, small)),
                      ("gemma_calls", lambda: gemma_calls(torch, args.device, dt, small)),
+                     ("fa4_varlen_decode", lambda: fa4_varlen_decode(torch, args.device, dt, small)),
                      ("prefill_first_calls", lambda: prefill_first_calls(torch, args.device, dt, small)),
                      ("generate", lambda: generate(torch))):
         if only is not None and name not in only:
