@@ -24,13 +24,12 @@ Semantics (those of :func:`attnforge.attention`), for query ``i`` and key ``j`` 
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import records_grad
+from attnforge.backends._base import kept_outside_capture, records_grad
 from attnforge.backends.adapter import FEATURES, AttentionCall
 
 if TYPE_CHECKING:
@@ -167,8 +166,9 @@ def _rows(q: Any, k: Any, v: Any, *, scale: float, visible: Any, attn_mask: Any,
     grouped = q.reshape(b, hkv, (hq // hkv) * rows, q.shape[-1])
     # where nothing reads the lse or records a gradient (a decode step, inference): the logits changed in place and
     # torch.softmax (which subtracts each row's maximum itself): 12 ops for Gemma-2's decode call against 18, each a
-    # kernel launch of ~20 µs host time on the H200 host (scripts/gpu/decode_probe.py gemma_calls, 2026-11-28); 10
-    # with a bool mask, 9 with an additive one, where q and K go to the logits' matmul as they are (_logits)
+    # kernel launch of ~20 µs host time on the H200 host (scripts/gpu/decode_probe.py gemma_calls, 2026-11-28); 9
+    # with a bool mask, 8 with an additive one, where q and K go to the logits' matmul as they are and it takes the
+    # first multiply (_logits)
     inference = bool(sk) and no_grad
     # the first multiply (by scale / softcap, or the scale) goes into the logits' matmul where it can (inference)
     first = (scale / softcap if softcap else scale) if inference else 1.0
@@ -300,9 +300,10 @@ def _logits(grouped: Any, k: Any, accum: Any, *, alpha: float = 1.0) -> tuple[An
 _SCALED_MATMUL: dict[str, bool] = {}
 
 
-@functools.lru_cache(maxsize=16)
+@kept_outside_capture(16)
 def _zeros(dtype: Any, device: Any) -> Any:
-    """A zero scalar tensor (``baddbmm``'s ignored input with ``beta=0``), one per dtype and device."""
+    """A zero scalar tensor (``baddbmm``'s ignored input with ``beta=0``), one per dtype and device (made anew
+    inside CUDA graph capture, as every kept device tensor is)."""
     import torch
 
     return torch.zeros((), dtype=dtype, device=device)
