@@ -210,8 +210,10 @@ class KeptPerMask(Generic[_V]):
     layer. An entry is found only for the same mask object (a weak reference: a new mask never matches a dead one's
     entry, and the entry is dropped with the mask), at the same version counter (an in-place change misses) and with
     the same preparation parameters; inference tensors (``torch.inference_mode``: no version counter) are never
-    kept. The callers keep nothing for masks that require grad, nor under CUDA graph capture (a captured kernel has
-    not run) or while ``torch.compile`` traces."""
+    kept. A write that does not bump the version counter (through ``.data``, or through numpy memory shared by
+    ``torch.from_numpy``) is not seen: a caller that writes so passes a new mask object (the exact math, the
+    correctness fallback, keeps nothing here). The callers keep nothing for masks that require grad, nor under
+    CUDA graph capture (a captured kernel has not run) or while ``torch.compile`` traces."""
 
     __slots__ = ("_entries",)
 
