@@ -48,7 +48,7 @@ stage_stage() {
                     "$WH/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl" \
                     && touch "$WH/cu13.done" && rm -f "$WH"/cu13.tree.tar.xz*
             else note "joined $name: sha256 mismatch"; fi
-        else note "cu13 libs incomplete: $(cd "$WH" && ls cu13.tree.tar.xz.part* 2>/dev/null | tr '\n' ' ')"; fi
+        else note "cu13 libs incomplete: $(cd "$WH" && ls cu13.tree.tar.xz.* 2>/dev/null | tr '\n' ' ')"; fi
     fi
     local j
     for j in "$WH"/JOIN-*; do  # other split files (the ray wheel): "JOIN name sha256 part..." once all parts are here
