@@ -62,7 +62,14 @@ from attnforge.backends._base import graph_capturing
 from attnforge.backends.adapter import AttentionCall, BackendAdapter
 from attnforge.backends.exact import EXACT
 from attnforge.dispatch import background
-from attnforge.dispatch.policy import FALLBACK, Decision, class_of_call, shape_of_call
+from attnforge.dispatch.policy import (
+    FALLBACK,
+    Decision,
+    class_of_call,
+    compiles_per_variant,
+    quantizes,
+    shape_of_call,
+)
 from attnforge.records import BenchRecord
 
 ENV = "ATTNFORGE_AUTOTUNE"
@@ -191,8 +198,7 @@ def compiled_on_call(dispatcher: Tunable, config: AutotuneConfig) -> frozenset[s
     (``jit_per_variant``), unless it measures off the calling thread or for a deploy step (``compiling``)."""
     if config.background or config.compiling:
         return frozenset()
-    return frozenset(n for n, a in dispatcher.adapters.items()
-                     if getattr(getattr(a, "caps", None), "jit_per_variant", False))
+    return frozenset(n for n, a in dispatcher.adapters.items() if compiles_per_variant(a))
 
 
 def wanted(dispatcher: Tunable, decision: Decision, call: AttentionCall, device_key: str,
@@ -231,8 +237,7 @@ def first_use(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: Atten
              store=store(), config=config, versions=versions(), skip=skip)
         return True
     key = _mark_tuned(dispatcher, call, device_key)
-    quantized = any(bool(getattr(getattr(a, "caps", None), "quantized", False))
-                    for n in candidates(decision) if (a := dispatcher.adapters.get(n)) is not None)
+    quantized = any(quantizes(a) for n in candidates(decision) if (a := dispatcher.adapters.get(n)) is not None)
     # one snapshot, one event: the bhsd views a quantized candidate's error is read on are copied before the
     # event the worker waits on, as the caller's tensors are
     both, ready = background.snapshot((*tensors, *bhsd) if quantized else tuple(tensors))
@@ -359,7 +364,7 @@ def _records(rounds: Mapping[str, list[Any]], adapters: Mapping[str, BackendAdap
             continue
         t = combine(timings)
         error = None
-        if bool(getattr(getattr(adapters[name], "caps", None), "quantized", False)):
+        if quantizes(adapters[name]):
             try:
                 error = output_error(adapters[name], bhsd, causal=call.causal)
             except Exception:  # noqa: S112 - an error check that raises leaves the backend unmeasured

@@ -135,7 +135,7 @@ def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, prior
     rejected: list[Rejection] = []
     for name, adapter in adapters.items():
         reasons = _reasons(name, adapter, call, verified, broken)
-        if not reasons and _quantized(adapter):
+        if not reasons and quantizes(adapter):
             reasons = _gate_reasons(name, adapters, measured, gate or quantized_gate())
         if reasons:
             rejected.append(Rejection(backend=name, reasons=tuple(reasons)))
@@ -154,8 +154,7 @@ def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, prior
     if FALLBACK in eligible and FALLBACK not in order:
         order = (*order, FALLBACK)
     order = (*order, *unmeasured)
-    compiling = frozenset(n for n in unmeasured
-                          if getattr(getattr(adapters[n], "caps", None), "jit_per_variant", False))
+    compiling = frozenset(n for n in unmeasured if compiles_per_variant(adapters[n]))
     basis = tuple(_basis(name, ranking, priorities, lead, bracket, compiling=compiling) for name in order)
     return Decision(order=order, basis=basis, rejected=tuple(rejected), ranking=ranking if ranking.order else None)
 
@@ -175,8 +174,15 @@ def _interpolated(eligible: list[str], bracket: tuple[Bracket, Bracket] | None) 
     return winner if winner != FALLBACK else None
 
 
-def _quantized(adapter: BackendAdapter) -> bool:
+def quantizes(adapter: BackendAdapter) -> bool:
+    """Whether the adapter's kernel quantizes Q/K/V (``caps.quantized``; an adapter without capabilities: no)."""
     return bool(getattr(getattr(adapter, "caps", None), "quantized", False))
+
+
+def compiles_per_variant(adapter: BackendAdapter) -> bool:
+    """Whether the adapter's kernel compiles on its first call per variant (``caps.jit_per_variant``: seconds each,
+    so measure-on-first-use leaves it out, :func:`attnforge.dispatch.autotune.compiled_on_call`)."""
+    return bool(getattr(getattr(adapter, "caps", None), "jit_per_variant", False))
 
 
 def _gate_reasons(name: str, adapters: Mapping[str, BackendAdapter], measured: Mapping[str, Measurement],
@@ -192,7 +198,7 @@ def _gate_reasons(name: str, adapters: Mapping[str, BackendAdapter], measured: M
     elif error.rel_l1 > gate.max_rel_l1 or error.cosine < gate.min_cosine:
         reasons.append(f"quantized: error on this shape class rel L1 {error.rel_l1:.3g} / cosine {error.cosine:.5f} is "
                        f"outside rel L1 <= {gate.max_rel_l1:g}, cosine >= {gate.min_cosine:g}")
-    exact = [e for n, e in measured.items() if n != name and not (n in adapters and _quantized(adapters[n]))]
+    exact = [e for n, e in measured.items() if n != name and not (n in adapters and quantizes(adapters[n]))]
     unbeaten = max((e for e in exact if not beats(m, e)), key=lambda e: e.tflops, default=None)
     if unbeaten is not None:
         reasons.append(f"quantized: not faster than {unbeaten.backend} beyond the noise "
