@@ -297,11 +297,23 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
     row, K/V head) one sequence of one query row with its ``g`` query heads (``q [B x Hkv, g, D]``), K/V viewed
     ``[N, 1, D]`` on the cache's storage, ``cu_seqlens_k`` the runs' starts and ``seqused_k`` their lengths, with
     softcap 50. Per call shape as ``gemma_calls``: the error against the exact math, wall and host µs per call
-    through ``flash_attn.cute.interface._flash_attn_fwd`` (its Python included) against eager's and the exact
-    math's, and whether the kernel took the strided K/V views as they are. Skipped where FA4 does not import."""
+    against eager's and the exact math's, for
+
+    - ``fa4_varlen``: ``flash_attn.cute.interface._flash_attn_fwd`` (its Python included), the runs read per call
+      (a step's first layer: one host sync);
+    - ``fa4_kept``: the same, the runs read once per mask beforehand (a step's later layers);
+    - ``fa4_replay``: the one compiled call ``_flash_attn_fwd`` makes, recorded once (as
+      ``attnforge.backends._fa4_direct.Replayer`` does for plain calls) and called with each call's q/K/V views,
+      a fresh output and the kept runs in the argument slots where the recording held the runs' tensors;
+      ``replay_equal``: bit for bit against ``fa4_kept`` on 8 calls; ``replay_slots``: which slots were swapped;
+    - ``fa4_replay_new_runs``: the replay with the runs read per call.
+
+    ``compiles``: compile-cache entries added over the 64 lengths (0 after the first: no compile per length).
+    Skipped where FA4 does not import."""
     from types import SimpleNamespace
 
     try:
+        from flash_attn.cute import interface as fa4_interface
         from flash_attn.cute.interface import _flash_attn_fwd
     except Exception as exc:  # not installed here (the CPU machine's dry run; a call before carry d2)
         return {"skipped": f"flash_attn.cute does not import: {type(exc).__name__}: {exc}"[:300]}
@@ -310,28 +322,50 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
     from attnforge.backends import sdpa as sdpa_module
     from attnforge.backends.exact import exact_attention
 
-    b, hq, hkv, d, s0 = 4, 16, 8, 256, 1024
+    b, hq, hkv, d, s0 = (4, 4, 2, 16, 64) if small else (4, 16, 8, 256, 1024)
     g = hq // hkv
     torch.manual_seed(0)
     q = torch.randn(b, hq, 1, d, device=dev, dtype=dt)
     kv = torch.randn(2, b, hkv, s0 + 80, d, device=dev, dtype=dt)
     inputs = _step_inputs(torch, kv, s0, 64, True)
-    scale = 256 ** -0.5
+    scale = d ** -0.5
     module = SimpleNamespace(num_key_value_groups=g, training=False)
     additive = {id(m): torch.zeros(m.shape, dtype=dt, device=dev).masked_fill_(~m, torch.finfo(dt).min)
                 for _, _, m in inputs}
+    kept = {id(m): sdpa_module._padding_runs(m, b=b, hkv=hkv, k=k) for k, _, m in inputs}
+    cu_q = sdpa_module._query_starts(b * hkv, q.device)
+    qv = q.reshape(b * hkv, g, d)
+
+    class Counting:  # the compile cache, counting the entries added
+        def __init__(self, cache: Any) -> None:
+            self.cache, self.added = cache, 0
+
+        def __contains__(self, key: Any) -> bool:
+            return key in self.cache
+
+        def __getitem__(self, key: Any) -> Any:
+            return self.cache[key]
+
+        def __setitem__(self, key: Any, fn: Any) -> None:
+            self.added += 1
+            self.cache[key] = fn
+
+    def views(k: Any, v: Any) -> tuple[Any, Any]:
+        rs, span = k.stride(2), sdpa_module._key_rows(k)
+        return k.as_strided((span, 1, d), (rs, d, 1)), v.as_strided((span, 1, d), (rs, d, 1))
+
+    def fa4_runs(k: Any, v: Any, runs: tuple[Any, ...]) -> Any:
+        starts, used = runs
+        kf, vf = views(k, v)
+        out = _flash_attn_fwd(qv, kf, vf, cu_seqlens_q=cu_q, cu_seqlens_k=starts, seqused_k=used, max_seqlen_q=1,
+                              max_seqlen_k=k.shape[2], softmax_scale=scale, softcap=50.0)[0]
+        return out.view(b, hq, 1, d)
 
     def fa4(k: Any, v: Any, m: Any) -> Any:
-        runs = sdpa_module._padding_runs(m, b=b, hkv=hkv, k=k)
-        starts, used = runs
-        rs = k.stride(2)
-        span = sdpa_module._key_rows(k)
-        out = _flash_attn_fwd(q.reshape(b * hkv, g, d), k.as_strided((span, 1, d), (rs, d, 1)),
-                              v.as_strided((span, 1, d), (rs, d, 1)),
-                              cu_seqlens_q=sdpa_module._query_starts(b * hkv, q.device), cu_seqlens_k=starts,
-                              seqused_k=used, max_seqlen_q=1, max_seqlen_k=k.shape[2], softmax_scale=scale,
-                              softcap=50.0)[0]
-        return out.view(b, hq, 1, d)
+        return fa4_runs(k, v, sdpa_module._padding_runs(m, b=b, hkv=hkv, k=k))
+
+    def fa4_kept(k: Any, v: Any, m: Any) -> Any:
+        return fa4_runs(k, v, kept[id(m)])
 
     def eager(k: Any, v: Any, m: Any) -> Any:
         return eager_attention_forward(module, q, k, v, additive[id(m)], scaling=scale, softcap=50.0)[0]
@@ -340,20 +374,137 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
         return exact_attention(q, k, v, attn_mask=m, scale=scale, softcap=50.0)
 
     res: dict[str, Any] = {}
-    k, v, m = inputs[-1]
-    t0 = time.perf_counter()
-    got = fa4(k, v, m)
-    models_e2e._sync(torch)
-    res["first_call_s"] = round(time.perf_counter() - t0, 2)  # its CuTe DSL compile, once per variant
-    want = exact(k, v, m)
-    res["max_abs_diff_vs_exact"] = float((got.float() - want.float()).abs().max())
-    res["rel_l2_vs_exact"] = float((got.float() - want.float()).norm() / want.float().norm())
-    for name, fn in (("eager", eager), ("exact", exact), ("fa4_varlen", fa4)):
-        for x in inputs[:4]:
-            fn(*x)
-        res[f"{name}_us"], _ = _best_us_per_call(torch, fn, [inputs] * 5)
-        res[f"{name}_host_us"] = _host_us_per_call(torch, fn, inputs)
-    res["fa4_profile"] = _profile(torch, dev, lambda xs=inputs[:8]: [fa4(*x) for x in xs])
+    counting = Counting(_flash_attn_fwd.compile_cache)
+    _flash_attn_fwd.compile_cache = counting
+    try:
+        k, v, m = inputs[-1]
+        t0 = time.perf_counter()
+        got = fa4(k, v, m)
+        models_e2e._sync(torch)
+        res["first_call_s"] = round(time.perf_counter() - t0, 2)  # its CuTe DSL compile, once per variant
+        res["compiles_first_call"] = counting.added
+        want = exact(k, v, m)
+        res["max_abs_diff_vs_exact"] = float((got.float() - want.float()).abs().max())
+        res["rel_l2_vs_exact"] = float((got.float() - want.float()).norm() / want.float().norm())
+        want_eager = eager(k, v, m).transpose(1, 2)
+        res["max_abs_diff_eager_vs_exact"] = float((want_eager.float() - want.float()).abs().max())
+        for x in inputs:
+            fa4(*x)
+        models_e2e._sync(torch)
+        res["compiles_over_64_lengths"] = counting.added - res["compiles_first_call"]
+
+        # the replay: record the compiled call of the last input, then swap the per-call tensors in
+        seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        from attnforge.backends._fa4_direct import _Recorder
+        _flash_attn_fwd.compile_cache = _Recorder(counting, seen)
+        try:
+            runs = kept[id(m)]
+            kf, vf = views(k, v)
+            out = _flash_attn_fwd(qv, kf, vf, cu_seqlens_q=cu_q, cu_seqlens_k=runs[0], seqused_k=runs[1],
+                                  max_seqlen_q=1, max_seqlen_k=k.shape[2], softmax_scale=scale, softcap=50.0)[0]
+        finally:
+            _flash_attn_fwd.compile_cache = counting
+        res["recorded_calls"] = len(seen)
+        replay = None
+        if len(seen) == 1 and not seen[0][2]:
+            kernel, args, _ = seen[0]
+            named = {"q": qv, "k": kf, "v": vf, "out": out, "cu_seqlens_q": cu_q, "cu_seqlens_k": runs[0],
+                     "seqused_k": runs[1]}
+            slots: dict[int, str] = {}
+            foreign = []
+            for i, a in enumerate(args):
+                if isinstance(a, torch.Tensor):
+                    name = next((n for n, t in named.items() if t.data_ptr() == a.data_ptr()
+                                 and t.shape == a.shape), None)
+                    if name is None:
+                        foreign.append(i)
+                    else:
+                        slots[i] = name
+            res["replay_slots"] = {str(i): n for i, n in slots.items()}
+            res["replay_foreign_tensor_slots"] = foreign
+            res["replay_args_repr"] = [type(a).__name__ if isinstance(a, torch.Tensor) else repr(a)[:60]
+                                       for a in args]
+            if not foreign and {0, 1, 2, 3} <= set(slots):
+                base = list(args)
+                out_shape, out_dtype = tuple(out.shape), out.dtype
+
+                def replay_runs(k: Any, v: Any, runs: tuple[Any, ...]) -> Any:
+                    kf, vf = views(k, v)
+                    o = torch.empty(out_shape, dtype=out_dtype, device=q.device)
+                    call = dict(zip(("q", "k", "v", "out"), (qv, kf, vf, o), strict=True))
+                    call.update(cu_seqlens_q=cu_q, cu_seqlens_k=runs[0], seqused_k=runs[1])
+                    a = base.copy()
+                    for i, n in slots.items():
+                        a[i] = call[n]
+                    kernel(*a)
+                    return o.view(b, hq, 1, d)
+
+                def fa4_replay(k: Any, v: Any, m: Any) -> Any:
+                    return replay_runs(k, v, kept[id(m)])
+
+                def fa4_replay_new_runs(k: Any, v: Any, m: Any) -> Any:
+                    return replay_runs(k, v, sdpa_module._padding_runs(m, b=b, hkv=hkv, k=k))
+
+                replay = (fa4_replay, fa4_replay_new_runs)
+                res["replay_equal"] = all(bool(torch.equal(fa4_replay(*x), fa4_kept(*x))) for x in inputs[::8])
+        variants: list[tuple[str, Callable[..., Any]]] = [("eager", eager), ("exact", exact), ("fa4_varlen", fa4),
+                                                          ("fa4_kept", fa4_kept)]
+        if replay is not None:
+            variants += [("fa4_replay", replay[0]), ("fa4_replay_new_runs", replay[1])]
+        for name, fn in variants:
+            for x in inputs[:4]:
+                fn(*x)
+            res[f"{name}_us"], _ = _best_us_per_call(torch, fn, [inputs] * 5)
+            res[f"{name}_host_us"] = _host_us_per_call(torch, fn, inputs)
+        res["fa4_profile"] = _profile(torch, dev, lambda xs=inputs[:8]: [fa4_kept(*x) for x in xs])
+        res["compiles_total"] = counting.added
+        res["fa4_version"] = getattr(fa4_interface, "__version__", None)
+    finally:
+        _flash_attn_fwd.compile_cache = counting.cache
+    return res
+
+
+def gqa_decode_cell(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
+    """The grid's decode GQA cell (``q [8, 32, 1, 128]``, ``k/v [8, 8, 4096, 128]`` bf16, no mask, not causal; the
+    2026-11-28 eighth run: plain SDPA 40.1 µs, ``attention()`` 49.3 with SDPA chosen): where the 9 µs go. Each
+    variant timed three ways: as the grid times it (``_timing.measure_ms``: CUDA events, the L2 flushed before each
+    call), back to back (wall µs per call, best of 5 rounds of 200), and host µs alone (the device kept busy),
+    with its kernels (torch.profiler): plain SDPA (``enable_gqa``), ``attention()``, the SDPA adapter called
+    directly, FlashAttention-2's split-KV op as the adapter's unsettled path calls it (``_flash_decode``), and
+    the adapter's shape count (``_MET.unsettled``)."""
+    import torch.nn.functional as F  # noqa: N812
+    from _timing import measure_ms
+
+    import attnforge
+    from attnforge.backends import registry
+    from attnforge.backends import sdpa as sdpa_module
+
+    b, hq, hkv, sk, d = (2, 8, 2, 256, 16) if small else (8, 32, 8, 4096, 128)
+    torch.manual_seed(0)
+    q = torch.randn(b, hq, 1, d, device=dev, dtype=dt)
+    k, v = (torch.randn(b, hkv, sk, d, device=dev, dtype=dt) for _ in range(2))
+    adapter = registry.fallback()
+    variants: dict[str, Callable[[], Any]] = {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+        "attention": lambda: attnforge.attention(q, k, v),
+        "adapter": lambda: adapter(q, k, v, causal=False, scale=None),
+        "flash_decode": lambda: sdpa_module._flash_decode(q, k, v, None),
+        "met_unsettled": lambda: sdpa_module._MET.unsettled(q, k, v, None),
+    }
+    res: dict[str, Any] = {"q": list(q.shape), "k": list(k.shape)}
+    want = variants["sdpa"]().float()
+    for name, fn in variants.items():
+        got = fn()
+        if isinstance(got, torch.Tensor):
+            res[f"{name}_max_abs_diff"] = float((got.float() - want).abs().max())
+        res[f"{name}_grid_ms"] = measure_ms(torch, fn, set_bytes=2 * k.numel() * k.element_size())["median_ms"]
+        res[f"{name}_us"] = round(_best_loop_us(torch, fn, warm=20, n=200), 2)
+        res[f"{name}_host_us"] = _host_us_per_call(torch, lambda _k, _v, _m, fn=fn: fn(), [(k, v, None)] * 200)
+        res[f"{name}_profile"] = _profile(torch, dev, lambda fn=fn: [fn() for _ in range(8)])
+    try:
+        res["explain"] = str(attnforge.explain(q, k, v))[:2000]
+    except Exception as exc:  # explain's signature or availability: reported, not fatal
+        res["explain"] = f"{type(exc).__name__}: {exc}"[:300]
     return res
 
 
@@ -737,7 +888,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--only", default="", help="comma-separated sections (efficient_breakdown, decode_kernels[_long], "
                                                 "adapter_steps, host_costs, calls, gemma_calls, fa4_varlen_decode, "
-                                                "prefill_first_calls, generate); default all")
+                                                "gqa_decode_cell, prefill_first_calls, generate); default all")
     args = ap.parse_args()
     import torch
 
@@ -756,6 +907,7 @@ def main() -> int:
                      ("calls", lambda: calls(torch, args.device, dt, small)),
                      ("gemma_calls", lambda: gemma_calls(torch, args.device, dt, small)),
                      ("fa4_varlen_decode", lambda: fa4_varlen_decode(torch, args.device, dt, small)),
+                     ("gqa_decode_cell", lambda: gqa_decode_cell(torch, args.device, dt, small)),
                      ("prefill_first_calls", lambda: prefill_first_calls(torch, args.device, dt, small)),
                      ("generate", lambda: generate(torch))):
         if only is not None and name not in only:
