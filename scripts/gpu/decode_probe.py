@@ -293,7 +293,7 @@ def gemma_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
 
 def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     """Can FlashAttention-4 serve Gemma-2's padded decode call in one kernel (the next run's item 1)? Its varlen
-    forward over the padding runs as :func:`attnforge.backends.sdpa._varlen_decode` gives FA2's op: each (batch
+    forward over the padding runs as :mod:`attnforge.backends._padded_decode` gives FA2's and FA4's ops: each (batch
     row, K/V head) one sequence of one query row with its ``g`` query heads (``q [B x Hkv, g, D]``), K/V viewed
     ``[N, 1, D]`` on the cache's storage, ``cu_seqlens_k`` the runs' starts and ``seqused_k`` their lengths, with
     softcap 50. Per call shape as ``gemma_calls``: the error against the exact math, wall and host µs per call
@@ -319,7 +319,7 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
         return {"skipped": f"flash_attn.cute does not import: {type(exc).__name__}: {exc}"[:300]}
     from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
 
-    from attnforge.backends import sdpa as sdpa_module
+    from attnforge.backends import _padded_decode as padded_decode
     from attnforge.backends.exact import exact_attention
 
     b, hq, hkv, d, s0 = (4, 4, 2, 16, 64) if small else (4, 16, 8, 256, 1024)
@@ -332,8 +332,8 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
     module = SimpleNamespace(num_key_value_groups=g, training=False)
     additive = {id(m): torch.zeros(m.shape, dtype=dt, device=dev).masked_fill_(~m, torch.finfo(dt).min)
                 for _, _, m in inputs}
-    kept = {id(m): sdpa_module._padding_runs(m, b=b, hkv=hkv, k=k) for k, _, m in inputs}
-    cu_q = sdpa_module._query_starts(b * hkv, q.device)
+    kept = {id(m): padded_decode.padding_runs(m, b=b, hkv=hkv, k=k) for k, _, m in inputs}
+    cu_q = padded_decode.query_starts(b * hkv, q.device)
     qv = q.reshape(b * hkv, g, d)
 
     class Counting:  # the compile cache, counting the entries added
@@ -351,7 +351,7 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
             self.cache[key] = fn
 
     def views(k: Any, v: Any) -> tuple[Any, Any]:
-        rs, span = k.stride(2), sdpa_module._key_rows(k)
+        rs, span = k.stride(2), padded_decode.key_rows(k)
         return k.as_strided((span, 1, d), (rs, d, 1)), v.as_strided((span, 1, d), (rs, d, 1))
 
     def fa4_runs(k: Any, v: Any, runs: tuple[Any, ...]) -> Any:
@@ -362,7 +362,7 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
         return out.view(b, hq, 1, d)
 
     def fa4(k: Any, v: Any, m: Any) -> Any:
-        return fa4_runs(k, v, sdpa_module._padding_runs(m, b=b, hkv=hkv, k=k))
+        return fa4_runs(k, v, padded_decode.padding_runs(m, b=b, hkv=hkv, k=k))
 
     def fa4_kept(k: Any, v: Any, m: Any) -> Any:
         return fa4_runs(k, v, kept[id(m)])
@@ -443,7 +443,7 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
                     return replay_runs(k, v, kept[id(m)])
 
                 def fa4_replay_new_runs(k: Any, v: Any, m: Any) -> Any:
-                    return replay_runs(k, v, sdpa_module._padding_runs(m, b=b, hkv=hkv, k=k))
+                    return replay_runs(k, v, padded_decode.padding_runs(m, b=b, hkv=hkv, k=k))
 
                 replay = (fa4_replay, fa4_replay_new_runs)
                 res["replay_equal"] = all(bool(torch.equal(fa4_replay(*x), fa4_kept(*x))) for x in inputs[::8])
@@ -583,6 +583,7 @@ def decode_kernels(torch: Any, dev: str, dt: Any, small: bool, *, batch: int = 4
     import torch.nn.functional as F  # noqa: N812
 
     import attnforge
+    from attnforge.backends import _padded_decode as padded_decode
     from attnforge.backends import sdpa as sdpa_module
 
     q, kv, s0 = _tensors(torch, dev, dt, small, batch=batch, keys=keys)
@@ -597,7 +598,7 @@ def decode_kernels(torch: Any, dev: str, dt: Any, small: bool, *, batch: int = 4
     for k, _, m in steps:
         sk = k.shape[2]
         add = torch.zeros(m.shape, dtype=dt, device=m.device).masked_fill_(~m, float("-inf"))
-        starts, used = sdpa_module._padding_runs(m, b=b, hkv=hkv, k=k)  # the adapter's own runs (one sync each)
+        starts, used = padded_decode.padding_runs(m, b=b, hkv=hkv, k=k)  # the adapter's own runs (one sync each)
         prep[id(m)] = {"bias": sdpa_module._efficient_bias(add, qf, k), "used": used, "starts": starts,
                        "plain_starts": torch.arange(b * hkv + 1, device=m.device, dtype=i32) * sk}
     cu_q = torch.arange(b * hkv + 1, device=q.device, dtype=i32)

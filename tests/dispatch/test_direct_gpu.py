@@ -105,6 +105,30 @@ def test_fa4_direct_equals_the_public_function(hq: int, hkv: int, sq: int, sk: i
     assert torch.equal(bound(qs2, ks2, vs2), want2)  # replayed on new tensors
 
 
+@pytest.mark.parametrize("softcap", [None, 50.0], ids=["plain", "softcap"])
+def test_fa4_padded_decode_steps_run_the_replayed_varlen_kernel(softcap: float | None) -> None:
+    """Gemma-2-9B's padded decode step (``q [4, 16, 1, 256]``, K/V ``[4, 8, Sk, 256]`` slices of a longer cache,
+    left padding on two rows): through ``attention(backend="flash-attn-4")`` over four steps, each against the
+    float64 reference, the compiled call recorded once and replayed after (no ``_flash_attn_fwd`` call)."""
+    fa4 = _usable("flash-attn-4")
+    if fa4.direct_entry() is None:
+        pytest.skip("flash-attn-4 is not a version the direct entry mirrors")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(4, 16, 1, 256, device="cuda", dtype=torch.bfloat16, generator=g)
+    cache = torch.randn(2, 4, 8, 600, 256, device="cuda", dtype=torch.bfloat16, generator=g)
+    for sk in (500, 501, 502, 503):
+        k, v = cache[0, :, :, :sk], cache[1, :, :, :sk]
+        mask = torch.ones(4, 1, 1, sk, dtype=torch.bool, device="cuda")
+        mask[1, ..., :37] = False
+        mask[3, ..., :200] = False
+        out = attnforge.attention(q, k, v, attn_mask=mask, softcap=softcap, backend="flash-attn-4")
+        want = reference_attention(q, k, v, attn_mask=mask, softcap=softcap)
+        torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+    adapter = runtime.get_dispatcher().adapter("flash-attn-4")
+    runs = list(adapter.varlen_replays.values())  # type: ignore[attr-defined]
+    assert runs and all(r.replay is not None for r in runs), "the varlen call was not replayable (see _fa4_direct)"
+
+
 @pytest.mark.parametrize("backend", [None, "sdpa", "flash-attn-3", "flash-attn-4"],
                          ids=["choice", "sdpa", "fa3", "fa4"])
 def test_attention_captured_in_a_cuda_graph_replays_as_eager(backend: str | None) -> None:

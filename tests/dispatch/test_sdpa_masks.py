@@ -17,6 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from attnforge.backends import _padded_decode as padded_decode
 from attnforge.backends import registry
 from attnforge.backends import sdpa as sdpa_module
 from attnforge.backends.adapter import AttentionCall
@@ -796,13 +797,13 @@ def test_a_padded_decode_step_runs_as_varlen_sequences(groups: int, case: str, f
     object over a step's layers."""
     monkeypatch.setattr(sdpa_module, "_safe_softmax_on_cpu", lambda: False)
     reads: list[int] = []
-    real_runs = sdpa_module._padding_runs
+    real_runs = padded_decode.padding_runs
 
     def spy_runs(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
         reads.append(1)
         return real_runs(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sdpa_module, "_padding_runs", spy_runs)
+    monkeypatch.setattr(padded_decode, "padding_runs", spy_runs)
     g = torch.Generator().manual_seed(groups)
     b, hkv, sk, d = 3, 2, 37, 16
     q = torch.randn(b, hkv * groups, 1, d, generator=g).bfloat16()

@@ -20,6 +20,17 @@ and ``_flash_attn_fwd`` serves). The replay is checked bit for bit against ``_fl
 bound signature before it is used; a call that does not fit (another tensor argument, more than one compiled
 call, keywords) is never replayed, and nothing is recorded while a CUDA graph captures.
 
+Varlen replay: a varlen call (:func:`varlen_keywords`: a padded batch's decode step as
+:mod:`attnforge.backends._padded_decode` gives it) hands the compiled call three more tensors that change per call,
+``cu_seqlens_q``, ``cu_seqlens_k`` and ``seqused_k`` (slots 6, 7 and 9 on an sm90 device, lines 1887-1900; no
+``lse``, no scheduler metadata below 257 sequences, line 1336). They are passed to :class:`Replayer` by name: the
+recording finds the slots that hold them (the same tensor objects' memory) and a replay puts each call's there. The
+call's other per-call keyword, ``max_seqlen_k``, is no argument of the compiled call (lines 1887-1936: tensors, the
+scale, the window sizes, the sink, the block-sparse tuple, ``AuxData``, and on sm100 ``max_seqlen_q``), so a replay
+keeps no stale length. Measured on an H200 (2026-11-28, docs/benchmarks.md "ninth session",
+``decode_probe.py fa4_varlen_decode``, Gemma-2-9B's padded decode call): the replay matched ``_flash_attn_fwd``
+bit for bit, 19.4 µs of host time a call against 184.6 through ``_flash_attn_fwd``; no compile over 64 lengths.
+
 Mirrored: the flash-attn-4 4.0.0b36 wheel (PyPI), ``flash_attn/cute/interface.py`` lines 3780-3840
 (``FlashAttnFunc.forward``: the keywords of its ``_flash_attn_fwd`` call at lines 3816-3837, and the MLA rewrite
 ``k is v and D == 512`` before it), line 678 (``_flash_attn_fwd``'s signature; it returns
@@ -42,6 +53,13 @@ VERSIONS = frozenset({"4.0.0b36"})
 INTERFACE = "flash_attn.cute.interface"
 #: FlashAttnFunc.forward treats ``k is v`` with this V head dim as MLA (line 3810): never bound directly
 MLA_HEAD_DIM = 512
+
+
+def varlen_keywords(*, scale: float | None, softcap: float | None) -> dict[str, Any]:
+    """The fixed keywords of the varlen decode call (:class:`Replayer` with per-call ``cu_seqlens_q``,
+    ``cu_seqlens_k``, ``seqused_k`` and ``max_seqlen_k``): one query row per sequence, not causal (one row at the end
+    of its keys sees every key), softcap when asked (``_flash_attn_fwd`` takes ``0.0``/None as off, line 848)."""
+    return {"max_seqlen_q": 1, "softmax_scale": scale, "causal": False, "softcap": softcap or None}
 
 
 def forward_keywords(*, scale: float | None, causal: bool) -> dict[str, Any]:
@@ -68,8 +86,10 @@ class Replay:
     Attributes:
         kernel: the compiled TVM-FFI function out of ``_flash_attn_fwd.compile_cache``.
         args: its positional arguments; slots 0-3 (q, k, v, out) are filled per call.
-        strides: the strides of the recorded q, k, v (``[B, S, H, D]``).
+        strides: the strides of the recorded q, k, v (``[B, S, H, D]``, or the varlen ``[N, H, D]``).
         out_shape, out_dtype: the output ``torch.empty`` allocates.
+        named: ``(slot, keyword)`` of each per-call tensor the call was given by name (varlen: ``cu_seqlens_q``,
+            ``cu_seqlens_k``, ``seqused_k``); empty for a plain call.
     """
 
     kernel: Callable[..., Any]
@@ -77,11 +97,13 @@ class Replay:
     strides: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
     out_shape: tuple[int, ...]
     out_dtype: Any
+    named: tuple[tuple[int, str], ...] = ()
 
 
 class Replayer:
-    """``fn(q, k, v)`` on ``[B, S, H, D]`` tensors: the recorded compiled call when it fits, else
-    ``_flash_attn_fwd`` (see the module docstring)."""
+    """``fn(q, k, v, **per_call)`` on ``[B, S, H, D]`` tensors (or varlen ``[N, H, D]`` ones with their per-call
+    keywords, :func:`varlen_keywords`): the recorded compiled call when it fits, else ``_flash_attn_fwd`` (see the
+    module docstring)."""
 
     __slots__ = ("fwd", "keywords", "replay", "tried")
 
@@ -90,51 +112,59 @@ class Replayer:
         self.replay: Replay | None = None
         self.tried = False
 
-    def __call__(self, q: Any, k: Any, v: Any) -> Any:
+    def __call__(self, q: Any, k: Any, v: Any, **per_call: Any) -> Any:
         replay = self.replay
         if replay is not None and (q.stride(), k.stride(), v.stride()) == replay.strides and not (
                 q.data_ptr() % ALIGN_BYTES or k.data_ptr() % ALIGN_BYTES or v.data_ptr() % ALIGN_BYTES):
-            return _run(replay, q, k, v)
+            return _run(replay, q, k, v, per_call)
         if not self.tried:
-            return self._record(q, k, v)
-        return self.fwd(q, k, v, **self.keywords)[0]
+            return self._record(q, k, v, per_call)
+        return self.fwd(q, k, v, **per_call, **self.keywords)[0]
 
-    def _record(self, q: Any, k: Any, v: Any) -> Any:
+    def _record(self, q: Any, k: Any, v: Any, per_call: dict[str, Any]) -> Any:
         """Run ``_flash_attn_fwd`` with its compile cache recording, and keep the replay if it reproduces the
         output bit for bit (one synchronisation, so never while a CUDA graph captures)."""
         import torch
 
         if graph_capturing():
-            return self.fwd(q, k, v, **self.keywords)[0]  # record on a later call
+            return self.fwd(q, k, v, **per_call, **self.keywords)[0]  # record on a later call
         seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
         with _RECORDING:
             if self.tried:  # another thread recorded meanwhile
-                return self(q, k, v)
+                return self(q, k, v, **per_call)
             self.tried = True
             cache = getattr(self.fwd, "compile_cache", None)
             if cache is not None:
                 self.fwd.compile_cache = _Recorder(cache, seen)  # type: ignore[attr-defined]
             try:
-                out = self.fwd(q, k, v, **self.keywords)[0]
+                out = self.fwd(q, k, v, **per_call, **self.keywords)[0]
             finally:
                 if cache is not None:
                     self.fwd.compile_cache = cache  # type: ignore[attr-defined]
-        replay = _replay_of(seen, (q, k, v), out)
+        named = {n: t for n, t in per_call.items() if isinstance(t, torch.Tensor)}
+        replay = _replay_of(seen, (q, k, v), out, named)
         if replay is not None:
             try:
-                same = bool(torch.equal(_run(replay, q, k, v), out))
+                same = bool(torch.equal(_run(replay, q, k, v, per_call), out))
             except Exception:  # a replay that raises is not used; _flash_attn_fwd serves
                 same = False
             self.replay = replay if same else None
         return out
 
 
-def _run(replay: Replay, q: Any, k: Any, v: Any) -> Any:
-    """The recorded compiled call on new q, k, v, into a fresh output (as ``_flash_attn_fwd`` allocates it)."""
+def _run(replay: Replay, q: Any, k: Any, v: Any, per_call: dict[str, Any] | None = None) -> Any:
+    """The recorded compiled call on new q, k, v (and the per-call tensors in their slots), into a fresh output (as
+    ``_flash_attn_fwd`` allocates it)."""
     import torch
 
     out = torch.empty(replay.out_shape, dtype=replay.out_dtype, device=q.device)
-    replay.kernel(q.detach(), k.detach(), v.detach(), out, *replay.args[4:])
+    if not replay.named:
+        replay.kernel(q.detach(), k.detach(), v.detach(), out, *replay.args[4:])
+        return out
+    args = [q.detach(), k.detach(), v.detach(), out, *replay.args[4:]]
+    for slot, name in replay.named:
+        args[slot] = per_call[name]  # type: ignore[index]
+    replay.kernel(*args)
     return out
 
 
@@ -162,11 +192,14 @@ class _Recorder:
 
 
 def _replay_of(seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]], qkv: tuple[Any, Any, Any],
-               out: Any) -> Replay | None:
+               out: Any, named: dict[str, Any] | None = None) -> Replay | None:
     """The recorded call as a :class:`Replay`, or None when it cannot be replayed faithfully: not exactly one
     compiled call, keywords, slots 0-3 not the caller's q, k, v (uncopied) and the returned out, or any other
-    tensor among the arguments (an lse, scheduler buffers, cu_seqlens: per-call state)."""
+    tensor among the arguments than the ``named`` per-call ones, each found once, as given (an lse, scheduler
+    buffers, a copied cu_seqlens: per-call state the replay would not renew)."""
     import torch
+
+    named = named or {}
 
     if len(seen) != 1:
         return None
@@ -177,11 +210,23 @@ def _replay_of(seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]], qkv: tup
         if not (isinstance(got, torch.Tensor) and got.data_ptr() == want.data_ptr() and got.shape == want.shape
                 and got.stride() == want.stride() and got.dtype == want.dtype):
             return None
-    if not out.is_contiguous() or any(isinstance(a, torch.Tensor) for a in args[4:]):
+    if not out.is_contiguous():
         return None
+    slots: list[tuple[int, str]] = []
+    for slot, arg in enumerate(args[4:], start=4):
+        if not isinstance(arg, torch.Tensor):
+            continue
+        name = next((n for n, t in named.items() if t is arg or (
+            t.data_ptr() == arg.data_ptr() and t.shape == arg.shape and t.stride() == arg.stride()
+            and t.dtype == arg.dtype)), None)
+        if name is None or any(n == name for _, n in slots):
+            return None
+        slots.append((slot, name))
+    if len(slots) != len(named):
+        return None  # a per-call tensor the call did not hand over as it was (copied): its slot is unknown
     q, k, v = qkv
     return Replay(kernel=kernel, args=tuple(args), strides=(q.stride(), k.stride(), v.stride()),
-                  out_shape=tuple(out.shape), out_dtype=out.dtype)
+                  out_shape=tuple(out.shape), out_dtype=out.dtype, named=tuple(slots))
 
 
 def bind(fwd: Callable[..., Any], *, scale: float | None, causal: bool, bshd: bool) -> Callable[..., Any]:

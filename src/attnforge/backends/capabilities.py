@@ -30,7 +30,7 @@ from attnforge.types.shapes import Layout
 _FIELDS = {
     "devices", "layout", "causal", "empty_rows_zero", "gqa", "backward", "head_dim_multiple", "sources",
     "features", "offers", "backward_devices", "jit_per_shape", "jit_per_variant", "win_required_on",
-    "gqa_masked_min_seqlen_q",
+    "gqa_masked_min_seqlen_q", "mask_max_seqlen_q",
 }
 DEVICES = tuple(d.value for d in DeviceType)
 
@@ -80,6 +80,8 @@ class Capabilities:
             plain SDPA for the call's shape class (a forced SDPA kernel on CPU can at best match plain SDPA).
         gqa_masked_min_seqlen_q: on CUDA, a GQA call (Hq != Hkv) with a causal or window mask needs Sq >= this
             (0: any Sq); FlexAttention's kernel fails to compile below one query block (``runtime.toml``).
+        mask_max_seqlen_q: a mask (``attn_mask``) only on calls of at most this many query rows (0: any Sq):
+            FlashAttention-4 serves a decode step's padding mask as varlen sequences (``runtime.toml``).
     """
 
     backend: str
@@ -100,6 +102,7 @@ class Capabilities:
     jit_per_variant: bool = False
     win_required_on: tuple[str, ...] = ()
     gqa_masked_min_seqlen_q: int = 0
+    mask_max_seqlen_q: int = 0
 
     def unsupported_reasons(self, call: AttentionCall) -> list[str]:
         """Every reason this backend cannot serve ``call``; empty when it can. Pure."""
@@ -135,7 +138,10 @@ class Capabilities:
                 reasons.append("no backward pass (inference only), and an input requires grad")
             elif self.backward_devices is not None and call.device_type not in self.backward_devices:
                 reasons.append(f"no backward pass on {call.device_type}, and an input requires grad")
-        missing = required_features(call) - self.features
+        needed = required_features(call)
+        if self.mask_max_seqlen_q and call.seqlen_q > self.mask_max_seqlen_q and "mask" in needed:
+            reasons.append(f"a mask only on a decode step (Sq <= {self.mask_max_seqlen_q}); got Sq={call.seqlen_q}")
+        missing = needed - self.features
         if missing:
             reasons.append(f"does not support {', '.join(sorted(missing))}")
         if self.quantized and call.precision != "allow_quantized":
@@ -214,6 +220,7 @@ def _load(catalog: Catalog, data_dir: Path) -> dict[str, Capabilities]:
                 win_required_on=(errors.str_list(raw, "win_required_on", path) if "win_required_on" in raw
                                  else ()),
                 gqa_masked_min_seqlen_q=errors.get(raw, "gqa_masked_min_seqlen_q", path, int, 0),
+                mask_max_seqlen_q=errors.get(raw, "mask_max_seqlen_q", path, int, 0),
             )
     errors.finish()
     return out

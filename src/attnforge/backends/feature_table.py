@@ -29,6 +29,8 @@ float32-accumulating math in torch, which supports all of them. Nothing is dropp
 
 - **yes**: the adapter serves the feature; `attnforge verify` checks it against the float64 reference.
 - **kernel only**: the kernel has it, but attnforge does not route it there yet (the call goes elsewhere).
+- **decode only**: a decode step's mask; a padded batch's (one run of keys per row) runs on the kernel as varlen
+  sequences, any other mask on the exact math.
 - **-**: not available.
 
 ## Semantics (the same on every backend; `attnforge/backends/exact.py` is the definition)
@@ -88,6 +90,8 @@ def render(caps: Mapping[str, Capabilities], sources: Mapping[str, Sequence[str]
              "|---|" + "---|" * len(names)]
     for c in rows:
         cells = ["yes" if n in c.features else ("kernel only" if n in c.offers else "-") for n in names]
+        if c.mask_max_seqlen_q and "mask" in c.features:
+            cells[names.index("mask")] = f"decode only (Sq <= {c.mask_max_seqlen_q})"
         lines.append(f"| `{c.backend}` | " + " | ".join(cells) + " |")
     lines.append("| `exact` | " + " | ".join("yes" for _ in names) + " |")
     lines += ["", _FEATURE_LEGEND, "", "## Limits", "",

@@ -28,6 +28,7 @@ from attnforge.backends._base import (
     kept_outside_capture,
     records_grad,
 )
+from attnforge.backends._padded_decode import varlen_decode
 from attnforge.backends.capabilities import GqaMode
 from attnforge.backends.exact import hides_keys, visible_keys
 from attnforge.backends.sdpa_original import kernels_restricted, original_sdpa
@@ -401,13 +402,10 @@ def _varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     ``aten::_flash_attention_forward``): no graph per length, no copy of K/V, of the mask or of the output; returns
     ``[B, Hq, 1, D]`` (a view of the kernel's output), or None where it does not apply (the caller's path serves).
 
-    ``mask`` (the caller's: bool, or additive with only 0 and -inf; broadcastable to ``[B, 1, 1, Sk]``, the same for
-    every head) must show each batch row one run of visible keys, as a left- or right-padded batch's decode mask
-    does: :func:`_padding_runs` reads the runs once per mask object (one host sync per step; a model's layers share
-    the mask). Each (batch row, K/V head) is then one varlen sequence: its ``g = Hq / Hkv`` query heads (``q``
-    viewed ``[B * Hkv, g, D]``) over one K/V head (``k`` viewed ``[N, 1, D]`` on its storage), the run's first key
-    its start (``cu_seqlens_k``) and its length ``seqused_k``. A mask with a row that sees no key is left to the
-    caller's path.
+    ``mask`` (the caller's) must show each batch row one run of visible keys, as a left- or right-padded batch's
+    decode mask does: :func:`attnforge.backends._padded_decode.varlen_decode` reads the runs once per mask object
+    (one host sync per step; a model's layers share the mask) and gives the varlen sequences. A mask with a row that
+    sees no key is left to the caller's path.
 
     Measured on an H200 (torch 2.11, 2026-11-28, ``decode_probe.py decode_kernels``, Llama-3-8B's padded step):
     15.5 µs of device time at 1025 keys (the memory-efficient kernel 47.6, cuDNN's cached graph 16.8) and 18 µs at
@@ -421,77 +419,20 @@ def _varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 
     if not _flash_serves(q, k, v):
         return None
-    b, hq, _, d = q.shape
-    hkv, sk = k.shape[1], k.shape[2]
-    rs = k.stride(2)
-    if (k.stride() != v.stride() or rs <= 0 or rs % 8 or k.stride(0) % rs
-            or k.stride(1) % rs or mask.dtype not in (torch.bool, q.dtype)):
-        return None
-    kind = ("varlen", q.dtype, d)
+    kind = ("varlen", q.dtype, q.shape[-1])
     if kind in _REFUSED:
         return None
-    m = four_dims(mask)
-    if m.shape[1] != 1 or m.shape[2] != 1 or m.shape[0] not in (1, b) or m.shape[3] != sk:
-        return None
-    params = (b, hkv, sk, k.stride(), q.device)
-    runs = _PADDING_RUNS.get(mask, params)
-    if runs is None:
-        runs = _padding_runs(m, b=b, hkv=hkv, k=k)
-        _PADDING_RUNS.put(mask, params, runs)
-    if not runs:
-        return None  # not one run of visible keys per row
-    starts, used = runs
-    span = _key_rows(k)
+    seqs = varlen_decode(q, k, v, mask)
+    if seqs is None:
+        return None  # not one run of visible keys per row, or a layout the views do not take
     try:
         out = torch.ops.aten._flash_attention_forward(
-            q.reshape(b * hkv, hq // hkv, d), k.as_strided((span, 1, d), (rs, d, 1)),
-            v.as_strided((span, 1, d), (rs, d, 1)), _query_starts(b * hkv, q.device), starts, 1, sk, 0.0, False,
-            False, scale=scale, seqused_k=used)[0]
+            seqs.q, seqs.k, seqs.v, seqs.cu_seqlens_q, seqs.cu_seqlens_k, 1, seqs.max_seqlen_k, 0.0, False, False,
+            scale=scale, seqused_k=seqs.seqused_k)[0]
     except RuntimeError as exc:
         _refuse(kind, exc, q, k, mask)
         return None
-    return out.view(b, hq, 1, d)  # type: ignore[no-any-return]
-
-
-def _padding_runs(m: torch.Tensor, *, b: int, hkv: int, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """For a decode mask ``m`` (``[B or 1, 1, 1, Sk]``, bool or additive) over ``k [B, Hkv, Sk, D]``: where each
-    (batch row, K/V head)'s run of visible keys starts in ``k``'s storage, counted in rows of ``k.stride(2)`` from
-    ``k``'s first element (int32 ``[B * Hkv + 1]``, the last entry the end, as ``cu_seqlens_k``), and its length
-    (int32 ``[B * Hkv]``, ``seqused_k``); ``()`` when some row's visible keys are not one run, or an additive mask
-    holds a value other than 0 and -inf, or a row sees no key (FlashAttention-2's kernel without split writes zeros
-    for an empty sequence only under causal; the caller's path zeroes such rows). Reads the mask once, with one host
-    sync (the verdict)."""
-    import torch
-
-    sk = m.shape[-1]
-    rows = m.reshape(m.shape[0], sk)
-    if rows.dtype == torch.bool:
-        visible, pure = rows, None
-    else:
-        visible = rows == 0
-        pure = (visible | (rows == float("-inf"))).all()
-    visible = visible.expand(b, sk)
-    count = visible.sum(dim=-1, dtype=torch.int32)
-    first = visible.to(torch.uint8).argmax(dim=-1).to(torch.int32)
-    end = sk - visible.flip(-1).to(torch.uint8).argmax(dim=-1).to(torch.int32)
-    one_run = ((count == end - first) & (count > 0)).all()
-    if not bool(one_run if pure is None else one_run & pure):  # the one host sync
-        return ()
-    rs = k.stride(2)
-    base = (torch.arange(b, device=k.device, dtype=torch.int32)[:, None] * (k.stride(0) // rs)
-            + torch.arange(hkv, device=k.device, dtype=torch.int32)[None, :] * (k.stride(1) // rs))
-    starts = torch.empty(b * hkv + 1, dtype=torch.int32, device=k.device)
-    starts[:-1] = (base + first[:, None]).flatten()
-    starts[-1] = _key_rows(k)
-    return starts, count.repeat_interleave(hkv)
-
-
-def _key_rows(k: torch.Tensor) -> int:
-    """The rows of ``k [B, Hkv, Sk, D]``'s storage (each ``k.stride(2)`` elements) from its first element through its
-    last key: the length of the ``[N, 1, D]`` view :func:`_varlen_decode` gives the kernel, and the end of the last
-    varlen sequence (:func:`_padding_runs`)."""
-    rs = k.stride(2)
-    return (k.shape[0] - 1) * (k.stride(0) // rs) + (k.shape[1] - 1) * (k.stride(1) // rs) + k.shape[2]
+    return out.view(q.shape)  # type: ignore[no-any-return]
 
 
 def _flash_serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -508,14 +449,6 @@ def _flash_serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return (q.dtype in (torch.float16, torch.bfloat16) and not d % 8 and d <= 256 and v.shape[-1] == d
             and k.dtype == q.dtype and v.dtype == q.dtype and q.stride(-1) == 1 and k.stride(-1) == 1
             and v.stride(-1) == 1)
-
-
-@functools.lru_cache(maxsize=64)
-def _query_starts(n: int, device: Any) -> torch.Tensor:
-    """``cu_seqlens_q`` of ``n`` varlen sequences of one query row each: ``0, 1, ..., n`` (int32)."""
-    import torch
-
-    return torch.arange(n + 1, dtype=torch.int32, device=device)
 
 
 def _efficient_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
@@ -835,8 +768,6 @@ _FLASH_DEVICES = frozenset({"cuda"})
 _FLASH_FROM_KEYS = 1536
 #: the SDPA keywords the lean decode paths (:func:`_efficient_decode`, :func:`_flash_decode`) serve
 _DECODE_KW = frozenset({"attn_mask", "dropout_p", "scale", "enable_gqa"})
-#: a decode mask's runs of visible keys (:func:`_padding_runs`), kept per caller's mask object (:func:`_varlen_decode`)
-_PADDING_RUNS: KeptPerMask[tuple[torch.Tensor, ...]] = KeptPerMask()
 #: the memory-efficient kernel's bias for a decode call's mask, kept per prepared mask object
 #: (:func:`_efficient_decode`): a model's layers share one mask per step
 _DECODE_BIASES: KeptPerMask[torch.Tensor] = KeptPerMask()

@@ -101,12 +101,13 @@ def generate_cases(
 
 def feature_cases(
     features: frozenset[str], *, dtypes: tuple[str, ...], head_dims: tuple[int, ...], max_seqlen: int,
-    seed: int = 0,
+    seed: int = 0, mask_max_seqlen_q: int = 0,
 ) -> list[VerifyCase]:
     """Per claimed feature and dtype, one random case that uses it (GQA, Sq != Sk, causal where it matters).
 
     The feature's inputs (mask, window, softcap, sinks, packed sequences) are drawn from the case's seed by
-    :func:`attnforge.verify.feature_inputs.case_inputs`.
+    :func:`attnforge.verify.feature_inputs.case_inputs`. ``mask_max_seqlen_q`` (the backend's capability: a mask
+    only on a decode step): the mask case is then a decode step (Sq 1, three batch rows) under a padding mask.
     """
     rng = random.Random(seed ^ 0x5EED)  # noqa: S311 - test shapes, not secrets
     top = max(8, max_seqlen)
@@ -120,8 +121,11 @@ def feature_cases(
             sq = rng.randint(2, top)
             sk = sq if feature == "varlen" else rng.randint(sq, top + 8)
             causal = feature in ("causal_top_left", "window", "varlen") or rng.random() < 0.5
+            batch = 3 if feature == "varlen" else rng.randint(1, 2)
+            if feature == "mask" and 0 < mask_max_seqlen_q < sq:
+                sq, batch = 1, 3  # a decode step's padding mask (feature_inputs.case_inputs draws it)
             cases.append(VerifyCase(
-                batch=3 if feature == "varlen" else rng.randint(1, 2), heads_q=heads_kv * group, heads_kv=heads_kv,
+                batch=batch, heads_q=heads_kv * group, heads_kv=heads_kv,
                 seqlen_q=sq, seqlen_k=sk + (feature == "causal_top_left"), head_dim=head_dim, dtype=dtype,
                 causal=causal, seed=rng.randrange(2**31), feature=feature,
                 head_dim_v=head_dim // 2 if feature == "dv" else None))

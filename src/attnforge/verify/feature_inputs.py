@@ -51,7 +51,13 @@ def case_inputs(case: VerifyCase, device: str) -> tuple[Any, Any, Any, dict[str,
         return (q, draw(pool, page, case.heads_kv, case.head_dim), draw(pool, page, case.heads_kv, dv), opts)
     k = draw(case.batch, case.heads_kv, case.seqlen_k, case.head_dim)
     v = draw(case.batch, case.heads_kv, case.seqlen_k, dv)
-    if case.feature == "mask":
+    if case.feature == "mask" and case.seqlen_q == 1:  # a decode step: a padded batch's mask, one run per row
+        sk = case.seqlen_k
+        first = torch.randint(0, max(1, sk // 3), (case.batch,), generator=gen)
+        end = sk - torch.randint(0, max(1, sk // 4), (case.batch,), generator=gen)
+        keys = torch.arange(sk)
+        opts["attn_mask"] = ((keys >= first[:, None]) & (keys < end[:, None]))[:, None, None, :].to(device)
+    elif case.feature == "mask":
         opts["attn_mask"] = (torch.rand(case.batch, 1, case.seqlen_q, case.seqlen_k, generator=gen) > 0.2).to(device)
     elif case.feature == "window":
         opts["window"] = (max(1, case.seqlen_k // 4), 0)

@@ -62,8 +62,9 @@ def cases_for(adapter: BackendAdapter, catalog: Catalog, device: DeviceInfo, *,
     max_seqlen = DEVICE_MAX_SEQLEN[device_type]
     plain = generate_cases(dtypes=dtypes, head_dims=head_dims, max_seqlen=max_seqlen, seed=seed)
     claimed = supported_features(adapter) & frozenset(FEATURES)
+    decode_mask = getattr(getattr(adapter, "caps", None), "mask_max_seqlen_q", 0)
     return plain + feature_cases(claimed, dtypes=dtypes, head_dims=head_dims, max_seqlen=max_seqlen // 2,
-                                 seed=seed)
+                                 seed=seed, mask_max_seqlen_q=decode_mask)
 
 
 def run_verify(

@@ -1,0 +1,169 @@
+"""A padded batch's decode step as varlen sequences: one answer for every kernel that serves it so.
+
+A decode step (``q [B, Hq, 1, D]``, ``k/v [B, Hkv, Sk, D]``) under a padding mask (bool, or additive with only 0 and
+-inf; broadcastable to ``[B, 1, 1, Sk]``, the same for every head) whose every batch row sees one run of keys, as a
+left- or right-padded batch's decode mask does, is a varlen call with no mask at all: each (batch row, K/V head) is
+one sequence of one query row carrying its ``g = Hq / Hkv`` query heads (``q`` viewed ``[B * Hkv, g, D]``) over one
+K/V head (``k``/``v`` viewed ``[N, 1, D]`` on their own storage: no copy), the run's first key its start
+(``cu_seqlens_k``) and the run's length ``seqused_k``. FlashAttention-2's varlen op in SDPA
+(:func:`attnforge.backends.sdpa._varlen_decode`) and FlashAttention-4's varlen forward
+(:meth:`attnforge.backends.flash.FlashAttn4Adapter`'s masked decode) both take it this way.
+
+Reading the runs costs one host sync and some fifteen small kernels per mask object, so they are kept per caller's
+mask object (:class:`~attnforge.backends._base.KeptPerMask`): a model passes one mask to every layer of a step.
+Where a mask object serves one call only, the read costs more than the kernel saves (:class:`MaskSharing`).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnforge.backends._base import KeptPerMask, four_dims
+
+if TYPE_CHECKING:
+    import torch
+
+#: a decode mask's runs of visible keys (:func:`padding_runs`), kept per caller's mask object and the K/V layout
+_RUNS: KeptPerMask[tuple[torch.Tensor, ...]] = KeptPerMask()
+
+
+@dataclass(frozen=True, slots=True)
+class VarlenDecode:
+    """One decode step as varlen sequences (see the module docstring).
+
+    Attributes:
+        q: ``[B * Hkv, g, D]``, a view of the caller's ``q``.
+        k, v: ``[N, 1, D]`` views of the caller's K/V storage (``N``: :func:`key_rows`).
+        cu_seqlens_q: int32 ``[B * Hkv + 1]``: ``0, 1, ..., B * Hkv`` (one query row per sequence).
+        cu_seqlens_k: int32 ``[B * Hkv + 1]``: each sequence's first key, in rows of ``k.stride(2)`` from ``k``'s
+            first element; the last entry is ``N``.
+        seqused_k: int32 ``[B * Hkv]``: each sequence's keys.
+        max_seqlen_k: ``Sk``.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    seqused_k: torch.Tensor
+    max_seqlen_k: int
+
+
+def varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> VarlenDecode | None:
+    """The decode call ``q [B, Hq, 1, D]``, ``k [B, Hkv, Sk, D]``, ``v [B, Hkv, Sk, Dv]`` under the caller's ``mask`` as
+    varlen sequences, or None where it is not one: another query length, K and V of other strides, a K/V layout
+    whose rows are not whole multiples of its row stride (8-element aligned), a mask of another dtype than bool or
+    q's or another shape than ``[B or 1, 1, 1, Sk]`` (after :func:`four_dims`), or a row that does not see exactly
+    one run of keys (a row that sees none too: the kernels differ on what they return for it). The runs are read
+    once per mask object and K/V layout (one host sync), never under CUDA graph capture or while ``torch.compile``
+    traces: the caller checks that."""
+    import torch
+
+    b, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    rs = k.stride(2)
+    if (sq != 1 or hq % hkv or k.stride() != v.stride() or rs <= 0 or rs % 8 or k.stride(0) % rs
+            or k.stride(1) % rs or mask.dtype not in (torch.bool, q.dtype) or k.stride(-1) != 1
+            or v.stride(-1) != 1):
+        return None
+    m = four_dims(mask)
+    if m.shape[1] != 1 or m.shape[2] != 1 or m.shape[0] not in (1, b) or m.shape[3] != sk:
+        return None
+    params = (b, hkv, sk, k.stride(), q.device)
+    runs = _RUNS.get(mask, params)
+    if runs is None:
+        runs = padding_runs(m, b=b, hkv=hkv, k=k)
+        _RUNS.put(mask, params, runs)
+    if not runs:
+        return None
+    starts, used = runs
+    span = key_rows(k)
+    return VarlenDecode(q=q.reshape(b * hkv, hq // hkv, d), k=k.as_strided((span, 1, d), (rs, d, 1)),
+                        v=v.as_strided((span, 1, v.shape[-1]), (rs, v.shape[-1], 1)),
+                        cu_seqlens_q=query_starts(b * hkv, q.device), cu_seqlens_k=starts, seqused_k=used,
+                        max_seqlen_k=sk)
+
+
+def padding_runs(m: torch.Tensor, *, b: int, hkv: int, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """For a decode mask ``m`` (``[B or 1, 1, 1, Sk]``, bool or additive) over ``k [B, Hkv, Sk, D]``: where each
+    (batch row, K/V head)'s run of visible keys starts in ``k``'s storage, counted in rows of ``k.stride(2)`` from
+    ``k``'s first element (int32 ``[B * Hkv + 1]``, the last entry the end, as ``cu_seqlens_k``), and its length
+    (int32 ``[B * Hkv]``, ``seqused_k``); ``()`` when some row's visible keys are not one run, or an additive mask
+    holds a value other than 0 and -inf, or a row sees no key (FlashAttention-2's kernel without split writes zeros
+    for an empty sequence only under causal; the caller's path zeroes such rows). Reads the mask once, with one host
+    sync (the verdict)."""
+    import torch
+
+    sk = m.shape[-1]
+    rows = m.reshape(m.shape[0], sk)
+    if rows.dtype == torch.bool:
+        visible, pure = rows, None
+    else:
+        visible = rows == 0
+        pure = (visible | (rows == float("-inf"))).all()
+    visible = visible.expand(b, sk)
+    count = visible.sum(dim=-1, dtype=torch.int32)
+    first = visible.to(torch.uint8).argmax(dim=-1).to(torch.int32)
+    end = sk - visible.flip(-1).to(torch.uint8).argmax(dim=-1).to(torch.int32)
+    one_run = ((count == end - first) & (count > 0)).all()
+    if not bool(one_run if pure is None else one_run & pure):  # the one host sync
+        return ()
+    rs = k.stride(2)
+    base = (torch.arange(b, device=k.device, dtype=torch.int32)[:, None] * (k.stride(0) // rs)
+            + torch.arange(hkv, device=k.device, dtype=torch.int32)[None, :] * (k.stride(1) // rs))
+    starts = torch.empty(b * hkv + 1, dtype=torch.int32, device=k.device)
+    starts[:-1] = (base + first[:, None]).flatten()
+    starts[-1] = key_rows(k)
+    return starts, count.repeat_interleave(hkv)
+
+
+def key_rows(k: torch.Tensor) -> int:
+    """The rows of ``k [B, Hkv, Sk, D]``'s storage (each ``k.stride(2)`` elements) from its first element through its
+    last key: the length of the ``[N, 1, D]`` views, and the end of the last varlen sequence (:func:`padding_runs`)."""
+    rs = k.stride(2)
+    return (k.shape[0] - 1) * (k.stride(0) // rs) + (k.shape[1] - 1) * (k.stride(1) // rs) + k.shape[2]
+
+
+class MaskSharing:
+    """Whether reading a mask's runs pays, learned from the masks met before: a mask object met before (its runs
+    are kept after the read), or one that follows masks of which some served :data:`SHARED` or more calls (a
+    model's later steps, when its layers share each step's mask). Otherwise the mask's first call is left to the
+    caller's other path and its runs are read at its second call.
+
+    Measured on an H200 (2026-11-28, docs/benchmarks.md "ninth session", FlashAttention-4's route, Gemma-2-9B-shaped
+    decoder, a padded batch, the runs read at every mask's first call): two masks a step (sliding and full), each
+    serving 4 layers of 8: decode 1.015x eager's tokens/s (0.93x on the exact math before); each serving 1 layer
+    of 2: 0.878x (1.00-1.05x on the exact math). The read (one host sync and ~20 small kernels) costs more than
+    one call saves."""
+
+    __slots__ = ("_recent",)
+
+    #: calls a mask must serve to count as shared
+    SHARED = 2
+    #: masks remembered (weakly) with their call counts
+    RECENT = 4
+
+    def __init__(self) -> None:
+        self._recent: list[list[Any]] = []  # [weakref to the mask, calls], the newest first
+
+    def worth_reading(self, mask: torch.Tensor) -> bool:
+        """Counts this call of ``mask``; True when its runs should be read now (see the class docstring)."""
+        for entry in self._recent:
+            if entry[0]() is mask:
+                entry[1] += 1
+                return True
+        shared = any(calls >= self.SHARED for _, calls in self._recent)
+        self._recent = [[weakref.ref(mask), 1], *self._recent[: self.RECENT - 1]]
+        return shared
+
+
+@functools.lru_cache(maxsize=64)
+def query_starts(n: int, device: Any) -> torch.Tensor:
+    """``cu_seqlens_q`` of ``n`` varlen sequences of one query row each: ``0, 1, ..., n`` (int32)."""
+    import torch
+
+    return torch.arange(n + 1, dtype=torch.int32, device=device)

@@ -1,0 +1,256 @@
+"""FlashAttention-4's masked decode route (``FlashAttn4Adapter._masked``): a padded batch's decode step as varlen
+sequences on the recorded compiled call, anything else on the exact math.
+
+The seam faked is ``flash_attn.cute.interface._flash_attn_fwd``: :class:`_VarlenFa4` lays out its compiled call's
+positional arguments as the real one did on an H200 (``tests/fixtures/gpu/fa4_varlen_decode_call.json``, recorded by
+``scripts/gpu/decode_probe.py fa4_varlen_decode``), and its "kernel" computes each varlen sequence in float64 with
+softcap, so a wrong start, length, view or slot shows as a wrong answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from attnforge.backends import _fa4_direct, _padded_decode, registry
+from attnforge.backends._base import Requirement
+from attnforge.backends.adapter import AttentionCall
+from attnforge.backends.exact import reference_attention
+from attnforge.backends.flash import FlashAttn4Adapter
+from attnforge.verify.cases import feature_cases
+from attnforge.verify.feature_inputs import case_inputs
+
+FIXTURE = json.loads((Path(__file__).parents[1] / "fixtures" / "gpu" / "fa4_varlen_decode_call.json").read_text())
+#: slot -> the keyword (or q/k/v/out) the recorded call held there
+SLOTS = {int(i): name for i, name in FIXTURE["slots"].items()}
+
+
+class _VarlenFa4:
+    """``_flash_attn_fwd`` for varlen calls, its compiled call's arguments laid out as recorded (see the module
+    docstring); counts its own calls and the kernel's."""
+
+    def __init__(self) -> None:
+        self.compile_cache: dict[Any, Any] = {}
+        self.calls = 0
+        self.kernel_calls = 0
+
+    def __call__(self, q: Any, k: Any, v: Any, *, cu_seqlens_q: Any, cu_seqlens_k: Any, seqused_k: Any,
+                 max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float | None, causal: bool,
+                 softcap: float | None) -> Any:
+        assert max_seqlen_q == 1 and not causal and max_seqlen_k > 0
+        self.calls += 1
+        scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+        key = (q.dtype, q.shape[-1], q.shape[1] // k.shape[1], softcap)
+        if key not in self.compile_cache:
+            self.compile_cache[key] = self._compile(softcap)
+        out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype)
+        named = {"q": q, "k": k, "v": v, "out": out, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
+                 "seqused_k": seqused_k}
+        args: list[Any] = [None] * len(FIXTURE["args"])
+        for slot, name in SLOTS.items():
+            args[slot] = named[name]
+        args[5] = scale
+        args[15] = object()  # AuxData: a static object
+        self.compile_cache[key](*args)
+        return out, None, None, None, None
+
+    def _compile(self, softcap: float | None) -> Any:
+        where = {name: slot for slot, name in SLOTS.items()}
+
+        def kernel(*args: Any) -> None:
+            self.kernel_calls += 1
+            q, k, v, out = (args[where[n]] for n in ("q", "k", "v", "out"))
+            cu_q, cu_k, used = (args[where[n]] for n in ("cu_seqlens_q", "cu_seqlens_k", "seqused_k"))
+            for i in range(cu_q.shape[0] - 1):
+                start, n = int(cu_k[i]), int(used[i])
+                keys, values = k[start:start + n, 0].double(), v[start:start + n, 0].double()
+                rows = q[int(cu_q[i]):int(cu_q[i + 1])].double()  # [1, g, D]
+                logits = torch.einsum("tgd,kd->tgk", rows, keys) * args[5]
+                if softcap:
+                    logits = softcap * torch.tanh(logits / softcap)
+                out[int(cu_q[i]):int(cu_q[i + 1])] = torch.einsum("tgk,kd->tgd", logits.softmax(-1), values)
+
+        return kernel
+
+
+@pytest.fixture
+def fa4(monkeypatch: pytest.MonkeyPatch) -> tuple[FlashAttn4Adapter, _VarlenFa4]:
+    fake = _VarlenFa4()
+    interface = types.ModuleType("fake_fa4_varlen.interface")
+    interface._flash_attn_fwd = fake  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_fa4_varlen", types.ModuleType("fake_fa4_varlen"))
+    monkeypatch.setitem(sys.modules, "fake_fa4_varlen.interface", interface)
+    monkeypatch.setattr(_fa4_direct, "INTERFACE", "fake_fa4_varlen.interface")
+    monkeypatch.setattr(_fa4_direct, "VERSIONS", frozenset({pytest.__version__}))  # the distribution read: pytest
+    monkeypatch.setattr(_padded_decode, "_RUNS", _padded_decode.KeptPerMask())
+    caps = registry.adapters()["flash-attn-4"].caps  # type: ignore[attr-defined]
+    caps = dataclasses.replace(caps, devices=("cpu",), support=dataclasses.replace(caps.support, dtypes=("float32",)))
+    adapter = FlashAttn4Adapter(name="flash-attn-4", caps=caps,
+                                requirement=Requirement(modules=("fake_fa4_varlen",), distributions=("pytest",)))
+    return adapter, fake
+
+
+def _step(*, groups: int, case: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    b, hkv, sk, d = 3, 2, 29, 16
+    q = torch.randn(b, hkv * groups, 1, d, generator=g)
+    cache = torch.randn(2, b, hkv, sk + (7 if case == "static-cache" else 0), d, generator=g)
+    k, v = cache[0, :, :, :sk], cache[1, :, :, :sk]
+    allowed = torch.ones(b, 1, 1, sk, dtype=torch.bool)
+    allowed[1, ..., :5] = False  # left padding
+    if case == "right":
+        allowed[2, ..., -3:] = False
+    if case == "holes":
+        allowed[0, ..., 10:12] = False
+    if case == "empty-row":
+        allowed[2] = False
+    mask = allowed
+    if case == "additive":
+        mask = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("softcap", [None, 5.0], ids=["plain", "softcap"])
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize(("case", "kernel"), [("left", True), ("right", True), ("additive", True),
+                                              ("static-cache", True), ("holes", False), ("empty-row", False)])
+def test_a_padded_decode_step_runs_on_the_varlen_kernel_else_the_exact_math(
+        fa4: tuple[FlashAttn4Adapter, _VarlenFa4], groups: int, case: str, kernel: bool,
+        softcap: float | None) -> None:
+    """Two layers sharing the step's mask: the first on the exact math (no mask met before served two calls:
+    :class:`MaskSharing`), the second on the kernel where every row sees one run of keys."""
+    adapter, fake = fa4
+    q, k, v, mask = _step(groups=groups, case=case)
+    want = reference_attention(q, k, v, causal=False, attn_mask=mask, softcap=softcap)
+    for layer in range(2):
+        out = adapter(q, k, v, causal=False, scale=None, attn_mask=mask, softcap=softcap)
+        torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+        assert out.shape == q.shape
+        assert (fake.calls > 0) is (kernel and layer == 1)  # a hole or an empty row: the exact math
+
+
+def test_the_compiled_call_is_replayed_and_the_runs_read_once_per_mask(
+        fa4: tuple[FlashAttn4Adapter, _VarlenFa4], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode loop: each step a new mask object shared by its three layers, the K/V one key longer. The first
+    step's first layer runs the exact math (no mask before it was shared), its second records the compiled call
+    (and checks its replay once); every later call is the replay alone, its per-call tensors in the recorded slots;
+    the runs are read once per mask object, at the first call of every later step's mask."""
+    adapter, fake = fa4
+    reads: list[int] = []
+    real = _padded_decode.padding_runs
+    monkeypatch.setattr(_padded_decode, "padding_runs", lambda *a, **kw: reads.append(1) or real(*a, **kw))
+    g = torch.Generator().manual_seed(3)
+    b, hkv, hq, d = 2, 2, 4, 8
+    q = torch.randn(b, hq, 1, d, generator=g)
+    cache = torch.randn(2, b, hkv, 40, d, generator=g)
+    for step, sk in enumerate(range(20, 24)):
+        k, v = cache[0, :, :, :sk].clone(), cache[1, :, :, :sk].clone()
+        mask = torch.ones(b, 1, 1, sk, dtype=torch.bool)
+        mask[0, ..., :step + 1] = False
+        for _layer in range(3):
+            out = adapter(q, k, v, causal=False, scale=0.3, attn_mask=mask, softcap=20.0)
+            want = reference_attention(q, k, v, causal=False, attn_mask=mask, scale=0.3, softcap=20.0)
+            torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    assert len(reads) == 4  # one per mask object
+    assert fake.calls == 1  # _flash_attn_fwd ran once: the recording
+    assert fake.kernel_calls == 11 + 1  # every call's kernel but the first step's first, and the replay's check
+    replay = next(iter(adapter.varlen_replays.values())).replay
+    assert replay is not None and dict(replay.named) == {s: n for s, n in SLOTS.items() if s > 3}
+
+
+@pytest.mark.parametrize(("layers", "kernel_calls"), [(1, 0), (2, 2 + 4 + 1)], ids=["one-layer-each", "shared"])
+def test_masks_that_serve_one_call_each_stay_on_the_exact_math(fa4: tuple[FlashAttn4Adapter, _VarlenFa4],
+                                                               layers: int, kernel_calls: int) -> None:
+    """Gemma-2's two masks a step (sliding and full), alternating by layer: with one layer each, reading a mask's
+    runs would cost more than one call saves, so no run is read and the exact math serves every call; shared by two
+    layers each, the first step reads at each mask's second call and later steps at the first."""
+    adapter, fake = fa4
+    q, k, v, _ = _step(groups=2, case="left")
+    for step in range(2):
+        masks = []
+        for kind in range(2):
+            mask = torch.ones(3, 1, 1, k.shape[2], dtype=torch.bool)
+            mask[1, ..., : 3 + kind + step] = False
+            masks.append(mask)
+        for _layer in range(layers):
+            for mask in masks:
+                out = adapter(q, k, v, causal=False, scale=None, attn_mask=mask, softcap=30.0)
+                want = reference_attention(q, k, v, causal=False, attn_mask=mask, softcap=30.0)
+                torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    assert fake.kernel_calls == kernel_calls  # step 0: each mask's 2nd call; step 1: all four; + the replay check
+
+
+def test_an_inference_mode_mask_gets_the_exact_math(fa4: tuple[FlashAttn4Adapter, _VarlenFa4]) -> None:
+    """An inference tensor keeps no runs (no version counter), so a read per call would never pay."""
+    adapter, fake = fa4
+    q, k, v, _ = _step(groups=2, case="left")
+    with torch.inference_mode():
+        mask = torch.ones(3, 1, 1, k.shape[2], dtype=torch.bool)
+        mask[0, ..., :4] = False
+    for _ in range(3):
+        out = adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
+    torch.testing.assert_close(out.double(), reference_attention(q, k, v, attn_mask=mask), atol=1e-5, rtol=1e-5)
+    assert fake.calls == 0
+
+
+@pytest.mark.parametrize("why", ["grad", "prefill", "other-version", "sinks", "top-left"])
+def test_any_other_masked_call_gets_the_exact_math(fa4: tuple[FlashAttn4Adapter, _VarlenFa4], why: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    adapter, fake = fa4
+    q, k, v, mask = _step(groups=2, case="left")
+    kwargs: dict[str, Any] = {}
+    if why == "grad":
+        q.requires_grad_(True)
+    if why == "prefill":
+        q = torch.randn(q.shape[0], q.shape[1], 4, q.shape[3])
+        mask = mask.expand(-1, -1, 4, -1)
+    if why == "other-version":
+        monkeypatch.setattr(_fa4_direct, "VERSIONS", frozenset({"0.0.0"}))
+    if why == "sinks":
+        kwargs["sinks"] = torch.zeros(q.shape[1])
+    if why == "top-left":
+        kwargs["causal_alignment"] = "top_left"
+    causal = why == "top-left"
+    out = adapter(q, k, v, causal=causal, scale=None, attn_mask=mask, **kwargs)
+    want = reference_attention(q.detach(), k, v, causal=causal, attn_mask=mask, **kwargs)
+    torch.testing.assert_close(out.detach().double(), want, atol=1e-5, rtol=1e-5)
+    assert fake.calls == 0
+
+
+def test_the_capabilities_admit_a_mask_on_a_decode_step_only() -> None:
+    caps = registry.adapters()["flash-attn-4"].caps  # type: ignore[attr-defined]
+    assert "mask" in caps.features and caps.mask_max_seqlen_q == 1
+
+    def call(sq: int) -> AttentionCall:
+        return AttentionCall(device_type="cuda", compute_capability=(9, 0), dtype="bfloat16", batch=4, heads_q=16,
+                             heads_kv=8, seqlen_q=sq, seqlen_k=1024, head_dim=256, causal=False, needs_grad=False,
+                             features=frozenset({"mask", "softcap"}))
+
+    assert caps.unsupported_reasons(call(1)) == []
+    assert any("a mask only on a decode step" in r for r in caps.unsupported_reasons(call(2)))
+    sdpa = registry.fallback().caps  # type: ignore[attr-defined]
+    assert not any("decode step" in r for r in sdpa.unsupported_reasons(call(2)))
+
+
+def test_verify_checks_the_decode_mask_on_a_padding_mask() -> None:
+    cases = feature_cases(frozenset({"mask", "softcap"}), dtypes=("bfloat16",), head_dims=(64, 128), max_seqlen=64,
+                          mask_max_seqlen_q=1)
+    mask_case = next(c for c in cases if c.feature == "mask")
+    assert (mask_case.seqlen_q, mask_case.batch) == (1, 3)
+    *_, opts = case_inputs(mask_case, "cpu")
+    rows = opts["attn_mask"].reshape(3, -1)
+    assert rows.shape[1] == mask_case.seqlen_k and bool(rows.any(dim=1).all())
+    for row in rows:  # one run of visible keys per row
+        seen = row.nonzero().flatten()
+        assert int(seen[-1] - seen[0]) + 1 == len(seen)
+    plain = feature_cases(frozenset({"mask"}), dtypes=("bfloat16",), head_dims=(64, 128), max_seqlen=64)
+    assert plain[0].seqlen_q > 1  # a backend without the restriction keeps the general mask case
+    assert math.isfinite(float(case_inputs(plain[0], "cpu")[0].sum()))
