@@ -27,6 +27,7 @@ from attnforge.backends.exact import reference_attention
 from attnforge.backends.flash import FlashAttn4Adapter
 from attnforge.verify.cases import feature_cases
 from attnforge.verify.feature_inputs import case_inputs
+from tests.dispatch._padded_steps import padded_step
 
 FIXTURE = json.loads((Path(__file__).parents[1] / "fixtures" / "gpu" / "fa4_varlen_decode_call.json").read_text())
 #: slot -> the keyword (or q/k/v/out) the recorded call held there
@@ -99,23 +100,7 @@ def fa4(monkeypatch: pytest.MonkeyPatch) -> tuple[FlashAttn4Adapter, _VarlenFa4]
 
 
 def _step(*, groups: int, case: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(seed)
-    b, hkv, sk, d = 3, 2, 29, 16
-    q = torch.randn(b, hkv * groups, 1, d, generator=g)
-    cache = torch.randn(2, b, hkv, sk + (7 if case == "static-cache" else 0), d, generator=g)
-    k, v = cache[0, :, :, :sk], cache[1, :, :, :sk]
-    allowed = torch.ones(b, 1, 1, sk, dtype=torch.bool)
-    allowed[1, ..., :5] = False  # left padding
-    if case == "right":
-        allowed[2, ..., -3:] = False
-    if case == "holes":
-        allowed[0, ..., 10:12] = False
-    if case == "empty-row":
-        allowed[2] = False
-    mask = allowed
-    if case == "additive":
-        mask = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
-    return q, k, v, mask
+    return padded_step(case, groups=groups, sk=29, d=16, dtype=torch.float32, seed=seed)
 
 
 @pytest.mark.parametrize("softcap", [None, 5.0], ids=["plain", "softcap"])

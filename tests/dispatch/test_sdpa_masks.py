@@ -22,6 +22,7 @@ from attnforge.backends import registry
 from attnforge.backends import sdpa as sdpa_module
 from attnforge.backends.adapter import AttentionCall
 from attnforge.backends.exact import reference_attention
+from tests.dispatch._padded_steps import padded_step
 
 
 @pytest.fixture
@@ -804,28 +805,7 @@ def test_a_padded_decode_step_runs_as_varlen_sequences(groups: int, case: str, f
         return real_runs(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(padded_decode, "padding_runs", spy_runs)
-    g = torch.Generator().manual_seed(groups)
-    b, hkv, sk, d = 3, 2, 37, 16
-    q = torch.randn(b, hkv * groups, 1, d, generator=g).bfloat16()
-    cache = torch.randn(2, b, hkv, sk + (9 if case == "static-cache" else 0), d, generator=g).bfloat16()
-    k, v = cache[0, :, :, :sk], cache[1, :, :, :sk]
-    if case == "bshd-kv":
-        k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
-    allowed = torch.ones(b, 1, 1, sk, dtype=torch.bool)
-    allowed[1, ..., :6] = False
-    if case == "right":
-        allowed[2, ..., -4:] = False
-    if case == "holes":
-        allowed[0, ..., 10:12] = False
-    if case == "empty-row":
-        allowed[2] = False
-    if case == "per-head":
-        allowed = allowed.expand(b, hkv * groups, 1, sk).clone()
-    mask: torch.Tensor = allowed
-    if case in ("additive", "other-values"):
-        mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, float("-inf"))
-        if case == "other-values":
-            mask[0, ..., 3] = -2.0
+    q, k, v, mask = padded_step(case, groups=groups, sk=37, d=16, dtype=torch.bfloat16, seed=groups)
     monkeypatch.setattr(sdpa_module, "_FLASH_FROM_KEYS", 1)  # every walk long (the fixture: one multiprocessor)
     adapter = registry.fallback()
     want = reference_attention(q, k, v, causal=False, attn_mask=mask)
