@@ -110,24 +110,22 @@ def _step(*, groups: int, case: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
 def test_a_padded_decode_step_runs_on_the_varlen_kernel_else_the_exact_math(
         fa4: tuple[FlashAttn4Adapter, _VarlenFa4], groups: int, case: str, kernel: bool,
         softcap: float | None) -> None:
-    """Two layers sharing the step's mask: the first on the exact math (no mask met before served two calls:
-    :class:`MaskSharing`), the second on the kernel where every row sees one run of keys."""
+    """One call, the first mask of its kind (as a verify case is): on the kernel where every row sees one run of
+    keys, else on the exact math."""
     adapter, fake = fa4
     q, k, v, mask = _step(groups=groups, case=case)
     want = reference_attention(q, k, v, causal=False, attn_mask=mask, softcap=softcap)
-    for layer in range(2):
-        out = adapter(q, k, v, causal=False, scale=None, attn_mask=mask, softcap=softcap)
-        torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
-        assert out.shape == q.shape
-        assert (fake.calls > 0) is (kernel and layer == 1)  # a hole or an empty row: the exact math
+    out = adapter(q, k, v, causal=False, scale=None, attn_mask=mask, softcap=softcap)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    assert out.shape == q.shape
+    assert (fake.calls > 0) is kernel  # a hole or an empty row: the exact math
 
 
 def test_the_compiled_call_is_replayed_and_the_runs_read_once_per_mask(
         fa4: tuple[FlashAttn4Adapter, _VarlenFa4], monkeypatch: pytest.MonkeyPatch) -> None:
     """A decode loop: each step a new mask object shared by its three layers, the K/V one key longer. The first
-    step's first layer runs the exact math (no mask before it was shared), its second records the compiled call
-    (and checks its replay once); every later call is the replay alone, its per-call tensors in the recorded slots;
-    the runs are read once per mask object, at the first call of every later step's mask."""
+    call records the compiled call (and checks its replay once); every later call is the replay alone, its per-call
+    tensors in the recorded slots; the runs are read once per mask object."""
     adapter, fake = fa4
     reads: list[int] = []
     real = _padded_decode.padding_runs
@@ -146,17 +144,19 @@ def test_the_compiled_call_is_replayed_and_the_runs_read_once_per_mask(
             torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
     assert len(reads) == 4  # one per mask object
     assert fake.calls == 1  # _flash_attn_fwd ran once: the recording
-    assert fake.kernel_calls == 11 + 1  # every call's kernel but the first step's first, and the replay's check
+    assert fake.kernel_calls == 12 + 1  # every call's kernel, and the replay's check
     replay = next(iter(adapter.varlen_replays.values())).replay
     assert replay is not None and dict(replay.named) == {s: n for s, n in SLOTS.items() if s > 3}
 
 
-@pytest.mark.parametrize(("layers", "kernel_calls"), [(1, 0), (2, 2 + 4 + 1)], ids=["one-layer-each", "shared"])
+@pytest.mark.parametrize(("layers", "kernel_calls"), [(1, 1 + 1), (2, 3 + 4 + 1)],
+                         ids=["one-layer-each", "shared"])
 def test_masks_that_serve_one_call_each_stay_on_the_exact_math(fa4: tuple[FlashAttn4Adapter, _VarlenFa4],
                                                                layers: int, kernel_calls: int) -> None:
-    """Gemma-2's two masks a step (sliding and full), alternating by layer: with one layer each, reading a mask's
-    runs would cost more than one call saves, so no run is read and the exact math serves every call; shared by two
-    layers each, the first step reads at each mask's second call and later steps at the first."""
+    """Gemma-2's two masks a step (sliding and full), alternating by layer. The first mask of its kind is read;
+    after it, with one layer each, reading a mask's runs would cost more than one call saves, so the exact math
+    serves every later mask; shared by two layers each, the first step's second mask is read at its second call and
+    later steps' masks at their first (+ 1: the replay's one check)."""
     adapter, fake = fa4
     q, k, v, _ = _step(groups=2, case="left")
     for step in range(2):

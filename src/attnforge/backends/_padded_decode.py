@@ -129,8 +129,10 @@ def key_rows(k: torch.Tensor) -> int:
 
 
 class MaskSharing:
-    """Whether reading a mask's runs pays, learned from the masks met before: a mask object met before (its runs
-    are kept after the read), or one that follows masks of which some served :data:`SHARED` or more calls (a
+    """Whether reading a mask's runs pays, learned per kind of call (``key``: the caller's batch size, heads, head
+    dim, dtype and device; not the length, which grows every step) from the masks met before: a mask object met
+    before (its runs are kept after the read), the first mask of its kind (nothing says the read will not pay; a
+    verify case is one), or one that follows masks of its kind of which some served :data:`SHARED` or more calls (a
     model's later steps, when its layers share each step's mask). Otherwise the mask's first call is left to the
     caller's other path and its runs are read at its second call.
 
@@ -144,20 +146,29 @@ class MaskSharing:
 
     #: calls a mask must serve to count as shared
     SHARED = 2
-    #: masks remembered (weakly) with their call counts
+    #: masks remembered per kind (weakly) with their call counts
     RECENT = 4
+    #: kinds remembered at once (all forgotten when full)
+    KINDS = 64
 
     def __init__(self) -> None:
-        self._recent: list[list[Any]] = []  # [weakref to the mask, calls], the newest first
+        self._recent: dict[tuple[Any, ...], list[list[Any]]] = {}  # kind -> [weakref to a mask, calls], newest first
 
-    def worth_reading(self, mask: torch.Tensor) -> bool:
-        """Counts this call of ``mask``; True when its runs should be read now (see the class docstring)."""
-        for entry in self._recent:
+    def worth_reading(self, mask: torch.Tensor, key: tuple[Any, ...]) -> bool:
+        """Counts this call of ``mask`` under ``key``; True when its runs should be read now (see the class
+        docstring)."""
+        recent = self._recent.get(key)
+        if recent is None:
+            if len(self._recent) >= self.KINDS:
+                self._recent.clear()
+            self._recent[key] = [[weakref.ref(mask), 1]]
+            return True
+        for entry in recent:
             if entry[0]() is mask:
                 entry[1] += 1
                 return True
-        shared = any(calls >= self.SHARED for _, calls in self._recent)
-        self._recent = [[weakref.ref(mask), 1], *self._recent[: self.RECENT - 1]]
+        shared = any(calls >= self.SHARED for _, calls in recent)
+        self._recent[key] = [[weakref.ref(mask), 1], *recent[: self.RECENT - 1]]
         return shared
 
 

@@ -267,8 +267,9 @@ class FlashAttn4Adapter(FlashAttnAdapter):
         if (q.device.type not in self.caps.devices or records_grad(q, k, v, mask) or torch.compiler.is_compiling()
                 or (q.device.type == "cuda" and graph_capturing()) or mask.is_inference()):
             return None  # the runs' one host sync would break a capture; an inference mask's runs are never kept
-        if not self.mask_sharing.worth_reading(mask):
-            return None  # the mask's first call, after masks that served one call each: the exact math
+        kind = (q.shape[0], q.shape[1], k.shape[1], q.shape[-1], q.dtype, q.device)
+        if not self.mask_sharing.worth_reading(mask, kind):
+            return None  # the mask's first call, after masks of its kind that served one call each: the exact math
         fwd = self.direct_entry()
         seqs = varlen_decode(q, k, v, mask) if fwd is not None else None
         if seqs is None:
