@@ -8,7 +8,6 @@ these tests make the adapter take the CUDA path on CPU (``_safe_softmax_on_cpu``
 
 from __future__ import annotations
 
-import functools
 import gc
 from collections.abc import Callable
 from typing import Any
@@ -398,58 +397,15 @@ def _decode_call(device: str, sq: int, sk: int = 1025, causal: bool = False) -> 
                          causal=causal, needs_grad=False)
 
 
-def test_a_decode_class_on_cuda_binds_the_settling_route() -> None:
+def test_a_decode_class_on_cuda_binds_no_plain_sdpa_call() -> None:
     """A route's plain call is SDPA itself (no adapter code per call), except a decode step on CUDA, which the
-    adapter's decode path serves until its shape settles (SDPA would build a cuDNN graph at every new length); a
-    causal decode step of more than one query row keeps the adapter (its bottom-right mask)."""
+    adapter's decode path serves (SDPA would build a cuDNN graph at every new length)."""
     adapter = registry.fallback()
-    settling = sdpa_module._SettlingDecode
 
-    assert isinstance(adapter.bind(_decode_call("cuda", 1), scale=None, bshd=False), settling)
-    assert isinstance(adapter.bind(_decode_call("cuda", 1, causal=True), scale=None, bshd=False), settling)
-    assert isinstance(adapter.bind(_decode_call("cuda", 16), scale=None, bshd=False), settling)
-    assert adapter.bind(_decode_call("cuda", 16, causal=True), scale=None, bshd=False) is None
-    assert isinstance(adapter.bind(_decode_call("cuda", 17), scale=None, bshd=False), functools.partial)
-    assert isinstance(adapter.bind(_decode_call("cpu", 1), scale=None, bshd=False), functools.partial)
-    assert adapter.bind(_decode_call("cuda", 1), scale=None, bshd=True) is None
-
-
-@pytest.mark.parametrize("groups", [1, 4])
-def test_a_settled_decode_route_calls_sdpa_itself(groups: int, efficient_kernel: list[tuple[int, ...]],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """An unmasked decode step's route: the adapter's decode path (no cuDNN) for its shape's first SETTLED
-    meetings, then SDPA itself with no adapter code; other strides of the same shapes go through the adapter
-    again; the in-situ check's settle switches it at once. The answers are SDPA's throughout."""
-    import torch.nn.functional as F  # noqa: N812
-
-    monkeypatch.setattr(sdpa_module._MetShapes, "SETTLED", 3)
-    monkeypatch.setattr(sdpa_module, "_MET", sdpa_module._MetShapes())
-    decoded = _count_decode_path(monkeypatch)
-    adapter_calls: list[int] = []
-    adapter = registry.fallback()
-    real_call = type(adapter).__call__
-    monkeypatch.setattr(type(adapter), "__call__",
-                        lambda self, *a, **kw: adapter_calls.append(1) or real_call(self, *a, **kw))
-    g = torch.Generator().manual_seed(groups)
-    q = torch.randn(2, 2 * groups, 1, 16, generator=g)
-    k, v = (torch.randn(2, 2, 40, 16, generator=g) for _ in range(2))
-    call = AttentionCall(device_type="cpu", compute_capability=None, dtype="float32", batch=2, heads_q=2 * groups,
-                         heads_kv=2, seqlen_q=1, seqlen_k=40, head_dim=16, causal=False, needs_grad=False)
-    route = adapter.bind(call, scale=0.25, bshd=False)
-    assert isinstance(route, sdpa_module._SettlingDecode)
-    want = F.scaled_dot_product_attention(q, k, v, scale=0.25, enable_gqa=groups > 1)
-    for _ in range(6):
-        torch.testing.assert_close(route(q, k, v), want, atol=1e-5, rtol=1e-5)
-    assert (len(decoded), len(adapter_calls)) == (3, 3)  # three meetings on the decode path, then SDPA alone
-    kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))  # the same shapes, other strides
-    torch.testing.assert_close(route(q, kt, vt), want, atol=1e-5, rtol=1e-5)
-    assert (len(decoded), len(adapter_calls)) == (4, 4)
-    fresh = adapter.bind(call, scale=0.25, bshd=False)
-    q2 = q.clone()
-    sdpa_module._MET.settle(q2, kt, vt, None)  # the in-situ check saw only this shape
-    fresh(q2, kt, vt)
-    fresh(q2, kt, vt)
-    assert (len(decoded), len(adapter_calls)) == (4, 5)  # one adapter call found it settled; SDPA from then on
+    assert adapter.bind(_decode_call("cuda", 1), scale=None, bshd=False) is None
+    assert adapter.bind(_decode_call("cuda", 16), scale=None, bshd=False) is None
+    assert adapter.bind(_decode_call("cuda", 17), scale=None, bshd=False) is not None
+    assert adapter.bind(_decode_call("cpu", 1), scale=None, bshd=False) is not None
 
 
 @pytest.mark.parametrize("mask_shape", ["b1qk", "bhqk", "qk", "bh1k"])

@@ -126,22 +126,18 @@ class SdpaAdapter(AdapterBase):
         """The plain call as SDPA itself, for a route (:func:`attnforge.backends.bound.bound_call`): a
         ``functools.partial`` of the unpatched SDPA taking ``(q, k, v)`` ``[B, H, S, D]``, so nothing of the
         adapter runs per call. Only unforced SDPA on bhsd tensors whose causal mask SDPA's ``is_causal`` gives
-        (Sq == Sk) and whose heads need no repeat; None otherwise (``__call__`` serves). A decode step on CUDA
-        (Sq <= :data:`DECODE_ROWS`, not causal, or one query row, which bottom-right causal leaves every key) gets
-        :class:`_SettlingDecode`: the adapter's decode path until its shape settles, then SDPA itself."""
-        decode = call.seqlen_q <= DECODE_ROWS and call.device_type in _EFFICIENT_DEVICES
-        causal = call.causal and not (decode and call.seqlen_q == 1)
-        if self.kernel is not None or bshd or (causal and call.seqlen_q != call.seqlen_k):
+        (Sq == Sk) and whose heads need no repeat; None otherwise (``__call__`` serves)."""
+        if self.kernel is not None or bshd or (call.causal and call.seqlen_q != call.seqlen_k):
             return None
+        if call.seqlen_q <= DECODE_ROWS and call.device_type == "cuda":
+            return None  # a decode step: __call__'s decode path, not SDPA's per-length cuDNN graph
         kwargs: dict[str, Any] = {"scale": scale}
-        if causal:
+        if call.causal:
             kwargs["is_causal"] = True
         if call.heads_q != call.heads_kv:
             if self.caps.gqa is not GqaMode.NATIVE:
                 return None
             kwargs["enable_gqa"] = True
-        if decode:
-            return None if causal else _SettlingDecode(self, kwargs)
         return functools.partial(original_sdpa(), **kwargs)
 
     def settle_repeated(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> bool:
@@ -326,10 +322,6 @@ class _MetShapes:
                 break
         return met <= self.SETTLED
 
-    def met(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> int:
-        """How often these shapes have been met (not counting this look)."""
-        return self._seen.get(self._key(q, k, v, mask), 0)
-
     def settle(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
         """Counts these shapes as met :data:`SETTLED` times (the caller knows they repeat); True when they were
         not settled before."""
@@ -340,36 +332,6 @@ class _MetShapes:
 
 
 _MET = _MetShapes()
-
-
-class _SettlingDecode:
-    """The route of an unmasked decode step (``q [B, Hq, Sq, D]``, Sq <= :data:`DECODE_ROWS`; ``k/v [B, Hkv, Sk,
-    D]``, bhsd) that SDPA serves: the adapter's decode path (:meth:`SdpaAdapter.__call__`, which counts the shape in
-    :data:`_MET` and keeps unsettled shapes off cuDNN) until the shape has settled, then SDPA itself with the bound
-    keywords, as a prefill route is, while q, k and v keep the strides they settled with (other strides: the
-    adapter again, which counts them as another shape).
-
-    Why: the route is bound per exact signature, so a settled decode shape (a fixed-size cache, a benchmark loop)
-    repeats here. The adapter's per-call checks cost host time on a call whose kernel is as short as its launch: the
-    grid's decode GQA cell (``q [8, 32, 1, 128]``, K/V ``[8, 8, 4096, 128]``) on an H200 (2026-11-28, ninth session,
-    ``decode_probe.py gqa_decode_cell``) took 49.4 µs of host time a call through ``attention()`` against plain
-    SDPA's 23.6, on a ~40 µs kernel."""
-
-    __slots__ = ("adapter", "kwargs", "scale", "sdpa", "strides")
-
-    def __init__(self, adapter: SdpaAdapter, kwargs: dict[str, Any]) -> None:
-        self.adapter, self.kwargs, self.scale = adapter, kwargs, kwargs["scale"]
-        self.sdpa = original_sdpa()
-        self.strides: tuple[tuple[int, ...], ...] | None = None
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        strides = self.strides
-        if strides is not None and strides == (q.stride(), k.stride(), v.stride()):
-            return self.sdpa(q, k, v, **self.kwargs)  # type: ignore[no-any-return]
-        out = self.adapter(q, k, v, causal=False, scale=self.scale)
-        if _MET.met(q, k, v, None) >= _MetShapes.SETTLED:  # counted by the adapter, or settled by the in-situ check
-            self.strides = (q.stride(), k.stride(), v.stride())
-        return out
 
 
 def _cudnn_free_decode() -> bool:
