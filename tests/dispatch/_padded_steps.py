@@ -10,9 +10,10 @@ import torch
 def padded_step(case: str, *, groups: int, sk: int, d: int, dtype: torch.dtype,
                 seed: int) -> tuple[torch.Tensor, ...]:
     """``(q, k, v, mask)``: row 1 left-padded by ``sk // 6`` keys; ``right``: row 2 right-padded too; ``holes``: two
-    keys hidden inside row 0's run; ``empty-row``: row 2 sees nothing; ``additive``/``other-values``: the mask as 0 and
-    -inf (one entry -2 for the latter); ``static-cache``: K/V slices of a longer cache; ``bshd-kv``: K/V bhsd views of
-    bshd tensors; ``per-head``: the mask per query head."""
+    keys hidden inside row 0's run; ``empty-row``: row 2 sees nothing; ``additive``, ``other-values``, ``finfo-min``:
+    the mask as 0 and -inf (one entry -2 for the second; the dtype's lowest value for the third); ``static-cache``:
+    K/V slices of a longer cache; ``bshd-kv``: K/V bhsd views of bshd tensors; ``per-head``: the mask per query
+    head."""
     g = torch.Generator().manual_seed(seed)
     b, hkv = 3, 2
     q = torch.randn(b, hkv * groups, 1, d, generator=g).to(dtype)
@@ -31,8 +32,9 @@ def padded_step(case: str, *, groups: int, sk: int, d: int, dtype: torch.dtype,
     if case == "per-head":
         allowed = allowed.expand(b, hkv * groups, 1, sk).clone()
     mask: torch.Tensor = allowed
-    if case in ("additive", "other-values"):
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, float("-inf"))
+    if case in ("additive", "other-values", "finfo-min"):
+        hidden = torch.finfo(dtype).min if case == "finfo-min" else float("-inf")  # transformers' eager masks: min
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, hidden)
         if case == "other-values":
             mask[0, ..., 3] = -2.0
     return q, k, v, mask

@@ -108,22 +108,36 @@ def test_fa4_direct_equals_the_public_function(hq: int, hkv: int, sq: int, sk: i
 @pytest.mark.parametrize("softcap", [None, 50.0], ids=["plain", "softcap"])
 def test_fa4_padded_decode_steps_run_the_replayed_varlen_kernel(softcap: float | None) -> None:
     """Gemma-2-9B's padded decode step (``q [4, 16, 1, 256]``, K/V ``[4, 8, Sk, 256]`` slices of a longer cache,
-    left padding on two rows): through ``attention(backend="flash-attn-4")`` over four steps, each against the
-    float64 reference, the compiled call recorded once and replayed after (no ``_flash_attn_fwd`` call)."""
+    left padding on two rows), two layers sharing each step's mask: through ``attention(backend="flash-attn-4")``
+    over four steps, each against the float64 reference, every call on the kernel (none on the exact math), the
+    compiled call recorded once and replayed after."""
+    from attnforge.backends import exact as exact_module
+
     fa4 = _usable("flash-attn-4")
     if fa4.direct_entry() is None:
         pytest.skip("flash-attn-4 is not a version the direct entry mirrors")
+    exact_calls: list[int] = []
+    real_exact = exact_module.exact_attention
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        exact_calls.append(1)
+        return real_exact(*args, **kwargs)
+
     g = torch.Generator(device="cuda").manual_seed(1)
     q = torch.randn(4, 16, 1, 256, device="cuda", dtype=torch.bfloat16, generator=g)
     cache = torch.randn(2, 4, 8, 600, 256, device="cuda", dtype=torch.bfloat16, generator=g)
-    for sk in (500, 501, 502, 503):
-        k, v = cache[0, :, :, :sk], cache[1, :, :, :sk]
-        mask = torch.ones(4, 1, 1, sk, dtype=torch.bool, device="cuda")
-        mask[1, ..., :37] = False
-        mask[3, ..., :200] = False
-        out = attnforge.attention(q, k, v, attn_mask=mask, softcap=softcap, backend="flash-attn-4")
-        want = reference_attention(q, k, v, attn_mask=mask, softcap=softcap)
-        torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(exact_module, "exact_attention", counting)
+        for sk in (500, 501, 502, 503):
+            k, v = cache[0, :, :, :sk], cache[1, :, :, :sk]
+            mask = torch.ones(4, 1, 1, sk, dtype=torch.bool, device="cuda")
+            mask[1, ..., :37] = False
+            mask[3, ..., :200] = False
+            want = reference_attention(q, k, v, attn_mask=mask, softcap=softcap)
+            for _layer in range(2):
+                out = attnforge.attention(q, k, v, attn_mask=mask, softcap=softcap, backend="flash-attn-4")
+                torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+    assert exact_calls == [], "a padded decode step went to the exact math"
     adapter = runtime.get_dispatcher().adapter("flash-attn-4")
     runs = list(adapter.varlen_replays.values())  # type: ignore[attr-defined]
     assert runs and all(r.replay is not None for r in runs), "the varlen call was not replayable (see _fa4_direct)"

@@ -106,7 +106,8 @@ def _step(*, groups: int, case: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
 @pytest.mark.parametrize("softcap", [None, 5.0], ids=["plain", "softcap"])
 @pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize(("case", "kernel"), [("left", True), ("right", True), ("additive", True),
-                                              ("static-cache", True), ("holes", False), ("empty-row", False)])
+                                              ("finfo-min", True), ("static-cache", True), ("holes", False),
+                                              ("empty-row", False), ("other-values", False)])
 def test_a_padded_decode_step_runs_on_the_varlen_kernel_else_the_exact_math(
         fa4: tuple[FlashAttn4Adapter, _VarlenFa4], groups: int, case: str, kernel: bool,
         softcap: float | None) -> None:
@@ -184,6 +185,47 @@ def test_an_inference_mode_mask_gets_the_exact_math(fa4: tuple[FlashAttn4Adapter
         out = adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
     torch.testing.assert_close(out.double(), reference_attention(q, k, v, attn_mask=mask), atol=1e-5, rtol=1e-5)
     assert fake.calls == 0
+
+
+def test_the_replay_keeps_no_recorded_tensor_alive(fa4: tuple[FlashAttn4Adapter, _VarlenFa4]) -> None:
+    """The kept replay holds none of the recording's tensors: a K/V cache the caller drops is freed."""
+    import gc
+    import weakref
+
+    adapter, _ = fa4
+    q, k, v, mask = _step(groups=2, case="left")
+    cache = k.as_strided((k.numel(),), (1,))  # the storage's one owner besides k and v
+    gone = weakref.ref(cache)
+    adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
+    replay = next(iter(adapter.varlen_replays.values())).replay
+    assert replay is not None and all(a is None for a in replay.args[:4])
+    assert all(replay.args[slot] is None for slot, _ in replay.named)
+    del cache, k, v, mask
+    gc.collect()
+    assert gone() is None
+
+
+def test_a_call_the_kernel_raises_on_goes_to_the_exact_math_from_then_on(
+        fa4: tuple[FlashAttn4Adapter, _VarlenFa4], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    adapter, fake = fa4
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        fake.calls += 1
+        raise AssertionError("cu_seqlens_k must have shape (batch_size + 1,)")
+
+    monkeypatch.setattr(sys.modules["fake_fa4_varlen.interface"], "_flash_attn_fwd", refuse)
+    q, k, v, mask = _step(groups=2, case="left")
+    for _ in range(3):
+        out = adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
+        torch.testing.assert_close(out.double(), reference_attention(q, k, v, attn_mask=mask), atol=1e-5, rtol=1e-5)
+    assert fake.calls == 1  # refused once, remembered
+    assert "refused a call" in caplog.text and "AssertionError" in caplog.text
+    monkeypatch.setattr(sys.modules["fake_fa4_varlen.interface"], "_flash_attn_fwd",
+                        lambda *a, **kw: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")))
+    fresh = FlashAttn4Adapter(name="flash-attn-4", caps=adapter.caps, requirement=adapter.requirement)
+    with pytest.raises(torch.OutOfMemoryError):  # the device's state reaches the caller
+        fresh(q, k, v, causal=False, scale=None, attn_mask=mask)
 
 
 @pytest.mark.parametrize("why", ["grad", "prefill", "other-version", "sinks", "top-left"])

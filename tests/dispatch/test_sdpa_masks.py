@@ -787,7 +787,7 @@ def test_a_decode_mask_becomes_the_kernels_bias_once_for_all_layers(efficient_ke
 
 
 @pytest.mark.parametrize("groups", [1, 4])
-@pytest.mark.parametrize("case", ["left", "right", "additive", "static-cache", "holes", "empty-row",
+@pytest.mark.parametrize("case", ["left", "right", "additive", "finfo-min", "static-cache", "holes", "empty-row",
                                   "other-values", "bshd-kv", "per-head"])
 def test_a_padded_decode_step_runs_as_varlen_sequences(groups: int, case: str, flash_kernel: list[tuple[int, ...]],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
@@ -812,7 +812,7 @@ def test_a_padded_decode_step_runs_as_varlen_sequences(groups: int, case: str, f
     for _layer in range(3):
         got = adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
         torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=2e-2)
-    varlen = case in ("left", "right", "additive", "static-cache")
+    varlen = case in ("left", "right", "additive", "finfo-min", "static-cache")
     assert len(flash_kernel) == (3 if varlen else 0)
     assert len(reads) == (0 if case in ("bshd-kv", "per-head") else 1)
     assert sdpa_module._REFUSED == {}

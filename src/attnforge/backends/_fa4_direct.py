@@ -85,7 +85,8 @@ class Replay:
 
     Attributes:
         kernel: the compiled TVM-FFI function out of ``_flash_attn_fwd.compile_cache``.
-        args: its positional arguments; slots 0-3 (q, k, v, out) are filled per call.
+        args: its positional arguments; slots 0-3 (q, k, v, out) and the ``named`` ones are None here, filled per
+            call (the recording's tensors are not kept alive).
         strides: the strides of the recorded q, k, v (``[B, S, H, D]``, or the varlen ``[N, H, D]``).
         out_shape, out_dtype: the output ``torch.empty`` allocates.
         named: ``(slot, keyword)`` of each per-call tensor the call was given by name (varlen: ``cu_seqlens_q``,
@@ -225,7 +226,10 @@ def _replay_of(seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]], qkv: tup
     if len(slots) != len(named):
         return None  # a per-call tensor the call did not hand over as it was (copied): its slot is unknown
     q, k, v = qkv
-    return Replay(kernel=kernel, args=tuple(args), strides=(q.stride(), k.stride(), v.stride()),
+    kept = list(args)
+    for slot in (0, 1, 2, 3, *(s for s, _ in slots)):
+        kept[slot] = None  # filled per call: the recording's tensors (a K/V cache's storage) are not kept alive
+    return Replay(kernel=kernel, args=tuple(kept), strides=(q.stride(), k.stride(), v.stride()),
                   out_shape=tuple(out.shape), out_dtype=out.dtype, named=tuple(slots))
 
 

@@ -9,7 +9,7 @@ K/V head (``k``/``v`` viewed ``[N, 1, D]`` on their own storage: no copy), the r
 (:func:`attnforge.backends.sdpa._varlen_decode`) and FlashAttention-4's varlen forward
 (:meth:`attnforge.backends.flash.FlashAttn4Adapter`'s masked decode) both take it this way.
 
-Reading the runs costs one host sync and some fifteen small kernels per mask object, so they are kept per caller's
+Reading the runs costs one host sync and ~20 small kernels per mask object, so they are kept per caller's
 mask object (:class:`~attnforge.backends._base.KeptPerMask`): a model passes one mask to every layer of a step.
 Where a mask object serves one call only, the read costs more than the kernel saves (:class:`MaskSharing`).
 """
@@ -36,7 +36,7 @@ class VarlenDecode:
 
     Attributes:
         q: ``[B * Hkv, g, D]``, a view of the caller's ``q``.
-        k, v: ``[N, 1, D]`` views of the caller's K/V storage (``N``: :func:`key_rows`).
+        k, v: ``[N, 1, D]`` and ``[N, 1, Dv]`` views of the caller's K/V storage (``N``: :func:`key_rows`).
         cu_seqlens_q: int32 ``[B * Hkv + 1]``: ``0, 1, ..., B * Hkv`` (one query row per sequence).
         cu_seqlens_k: int32 ``[B * Hkv + 1]``: each sequence's first key, in rows of ``k.stride(2)`` from ``k``'s
             first element; the last entry is ``N``.
@@ -92,10 +92,11 @@ def padding_runs(m: torch.Tensor, *, b: int, hkv: int, k: torch.Tensor) -> tuple
     """For a decode mask ``m`` (``[B or 1, 1, 1, Sk]``, bool or additive) over ``k [B, Hkv, Sk, D]``: where each
     (batch row, K/V head)'s run of visible keys starts in ``k``'s storage, counted in rows of ``k.stride(2)`` from
     ``k``'s first element (int32 ``[B * Hkv + 1]``, the last entry the end, as ``cu_seqlens_k``), and its length
-    (int32 ``[B * Hkv]``, ``seqused_k``); ``()`` when some row's visible keys are not one run, or an additive mask
-    holds a value other than 0 and -inf, or a row sees no key (FlashAttention-2's kernel without split writes zeros
-    for an empty sequence only under causal; the caller's path zeroes such rows). Reads the mask once, with one host
-    sync (the verdict)."""
+    (int32 ``[B * Hkv]``, ``seqused_k``). ``()`` when some row's visible keys are not one run, or a row sees no key
+    (FlashAttention-2's kernel without split writes zeros for an empty sequence only under causal; the caller's
+    path zeroes such rows), or an additive mask holds a value other than 0 and a hiding one: -inf, or the dtype's
+    lowest finite value as transformers' eager masks use (its softmax weight is 0 in float32 beside any visible
+    key). Reads the mask once, with one host sync (the verdict)."""
     import torch
 
     sk = m.shape[-1]
@@ -104,7 +105,7 @@ def padding_runs(m: torch.Tensor, *, b: int, hkv: int, k: torch.Tensor) -> tuple
         visible, pure = rows, None
     else:
         visible = rows == 0
-        pure = (visible | (rows == float("-inf"))).all()
+        pure = (visible | (rows <= torch.finfo(rows.dtype).min)).all()
     visible = visible.expand(b, sk)
     count = visible.sum(dim=-1, dtype=torch.int32)
     first = visible.to(torch.uint8).argmax(dim=-1).to(torch.int32)

@@ -214,7 +214,8 @@ class FlashAttn4Adapter(FlashAttnAdapter):
     math
     (:func:`attnforge.backends.exact.exact_attention`), so the answer is right whatever the mask holds. Gemma-2's
     padded decode call on an H200 (2026-11-28, docs/benchmarks.md "ninth session"): 19.4 µs of host time and
-    110 µs of device time a call, against eager's 166 and ~125.
+    118 µs wall a call back to back (the kernel 110 µs of device time), against eager's 166 and 158. A call the
+    kernel raises on (other than out of memory) is logged once and its kind goes to the exact math from then on.
 
     Attributes:
         varlen_replays: the masked decode route's :class:`~attnforge.backends._fa4_direct.Replayer` per
@@ -276,13 +277,27 @@ class FlashAttn4Adapter(FlashAttnAdapter):
             return None
         key = (q.dtype, seqs.q.shape, seqs.q.stride(), seqs.k.stride(), seqs.v.shape[-1], softcap, scale, q.device)
         run = self.varlen_replays.get(key)
+        if run is False:
+            return None  # the kernel refused this kind of call before: the exact math serves it
         if run is None:
             if len(self.varlen_replays) >= self.VARLEN_REPLAYS:
                 self.varlen_replays.clear()
             run = _fa4_direct.Replayer(fwd, _fa4_direct.varlen_keywords(scale=scale, softcap=softcap))
             self.varlen_replays[key] = run
-        out = run(seqs.q, seqs.k, seqs.v, cu_seqlens_q=seqs.cu_seqlens_q, cu_seqlens_k=seqs.cu_seqlens_k,
-                  seqused_k=seqs.seqused_k, max_seqlen_k=seqs.max_seqlen_k)
+        try:
+            out = run(seqs.q, seqs.k, seqs.v, cu_seqlens_q=seqs.cu_seqlens_q, cu_seqlens_k=seqs.cu_seqlens_k,
+                      seqused_k=seqs.seqused_k, max_seqlen_k=seqs.max_seqlen_k)
+        except torch.OutOfMemoryError:
+            raise  # the device's state, not a refusal: it reaches the caller, as every backend's does
+        except Exception as exc:  # a refusal of this kind of call (an assertion of _flash_attn_fwd's, a CuTe error)
+            self.varlen_replays[key] = False
+            import logging
+
+            logging.getLogger("attnforge").warning(
+                "FlashAttention-4's varlen decode refused a call (q %s, k %s, softcap %s): %s: %s; the exact math "
+                "serves calls of this kind from now on", tuple(q.shape), tuple(k.shape), softcap,
+                type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "")
+            return None
         return out.view(q.shape[0], q.shape[1], 1, out.shape[-1])  # type: ignore[no-any-return]
 
     def _find_direct(self) -> Any:
