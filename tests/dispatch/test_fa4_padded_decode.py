@@ -281,3 +281,22 @@ def test_verify_checks_the_decode_mask_on_a_padding_mask() -> None:
     plain = feature_cases(frozenset({"mask"}), dtypes=("bfloat16",), head_dims=(64, 128), max_seqlen=64)
     assert plain[0].seqlen_q > 1  # a backend without the restriction keeps the general mask case
     assert math.isfinite(float(case_inputs(plain[0], "cpu")[0].sum()))
+
+
+@pytest.mark.parametrize(("b", "hkv"), [(1, 1), (3, 2), (4, 8)])
+def test_the_runs_read_on_the_host_give_the_starts_and_lengths(b: int, hkv: int) -> None:
+    """``padding_runs``: each (batch row, K/V head)'s first visible key in rows of ``k``'s storage and the run's
+    length, int32, ``seqused_k`` 16-byte aligned (a kernel may assume it of a tensor argument); a row with a hole
+    gives ``()``."""
+    sk = 10
+    k = torch.zeros(2, b, hkv, sk + 3, 8)[0, :, :, :sk]  # a slice of a longer cache: rows of 8 elements
+    mask = torch.ones(b, 1, 1, sk, dtype=torch.bool)
+    for row in range(b):
+        mask[row, ..., : row % 3] = False
+    starts, used = _padded_decode.padding_runs(mask, b=b, hkv=hkv, k=k)
+    assert starts.dtype == used.dtype == torch.int32 and used.data_ptr() % 16 == 0
+    want_starts = [row * hkv * (sk + 3) + head * (sk + 3) + row % 3 for row in range(b) for head in range(hkv)]
+    assert starts.tolist() == [*want_starts, _padded_decode.key_rows(k)]
+    assert used.tolist() == [sk - row % 3 for row in range(b) for _ in range(hkv)]
+    mask[0, ..., 4] = False
+    assert _padded_decode.padding_runs(mask, b=b, hkv=hkv, k=k) == ()

@@ -9,7 +9,7 @@ K/V head (``k``/``v`` viewed ``[N, 1, D]`` on their own storage: no copy), the r
 (:func:`attnforge.backends.sdpa._varlen_decode`) and FlashAttention-4's varlen forward
 (:meth:`attnforge.backends.flash.FlashAttn4Adapter`'s masked decode) both take it this way.
 
-Reading the runs costs one host sync and ~20 small kernels per mask object, so they are kept per caller's
+Reading the runs costs one host sync (the mask's copy back) per mask object, so they are kept per caller's
 mask object (:class:`~attnforge.backends._base.KeptPerMask`): a model passes one mask to every layer of a step.
 Where a mask object serves one call only, the read costs more than the kernel saves (:class:`MaskSharing`).
 """
@@ -96,30 +96,38 @@ def padding_runs(m: torch.Tensor, *, b: int, hkv: int, k: torch.Tensor) -> tuple
     (FlashAttention-2's kernel without split writes zeros for an empty sequence only under causal; the caller's
     path zeroes such rows), or an additive mask holds a value other than 0 and a hiding one: -inf, or the dtype's
     lowest finite value as transformers' eager masks use (its softmax weight is 0 in float32 beside any visible
-    key). Reads the mask once, with one host sync (the verdict)."""
+    key).
+
+    The mask is read on the host: one copy back (``B x Sk`` entries; the one host sync), a dozen CPU ops on it, and
+    one copy up of both int32 vectors (``seqused_k`` at a 16-byte aligned offset of the same buffer), instead of the
+    ~20 small kernels of reading it on the device (each a launch of the host's time, 5-7 µs on an H200's; the ninth
+    session measured the device reading at ~190 µs a mask object, ``decode_probe.py fa4_varlen_decode``)."""
     import torch
 
     sk = m.shape[-1]
-    rows = m.reshape(m.shape[0], sk)
+    rows = m.reshape(m.shape[0], sk).cpu()  # the one host sync: the mask's copy back
     if rows.dtype == torch.bool:
-        visible, pure = rows, None
+        visible = rows
     else:
         visible = rows == 0
-        pure = (visible | (rows <= torch.finfo(rows.dtype).min)).all()
+        if not bool((visible | (rows <= torch.finfo(rows.dtype).min)).all()):
+            return ()
     visible = visible.expand(b, sk)
-    count = visible.sum(dim=-1, dtype=torch.int32)
-    first = visible.to(torch.uint8).argmax(dim=-1).to(torch.int32)
-    end = sk - visible.flip(-1).to(torch.uint8).argmax(dim=-1).to(torch.int32)
-    one_run = ((count == end - first) & (count > 0)).all()
-    if not bool(one_run if pure is None else one_run & pure):  # the one host sync
+    count = visible.sum(dim=-1)
+    first = visible.to(torch.uint8).argmax(dim=-1)
+    end = sk - visible.flip(-1).to(torch.uint8).argmax(dim=-1)
+    if not bool(((count == end - first) & (count > 0)).all()):
         return ()
     rs = k.stride(2)
-    base = (torch.arange(b, device=k.device, dtype=torch.int32)[:, None] * (k.stride(0) // rs)
-            + torch.arange(hkv, device=k.device, dtype=torch.int32)[None, :] * (k.stride(1) // rs))
-    starts = torch.empty(b * hkv + 1, dtype=torch.int32, device=k.device)
-    starts[:-1] = (base + first[:, None]).flatten()
-    starts[-1] = key_rows(k)
-    return starts, count.repeat_interleave(hkv)
+    n = b * hkv
+    used_at = -(-(n + 1) // 4) * 4  # 16 bytes of int32: seqused_k's offset in the buffer
+    host = torch.zeros(used_at + n, dtype=torch.int64)
+    host[:n] = (torch.arange(b)[:, None] * (k.stride(0) // rs) + torch.arange(hkv)[None, :] * (k.stride(1) // rs)
+                + first[:, None]).flatten()
+    host[n] = key_rows(k)
+    host[used_at:] = count.repeat_interleave(hkv)
+    both = host.to(torch.int32).to(k.device)  # the one copy up
+    return both[: n + 1], both[used_at:]
 
 
 def key_rows(k: torch.Tensor) -> int:
@@ -140,8 +148,8 @@ class MaskSharing:
     Measured on an H200 (2026-11-28, docs/benchmarks.md "ninth session", FlashAttention-4's route, Gemma-2-9B-shaped
     decoder, a padded batch, the runs read at every mask's first call): two masks a step (sliding and full), each
     serving 4 layers of 8: decode 1.015x eager's tokens/s (0.93x on the exact math before); each serving 1 layer
-    of 2: 0.878x (1.00-1.05x on the exact math). The read (one host sync and ~20 small kernels) costs more than
-    one call saves."""
+    of 2: 0.878x (1.00-1.05x on the exact math). The read (then one host sync and ~20 small kernels on the device;
+    on the host since, not re-measured) costs more than one call saves."""
 
     __slots__ = ("_recent",)
 

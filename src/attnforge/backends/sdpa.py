@@ -409,12 +409,14 @@ def _varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 
     Measured on an H200 (torch 2.11, 2026-11-28, ``decode_probe.py decode_kernels``, Llama-3-8B's padded step):
     15.5 µs of device time at 1025 keys (the memory-efficient kernel 47.6, cuDNN's cached graph 16.8) and 18 µs at
-    4097 keys for one sequence (memory-efficient 163, it splits no keys). But reading the runs costs a host sync and
-    some fifteen small kernels per mask object: taken at 1025 keys, the 2-layer Llama-3-8B- and Qwen2.5-shaped
-    decoders' decode fell from 0.92-0.96x to 0.84-0.85x their default (attention() 173 µs a call against 124 on the
-    memory-efficient kernel). So only calls whose memory-efficient walk is long (:func:`_efficient_walk` from
-    :data:`_FLASH_FROM_KEYS`, as :func:`_flash_decode`) come here, where a layer saves more device time than a
-    step's read costs; no shape settles on cuDNN here (:class:`_MetShapes` is for the memory-efficient path)."""
+    4097 keys for one sequence (memory-efficient 163, it splits no keys). But reading the runs cost a host sync and
+    some fifteen small kernels per mask object (then; read on the host since,
+    :func:`attnforge.backends._padded_decode.padding_runs`): taken at 1025 keys, the 2-layer Llama-3-8B- and
+    Qwen2.5-shaped decoders' decode fell from 0.92-0.96x to 0.84-0.85x their default (attention() 173 µs a call
+    against 124 on the memory-efficient kernel). So only calls whose memory-efficient walk is long
+    (:func:`_efficient_walk` from :data:`_FLASH_FROM_KEYS`, as :func:`_flash_decode`) come here, where a layer saves
+    more device time than a step's read costs; no shape settles on cuDNN here (:class:`_MetShapes` is for the
+    memory-efficient path)."""
     import torch
 
     if not _flash_serves(q, k, v):
