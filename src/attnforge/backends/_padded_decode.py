@@ -1,11 +1,11 @@
 """A padded batch's decode step as varlen sequences: one answer for every kernel that serves it so.
 
 A decode step (``q [B, Hq, 1, D]``, ``k/v [B, Hkv, Sk, D]``) under a padding mask (bool, or additive with only 0 and
--inf; broadcastable to ``[B, 1, 1, Sk]``, the same for every head) whose every batch row sees one run of keys, as a
-left- or right-padded batch's decode mask does, is a varlen call with no mask at all: each (batch row, K/V head) is
-one sequence of one query row carrying its ``g = Hq / Hkv`` query heads (``q`` viewed ``[B * Hkv, g, D]``) over one
-K/V head (``k``/``v`` viewed ``[N, 1, D]`` on their own storage: no copy), the run's first key its start
-(``cu_seqlens_k``) and the run's length ``seqused_k``. FlashAttention-2's varlen op in SDPA
+-inf or the dtype's lowest value; broadcastable to ``[B, 1, 1, Sk]``, the same for every head) whose every batch row
+sees one run of keys, as a left- or right-padded batch's decode mask does, is a varlen call with no mask at all: each
+(batch row, K/V head) is one sequence of one query row carrying its ``g = Hq / Hkv`` query heads (``q`` viewed
+``[B * Hkv, g, D]``) over one K/V head (``k``/``v`` viewed ``[N, 1, D]`` on their own storage: no copy), the run's
+first key its start (``cu_seqlens_k``) and the run's length ``seqused_k``. FlashAttention-2's varlen op in SDPA
 (:func:`attnforge.backends.sdpa._varlen_decode`) and FlashAttention-4's varlen forward
 (:meth:`attnforge.backends.flash.FlashAttn4Adapter`'s masked decode) both take it this way.
 
