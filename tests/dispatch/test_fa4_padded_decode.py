@@ -226,6 +226,12 @@ def test_a_call_the_kernel_raises_on_goes_to_the_exact_math_from_then_on(
     fresh = FlashAttn4Adapter(name="flash-attn-4", caps=adapter.caps, requirement=adapter.requirement)
     with pytest.raises(torch.OutOfMemoryError):  # the device's state reaches the caller
         fresh(q, k, v, causal=False, scale=None, attn_mask=mask)
+    monkeypatch.setattr(sys.modules["fake_fa4_varlen.interface"], "_flash_attn_fwd",
+                        lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("CUDA error: an illegal memory access")))
+    fresh = FlashAttn4Adapter(name="flash-attn-4", caps=adapter.caps, requirement=adapter.requirement)
+    with pytest.raises(RuntimeError, match="CUDA error"):  # so does a CUDA error, as SDPA's lean paths raise it
+        fresh(q, k, v, causal=False, scale=None, attn_mask=mask)
+    assert fresh.varlen_replays and False not in fresh.varlen_replays.values()  # nothing turned off
 
 
 @pytest.mark.parametrize("why", ["grad", "prefill", "other-version", "sinks", "top-left"])

@@ -131,6 +131,16 @@ def expand_kv(k: torch.Tensor, v: torch.Tensor, heads_q: int, *,
     return k.repeat_interleave(groups, dim=dim), v.repeat_interleave(groups, dim=dim)
 
 
+def device_state(exc: BaseException) -> bool:
+    """Whether a kernel's error is the device's state (out of memory, an accelerator or CUDA error), which reaches
+    the caller and turns nothing off, rather than the kernel refusing these inputs (which a lean path remembers and
+    leaves to another kernel)."""
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError | getattr(torch, "AcceleratorError", torch.OutOfMemoryError)) or (
+        str(exc).startswith("CUDA error"))
+
+
 def records_grad(*tensors: Any) -> bool:
     """Whether autograd records a call on ``tensors`` (grad mode on and one of them requires grad; None entries
     ignored): the one rule for "this call needs a backward"."""

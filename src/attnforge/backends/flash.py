@@ -215,7 +215,8 @@ class FlashAttn4Adapter(FlashAttnAdapter):
     (:func:`attnforge.backends.exact.exact_attention`), so the answer is right whatever the mask holds. Gemma-2's
     padded decode call on an H200 (2026-11-28, docs/benchmarks.md "ninth session"): 19.4 µs of host time and
     118 µs wall a call back to back (the kernel 110 µs of device time), against eager's 166 and 158. A call the
-    kernel raises on (other than out of memory) is logged once and its kind goes to the exact math from then on.
+    kernel raises on is logged once and its kind goes to the exact math from then on, unless the error is the
+    device's state (:func:`~attnforge.backends._base.device_state`), which reaches the caller.
 
     Attributes:
         varlen_replays: the masked decode route's :class:`~attnforge.backends._fa4_direct.Replayer` per
@@ -262,7 +263,7 @@ class FlashAttn4Adapter(FlashAttnAdapter):
         import torch
 
         from attnforge.backends import _fa4_direct
-        from attnforge.backends._base import graph_capturing, records_grad
+        from attnforge.backends._base import device_state, graph_capturing, records_grad
         from attnforge.backends._padded_decode import varlen_decode
 
         if (q.device.type not in self.caps.devices or records_grad(q, k, v, mask) or torch.compiler.is_compiling()
@@ -287,9 +288,9 @@ class FlashAttn4Adapter(FlashAttnAdapter):
         try:
             out = run(seqs.q, seqs.k, seqs.v, cu_seqlens_q=seqs.cu_seqlens_q, cu_seqlens_k=seqs.cu_seqlens_k,
                       seqused_k=seqs.seqused_k, max_seqlen_k=seqs.max_seqlen_k)
-        except torch.OutOfMemoryError:
-            raise  # the device's state, not a refusal: it reaches the caller, as every backend's does
         except Exception as exc:  # a refusal of this kind of call (an assertion of _flash_attn_fwd's, a CuTe error)
+            if device_state(exc):
+                raise  # the device's state, not a refusal: it reaches the caller, as every backend's does
             self.varlen_replays[key] = False
             import logging
 

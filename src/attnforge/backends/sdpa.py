@@ -22,6 +22,7 @@ from attnforge.backends._base import (
     AdapterBase,
     KeptPerMask,
     bottom_right_mask,
+    device_state,
     expand_kv,
     four_dims,
     graph_capturing,
@@ -745,10 +746,7 @@ def _refuse(kind: tuple[Any, ...], exc: RuntimeError, q: torch.Tensor, k: torch.
     reaches the caller, and the kernel stays on for the next call."""
     import logging
 
-    import torch
-
-    if isinstance(exc, torch.OutOfMemoryError | getattr(torch, "AcceleratorError", torch.OutOfMemoryError)) or (
-            str(exc).startswith("CUDA error")):
+    if device_state(exc):
         raise exc
     _REFUSED[kind] = str(exc).splitlines()[0][:300]
     name = {"flash": "FlashAttention-2", "varlen": "FlashAttention-2 varlen"}.get(kind[0], "SDPA's memory-efficient")
