@@ -208,8 +208,7 @@ def _replay_of(seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]], qkv: tup
     if kwargs or len(args) < 5:
         return None
     for got, want in zip(args[:4], (*qkv, out), strict=True):
-        if not (isinstance(got, torch.Tensor) and got.data_ptr() == want.data_ptr() and got.shape == want.shape
-                and got.stride() == want.stride() and got.dtype == want.dtype):
+        if not (isinstance(got, torch.Tensor) and _same_tensor(got, want)):
             return None
     if not out.is_contiguous():
         return None
@@ -217,9 +216,7 @@ def _replay_of(seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]], qkv: tup
     for slot, arg in enumerate(args[4:], start=4):
         if not isinstance(arg, torch.Tensor):
             continue
-        name = next((n for n, t in named.items() if t is arg or (
-            t.data_ptr() == arg.data_ptr() and t.shape == arg.shape and t.stride() == arg.stride()
-            and t.dtype == arg.dtype)), None)
+        name = next((n for n, t in named.items() if _same_tensor(arg, t)), None)
         if name is None or any(n == name for _, n in slots):
             return None
         slots.append((slot, name))
@@ -231,6 +228,13 @@ def _replay_of(seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]], qkv: tup
         kept[slot] = None  # filled per call: the recording's tensors (a K/V cache's storage) are not kept alive
     return Replay(kernel=kernel, args=tuple(kept), strides=(q.stride(), k.stride(), v.stride()),
                   out_shape=tuple(out.shape), out_dtype=out.dtype, named=tuple(slots))
+
+
+def _same_tensor(got: Any, want: Any) -> bool:
+    """Whether the compiled call received ``want`` as it was given (the same memory, shape, strides and dtype: not
+    a copy ``_flash_attn_fwd`` made)."""
+    return bool(got.data_ptr() == want.data_ptr() and got.shape == want.shape and got.stride() == want.stride()
+                and got.dtype == want.dtype)
 
 
 def bind(fwd: Callable[..., Any], *, scale: float | None, causal: bool, bshd: bool) -> Callable[..., Any]:
