@@ -302,10 +302,10 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
     - ``fa4_varlen``: ``flash_attn.cute.interface._flash_attn_fwd`` (its Python included), the runs read per call
       (a step's first layer: one host sync);
     - ``fa4_kept``: the same, the runs read once per mask beforehand (a step's later layers);
-    - ``fa4_replay``: the one compiled call ``_flash_attn_fwd`` makes, recorded once (as
-      ``attnforge.backends._fa4_direct.Replayer`` does for plain calls) and called with each call's q/K/V views,
-      a fresh output and the kept runs in the argument slots where the recording held the runs' tensors;
-      ``replay_equal``: bit for bit against ``fa4_kept`` on 8 calls; ``replay_slots``: which slots were swapped;
+    - ``fa4_replay``: the route's own ``attnforge.backends._fa4_direct.Replayer`` (the one compiled call
+      ``_flash_attn_fwd`` makes, recorded once, then called with each call's q/K/V views, a fresh output and the
+      kept runs in their slots); ``replay_equal``: bit for bit against ``fa4_kept`` on 8 calls; ``replay_slots``:
+      the per-call tensors' slots;
     - ``fa4_replay_new_runs``: the replay with the runs read per call.
 
     ``compiles``: compile-cache entries added over the 64 lengths (0 after the first: no compile per length).
@@ -393,60 +393,28 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
         models_e2e._sync(torch)
         res["compiles_over_64_lengths"] = counting.added - res["compiles_first_call"]
 
-        # the replay: record the compiled call of the last input, then swap the per-call tensors in
-        seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
-        from attnforge.backends._fa4_direct import _Recorder
-        _flash_attn_fwd.compile_cache = _Recorder(counting, seen)
-        try:
-            runs = kept[id(m)]
+        # the replay: attnforge's own Replayer (the route's), recording on the last input, the kept runs per call
+        from attnforge.backends import _fa4_direct
+
+        run = _fa4_direct.Replayer(_flash_attn_fwd, _fa4_direct.varlen_keywords(scale=scale, softcap=50.0))
+
+        def replay_runs(k: Any, v: Any, runs: tuple[Any, ...]) -> Any:
             kf, vf = views(k, v)
-            out = _flash_attn_fwd(qv, kf, vf, cu_seqlens_q=cu_q, cu_seqlens_k=runs[0], seqused_k=runs[1],
-                                  max_seqlen_q=1, max_seqlen_k=k.shape[2], softmax_scale=scale, softcap=50.0)[0]
-        finally:
-            _flash_attn_fwd.compile_cache = counting
-        res["recorded_calls"] = len(seen)
-        replay = None
-        if len(seen) == 1 and not seen[0][2]:
-            kernel, args, _ = seen[0]
-            named = {"q": qv, "k": kf, "v": vf, "out": out, "cu_seqlens_q": cu_q, "cu_seqlens_k": runs[0],
-                     "seqused_k": runs[1]}
-            slots: dict[int, str] = {}
-            foreign = []
-            for i, a in enumerate(args):
-                if isinstance(a, torch.Tensor):
-                    name = next((n for n, t in named.items() if t.data_ptr() == a.data_ptr()
-                                 and t.shape == a.shape), None)
-                    if name is None:
-                        foreign.append(i)
-                    else:
-                        slots[i] = name
-            res["replay_slots"] = {str(i): n for i, n in slots.items()}
-            res["replay_foreign_tensor_slots"] = foreign
-            res["replay_args_repr"] = [type(a).__name__ if isinstance(a, torch.Tensor) else repr(a)[:60]
-                                       for a in args]
-            if not foreign and {0, 1, 2, 3} <= set(slots):
-                base = list(args)
-                out_shape, out_dtype = tuple(out.shape), out.dtype
+            return run(qv, kf, vf, cu_seqlens_q=cu_q, cu_seqlens_k=runs[0], seqused_k=runs[1],
+                       max_seqlen_k=k.shape[2]).view(b, hq, 1, d)
 
-                def replay_runs(k: Any, v: Any, runs: tuple[Any, ...]) -> Any:
-                    kf, vf = views(k, v)
-                    o = torch.empty(out_shape, dtype=out_dtype, device=q.device)
-                    call = dict(zip(("q", "k", "v", "out"), (qv, kf, vf, o), strict=True))
-                    call.update(cu_seqlens_q=cu_q, cu_seqlens_k=runs[0], seqused_k=runs[1])
-                    a = base.copy()
-                    for i, n in slots.items():
-                        a[i] = call[n]
-                    kernel(*a)
-                    return o.view(b, hq, 1, d)
+        def fa4_replay(k: Any, v: Any, m: Any) -> Any:
+            return replay_runs(k, v, kept[id(m)])
 
-                def fa4_replay(k: Any, v: Any, m: Any) -> Any:
-                    return replay_runs(k, v, kept[id(m)])
+        def fa4_replay_new_runs(k: Any, v: Any, m: Any) -> Any:
+            return replay_runs(k, v, padded_decode.padding_runs(m, b=b, hkv=hkv, k=k))
 
-                def fa4_replay_new_runs(k: Any, v: Any, m: Any) -> Any:
-                    return replay_runs(k, v, padded_decode.padding_runs(m, b=b, hkv=hkv, k=k))
-
-                replay = (fa4_replay, fa4_replay_new_runs)
-                res["replay_equal"] = all(bool(torch.equal(fa4_replay(*x), fa4_kept(*x))) for x in inputs[::8])
+        fa4_replay(k, v, m)  # records, and checks the replay once
+        replay = (fa4_replay, fa4_replay_new_runs) if run.replay is not None else None
+        if run.replay is not None:
+            res["replay_slots"] = {str(i): n for i, n in run.replay.named}
+            res["replay_args_repr"] = [repr(a)[:60] for a in run.replay.args]
+            res["replay_equal"] = all(bool(torch.equal(fa4_replay(*x), fa4_kept(*x))) for x in inputs[::8])
         variants: list[tuple[str, Callable[..., Any]]] = [("eager", eager), ("exact", exact), ("fa4_varlen", fa4),
                                                           ("fa4_kept", fa4_kept)]
         if replay is not None:
