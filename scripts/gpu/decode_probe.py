@@ -244,18 +244,15 @@ def prefill_first_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str,
     return res
 
 
-def gemma_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
-    """Gemma-2-9B's decode call (``q [4, 16, 1, 256]``, ``k/v [4, 8, Sk, 256]``, softcap 50, a bool padding mask),
-    which SDPA cannot serve (softcap): transformers' default for Gemma-2 (``eager_attention_forward``, K/V
-    repeated, an additive mask) against ``attention()`` (the exact math on a class whose lengths vary), 64 calls
-    back to back with Sk growing, wall µs per call (best of 5 rounds), host µs per call (the device kept busy:
-    :func:`_host_us_per_call`), outputs compared, and each one's kernels; ``exact``: the exact math called
-    directly (what ``attention()`` adds is the difference)."""
+def _gemma_decode(torch: Any, dev: str, dt: Any, small: bool) -> Any:
+    """Gemma-2-9B's decode calls for :func:`gemma_calls` and :func:`fa4_varlen_decode`: ``q [4, 16, 1, 256]``,
+    64 ``(k, v, bool mask)`` inputs with ``k/v [4, 8, Sk, 256]`` and Sk growing (:func:`_step_inputs`), softcap 50;
+    ``eager(k, v, m)``: transformers' ``eager_attention_forward`` (K/V repeated, the mask additive with the dtype's
+    lowest value, its output ``[B, Sq, H, D]``), ``exact(k, v, m)``: attnforge's exact math called directly."""
     from types import SimpleNamespace
 
     from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
 
-    import attnforge
     from attnforge.backends.exact import exact_attention
 
     b, hq, hkv, d, s0 = (4, 4, 2, 16, 64) if small else (4, 16, 8, 256, 1024)
@@ -266,16 +263,31 @@ def gemma_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
     additive = {id(m): torch.zeros(m.shape, dtype=dt, device=dev).masked_fill_(~m, torch.finfo(dt).min)
                 for _, _, m in inputs}
     module = SimpleNamespace(num_key_value_groups=hq // hkv, training=False)
-    scale = 256 ** -0.5
+    scale = d ** -0.5
 
     def eager(k: Any, v: Any, m: Any) -> Any:
         return eager_attention_forward(module, q, k, v, additive[id(m)], scaling=scale, softcap=50.0)[0]
 
+    def exact(k: Any, v: Any, m: Any) -> Any:
+        return exact_attention(q, k, v, attn_mask=m, scale=scale, softcap=50.0)
+
+    return SimpleNamespace(b=b, hq=hq, hkv=hkv, d=d, q=q, inputs=inputs, scale=scale, eager=eager, exact=exact)
+
+
+def gemma_calls(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
+    """Gemma-2-9B's decode call (``q [4, 16, 1, 256]``, ``k/v [4, 8, Sk, 256]``, softcap 50, a bool padding mask),
+    which SDPA cannot serve (softcap): transformers' default for Gemma-2 (``eager_attention_forward``, K/V
+    repeated, an additive mask) against ``attention()`` (the exact math on a class whose lengths vary), 64 calls
+    back to back with Sk growing, wall µs per call (best of 5 rounds), host µs per call (the device kept busy:
+    :func:`_host_us_per_call`), outputs compared, and each one's kernels; ``exact``: the exact math called
+    directly (what ``attention()`` adds is the difference)."""
+    import attnforge
+
+    g = _gemma_decode(torch, dev, dt, small)
+    q, inputs, scale, eager, exact = g.q, g.inputs, g.scale, g.eager, g.exact
+
     def af(k: Any, v: Any, m: Any) -> Any:
         return attnforge.attention(q, k, v, attn_mask=m, scale=scale, softcap=50.0)
-
-    def exact(k: Any, v: Any, m: Any) -> Any:  # the exact math alone: what attention() adds is the rest
-        return exact_attention(q, k, v, attn_mask=m, scale=scale, softcap=50.0)
 
     res: dict[str, Any] = {}
     outs = {}
@@ -310,28 +322,18 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
 
     ``compiles``: compile-cache entries added over the 64 lengths (0 after the first: no compile per length).
     Skipped where FA4 does not import."""
-    from types import SimpleNamespace
-
     try:
         from flash_attn.cute import interface as fa4_interface
         from flash_attn.cute.interface import _flash_attn_fwd
     except Exception as exc:  # not installed here (the CPU machine's dry run; a call before carry d2)
         return {"skipped": f"flash_attn.cute does not import: {type(exc).__name__}: {exc}"[:300]}
-    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
 
     from attnforge.backends import _padded_decode as padded_decode
-    from attnforge.backends.exact import exact_attention
 
-    b, hq, hkv, d, s0 = (4, 4, 2, 16, 64) if small else (4, 16, 8, 256, 1024)
+    gd = _gemma_decode(torch, dev, dt, small)
+    b, hq, hkv, d, q, inputs, scale, eager, exact = (gd.b, gd.hq, gd.hkv, gd.d, gd.q, gd.inputs, gd.scale, gd.eager,
+                                                     gd.exact)
     g = hq // hkv
-    torch.manual_seed(0)
-    q = torch.randn(b, hq, 1, d, device=dev, dtype=dt)
-    kv = torch.randn(2, b, hkv, s0 + 80, d, device=dev, dtype=dt)
-    inputs = _step_inputs(torch, kv, s0, 64, True)
-    scale = d ** -0.5
-    module = SimpleNamespace(num_key_value_groups=g, training=False)
-    additive = {id(m): torch.zeros(m.shape, dtype=dt, device=dev).masked_fill_(~m, torch.finfo(dt).min)
-                for _, _, m in inputs}
     kept = {id(m): padded_decode.padding_runs(m, b=b, hkv=hkv, k=k) for k, _, m in inputs}
     cu_q = padded_decode.query_starts(b * hkv, q.device)
     qv = q.reshape(b * hkv, g, d)
@@ -367,11 +369,6 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
     def fa4_kept(k: Any, v: Any, m: Any) -> Any:
         return fa4_runs(k, v, kept[id(m)])
 
-    def eager(k: Any, v: Any, m: Any) -> Any:
-        return eager_attention_forward(module, q, k, v, additive[id(m)], scaling=scale, softcap=50.0)[0]
-
-    def exact(k: Any, v: Any, m: Any) -> Any:
-        return exact_attention(q, k, v, attn_mask=m, scale=scale, softcap=50.0)
 
     res: dict[str, Any] = {}
     counting = Counting(_flash_attn_fwd.compile_cache)
