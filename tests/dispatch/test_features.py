@@ -503,22 +503,27 @@ def test_the_exact_math_takes_bmm_not_baddbmm_while_torch_compile_traces(monkeyp
     assert exact._SCALED_MATMUL["cpu"] is True  # not turned off: only skipped while tracing
 
 
-def test_out_of_memory_in_the_exact_maths_one_matmul_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Out of memory in ``bmm(..., out_dtype=)`` is the device's state, not a missing kernel: it reaches the caller
-    (whose rule for it applies) and the kernel stays on for the next call."""
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                                   RuntimeError("CUDA error: an illegal memory access was encountered")],
+                         ids=["oom", "cuda-error"])
+def test_the_devices_state_in_the_exact_maths_one_matmul_reaches_the_caller(
+        monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    """Out of memory or a CUDA error in ``bmm(..., out_dtype=)`` is the device's state, not a missing kernel
+    (:func:`attnforge.backends._base.device_state`): it reaches the caller (whose rule for it applies) and the
+    kernel stays on for the next call."""
     from attnforge.backends import exact
 
     real = torch.bmm
 
     def bmm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         if out_dtype is not None:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise error
         return real(a, b)
 
     monkeypatch.setitem(exact._MIXED_MATMUL, "cpu", True)
     monkeypatch.setattr(torch, "bmm", bmm)
     q, k, v = (torch.randn(1, h, s, 8).to(torch.float16) for h, s in ((4, 1), (2, 9), (2, 9)))
-    with torch.no_grad(), pytest.raises(torch.OutOfMemoryError):
+    with torch.no_grad(), pytest.raises(type(error)):
         exact.exact_attention(q, k, v)
     assert exact._MIXED_MATMUL["cpu"] is True
 

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import kept_outside_capture, records_grad
+from attnforge.backends._base import device_state, kept_outside_capture, records_grad
 from attnforge.backends.adapter import FEATURES, AttentionCall
 
 if TYPE_CHECKING:
@@ -277,18 +277,18 @@ def _logits(grouped: Any, k: Any, accum: Any, *, alpha: float = 1.0) -> tuple[An
         try:
             out = torch.baddbmm(_zeros(accum, grouped.device).expand(b * h, r, sk), a, bt, beta=0.0, alpha=alpha,
                                 out_dtype=accum)
-        except torch.OutOfMemoryError:
-            raise
-        except (NotImplementedError, RuntimeError, TypeError):  # no such kernel here: the plain one below
+        except (NotImplementedError, RuntimeError, TypeError) as exc:  # no such kernel here: the plain one below
+            if device_state(exc):
+                raise  # the device's state, not a missing kernel: the caller's to handle, the kernel stays on
             _SCALED_MATMUL[device] = False
         else:
             _SCALED_MATMUL[device] = _MIXED_MATMUL[device] = True
             return out.view(b, h, r, sk), True
     try:
         out = torch.bmm(a, bt, out_dtype=accum)
-    except torch.OutOfMemoryError:
-        raise  # the device's state, not a missing kernel: the caller's to handle, the kernel stays on
-    except (NotImplementedError, RuntimeError, TypeError):  # no such kernel on this device or torch
+    except (NotImplementedError, RuntimeError, TypeError) as exc:  # no such kernel on this device or torch
+        if device_state(exc):
+            raise  # the device's state, not a missing kernel: the caller's to handle, the kernel stays on
         _MIXED_MATMUL[device] = False
         return torch.matmul(grouped.to(accum), k.to(accum).transpose(-1, -2)), False
     _MIXED_MATMUL[device] = True
