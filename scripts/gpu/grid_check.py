@@ -209,27 +209,101 @@ def reference(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> Any:
     return torch.softmax(s, dim=-1) @ v0
 
 
-def measure(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[..., Any]]], *,
-            cell: Cell, mode: str, dtype: Any, dev: str = "cuda") -> Row:
-    """One cell in one mode: every direct backend and attnforge, timed in interleaved rounds."""
-    row = Row(cell=cell.name, mode=mode, shape=asdict(cell))
+def inputs(torch: Any, cell: Cell, *, grad: bool, dtype: Any, dev: str) -> tuple[Any, ...]:
+    """The cell's ``q, k, v`` as bhsd leaves and as bshd leaves (contiguous copies), seeded."""
     torch.manual_seed(0)
-    grad = mode == "fwdbwd"
     qb = torch.randn(cell.b, cell.hq, cell.sq, cell.d, device=dev, dtype=dtype, requires_grad=grad)
     kb = torch.randn(cell.b, cell.hkv, cell.sk, cell.d, device=dev, dtype=dtype, requires_grad=grad)
     vb = torch.randn(cell.b, cell.hkv, cell.sk, cell.d, device=dev, dtype=dtype, requires_grad=grad)
     qs, ks, vs = (t.detach().transpose(1, 2).contiguous().requires_grad_(grad) for t in (qb, kb, vb))
+    return qb, kb, vb, qs, ks, vs
+
+
+def as_timed(torch: Any, fn: Callable[[], Any], grad: bool) -> Callable[[], Any]:
+    """``fn`` as one timed call: the forward alone, or forward then ``backward(ones_like(out))``."""
+    if not grad:
+        return fn
+
+    def fb() -> None:
+        o = fn()
+        o.backward(torch.ones_like(o))
+    return fb
+
+
+def profile_cell(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[..., Any]]], *,
+                 cell: Cell, mode: str, dtype: Any, dev: str = "cuda", calls: int = 5) -> dict[str, Any]:
+    """Where a gap between ``attention()`` and a backend's public function lies: per candidate (each public
+    function, attention() on bhsd and bshd, ``attention(backend=<the chosen one>)``), the device µs per call of
+    every kernel and of every CUDA API call over ``calls`` calls (torch.profiler), and the wall ms per call.
+
+    The candidates are timed as in :func:`measure` (forward, or forward + ``backward(ones_like(out))``); leaves'
+    ``.grad`` is reset before each candidate, so each profile sees the same accumulation."""
+    grad = mode == "fwdbwd"
+    qb, kb, vb, qs, ks, vs = inputs(torch, cell, grad=grad, dtype=dtype, dev=dev)
+    chosen = getattr(attnforge.explain(qb, kb, vb, causal=cell.causal), "chosen", None)
+    cands: dict[str, Callable[[], Any]] = {}
+    for name, (lay, fn) in backends.items():
+        if name in QUANTIZED or outside_build(name, cell, mode, dtype):
+            continue
+        a = (qs, ks, vs) if lay == "bshd" else (qb, kb, vb)
+        cands[name] = as_timed(torch, lambda fn=fn, a=a: fn(*a, cell.causal), grad)
+    cands["attnforge"] = as_timed(torch, lambda: attnforge.attention(qb, kb, vb, causal=cell.causal), grad)
+    cands["attnforge-bshd"] = as_timed(torch, lambda: attnforge.attention(qs, ks, vs, causal=cell.causal,
+                                                                          layout="bshd"), grad)
+    if chosen:
+        cands[f"attnforge-forced-{chosen}-bshd"] = as_timed(torch, lambda: attnforge.attention(
+            qs, ks, vs, causal=cell.causal, layout="bshd", backend=chosen), grad)
+    out: dict[str, Any] = {"cell": cell.name, "mode": mode, "chosen": chosen, "calls": calls, "candidates": {}}
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    for name, fn in cands.items():
+        for t in (qb, kb, vb, qs, ks, vs):
+            t.grad = None
+        try:
+            for _ in range(3):
+                fn()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync()
+            wall_ms = (time.perf_counter() - t0) / calls * 1e3
+            from torch.profiler import ProfilerActivity, profile
+
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+            with profile(activities=acts) as prof:
+                for _ in range(calls):
+                    fn()
+                sync()
+            evs = prof.key_averages()
+            kernels = sorted(({"name": e.key[:140], "per_call": e.count / calls,
+                               "device_us_per_call": round(e.device_time_total / calls, 1)}
+                              for e in evs if e.device_time_total > 0 and e.self_cpu_time_total == 0),
+                             key=lambda r: -r["device_us_per_call"])
+            ops = sorted(({"name": e.key[:140], "per_call": e.count / calls,
+                           "self_cpu_us_per_call": round(e.self_cpu_time_total / calls, 1)}
+                          for e in evs if e.self_cpu_time_total > 0), key=lambda r: -r["self_cpu_us_per_call"])
+            out["candidates"][name] = {"wall_ms": round(wall_ms, 4),
+                                       "device_us_per_call": round(sum(k["device_us_per_call"] for k in kernels), 1),
+                                       "kernels": kernels[:20], "host_ops": ops[:25]}
+        except Exception as exc:
+            out["candidates"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        print(f"profile {cell.name}/{mode} {name}: " + json.dumps(
+            {k: v for k, v in out["candidates"][name].items() if k in ("wall_ms", "device_us_per_call", "error")}),
+            flush=True)
+    return out
+
+
+def measure(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[..., Any]]], *,
+            cell: Cell, mode: str, dtype: Any, dev: str = "cuda") -> Row:
+    """One cell in one mode: every direct backend and attnforge, timed in interleaved rounds."""
+    row = Row(cell=cell.name, mode=mode, shape=asdict(cell))
+    grad = mode == "fwdbwd"
+    qb, kb, vb, qs, ks, vs = inputs(torch, cell, grad=grad, dtype=dtype, dev=dev)
     ref = reference(torch, qb.detach(), kb.detach(), vb.detach(), cell.causal)
     cands: dict[str, Callable[[], Any]] = {}
 
     def timed(fn: Callable[[], Any], grad: bool = grad) -> Callable[[], Any]:
-        if not grad:
-            return fn
-
-        def fb() -> None:
-            o = fn()
-            o.backward(torch.ones_like(o))
-        return fb
+        return as_timed(torch, fn, grad)
 
     for name, (lay, fn) in backends.items():
         args_ = (qs, ks, vs) if lay == "bshd" else (qb, kb, vb)
@@ -374,6 +448,8 @@ def main() -> int:
     ap.add_argument("--warmup", action="store_true",
                     help="first `attnforge warmup` the chosen cells (attnforge.dispatch.warmup, the CLI's code), so "
                          "the check times what a deployment gets after its warm-up step")
+    ap.add_argument("--profile", default="",
+                    help="CELL:MODE,...: instead of the check, profile those cells (profile_cell) into --out")
     args = ap.parse_args()
 
     import torch
@@ -389,6 +465,17 @@ def main() -> int:
     cells = {"bench": grid(), "unseen": UNSEEN, "all": grid() + UNSEEN}[args.grid]
     if args.warmup:
         warm(cells, wanted, args, t_start)
+    if args.profile:
+        by_name = {c.name: c for c in cells}
+        profiles = []
+        for item in args.profile.split(","):
+            name, _, mode = item.partition(":")
+            c = by_name[name] if args.device == "cuda" else shrink(by_name[name])
+            profiles.append(profile_cell(torch, attnforge, backends, cell=c, mode=mode or "fwd", dtype=dtype,
+                                         dev=args.device))
+            with open(args.out, "w") as fh:
+                json.dump({"device": device, "torch": torch.__version__, "profiles": profiles}, fh, indent=1)
+        return 0
     for cell in cells:
         if wanted and cell.name not in wanted:
             continue
