@@ -126,14 +126,17 @@ def test_fa4_padded_decode_steps_run_the_replayed_varlen_kernel(softcap: float |
     g = torch.Generator(device="cuda").manual_seed(1)
     q = torch.randn(4, 16, 1, 256, device="cuda", dtype=torch.bfloat16, generator=g)
     cache = torch.randn(2, 4, 8, 600, 256, device="cuda", dtype=torch.bfloat16, generator=g)
+    steps = []
+    for sk in (500, 501, 502, 503):
+        k, v = cache[0, :, :, :sk], cache[1, :, :, :sk]
+        mask = torch.ones(4, 1, 1, sk, dtype=torch.bool, device="cuda")
+        mask[1, ..., :37] = False
+        mask[3, ..., :200] = False
+        # the references first: reference_attention is the exact math too, which the count below must not see
+        steps.append((k, v, mask, reference_attention(q, k, v, attn_mask=mask, softcap=softcap)))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(exact_module, "exact_attention", counting)
-        for sk in (500, 501, 502, 503):
-            k, v = cache[0, :, :, :sk], cache[1, :, :, :sk]
-            mask = torch.ones(4, 1, 1, sk, dtype=torch.bool, device="cuda")
-            mask[1, ..., :37] = False
-            mask[3, ..., :200] = False
-            want = reference_attention(q, k, v, attn_mask=mask, softcap=softcap)
+        for k, v, mask, want in steps:
             for _layer in range(2):
                 out = attnforge.attention(q, k, v, attn_mask=mask, softcap=softcap, backend="flash-attn-4")
                 torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
