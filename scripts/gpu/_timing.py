@@ -29,6 +29,48 @@ def measure_ms(torch: Any, fn: Callable[[], Any], *, set_bytes: int = 0,
             "first_call_s": timing.first_call_s}
 
 
+def measure_many_ms(torch: Any, fns: dict[str, Callable[[], Any]], *, set_bytes: int = 0,
+                    after: Callable[[str], None] = lambda _name: None) -> dict[str, dict[str, Any]]:
+    """Every ``fns`` entry timed as :func:`measure_ms` times one, in interleaved rounds: each round times every
+    entry once (one :func:`attnforge.bench.timing.measure` round), the order rotated round by round, as
+    ``attnforge bench`` and first-use measurement order their candidates. Timing each entry's rounds back to back,
+    always in one order, biases the later ones: on the H200 (2026-11-28, the tenth session) the grid put
+    ``attention()`` last after every backend, and its fwd+bwd rows read 1-4 % under FA3 called directly in every
+    run since 2026-11-22 while the profile showed the same kernels and launches. ``after(name)`` runs after each
+    of ``name``'s rounds (the grid resets the leaves' ``.grad`` there). An entry that raises leaves the rounds:
+    ``{"error": "..."}`` in its place."""
+    from attnforge.bench import timing as t
+
+    cuda = torch.cuda.is_available()
+    config = t.GPU_EVENTS if cuda else t.CPU_PERF_COUNTER
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    flush = t.flush_bytes(set_bytes) if cuda else 0
+    names = list(fns)
+    rounds: dict[str, list[Any]] = {n: [] for n in names}
+    errors: dict[str, str] = {}
+    for r in range(config.rounds):
+        shift = r % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            if name in errors:
+                continue
+            try:
+                rounds[name].append(t.measure(lambda _i, fn=fns[name]: fn(), sets=1, config=config, sync=sync,
+                                              flush_bytes=flush))
+            except Exception as exc:
+                errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+            finally:
+                after(name)
+    out: dict[str, dict[str, Any]] = {}
+    for name in names:
+        if name in errors:
+            out[name] = {"error": errors[name]}
+            continue
+        timing = t.combine_rounds(rounds[name])
+        out[name] = {"median_ms": timing.median_ms, "lo_ms": timing.lo_ms, "hi_ms": timing.hi_ms,
+                     "first_call_s": timing.first_call_s}
+    return out
+
+
 def first_call_s(torch: Any, fn: Callable[[], Any]) -> float:
     """Wall seconds of one call, synchronised (a first call: measure-on-first-use, compile, JIT)."""
     import time

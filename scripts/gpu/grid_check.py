@@ -4,8 +4,9 @@
 For every cell (shape x mode) of the grid below, each installed backend is called *directly* through its own
 library function in its native layout (no attnforge code on the timed path), and ``attnforge.attention`` is
 called the way a user would (bhsd tensors, and bshd tensors with ``layout="bshd"``). Every timing goes through
-:func:`_timing.measure_ms`, i.e. :func:`attnforge.bench.timing.measure` (CUDA events, L2 flushed, interleaved
-rounds): the harness bench and measure-on-first-use use, for both sides. The first ``attnforge.attention`` call
+:func:`_timing.measure_many_ms`: rounds of :func:`attnforge.bench.timing.measure` (CUDA events, L2 flushed), the
+harness bench and measure-on-first-use use, for both sides, every candidate of a cell once per round and the order
+rotated round by round. The first ``attnforge.attention`` call
 of each cell, mode and precision is timed alone first (``first_use_s``: with measure-on-first-use on, the cost
 of measuring the candidates of that class); the ratios are from the second call on.
 
@@ -33,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from _timing import first_call_s, measure_ms, waited_s
+from _timing import first_call_s, measure_many_ms, waited_s
 
 
 @dataclass(frozen=True)
@@ -348,18 +349,17 @@ def measure(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[
             traceback.print_exc()
     f = flops(cell, mode)
     set_bytes = sum(t.numel() * t.element_size() for t in (qb, kb, vb))
-    for n, fn in cands.items():
-        if n in row.failed:
+    def reset_grads(_name: str) -> None:
+        if grad:
+            for t in (qb, kb, vb, qs, ks, vs):
+                t.grad = None
+
+    timed_all = measure_many_ms(torch, {n: fn for n, fn in cands.items() if n not in row.failed},
+                                set_bytes=set_bytes, after=reset_grads)
+    for n, m in timed_all.items():
+        if "error" in m:
+            row.failed[n] = m["error"]
             continue
-        try:
-            m = measure_ms(torch, fn, set_bytes=set_bytes)
-        except Exception as exc:
-            row.failed[n] = f"{type(exc).__name__}: {exc}"[:300]
-            continue
-        finally:
-            if grad:
-                for t in (qb, kb, vb, qs, ks, vs):
-                    t.grad = None
         row.ms[n] = m["median_ms"]
         row.spread[n] = (m["hi_ms"] - m["lo_ms"]) / m["median_ms"] if m["median_ms"] else 0.0
         row.tflops[n] = f / (m["median_ms"] * 1e-3) / 1e12
