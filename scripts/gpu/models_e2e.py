@@ -110,7 +110,8 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
                                                        max_position_embeddings=8192, **cfg_kw)
     model_cls = getattr(transformers, f"{spec['cls']}ForCausalLM")
     torch.manual_seed(0)
-    model = model_cls(cfg).to(DEV, getattr(torch, DT))
+    with torch.device(DEV):  # built where it runs: a full-depth model (Gemma-2-9B's 42 layers: 8.3e9 parameters)
+        model = model_cls(cfg).to(getattr(torch, DT))  # would take minutes to initialise on the host
     batch, seq = (2, 48) if SMALL else (4, 2048)
     ids = torch.randint(0, 2048, (batch, seq), device=DEV)
     mask = torch.ones_like(ids)

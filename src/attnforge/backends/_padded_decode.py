@@ -98,35 +98,42 @@ def padding_runs(m: torch.Tensor, *, b: int, hkv: int, k: torch.Tensor) -> tuple
     lowest finite value as transformers' eager masks use (its softmax weight is 0 in float32 beside any visible
     key).
 
-    The mask is read on the host: one copy back (``B x Sk`` entries; the one host sync), a dozen CPU ops on it, and
-    one copy up of both int32 vectors (``seqused_k`` at a 16-byte aligned offset of the same buffer), instead of the
-    ~20 small kernels of reading it on the device (each a launch of the host's time, 5-7 µs on an H200's; the ninth
-    session measured the device reading at ~190 µs a mask object, ``decode_probe.py fa4_varlen_decode``)."""
+    The mask is read on the host: one copy back (``B x Sk`` entries; the one host sync), numpy on it (each op ~1 µs,
+    where a torch CPU op costs the H200's host 10-20 µs: the tenth session measured the read through a dozen torch
+    CPU ops at ~370 µs a mask object, ``decode_probe.py fa4_varlen_decode``'s ``fa4_replay_new_runs_us`` against
+    ``fa4_replay_us``), and one copy up of both int32 vectors (``seqused_k`` at a 16-byte aligned offset of the same
+    buffer). Reading it on the device instead took ~20 small kernels (~190 µs a mask object in the ninth session).
+    Offsets past int32 give ``()`` too."""
+    import numpy as np
     import torch
 
     sk = m.shape[-1]
-    rows = m.reshape(m.shape[0], sk).cpu()  # the one host sync: the mask's copy back
-    if rows.dtype == torch.bool:
-        visible = rows
+    rows_t = m.reshape(m.shape[0], sk).cpu()  # the one host sync: the mask's copy back
+    if rows_t.dtype == torch.bool:
+        visible = rows_t.numpy()
     else:
+        lowest = torch.finfo(rows_t.dtype).min
+        rows = rows_t.float().numpy() if rows_t.dtype in (torch.bfloat16, torch.float16) else rows_t.numpy()
         visible = rows == 0
-        if not bool((visible | (rows <= torch.finfo(rows.dtype).min)).all()):
+        if not bool((visible | (rows <= lowest)).all()):
             return ()
-    visible = visible.expand(b, sk)
-    count = visible.sum(dim=-1)
-    first = visible.to(torch.uint8).argmax(dim=-1)
-    end = sk - visible.flip(-1).to(torch.uint8).argmax(dim=-1)
+    visible = np.broadcast_to(visible, (b, sk))
+    count = visible.sum(axis=-1)
+    first = visible.argmax(axis=-1)
+    end = sk - visible[:, ::-1].argmax(axis=-1)
     if not bool(((count == end - first) & (count > 0)).all()):
         return ()
     rs = k.stride(2)
     n = b * hkv
     used_at = -(-(n + 1) // 4) * 4  # 16 bytes of int32: seqused_k's offset in the buffer
-    host = torch.zeros(used_at + n, dtype=torch.int64)
-    host[:n] = (torch.arange(b)[:, None] * (k.stride(0) // rs) + torch.arange(hkv)[None, :] * (k.stride(1) // rs)
-                + first[:, None]).flatten()
+    host = np.zeros(used_at + n, dtype=np.int64)
+    host[:n] = (np.arange(b)[:, None] * (k.stride(0) // rs) + np.arange(hkv)[None, :] * (k.stride(1) // rs)
+                + first[:, None]).ravel()
     host[n] = key_rows(k)
-    host[used_at:] = count.repeat_interleave(hkv)
-    both = host.to(torch.int32).to(k.device)  # the one copy up
+    host[used_at:] = np.repeat(count, hkv)
+    if int(host.max()) > np.iinfo(np.int32).max:
+        return ()
+    both = torch.from_numpy(host.astype(np.int32)).to(k.device)  # the one copy up
     return both[: n + 1], both[used_at:]
 
 
