@@ -36,6 +36,10 @@ MODELS = {
                          "first_k_dense_replace": 1, "moe_intermediate_size": 16, "n_group": 1, "topk_group": 1}),
 }
 TOL = 1e-4
+#: models whose calls only attnforge's exact math serves on this CPU machine (softcap, sinks; FlexAttention not
+#: verified in a test's home): unforced, they go to the model's eager function (test_exact_only_calls_go_to_the_...
+#: below), so the tests of the features' mapping force the exact math (:func:`_serving`)
+EXACT_ONLY = {"gemma2-softcap-sliding-window", "gpt-oss-sinks"}
 
 
 @pytest.fixture(autouse=True)
@@ -49,6 +53,14 @@ def _model(name: str, impl: str) -> Any:
     config = getattr(transformers, config_cls)(**{**_COMMON, **extra})
     torch.manual_seed(0)
     return getattr(transformers, model_cls)._from_config(config, attn_implementation=impl)
+
+
+def _serving(name: str) -> Any:
+    """The context a model's calls are served by attnforge in: the exact math forced for :data:`EXACT_ONLY` models
+    (which would otherwise go to their eager function), nothing for the others."""
+    import contextlib
+
+    return attnforge.use_backend("exact") if name in EXACT_ONLY else contextlib.nullcontext()
 
 
 def _inputs(batch: int = 2, length: int = 11, left_pad: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,7 +79,7 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor, where: torch.Tensor | None = Non
 def test_logits_match_eager_with_and_without_left_padding(name: str, served: list[tuple[int, ...]]) -> None:
     ids, mask = _inputs()
     eager, ours = _model(name, "eager").eval(), _model(name, "attnforge").eval()
-    with torch.no_grad():
+    with torch.no_grad(), _serving(name):
         plain = _max_diff(ours(ids).logits, eager(ids).logits)
         # padded positions attend to nothing and are meaningless in both: compare the real tokens
         padded = _max_diff(ours(ids, attention_mask=mask).logits, eager(ids, attention_mask=mask).logits, mask)
@@ -85,8 +97,9 @@ def test_training_step_gradients_match_eager(name: str, served: list[tuple[int, 
     grads = []
     for impl in ("eager", "attnforge"):
         model = _model(name, impl).train()
-        loss = model(ids, attention_mask=mask, labels=labels).loss
-        loss.backward()
+        with _serving(name):
+            loss = model(ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
         grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys()
     worst = max(_max_diff(grads[0][n], grads[1][n]) for n in grads[0])
@@ -126,9 +139,45 @@ def test_generate_with_cache_matches_eager(served: list[tuple[int, ...]]) -> Non
     ids, mask = _inputs(length=6, left_pad=2)
     kwargs = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
     want = _model("gemma2-softcap-sliding-window", "eager").eval().generate(ids, **kwargs)
-    got = _model("gemma2-softcap-sliding-window", "attnforge").eval().generate(ids, **kwargs)
+    with _serving("gemma2-softcap-sliding-window"):
+        got = _model("gemma2-softcap-sliding-window", "attnforge").eval().generate(ids, **kwargs)
     assert got.tolist() == want.tolist()
     assert len(served) == 2 * 5  # two layers, the prompt and four single-token steps
+
+
+@pytest.mark.parametrize("name", sorted(EXACT_ONLY))
+def test_exact_only_calls_go_to_the_models_eager_function(name: str, served: list[tuple[int, ...]],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call only attnforge's exact math would serve (softcap or sinks, FlexAttention not verified here) goes to
+    the model's own eager function, the framework default (on an H200 the exact math ran Gemma-2's padded prefill
+    at 0.89x eager): the logits are eager's to the bit, forward and generate; attnforge.explain is asked once per
+    kind of call, not per decode step; a kernel that serves the call (explain naming another backend) takes it."""
+    ids, mask = _inputs()
+    tf_integration._EXACT_ONLY.clear()
+    asked: list[str] = []
+    real_explain = attnforge.dispatch.runtime.explain
+
+    def explain(*args: Any, **kwargs: Any) -> Any:
+        got = real_explain(*args, **kwargs)
+        asked.append(got.chosen)
+        return got
+
+    monkeypatch.setattr(attnforge.dispatch.runtime, "explain", explain)
+    eager, ours = _model(name, "eager").eval(), _model(name, "attnforge").eval()
+    with torch.no_grad():
+        assert torch.equal(ours(ids, attention_mask=mask).logits, eager(ids, attention_mask=mask).logits)
+        kwargs = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+        assert ours.generate(ids, **kwargs).tolist() == eager.generate(ids, **kwargs).tolist()
+    assert served == []
+    assert asked and set(asked) == {"exact"}
+    assert len(asked) <= 4, asked  # prefill and decode kinds (full and sliding layers), not one per step
+    # a kernel for the call (as FlexAttention verified would be): attnforge serves it
+    tf_integration._EXACT_ONLY.clear()
+    monkeypatch.setattr(attnforge.dispatch.runtime, "explain",
+                        lambda *a, **k: type("Explained", (), {"chosen": "flex"})())
+    with torch.no_grad():
+        ours(ids, attention_mask=mask)
+    assert len(served) == 2
 
 
 @pytest.fixture

@@ -86,19 +86,69 @@ def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signa
 
         mask = create_position_bias_mask(kwargs["position_bias"], mask, causal and mask is None and q_len > 1,
                                          query, key)
+    given_key, given_value = key, value
     if mask is not None:
-        out = runtime.attention(query, key, value, attn_mask=mask, **features)
-        return out.transpose(1, 2).contiguous(), None
-    causal = causal and q_len > 1  # one query row sees every cached key: no mask at all
-    if causal and kv_len > q_len:  # an empty static cache: only the first Sq keys exist (top-left alignment)
-        key, value, kv_len = key[:, :, :q_len], value[:, :, :q_len], q_len
-    window = kwargs.get("sliding_window")
-    if causal and window is not None and kv_len > window:
-        features["window"] = (window - 1, 0)
-    if kwargs.get("cu_seq_lens_q") is not None:
-        return _varlen(query, key, value, causal=causal, features=features, kwargs=kwargs), None
-    out = runtime.attention(query, key, value, causal=causal, **features)
+        call: dict[str, Any] = {"attn_mask": mask, **features}
+    else:
+        causal = causal and q_len > 1  # one query row sees every cached key: no mask at all
+        if causal and kv_len > q_len:  # an empty static cache: only the first Sq keys exist (top-left alignment)
+            key, value, kv_len = key[:, :, :q_len], value[:, :, :q_len], q_len
+        window = kwargs.get("sliding_window")
+        if causal and window is not None and kv_len > window:
+            features["window"] = (window - 1, 0)
+        if kwargs.get("cu_seq_lens_q") is not None:
+            return _varlen(query, key, value, causal=causal, features=features, kwargs=kwargs), None
+        call = {"causal": causal, **features}
+    if ((features["softcap"] or features["sinks"] is not None) and kwargs.get("position_bias") is None
+            and _exact_only(query, key, value, call)):
+        return _eager(module, query, given_key, given_value, attention_mask, dropout=dropout, scaling=scaling,
+                      is_causal=is_causal, **kwargs)
+    out = runtime.attention(query, key, value, **call)
     return out.transpose(1, 2).contiguous(), None
+
+
+#: per kind of call (:func:`_exact_only`): whether attnforge's choice for it is its exact math
+_EXACT_ONLY: dict[tuple[Any, ...], bool] = {}
+#: kinds remembered at once (all forgotten when full)
+_EXACT_ONLY_KEPT = 256
+
+
+def _exact_only(query: Any, key: Any, value: Any, call: dict[str, Any]) -> bool:
+    """Whether :func:`attnforge.attention` would serve this call (``call``: its keywords) with its exact math alone:
+    no verified kernel takes its features (Gemma-2's softcap or GPT-OSS's sinks with FlexAttention not verified
+    and no FlashAttention-4 route for the call). :func:`attention_forward` hands such a call to the model's own eager
+    function, the framework's default, instead: on an H200 (2026-11-28, docs/benchmarks.md "tenth session", a
+    Gemma-2-9B-shaped decoder, FlexAttention not verified) the exact math ran the padded prefill at 0.89x eager's
+    speed, and a decode call took 362 µs against eager's 246.
+
+    Asked of :func:`attnforge.explain` once per kind of call: the head counts and head dims, one query row or more,
+    dtype, device, the mask's rank and dtype, which features are present, whether a gradient is recorded, and the
+    dispatcher's generation (its records and decisions): what the backends' capabilities and verify records turn
+    on, not the lengths, which grow every decode step. Never for a forced backend (``attnforge.use_backend``: the
+    caller asked for it), nor while ``torch.compile`` traces (the custom op serves then)."""
+    import torch
+
+    from attnforge.backends.exact import EXACT
+    from attnforge.dispatch import runtime
+    from attnforge.dispatch.dispatcher import _FORCED
+
+    if _FORCED.get() is not None or torch.compiler.is_compiling():
+        return False
+    dispatcher = runtime.get_dispatcher()
+    mask = call.get("attn_mask")
+    grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    kind = (query.shape[1], key.shape[1], query.shape[-1], value.shape[-1], query.shape[2] == 1, query.dtype,
+            query.device, None if mask is None else (mask.dim(), mask.dtype),
+            tuple(sorted(n for n, v in call.items() if v is not None and not (isinstance(v, (bool, int, float))
+                                                                           and not v))), grad,
+            dispatcher.generation)
+    known = _EXACT_ONLY.get(kind)
+    if known is None:
+        known = runtime.explain(query, key, value, **call).chosen == EXACT
+        if len(_EXACT_ONLY) >= _EXACT_ONLY_KEPT:
+            _EXACT_ONLY.clear()
+        _EXACT_ONLY[kind] = known
+    return known
 
 
 def _needs_eager(attention_mask: Any, kwargs: dict[str, Any]) -> bool:
