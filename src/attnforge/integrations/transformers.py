@@ -26,7 +26,9 @@ a paged cache (continuous batching)    the cache is updated first, as transforme
 A call attnforge cannot express (``output_attentions=True``, which needs the weights; a keyword this table does
 not know) goes to the model's *own* eager function (``eager_attention_forward`` of the model's modeling file,
 which implements that model's sinks, softcap, ...), with the mask converted as transformers' ``eager_mask``
-does. It never goes to transformers' SDPA function, which ignores sinks and refuses softcap.
+does. It never goes to transformers' SDPA function, which ignores sinks and refuses softcap. A call that only
+attnforge's exact math would serve (softcap or sinks with no verified kernel for them, :func:`_exact_only`) goes
+there too: the framework's default is faster than that fallback.
 
 Contract of the registered function (runtime-anchors.md §2.2): ``fn(module, query, key, value,
 attention_mask, **kwargs) -> (attn_output, attn_weights)``, with q/k/v ``[B, H, S, D]`` in and the output
