@@ -306,3 +306,73 @@ def test_the_runs_read_on_the_host_give_the_starts_and_lengths(b: int, hkv: int)
     assert used.tolist() == [sk - row % 3 for row in range(b) for _ in range(hkv)]
     mask[0, ..., 4] = False
     assert _padded_decode.padding_runs(mask, b=b, hkv=hkv, k=k) == ()
+
+
+@pytest.fixture
+def fa4_dispatcher(fa4: tuple[FlashAttn4Adapter, _VarlenFa4], tmp_path: Path,
+                   monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A process dispatcher whose only backend is the faked FlashAttention-4 (verified in a home of its own), no lane
+    kept; yields the adapter, the fake and the number of the adapter's masked calls (a list: one entry a call)."""
+    from attnforge.dispatch import features, runtime
+    from attnforge.dispatch.dispatcher import Dispatcher
+    from attnforge.records import RecordStore, VerifyRecord
+    from attnforge.types.device import device_key
+
+    adapter, fake = fa4
+    store = RecordStore(tmp_path / "afhome")
+    store.add_verify(VerifyRecord(device_key=device_key("cpu", None, torch.__version__), backend="flash-attn-4",
+                                  backend_version="1", ok=True, summary="faked"))
+    masked: list[int] = []
+    real = FlashAttn4Adapter._masked
+
+    def counting(self: FlashAttn4Adapter, *args: Any, **kwargs: Any) -> Any:
+        masked.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(FlashAttn4Adapter, "_masked", counting)
+    previous = runtime.set_dispatcher(Dispatcher({"flash-attn-4": adapter}, records=store))
+    features._LANES.__dict__.clear()
+    yield adapter, fake, masked
+    features._LANES.__dict__.clear()
+    runtime.set_dispatcher(previous)
+
+
+def test_a_steps_later_layers_take_the_fa4_lane(fa4_dispatcher: Any) -> None:
+    """Gemma-2's decode through ``attnforge.attention`` (a mask, a scale and a softcap, as the transformers
+    integration passes them): each step's first layer goes through the adapter (its mask's runs read, the call
+    replayed), the step's later layers take the lane it offered (:class:`attnforge.backends.flash.Fa4DecodeLane`:
+    the kept runs, the replay, no signature, plan or adapter checks); every output is the reference's. A call that
+    differs (another softcap, the mask changed in place, a gradient) is not the lane's."""
+    import attnforge
+
+    _, fake, masked = fa4_dispatcher
+    g = torch.Generator().manual_seed(5)
+    b, hkv, hq, d = 2, 2, 4, 8
+    cache = torch.randn(2, b, hkv, 40, d, generator=g)
+    for step, sk in enumerate(range(20, 23)):
+        q = torch.randn(b, hq, 1, d, generator=g)
+        k, v = cache[0, :, :, :sk], cache[1, :, :, :sk]
+        mask = torch.ones(b, 1, 1, sk, dtype=torch.bool)
+        mask[1, ..., : step + 3] = False
+        want = reference_attention(q, k, v, attn_mask=mask, scale=0.3, softcap=20.0)
+        for _layer in range(4):
+            out = attnforge.attention(q, k, v, attn_mask=mask, scale=0.3, softcap=20.0)
+            torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    assert len(masked) == 3  # one call a step through the adapter; the other three layers took the lane
+    assert fake.calls == 1 and fake.kernel_calls == 12 + 1  # one recording; every call on the kernel (+ its check)
+    # another softcap on the same mask: the adapter's (and then its own lane)
+    out = attnforge.attention(q, k, v, attn_mask=mask, scale=0.3, softcap=10.0)
+    torch.testing.assert_close(out.double(), reference_attention(q, k, v, attn_mask=mask, scale=0.3, softcap=10.0),
+                               atol=1e-5, rtol=1e-5)
+    assert len(masked) == 4
+    # the mask changed in place: its version counter moved, so the lane does not serve it with the old runs
+    mask[0, ..., :5] = False
+    out = attnforge.attention(q, k, v, attn_mask=mask, scale=0.3, softcap=20.0)
+    torch.testing.assert_close(out.double(), reference_attention(q, k, v, attn_mask=mask, scale=0.3, softcap=20.0),
+                               atol=1e-5, rtol=1e-5)
+    assert len(masked) == 5
+    # a call autograd records: the lane declines it, the adapter serves it on the exact math
+    qg = q.clone().requires_grad_()
+    out = attnforge.attention(qg, k, v, attn_mask=mask, scale=0.3, softcap=20.0)
+    out.sum().backward()
+    assert qg.grad is not None and len(masked) == 6

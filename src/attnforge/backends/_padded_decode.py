@@ -53,14 +53,15 @@ class VarlenDecode:
     max_seqlen_k: int
 
 
-def varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> VarlenDecode | None:
+def varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
+                  read: bool = True) -> VarlenDecode | None:
     """The decode call ``q [B, Hq, 1, D]``, ``k [B, Hkv, Sk, D]``, ``v [B, Hkv, Sk, Dv]`` under the caller's ``mask`` as
     varlen sequences, or None where it is not one: another query length, K and V of other strides, a K/V layout
     whose rows are not whole multiples of its row stride (8-element aligned), a mask of another dtype than bool or
     q's or another shape than ``[B or 1, 1, 1, Sk]`` (after :func:`four_dims`), or a row that does not see exactly
     one run of keys (a row that sees none too: the kernels differ on what they return for it). The runs are read
     once per mask object and K/V layout (one host sync), never under CUDA graph capture or while ``torch.compile``
-    traces: the caller checks that."""
+    traces: the caller checks that. ``read=False``: None where the mask's runs are not kept already (no read)."""
     import torch
 
     b, hq, sq, d = q.shape
@@ -76,6 +77,8 @@ def varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     params = (b, hkv, sk, k.stride(), q.device)
     runs = _RUNS.get(mask, params)
     if runs is None:
+        if not read:
+            return None
         runs = padding_runs(m, b=b, hkv=hkv, k=k)
         _RUNS.put(mask, params, runs)
     if not runs:

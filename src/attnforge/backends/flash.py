@@ -301,6 +301,31 @@ class FlashAttn4Adapter(FlashAttnAdapter):
             return None
         return out.view(q.shape[0], q.shape[1], 1, out.shape[-1])  # type: ignore[no-any-return]
 
+    def decode_lane(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
+                    scale: float | None, softcap: float | None = None) -> Fa4DecodeLane | None:
+        """The varlen replay of the masked decode call just served (``q [B, Hq, 1, D]``, ``k/v [B, Hkv, Sk, D]``, the
+        caller's ``mask``), kept for the calls that repeat it (:class:`Fa4DecodeLane`: the next layers of a step,
+        which :func:`attnforge.dispatch.features.lane_call` matches), or None where that call did not take the
+        replay (its mask's runs not kept, no replayable recording of its kind)."""
+        from attnforge.backends._padded_decode import key_rows, varlen_decode
+
+        if q.shape[2] != 1 or q.device.type not in self.caps.devices:
+            return None
+        seqs = varlen_decode(q, k, v, mask, read=False)
+        if seqs is None:
+            return None
+        key = (q.dtype, seqs.q.shape, seqs.q.stride(), seqs.k.stride(), seqs.v.shape[-1], softcap, scale, q.device)
+        run = self.varlen_replays.get(key)
+        if run is None or run is False or run.replay is None:
+            return None
+        b, hq, _, d = q.shape
+        return Fa4DecodeLane(run=run, cu_seqlens_q=seqs.cu_seqlens_q, cu_seqlens_k=seqs.cu_seqlens_k,
+                             seqused_k=seqs.seqused_k, max_seqlen_k=k.shape[2], rows=key_rows(k),
+                             row_stride=k.stride(2),
+                             q_view=tuple(seqs.q.shape), out_shape=(b, hq, 1, v.shape[-1]), d=d, dv=v.shape[-1],
+                             sharing=self.mask_sharing, kind=(b, hq, k.shape[1], d, q.dtype, q.device),
+                             cuda=q.device.type == "cuda")
+
     def _find_direct(self) -> Any:
         """``flash_attn.cute.interface._flash_attn_fwd`` when the installed flash-attn-4 is a version
         :data:`~attnforge.backends._fa4_direct.VERSIONS` names, else None."""
@@ -323,6 +348,53 @@ class FlashAttn4Adapter(FlashAttnAdapter):
         if fwd is None:
             return self.bind_public(call, scale=scale, bshd=bshd)
         return _fa4_direct.bind(fwd, scale=scale, causal=call.causal, bshd=bshd)
+
+
+@dataclass(slots=True, kw_only=True)
+class Fa4DecodeLane:
+    """FlashAttention-4's padded decode route bound to one mask object (:meth:`FlashAttn4Adapter.decode_lane`), for
+    the calls that repeat the call it was made for (the next layers of a step: the same mask object, q/k/v of the same
+    shapes, strides, dtypes and devices, the same scale and softcap; :func:`attnforge.dispatch.features.lane_call`
+    checks that): the mask's runs and the replayed compiled call are kept, so each later call makes three views and
+    replays the kernel, skipping the call's signature, the plan lookup and the adapter's checks. Calling it returns
+    ``[B, Hq, 1, Dv]``, or None where the call must take the adapter's general path (autograd records it, CUDA graph
+    capture, ``torch.compile`` traces).
+
+    Why: on an H200's host (2026-11-28, docs/benchmarks.md "tenth session") Gemma-2-9B's decode through the route
+    read 0.96-1.01x eager per step at 2, 8 and 42 layers although the replayed call costs 29 µs of host time against
+    eager's 145-259: the dispatch and checks around it (~39 µs a call on this repository's CPU machine, of which the
+    replay is 4.5) are paid by every layer."""
+
+    run: Any
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    seqused_k: torch.Tensor
+    max_seqlen_k: int
+    rows: int
+    row_stride: int
+    q_view: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    d: int
+    dv: int
+    sharing: MaskSharing
+    kind: tuple[Any, ...]
+    cuda: bool
+    #: never retires: each decline is for the call at hand (grad, capture, tracing)
+    retired: bool = False
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+        import torch
+
+        from attnforge.backends._base import graph_capturing, records_grad
+
+        if records_grad(q, k, v, mask) or torch.compiler.is_compiling() or (self.cuda and graph_capturing()):
+            return None  # this call only: the adapter's general path decides it
+        self.sharing.worth_reading(mask, self.kind)  # counts the call: later masks of the kind are read at once
+        rs = self.row_stride
+        out = self.run(q.reshape(self.q_view), k.as_strided((self.rows, 1, self.d), (rs, self.d, 1)),
+                       v.as_strided((self.rows, 1, self.dv), (rs, self.dv, 1)), cu_seqlens_q=self.cu_seqlens_q,
+                       cu_seqlens_k=self.cu_seqlens_k, seqused_k=self.seqused_k, max_seqlen_k=self.max_seqlen_k)
+        return out.view(self.out_shape)  # type: ignore[no-any-return]
 
 
 def capabilities_from_build(base: Capabilities, build: Mapping[str, Any]) -> Capabilities:

@@ -155,15 +155,15 @@ class SdpaAdapter(AdapterBase):
         return _MET.settle(q, k, v, None)  # the unmasked key: the in-situ check settles plain calls only
 
     def decode_lane(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
-                    scale: float | None) -> DecodeLane | None:
+                    scale: float | None, softcap: float | None = None) -> DecodeLane | None:
         """The lean path of the masked decode call just served (``q [B, Hq, Sq, D]``, ``k/v [B, Hkv, Sk, D]``, the
         caller's ``mask``; not causal, no window, no dropout), kept for the calls that repeat it
         (:class:`DecodeLane`), or None where that call did not take the memory-efficient kernel on the batch fold
         (a forced kernel, more than :data:`DECODE_ROWS` query rows, another device, a long walk that
         FlashAttention-2 serves, K/V whose batch and head dimensions do not merge, no kept bias for the mask: the
-        shape settled on cuDNN, capture, an inference tensor)."""
+        shape settled on cuDNN, capture, an inference tensor; a softcap, which SDPA never serves)."""
         # a call FlashAttention-2's varlen op served kept no bias for the mask: no lane for it (below)
-        if (self.kernel is not None or q.shape[2] > DECODE_ROWS or q.device.type not in _EFFICIENT_DEVICES
+        if (softcap or self.kernel is not None or q.shape[2] > DECODE_ROWS or q.device.type not in _EFFICIENT_DEVICES
                 or not _batch_merges(k, v)):
             return None
         bias = _DECODE_BIASES.get(mask, _bias_params(q, k, batch_folded=True))

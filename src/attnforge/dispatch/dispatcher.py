@@ -265,8 +265,9 @@ class Dispatcher:
         plan = FeaturePlan(decision=decision, adapters=adapters, call=call, forced=forced, prepared=p)
         route = self.planned_route(plan, p)
         if key is not None:
-            first = route[0][0][0]
-            direct = first if not forced and first.name in (FALLBACK, EXACT) else None  # no in-situ sampler
+            first, step = route[0][0]
+            # the first backend called as it is where nothing wraps its step (the in-situ sampler counts calls)
+            direct = first if not forced and not insitu.wraps(step) else None
             with self._lock:
                 if self._generation == generation:  # else a measurement or a failure changed the decision
                     kept = dataclasses.replace(plan, prepared=p.template(), direct=direct)

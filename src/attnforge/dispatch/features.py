@@ -218,21 +218,23 @@ def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: 
             call = call.rebound(q, k, v, kwargs["attn_mask"], layout=layout)
             out = dispatcher.serve(dispatcher.planned_route(plan, call), call.q, call.k, call.v, backend)
         elif lane:
-            _offer_lane(plan, q, k, v, kwargs["attn_mask"], scale=scale, dispatcher=dispatcher, generation=generation)
+            _offer_lane(plan, q, k, v, kwargs["attn_mask"], scale=scale, softcap=kwargs.get("softcap"),
+                        dispatcher=dispatcher, generation=generation)
     else:
         call = prepare(q, k, v, layout=layout, precision=precision, scale=scale, **kwargs)
         out = _serve(dispatcher, call, scale=call.scale, backend=backend, precision=precision, keys=(key, dynamic))
         plan = plans.get(key) if lane and key is not None else None  # the plan this call's decision was kept as
         if plan is not None and plan.direct is not None:
-            _offer_lane(plan, q, k, v, kwargs["attn_mask"], scale=scale, dispatcher=dispatcher, generation=generation)
+            _offer_lane(plan, q, k, v, kwargs["attn_mask"], scale=scale, softcap=kwargs.get("softcap"),
+                        dispatcher=dispatcher, generation=generation)
     if layout == "bshd" and "varlen" not in call.uses:
         return (out[0].transpose(1, 2), out[1]) if "lse" in call.uses else out.transpose(1, 2)
     return out
 
 
 def _direct(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, layout: str) -> Any:
-    """A remembered signature's output from its first backend called directly (``plan.direct``: SDPA or the exact
-    math, unforced, nothing wrapping its step), or None when there is none or it raised: the whole route then
+    """A remembered signature's output from its first backend called directly (``plan.direct``: unforced, nothing
+    wrapping its step), or None when there is none or it raised: the whole route then
     serves the call, with the rule for a backend that raises (``Dispatcher.serve``). The arguments are
     :meth:`Prepared.arguments`, without building a :class:`Prepared` or a route."""
     import torch
@@ -259,6 +261,7 @@ class _Lane:
     dispatcher: weakref.ref[Any]
     generation: int
     scale: Any
+    softcap: Any
     geometry: tuple[Any, ...]
     run: Callable[..., Any] | None  # None: the backend offered none for this mask (not asked again for it)
 
@@ -280,11 +283,13 @@ def _same_scale(a: Any, b: Any) -> bool:
     return a is b or (a.__class__ is float and b.__class__ is float and a == b)
 
 
-def lane_call(q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, dispatcher: Any) -> Any:
+def lane_call(q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, dispatcher: Any, softcap: Any = None) -> Any:
     """A repeat of one of this thread's last lane-offering calls (:func:`attention` with ``lane``): the same mask
-    object at the same version counter, q/k/v of the same geometry (:func:`_geometry`), the same scale, on the same
+    object at the same version counter, q/k/v of the same geometry (:func:`_geometry`), the same scale and softcap
+    (None, or the same float), on the same
     dispatcher with its plans unchanged since (:attr:`~attnforge.dispatch.dispatcher.Dispatcher.generation`),
-    served by the lane its backend offered (for SDPA, :class:`attnforge.backends.sdpa.DecodeLane`): the next
+    served by the lane its backend offered (for SDPA, :class:`attnforge.backends.sdpa.DecodeLane`; for
+    FlashAttention-4's padded decode route, :class:`attnforge.backends.flash.Fa4DecodeLane`): the next
     layers of a decode step, which transformers calls with one mask object, skip the call's signature, the plan
     lookup and the adapter's checks. Returns the output ``[B, Hq, Sq, Dv]``, or None for any other call (and where
     the lane declines it): :func:`attention` then serves it. Never raises for bad input (that is
@@ -298,7 +303,7 @@ def lane_call(q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, dispatcher:
     else:
         return None
     if (lane.run is None or lane.dispatcher() is not dispatcher or lane.generation != dispatcher.generation
-            or not _same_scale(scale, lane.scale)):
+            or not _same_scale(scale, lane.scale) or not _same_scale(softcap, lane.softcap)):
         return None
     try:
         if attn_mask._version != lane.version or _geometry(q, k, v) != lane.geometry:
@@ -319,7 +324,7 @@ def lane_call(q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, dispatcher:
     return out
 
 
-def _offer_lane(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, dispatcher: Any,
+def _offer_lane(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, softcap: Any, dispatcher: Any,
                 generation: int) -> None:
     """After ``plan``'s direct backend served a call that :func:`lane_call` can serve the repeats of: keep that
     backend's lane for it (``decode_lane``, where the backend has one), one per mask object and thread, made again
@@ -339,16 +344,18 @@ def _offer_lane(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any
     for lane in lanes:
         if lane.mask() is attn_mask:
             if (lane.version == version and lane.generation == generation and lane.geometry == geometry
-                    and _same_scale(scale, lane.scale) and lane.dispatcher() is dispatcher):
+                    and _same_scale(scale, lane.scale) and _same_scale(softcap, lane.softcap)
+                    and lane.dispatcher() is dispatcher):
                 return  # asked already for this call
             break
     offer = getattr(plan.direct, "decode_lane", None)
     try:
-        run = None if offer is None else offer(q, k, v, attn_mask, scale=plan.prepared.scale)
+        run = None if offer is None else offer(q, k, v, attn_mask, scale=plan.prepared.scale,
+                                               softcap=plan.prepared.opts.get("softcap"))
     except (AttributeError, RuntimeError, TypeError):
         return
     made = _Lane(mask=weakref.ref(attn_mask), version=version, dispatcher=weakref.ref(dispatcher),
-                 generation=generation, scale=scale, geometry=geometry, run=run)
+                 generation=generation, scale=scale, softcap=softcap, geometry=geometry, run=run)
     # this mask's older lane and the lanes of masks that are gone make way (identity only: == on tensors compares
     # their elements)
     kept = [lane for lane in lanes if (m := lane.mask()) is not None and m is not attn_mask]

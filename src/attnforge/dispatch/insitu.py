@@ -88,6 +88,11 @@ def sampled(dispatcher: Checked, steps: tuple[tuple[BackendAdapter, Callable[...
     return ((first, counting), *steps[1:])
 
 
+def wraps(step: Callable[..., Any]) -> bool:
+    """Whether a route's step is :func:`sampled`'s counting wrapper (so its backend may not be called around it)."""
+    return isinstance(step, _Sampler)
+
+
 def annotate(dispatcher: Any, decision: Decision, call: AttentionCall) -> Decision:
     """The decision with the in-situ revert of its class, if any, said on SDPA's line."""
     state = _STATE.get(dispatcher)

@@ -188,17 +188,18 @@ def attention(
             and dropout_p == 0.0 and return_lse is False and enable_gqa is True and isinstance(causal, bool)
             and causal_alignment == "bottom_right"):
         dispatcher = _DISPATCHER or get_dispatcher()
-        # a mask and a scale, nothing else (transformers' call of every layer): a repeat of the previous call on the
-        # same mask object takes the lane its backend offered (features.lane_call), no signature or plan lookup;
-        # never while torch.compile traces (Dynamo cannot trace a ContextVar's get: fullgraph would fail). Either
-        # causal alignment: without causal or a window it changes nothing (patch_sdpa passes top-left)
-        lane = (attn_mask is not None and window is softcap is sinks is cu_seqlens_q is cu_seqlens_k is is_causal  # type: ignore[comparison-overlap]
+        # a mask and a scale (and a softcap: Gemma-2), nothing else (transformers' call of every layer): a repeat of
+        # the previous call on the same mask object takes the lane its backend offered (features.lane_call), no
+        # signature or plan lookup; never while torch.compile traces (Dynamo cannot trace a ContextVar's get:
+        # fullgraph would fail). Either causal alignment: without causal or a window it changes nothing (patch_sdpa
+        # passes top-left)
+        lane = (attn_mask is not None and window is sinks is cu_seqlens_q is cu_seqlens_k is is_causal  # type: ignore[comparison-overlap]
                 is block_table is seqused_k is None and dropout_p == 0.0 and causal is False and return_lse is False
                 and enable_gqa is True and causal_alignment in ("bottom_right", "top_left")
                 and layout == "bhsd" and backend is None
                 and precision == "exact" and not torch.compiler.is_compiling() and _FORCED.get() is None)
         if lane:
-            served = features.lane_call(q, k, v, attn_mask, scale=scale, dispatcher=dispatcher)
+            served = features.lane_call(q, k, v, attn_mask, scale=scale, softcap=softcap, dispatcher=dispatcher)
             if served is not None:
                 return served
         return features.attention(
