@@ -140,10 +140,9 @@ def _exact_only(query: Any, key: Any, value: Any, call: dict[str, Any]) -> bool:
     mask = call.get("attn_mask")
     grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     kind = (query.shape[1], key.shape[1], query.shape[-1], value.shape[-1], query.shape[2] == 1, query.dtype,
-            query.device, None if mask is None else (mask.dim(), mask.dtype),
-            tuple(sorted(n for n, v in call.items() if v is not None and not (isinstance(v, (bool, int, float))
-                                                                           and not v))), grad,
-            dispatcher.generation)
+            query.device, None if mask is None else (mask.dim(), mask.dtype), call.get("causal"),
+            "window" in call, bool(call.get("dropout_p")), call.get("softcap") is not None,
+            call.get("sinks") is not None, grad, dispatcher.generation)
     known = _EXACT_ONLY.get(kind)
     if known is None:
         known = runtime.explain(query, key, value, **call).chosen == EXACT
