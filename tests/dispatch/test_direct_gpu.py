@@ -146,6 +146,49 @@ def test_fa4_padded_decode_steps_run_the_replayed_varlen_kernel(softcap: float |
     assert runs and all(r.replay is not None for r in runs), "the varlen call was not replayable (see _fa4_direct)"
 
 
+def test_fa4_padded_decode_later_layers_take_its_lane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma-2-9B's padded decode call (``q [4, 16, 1, 256]``, softcap 50) unforced, on a dispatcher whose only
+    backend is FlashAttention-4 (verified in its own home, as after ``attnforge install flash-attn-4``): four layers
+    per step share the mask; each step's first layer goes through the adapter, the other three take its lane
+    (:class:`attnforge.backends.flash.Fa4DecodeLane`); every output within bf16 of the float64 reference."""
+    from attnforge.backends.flash import FlashAttn4Adapter
+    from attnforge.dispatch import features
+    from attnforge.dispatch.dispatcher import Dispatcher
+    from attnforge.records import VerifyRecord
+    from attnforge.types.device import device_key
+
+    fa4 = _usable("flash-attn-4")
+    if fa4.direct_entry() is None:
+        pytest.skip("flash-attn-4 is not a version the direct entry mirrors")
+    store = RecordStore(tmp_path / "fa4-only")
+    cc = torch.cuda.get_device_capability()
+    store.add_verify(VerifyRecord(device_key=device_key("cuda", cc, torch.__version__), backend="flash-attn-4",
+                                  backend_version=str(fa4.installed_version()), ok=True, summary="assumed"))
+    masked: list[int] = []
+    real = FlashAttn4Adapter._masked
+
+    def counting(self: FlashAttn4Adapter, *args: Any, **kwargs: Any) -> Any:
+        masked.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(FlashAttn4Adapter, "_masked", counting)
+    runtime.set_dispatcher(Dispatcher({"flash-attn-4": fa4}, records=store))
+    features._LANES.__dict__.clear()
+    g = torch.Generator(device="cuda").manual_seed(2)
+    cache = torch.randn(2, 4, 8, 600, 256, device="cuda", dtype=torch.bfloat16, generator=g)
+    for step, sk in enumerate((500, 501, 502)):
+        q = torch.randn(4, 16, 1, 256, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = cache[0, :, :, :sk], cache[1, :, :, :sk]
+        mask = torch.ones(4, 1, 1, sk, dtype=torch.bool, device="cuda")
+        mask[1, ..., : 37 + step] = False
+        want = reference_attention(q, k, v, attn_mask=mask, scale=256 ** -0.5, softcap=50.0)
+        for _layer in range(4):
+            out = attnforge.attention(q, k, v, attn_mask=mask, scale=256 ** -0.5, softcap=50.0)
+            torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+    features._LANES.__dict__.clear()
+    assert len(masked) == 3, masked  # one a step; its other three layers took the lane
+
+
 @pytest.mark.parametrize("backend", [None, "sdpa", "flash-attn-3", "flash-attn-4"],
                          ids=["choice", "sdpa", "fa3", "fa4"])
 def test_attention_captured_in_a_cuda_graph_replays_as_eager(backend: str | None) -> None:
