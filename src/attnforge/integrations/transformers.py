@@ -145,7 +145,10 @@ def _exact_only(query: Any, key: Any, value: Any, call: dict[str, Any]) -> bool:
             call.get("sinks") is not None, grad, dispatcher.generation)
     known = _EXACT_ONLY.get(kind)
     if known is None:
-        known = runtime.explain(query, key, value, **call).chosen == EXACT
+        try:
+            known = runtime.explain(query, key, value, **call).chosen == EXACT
+        except Exception:  # attention() itself says what is wrong with the call, or serves it
+            known = False
         if len(_EXACT_ONLY) >= _EXACT_ONLY_KEPT:
             _EXACT_ONLY.clear()
         _EXACT_ONLY[kind] = known
