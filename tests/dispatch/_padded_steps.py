@@ -4,6 +4,10 @@ the step's mask, one run of visible keys per row unless ``case`` says otherwise.
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+from typing import Any
+
 import torch
 
 
@@ -38,3 +42,31 @@ def padded_step(case: str, *, groups: int, sk: int, d: int, dtype: torch.dtype,
         if case == "other-values":
             mask[0, ..., 3] = -2.0
     return q, k, v, mask
+
+
+def fa4_only_dispatcher(adapter: Any, home: Path, monkeypatch: Any, *, device: str,
+                        compute_capability: tuple[int, int] | None, version: str) -> list[int]:
+    """Make the process dispatcher one whose only backend is ``adapter`` (FlashAttention-4, a verify record of it in
+    ``home``), with no lane kept, until the test ends (``monkeypatch`` puts the previous one back); returns a list
+    that gets one entry per call of the adapter's masked path (``FlashAttn4Adapter._masked``), so a test can tell the
+    calls the lane served from those the adapter did."""
+    from attnforge.backends.flash import FlashAttn4Adapter
+    from attnforge.dispatch import features, runtime
+    from attnforge.dispatch.dispatcher import Dispatcher
+    from attnforge.records import RecordStore, VerifyRecord
+    from attnforge.types.device import device_key
+
+    store = RecordStore(home)
+    store.add_verify(VerifyRecord(device_key=device_key(device, compute_capability, torch.__version__),
+                                  backend="flash-attn-4", backend_version=version, ok=True, summary="assumed"))
+    masked: list[int] = []
+    real = FlashAttn4Adapter._masked
+
+    def counting(self: FlashAttn4Adapter, *args: Any, **kwargs: Any) -> Any:
+        masked.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(FlashAttn4Adapter, "_masked", counting)
+    monkeypatch.setattr(runtime, "_DISPATCHER", Dispatcher({"flash-attn-4": adapter}, records=store))
+    monkeypatch.setattr(features, "_LANES", threading.local())
+    return masked

@@ -30,11 +30,10 @@ CASES = [
 
 
 @pytest.fixture(autouse=True)
-def own_dispatcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+def own_dispatcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ATTNFORGE_AUTOTUNE", "0")  # the capture test needs a decision, not a measurement
-    previous = runtime.set_dispatcher(runtime.Dispatcher(records=RecordStore(tmp_path)))
-    yield
-    runtime.set_dispatcher(previous)
+    # through monkeypatch, so a test that replaces it the same way (fa4_only_dispatcher) is undone first
+    monkeypatch.setattr(runtime, "_DISPATCHER", runtime.Dispatcher(records=RecordStore(tmp_path)))
 
 
 def _usable(name: str) -> Any:
@@ -151,29 +150,14 @@ def test_fa4_padded_decode_later_layers_take_its_lane(tmp_path: Path, monkeypatc
     backend is FlashAttention-4 (verified in its own home, as after ``attnforge install flash-attn-4``): four layers
     per step share the mask; each step's first layer goes through the adapter, the other three take its lane
     (:class:`attnforge.backends.flash.Fa4DecodeLane`); every output within bf16 of the float64 reference."""
-    from attnforge.backends.flash import FlashAttn4Adapter
-    from attnforge.dispatch import features
-    from attnforge.dispatch.dispatcher import Dispatcher
-    from attnforge.records import VerifyRecord
-    from attnforge.types.device import device_key
+    from tests.dispatch._padded_steps import fa4_only_dispatcher
 
     fa4 = _usable("flash-attn-4")
     if fa4.direct_entry() is None:
         pytest.skip("flash-attn-4 is not a version the direct entry mirrors")
-    store = RecordStore(tmp_path / "fa4-only")
     cc = torch.cuda.get_device_capability()
-    store.add_verify(VerifyRecord(device_key=device_key("cuda", cc, torch.__version__), backend="flash-attn-4",
-                                  backend_version=str(fa4.installed_version()), ok=True, summary="assumed"))
-    masked: list[int] = []
-    real = FlashAttn4Adapter._masked
-
-    def counting(self: FlashAttn4Adapter, *args: Any, **kwargs: Any) -> Any:
-        masked.append(1)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(FlashAttn4Adapter, "_masked", counting)
-    runtime.set_dispatcher(Dispatcher({"flash-attn-4": fa4}, records=store))
-    features._LANES.__dict__.clear()
+    masked = fa4_only_dispatcher(fa4, tmp_path / "fa4-only", monkeypatch, device="cuda",
+                                 compute_capability=(cc[0], cc[1]), version=str(fa4.installed_version()))
     g = torch.Generator(device="cuda").manual_seed(2)
     cache = torch.randn(2, 4, 8, 600, 256, device="cuda", dtype=torch.bfloat16, generator=g)
     for step, sk in enumerate((500, 501, 502)):
@@ -185,7 +169,6 @@ def test_fa4_padded_decode_later_layers_take_its_lane(tmp_path: Path, monkeypatc
         for _layer in range(4):
             out = attnforge.attention(q, k, v, attn_mask=mask, scale=256 ** -0.5, softcap=50.0)
             torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
-    features._LANES.__dict__.clear()
     assert len(masked) == 3, masked  # one a step; its other three layers took the lane
 
 

@@ -27,7 +27,7 @@ from attnforge.backends.exact import reference_attention
 from attnforge.backends.flash import FlashAttn4Adapter
 from attnforge.verify.cases import feature_cases
 from attnforge.verify.feature_inputs import case_inputs
-from tests.dispatch._padded_steps import padded_step
+from tests.dispatch._padded_steps import fa4_only_dispatcher, padded_step
 
 FIXTURE = json.loads((Path(__file__).parents[1] / "fixtures" / "gpu" / "fa4_varlen_decode_call.json").read_text())
 #: slot -> the keyword (or q/k/v/out) the recorded call held there
@@ -310,31 +310,13 @@ def test_the_runs_read_on_the_host_give_the_starts_and_lengths(b: int, hkv: int)
 
 @pytest.fixture
 def fa4_dispatcher(fa4: tuple[FlashAttn4Adapter, _VarlenFa4], tmp_path: Path,
-                   monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A process dispatcher whose only backend is the faked FlashAttention-4 (verified in a home of its own), no lane
-    kept; yields the adapter, the fake and the number of the adapter's masked calls (a list: one entry a call)."""
-    from attnforge.dispatch import features, runtime
-    from attnforge.dispatch.dispatcher import Dispatcher
-    from attnforge.records import RecordStore, VerifyRecord
-    from attnforge.types.device import device_key
-
+                   monkeypatch: pytest.MonkeyPatch) -> tuple[FlashAttn4Adapter, _VarlenFa4, list[int]]:
+    """The faked FlashAttention-4 as the process dispatcher's only backend (:func:`fa4_only_dispatcher`): the adapter,
+    the fake and the list of the adapter's masked calls."""
     adapter, fake = fa4
-    store = RecordStore(tmp_path / "afhome")
-    store.add_verify(VerifyRecord(device_key=device_key("cpu", None, torch.__version__), backend="flash-attn-4",
-                                  backend_version="1", ok=True, summary="faked"))
-    masked: list[int] = []
-    real = FlashAttn4Adapter._masked
-
-    def counting(self: FlashAttn4Adapter, *args: Any, **kwargs: Any) -> Any:
-        masked.append(1)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(FlashAttn4Adapter, "_masked", counting)
-    previous = runtime.set_dispatcher(Dispatcher({"flash-attn-4": adapter}, records=store))
-    features._LANES.__dict__.clear()
-    yield adapter, fake, masked
-    features._LANES.__dict__.clear()
-    runtime.set_dispatcher(previous)
+    masked = fa4_only_dispatcher(adapter, tmp_path / "afhome", monkeypatch, device="cpu", compute_capability=None,
+                                 version="1")
+    return adapter, fake, masked
 
 
 def test_a_steps_later_layers_take_the_fa4_lane(fa4_dispatcher: Any) -> None:
