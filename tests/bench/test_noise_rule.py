@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from attnforge.backends.registry import fallback
@@ -193,13 +193,18 @@ def _rounds(median: float, up: float, down: float) -> tuple[float, float, float]
 
 @given(st.dictionaries(st.sampled_from(NAMES), round_sets, min_size=1, max_size=5),
        st.floats(1e-3, 1e3), st.booleans())
+@example(cells={"flash-attn-3": (0.010000000000000002, 0.0, 0.0), "flash-attn-4": (0.01, 0.0, 0.0)}, scale=681.5,
+         with_mad=False)
 def test_scaling_all_ms_by_a_constant_never_changes_the_winner(
         cells: dict[str, tuple[float, float, float]], scale: float, with_mad: bool) -> None:
     base = {n: _rounds(*c) for n, c in cells.items()}
     before = fastest(records(base, with_mad=with_mad), PREFILL.shape_class)
     ms = list(before.measurements.values())
-    # a lead exactly at the margin may round either way; the property is about every other case
-    assume(all(abs(a.tflops / b.tflops - 1 - tie_margin(a, b)) > 1e-9 for a in ms for b in ms if a is not b))
+    # a lead exactly at the margin may round either way, and so may the order of two medians one rounding apart (the
+    # tie-break among tied backends of one tier is the higher median; found by hypothesis: 0.010000000000000002 ms
+    # against 0.01, scaled by 681.5); the property is about every other case
+    assume(all(abs(a.tflops / b.tflops - 1 - tie_margin(a, b)) > 1e-9 and abs(a.tflops / b.tflops - 1) > 1e-9
+               for a in ms for b in ms if a is not b))
     scaled = {n: tuple(x * scale for x in r) for n, r in base.items()}
     after = fastest(records(scaled, with_mad=with_mad), PREFILL.shape_class)
     assert after.winner == before.winner
