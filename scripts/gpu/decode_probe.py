@@ -333,10 +333,8 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
     gd = _gemma_decode(torch, dev, dt, small)
     b, hq, hkv, d, q, inputs, scale, eager, exact = (gd.b, gd.hq, gd.hkv, gd.d, gd.q, gd.inputs, gd.scale, gd.eager,
                                                      gd.exact)
-    g = hq // hkv
     kept = {id(m): padded_decode.padding_runs(m, b=b, hkv=hkv, k=k) for k, _, m in inputs}
     cu_q = padded_decode.query_starts(b * hkv, q.device)
-    qv = q.reshape(b * hkv, g, d)
 
     class Counting:  # the compile cache, counting the entries added
         def __init__(self, cache: Any) -> None:
@@ -352,13 +350,12 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
             self.added += 1
             self.cache[key] = fn
 
-    def views(k: Any, v: Any) -> tuple[Any, Any]:
-        rs, span = k.stride(2), padded_decode.key_rows(k)
-        return k.as_strided((span, 1, d), (rs, d, 1)), v.as_strided((span, 1, d), (rs, d, 1))
+    def views(k: Any, v: Any) -> tuple[Any, Any, Any]:  # the route's own views (_padded_decode.varlen_views)
+        return padded_decode.varlen_views(q, k, v, padded_decode.key_rows(k))
 
     def fa4_runs(k: Any, v: Any, runs: tuple[Any, ...]) -> Any:
         starts, used = runs
-        kf, vf = views(k, v)
+        qv, kf, vf = views(k, v)
         out = _flash_attn_fwd(qv, kf, vf, cu_seqlens_q=cu_q, cu_seqlens_k=starts, seqused_k=used, max_seqlen_q=1,
                               max_seqlen_k=k.shape[2], softmax_scale=scale, softcap=50.0)[0]
         return out.view(b, hq, 1, d)
@@ -396,7 +393,7 @@ def fa4_varlen_decode(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, A
         run = _fa4_direct.Replayer(_flash_attn_fwd, _fa4_direct.varlen_keywords(scale=scale, softcap=50.0))
 
         def replay_runs(k: Any, v: Any, runs: tuple[Any, ...]) -> Any:
-            kf, vf = views(k, v)
+            qv, kf, vf = views(k, v)
             return run(qv, kf, vf, cu_seqlens_q=cu_q, cu_seqlens_k=runs[0], seqused_k=runs[1],
                        max_seqlen_k=k.shape[2]).view(b, hq, 1, d)
 

@@ -64,7 +64,7 @@ def varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     traces: the caller checks that. ``read=False``: None where the mask's runs are not kept already (no read)."""
     import torch
 
-    b, hq, sq, d = q.shape
+    b, hq, sq, _ = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     rs = k.stride(2)
     if (sq != 1 or hq % hkv or k.stride() != v.stride() or rs <= 0 or rs % 8 or k.stride(0) % rs
@@ -84,11 +84,20 @@ def varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     if not runs:
         return None
     starts, used = runs
-    span = key_rows(k)
-    return VarlenDecode(q=q.reshape(b * hkv, hq // hkv, d), k=k.as_strided((span, 1, d), (rs, d, 1)),
-                        v=v.as_strided((span, 1, v.shape[-1]), (rs, v.shape[-1], 1)),
-                        cu_seqlens_q=query_starts(b * hkv, q.device), cu_seqlens_k=starts, seqused_k=used,
-                        max_seqlen_k=sk)
+    qv, kv, vv = varlen_views(q, k, v, key_rows(k))
+    return VarlenDecode(q=qv, k=kv, v=vv, cu_seqlens_q=query_starts(b * hkv, q.device), cu_seqlens_k=starts,
+                        seqused_k=used, max_seqlen_k=sk)
+
+
+def varlen_views(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The varlen kernels' views of a decode step (the module docstring): ``q [B, Hq, 1, D]`` as ``[B * Hkv, g, D]``,
+    ``k``/``v`` as ``[rows, 1, D]`` / ``[rows, 1, Dv]`` on their own storage, one row every ``k.stride(2)`` elements
+    (``rows``: :func:`key_rows`). Views only, no copy; the layout checks are :func:`varlen_decode`'s."""
+    b, hkv, rs = k.shape[0], k.shape[1], k.stride(2)
+    d, dv = q.shape[-1], v.shape[-1]
+    return (q.reshape(b * hkv, q.shape[1] // hkv, d), k.as_strided((rows, 1, d), (rs, d, 1)),
+            v.as_strided((rows, 1, dv), (rs, dv, 1)))
 
 
 def padding_runs(m: torch.Tensor, *, b: int, hkv: int, k: torch.Tensor) -> tuple[torch.Tensor, ...]:

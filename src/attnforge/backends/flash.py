@@ -269,14 +269,13 @@ class FlashAttn4Adapter(FlashAttnAdapter):
         if (q.device.type not in self.caps.devices or records_grad(q, k, v, mask) or torch.compiler.is_compiling()
                 or (q.device.type == "cuda" and graph_capturing()) or mask.is_inference()):
             return None  # the runs' one host sync would break a capture; an inference mask's runs are never kept
-        kind = (q.shape[0], q.shape[1], k.shape[1], q.shape[-1], q.dtype, q.device)
-        if not self.mask_sharing.worth_reading(mask, kind):
+        if not self.mask_sharing.worth_reading(mask, _sharing_kind(q, k)):
             return None  # the mask's first call, after masks of its kind that served one call each: the exact math
         fwd = self.direct_entry()
         seqs = varlen_decode(q, k, v, mask) if fwd is not None else None
         if seqs is None:
             return None
-        key = (q.dtype, seqs.q.shape, seqs.q.stride(), seqs.k.stride(), seqs.v.shape[-1], softcap, scale, q.device)
+        key = _replay_key(q, seqs, scale=scale, softcap=softcap)
         run = self.varlen_replays.get(key)
         if run is False:
             return None  # the kernel refused this kind of call before: the exact math serves it
@@ -314,17 +313,13 @@ class FlashAttn4Adapter(FlashAttnAdapter):
         seqs = varlen_decode(q, k, v, mask, read=False)
         if seqs is None:
             return None
-        key = (q.dtype, seqs.q.shape, seqs.q.stride(), seqs.k.stride(), seqs.v.shape[-1], softcap, scale, q.device)
-        run = self.varlen_replays.get(key)
+        run = self.varlen_replays.get(_replay_key(q, seqs, scale=scale, softcap=softcap))
         if run is None or run is False or run.replay is None:
             return None
-        b, hq, _, d = q.shape
         return Fa4DecodeLane(run=run, cu_seqlens_q=seqs.cu_seqlens_q, cu_seqlens_k=seqs.cu_seqlens_k,
                              seqused_k=seqs.seqused_k, max_seqlen_k=k.shape[2], rows=key_rows(k),
-                             row_stride=k.stride(2),
-                             q_view=tuple(seqs.q.shape), out_shape=(b, hq, 1, v.shape[-1]), d=d, dv=v.shape[-1],
-                             sharing=self.mask_sharing, kind=(b, hq, k.shape[1], d, q.dtype, q.device),
-                             cuda=q.device.type == "cuda")
+                             out_shape=(q.shape[0], q.shape[1], 1, v.shape[-1]), sharing=self.mask_sharing,
+                             kind=_sharing_kind(q, k), cuda=q.device.type == "cuda")
 
     def _find_direct(self) -> Any:
         """``flash_attn.cute.interface._flash_attn_fwd`` when the installed flash-attn-4 is a version
@@ -371,11 +366,7 @@ class Fa4DecodeLane:
     seqused_k: torch.Tensor
     max_seqlen_k: int
     rows: int
-    row_stride: int
-    q_view: tuple[int, ...]
     out_shape: tuple[int, ...]
-    d: int
-    dv: int
     sharing: MaskSharing
     kind: tuple[Any, ...]
     cuda: bool
@@ -386,15 +377,27 @@ class Fa4DecodeLane:
         import torch
 
         from attnforge.backends._base import graph_capturing, records_grad
+        from attnforge.backends._padded_decode import varlen_views
 
         if records_grad(q, k, v, mask) or torch.compiler.is_compiling() or (self.cuda and graph_capturing()):
             return None  # this call only: the adapter's general path decides it
         self.sharing.worth_reading(mask, self.kind)  # counts the call: later masks of the kind are read at once
-        rs = self.row_stride
-        out = self.run(q.reshape(self.q_view), k.as_strided((self.rows, 1, self.d), (rs, self.d, 1)),
-                       v.as_strided((self.rows, 1, self.dv), (rs, self.dv, 1)), cu_seqlens_q=self.cu_seqlens_q,
+        out = self.run(*varlen_views(q, k, v, self.rows), cu_seqlens_q=self.cu_seqlens_q,
                        cu_seqlens_k=self.cu_seqlens_k, seqused_k=self.seqused_k, max_seqlen_k=self.max_seqlen_k)
         return out.view(self.out_shape)  # type: ignore[no-any-return]
+
+
+def _sharing_kind(q: torch.Tensor, k: torch.Tensor) -> tuple[Any, ...]:
+    """The kind of a masked decode call :class:`~attnforge.backends._padded_decode.MaskSharing` learns per: batch,
+    query and K/V heads, head dim, dtype, device (not the length, which grows every step)."""
+    return (q.shape[0], q.shape[1], k.shape[1], q.shape[-1], q.dtype, q.device)
+
+
+def _replay_key(q: torch.Tensor, seqs: Any, *, scale: float | None, softcap: float | None) -> tuple[Any, ...]:
+    """The key of a masked decode call's :class:`~attnforge.backends._fa4_direct.Replayer` in
+    :attr:`FlashAttn4Adapter.varlen_replays`: dtype, the varlen views' shapes and strides (``seqs``:
+    :class:`~attnforge.backends._padded_decode.VarlenDecode`), softcap, scale, device."""
+    return (q.dtype, seqs.q.shape, seqs.q.stride(), seqs.k.stride(), seqs.v.shape[-1], softcap, scale, q.device)
 
 
 def capabilities_from_build(base: Capabilities, build: Mapping[str, Any]) -> Capabilities:
