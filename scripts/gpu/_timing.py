@@ -14,17 +14,25 @@ def measure_ms(torch: Any, fn: Callable[[], Any], *, set_bytes: int = 0,
     ``flush``: bytes to overwrite before each repetition instead of what ``set_bytes`` calls for (0: no flush)."""
     from attnforge.bench import timing as t
 
-    cuda = torch.cuda.is_available()
-    config = t.GPU_EVENTS if cuda else t.CPU_PERF_COUNTER
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    if not cuda:
-        flush = 0
-    elif flush is None:
-        flush = t.flush_bytes(set_bytes)
+    config, sync, flush_b = _harness(torch, set_bytes, flush)
     rounds = []
     for _ in range(config.rounds):
-        rounds.append(t.measure(lambda _i: fn(), sets=1, config=config, sync=sync, flush_bytes=flush))
-    timing = t.combine_rounds(rounds)
+        rounds.append(t.measure(lambda _i: fn(), sets=1, config=config, sync=sync, flush_bytes=flush_b))
+    return _summary(t.combine_rounds(rounds))
+
+
+def _harness(torch: Any, set_bytes: int, flush: int | None) -> tuple[Any, Callable[[], None], int]:
+    """The timing configuration (CUDA events on a GPU, perf_counter on a CPU), the device sync, and the bytes to
+    flush before each repetition (``flush`` as given, else what ``set_bytes`` calls for; none on a CPU)."""
+    from attnforge.bench import timing as t
+
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        return t.CPU_PERF_COUNTER, (lambda: None), 0
+    return t.GPU_EVENTS, torch.cuda.synchronize, t.flush_bytes(set_bytes) if flush is None else flush
+
+
+def _summary(timing: Any) -> dict[str, float]:
     return {"median_ms": timing.median_ms, "lo_ms": timing.lo_ms, "hi_ms": timing.hi_ms,
             "first_call_s": timing.first_call_s}
 
@@ -41,10 +49,7 @@ def measure_many_ms(torch: Any, fns: dict[str, Callable[[], Any]], *, set_bytes:
     ``{"error": "..."}`` in its place."""
     from attnforge.bench import timing as t
 
-    cuda = torch.cuda.is_available()
-    config = t.GPU_EVENTS if cuda else t.CPU_PERF_COUNTER
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    flush = t.flush_bytes(set_bytes) if cuda else 0
+    config, sync, flush = _harness(torch, set_bytes, None)
     names = list(fns)
     rounds: dict[str, list[Any]] = {n: [] for n in names}
     errors: dict[str, str] = {}
@@ -65,9 +70,7 @@ def measure_many_ms(torch: Any, fns: dict[str, Callable[[], Any]], *, set_bytes:
         if name in errors:
             out[name] = {"error": errors[name]}
             continue
-        timing = t.combine_rounds(rounds[name])
-        out[name] = {"median_ms": timing.median_ms, "lo_ms": timing.lo_ms, "hi_ms": timing.hi_ms,
-                     "first_call_s": timing.first_call_s}
+        out[name] = _summary(t.combine_rounds(rounds[name]))
     return out
 
 
