@@ -50,24 +50,24 @@ def project(root: Path, files: dict[str, str]) -> Path:
 )
 def test_cuda_sources_are_detected(files: dict[str, str], cpu_only: bool, tmp_path: Path) -> None:
     root = project(tmp_path / "src", files)
-    assert (cpu_only_source(path_source(root)) is not None) is cpu_only
+    assert (cpu_only_source(path_source(root), os="linux") is not None) is cpu_only
 
 
 def test_sdists_are_read_without_unpacking(tmp_path: Path) -> None:
     tgz = tmp_path / "ext-0.1.tar.gz"
     with tarfile.open(tgz, "w:gz") as tf:
         tf.add(EXT_PKG, arcname="ext-0.1")
-    assert cpu_only_source(path_source(tgz)) is not None
+    assert cpu_only_source(path_source(tgz), os="linux") is not None
     zipped = tmp_path / "cuda-0.1.zip"
     with zipfile.ZipFile(zipped, "w") as zf:
         zf.writestr("cuda-0.1/setup.py", "CUDAExtension")
         zf.writestr("cuda-0.1/k.cpp", "")
-    assert cpu_only_source(path_source(zipped)) is None
+    assert cpu_only_source(path_source(zipped), os="linux") is None
 
 
 def test_git_and_url_sources_are_assumed_to_need_cuda() -> None:
-    assert cpu_only_source(SourceSpec(kind=SourceKind.GIT, location="https://github.com/x/y")) is None
-    assert cpu_only_source(None) is None
+    assert cpu_only_source(SourceSpec(kind=SourceKind.GIT, location="https://github.com/x/y"), os="linux") is None
+    assert cpu_only_source(None, os="linux") is None
 
 
 def test_the_preflight_of_a_cpp_extension_passes_on_a_cpu_torch() -> None:
@@ -103,3 +103,23 @@ def test_attnforge_build_compiles_a_cpp_extension_with_the_real_gcc(tmp_path: Pa
     [wheel] = (tmp_path / "home").rglob("af_ext_fixture-0.1.0-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         assert any(n.startswith("af_ext_fixture/_C") and n.endswith(".so") for n in zf.namelist())
+
+
+def test_a_cpp_extension_takes_the_host_compilers_floors_not_nvccs() -> None:
+    """CI's machine had 4.5 GiB free (stop 46): the C++ fixture, whose build tree is 4.3 MB, was refused for the
+    5 GiB a CUDA extension of unknown size is given. A C++-only source takes the torch-cpp-extension recipe's
+    floors; a CUDA source on the same machine still meets the CUDA floor."""
+    import dataclasses
+
+    small = dataclasses.replace(CPU, platform=dataclasses.replace(
+        CPU.platform, disk_free_bytes=int(4.5 * 2**30), ram_available_bytes=3 * 2**30))
+    cpp = plan_build(small, load_catalog(), Request(backend="af-ext-fixture", from_source=True,
+                                                      source=path_source(EXT_PKG)))
+    assert cpp.preflight.ok, [c.text() for c in cpp.preflight.failures]
+    assert cpp.recipe.id == "torch-cpp-extension"
+    assert cpp.spec is not None and cpp.spec.max_jobs == 1  # 3 GiB at 2 GiB per g++ job
+    cuda = plan_build(small, load_catalog(), Request(backend="k", from_source=True,
+                                                       source=path_source(FIXTURES / "cuda_ext_pkg")))
+    assert cuda.recipe.id == "torch-extension"
+    failed = {c.name: c.text() for c in cuda.preflight.failures}
+    assert "about 5 GiB" in failed["disk"] and "nvcc thread" in failed["ram"]

@@ -40,6 +40,8 @@ class TorchMatch(StrEnum):
 
 #: The recipe used for a name the catalog does not know (``attnforge build NAME --source PATH``).
 GENERIC_RECIPE = "torch-extension"
+#: The same for a local source with C++ files only (``CppExtension``, ``resolve/cpu_only.py``): host-compiler floors.
+CPP_RECIPE = "torch-cpp-extension"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -217,8 +219,8 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
     for rid, raw, path in errors.rows(doc, "recipes", _RECIPE_FIELDS):
         kind = _enum(errors, raw, "kind", path, enum=RecipeKind, fallback=RecipeKind.BUILD)
         targets = _targets(errors, raw, "targets", path)
-        if kind is RecipeKind.BUILD and "targets" in raw and not targets:
-            errors.add(f"{path}.targets", "a build recipe needs at least one target")
+        if kind is RecipeKind.BUILD and "targets" in raw and not targets and raw.get("arch_env"):
+            errors.add(f"{path}.targets", "a build recipe with an arch variable needs at least one target")
         kinds = errors.str_list(raw, "source_kinds", path, allow_empty=False)
         for i, k in enumerate(kinds):
             if k not in _SOURCE_KINDS:
@@ -256,8 +258,9 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
             stable_abi_from=errors.parsed(errors.get(raw, "stable_abi_from", path, str), f"{path}.stable_abi_from",
                                           parse_major_minor, None) if "stable_abi_from" in raw else None,
         )
-    if GENERIC_RECIPE not in out and "recipes" in doc:
-        errors.add(f"recipes.{GENERIC_RECIPE}", "missing (the recipe for sources the catalog does not know)")
+    for rid in (GENERIC_RECIPE, CPP_RECIPE) if "recipes" in doc else ():
+        if rid not in out:
+            errors.add(f"recipes.{rid}", "missing (a recipe for sources the catalog does not know)")
     return out
 
 
@@ -340,6 +343,7 @@ def _min_nvcc_targets(errors: Collector, raw: Mapping[str, Any], path: str) -> d
 
 
 __all__ = [
+    "CPP_RECIPE",
     "GENERIC_RECIPE",
     "ArchFormat",
     "CudaTag",

@@ -14,11 +14,12 @@ from pathlib import PurePath, PurePosixPath
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from attnforge.catalog import Catalog
-from attnforge.catalog.recipes import Recipe, RecipeKind
+from attnforge.catalog.recipes import CPP_RECIPE, GENERIC_RECIPE, Recipe, RecipeKind
 from attnforge.catalog.slim import SlimPlan, SlimRequest, plan_slim
 from attnforge.errors import ResolveError, UsageError
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.jobs import size_jobs
+from attnforge.resolve.cpu_only import cpu_only_source
 from attnforge.resolve.preflight import Preflight, run_preflight
 from attnforge.resolve.types import BuildSpec, Request, SourceKind, SourceSpec
 from attnforge.types.cc import format_cc
@@ -159,6 +160,8 @@ def plan_build(
             f"{request.backend} has nothing to build: it {what}",
             hint=f"attnforge plan {request.backend} shows how to get it",
         )
+    if recipe.id == GENERIC_RECIPE and cpu_only_source(request.source, os=snapshot.platform.os) is not None:
+        recipe = catalog.recipes.get(CPP_RECIPE, recipe)  # g++'s memory and disk floors, not nvcc's
     pre = run_preflight(snapshot, catalog, request, recipe)
     if not pre.ok:
         return BuildDecision(recipe=recipe, preflight=pre, spec=None)

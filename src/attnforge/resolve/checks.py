@@ -125,10 +125,11 @@ def ram_check(snapshot: SystemSnapshot, recipe: Recipe) -> Check:
     avail = snapshot.platform.ram_available_bytes
     need = recipe.gb_per_nvcc_thread * GIB
     if avail < need:
+        job = "nvcc thread" if recipe.targets else "compile job"  # the C++-only recipe has no nvcc targets
         return Check(
             name="ram",
             ok=False,
-            reason=f"{avail / GIB:.1f} GiB RAM available; one nvcc thread of {recipe.id} needs about "
+            reason=f"{avail / GIB:.1f} GiB RAM available; one {job} of {recipe.id} needs about "
             f"{recipe.gb_per_nvcc_thread} GiB",
             fix="close memory-hungry programs or add swap (a build killed by the OOM killer just says "
             "'Killed')",

@@ -23,9 +23,13 @@ _SKIP_DIRS = {".git", "build", "dist", "__pycache__", ".venv", "node_modules"}
 _MAX_FILES = 50_000
 
 
-def cpu_only_source(source: SourceSpec | None) -> str | None:
-    """Why ``source`` is a C++-only extension (the preflight's note), or None when it may need CUDA."""
-    if source is None or source.kind is not SourceKind.PATH:
+def cpu_only_source(source: SourceSpec | None, *, os: str) -> str | None:
+    """Why ``source`` is a C++-only extension (the preflight's note), or None when it may need CUDA.
+
+    ``os`` is the snapshot's (``linux``, ``windows``): on Windows every source takes the CUDA checks (MSVC and the
+    toolkit are found together there).
+    """
+    if os == "windows" or source is None or source.kind is not SourceKind.PATH:
         return None
     root = Path(source.location)
     if source.subdirectory and root.is_dir():

@@ -50,7 +50,7 @@ def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, 
 
     from attnforge.resolve.cpu_only import cpu_only_source
 
-    cpu_only = None if snapshot.platform.os == "windows" else cpu_only_source(request.source)
+    cpu_only = cpu_only_source(request.source, os=snapshot.platform.os)
     if cpu_only is not None:  # host compiler, ninja, memory, disk: the questions a CppExtension asks
         torch_check = next((c for c in torch_checks(snapshot, catalog) if c.name == "torch"), None) or Check(
             name="torch", ok=True, reason=f"torch {snapshot.torch.version if snapshot.torch else ''} (any build)")
