@@ -18,8 +18,8 @@ from attnforge.catalog.recipes import CPP_RECIPE, GENERIC_RECIPE, Recipe, Recipe
 from attnforge.catalog.slim import SlimPlan, SlimRequest, plan_slim
 from attnforge.errors import ResolveError, UsageError
 from attnforge.probe.snapshot import SystemSnapshot
-from attnforge.resolve.jobs import size_jobs
 from attnforge.resolve.cpu_only import cpu_only_source
+from attnforge.resolve.jobs import size_jobs
 from attnforge.resolve.preflight import Preflight, run_preflight
 from attnforge.resolve.types import BuildSpec, Request, SourceKind, SourceSpec
 from attnforge.types.cc import format_cc
