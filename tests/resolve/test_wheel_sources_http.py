@@ -272,6 +272,21 @@ def test_a_teams_find_links_page_is_a_source(
     assert team_rows[0]["wheel"]["implied_torch"] == "2.10"
 
 
+def test_a_source_the_catalog_does_not_know_has_no_build_time_before_its_first_build(
+    attnforge_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """[route_times]' default source figure is FlashAttention's and Sage's (15-60 min): a one-file C++ extension
+    was printed "expected ~30 min" (it builds in ~20 s here). No figure until this machine has built it."""
+    rc, doc = _plan(capsys, "--source", str(FIXTURES / "ext_pkg"), "--snapshot",
+                    str(SNAP / "cpu_dev_torch2.13_cpu.json"))
+    assert rc == 0
+    assert doc["expected_s"]["source"] is None
+    main(["plan", "--source", str(FIXTURES / "ext_pkg"), "--snapshot", str(SNAP / "cpu_dev_torch2.13_cpu.json")])
+    out = capsys.readouterr().out
+    assert "[source] build af_ext_fixture" in out and "expected ~" not in out
+    assert "fixes its archs" not in out  # the C++-only recipe has no nvcc targets to name
+
+
 def test_the_build_route_time_comes_from_an_earlier_build_here(
     attnforge_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -22,7 +22,8 @@ class Planned:
         plan: the resolver's plan, as ``install`` executes it (the same planner and cached entries).
         notes: listing problems, aliases taken, a cached listing's age.
         expected_s: expected seconds per route kind present in the plan (``source``: this machine's newest recorded
-            build of the project, else a slim build's estimate, else ``wheel_sources.toml`` ``[route_times]``).
+            build of the project, else a slim build's estimate, else ``wheel_sources.toml`` ``[route_times]`` for a
+            catalog backend; None for a source the catalog does not know, until this machine has built it).
         measured: the ``source`` figure is this machine's recorded build.
         projects: the distribution names the request covers.
         home: ``$ATTNFORGE_HOME``.
@@ -42,12 +43,15 @@ def plan(args: RequestArgs, *, on_note: Callable[[str], None] | None = None) -> 
     Raises:
         UsageError: bad input (see :func:`attnforge.install.inputs.assemble`).
     """
+    from attnforge.catalog import load_catalog
     from attnforge.install.inputs import assemble
 
     wanted = assemble(args, on_note=on_note)
     planned = wanted.plan()
     backend = wanted.request.backend
     expected = {k: route_s(k, backend) for k in dict.fromkeys(c.kind.value for c in planned.candidates)}
+    if "source" in expected and backend not in load_catalog().backends:
+        expected["source"] = None  # [route_times]' source figures are FlashAttention's and Sage's: none for this one
     measured = measured_build_s(wanted.projects, wanted.home) if "source" in expected else None
     slim_s = next((c.build.slim.estimate_s for c in planned.candidates if c.build is not None
                    and c.build.slim is not None and c.build.slim.estimate_s is not None), None)

@@ -251,7 +251,7 @@ def _spec(
     leaf = _leaf(name, version, pre, source, ','.join(slim.env) if slim else '')
     notes = [c.reason for c in pre.checks if c.name == "archs"]
     notes.append(sizing.note)
-    if not recipe.arch_env:
+    if not recipe.arch_env and recipe.targets:  # the C++-only recipe has neither
         notes.append(
             f"{recipe.id} fixes its archs in setup.py ({', '.join(str(t) for t in recipe.targets)}); "
             "no arch variable is set"
