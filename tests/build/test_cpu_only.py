@@ -100,7 +100,8 @@ def test_attnforge_build_compiles_a_cpp_extension_with_the_real_gcc(tmp_path: Pa
     done = subprocess.run([sys.executable, "-m", "attnforge", "build", "--source", str(src), "--quiet"],
                           capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
-    [wheel] = (tmp_path / "home").rglob("af_ext_fixture-0.1.0-*.whl")
+    [wheel] = (tmp_path / "home" / "artifacts").rglob("af_ext_fixture-0.1.0+*.whl")  # the local label names torch
+    assert "torch" in wheel.name.split("+", 1)[1].split("-", 1)[0]
     with zipfile.ZipFile(wheel) as zf:
         assert any(n.startswith("af_ext_fixture/_C") and n.endswith(".so") for n in zf.namelist())
 

@@ -33,6 +33,7 @@ def _fails(spec_src: Path, tmp_path: Path, launcher=launch, **changes: object) -
     return info.value
 
 
+@pytest.mark.slow  # ~27 s: two real compiles of the C++ fixture
 def test_fixture_builds_installs_runs_and_a_kept_tree_resumes(tmp_path: Path) -> None:
     src = copy_fixture(tmp_path / "src")
     home, root = tmp_path / "home", tmp_path / "b"
@@ -102,6 +103,7 @@ def _pip_has_python_option() -> bool:
     return (major, minor) >= (22, 3)
 
 
+@pytest.mark.slow  # ~19 s: a real compile that fails
 def test_syntax_error_is_diagnosed_at_its_source_line(tmp_path: Path) -> None:
     src = copy_fixture(tmp_path / "src")
     cpp = src / "af_ext_fixture" / "add.cpp"
@@ -129,6 +131,7 @@ class _MemoryLimited:
         return launch(["/bin/sh", "-c", f'ulimit -v {self.kib} && exec "$@"', "sh", *argv], cwd=cwd, env=env)
 
 
+@pytest.mark.slow  # ~9 s: a real compile under ulimit -v
 def test_out_of_memory_is_diagnosed(tmp_path: Path) -> None:
     # 800 MB: enough for pip and torch's import (about 640 MB peak), not for cc1plus on torch/extension.h
     failure = _fails(copy_fixture(tmp_path / "src"), tmp_path, launcher=_MemoryLimited(800_000))
