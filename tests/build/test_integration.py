@@ -97,9 +97,12 @@ def test_fixture_builds_installs_runs_and_a_kept_tree_resumes(tmp_path: Path) ->
 
 
 def _pip_has_python_option() -> bool:
-    import pip
+    # pip's version from its metadata: importing pip in this process turns setuptools' distutils shim off
+    # (_distutils_hack's spec_for_pip, pypa/pip#8761), and a later `import setuptools` here (Inductor's C++
+    # builds: the Flex real-compile tests) then fails its distutils assertion
+    from importlib.metadata import version
 
-    major, minor = (int(x) for x in pip.__version__.split(".")[:2])
+    major, minor = (int(x) for x in version("pip").split(".")[:2])
     return (major, minor) >= (22, 3)
 
 
