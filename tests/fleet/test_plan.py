@@ -111,3 +111,14 @@ def test_a_prebuilt_wheel_beats_a_build_and_counts_once_across_kinds(tmp_path: P
                       wheels={"flash-attn": list_find_links(str(tmp_path))})
     assert [r.route for r in plan.routes] == ["wheel", "wheel"]
     assert plan.builds == () and plan.artifacts == 1
+
+
+def test_a_cpp_only_source_sizes_its_ray_tasks_with_gccs_memory() -> None:
+    """The fleet's Ray task for a C++-only source reserves the C++-only recipe's 2 GiB per compile job, as a single
+    machine's plan sizes it (resolve.buildspec.build_recipe), not the CUDA recipe's 5; a CUDA source keeps 5."""
+    ext_pkg = SNAPSHOTS.parent / "ext_pkg"
+    cpp = Request(backend="af-ext-fixture", source=parse_source(str(ext_pkg)), from_source=True)
+    catalog = load_catalog()
+    gib = {b.gib_per_thread for b in plan_fleet(group_nodes(four_kinds()), catalog, [cpp]).builds}
+    assert gib == {catalog.recipes["torch-cpp-extension"].gb_per_nvcc_thread} == {2}
+    assert {b.gib_per_thread for b in plan_fleet(group_nodes(four_kinds()), catalog, [_request()]).builds} == {5}

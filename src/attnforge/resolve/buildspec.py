@@ -143,6 +143,17 @@ def minutes(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
+def build_recipe(catalog: Catalog, request: Request, *, os: str) -> Recipe | None:
+    """The recipe that builds ``request`` on a machine running ``os``: the catalog's for a backend it knows (None for
+    one built into torch), else the generic torch-extension recipe, or for a local source with C++ files only
+    (:func:`~attnforge.resolve.cpu_only.cpu_only_source`) the C++-only one, whose memory and disk floors are
+    g++'s, not nvcc's."""
+    recipe = catalog.recipe(request.backend)
+    if recipe is not None and recipe.id == GENERIC_RECIPE and cpu_only_source(request.source, os=os) is not None:
+        return catalog.recipes.get(CPP_RECIPE, recipe)
+    return recipe
+
+
 def plan_build(
     snapshot: SystemSnapshot, catalog: Catalog, request: Request, *, home: str | None = None
 ) -> BuildDecision:
@@ -151,7 +162,7 @@ def plan_build(
     Raises:
         UsageError: the backend has no build recipe (it ships in torch) or the version text is not PEP 440.
     """
-    recipe = catalog.recipe(request.backend)
+    recipe = build_recipe(catalog, request, os=snapshot.platform.os)
     if recipe is None or recipe.kind is not RecipeKind.BUILD:
         what = (
             "ships inside torch" if recipe is None else "is pure Python (pip installs it, nothing to compile)"
@@ -160,8 +171,6 @@ def plan_build(
             f"{request.backend} has nothing to build: it {what}",
             hint=f"attnforge plan {request.backend} shows how to get it",
         )
-    if recipe.id == GENERIC_RECIPE and cpu_only_source(request.source, os=snapshot.platform.os) is not None:
-        recipe = catalog.recipes.get(CPP_RECIPE, recipe)  # g++'s memory and disk floors, not nvcc's
     pre = run_preflight(snapshot, catalog, request, recipe)
     if not pre.ok:
         return BuildDecision(recipe=recipe, preflight=pre, spec=None)
