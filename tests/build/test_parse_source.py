@@ -117,3 +117,26 @@ def test_fetch_refuses_a_local_tree_without_its_submodule(tmp_path: Path) -> Non
                       submodules=("csrc/cutlass",))
     with pytest.raises(UsageError, match="submodule"):
         source_mod.fetch(spec, scratch=tmp_path / "s", python="python", env={}, runner=SubprocessRunner())
+
+
+def test_a_local_source_that_pip_could_not_build_is_named_before_anything_runs(tmp_path: Path) -> None:
+    """pip's "Neither 'setup.py' nor 'pyproject.toml' found", said before the preflight (which spoke of CUDA for an
+    empty directory): a missing path, a file that is not an sdist, a directory or #subdirectory= with no project
+    file. A project directory, an sdist and a git source pass (a git tree is read once fetched)."""
+    from attnforge.build.source import local_source_problem
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "repo" / "hopper").mkdir(parents=True)
+    (tmp_path / "repo" / "hopper" / "setup.py").write_text("")
+    (tmp_path / "notes.txt").write_text("")
+    (tmp_path / "x-1.0.tar.gz").write_bytes(b"")
+    problems = {text: local_source_problem(parse_source(str(tmp_path / text))) for text in
+                ("missing", "empty", "notes.txt", "repo", "repo#subdirectory=csrc", "repo#subdirectory=hopper",
+                 "x-1.0.tar.gz")}
+    assert "no such file or directory" in str(problems["missing"])
+    assert "neither setup.py nor pyproject.toml" in str(problems["empty"])
+    assert "not an sdist archive" in str(problems["notes.txt"])
+    assert "neither setup.py" in str(problems["repo"])  # the project is in its subdirectory
+    assert "no subdirectory csrc" in str(problems["repo#subdirectory=csrc"])
+    assert problems["repo#subdirectory=hopper"] is None and problems["x-1.0.tar.gz"] is None
+    assert local_source_problem(parse_source("git+https://github.com/Dao-AILab/flash-attention@v2.8.3")) is None

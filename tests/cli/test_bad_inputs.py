@@ -44,6 +44,10 @@ CASES: list[tuple[str, int]] = [
     ("plan flash-attn --snapshot {EMPTY}", 2),
     ("plan flash-attn --find-links " + MISSING + " --snapshot " + CPU_SNAPSHOT, 2),
     ("build --source " + MISSING + " --snapshot " + CPU_SNAPSHOT, 2),
+    ("build --source {DIR} --snapshot " + CPU_SNAPSHOT, 2),  # neither setup.py nor pyproject.toml
+    ("build --source {BLOB} --snapshot " + CPU_SNAPSHOT, 2),  # a file that is not an sdist
+    ("install --source {EMPTY}", 2),
+    ("plan --source {DIR}", 2),
     ("build no-such-backend --snapshot " + CPU_SNAPSHOT, 2),
     ("build flash-attn --jobs 0 --snapshot " + CPU_SNAPSHOT, 2),
     ("build flash-attn --arch 1.x --snapshot " + CPU_SNAPSHOT, 2),

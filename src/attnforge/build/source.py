@@ -59,6 +59,30 @@ def is_archive(path: Path) -> bool:
     return path.name.lower().endswith(_ARCHIVE_SUFFIXES)
 
 
+#: what makes a directory a project pip can build (pip: "Neither 'setup.py' nor 'pyproject.toml' found")
+PROJECT_FILES = ("setup.py", "pyproject.toml")
+
+
+def local_source_problem(source: SourceSpec) -> str | None:
+    """Why a local ``source`` (a path) cannot be built, before anything is read or staged: a missing path, a file
+    that is not an sdist archive, a directory (or its ``#subdirectory=``) holding neither ``setup.py`` nor
+    ``pyproject.toml``; None when it can be tried, and for a git repository or a URL (fetched later)."""
+    if source.kind is not SourceKind.PATH:
+        return None
+    path = Path(source.location)
+    if not path.exists():
+        return f"{path}: no such file or directory"
+    if path.is_file():
+        kinds = ", ".join(_ARCHIVE_SUFFIXES)
+        return None if is_archive(path) else f"{path} is a file but not an sdist archive ({kinds})"
+    tree = path / source.subdirectory if source.subdirectory else path
+    if not tree.is_dir():
+        return f"{path} has no subdirectory {source.subdirectory}"
+    if not any((tree / name).is_file() for name in PROJECT_FILES):
+        return f"{tree} is not a Python project: it holds neither {' nor '.join(PROJECT_FILES)}"
+    return None
+
+
 def parse_source(text: str) -> SourceSpec:
     """``--source`` text of every verb (build, install, plan) -> :class:`SourceSpec`. The one parser.
 

@@ -177,12 +177,14 @@ def assemble(args: RequestArgs, *, build: bool = False, environ: Mapping[str, st
 def _source(text: str | None, *, must_exist: bool) -> SourceSpec | None:
     if not text:
         return None
-    from attnforge.build.source import parse_source
+    from attnforge.build.source import local_source_problem, parse_source
 
     source = parse_source(text)
-    if must_exist and source.kind is SourceKind.PATH and not Path(source.location).exists():
-        raise UsageError(f"--source {text}: no such file or directory",
-                         hint="give a source directory, an sdist, git+URL@REF or an sdist URL")
+    problem = local_source_problem(source) if must_exist else None
+    if problem is not None:
+        raise UsageError(f"--source {text}: {problem}",
+                         hint="give a project directory (setup.py or pyproject.toml), an sdist, git+URL@REF or an "
+                              "sdist URL")
     return source
 
 
