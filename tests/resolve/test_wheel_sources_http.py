@@ -285,6 +285,7 @@ def test_a_source_the_catalog_does_not_know_has_no_build_time_before_its_first_b
     out = capsys.readouterr().out
     assert "[source] build af_ext_fixture" in out and "expected ~" not in out
     assert "fixes its archs" not in out  # the C++-only recipe has no nvcc targets to name
+    assert "af_ext_fixture installed in" not in out and "not looked for" in out  # the snapshot probes catalog ids
 
 
 def test_the_build_route_time_comes_from_an_earlier_build_here(

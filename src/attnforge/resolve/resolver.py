@@ -207,9 +207,11 @@ def _builtin(snapshot: SystemSnapshot, backend: Backend) -> Candidate:
 
 def _installed(snapshot: SystemSnapshot, backend: Backend | None, request: Request, catalog: Catalog) -> Candidate:
     state = snapshot.backend(request.backend)
-    desc = f"{request.backend} installed in {snapshot.platform.python_executable}"
     if state is None or not state.installed:
-        why = "not probed" if state is None and backend is None else "not installed"
+        desc = f"{request.backend} in {snapshot.platform.python_executable}"
+        # the snapshot probes the catalog's backends only; a free name (a --source project) is never taken installed
+        why = ("not looked for (a project the catalog does not know: --source builds it)"
+               if state is None and backend is None else "not installed")
         return _rejected(CandidateKind.INSTALLED, desc, [why])
     desc = f"{state.distribution} {state.version} installed in {snapshot.platform.python_executable}"
     reasons = []
