@@ -353,7 +353,7 @@ class Fa4DecodeLane:
     checks that): the mask's runs and the replayed compiled call are kept, so each later call makes three views and
     replays the kernel, skipping the call's signature, the plan lookup and the adapter's checks. Calling it returns
     ``[B, Hq, 1, Dv]``, or None where the call must take the adapter's general path (autograd records it, CUDA graph
-    capture, ``torch.compile`` traces).
+    capture, ``torch.compile`` traces): a decline is for that call alone (no ``retired``, unlike SDPA's lane).
 
     Why: on an H200's host (2026-11-28, docs/benchmarks.md "tenth session") Gemma-2-9B's decode through the route
     read 0.96-1.01x eager per step at 2, 8 and 42 layers although the replayed call costs 29 µs of host time against
@@ -370,8 +370,6 @@ class Fa4DecodeLane:
     sharing: MaskSharing
     kind: tuple[Any, ...]
     cuda: bool
-    #: never retires: each decline is for the call at hand (grad, capture, tracing)
-    retired: bool = False
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
         import torch

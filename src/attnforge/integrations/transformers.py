@@ -130,6 +130,7 @@ def _exact_only(query: Any, key: Any, value: Any, call: dict[str, Any]) -> bool:
     caller asked for it), nor while ``torch.compile`` traces (the custom op serves then)."""
     import torch
 
+    from attnforge.backends._base import records_grad
     from attnforge.backends.exact import EXACT
     from attnforge.dispatch import runtime
     from attnforge.dispatch.dispatcher import _FORCED
@@ -138,7 +139,7 @@ def _exact_only(query: Any, key: Any, value: Any, call: dict[str, Any]) -> bool:
         return False
     dispatcher = runtime.get_dispatcher()
     mask = call.get("attn_mask")
-    grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    grad = records_grad(query, key, value)
     kind = (query.shape[1], key.shape[1], query.shape[-1], value.shape[-1], query.shape[2] == 1, query.dtype,
             query.device, None if mask is None else (mask.dim(), mask.dtype), call.get("causal"),
             "window" in call, bool(call.get("dropout_p")), call.get("softcap") is not None,
