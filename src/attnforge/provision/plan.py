@@ -43,14 +43,13 @@ def plan(args: RequestArgs, *, on_note: Callable[[str], None] | None = None) -> 
     Raises:
         UsageError: bad input (see :func:`attnforge.install.inputs.assemble`).
     """
-    from attnforge.catalog import load_catalog
     from attnforge.install.inputs import assemble
 
     wanted = assemble(args, on_note=on_note)
     planned = wanted.plan()
     backend = wanted.request.backend
     expected = {k: route_s(k, backend) for k in dict.fromkeys(c.kind.value for c in planned.candidates)}
-    if "source" in expected and backend not in load_catalog().backends:
+    if "source" in expected and backend not in wanted.catalog.backends:
         expected["source"] = None  # [route_times]' source figures are FlashAttention's and Sage's: none for this one
     measured = measured_build_s(wanted.projects, wanted.home) if "source" in expected else None
     slim_s = next((c.build.slim.estimate_s for c in planned.candidates if c.build is not None
