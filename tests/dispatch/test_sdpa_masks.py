@@ -397,15 +397,50 @@ def _decode_call(device: str, sq: int, sk: int = 1025, causal: bool = False) -> 
                          causal=causal, needs_grad=False)
 
 
-def test_a_decode_class_on_cuda_binds_no_plain_sdpa_call() -> None:
-    """A route's plain call is SDPA itself (no adapter code per call), except a decode step on CUDA, which the
-    adapter's decode path serves (SDPA would build a cuDNN graph at every new length)."""
+def test_a_decode_class_on_cuda_binds_the_decode_route_not_plain_sdpa() -> None:
+    """A route's plain call is SDPA itself (no adapter code per call), except an unmasked decode step on CUDA, which
+    binds the decode route (:class:`_DecodeBound`: the adapter's decode path until the shape settles; SDPA would
+    build a cuDNN graph at every new length); a causal decode step with Sq == Sk is SDPA's own top-left causal."""
     adapter = registry.fallback()
 
-    assert adapter.bind(_decode_call("cuda", 1), scale=None, bshd=False) is None
-    assert adapter.bind(_decode_call("cuda", 16), scale=None, bshd=False) is None
-    assert adapter.bind(_decode_call("cuda", 17), scale=None, bshd=False) is not None
-    assert adapter.bind(_decode_call("cpu", 1), scale=None, bshd=False) is not None
+    assert isinstance(adapter.bind(_decode_call("cuda", 1), scale=None, bshd=False), sdpa_module._DecodeBound)
+    assert isinstance(adapter.bind(_decode_call("cuda", 16), scale=None, bshd=False), sdpa_module._DecodeBound)
+    assert not isinstance(adapter.bind(_decode_call("cuda", 17), scale=None, bshd=False), sdpa_module._DecodeBound)
+    assert not isinstance(adapter.bind(_decode_call("cpu", 1), scale=None, bshd=False), sdpa_module._DecodeBound)
+    causal = adapter.bind(_decode_call("cuda", 4, sk=4, causal=True), scale=None, bshd=False)
+    assert getattr(causal, "keywords", None) == {"scale": None, "is_causal": True, "enable_gqa": True}
+    assert adapter.bind(_decode_call("cuda", 1, causal=True), scale=None, bshd=False) is None  # bottom-right
+    assert adapter.bind(_decode_call("cuda", 1), scale=None, bshd=True) is None
+
+
+def test_the_bound_decode_route_serves_the_decode_path_until_settled_then_sdpa(
+        efficient_kernel: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound decode route (``q [2, 4, 1, 8]``, K/V ``[2, 2, 24, 8]``, GQA) takes the adapter's decode path while
+    the shape is met fewer than SETTLED times, then SDPA itself with the route's keywords, counting no more, with the
+    reference's answers throughout; a call of other strides goes back through the adapter, and a settled shape the
+    in-situ check settled (``settle_repeated``) goes to SDPA from the next call."""
+    monkeypatch.setattr(sdpa_module, "_MET", sdpa_module._MetShapes())
+    monkeypatch.setattr(sdpa_module._MetShapes, "SETTLED", 3)
+    decoded = _count_decode_path(monkeypatch)
+    adapter = registry.fallback()
+    call = AttentionCall(device_type="cpu", compute_capability=None, dtype="float64", batch=2, heads_q=4, heads_kv=2,
+                         seqlen_q=1, seqlen_k=24, head_dim=8, causal=False, needs_grad=False)
+    bound = adapter.bind(call, scale=0.5, bshd=False)
+    assert isinstance(bound, sdpa_module._DecodeBound)
+    q, k, v = _qkv()
+    step = q[:, :, :1]
+    want = reference_attention(step, k, v, causal=False, scale=0.5)
+    for _ in range(6):
+        torch.testing.assert_close(bound(step, k, v), want)
+    assert decoded == [1, 1, 1]  # three meetings on the decode path, then SDPA's own choice
+    assert sorted(sdpa_module._MET._seen.values()) == [3]  # the settled calls were not counted
+    other = step.clone()  # contiguous: other strides than the slice of q
+    torch.testing.assert_close(bound(other, k, v), want)
+    assert decoded == [1, 1, 1, 1]  # not the settled strides: the adapter's path, counted
+    assert adapter.settle_repeated(other, k, v, causal=False)
+    torch.testing.assert_close(bound(other, k, v), want)  # the adapter serves it settled; the route keeps it
+    torch.testing.assert_close(bound(other, k, v), want)
+    assert decoded == [1, 1, 1, 1]
 
 
 @pytest.mark.parametrize("mask_shape", ["b1qk", "bhqk", "qk", "bh1k"])
