@@ -44,12 +44,12 @@ def padded_step(case: str, *, groups: int, sk: int, d: int, dtype: torch.dtype,
     return q, k, v, mask
 
 
-def fa4_only_dispatcher(adapter: Any, home: Path, monkeypatch: Any, *, device: str,
-                        compute_capability: tuple[int, int] | None, version: str) -> list[int]:
+def fa4_only_dispatcher(adapter: Any, home: Path, monkeypatch: Any, *, device: str, version: str) -> list[int]:
     """Make the process dispatcher one whose only backend is ``adapter`` (FlashAttention-4, a verify record of it in
-    ``home``), with no lane kept, until the test ends (``monkeypatch`` puts the previous one back); returns a list
-    that gets one entry per call of the adapter's masked path (``FlashAttn4Adapter._masked``), so a test can tell the
-    calls the lane served from those the adapter did."""
+    ``home`` for ``device``, ``"cpu"`` or ``"cuda"``: the current GPU under the key the dispatcher looks up, its name
+    and compute capability), with no lane kept, until the test ends (``monkeypatch`` puts the previous one back);
+    returns a list that gets one entry per call of the adapter's masked path (``FlashAttn4Adapter._masked``), so a
+    test can tell the calls the lane served from those the adapter did."""
     from attnforge.backends.flash import FlashAttn4Adapter
     from attnforge.dispatch import features, runtime
     from attnforge.dispatch.dispatcher import Dispatcher
@@ -57,7 +57,11 @@ def fa4_only_dispatcher(adapter: Any, home: Path, monkeypatch: Any, *, device: s
     from attnforge.types.device import device_key
 
     store = RecordStore(home)
-    store.add_verify(VerifyRecord(device_key=device_key(device, compute_capability, torch.__version__),
+    # the dispatcher's key names a GPU by its name ("NVIDIA H200|9.0|torch ..."), not "cuda": a record under another
+    # key leaves FlashAttention-4 unverified, and the exact math serves every call (the GPU run of 2026-11-28)
+    name, cc = ((torch.cuda.get_device_name(), torch.cuda.get_device_capability()) if device == "cuda"
+                else (device, None))
+    store.add_verify(VerifyRecord(device_key=device_key(name, cc, torch.__version__),
                                   backend="flash-attn-4", backend_version=version, ok=True, summary="assumed"))
     masked: list[int] = []
     real = FlashAttn4Adapter._masked

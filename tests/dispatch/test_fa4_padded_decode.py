@@ -314,8 +314,7 @@ def fa4_dispatcher(fa4: tuple[FlashAttn4Adapter, _VarlenFa4], tmp_path: Path,
     """The faked FlashAttention-4 as the process dispatcher's only backend (:func:`fa4_only_dispatcher`): the adapter,
     the fake and the list of the adapter's masked calls."""
     adapter, fake = fa4
-    masked = fa4_only_dispatcher(adapter, tmp_path / "afhome", monkeypatch, device="cpu", compute_capability=None,
-                                 version="1")
+    masked = fa4_only_dispatcher(adapter, tmp_path / "afhome", monkeypatch, device="cpu", version="1")
     return adapter, fake, masked
 
 
