@@ -505,8 +505,8 @@ def _hot_path_layers(torch: Any, q: Any, k: Any, v: Any) -> dict[str, Any]:
         "routes_get": lambda: dispatcher.routes.get(signature()),
         "serve": lambda: dispatcher.serve(route, q, k, v, None),
         "bound_call": lambda: bound(q, k, v),
-        # main before the decode route was bound (eleventh session's try): the adapter as a partial, as bound_call
-        # was then; judged against bound_call in the same rounds
+        # the route before the decode path was bound (43ce1d9): the adapter as a partial, timed in the same rounds
+        # as bound_call
         "adapter_partial": lambda: adapter_partial(q, k, v),
         "sdpa_adapter_keywords": lambda: sdpa(q, k, v, enable_gqa=True, scale=None),
         "attention": lambda: attnforge.attention(q, k, v),
