@@ -230,14 +230,15 @@ class SdpaAdapter(AdapterBase):
         """SDPA on the prepared keywords: under the forced kernel, or for a decode shape not yet settled (masked,
         or without a causal mask to apply) without cuDNN (:func:`_decode_without_cudnn`), else as SDPA chooses.
         ``seen`` (bool, broadcastable to ``[B, Hq, Sq, 1]``): the rows that see some key; the others, opened in the
-        mask, become zeros. ``unsettled``: the caller's count of this decode shape (:data:`_MET`), so it is not
-        counted twice; None: counted here."""
+        mask, become zeros. ``unsettled``: the caller's count of this decode shape (:data:`_MET`), made where it found
+        the decode path open to the call (a decode step, not causal, :func:`_cudnn_free_decode`), so neither is
+        asked twice; None: asked and counted here."""
         if self.kernel is not None:
             with _force(self.kernel):
                 out = sdpa(q, k, v, **kwargs)
-        elif (unsettled is not False and q.shape[2] <= DECODE_ROWS and q.device.type in _EFFICIENT_DEVICES
-                and not kwargs.get("is_causal") and _cudnn_free_decode()
-                and (unsettled or _MET.unsettled(q, k, v, kwargs.get("attn_mask")))):
+        elif unsettled or (unsettled is None and q.shape[2] <= DECODE_ROWS and q.device.type in _EFFICIENT_DEVICES
+                           and not kwargs.get("is_causal") and _cudnn_free_decode()
+                           and _MET.unsettled(q, k, v, kwargs.get("attn_mask"))):
             return _decode_without_cudnn(sdpa, q, k, v, kwargs, seen=seen)
         else:
             out = sdpa(q, k, v, **kwargs)
@@ -312,6 +313,10 @@ class _MetShapes:
     def unsettled(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
         """Counts a meeting of this call's shapes, strides, dtypes and device (``mask`` None: no mask); True while
         they have been met fewer than :data:`SETTLED` times."""
+        return self.count(q, k, v, mask) <= self.SETTLED
+
+    def count(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> int:
+        """Counts a meeting as :meth:`unsettled` does; returns the meetings so far, this one included."""
         key = self._key(q, k, v, mask)
         # no lock: a count lost to another thread's call, or a key it evicts, only delays settling
         met = self._seen.pop(key, 0) + 1
@@ -321,11 +326,7 @@ class _MetShapes:
                 self._seen.popitem(last=False)
             except KeyError:
                 break
-        return met <= self.SETTLED
-
-    def met(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> int:
-        """How often these shapes have been met (not counting this asking); :data:`SETTLED` or more: settled."""
-        return self._seen.get(self._key(q, k, v, mask), 0)
+        return met
 
     def settle(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
         """Counts these shapes as met :data:`SETTLED` times (the caller knows they repeat); True when they were
@@ -360,12 +361,18 @@ class _DecodeBound:
         self._settled: tuple[Any, ...] | None = None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self._settled is not None and self._settled == (q.stride(), k.stride(), v.stride()):
+        strides = (q.stride(), k.stride(), v.stride())
+        if strides == self._settled:
             return self._sdpa(q, k, v, **self._kwargs)
-        out = self._adapter(q, k, v, causal=False, scale=self._kwargs["scale"])
-        if _MET.met(q, k, v, None) >= _MetShapes.SETTLED:  # the next call of these strides is served as settled
-            self._settled = (q.stride(), k.stride(), v.stride())
-        return out
+        # what SdpaAdapter.__call__ does for the route's calls (no features, not causal, GQA native); of _run's
+        # condition for the decode path only the process's state varies between them, asked here with the count
+        unsettled = False
+        if _cudnn_free_decode():
+            met = _MET.count(q, k, v, None)
+            unsettled = met <= _MetShapes.SETTLED
+            if met >= _MetShapes.SETTLED:  # the next call of these strides is served as settled
+                self._settled = strides
+        return self._adapter._run(self._sdpa, q, k, v, self._kwargs, unsettled=unsettled)
 
 
 def _cudnn_free_decode() -> bool:
