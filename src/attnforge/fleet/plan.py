@@ -30,6 +30,7 @@ from attnforge.fleet.requests import KindRequest
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.provision.build import NOT_IN_KEY
 from attnforge.resolve.buildspec import build_recipe, plan_build
+from attnforge.resolve.cpu_only import cpu_only_source
 from attnforge.resolve.resolver import resolve
 from attnforge.resolve.sources import load_wheel_sources
 from attnforge.resolve.types import BuildSpec, CandidateKind, Plan, Request, WheelRef
@@ -242,7 +243,8 @@ def _merge(members: list[_Member], orphans: list[tuple[KindGroup, Route]], catal
 
     Returns: (kind ids, spec, the builder (its kind's nodes of one toolchain), GiB per nvcc thread) per build.
     """
-    recipe = build_recipe(catalog, request, os=members[0].group.snapshot.platform.os) if members else None
+    recipe = build_recipe(catalog, request, cpu_only=cpu_only_source(
+        request.source, os=members[0].group.snapshot.platform.os)) if members else None
     gib = recipe.gb_per_nvcc_thread if recipe is not None else 1
     by_glibc = sorted(members, key=lambda m: glibc_key(m.group.snapshot))
     # with --arch every kind gets the list asked for; else each kind's own GPUs join the union

@@ -143,13 +143,13 @@ def minutes(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def build_recipe(catalog: Catalog, request: Request, *, os: str) -> Recipe | None:
-    """The recipe that builds ``request`` on a machine running ``os``: the catalog's for a backend it knows (None for
-    one built into torch), else the generic torch-extension recipe, or for a local source with C++ files only
-    (:func:`~attnforge.resolve.cpu_only.cpu_only_source`) the C++-only one, whose memory and disk floors are
-    g++'s, not nvcc's."""
+def build_recipe(catalog: Catalog, request: Request, *, cpu_only: str | None) -> Recipe | None:
+    """The recipe that builds ``request``: the catalog's for a backend it knows (None for one built into torch), else
+    the generic torch-extension recipe, or, where ``cpu_only`` (what
+    :func:`~attnforge.resolve.cpu_only.cpu_only_source` says of the request's source on the building machine) is
+    not None, the C++-only one, whose memory and disk floors are g++'s, not nvcc's."""
     recipe = catalog.recipe(request.backend)
-    if recipe is not None and recipe.id == GENERIC_RECIPE and cpu_only_source(request.source, os=os) is not None:
+    if recipe is not None and recipe.id == GENERIC_RECIPE and cpu_only is not None:
         return catalog.recipes.get(CPP_RECIPE, recipe)
     return recipe
 
@@ -162,7 +162,8 @@ def plan_build(
     Raises:
         UsageError: the backend has no build recipe (it ships in torch) or the version text is not PEP 440.
     """
-    recipe = build_recipe(catalog, request, os=snapshot.platform.os)
+    cpu_only = cpu_only_source(request.source, os=snapshot.platform.os)  # walks a local source tree: asked once
+    recipe = build_recipe(catalog, request, cpu_only=cpu_only)
     if recipe is None or recipe.kind is not RecipeKind.BUILD:
         what = (
             "ships inside torch" if recipe is None else "is pure Python (pip installs it, nothing to compile)"
@@ -171,7 +172,7 @@ def plan_build(
             f"{request.backend} has nothing to build: it {what}",
             hint=f"attnforge plan {request.backend} shows how to get it",
         )
-    pre = run_preflight(snapshot, catalog, request, recipe)
+    pre = run_preflight(snapshot, catalog, request, recipe, cpu_only=cpu_only)
     if not pre.ok:
         return BuildDecision(recipe=recipe, preflight=pre, spec=None)
     return BuildDecision(recipe=recipe, preflight=pre, spec=_spec(snapshot, request, recipe, pre, home))

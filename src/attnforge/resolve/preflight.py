@@ -43,14 +43,14 @@ class Preflight:
         return not self.failures
 
 
-def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, recipe: Recipe) -> Preflight:
-    """Answer every build question for ``request`` on ``snapshot``; never raises for a failed check."""
+def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, recipe: Recipe, *,
+                  cpu_only: str | None) -> Preflight:
+    """Answer every build question for ``request`` on ``snapshot``; never raises for a failed check. ``cpu_only``:
+    what :func:`~attnforge.resolve.cpu_only.cpu_only_source` says of the request's source on ``snapshot`` (not None:
+    a C++-only extension, asked the host compiler's questions only)."""
     checks: list[Check] = []
     notes: list[str] = []
 
-    from attnforge.resolve.cpu_only import cpu_only_source
-
-    cpu_only = cpu_only_source(request.source, os=snapshot.platform.os)
     if cpu_only is not None:  # host compiler, ninja, memory, disk: the questions a CppExtension asks
         torch_check = next((c for c in torch_checks(snapshot, catalog) if c.name == "torch"), None) or Check(
             name="torch", ok=True, reason=f"torch {snapshot.torch.version if snapshot.torch else ''} (any build)")
