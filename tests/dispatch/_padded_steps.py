@@ -46,23 +46,21 @@ def padded_step(case: str, *, groups: int, sk: int, d: int, dtype: torch.dtype,
 
 def fa4_only_dispatcher(adapter: Any, home: Path, monkeypatch: Any, *, device: str, version: str) -> list[int]:
     """Make the process dispatcher one whose only backend is ``adapter`` (FlashAttention-4, a verify record of it in
-    ``home`` for ``device``, ``"cpu"`` or ``"cuda"``: the current GPU under the key the dispatcher looks up, its name
-    and compute capability), with no lane kept, until the test ends (``monkeypatch`` puts the previous one back);
-    returns a list that gets one entry per call of the adapter's masked path (``FlashAttn4Adapter._masked``), so a
-    test can tell the calls the lane served from those the adapter did."""
+    ``home`` for ``device``, ``"cpu"`` or ``"cuda"``), with no lane kept, until the test ends (``monkeypatch`` puts
+    the previous one back); returns a list that gets one entry per call of the adapter's masked path
+    (``FlashAttn4Adapter._masked``), so a test can tell the calls the lane served from those the adapter did."""
     from attnforge.backends.flash import FlashAttn4Adapter
     from attnforge.dispatch import features, runtime
     from attnforge.dispatch.dispatcher import Dispatcher
     from attnforge.records import RecordStore, VerifyRecord
-    from attnforge.types.device import device_key
 
     store = RecordStore(home)
-    # the dispatcher's key names a GPU by its name ("NVIDIA H200|9.0|torch ..."), not "cuda": a record under another
-    # key leaves FlashAttention-4 unverified, and the exact math serves every call (the GPU run of 2026-11-28)
-    name, cc = ((torch.cuda.get_device_name(), torch.cuda.get_device_capability()) if device == "cuda"
-                else (device, None))
-    store.add_verify(VerifyRecord(device_key=device_key(name, cc, torch.__version__),
-                                  backend="flash-attn-4", backend_version=version, ok=True, summary="assumed"))
+    dispatcher = Dispatcher({"flash-attn-4": adapter}, records=store)
+    # under the key the dispatcher looks up (a GPU's name: "NVIDIA H200|9.0|torch ..."): a record under another key,
+    # "cuda|9.0|...", left FlashAttention-4 unverified and the exact math served every call (the GPU run of 2026-11-28)
+    key = dispatcher._device(torch.device(device)).key
+    store.add_verify(VerifyRecord(device_key=key, backend="flash-attn-4", backend_version=version, ok=True,
+                                  summary="assumed"))
     masked: list[int] = []
     real = FlashAttn4Adapter._masked
 
@@ -71,6 +69,6 @@ def fa4_only_dispatcher(adapter: Any, home: Path, monkeypatch: Any, *, device: s
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(FlashAttn4Adapter, "_masked", counting)
-    monkeypatch.setattr(runtime, "_DISPATCHER", Dispatcher({"flash-attn-4": adapter}, records=store))
+    monkeypatch.setattr(runtime, "_DISPATCHER", dispatcher)
     monkeypatch.setattr(features, "_LANES", threading.local())
     return masked
