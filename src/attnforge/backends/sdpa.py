@@ -342,10 +342,10 @@ _MET = _MetShapes()
 
 class _DecodeBound:
     """An unmasked decode route (``q [B, Hq, Sq, D]``, Sq <= :data:`DECODE_ROWS`, not causal, SDPA choosing) bound
-    to the adapter: calls go through :meth:`SdpaAdapter.__call__`'s decode path until their shape and strides settle
-    (:class:`_MetShapes`), then straight to SDPA with the route's keywords (what the adapter's settled path calls),
-    the strides kept so a settled call is not counted again. Shapes, dtypes and devices are the route's (its
-    signature); other strides take the adapter's path. Takes and returns ``[B, H, S, D]``.
+    to the adapter: calls go through the adapter's decode path (:meth:`SdpaAdapter._run`, each meeting counted once)
+    until their shape and strides settle (:class:`_MetShapes`), then straight to SDPA with the route's keywords (what
+    the adapter's settled path calls), the strides kept so a settled call is not counted again. Shapes, dtypes and
+    devices are the route's (its signature); other strides take the adapter's path. Takes and returns ``[B, H, S, D]``.
 
     Why: the grid's decode GQA cell (``q [8, 32, 1, 128]``, K/V ``[8, 8, 4096, 128]``, bf16) on an H200, torch
     2.11, 2026-11-28 (twelfth session, ``scripts/gpu/decode_probe.py gqa_decode_cell``, host µs a call with the
