@@ -48,9 +48,9 @@ def registered() -> None:
     tf_integration.register()
 
 
-def _model(name: str, impl: str) -> Any:
+def _model(name: str, impl: str, **overrides: Any) -> Any:
     config_cls, model_cls, extra = MODELS[name]
-    config = getattr(transformers, config_cls)(**{**_COMMON, **extra})
+    config = getattr(transformers, config_cls)(**{**_COMMON, **extra, **overrides})
     torch.manual_seed(0)
     return getattr(transformers, model_cls)._from_config(config, attn_implementation=impl)
 
@@ -208,32 +208,37 @@ def skip_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-# Gemma-2's sliding layers: a window of 4 (MODELS) the keys reach, which sdpa_mask builds without reading
-@pytest.mark.parametrize(("name", "kinds"), [("llama", 1), ("gemma2-softcap-sliding-window", 1)])
-def test_a_padded_generate_reads_its_padding_once_for_its_decode_steps(
-        name: str, kinds: int, skip_checks: list[int], served: list[tuple[int, ...]],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+# Gemma-2's sliding layers: a window of 4 (MODELS) the keys reach, which sdpa_mask builds without reading; a window
+# of 64 they never reach, whose mask is the global layers' (a view of the padding mask, like theirs)
+@pytest.mark.parametrize(("name", "window", "kinds", "views"),
+                         [("llama", None, 1, 4), ("gemma2-softcap-sliding-window", 4, 1, 4),
+                          ("gemma2-softcap-sliding-window", 64, 2, 8)])
+def test_a_padded_generate_reads_its_padding_once_for_its_decode_steps(  # noqa: PLR0917 - parametrized
+        name: str, window: int | None, kinds: int, views: int, skip_checks: list[int],
+        served: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
     """A padded batch's decode steps build their masks without reading the padding mask again after the first step
     (transformers' SDPA mask reads it, a host sync, on every step for each kind of mask); the tokens are SDPA's (or
-    eager's, for a model SDPA cannot serve), for an unpadded batch of the same size after it too."""
+    eager's, for a model SDPA cannot serve), for an unpadded batch of the same size after it too. A sliding
+    window the keys do not outgrow hides nothing: its layers' masks are views of the padding mask too."""
     ids, mask = _inputs(length=6, left_pad=2)
     kwargs = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
     default = "eager" if name.startswith("gemma2") else "sdpa"
-    want = _model(name, default).eval().generate(ids, **kwargs)
+    over = {} if window is None else {"sliding_window": window}
+    want = _model(name, default, **over).eval().generate(ids, **kwargs)
     skip_checks.clear()
-    views: list[bool] = []
+    made: list[bool] = []
     real = tf_integration._last_query_mask
-    monkeypatch.setattr(tf_integration, "_last_query_mask", lambda kw: views.append(real(kw) is not None) or real(kw))
-    got = _model(name, "attnforge").eval().generate(ids, **kwargs)
+    monkeypatch.setattr(tf_integration, "_last_query_mask", lambda kw: made.append(real(kw) is not None) or real(kw))
+    got = _model(name, "attnforge", **over).eval().generate(ids, **kwargs)
     assert got.tolist() == want.tolist()
     assert skip_checks.count(1) == kinds, skip_checks  # the first decode step asks, for each kind of mask
-    assert views == [True] * 4  # the full-attention mask of decode steps 2-5: the padding mask's view
+    assert made == [True] * views  # decode steps 2-5's masks (global; and windowed, where the window hides nothing)
     # the same batch size, unpadded
     skip_checks.clear()
     full = torch.ones_like(mask)
-    want = _model(name, default).eval().generate(ids, **{**kwargs, "attention_mask": full})
+    want = _model(name, default, **over).eval().generate(ids, **{**kwargs, "attention_mask": full})
     skip_checks.clear()
-    got = _model(name, "attnforge").eval().generate(ids, **{**kwargs, "attention_mask": full})
+    got = _model(name, "attnforge", **over).eval().generate(ids, **{**kwargs, "attention_mask": full})
     assert got.tolist() == want.tolist()
     assert skip_checks == []  # transformers drops an all-visible padding mask before any mask function is asked
 
@@ -259,6 +264,48 @@ def test_the_last_query_mask_is_sdpa_masks_own(  # noqa: PLR0917 - hypothesis dr
     want = sdpa_mask(**kw)
     assert got is not None and got.shape == want.shape and got.dtype == torch.bool
     assert torch.equal(got, want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch=st.integers(1, 3), kv_length=st.integers(1, 12), kv_offset=st.integers(0, 3),
+       q_shift=st.sampled_from([0, 0, 0, -1, 1]), kind=st.sampled_from(["causal", "sliding", "chunked", "bidi"]),
+       size=st.integers(1, 14), seed=st.integers(0, 2**16))
+def test_hides_no_key_is_sdpa_masks_answer(  # noqa: PLR0917 - hypothesis draws
+        batch: int, kv_length: int, kv_offset: int, q_shift: int, kind: str, size: int, seed: int) -> None:
+    """:func:`_hides_no_key` says True exactly where ``sdpa_mask`` builds, from the same mask function and an
+    all-visible padding mask, a mask that hides no key (transformers' own mask functions: causal, a sliding window,
+    chunks over a per-row left padding, a bidirectional window); where it says True, the padding's view is the mask
+    ``sdpa_mask`` builds over any padding."""
+    from transformers import masking_utils as mu
+
+    gen = torch.Generator().manual_seed(seed)
+    fn = {"causal": lambda: mu.causal_mask_function,
+          "sliding": lambda: mu.sliding_window_causal_mask_function(size),
+          "chunked": lambda: mu.chunked_causal_mask_function(size, torch.randint(0, 3, (batch,), generator=gen)),
+          "bidi": lambda: mu.sliding_window_bidirectional_mask_function(size)}[kind]()
+    kw = {"batch_size": batch, "q_length": 1, "kv_length": kv_length, "kv_offset": kv_offset,
+          "q_offset": kv_offset + kv_length - 1 + q_shift, "mask_function": fn, "allow_is_causal_skip": False}
+    visible = mu.sdpa_mask(**kw, attention_mask=torch.ones(batch, kv_offset + kv_length, dtype=torch.bool))
+    assert tf_integration._hides_no_key(kw) == bool(visible.all())
+    padding = torch.rand(batch, kv_offset + kv_length, generator=gen) < 0.7
+    if tf_integration._hides_no_key(kw) and not q_shift:
+        assert torch.equal(tf_integration._last_query_mask({**kw, "attention_mask": padding}),
+                           mu.sdpa_mask(**kw, attention_mask=padding))
+
+
+def test_hides_no_key_declines_what_it_cannot_read() -> None:
+    """A mask function that raises, answers on another device or in another dtype, or a vmap call: False (``sdpa_mask``
+    builds the mask, and reports the error)."""
+    kw = {"batch_size": 2, "q_length": 1, "kv_length": 5, "kv_offset": 0, "q_offset": 4}
+
+    def raises(*_: Any) -> Any:
+        raise IndexError("index 7 is out of bounds")
+
+    assert not tf_integration._hides_no_key({**kw, "mask_function": raises})
+    assert not tf_integration._hides_no_key({**kw, "mask_function": lambda b, h, q, k: (k >= 0).to("meta")})
+    assert not tf_integration._hides_no_key({**kw, "mask_function": lambda b, h, q, k: (k >= 0).long()})
+    assert not tf_integration._hides_no_key({**kw, "mask_function": lambda b, h, q, k: k >= 0, "use_vmap": True})
+    assert tf_integration._hides_no_key({**kw, "mask_function": lambda b, h, q, k: k >= 0})
 
 
 def test_the_mask_builder_builds_a_continued_padded_decode_steps_mask_and_passes_the_rest_through() -> None:

@@ -256,7 +256,9 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
     Such a continued step's mask is, for the plain causal mask (``causal``: ``masking_utils.causal_mask_function``,
     nothing composed with it) when the query is the last key (a dynamic cache), the padding mask's row of those keys
     (:func:`_last_query_mask`): one view instead of ``sdpa_mask``'s ~26 torch calls (index arithmetic over
-    ``arange``s), each a few µs of host time on an H200's host."""
+    ``arange``s), each a few µs of host time on an H200's host. So is a sliding window's (``local_size``: Gemma-2,
+    Gemma-3, Mistral) while its keys do not outgrow the window, where its mask function hides no key from the query
+    (:func:`_hides_no_key`, a few CPU ops)."""
     import functools
 
     @functools.wraps(sdpa_mask)
@@ -277,7 +279,9 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
         if (last is not None and last[1] and isinstance(last[0], int) and _query_is_last_key(kwargs)
                 and kwargs["kv_length"] - last[0] in (0, 1)):
             _PADDED_DECODE[key] = (kv_length, True)
-            built = _last_query_mask(kwargs) if get("mask_function") is causal else None
+            fn = get("mask_function")
+            built = (_last_query_mask(kwargs) if fn is causal or (key[2] is not None and kv_length <= key[2]
+                                                                   and _hides_no_key(kwargs)) else None)
             return built if built is not None else sdpa_mask(**{**kwargs, "allow_is_causal_skip": False})
         mask = sdpa_mask(**kwargs)
         local = key[2]
@@ -303,6 +307,30 @@ def _last_query_mask(kwargs: dict[str, Any]) -> Any:
     if padding.shape[1] < kv_offset + kv_length:
         return None
     return padding[:, None, None, kv_offset:kv_offset + kv_length]
+
+
+def _hides_no_key(kwargs: dict[str, Any]) -> bool:
+    """Whether a decode step's mask function (``mask_function``, before ``sdpa_mask`` adds the padding) hides none of
+    the keys ``kv_offset .. kv_offset + kv_length`` from the one query (``q_offset``) of any batch row: the function
+    evaluated as ``sdpa_mask`` evaluates it without vmap (the four index tensors broadcast ``[B, 1, 1, 1]``,
+    ``[1, 1, 1, 1]``, ``[1, 1, 1, 1]``, ``[1, 1, 1, kv_length]``), on CPU index tensors, so an index function
+    launches no device work. False for ``use_vmap``, for an answer that is not a CPU bool tensor (a function over
+    device tensors: not read), and where the function raises (``sdpa_mask`` then builds the mask, and says what is
+    wrong)."""
+    import torch
+
+    if kwargs.get("use_vmap"):
+        return False
+    kv_offset, kv_length = kwargs.get("kv_offset", 0), kwargs["kv_length"]
+    try:
+        seen = kwargs["mask_function"](torch.arange(kwargs["batch_size"])[:, None, None, None],
+                                       torch.zeros(1, 1, 1, 1, dtype=torch.long),
+                                       torch.full((1, 1, 1, 1), kwargs["q_offset"]),
+                                       (torch.arange(kv_length) + kv_offset)[None, None, None, :])
+    except Exception:  # noqa: BLE001 - any mask function's failure: sdpa_mask decides, and raises it there
+        return False
+    return (isinstance(seen, torch.Tensor) and seen.device.type == "cpu" and seen.dtype == torch.bool
+            and bool(seen.all()))
 
 
 def _query_is_last_key(kwargs: dict[str, Any]) -> bool:
