@@ -418,7 +418,7 @@ def write(path: str, rows: list[Row], summary: dict[str, Any]) -> None:
 def warm(cells: tuple[Cell, ...], wanted: set[str], args: Any, t_start: float) -> None:
     """``attnforge warmup`` of the cells' shapes (each mode), timed; prints one line per class."""
     from attnforge.dispatch.warmup import warmup
-    from attnforge.types.shapes import AttentionShape, Mode
+    from attnforge.types.shapes import AttentionShape, Layout, Mode
 
     shapes = []
     for cell in cells:
@@ -426,9 +426,11 @@ def warm(cells: tuple[Cell, ...], wanted: set[str], args: Any, t_start: float) -
             continue
         c = cell if args.device == "cuda" else shrink(cell)
         for mode in c.modes:
-            shapes.append(AttentionShape(batch=c.b, heads_q=c.hq, heads_kv=c.hkv, seqlen_q=c.sq, seqlen_k=c.sk,
-                                         head_dim=c.d, causal=c.causal, dtype=args.dtype.removeprefix("torch."),
-                                         mode=Mode.FWD_BWD if mode == "fwdbwd" else Mode.FWD))
+            # both layouts: the grid calls attention() in each (a first call at other strides may build again)
+            shapes += [AttentionShape(batch=c.b, heads_q=c.hq, heads_kv=c.hkv, seqlen_q=c.sq, seqlen_k=c.sk,
+                                      head_dim=c.d, causal=c.causal, dtype=args.dtype.removeprefix("torch."),
+                                      mode=Mode.FWD_BWD if mode == "fwdbwd" else Mode.FWD, layout=layout)
+                       for layout in (Layout.BHSD, Layout.BSHD)]
     report = warmup(shapes, device=args.device)
     for w in report.classes:
         print(f"warmup {w.shape_class}: {w.chosen} ({w.basis}) {w.duration_s:.1f} s {w.error}", flush=True)

@@ -34,6 +34,8 @@ from typing import Any
 from _timing import interleaved, median, paired_ms
 
 DEV, DT, SMALL, WARMUP, DIAGNOSE, FRESH_LENGTHS, DECODE_ONLY = "cuda", "bfloat16", False, False, False, False, False
+#: --read-every-mask (main: a variant timed beside attnforge's rule)
+MASK_VARIANT: dict[str, bool] = {"read_every_mask": False}
 #: timed decode rounds per implementation (``--decode-rounds``), after one untimed warm-up round
 DECODE_ROUNDS = 5
 LAYERS = 2
@@ -127,7 +129,9 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
         model.set_attn_implementation(impl)  # the same weights for both
         with torch.no_grad():
             logits[impl] = model(input_ids=ids, attention_mask=mask).logits
-    use = {impl: (lambda impl=impl: model.set_attn_implementation(impl)) for impl in impls}
+    use = {impl: (lambda impl=impl: _use(model, impl)) for impl in impls}
+    if MASK_VARIANT["read_every_mask"]:  # a third implementation, in the same rounds: MaskSharing reads every mask
+        use["attnforge-read-every-mask"] = lambda: _use(model, "attnforge", shared=1)
     if not DECODE_ONLY:
         _forward_and_train(torch, model, ids, mask, use=use, res=res)
     res.update(_generate_paired(torch, model, batch, use))
@@ -145,7 +149,23 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
     for key in ("prefill_ms", "decode_tokens_per_s"):
         a, d = res["attnforge_generate"][key], res[f"{default}_generate"][key]
         res[f"speedup_{key}"] = (d / a) if key.endswith("_ms") else (a / d)
+    if MASK_VARIANT["read_every_mask"]:  # not a speedup_ key: it is a variant, not what attnforge ships
+        res["read_every_mask_decode_ratio"] = (res["attnforge-read-every-mask_generate"]["decode_tokens_per_s"]
+                                               / res[f"{default}_generate"]["decode_tokens_per_s"])
+        _use(model, "attnforge", shared=1)
+        if DIAGNOSE:
+            res["attnforge-read-every-mask_generate"].update(_generate_diagnosis(torch, model, batch))
+        _use(model, "attnforge")
     return res
+
+
+def _use(model: Any, impl: str, *, shared: int = 2) -> None:
+    """Switch ``model`` to ``impl``; ``shared``: the calls a mask must serve before masks of its kind are read at
+    their first call (``MaskSharing.SHARED``: 2 is attnforge's rule; 1 reads every mask, a measured variant)."""
+    from attnforge.backends._padded_decode import MaskSharing
+
+    MaskSharing.SHARED = shared
+    model.set_attn_implementation(impl)
 
 
 def _forward_and_train(torch: Any, model: Any, ids: Any, mask: Any, *, use: dict[str, Any],
@@ -302,7 +322,8 @@ def _generate_diagnosis(torch: Any, model: Any, batch: int) -> dict[str, Any]:
     def run(n: int) -> Any:
         return _generate_run(torch, model, kw, n)
 
-    return {"decode_calls": _spy_calls(torch, lambda: run(3)), "decode_syncs": _syncs(torch, lambda: run(3)),
+    return {"decode_calls": _spy_calls(torch, lambda: run(3)), "decode_paths": _paths(lambda: run(9)),
+            "decode_syncs": _syncs(torch, lambda: run(3)),
             "decode_kernels": _kernels(torch, lambda: run(9), top=40),
             "decode_host": _host_profile(torch, lambda: run(9))}
 
@@ -357,6 +378,41 @@ def _syncs(torch: Any, fn: Any) -> dict[str, int]:
             line = f"{w.filename}:{w.lineno}"
             where[line] = where.get(line, 0) + 1
     return where
+
+
+def _paths(fn: Any) -> dict[str, int]:
+    """What ran the attention calls of ``fn`` (a 9-token generate), counted: FlashAttention-4's padded decode lane
+    (``Fa4DecodeLane``), its replayed varlen kernel (the lane's and the route's, ``Replayer``), the exact math
+    (``exact_attention``: inside FA4's route where it declines, or chosen), the model's eager function (the
+    integration's hand-off), and every call of attention() itself."""
+    from attnforge.backends import _fa4_direct, exact, flash
+    from attnforge.dispatch import runtime
+    from attnforge.integrations import transformers as tfi
+
+    counts: dict[str, int] = {}
+    patched: list[tuple[Any, str, Any]] = []
+
+    def count(owner: Any, attr: str, label: str) -> None:
+        real = getattr(owner, attr)
+
+        def spy(*a: Any, **kw: Any) -> Any:
+            counts[label] = counts.get(label, 0) + 1
+            return real(*a, **kw)
+
+        patched.append((owner, attr, real))
+        setattr(owner, attr, spy)
+
+    count(runtime, "attention", "attention()")
+    count(flash.Fa4DecodeLane, "__call__", "fa4_lane")
+    count(_fa4_direct.Replayer, "__call__", "fa4_replay")
+    count(exact, "exact_attention", "exact_math")
+    count(tfi, "_eager", "model_eager")
+    try:
+        fn()
+    finally:
+        for owner, attr, real in reversed(patched):
+            setattr(owner, attr, real)
+    return counts
 
 
 def _spy_calls(torch: Any, fn: Any) -> list[dict[str, Any]]:
@@ -477,6 +533,9 @@ def main() -> int:
     ap.add_argument("--fresh-lengths", action="store_true",
                     help="decode from prompts of a length no earlier round had (a server's requests): every step"
                          " meets K/V lengths never seen before")
+    ap.add_argument("--read-every-mask", action="store_true",
+                    help="decoders: time a third implementation in the same rounds, attnforge with MaskSharing "
+                         "reading every mask's runs at its first call (SHARED=1), against its rule (SHARED=2)")
     ap.add_argument("--decode-only", action="store_true",
                     help="decoders: only generate (prefill and decode), no forward or train step (a short call)")
     ap.add_argument("--decode-rounds", type=int, default=DECODE_ROUNDS,
@@ -488,6 +547,7 @@ def main() -> int:
     FRESH_LENGTHS, DECODE_ROUNDS, DECODE_ONLY = args.fresh_lengths, max(1, args.decode_rounds), args.decode_only
     DEV, DT, SMALL = args.device, ("bfloat16" if args.device == "cuda" else "float32"), args.device != "cuda"
     WARMUP, DIAGNOSE, LAYERS = args.warmup, args.diagnose, max(2, args.layers)
+    MASK_VARIANT["read_every_mask"] = args.read_every_mask
     results: dict[str, Any] = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
                                "torch": torch.__version__}
     wanted = [m for m in args.only.split(",") if m] or list(MODELS)

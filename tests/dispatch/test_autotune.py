@@ -174,3 +174,42 @@ def test_warmup_times_kernels_that_compile_on_their_first_call(store: RecordStor
         assert "jit" in {r.backend for r in store.bench_records(CPU_KEY)}
     finally:
         runtime.set_dispatcher(previous)
+
+
+@dataclass
+class Strided(Timed):
+    """:class:`Timed` that keeps the strides of every q it is called with."""
+
+    strides: list[tuple[int, ...]] = field(default_factory=list)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None) -> torch.Tensor:
+        self.strides.append(tuple(q.stride()))
+        return super().__call__(q, k, v, causal=causal, scale=scale)
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
+def test_warmup_calls_each_shape_in_its_layout(store: RecordStore, mode: str) -> None:
+    """A shape laid out ``[B, S, H, D]`` (``layout=BSHD``) is warmed on tensors of that layout, which reach the
+    kernels at those strides (a kernel builds per strides: cuDNN's graph), and a ``[B, H, S, D]`` one on its own;
+    the report names the class either way."""
+    import dataclasses
+
+    from attnforge.dispatch.warmup import warmup
+    from attnforge.types.shapes import AttentionShape, Layout, Mode
+
+    clock = FakeClock()
+    fast, sdpa = Strided("fast", clock, 1.0), Strided("sdpa", clock, 3.0)
+    previous = runtime.set_dispatcher(runtime.Dispatcher({"fast": fast}, fallback=sdpa, records=store))
+    try:
+        b, h, s, d = 1, 4, 16, 8
+        shape = AttentionShape(batch=b, heads_q=h, heads_kv=h, head_dim=d, seqlen_q=s, seqlen_k=s, causal=True,
+                               mode=Mode.FWD_BWD if mode == "fwd+bwd" else Mode.FWD, dtype="float32")
+        report = warmup([shape, dataclasses.replace(shape, layout=Layout.BSHD)], device="cpu", budget_s=0.02,
+                        rounds=1)
+        assert [c.error for c in report.classes] == ["", ""] and all(c.chosen for c in report.classes)
+        seen = set(fast.strides + sdpa.strides)
+        assert (s * h * d, s * d, d, 1) in seen  # [B, H, S, D] memory
+        assert (s * h * d, d, h * d, 1) in seen  # [B, S, H, D] memory, viewed [B, H, S, D]
+    finally:
+        runtime.set_dispatcher(previous)

@@ -28,6 +28,9 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 @click.option("--dtype", type=click.Choice(sorted(_DTYPES)), default=None,
               help="bf16 (default on a GPU), fp16, or fp32 (default on a CPU).")
 @click.option("--mode", type=click.Choice(["fwd", "fwd+bwd", "both"]), default="both", show_default=True)
+@click.option("--layout", type=click.Choice(["bhsd", "bshd", "both"]), default="bhsd", show_default=True,
+              help="How the model passes q/k/v: [B, H, S, D] (transformers) or [B, S, H, D] (diffusers, "
+                   "flash-attn-style callers); a kernel's first call in another layout may build again.")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="default: the GPU when torch sees one, else the CPU.")
 @click.option("--budget", "budget_s", type=timeout_type(min_s=0.01), default=1.0, show_default=True,
@@ -36,7 +39,8 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 @json_option
 def command(*, model_config: Path | None, shape_set: str | None, batch: int | None, heads_q: int | None,
             heads_kv: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...], seqlen_k: int | None,
-            dtype: str | None, mode: str, device: str | None, budget_s: float, rounds: int, as_json: bool) -> int:
+            dtype: str | None, mode: str, layout: str, device: str | None, budget_s: float, rounds: int,
+            as_json: bool) -> int:
     """Compile and measure, now, the shape classes a model will call attention with, so that serving never
     waits for a first use: every verified candidate is compiled into the compile caches under ATTNFORGE_HOME
     and timed as the model issues it; the results are the records attention() reads.
@@ -65,6 +69,13 @@ def command(*, model_config: Path | None, shape_set: str | None, batch: int | No
                            batch=batch if batch is not None or model_config is None else 1, heads_q=heads_q,
                            heads_kv=heads_kv, head_dims=head_dims, seqlens=seqlens, seqlen_k=seqlen_k,
                            model_config=model_config)
+    if layout != "bhsd":
+        import dataclasses
+
+        from attnforge.types.shapes import Layout
+
+        chosen = [Layout.BHSD, Layout.BSHD] if layout == "both" else [Layout.BSHD]
+        shapes = [dataclasses.replace(s, layout=lay) for s in shapes for lay in chosen]
     out = console(stderr=True)
     with out.status("warming up", spinner="dots") as status:
         report = warmup(shapes, device=dev.torch_device, window=window, softcap=softcap, budget_s=budget_s,
@@ -80,7 +91,7 @@ def _json(report: Any) -> dict[str, Any]:
     def shape(s: Any) -> dict[str, Any]:
         return {"label": s.label, "batch": s.batch, "heads_q": s.heads_q, "heads_kv": s.heads_kv,
                 "head_dim": s.head_dim, "seqlen_q": s.seqlen_q, "seqlen_k": s.seqlen_k, "causal": s.causal,
-                "mode": str(s.mode), "dtype": s.dtype}
+                "mode": str(s.mode), "dtype": s.dtype, "layout": s.layout.value}
 
     return {"measuring": report.measuring, "compiled_files": report.compiled_files, "caches": report.caches,
             "classes": [{"shape": shape(c.shape), "features": list(c.features), "shape_class": c.shape_class,
@@ -95,7 +106,8 @@ def _render(out: Any, report: Any) -> None:
     for column in ("shape", "features", "class", "serves", "why", "s"):
         table.add_column(column)
     for c in report.classes:
-        table.add_row(c.shape.label, ", ".join(c.features) or "-", c.shape_class,
+        layout = "" if c.shape.layout.value == "bhsd" else f" ({c.shape.layout.value})"
+        table.add_row(c.shape.label + layout, ", ".join(c.features) or "-", c.shape_class,
                       c.chosen or f"[red]{c.error}[/red]", c.basis, f"{c.duration_s:.2f}")
     out.print(table)
     if not report.measuring:

@@ -9,6 +9,12 @@ by first-use measurement itself (:func:`attnforge.dispatch.autotune.tune`: the o
 into the persistent compile caches (:mod:`attnforge._system.compile_cache`), and the route then chosen serves
 the call (and its backward for fwd+bwd shapes). A model with a sliding window or a logit softcap is warmed with
 those features too (the window on causal shapes: Gemma 2 alternates windowed and global layers).
+
+Each shape is called in its own layout (``AttentionShape.layout``: ``[B, H, S, D]``, or ``[B, S, H, D]`` with
+``layout="bshd"``, as diffusers' and flash-attn-style callers pass it): a kernel's first call at other strides
+may build again what it built for the other layout. Measured on an H200 (2026-11-28, docs/benchmarks.md "twelfth
+session"): after a warm-up in ``[B, H, S, D]``, SDPA's first fwd+bwd call on ``[B, S, H, D]`` inputs took 126-154
+ms (cuDNN's graph for those strides), against 3 ms in the warmed layout.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any
 from attnforge._system import compile_cache
 from attnforge.dispatch import autotune
 from attnforge.dispatch.features import one_line
-from attnforge.types.shapes import AttentionShape, Mode
+from attnforge.types.shapes import AttentionShape, Layout, Mode
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,6 +110,10 @@ def _warm(shape: AttentionShape, kw: dict[str, Any], *, device: str, inputs: Any
     names = tuple(sorted(kw))
     try:
         q, k, v, dout = inputs(shape, 1, device)[0]
+        if shape.layout is Layout.BSHD:  # the same values laid out [B, S, H, D], contiguous, as such callers pass
+            q, k, v = (t.detach().transpose(1, 2).contiguous().requires_grad_(t.requires_grad) for t in (q, k, v))
+            dout = None if dout is None else dout.transpose(1, 2).contiguous()
+            kw = {**kw, "layout": "bshd"}
         result = runtime.attention(q, k, v, causal=shape.causal, **kw)
         if shape.mode is Mode.FWD_BWD:
             result.backward(dout)

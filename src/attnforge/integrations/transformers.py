@@ -327,7 +327,7 @@ def _hides_no_key(kwargs: dict[str, Any]) -> bool:
                                        torch.zeros(1, 1, 1, 1, dtype=torch.long),
                                        torch.full((1, 1, 1, 1), kwargs["q_offset"]),
                                        (torch.arange(kv_length) + kv_offset)[None, None, None, :])
-    except Exception:  # noqa: BLE001 - any mask function's failure: sdpa_mask decides, and raises it there
+    except Exception:  # any mask function's failure: sdpa_mask decides, and raises it there
         return False
     return (isinstance(seen, torch.Tensor) and seen.device.type == "cpu" and seen.dtype == torch.bool
             and bool(seen.all()))
