@@ -14,7 +14,7 @@ Each shape is called in its own layout (``AttentionShape.layout``: ``[B, H, S, D
 ``layout="bshd"``, as diffusers' and flash-attn-style callers pass it): a kernel's first call at other strides
 may build again what it built for the other layout. Measured on an H200 (2026-11-28, docs/benchmarks.md "twelfth
 session"): after a warm-up in ``[B, H, S, D]``, SDPA's first fwd+bwd call on ``[B, S, H, D]`` inputs took 126-154
-ms (cuDNN's graph for those strides), against 3 ms in the warmed layout.
+ms, against 3 ms in the warmed layout.
 """
 
 from __future__ import annotations
