@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnforge.backends import _fa4_direct, _padded_decode, registry
 from attnforge.backends._base import Requirement
@@ -357,3 +359,69 @@ def test_a_steps_later_layers_take_the_fa4_lane(fa4_dispatcher: Any) -> None:
     out = attnforge.attention(qg, k, v, attn_mask=mask, scale=0.3, softcap=20.0)
     out.sum().backward()
     assert qg.grad is not None and len(masked) == 6
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.integers(0, 1))
+def test_declines_then_worth_reading_counts_each_call_once(calls: list[int], kinds: int) -> None:
+    """A caller that asks :meth:`MaskSharing.declines` first and lets the route ask ``worth_reading`` only when it
+    does not decline (the transformers integration's hand-off) gets the answers, and leaves the counts, that
+    ``worth_reading`` alone gives: the rule for the calls that stay is unchanged."""
+    masks = [torch.ones(1) for _ in range(6)]
+    alone, split = _padded_decode.MaskSharing(), _padded_decode.MaskSharing()
+    for i in calls:
+        key = ("kind", i % (kinds + 1))
+        want = alone.worth_reading(masks[i], key)
+        got = False if split.declines(masks[i], key) else split.worth_reading(masks[i], key)
+        assert got == want
+    assert {k: [(r(), n) for r, n in v] for k, v in split._recent.items()} == \
+        {k: [(r(), n) for r, n in v] for k, v in alone._recent.items()}
+
+
+# 5 decode steps, 2 masks each: with 1 layer per mask every call but the first of its kind (read) is handed over;
+# with 2, only the first step's second mask at its first call (the route's own rule: read at its second)
+@pytest.mark.parametrize(("layers", "handed"), [(2, 9), (4, 1)])
+def test_a_gemma2_generate_hands_declined_decode_calls_to_its_eager_function(
+        fa4_dispatcher: Any, monkeypatch: pytest.MonkeyPatch, layers: int, handed: int) -> None:
+    """A tiny Gemma-2 (a window its keys never reach: each step's two masks, windowed and global, one object each)
+    generating from a left-padded batch through ``attn_implementation="attnforge"`` with FlashAttention-4 verified:
+    with one layer per mask (2 layers), the decode calls the route would leave to its exact math (their masks are
+    not worth reading) go to the model's own eager function; with two layers per mask (4 layers) every mask after
+    the first step's is read and its calls run on the kernel or its lane. The tokens are eager's either way, and no
+    decode call takes the exact math behind the dispatch."""
+    transformers = pytest.importorskip("transformers")
+    from attnforge.backends import exact
+    from attnforge.integrations import transformers as tfi
+
+    tfi.register()
+    tfi._EXACT_ONLY.clear()
+    _, fake, _masked = fa4_dispatcher
+    cfg = transformers.Gemma2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=64,
+                                    attn_logit_softcapping=2.0, query_pre_attn_scalar=8, max_position_embeddings=64)
+    ids = torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, :3] = 0
+    kw = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    torch.manual_seed(0)
+    model = transformers.Gemma2ForCausalLM._from_config(cfg, attn_implementation="eager").eval()
+    want = model.generate(ids, **kw)
+    counts = {"eager": 0, "exact": 0}
+    real_eager, real_exact = tfi._eager, exact.exact_attention
+
+    def eager(*a: Any, **k: Any) -> Any:
+        counts["eager"] += a[1].shape[2] == 1
+        return real_eager(*a, **k)
+
+    def exact_math(q: Any, *a: Any, **k: Any) -> Any:
+        counts["exact"] += q.shape[2] == 1 and not torch.is_grad_enabled() and k.get("attn_mask") is not None
+        return real_exact(q, *a, **k)
+
+    monkeypatch.setattr(tfi, "_eager", eager)
+    monkeypatch.setattr(exact, "exact_attention", exact_math)
+    model.set_attn_implementation("attnforge")
+    got = model.generate(ids, **kw)
+    assert got.tolist() == want.tolist()
+    assert counts["exact"] == 0  # no decode call on the exact math behind the dispatch
+    assert counts["eager"] == handed
+    assert fake.kernel_calls > 0

@@ -199,6 +199,18 @@ class MaskSharing:
         self._recent[key] = [[weakref.ref(mask), 1], *recent[: self.RECENT - 1]]
         return shared
 
+    def declines(self, mask: torch.Tensor, key: tuple[Any, ...]) -> bool:
+        """Whether :meth:`worth_reading` would say False for this call of ``mask`` (its runs not read: the caller's
+        other path serves it); only then is the call counted, as :meth:`worth_reading` counts it. A caller that
+        asks this first and, on False, lets the route ask :meth:`worth_reading` counts each call once."""
+        recent = self._recent.get(key)
+        if recent is None or any(entry[0]() is mask for entry in recent):
+            return False
+        if any(calls >= self.SHARED for _, calls in recent):
+            return False
+        self.worth_reading(mask, key)
+        return True
+
 
 @functools.lru_cache(maxsize=64)
 def query_starts(n: int, device: Any) -> torch.Tensor:

@@ -109,8 +109,8 @@ def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signa
     return out.transpose(1, 2).contiguous(), None
 
 
-#: per kind of call (:func:`_exact_only`): whether attnforge's choice for it is its exact math
-_EXACT_ONLY: dict[tuple[Any, ...], bool] = {}
+#: per kind of call (:func:`_exact_only`): the backend attnforge chooses for it ("" where explain raised)
+_EXACT_ONLY: dict[tuple[Any, ...], str] = {}
 #: kinds remembered at once (all forgotten when full)
 _EXACT_ONLY_KEPT = 256
 
@@ -127,7 +127,13 @@ def _exact_only(query: Any, key: Any, value: Any, call: dict[str, Any]) -> bool:
     dtype, device, the mask's rank and dtype, which features are present, whether a gradient is recorded, and the
     dispatcher's generation (its records and decisions): what the backends' capabilities and verify records turn
     on, not the lengths, which grow every decode step. Never for a forced backend (``attnforge.use_backend``: the
-    caller asked for it), nor while ``torch.compile`` traces (the custom op serves then)."""
+    caller asked for it), nor while ``torch.compile`` traces (the custom op serves then).
+
+    A masked decode call whose chosen backend's route would leave it to the exact math all the same (the route's
+    ``leaves_to_exact``: FlashAttention-4's padded decode, where a step's masks serve one layer each, so their runs
+    are not worth reading) is handed over too, per call: on an H200 (2026-11-29, docs/benchmarks.md "thirteenth
+    session") 16 of a 2-layer Gemma-2-9B-shaped decoder's 18 decode calls took that exact math behind the dispatch,
+    the decode step 0.94-0.96x eager's."""
     import torch
 
     from attnforge.backends._base import records_grad
@@ -144,16 +150,23 @@ def _exact_only(query: Any, key: Any, value: Any, call: dict[str, Any]) -> bool:
             query.device, None if mask is None else (mask.dim(), mask.dtype), call.get("causal"),
             "window" in call, bool(call.get("dropout_p")), call.get("softcap") is not None,
             call.get("sinks") is not None, grad, dispatcher.generation)
-    known = _EXACT_ONLY.get(kind)
-    if known is None:
+    chosen = _EXACT_ONLY.get(kind)
+    if chosen is None:
         try:
-            known = runtime.explain(query, key, value, **call).chosen == EXACT
+            chosen = runtime.explain(query, key, value, **call).chosen or ""
         except Exception:  # attention() itself says what is wrong with the call, or serves it
-            known = False
+            chosen = ""
         if len(_EXACT_ONLY) >= _EXACT_ONLY_KEPT:
             _EXACT_ONLY.clear()
-        _EXACT_ONLY[kind] = known
-    return known
+        _EXACT_ONLY[kind] = chosen
+    if chosen == EXACT:
+        return True
+    leaves = getattr(dispatcher.adapters.get(chosen), "leaves_to_exact", None) if mask is not None else None
+    if leaves is None:
+        return False
+    features = {name: val for name, val in call.items()
+                if name != "attn_mask" and val is not None and not (name == "dropout_p" and not val)}
+    return bool(leaves(query, key, mask, **features))
 
 
 def _needs_eager(attention_mask: Any, kwargs: dict[str, Any]) -> bool:
