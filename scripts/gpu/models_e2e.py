@@ -136,7 +136,7 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
         _forward_and_train(torch, model, ids, mask, use=use, res=res)
     res.update(_generate_paired(torch, model, batch, use))
     for impl in impls:
-        model.set_attn_implementation(impl)
+        _use(model, impl)  # attnforge's own rule: the --read-every-mask rounds may have left SHARED at 1
         if DIAGNOSE:
             res[f"{impl}_generate"].update(_generate_diagnosis(torch, model, batch))
         if name == "llama3-8b" and not DECODE_ONLY:  # where a padded forward's time goes (issue 30 item 4)
