@@ -364,16 +364,17 @@ def test_a_steps_later_layers_take_the_fa4_lane(fa4_dispatcher: Any) -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.integers(0, 1))
 def test_declines_then_worth_reading_counts_each_call_once(calls: list[int], kinds: int) -> None:
-    """A caller that asks :meth:`MaskSharing.declines` first and lets the route ask ``worth_reading`` only when it
-    does not decline (the transformers integration's hand-off) gets the answers, and leaves the counts, that
-    ``worth_reading`` alone gives: the rule for the calls that stay is unchanged."""
+    """A caller that asks :meth:`MaskSharing.would_decline` first, counts a declined call with ``worth_reading`` and
+    otherwise lets the route ask ``worth_reading`` (the transformers integration's hand-off) gets the answers, and
+    leaves the counts, that ``worth_reading`` alone gives: the rule for the calls that stay is unchanged."""
     masks = [torch.ones(1) for _ in range(6)]
     alone, split = _padded_decode.MaskSharing(), _padded_decode.MaskSharing()
     for i in calls:
         key = ("kind", i % (kinds + 1))
         want = alone.worth_reading(masks[i], key)
-        got = False if split.declines(masks[i], key) else split.worth_reading(masks[i], key)
-        assert got == want
+        declined = split.would_decline(masks[i], key)
+        got = split.worth_reading(masks[i], key)
+        assert got == want and declined is not got
     assert {k: [(r(), n) for r, n in v] for k, v in split._recent.items()} == \
         {k: [(r(), n) for r, n in v] for k, v in alone._recent.items()}
 

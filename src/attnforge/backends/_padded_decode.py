@@ -199,17 +199,14 @@ class MaskSharing:
         self._recent[key] = [[weakref.ref(mask), 1], *recent[: self.RECENT - 1]]
         return shared
 
-    def declines(self, mask: torch.Tensor, key: tuple[Any, ...]) -> bool:
-        """Whether :meth:`worth_reading` would say False for this call of ``mask`` (its runs not read: the caller's
-        other path serves it); only then is the call counted, as :meth:`worth_reading` counts it. A caller that
-        asks this first and, on False, lets the route ask :meth:`worth_reading` counts each call once."""
+    def would_decline(self, mask: torch.Tensor, key: tuple[Any, ...]) -> bool:
+        """Whether :meth:`worth_reading` would say False for this call of ``mask`` now, without counting it: a
+        caller that then serves the call another way counts it with :meth:`worth_reading` (whose answer it knows),
+        so the counts are the ones :meth:`worth_reading` alone would leave."""
         recent = self._recent.get(key)
         if recent is None or any(entry[0]() is mask for entry in recent):
             return False
-        if any(calls >= self.SHARED for _, calls in recent):
-            return False
-        self.worth_reading(mask, key)
-        return True
+        return not any(calls >= self.SHARED for _, calls in recent)
 
 
 @functools.lru_cache(maxsize=64)

@@ -304,11 +304,12 @@ class FlashAttn4Adapter(FlashAttnAdapter):
                         **features: Any) -> bool:
         """Whether this masked decode call (``q [B, Hq, 1, D]``, ``k [B, Hkv, Sk, D]``, the caller's ``mask``;
         ``features``: the keywords it would pass, softcap and scale alone taken) would get the exact math because
-        its mask is not worth reading (:meth:`~attnforge.backends._padded_decode.MaskSharing.declines`, which then
-        counts the call as the route would have). For a caller that has a faster path for such a call than the
-        exact math behind the dispatch (the transformers integration: the model's own eager function, Gemma-2's
-        default). False for anything the route itself would decide on (another feature, a gradient, CUDA graph
-        capture, ``torch.compile`` tracing, an inference-mode mask, the mask's runs worth reading).
+        its mask is not worth reading (:meth:`~attnforge.backends._padded_decode.MaskSharing.would_decline`); then
+        the call is counted as the route would have counted it. For a caller that has a faster path for such a call
+        than the exact math behind the dispatch (the transformers integration: the model's own eager function,
+        Gemma-2's default). False for anything the route itself would decide on (another feature, a gradient, CUDA
+        graph capture, ``torch.compile`` tracing, an inference-mode mask, the mask's runs worth reading); the
+        sharing rule is asked first, so a call whose mask is read (a step's later layers) pays one lookup.
 
         Why: a Gemma-2-9B-shaped decoder of 2 layers on an H200 (2026-11-29, docs/benchmarks.md "thirteenth
         session"), each of a step's two masks serving one layer: 16 of 18 decode calls took the exact math inside
@@ -317,12 +318,16 @@ class FlashAttn4Adapter(FlashAttnAdapter):
 
         from attnforge.backends._base import graph_capturing, records_grad
 
-        if (causal or q.shape[2] != 1 or set(features) - {"softcap", "scale"} or mask.__class__ is not torch.Tensor
+        if causal or q.shape[2] != 1 or mask.__class__ is not torch.Tensor:
+            return False
+        kind = _sharing_kind(q, k)
+        if (not self.mask_sharing.would_decline(mask, kind) or set(features) - {"softcap", "scale"}
                 or q.device.type not in self.caps.devices or records_grad(q, k, mask)
                 or torch.compiler.is_compiling() or (q.device.type == "cuda" and graph_capturing())
                 or mask.is_inference()):
             return False
-        return self.mask_sharing.declines(mask, _sharing_kind(q, k))
+        self.mask_sharing.worth_reading(mask, kind)  # counts the call (False: it would not have been read)
+        return True
 
     def decode_lane(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
                     scale: float | None, softcap: float | None = None) -> Fa4DecodeLane | None:

@@ -327,9 +327,11 @@ def _hides_no_key(kwargs: dict[str, Any]) -> bool:
     the keys ``kv_offset .. kv_offset + kv_length`` from the one query (``q_offset``) of any batch row: the function
     evaluated as ``sdpa_mask`` evaluates it without vmap (the four index tensors broadcast ``[B, 1, 1, 1]``,
     ``[1, 1, 1, 1]``, ``[1, 1, 1, 1]``, ``[1, 1, 1, kv_length]``), on CPU index tensors, so an index function
-    launches no device work. False for ``use_vmap``, for an answer that is not a CPU bool tensor (a function over
-    device tensors: not read), and where the function raises (``sdpa_mask`` then builds the mask, and says what is
-    wrong)."""
+    launches no device work. False for ``use_vmap``, for an answer that is not a CPU bool tensor, and where the
+    function raises (``sdpa_mask`` then builds the mask, and says what is wrong). A function over device tensors
+    either raises here (a CPU index against a device tensor) or, composed by ``and_masks``/``or_masks``, has its part
+    copied to the CPU (one host sync: the answer stays right). Asked only for a window (``local_size``) its keys do
+    not outgrow."""
     import torch
 
     if kwargs.get("use_vmap"):
