@@ -426,3 +426,44 @@ def test_a_gemma2_generate_hands_declined_decode_calls_to_its_eager_function(
     assert counts["exact"] == 0  # no decode call on the exact math behind the dispatch
     assert counts["eager"] == handed
     assert fake.kernel_calls > 0
+
+
+def test_a_gpt_oss_generate_hands_its_masked_decode_calls_with_sinks_to_its_eager_function(
+        fa4_dispatcher: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-OSS's sinks beside a padding mask: FlashAttention-4's route would serve its decode calls on the exact math
+    alone (``_masked``), so the transformers integration hands each to the model's own eager function (the
+    framework's default: sinks are its own); the tokens are eager's."""
+    transformers = pytest.importorskip("transformers")
+    from attnforge.backends import exact
+    from attnforge.integrations import transformers as tfi
+
+    tfi.register()
+    tfi._EXACT_ONLY.clear()
+    cfg = transformers.GptOssConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=64,
+                                    num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    ids = torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, :3] = 0
+    kw = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM._from_config(cfg, attn_implementation="eager").eval()
+    want = model.generate(ids, **kw)
+    counts = {"eager": 0, "exact": 0}
+    real_eager, real_exact = tfi._eager, exact.exact_attention
+
+    def eager(*a: Any, **k: Any) -> Any:
+        counts["eager"] += a[1].shape[2] == 1
+        return real_eager(*a, **k)
+
+    def exact_math(q: Any, *a: Any, **k: Any) -> Any:
+        counts["exact"] += q.shape[2] == 1 and k.get("attn_mask") is not None
+        return real_exact(q, *a, **k)
+
+    monkeypatch.setattr(tfi, "_eager", eager)
+    monkeypatch.setattr(exact, "exact_attention", exact_math)
+    model.set_attn_implementation("attnforge")
+    got = model.generate(ids, **kw)
+    assert got.tolist() == want.tolist()
+    assert counts == {"eager": 8, "exact": 0}  # 4 decode steps, 2 layers: every decode call handed over
