@@ -379,76 +379,26 @@ def test_declines_then_worth_reading_counts_each_call_once(calls: list[int], kin
         {k: [(r(), n) for r, n in v] for k, v in alone._recent.items()}
 
 
-# 5 decode steps, 2 masks each: with 1 layer per mask every call but the first of its kind (read) is handed over;
-# with 2, only the first step's second mask at its first call (the route's own rule: read at its second)
-@pytest.mark.parametrize(("layers", "handed"), [(2, 9), (4, 1)])
-def test_a_gemma2_generate_hands_declined_decode_calls_to_its_eager_function(
-        fa4_dispatcher: Any, monkeypatch: pytest.MonkeyPatch, layers: int, handed: int) -> None:
-    """A tiny Gemma-2 (a window its keys never reach: each step's two masks, windowed and global, one object each)
-    generating from a left-padded batch through ``attn_implementation="attnforge"`` with FlashAttention-4 verified:
-    with one layer per mask (2 layers), the decode calls the route would leave to its exact math (their masks are
-    not worth reading) go to the model's own eager function; with two layers per mask (4 layers) every mask after
-    the first step's is read and its calls run on the kernel or its lane. The tokens are eager's either way, and no
-    decode call takes the exact math behind the dispatch."""
+def _generate_served(monkeypatch: pytest.MonkeyPatch, model_cls: str, config_cls: str, *, new_tokens: int,
+                     **config: Any) -> tuple[list[list[int]], list[list[int]], dict[str, int]]:
+    """A tiny transformers model (``config``) generating greedily from a left-padded batch of 2, first with its eager
+    attention, then through ``attn_implementation="attnforge"`` (the process dispatcher as the test set it): the two
+    token lists and, for the second, how many decode calls (one query row) went to the model's eager function
+    (``eager``) and how many to the exact math behind the dispatch under a mask (``exact``)."""
     transformers = pytest.importorskip("transformers")
     from attnforge.backends import exact
     from attnforge.integrations import transformers as tfi
 
     tfi.register()
     tfi._EXACT_ONLY.clear()
-    _, fake, _masked = fa4_dispatcher
-    cfg = transformers.Gemma2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=64,
-                                    attn_logit_softcapping=2.0, query_pre_attn_scalar=8, max_position_embeddings=64)
+    cfg = getattr(transformers, config_cls)(vocab_size=97, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                            num_key_value_heads=2, head_dim=8, max_position_embeddings=64, **config)
     ids = torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 8, dtype=torch.long)
     mask[0, :3] = 0
-    kw = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    kw = {"attention_mask": mask, "max_new_tokens": new_tokens, "do_sample": False, "pad_token_id": 0}
     torch.manual_seed(0)
-    model = transformers.Gemma2ForCausalLM._from_config(cfg, attn_implementation="eager").eval()
-    want = model.generate(ids, **kw)
-    counts = {"eager": 0, "exact": 0}
-    real_eager, real_exact = tfi._eager, exact.exact_attention
-
-    def eager(*a: Any, **k: Any) -> Any:
-        counts["eager"] += a[1].shape[2] == 1
-        return real_eager(*a, **k)
-
-    def exact_math(q: Any, *a: Any, **k: Any) -> Any:
-        counts["exact"] += q.shape[2] == 1 and not torch.is_grad_enabled() and k.get("attn_mask") is not None
-        return real_exact(q, *a, **k)
-
-    monkeypatch.setattr(tfi, "_eager", eager)
-    monkeypatch.setattr(exact, "exact_attention", exact_math)
-    model.set_attn_implementation("attnforge")
-    got = model.generate(ids, **kw)
-    assert got.tolist() == want.tolist()
-    assert counts["exact"] == 0  # no decode call on the exact math behind the dispatch
-    assert counts["eager"] == handed
-    assert fake.kernel_calls > 0
-
-
-def test_a_gpt_oss_generate_hands_its_masked_decode_calls_with_sinks_to_its_eager_function(
-        fa4_dispatcher: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """GPT-OSS's sinks beside a padding mask: FlashAttention-4's route would serve its decode calls on the exact math
-    alone (``_masked``), so the transformers integration hands each to the model's own eager function (the
-    framework's default: sinks are its own); the tokens are eager's."""
-    transformers = pytest.importorskip("transformers")
-    from attnforge.backends import exact
-    from attnforge.integrations import transformers as tfi
-
-    tfi.register()
-    tfi._EXACT_ONLY.clear()
-    cfg = transformers.GptOssConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=64,
-                                    num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
-                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    ids = torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(2, 8, dtype=torch.long)
-    mask[0, :3] = 0
-    kw = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
-    torch.manual_seed(0)
-    model = transformers.GptOssForCausalLM._from_config(cfg, attn_implementation="eager").eval()
+    model = getattr(transformers, model_cls)._from_config(cfg, attn_implementation="eager").eval()
     want = model.generate(ids, **kw)
     counts = {"eager": 0, "exact": 0}
     real_eager, real_exact = tfi._eager, exact.exact_attention
@@ -465,5 +415,37 @@ def test_a_gpt_oss_generate_hands_its_masked_decode_calls_with_sinks_to_its_eage
     monkeypatch.setattr(exact, "exact_attention", exact_math)
     model.set_attn_implementation("attnforge")
     got = model.generate(ids, **kw)
-    assert got.tolist() == want.tolist()
+    return want.tolist(), got.tolist(), counts
+
+
+# 5 decode steps, 2 masks each: with 1 layer per mask every call but the first of its kind (read) is handed over;
+# with 2, only the first step's second mask at its first call (the route's own rule: read at its second)
+@pytest.mark.parametrize(("layers", "handed"), [(2, 9), (4, 1)])
+def test_a_gemma2_generate_hands_declined_decode_calls_to_its_eager_function(
+        fa4_dispatcher: Any, monkeypatch: pytest.MonkeyPatch, layers: int, handed: int) -> None:
+    """A tiny Gemma-2 (a window its keys never reach: each step's two masks, windowed and global, one object each)
+    generating from a left-padded batch through ``attn_implementation="attnforge"`` with FlashAttention-4 verified:
+    with one layer per mask (2 layers), the decode calls the route would leave to its exact math (their masks are
+    not worth reading) go to the model's own eager function; with two layers per mask (4 layers) every mask after
+    the first step's is read and its calls run on the kernel or its lane. The tokens are eager's either way, and no
+    decode call takes the exact math behind the dispatch."""
+    _, fake, _masked = fa4_dispatcher
+    want, got, counts = _generate_served(monkeypatch, "Gemma2ForCausalLM", "Gemma2Config", new_tokens=6,
+                                         num_hidden_layers=layers, sliding_window=64, attn_logit_softcapping=2.0,
+                                         query_pre_attn_scalar=8)
+    assert got == want
+    assert counts == {"eager": handed, "exact": 0}  # no decode call on the exact math behind the dispatch
+    assert fake.kernel_calls > 0
+
+
+def test_a_gpt_oss_generate_hands_its_masked_decode_calls_with_sinks_to_its_eager_function(
+        fa4_dispatcher: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-OSS's sinks beside a padding mask: FlashAttention-4's route would serve its decode calls on the exact math
+    alone (``_masked``), so the transformers integration hands each to the model's own eager function (the
+    framework's default: sinks are its own); the tokens are eager's."""
+    want, got, counts = _generate_served(monkeypatch, "GptOssForCausalLM", "GptOssConfig", new_tokens=5,
+                                         num_hidden_layers=2, sliding_window=64, num_local_experts=4,
+                                         num_experts_per_tok=2,
+                                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    assert got == want
     assert counts == {"eager": 8, "exact": 0}  # 4 decode steps, 2 layers: every decode call handed over
