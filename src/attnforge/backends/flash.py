@@ -260,15 +260,12 @@ class FlashAttn4Adapter(FlashAttnAdapter):
                        scale: float | None, softcap: float | None) -> torch.Tensor | None:
         """A decode step under a padding mask on the varlen kernel (the class docstring), or None where the route
         does not apply."""
-        import torch
-
         from attnforge.backends import _fa4_direct
-        from attnforge.backends._base import device_state, graph_capturing, records_grad
+        from attnforge.backends._base import device_state
         from attnforge.backends._padded_decode import varlen_decode
 
-        if (q.device.type not in self.caps.devices or records_grad(q, k, v, mask) or torch.compiler.is_compiling()
-                or (q.device.type == "cuda" and graph_capturing()) or mask.is_inference()):
-            return None  # the runs' one host sync would break a capture; an inference mask's runs are never kept
+        if not self._may_read(q, k, v, mask):
+            return None
         if not self.mask_sharing.worth_reading(mask, _sharing_kind(q, k)):
             return None  # the mask's first call, after masks of its kind that served one call each: the exact math
         fwd = self.direct_entry()
@@ -300,34 +297,42 @@ class FlashAttn4Adapter(FlashAttnAdapter):
             return None
         return out.view(q.shape[0], q.shape[1], 1, out.shape[-1])  # type: ignore[no-any-return]
 
-    def leaves_to_exact(self, q: torch.Tensor, k: torch.Tensor, mask: Any, *, causal: bool = False,
-                        **features: Any) -> bool:
-        """Whether this masked decode call (``q [B, Hq, 1, D]``, ``k [B, Hkv, Sk, D]``, the caller's ``mask``;
+    def _may_read(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> bool:
+        """Whether the padded decode route may read this call's mask at all: a device the kernel runs on, no gradient
+        recorded, not while ``torch.compile`` traces, not under CUDA graph capture (the runs' one host sync would
+        break it), not an inference-mode mask (its runs are never kept)."""
+        import torch
+
+        from attnforge.backends._base import graph_capturing, records_grad
+
+        return not (q.device.type not in self.caps.devices or records_grad(q, k, v, mask)
+                    or torch.compiler.is_compiling() or (q.device.type == "cuda" and graph_capturing())
+                    or mask.is_inference())
+
+    def leaves_to_exact(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, *,
+                        causal: bool = False, **features: Any) -> bool:
+        """Whether this masked decode call (``q [B, Hq, 1, D]``, ``k/v [B, Hkv, Sk, D]``, the caller's ``mask``;
         ``features``: the keywords it would pass) would get the exact math: because its mask is not worth reading
         (:meth:`~attnforge.backends._padded_decode.MaskSharing.would_decline`; then the call is counted as the route
         would have counted it), or because it carries a feature beside softcap and scale (GPT-OSS's sinks), which
         the route serves under a mask only on the exact math (:meth:`_masked`). For a caller that has a faster path
         for such a call than the exact math behind the dispatch (the transformers integration: the model's own eager
-        function, Gemma-2's and GPT-OSS's default). False for anything the route itself decides on (a gradient, CUDA
-        graph capture, ``torch.compile`` tracing, an inference-mode mask, a mask whose runs are worth reading); the
-        sharing rule is asked first, so a call whose mask is read (a step's later layers) pays one lookup.
+        function, Gemma-2's and GPT-OSS's default). False for anything the route itself decides on (:meth:`_may_read`:
+        a gradient, CUDA graph capture, ``torch.compile`` tracing, an inference-mode mask; a mask whose runs are worth
+        reading); the sharing rule is asked first, so a call whose mask is read (a step's later layers) pays one
+        lookup.
 
         Why: a Gemma-2-9B-shaped decoder of 2 layers on an H200 (2026-11-29, docs/benchmarks.md "thirteenth
         session"), each of a step's two masks serving one layer: 16 of 18 decode calls took the exact math inside
         this route, a decode step 0.94-0.96x eager's."""
         import torch
 
-        from attnforge.backends._base import graph_capturing, records_grad
-
         if causal or q.shape[2] != 1 or mask.__class__ is not torch.Tensor:
             return False
         if set(features) - {"softcap", "scale"}:
             return True  # sinks beside a mask: the route serves them on the exact math alone (_masked)
         kind = _sharing_kind(q, k)
-        if (not self.mask_sharing.would_decline(mask, kind)
-                or q.device.type not in self.caps.devices or records_grad(q, k, mask)
-                or torch.compiler.is_compiling() or (q.device.type == "cuda" and graph_capturing())
-                or mask.is_inference()):
+        if not self.mask_sharing.would_decline(mask, kind) or not self._may_read(q, k, v, mask):
             return False
         self.mask_sharing.worth_reading(mask, kind)  # counts the call (False: it would not have been read)
         return True

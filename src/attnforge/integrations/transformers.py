@@ -166,7 +166,7 @@ def _exact_only(query: Any, key: Any, value: Any, call: dict[str, Any]) -> bool:
         return False
     features = {name: val for name, val in call.items()
                 if name != "attn_mask" and val is not None and not (name == "dropout_p" and not val)}
-    return bool(leaves(query, key, mask, **features))
+    return bool(leaves(query, key, value, mask, **features))
 
 
 def _needs_eager(attention_mask: Any, kwargs: dict[str, Any]) -> bool:
