@@ -426,12 +426,13 @@ def _spy_calls(torch: Any, fn: Any) -> list[dict[str, Any]]:
     def spy(q: Any, k: Any, v: Any, **kw: Any) -> Any:
         if len(seen) < 6:
             m = kw.get("attn_mask")
-            row: dict[str, Any] = {"q": list(q.shape), "k": list(k.shape), "k_stride": list(k.stride()),
+            row: dict[str, Any] = {"q": list(q.shape), "dtype": str(q.dtype), "k": list(k.shape),
+                                   "k_stride": list(k.stride()),
                                    "mask": None if m is None else [list(m.shape), str(m.dtype)],
                                    "kwargs": sorted(k2 for k2, v2 in kw.items() if v2 is not None)}
             try:
                 why = attnforge.explain(q, k, v, **kw)
-                row["chosen"], row["order"], row["basis"] = why.chosen, list(why.order), list(why.basis)[:2]
+                row["chosen"], row["order"], row["basis"] = why.chosen, list(why.order), list(why.basis)[:4]
             except Exception as exc:
                 row["explain_error"] = f"{type(exc).__name__}: {exc}"[:300]
             seen.append(row)
@@ -486,28 +487,42 @@ def wan(torch: Any) -> dict[str, Any]:
               "encoder_hidden_states": torch.randn(1, n_txt, 4096 if not SMALL else 32, device=DEV, dtype=dt)}
     tokens = frames * (h // 2) * (w // 2)
     return _diffusion(torch, model, inputs, f"wan2.1-1.3b shapes ({heads}x{dim}, {tokens}+{n_txt} tokens)",
-                      heads=heads, dim=dim, tokens=tokens)
+                      heads=heads, dim=dim, tokens=tokens, cross=n_txt)
 
 
 def _diffusion(torch: Any, model: Any, inputs: dict[str, Any], label: str, *, heads: int, dim: int,
-               tokens: int) -> dict[str, Any]:
+               tokens: int, cross: int | None = None) -> dict[str, Any]:
+    """One denoising step, default against ``"attnforge"``; ``cross``: the text tokens of a cross-attention
+    (Wan; Flux's text is joined into its self-attention). The warm-up warms what diffusers calls: ``[B, S, H, D]``
+    (bshd) self-attention, and the cross-attention's own class. ``--diagnose`` records what served each call."""
     from attnforge.integrations.diffusers import register
 
     res: dict[str, Any] = {"model": label}
     if WARMUP:
-        from attnforge.types.shapes import AttentionShape, Mode
+        from attnforge.types.shapes import AttentionShape, Layout, Mode
 
-        res["warmup"] = _warm([AttentionShape(batch=1, heads_q=heads, heads_kv=heads, seqlen_q=tokens, seqlen_k=tokens,
-                                              head_dim=dim, causal=False, mode=Mode.FWD, dtype=DT)])
+        res["warmup"] = _warm([AttentionShape(batch=1, heads_q=heads, heads_kv=heads, seqlen_q=tokens, seqlen_k=sk,
+                                              head_dim=dim, causal=False, mode=Mode.FWD, dtype=DT,
+                                              layout=Layout.BSHD)
+                               for sk in (tokens, *((cross,) if cross else ()))])
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    # diffusers' own default (``DIFFUSERS_ATTN_BACKEND``, "native"). Not ``reset_attention_backend()``: that clears
+    # the processors' backend only, while ``set_attention_backend`` also made its backend the active one that a
+    # cleared processor falls back to (diffusers 0.42), so "default" would run attnforge again.
+    default = str(_AttentionBackendRegistry.get_active_backend()[0].value)
     register()
-    use = {"default": model.reset_attention_backend, "attnforge": lambda: model.set_attention_backend("attnforge")}
+    use = {"default": lambda: model.set_attention_backend(default),
+           "attnforge": lambda: model.set_attention_backend("attnforge")}
     with torch.no_grad():
         ref = model(**inputs).sample
         use["attnforge"]()
         got = model(**inputs).sample
+        if DIAGNOSE:
+            res["calls"] = _spy_calls(torch, lambda: model(**inputs))
         for impl, ms in paired_ms(torch, lambda: model(**inputs), use, reps=2).items():
             res[f"{impl}_step_ms"] = ms
-        model.reset_attention_backend()
+        use["default"]()
     res.update(_compare(got, ref))
     res["speedup_step_ms"] = res["default_step_ms"] / res["attnforge_step_ms"]
     return res

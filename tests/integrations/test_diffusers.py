@@ -220,3 +220,51 @@ def test_cogvideox_is_left_to_patch_sdpa(served: list[tuple[int, ...]]) -> None:
     assert routed.unchanged == ("transformer_blocks.0.attn1: CogVideoXAttnProcessor2_0",)
     assert served == [(1, 2, 13, 8)]  # joint: 5 text + 2 frames x (4/2)^2 patches
     torch.testing.assert_close(got, want, **TOL)
+
+
+def test_going_back_is_set_native_not_reset(served: list[Any]) -> None:
+    """docs/integrations.md "Going back": after ``set_attention_backend("attnforge")``, diffusers' own
+    ``reset_attention_backend()`` still runs attnforge (the processors fall back to the process-wide active backend,
+    which the set changed); ``set_attention_backend("native")`` does not. Fails when diffusers changes either."""
+    df_integration.register()
+    model, inputs = _wan()
+    with torch.no_grad():
+        model.set_attention_backend("attnforge")
+        model.reset_attention_backend()
+        model(**inputs)
+        assert served, "reset_attention_backend() now leaves attnforge: update docs/integrations.md"
+        served.clear()
+        model.set_attention_backend("native")
+        model(**inputs)
+    assert served == []
+
+
+def test_the_model_benchmark_times_the_default_against_attnforge(monkeypatch: pytest.MonkeyPatch,
+                                                                  served: list[Any]) -> None:
+    """scripts/gpu/models_e2e.py's denoising step: its "default" rounds run diffusers' default attention, its
+    "attnforge" rounds attnforge, in either order (until 2026-11-29 its default was ``reset_attention_backend()``,
+    which kept attnforge, so Flux and Wan were timed against themselves)."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts" / "gpu"))
+    import models_e2e
+
+    ran: dict[str, list[bool]] = {}
+
+    def paired_ms(torch: Any, fn: Any, use: dict[str, Any], **_: Any) -> dict[str, float]:
+        for name in [*use, *reversed(use)]:
+            use[name]()
+            served.clear()
+            fn()
+            ran.setdefault(name, []).append(bool(served))
+        return dict.fromkeys(use, 1.0)
+
+    monkeypatch.setattr(models_e2e, "paired_ms", paired_ms)
+    model, inputs = _wan()
+    result = models_e2e._diffusion(torch, model, inputs, "tiny wan", heads=2, dim=8, tokens=16, cross=5)
+    assert ran == {"default": [False, False], "attnforge": [True, True]}
+    assert result["max_abs_diff"] < 1e-5
+    served.clear()
+    with torch.no_grad():
+        model(**inputs)
+    assert served == [], "the benchmark leaves the model on its default"
