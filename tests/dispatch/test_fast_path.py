@@ -425,7 +425,13 @@ def test_sdpa_binds_the_plain_call_to_sdpa_itself(causal: bool, shape: dict[str,
     assert (fn is not None) == bound
     if fn is not None:
         torch.testing.assert_close(fn(q, k, v), sdpa(q, k, v, causal=causal, scale=0.3))
-    assert sdpa.bind(call, scale=0.3, bshd=True) is None  # type: ignore[attr-defined]
+    on_bshd = sdpa.bind(call, scale=0.3, bshd=True)  # type: ignore[attr-defined]
+    assert (on_bshd is not None) == bound
+    if on_bshd is not None:  # [B, S, H, D] tensors: the same call on their views, the output a view back
+        qs, ks, vs = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        out = on_bshd(qs, ks, vs)
+        assert out.shape == (*qs.shape[:3], v.shape[-1])
+        torch.testing.assert_close(out.transpose(1, 2), sdpa(q, k, v, causal=causal, scale=0.3))
     assert registry.adapters()["sdpa-math"].bind(call, scale=None, bshd=False) is None  # type: ignore[attr-defined]
 
 

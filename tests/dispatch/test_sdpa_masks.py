@@ -410,36 +410,44 @@ def test_a_decode_class_on_cuda_binds_the_decode_route_not_plain_sdpa() -> None:
     causal = adapter.bind(_decode_call("cuda", 4, sk=4, causal=True), scale=None, bshd=False)
     assert getattr(causal, "keywords", None) == {"scale": None, "is_causal": True, "enable_gqa": True}
     assert adapter.bind(_decode_call("cuda", 1, causal=True), scale=None, bshd=False) is None  # bottom-right
-    assert adapter.bind(_decode_call("cuda", 1), scale=None, bshd=True) is None
 
 
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
 def test_the_bound_decode_route_serves_the_decode_path_until_settled_then_sdpa(
-        efficient_kernel: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+        bshd: bool, efficient_kernel: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
     """The bound decode route (``q [2, 4, 1, 8]``, K/V ``[2, 2, 24, 8]``, GQA) takes the adapter's decode path while
     the shape is met fewer than SETTLED times, then SDPA itself with the route's keywords, counting no more, with the
     reference's answers throughout; a call of other strides goes back through the adapter, and a settled shape the
-    in-situ check settled (``settle_repeated``) goes to SDPA from the next call."""
+    in-situ check settled (``settle_repeated``) goes to SDPA from the next call. On ``[B, S, H, D]`` tensors
+    (``bshd``) the same route runs on their bhsd views and returns a bshd view."""
     monkeypatch.setattr(sdpa_module, "_MET", sdpa_module._MetShapes())
     monkeypatch.setattr(sdpa_module._MetShapes, "SETTLED", 3)
     decoded = _count_decode_path(monkeypatch)
     adapter = registry.fallback()
     call = AttentionCall(device_type="cpu", compute_capability=None, dtype="float64", batch=2, heads_q=4, heads_kv=2,
                          seqlen_q=1, seqlen_k=24, head_dim=8, causal=False, needs_grad=False)
-    bound = adapter.bind(call, scale=0.5, bshd=False)
-    assert isinstance(bound, sdpa_module._DecodeBound)
+    bound = adapter.bind(call, scale=0.5, bshd=bshd)
+    assert isinstance(bound, sdpa_module._DecodeBound) != bshd
     q, k, v = _qkv()
-    step = q[:, :, :1]
-    want = reference_attention(step, k, v, causal=False, scale=0.5)
+    want = reference_attention(q[:, :, :1], k, v, causal=False, scale=0.5)
+    if bshd:  # the caller's tensors [B, S, H, D], contiguous there; the answers compared in [B, H, S, D]
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        step = q[:, :1]
+        to_bhsd = lambda t: t.transpose(1, 2)  # noqa: E731
+        caller = lambda t: t.transpose(1, 2)  # noqa: E731 - what settle_repeated gets: the route's bhsd views
+    else:
+        step = q[:, :, :1]
+        to_bhsd = caller = lambda t: t
     for _ in range(6):
-        torch.testing.assert_close(bound(step, k, v), want)
+        torch.testing.assert_close(to_bhsd(bound(step, k, v)), want)
     assert decoded == [1, 1, 1]  # three meetings on the decode path, then SDPA's own choice
     assert sorted(sdpa_module._MET._seen.values()) == [3]  # the settled calls were not counted
     other = step.clone()  # contiguous: other strides than the slice of q
-    torch.testing.assert_close(bound(other, k, v), want)
+    torch.testing.assert_close(to_bhsd(bound(other, k, v)), want)
     assert decoded == [1, 1, 1, 1]  # not the settled strides: the adapter's path, counted
-    assert adapter.settle_repeated(other, k, v, causal=False)
-    torch.testing.assert_close(bound(other, k, v), want)  # the adapter serves it settled; the route keeps it
-    torch.testing.assert_close(bound(other, k, v), want)
+    assert adapter.settle_repeated(caller(other), caller(k), caller(v), causal=False)
+    torch.testing.assert_close(to_bhsd(bound(other, k, v)), want)  # the adapter serves it settled; the route keeps it
+    torch.testing.assert_close(to_bhsd(bound(other, k, v)), want)
     assert decoded == [1, 1, 1, 1]
 
 

@@ -126,9 +126,11 @@ class SdpaAdapter(AdapterBase):
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor] | None:
         """The plain call as SDPA itself, for a route (:func:`attnforge.backends.bound.bound_call`): a
         ``functools.partial`` of the unpatched SDPA taking ``(q, k, v)`` ``[B, H, S, D]``, so nothing of the
-        adapter runs per call. Only unforced SDPA on bhsd tensors whose causal mask SDPA's ``is_causal`` gives
-        (Sq == Sk) and whose heads need no repeat; None otherwise (``__call__`` serves)."""
-        if self.kernel is not None or bshd or (call.causal and call.seqlen_q != call.seqlen_k):
+        adapter runs per call. Only unforced SDPA on calls whose causal mask SDPA's ``is_causal`` gives (Sq == Sk)
+        and whose heads need no repeat; None otherwise (``__call__`` serves). ``bshd``: the caller's tensors are
+        ``[B, S, H, D]``; the same call on their ``[B, H, S, D]`` views, the output viewed back (what the generic
+        bshd route does around ``__call__``, without ``__call__``: a diffusers model's SDPA-chosen calls)."""
+        if self.kernel is not None or (call.causal and call.seqlen_q != call.seqlen_k):
             return None
         kwargs: dict[str, Any] = {"scale": scale}
         if call.causal:
@@ -137,9 +139,12 @@ class SdpaAdapter(AdapterBase):
             if self.caps.gqa is not GqaMode.NATIVE:
                 return None
             kwargs["enable_gqa"] = True
+        bound: Callable[..., torch.Tensor]
         if call.seqlen_q <= DECODE_ROWS and call.device_type in _EFFICIENT_DEVICES and not call.causal:
-            return _DecodeBound(self, kwargs)  # a decode step: __call__'s decode path until its shape settles
-        return functools.partial(original_sdpa(), **kwargs)
+            bound = _DecodeBound(self, kwargs)  # a decode step: __call__'s decode path until its shape settles
+        else:
+            bound = functools.partial(original_sdpa(), **kwargs)
+        return _on_bshd_views(bound) if bshd else bound
 
     def settle_repeated(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> bool:
         """An unmasked decode call (``q [B, Hq, Sq, D]``, Sq <= :data:`DECODE_ROWS`, CUDA, SDPA choosing) whose
@@ -338,6 +343,16 @@ class _MetShapes:
 
 
 _MET = _MetShapes()
+
+
+def _on_bshd_views(bound: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``bound`` (``[B, H, S, D]`` in and out) for ``[B, S, H, D]`` tensors: their transposed views in, the output's
+    view back (no copy either way)."""
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return bound(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+    return call
 
 
 class _DecodeBound:
