@@ -264,15 +264,22 @@ def test_the_capabilities_admit_a_mask_on_a_decode_step_only() -> None:
     caps = registry.adapters()["flash-attn-4"].caps  # type: ignore[attr-defined]
     assert "mask" in caps.features and caps.mask_max_seqlen_q == 1
 
-    def call(sq: int) -> AttentionCall:
+    def call(sq: int, *also: str) -> AttentionCall:
         return AttentionCall(device_type="cuda", compute_capability=(9, 0), dtype="bfloat16", batch=4, heads_q=16,
                              heads_kv=8, seqlen_q=sq, seqlen_k=1024, head_dim=256, causal=False, needs_grad=False,
-                             features=frozenset({"mask", "softcap"}))
+                             features=frozenset({"mask", "softcap", *also}))
 
     assert caps.unsupported_reasons(call(1)) == []
     assert any("a mask only on a decode step" in r for r in caps.unsupported_reasons(call(2)))
     sdpa = registry.fallback().caps  # type: ignore[attr-defined]
     assert not any("decode step" in r for r in sdpa.unsupported_reasons(call(2)))
+    # beside a mask only what the route serves on the kernel (mask_with): sinks and lse there would be exact math
+    assert caps.unsupported_reasons(call(1, "window")) == []
+    for other in ("sinks", "lse"):
+        assert caps.unsupported_reasons(call(1, other)) == [
+            f"a mask only beside causal_top_left, softcap, window; the call also has {other}"]
+        without_mask = dataclasses.replace(call(1, other), features=frozenset({other}))
+        assert caps.unsupported_reasons(without_mask) == []  # FA4's own kernel serves it
 
 
 def test_verify_checks_the_decode_mask_on_a_padding_mask() -> None:
@@ -441,8 +448,9 @@ def test_a_gemma2_generate_hands_declined_decode_calls_to_its_eager_function(
 def test_a_gpt_oss_generate_hands_its_masked_decode_calls_with_sinks_to_its_eager_function(
         fa4_dispatcher: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """GPT-OSS's sinks beside a padding mask: FlashAttention-4's route would serve its decode calls on the exact math
-    alone (``_masked``), so the transformers integration hands each to the model's own eager function (the
-    framework's default: sinks are its own); the tokens are eager's."""
+    alone (``_masked``), so its capabilities leave such calls out (``mask_with``), attnforge's choice for them is the
+    exact math, and the transformers integration hands each to the model's own eager function (the framework's
+    default: sinks are its own); the tokens are eager's."""
     want, got, counts = _generate_served(monkeypatch, "GptOssForCausalLM", "GptOssConfig", new_tokens=5,
                                          num_hidden_layers=2, sliding_window=64, num_local_experts=4,
                                          num_experts_per_tok=2,

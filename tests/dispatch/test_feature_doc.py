@@ -19,7 +19,9 @@ def test_the_page_shows_every_backend_and_what_it_claims() -> None:
     page = packaged_page()
     for bid, caps in load_capabilities().items():
         row = next(line for line in page.splitlines() if line.startswith(f"| `{bid}` |"))
-        restricted = int(bool(caps.mask_max_seqlen_q) and "mask" in caps.features)  # "decode only (Sq <= N)"
+        restricted = int((bool(caps.mask_max_seqlen_q) or caps.mask_with is not None) and "mask" in caps.features)
         assert row.count("yes") >= len(caps.features) - restricted
-        assert row.count("decode only") == restricted
+        assert row.count("decode only") == int(bool(caps.mask_max_seqlen_q) and "mask" in caps.features)
+        if restricted and caps.mask_with is not None:  # "beside softcap, window only"
+            assert f"beside {', '.join(sorted(caps.mask_with))} only" in row
     assert "| `exact` |" in page and "| `sdpa` |" in page

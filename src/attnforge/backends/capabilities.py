@@ -30,7 +30,7 @@ from attnforge.types.shapes import Layout
 _FIELDS = {
     "devices", "layout", "causal", "empty_rows_zero", "gqa", "backward", "head_dim_multiple", "sources",
     "features", "offers", "backward_devices", "jit_per_shape", "jit_per_variant", "win_required_on",
-    "gqa_masked_min_seqlen_q", "mask_max_seqlen_q",
+    "gqa_masked_min_seqlen_q", "mask_max_seqlen_q", "mask_with",
 }
 DEVICES = tuple(d.value for d in DeviceType)
 
@@ -82,6 +82,9 @@ class Capabilities:
             (0: any Sq); FlexAttention's kernel fails to compile below one query block (``runtime.toml``).
         mask_max_seqlen_q: a mask (``attn_mask``) only on calls of at most this many query rows (0: any Sq):
             FlashAttention-4 serves a decode step's padding mask as varlen sequences (``runtime.toml``).
+        mask_with: the features a masked call may carry beside the mask (None: any of ``features``); a masked call
+            with another one is not this backend's (FlashAttention-4's padded decode route serves a mask beside
+            softcap and a window that hides no key, and would give anything else, sinks say, to its exact math).
     """
 
     backend: str
@@ -103,6 +106,7 @@ class Capabilities:
     win_required_on: tuple[str, ...] = ()
     gqa_masked_min_seqlen_q: int = 0
     mask_max_seqlen_q: int = 0
+    mask_with: frozenset[str] | None = None
 
     def unsupported_reasons(self, call: AttentionCall) -> list[str]:
         """Every reason this backend cannot serve ``call``; empty when it can. Pure."""
@@ -141,6 +145,10 @@ class Capabilities:
         needed = required_features(call)
         if self.mask_max_seqlen_q and call.seqlen_q > self.mask_max_seqlen_q and "mask" in needed:
             reasons.append(f"a mask only on a decode step (Sq <= {self.mask_max_seqlen_q}); got Sq={call.seqlen_q}")
+        beside = needed - {"mask"} - self.mask_with if self.mask_with is not None and "mask" in needed else ()
+        if beside:
+            allowed = ", ".join(sorted(self.mask_with or ())) or "no other feature"
+            reasons.append(f"a mask only beside {allowed}; the call also has {', '.join(sorted(beside))}")
         missing = needed - self.features
         if missing:
             reasons.append(f"does not support {', '.join(sorted(missing))}")
@@ -221,6 +229,7 @@ def _load(catalog: Catalog, data_dir: Path) -> dict[str, Capabilities]:
                                  else ()),
                 gqa_masked_min_seqlen_q=errors.get(raw, "gqa_masked_min_seqlen_q", path, int, 0),
                 mask_max_seqlen_q=errors.get(raw, "mask_max_seqlen_q", path, int, 0),
+                mask_with=_features(errors, raw, "mask_with", path) if "mask_with" in raw else None,
             )
     errors.finish()
     return out

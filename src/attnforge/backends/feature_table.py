@@ -90,8 +90,11 @@ def render(caps: Mapping[str, Capabilities], sources: Mapping[str, Sequence[str]
              "|---|" + "---|" * len(names)]
     for c in rows:
         cells = ["yes" if n in c.features else ("kernel only" if n in c.offers else "-") for n in names]
-        if c.mask_max_seqlen_q and "mask" in c.features:
-            cells[names.index("mask")] = f"decode only (Sq <= {c.mask_max_seqlen_q})"
+        if "mask" in c.features and (c.mask_max_seqlen_q or c.mask_with is not None):
+            limits = [f"decode only (Sq <= {c.mask_max_seqlen_q})"] if c.mask_max_seqlen_q else []
+            if c.mask_with is not None:
+                limits.append(f"beside {', '.join(sorted(c.mask_with)) or 'no other feature'} only")
+            cells[names.index("mask")] = "; ".join(limits)
         lines.append(f"| `{c.backend}` | " + " | ".join(cells) + " |")
     lines.append("| `exact` | " + " | ".join("yes" for _ in names) + " |")
     lines += ["", _FEATURE_LEGEND, "", "## Limits", "",

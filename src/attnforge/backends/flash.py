@@ -312,15 +312,15 @@ class FlashAttn4Adapter(FlashAttnAdapter):
     def leaves_to_exact(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, *,
                         causal: bool = False, **features: Any) -> bool:
         """Whether this masked decode call (``q [B, Hq, 1, D]``, ``k/v [B, Hkv, Sk, D]``, the caller's ``mask``;
-        ``features``: the keywords it would pass) would get the exact math: because its mask is not worth reading
+        ``features``: the keywords it would pass) would get the exact math because its mask is not worth reading
         (:meth:`~attnforge.backends._padded_decode.MaskSharing.would_decline`; then the call is counted as the route
-        would have counted it), or because it carries a feature beside softcap and scale (GPT-OSS's sinks), which
-        the route serves under a mask only on the exact math (:meth:`_masked`). For a caller that has a faster path
-        for such a call than the exact math behind the dispatch (the transformers integration: the model's own eager
-        function, Gemma-2's and GPT-OSS's default). False for anything the route itself decides on (:meth:`_may_read`:
-        a gradient, CUDA graph capture, ``torch.compile`` tracing, an inference-mode mask; a mask whose runs are worth
-        reading); the sharing rule is asked first, so a call whose mask is read (a step's later layers) pays one
-        lookup.
+        would have counted it). For a caller that has a faster path for such a call than the exact math behind the
+        dispatch (the transformers integration: the model's own eager function, Gemma-2's default). False for
+        anything the route itself decides on (:meth:`_may_read`: a gradient, CUDA graph capture, ``torch.compile``
+        tracing, an inference-mode mask; a mask whose runs are worth reading); the sharing rule is asked first, so
+        a call whose mask is read (a step's later layers) pays one lookup. A masked call with a feature the route
+        does not take beside a mask (sinks: GPT-OSS) never gets here: the capabilities' ``mask_with`` keep it from
+        this backend.
 
         Why: a Gemma-2-9B-shaped decoder of 2 layers on an H200 (2026-11-29, docs/benchmarks.md "thirteenth
         session"), each of a step's two masks serving one layer: 16 of 18 decode calls took the exact math inside
@@ -329,8 +329,6 @@ class FlashAttn4Adapter(FlashAttnAdapter):
 
         if causal or q.shape[2] != 1 or mask.__class__ is not torch.Tensor:
             return False
-        if set(features) - {"softcap", "scale"}:
-            return True  # sinks beside a mask: the route serves them on the exact math alone (_masked)
         kind = _sharing_kind(q, k)
         if not self.mask_sharing.would_decline(mask, kind) or not self._may_read(q, k, v, mask):
             return False

@@ -133,7 +133,8 @@ def _exact_only(query: Any, key: Any, value: Any, call: dict[str, Any]) -> bool:
     ``leaves_to_exact``: FlashAttention-4's padded decode, where a step's masks serve one layer each, so their runs
     are not worth reading) is handed over too, per call: on an H200 (2026-11-29, docs/benchmarks.md "thirteenth
     session") 16 of a 2-layer Gemma-2-9B-shaped decoder's 18 decode calls took that exact math behind the dispatch,
-    the decode step 0.94-0.96x eager's."""
+    the decode step 0.94-0.96x eager's; with the hand-off, all 16 went to eager and the step ran 1.062x eager's
+    ("fourteenth session")."""
     import torch
 
     from attnforge.backends._base import records_grad
