@@ -144,6 +144,7 @@ def test_diagnose_json_with_a_snapshot(tmp_path: Path, capsys: pytest.CaptureFix
     assert doc["evidence"][0]["line"] == 1
 
 
+@pytest.mark.slow
 def test_diagnose_unknown_success_and_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     odd = tmp_path / "odd.log"
     odd.write_text("step 1\nfatal: the flux capacitor is cold\n", encoding="utf-8")

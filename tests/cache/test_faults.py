@@ -280,6 +280,7 @@ def test_export_of_an_entry_with_corrupt_provenance_is_an_error(filled: Store, t
     assert "exported 0 new" in done.stdout and "provenance.json" in done.stdout, done.stdout
 
 
+@pytest.mark.slow
 def test_random_byte_flips_in_the_db_never_give_a_traceback(filled: Store, tmp_path: Path) -> None:
     pristine = filled.db_path.read_bytes()
     size = len(pristine)

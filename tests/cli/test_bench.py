@@ -29,6 +29,7 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(saved)
 
 
+@pytest.mark.slow
 def test_json_plot_and_records(attnforge_home: Path, tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
     png = tmp_path / "bench.png"
@@ -48,6 +49,7 @@ def test_json_plot_and_records(attnforge_home: Path, tmp_path: Path,
     assert {r.run_id for r in stored} == {doc["run_id"]}
 
 
+@pytest.mark.slow
 def test_table_marks_unverified_and_best(attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "sdpa-math", *TINY, "--mode", "fwd", "--causal", "on", "--max-noise", "1e6"]) == 0
     out = capsys.readouterr().out
@@ -59,6 +61,7 @@ def test_table_marks_unverified_and_best(attnforge_home: Path, capsys: pytest.Ca
     assert "stored 2 result(s)" in out
 
 
+@pytest.mark.slow
 def test_without_names_the_verified_backends_are_benched(attnforge_home: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     key = current_device("cpu").key
@@ -70,6 +73,7 @@ def test_without_names_the_verified_backends_are_benched(attnforge_home: Path,
     assert [(b["name"], b["verified"]) for b in doc["backends"]] == [("sdpa", False), ("sdpa-math", True)]
 
 
+@pytest.mark.slow
 def test_model_shape(attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bench", "--max-noise", "1e6", "sdpa-math", "--device", "cpu", "--shapes", "model", "--batch", "1",
             "--heads", "4",
@@ -111,6 +115,7 @@ def test_model_config_measures_the_models_shape_classes_small_on_cpu(
     assert all(r["best"] == "sdpa" for r in doc["rows"])  # only the baseline ran
 
 
+@pytest.mark.slow
 def test_grid_and_diffusion_sets_on_cpu_keep_their_structure(attnforge_home: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--max-noise", "1e6", "--device", "cpu", "--shapes", "grid", "--mode", "fwd", "--json"]) == 0
@@ -124,6 +129,7 @@ def test_grid_and_diffusion_sets_on_cpu_keep_their_structure(attnforge_home: Pat
     assert [r["shape"]["seqlen_q"] for r in rows] == [4608 // 64, 32760 // 64, 16384 // 64]
 
 
+@pytest.mark.slow
 def test_the_table_shows_spread_and_winner_margin(attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "sdpa-math", *TINY, "--mode", "fwd", "--causal", "on", "--rounds", "4",
                  "--max-noise", "1e6"]) == 0  # a noisy cell (a loaded machine) has no margin to show

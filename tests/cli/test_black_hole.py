@@ -195,6 +195,7 @@ def test_a_silent_dns_waits_no_longer_than_the_budget(
     assert rc in (0, 1)
 
 
+@pytest.mark.slow
 def test_the_real_command_with_the_default_budget_answers_within_20_s(
     as_proxy: BlackHole, cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

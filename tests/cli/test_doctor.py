@@ -75,6 +75,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_real_probe_and_doctor_on_this_machine(attnforge_argv: list[str], cli_env: dict[str, str]) -> None:
     """The first README command's facts on the dev/CI machine: no GPU, CPU torch, nvcc 13.0, gcc 12."""
     probe = subprocess.run([*attnforge_argv, "probe", "--json"], env=cli_env, capture_output=True, text=True,

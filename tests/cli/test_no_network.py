@@ -169,6 +169,7 @@ def test_an_offline_build_of_a_source_it_would_download_is_refused_before_buildi
     assert no_network == []
 
 
+@pytest.mark.slow
 def test_an_index_url_whose_host_never_answers_is_one_line_after_one_deadline(
     silent_dns: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:

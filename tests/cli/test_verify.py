@@ -25,6 +25,7 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(saved)
 
 
+@pytest.mark.slow
 def test_sdpa_math_verifies_on_cpu_and_is_recorded(attnforge_home: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", "sdpa-math", "--device", "cpu", "--json"]) == 0

@@ -173,6 +173,7 @@ def test_a_measurement_of_another_installed_version_is_measured_again(store: Rec
     assert {r.backend_version for r in fresh if r.backend == "fast"} == {importlib.metadata.version("pytest")}
 
 
+@pytest.mark.slow
 def test_the_measurement_persists_across_processes(store: RecordStore, cli_env: dict[str, str]) -> None:
     env = {**cli_env, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
 

@@ -197,6 +197,7 @@ def test_a_new_softcap_or_feature_set_compiles_a_new_signature_once() -> None:
        causal=st.booleans(), top_left=st.booleans(),
        window=st.none() | st.tuples(st.none() | st.integers(-1, 8), st.none() | st.integers(-1, 8)),
        softcap=st.none() | st.floats(0.5, 50.0), lse=st.booleans(), seed=st.integers(0, 2**16))
+@pytest.mark.slow
 def test_random_shapes_windows_and_softcaps_match_the_reference(  # noqa: PLR0917 - one draw per argument
         sq: int, sk: int, groups: tuple[int, int], causal: bool, top_left: bool,
         window: tuple[int | None, int | None] | None, softcap: float | None, lse: bool, seed: int) -> None:

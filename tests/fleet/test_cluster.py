@@ -21,6 +21,7 @@ def fleet(fc: FleetCluster, home: Path, *args: str, timeout: float = 240) -> sub
                           env=fc.env(home), timeout=timeout, check=False)
 
 
+@pytest.mark.slow
 def test_probe_runs_on_every_node_and_groups_kinds(fleet_cluster: FleetCluster, tmp_path: Path) -> None:
     done = fleet(fleet_cluster, tmp_path / "head", "probe", "--address", fleet_cluster.address, "--json")
     assert done.returncode == 0, done.stderr
@@ -34,6 +35,7 @@ def test_probe_runs_on_every_node_and_groups_kinds(fleet_cluster: FleetCluster, 
     assert all(len(k["nodes"]) == 1 for k in kinds)
 
 
+@pytest.mark.slow
 def test_plan_on_the_cluster_shares_one_build_across_the_linux_kinds(fleet_cluster: FleetCluster,
                                                                      tmp_path: Path) -> None:
     done = fleet(fleet_cluster, tmp_path / "head", "plan", "af-nvcc-fixture", "--source", str(NVCC_EXT),
@@ -58,6 +60,7 @@ def _linux_build(plan: dict) -> dict:
     return next(b for b in plan["builds"] if b["wheel"]["os"] == "linux")
 
 
+@pytest.mark.slow
 def test_build_compiles_once_for_two_archs_publishes_and_pip_installs(fleet_cluster: FleetCluster,
                                                                       tmp_path: Path) -> None:
     index = tmp_path / "index"
@@ -95,6 +98,7 @@ def test_build_compiles_once_for_two_archs_publishes_and_pip_installs(fleet_clus
     assert log.count("attempt in worker pid") == 1
 
 
+@pytest.mark.slow
 def test_build_publishes_to_a_real_index_server_and_pip_installs_from_it(
         fleet_cluster: FleetCluster, tmp_path: Path, pypiserver: tuple[str, Path]) -> None:
     url, packages = pypiserver
@@ -126,6 +130,7 @@ def test_build_publishes_to_a_real_index_server_and_pip_installs_from_it(
     assert "has no wheel of af-nvcc-fixture" in windows["message"] and windows["argv"] is None
 
 
+@pytest.mark.slow
 def test_install_of_a_source_build_gives_each_node_its_kind_index_and_the_source(fleet_cluster: FleetCluster,
                                                                                  tmp_path: Path) -> None:
     """`fleet install NAME --source S` (a name outside the catalog, issue 33: refused before) runs `attnforge
@@ -181,6 +186,7 @@ def test_install_verify_and_bench_run_per_node_and_report_per_kind(fleet_cluster
     assert (tmp_path / "fleet.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_a_node_whose_torch_changed_is_probed_again(fleet_cluster: FleetCluster, tmp_path: Path) -> None:
     """The head remembers each node's probe with a cheap fingerprint; a node whose fingerprint changed (here its
     recorded snapshot, as a torch upgrade changes its installed version) is probed again by the next command."""

@@ -12,6 +12,7 @@ pytest.importorskip("ray")
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 def test_probe_without_address_starts_a_local_ray_and_probes_this_machine(cli_env: dict[str, str]) -> None:
     env = {k: v for k, v in cli_env.items() if k != "RAY_ADDRESS"}
     done = subprocess.run([sys.executable, "-m", "attnforge", "fleet", "probe", "--json"], capture_output=True,

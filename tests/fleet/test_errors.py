@@ -76,6 +76,7 @@ def test_fleet_install_of_an_unknown_backend_is_refused_before_any_node_is_asked
 
 @pytest.mark.parametrize("answer", [pytest.param(None, id="silent"),
                                     pytest.param(b"HTTP/1.1 400 Bad Request\r\n\r\n", id="http1")])
+@pytest.mark.slow
 def test_an_address_that_is_not_ray_fails_clearly_within_20_s(cli_env: dict[str, str], answer: bytes | None,
                                                               ) -> None:
     """A plain TCP server on 127.0.0.1 (silent, or an HTTP/1 server): not Ray's gRPC. `ray.init` alone hung 820 s."""

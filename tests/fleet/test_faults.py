@@ -49,6 +49,7 @@ def _linux_plan(fc: FleetCluster, source: Path):  # type: ignore[no-untyped-def]
     return plan, linux
 
 
+@pytest.mark.slow
 def test_a_killed_build_worker_is_retried_once_then_reported_failed(connected: FleetCluster,
                                                                     tmp_path: Path) -> None:
     import ray
@@ -87,6 +88,7 @@ def test_a_killed_build_worker_is_retried_once_then_reported_failed(connected: F
     assert not (tmp_path / "index" / "simple").exists() or not any((tmp_path / "index" / "simple").iterdir())
 
 
+@pytest.mark.slow
 def test_two_concurrent_fleet_builds_build_each_key_once(connected: FleetCluster, tmp_path: Path) -> None:
     source = _slow_source(tmp_path, 3)
     index = tmp_path / "index"
@@ -128,6 +130,7 @@ def test_a_node_that_left_is_reported_lost_and_the_others_finish(connected: Flee
     assert lost.message
 
 
+@pytest.mark.slow
 def test_a_node_lost_mid_build_is_reported_lost_and_the_other_build_finishes(connected: FleetCluster,
                                                                             tmp_path: Path) -> None:
     """A fourth node of its own kind (torch 2.10) builds a slow copy of the fixture; it leaves mid-build. The
@@ -251,6 +254,7 @@ def empty_index() -> Iterator[str]:
         yield url + "/simple/"
 
 
+@pytest.mark.slow
 def test_an_index_that_answers_200_and_stores_nothing_is_a_failed_publish(
         connected: FleetCluster, tmp_path: Path, empty_index: str) -> None:
     import json

@@ -90,6 +90,7 @@ def _pid_files(home: Path) -> list[Path]:
     return list(folder.glob("*.pid")) if folder.is_dir() else []
 
 
+@pytest.mark.slow
 def test_six_nodes_every_gpu_kind_served_and_a_killed_builder_moves_the_build(six: SixNodes, tmp_path: Path) -> None:
     fc = six.fc
     source = tmp_path / "nvcc_ext"

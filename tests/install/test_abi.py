@@ -73,6 +73,7 @@ def _with_torch(snapshot: SystemSnapshot, version: str, cxx11_abi: bool = True) 
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_stable_abi_build_is_keyed_once_and_served_to_any_newer_torch(tmp_path: Path) -> None:
     """A real stable-ABI C++ extension (``tests/fixtures/stable_ext_pkg``: ``torch/csrc/stable/`` only,
     ``py_limited_api`` cp310, ``TORCH_TARGET_VERSION`` 2.9) built here with gcc: the binary says stable ABI, the

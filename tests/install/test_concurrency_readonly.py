@@ -62,6 +62,7 @@ def _drive(home: Path, python: str, links: Path, prefix: list[str] | None = None
                           capture_output=True, text=True, timeout=600, check=False)
 
 
+@pytest.mark.slow
 def test_eight_concurrent_installs_into_one_venv_all_succeed(tmp_path: Path) -> None:
     links = tmp_path / "links"
     make_wheel(links, value=7)

@@ -44,6 +44,7 @@ def started(stderr: str, what: str) -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_cache_hit_reinstall_imports_torch_in_the_target_at_most_once(tmp_path: Path) -> None:
     python = nested_venv(tmp_path / "venv")
     wheels = tmp_path / "wheels"

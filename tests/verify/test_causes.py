@@ -95,6 +95,7 @@ def test_verify_records_the_chain_and_the_summary_names_the_compiler(attnforge_h
     assert "InvalidCxxCompiler" in cause
 
 
+@pytest.mark.slow
 def test_the_cli_shows_the_meaningful_line_and_the_chain_under_v(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -51,6 +51,7 @@ def test_sdpa_math_passes_every_feature_it_claims() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
+@pytest.mark.slow
 def test_eager_flex_passes_every_feature_it_claims() -> None:
     """FlexAttention's feature cases on CPU through eager flex_attention (its CPU compile has no lse; the GPU
     runs them compiled in tests/dispatch/test_gpu.py)."""

@@ -40,6 +40,7 @@ def crashing_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     torch.set_num_threads(saved)
 
 
+@pytest.mark.slow
 def test_verify_records_a_sigsegv_and_a_hang_and_exits_1(
     attnforge_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -62,6 +63,7 @@ def test_verify_records_a_sigsegv_and_a_hang_and_exits_1(
     assert records["hang"].ok is False and "hang" in records["hang"].summary
 
 
+@pytest.mark.slow
 def test_bench_records_a_sigsegv_and_a_hang_and_exits_1(
     attnforge_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -83,6 +85,7 @@ def test_bench_records_a_sigsegv_and_a_hang_and_exits_1(
     assert {r.backend for r in store.bench_records(key)} == {"sdpa"}
 
 
+@pytest.mark.slow
 def test_an_abort_is_named_and_cases_outside_the_capabilities_are_not_run() -> None:
     device = current_device("cpu")
     cases = tuple(generate_cases(dtypes=("float32", "bfloat16"), head_dims=(32,), max_seqlen=64, seed=0))

@@ -86,6 +86,7 @@ def test_the_cache_dirs_are_read_from_the_environment_not_chosen(tmp_path: Path)
     assert default[1] == Path.home() / ".triton" / "cache"
 
 
+@pytest.mark.slow
 def test_the_inductor_default_is_torchs_own_and_a_passing_verify_never_imports_inductor(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The folder is torch's own answer (its helper), for this user and for a user name torch sanitizes; it is
