@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from attnforge.backends.bound import other_layout
+
 #: the flash-attn versions whose ``flash_attn_interface.py`` the mapping below was read from
 VERSIONS = frozenset({"2.8.3", "2.8.3.post1", "2.8.3.post2"})
 #: the native module holding ``fwd`` and ``bwd``
@@ -96,10 +98,4 @@ def bind(native: Any, *, scale: float, causal: bool, bshd: bool, needs_grad: boo
 
         def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return fwd(_lastdim(q), _lastdim(k), _lastdim(v), *tail)[0]  # type: ignore[no-any-return]
-    if bshd:
-        return run
-
-    def run_bhsd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
-
-    return run_bhsd
+    return run if bshd else other_layout(run)

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnforge.backends._base import graph_capturing
+from attnforge.backends.bound import other_layout
 
 #: the flash-attn-4 versions whose ``interface.py`` the mapping below was read from
 VERSIONS = frozenset({"4.0.0b36"})
@@ -254,10 +255,4 @@ def bind(fwd: Callable[..., Any], *, scale: float | None, causal: bool, bshd: bo
         the output and never synchronise.
     """
     run = Replayer(fwd, forward_keywords(scale=scale, causal=causal))
-    if bshd:
-        return run
-
-    def forward_bhsd(q: Any, k: Any, v: Any) -> Any:
-        return run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
-
-    return forward_bhsd
+    return run if bshd else other_layout(run)

@@ -63,8 +63,15 @@ def bound_call(adapter: BackendAdapter, call: AttentionCall | None, *, causal: b
     if native is not None:
         return functools.partial(native, causal=causal, scale=scale)
 
-    def transposed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return adapter(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
-                       scale=scale).transpose(1, 2)
+    return other_layout(functools.partial(adapter, causal=causal, scale=scale))
 
-    return transposed
+
+def other_layout(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``fn`` (``(q, k, v)`` in one layout, the output in the same) for a caller of the other layout: ``[B, S, H, D]``
+    tensors for a bhsd ``fn``, or ``[B, H, S, D]`` for a bshd one. Dimensions 1 and 2 swap on the way in and back
+    on the way out: views, no copy."""
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+    return call

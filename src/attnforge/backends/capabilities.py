@@ -145,9 +145,8 @@ class Capabilities:
         needed = required_features(call)
         if self.mask_max_seqlen_q and call.seqlen_q > self.mask_max_seqlen_q and "mask" in needed:
             reasons.append(f"a mask only on a decode step (Sq <= {self.mask_max_seqlen_q}); got Sq={call.seqlen_q}")
-        beside = needed - {"mask"} - self.mask_with if self.mask_with is not None and "mask" in needed else ()
-        if beside:
-            allowed = ", ".join(sorted(self.mask_with or ())) or "no other feature"
+        if self.mask_with is not None and "mask" in needed and (beside := needed - {"mask"} - self.mask_with):
+            allowed = ", ".join(sorted(self.mask_with)) or "no other feature"
             reasons.append(f"a mask only beside {allowed}; the call also has {', '.join(sorted(beside))}")
         missing = needed - self.features
         if missing:

@@ -30,6 +30,7 @@ from attnforge.backends._base import (
     records_grad,
 )
 from attnforge.backends._padded_decode import varlen_decode
+from attnforge.backends.bound import other_layout
 from attnforge.backends.capabilities import GqaMode
 from attnforge.backends.exact import hides_keys, visible_keys
 from attnforge.backends.sdpa_original import kernels_restricted, original_sdpa
@@ -144,7 +145,7 @@ class SdpaAdapter(AdapterBase):
             bound = _DecodeBound(self, kwargs)  # a decode step: __call__'s decode path until its shape settles
         else:
             bound = functools.partial(original_sdpa(), **kwargs)
-        return _on_bshd_views(bound) if bshd else bound
+        return other_layout(bound) if bshd else bound
 
     def settle_repeated(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> bool:
         """An unmasked decode call (``q [B, Hq, Sq, D]``, Sq <= :data:`DECODE_ROWS`, CUDA, SDPA choosing) whose
@@ -343,16 +344,6 @@ class _MetShapes:
 
 
 _MET = _MetShapes()
-
-
-def _on_bshd_views(bound: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``bound`` (``[B, H, S, D]`` in and out) for ``[B, S, H, D]`` tensors: their transposed views in, the output's
-    view back (no copy either way)."""
-
-    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return bound(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
-
-    return call
 
 
 class _DecodeBound:
