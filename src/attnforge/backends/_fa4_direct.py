@@ -12,8 +12,9 @@ Replay (:class:`Replayer`): ``_flash_attn_fwd`` itself spends most of FA4's host
 ``_flash_attn_fwd.compile_cache``. For a plain call that needs no gradient that function receives
 ``(q, k, v, out, lse=None, softmax_scale, ...)`` where everything after ``out`` is fixed by the bound signature
 (shapes, dtype, device, causal, scale; interface.py:1887-1936), ``out`` is a fresh contiguous ``torch.empty`` (line
-873), and nothing runs after the kernel (no split-KV combine, no scheduler metadata: lines 1938-1967). So the first
-call of a bound signature runs ``_flash_attn_fwd`` with its cache wrapped to record the one compiled call; later
+873), and nothing runs after the kernel (no split-KV combine, no scheduler metadata: lines 1938-1967). So the second
+call of a bound signature (the first, for the varlen lanes) runs ``_flash_attn_fwd`` with its cache wrapped to
+record the one compiled call; later
 calls allocate ``out`` and call the recorded function with the recorded arguments, as long as q, k and v keep the
 strides and 16-byte alignment of the recorded call (else ``maybe_contiguous`` and the compile key could differ,
 and ``_flash_attn_fwd`` serves). The replay is checked bit for bit against ``_flash_attn_fwd``'s output once per
@@ -105,14 +106,22 @@ class Replay:
 class Replayer:
     """``fn(q, k, v, **per_call)`` on ``[B, S, H, D]`` tensors (or varlen ``[N, H, D]`` ones with their per-call
     keywords, :func:`varlen_keywords`): the recorded compiled call when it fits, else ``_flash_attn_fwd`` (see the
-    module docstring)."""
+    module docstring).
 
-    __slots__ = ("fwd", "keywords", "replay", "tried")
+    ``record_at``: the call that records (1: the first; a lane that exists because its signature repeats). A plain
+    route's binding records at its second call (:func:`bind`): recording runs the kernel twice (the call, then the
+    replay checked against it) and synchronises, which a binding that serves one call only (a route bound per call,
+    a shape met once) would pay on every call. Measured on an H200 (2026-11-29, docs/benchmarks.md "fifteenth
+    session"): Wan-2.1's self-attention through diffusers, bound per call, ran FlashAttention-4's kernel twice a
+    call, the step 0.74x diffusers' default."""
 
-    def __init__(self, fwd: Callable[..., Any], keywords: dict[str, Any]) -> None:
-        self.fwd, self.keywords = fwd, keywords
+    __slots__ = ("calls", "fwd", "keywords", "record_at", "replay", "tried")
+
+    def __init__(self, fwd: Callable[..., Any], keywords: dict[str, Any], *, record_at: int = 1) -> None:
+        self.fwd, self.keywords, self.record_at = fwd, keywords, record_at
         self.replay: Replay | None = None
         self.tried = False
+        self.calls = 0
 
     def __call__(self, q: Any, k: Any, v: Any, **per_call: Any) -> Any:
         replay = self.replay
@@ -120,7 +129,9 @@ class Replayer:
                 q.data_ptr() % ALIGN_BYTES or k.data_ptr() % ALIGN_BYTES or v.data_ptr() % ALIGN_BYTES):
             return _run(replay, q, k, v, per_call)
         if not self.tried:
-            return self._record(q, k, v, per_call)
+            self.calls += 1
+            if self.calls >= self.record_at:
+                return self._record(q, k, v, per_call)
         return self.fwd(q, k, v, **per_call, **self.keywords)[0]
 
     def _record(self, q: Any, k: Any, v: Any, per_call: dict[str, Any]) -> Any:
@@ -250,9 +261,9 @@ def bind(fwd: Callable[..., Any], *, scale: float | None, causal: bool, bshd: bo
             ``transpose(1, 2)`` views, and the ``[B, Sq, Hq, Dv]`` output returned as a view the same way.
 
     Returns:
-        The bound call; fp16/bf16 CUDA tensors in, the output in q's dtype and the caller's layout. Its first
-        call per binding records and checks the replay (one device synchronisation); later calls allocate only
-        the output and never synchronise.
+        The bound call; fp16/bf16 CUDA tensors in, the output in q's dtype and the caller's layout. Its second
+        call per binding records and checks the replay (one device synchronisation; the first runs
+        ``_flash_attn_fwd``); later calls allocate only the output and never synchronise.
     """
-    run = Replayer(fwd, forward_keywords(scale=scale, causal=causal))
+    run = Replayer(fwd, forward_keywords(scale=scale, causal=causal), record_at=2)
     return run if bshd else other_layout(run)

@@ -183,6 +183,10 @@ def attention(
             before a backend runs (:mod:`attnforge.dispatch.inputs`); a backend that raises on an accepted call
             is skipped for that call's signature (docs/features.md, "When a backend raises").
     """
+    if causal_alignment == "top_left" and causal is False and window is None and is_causal is None:
+        causal_alignment = "bottom_right"  # it aligns nothing here (SDPA-style callers pass it on every call)
+    if enable_gqa is False and _same_heads(q, k, layout):
+        enable_gqa = True  # it refuses nothing here (SDPA's default, passed on by diffusers and patch_sdpa)
     if not (attn_mask is window is softcap is sinks is cu_seqlens_q is cu_seqlens_k is is_causal is block_table  # type: ignore[comparison-overlap]
             is seqused_k is None
             and dropout_p == 0.0 and return_lse is False and enable_gqa is True and isinstance(causal, bool)
@@ -233,6 +237,18 @@ def attention(
         route = dispatcher.route(q, k, v, key, causal=causal, scale=scale, layout=layout, precision=precision,
                                  forced=forced)
     return dispatcher.serve(route, q, k, v, forced)
+
+
+def _same_heads(q: Any, k: Any, layout: str) -> bool:
+    """Whether 4-D ``q`` and ``k`` have as many heads (``[B, H, S, D]``, or ``[B, S, H, D]`` with ``layout="bshd"``):
+    then ``enable_gqa=False`` refuses nothing, and the call may take the plain path (a call with any argument off
+    its default goes through :func:`attnforge.dispatch.features.attention`, whose route is bound per call).
+    False for anything else (validation says what is wrong)."""
+    try:
+        dim = 2 if layout == "bshd" else 1
+        return bool(q.dim() == 4 and k.dim() == 4 and q.shape[dim] == k.shape[dim])
+    except (AttributeError, IndexError, TypeError):
+        return False
 
 
 def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
