@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from attnforge.backends._base import KeptPerMask
 from attnforge.errors import DispatchError
 
 _INF = math.inf
@@ -267,12 +268,36 @@ def check_index_tensor(name: str, t: Any, *, dims: int, device: Any, shape: str)
     return t
 
 
+#: the checked facts of the last few self-attention offsets tensors (``cu_seqlens_q is cu_seqlens_k``), per tensor
+#: object and version counter: a model passes one offsets tensor to every layer of a forward
+_OFFSETS: KeptPerMask[tuple[Any, Any, int, int]] = KeptPerMask()
+
+
 def check_offsets(cu_q: Any, cu_k: Any, *, rows_q: int, rows_k: int, device: Any) -> tuple[Any, Any, int, int]:
     """Check varlen offsets: int32 ``[batch + 1]`` each, on q's device, starting at 0, never decreasing, ending
     at the packed rows of q and k. Returns the per-sequence lengths and the longest of each (one device sync).
+
+    Where one tensor is both offsets (self-attention), its facts are kept per tensor object and version counter
+    (:class:`~attnforge.backends._base.KeptPerMask`: an in-place change or a new tensor is read again), so a model
+    that passes one ``cu_seqlens`` to each of its layers syncs once per forward, not once per layer: each sync
+    stops the host from running ahead of the device. Nothing is kept while ``torch.compile`` traces.
     """
     for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
         check_index_tensor(name, cu, dims=1, device=device, shape="of offsets [batch + 1]")
+    keep = cu_q is cu_k and not torch.compiler.is_compiling()
+    params = (rows_q, rows_k)
+    if keep:
+        kept = _OFFSETS.get(cu_q, params)
+        if kept is not None:
+            return kept
+    facts = _read_offsets(cu_q, cu_k, rows_q=rows_q, rows_k=rows_k)
+    if keep:
+        _OFFSETS.put(cu_q, params, facts)
+    return facts
+
+
+def _read_offsets(cu_q: Any, cu_k: Any, *, rows_q: int, rows_k: int) -> tuple[Any, Any, int, int]:
+    """:func:`check_offsets`'s reading of the values (the one device sync)."""
     if cu_q.numel() != cu_k.numel() or cu_q.numel() < 1:
         raise DispatchError("cu_seqlens_q and cu_seqlens_k must have the same length batch + 1",
                             cause=f"got {cu_q.numel()} and {cu_k.numel()}",

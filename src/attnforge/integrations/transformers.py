@@ -11,6 +11,7 @@ transformers passes                    attnforge gets
                                        same name: padding, packed ``position_ids``, sliding windows are in it;
                                        None when the call is plainly causal or bidirectional; a padded
                                        ``generate``'s later decode steps: built unread, :func:`_mask_builder`)
+a padded prefill's causal mask         varlen sequences, ``causal=True``, no mask (:func:`_padded_prefill`)
 no mask, causal module, Sq > 1         ``causal=True``, keys past Sq cut off as transformers' SDPA function does
                                        (an empty static cache: top-left alignment)
 ``sliding_window=W``, no mask          ``window=(W - 1, 0)`` (transformers: key ``j`` seen by query ``i`` iff
@@ -39,8 +40,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from attnforge.backends._base import KeptPerMask
 from attnforge.errors import DispatchError
 
 NAME = "attnforge"
@@ -90,6 +93,10 @@ def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signa
                                          query, key)
     given_key, given_value = key, value
     if mask is not None:
+        if q_len == kv_len > 1:
+            packed = _padded_prefill(query, key, value, mask, features)
+            if packed is not None:
+                return packed, None
         call: dict[str, Any] = {"attn_mask": mask, **features}
     else:
         causal = causal and q_len > 1  # one query row sees every cached key: no mask at all
@@ -283,9 +290,14 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
         padding = get("attention_mask")
         # transformers passes keywords (masking_utils' mask_interface calls): anything else is passed through, as is
         # a traced call (sdpa_mask reads no values then, and the state here is nothing to guard a graph on)
-        if (args or get("q_length") != 1 or not isinstance(padding, torch.Tensor)
-                or get("allow_is_causal_skip", True) is False or torch.compiler.is_compiling()):
+        if (args or not isinstance(padding, torch.Tensor) or get("allow_is_causal_skip", True) is False
+                or torch.compiler.is_compiling()):
             return sdpa_mask(*args, **kwargs)
+        if get("q_length") != 1:
+            mask = sdpa_mask(**kwargs)
+            if mask is not None and _plain_causal_prefill(kwargs, causal):
+                _PREFILL_PADDING.put(mask, (), padding)
+            return mask
         key, kv_length = (get("batch_size"), str(padding.device), get("local_size")), get("kv_length")
         last = _PADDED_DECODE.get(key)
         # a continued step: the query is the last key (a dynamic cache's decode step; anything else, a static cache's
@@ -304,6 +316,154 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
         return mask
 
     return build
+
+
+#: a padded prefill's mask, as built for ``"attnforge"`` (:func:`_mask_builder`) -> the 2D padding mask it was built
+#: from (``[B, S]`` bool), per mask object and version counter
+_PREFILL_PADDING: KeptPerMask[Any] = KeptPerMask()
+#: per such mask: its varlen sequences (:class:`_PrefillSequences`), or False where a row sees more than one run
+_PREFILL_SEQUENCES: KeptPerMask[Any] = KeptPerMask()
+#: per kind of packed call (:func:`_varlen_pays`): whether it is taken over the masked call
+_VARLEN_PAYS: dict[tuple[Any, ...], bool] = {}
+#: the shortest longest sequence of a padded prefill taken as varlen sequences. Measured on an H200 (2026-11-29,
+#: docs/benchmarks.md "fifteenth session", ``prefill_varlen.py``, Llama-3-8B's heads, 4 prompts, bf16): the varlen
+#: call through FlashAttention-4's public function took 0.24-0.25 ms up to 1024 tokens (its host cost: the masked
+#: SDPA call 0.07-0.33 ms), 0.38 ms at 2048 against 1.04 and 1.13 at 4096 against 3.78; in a 2-layer model the
+#: route's extra host time (~1 ms a layer, the runs read, the public entry) made a 1024-token prefill 0.91x
+PREFILL_VARLEN_MIN = 2048
+
+
+def _plain_causal_prefill(kwargs: dict[str, Any], causal: Callable[..., Any]) -> bool:
+    """Whether ``sdpa_mask``'s keywords describe a fresh prefill's plain causal mask over a bool padding mask
+    (``mask_function`` transformers' ``causal_mask_function`` itself, no window, queries and keys the same
+    ``S`` positions from 0, a ``[B, S]`` padding mask, no vmap): the mask is then ``causal & padding`` and nothing
+    else, which :func:`_padded_prefill` serves as varlen sequences."""
+    import torch
+
+    get = kwargs.get
+    padding = get("attention_mask")
+    length = get("q_length")
+    return (get("mask_function") is causal and get("local_size") is None and not get("use_vmap")
+            and isinstance(length, int) and length > 1 and get("kv_length") == length
+            and get("q_offset", 0) == 0 and get("kv_offset", 0) == 0 and padding.dtype == torch.bool
+            and padding.dim() == 2 and tuple(padding.shape) == (get("batch_size"), length))
+
+
+@dataclass(frozen=True, slots=True)
+class _PrefillSequences:
+    """A left-padded batch's ``[B, S]`` tokens as varlen sequences: each row's run of real tokens, and the run of
+    padding before it, is one sequence (``cu_seqlens``, int32 ``[n + 1]`` on the device, over the ``B * S`` rows of
+    ``[B, S, H, D]`` tensors). Under the causal mask a left padding's query rows see no key (every key before them
+    is padding); here the padding run attends to itself only, and its rows are zeroed after the call (``hidden``,
+    ``[B, S, 1, 1]`` bool, None where no row is padded), as the exact math gives a row that sees no key. Right
+    padding is not taken: its padding rows see the row's real keys under the causal mask, which no sequence of
+    contiguous keys gives."""
+
+    cu_seqlens: Any
+    longest: int
+    longest_real: int
+    hidden: Any
+
+
+def _prefill_sequences(padding: Any) -> _PrefillSequences | None:
+    """The varlen sequences of a ``[B, S]`` bool padding mask (:class:`_PrefillSequences`), or None where a row's
+    real tokens are not one run that ends the row (left padding, or none). One copy of the mask to the host (the one
+    sync)."""
+    import numpy as np
+    import torch
+
+    rows = padding.detach().cpu().numpy()
+    b, s = rows.shape
+    if b * s >= 2**31:
+        return None
+    counts = rows.sum(axis=1)
+    first = rows.argmax(axis=1)
+    last = s - 1 - rows[:, ::-1].argmax(axis=1)
+    real = counts > 0
+    if np.any(real & ((last - first + 1 != counts) | (last != s - 1))):
+        return None
+    starts = np.arange(b) * s
+    bounds = np.unique(np.concatenate([starts, starts[real] + first[real], [b * s]]))
+    cu = torch.from_numpy(bounds.astype(np.int32)).to(padding.device)
+    hidden = None if bool(counts.min() == s) else (~padding)[:, :, None, None]
+    return _PrefillSequences(cu_seqlens=cu, longest=int(np.diff(bounds).max()), longest_real=int(counts.max()),
+                             hidden=hidden)
+
+
+def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[str, Any]) -> Any:
+    """A padded batch's prefill (``q [B, Hq, S, D]``, ``k/v [B, Hkv, S, D]``, ``mask`` built for it by
+    :func:`_mask_builder`: causal and the padding, nothing else) of a left-padded batch as varlen sequences with
+    ``causal=True`` and no mask: ``[B, S, Hq, Dv]`` out, or None where this does not apply (the caller passes the
+    mask then).
+
+    The masked call hands a kernel the whole ``S x S`` square of every row (SDPA's kernels take a mask or
+    ``is_causal``, not both, so they cannot skip the tiles above the diagonal), where the varlen causal call computes
+    about half of it and none of the padding, as transformers' own FlashAttention path does (``_upad_input``),
+    here without moving a token: the runs of real tokens and of padding are sequences of the caller's tensors viewed
+    ``[B * S, H, D]`` (no copy where their storage is ``[B, S, H, D]``, as a projection's ``view(...).transpose(1,
+    2)`` is). Taken only where it pays (:func:`_varlen_pays`: a kernel serves the packed call, SDPA the masked one), its
+    longest real run is at least :data:`PREFILL_VARLEN_MIN` tokens, and not under CUDA graph capture, a forced
+    backend or ``torch.compile`` (the runs are read on the host: one sync per mask object, kept for every layer)."""
+    import torch
+
+    from attnforge.dispatch import runtime
+    from attnforge.dispatch.dispatcher import _FORCED
+
+    padding = _PREFILL_PADDING.get(mask, ())
+    if (padding is None or _FORCED.get() is not None or torch.compiler.is_compiling()
+            or (query.is_cuda and torch.cuda.is_current_stream_capturing())):
+        return None
+    b, hq, s, d = query.shape
+    if s < PREFILL_VARLEN_MIN or tuple(padding.shape) != (b, s) or key.shape[0] != b:
+        return None
+    seqs = _PREFILL_SEQUENCES.get(mask, ())
+    if seqs is None:
+        seqs = _prefill_sequences(padding) or False
+        _PREFILL_SEQUENCES.put(mask, (), seqs)
+    if seqs is False or seqs.longest_real < PREFILL_VARLEN_MIN:
+        return None
+    hkv, dv = key.shape[1], value.shape[-1]
+    q = query.transpose(1, 2).reshape(b * s, hq, d)
+    k = key.transpose(1, 2).reshape(b * s, hkv, d)
+    v = value.transpose(1, 2).reshape(b * s, hkv, dv)
+    call = {name: val for name, val in features.items() if val is not None}
+    call.update(causal=True, cu_seqlens_q=seqs.cu_seqlens, cu_seqlens_k=seqs.cu_seqlens,
+                max_seqlen_q=seqs.longest, max_seqlen_k=seqs.longest)
+    if not _varlen_pays(q, k, v, call, masked=(query, key, value, mask, features)):
+        return None
+    out = runtime.attention(q, k, v, **call).view(b, s, hq, dv)
+    return out if seqs.hidden is None else out.masked_fill(seqs.hidden, 0)
+
+
+def _varlen_pays(q: Any, k: Any, v: Any, call: dict[str, Any], *, masked: tuple[Any, ...]) -> bool:
+    """Whether the packed call ``call`` (:func:`_padded_prefill`) is worth taking over the masked one: a kernel (not
+    the exact math) serves it, and plain SDPA's kernels serve the masked call, which compute the whole square (a
+    masked FlexAttention call skips the tiles its block mask hides already: a Gemma-2-9B-shaped decoder's padded
+    forward on an H200 ran 1.162x eager with FlashAttention-4's varlen kernel, 1.247x with Flex's masked one,
+    2026-11-29, docs/benchmarks.md "fifteenth session"). Asked of :func:`attnforge.explain` once per kind (heads,
+    head dims, dtype, device, the features present, whether a gradient is recorded, the dispatcher's generation),
+    as :func:`_exact_only` asks."""
+    from attnforge.backends._base import records_grad
+    from attnforge.backends.exact import EXACT
+    from attnforge.dispatch import runtime
+
+    dispatcher = runtime.get_dispatcher()
+    kind = (q.shape[1], k.shape[1], q.shape[-1], v.shape[-1], q.dtype, q.device, records_grad(q, k, v),
+            tuple(sorted(name for name, val in call.items() if val is not None and not (
+                name == "dropout_p" and not val))), dispatcher.generation)
+    pays = _VARLEN_PAYS.get(kind)
+    if pays is None:
+        query, key, value, mask, features = masked
+        try:
+            packed = runtime.explain(q, k, v, **call).chosen
+            dense = runtime.explain(query, key, value, attn_mask=mask, **features).chosen
+        except Exception:  # attention() itself would say what is wrong with the call: the mask route serves it
+            packed = dense = None
+        pays = packed not in (None, EXACT) and dense is not None and (dense == "sdpa" or dense.startswith("sdpa-"))
+        if len(_VARLEN_PAYS) >= _EXACT_ONLY_KEPT:
+            _VARLEN_PAYS.clear()
+        _VARLEN_PAYS[kind] = pays
+    return pays
 
 
 def _last_query_mask(kwargs: dict[str, Any]) -> Any:
