@@ -462,3 +462,36 @@ def test_a_bind_that_raises_leaves_the_generic_call(store: RecordStore) -> None:
             warnings.simplefilter("always")
             _check(attnforge.attention(q, k, v), q, k, v)
         assert broken.calls == 1 and "b" in d.demoted and len(caught) == 1
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_sdpa_style_defaults_keep_a_call_on_the_plain_path(a_b: tuple[Any, Fake, Fake], layout: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """diffusers' backend and ``patch_sdpa`` pass SDPA's defaults on every call: top-left alignment without causal,
+    ``enable_gqa=False`` with equal heads. Neither changes the call, so it stays on the plain path, its route
+    remembered (a feature route is bound per call: FlashAttention-4's replay was recorded anew on every call)."""
+    from attnforge.dispatch import features
+
+    _, a, _ = a_b
+    took: list[int] = []
+    real = features.attention
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        took.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(features, "attention", spy)
+    q, k, v = _qkv(hq=2, hkv=2)
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    for _ in range(3):
+        out = attnforge.attention(q, k, v, causal=False, causal_alignment="top_left", enable_gqa=False,
+                                  dropout_p=0.0, return_lse=False, layout=layout)
+    as_bhsd = [t.transpose(1, 2) if layout == "bshd" else t for t in (q, k, v, out)]
+    _check(as_bhsd[3], *as_bhsd[:3])
+    assert took == [] and a.decided == 1 and a.calls == 3
+    q, k, v = _qkv(hq=4, hkv=2)
+    with pytest.raises(DispatchError):  # enable_gqa=False still refuses Hq != Hkv, as SDPA does
+        attnforge.attention(q, k, v, enable_gqa=False)
+    attnforge.attention(q, k, v, causal=True, causal_alignment="top_left")  # causal: it aligns, the feature path
+    assert took == [1, 1]

@@ -322,7 +322,7 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
 #: from (``[B, S]`` bool), per mask object and version counter
 _PREFILL_PADDING: KeptPerMask[Any] = KeptPerMask()
 #: per such mask: its varlen sequences (:class:`_PrefillSequences`), or False where a row sees more than one run
-_PREFILL_SEQUENCES: KeptPerMask[Any] = KeptPerMask()
+_PREFILL_SEQUENCES: KeptPerMask[_PrefillSequences | bool] = KeptPerMask()
 #: per kind of packed call (:func:`_varlen_pays`): whether it is taken over the masked call
 _VARLEN_PAYS: dict[tuple[Any, ...], bool] = {}
 #: the shortest longest sequence of a padded prefill taken as varlen sequences. Measured on an H200 (2026-11-29,
@@ -341,7 +341,7 @@ def _plain_causal_prefill(kwargs: dict[str, Any], causal: Callable[..., Any]) ->
     import torch
 
     get = kwargs.get
-    padding = get("attention_mask")
+    padding = kwargs["attention_mask"]
     length = get("q_length")
     return (get("mask_function") is causal and get("local_size") is None and not get("use_vmap")
             and isinstance(length, int) and length > 1 and get("kv_length") == length
@@ -416,12 +416,13 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
     b, hq, s, d = query.shape
     if s < PREFILL_VARLEN_MIN or tuple(padding.shape) != (b, s) or key.shape[0] != b:
         return None
-    seqs = _PREFILL_SEQUENCES.get(mask, ())
-    if seqs is None:
-        seqs = _prefill_sequences(padding) or False
-        _PREFILL_SEQUENCES.put(mask, (), seqs)
-    if seqs is False or seqs.longest_real < PREFILL_VARLEN_MIN:
+    kept = _PREFILL_SEQUENCES.get(mask, ())
+    if kept is None:
+        kept = _prefill_sequences(padding) or False
+        _PREFILL_SEQUENCES.put(mask, (), kept)
+    if not isinstance(kept, _PrefillSequences) or kept.longest_real < PREFILL_VARLEN_MIN:
         return None
+    seqs = kept
     hkv, dv = key.shape[1], value.shape[-1]
     q = query.transpose(1, 2).reshape(b * s, hq, d)
     k = key.transpose(1, 2).reshape(b * s, hkv, d)
