@@ -248,6 +248,36 @@ def test_varlen_equals_each_sequence_on_its_own(kwargs: dict[str, Any]) -> None:
         torch.testing.assert_close(lse[:, cu_q[i]:cu_q[i + 1]].double(), want_lse[0], atol=1e-4, rtol=1e-4)
 
 
+def test_one_offsets_tensor_is_read_once_until_it_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Self-attention offsets (one tensor as both ``cu_seqlens``) are read on the host once per tensor object and
+    version: a model's layers share one; an in-place change, or two different tensors, are read again, and bad
+    offsets after a change are still refused."""
+    from attnforge.dispatch import inputs
+
+    reads: list[int] = []
+    real = inputs._read_offsets
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(inputs, "_read_offsets", counting)
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(8, h, 8, generator=g) for h in (4, 2, 2))
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    first = attnforge.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+    attnforge.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+    assert len(reads) == 1
+    attnforge.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu.clone(), causal=True)
+    assert len(reads) == 2
+    cu[1] = 5  # in place: read again, and the answer follows the new offsets
+    moved = attnforge.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+    assert len(reads) == 3 and not torch.equal(first, moved)
+    cu[2] = 7
+    with pytest.raises(DispatchError, match="cu_seqlens do not describe"):
+        attnforge.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+
+
 # -- paged KV -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window": (2, 0), "sinks": "sinks"},
                                     {"causal": True, "causal_alignment": "top_left"}])
