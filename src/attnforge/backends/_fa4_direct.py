@@ -14,12 +14,12 @@ Replay (:class:`Replayer`): ``_flash_attn_fwd`` itself spends most of FA4's host
 (shapes, dtype, device, causal, scale; interface.py:1887-1936), ``out`` is a fresh contiguous ``torch.empty`` (line
 873), and nothing runs after the kernel (no split-KV combine, no scheduler metadata: lines 1938-1967). So the second
 call of a bound signature (the first, for the varlen lanes) runs ``_flash_attn_fwd`` with its cache wrapped to
-record the one compiled call; later
-calls allocate ``out`` and call the recorded function with the recorded arguments, as long as q, k and v keep the
-strides and 16-byte alignment of the recorded call (else ``maybe_contiguous`` and the compile key could differ,
-and ``_flash_attn_fwd`` serves). The replay is checked bit for bit against ``_flash_attn_fwd``'s output once per
-bound signature before it is used; a call that does not fit (another tensor argument, more than one compiled
-call, keywords) is never replayed, and nothing is recorded while a CUDA graph captures.
+record the one compiled call; later calls allocate ``out`` and call the recorded function with the recorded
+arguments, as long as q, k and v keep the strides and 16-byte alignment of the recorded call (else
+``maybe_contiguous`` and the compile key could differ, and ``_flash_attn_fwd`` serves). The replay is checked bit
+for bit against ``_flash_attn_fwd``'s output once per bound signature before it is used; a call that does not fit
+(another tensor argument, more than one compiled call, keywords) is never replayed, and nothing is recorded while a
+CUDA graph captures.
 
 Varlen replay: a varlen call (:func:`varlen_keywords`: a padded batch's decode step as
 :mod:`attnforge.backends._padded_decode` gives it) hands the compiled call three more tensors that change per call,
