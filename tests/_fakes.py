@@ -1,11 +1,12 @@
-"""Fakes at the seams: a runner that replays real recorded outputs (tests/fixtures/outputs/), and a settable
-clock."""
+"""Fakes at the seams: a runner that replays real recorded outputs (tests/fixtures/outputs/), a settable clock, and
+a call counter wrapped around a real function."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PureWindowsPath
+from typing import Any
 
 from attnforge._system.runner import NOT_FOUND, Completed
 
@@ -78,3 +79,18 @@ class ReadyAdapter:
 
     def unsupported_reasons(self, call: object) -> list[str]:
         return []
+
+
+def count_calls(monkeypatch: Any, owner: Any, name: str) -> list[int]:
+    """Wrap ``owner.name`` (a module's function) so that each call appends 1 to the returned list; the real function
+    still runs, and ``monkeypatch`` puts it back when the test ends."""
+    calls: list[int] = []
+    real = getattr(owner, name)
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return calls
+

@@ -31,6 +31,7 @@ from attnforge.dispatch import runtime
 from attnforge.errors import DispatchError
 from attnforge.records import RecordStore, VerifyRecord, device_key
 from attnforge.types.cc import ComputeCapability
+from tests._fakes import count_calls
 from tests.dispatch._measured import record_faster_over
 
 CPU_KEY = device_key("cpu", None, torch.__version__)
@@ -473,14 +474,7 @@ def test_sdpa_style_defaults_keep_a_call_on_the_plain_path(a_b: tuple[Any, Fake,
     from attnforge.dispatch import features
 
     _, a, _ = a_b
-    took: list[int] = []
-    real = features.attention
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        took.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(features, "attention", spy)
+    took = count_calls(monkeypatch, features, "attention")
     q, k, v = _qkv(hq=2, hkv=2)
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))

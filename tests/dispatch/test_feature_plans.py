@@ -22,6 +22,7 @@ from attnforge.backends.exact import reference_attention
 from attnforge.dispatch import features, runtime
 from attnforge.errors import DispatchError
 from attnforge.records import RecordStore
+from tests._fakes import count_calls
 
 
 @pytest.fixture
@@ -29,15 +30,7 @@ def prepared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[i
     """A fresh process-wide dispatcher (SDPA and the exact math) and a count of the calls that were checked."""
     d = runtime.Dispatcher({}, records=RecordStore(tmp_path / "home"))
     previous = runtime.set_dispatcher(d)
-    count: list[int] = []
-    real = features.prepare
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        count.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(features, "prepare", counting)
-    yield count
+    yield count_calls(monkeypatch, features, "prepare")
     runtime.set_dispatcher(previous)
 
 

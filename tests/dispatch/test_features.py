@@ -18,6 +18,7 @@ from attnforge.backends.exact import reference_attention
 from attnforge.dispatch import runtime
 from attnforge.errors import DispatchError
 from attnforge.records import RecordStore
+from tests._fakes import count_calls
 
 
 @pytest.fixture(autouse=True)
@@ -254,14 +255,7 @@ def test_one_offsets_tensor_is_read_once_until_it_changes(monkeypatch: pytest.Mo
     offsets after a change are still refused."""
     from attnforge.dispatch import inputs
 
-    reads: list[int] = []
-    real = inputs._read_offsets
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        reads.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(inputs, "_read_offsets", counting)
+    reads = count_calls(monkeypatch, inputs, "_read_offsets")
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(8, h, 8, generator=g) for h in (4, 2, 2))
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)

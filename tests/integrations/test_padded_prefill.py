@@ -26,6 +26,7 @@ from attnforge.backends.exact import reference_attention
 from attnforge.backends.flash import FlashAttn4Adapter
 from attnforge.dispatch import inputs
 from attnforge.integrations import transformers as integration
+from tests._fakes import count_calls
 from tests.dispatch._padded_steps import fa4_only_dispatcher
 
 
@@ -203,14 +204,7 @@ def test_a_padded_generate_gives_sdpas_tokens_and_reads_each_offsets_tensor_once
     once (``inputs._read_offsets``: the sync), and the tokens are SDPA's."""
     model = _llama()
     ids, mask = _batch()
-    reads: list[int] = []
-    real_read = inputs._read_offsets
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        reads.append(1)
-        return real_read(*args, **kwargs)
-
-    monkeypatch.setattr(inputs, "_read_offsets", counting)
+    reads = count_calls(monkeypatch, inputs, "_read_offsets")
     kw = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
     model.set_attn_implementation("sdpa")
     want = model.generate(**kw)
