@@ -213,3 +213,22 @@ def test_a_padded_generate_gives_sdpas_tokens_and_reads_each_offsets_tensor_once
     assert torch.equal(got, want)
     assert len(fa4.varlen) == 2 and fa4.varlen[0]["cu_seqlens_q"] == [0, 24, 29, 48, 51, 72]
     assert len(reads) == 1
+
+
+def test_a_masked_call_sdpa_does_not_serve_keeps_its_mask(fa4: _FakeFa4) -> None:
+    """Gemma-2's global layers (a plain causal mask with softcap): SDPA cannot take the softcap, so the masked call is
+    not SDPA's whole square to save (Flex's masked kernel skips tiles itself; here the model's eager function takes
+    it), and no varlen call is made; the logits are eager's."""
+    import transformers
+
+    integration.register()
+    cfg = transformers.Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                    max_position_embeddings=256, sliding_window=8, attn_logit_softcapping=50.0)
+    torch.manual_seed(0)
+    model = transformers.Gemma2ForCausalLM(cfg).eval()
+    ids, mask = _batch()
+    want = _logits(model, "eager", ids, mask)
+    got = _logits(model, "attnforge", ids, mask)
+    assert fa4.varlen == []
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-4, rtol=1e-4)

@@ -442,8 +442,9 @@ def _varlen_pays(q: Any, k: Any, v: Any, call: dict[str, Any], *, masked: tuple[
     masked FlexAttention call skips the tiles its block mask hides already: a Gemma-2-9B-shaped decoder's padded
     forward on an H200 ran 1.162x eager with FlashAttention-4's varlen kernel, 1.247x with Flex's masked one,
     2026-11-29, docs/benchmarks.md "fifteenth session"). Asked of :func:`attnforge.explain` once per kind (heads,
-    head dims, dtype, device, the features present, whether a gradient is recorded, the dispatcher's generation),
-    as :func:`_exact_only` asks."""
+    head dims, dtype, device, the features present, whether a gradient is recorded, the length's power-of-two
+    bucket, as shape classes bucket it: what serves the masked call may differ by length, and the dispatcher's
+    generation), as :func:`_exact_only` asks."""
     from attnforge.backends._base import records_grad
     from attnforge.backends.exact import EXACT
     from attnforge.dispatch import runtime
@@ -451,7 +452,7 @@ def _varlen_pays(q: Any, k: Any, v: Any, call: dict[str, Any], *, masked: tuple[
     dispatcher = runtime.get_dispatcher()
     kind = (q.shape[1], k.shape[1], q.shape[-1], v.shape[-1], q.dtype, q.device, records_grad(q, k, v),
             tuple(sorted(name for name, val in call.items() if val is not None and not (
-                name == "dropout_p" and not val))), dispatcher.generation)
+                name == "dropout_p" and not val))), masked[0].shape[2].bit_length(), dispatcher.generation)
     pays = _VARLEN_PAYS.get(kind)
     if pays is None:
         query, key, value, mask, features = masked
