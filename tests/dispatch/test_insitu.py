@@ -244,3 +244,62 @@ def test_a_live_check_supersedes_every_older_record_of_its_class() -> None:
     assert set(class_measurements(bench + live, cls)) == {"fa", "sdpa"}
     assert set(class_measurements(bench + live + records(32, "bench-2", fa2=0.01), cls)) == {"fa", "fa2", "sdpa"}
     assert set(class_measurements(live + bench, cls)) == {"fa", "fa2", "sdpa"}  # a bench after the check counts
+
+
+def _long_setup(tmp_path: Path, fa_kernel_ms: float) -> tuple[RecordStore, Kernel, Kernel, Gpu]:
+    """A long class (a diffusion model's attention: 12 ms a call for SDPA) where bench recorded "fa" faster; fa's
+    kernel as the model gets it takes ``fa_kernel_ms``."""
+    gpu = Gpu()
+    fa, sdpa = Kernel("fa", gpu, 0.05, fa_kernel_ms), Kernel("sdpa", gpu, 0.03, 12.0)
+    return _measured(tmp_path, fa, sdpa, sq=16, sk=16, sdpa_ms=0.1), fa, sdpa, gpu
+
+
+def test_a_long_call_is_checked_on_its_next_live_calls_with_no_call_of_its_own(tmp_path: Path) -> None:
+    """Calls over MAX_CALL_MS (Wan-2.1's self-attention on an H200: a route that ran FA4's kernel twice, 17 ms against
+    SDPA's 12): the check serves the class's next live calls alternately on SDPA and on the route, times each, and
+    reverts; every call was the caller's (no extra call), and every answer is right."""
+    store, fa, sdpa, gpu = _long_setup(tmp_path, fa_kernel_ms=17.0)
+    q, k, v = _qkv()
+    want = reference_attention(q, k, v).to(q.dtype)
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        assert attnforge.explain(q, k, v).chosen == "fa"
+        calls = insitu.SAMPLE_AFTER + 2 * insitu.SLICES - 1  # the check's first call is the SAMPLE_AFTER-th
+        for _ in range(calls):
+            torch.testing.assert_close(attnforge.attention(q, k, v), want)
+        assert (fa.calls, sdpa.calls) == (calls - insitu.SLICES, insitu.SLICES)  # each call served once
+        explained = attnforge.explain(q, k, v)
+        assert explained.chosen == "sdpa" and "reverted from fa by an in-situ check" in explained.basis[0]
+        attnforge.attention(q, k, v)
+    assert sdpa.calls == insitu.SLICES + 1  # SDPA serves the class now
+    live = {r.backend: r.ms for r in store.bench_records(CPU_KEY) if r.run_id.startswith("insitu-")}
+    assert live["sdpa"] == pytest.approx(12.03, rel=0.01) and live["fa"] == pytest.approx(17.05, rel=0.01)
+
+
+def test_a_long_call_faster_than_sdpa_keeps_its_route(tmp_path: Path) -> None:
+    """The same check where the route is faster in the model (FA4 with its replay: 8.5 against 12 ms): nothing is
+    stored, the route keeps the class, and the class is checked once."""
+    store, fa, sdpa, gpu = _long_setup(tmp_path, fa_kernel_ms=8.5)
+    q, k, v = _qkv()
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for _ in range(3 * insitu.SAMPLE_AFTER):
+            attnforge.attention(q, k, v)
+    assert sdpa.calls == insitu.SLICES and fa.calls == 3 * insitu.SAMPLE_AFTER - insitu.SLICES
+    assert attnforge.explain(q, k, v).chosen == "fa"
+    assert not [r for r in store.bench_records(CPU_KEY) if r.run_id.startswith("insitu-")]
+
+
+def test_a_long_calls_check_waits_out_a_capture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under CUDA graph capture a sliced call is served by the route, untimed; the check goes on after it."""
+    _store, fa, sdpa, gpu = _long_setup(tmp_path, fa_kernel_ms=17.0)
+    q, k, v = _qkv()
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for _ in range(insitu.SAMPLE_AFTER + 1):
+            attnforge.attention(q, k, v)
+        assert sdpa.calls == 1  # the first slice
+        monkeypatch.setattr(autotune, "capturing", lambda: True)
+        attnforge.attention(q, k, v)
+        assert sdpa.calls == 1  # captured: the route, untimed
+        monkeypatch.setattr(autotune, "capturing", lambda: False)
+        for _ in range(2 * insitu.SLICES):
+            attnforge.attention(q, k, v)
+    assert attnforge.explain(q, k, v).chosen == "sdpa"

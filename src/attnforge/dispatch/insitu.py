@@ -7,9 +7,12 @@ another layout, a kernel whose Python entry costs more than its run (docs/benchm
 90-300 us of host time per call, SDPA's 24-79 us; issue 30's D256 forward, 0.68x of SDPA through
 ``attention()``). The check times the two routes as the model issues them: :func:`attnforge.bench.timing.paired`,
 a few interleaved back-to-back batches on the caller's own tensors (forward + backward on detached copies for a
-call that needs grad), on the calling thread, bounded (about ``2 * PAIRS * 2 * BATCH_MS`` ms; skipped when one
-call takes more than :data:`MAX_CALL_MS`). It never runs while ``torch.compile`` traces or a CUDA graph captures
-(:func:`attnforge.dispatch.autotune.capturing`), nor when measuring is off (``ATTNFORGE_AUTOTUNE=0``).
+call that needs grad), on the calling thread, bounded (about ``2 * PAIRS * 2 * BATCH_MS`` ms). A call that takes
+more than :data:`MAX_CALL_MS` and needs no gradient (a diffusion model's) is checked on its class's next live calls
+instead, :data:`SLICES` served by SDPA and as many by the route, each timed between two syncs: no extra call at all
+(:class:`_Sampler`); such a call that needs a gradient is not checked. It never runs while ``torch.compile``
+traces or a CUDA graph captures (:func:`attnforge.dispatch.autotune.capturing`), nor when measuring is off
+(``ATTNFORGE_AUTOTUNE=0``).
 
 A revert is written as two records of the class (``run_id`` ``insitu-...``, the route's and SDPA's live timings),
 which supersede every older record of the class, of any backend and at any length
@@ -43,8 +46,11 @@ from attnforge.dispatch.policy import FALLBACK, Decision, class_of_call, shape_o
 SAMPLE_AFTER = 64
 #: interleaved rounds of the check (each: one back-to-back batch of the route, one of SDPA)
 PAIRS = 3
-#: no check when one call takes longer (ms): its cost would be a stall, and the host cost is noise there
+#: a call longer than this (ms) is checked in slices (:data:`SLICES`) instead of back-to-back batches, whose extra
+#: calls would be a stall
 MAX_CALL_MS = 8.0
+#: live calls of the route and of SDPA each that a long call's check times: the check makes no call of its own
+SLICES = 3
 
 
 @dataclass(slots=True, kw_only=True)
@@ -131,17 +137,29 @@ def _settler(adapter: BackendAdapter, *, bshd: bool, causal: bool) -> Callable[[
 
 
 class _Sampler:
-    """A route's first step that counts the calls of its class and runs the check once."""
+    """A route's first step that counts the calls of its class and runs the check once.
 
-    __slots__ = ("call", "dispatcher", "fn", "key", "name", "sdpa", "settle", "state")
+    A call that needs no gradient is timed first, as it is served (the live call, on the route). Where it takes
+    longer than :data:`MAX_CALL_MS` (a diffusion model's attention: Wan-2.1's self-attention is 8-17 ms on an H200),
+    back-to-back batches of extra calls would stall the caller, so the check times the class's next live calls
+    instead, :data:`SLICES` on SDPA and as many on the route, alternating: each served call is the caller's, none
+    is extra, and the cost is two device syncs a call. On an H200 (2026-11-29, docs/benchmarks.md "fifteenth
+    session") a route that ran FlashAttention-4's kernel twice a call made Wan's step 0.74x diffusers' default while
+    its warm-up had measured FA4 fastest; no check ran, its calls being over the limit."""
+
+    __slots__ = ("call", "dispatcher", "fn", "key", "name", "sdpa", "settle", "slices", "state")
 
     def __init__(self, dispatcher: Checked, *, state: _State, key: str, call: AttentionCall, name: str,
                  fn: Callable[..., Any], sdpa: Callable[..., Any],
                  settle: Callable[[Any, Any, Any], bool] = lambda q, k, v: False) -> None:
         self.dispatcher, self.state, self.key, self.call = dispatcher, state, key, call
         self.name, self.fn, self.sdpa, self.settle = name, fn, sdpa, settle
+        #: a long call's check under way: the ms of each timed live call per backend (None: none under way)
+        self.slices: dict[str, list[float]] | None = None
 
     def __call__(self, q: Any, k: Any, v: Any) -> Any:
+        if self.slices is not None:
+            return self._slice(q, k, v)
         state, key = self.state, self.key
         n = state.counts.get(key, 0) + 1
         state.counts[key] = n
@@ -149,13 +167,20 @@ class _Sampler:
         if first is not self.call and first != self.call:
             state.mixed.add(key)
         if n >= SAMPLE_AFTER and key not in state.checked:
-            self._check(q, k, v)
+            return self._check(q, k, v)
         return self.fn(q, k, v)
 
-    def _check(self, q: Any, k: Any, v: Any) -> None:
+    def _check(self, q: Any, k: Any, v: Any) -> Any:
+        """Serve this call and run the check (or start a long call's, :meth:`_slice`)."""
         if autotune.active(q.device.type) is None or autotune.capturing():
-            return  # off, or capturing: not now (the next call of the class asks again)
+            return self.fn(q, k, v)  # off, or capturing: not now (the next call of the class asks again)
         self.state.checked.add(self.key)
+        out = None
+        if not self.call.needs_grad:
+            ms, out = _timed(self.fn, q, k, v)
+            if ms > MAX_CALL_MS:
+                self.slices = {self.name: [ms], FALLBACK: []}
+                return out
         try:
             # every sampled call of one shape (a fixed-size cache, a benchmark loop, a fixed resolution): SDPA is
             # timed as a long run of that shape gets it (a decode step's cuDNN graph, built once here, untimed)
@@ -164,11 +189,62 @@ class _Sampler:
             reverted = check(self.dispatcher, (q, k, v), call=self.call, route=self.name, fn=self.fn, sdpa=self.sdpa)
         except Exception:  # a failed check changes nothing: the route keeps serving
             reverted = None
+        self._conclude(reverted)
+        return self.fn(q, k, v) if out is None else out
+
+    def _slice(self, q: Any, k: Any, v: Any) -> Any:
+        """A long call's check, one live call at a time: the next call on whichever backend has fewer timings
+        (SDPA first); after :data:`SLICES` of each, the verdict as :func:`check` gives it."""
+        slices = self.slices
+        if slices is None or autotune.active(q.device.type) is None or autotune.capturing():
+            return self.fn(q, k, v)  # off, or capturing: this call is not timed
+        name = FALLBACK if len(slices[FALLBACK]) < len(slices[self.name]) else self.name
+        try:
+            ms, out = _timed(self.sdpa if name == FALLBACK else self.fn, q, k, v)
+        except Exception:
+            if name != FALLBACK:
+                raise  # the route's own failure: the dispatcher's to handle, as on any call
+            self.slices = None  # SDPA raised on this call: no verdict, the route keeps serving
+            self._conclude(None)
+            return self.fn(q, k, v)
+        slices[name].append(ms)
+        if min(len(t) for t in slices.values()) >= SLICES:
+            self.slices = None
+            try:
+                reverted = verdict(self.dispatcher, q, call=self.call, route=self.name,
+                                   timings={n: _sliced_timing(t) for n, t in slices.items()})
+            except Exception:  # a failed check changes nothing: the route keeps serving
+                reverted = None
+            self._conclude(reverted)
+        return out
+
+    def _conclude(self, reverted: str | None) -> None:
         if reverted is not None:
             self.state.reverted[self.key] = reverted
             self.dispatcher.refresh()  # re-read the records: the class is decided again
         else:
             self.dispatcher.forget_decisions()  # rebuild the routes without this counter
+
+
+def _timed(fn: Callable[..., Any], q: Any, k: Any, v: Any) -> tuple[float, Any]:
+    """``fn(q, k, v)`` and its wall ms, host time included, between two device syncs (the active autotune
+    configuration's clock)."""
+    config = autotune.active(q.device.type) or autotune.DEFAULT
+    sync = autotune.device_sync(q.device.type == "cuda")
+    sync()
+    start = config.clock()
+    out = fn(q, k, v)
+    sync()
+    return (config.clock() - start) * 1e3, out
+
+
+def _sliced_timing(times_ms: list[float]) -> Any:
+    """One :class:`~attnforge.bench.timing.Timing` of a long call's timed live calls, each call a round (so the
+    spread of the calls is the noise :func:`attnforge.ranking.beats` weighs)."""
+    from attnforge.bench.timing import TimerMethod, combine_rounds, summarize
+
+    return combine_rounds([summarize([t], warmup_calls=0, first_call_s=times_ms[0] / 1e3, input_sets=1,
+                                     method=TimerMethod.BACK_TO_BACK) for t in times_ms])
 
 
 def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: AttentionCall, route: str,
@@ -184,10 +260,7 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
         fn, sdpa: the bound calls of the route's backend and of SDPA.
         clock: seconds, monotonic (the active autotune configuration's when None; a fake clock in tests).
     """
-    from attnforge.bench.flops import shape_flops, tflops
     from attnforge.bench.timing import paired
-    from attnforge.ranking import LIVE_RUN_PREFIX, Measurement, beats
-    from attnforge.records import BenchRecord
 
     q = tensors[0]
     config = autotune.active(q.device.type) or autotune.DEFAULT
@@ -197,6 +270,17 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
     timings = paired(steps, pairs=PAIRS, sync=sync, clock=clock or config.clock, max_call_ms=MAX_CALL_MS)
     if timings is None:
         return None
+    return verdict(dispatcher, q, call=call, route=route, timings=timings)
+
+
+def verdict(dispatcher: Checked, q: Any, *, call: AttentionCall, route: str, timings: dict[str, Any]) -> str | None:
+    """The check's outcome from the timings of ``route`` and SDPA (a :class:`~attnforge.bench.timing.Timing`
+    each): where SDPA is faster beyond the noise, both are stored as records of the class and the explain line of
+    the revert is returned; else None (nothing stored). ``q``: the call's query (its device)."""
+    from attnforge.bench.flops import shape_flops, tflops
+    from attnforge.ranking import LIVE_RUN_PREFIX, Measurement, beats
+    from attnforge.records import BenchRecord
+
     shape = shape_of_call(call)
     flops = shape_flops(shape)
 
