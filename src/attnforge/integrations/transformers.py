@@ -41,7 +41,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from attnforge.backends._base import KeptPerMask
 from attnforge.errors import DispatchError
@@ -160,13 +160,7 @@ def _exact_only(query: Any, key: Any, value: Any, call: dict[str, Any]) -> bool:
             call.get("sinks") is not None, grad, dispatcher.generation)
     chosen = _EXACT_ONLY.get(kind)
     if chosen is None:
-        try:
-            chosen = runtime.explain(query, key, value, **call).chosen or ""
-        except Exception:  # attention() itself says what is wrong with the call, or serves it
-            chosen = ""
-        if len(_EXACT_ONLY) >= _EXACT_ONLY_KEPT:
-            _EXACT_ONLY.clear()
-        _EXACT_ONLY[kind] = chosen
+        chosen = _remember(_EXACT_ONLY, kind, _chosen(query, key, value, call) or "")
     if chosen == EXACT:
         return True
     leaves = getattr(dispatcher.adapters.get(chosen), "leaves_to_exact", None) if mask is not None else None
@@ -456,16 +450,33 @@ def _varlen_pays(q: Any, k: Any, v: Any, call: dict[str, Any], *, masked: tuple[
     pays = _VARLEN_PAYS.get(kind)
     if pays is None:
         query, key, value, mask, features = masked
-        try:
-            packed = runtime.explain(q, k, v, **call).chosen
-            dense = runtime.explain(query, key, value, attn_mask=mask, **features).chosen
-        except Exception:  # attention() itself would say what is wrong with the call: the mask route serves it
-            packed = dense = None
-        pays = packed not in (None, EXACT) and dense is not None and (dense == "sdpa" or dense.startswith("sdpa-"))
-        if len(_VARLEN_PAYS) >= _EXACT_ONLY_KEPT:
-            _VARLEN_PAYS.clear()
-        _VARLEN_PAYS[kind] = pays
+        packed = _chosen(q, k, v, call)
+        dense = _chosen(query, key, value, {"attn_mask": mask, **features})
+        pays = _remember(_VARLEN_PAYS, kind, packed not in (None, EXACT) and dense is not None
+                         and (dense == "sdpa" or dense.startswith("sdpa-")))
     return pays
+
+
+def _chosen(query: Any, key: Any, value: Any, call: dict[str, Any]) -> str | None:
+    """The backend :func:`attnforge.explain` chooses for the call (``call``: its keywords); None where it raises
+    (:func:`attnforge.attention` itself says what is wrong with the call)."""
+    from attnforge.dispatch import runtime
+
+    try:
+        return runtime.explain(query, key, value, **call).chosen
+    except Exception:
+        return None
+
+
+_T = TypeVar("_T")
+
+
+def _remember(kept: dict[tuple[Any, ...], _T], kind: tuple[Any, ...], answer: _T) -> _T:
+    """Keep ``answer`` for ``kind`` in ``kept`` (at most :data:`_EXACT_ONLY_KEPT` kinds: all forgotten when full)."""
+    if len(kept) >= _EXACT_ONLY_KEPT:
+        kept.clear()
+    kept[kind] = answer
+    return answer
 
 
 def _last_query_mask(kwargs: dict[str, Any]) -> Any:
