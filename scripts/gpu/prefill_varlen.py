@@ -60,17 +60,17 @@ def main() -> int:
         mask = build(batch_size=b, q_length=s, kv_length=s, mask_function=causal_mask_function,
                      attention_mask=padding, device=dev)
 
-        def default() -> Any:
+        def default(q: Any = q, k: Any = k, v: Any = v, mask: Any = mask) -> Any:
             return sdpa_attention_forward(module, q, k, v, mask, dropout=0.0, scaling=None)[0]
 
-        def masked() -> Any:
+        def masked(q: Any = q, k: Any = k, v: Any = v, mask: Any = mask) -> Any:
             saved, integration.PREFILL_VARLEN_MIN = integration.PREFILL_VARLEN_MIN, 1 << 40
             try:
                 return integration.attention_forward(module, q, k, v, mask, dropout=0.0, scaling=None)[0]
             finally:
                 integration.PREFILL_VARLEN_MIN = saved
 
-        def varlen() -> Any:
+        def varlen(q: Any = q, k: Any = k, v: Any = v, mask: Any = mask) -> Any:
             saved, integration.PREFILL_VARLEN_MIN = integration.PREFILL_VARLEN_MIN, 1
             try:
                 return integration.attention_forward(module, q, k, v, mask, dropout=0.0, scaling=None)[0]

@@ -290,7 +290,7 @@ def test_a_long_call_faster_than_sdpa_keeps_its_route(tmp_path: Path) -> None:
 
 def test_a_long_calls_check_waits_out_a_capture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under CUDA graph capture a sliced call is served by the route, untimed; the check goes on after it."""
-    _store, fa, sdpa, gpu = _long_setup(tmp_path, fa_kernel_ms=17.0)
+    _store, _fa, sdpa, gpu = _long_setup(tmp_path, fa_kernel_ms=17.0)
     q, k, v = _qkv()
     with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
         for _ in range(insitu.SAMPLE_AFTER + 1):
