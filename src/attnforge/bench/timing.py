@@ -23,11 +23,13 @@ us for SDPA). No L2 flush: consecutive calls of a layer do not start from a cold
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from attnforge._compat import StrEnum
 
@@ -242,13 +244,8 @@ def paired(steps: dict[str, Step], *, pairs: int, sync: Callable[[], None] = lam
     Raises:
         Exception: whatever a step raises.
     """
-    estimates = {}
-    for name, step in steps.items():
-        sync()
-        start = clock()
-        step(0)
-        sync()
-        estimates[name] = (clock() - start) * 1e3
+    estimates = {name: timed_call(functools.partial(step, 0), sync=sync, clock=clock)[0]
+                 for name, step in steps.items()}
     if max(estimates.values()) > max_call_ms:
         return None
     batch = batch_size(min(estimates.values()))
@@ -258,9 +255,26 @@ def paired(steps: dict[str, Step], *, pairs: int, sync: Callable[[], None] = lam
     for r in range(max(1, pairs)):
         for name in names[r % len(names):] + names[:r % len(names)]:
             per[name].extend(_back_to_back(steps[name], counter, 1, batch, sync=sync, clock=clock))
-    return {name: combine_rounds([summarize([x], warmup_calls=0, first_call_s=estimates[name] / 1e3, input_sets=1,
-                                            method=TimerMethod.BACK_TO_BACK) for x in times])
-            for name, times in per.items()}
+    return {name: per_call_rounds(times, first_call_s=estimates[name] / 1e3) for name, times in per.items()}
+
+
+def timed_call(fn: Callable[[], Any], *, sync: Callable[[], None] = lambda: None,
+               clock: Callable[[], float] = time.perf_counter) -> tuple[float, Any]:
+    """``fn()`` and its wall time in ms between two device syncs, host time included (one call as the caller
+    issues it): :func:`paired`'s estimate, and each live call a long call's in-situ check times
+    (:mod:`attnforge.dispatch.insitu`)."""
+    sync()
+    start = clock()
+    out = fn()
+    sync()
+    return (clock() - start) * 1e3, out
+
+
+def per_call_rounds(times_ms: list[float], *, first_call_s: float) -> Timing:
+    """One back-to-back :class:`Timing` of per-call times, each time a round of its own (so their spread is the
+    noise :func:`attnforge.ranking.beats` weighs): :func:`paired`'s result, and a long call's in-situ check's."""
+    return combine_rounds([summarize([x], warmup_calls=0, first_call_s=first_call_s, input_sets=1,
+                                     method=TimerMethod.BACK_TO_BACK) for x in times_ms])
 
 
 def batch_size(estimate_ms: float) -> int:

@@ -209,10 +209,12 @@ class _Sampler:
             return self.fn(q, k, v)
         slices[name].append(ms)
         if min(len(t) for t in slices.values()) >= SLICES:
+            from attnforge.bench.timing import per_call_rounds
+
             self.slices = None
+            timings = {n: per_call_rounds(t, first_call_s=t[0] / 1e3) for n, t in slices.items()}
             try:
-                reverted = verdict(self.dispatcher, q, call=self.call, route=self.name,
-                                   timings={n: _sliced_timing(t) for n, t in slices.items()})
+                reverted = verdict(self.dispatcher, q, call=self.call, route=self.name, timings=timings)
             except Exception:  # a failed check changes nothing: the route keeps serving
                 reverted = None
             self._conclude(reverted)
@@ -227,24 +229,12 @@ class _Sampler:
 
 
 def _timed(fn: Callable[..., Any], q: Any, k: Any, v: Any) -> tuple[float, Any]:
-    """``fn(q, k, v)`` and its wall ms, host time included, between two device syncs (the active autotune
+    """``fn(q, k, v)`` and its wall ms (:func:`attnforge.bench.timing.timed_call`, the active autotune
     configuration's clock)."""
+    from attnforge.bench.timing import timed_call
+
     config = autotune.active(q.device.type) or autotune.DEFAULT
-    sync = autotune.device_sync(q.device.type == "cuda")
-    sync()
-    start = config.clock()
-    out = fn(q, k, v)
-    sync()
-    return (config.clock() - start) * 1e3, out
-
-
-def _sliced_timing(times_ms: list[float]) -> Any:
-    """One :class:`~attnforge.bench.timing.Timing` of a long call's timed live calls, each call a round (so the
-    spread of the calls is the noise :func:`attnforge.ranking.beats` weighs)."""
-    from attnforge.bench.timing import TimerMethod, combine_rounds, summarize
-
-    return combine_rounds([summarize([t], warmup_calls=0, first_call_s=times_ms[0] / 1e3, input_sets=1,
-                                     method=TimerMethod.BACK_TO_BACK) for t in times_ms])
+    return timed_call(lambda: fn(q, k, v), sync=autotune.device_sync(q.device.type == "cuda"), clock=config.clock)
 
 
 def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: AttentionCall, route: str,
