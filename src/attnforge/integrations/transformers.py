@@ -441,6 +441,7 @@ def _varlen_pays(q: Any, k: Any, v: Any, call: dict[str, Any], *, masked: tuple[
     generation), as :func:`_exact_only` asks."""
     from attnforge.backends._base import records_grad
     from attnforge.backends.exact import EXACT
+    from attnforge.backends.sdpa import SDPA_KERNELS
     from attnforge.dispatch import runtime
 
     dispatcher = runtime.get_dispatcher()
@@ -452,8 +453,7 @@ def _varlen_pays(q: Any, k: Any, v: Any, call: dict[str, Any], *, masked: tuple[
         query, key, value, mask, features = masked
         packed = _chosen(q, k, v, call)
         dense = _chosen(query, key, value, {"attn_mask": mask, **features})
-        pays = _remember(_VARLEN_PAYS, kind, packed not in (None, EXACT) and dense is not None
-                         and (dense == "sdpa" or dense.startswith("sdpa-")))
+        pays = _remember(_VARLEN_PAYS, kind, packed not in (None, EXACT) and dense in SDPA_KERNELS)
     return pays
 
 
