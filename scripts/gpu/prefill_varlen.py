@@ -16,8 +16,11 @@ On a CPU (a dry run) it runs tiny widths; there only the exact math serves varle
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from _timing import measure_many_ms
@@ -60,24 +63,12 @@ def main() -> int:
         mask = build(batch_size=b, q_length=s, kv_length=s, mask_function=causal_mask_function,
                      attention_mask=padding, device=dev)
 
-        def default(q: Any = q, k: Any = k, v: Any = v, mask: Any = mask) -> Any:
-            return sdpa_attention_forward(module, q, k, v, mask, dropout=0.0, scaling=None)[0]
-
-        def masked(q: Any = q, k: Any = k, v: Any = v, mask: Any = mask) -> Any:
-            saved, integration.PREFILL_VARLEN_MIN = integration.PREFILL_VARLEN_MIN, 1 << 40
-            try:
-                return integration.attention_forward(module, q, k, v, mask, dropout=0.0, scaling=None)[0]
-            finally:
-                integration.PREFILL_VARLEN_MIN = saved
-
-        def varlen(q: Any = q, k: Any = k, v: Any = v, mask: Any = mask) -> Any:
-            saved, integration.PREFILL_VARLEN_MIN = integration.PREFILL_VARLEN_MIN, 1
-            try:
-                return integration.attention_forward(module, q, k, v, mask, dropout=0.0, scaling=None)[0]
-            finally:
-                integration.PREFILL_VARLEN_MIN = saved
-
-        fns = {"default": default, "attnforge-masked": masked, "attnforge-varlen": varlen}
+        forward_args = (module, q, k, v, mask)
+        fns = {"default": functools.partial(_forward, sdpa_attention_forward, forward_args),
+               "attnforge-masked": functools.partial(_forward, integration.attention_forward, forward_args,
+                                                     integration=integration, minimum=1 << 40),
+               "attnforge-varlen": functools.partial(_forward, integration.attention_forward, forward_args,
+                                                     integration=integration, minimum=1)}
         with torch.no_grad():
             outs = {name: fn().float() for name, fn in fns.items()}  # first calls: compiles, the runs read
             real = padding[:, :, None, None].expand_as(outs["default"])
@@ -85,9 +76,8 @@ def main() -> int:
             for name in ("attnforge-masked", "attnforge-varlen"):
                 diff = (outs[name] - outs["default"])[real]
                 row[f"{name}_max_abs_diff"] = float(diff.abs().max())
-            saved, integration.PREFILL_VARLEN_MIN = integration.PREFILL_VARLEN_MIN, 1
-            row["varlen_taken"] = integration._padded_prefill(q, k, v, mask, {"scale": None}) is not None
-            integration.PREFILL_VARLEN_MIN = saved
+            with _varlen_min(integration, 1):
+                row["varlen_taken"] = integration._padded_prefill(q, k, v, mask, {"scale": None}) is not None
             timed = measure_many_ms(torch, fns, set_bytes=3 * q.numel() * q.element_size())
         row.update({name: t.get("median_ms", t) for name, t in timed.items()})
         row["spread"] = {name: [t.get("lo_ms"), t.get("hi_ms")] for name, t in timed.items()}
@@ -100,6 +90,24 @@ def main() -> int:
     with open(args.out, "w") as fh:
         json.dump(out, fh, indent=1)
     return 0
+
+
+@contextlib.contextmanager
+def _varlen_min(integration: Any, minimum: int) -> Iterator[None]:
+    """``integration.PREFILL_VARLEN_MIN`` set to ``minimum`` for the block (1: the varlen route wherever it applies;
+    a huge value: never), put back after it."""
+    saved, integration.PREFILL_VARLEN_MIN = integration.PREFILL_VARLEN_MIN, minimum
+    try:
+        yield
+    finally:
+        integration.PREFILL_VARLEN_MIN = saved
+
+
+def _forward(fn: Any, args: tuple[Any, ...], *, integration: Any = None, minimum: int = 0) -> Any:
+    """``fn(module, q, k, v, mask)``, an ``AttentionInterface`` function (transformers' SDPA one, the default, or
+    ``"attnforge"``'s, with the varlen route's threshold at ``minimum`` in ``integration``): its output."""
+    with _varlen_min(integration, minimum) if integration is not None else contextlib.nullcontext():
+        return fn(*args, dropout=0.0, scaling=None)[0]
 
 
 if __name__ == "__main__":
