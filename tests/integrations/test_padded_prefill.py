@@ -28,6 +28,7 @@ from attnforge.dispatch import inputs
 from attnforge.integrations import transformers as integration
 from tests._fakes import count_calls
 from tests.dispatch._padded_steps import fa4_only_dispatcher
+from tests.integrations._models import VOCAB, tiny_model
 
 
 class _FakeFa4:
@@ -81,20 +82,14 @@ def fa4(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> _FakeFa4:
     return fake
 
 
-def _llama(**extra: Any) -> Any:
-    import transformers
-
+def _llama() -> Any:
     integration.register()
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                   max_position_embeddings=256, **extra)
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).eval()
+    return tiny_model("llama", "sdpa").eval()
 
 
 def _batch(seq: int = 24) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 97, (3, seq), generator=g)
+    ids = torch.randint(3, VOCAB, (3, seq), generator=g)
     mask = torch.ones_like(ids)
     mask[1, :5] = 0  # left padding
     mask[2, :3] = 0
@@ -119,7 +114,7 @@ def test_a_padded_forward_runs_as_varlen_sequences_with_sdpas_logits(fa4: _FakeF
     assert fa4.varlen[0]["cu_seqlens_q"] == [0, 24, 29, 48, 51, 72]
     assert fa4.varlen[0]["causal"] is True and fa4.varlen[0]["max_seqlen_q"] == 24
     q_shape, k_shape, _ = fa4.varlen[0]["shapes"]
-    assert tuple(q_shape) == (72, 4, 16) and tuple(k_shape) == (72, 2, 16)
+    assert tuple(q_shape) == (72, 4, 8) and tuple(k_shape) == (72, 2, 8)
     real = mask.bool()
     torch.testing.assert_close(got[real], want[real], atol=2e-5, rtol=2e-5)
 
@@ -219,14 +214,8 @@ def test_a_masked_call_sdpa_does_not_serve_keeps_its_mask(fa4: _FakeFa4) -> None
     """Gemma-2's global layers (a plain causal mask with softcap): SDPA cannot take the softcap, so the masked call is
     not SDPA's whole square to save (Flex's masked kernel skips tiles itself; here the model's eager function takes
     it), and no varlen call is made; the logits are eager's."""
-    import transformers
-
     integration.register()
-    cfg = transformers.Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                    max_position_embeddings=256, sliding_window=8, attn_logit_softcapping=50.0)
-    torch.manual_seed(0)
-    model = transformers.Gemma2ForCausalLM(cfg).eval()
+    model = tiny_model("gemma2-softcap-sliding-window", "eager").eval()
     ids, mask = _batch()
     want = _logits(model, "eager", ids, mask)
     got = _logits(model, "attnforge", ids, mask)

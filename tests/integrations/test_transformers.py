@@ -15,26 +15,8 @@ from attnforge.errors import DispatchError
 
 transformers = pytest.importorskip("transformers")
 from attnforge.integrations import transformers as tf_integration  # noqa: E402
+from tests.integrations._models import MODELS, VOCAB, tiny_model  # noqa: E402
 
-VOCAB = 97
-_COMMON = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
-#: (config class, model class, config overrides); sliding windows of 4 tokens so that 11-token inputs use them
-MODELS = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
-    "qwen2-sliding-window": ("Qwen2Config", "Qwen2ForCausalLM",
-                             {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}),
-    "gemma2-softcap-sliding-window": ("Gemma2Config", "Gemma2ForCausalLM",
-                                      {"head_dim": 8, "sliding_window": 4, "attn_logit_softcapping": 2.0,
-                                       "query_pre_attn_scalar": 8}),
-    "gpt-oss-sinks": ("GptOssConfig", "GptOssForCausalLM",
-                      {"head_dim": 8, "sliding_window": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
-                       "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
-    "deepseek-v3-mla": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
-                        {"num_key_value_heads": 4, "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
-                         "qk_rope_head_dim": 4, "v_head_dim": 6, "n_routed_experts": 4, "num_experts_per_tok": 2,
-                         "first_k_dense_replace": 1, "moe_intermediate_size": 16, "n_group": 1, "topk_group": 1}),
-}
 TOL = 1e-4
 #: models whose calls only attnforge's exact math serves on this CPU machine (softcap, sinks; FlexAttention not
 #: verified in a test's home): unforced, they go to the model's eager function (test_exact_only_calls_go_to_the_...
@@ -46,13 +28,6 @@ EXACT_ONLY = {"gemma2-softcap-sliding-window", "gpt-oss-sinks"}
 def registered() -> None:
     """``attn_implementation="attnforge"`` is known to transformers (registering twice is harmless)."""
     tf_integration.register()
-
-
-def _model(name: str, impl: str, **overrides: Any) -> Any:
-    config_cls, model_cls, extra = MODELS[name]
-    config = getattr(transformers, config_cls)(**{**_COMMON, **extra, **overrides})
-    torch.manual_seed(0)
-    return getattr(transformers, model_cls)._from_config(config, attn_implementation=impl)
 
 
 def _serving(name: str) -> Any:
@@ -78,7 +53,7 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor, where: torch.Tensor | None = Non
 @pytest.mark.parametrize("name", list(MODELS))
 def test_logits_match_eager_with_and_without_left_padding(name: str, served: list[tuple[int, ...]]) -> None:
     ids, mask = _inputs()
-    eager, ours = _model(name, "eager").eval(), _model(name, "attnforge").eval()
+    eager, ours = tiny_model(name, "eager").eval(), tiny_model(name, "attnforge").eval()
     with torch.no_grad(), _serving(name):
         plain = _max_diff(ours(ids).logits, eager(ids).logits)
         # padded positions attend to nothing and are meaningless in both: compare the real tokens
@@ -96,7 +71,7 @@ def test_training_step_gradients_match_eager(name: str, served: list[tuple[int, 
     labels = ids.masked_fill(torch.nn.functional.pad(mask, (1, 0), value=1)[:, :-1] == 0, -100)
     grads = []
     for impl in ("eager", "attnforge"):
-        model = _model(name, impl).train()
+        model = tiny_model(name, impl).train()
         with _serving(name):
             loss = model(ids, attention_mask=mask, labels=labels).loss
             loss.backward()
@@ -111,7 +86,7 @@ def test_packed_position_ids_match_eager(served: list[tuple[int, ...]]) -> None:
     """Two sequences packed in one row, told apart by position_ids alone (a padding-free training batch)."""
     ids, _ = _inputs(batch=1, length=11)
     positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5]])
-    eager, ours = _model("llama", "eager").eval(), _model("llama", "attnforge").eval()
+    eager, ours = tiny_model("llama", "eager").eval(), tiny_model("llama", "attnforge").eval()
     with torch.no_grad():
         # packing is detected only without a cache (transformers' masking_utils, a training setup)
         want = eager(ids, position_ids=positions, use_cache=False).logits
@@ -124,7 +99,7 @@ def test_packed_position_ids_match_eager(served: list[tuple[int, ...]]) -> None:
 
 def test_output_attentions_goes_to_the_models_own_eager(served: list[tuple[int, ...]]) -> None:
     ids, mask = _inputs()
-    eager, ours = _model("gpt-oss-sinks", "eager").eval(), _model("gpt-oss-sinks", "attnforge").eval()
+    eager, ours = tiny_model("gpt-oss-sinks", "eager").eval(), tiny_model("gpt-oss-sinks", "attnforge").eval()
     with torch.no_grad():
         want = eager(ids, attention_mask=mask, output_attentions=True)
         got = ours(ids, attention_mask=mask, output_attentions=True)
@@ -138,9 +113,9 @@ def test_output_attentions_goes_to_the_models_own_eager(served: list[tuple[int, 
 def test_generate_with_cache_matches_eager(served: list[tuple[int, ...]]) -> None:
     ids, mask = _inputs(length=6, left_pad=2)
     kwargs = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
-    want = _model("gemma2-softcap-sliding-window", "eager").eval().generate(ids, **kwargs)
+    want = tiny_model("gemma2-softcap-sliding-window", "eager").eval().generate(ids, **kwargs)
     with _serving("gemma2-softcap-sliding-window"):
-        got = _model("gemma2-softcap-sliding-window", "attnforge").eval().generate(ids, **kwargs)
+        got = tiny_model("gemma2-softcap-sliding-window", "attnforge").eval().generate(ids, **kwargs)
     assert got.tolist() == want.tolist()
     assert len(served) == 2 * 5  # two layers, the prompt and four single-token steps
 
@@ -163,7 +138,7 @@ def test_exact_only_calls_go_to_the_models_eager_function(name: str, served: lis
         return got
 
     monkeypatch.setattr(attnforge.dispatch.runtime, "explain", explain)
-    eager, ours = _model(name, "eager").eval(), _model(name, "attnforge").eval()
+    eager, ours = tiny_model(name, "eager").eval(), tiny_model(name, "attnforge").eval()
     with torch.no_grad():
         assert torch.equal(ours(ids, attention_mask=mask).logits, eager(ids, attention_mask=mask).logits)
         kwargs = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
@@ -224,21 +199,21 @@ def test_a_padded_generate_reads_its_padding_once_for_its_decode_steps(  # noqa:
     kwargs = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
     default = "eager" if name.startswith("gemma2") else "sdpa"
     over = {} if window is None else {"sliding_window": window}
-    want = _model(name, default, **over).eval().generate(ids, **kwargs)
+    want = tiny_model(name, default, **over).eval().generate(ids, **kwargs)
     skip_checks.clear()
     made: list[bool] = []
     real = tf_integration._last_query_mask
     monkeypatch.setattr(tf_integration, "_last_query_mask", lambda kw: made.append(real(kw) is not None) or real(kw))
-    got = _model(name, "attnforge", **over).eval().generate(ids, **kwargs)
+    got = tiny_model(name, "attnforge", **over).eval().generate(ids, **kwargs)
     assert got.tolist() == want.tolist()
     assert skip_checks.count(1) == kinds, skip_checks  # the first decode step asks, for each kind of mask
     assert made == [True] * views  # decode steps 2-5's masks (global; and windowed, where the window hides nothing)
     # the same batch size, unpadded
     skip_checks.clear()
     full = torch.ones_like(mask)
-    want = _model(name, default, **over).eval().generate(ids, **{**kwargs, "attention_mask": full})
+    want = tiny_model(name, default, **over).eval().generate(ids, **{**kwargs, "attention_mask": full})
     skip_checks.clear()
-    got = _model(name, "attnforge", **over).eval().generate(ids, **{**kwargs, "attention_mask": full})
+    got = tiny_model(name, "attnforge", **over).eval().generate(ids, **{**kwargs, "attention_mask": full})
     assert got.tolist() == want.tolist()
     assert skip_checks == []  # transformers drops an all-visible padding mask before any mask function is asked
 
@@ -352,7 +327,7 @@ def test_a_one_token_forward_after_a_padded_generate_is_sdpas(skip_checks: list[
     no cache and a padding mask longer than its input (transformers skips that mask: the query is not the last
     key) gets SDPA's logits, not a mask that does not fit its one key."""
     ids, mask = _inputs(length=6, left_pad=2)
-    sdpa, ours = _model("llama", "sdpa").eval(), _model("llama", "attnforge").eval()
+    sdpa, ours = tiny_model("llama", "sdpa").eval(), tiny_model("llama", "attnforge").eval()
     for model in (sdpa, ours):
         model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
     one, longer = ids[:, :1], torch.ones(2, 11, dtype=torch.long)
