@@ -94,7 +94,9 @@ DECODERS: dict[str, dict[str, Any]] = {
 }
 
 
-def decoder(torch: Any, name: str) -> dict[str, Any]:
+def decoder_model(torch: Any, name: str) -> tuple[Any, dict[str, Any]]:
+    """The :data:`DECODERS` entry ``name`` built at :data:`LAYERS` layers on :data:`DEV` (random weights, seed 0),
+    and its config keywords; ``"attnforge"`` registered with transformers."""
     import transformers
 
     from attnforge.integrations.transformers import register
@@ -114,6 +116,12 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
     torch.manual_seed(0)
     with torch.device(DEV):  # built where it runs: a full-depth model (Gemma-2-9B's 42 layers: 8.3e9 parameters)
         model = model_cls(cfg).to(getattr(torch, DT))  # would take minutes to initialise on the host
+    return model, cfg_kw
+
+
+def decoder(torch: Any, name: str) -> dict[str, Any]:
+    spec = DECODERS[name]
+    model, cfg_kw = decoder_model(torch, name)
     batch, seq = (2, 48) if SMALL else (4, 2048)
     ids = torch.randint(0, 2048, (batch, seq), device=DEV)
     mask = torch.ones_like(ids)
@@ -470,7 +478,8 @@ def flux(torch: Any) -> dict[str, Any]:
                       heads=heads, dim=dim, tokens=n_img + n_txt)
 
 
-def wan(torch: Any) -> dict[str, Any]:
+def wan_block(torch: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The Wan-2.1 (1.3B) block, its inputs, and the keywords :func:`_diffusion` takes (heads, dim, tokens, cross)."""
     import diffusers
 
     heads, dim, ffn = (2, 16, 64) if SMALL else (12, 128, 8960)
@@ -486,8 +495,23 @@ def wan(torch: Any) -> dict[str, Any]:
               "timestep": torch.tensor([500], device=DEV),
               "encoder_hidden_states": torch.randn(1, n_txt, 4096 if not SMALL else 32, device=DEV, dtype=dt)}
     tokens = frames * (h // 2) * (w // 2)
-    return _diffusion(torch, model, inputs, f"wan2.1-1.3b shapes ({heads}x{dim}, {tokens}+{n_txt} tokens)",
-                      heads=heads, dim=dim, tokens=tokens, cross=n_txt)
+    return model, inputs, {"heads": heads, "dim": dim, "tokens": tokens, "cross": n_txt}
+
+
+def wan(torch: Any) -> dict[str, Any]:
+    model, inputs, kw = wan_block(torch)
+    return _diffusion(torch, model, inputs, f"wan2.1-1.3b shapes ({kw['heads']}x{kw['dim']}, {kw['tokens']}+"
+                      f"{kw['cross']} tokens)", **kw)
+
+
+def warm_diffusion(*, heads: int, dim: int, tokens: int, cross: int | None = None) -> dict[str, Any]:
+    """``attnforge warmup`` of what diffusers calls: ``[B, S, H, D]`` (bshd) self-attention, and the
+    cross-attention's own class."""
+    from attnforge.types.shapes import AttentionShape, Layout, Mode
+
+    return _warm([AttentionShape(batch=1, heads_q=heads, heads_kv=heads, seqlen_q=tokens, seqlen_k=sk, head_dim=dim,
+                                 causal=False, mode=Mode.FWD, dtype=DT, layout=Layout.BSHD)
+                  for sk in (tokens, *((cross,) if cross else ()))])
 
 
 def _diffusion(torch: Any, model: Any, inputs: dict[str, Any], label: str, *, heads: int, dim: int,
@@ -499,12 +523,7 @@ def _diffusion(torch: Any, model: Any, inputs: dict[str, Any], label: str, *, he
 
     res: dict[str, Any] = {"model": label}
     if WARMUP:
-        from attnforge.types.shapes import AttentionShape, Layout, Mode
-
-        res["warmup"] = _warm([AttentionShape(batch=1, heads_q=heads, heads_kv=heads, seqlen_q=tokens, seqlen_k=sk,
-                                              head_dim=dim, causal=False, mode=Mode.FWD, dtype=DT,
-                                              layout=Layout.BSHD)
-                               for sk in (tokens, *((cross,) if cross else ()))])
+        res["warmup"] = warm_diffusion(heads=heads, dim=dim, tokens=tokens, cross=cross)
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
     # diffusers' own default (``DIFFUSERS_ATTN_BACKEND``, "native"). Not ``reset_attention_backend()``: that clears
