@@ -303,3 +303,49 @@ def test_a_long_calls_check_waits_out_a_capture(tmp_path: Path, monkeypatch: pyt
         for _ in range(2 * insitu.SLICES):
             attnforge.attention(q, k, v)
     assert attnforge.explain(q, k, v).chosen == "sdpa"
+
+
+def test_a_kept_check_rebuilds_no_route_and_passes_calls_straight_on(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept verdict leaves every remembered route and decision as it was (on an H200 dropping them all cost Wan's
+    next step 8 ms, and would cost every class of a process at each class's check): no call after the check
+    decides or binds again, in the checked class or another one, and the checked route's calls are counted no
+    more."""
+    _store, _fa, sdpa, gpu = _long_setup(tmp_path, fa_kernel_ms=8.5)
+    q, k, v = _qkv()
+    other = tuple(t[:, :, :8] for t in (q, k, v))  # another shape class, its route remembered before the check
+    dispatcher = runtime.get_dispatcher()
+    decided: list[object] = []
+    route = dispatcher.route
+    monkeypatch.setattr(dispatcher, "route", lambda *a, **kw: decided.append(a[3]) or route(*a, **kw))
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        attnforge.attention(*other)  # unmeasured: measured on first use here, then decided again
+        attnforge.attention(*other)
+        measured = sdpa.calls
+        for _ in range(insitu.SAMPLE_AFTER + 2 * insitu.SLICES - 1):  # up to the verdict
+            attnforge.attention(q, k, v)
+        assert sdpa.calls - measured == insitu.SLICES  # the check ran and kept fa
+        before = (len(decided), dict(dispatcher.routes))
+        state = insitu._STATE[dispatcher]
+        (checked,) = state.checked
+        counted = state.counts[checked]
+        for _ in range(5):
+            attnforge.attention(q, k, v)
+            attnforge.attention(*other)
+    assert before[0] == 3 == len(decided)  # the two classes' first calls (and other's after its measurement)
+    assert all(dispatcher.routes[key] is r for key, r in before[1].items())  # not one route rebuilt
+    assert state.counts[checked] == counted  # a kept route's calls are not counted any more
+    assert attnforge.explain(q, k, v).chosen == "fa"
+
+
+def test_forget_feature_plans_drops_only_the_plans_it_picks() -> None:
+    """What a kept check drops: the remembered feature plans of its class, which were kept without their direct
+    call while the sampler wrapped their first step; every other plan, route and decision stays."""
+    from types import SimpleNamespace
+
+    d = runtime.Dispatcher({}, fallback=None)
+    d.feature_plans.update({"a1": SimpleNamespace(call="a"), "b": SimpleNamespace(call="b"),
+                            "a2": SimpleNamespace(call="a")})
+    d.routes["r"] = "route"  # type: ignore[assignment]
+    d.forget_feature_plans(lambda call: call == "a")
+    assert list(d.feature_plans) == ["b"] and d.routes == {"r": "route"}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -462,6 +462,13 @@ class Dispatcher:
             self._plans.clear()
             self.routes.clear()
             self.feature_plans.clear()
+
+    def forget_feature_plans(self, which: Callable[[AttentionCall], bool]) -> None:
+        """Drop the remembered feature plans whose call ``which`` picks (the next call of their signature plans
+        again from the class's decision, which stays, as do the routes and every other plan)."""
+        with self._lock:
+            for key in [key for key, plan in self.feature_plans.items() if which(plan.call)]:
+                del self.feature_plans[key]
 
     def _demote(self, name: str, exc: Exception, route: Route) -> None:
         """Skip ``name`` for the signature of ``route``'s call, or its shape class (the rule and the warning:

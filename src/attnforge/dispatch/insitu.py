@@ -122,7 +122,7 @@ class Checked(Protocol):
 
     def refresh(self) -> None: ...
 
-    def forget_decisions(self) -> None: ...
+    def forget_feature_plans(self, which: Callable[[AttentionCall], bool]) -> None: ...
 
 
 def _settler(adapter: BackendAdapter, *, bshd: bool, causal: bool) -> Callable[[Any, Any, Any], bool]:
@@ -147,7 +147,7 @@ class _Sampler:
     session") a route that ran FlashAttention-4's kernel twice a call made Wan's step 0.74x diffusers' default while
     its warm-up had measured FA4 fastest; no check ran, its calls being over the limit."""
 
-    __slots__ = ("call", "dispatcher", "fn", "key", "name", "sdpa", "settle", "slices", "state")
+    __slots__ = ("call", "dispatcher", "done", "fn", "key", "name", "sdpa", "settle", "slices", "state")
 
     def __init__(self, dispatcher: Checked, *, state: _State, key: str, call: AttentionCall, name: str,
                  fn: Callable[..., Any], sdpa: Callable[..., Any],
@@ -156,8 +156,12 @@ class _Sampler:
         self.name, self.fn, self.sdpa, self.settle = name, fn, sdpa, settle
         #: a long call's check under way: the ms of each timed live call per backend (None: none under way)
         self.slices: dict[str, list[float]] | None = None
+        #: the check kept the route: every later call goes straight to it
+        self.done = False
 
     def __call__(self, q: Any, k: Any, v: Any) -> Any:
+        if self.done:
+            return self.fn(q, k, v)
         if self.slices is not None:
             return self._slice(q, k, v)
         state, key = self.state, self.key
@@ -224,8 +228,15 @@ class _Sampler:
         if reverted is not None:
             self.state.reverted[self.key] = reverted
             self.dispatcher.refresh()  # re-read the records: the class is decided again
-        else:
-            self.dispatcher.forget_decisions()  # rebuild the routes without this counter
+            return
+        # kept: this route passes its calls straight on from now (:attr:`done`), and nothing else is rebuilt. Dropping
+        # every route and decision instead cost Wan-2.1's next step on an H200 8 ms (28.0 against 19.8 ms a step,
+        # 2026-11-29, docs/benchmarks.md "sixteenth session": a route rebuilt, FlashAttention-4's replay bound again),
+        # and would cost it in every class of the process at each class's check. Only the class's remembered feature
+        # plans go: they were kept without their direct call while the sampler wrapped their first step.
+        self.done = True
+        key = self.key
+        self.dispatcher.forget_feature_plans(lambda call: _key(call) == key)
 
 
 def _timed(fn: Callable[..., Any], q: Any, k: Any, v: Any) -> tuple[float, Any]:
