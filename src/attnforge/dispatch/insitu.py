@@ -229,11 +229,12 @@ class _Sampler:
             self.state.reverted[self.key] = reverted
             self.dispatcher.refresh()  # re-read the records: the class is decided again
             return
-        # kept: this route passes its calls straight on from now (:attr:`done`), and nothing else is rebuilt. Dropping
-        # every route and decision instead cost Wan-2.1's next step on an H200 8 ms (28.0 against 19.8 ms a step,
-        # 2026-11-29, docs/benchmarks.md "sixteenth session": a route rebuilt, FlashAttention-4's replay bound again),
-        # and would cost it in every class of the process at each class's check. Only the class's remembered feature
-        # plans go: they were kept without their direct call while the sampler wrapped their first step.
+        # kept: this route passes its calls straight on from now (:attr:`done`), and nothing else is rebuilt. When every
+        # route and decision was dropped here instead, Wan-2.1's next step on an H200 took 8 ms more (28.0 against
+        # 19.8 ms, 2026-11-29, docs/benchmarks.md "sixteenth session"; likely the rebuilt route: its decision, then
+        # FlashAttention-4's replay bound again), and every class of the process paid a rebuild at each check. Only
+        # the class's remembered feature plans go: they were kept without their direct call while the sampler wrapped
+        # their first step.
         self.done = True
         key = self.key
         self.dispatcher.forget_feature_plans(lambda call: _key(call) == key)
