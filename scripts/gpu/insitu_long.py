@@ -36,15 +36,11 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    e2e.DEV, e2e.SMALL = args.device, args.device != "cuda"
-    e2e.DT = "bfloat16" if args.device == "cuda" else "float32"
-
     import attnforge
     from attnforge.dispatch import insitu, runtime
     from attnforge.integrations.diffusers import register
 
-    res: dict[str, Any] = {"device": torch.cuda.get_device_name() if e2e.DEV == "cuda" else "cpu",
-                           "torch": torch.__version__, "sample_after": insitu.SAMPLE_AFTER,
+    res: dict[str, Any] = {**e2e.configure(torch, args.device), "sample_after": insitu.SAMPLE_AFTER,
                            "max_call_ms": insitu.MAX_CALL_MS, "slices": insitu.SLICES}
     model, inputs, kw = e2e.wan_block(torch)
     if args.warmup:

@@ -551,8 +551,16 @@ MODELS = {**{name: (lambda torch, n=name: decoder(torch, n)) for name in DECODER
           "wan2.1": wan}
 
 
+def configure(torch: Any, device: str) -> dict[str, Any]:
+    """Run on ``device`` ("cuda"; "cpu": a float32 dry run at tiny sizes), for this script and the ones that build
+    its models (insitu_long.py, train_profile.py); returns the results' header (device name, torch version)."""
+    global DEV, DT, SMALL
+    DEV, DT, SMALL = device, ("bfloat16" if device == "cuda" else "float32"), device != "cuda"
+    return {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "torch": torch.__version__}
+
+
 def main() -> int:
-    global DEV, DT, SMALL, WARMUP, DIAGNOSE, LAYERS, FRESH_LENGTHS, DECODE_ROUNDS, DECODE_ONLY
+    global WARMUP, DIAGNOSE, LAYERS, FRESH_LENGTHS, DECODE_ROUNDS, DECODE_ONLY
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", help="cpu: a float32 dry run at tiny sizes")
@@ -579,11 +587,9 @@ def main() -> int:
     import torch
 
     FRESH_LENGTHS, DECODE_ROUNDS, DECODE_ONLY = args.fresh_lengths, max(1, args.decode_rounds), args.decode_only
-    DEV, DT, SMALL = args.device, ("bfloat16" if args.device == "cuda" else "float32"), args.device != "cuda"
+    results = configure(torch, args.device)
     WARMUP, DIAGNOSE, LAYERS = args.warmup, args.diagnose, max(2, args.layers)
     MASK_VARIANT["read_every_mask"] = args.read_every_mask
-    results: dict[str, Any] = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu",
-                               "torch": torch.__version__}
     wanted = [m for m in args.only.split(",") if m] or list(MODELS)
     for name in wanted:
         t0 = time.perf_counter()

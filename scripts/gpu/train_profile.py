@@ -83,10 +83,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    e2e.DEV, e2e.SMALL = args.device, args.device != "cuda"
-    e2e.DT = "bfloat16" if args.device == "cuda" else "float32"
-    res: dict[str, Any] = {"device": torch.cuda.get_device_name() if e2e.DEV == "cuda" else "cpu",
-                           "torch": torch.__version__}
+    res = e2e.configure(torch, args.device)
     for name in [n for n in args.only.split(",") if n]:
         res[name] = _one(torch, name)
         print(name, json.dumps(res[name], indent=1), flush=True)
