@@ -57,7 +57,9 @@ def _warmup_decoder(cfg_kw: dict[str, Any], batch: int, seq: int) -> dict[str, A
         model = read_model_config(path)
     shapes = model_config_shapes(model, dtype=DT, batch=batch, seqlens=(seq,), modes=(Mode.FWD, Mode.FWD_BWD),
                                  cpu=SMALL)
-    return _warm(shapes, window=model.sliding_window, softcap=model.softcap)
+    from attnforge.integrations.transformers import PREFILL_VARLEN_MIN
+
+    return _warm(shapes, window=model.sliding_window, softcap=model.softcap, padded_prefill_from=PREFILL_VARLEN_MIN)
 
 
 def _warm(shapes: Any, **kw: Any) -> dict[str, Any]:

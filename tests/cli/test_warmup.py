@@ -70,6 +70,28 @@ def test_a_models_classes_are_measured_and_stored(attnforge_home: Path, tmp_path
     assert any(s["source"] == "attnforge" for s in doc["caches"]["settings"])
 
 
+def test_a_models_long_prefill_is_warmed_as_a_padded_prefills_varlen_call(
+        attnforge_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--model`` warms a causal prefill at least the transformers integration's varlen threshold long also as the
+    varlen call a left-padded prompt of it becomes (that route's kernel compiles on its first call: FA4's). The
+    threshold is lowered to the CPU shape set's prefill length (S32; 2048 on a GPU)."""
+    from attnforge.integrations import transformers as integration
+
+    monkeypatch.setattr(integration, "PREFILL_VARLEN_MIN", 32)
+    runtime.set_dispatcher(runtime.Dispatcher({}, records=RecordStore(attnforge_home)))
+    argv = ["warmup", "--model", _config(tmp_path, LLAMA), "--device", "cpu", "--mode", "fwd", "--budget", "0.02",
+            "--rounds", "1", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    varlen = [c for c in doc["classes"] if "varlen" in c["features"]]
+    plain = [c["shape"] for c in doc["classes"] if not c["features"]]
+    want = [p["label"] for p in plain if p["causal"] and p["seqlen_q"] == p["seqlen_k"] >= 32]
+    assert want and [c["shape"]["label"] for c in varlen] == want  # each long causal prefill, nothing shorter
+    assert any(p["seqlen_q"] < 32 or p["seqlen_q"] != p["seqlen_k"] for p in plain)  # shapes left out exist
+    assert varlen[0]["chosen"] and not varlen[0]["error"] and "+varlen" in varlen[0]["shape_class"]
+
+
 def test_measuring_off_is_said_and_fails(attnforge_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("ATTNFORGE_AUTOTUNE", "0")

@@ -213,3 +213,45 @@ def test_warmup_calls_each_shape_in_its_layout(store: RecordStore, mode: str) ->
         assert (s * h * d, d, h * d, 1) in seen  # [B, S, H, D] memory, viewed [B, H, S, D]
     finally:
         runtime.set_dispatcher(previous)
+
+
+def test_warmup_calls_a_long_causal_prefill_as_a_padded_prefills_varlen_call_too(
+        store: RecordStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``padded_prefill_from`` (the transformers integration's varlen threshold), a causal forward shape that
+    long is also called as a left-padded prefill's varlen call (packed ``[B * S, H, D]``, a run of padding and one
+    of real tokens per row, causal), so the first padded prompt of a deployment compiles nothing; shorter shapes,
+    fwd+bwd shapes and a warm-up without it make no such call. The varlen call's output is the exact math's."""
+    from attnforge.backends.exact import reference_attention
+    from attnforge.dispatch.warmup import warmup
+    from attnforge.types.shapes import AttentionShape, Mode
+
+    calls: list[dict[str, Any]] = []
+    original = runtime.attention
+
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) -> Any:
+        out = original(q, k, v, **kw)
+        calls.append({"q": q, "k": k, "v": v, "out": out, **kw})
+        return out
+
+    monkeypatch.setattr(runtime, "attention", spy)
+    b, h, s, d = 2, 4, 32, 8
+    long = AttentionShape(batch=b, heads_q=h, heads_kv=2, head_dim=d, seqlen_q=s, seqlen_k=s, causal=True,
+                          mode=Mode.FWD, dtype="float32")
+    short = AttentionShape(batch=b, heads_q=h, heads_kv=2, head_dim=d, seqlen_q=8, seqlen_k=8, causal=True,
+                           mode=Mode.FWD, dtype="float32")
+    import dataclasses
+
+    trained = dataclasses.replace(long, mode=Mode.FWD_BWD)
+    report = warmup([long, short, trained], device="cpu", budget_s=0.02, rounds=1, padded_prefill_from=16)
+    assert [c.features for c in report.classes] == [(), ("varlen",), (), ()]
+    assert not any(c.error for c in report.classes) and report.classes[1].chosen
+    (packed,) = [c for c in calls if c.get("cu_seqlens_q") is not None]
+    assert packed["q"].shape == (b * s, h, d) and packed["causal"] is True
+    assert packed["cu_seqlens_q"].tolist() == [0, 4, 32, 36, 64] and packed["max_seqlen_q"] == 28
+    for lo, hi in zip([0, 4, 32, 36], [4, 32, 36, 64], strict=True):  # each run its own causal sequence
+        run = (t[lo:hi].transpose(0, 1)[None] for t in (packed["q"], packed["k"], packed["v"]))
+        want = reference_attention(*run, causal=True)
+        torch.testing.assert_close(packed["out"][lo:hi], want[0].transpose(0, 1).to(packed["out"].dtype))
+    calls.clear()
+    warmup([long], device="cpu", budget_s=0.02, rounds=1)
+    assert not [c for c in calls if c.get("cu_seqlens_q") is not None]

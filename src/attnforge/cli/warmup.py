@@ -59,12 +59,14 @@ def command(*, model_config: Path | None, shape_set: str | None, batch: int | No
                          hint="attnforge warmup --model path/to/config.json")
     dev = current_device(device)
     dtype_name = _DTYPES[dtype] if dtype else ("bfloat16" if dev.type is DeviceType.CUDA else "float32")
-    window = softcap = None
+    window = softcap = padded_prefill_from = None
     if model_config is not None:
         from attnforge.bench.models import read_model_config
+        from attnforge.integrations.transformers import PREFILL_VARLEN_MIN
 
         model = read_model_config(model_config)
         window, softcap = model.sliding_window, model.softcap
+        padded_prefill_from = PREFILL_VARLEN_MIN  # a decoder's left-padded prompts (its integration's varlen route)
     shapes = choose_shapes(ShapeSet(shape_set or "model"), device=dev, dtype=dtype_name, causal="on", mode=mode,
                            batch=batch if batch is not None or model_config is None else 1, heads_q=heads_q,
                            heads_kv=heads_kv, head_dims=head_dims, seqlens=seqlens, seqlen_k=seqlen_k,
@@ -79,7 +81,8 @@ def command(*, model_config: Path | None, shape_set: str | None, batch: int | No
     out = console(stderr=True)
     with out.status("warming up", spinner="dots") as status:
         report = warmup(shapes, device=dev.torch_device, window=window, softcap=softcap, budget_s=budget_s,
-                        rounds=rounds, progress=None if as_json else lambda s: status.update(s.label))
+                        rounds=rounds, progress=None if as_json else lambda s: status.update(s.label),
+                        padded_prefill_from=padded_prefill_from)
     if as_json:
         emit_json("warmup", _json(report))
     else:

@@ -71,7 +71,8 @@ class WarmupReport:
 
 def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None = None,
            softcap: float | None = None, budget_s: float = 1.0, rounds: int = 5,
-           progress: Callable[[AttentionShape], None] | None = None) -> WarmupReport:
+           progress: Callable[[AttentionShape], None] | None = None,
+           padded_prefill_from: int | None = None) -> WarmupReport:
     """Compile and measure every shape's class now (module docstring).
 
     Args:
@@ -81,6 +82,11 @@ def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None 
         softcap: a model's logit softcap, used on every call; None: none.
         budget_s, rounds: as :func:`attnforge.autotune`.
         progress: called before each shape (the CLI's status line).
+        padded_prefill_from: the shortest prefill a framework integration serves as varlen sequences when its batch
+            is left-padded (the transformers integration's ``PREFILL_VARLEN_MIN``); a causal forward shape with
+            ``Sq == Sk`` at least that long is also warmed as such a varlen call (:func:`_padded_prefill`), so the
+            first padded prompt compiles nothing (FlashAttention-4 compiles its varlen kernel on its first call:
+            seconds). None: not warmed.
 
     Returns:
         The report; a call that raises is an entry with its error, not an exception.
@@ -99,6 +105,9 @@ def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None 
             variants: list[dict[str, Any]] = [{"softcap": softcap} if softcap else {}]
             if window and shape.causal and shape.seqlen_k > window:
                 variants.append({**variants[0], "window": (window - 1, 0)})
+            if (padded_prefill_from is not None and shape.causal and shape.mode is Mode.FWD
+                    and shape.seqlen_q == shape.seqlen_k >= padded_prefill_from):
+                variants.append({**variants[0], "varlen": True})
             for kw in variants:
                 out.append(_warm(shape, kw, device=device, inputs=random_inputs, runtime=runtime))
     return WarmupReport(classes=tuple(out), measuring=measuring, caches=caches,
@@ -110,7 +119,9 @@ def _warm(shape: AttentionShape, kw: dict[str, Any], *, device: str, inputs: Any
     names = tuple(sorted(kw))
     try:
         q, k, v, dout = inputs(shape, 1, device)[0]
-        if shape.layout is Layout.BSHD:  # the same values laid out [B, S, H, D], contiguous, as such callers pass
+        if kw.get("varlen"):
+            q, k, v, kw = _padded_prefill(q, k, v, {key: val for key, val in kw.items() if key != "varlen"})
+        elif shape.layout is Layout.BSHD:  # the same values laid out [B, S, H, D], contiguous, as such callers pass
             q, k, v = (t.detach().transpose(1, 2).contiguous().requires_grad_(t.requires_grad) for t in (q, k, v))
             dout = None if dout is None else dout.transpose(1, 2).contiguous()
             kw = {**kw, "layout": "bshd"}
@@ -123,3 +134,19 @@ def _warm(shape: AttentionShape, kw: dict[str, Any], *, device: str, inputs: Any
                            duration_s=time.perf_counter() - start, error=one_line(exc))
     return WarmedClass(shape=shape, features=names, shape_class=explained.shape_class, chosen=explained.chosen,
                        basis=explained.basis[0] if explained.basis else "", duration_s=time.perf_counter() - start)
+
+
+def _padded_prefill(q: Any, k: Any, v: Any, kw: dict[str, Any]) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """``q [B, Hq, S, D]``, ``k``, ``v`` as a left-padded prefill's varlen call (the transformers integration's
+    ``_padded_prefill``): packed ``[B * S, H, D]``, each row one run of padding (an eighth of it) and one of real
+    tokens, causal, with ``cu_seqlens`` and the longest run; ``kw`` gains those keywords."""
+    import torch
+
+    b, _, s, _ = q.shape
+    pad = s // 8
+    starts = [row * s + off for row in range(b) for off in ((0, pad) if pad else (0,))]
+    cu = torch.tensor([*starts, b * s], dtype=torch.int32, device=q.device)
+    packed = [t.detach().transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3]) for t in (q, k, v)]
+    longest = s - pad
+    return (*packed, {**kw, "cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": longest,
+                      "max_seqlen_k": longest})
