@@ -223,7 +223,7 @@ def test_warmup_calls_a_long_causal_prefill_as_a_padded_prefills_varlen_call_too
     fwd+bwd shapes and a warm-up without it make no such call. The varlen call's output is the exact math's."""
     from attnforge.backends.exact import reference_attention
     from attnforge.dispatch.warmup import warmup
-    from attnforge.types.shapes import AttentionShape, Mode
+    from attnforge.types.shapes import AttentionShape, Layout, Mode
 
     calls: list[dict[str, Any]] = []
     original = runtime.attention
@@ -242,8 +242,9 @@ def test_warmup_calls_a_long_causal_prefill_as_a_padded_prefills_varlen_call_too
     import dataclasses
 
     trained = dataclasses.replace(long, mode=Mode.FWD_BWD)
-    report = warmup([long, short, trained], device="cpu", budget_s=0.02, rounds=1, padded_prefill_from=16)
-    assert [c.features for c in report.classes] == [(), ("varlen",), (), ()]
+    both = dataclasses.replace(long, layout=Layout.BSHD)  # packed calls have no layout: warmed once
+    report = warmup([long, short, trained, both], device="cpu", budget_s=0.02, rounds=1, padded_prefill_from=16)
+    assert [c.features for c in report.classes] == [(), ("varlen",), (), (), ()]
     assert not any(c.error for c in report.classes) and report.classes[1].chosen
     (packed,) = [c for c in calls if c.get("cu_seqlens_q") is not None]
     assert packed["q"].shape == (b * s, h, d) and packed["causal"] is True

@@ -97,6 +97,7 @@ def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None 
     caches = compile_cache.ensure()
     before = compile_cache.count_artifacts(caches.folders)
     out: list[WarmedClass] = []
+    packed_seen: set[tuple[Any, ...]] = set()
     with runtime.autotune(budget_s=budget_s, rounds=rounds, background=False, compiling=True):
         measuring = autotune.active(device.split(":", maxsplit=1)[0]) is not None
         for shape in shapes:
@@ -105,8 +106,10 @@ def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None 
             variants: list[dict[str, Any]] = [{"softcap": softcap} if softcap else {}]
             if window and shape.causal and shape.seqlen_k > window:
                 variants.append({**variants[0], "window": (window - 1, 0)})
+            packed = (shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q, shape.head_dim, shape.dtype)
             if (padded_prefill_from is not None and shape.causal and shape.mode is Mode.FWD
-                    and shape.seqlen_q == shape.seqlen_k >= padded_prefill_from):
+                    and shape.seqlen_q == shape.seqlen_k >= padded_prefill_from and packed not in packed_seen):
+                packed_seen.add(packed)  # packed calls have no layout: one per shape, whatever layouts are warmed
                 variants.append({**variants[0], "varlen": True})
             for kw in variants:
                 out.append(_warm(shape, kw, device=device, inputs=random_inputs, runtime=runtime))
