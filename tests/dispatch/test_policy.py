@@ -8,11 +8,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from attnforge.backends.adapter import AttentionCall
 from attnforge.catalog.tolerances import DispatchGate, load_quantized_gate
 from attnforge.dispatch.policy import class_of_call, decide, measurements, quantized_gate
-from attnforge.ranking import Measurement, OutputError, bracketing
+from attnforge.ranking import Measurement, OutputError, bracketing, by_family, family_of
 from attnforge.records import BenchRecord, VerifyRecord
 
 CALL = AttentionCall(device_type="cuda", compute_capability=(9, 0), dtype="bfloat16", batch=1, heads_q=40,
@@ -154,3 +156,34 @@ def test_bracketing_finds_the_nearest_measured_lengths_of_the_same_family() -> N
     assert lo is not None and hi is not None
     assert (lo.shape_class.seqlen_k_bucket, hi.shape_class.seqlen_k_bucket) == (64, 512)
     assert set(lo.measurements) == {"sdpa", "flex"}
+
+
+_LENGTHS = st.sampled_from([1, 128, 512, 1000, 2048, 9000])
+_SHAPE_FIELDS = st.builds(
+    lambda mode, causal, kv, sq, sk, square, features: {
+        "dtype": "bfloat16", "mode": mode, "causal": causal, "heads_q": 8, "heads_kv": kv, "head_dim": 128,
+        "seqlen_q": sq, "seqlen_k": sq if square else sk, "features": features},
+    st.sampled_from(["fwd", "fwd+bwd"]), st.booleans(), st.sampled_from([8, 2]), _LENGTHS, _LENGTHS,
+    st.sampled_from([True, True, True, False]), st.sampled_from(["", "mask"]))
+_RECORDS = st.lists(st.tuples(_SHAPE_FIELDS, st.sampled_from(["sdpa", "flex", "fa"]),
+                              st.floats(10, 900), st.sampled_from(["bench", "insitu-1", "bench-2"])), max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_RECORDS.filter(bool), st.data())
+def test_a_classs_family_records_give_the_measurements_of_all_records(rows: list[Any], data: Any) -> None:
+    """The dispatcher decides from the records of the call's class family only (``ranking.by_family``, grouped once
+    per load instead of one pass over every record per decision): the measurements and the bracketing classes are
+    the same as from all the records, in any order of runs, backends and live checks. The probed class is a
+    measured one's family at any length (so it is often measured, or bracketed, or neither)."""
+    records = [BenchRecord(device_key="d", backend=backend, backend_version=None, batch=1, ms=1.0, tflops=tflops,
+                           peak_mem_bytes=None, run_id=run, **fields) for fields, backend, tflops, run in rows]
+    fields = dict(data.draw(st.sampled_from([r[0] for r in rows])))
+    length = data.draw(_LENGTHS)
+    fields.update(seqlen_q=length, seqlen_k=length if fields["seqlen_q"] == fields["seqlen_k"] else 9000)
+    target = BenchRecord(device_key="d", backend="sdpa", backend_version=None, batch=1, ms=1.0, tflops=1.0,
+                         peak_mem_bytes=None, run_id="x", **fields).shape.shape_class
+    family = by_family(records).get(family_of(target), [])
+    whole, part = measurements(records, target), measurements(family, target)
+    assert dict(whole) == dict(part) and whole.bracket == part.bracket
+    event("bracketed" if whole.bracket else "measured" if whole else "nothing")

@@ -40,7 +40,9 @@ from attnforge.dispatch.policy import (
 )
 from attnforge.dispatch.state import runtime_records
 from attnforge.errors import DispatchError
+from attnforge.ranking import by_family, family_of
 from attnforge.records import BenchRecord, VerifyRecord, device_key
+from attnforge.types.shapes import ShapeClass
 
 _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnforge_forced_backend", default=None)
 
@@ -110,6 +112,8 @@ class Dispatcher:
         self._devices: dict[Any, _Device] = {}
         self._verified: dict[str, dict[str, VerifyRecord]] = {}
         self._bench: dict[str, list[BenchRecord]] = {}
+        #: per device key, :attr:`_bench` grouped by shape-class family (:meth:`_family_records`)
+        self._families: dict[str, dict[tuple[ShapeClass, int], list[BenchRecord]]] = {}
         self._plans: dict[tuple[Any, ...], tuple[Decision, tuple[BackendAdapter, ...]]] = {}
         #: the route per exact call signature: read by the hot path of :func:`attnforge.attention`, written here
         self.routes: dict[tuple[Any, ...], Route] = {}
@@ -139,6 +143,7 @@ class Dispatcher:
             self._generation += 1
             self._verified.clear()
             self._bench.clear()
+            self._families.clear()
             self._plans.clear()
             self.routes.clear()
             self.feature_plans.clear()
@@ -172,6 +177,16 @@ class Dispatcher:
                                     if r.backend_version is None or current.get(r.backend) is None
                                     or r.backend_version == current[r.backend]]
             return self._verified[key], self._bench[key]
+
+    def _family_records(self, key: str, shape_class: ShapeClass) -> list[BenchRecord]:
+        """The device's bench records of ``shape_class``'s family: all that :func:`policy.measurements` reads for
+        it (:func:`attnforge.ranking.by_family`), grouped once per load of the records, not per decision."""
+        _, bench = self._records_for(key)
+        with self._lock:
+            index = self._families.get(key)
+            if index is None:
+                index = self._families[key] = by_family(bench)
+        return index.get(family_of(shape_class), [])
 
     # -- deciding ---------------------------------------------------------------------------------------
     def _plan(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
@@ -364,8 +379,9 @@ class Dispatcher:
         return len(seen) > features.DYNAMIC_AFTER
 
     def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
-        verified, bench = self._records_for(dev_key)
-        measured = measurements(bench, class_of_call(call))
+        verified, _ = self._records_for(dev_key)
+        shape_class = class_of_call(call)
+        measured = measurements(self._family_records(dev_key, shape_class), shape_class)
         tflops = {name: m.tflops for name, m in measured.items()}
         broken = self.failures.broken_in(class_key(call))
         seen = len(self._shapes_seen.get(failure_class(dataclasses.replace(call, causal=False)), ()))
