@@ -208,7 +208,7 @@ def wins_per_backend(records: Iterable[BenchRecord], among: Collection[str] | No
     return out
 
 
-def _family(shape_class: ShapeClass) -> tuple[ShapeClass, int]:
+def family_of(shape_class: ShapeClass) -> tuple[ShapeClass, int]:
     """The classes one class interpolates between: equal but for the length buckets, with the same ``Sk/Sq``
     ratio (decode, ``Sq = 1``, is a family of its own whatever ``Sk``)."""
     sq, sk = shape_class.seqlen_q_bucket, shape_class.seqlen_k_bucket
@@ -217,7 +217,7 @@ def _family(shape_class: ShapeClass) -> tuple[ShapeClass, int]:
 
 
 def by_family(records: Iterable[BenchRecord]) -> dict[tuple[ShapeClass, int], list[BenchRecord]]:
-    """``records`` grouped by their class's family (:func:`_family`), each group in the records' order. A class's
+    """``records`` grouped by their class's family (:func:`family_of`), each group in the records' order. A class's
     group holds every record :func:`class_measurements` and :func:`bracketing` read for that class, so they give the
     same answers on it as on all the records, without turning each record into its class again: on a CPU host a
     decision over 4608 records took 47 ms that way, most of it in ``BenchRecord.shape.shape_class``."""
@@ -227,21 +227,16 @@ def by_family(records: Iterable[BenchRecord]) -> dict[tuple[ShapeClass, int], li
         shape = _shape_key(r)
         family = families.get(shape)
         if family is None:
-            family = families[shape] = _family(r.shape.shape_class)
+            family = families[shape] = family_of(r.shape.shape_class)
         out.setdefault(family, []).append(r)
     return out
-
-
-def family_of(shape_class: ShapeClass) -> tuple[ShapeClass, int]:
-    """The key of ``shape_class``'s group in :func:`by_family`."""
-    return _family(shape_class)
 
 
 def bracketing(records: Iterable[BenchRecord], shape_class: ShapeClass) -> tuple[Bracket, Bracket] | None:
     """The nearest measured classes of ``shape_class``'s family below and above its key length, with their
     measurements; None when it lies outside the measured range (or was measured itself)."""
-    family = _family(shape_class)
-    pool = [r for r in latest(records) if r.tflops > 0 and _family(r.shape.shape_class) == family]
+    family = family_of(shape_class)
+    pool = [r for r in latest(records) if r.tflops > 0 and family_of(r.shape.shape_class) == family]
     measured = {r.shape.shape_class for r in pool} - {shape_class}
     target = shape_class.seqlen_k_bucket
     below = max((c for c in measured if c.seqlen_k_bucket < target), key=lambda c: c.seqlen_k_bucket, default=None)
