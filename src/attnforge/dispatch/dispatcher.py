@@ -178,14 +178,16 @@ class Dispatcher:
                                     or r.backend_version == current[r.backend]]
             return self._verified[key], self._bench[key]
 
-    def _family_records(self, key: str, shape_class: ShapeClass) -> list[BenchRecord]:
-        """The device's bench records of ``shape_class``'s family: all that :func:`policy.measurements` reads for
-        it (:func:`attnforge.ranking.by_family`), grouped once per load of the records, not per decision."""
-        _, bench = self._records_for(key)
+    def _family_records(self, key: str, bench: list[BenchRecord], shape_class: ShapeClass) -> list[BenchRecord]:
+        """Of the device's bench records ``bench`` (:meth:`_records_for`), those of ``shape_class``'s family: all
+        that :func:`policy.measurements` reads for it (:func:`attnforge.ranking.by_family`), grouped once per load
+        of the records, not per decision."""
         with self._lock:
             index = self._families.get(key)
             if index is None:
-                index = self._families[key] = by_family(bench)
+                index = by_family(bench)
+                if self._bench.get(key) is bench:  # else a refresh came between: not kept for later decisions
+                    self._families[key] = index
         return index.get(family_of(shape_class), [])
 
     # -- deciding ---------------------------------------------------------------------------------------
@@ -379,9 +381,9 @@ class Dispatcher:
         return len(seen) > features.DYNAMIC_AFTER
 
     def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
-        verified, _ = self._records_for(dev_key)
+        verified, bench = self._records_for(dev_key)
         shape_class = class_of_call(call)
-        measured = measurements(self._family_records(dev_key, shape_class), shape_class)
+        measured = measurements(self._family_records(dev_key, bench, shape_class), shape_class)
         tflops = {name: m.tflops for name, m in measured.items()}
         broken = self.failures.broken_in(class_key(call))
         seen = len(self._shapes_seen.get(failure_class(dataclasses.replace(call, causal=False)), ()))
