@@ -359,7 +359,7 @@ class _PrefillSequences:
     hidden: Any
 
 
-def prefill_sequences(padding: Any) -> _PrefillSequences | None:
+def _prefill_sequences(padding: Any) -> _PrefillSequences | None:
     """The varlen sequences of a ``[B, S]`` bool padding mask (:class:`_PrefillSequences`), or None where a row's
     real tokens are not one run that ends the row (left padding, or none). One copy of the mask to the host (the one
     sync)."""
@@ -412,7 +412,7 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
         return None
     kept = _PREFILL_SEQUENCES.get(mask, ())
     if kept is None:
-        kept = prefill_sequences(padding) or False
+        kept = _prefill_sequences(padding) or False
         _PREFILL_SEQUENCES.put(mask, (), kept)
     if not isinstance(kept, _PrefillSequences) or kept.longest_real < PREFILL_VARLEN_MIN:
         return None
