@@ -2,7 +2,7 @@
 # run.sh STAGE...: the one staged GPU runner (issue 23 item 5, issue 25). Stages, in the order a run needs them:
 #   stage     carried batches carry/c1..c3 -> /tmp/wh (sha256 checked, split files joined, the cu13 libs re-zipped)
 #   setup     venv on the image's torch (bridge .pth), attnforge editable from this checkout, carried deps,
-#             transformers 5.23 + diffusers 0.42.1 (when staged); no network
+#             transformers 5.23 + diffusers 0.42.1 (each when staged; diffusers may come later); no network
 #   install   slim FA3 + SageAttention from the early call's wheels (install --find-links --offline: the
 #             cache/wheel route and its verify; source build only if no wheel), FA4 from its wheels
 #   verify    attnforge verify --json, every backend (flex with its features)
@@ -88,8 +88,13 @@ open(sys.argv[1], "w").write("\n".join([f"import site; site.addsitedir({x!r})" f
     step attnforge-version 30 attnforge --version
     if ls "$WH"/transformers-5.23*.whl >/dev/null 2>&1 && ! python -c 'import transformers, sys; sys.exit(transformers.__version__ < "5.23")' 2>/dev/null; then
         step hf-stack 300 python -m pip install -q --no-index --no-deps "$WH"/huggingface_hub-*.whl "$WH"/tokenizers-*.whl \
-            "$WH"/safetensors-*.whl "$WH"/importlib_metadata-*.whl "$WH"/transformers-*.whl "$WH"/diffusers-*.whl
-        step hf-import 120 python -c 'import transformers, diffusers; print(transformers.__version__, diffusers.__version__)'
+            "$WH"/safetensors-*.whl "$WH"/importlib_metadata-*.whl "$WH"/transformers-*.whl
+        step hf-import 120 python -c 'import transformers; print(transformers.__version__)'
+    fi
+    # diffusers may come in a later call's batch (d3): installed whenever it is staged and not yet there
+    if ls "$WH"/diffusers-*.whl >/dev/null 2>&1 && ! python -c 'import diffusers' 2>/dev/null; then
+        step diffusers 120 python -m pip install -q --no-index --no-deps "$WH"/diffusers-*.whl
+        step diffusers-import 120 python -c 'import diffusers; print(diffusers.__version__)'
     fi
     step probe 120 attnforge probe --json
 }

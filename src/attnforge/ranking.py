@@ -162,9 +162,10 @@ def latest(records: Iterable[BenchRecord]) -> list[BenchRecord]:
 
 
 def _shape_key(r: BenchRecord) -> tuple[object, ...]:
-    """A record's exact shape as a plain tuple (cheap to build and hash, unlike its :attr:`BenchRecord.shape`)."""
+    """A record's exact shape and memory layout as a plain tuple (cheap to build and hash, unlike its
+    :attr:`BenchRecord.shape`): the two layouts of one shape are two measurements, neither supersedes the other."""
     return (r.dtype, r.mode, r.causal, r.batch, r.heads_q, r.heads_kv, r.head_dim, r.head_dim_v, r.seqlen_q,
-            r.seqlen_k, r.features)
+            r.seqlen_k, r.features, r.layout)
 
 
 def class_measurements(records: Iterable[BenchRecord], shape_class: ShapeClass,
@@ -257,9 +258,11 @@ class Bracket:
 
 class Evidence(dict[str, Measurement]):
     """What the records say about one shape class: a measurement per backend, and, when the class itself was
-    not measured, the measured classes that bracket it (:func:`bracketing`)."""
+    not measured, the measured classes that bracket it (:func:`bracketing`); ``layout``: the memory layout the
+    measurements were taken in, when they were all taken in one (:func:`attnforge.dispatch.policy.measurements`)."""
 
     bracket: tuple[Bracket, Bracket] | None = None
+    layout: str | None = None
 
 
 def _mean(name: str, recs: list[BenchRecord]) -> Measurement:

@@ -35,7 +35,7 @@ from attnforge.errors import CacheError
 
 # The one device-key constructor lives with the value types; re-exported for the runtime, verify and bench.
 from attnforge.types.device import device_key as device_key  # noqa: PLC0414
-from attnforge.types.shapes import AttentionShape, Dims, Feature, Mode
+from attnforge.types.shapes import AttentionShape, Dims, Feature, Layout, Mode
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS verify (
@@ -74,7 +74,8 @@ CREATE TABLE IF NOT EXISTS bench (
     ms_hi REAL,
     rel_l1 REAL,
     cosine REAL,
-    ms_mad REAL
+    ms_mad REAL,
+    layout TEXT NOT NULL DEFAULT 'bhsd'
 );
 CREATE INDEX IF NOT EXISTS bench_device ON bench(device_key, backend);
 """
@@ -84,7 +85,7 @@ _TABLES = ("verify", "bench")
 #: columns added to ``bench`` after its first release: ``records.db`` files from before get them on open
 _BENCH_ADDED = (("head_dim_v", "INTEGER"), ("features", "TEXT NOT NULL DEFAULT ''"), ("ms_lo", "REAL"),
                 ("ms_hi", "REAL"), ("rel_l1", "REAL"), ("cosine", "REAL"),
-                ("ms_mad", "REAL"))
+                ("ms_mad", "REAL"), ("layout", "TEXT NOT NULL DEFAULT 'bhsd'"))
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VerifyRecord:
     """The outcome of ``attnforge verify`` for one backend on one device.
@@ -118,6 +119,9 @@ class BenchRecord(Dims):
         head_dim_v: ``Dv`` when it differs from ``D``.
         features: the call's features (:class:`attnforge.types.shapes.Feature`), comma-separated.
         rel_l1, cosine: the output's error against the float32 reference on this shape (quantized backends).
+        layout: the memory layout of the timed tensors (:class:`attnforge.types.shapes.Layout`'s value; ``"bhsd"``
+            for records from before it was stored, and for packed calls): a kernel's speed depends on it (H200,
+            2026-11-29: FA3 on MHA 1k fwd+bwd 0.960x SDPA on ``[B, H, S, D]`` tensors, 1.080x on ``[B, S, H, D]``).
     """
 
     device_key: str
@@ -138,6 +142,7 @@ class BenchRecord(Dims):
     rel_l1: float | None = None
     cosine: float | None = None
     ms_mad: float | None = None
+    layout: str = Layout.BHSD.value
 
     @classmethod
     def measured(cls, shape: AttentionShape, *, device_key: str, backend: str, backend_version: str | None,
@@ -156,7 +161,8 @@ class BenchRecord(Dims):
             features=",".join(sorted(f.value for f in shape.features)),
             ms_lo=timing.lo_ms if timing else None, ms_hi=timing.hi_ms if timing else None,
             ms_mad=timing.mad_ms if timing else None,
-            rel_l1=error.rel_l1 if error else None, cosine=error.cosine if error else None)
+            rel_l1=error.rel_l1 if error else None, cosine=error.cosine if error else None,
+            layout=shape.layout.value)
 
     @property
     def shape(self) -> AttentionShape:
@@ -164,6 +170,7 @@ class BenchRecord(Dims):
         return AttentionShape(batch=self.batch, heads_q=self.heads_q, heads_kv=self.heads_kv, head_dim=self.head_dim,
                               seqlen_q=self.seqlen_q, seqlen_k=self.seqlen_k, causal=self.causal,
                               mode=Mode(self.mode), dtype=self.dtype, head_dim_v=self.head_dim_v,
+                              layout=Layout(self.layout),
                               features=frozenset(Feature(f) for f in self.features.split(",") if f))
 
 
@@ -182,7 +189,8 @@ def _bench_row(rec: BenchRecord) -> tuple[Any, ...]:
 
 def _bench_record(row: tuple[Any, ...]) -> BenchRecord:
     values = dict(zip(_BENCH_FIELDS, row, strict=True))
-    return BenchRecord(**{**values, "causal": bool(values["causal"]), "features": values["features"] or ""})
+    return BenchRecord(**{**values, "causal": bool(values["causal"]), "features": values["features"] or "",
+                          "layout": values["layout"] or Layout.BHSD.value})
 
 
 def _now() -> str:

@@ -82,13 +82,15 @@ def test_a_records_db_from_before_rounds_is_read_and_extended(tmp_path: Path) ->
     store = RecordStore(tmp_path)
     [old] = store.bench_records("k")
     assert (old.backend, old.tflops, old.ms_lo, old.features, old.head_dim_v) == ("sdpa-cudnn", 574.1, None, "", None)
+    assert old.layout == "bhsd" and old.shape.layout.value == "bhsd"  # stored before layouts were: contiguous bhsd
     new = BenchRecord(device_key="k", backend="sdpa", backend_version=None, dtype="bfloat16", mode="fwd",
                       causal=False, batch=16, heads_q=16, heads_kv=16, head_dim=128, seqlen_q=1024, seqlen_k=1024,
                       ms=0.5, tflops=580.0, peak_mem_bytes=None, run_id="r1", ms_lo=0.49, ms_hi=0.51,
-                      features="window", head_dim_v=64)
+                      features="window", head_dim_v=64, layout="bshd")
     store.add_bench([new])
     back = store.bench_records("k")
     assert back[-1] == dataclasses.replace(new, created_at=back[-1].created_at)
+    assert back[-1].shape.layout.value == "bshd"
     assert back[-1].shape.shape_class != old.shape.shape_class  # features and Dv are part of the class
 
 

@@ -251,3 +251,52 @@ def test_a_featured_call_keeps_the_exact_math_where_the_only_kernel_is_slower(st
     with attnforge.autotune(budget_s=0.05, clock=clock):
         attnforge.attention(q, k, v, softcap=20.0)
     assert attnforge.explain(q, k, v, softcap=20.0).order == ("fast-softcap", "exact")
+
+
+@dataclass
+class StrideTimed(Timed):
+    """A :class:`Timed` whose cost depends on the memory layout of the K it receives as ``[B, H, S, D]``:
+    ``bshd_ms`` when K is sequence-outer (a ``[B, S, H, D]`` tensor's transposed view), ``cost_ms`` otherwise."""
+
+    bshd_ms: float = 0.0
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) -> torch.Tensor:
+        if k.stride(2) > k.stride(1):
+            self.clock.now += (self.bshd_ms - self.cost_ms) / 1e3
+        return super().__call__(q, k, v, **kw)
+
+
+def test_each_memory_layout_is_measured_and_decided_on_its_own(store: RecordStore) -> None:
+    """A kernel that loses on ``[B, H, S, D]`` tensors and wins on ``[B, S, H, D]`` ones (FA3 on MHA 1k fwd+bwd, H200,
+    2026-11-29: 0.960x and 1.080x SDPA) serves only the layout it wins in: a warm-up (``layouts=True``) measures
+    both, first use measures neither twice, and a bhsd call on ``[B, S, H, D]`` memory (transformers' transposed
+    views) reads the ``[B, S, H, D]`` measurements."""
+    clock = FakeClock()
+    fa3, sdpa = StrideTimed("fa3", clock, 1.2, bshd_ms=0.8), Timed("sdpa", clock, 1.0)
+    _use(store, sdpa, fa3)
+    q, k, v = _qkv(sq=64, sk=64, hq=4, hkv=4)
+    qs, ks, vs = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    reference = reference_attention(q, k, v, causal=True, scale=None)
+    with attnforge.autotune(budget_s=0.05, clock=clock, rounds=3):  # first use: one measurement, in the first layout
+        attnforge.attention(q, k, v, causal=True)
+        out = attnforge.attention(qs, ks, vs, causal=True, layout="bshd")
+    torch.testing.assert_close(out.transpose(1, 2), reference.to(out.dtype))
+    assert {r.layout for r in store.bench_records(CPU_KEY)} == {"bhsd"}
+    borrowed = attnforge.explain(qs, ks, vs, causal=True, layout="bshd")
+    assert borrowed.chosen == "sdpa" and "none on this call's [B, S, H, D]" in borrowed.basis[0]
+    with attnforge.autotune(budget_s=0.05, clock=clock, rounds=3, layouts=True):  # attnforge warmup's setting
+        attnforge.attention(q, k, v, causal=True)
+        attnforge.attention(qs, ks, vs, causal=True, layout="bshd")
+    assert {r.layout for r in store.bench_records(CPU_KEY)} == {"bhsd", "bshd"}
+    assert attnforge.explain(q, k, v, causal=True).chosen == "sdpa"
+    assert attnforge.explain(qs, ks, vs, causal=True, layout="bshd").chosen == "fa3"
+    views = tuple(t.transpose(1, 2) for t in (qs, ks, vs))  # declared [B, H, S, D], laid out [B, S, H, D]
+    assert attnforge.explain(*views, causal=True).chosen == "fa3"
+    runtime.set_dispatcher(runtime.Dispatcher({"fa3": fa3}, fallback=sdpa, records=store))  # another process
+    before = fa3.calls
+    q2, k2, v2 = (torch.cat([t, t]) for t in (q, k, v))  # another batch: a route is kept per signature, not strides
+    with attnforge.autotune(budget_s=0.05, clock=clock, rounds=3, layouts=True):
+        out = attnforge.attention(*views, causal=True)
+        attnforge.attention(q2, k2, v2, causal=True)
+    assert fa3.calls == before + 1  # read back per layout: nothing timed, fa3 served the bshd-memory call only
+    torch.testing.assert_close(out, reference.to(out.dtype))

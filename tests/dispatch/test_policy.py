@@ -166,7 +166,8 @@ _SHAPE_FIELDS = st.builds(
     st.sampled_from(["fwd", "fwd+bwd"]), st.booleans(), st.sampled_from([8, 2]), _LENGTHS, _LENGTHS,
     st.sampled_from([True, True, True, False]), st.sampled_from(["", "mask"]))
 _RECORDS = st.lists(st.tuples(_SHAPE_FIELDS, st.sampled_from(["sdpa", "flex", "fa"]),
-                              st.floats(10, 900), st.sampled_from(["bench", "insitu-1", "bench-2"])), max_size=80)
+                              st.floats(10, 900), st.sampled_from(["bench", "insitu-1", "bench-2"]),
+                              st.sampled_from(["bhsd", "bhsd", "bshd"])), max_size=80)
 
 
 @settings(max_examples=300, deadline=None)
@@ -177,13 +178,44 @@ def test_a_classs_family_records_give_the_measurements_of_all_records(rows: list
     the same as from all the records, in any order of runs, backends and live checks. The probed class is a
     measured one's family at any length (so it is often measured, or bracketed, or neither)."""
     records = [BenchRecord(device_key="d", backend=backend, backend_version=None, batch=1, ms=1.0, tflops=tflops,
-                           peak_mem_bytes=None, run_id=run, **fields) for fields, backend, tflops, run in rows]
+                           peak_mem_bytes=None, run_id=run, layout=layout, **fields)
+               for fields, backend, tflops, run, layout in rows]
     fields = dict(data.draw(st.sampled_from([r[0] for r in rows])))
     length = data.draw(_LENGTHS)
     fields.update(seqlen_q=length, seqlen_k=length if fields["seqlen_q"] == fields["seqlen_k"] else 9000)
     target = BenchRecord(device_key="d", backend="sdpa", backend_version=None, batch=1, ms=1.0, tflops=1.0,
                          peak_mem_bytes=None, run_id="x", **fields).shape.shape_class
     family = by_family(records).get(family_of(target), [])
-    whole, part = measurements(records, target), measurements(family, target)
-    assert dict(whole) == dict(part) and whole.bracket == part.bracket
+    layout = data.draw(st.sampled_from(["bhsd", "bshd"]))
+    whole, part = measurements(records, target, layout), measurements(family, target, layout)
+    assert dict(whole) == dict(part) and whole.bracket == part.bracket and whole.layout == part.layout
     event("bracketed" if whole.bracket else "measured" if whole else "nothing")
+
+
+def test_a_call_is_decided_on_the_measurements_of_its_own_memory_layout() -> None:
+    """H200, 2026-11-29 (docs/benchmarks.md, sixteenth session): FA3 ran MHA 1k fwd+bwd at 0.960x SDPA on
+    ``[B, H, S, D]`` tensors and 1.080x on ``[B, S, H, D]``, and one decision per class served both. Each layout is
+    now ranked on its own records; a layout with none borrows the other's, and says so."""
+    adapters = {"fa3": Adapter("fa3")}
+    ok = {"fa3": VerifyRecord(device_key="cpu", backend="fa3", backend_version="1", ok=True, summary="ok")}
+
+    def rec(backend: str, tflops: float, layout: str) -> BenchRecord:
+        return dataclasses.replace(_rec(backend, tflops, 1024, spread=0.01), layout=layout)
+
+    def decided(records: list[BenchRecord], layout: str) -> Any:
+        call = AttentionCall(device_type="cpu", compute_capability=None, dtype="float32", batch=1, heads_q=4,
+                             heads_kv=4, seqlen_q=1024, seqlen_k=1024, head_dim=32, causal=False, needs_grad=False,
+                             layout=layout)
+        return decide(call, adapters, priorities={"fa3": 10}, verified=ok, broken={},
+                      measured=measurements(records, class_of_call(call), layout))
+
+    both = [rec("sdpa", 100, "bhsd"), rec("fa3", 96, "bhsd"), rec("sdpa", 100, "bshd"), rec("fa3", 108, "bshd")]
+    for records in (both, both[2:] + both[:2]):  # whichever layout was measured last
+        bhsd, bshd = decided(records, "bhsd"), decided(records, "bshd")
+        assert (bhsd.order[0], bhsd.layout, bshd.order[0], bshd.layout) == ("sdpa", "bhsd", "fa3", "bshd")
+        assert bhsd.ranking.measurements["fa3"].tflops == 96 and bshd.ranking.measurements["fa3"].tflops == 108
+        assert not any("none on this call's" in b for b in (*bhsd.basis, *bshd.basis))
+    borrowed = decided(both[:2], "bshd")  # only [B, H, S, D] measured: its ranking serves, and the basis says so
+    assert (borrowed.order[0], borrowed.layout) == ("sdpa", "bhsd")
+    assert "measured on [B, H, S, D] tensors, none on this call's [B, S, H, D]" in borrowed.basis[0]
+    assert decided([], "bshd").layout is None

@@ -48,6 +48,9 @@ class AttentionCall:
             empty for a plain call. :func:`required_features` adds the two routing-only ones.
         head_dim_v: V's head dim ``Dv`` when it differs from ``D`` (feature ``"dv"``), else None.
         top_left: causal or window aligned top-left with Sq != Sk (feature ``"causal_top_left"``).
+        layout: the memory layout of the caller's K (``"bhsd"``: heads outer, ``"bshd"``: sequence outer, as a
+            ``[B, S, H, D]`` tensor or a transposed view of one; :func:`attnforge.dispatch.inputs.memory_layout`):
+            measurements are kept and read per layout; no backend's support depends on it.
     """
 
     device_type: str
@@ -65,6 +68,7 @@ class AttentionCall:
     features: frozenset[str] = frozenset()
     head_dim_v: int | None = None
     top_left: bool = False
+    layout: str = "bhsd"
 
 
 #: The optional features of :func:`attnforge.attention` a backend may support, by the name capability tables

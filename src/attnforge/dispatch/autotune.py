@@ -98,6 +98,10 @@ class AutotuneConfig:
             sets it (a deploy step may take that time), measure-on-first-use leaves them out so that no call of a
             model waits for a compile to be measured. Off the calling thread (``background``) they are timed
             anyway.
+        layouts: also measure a class that was measured only in the other memory layout
+            (:func:`attnforge.dispatch.inputs.memory_layout`) in this call's one; ``attnforge warmup`` sets it.
+            Otherwise such a class is decided on the other layout's measurements, and no call waits for a
+            measurement it already has one of (the in-situ check then times the route on the call's own tensors).
     """
 
     budget_s: float = 1.0
@@ -105,6 +109,7 @@ class AutotuneConfig:
     clock: Callable[[], float] = time.perf_counter
     background: bool = False
     compiling: bool = False
+    layouts: bool = False
 
 
 
@@ -113,11 +118,11 @@ DEFAULT = AutotuneConfig()
 #: the default with ``ATTNFORGE_AUTOTUNE=background``
 DEFAULT_BACKGROUND = AutotuneConfig(background=True)
 _ACTIVE: contextvars.ContextVar[AutotuneConfig | None] = contextvars.ContextVar("attnforge_autotune", default=None)
-#: per dispatcher, the (device key, shape class, precision) already measured in this process
-_TUNED: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str]]] = weakref.WeakKeyDictionary()
+#: per dispatcher, the (device key, shape class, precision, memory layout) already measured in this process
+_TUNED: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str, str]]] = weakref.WeakKeyDictionary()
 #: per dispatcher, those of them measured without the candidates that compile on their first call: a later
 #: measurement that may compile (``attnforge warmup`` in the same process) measures them again
-_PARTIAL: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str]]] = weakref.WeakKeyDictionary()
+_PARTIAL: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str, str]]] = weakref.WeakKeyDictionary()
 
 
 class Tunable(Protocol):
@@ -202,17 +207,19 @@ def compiled_on_call(dispatcher: Tunable, config: AutotuneConfig) -> frozenset[s
 
 
 def wanted(dispatcher: Tunable, decision: Decision, call: AttentionCall, device_key: str,
-           skip: Collection[str] = ()) -> bool:
-    """Whether :func:`tune` should run for this decision: the class was not measured in this process (or only
-    without the candidates ``skip`` leaves out, and now none is left out), and some candidate of two or more
-    (less ``skip``) has no measurement."""
+           skip: Collection[str] = (), *, layouts: bool = False) -> bool:
+    """Whether :func:`tune` should run for this decision: the class was not measured in this process in the call's
+    memory layout (or only without the candidates ``skip`` leaves out, and now none is left out), and some
+    candidate of two or more (less ``skip``) has no measurement, or (``layouts``) the decision read measurements
+    taken in the other layout only."""
     names = candidates(decision, skip)
     measured = dict(decision.ranking.measurements) if decision.ranking is not None else {}
     if decision.exact is not None:
         measured[EXACT] = decision.exact
-    if len(names) < 2 or all(n in measured for n in names):
+    elsewhere = layouts and decision.layout is not None and decision.layout != call.layout
+    if len(names) < 2 or (all(n in measured for n in names) and not elsewhere):
         return False
-    key = (device_key, str(class_of_call(call)), call.precision)
+    key = _tuned_key(call, device_key)
     if key not in _TUNED.get(dispatcher, set()):
         return True
     return not skip and key in _PARTIAL.get(dispatcher, set())
@@ -230,7 +237,7 @@ def first_use(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: Atten
     if config is None or capturing():
         return False
     skip = compiled_on_call(dispatcher, config)
-    if not wanted(dispatcher, decision, call, device_key, skip):
+    if not wanted(dispatcher, decision, call, device_key, skip, layouts=config.layouts):
         return False
     if not config.background:
         tune(dispatcher, tensors, call=call, decision=decision, device_key=device_key, bind=bind, bhsd=bhsd,
@@ -276,12 +283,17 @@ def provisional(decision: Decision) -> Decision:
 
 def pending(dispatcher: Tunable, call: AttentionCall, device_key: str) -> bool:
     """Whether the class of ``call`` is being measured off the calling thread now."""
-    return background.WORKER.pending((id(dispatcher), device_key, str(class_of_call(call)), call.precision))
+    return background.WORKER.pending((id(dispatcher), *_tuned_key(call, device_key)))
+
+
+def _tuned_key(call: AttentionCall, device_key: str) -> tuple[str, str, str, str]:
+    """What a class is measured once per process for: its device, class, precision and memory layout."""
+    return device_key, str(class_of_call(call)), call.precision, call.layout
 
 
 def _mark_tuned(dispatcher: Tunable, call: AttentionCall, device_key: str,
-                partial: bool = False) -> tuple[str, str, str]:
-    key = (device_key, str(class_of_call(call)), call.precision)
+                partial: bool = False) -> tuple[str, str, str, str]:
+    key = _tuned_key(call, device_key)
     _TUNED.setdefault(dispatcher, set()).add(key)
     if partial:
         _PARTIAL.setdefault(dispatcher, set()).add(key)

@@ -27,7 +27,7 @@ from attnforge.backends.registry import installed_versions
 from attnforge.dispatch import autotune, features, insitu
 from attnforge.dispatch.explanation import Explanation
 from attnforge.dispatch.failures import FailureMemory, class_key, failure_signature, without_skipped
-from attnforge.dispatch.inputs import check_flag
+from attnforge.dispatch.inputs import check_flag, memory_layout
 from attnforge.dispatch.inputs import validate as _validate
 from attnforge.dispatch.policy import (
     FALLBACK,
@@ -200,9 +200,10 @@ class Dispatcher:
             self.adapter(forced)  # raises: not a backend name (and unhashable as a key)
         _, hq, sq, d = q.shape
         _, hkv, sk, _ = k.shape
-        # the call class: everything unsupported_reasons looks at; (n - 1).bit_length() is bench's S bucket
+        # the call class: everything unsupported_reasons looks at; (n - 1).bit_length() is bench's S bucket; the
+        # memory layout, whose measurements the decision reads
         key = (q.device, q.dtype, d, causal, hq // hkv, (sq - 1).bit_length(), (sk - 1).bit_length(),
-               (sq > sk) - (sq < sk), needs_grad, precision, forced, uses, head_dim_v)
+               (sq > sk) - (sq < sk), needs_grad, precision, forced, uses, head_dim_v, memory_layout(k))
         plan = self._plans.get(key)
         if plan is None:
             generation = self._generation
@@ -353,14 +354,15 @@ class Dispatcher:
     def describe(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str,
                  needs_grad: bool, uses: frozenset[str] = frozenset(),
                  head_dim_v: int | None = None) -> AttentionCall:
-        """The :class:`AttentionCall` of ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]`` tensors."""
+        """The :class:`AttentionCall` of ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]`` tensors (or views: K's memory
+        layout is the call's, :func:`attnforge.dispatch.inputs.memory_layout`)."""
         dev = self._device(q.device)
         return AttentionCall(device_type=q.device.type, compute_capability=dev.compute_capability,
                              dtype=str(q.dtype).removeprefix("torch."), batch=q.shape[0],
                              heads_q=q.shape[1], heads_kv=k.shape[1], seqlen_q=q.shape[2],
                              seqlen_k=k.shape[2], head_dim=q.shape[3], causal=causal, needs_grad=needs_grad,
                              precision=precision, features=uses - ROUTING_ONLY, head_dim_v=head_dim_v,
-                             top_left="causal_top_left" in uses)
+                             top_left="causal_top_left" in uses, layout=memory_layout(k))
 
     def _note_shape(self, q: torch.Tensor, k: torch.Tensor, needs_grad: bool) -> bool:
         """Count the exact shapes of a shape class; when it turns dynamic, decide its calls again (so a
@@ -383,7 +385,7 @@ class Dispatcher:
     def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
         verified, bench = self._records_for(dev_key)
         shape_class = class_of_call(call)
-        measured = measurements(self._family_records(dev_key, bench, shape_class), shape_class)
+        measured = measurements(self._family_records(dev_key, bench, shape_class), shape_class, call.layout)
         tflops = {name: m.tflops for name, m in measured.items()}
         broken = self.failures.broken_in(class_key(call))
         seen = len(self._shapes_seen.get(failure_class(dataclasses.replace(call, causal=False)), ()))

@@ -54,6 +54,15 @@ def validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
     return q, k, v
 
 
+def memory_layout(k: Any) -> str:
+    """How a ``[B, H, S, D]`` tensor (or view) lies in memory: ``"bshd"`` when its sequence stride exceeds its head
+    stride (a ``[B, S, H, D]`` tensor, or the ``transpose(1, 2)`` view of one that transformers' attention layers
+    pass), else ``"bhsd"``; ``"bhsd"`` where the two cannot differ (one head or one position). Measurements are
+    kept per layout (:class:`attnforge.records.BenchRecord`): a kernel reads the two at different speeds."""
+    _, h, s, _ = k.shape
+    return "bshd" if h > 1 and s > 1 and k.stride(2) > k.stride(1) else "bhsd"
+
+
 def raise_for_input(q: Any, k: Any, v: Any, layout: str, scale: Any = None) -> None:
     """The slow path of :func:`validate`: find what is wrong with the inputs and say it (returns only when
     nothing is: a numpy or int scale that passes :func:`check_scale`)."""

@@ -46,11 +46,11 @@ FALLBACK = PLAIN_SDPA
 
 
 def shape_of_call(call: AttentionCall) -> AttentionShape:
-    """The :class:`AttentionShape` of ``call`` (its features and ``Dv``; calls are described in bhsd)."""
+    """The :class:`AttentionShape` of ``call`` (its features, ``Dv`` and memory layout; sizes as bhsd)."""
     return AttentionShape(batch=call.batch, heads_q=call.heads_q, heads_kv=call.heads_kv, head_dim=call.head_dim,
                            seqlen_q=call.seqlen_q, seqlen_k=call.seqlen_k, causal=call.causal,
                            mode=Mode.FWD_BWD if call.needs_grad else Mode.FWD, dtype=call.dtype,
-                           head_dim_v=call.head_dim_v, layout=Layout.BHSD,
+                           head_dim_v=call.head_dim_v, layout=Layout(call.layout),
                            features=frozenset(Feature(f) for f in call.features))
 
 
@@ -59,11 +59,22 @@ def class_of_call(call: AttentionCall) -> ShapeClass:
     return shape_of_call(call).shape_class
 
 
-def measurements(records: Iterable[BenchRecord], shape_class: ShapeClass) -> Evidence:
-    """Per backend, what bench (or measure-on-first-use) stored for ``shape_class``; when nothing was, the
-    measured classes that bracket it (``bracket``, :func:`attnforge.ranking.bracketing`)."""
+def measurements(records: Iterable[BenchRecord], shape_class: ShapeClass, layout: str = Layout.BHSD.value) -> Evidence:
+    """Per backend, what bench (or measure-on-first-use) stored for ``shape_class`` in the memory ``layout`` of
+    the call (:func:`attnforge.dispatch.inputs.memory_layout`); when nothing was stored in that layout, what was
+    stored in the other (``evidence.layout`` says which; a kernel's speed depends on the layout: on an H200,
+    2026-11-29, FA3 ran MHA 1k fwd+bwd at 0.960x SDPA on ``[B, H, S, D]`` tensors and 1.080x on ``[B, S, H, D]``,
+    and one decision served both); when nothing was stored for the class, the measured classes that bracket it
+    (``bracket``, :func:`attnforge.ranking.bracketing`)."""
     records = list(records)
+    own = [r for r in records if r.layout == layout]
+    evidence = Evidence(class_measurements(own, shape_class)) if len(own) < len(records) else Evidence()
+    if evidence:
+        evidence.layout = layout
+        return evidence
     evidence = Evidence(class_measurements(records, shape_class))
+    layouts = {r.layout for r in records if r.shape.shape_class == shape_class} if evidence else set()
+    evidence.layout = layouts.pop() if len(layouts) == 1 else None
     if not evidence:
         evidence.bracket = bracketing(records, shape_class)
     return evidence
@@ -105,6 +116,8 @@ class Decision:
         ranking: the "fastest" rule over the eligible measured backends (None when none was measured).
         exact: the exact math's measurement on the class, where SDPA lacks a feature of the call and the exact
             math was measured (the baseline of such calls, :func:`attnforge.dispatch.features.close_with_fallback`).
+        layout: the memory layout the ranking's measurements were taken in (None: no ranking, or records of both
+            layouts); another than the call's when the class was measured only in the other one.
     """
 
     order: tuple[str, ...]
@@ -112,6 +125,7 @@ class Decision:
     rejected: tuple[Rejection, ...]
     ranking: Ranking | None = None
     exact: Measurement | None = None
+    layout: str | None = None
 
 
 def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, priorities: Mapping[str, int],
@@ -156,7 +170,16 @@ def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, prior
     order = (*order, *unmeasured)
     compiling = frozenset(n for n in unmeasured if compiles_per_variant(adapters[n]))
     basis = tuple(_basis(name, ranking, priorities, lead, bracket, compiling=compiling) for name in order)
-    return Decision(order=order, basis=basis, rejected=tuple(rejected), ranking=ranking if ranking.order else None)
+    layout = getattr(measured, "layout", None) if ranking.order else None
+    if layout is not None and layout != call.layout:
+        seen = f"; measured on {_LAYOUT_WORDS[layout]} tensors, none on this call's {_LAYOUT_WORDS[call.layout]}"
+        basis = tuple(b + seen if n in ranking.measurements else b for n, b in zip(order, basis, strict=True))
+    return Decision(order=order, basis=basis, rejected=tuple(rejected), ranking=ranking if ranking.order else None,
+                    layout=layout)
+
+
+#: a memory layout in words, for explain()'s lines
+_LAYOUT_WORDS = {Layout.BHSD.value: "[B, H, S, D]", Layout.BSHD.value: "[B, S, H, D]"}
 
 
 def _interpolated(eligible: list[str], bracket: tuple[Bracket, Bracket] | None) -> str | None:

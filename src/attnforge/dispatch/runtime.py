@@ -97,7 +97,7 @@ def use_backend(name: str) -> Iterator[None]:
 
 @contextmanager
 def autotune(*, budget_s: float = 1.0, rounds: int = 5, clock: Callable[[], float] = time.perf_counter,
-             background: bool = False, compiling: bool = False) -> Iterator[AutotuneConfig]:
+             background: bool = False, compiling: bool = False, layouts: bool = False) -> Iterator[AutotuneConfig]:
     """Measure unmeasured shape classes on first use inside this context, on any device (see
     :mod:`attnforge.dispatch.autotune`; on CUDA it is on by default, this sets the budget). ``ATTNFORGE_AUTOTUNE=0``
     still wins. Classes the process-wide dispatcher decided before the context are considered again; leaving the
@@ -111,9 +111,12 @@ def autotune(*, budget_s: float = 1.0, rounds: int = 5, clock: Callable[[], floa
         compiling: inside the first call, also time backends that compile their kernel on their first call
             (FlashAttention-4: seconds a kernel variant); ``attnforge warmup`` sets it, the default leaves them
             out so that no call waits for a compile to be measured.
+        layouts: also measure a class measured only in the other memory layout (``[B, H, S, D]`` against
+            ``[B, S, H, D]`` tensors or views) in the call's own; ``attnforge warmup`` sets it, the default decides
+            such a class on the other layout's measurements so that no call waits.
     """
     config = AutotuneConfig(budget_s=budget_s, rounds=max(1, rounds), clock=clock, background=background,
-                            compiling=compiling)
+                            compiling=compiling, layouts=layouts)
     with configured(config):
         get_dispatcher().forget_decisions()
         yield config

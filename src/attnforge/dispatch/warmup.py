@@ -14,7 +14,9 @@ Each shape is called in its own layout (``AttentionShape.layout``: ``[B, H, S, D
 ``layout="bshd"``, as diffusers' and flash-attn-style callers pass it): a kernel's first call at other strides
 may build again what it built for the other layout. Measured on an H200 (2026-11-28, docs/benchmarks.md "twelfth
 session"): after a warm-up in ``[B, H, S, D]``, SDPA's first fwd+bwd call on ``[B, S, H, D]`` inputs took 126-154
-ms, against 3 ms in the warmed layout.
+ms, against 3 ms in the warmed layout. Each layout is also measured on its own (``autotune(layouts=True)``): the
+dispatcher keeps and reads measurements per memory layout, and a kernel's rank can differ between them (H200,
+2026-11-29: FA3 0.960x SDPA on MHA 1k fwd+bwd in ``[B, H, S, D]``, 1.080x in ``[B, S, H, D]``).
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None 
     before = compile_cache.count_artifacts(caches.folders)
     out: list[WarmedClass] = []
     packed_seen: set[tuple[Any, ...]] = set()
-    with runtime.autotune(budget_s=budget_s, rounds=rounds, background=False, compiling=True):
+    with runtime.autotune(budget_s=budget_s, rounds=rounds, background=False, compiling=True, layouts=True):
         measuring = autotune.active(device.split(":", maxsplit=1)[0]) is not None
         for shape in shapes:
             if progress is not None:
