@@ -300,3 +300,40 @@ def test_each_memory_layout_is_measured_and_decided_on_its_own(store: RecordStor
         attnforge.attention(q2, k2, v2, causal=True)
     assert fa3.calls == before + 1  # read back per layout: nothing timed, fa3 served the bshd-memory call only
     torch.testing.assert_close(out, reference.to(out.dtype))
+
+
+class _CountingStore(RecordStore):
+    """The real store, counting its reads of the bench records (the seam a re-read goes through)."""
+
+    reads = 0
+
+    def bench_records(self, device_key: str) -> list[BenchRecord]:
+        self.reads += 1
+        return super().bench_records(device_key)
+
+
+def test_a_measurement_is_handed_to_the_dispatcher_not_read_back(tmp_path: Path) -> None:
+    """After a first-use measurement the dispatcher keeps the new records with those it read: the store is read
+    once per process, not again after each measurement (a re-read of 4622 records cost the next call 69-80 ms on a
+    CPU host, 2026-11-29), and the decisions that follow read the new measurements."""
+    previous = runtime.set_dispatcher(None)
+    try:
+        store = _CountingStore(tmp_path / "home")
+        store.add_bench([BenchRecord(device_key=CPU_KEY, backend="sdpa", backend_version=None, dtype="float32",
+                                     mode="fwd", causal=False, batch=1, heads_q=4, heads_kv=2, head_dim=16,
+                                     seqlen_q=32, seqlen_k=32, ms=1.0, tflops=1.0, peak_mem_bytes=None,
+                                     run_id="bench-old")])
+        clock = FakeClock()
+        fast, sdpa = Timed("fast", clock, 1.0), Timed("sdpa", clock, 2.0)
+        _use(store, sdpa, fast)
+        q, k, v = _qkv()
+        with attnforge.autotune(budget_s=0.05, rounds=2, clock=clock):
+            for sq in (32, 64, 128):  # three classes, each measured on its first call
+                qs = torch.cat([q] * (sq // 32), dim=2)
+                attnforge.attention(qs, k, v)
+                assert attnforge.explain(qs, k, v).chosen == "fast"
+        runs = {r.run_id for r in store.bench_records(CPU_KEY)} - {"bench-old"}
+        assert len(runs) == 3 and store.reads == 2  # one read by the dispatcher, one by this test
+        assert attnforge.explain(q, k, v).chosen == "fast"  # the dispatcher's own copy has the measurement
+    finally:
+        runtime.set_dispatcher(previous)

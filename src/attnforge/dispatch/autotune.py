@@ -53,7 +53,7 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -132,7 +132,7 @@ class Tunable(Protocol):
     fallback: BackendAdapter
     exact: BackendAdapter
 
-    def refresh(self) -> None: ...
+    def take_records(self, device_key: str, records: Sequence[BenchRecord]) -> None: ...
 
     def forget_decisions(self) -> None: ...
 
@@ -231,7 +231,7 @@ def first_use(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: Atten
     """Measure a just-decided class when measuring is on here (:func:`active`), nothing captures
     (:func:`capturing`) and :func:`wanted` says so: inside the call, or queued on the worker thread (the
     dispatcher's decisions are dropped then, and the class decides to :func:`provisional` until the worker
-    refreshes it). True when it did either: decide the class again. ``store`` and ``versions`` are called only
+    hands it the records). True when it did either: decide the class again. ``store`` and ``versions`` are called only
     then, on the calling thread. Arguments otherwise as :func:`tune`."""
     config = active(tensors[0].device.type)
     if config is None or capturing():
@@ -307,16 +307,17 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
          store: Any, config: AutotuneConfig = DEFAULT, versions: Mapping[str, str | None] | None = None,
          sync: Callable[[], None] | None = None, between: Callable[[], None] = lambda: None,
          skip: Collection[str] = ()) -> list[BenchRecord]:
-    """Time the candidates on the caller's tensors, store the results and refresh the dispatcher.
+    """Time the candidates on the caller's tensors, store the results and hand them to the dispatcher.
 
     Args:
-        dispatcher: whose adapters are timed and whose records are refreshed.
+        dispatcher: whose adapters are timed, and which takes the new records (:meth:`take_records`).
         tensors: the caller's ``(q, k, v)`` as the route receives them (any layout).
         call: the call's description; decision: the policy's decision for it.
         device_key: the records' device key.
         bind: the route's bound call of an adapter (:func:`attnforge.backends.bound.bound_call`).
         bhsd: ``q [B, Hq, Sq, D]``, ``k``, ``v`` views, for the error of a quantized candidate.
-        store: a record store with ``add_bench`` (results are kept in this process only without one).
+        store: a record store with ``add_bench`` (results are kept in this process only without one, or when it
+            cannot write them).
         config: budgets; versions: installed version per backend id (kept with each record).
         sync: waits for the work timed (the device's synchronize when None; the worker's stream on the worker).
         between: called between two candidates' rounds (the worker's checkpoint).
@@ -357,7 +358,7 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
                        versions=versions or {})
     if records and store is not None and hasattr(store, "add_bench"):
         store.add_bench(records)
-    dispatcher.refresh()
+    dispatcher.take_records(device_key, records)  # kept in this process whether or not the store could write them
     return records
 
 

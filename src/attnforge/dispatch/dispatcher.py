@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -148,6 +148,36 @@ class Dispatcher:
             self.routes.clear()
             self.feature_plans.clear()
 
+    def take_records(self, device_key: str, records: Sequence[BenchRecord]) -> None:
+        """Records this process has just stored for ``device_key`` (a first-use measurement, an in-situ check's
+        timings): kept with those already read, in the order the store keeps them (newest last), without reading
+        the store again; every decision and route is dropped, so each class decides again at its next call (reading
+        its family's records only). Re-reading instead (:meth:`refresh`) cost that next call 69-80 ms on a CPU host
+        at 4622 records, 2026-11-29 (docs/dispatch-overhead.md, seventeenth session), and grows with the home."""
+        with self._lock:
+            self._generation += 1
+            bench = self._bench.get(device_key)
+            if bench is not None:
+                fresh = self._current(records)
+                self._bench[device_key] = [*bench, *fresh]  # a new list: a decision reading the old one keeps it whole
+                index = self._families.get(device_key)
+                if index is not None:
+                    grown = dict(index)
+                    for r in fresh:
+                        family = family_of(r.shape.shape_class)
+                        grown[family] = [*grown.get(family, []), r]
+                    self._families[device_key] = grown
+            self._plans.clear()
+            self.routes.clear()
+            self.feature_plans.clear()
+
+    def _current(self, records: Iterable[BenchRecord]) -> list[BenchRecord]:
+        """``records`` less the measurements of another installed version of their backend (they say nothing about
+        this one)."""
+        current = self.versions()
+        return [r for r in records if r.backend_version is None or current.get(r.backend) is None
+                or r.backend_version == current[r.backend]]
+
     def _source(self) -> RecordSource:
         if self._records is None:
             self._records = runtime_records()
@@ -171,11 +201,7 @@ class Dispatcher:
             if key not in self._verified:
                 source = self._source()
                 self._verified[key] = source.latest_verify(key)
-                current = self.versions()
-                # a measurement of another installed version of a backend says nothing about this one
-                self._bench[key] = [r for r in source.bench_records(key)
-                                    if r.backend_version is None or current.get(r.backend) is None
-                                    or r.backend_version == current[r.backend]]
+                self._bench[key] = self._current(source.bench_records(key))
             return self._verified[key], self._bench[key]
 
     def _family_records(self, key: str, bench: list[BenchRecord], shape_class: ShapeClass) -> list[BenchRecord]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -120,7 +120,7 @@ class Checked(Protocol):
 
     def versions(self) -> dict[str, str | None]: ...
 
-    def refresh(self) -> None: ...
+    def take_records(self, device_key: str, records: Sequence[Any]) -> None: ...
 
     def forget_feature_plans(self, which: Callable[[AttentionCall], bool]) -> None: ...
 
@@ -226,8 +226,7 @@ class _Sampler:
 
     def _conclude(self, reverted: str | None) -> None:
         if reverted is not None:
-            self.state.reverted[self.key] = reverted
-            self.dispatcher.refresh()  # re-read the records: the class is decided again
+            self.state.reverted[self.key] = reverted  # verdict() handed its records over: the class decides again
             return
         # kept: this route passes its calls straight on from now (:attr:`done`), and nothing else is rebuilt. When every
         # route and decision was dropped here instead, Wan-2.1's next step on an H200 took 8 ms more (28.0 against
@@ -302,5 +301,6 @@ def verdict(dispatcher: Checked, q: Any, *, call: AttentionCall, route: str, tim
     store = dispatcher._source()
     if hasattr(store, "add_bench"):
         store.add_bench(records)
+    dispatcher.take_records(device_key, records)  # every decision is dropped: the class decides again, on them
     return (f"reverted from {route} by an in-situ check on live calls ({route} {timings[route].median_ms:.3f} ms, "
             f"{FALLBACK} {timings[FALLBACK].median_ms:.3f} ms per call, {run_id})")

@@ -68,15 +68,16 @@ def measurements(records: Iterable[BenchRecord], shape_class: ShapeClass, layout
     (``bracket``, :func:`attnforge.ranking.bracketing`)."""
     records = list(records)
     own = [r for r in records if r.layout == layout]
-    evidence = Evidence(class_measurements(own, shape_class)) if len(own) < len(records) else Evidence()
+    evidence = Evidence(class_measurements(own, shape_class))
     if evidence:
         evidence.layout = layout
         return evidence
-    evidence = Evidence(class_measurements(records, shape_class))
-    layouts = {r.layout for r in records if r.shape.shape_class == shape_class} if evidence else set()
-    evidence.layout = layouts.pop() if len(layouts) == 1 else None
-    if not evidence:
-        evidence.bracket = bracketing(records, shape_class)
+    if len(own) < len(records):  # none in the call's layout: what the other one says (all the class's records)
+        evidence = Evidence(class_measurements(records, shape_class))
+        if evidence:
+            evidence.layout = next(r.layout for r in records if r.layout != layout)
+            return evidence
+    evidence.bracket = bracketing(records, shape_class)
     return evidence
 
 
