@@ -12,6 +12,7 @@ import math
 import numbers
 import operator
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -343,3 +344,45 @@ def check_max_seqlen(name: str, given: Any, longest: int, rows: int) -> int:
                             hint=f"pass None to let attnforge compute it, or the true maximum of the lengths"
                                  f" in cu_seqlens{name.removeprefix('max_seqlen')}")
     return min(n, rows)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSequences:
+    """A left-padded batch's ``[B, S]`` tokens as varlen sequences: each row's run of real tokens, and the run of
+    padding before it, is one sequence (``cu_seqlens``, int32 ``[n + 1]`` on the device, over the ``B * S`` rows of
+    ``[B, S, H, D]`` tensors). Under the causal mask a left padding's query rows see no key (every key before them
+    is padding); here the padding run attends to itself only, and its rows are zeroed after the call (``hidden``,
+    ``[B, S, 1, 1]`` bool, None where no row is padded), as the exact math gives a row that sees no key. Right
+    padding is not taken: its padding rows see the row's real keys under the causal mask, which no sequence of
+    contiguous keys gives."""
+
+    cu_seqlens: Any
+    longest: int
+    longest_real: int
+    hidden: Any
+
+
+def prefill_sequences(padding: Any) -> PrefillSequences | None:
+    """The varlen sequences of a ``[B, S]`` bool padding mask (True: a real token; :class:`PrefillSequences`), or None
+    where a row's real tokens are not one run that ends the row (left padding, or none). One copy of the mask to the
+    host (the one sync). The one rule for the transformers integration's padded prefill and for ``attnforge warmup``,
+    which calls that varlen route ahead of time."""
+    import numpy as np
+    import torch
+
+    rows = padding.detach().cpu().numpy()
+    b, s = rows.shape
+    if b * s >= 2**31:
+        return None
+    counts = rows.sum(axis=1)
+    first = rows.argmax(axis=1)
+    last = s - 1 - rows[:, ::-1].argmax(axis=1)
+    real = counts > 0
+    if np.any(real & ((last - first + 1 != counts) | (last != s - 1))):
+        return None
+    starts = np.arange(b) * s
+    bounds = np.unique(np.concatenate([starts, starts[real] + first[real], [b * s]]))
+    cu = torch.from_numpy(bounds.astype(np.int32)).to(padding.device)
+    hidden = None if bool(counts.min() == s) else (~padding)[:, :, None, None]
+    return PrefillSequences(cu_seqlens=cu, longest=int(np.diff(bounds).max()), longest_real=int(counts.max()),
+                             hidden=hidden)

@@ -144,14 +144,18 @@ def _warm(shape: AttentionShape, kw: dict[str, Any], *, device: str, inputs: Any
 def _padded_prefill(q: Any, k: Any, v: Any, kw: dict[str, Any]) -> tuple[Any, Any, Any, dict[str, Any]]:
     """``q [B, Hq, S, D]``, ``k``, ``v`` as a left-padded prefill's varlen call (the transformers integration's
     ``_padded_prefill``): packed ``[B * S, H, D]``, each row one run of padding (an eighth of it) and one of real
-    tokens, causal, with ``cu_seqlens`` and the longest run; ``kw`` gains those keywords."""
+    tokens, causal, with the ``cu_seqlens`` and longest run the integration's rule gives
+    (:func:`attnforge.dispatch.inputs.prefill_sequences`); ``kw`` gains those keywords."""
     import torch
 
+    from attnforge.dispatch.inputs import prefill_sequences
+
     b, _, s, _ = q.shape
-    pad = s // 8
-    starts = [row * s + off for row in range(b) for off in ((0, pad) if pad else (0,))]
-    cu = torch.tensor([*starts, b * s], dtype=torch.int32, device=q.device)
+    padding = torch.ones(b, s, dtype=torch.bool, device=q.device)
+    padding[:, :s // 8] = False
+    seqs = prefill_sequences(padding)
+    if seqs is None:  # the rule takes every left padding; a row of b * s >= 2**31 tokens it does not
+        raise ValueError(f"no varlen sequences for a [{b}, {s}] left-padded prompt")
     packed = [t.detach().transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3]) for t in (q, k, v)]
-    longest = s - pad
-    return (*packed, {**kw, "cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": longest,
-                      "max_seqlen_k": longest})
+    return (*packed, {**kw, "cu_seqlens_q": seqs.cu_seqlens, "cu_seqlens_k": seqs.cu_seqlens,
+                      "max_seqlen_q": seqs.longest, "max_seqlen_k": seqs.longest})

@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from attnforge.backends._base import KeptPerMask
+from attnforge.dispatch.inputs import PrefillSequences, prefill_sequences
 from attnforge.errors import DispatchError
 
 NAME = "attnforge"
@@ -315,8 +315,8 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
 #: a padded prefill's mask, as built for ``"attnforge"`` (:func:`_mask_builder`) -> the 2D padding mask it was built
 #: from (``[B, S]`` bool), per mask object and version counter
 _PREFILL_PADDING: KeptPerMask[Any] = KeptPerMask()
-#: per such mask: its varlen sequences (:class:`_PrefillSequences`), or False where a row sees more than one run
-_PREFILL_SEQUENCES: KeptPerMask[_PrefillSequences | bool] = KeptPerMask()
+#: per such mask: its varlen sequences (:class:`PrefillSequences`), or False where a row sees more than one run
+_PREFILL_SEQUENCES: KeptPerMask[PrefillSequences | bool] = KeptPerMask()
 #: per kind of packed call (:func:`_varlen_pays`): whether it is taken over the masked call
 _VARLEN_PAYS: dict[tuple[Any, ...], bool] = {}
 #: the shortest longest sequence of a padded prefill taken as varlen sequences. Measured on an H200 (2026-11-29,
@@ -341,47 +341,6 @@ def _plain_causal_prefill(kwargs: dict[str, Any], causal: Callable[..., Any]) ->
             and isinstance(length, int) and length > 1 and get("kv_length") == length
             and get("q_offset", 0) == 0 and get("kv_offset", 0) == 0 and padding.dtype == torch.bool
             and padding.dim() == 2 and tuple(padding.shape) == (get("batch_size"), length))
-
-
-@dataclass(frozen=True, slots=True)
-class _PrefillSequences:
-    """A left-padded batch's ``[B, S]`` tokens as varlen sequences: each row's run of real tokens, and the run of
-    padding before it, is one sequence (``cu_seqlens``, int32 ``[n + 1]`` on the device, over the ``B * S`` rows of
-    ``[B, S, H, D]`` tensors). Under the causal mask a left padding's query rows see no key (every key before them
-    is padding); here the padding run attends to itself only, and its rows are zeroed after the call (``hidden``,
-    ``[B, S, 1, 1]`` bool, None where no row is padded), as the exact math gives a row that sees no key. Right
-    padding is not taken: its padding rows see the row's real keys under the causal mask, which no sequence of
-    contiguous keys gives."""
-
-    cu_seqlens: Any
-    longest: int
-    longest_real: int
-    hidden: Any
-
-
-def _prefill_sequences(padding: Any) -> _PrefillSequences | None:
-    """The varlen sequences of a ``[B, S]`` bool padding mask (:class:`_PrefillSequences`), or None where a row's
-    real tokens are not one run that ends the row (left padding, or none). One copy of the mask to the host (the one
-    sync)."""
-    import numpy as np
-    import torch
-
-    rows = padding.detach().cpu().numpy()
-    b, s = rows.shape
-    if b * s >= 2**31:
-        return None
-    counts = rows.sum(axis=1)
-    first = rows.argmax(axis=1)
-    last = s - 1 - rows[:, ::-1].argmax(axis=1)
-    real = counts > 0
-    if np.any(real & ((last - first + 1 != counts) | (last != s - 1))):
-        return None
-    starts = np.arange(b) * s
-    bounds = np.unique(np.concatenate([starts, starts[real] + first[real], [b * s]]))
-    cu = torch.from_numpy(bounds.astype(np.int32)).to(padding.device)
-    hidden = None if bool(counts.min() == s) else (~padding)[:, :, None, None]
-    return _PrefillSequences(cu_seqlens=cu, longest=int(np.diff(bounds).max()), longest_real=int(counts.max()),
-                             hidden=hidden)
 
 
 def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[str, Any]) -> Any:
@@ -412,9 +371,9 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
         return None
     kept = _PREFILL_SEQUENCES.get(mask, ())
     if kept is None:
-        kept = _prefill_sequences(padding) or False
+        kept = prefill_sequences(padding) or False
         _PREFILL_SEQUENCES.put(mask, (), kept)
-    if not isinstance(kept, _PrefillSequences) or kept.longest_real < PREFILL_VARLEN_MIN:
+    if not isinstance(kept, PrefillSequences) or kept.longest_real < PREFILL_VARLEN_MIN:
         return None
     seqs = kept
     hkv, dv = key.shape[1], value.shape[-1]
