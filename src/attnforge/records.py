@@ -187,10 +187,22 @@ def _bench_row(rec: BenchRecord) -> tuple[Any, ...]:
     return tuple(getattr(rec, name) for name in _BENCH_FIELDS)
 
 
+#: the values a row's enumerated columns may hold (what :attr:`BenchRecord.shape` reads them into)
+_MODES = frozenset(m.value for m in Mode)
+_LAYOUTS = frozenset(x.value for x in Layout)
+_FEATURES = frozenset(f.value for f in Feature)
+
+
 def _bench_record(row: tuple[Any, ...]) -> BenchRecord:
+    """One ``bench`` row as a record. Raises ValueError for a mode, layout or feature no release writes (a damaged
+    or hand-edited file): read later, such a row would raise inside a decision, i.e. inside attention()."""
     values = dict(zip(_BENCH_FIELDS, row, strict=True))
-    return BenchRecord(**{**values, "causal": bool(values["causal"]), "features": values["features"] or "",
-                          "layout": values["layout"] or Layout.BHSD.value})
+    rec = BenchRecord(**{**values, "causal": bool(values["causal"]), "features": values["features"] or "",
+                         "layout": values["layout"] or Layout.BHSD.value})
+    if (rec.mode not in _MODES or rec.layout not in _LAYOUTS
+            or (rec.features and not _FEATURES.issuperset(rec.features.split(",")))):
+        raise ValueError(f"unknown mode, layout or feature in ({rec.mode!r}, {rec.layout!r}, {rec.features!r})")
+    return rec
 
 
 def _now() -> str:

@@ -9,9 +9,11 @@ refuses its writes as it would a colleague's; skipped where that is not possible
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import warnings
@@ -149,3 +151,27 @@ def test_a_shared_read_only_home_is_read_and_its_writes_are_kept_in_the_process(
     assert got["bench"] == 5 + 2  # the stored rows, and the two this process could not store
     assert len(got["warnings"]) == 1 and "kept in this process" in got["warnings"][0], got["warnings"]
     assert {p.name: p.stat().st_mtime_ns for p in home.iterdir()} == before  # nothing was written
+
+
+@pytest.mark.parametrize("column", ["layout", "features", "mode"])
+def test_a_row_with_a_value_no_release_writes_is_damage_not_a_crash(
+        column: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bench row of this device whose layout, feature or mode no release writes (a hand-edited or damaged file)
+    used to pass the read and raise inside a decision (``ValueError: 'zzz' is not a valid Layout``), i.e. inside
+    attention(). It is now the damage it is: one warning, and attention() serves as from an empty home."""
+    from attnforge.errors import CacheError
+    from attnforge.records import RecordStore, device_key
+
+    store = RecordStore(tmp_path / "home")
+    good = BenchRecord(device_key=device_key("cpu", None, torch.__version__), backend="sdpa-math",
+                       backend_version=None, dtype="float32", mode="fwd", causal=False, batch=2, heads_q=4,
+                       heads_kv=4, head_dim=16, seqlen_q=33, seqlen_k=33, ms=1.0, tflops=99.0,
+                       peak_mem_bytes=None, run_id="r")
+    store.add_bench([good])
+    with contextlib.closing(sqlite3.connect(store.path)) as conn, conn:
+        conn.execute(f"UPDATE bench SET {column} = 'zzz'")  # noqa: S608 - a test's constant column name
+    with pytest.raises(CacheError, match="cannot be read"):
+        store.bench_records(good.device_key)
+    monkeypatch.setenv("ATTNFORGE_HOME", str(tmp_path / "home"))
+    found = _serve_all()
+    assert len(found) == 1 and "cannot be read" in str(found[0].message), [str(w.message) for w in found]
