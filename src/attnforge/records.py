@@ -372,8 +372,12 @@ class RecordStore:
         out: dict[str, VerifyRecord] = {}
         try:
             for r in rows:
+                details = json.loads(r[5])
+                # what the dispatcher reads of it (features.py: the failed features): a dict, a list of names
+                if not isinstance(details, dict) or not isinstance(details.get("failed_features", []), list):
+                    raise ValueError(f"details of {r[1]!r} are not a mapping with a list of failed features")
                 out[r[1]] = VerifyRecord(device_key=r[0], backend=r[1], backend_version=r[2], ok=bool(r[3]),
-                                         summary=r[4], details=json.loads(r[5]), created_at=r[6])
+                                         summary=r[4], details=details, created_at=r[6])
         except (ValueError, TypeError) as exc:
             raise self.damaged(f"a verify row cannot be read: {exc}") from None
         return out

@@ -175,3 +175,21 @@ def test_a_row_with_a_value_no_release_writes_is_damage_not_a_crash(
     monkeypatch.setenv("ATTNFORGE_HOME", str(tmp_path / "home"))
     found = _serve_all()
     assert len(found) == 1 and "cannot be read" in str(found[0].message), [str(w.message) for w in found]
+
+
+@pytest.mark.parametrize("details", ["[1, 2]", "null", '{"failed_features": 5}', "not json"])
+def test_a_verify_row_whose_details_are_not_what_a_release_writes_is_damage(
+        details: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatcher reads a verify record's ``details`` (its failed features) inside a decision: details that are
+    valid JSON but not a mapping, or failed features that are not a list, raised there (AttributeError, TypeError)
+    as a broken layout did (above). They are damage now, as unparsable JSON was."""
+    from attnforge.records import RecordStore, VerifyRecord, device_key
+
+    store = RecordStore(tmp_path / "home")
+    store.add_verify(VerifyRecord(device_key=device_key("cpu", None, torch.__version__), backend="flex",
+                                  backend_version=None, ok=True, summary="ok", details={"failed_features": []}))
+    with contextlib.closing(sqlite3.connect(store.path)) as conn, conn:
+        conn.execute("UPDATE verify SET details = ?", (details,))
+    monkeypatch.setenv("ATTNFORGE_HOME", str(tmp_path / "home"))
+    found = _serve_all()
+    assert len(found) == 1 and "cannot be read" in str(found[0].message), [str(w.message) for w in found]
