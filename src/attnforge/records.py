@@ -193,10 +193,29 @@ _LAYOUTS = frozenset(x.value for x in Layout)
 _FEATURES = frozenset(f.value for f in Feature)
 
 
+#: the ``bench`` fields by the Python type a row must give them (SQLite stores any value in any column: a text in a
+#: REAL column comes back as a str); None is allowed in the optional ones only
+_INTS = ("batch", "heads_q", "heads_kv", "head_dim", "seqlen_q", "seqlen_k")
+_OPTIONAL_INTS = ("head_dim_v", "peak_mem_bytes")
+_REALS = ("ms", "tflops")
+_OPTIONAL_REALS = ("ms_lo", "ms_hi", "rel_l1", "cosine", "ms_mad")
+_TEXTS = ("device_key", "backend", "dtype", "mode", "run_id")
+_OPTIONAL_TEXTS = ("backend_version", "created_at")
+
+
 def _bench_record(row: tuple[Any, ...]) -> BenchRecord:
-    """One ``bench`` row as a record. Raises ValueError for a mode, layout or feature no release writes (a damaged
-    or hand-edited file): read later, such a row would raise inside a decision, i.e. inside attention()."""
+    """One ``bench`` row as a record. Raises ValueError for a value no release writes (a damaged or hand-edited
+    file): a text where a number belongs, a mode, layout or feature that does not exist. Read later, such a row
+    raised inside a decision, i.e. inside attention() (``TypeError: '>' not supported between 'str' and 'int'``)."""
     values = dict(zip(_BENCH_FIELDS, row, strict=True))
+    wrong = ([n for n in _INTS if type(values[n]) is not int]
+             + [n for n in _OPTIONAL_INTS if values[n] is not None and type(values[n]) is not int]
+             + [n for n in _REALS if type(values[n]) not in (int, float)]
+             + [n for n in _OPTIONAL_REALS if values[n] is not None and type(values[n]) not in (int, float)]
+             + [n for n in _TEXTS if type(values[n]) is not str]
+             + [n for n in _OPTIONAL_TEXTS if values[n] is not None and type(values[n]) is not str])
+    if wrong:
+        raise ValueError(f"the values of {', '.join(wrong)} are not of their column's type")
     rec = BenchRecord(**{**values, "causal": bool(values["causal"]), "features": values["features"] or "",
                          "layout": values["layout"] or Layout.BHSD.value})
     if (rec.mode not in _MODES or rec.layout not in _LAYOUTS

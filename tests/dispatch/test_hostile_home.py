@@ -153,12 +153,14 @@ def test_a_shared_read_only_home_is_read_and_its_writes_are_kept_in_the_process(
     assert {p.name: p.stat().st_mtime_ns for p in home.iterdir()} == before  # nothing was written
 
 
-@pytest.mark.parametrize("column", ["layout", "features", "mode"])
+@pytest.mark.parametrize("column", ["layout", "features", "mode", "tflops", "ms", "ms_lo", "ms_mad", "seqlen_q"])
 def test_a_row_with_a_value_no_release_writes_is_damage_not_a_crash(
         column: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A bench row of this device whose layout, feature or mode no release writes (a hand-edited or damaged file)
-    used to pass the read and raise inside a decision (``ValueError: 'zzz' is not a valid Layout``), i.e. inside
-    attention(). It is now the damage it is: one warning, and attention() serves as from an empty home."""
+    """A bench row of this device whose layout, feature or mode no release writes, or a text in a numeric column
+    (SQLite keeps any value in any column; a hand-edited or damaged file), used to pass the read and raise inside a
+    decision (``ValueError: 'zzz' is not a valid Layout``, ``TypeError: '>' not supported between instances of 'str'
+    and 'int'``), i.e. inside attention(). It is now the damage it is: one warning, and attention() serves as from
+    an empty home."""
     from attnforge.errors import CacheError
     from attnforge.records import RecordStore, device_key
 
@@ -166,7 +168,7 @@ def test_a_row_with_a_value_no_release_writes_is_damage_not_a_crash(
     good = BenchRecord(device_key=device_key("cpu", None, torch.__version__), backend="sdpa-math",
                        backend_version=None, dtype="float32", mode="fwd", causal=False, batch=2, heads_q=4,
                        heads_kv=4, head_dim=16, seqlen_q=33, seqlen_k=33, ms=1.0, tflops=99.0,
-                       peak_mem_bytes=None, run_id="r")
+                       peak_mem_bytes=None, run_id="r", ms_lo=0.9, ms_hi=1.1, ms_mad=0.01)
     store.add_bench([good])
     with contextlib.closing(sqlite3.connect(store.path)) as conn, conn:
         conn.execute(f"UPDATE bench SET {column} = 'zzz'")  # noqa: S608 - a test's constant column name
