@@ -411,8 +411,13 @@ class RecordStore:
                 [_bench_row(replace(r, created_at=r.created_at or _now())) for r in records],
             )
 
-    def bench_records(self, device_key: str) -> list[BenchRecord]:
-        """All bench records for ``device_key``, oldest first (later runs override earlier ones)."""
+    def bench_records(self, device_key: str, *, newest: bool = False) -> list[BenchRecord]:
+        """All bench records for ``device_key``, oldest first (later runs override earlier ones); with ``newest``,
+        only the newest of each backend version, exact shape and memory layout, still oldest first: everything
+        :func:`attnforge.ranking.latest` keeps of the records of any one installed version, so every ranking is the
+        same (a property test holds it). The runtime reads this way: a home that ``bench`` ran in a dozen times
+        holds a dozen rows per shape, and building every row into a record cost the first call of a process 70-110
+        ms at 4622 rows on a CPU host (2026-11-29)."""
         with self._reader("read the bench records") as conn:
             have = set() if conn is None else _columns(conn, "bench")
             if conn is None or not have:
@@ -422,12 +427,22 @@ class RecordStore:
                 raise self.damaged(f"its bench table lacks the columns {', '.join(lacking)}")
             # a read-only file from before a column was added is read as it is: the new fields are None
             wanted = ", ".join(c if c in have else "NULL" for c in _BENCH_COLUMNS)
-            rows = conn.execute(f"SELECT {wanted} FROM bench"  # noqa: S608 - constants
-                                " WHERE device_key = ? ORDER BY id", (device_key,)).fetchall()
+            where, args = "WHERE device_key = ?", [device_key]
+            if newest:
+                group = ", ".join(c if c in have else "NULL" for c in _NEWEST_OF)
+                where += f" AND id IN (SELECT MAX(id) FROM bench WHERE device_key = ? GROUP BY {group})"  # noqa: S608 - constants
+                args.append(device_key)
+            rows = conn.execute(f"SELECT {wanted} FROM bench {where} ORDER BY id", args).fetchall()  # noqa: S608 - constants
         try:
             return [_bench_record(tuple(row)) for row in rows]
         except (ValueError, TypeError) as exc:
             raise self.damaged(f"a bench row cannot be read: {exc}") from None
+
+
+#: the columns a record is superseded within (:func:`attnforge.ranking.latest`'s key, and the backend version the
+#: dispatcher filters on): ``bench_records(newest=True)`` keeps the newest row of each
+_NEWEST_OF = ("backend", "backend_version", "dtype", "mode", "causal", "batch", "heads", "kv_heads", "head_dim",
+              "head_dim_v", "seqlen_q", "seqlen_k", "features", "layout")
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:

@@ -10,6 +10,7 @@ refuses its writes as it would a colleague's; skipped where that is not possible
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -89,9 +90,9 @@ def test_first_use_measurements_that_cannot_be_stored_are_kept_in_the_process(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         records.add_bench([rec])  # the write autotune.tune makes after a first-use measurement
-        records.add_bench([rec])
+        records.add_bench([dataclasses.replace(rec, seqlen_q=16, seqlen_k=16)])  # another shape: read back too
         got = records.bench_records("cpu|torch-x")
-    assert [r.backend for r in got] == ["sdpa", "sdpa"]  # stored, or kept in memory: never lost, never raised
+    assert [(r.backend, r.seqlen_q) for r in got] == [("sdpa", 8), ("sdpa", 16)]  # stored or kept: never lost
     assert len([w for w in caught if issubclass(w.category, state.StateWarning)]) <= 1
 
 

@@ -219,3 +219,35 @@ def test_a_call_is_decided_on_the_measurements_of_its_own_memory_layout() -> Non
     assert (borrowed.order[0], borrowed.layout) == ("sdpa", "bhsd")
     assert "measured on [B, H, S, D] tensors, none on this call's [B, S, H, D]" in borrowed.basis[0]
     assert decided([], "bshd").layout is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(_SHAPE_FIELDS, min_size=1, max_size=3), st.sampled_from([None, "1.0", "2.0"]), st.data())
+def test_the_runtime_reads_only_the_newest_rows_and_ranks_the_same(shapes: list[dict[str, Any]],
+                                                                    installed: str | None, data: Any) -> None:
+    """``bench_records(newest=True)`` (the runtime's read) keeps the newest row per backend version, exact shape and
+    layout; after the dispatcher's version filter, what ``ranking.latest`` keeps of it is what it keeps of all the
+    rows, in the same order, so every measurement, bracket and live-check supersession is the same."""
+    import tempfile
+    from pathlib import Path
+
+    from attnforge.ranking import latest
+    from attnforge.records import RecordStore
+
+    rows = data.draw(st.lists(st.tuples(  # a few shapes, so rows of one key in several runs and versions are common
+        st.sampled_from(shapes), st.sampled_from(["sdpa", "flex"]), st.floats(10, 900),
+        st.sampled_from(["bench", "insitu-1", "bench-2"]), st.sampled_from(["bhsd", "bshd"]),
+        st.sampled_from([None, "1.0", "2.0"])), min_size=1, max_size=40))
+
+    with tempfile.TemporaryDirectory() as home:
+        store = RecordStore(Path(home))
+        store.add_bench([BenchRecord(device_key="d", backend=backend, backend_version=version, batch=1, ms=1.0,
+                                     tflops=tflops, peak_mem_bytes=None, run_id=run, layout=layout, **fields)
+                         for fields, backend, tflops, run, layout, version in rows])
+        every, newest = store.bench_records("d"), store.bench_records("d", newest=True)
+
+    def current(records: list[BenchRecord]) -> list[BenchRecord]:  # the dispatcher's filter (Dispatcher._current)
+        return [r for r in records if r.backend_version is None or installed is None or r.backend_version == installed]
+
+    assert len(newest) <= len(every)
+    assert latest(current(newest)) == latest(current(every))

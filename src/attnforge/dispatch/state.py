@@ -56,7 +56,7 @@ class RuntimeRecords:
         stored: list[BenchRecord] = []
         if not self._read_failed:
             try:
-                stored = self.store.bench_records(device_key)
+                stored = self.store.bench_records(device_key, newest=True)  # all a decision reads of them
             except Exception as exc:  # as above
                 self._read_failed = True
                 self._warn(exc, "its records are not used")
