@@ -292,6 +292,8 @@ def test_each_memory_layout_is_measured_and_decided_on_its_own(store: RecordStor
     assert attnforge.explain(qs, ks, vs, causal=True, layout="bshd").chosen == "fa3"
     views = tuple(t.transpose(1, 2) for t in (qs, ks, vs))  # declared [B, H, S, D], laid out [B, S, H, D]
     assert attnforge.explain(*views, causal=True).chosen == "fa3"
+    assert "K laid out [B, S, H, D]" in str(attnforge.explain(*views, causal=True))
+    assert "laid out" not in str(attnforge.explain(q, k, v, causal=True))
     runtime.set_dispatcher(runtime.Dispatcher({"fa3": fa3}, fallback=sdpa, records=store))  # another process
     before = fa3.calls
     q2, k2, v2 = (torch.cat([t, t]) for t in (q, k, v))  # another batch: a route is kept per signature, not strides

@@ -40,7 +40,8 @@ class Explanation:
         c = self.call
         head = (f"attention B={c.batch} Hq={c.heads_q} Hkv={c.heads_kv} Sq={c.seqlen_q} Sk={c.seqlen_k}"
                 f" D={c.head_dim} {c.dtype}{' causal' if c.causal else ''}{' +grad' if c.needs_grad else ''}"
-                f" on {self.device} (shape class: {self.shape_class})")
+                f" on {self.device} (shape class: {self.shape_class}"
+                f"{'; K laid out [B, S, H, D]' if c.layout == 'bshd' else ''})")
         lines = [head]
         needed = required_features(c)
         if needed:
