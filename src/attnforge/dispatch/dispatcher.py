@@ -140,13 +140,10 @@ class Dispatcher:
     def refresh(self) -> None:
         """Forget records and cached decisions; the next call re-reads them. Broken backends stay broken."""
         with self._lock:
-            self._generation += 1
             self._verified.clear()
             self._bench.clear()
             self._families.clear()
-            self._plans.clear()
-            self.routes.clear()
-            self.feature_plans.clear()
+            self.forget_decisions()
 
     def take_records(self, device_key: str, records: Sequence[BenchRecord]) -> None:
         """Records this process has just stored for ``device_key`` (a first-use measurement, an in-situ check's
@@ -155,7 +152,6 @@ class Dispatcher:
         its family's records only). Re-reading instead (:meth:`refresh`) cost that next call 69-80 ms on a CPU host
         at 4622 records, 2026-11-29 (docs/dispatch-overhead.md, seventeenth session), and grows with the home."""
         with self._lock:
-            self._generation += 1
             bench = self._bench.get(device_key)
             if bench is not None:
                 fresh = self._current(records)
@@ -167,9 +163,7 @@ class Dispatcher:
                         family = family_of(r.shape.shape_class)
                         grown[family] = [*grown.get(family, []), r]
                     self._families[device_key] = grown
-            self._plans.clear()
-            self.routes.clear()
-            self.feature_plans.clear()
+            self.forget_decisions()
 
     def _current(self, records: Iterable[BenchRecord]) -> list[BenchRecord]:
         """``records`` less the measurements of another installed version of their backend (they say nothing about
@@ -401,11 +395,7 @@ class Dispatcher:
             return True  # already dynamic; the count needs to go no higher
         seen.add((*q.shape, *k.shape))
         if before == features.DYNAMIC_AFTER and len(seen) > before:
-            with self._lock:
-                self._generation += 1
-                self._plans.clear()
-                self.routes.clear()
-                self.feature_plans.clear()
+            self.forget_decisions()
         return len(seen) > features.DYNAMIC_AFTER
 
     def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
