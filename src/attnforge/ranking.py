@@ -29,10 +29,11 @@ nothing about 1k (on the H200, FlashAttention-4 wins causal 4k and runs at 0.45x
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping
+import operator
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from attnforge.records import BenchRecord
+from attnforge.records import SUPERSEDED_WITHIN, BenchRecord
 from attnforge.types.shapes import ShapeClass
 
 #: the SDPA fallback's id: torch's own dispatch, no kernel forced
@@ -161,11 +162,9 @@ def latest(records: Iterable[BenchRecord]) -> list[BenchRecord]:
     return list(newest.values())
 
 
-def _shape_key(r: BenchRecord) -> tuple[object, ...]:
-    """A record's exact shape and memory layout as a plain tuple (cheap to build and hash, unlike its
-    :attr:`BenchRecord.shape`): the two layouts of one shape are two measurements, neither supersedes the other."""
-    return (r.dtype, r.mode, r.causal, r.batch, r.heads_q, r.heads_kv, r.head_dim, r.head_dim_v, r.seqlen_q,
-            r.seqlen_k, r.features, r.layout)
+#: a record's exact shape and memory layout as a plain tuple (cheap to build and hash, unlike its
+#: :attr:`BenchRecord.shape`): the two layouts of one shape are two measurements, neither supersedes the other
+_shape_key: Callable[[BenchRecord], tuple[object, ...]] = operator.attrgetter(*SUPERSEDED_WITHIN)
 
 
 def class_measurements(records: Iterable[BenchRecord], shape_class: ShapeClass,

@@ -174,6 +174,12 @@ class BenchRecord(Dims):
                               features=frozenset(Feature(f) for f in self.features.split(",") if f))
 
 
+#: the :class:`BenchRecord` fields of an exact shape and memory layout: a newer record of one backend supersedes an
+#: older one where all of them are equal (:func:`attnforge.ranking.latest`, and the newest rows the runtime reads,
+#: :meth:`RecordStore.bench_records`)
+SUPERSEDED_WITHIN = ("dtype", "mode", "causal", "batch", "heads_q", "heads_kv", "head_dim", "head_dim_v", "seqlen_q",
+                     "seqlen_k", "features", "layout")
+
 #: The one field -> column map: the ``bench`` table keeps the head counts' first names, so ``records.db``
 #: files written before issue 23 open as they are and older attnforge releases read new rows. Every other
 #: :class:`BenchRecord` field is stored in the column of its own name.
@@ -439,10 +445,9 @@ class RecordStore:
             raise self.damaged(f"a bench row cannot be read: {exc}") from None
 
 
-#: the columns a record is superseded within (:func:`attnforge.ranking.latest`'s key, and the backend version the
-#: dispatcher filters on): ``bench_records(newest=True)`` keeps the newest row of each
-_NEWEST_OF = ("backend", "backend_version", "dtype", "mode", "causal", "batch", "heads", "kv_heads", "head_dim",
-              "head_dim_v", "seqlen_q", "seqlen_k", "features", "layout")
+#: the columns ``bench_records(newest=True)`` keeps the newest row of each of: the backend, the version the
+#: dispatcher filters on, and :data:`SUPERSEDED_WITHIN`
+_NEWEST_OF = ("backend", "backend_version", *(_COLUMN_OF.get(name, name) for name in SUPERSEDED_WITHIN))
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
