@@ -4,6 +4,8 @@ of every comparison are timed alike. On a CPU (dry runs) the same function with 
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,7 +31,9 @@ def _harness(torch: Any, set_bytes: int, flush: int | None) -> tuple[Any, Callab
     cuda = torch.cuda.is_available()
     if not cuda:
         return t.CPU_PERF_COUNTER, (lambda: None), 0
-    return t.GPU_EVENTS, torch.cuda.synchronize, t.flush_bytes(set_bytes) if flush is None else flush
+    # AF_GRID_ROUNDS: more interleaved rounds for rows whose rounds spread wide (the 2026-11-29 run: 23-51 %)
+    config = dataclasses.replace(t.GPU_EVENTS, rounds=int(os.environ.get("AF_GRID_ROUNDS", t.GPU_EVENTS.rounds)))
+    return config, torch.cuda.synchronize, t.flush_bytes(set_bytes) if flush is None else flush
 
 
 def _summary(timing: Any) -> dict[str, float]:
