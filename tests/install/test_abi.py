@@ -14,6 +14,7 @@ import pytest
 from attnforge.cache import CacheKeyInputs, Store
 from attnforge.cache.key import CacheKey
 from attnforge.catalog import load_catalog
+from attnforge.errors import BuildError
 from attnforge.install.abi import abi_of_symbols, built_target
 from attnforge.install.keys import label_and_key, store_built
 from attnforge.probe.snapshot import SystemSnapshot
@@ -98,6 +99,8 @@ def test_a_stable_abi_build_is_keyed_once_and_served_to_any_newer_torch(tmp_path
     node.mkdir()
     copy = Path(shutil.copy(result.wheel, other))
     node_wheel = Path(shutil.copy(result.wheel, node))
+    (tmp_path / "guard").mkdir()
+    guard_wheel = Path(shutil.copy(result.wheel, tmp_path / "guard"))
     entry = store_built(store, spec, wheel=result.wheel, log_path=result.log_path,
                         source_sha256=result.source_sha256, snapshot=built_here, owned_dir=result.wheel.parent)
     assert entry.filename == "af_stable_fixture-0.1.0+cputorch2.9.stable-cp310-abi3-linux_x86_64.whl"
@@ -123,3 +126,53 @@ def test_a_stable_abi_build_is_keyed_once_and_served_to_any_newer_torch(tmp_path
         assert cached.accepted is served, (torch, cached.reasons)
         if not served:
             assert "or newer (stable ABI)" in " ".join(cached.reasons)
+    # a build that was to bind to one torch (--abi torch's edit) and still made a stable-ABI binary is refused
+    recipe = catalog.recipe("flash-attn-3")
+    assert recipe is not None and recipe.per_torch is not None
+    with pytest.raises(BuildError, match="its binary uses the libtorch stable ABI"):
+        label_and_key(guard_wheel, dataclasses.replace(spec, edits=(recipe.per_torch,)),
+                      source_sha256=result.source_sha256, snapshot=built_here, log_path=result.log_path)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_abi_torch_builds_a_stable_abi_project_bound_to_the_building_torch(tmp_path: Path) -> None:
+    """``--abi torch`` on a real build: the stable-ABI fixture's setup.py is written like FlashAttention-3's (its
+    stable branch taken for torch >= 2.9), and the catalog's own FA3 edit, made in the build tree, makes gcc build
+    the op through torch's C++ API instead; the binary reads as bound to this torch, the user's tree is untouched,
+    the key names the edit, and the resolver serves it to ``--abi torch`` (or no ``--abi``), not ``torch-stable``."""
+    from attnforge.build import execute
+
+    recipe = load_catalog().recipe("flash-attn-3")
+    assert recipe is not None and recipe.per_torch is not None
+    edit = recipe.per_torch
+    source = tmp_path / "src"
+    shutil.copytree(FIXTURES / "stable_ext_pkg", source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    before = (source / "setup.py").read_text()
+    assert before.count(edit.find) == 1
+    spec = BuildSpec(name="af_stable_fixture", version=None, source=SourceSpec(kind=SourceKind.PATH,
+                     location=str(source)), archs=(), max_jobs=2, nvcc_threads=1, env={"MAX_JOBS": "2"},
+                     build_root=str(tmp_path / "b"), python=sys.executable, edits=(edit,))
+    store = Store(tmp_path / "home")
+    result = execute(spec, home=store.root)
+    assert (source / "setup.py").read_text() == before
+    assert "attnforge: edited setup.py in the build tree" in result.log_path.read_text(encoding="utf-8")
+    built_here = _with_torch(CPU, "2.13.0+cpu")
+    target = built_target(result.wheel, snapshot=built_here, archs=(),
+                          build_flags=result.log_path.read_text(encoding="utf-8"))
+    assert (target.abi, target.torch) == (AbiKind.TORCH, "2.13.0+cpu")
+    (tmp_path / "guard").mkdir()
+    guard_wheel = Path(shutil.copy(result.wheel, tmp_path / "guard"))
+    with pytest.raises(BuildError, match="its binary is bound to one torch"):  # --abi torch-stable got this
+        label_and_key(guard_wheel, dataclasses.replace(spec, edits=(), abi=AbiKind.TORCH_STABLE),
+                      source_sha256=result.source_sha256, snapshot=built_here, log_path=result.log_path)
+    entry = store_built(store, spec, wheel=result.wheel, log_path=result.log_path,
+                        source_sha256=result.source_sha256, snapshot=built_here, owned_dir=result.wheel.parent)
+    assert entry.inputs.abi == AbiKind.TORCH
+    assert f"edit:setup.py:{edit.digest()}" in entry.inputs.flags
+    catalog = load_catalog()
+    for abi, served in ((AbiKind.TORCH, True), (None, True), (AbiKind.TORCH_STABLE, False)):
+        plan = resolve(built_here, catalog, Request(backend="af-stable-fixture", abi=abi),
+                       cached=store.cached_artifacts())
+        cached = next(c for c in plan.candidates if c.kind is CandidateKind.CACHE)
+        assert cached.accepted is served, (abi, cached.reasons)

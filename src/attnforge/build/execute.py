@@ -39,6 +39,7 @@ from attnforge.build.sccache import SccacheStats
 from attnforge.build.source import FetchedSource, fetch, lay_out
 from attnforge.build.stream import Launcher, launch, run_streamed
 from attnforge.build.windows_layer import WindowsBuild, builds_on_windows, prepare_windows_build
+from attnforge.catalog.recipes import SourceEdit
 from attnforge.errors import BuildError, InstallError
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import BuildSpec
@@ -161,10 +162,11 @@ def execute(
             fetched = fetch(spec.source, scratch=scratch, python=python, env=env, runner=runner)
             log.write(f"attnforge: source {fetched.description}\nattnforge: source sha256 {fetched.sha256}\n")
 
-            tree = build_root / f"{_slug(spec.name)}-{fetched.sha256[:10]}"
+            edited = "".join(f"-{e.digest()[:6]}" for e in spec.edits)  # an edited tree is another tree
+            tree = build_root / f"{_slug(spec.name)}-{fetched.sha256[:10]}{edited}"
             with filelock.FileLock(str(tree) + ".lock", timeout=0):
                 work = tree  # ours to clean up only once the lock is held
-                resumed = _prepare_tree(fetched, work, scratch, reporter, log)
+                resumed = _prepare_tree(fetched, work, scratch, reporter, log, spec=spec)
                 project = work / spec.source.subdirectory if spec.source.subdirectory else work
                 sccache_path, before = _sccache_setup(spec, env, work, runner, windows=on_windows)
                 out = scratch / "wheel"
@@ -227,10 +229,11 @@ def build_environment(spec: BuildSpec, base: Mapping[str, str]) -> dict[str, str
 
 
 def _prepare_tree(
-    fetched: FetchedSource, work: Path, scratch: Path, reporter: Reporter, log: IO[str]
+    fetched: FetchedSource, work: Path, scratch: Path, reporter: Reporter, log: IO[str], *, spec: BuildSpec
 ) -> bool:
     marker = work / MARKER
-    if marker.is_file() and marker.read_text(encoding="utf-8").strip() == fetched.sha256:
+    stamp = " ".join([fetched.sha256, *(e.digest() for e in spec.edits)])
+    if marker.is_file() and marker.read_text(encoding="utf-8").strip() == stamp:
         reporter.report(PhaseEvent(phase=Phase.UNPACK, detail=f"resuming the kept build tree {work}"))
         log.write(f"attnforge: resuming the kept build tree {work}\n")
         return True
@@ -238,9 +241,34 @@ def _prepare_tree(
         shutil.rmtree(work)
     reporter.report(PhaseEvent(phase=Phase.UNPACK, detail=str(work)))
     lay_out(fetched, work, scratch)
-    marker.write_text(fetched.sha256 + "\n", encoding="utf-8")
+    project = work / spec.source.subdirectory if spec.source.subdirectory else work
+    for edit in spec.edits:
+        apply_edit(project, edit)
+        log.write(f"attnforge: edited {edit.file} in the build tree: {edit.find!r} -> {edit.replace!r}\n")
+    marker.write_text(stamp + "\n", encoding="utf-8")
     log.write(f"attnforge: build tree {work}\n")
     return False
+
+
+def apply_edit(project: Path, edit: SourceEdit) -> None:
+    """Make ``edit`` in the laid-out tree ``project`` (a copy: the user's source is never written).
+
+    Raises:
+        BuildError: the file is missing or ``edit.find`` does not occur in it exactly once (the source is not the
+            one the catalog's edit was written for).
+    """
+    path = project / edit.file
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BuildError(f"cannot edit {edit.file} in the build tree", cause=str(exc),
+                         hint="this source is not the one the edit was written for; drop --abi torch") from None
+    count = text.count(edit.find)
+    if count != 1:
+        raise BuildError(f"cannot bind this build to one torch: {edit.file} holds {edit.find!r} {count} times, "
+                         "not once", cause="the source differs from the one the catalog's edit was written for",
+                         hint="drop --abi torch (the project's own ABI), or build the source the catalog names")
+    path.write_text(text.replace(edit.find, edit.replace, 1), encoding="utf-8")
 
 
 def _prepare_windows(spec: BuildSpec, snapshot: object | None, *, base: Mapping[str, str], build_root: Path,

@@ -9,6 +9,7 @@ local version label (``2.8.3+cu12torch2.8cxx11abiTRUE``). Sources: docs/research
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,6 +46,21 @@ CPP_RECIPE = "torch-cpp-extension"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SourceEdit:
+    """One text replacement made in a laid-out build tree before the build (never in the user's source): the one
+    occurrence of ``find`` in ``file`` (relative to the tree that is built, i.e. below any ``#subdirectory=``)
+    becomes ``replace``. A tree where ``find`` does not occur exactly once is refused (the source changed)."""
+
+    file: str
+    find: str
+    replace: str
+
+    def digest(self) -> str:
+        """12 hex digits of the edit's sha256: names it in cache keys and build-tree names."""
+        return hashlib.sha256("\0".join((self.file, self.find, self.replace)).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Recipe:
     """How to build (or pip-install) one backend. See the header of ``backends.toml`` for each field."""
 
@@ -70,6 +86,7 @@ class Recipe:
     slim: SlimSwitches | None = None
     stable_abi_from: MajorMinor | None = None  # built with torch >= this, the binary uses the libtorch stable ABI
     #                                            and needs torch >= this (a fleet plans one build for those torches)
+    per_torch: SourceEdit | None = None  # with stable_abi_from: the edit that binds a build to the building torch
 
     def target_for(self, cc: ComputeCapability, runs_on: Any) -> Target | None:
         """The best target this recipe can emit whose code runs on ``cc`` (the highest one), or None.
@@ -208,6 +225,7 @@ _RECIPE_FIELDS = {
     "submodules",
     "slim",
     "stable_abi_from",
+    "per_torch",
 }
 _SOURCE_KINDS = ("pypi-sdist", "git", "path", "url")
 _GRAMMAR_FIELDS = {"distribution", "label", "torch_match", "archs", "example", "sources"}
@@ -257,11 +275,34 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
             slim=parse_slim(raw.get("slim"), f"{path}.slim", errors),
             stable_abi_from=errors.parsed(errors.get(raw, "stable_abi_from", path, str), f"{path}.stable_abi_from",
                                           parse_major_minor, None) if "stable_abi_from" in raw else None,
+            per_torch=_source_edit(errors, raw.get("per_torch"), f"{path}.per_torch"),
         )
+        if out[rid].per_torch is not None and out[rid].stable_abi_from is None:
+            errors.add(f"{path}.per_torch", "only a recipe with stable_abi_from builds for the stable ABI by default")
     for rid in (GENERIC_RECIPE, CPP_RECIPE) if "recipes" in doc else ():
         if rid not in out:
             errors.add(f"recipes.{rid}", "missing (a recipe for sources the catalog does not know)")
     return out
+
+
+def _source_edit(errors: Collector, raw: Any, path: str) -> SourceEdit | None:
+    """``[recipes.ID.per_torch]``: ``file``, ``find``, ``replace`` (non-empty strings) and ``sources``."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        errors.add(path, "expected a table with file, find, replace and sources")
+        return None
+    unknown = sorted(set(raw) - {"file", "find", "replace", "sources"})
+    if unknown:
+        errors.add(path, f"unknown field(s) {unknown}")
+    texts = {key: errors.get(raw, key, path, str) for key in ("file", "find", "replace")}
+    for key, text in texts.items():
+        if key in raw and not text:
+            errors.add(f"{path}.{key}", "must not be empty")
+    errors.str_list(raw, "sources", path, allow_empty=False)
+    if not all(texts.values()):
+        return None
+    return SourceEdit(file=texts["file"], find=texts["find"], replace=texts["replace"])
 
 
 def parse_wheel_grammars(doc: Mapping[str, Any], errors: Collector) -> dict[str, WheelGrammar]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnforge.errors import UsageError
 from attnforge.resolve.types import CachedArtifact, Plan, Request, SourceKind, SourceSpec, WheelRef
+from attnforge.types.binary import AbiKind
 from attnforge.types.cc import ComputeCapability, parse_cc_list
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class RequestArgs:
         archs: ``--arch`` texts (``"9.0,12.0"``); none means the detected GPUs'.
         snapshot_path: a saved ``attnforge probe --json`` instead of probing this machine.
         head_dims, dtypes, no_backward, features, model_config: the slim build options.
+        abi: ``--abi`` (``torch`` or ``torch-stable``); None takes either.
     """
 
     requirement: str | None = None
@@ -60,6 +62,7 @@ class RequestArgs:
     features: tuple[str, ...] = ()
     model_config: Path | None = None
     snapshot_path: Path | None = None
+    abi: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,7 +133,7 @@ def assemble(args: RequestArgs, *, build: bool = False, environ: Mapping[str, st
     request = Request(backend=name, version=version, archs=parse_archs(args.archs), find_links=args.find_links,
                       index_urls=args.index_urls, from_source=args.from_source or build, offline=args.offline,
                       source=source, allow_unsupported_compiler=args.allow_unsupported_compiler,
-                      slim=slim_request(args))
+                      slim=slim_request(args), abi=AbiKind(args.abi) if args.abi else None)
     home = home_dir(env)
     backend = catalog.backends.get(name)
     snapshot = _snapshot(args.snapshot_path, home, backend)

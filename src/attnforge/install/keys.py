@@ -65,6 +65,7 @@ def built_wheel_inputs(
     if target is not None:
         abi, torch_version, cxx11_abi = target.abi, target.torch, target.cxx11_abi
     flags = tuple(f"{k}={v}" for k, v in spec.env.items() if k not in NOT_IN_KEY)
+    flags += tuple(f"edit:{e.file}:{e.digest()}" for e in spec.edits)  # the bytes built are not the source's
     if spec.allow_unsupported_compiler:  # on Windows the flag reaches nvcc at build time, not via spec.env
         flags = (*flags, "nvcc:-allow-unsupported-compiler")
     return CacheKeyInputs(
@@ -133,10 +134,24 @@ def label_and_key(wheel: Path, spec: BuildSpec, *, source_sha256: str, snapshot:
 
     Returns:
         (the labelled wheel, next to ``wheel``; its cache-key inputs).
+
+    Raises:
+        BuildError: the binary's ABI is not the one ``--abi`` asked for (``spec.abi``; a spec with edits asks for a
+            per-torch binary), e.g. the edit that was to bind it to one torch left it on the stable ABI.
     """
     from attnforge.install.guards import pinned_to_torch
 
     target = built_target(wheel, snapshot=snapshot, archs=spec.archs, build_flags=_flags_of(log_path))
+    asked = spec.abi if spec.abi is not None else AbiKind.TORCH if spec.edits else None
+    if asked is not None and target.abi in (AbiKind.TORCH, AbiKind.TORCH_STABLE) and target.abi is not asked:
+        from attnforge.errors import BuildError
+
+        made = "uses the libtorch stable ABI" if target.abi is AbiKind.TORCH_STABLE else "is bound to one torch"
+        raise BuildError(f"the build was to make a {asked.value} binary (--abi {asked.value}), but its binary {made}; "
+                         "it was not cached", log_path=str(log_path) if log_path else None,
+                         cause=(f"the edit of {', '.join(e.file for e in spec.edits)} did not change what was built"
+                                if spec.edits else "the project builds the other ABI on this torch"),
+                         hint=f"drop --abi {asked.value}, or build a source that makes that ABI")
     labelled = pinned_to_torch(wheel, spec, snapshot, target)
     inputs = built_wheel_inputs(wheel=labelled, spec=spec, source_sha256=source_sha256, snapshot=snapshot,
                                 target=target)

@@ -20,7 +20,7 @@ from attnforge.errors import ResolveError, UsageError
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.cpu_only import cpu_only_source
 from attnforge.resolve.jobs import size_jobs
-from attnforge.resolve.preflight import Preflight, run_preflight
+from attnforge.resolve.preflight import Preflight, abi_edits, builds_stable, run_preflight
 from attnforge.resolve.types import BuildSpec, Request, SourceKind, SourceSpec
 from attnforge.types.cc import format_cc
 
@@ -258,7 +258,8 @@ def _spec(
     source = default_source(recipe, request)
     version = source.version or pinned_version(request.version)
     name = recipe.distribution or request.backend
-    leaf = _leaf(name, version, pre, source, ','.join(slim.env) if slim else '')
+    edits = abi_edits(snapshot, recipe, request)
+    leaf = _leaf(name, version, pre, source, ','.join([*(slim.env if slim else ()), *(e.digest() for e in edits)]))
     notes = [c.reason for c in pre.checks if c.name == "archs"]
     notes.append(sizing.note)
     if not recipe.arch_env and recipe.targets:  # the C++-only recipe has neither
@@ -267,6 +268,13 @@ def _spec(
             "no arch variable is set"
         )
     notes.extend(pre.notes)
+    notes.extend(c.reason for c in pre.checks if c.name == "abi")
+    if (request.abi is None and not pre.cpu_only and recipe.per_torch is not None and recipe.stable_abi_from
+            and builds_stable(snapshot, recipe)):
+        notes.append(f"{recipe.id} builds the libtorch stable ABI with torch >= "
+                     f"{recipe.stable_abi_from[0]}.{recipe.stable_abi_from[1]} (one binary for every newer torch); "
+                     "--abi torch binds it to this torch instead: less host time a call (4-7 us on an H200, "
+                     "docs/slim-builds.md), a rebuild when torch changes")
     if slim is not None:
         notes.append(slim.note or _slim_note(slim))
     else:
@@ -299,6 +307,8 @@ def _spec(
         allow_unsupported_compiler=request.allow_unsupported_compiler,
         capabilities=slim.capabilities if slim is not None and slim.env else None,
         slim=slim if slim is not None and slim.env else None,
+        edits=edits,
+        abi=request.abi,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attnforge.catalog import Catalog
-from attnforge.catalog.recipes import Recipe
+from attnforge.catalog.recipes import CPP_RECIPE, GENERIC_RECIPE, Recipe, SourceEdit
 from attnforge.catalog.toolchain import MajorMinor, Target, TargetKind, format_major_minor
 from attnforge.catalog.torch import cu_tag
 from attnforge.probe.snapshot import CudaToolkit, SystemSnapshot
@@ -61,6 +61,9 @@ def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, 
             archs=(), targets=(), toolkit=None, notes=(cpu_only,), cpu_only=True,
         )
     checks.extend(torch_checks(snapshot, catalog))
+    abi = abi_check(snapshot, recipe, request)
+    if abi is not None:
+        checks.append(abi)
     archs, targets, arch_checks = _arch_checks(snapshot, catalog, request, recipe)
     checks.extend(arch_checks)
 
@@ -115,6 +118,67 @@ def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, 
         notes=tuple(notes),
         nvcc_flags=nvcc_flags,
     )
+
+
+# -- ABI -----------------------------------------------------------------------------------------------------
+def builds_stable(snapshot: SystemSnapshot, recipe: Recipe) -> bool | None:
+    """Whether a build of ``recipe`` with the snapshot's torch uses the libtorch stable ABI by itself (None: torch
+    is missing or its version unreadable)."""
+    from packaging.version import InvalidVersion, Version
+
+    if recipe.stable_abi_from is None:
+        return False
+    if snapshot.torch is None:
+        return None
+    try:
+        have = Version(snapshot.torch.version.split("+", 1)[0]).release[:2]
+    except InvalidVersion:
+        return None
+    return tuple(have) >= recipe.stable_abi_from
+
+
+def abi_check(snapshot: SystemSnapshot, recipe: Recipe, request: Request) -> Check | None:
+    """Whether the build can bind to torch as ``--abi`` asks (None: no ``--abi``). ``torch`` on a recipe that builds
+    the stable ABI by itself needs its :attr:`~attnforge.catalog.recipes.Recipe.per_torch` edit; ``torch-stable``
+    needs a recipe with ``stable_abi_from`` and a torch at least that."""
+    from attnforge.types.binary import AbiKind
+
+    if request.abi is None:
+        return None
+    if recipe.id in (GENERIC_RECIPE, CPP_RECIPE):  # a project the catalog does not know: its binary will tell
+        return Check(name="abi", ok=True, reason=f"--abi {request.abi.value}: read from the built binary (a build "
+                                                 "of the other ABI is refused, not cached)")
+    stable = builds_stable(snapshot, recipe)
+    floor = format_major_minor(recipe.stable_abi_from) if recipe.stable_abi_from else None
+    torch = f"torch {snapshot.torch.version}" if snapshot.torch is not None else "no torch"
+    if request.abi is AbiKind.TORCH:
+        if stable and recipe.per_torch is None:
+            return Check(name="abi", ok=False,
+                         reason=f"{recipe.id} builds for the libtorch stable ABI with torch >= {floor} and attnforge "
+                                "knows no switch that binds it to one torch",
+                         fix="drop --abi torch (the stable-ABI build serves every torch >= its minimum)")
+        how = (f"{recipe.per_torch.file} edited in the build tree to take its per-torch branch" if stable
+               and recipe.per_torch is not None else "as the project builds it")
+        return Check(name="abi", ok=True, reason=f"--abi torch: bound to {torch} ({how})")
+    if floor is None:
+        return Check(name="abi", ok=False, reason=f"{recipe.id} has no libtorch stable-ABI build",
+                     fix="drop --abi torch-stable (the build is bound to the torch it is built with)")
+    if not stable:
+        return Check(name="abi", ok=False,
+                     reason=f"{recipe.id} builds for the libtorch stable ABI only with torch >= {floor}; this is "
+                            f"{torch}",
+                     fix=f"install torch >= {floor} first, or drop --abi torch-stable")
+    return Check(name="abi", ok=True, reason=f"--abi torch-stable: one binary for every torch >= {floor}")
+
+
+def abi_edits(snapshot: SystemSnapshot, recipe: Recipe, request: Request) -> tuple[SourceEdit, ...]:
+    """The edits a build of ``request`` makes in its tree: the recipe's per-torch edit where ``--abi torch`` asks
+    a recipe that builds the stable ABI by itself to bind to the building torch; none otherwise."""
+    from attnforge.types.binary import AbiKind
+
+    if request.abi is AbiKind.TORCH and recipe.per_torch is not None and builds_stable(snapshot, recipe):
+        return (recipe.per_torch,)
+    return ()
 
 
 # -- archs ---------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from attnforge.catalog import Catalog
 from attnforge.catalog.backends import Backend
-from attnforge.catalog.recipes import RecipeKind
+from attnforge.catalog.recipes import RecipeKind, TorchMatch
 from attnforge.errors import UsageError
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.buildspec import (
@@ -37,6 +37,7 @@ from attnforge.resolve.types import (
     WheelRef,
 )
 from attnforge.resolve.wheels import check_binary, read_cached, read_wheel, same_distribution, target_ccs
+from attnforge.types.binary import AbiKind
 from attnforge.types.cc import format_cc
 from attnforge.types.versions import newest_first
 
@@ -98,13 +99,15 @@ def resolve(
         m = check_binary(facts, snapshot, catalog, backend=backend, request=request, supported=tags)
         slim = cached_switch_problem(catalog.recipe(request.backend), request, art.flags,
                                      archs=request.archs or snapshot.compute_capabilities)
+        abi = abi_problem(request, stable=(art.abi == AbiKind.TORCH_STABLE.value
+                                           or facts.torch_match is TorchMatch.AT_LEAST))
         candidates.append(
             Candidate(
                 kind=CandidateKind.CACHE,
                 description=desc,
-                accepted=m.ok and slim is None,
-                reasons=(*m.problems, *([slim] if slim else [])) or (*_same_source(request), *m.notes)
-                or ("matches this machine",),
+                accepted=m.ok and slim is None and abi is None,
+                reasons=(*m.problems, *([slim] if slim else []), *([abi] if abi else []))
+                or (*_same_source(request), *m.notes) or ("matches this machine",),
                 cache_key=art.key,
             )
         )
@@ -135,6 +138,30 @@ def _check_version_text(version: str) -> None:
             raise UsageError(
                 f"not a version specifier: {version!r}", hint="write e.g. ==2.8.3 or >=2.8"
             ) from None
+
+
+def _labelled_stable(version: str | None) -> bool | None:
+    """Whether an installed version's attnforge local label (``+cu130torch2.9.stable``) says stable ABI; None where
+    it has none (a wheel attnforge did not label: its ABI is not known here)."""
+    from attnforge.types.local_label import LocalLabel
+
+    local = version.partition("+")[2] if version else ""
+    try:
+        return LocalLabel.parse(local).stable_abi if local else None
+    except ValueError:
+        return None
+
+
+def abi_problem(request: Request, *, stable: bool) -> str | None:
+    """Why a binary does not bind to torch as ``--abi`` asks (``stable``: it uses the libtorch stable ABI), or
+    None. A prebuilt wheel's ABI is its label's (a ``torch_match = "at-least"`` grammar is the stable ABI's); one
+    without a label reads as bound to one torch."""
+    if request.abi is None or stable == (request.abi is AbiKind.TORCH_STABLE):
+        return None
+    if stable:
+        return ("built for the libtorch stable ABI (any torch >= its minimum); --abi torch asks for a build bound "
+                "to this torch (less host time a call)")
+    return "bound to one torch; --abi torch-stable asks for a libtorch stable-ABI build"
 
 
 def _other_source(art: CachedArtifact, request: Request) -> str | None:
@@ -230,6 +257,9 @@ def _installed(snapshot: SystemSnapshot, backend: Backend | None, request: Reque
             reasons.append(f"installed version {state.version!r} is not PEP 440")
     if request.installed_verify_failure:
         reasons.append(f"its latest verify on this device failed: {request.installed_verify_failure}")
+    stable = _labelled_stable(state.version)
+    abi = abi_problem(request, stable=stable) if stable is not None else None
+    reasons += [abi] if abi else []
     if state.imports is False:
         reasons.append(f"does not import: {state.import_error or 'unknown error'}")
     broken = [m for m in state.native if not m.ok]
@@ -277,14 +307,15 @@ def _wheel_candidates(
             )
             continue
         m = check_binary(facts, snapshot, catalog, backend=backend, request=request, supported=tags)
+        abi = abi_problem(request, stable=facts.torch_match is TorchMatch.AT_LEAST)
         cand = Candidate(
             kind=CandidateKind.WHEEL,
             description=desc,
-            accepted=m.ok,
-            reasons=m.problems or m.notes or ("matches this machine",),
+            accepted=m.ok and abi is None,
+            reasons=(*m.problems, *([abi] if abi else [])) or m.notes or ("matches this machine",),
             wheel=ref,
         )
-        if m.ok:
+        if cand.accepted:
             # a wheel whose archs are declared (and cover this GPU) before one whose archs are unknown
             known = 0 if facts.archs else 1
             accepted.append(((known, m.tag_rank or 0), facts.version, cand))

@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from attnforge._compat import StrEnum
+from attnforge.catalog.recipes import SourceEdit
 from attnforge.catalog.slim import Capabilities, SlimPlan, SlimRequest
 from attnforge.probe.snapshot import CudaToolkit
+from attnforge.types.binary import AbiKind
 from attnforge.types.cc import ComputeCapability
 
 
@@ -72,6 +74,10 @@ class Request:
         source_sha256: the content hash of a local ``source`` (the tree hash or the sdist's sha256 the build
             will record, read by the caller); with a ``source``, only a cached build of exactly these bytes is a
             cache candidate. None when there is no local source (a git or URL source is hashed once fetched).
+        abi: how the binary must bind to torch (``--abi``): ``torch`` (built against this exact torch: for FA3,
+            ``flash_api.cpp``'s unboxed ops, 4-7 us less host time a call on an H200 than the stable ABI's, and a
+            rebuild whenever torch changes), ``torch-stable`` (the libtorch stable ABI: one binary for every torch
+            from its minimum up); None takes either (a source build follows the project's own choice).
     """
 
     backend: str
@@ -87,6 +93,7 @@ class Request:
     installed_capabilities: Capabilities | None = None
     installed_verify_failure: str | None = None
     source_sha256: str | None = None
+    abi: AbiKind | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +120,9 @@ class BuildSpec:
         capabilities: what the binary will be able to run (a slim build's head dims, dtypes, backward,
             features); None for a full build (the backend's own table applies). Goes into the provenance.
         slim: the slim build's switches, what it leaves out and both time estimates (None for a full build).
+        edits: text replacements made in the laid-out tree before the build (``--abi torch``'s
+            :attr:`~attnforge.catalog.recipes.Recipe.per_torch`); part of the cache key and the build tree's name.
+        abi: the ABI ``--abi`` asked for (None: any); a built binary of another ABI is refused, not cached.
     """
 
     name: str
@@ -131,6 +141,8 @@ class BuildSpec:
     allow_unsupported_compiler: bool = False
     capabilities: Capabilities | None = None
     slim: SlimPlan | None = None
+    edits: tuple[SourceEdit, ...] = ()
+    abi: AbiKind | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
