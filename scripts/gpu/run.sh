@@ -104,7 +104,9 @@ timed() { local t0=$SECONDS; step "$@"; local rc=$?; printf '%s\t%s\t%s\n' "$1" 
 
 stage_install() {
     ensure_attnforge || return 1
-    local fa3=(flash-attn-3 --head-dim 64,128,256 --dtype bf16)
+    # AF_FA3_ABI=torch: FA3 bound to this torch (--abi torch: flash_api.cpp through the catalog's edit), not the
+    # stable ABI its setup.py picks for torch >= 2.9 (4-7 us less host time a call, the eighteenth session)
+    local fa3=(flash-attn-3 --head-dim 64,128,256 --dtype bf16 ${AF_FA3_ABI:+--abi "$AF_FA3_ABI"})
     python -c 'import flash_attn_interface' 2>/dev/null || {
         timed fa3-wheel 300 attnforge install "${fa3[@]}" --find-links "$WH" --offline -v \
         || timed fa3-source 560 attnforge install "${fa3[@]}" --source "$SRC/flash-attention#subdirectory=hopper" --offline -v; }
