@@ -44,3 +44,21 @@ def test_an_older_torch_or_a_per_torch_recipe_keeps_its_own_key() -> None:
     groups = group_nodes(_nodes("2.8.0+cu130", "2.11.0+cu130"))
     plan = plan_fleet(groups, catalog, [Request(backend="flash-attn-3", from_source=True)])
     assert len(plan.builds) == 2
+
+
+def test_abi_torch_plans_one_build_per_torch_each_bound_to_it() -> None:
+    """``fleet plan --abi torch``: the kinds that shared one stable-ABI build now get one build each, each spec
+    carrying the catalog's per-torch edit, and their keys differ from the stable build's."""
+    from attnforge.types.binary import AbiKind
+
+    catalog = load_catalog()
+    recipe = catalog.recipe("flash-attn-3")
+    assert recipe is not None and recipe.per_torch is not None
+    groups = group_nodes(_nodes("2.9.1+cu130", "2.10.0+cu130", "2.11.0+cu130"))
+    stable = plan_fleet(groups, catalog, [Request(backend="flash-attn-3", from_source=True)])
+    bound = plan_fleet(groups, catalog, [Request(backend="flash-attn-3", from_source=True, abi=AbiKind.TORCH)])
+    assert len(stable.builds) == 1 and len(bound.builds) == 3
+    assert {b.wheel.torch_version for b in bound.builds} == {"2.9.1+cu130", "2.10.0+cu130", "2.11.0+cu130"}
+    assert all(b.spec.edits == (recipe.per_torch,) and b.spec.abi is AbiKind.TORCH for b in bound.builds)
+    assert stable.builds[0].key not in {b.key for b in bound.builds}
+    assert len({b.key for b in bound.builds}) == 3

@@ -45,6 +45,14 @@ _FLAGS = (
 )
 
 
+#: ``--abi``: how a binary binds to torch (``install``, ``build``, ``plan`` and ``fleet plan``/``fleet build``).
+abi_option = click.option(
+    "--abi", "abi", type=click.Choice(["torch", "torch-stable"]), default=None,
+    help="How the binary binds to torch: 'torch' builds against this exact torch (FlashAttention-3: 4-7 us less host "
+         "time a call on an H200, rebuilt when torch changes), 'torch-stable' the libtorch stable ABI (one binary "
+         "for every torch from its minimum up). Default: either; a build follows the project's own choice.")
+
+
 def request_options(func: F) -> F:
     """``REQUIREMENT``, ``--source``, ``--arch``, ``--find-links``, ``--index-url``, ``--from-source``,
     ``--offline``, ``--allow-unsupported-compiler``, the slim options and ``--snapshot``."""
@@ -59,11 +67,7 @@ def request_options(func: F) -> F:
         *(click.option(flag, is_flag=True, help=text) for flag, text in _FLAGS),
         click.option("--model", "model_config", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="Slim build: take the head dims from a Hugging Face config.json."),
-        click.option("--abi", "abi", type=click.Choice(["torch", "torch-stable"]), default=None,
-                     help="How the binary binds to torch: 'torch' builds against this exact torch (FlashAttention-3: "
-                          "4-7 us less host time a call on an H200, rebuilt when torch changes), 'torch-stable' the "
-                          "libtorch stable ABI (one binary for every torch from its minimum up). Default: either; "
-                          "a build follows the project's own choice."),
+        abi_option,
     ]
     for option in reversed(options):
         func = option(func)

@@ -22,7 +22,7 @@ from attnforge.cli._output import console, emit_json, json_option
 def plan_options(func: F) -> F:
     """The options ``plan`` and ``build`` share: the request options of ``attnforge plan`` (one assembly:
     :func:`attnforge.fleet.requests.assemble_for_kinds`) and the node selection."""
-    from attnforge.cli._request import _FLAGS, _REPEATED, slim_options
+    from attnforge.cli._request import _FLAGS, _REPEATED, abi_option, slim_options
 
     helps = {param: (flag, metavar, text) for flag, param, metavar, text in _REPEATED}
     flags = dict(_FLAGS)
@@ -39,6 +39,7 @@ def plan_options(func: F) -> F:
         *(click.option(flag, is_flag=True, help=flags[flag])
           for flag in ("--from-source", "--offline", "--allow-unsupported-compiler")),
         slim_options,
+        abi_option,
     ]
     for option in reversed(options):
         func = option(func)

@@ -34,6 +34,7 @@ from attnforge.resolve.cpu_only import cpu_only_source
 from attnforge.resolve.resolver import resolve
 from attnforge.resolve.sources import load_wheel_sources
 from attnforge.resolve.types import BuildSpec, CandidateKind, Plan, Request, WheelRef
+from attnforge.types.binary import AbiKind
 from attnforge.types.cc import ComputeCapability
 
 
@@ -148,7 +149,8 @@ def plan_fleet(groups: Sequence[KindGroup], catalog: Catalog, requests: Sequence
                                              detail="nothing is viable", reasons=reasons)
                 orphans.setdefault((i, g.kind.wheel), []).append((g, routes[g.kind.id, i]))
             elif chosen.kind is CandidateKind.SOURCE and chosen.build is not None:
-                to_build.setdefault((i, build_wheel_key(g.kind.wheel, catalog.recipe(request.backend))), []).append(
+                to_build.setdefault((i, build_wheel_key(g.kind.wheel, catalog.recipe(request.backend),
+                                                        abi=request.abi)), []).append(
                     _Member(group=planned_on, spec=chosen.build))
             else:
                 routes[g.kind.id, i] = Route(kind=g.kind.id, backend=request.backend, route=chosen.kind.value,
@@ -261,12 +263,14 @@ def _merge(members: list[_Member], orphans: list[tuple[KindGroup, Route]], catal
     return [((m.group.kind.id,), m.spec, m.group, gib) for m in members]
 
 
-def build_wheel_key(wheel: WheelKey, recipe: Recipe | None) -> WheelKey:
+def build_wheel_key(wheel: WheelKey, recipe: Recipe | None, *, abi: AbiKind | None = None) -> WheelKey:
     """The wheel key a build of ``recipe`` for a kind of ``wheel`` has: the kind's own, except that a recipe whose
     build uses the libtorch stable ABI from torch X.Y (``stable_abi_from``, e.g. FlashAttention-3 from 2.9) makes
     one binary for every torch >= X.Y (any C++11 ABI), so those kinds share one key: torch ``>=X.Y``, no C++ ABI.
+    ``abi`` ``torch`` (``--abi torch``: each build bound to its torch) keeps the kind's own key.
     The built binary's own ABI is read again when it is stored (:mod:`attnforge.install.abi`)."""
-    if recipe is None or recipe.stable_abi_from is None or wheel.torch_version is None:
+    if (recipe is None or recipe.stable_abi_from is None or wheel.torch_version is None
+            or abi is AbiKind.TORCH):
         return wheel
     try:
         have = Version(wheel.torch_version.split("+", 1)[0]).release[:2]
@@ -282,14 +286,16 @@ def artifact_key(request: Request, spec: BuildSpec, wheel: WheelKey, source_dige
     """``sha256:`` of everything that changes the built binary, known before the build.
 
     The backend, version, source, the wheel key, the archs, the build variables that change the bytes (every
-    variable of ``spec.env`` except :data:`attnforge.provision.build.NOT_IN_KEY`) and nvcc's version; and
+    variable of ``spec.env`` except :data:`attnforge.provision.build.NOT_IN_KEY`, and the edits of the build tree)
+    and nvcc's version; and
     ``source_digest`` (the tree sha256 of a local source directory) when the caller knows it.
     """
     doc = {
         "backend": request.backend, "version": spec.version or request.version,
         "source": to_jsonable(spec.source), "wheel": to_jsonable(wheel),
         "archs": [str(cc) for cc in spec.archs],
-        "flags": sorted(f"{k}={v}" for k, v in spec.env.items() if k not in NOT_IN_KEY),
+        "flags": sorted([*(f"{k}={v}" for k, v in spec.env.items() if k not in NOT_IN_KEY),
+                         *(f"edit:{e.file}:{e.digest()}" for e in spec.edits)]),
         "nvcc": spec.toolkit.version if spec.toolkit else None, "source_digest": source_digest,
     }
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
