@@ -81,12 +81,38 @@ def test_abi_torch_on_a_stable_abi_recipe_without_a_known_edit_is_refused() -> N
 
 @pytest.mark.parametrize(
     ("asked", "stable", "refused"),
-    [(None, True, False), (None, False, False), (AbiKind.TORCH, True, True), (AbiKind.TORCH, False, False),
-     (AbiKind.TORCH_STABLE, True, False), (AbiKind.TORCH_STABLE, False, True)],
+    [(None, True, False), (None, False, False), (None, None, False), (AbiKind.TORCH, True, True),
+     (AbiKind.TORCH, False, False), (AbiKind.TORCH, None, True), (AbiKind.TORCH_STABLE, True, False),
+     (AbiKind.TORCH_STABLE, False, True), (AbiKind.TORCH_STABLE, None, True)],
 )
-def test_a_binary_of_the_other_abi_is_not_taken(asked: AbiKind | None, stable: bool, refused: bool) -> None:
+def test_a_binary_of_the_other_abi_is_not_taken(asked: AbiKind | None, stable: bool | None, refused: bool) -> None:
     problem = abi_problem(Request(backend="flash-attn-3", abi=asked), stable=stable)
     assert (problem is not None) is refused
+
+
+@pytest.mark.parametrize(
+    ("filename", "implied", "asked", "taken"),
+    [("flash_attn_3-3.0.0+cu130torch2.9.stable-cp310-abi3-linux_x86_64.whl", None, AbiKind.TORCH, False),
+     ("flash_attn_3-3.0.0+cu130torch2.9.stable-cp310-abi3-linux_x86_64.whl", None, AbiKind.TORCH_STABLE, True),
+     ("flash_attn_3-3.0.0+cu130torch2.11.cxx11abitrue-cp312-cp312-linux_x86_64.whl", None, AbiKind.TORCH, True),
+     # the PyTorch index's FA3 wheels carry no label; the index implies the stable ABI (wheel_sources.toml)
+     ("flash_attn_3-3.0.0-cp39-abi3-manylinux_2_28_x86_64.whl", "at-least", AbiKind.TORCH, False),
+     ("flash_attn_3-3.0.0-cp39-abi3-manylinux_2_28_x86_64.whl", "at-least", AbiKind.TORCH_STABLE, True),
+     # neither a label nor an index says: not taken under --abi, taken without it
+     ("flash_attn_3-3.0.0-cp39-abi3-manylinux_2_28_x86_64.whl", None, AbiKind.TORCH, False),
+     ("flash_attn_3-3.0.0-cp39-abi3-manylinux_2_28_x86_64.whl", None, None, True)],
+)
+def test_a_prebuilt_wheel_is_judged_by_its_label_or_its_index(filename: str, implied: str | None,
+                                                               asked: AbiKind | None, taken: bool) -> None:
+    from attnforge.resolve.resolver import resolve
+    from attnforge.resolve.types import CandidateKind, WheelRef
+
+    ref = WheelRef(filename=filename, url=f"file:///wh/{filename}", implied_cuda="130" if implied else None,
+                   implied_torch="2.9" if implied else None, implied_torch_match=implied)
+    plan = resolve(H200, load_catalog(), Request(backend="flash-attn-3", abi=asked), wheels=[ref])
+    wheel = next(c for c in plan.candidates if c.kind is CandidateKind.WHEEL)
+    abi_reasons = [r for r in wheel.reasons if "--abi" in r]
+    assert bool(abi_reasons) is not taken, wheel.reasons
 
 
 def test_the_edit_is_made_once_in_the_copy_and_a_changed_source_is_refused(tmp_path: Path) -> None:

@@ -99,8 +99,8 @@ def resolve(
         m = check_binary(facts, snapshot, catalog, backend=backend, request=request, supported=tags)
         slim = cached_switch_problem(catalog.recipe(request.backend), request, art.flags,
                                      archs=request.archs or snapshot.compute_capabilities)
-        abi = abi_problem(request, stable=(art.abi == AbiKind.TORCH_STABLE.value
-                                           or facts.torch_match is TorchMatch.AT_LEAST))
+        abi = abi_problem(request, stable=_stable_abi(facts.torch_match, built_abi=art.abi,
+                                                      prebuilt="prebuilt" in art.flags))
         candidates.append(
             Candidate(
                 kind=CandidateKind.CACHE,
@@ -152,12 +152,25 @@ def _labelled_stable(version: str | None) -> bool | None:
         return None
 
 
-def abi_problem(request: Request, *, stable: bool) -> str | None:
-    """Why a binary does not bind to torch as ``--abi`` asks (``stable``: it uses the libtorch stable ABI), or
-    None. A prebuilt wheel's ABI is its label's (a ``torch_match = "at-least"`` grammar is the stable ABI's); one
-    without a label reads as bound to one torch."""
+def _stable_abi(match: TorchMatch, *, built_abi: str | None = None, prebuilt: bool = True) -> bool | None:
+    """Whether a binary uses the libtorch stable ABI: a build's own ABI (read from its binary when it was cached,
+    ``built_abi``), else its label's or its index's torch match (``at-least``: stable; ``major-minor``/``exact``:
+    one torch); None where neither says (a prebuilt wheel with no label)."""
+    if built_abi == AbiKind.TORCH_STABLE.value or match is TorchMatch.AT_LEAST:
+        return True
+    if not prebuilt or match in (TorchMatch.MAJOR_MINOR, TorchMatch.EXACT):
+        return False
+    return None
+
+
+def abi_problem(request: Request, *, stable: bool | None) -> str | None:
+    """Why a binary does not bind to torch as ``--abi`` asks (``stable``: it uses the libtorch stable ABI; None: not
+    known before it is installed), or None."""
     if request.abi is None or stable == (request.abi is AbiKind.TORCH_STABLE):
         return None
+    if stable is None:
+        return (f"its ABI is not known before it is installed (no local version label says it); --abi "
+                f"{request.abi.value} asks for one that can be checked")
     if stable:
         return ("built for the libtorch stable ABI (any torch >= its minimum); --abi torch asks for a build bound "
                 "to this torch (less host time a call)")
@@ -307,7 +320,7 @@ def _wheel_candidates(
             )
             continue
         m = check_binary(facts, snapshot, catalog, backend=backend, request=request, supported=tags)
-        abi = abi_problem(request, stable=facts.torch_match is TorchMatch.AT_LEAST)
+        abi = abi_problem(request, stable=_stable_abi(facts.torch_match))
         cand = Candidate(
             kind=CandidateKind.WHEEL,
             description=desc,
