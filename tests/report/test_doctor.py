@@ -177,3 +177,23 @@ def test_device_keys() -> None:
     gpu_only = dataclasses.replace(CPU, gpus=(GpuInfo(index=0, name="X", compute_capability=(8, 0), memory_bytes=None,
                                                       driver_version=None, cuda_driver_version=None, source="nvml"),))
     assert gpu_only.device_key() == "cpu|torch 2.13.0+cpu"  # a CPU torch cannot use it
+
+
+@pytest.mark.parametrize(("fa3_version", "rebind"), [("3.0.0+cu130torch2.9.stable.sm90", True),
+                                                    ("3.0.0+cu130torch2.11.cxx11abitrue.sm90", False),
+                                                    ("3.0.0", False)])
+def test_a_stable_abi_fa3_is_offered_the_build_bound_to_this_torch(fa3_version: str, rebind: bool) -> None:
+    """With every faster backend ready and verified, an FA3 whose attnforge label says stable ABI is offered
+    ``--abi torch`` (its calls are boxed); one bound to this torch, or one with no label, is not."""
+    fa3 = InstalledBackend(backend="flash-attn-3", distribution="flash-attn-3", version=fa3_version, imports=True,
+                           native=(NativeModule(name="flash_attn_3._C", ok=True),))
+    fa4 = InstalledBackend(backend="flash-attn-4", distribution="flash-attn-4", version="4.0.0b36", imports=True)
+    snap = _with_backend(_with_backend(H200, fa3), fa4)
+    key = snap.device_key()
+    verified = {b: VerifyRecord(device_key=key, backend=b, backend_version=v, ok=True, summary="ok")
+                for b, v in (("flash-attn-3", fa3_version), ("flash-attn-4", "4.0.0b36"))}
+    report, rows = _rows(snap, verified=verified)
+    assert rows["flash-attn-3"].status is Status.READY
+    said = report.verdict.to_go_faster
+    assert ("attnforge install flash-attn-3 --abi torch" in said) is rebind, said
+    assert rebind or said.startswith("nothing faster is known"), said  # not an earlier branch's advice

@@ -18,6 +18,7 @@ from attnforge.ranking import PLAIN_SDPA, overhead_tier, wins_per_backend
 from attnforge.records import BenchRecord, VerifyRecord
 from attnforge.resolve.torch_checks import torch_cuda
 from attnforge.types.cc import ComputeCapability, format_cc
+from attnforge.types.local_label import stable_abi_of_version
 
 
 def torch_cuda_hint() -> str:
@@ -353,6 +354,14 @@ def _verdict(s: SystemSnapshot, catalog: Catalog, rows: Sequence[BackendRow], be
     if unverified:
         return Verdict(fastest_now=fastest, evidence=evidence,
                        to_go_faster=f"verify what is installed: attnforge verify {' '.join(unverified)}")
+    boxed = [r for r in ready if stable_abi_of_version(r.version) and (recipe := catalog.recipe(r.backend))
+             is not None and recipe.per_torch is not None]
+    if boxed:
+        return Verdict(fastest_now=fastest, evidence=evidence,
+                       to_go_faster=f"{boxed[0].name} is a libtorch stable-ABI build (every call boxed): attnforge "
+                                    f"install {boxed[0].backend} --abi torch --from-source (with the slim options it "
+                                    "was built with) binds it to this torch, 4-7 us less host time a call on an H200 "
+                                    "(docs/slim-builds.md)")
     return Verdict(fastest_now=fastest, evidence=evidence,
                    to_go_faster="nothing faster is known for this GPU; `attnforge bench` shows the measured ranking")
 

@@ -39,6 +39,7 @@ from attnforge.resolve.types import (
 from attnforge.resolve.wheels import check_binary, read_cached, read_wheel, same_distribution, target_ccs
 from attnforge.types.binary import AbiKind
 from attnforge.types.cc import format_cc
+from attnforge.types.local_label import stable_abi_of_version
 from attnforge.types.versions import newest_first
 
 _FROM_SOURCE = "--from-source: prebuilt binaries are skipped"
@@ -138,18 +139,6 @@ def _check_version_text(version: str) -> None:
             raise UsageError(
                 f"not a version specifier: {version!r}", hint="write e.g. ==2.8.3 or >=2.8"
             ) from None
-
-
-def _labelled_stable(version: str | None) -> bool | None:
-    """Whether an installed version's attnforge local label (``+cu130torch2.9.stable``) says stable ABI; None where
-    it has none (a wheel attnforge did not label: its ABI is not known here)."""
-    from attnforge.types.local_label import LocalLabel
-
-    local = version.partition("+")[2] if version else ""
-    try:
-        return LocalLabel.parse(local).stable_abi if local else None
-    except ValueError:
-        return None
 
 
 def _stable_abi(match: TorchMatch, *, built_abi: str | None = None, prebuilt: bool = True) -> bool | None:
@@ -270,7 +259,7 @@ def _installed(snapshot: SystemSnapshot, backend: Backend | None, request: Reque
             reasons.append(f"installed version {state.version!r} is not PEP 440")
     if request.installed_verify_failure:
         reasons.append(f"its latest verify on this device failed: {request.installed_verify_failure}")
-    stable = _labelled_stable(state.version)
+    stable = stable_abi_of_version(state.version)
     abi = abi_problem(request, stable=stable) if stable is not None else None
     reasons += [abi] if abi else []
     if state.imports is False:

@@ -83,4 +83,15 @@ class LocalLabel:
         return f"torch=={self.torch[0]}.{self.torch[1]}.*"
 
 
-__all__ = ["LocalLabel"]
+def stable_abi_of_version(version: str | None) -> bool | None:
+    """Whether an installed version's attnforge local label says the libtorch stable ABI
+    (``3.0.0+cu130torch2.9.stable`` True, ``3.0.0+cu130torch2.11.cxx11abitrue.sm90`` False); None where the version
+    has no such label (a wheel attnforge did not label: its ABI is not known from its version)."""
+    local = version.partition("+")[2] if version else ""
+    try:
+        return LocalLabel.parse(local).stable_abi if local else None
+    except ValueError:
+        return None
+
+
+__all__ = ["LocalLabel", "stable_abi_of_version"]
