@@ -359,7 +359,7 @@ def _verdict(s: SystemSnapshot, catalog: Catalog, rows: Sequence[BackendRow], be
     if boxed:
         return Verdict(fastest_now=fastest, evidence=evidence,
                        to_go_faster=f"{boxed[0].name} is a libtorch stable-ABI build (every call boxed): attnforge "
-                                    f"install {boxed[0].backend} --abi torch --from-source (with the slim options it "
+                                    f"install {boxed[0].backend} --abi torch (with the --source and slim options it "
                                     "was built with) binds it to this torch, 4-7 us less host time a call on an H200 "
                                     "(docs/slim-builds.md)")
     return Verdict(fastest_now=fastest, evidence=evidence,
