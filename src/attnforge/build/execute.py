@@ -166,8 +166,8 @@ def execute(
             tree = build_root / f"{_slug(spec.name)}-{fetched.sha256[:10]}{edited}"
             with filelock.FileLock(str(tree) + ".lock", timeout=0):
                 work = tree  # ours to clean up only once the lock is held
-                resumed = _prepare_tree(fetched, work, scratch, reporter, log, spec=spec)
                 project = work / spec.source.subdirectory if spec.source.subdirectory else work
+                resumed = _prepare_tree(fetched, work, scratch, reporter, log, edits=spec.edits, project=project)
                 sccache_path, before = _sccache_setup(spec, env, work, runner, windows=on_windows)
                 out = scratch / "wheel"
                 argv = installer_for(python, runner=runner).wheel_argv(project, out)  # pip, or uv in a uv venv
@@ -229,10 +229,13 @@ def build_environment(spec: BuildSpec, base: Mapping[str, str]) -> dict[str, str
 
 
 def _prepare_tree(
-    fetched: FetchedSource, work: Path, scratch: Path, reporter: Reporter, log: IO[str], *, spec: BuildSpec
+    fetched: FetchedSource, work: Path, scratch: Path, reporter: Reporter, log: IO[str], *,
+    edits: tuple[SourceEdit, ...], project: Path,
 ) -> bool:
+    """Lay ``fetched`` out at ``work`` and make ``edits`` in ``project`` (``work`` or its subdirectory), unless a kept
+    tree of the same source and edits is there (True: resumed)."""
     marker = work / MARKER
-    stamp = " ".join([fetched.sha256, *(e.digest() for e in spec.edits)])
+    stamp = " ".join([fetched.sha256, *(e.digest() for e in edits)])
     if marker.is_file() and marker.read_text(encoding="utf-8").strip() == stamp:
         reporter.report(PhaseEvent(phase=Phase.UNPACK, detail=f"resuming the kept build tree {work}"))
         log.write(f"attnforge: resuming the kept build tree {work}\n")
@@ -241,8 +244,7 @@ def _prepare_tree(
         shutil.rmtree(work)
     reporter.report(PhaseEvent(phase=Phase.UNPACK, detail=str(work)))
     lay_out(fetched, work, scratch)
-    project = work / spec.source.subdirectory if spec.source.subdirectory else work
-    for edit in spec.edits:
+    for edit in edits:
         apply_edit(project, edit)
         log.write(f"attnforge: edited {edit.file} in the build tree: {edit.find!r} -> {edit.replace!r}\n")
     marker.write_text(stamp + "\n", encoding="utf-8")

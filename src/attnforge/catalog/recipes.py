@@ -59,6 +59,10 @@ class SourceEdit:
         """12 hex digits of the edit's sha256: names it in cache keys and build-tree names."""
         return hashlib.sha256("\0".join((self.file, self.find, self.replace)).encode()).hexdigest()[:12]
 
+    def key_flag(self) -> str:
+        """The edit as a cache key's build flag (``edit:setup.py:<digest>``): the bytes built are not the source's."""
+        return f"edit:{self.file}:{self.digest()}"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Recipe:
@@ -87,6 +91,19 @@ class Recipe:
     stable_abi_from: MajorMinor | None = None  # built with torch >= this, the binary uses the libtorch stable ABI
     #                                            and needs torch >= this (a fleet plans one build for those torches)
     per_torch: SourceEdit | None = None  # with stable_abi_from: the edit that binds a build to the building torch
+
+    def builds_stable_with(self, torch_version: str) -> bool | None:
+        """Whether a build of this recipe against ``torch_version`` (``2.11.0+cu130``) uses the libtorch stable ABI
+        by itself (``stable_abi_from`` <= its major.minor); None where the version cannot be read."""
+        from packaging.version import InvalidVersion, Version
+
+        if self.stable_abi_from is None:
+            return False
+        try:
+            have = Version(torch_version.split("+", 1)[0]).release[:2]
+        except InvalidVersion:
+            return None
+        return tuple(have) >= self.stable_abi_from
 
     def target_for(self, cc: ComputeCapability, runs_on: Any) -> Target | None:
         """The best target this recipe can emit whose code runs on ``cc`` (the highest one), or None.

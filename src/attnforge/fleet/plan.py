@@ -20,8 +20,6 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from packaging.version import InvalidVersion, Version
-
 from attnforge._serde import to_jsonable
 from attnforge.catalog import Catalog
 from attnforge.catalog.recipes import Recipe
@@ -270,15 +268,9 @@ def build_wheel_key(wheel: WheelKey, recipe: Recipe | None, *, abi: AbiKind | No
     ``abi`` ``torch`` (``--abi torch``: each build bound to its torch) keeps the kind's own key.
     The built binary's own ABI is read again when it is stored (:mod:`attnforge.install.abi`)."""
     if (recipe is None or recipe.stable_abi_from is None or wheel.torch_version is None
-            or abi is AbiKind.TORCH):
-        return wheel
-    try:
-        have = Version(wheel.torch_version.split("+", 1)[0]).release[:2]
-    except InvalidVersion:
+            or abi is AbiKind.TORCH or not recipe.builds_stable_with(wheel.torch_version)):
         return wheel
     floor = recipe.stable_abi_from
-    if tuple(have) < floor:
-        return wheel
     return dataclasses.replace(wheel, torch_version=f">={floor[0]}.{floor[1]}", cxx11_abi=None)
 
 
@@ -295,7 +287,7 @@ def artifact_key(request: Request, spec: BuildSpec, wheel: WheelKey, source_dige
         "source": to_jsonable(spec.source), "wheel": to_jsonable(wheel),
         "archs": [str(cc) for cc in spec.archs],
         "flags": sorted([*(f"{k}={v}" for k, v in spec.env.items() if k not in NOT_IN_KEY),
-                         *(f"edit:{e.file}:{e.digest()}" for e in spec.edits)]),
+                         *(e.key_flag() for e in spec.edits)]),
         "nvcc": spec.toolkit.version if spec.toolkit else None, "source_digest": source_digest,
     }
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

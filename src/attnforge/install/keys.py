@@ -65,7 +65,7 @@ def built_wheel_inputs(
     if target is not None:
         abi, torch_version, cxx11_abi = target.abi, target.torch, target.cxx11_abi
     flags = tuple(f"{k}={v}" for k, v in spec.env.items() if k not in NOT_IN_KEY)
-    flags += tuple(f"edit:{e.file}:{e.digest()}" for e in spec.edits)  # the bytes built are not the source's
+    flags += tuple(e.key_flag() for e in spec.edits)
     if spec.allow_unsupported_compiler:  # on Windows the flag reaches nvcc at build time, not via spec.env
         flags = (*flags, "nvcc:-allow-unsupported-compiler")
     return CacheKeyInputs(

@@ -16,6 +16,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from attnforge.catalog import Catalog
 from attnforge.catalog.recipes import CPP_RECIPE, GENERIC_RECIPE, Recipe, RecipeKind
 from attnforge.catalog.slim import SlimPlan, SlimRequest, plan_slim
+from attnforge.catalog.toolchain import format_major_minor
 from attnforge.errors import ResolveError, UsageError
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.cpu_only import cpu_only_source
@@ -272,7 +273,7 @@ def _spec(
     if (request.abi is None and not pre.cpu_only and recipe.per_torch is not None and recipe.stable_abi_from
             and builds_stable(snapshot, recipe)):
         notes.append(f"{recipe.id} builds the libtorch stable ABI with torch >= "
-                     f"{recipe.stable_abi_from[0]}.{recipe.stable_abi_from[1]} (one binary for every newer torch); "
+                     f"{format_major_minor(recipe.stable_abi_from)} (one binary for every newer torch); "
                      "--abi torch binds it to this torch instead: less host time a call (4-7 us on an H200, "
                      "docs/slim-builds.md), a rebuild when torch changes")
     if slim is not None:

@@ -18,6 +18,7 @@ from attnforge.probe.snapshot import CudaToolkit, SystemSnapshot
 from attnforge.resolve.checks import Check, allowed_unsupported, disk_check, host_compiler_check, ninja_check, ram_check
 from attnforge.resolve.torch_checks import toolkit_version, torch_checks, torch_cuda, torch_variant_for
 from attnforge.resolve.types import Request
+from attnforge.types.binary import AbiKind
 from attnforge.types.cc import ComputeCapability, format_cc
 
 
@@ -122,27 +123,17 @@ def run_preflight(snapshot: SystemSnapshot, catalog: Catalog, request: Request, 
 
 # -- ABI -----------------------------------------------------------------------------------------------------
 def builds_stable(snapshot: SystemSnapshot, recipe: Recipe) -> bool | None:
-    """Whether a build of ``recipe`` with the snapshot's torch uses the libtorch stable ABI by itself (None: torch
-    is missing or its version unreadable)."""
-    from packaging.version import InvalidVersion, Version
-
+    """Whether a build of ``recipe`` with the snapshot's torch uses the libtorch stable ABI by itself
+    (:meth:`Recipe.builds_stable_with`; None: torch is missing or its version unreadable)."""
     if recipe.stable_abi_from is None:
         return False
-    if snapshot.torch is None:
-        return None
-    try:
-        have = Version(snapshot.torch.version.split("+", 1)[0]).release[:2]
-    except InvalidVersion:
-        return None
-    return tuple(have) >= recipe.stable_abi_from
+    return None if snapshot.torch is None else recipe.builds_stable_with(snapshot.torch.version)
 
 
 def abi_check(snapshot: SystemSnapshot, recipe: Recipe, request: Request) -> Check | None:
     """Whether the build can bind to torch as ``--abi`` asks (None: no ``--abi``). ``torch`` on a recipe that builds
     the stable ABI by itself needs its :attr:`~attnforge.catalog.recipes.Recipe.per_torch` edit; ``torch-stable``
     needs a recipe with ``stable_abi_from`` and a torch at least that."""
-    from attnforge.types.binary import AbiKind
-
     if request.abi is None:
         return None
     if recipe.id in (GENERIC_RECIPE, CPP_RECIPE):  # a project the catalog does not know: its binary will tell
@@ -174,8 +165,6 @@ def abi_check(snapshot: SystemSnapshot, recipe: Recipe, request: Request) -> Che
 def abi_edits(snapshot: SystemSnapshot, recipe: Recipe, request: Request) -> tuple[SourceEdit, ...]:
     """The edits a build of ``request`` makes in its tree: the recipe's per-torch edit where ``--abi torch`` asks
     a recipe that builds the stable ABI by itself to bind to the building torch; none otherwise."""
-    from attnforge.types.binary import AbiKind
-
     if request.abi is AbiKind.TORCH and recipe.per_torch is not None and builds_stable(snapshot, recipe):
         return (recipe.per_torch,)
     return ()
