@@ -8,7 +8,18 @@ left padding on row 1. Timed by :func:`attnforge.bench.timing.measure` (``_timin
 layers. Run in a home with no records and ``ATTNFORGE_AUTOTUNE=0`` so the SDPA adapter serves (what a masked
 call gets when SDPA is chosen).
 
-Usage: ATTNFORGE_AUTOTUNE=0 python scripts/gpu/mask_reuse.py --out mask.json [--device cpu]
+``--shape llama3-8b``: one Llama-3-8B prefill layer's call as ``generate`` issues it (B4 Hq32 Hkv8 S1024 D128, the
+prompt of row 1 left-padded by S/5), and two more questions about it (the prefill figures of 2026-11-29 read
+0.985-0.988x with SDPA chosen on both sides):
+
+- ``kernels``: per SDPA kernel forced (cuDNN, memory-efficient, math) and per mask form (the caller's bool mask,
+  the adapter's additive one with the hidden rows opened, and an additive one not opened): what the rows that see
+  no key hold (NaN, zeros, other), the largest error on the other rows against float32 math, whether the
+  gradients are finite, and ``torch._fused_sdp_choice`` (the kernel SDPA itself picks for the call);
+- ``parts``: the call as transformers makes it (the bool mask, ``enable_gqa``), SDPA on the adapter's opened
+  mask alone, the adapter's zeroing pass alone, and ``attention()``, timed in interleaved rounds.
+
+Usage: ATTNFORGE_AUTOTUNE=0 python scripts/gpu/mask_reuse.py --out mask.json [--shape llama3-8b] [--device cpu]
 """
 
 from __future__ import annotations
@@ -18,13 +29,85 @@ import json
 import sys
 import time
 
-from _timing import measure_ms
+from _timing import measure_many_ms, measure_ms
+
+#: per --shape: B, Hq, Hkv, S, D on a GPU, and the padded row's hidden prefix (keys of row 1 before it are padding)
+SHAPES = {"tiny": ((4, 8, 2, 2048, 128), 7), "llama3-8b": ((4, 32, 8, 1024, 128), 5)}
+
+
+def _rows(out: object, hidden: object) -> dict[str, object]:
+    """What ``out [B, H, S, D]`` holds on the rows ``hidden`` (``[B, 1, S, 1]`` bool) marks."""
+    rows = out.float()[hidden.expand_as(out)]  # type: ignore[attr-defined]
+    return {"nan": int(rows.isnan().sum()), "all_zero": bool((rows == 0).all()),
+            "max_abs": float(rows.nan_to_num().abs().max()) if rows.numel() else 0.0}
+
+
+def kernels(torch: object, q: object, k: object, v: object, mask: object, opened: object) -> dict[str, object]:
+    """The ``kernels`` section (see the module's docstring); ``opened``: the adapter's additive mask for ``mask``."""
+    import torch.nn.functional as F  # noqa: N812
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    t = torch  # type: ignore[assignment]
+    seen = mask.any(-1, keepdim=True)  # type: ignore[attr-defined]
+    hidden = ~seen
+    plain = t.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))  # type: ignore
+    g = q.shape[1] // k.shape[1]  # type: ignore[attr-defined]
+    ref = F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(g, 1),  # type: ignore[attr-defined]
+                                         v.float().repeat_interleave(g, 1), attn_mask=opened.float())  # type: ignore
+    doc: dict[str, object] = {"hidden_rows": int(hidden.sum())}
+    forms = {"bool": mask, "additive_opened": opened, "additive_plain": plain}
+    for form, m in forms.items():
+        try:
+            doc[f"sdpa_choice_{form}"] = SDPBackend(int(t._fused_sdp_choice(q, k, v, attn_mask=m, dropout_p=0.0,  # type: ignore
+                                                                           is_causal=False, enable_gqa=True))).name
+        except Exception as exc:
+            doc[f"sdpa_choice_{form}"] = f"{type(exc).__name__}: {exc}"[:200]
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+                          ("math", SDPBackend.MATH)):
+        for form, m in forms.items():
+            for gqa in ("enable_gqa", "expanded"):
+                kk, vv = (k, v) if gqa == "enable_gqa" else (k.repeat_interleave(g, 1), v.repeat_interleave(g, 1))  # type: ignore
+                row: dict[str, object] = {}
+                try:
+                    with sdpa_kernel([backend]), t.no_grad():
+                        out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=m,
+                                                             enable_gqa=gqa == "enable_gqa")
+                    row.update(_rows(out, hidden))
+                    row["seen_max_err"] = float((out.float() - ref)[seen.expand_as(ref)].abs().max())
+                    qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, kk, vv))
+                    with sdpa_kernel([backend]):
+                        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=m, enable_gqa=gqa == "enable_gqa")
+                        (o.float() * seen).sum().backward()
+                    row["grads_finite"] = all(bool(x.grad.isfinite().all()) for x in (qg, kg, vg))
+                except Exception as exc:
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+                doc[f"{name}/{form}/{gqa}"] = row
+    return doc
+
+
+def parts(torch: object, q: object, k: object, v: object, mask: object, opened: object,
+          seen: object) -> dict[str, object]:
+    """The ``parts`` section (see the module's docstring): each median ms over interleaved rounds."""
+    import torch.nn.functional as F  # noqa: N812
+
+    import attnforge
+
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=opened, enable_gqa=True)  # type: ignore[arg-type]
+    fns = {"sdpa_bool_as_transformers": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=None,  # type: ignore
+                                                                                 enable_gqa=True),
+           "sdpa_opened_mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=opened, enable_gqa=True),  # type: ignore
+           "zeroing_pass": lambda: out.mul_(seen),
+           "attention": lambda: attnforge.attention(q, k, v, attn_mask=mask)}  # type: ignore[arg-type]
+    set_bytes = sum(x.numel() * x.element_size() for x in (q, k, v))  # type: ignore[attr-defined]
+    with torch.no_grad():  # type: ignore[attr-defined]
+        return {name: m.get("median_ms", m) for name, m in measure_many_ms(torch, fns, set_bytes=set_bytes).items()}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F  # noqa: N812
@@ -33,7 +116,9 @@ def main() -> int:
     from attnforge.backends import sdpa as sdpa_module
 
     cuda = args.device == "cuda"
-    b, hq, hkv, s, d = (4, 8, 2, 2048, 128) if cuda else (2, 4, 2, 64, 32)
+    (b, hq, hkv, s, d), pad = SHAPES[args.shape]
+    if not cuda:
+        b, hq, hkv, s, d = 2, hq // hkv * 2, 2, 64, 32
     dtype = torch.bfloat16 if cuda else torch.float32
     if not cuda:  # CPU SDPA zeroes rows that see no key itself; take the CUDA path for a dry run
         sdpa_module._safe_softmax_on_cpu = lambda: False  # type: ignore[assignment]
@@ -41,7 +126,7 @@ def main() -> int:
     layers = [tuple(torch.randn(b, h, s, d, device=args.device, dtype=dtype) for h in (hq, hkv, hkv))
               for _ in range(4)]
     mask = torch.ones(s, s, dtype=torch.bool, device=args.device).tril().expand(b, 1, s, s).clone()
-    mask[1, :, :, : s // 7] = False
+    mask[1, :, :, : s // pad] = False
 
     class Redo(sdpa_module.KeptPerMask):
         def get(self, mask: object, params: object) -> None:  # type: ignore[override]
@@ -70,6 +155,14 @@ def main() -> int:
     doc: dict[str, object] = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
                               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                               "shape": [b, hq, hkv, s, d], "dtype": str(dtype), "layers": 4}
+    q0, k0, v0 = layers[0]
+    opened, seen = sdpa_module.SdpaAdapter._sdpa_mask(mask, q0, sq=s, sk=s, causal=False, top_left=True,
+                                                      window=None)
+    if seen is not None:
+        doc["kernels"] = kernels(torch, q0, k0, v0, mask, opened)
+        print(json.dumps(doc["kernels"], indent=1), flush=True)
+        doc["parts"] = parts(torch, q0, k0, v0, mask, opened, seen)
+        print(json.dumps(doc["parts"], indent=1), flush=True)
     with torch.no_grad():
         outs = {name: step(fn)() for name, fn in (("sdpa", direct), ("attnforge", forge),
                                                    ("attnforge_redo", forge_redo))}

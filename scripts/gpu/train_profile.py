@@ -7,7 +7,11 @@ Per implementation: the step timed as ``models_e2e.py`` times it (``paired_ms``,
 ``torch.profiler``: the wall ms, the device ms of all kernels, the host calls that wait on the device
 (``cudaDeviceSynchronize``, ``cudaStreamSynchronize``, ``cudaMemcpyAsync``), and the ops whose counts differ.
 
-Usage: ``python scripts/gpu/train_profile.py --out train_profile.json [--only llama3-8b] [--device cpu]``.
+``--prefill``: the same for ``generate``'s prefill instead (``models_e2e.py``'s padded batch of 4 prompts of 1024
+tokens, one new token), where the 2026-11-29 figures read 0.985-0.988x with SDPA chosen on both sides; the
+profile adds the kernels' device time by name.
+
+Usage: ``python scripts/gpu/train_profile.py --out train_profile.json [--only llama3-8b] [--prefill] [--device cpu]``.
 """
 
 from __future__ import annotations
@@ -37,18 +41,25 @@ def _profile(torch: Any, step: Any) -> dict[str, Any]:
         wall = (time.perf_counter() - t0) * 1e3
     ev = prof.key_averages()
     kernels = sum(e.self_device_time_total for e in ev if e.device_type.name == "CUDA") / 1e3 if acts[1:] else 0.0
-    return {"wall_ms": wall, "kernel_ms": kernels,
+    by_kernel = sorted(((e.key[:90], e.count, round(e.self_device_time_total / 1e3, 4)) for e in ev
+                        if e.device_type.name == "CUDA" and e.self_device_time_total > 0), key=lambda r: -r[2])
+    return {"wall_ms": wall, "kernel_ms": kernels, "kernels": by_kernel[:25],
             "waits": {e.key: [e.count, round(e.self_cpu_time_total / 1e3, 3)] for e in ev if e.key in _WAITS},
             "ops": {e.key: e.count for e in ev if e.key.startswith("aten::")}}
 
 
-def _one(torch: Any, name: str) -> dict[str, Any]:
-    """One decoder's paired train step, its profile per implementation, and explain() of its fwd+bwd class."""
+def _one(torch: Any, name: str, *, prefill: bool = False) -> dict[str, Any]:
+    """One decoder's paired train step (``prefill``: generate's prefill), its profile per implementation, and
+    explain() of its fwd+bwd class."""
     model, _ = e2e.decoder_model(torch, name)
     batch, seq = (2, 48) if e2e.SMALL else (4, 2048)
     ids = torch.randint(0, 2048, (batch, seq), device=e2e.DEV)
+    kw = e2e._generate_inputs(torch, batch)[0]
 
     def step() -> None:
+        if prefill:
+            e2e._generate_run(torch, model, kw, 1)
+            return
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         model.zero_grad(set_to_none=True)
@@ -80,12 +91,13 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", help="cpu: a float32 dry run at tiny sizes")
     ap.add_argument("--only", default="llama3-8b,qwen2.5-7b")
+    ap.add_argument("--prefill", action="store_true", help="generate's padded prefill instead of a train step")
     args = ap.parse_args()
     import torch
 
     res = e2e.configure(torch, args.device)
     for name in [n for n in args.only.split(",") if n]:
-        res[name] = _one(torch, name)
+        res[name] = _one(torch, name, prefill=args.prefill)
         print(name, json.dumps(res[name], indent=1), flush=True)
     with open(args.out, "w") as fh:
         json.dump(res, fh, indent=1)
