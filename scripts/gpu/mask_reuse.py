@@ -17,7 +17,9 @@ prompt of row 1 left-padded by S/5), and two more questions about it (the prefil
   no key hold (NaN, zeros, other), the largest error on the other rows against float32 math, whether the
   gradients are finite, and ``torch._fused_sdp_choice`` (the kernel SDPA itself picks for the call);
 - ``parts``: the call as transformers makes it (the bool mask, ``enable_gqa``), SDPA on the adapter's opened
-  mask alone, the adapter's zeroing pass alone, and ``attention()``, timed in interleaved rounds.
+  mask alone and on the mask with those rows not opened, the adapter's zeroing pass alone, and ``attention()``,
+  timed in interleaved rounds; ``zeroing_kernels``: what the adapter's probe (``sdpa._zeroing_kernels``) answers
+  at head dims 64, 128 and 256.
 
 Usage: ATTNFORGE_AUTOTUNE=0 python scripts/gpu/mask_reuse.py --out mask.json [--shape llama3-8b] [--device cpu]
 """
@@ -42,7 +44,7 @@ def _rows(out: object, hidden: object) -> dict[str, object]:
             "max_abs": float(rows.nan_to_num().abs().max()) if rows.numel() else 0.0}
 
 
-def kernels(torch: object, q: object, k: object, v: object, mask: object, opened: object) -> dict[str, object]:
+def kernels(torch: object, q: object, k: object, v: object, *, mask: object, opened: object) -> dict[str, object]:
     """The ``kernels`` section (see the module's docstring); ``opened``: the adapter's additive mask for ``mask``."""
     import torch.nn.functional as F  # noqa: N812
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -54,7 +56,10 @@ def kernels(torch: object, q: object, k: object, v: object, mask: object, opened
     g = q.shape[1] // k.shape[1]  # type: ignore[attr-defined]
     ref = F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(g, 1),  # type: ignore[attr-defined]
                                          v.float().repeat_interleave(g, 1), attn_mask=opened.float())  # type: ignore
-    doc: dict[str, object] = {"hidden_rows": int(hidden.sum())}
+    from attnforge.backends.sdpa import _zeroing_kernels
+
+    doc: dict[str, object] = {"hidden_rows": int(hidden.sum()), "zeroing_kernels": {
+        d: sorted(_zeroing_kernels(q.device, q.dtype, d, d)) for d in (64, 128, 256)}}  # type: ignore[attr-defined]
     forms = {"bool": mask, "additive_opened": opened, "additive_plain": plain}
     for form, m in forms.items():
         try:
@@ -85,7 +90,7 @@ def kernels(torch: object, q: object, k: object, v: object, mask: object, opened
     return doc
 
 
-def parts(torch: object, q: object, k: object, v: object, mask: object, opened: object,
+def parts(torch: object, q: object, k: object, v: object, *, mask: object, opened: object,
           seen: object) -> dict[str, object]:
     """The ``parts`` section (see the module's docstring): each median ms over interleaved rounds."""
     import torch.nn.functional as F  # noqa: N812
@@ -93,9 +98,11 @@ def parts(torch: object, q: object, k: object, v: object, mask: object, opened: 
     import attnforge
 
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=opened, enable_gqa=True)  # type: ignore[arg-type]
+    plain = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))  # type: ignore
     fns = {"sdpa_bool_as_transformers": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=None,  # type: ignore
                                                                                  enable_gqa=True),
            "sdpa_opened_mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=opened, enable_gqa=True),  # type: ignore
+           "sdpa_plain_mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=plain, enable_gqa=True),  # type: ignore
            "zeroing_pass": lambda: out.mul_(seen),
            "attention": lambda: attnforge.attention(q, k, v, attn_mask=mask)}  # type: ignore[arg-type]
     set_bytes = sum(x.numel() * x.element_size() for x in (q, k, v))  # type: ignore[attr-defined]
@@ -159,9 +166,9 @@ def main() -> int:
     opened, seen = sdpa_module.SdpaAdapter._sdpa_mask(mask, q0, sq=s, sk=s, causal=False, top_left=True,
                                                       window=None)
     if seen is not None:
-        doc["kernels"] = kernels(torch, q0, k0, v0, mask, opened)
+        doc["kernels"] = kernels(torch, q0, k0, v0, mask=mask, opened=opened)
         print(json.dumps(doc["kernels"], indent=1), flush=True)
-        doc["parts"] = parts(torch, q0, k0, v0, mask, opened, seen)
+        doc["parts"] = parts(torch, q0, k0, v0, mask=mask, opened=opened, seen=seen)
         print(json.dumps(doc["parts"], indent=1), flush=True)
     with torch.no_grad():
         outs = {name: step(fn)() for name, fn in (("sdpa", direct), ("attnforge", forge),

@@ -238,3 +238,29 @@ def test_the_exact_decode_math_takes_bf16_q_and_k_in_one_matmul_on_the_gpu(mask_
     # transformers' additive mask hides with finfo.min, not -inf: that row attends to every key evenly, as eager's
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
     assert exact._SCALED_MATMUL.get("cuda") is True  # baddbmm(..., out_dtype=) took the first multiply
+
+
+@pytest.mark.parametrize("name", ["sdpa", "sdpa-cudnn", "sdpa-efficient", "sdpa-math"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_masked_prefill_on_the_gpu_gives_zeros_where_a_row_sees_no_key(name: str, head_dim: int) -> None:
+    """A left-padded prefill's mask (more query rows than a decode step, no gradient): rows that see no key are
+    zeros and the others match the reference, whether the adapter leaves them to the kernel (the kernels this GPU's
+    probe found zeroing them) or opens and zeroes them."""
+    adapter = registry.fallback() if name == "sdpa" else registry.adapters()[name]
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(2, 8, 96, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(2, 2, 96, head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    mask = torch.ones(96, 96, dtype=torch.bool, device="cuda").tril().expand(2, 1, 96, 96).clone()
+    mask[1, :, :, :19] = False  # rows 0-18 of batch 1 see no key
+    zeroing = sdpa_module._zeroing_kernels(q.device, q.dtype, head_dim, head_dim)
+    assert zeroing <= frozenset(sdpa_module._MASK_KERNELS["cuda"])
+    try:
+        with torch.no_grad():
+            out = adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
+    except RuntimeError as exc:
+        if "No available kernel" in str(exc):
+            pytest.skip(f"{name} does not take this call on this GPU")
+        raise
+    assert torch.equal(out[1, :, :19], torch.zeros_like(out[1, :, :19])), sorted(zeroing)
+    ref = reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)

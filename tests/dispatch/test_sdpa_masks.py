@@ -198,6 +198,114 @@ def test_a_new_mask_is_prepared_without_negating_its_rows(preparations: list[int
     assert "aten::any" in ops and "aten::bitwise_not" not in ops and "aten::logical_not" not in ops, ops
 
 
+def _prefill() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q ``[2, 4, 32, 8]``, k/v ``[2, 2, 40, 8]`` (more query rows than a decode step) and a ``[B, 1, 32, 40]`` bool
+    mask: left padding on batch 1 and a query row (3) that sees no key."""
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 4, 32, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 40, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.ones(2, 1, 32, 40, dtype=torch.bool)
+    mask[1, :, :, :5] = False
+    mask[1, :, 3, :] = False
+    return q, k, v, mask
+
+
+@pytest.fixture
+def mask_kernels(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[..., tuple[torch.Tensor, ...]]], None]:
+    """The seam of :func:`sdpa._zeroing_kernels` opened to the CPU: CPU's math op and a memory-efficient op (the one
+    given, :func:`_efficient_kernel` by default) as the kernels that take a mask, the probe's answers cleared."""
+    monkeypatch.setattr(sdpa_module, "_MASK_KERNELS", {"cpu": ("EFFICIENT_ATTENTION", "MATH")})
+    sdpa_module._zeroing_kernels.cache_clear()
+
+    def install(fn: Callable[..., tuple[torch.Tensor, ...]]) -> None:
+        _install_efficient_kernel(monkeypatch, fn)
+        sdpa_module._zeroing_kernels.cache_clear()
+
+    install(_efficient_kernel)
+    yield install  # type: ignore[misc]
+    sdpa_module._zeroing_kernels.cache_clear()
+
+
+def _plain(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` additive in float64: -inf wherever it hides a key, a row that sees no key included (not opened)."""
+    return torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+
+
+def test_rows_that_see_no_key_are_left_to_kernels_that_zero_them(
+        preparations: list[int], got: list[torch.Tensor], mask_kernels: object) -> None:
+    """With no gradient to keep finite and every kernel that takes a mask returning zeros for a row that sees no
+    key, SDPA gets the mask additive with that row -inf at every key (nothing opened, so no pass over the output
+    zeroes it), prepared once for every layer; the row is zeros and the others match the reference."""
+    q, k, v, mask = _prefill()
+    for _ in range(3):
+        out = registry.fallback()(q, k, v, causal=False, scale=None, attn_mask=mask)
+        torch.testing.assert_close(out, reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask))
+        assert torch.equal(out[1, :, 3], torch.zeros_like(out[1, :, 3]))
+        assert torch.equal(got[-1], _plain(mask))
+    assert len(preparations) == 1
+    assert sdpa_module._zeroing_kernels.cache_info().misses == 1  # the kernels asked once
+
+
+def test_a_call_that_records_grad_keeps_the_rows_opened(
+        preparations: list[int], got: list[torch.Tensor], mask_kernels: object) -> None:
+    """A softmax over a row hidden everywhere has no finite gradient in every kernel: a call autograd records
+    opens that row and zeroes it; its gradients match the reference's."""
+    q, k, v, mask = _prefill()
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = registry.fallback()(q, k, v, causal=False, scale=None, attn_mask=mask)
+    ref = reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask)
+    torch.testing.assert_close(out, ref)
+    opened = _plain(mask)
+    opened[1, :, 3, :] = 0.0
+    assert torch.equal(got[-1], opened)
+    for g_out, g_ref in zip(torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v)),
+                            strict=True):
+        torch.testing.assert_close(g_out, g_ref)
+
+
+def _nan_rows_kernel(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+    """:func:`_efficient_kernel` returning NaN for the rows its bias hides everywhere (torch 2.1-2.4's kernel,
+    pytorch/pytorch#110213)."""
+    out, *rest = _efficient_kernel(*args, **kwargs)
+    bias = args[3]
+    if bias is not None:
+        out = out.masked_fill(torch.isneginf(bias).all(-1, keepdim=True), float("nan"))
+    return (out, *rest)
+
+
+def _refusing_kernel(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+    raise RuntimeError("No available kernel. Aborting execution.")
+
+
+@pytest.mark.parametrize("kernel", [_nan_rows_kernel, _refusing_kernel], ids=["nan-rows", "refuses"])
+def test_a_kernel_not_known_to_zero_the_rows_keeps_them_opened(
+        preparations: list[int], got: list[torch.Tensor], mask_kernels: Callable[[Any], None],
+        kernel: Callable[..., tuple[torch.Tensor, ...]]) -> None:
+    """One kernel that returns NaN there, or that the probe could not run (its answer unknown), and SDPA, which
+    may choose it, gets the row opened; the adapter zeroes it."""
+    mask_kernels(kernel)
+    q, k, v, mask = _prefill()
+    out = registry.fallback()(q, k, v, causal=False, scale=None, attn_mask=mask)
+    torch.testing.assert_close(out, reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask))
+    assert torch.equal(out[1, :, 3], torch.zeros_like(out[1, :, 3]))
+    assert not torch.isinf(got[-1][1, :, 3]).any()  # opened
+    assert sdpa_module._zeroing_kernels(q.device, q.dtype, 8, 8) == frozenset({"MATH"})
+
+
+def test_the_probe_reaches_the_caller_with_the_devices_state(mask_kernels: Callable[[Any], None]) -> None:
+    """Out of memory inside the probe is the device's state, not a refusal: it reaches the caller and leaves no
+    answer behind, so the next call asks again."""
+    def oom(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    mask_kernels(oom)
+    with pytest.raises(torch.OutOfMemoryError):
+        sdpa_module._zeroing_kernels(torch.device("cpu"), torch.float64, 8, 8)
+    mask_kernels(_efficient_kernel)
+    assert sdpa_module._zeroing_kernels(torch.device("cpu"), torch.float64, 8, 8) == frozenset(
+        {"EFFICIENT_ATTENTION", "MATH"})
+
+
 def _efficient_kernel(  # noqa: PLR0917 (the op's own positional signature)
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
                       compute_log_sumexp: bool, dropout_p: float = 0.0, is_causal: bool = False, *,

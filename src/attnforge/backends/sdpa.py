@@ -7,7 +7,8 @@ result.
 
 Causal alignment: SDPA's ``is_causal`` is top-left. It is used only when Sq == Sk, where top-left and
 bottom-right agree; otherwise the adapter passes an explicit bottom-right boolean ``attn_mask`` (capability
-``causal = "mask"``) and zeroes the rows that see no key, as the float64 reference and FlashAttention do.
+``causal = "mask"``) and zeroes the rows that see no key, as the float64 reference and FlashAttention do (or
+leaves them to SDPA's kernels where those return zeros for them: :func:`_unseen_rows_zeroed`).
 """
 
 from __future__ import annotations
@@ -213,17 +214,21 @@ class SdpaAdapter(AdapterBase):
         if attn_mask is None and window is None and causal and top_left:
             kwargs["is_causal"] = True  # SDPA's own top-left causal
         else:
-            params = (sq, sk, causal, top_left, window, q.dtype, q.device)
-            keep = (attn_mask is not None and not attn_mask.requires_grad and not torch.compiler.is_compiling()
+            compiling = torch.compiler.is_compiling()
+            # rows that see no key left to SDPA's kernels, which return zeros for them (no gradient to keep finite)
+            plain = (sq > DECODE_ROWS and q.device.type in _MASK_KERNELS and not capturing and not compiling
+                     and not records_grad(q, k, v, attn_mask) and _unseen_rows_zeroed(q, v, self.kernel))
+            params = (sq, sk, causal, top_left, window, q.dtype, q.device, plain)
+            keep = (attn_mask is not None and not attn_mask.requires_grad and not compiling
                     and not (q.device.type == "cpu" and _safe_softmax_on_cpu()) and not capturing)
             opened = _OPENED.get(attn_mask, params) if keep else None
             if opened is None:
                 mask, seen = self._sdpa_mask(attn_mask, q, sq=sq, sk=sk, causal=causal, top_left=top_left,
-                                              window=window)
+                                              window=window, plain=plain)
                 # never kept nor found under CUDA graph capture (keep): the captured kernels have not run, so the
                 # tensors would hold garbage for an eager call of the same mask object until the graph is replayed,
                 # and a capture that found an eager entry would replay it after the caller changed the mask in place
-                if keep and seen is not None:
+                if keep and (seen is not None or mask is not attn_mask):
                     _OPENED.put(attn_mask, params, (mask, seen))
             else:
                 mask, seen = opened
@@ -252,10 +257,11 @@ class SdpaAdapter(AdapterBase):
 
     @staticmethod
     def _sdpa_mask(attn_mask: Any, q: torch.Tensor, *, sq: int, sk: int, causal: bool, top_left: bool,
-                   window: Any) -> tuple[Any, Any]:
+                   window: Any, plain: bool = False) -> tuple[Any, Any]:
         """The one ``attn_mask`` SDPA gets for the caller's mask, causal alignment and window, and which rows see
         some key (bool ``[..., Sq, 1]``: the output is multiplied by it; None where SDPA itself returns zeros for
-        rows that see none: CPU since torch 2.5)."""
+        rows that see none: CPU since torch 2.5, and ``plain``: the call's kernels do, :func:`_unseen_rows_zeroed`;
+        the mask is then additive with those rows -inf at every key, nothing opened)."""
         import torch
 
         visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=q.device)
@@ -268,6 +274,10 @@ class SdpaAdapter(AdapterBase):
             else:
                 mask = mask.masked_fill(~visible, float("-inf"))
         seen = None
+        if mask is not None and plain:
+            # additive, as SDPA turns a bool mask on every call, here once per mask object (torch 2.11's own turning
+            # left cuDNN a row that sees no key not zeroed: scripts/gpu/mask_reuse.py, 2026-11-29)
+            return (_aligned_additive(mask, q.dtype, hide=False) if mask.dtype == torch.bool else mask), None
         if mask is not None and not (q.device.type == "cpu" and _safe_softmax_on_cpu()):
             # rows that see no key are opened to every key (no NaN in softmax or its gradient) and zeroed
             seen = (mask if mask.dtype == torch.bool else mask > float("-inf")).any(dim=-1, keepdim=True)
@@ -728,6 +738,68 @@ def _multiprocessors(device: Any) -> int:
     import torch
 
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+#: per device type, the SDPA kernels that take a mask (``SDPBackend`` member names, FlashAttention-2 takes none): where
+#: each returns zeros for the rows that see no key, the adapter leaves those rows to them (:func:`_unseen_rows_zeroed`;
+#: a test's probe of CPU's math kernel is the seam that adds the CPU)
+_MASK_KERNELS: dict[str, tuple[str, ...]] = {"cuda": ("CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")}
+
+
+def _unseen_rows_zeroed(q: torch.Tensor, v: torch.Tensor, kernel: str | None) -> bool:
+    """Whether the SDPA kernel of a call on ``q [B, Hq, Sq, D]``, ``v [B, Hkv, Sk, Dv]`` returns zeros (finite, no NaN)
+    for the query rows whose additive mask is -inf at every key, so the adapter need not open those rows and zero
+    them after the call (a pass over the whole output: 89 µs of a 219 µs call at Llama-3-8B's prefill layer, B4
+    Hq32 Hkv8 S1024 D128 bf16, on an H200 with torch 2.11, 2026-11-29, ``scripts/gpu/mask_reuse.py --shape
+    llama3-8b``, docs/benchmarks.md). ``kernel``: the forced kernel's name; None (SDPA chooses): every kernel of
+    :data:`_MASK_KERNELS` for the device must. Asked of the kernels themselves (:func:`_zeroing_kernels`), once per
+    device, dtype and head dims: torch 2.1-2.4's memory-efficient kernel returned NaN there
+    (pytorch/pytorch#110213); torch 2.11's cuDNN, memory-efficient and math kernels return zeros (that run)."""
+    zeroing = _zeroing_kernels(q.device, q.dtype, int(q.shape[-1]), int(v.shape[-1]))
+    return kernel in zeroing if kernel is not None else zeroing.issuperset(_MASK_KERNELS[q.device.type])
+
+
+#: rows of the probe's query that see no key (:func:`_zeroing_kernels`), of its :data:`_PROBE_ROWS`
+_PROBE_HIDDEN, _PROBE_ROWS = 16, 256
+
+
+@functools.cache
+def _zeroing_kernels(device: Any, dtype: Any, d: int, dv: int) -> frozenset[str]:
+    """The kernels of :data:`_MASK_KERNELS` for ``device`` that return zeros and nothing but finite values for the
+    query rows that see no key, called as SDPA calls each once chosen on a ``[1, 2, 256, d]`` query (``dv``: V's
+    head dim) in ``dtype`` whose first 16 rows an additive mask hides every key from, the others causal. A kernel
+    that raises there (not built, not for this dtype or head dim) is left out: it is not known to. Once per
+    process for each device, dtype and head dims (one host sync per kernel; cuDNN builds a graph for the shape).
+
+    Raises:
+        RuntimeError: the device's state (out of memory, a CUDA error: :func:`device_state`), not a refusal."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k = (torch.randn(1, 2, _PROBE_ROWS, d, device=device, dtype=dtype, generator=gen) for _ in range(2))
+    v = torch.randn(1, 2, _PROBE_ROWS, dv, device=device, dtype=dtype, generator=gen)
+    visible = torch.ones(_PROBE_ROWS, _PROBE_ROWS, dtype=torch.bool, device=device).tril()
+    visible[:_PROBE_HIDDEN] = False
+    bias = _aligned_additive(visible, dtype, hide=False).expand(1, 2, _PROBE_ROWS, _PROBE_ROWS)
+    calls: dict[str, Callable[[], Any]] = {
+        "CUDNN_ATTENTION": lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, bias, False, 0.0, False, False, scale=None)[0],
+        "EFFICIENT_ATTENTION": lambda: torch._scaled_dot_product_efficient_attention(
+            q, k, v, bias, False, 0.0, False, scale=None)[0],
+        "MATH": lambda: torch.ops.aten._scaled_dot_product_attention_math(q, k, v, bias, 0.0, False, None,
+                                                                          scale=None)[0],
+    }
+    zeroing = []
+    for name in _MASK_KERNELS.get(torch.device(device).type, ()):
+        try:
+            out = calls[name]()
+        except Exception as exc:  # any refusal (a missing op, a dtype, a head dim) leaves the kernel out
+            if device_state(exc):
+                raise
+            continue
+        if bool(out.isfinite().all()) and not bool(out[:, :, :_PROBE_HIDDEN].any()):
+            zeroing.append(name)
+    return frozenset(zeroing)
 
 
 def _zero_unseen(out: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
