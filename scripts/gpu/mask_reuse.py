@@ -15,7 +15,8 @@ prompt of row 1 left-padded by S/5), and two more questions about it (the prefil
 - ``kernels``: per SDPA kernel forced (cuDNN, memory-efficient, math) and per mask form (the caller's bool mask,
   the adapter's additive one with the hidden rows opened, and an additive one not opened): what the rows that see
   no key hold (NaN, zeros, other), the largest error on the other rows against float32 math, whether the
-  gradients are finite, and ``torch._fused_sdp_choice`` (the kernel SDPA itself picks for the call);
+  gradients are finite (with no gradient arriving on those rows, and with one arriving on every row, as a padded
+  training batch's next layer sends), and ``torch._fused_sdp_choice`` (the kernel SDPA itself picks for the call);
 - ``parts``: the call as transformers makes it (the bool mask, ``enable_gqa``), SDPA on the adapter's opened
   mask alone and on the mask with those rows not opened, the adapter's zeroing pass alone, and ``attention()``,
   timed in interleaved rounds; ``zeroing_kernels``: what the adapter's probe (``sdpa._zeroing_kernels``) answers
@@ -84,6 +85,14 @@ def kernels(torch: object, q: object, k: object, v: object, *, mask: object, ope
                         o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=m, enable_gqa=gqa == "enable_gqa")
                         (o.float() * seen).sum().backward()
                     row["grads_finite"] = all(bool(x.grad.isfinite().all()) for x in (qg, kg, vg))
+                    # a gradient arriving on the hidden rows too (a padded training batch's next layer sends one):
+                    # whether a call that records grad could leave those rows to the kernel as well
+                    qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, kk, vv))
+                    with sdpa_kernel([backend]):
+                        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=m, enable_gqa=gqa == "enable_gqa")
+                        o.float().sum().backward()
+                    row["grads_finite_all_rows"] = all(bool(x.grad.isfinite().all()) for x in (qg, kg, vg))
+                    row["dq_hidden_rows_zero"] = not bool(qg.grad[hidden.expand_as(qg.grad)].any())
                 except Exception as exc:
                     row["error"] = f"{type(exc).__name__}: {exc}"[:200]
                 doc[f"{name}/{form}/{gqa}"] = row
