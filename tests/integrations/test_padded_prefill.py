@@ -140,6 +140,35 @@ def test_padding_query_rows_are_zeros_and_real_rows_the_exact_math(fa4: _FakeFa4
     assert not got[1, :5].any() and not got[2, :3].any()
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
+def test_padding_rows_alone_are_zeroed_in_place_when_nothing_records_grad(fa4: _FakeFa4, grad: bool) -> None:
+    """Without a gradient to record, the kernel's fresh output gets zeros in its padding rows alone (one
+    ``index_fill_`` over the rows ``prefill_sequences`` found, not a pass over every row); a call autograd records
+    keeps the out-of-place fill, and its gradients are the exact math's. Both give the exact math's output."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    integration.register()
+    _, padding = _batch()
+    build = integration._mask_builder(sdpa_mask, causal_mask_function)
+    mask = build(batch_size=3, q_length=24, kv_length=24, mask_function=causal_mask_function,
+                 attention_mask=padding.bool())
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(3, h, 24, 16, generator=g).requires_grad_(grad) for h in (4, 2, 2))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        got = integration._padded_prefill(q, k, v, mask, {"scale": None})
+    ops = {e.name for e in prof.events()}
+    assert got is not None
+    assert ("aten::index_fill_" in ops) is not grad and ("aten::masked_fill" in ops) is grad, sorted(ops)
+    want = reference_attention(q.double(), k.double(), v.double(), causal=False, attn_mask=mask).transpose(1, 2)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    assert not got[1, :5].any() and not got[2, :3].any() and got[0].all()
+    if grad:
+        for g_got, g_want in zip(torch.autograd.grad(got.sum(), (q, k, v)),
+                                 torch.autograd.grad(want.sum(), (q, k, v)), strict=True):
+            torch.testing.assert_close(g_got.double(), g_want.double(), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("case", ["holes", "right", "short", "forced", "inference"])
 def test_the_masked_call_serves_what_the_route_does_not(fa4: _FakeFa4, monkeypatch: pytest.MonkeyPatch,
                                                         case: str) -> None:

@@ -352,14 +352,16 @@ class PrefillSequences:
     padding before it, is one sequence (``cu_seqlens``, int32 ``[n + 1]`` on the device, over the ``B * S`` rows of
     ``[B, S, H, D]`` tensors). Under the causal mask a left padding's query rows see no key (every key before them
     is padding); here the padding run attends to itself only, and its rows are zeroed after the call (``hidden``,
-    ``[B, S, 1, 1]`` bool, None where no row is padded), as the exact math gives a row that sees no key. Right
-    padding is not taken: its padding rows see the row's real keys under the causal mask, which no sequence of
+    ``[B, S, 1, 1]`` bool, None where no row is padded; ``hidden_rows``, int64 ``[n]`` on the device: the same rows'
+    indices among the ``B * S``, for zeroing them alone in place), as the exact math gives a row that sees no key.
+    Right padding is not taken: its padding rows see the row's real keys under the causal mask, which no sequence of
     contiguous keys gives."""
 
     cu_seqlens: Any
     longest: int
     longest_real: int
     hidden: Any
+    hidden_rows: Any = None
 
 
 def prefill_sequences(padding: Any) -> PrefillSequences | None:
@@ -383,6 +385,9 @@ def prefill_sequences(padding: Any) -> PrefillSequences | None:
     starts = np.arange(b) * s
     bounds = np.unique(np.concatenate([starts, starts[real] + first[real], [b * s]]))
     cu = torch.from_numpy(bounds.astype(np.int32)).to(padding.device)
-    hidden = None if bool(counts.min() == s) else (~padding)[:, :, None, None]
+    hidden = hidden_rows = None
+    if not bool(counts.min() == s):
+        hidden = (~padding)[:, :, None, None]
+        hidden_rows = torch.from_numpy(np.flatnonzero(~rows.reshape(-1).astype(bool))).to(padding.device)
     return PrefillSequences(cu_seqlens=cu, longest=int(np.diff(bounds).max()), longest_real=int(counts.max()),
-                             hidden=hidden)
+                            hidden=hidden, hidden_rows=hidden_rows)

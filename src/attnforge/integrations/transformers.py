@@ -42,7 +42,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from attnforge.backends._base import KeptPerMask
+from attnforge.backends._base import KeptPerMask, records_grad
 from attnforge.dispatch.inputs import PrefillSequences, prefill_sequences
 from attnforge.errors import DispatchError
 
@@ -144,7 +144,6 @@ def _exact_only(query: Any, key: Any, value: Any, call: dict[str, Any]) -> bool:
     ("fourteenth session")."""
     import torch
 
-    from attnforge.backends._base import records_grad
     from attnforge.backends.exact import EXACT
     from attnforge.dispatch import runtime
     from attnforge.dispatch.dispatcher import _FORCED
@@ -385,8 +384,13 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
                 max_seqlen_q=seqs.longest, max_seqlen_k=seqs.longest)
     if not _varlen_pays(q, k, v, call, masked=(query, key, value, mask, features)):
         return None
-    out = runtime.attention(q, k, v, **call).view(b, s, hq, dv)
-    return out if seqs.hidden is None else out.masked_fill(seqs.hidden, 0)
+    out = runtime.attention(q, k, v, **call)
+    if seqs.hidden is None:
+        return out.view(b, s, hq, dv)
+    if seqs.hidden_rows is None or records_grad(q, k, v) or not out.is_contiguous():
+        return out.view(b, s, hq, dv).masked_fill(seqs.hidden, 0)
+    # the kernel's fresh output, nothing recorded for backward: only the padding rows are written, not every row
+    return out.view(b * s, hq * dv).index_fill_(0, seqs.hidden_rows, 0).view(b, s, hq, dv)
 
 
 def _varlen_pays(q: Any, k: Any, v: Any, call: dict[str, Any], *, masked: tuple[Any, ...]) -> bool:
@@ -398,7 +402,6 @@ def _varlen_pays(q: Any, k: Any, v: Any, call: dict[str, Any], *, masked: tuple[
     head dims, dtype, device, the features present, whether a gradient is recorded, the length's power-of-two
     bucket, as shape classes bucket it: what serves the masked call may differ by length, and the dispatcher's
     generation), as :func:`_exact_only` asks."""
-    from attnforge.backends._base import records_grad
     from attnforge.backends.exact import EXACT
     from attnforge.backends.sdpa import SDPA_KERNELS
     from attnforge.dispatch import runtime
