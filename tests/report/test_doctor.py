@@ -196,4 +196,6 @@ def test_a_stable_abi_fa3_is_offered_the_build_bound_to_this_torch(fa3_version: 
     assert rows["flash-attn-3"].status is Status.READY
     said = report.verdict.to_go_faster
     assert ("attnforge install flash-attn-3 --abi torch" in said) is rebind, said
+    gain = CATALOG.recipe("flash-attn-3").per_torch.gain  # type: ignore[union-attr]
+    assert (gain in said) is rebind, said  # what the recipe's data says the bound build saves
     assert rebind or said.startswith("nothing faster is known"), said  # not an earlier branch's advice

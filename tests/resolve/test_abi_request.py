@@ -33,7 +33,9 @@ def test_abi_torch_on_a_stable_abi_recipe_edits_the_build_tree_and_names_another
     plain = build_spec(H200, catalog, Request(backend="flash-attn-3"))
     bound = build_spec(H200, catalog, Request(backend="flash-attn-3", abi=AbiKind.TORCH))
     assert plain.edits == ()
-    assert any("--abi torch binds it to this torch" in n for n in plain.notes)  # the plan offers it
+    # the plan offers it, with what the catalog's recipe says it saves (data with a source, not a literal in code)
+    assert recipe.per_torch.gain and any("--abi torch binds it to this torch instead: " + recipe.per_torch.gain in n
+                                         for n in plain.notes), plain.notes
     assert bound.edits == (recipe.per_torch,)
     assert not any("--abi torch binds it" in n for n in bound.notes)
     assert bound.build_root != plain.build_root  # a kept tree of one is never resumed as the other

@@ -54,6 +54,7 @@ class SourceEdit:
     file: str
     find: str
     replace: str
+    gain: str = ""  # what the bound build saves, as measured (its source among the table's sources); not in the digest
 
     def digest(self) -> str:
         """12 hex digits of the edit's sha256: names it in cache keys and build-tree names."""
@@ -303,13 +304,14 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
 
 
 def _source_edit(errors: Collector, raw: Any, path: str) -> SourceEdit | None:
-    """``[recipes.ID.per_torch]``: ``file``, ``find``, ``replace`` (non-empty strings) and ``sources``."""
+    """``[recipes.ID.per_torch]``: ``file``, ``find``, ``replace`` (non-empty strings), ``gain`` (optional) and
+    ``sources``."""
     if raw is None:
         return None
     if not isinstance(raw, Mapping):
         errors.add(path, "expected a table with file, find, replace and sources")
         return None
-    unknown = sorted(set(raw) - {"file", "find", "replace", "sources"})
+    unknown = sorted(set(raw) - {"file", "find", "replace", "gain", "sources"})
     if unknown:
         errors.add(path, f"unknown field(s) {unknown}")
     texts = {key: errors.get(raw, key, path, str) for key in ("file", "find", "replace")}
@@ -319,7 +321,8 @@ def _source_edit(errors: Collector, raw: Any, path: str) -> SourceEdit | None:
     errors.str_list(raw, "sources", path, allow_empty=False)
     if not all(texts.values()):
         return None
-    return SourceEdit(file=texts["file"], find=texts["find"], replace=texts["replace"])
+    gain = errors.get(raw, "gain", path, str) if "gain" in raw else ""
+    return SourceEdit(file=texts["file"], find=texts["find"], replace=texts["replace"], gain=gain or "")
 
 
 def parse_wheel_grammars(doc: Mapping[str, Any], errors: Collector) -> dict[str, WheelGrammar]:

@@ -48,9 +48,10 @@ _FLAGS = (
 #: ``--abi``: how a binary binds to torch (``install``, ``build``, ``plan`` and ``fleet plan``/``fleet build``).
 abi_option = click.option(
     "--abi", "abi", type=click.Choice(["torch", "torch-stable"]), default=None,
-    help="How the binary binds to torch: 'torch' builds against this exact torch (FlashAttention-3: 4-7 us less host "
-         "time a call on an H200, rebuilt when torch changes), 'torch-stable' the libtorch stable ABI (one binary "
-         "for every torch from its minimum up). Default: either; a build follows the project's own choice.")
+    help="How the binary binds to torch: 'torch' builds against this exact torch (less host time a call where the "
+         "project's own build is the stable ABI, as FlashAttention-3's; `attnforge plan` says how much; rebuilt when "
+         "torch changes), 'torch-stable' the libtorch stable ABI (one binary for every torch from its minimum up). "
+         "Default: either; a build follows the project's own choice.")
 
 
 def request_options(func: F) -> F:

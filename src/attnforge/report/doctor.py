@@ -354,14 +354,15 @@ def _verdict(s: SystemSnapshot, catalog: Catalog, rows: Sequence[BackendRow], be
     if unverified:
         return Verdict(fastest_now=fastest, evidence=evidence,
                        to_go_faster=f"verify what is installed: attnforge verify {' '.join(unverified)}")
-    boxed = [r for r in ready if stable_abi_of_version(r.version) and (recipe := catalog.recipe(r.backend))
-             is not None and recipe.per_torch is not None]
+    boxed = [(r, recipe.per_torch) for r in ready if stable_abi_of_version(r.version)
+             and (recipe := catalog.recipe(r.backend)) is not None and recipe.per_torch is not None]
     if boxed:
+        row, edit = boxed[0]
         return Verdict(fastest_now=fastest, evidence=evidence,
-                       to_go_faster=f"{boxed[0].name} is a libtorch stable-ABI build (every call boxed): attnforge "
-                                    f"install {boxed[0].backend} --abi torch (with the --source and slim options it "
-                                    "was built with) binds it to this torch, 4-7 us less host time a call on an H200 "
-                                    "(docs/slim-builds.md)")
+                       to_go_faster=f"{row.name} is a libtorch stable-ABI build (every call boxed): attnforge "
+                                    f"install {row.backend} --abi torch (with the --source and slim options it "
+                                    f"was built with) binds it to this torch: "
+                                    f"{edit.gain or 'less host time a call'} (docs/slim-builds.md)")
     return Verdict(fastest_now=fastest, evidence=evidence,
                    to_go_faster="nothing faster is known for this GPU; `attnforge bench` shows the measured ranking")
 
