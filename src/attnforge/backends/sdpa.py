@@ -759,6 +759,21 @@ def _unseen_rows_zeroed(q: torch.Tensor, v: torch.Tensor, kernel: str | None) ->
     return kernel in zeroing if kernel is not None else zeroing.issuperset(_MASK_KERNELS[q.device.type])
 
 
+def ask_mask_kernels(device: Any, dtype: Any, head_dim: int, head_dim_v: int) -> None:
+    """Ask now what a masked call's first use would (:func:`_zeroing_kernels`: three probe calls, one of them a cuDNN
+    graph build) for ``dtype`` (a ``torch.dtype``) and head dims on ``device``; nothing where the device has no such
+    kernels. ``attnforge warmup`` asks it for each dtype and head dims it warms, so a padded batch's first call
+    pays none of it.
+
+    Raises:
+        RuntimeError: the device's state (out of memory, a CUDA error), as the probe raises it."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type in _MASK_KERNELS:
+        _zeroing_kernels(dev, dtype, int(head_dim), int(head_dim_v))
+
+
 #: rows of the probe's query that see no key (:func:`_zeroing_kernels`), of its :data:`_PROBE_ROWS`
 _PROBE_HIDDEN, _PROBE_ROWS = 16, 256
 

@@ -115,8 +115,25 @@ def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None 
                 variants.append({**variants[0], "varlen": True})
             for kw in variants:
                 out.append(_warm(shape, kw, device=device, inputs=random_inputs, runtime=runtime))
+    _ask_mask_kernels(shapes, device)
     return WarmupReport(classes=tuple(out), measuring=measuring, caches=caches,
                         compiled_files=compile_cache.count_artifacts(caches.folders) - before)
+
+
+def _ask_mask_kernels(shapes: Sequence[AttentionShape], device: str) -> None:
+    """The SDPA adapter's question whether SDPA's kernels zero a masked call's rows that see no key
+    (:func:`attnforge.backends.sdpa.ask_mask_kernels`), asked for each dtype and head dims of ``shapes``: a padded
+    batch's first masked call would otherwise ask it (three probe calls, a cuDNN graph build among them). A device
+    that fails here leaves the question to that call."""
+    import torch
+
+    from attnforge.backends.sdpa import ask_mask_kernels
+
+    for dtype, head_dim, head_dim_v in sorted({(s.dtype, s.head_dim, s.dv) for s in shapes}):
+        try:
+            ask_mask_kernels(device, getattr(torch, dtype), head_dim, head_dim_v)
+        except RuntimeError:
+            return
 
 
 def _warm(shape: AttentionShape, kw: dict[str, Any], *, device: str, inputs: Any, runtime: Any) -> WarmedClass:

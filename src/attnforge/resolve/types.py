@@ -76,8 +76,9 @@ class Request:
             cache candidate. None when there is no local source (a git or URL source is hashed once fetched).
         abi: how the binary must bind to torch (``--abi``): ``torch`` (built against this exact torch: for FA3,
             ``flash_api.cpp``'s unboxed ops, less host time a call than the stable ABI's, as the recipe's
-            ``per_torch.gain`` says, and a rebuild whenever torch changes), ``torch-stable`` (the libtorch stable ABI: one binary for every torch
-            from its minimum up); None takes either (a source build follows the project's own choice).
+            ``per_torch.gain`` says, and a rebuild whenever torch changes), ``torch-stable`` (the libtorch stable
+            ABI: one binary for every torch from its minimum up); None takes either (a source build follows the
+            project's own choice).
     """
 
     backend: str
