@@ -57,6 +57,12 @@ def kernels(torch: object, q: object, k: object, v: object, *, mask: object, ope
     g = q.shape[1] // k.shape[1]  # type: ignore[attr-defined]
     ref = F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(g, 1),  # type: ignore[attr-defined]
                                          v.float().repeat_interleave(g, 1), attn_mask=opened.float())  # type: ignore
+    # the exact gradients (float32 math on the opened mask, the hidden rows zeroed as the adapter does) for an
+    # upstream gradient arriving on every row, K/V expanded; per kernel each call's gradients are compared with them
+    upstream = t.randn(q.shape, dtype=t.float32, device=q.device, generator=t.Generator(q.device).manual_seed(7))  # type: ignore
+    rq, rk, rv = (x.float().repeat_interleave(r, 1).detach().requires_grad_()  # type: ignore[attr-defined]
+                  for x, r in ((q, 1), (k, g), (v, g)))
+    ((F.scaled_dot_product_attention(rq, rk, rv, attn_mask=opened.float()) * seen) * upstream).sum().backward()  # type: ignore
     from attnforge.backends.sdpa import _zeroing_kernels
 
     doc: dict[str, object] = {"hidden_rows": int(hidden.sum()), "zeroing_kernels": {
@@ -90,9 +96,16 @@ def kernels(torch: object, q: object, k: object, v: object, *, mask: object, ope
                     qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, kk, vv))
                     with sdpa_kernel([backend]):
                         o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=m, enable_gqa=gqa == "enable_gqa")
-                        o.float().sum().backward()
+                        (o.float() * upstream).sum().backward()
                     row["grads_finite_all_rows"] = all(bool(x.grad.isfinite().all()) for x in (qg, kg, vg))
                     row["dq_hidden_rows_zero"] = not bool(qg.grad[hidden.expand_as(qg.grad)].any())
+                    # against the exact gradients (K/V's summed over each group where K/V were not expanded)
+                    errs = {}
+                    for label, got, exact in (("dq", qg.grad, rq.grad), ("dk", kg.grad, rk.grad),
+                                              ("dv", vg.grad, rv.grad)):
+                        want = exact if got.shape == exact.shape else exact.unflatten(1, (got.shape[1], g)).sum(2)
+                        errs[label] = round(float((got.float() - want).abs().max() / want.abs().max()), 5)
+                    row["grad_rel_err_all_rows"] = errs
                 except Exception as exc:
                     row["error"] = f"{type(exc).__name__}: {exc}"[:200]
                 doc[f"{name}/{form}/{gqa}"] = row
