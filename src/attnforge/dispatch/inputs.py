@@ -361,7 +361,7 @@ class PrefillSequences:
     longest: int
     longest_real: int
     hidden: Any
-    hidden_rows: Any = None
+    hidden_rows: Any
 
 
 def prefill_sequences(padding: Any) -> PrefillSequences | None:

@@ -387,7 +387,7 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
     out = runtime.attention(q, k, v, **call)
     if seqs.hidden is None:
         return out.view(b, s, hq, dv)
-    if seqs.hidden_rows is None or records_grad(q, k, v) or not out.is_contiguous():
+    if records_grad(q, k, v) or not out.is_contiguous():
         return out.view(b, s, hq, dv).masked_fill(seqs.hidden, 0)
     # the kernel's fresh output, nothing recorded for backward: only the padding rows are written, not every row
     return out.view(b * s, hq * dv).index_fill_(0, seqs.hidden_rows, 0).view(b, s, hq, dv)
