@@ -362,7 +362,7 @@ def _verdict(s: SystemSnapshot, catalog: Catalog, rows: Sequence[BackendRow], be
                        to_go_faster=f"{row.name} is a libtorch stable-ABI build (every call boxed): attnforge "
                                     f"install {row.backend} --abi torch (with the --source and slim options it "
                                     f"was built with) binds it to this torch: "
-                                    f"{edit.gain or 'less host time a call'} (docs/slim-builds.md)")
+                                    f"{edit.gain} (docs/slim-builds.md)")
     return Verdict(fastest_now=fastest, evidence=evidence,
                    to_go_faster="nothing faster is known for this GPU; `attnforge bench` shows the measured ranking")
 

@@ -274,7 +274,7 @@ def _spec(
             and builds_stable(snapshot, recipe)):
         notes.append(f"{recipe.id} builds the libtorch stable ABI with torch >= "
                      f"{format_major_minor(recipe.stable_abi_from)} (one binary for every newer torch); "
-                     f"--abi torch binds it to this torch instead: {recipe.per_torch.gain or 'less host time a call'}"
+                     f"--abi torch binds it to this torch instead: {recipe.per_torch.gain}"
                      " (docs/slim-builds.md), a rebuild when torch changes")
     if slim is not None:
         notes.append(slim.note or _slim_note(slim))
