@@ -261,9 +261,9 @@ def test_warmup_calls_a_long_causal_prefill_as_a_padded_prefills_varlen_call_too
 def test_warmup_asks_the_mask_kernels_question_for_each_dtype_and_head_dims(
         store: RecordStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """``attnforge warmup`` asks what the SDPA adapter would ask at a masked call's first use (whether SDPA's kernels
-    zero the rows that see no key: three probe calls, a cuDNN graph build among them) once per dtype and head dims of
-    its shapes, so a padded batch's first call pays none of it. The seam: CPU's math op as the device's one mask
-    kernel."""
+    zero the rows that see no key: three probe calls, a cuDNN graph build among them) once per dtype, head dims and
+    mode of its shapes (a forward-and-backward shape asks with gradients), so a padded batch's first call pays none
+    of it. The seam: CPU's math op as the device's one mask kernel."""
     import dataclasses
 
     from attnforge.backends import sdpa as sdpa_module
@@ -275,10 +275,12 @@ def test_warmup_asks_the_mask_kernels_question_for_each_dtype_and_head_dims(
     try:
         shape = AttentionShape(batch=1, heads_q=4, heads_kv=4, head_dim=8, seqlen_q=16, seqlen_k=16, causal=True,
                                mode=Mode.FWD, dtype="float32")
-        warmup([shape, dataclasses.replace(shape, seqlen_q=32, seqlen_k=32), dataclasses.replace(shape, head_dim=16)],
-               device="cpu", budget_s=0.02, rounds=1)
+        warmup([shape, dataclasses.replace(shape, seqlen_q=32, seqlen_k=32), dataclasses.replace(shape, head_dim=16),
+                dataclasses.replace(shape, mode=Mode.FWD_BWD)], device="cpu", budget_s=0.02, rounds=1)
         info = sdpa_module._zeroing_kernels.cache_info()
-        assert (info.misses, info.currsize) == (2, 2)  # D8 and D16 in float32, asked once each
-        assert sdpa_module._zeroing_kernels(torch.device("cpu"), torch.float32, 16, 16) == frozenset({"MATH"})
+        assert (info.misses, info.currsize) == (3, 3)  # D8 and D16 in float32, and D8 with gradients, once each
+        assert sdpa_module._zeroing_kernels(torch.device("cpu"), torch.float32, 16, 16, False) == frozenset({"MATH"})
+        assert sdpa_module._zeroing_kernels(torch.device("cpu"), torch.float32, 8, 8, True) == frozenset({"MATH"})
+        assert sdpa_module._zeroing_kernels.cache_info().misses == 3
     finally:
         sdpa_module._zeroing_kernels.cache_clear()

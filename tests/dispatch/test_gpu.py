@@ -252,7 +252,7 @@ def test_a_masked_prefill_on_the_gpu_gives_zeros_where_a_row_sees_no_key(name: s
     k, v = (torch.randn(2, 2, 96, head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     mask = torch.ones(96, 96, dtype=torch.bool, device="cuda").tril().expand(2, 1, 96, 96).clone()
     mask[1, :, :, :19] = False  # rows 0-18 of batch 1 see no key
-    zeroing = sdpa_module._zeroing_kernels(q.device, q.dtype, head_dim, head_dim)
+    zeroing = sdpa_module._zeroing_kernels(q.device, q.dtype, head_dim, head_dim, False)
     assert zeroing <= frozenset(sdpa_module._MASK_KERNELS["cuda"])
     try:
         with torch.no_grad():
@@ -264,3 +264,37 @@ def test_a_masked_prefill_on_the_gpu_gives_zeros_where_a_row_sees_no_key(name: s
     assert torch.equal(out[1, :, :19], torch.zeros_like(out[1, :, :19])), sorted(zeroing)
     ref = reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask)
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("name", ["sdpa", "sdpa-cudnn", "sdpa-efficient", "sdpa-math"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_padded_training_call_on_the_gpu_has_the_references_gradients(name: str, head_dim: int) -> None:
+    """A left-padded batch's masked call that autograd records, an upstream gradient on every row (the hidden ones
+    too): rows that see no key are zeros, their query gradients zero, and the gradients of Q, K and V match the
+    reference's, whether the adapter leaves those rows to the kernel (the kernels this GPU's probe found right with
+    gradients) or opens and zeroes them."""
+    adapter = registry.fallback() if name == "sdpa" else registry.adapters()[name]
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q = torch.randn(2, 8, 96, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(2, 8, 96, head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    upstream = torch.randn(2, 8, 96, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    mask = torch.ones(96, 96, dtype=torch.bool, device="cuda").tril().expand(2, 1, 96, 96).clone()
+    mask[1, :, :, :19] = False  # rows 0-18 of batch 1 see no key
+    zeroing = sdpa_module._zeroing_kernels(q.device, q.dtype, head_dim, head_dim, True)
+    assert zeroing <= frozenset(sdpa_module._MASK_KERNELS["cuda"])
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    try:
+        out = adapter(q, k, v, causal=False, scale=None, attn_mask=mask)
+    except RuntimeError as exc:
+        if "No available kernel" in str(exc):
+            pytest.skip(f"{name} does not take this call on this GPU")
+        raise
+    grads = torch.autograd.grad(out, (q, k, v), upstream)
+    assert torch.equal(out[1, :, :19], torch.zeros_like(out[1, :, :19])), sorted(zeroing)
+    assert all(bool(t.isfinite().all()) for t in grads), sorted(zeroing)
+    assert not grads[0][1, :, :19].any(), sorted(zeroing)
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    ref = reference_attention(*leaves, causal=False, scale=None, attn_mask=mask)
+    ref_grads = torch.autograd.grad(ref, leaves, upstream.double())
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert float((got.double() - want).norm() / want.norm()) < 2e-2, sorted(zeroing)

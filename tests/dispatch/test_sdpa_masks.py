@@ -246,11 +246,61 @@ def test_rows_that_see_no_key_are_left_to_kernels_that_zero_them(
     assert sdpa_module._zeroing_kernels.cache_info().misses == 1  # the kernels asked once
 
 
-def test_a_call_that_records_grad_keeps_the_rows_opened(
+def test_a_call_that_records_grad_leaves_the_rows_to_kernels_whose_gradients_are_right(
         preparations: list[int], got: list[torch.Tensor], mask_kernels: object) -> None:
-    """A softmax over a row hidden everywhere has no finite gradient in every kernel: a call autograd records
-    opens that row and zeroes it; its gradients match the reference's."""
+    """A padded training batch's call (autograd records it) where every kernel that takes a mask returns zeros for a
+    row that sees no key and the right gradients with an upstream gradient on every row (the probe's ``grad``): the
+    row is left to the kernel too, nothing opened; the output and the gradients of Q, K and V match the
+    reference's, the hidden row's query gradient zero."""
     q, k, v, mask = _prefill()
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = registry.fallback()(q, k, v, causal=False, scale=None, attn_mask=mask)
+    ref = reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask)
+    torch.testing.assert_close(out, ref)
+    assert torch.equal(got[-1], _plain(mask))
+    upstream = torch.randn_like(out)  # on every row, the hidden ones too
+    grads = torch.autograd.grad(out, (q, k, v), upstream)
+    for g_out, g_ref in zip(grads, torch.autograd.grad(ref, (q, k, v), upstream), strict=True):
+        torch.testing.assert_close(g_out, g_ref)
+    assert not grads[0][1, :, 3].any()
+    assert sdpa_module._zeroing_kernels(q.device, q.dtype, 8, 8, True) == frozenset({"EFFICIENT_ATTENTION", "MATH"})
+
+
+class _NanGradient(torch.autograd.Function):
+    """The identity forward; NaN in the gradient of the rows ``hidden`` marks (a kernel whose softmax gradient is
+    not finite on a row that sees no key, as ``exp(-inf - -inf)`` gives)."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(hidden)
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (hidden,) = ctx.saved_tensors
+        return grad.masked_fill(hidden, float("nan")), None
+
+
+def _nan_gradient_kernel(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+    """:func:`_efficient_kernel` whose forward zeroes a row its bias hides everywhere and whose gradient there is
+    NaN."""
+    out, *rest = _efficient_kernel(*args, **kwargs)
+    bias = args[3]
+    if bias is not None:
+        out = _NanGradient.apply(out, torch.isneginf(bias).all(-1, keepdim=True))
+    return (out, *rest)
+
+
+def test_a_kernel_whose_gradient_is_wrong_keeps_a_recorded_calls_rows_opened(
+        preparations: list[int], got: list[torch.Tensor], mask_kernels: Callable[[Any], None]) -> None:
+    """A kernel that zeroes the row in the forward but whose gradient there is NaN: calls without a gradient still
+    leave the row to the kernels, a call autograd records gets it opened and zeroed, its gradients finite and the
+    reference's."""
+    mask_kernels(_nan_gradient_kernel)
+    q, k, v, mask = _prefill()
+    with torch.no_grad():
+        registry.fallback()(q, k, v, causal=False, scale=None, attn_mask=mask)
+    assert torch.equal(got[-1], _plain(mask))
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     out = registry.fallback()(q, k, v, causal=False, scale=None, attn_mask=mask)
     ref = reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask)
@@ -258,9 +308,11 @@ def test_a_call_that_records_grad_keeps_the_rows_opened(
     opened = _plain(mask)
     opened[1, :, 3, :] = 0.0
     assert torch.equal(got[-1], opened)
-    for g_out, g_ref in zip(torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v)),
-                            strict=True):
+    upstream = torch.randn_like(out)
+    for g_out, g_ref in zip(torch.autograd.grad(out, (q, k, v), upstream),
+                            torch.autograd.grad(ref, (q, k, v), upstream), strict=True):
         torch.testing.assert_close(g_out, g_ref)
+    assert sdpa_module._zeroing_kernels(q.device, q.dtype, 8, 8, True) == frozenset({"MATH"})
 
 
 def _nan_rows_kernel(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
@@ -289,7 +341,7 @@ def test_a_kernel_not_known_to_zero_the_rows_keeps_them_opened(
     torch.testing.assert_close(out, reference_attention(q, k, v, causal=False, scale=None, attn_mask=mask))
     assert torch.equal(out[1, :, 3], torch.zeros_like(out[1, :, 3]))
     assert not torch.isinf(got[-1][1, :, 3]).any()  # opened
-    assert sdpa_module._zeroing_kernels(q.device, q.dtype, 8, 8) == frozenset({"MATH"})
+    assert sdpa_module._zeroing_kernels(q.device, q.dtype, 8, 8, False) == frozenset({"MATH"})
 
 
 def test_the_probe_reaches_the_caller_with_the_devices_state(mask_kernels: Callable[[Any], None]) -> None:
@@ -300,9 +352,9 @@ def test_the_probe_reaches_the_caller_with_the_devices_state(mask_kernels: Calla
 
     mask_kernels(oom)
     with pytest.raises(torch.OutOfMemoryError):
-        sdpa_module._zeroing_kernels(torch.device("cpu"), torch.float64, 8, 8)
+        sdpa_module._zeroing_kernels(torch.device("cpu"), torch.float64, 8, 8, False)
     mask_kernels(_efficient_kernel)
-    assert sdpa_module._zeroing_kernels(torch.device("cpu"), torch.float64, 8, 8) == frozenset(
+    assert sdpa_module._zeroing_kernels(torch.device("cpu"), torch.float64, 8, 8, False) == frozenset(
         {"EFFICIENT_ATTENTION", "MATH"})
 
 

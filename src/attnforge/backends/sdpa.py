@@ -215,9 +215,11 @@ class SdpaAdapter(AdapterBase):
             kwargs["is_causal"] = True  # SDPA's own top-left causal
         else:
             compiling = torch.compiler.is_compiling()
-            # rows that see no key left to SDPA's kernels, which return zeros for them (no gradient to keep finite)
+            # rows that see no key left to SDPA's kernels, which return zeros for them (and, where autograd records
+            # the call, the right gradients: the probe asks each kernel)
             plain = (sq > DECODE_ROWS and q.device.type in _MASK_KERNELS and not capturing and not compiling
-                     and not records_grad(q, k, v, attn_mask) and _unseen_rows_zeroed(q, v, self.kernel))
+                     and not (attn_mask is not None and attn_mask.requires_grad)  # the probe asks no mask's gradient
+                     and _unseen_rows_zeroed(q, v, self.kernel, grad=records_grad(q, k, v, attn_mask)))
             params = (sq, sk, causal, top_left, window, q.dtype, q.device, plain)
             keep = (attn_mask is not None and not attn_mask.requires_grad and not compiling
                     and not (q.device.type == "cpu" and _safe_softmax_on_cpu()) and not capturing)
@@ -746,7 +748,7 @@ def _multiprocessors(device: Any) -> int:
 _MASK_KERNELS: dict[str, tuple[str, ...]] = {"cuda": ("CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")}
 
 
-def _unseen_rows_zeroed(q: torch.Tensor, v: torch.Tensor, kernel: str | None) -> bool:
+def _unseen_rows_zeroed(q: torch.Tensor, v: torch.Tensor, kernel: str | None, *, grad: bool = False) -> bool:
     """Whether the SDPA kernel of a call on ``q [B, Hq, Sq, D]``, ``v [B, Hkv, Sk, Dv]`` returns zeros (finite, no NaN)
     for the query rows whose additive mask is -inf at every key, so the adapter need not open those rows and zero
     them after the call (a pass over the whole output: 89 µs of a 219 µs call at Llama-3-8B's prefill layer, B4
@@ -754,16 +756,17 @@ def _unseen_rows_zeroed(q: torch.Tensor, v: torch.Tensor, kernel: str | None) ->
     llama3-8b``, docs/benchmarks.md). ``kernel``: the forced kernel's name; None (SDPA chooses): every kernel of
     :data:`_MASK_KERNELS` for the device must. Asked of the kernels themselves (:func:`_zeroing_kernels`), once per
     device, dtype and head dims: torch 2.1-2.4's memory-efficient kernel returned NaN there
-    (pytorch/pytorch#110213); torch 2.11's cuDNN, memory-efficient and math kernels return zeros (that run)."""
-    zeroing = _zeroing_kernels(q.device, q.dtype, int(q.shape[-1]), int(v.shape[-1]))
+    (pytorch/pytorch#110213); torch 2.11's cuDNN, memory-efficient and math kernels return zeros (that run).
+    ``grad``: a call autograd records, whose kernels' gradients must also be right there (the probe's ``grad``)."""
+    zeroing = _zeroing_kernels(q.device, q.dtype, int(q.shape[-1]), int(v.shape[-1]), grad)
     return kernel in zeroing if kernel is not None else zeroing.issuperset(_MASK_KERNELS[q.device.type])
 
 
-def ask_mask_kernels(device: Any, dtype: Any, head_dim: int, head_dim_v: int) -> None:
+def ask_mask_kernels(device: Any, dtype: Any, head_dim: int, head_dim_v: int, *, grad: bool = False) -> None:
     """Ask now what a masked call's first use would (:func:`_zeroing_kernels`: three probe calls, one of them a cuDNN
     graph build) for ``dtype`` (a ``torch.dtype``) and head dims on ``device``; nothing where the device has no such
-    kernels. ``attnforge warmup`` asks it for each dtype and head dims it warms, so a padded batch's first call
-    pays none of it.
+    kernels. ``grad``: the question of a call autograd records (the probe's gradients too). ``attnforge warmup``
+    asks it for each dtype, head dims and mode it warms, so a padded batch's first call pays none of it.
 
     Raises:
         RuntimeError: the device's state (out of memory, a CUDA error), as the probe raises it."""
@@ -771,20 +774,27 @@ def ask_mask_kernels(device: Any, dtype: Any, head_dim: int, head_dim_v: int) ->
 
     dev = torch.device(device)
     if dev.type in _MASK_KERNELS:
-        _zeroing_kernels(dev, dtype, int(head_dim), int(head_dim_v))
+        _zeroing_kernels(dev, dtype, int(head_dim), int(head_dim_v), grad)
 
 
 #: rows of the probe's query that see no key (:func:`_zeroing_kernels`), of its :data:`_PROBE_ROWS`
 _PROBE_HIDDEN, _PROBE_ROWS = 16, 256
+#: the probe's largest relative L2 error of a kernel's gradient against float32 math's (:func:`_zeroing_kernels` with
+#: ``grad``), by dtype; float32 and wider: 1e-3. A kernel's bf16 gradients at the probe's shape differ from float32
+#: math's by ~1e-2 where it is right; a wrong gradient (NaN, the hidden rows' upstream gradient let through) by ~1
+_PROBE_GRAD_TOL = {"torch.bfloat16": 5e-2, "torch.float16": 2e-2}
 
 
 @functools.cache
-def _zeroing_kernels(device: Any, dtype: Any, d: int, dv: int) -> frozenset[str]:
+def _zeroing_kernels(device: Any, dtype: Any, d: int, dv: int, grad: bool) -> frozenset[str]:
     """The kernels of :data:`_MASK_KERNELS` for ``device`` that return zeros and nothing but finite values for the
     query rows that see no key, called as SDPA calls each once chosen on a ``[1, 2, 256, d]`` query (``dv``: V's
-    head dim) in ``dtype`` whose first 16 rows an additive mask hides every key from, the others causal. A kernel
-    that raises there (not built, not for this dtype or head dim) is left out: it is not known to. Once per
-    process for each device, dtype and head dims (one host sync per kernel; cuDNN builds a graph for the shape).
+    head dim) in ``dtype`` whose first 16 rows an additive mask hides every key from, the others causal. ``grad``:
+    also their gradients, an upstream gradient arriving on every row: finite, zero for the hidden rows' queries,
+    and the gradients of Q, K and V within :data:`_PROBE_GRAD_TOL` of float32 math's with the hidden rows' outputs
+    zeroed (what the adapter's opening and zeroing gives). A kernel that raises there (not built, not for this
+    dtype or head dim) is left out: it is not known to. Once per process for each device, dtype, head dims and
+    ``grad`` (one host sync per kernel; cuDNN builds a graph for the shape).
 
     Raises:
         RuntimeError: the device's state (out of memory, a CUDA error: :func:`device_state`), not a refusal."""
@@ -793,28 +803,62 @@ def _zeroing_kernels(device: Any, dtype: Any, d: int, dv: int) -> frozenset[str]
     gen = torch.Generator(device=device).manual_seed(0)
     q, k = (torch.randn(1, 2, _PROBE_ROWS, d, device=device, dtype=dtype, generator=gen) for _ in range(2))
     v = torch.randn(1, 2, _PROBE_ROWS, dv, device=device, dtype=dtype, generator=gen)
+    go = torch.randn(1, 2, _PROBE_ROWS, dv, device=device, dtype=dtype, generator=gen) if grad else None
     visible = torch.ones(_PROBE_ROWS, _PROBE_ROWS, dtype=torch.bool, device=device).tril()
     visible[:_PROBE_HIDDEN] = False
     bias = _aligned_additive(visible, dtype, hide=False).expand(1, 2, _PROBE_ROWS, _PROBE_ROWS)
+    ref = _probe_reference_grads(q, k, v, visible, go) if go is not None else ()
+    if grad:
+        q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     calls: dict[str, Callable[[], Any]] = {
         "CUDNN_ATTENTION": lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q, k, v, bias, False, 0.0, False, False, scale=None)[0],
+            q, k, v, bias, grad, 0.0, False, False, scale=None)[0],
         "EFFICIENT_ATTENTION": lambda: torch._scaled_dot_product_efficient_attention(
-            q, k, v, bias, False, 0.0, False, scale=None)[0],
+            q, k, v, bias, grad, 0.0, False, scale=None)[0],
         "MATH": lambda: torch.ops.aten._scaled_dot_product_attention_math(q, k, v, bias, 0.0, False, None,
                                                                           scale=None)[0],
     }
     zeroing = []
     for name in _MASK_KERNELS.get(torch.device(device).type, ()):
         try:
-            out = calls[name]()
+            with torch.enable_grad() if grad else torch.no_grad():
+                out = calls[name]()
+                grads = torch.autograd.grad(out, (q, k, v), go) if go is not None else ()
         except Exception as exc:  # any refusal (a missing op, a dtype, a head dim) leaves the kernel out
             if device_state(exc):
                 raise
             continue
-        if bool(out.isfinite().all()) and not bool(out[:, :, :_PROBE_HIDDEN].any()):
-            zeroing.append(name)
+        if not (bool(out.isfinite().all()) and not bool(out[:, :, :_PROBE_HIDDEN].any())):
+            continue
+        if grads and not (all(bool(g.isfinite().all()) for g in grads)
+                          and not bool(grads[0][:, :, :_PROBE_HIDDEN].any())
+                          and max(_rel_l2(g, r) for g, r in zip(grads, ref, strict=True))
+                          <= _PROBE_GRAD_TOL.get(str(dtype), 1e-3)):
+            continue
+        zeroing.append(name)
     return frozenset(zeroing)
+
+
+def _probe_reference_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
+                           go: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The gradients of Q, K and V (float32) of the probe's call (:func:`_zeroing_kernels`) under upstream gradient
+    ``go``: float32 math with the rows that see no key opened to every key and their outputs zeroed, as the adapter
+    serves a row that sees no key when it does not leave it to the kernel (so those rows pass no gradient on)."""
+    import torch
+
+    qf, kf, vf = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    seen = visible.any(dim=-1, keepdim=True)
+    scores = (qf @ kf.transpose(-2, -1)) * qf.shape[-1] ** -0.5
+    probs = scores.masked_fill(~visible & seen, float("-inf")).softmax(dim=-1)
+    out = (probs @ vf) * seen
+    return torch.autograd.grad(out, (qf, kf, vf), go.float())
+
+
+def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||got - ref|| / ||ref||`` in float32 (``ref`` all zeros: ``||got||``)."""
+    diff = float((got.float() - ref).norm())
+    base = float(ref.norm())
+    return diff / base if base else diff
 
 
 def _zero_unseen(out: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:

@@ -123,15 +123,17 @@ def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None 
 def _ask_mask_kernels(shapes: Sequence[AttentionShape], device: str) -> None:
     """The SDPA adapter's question whether SDPA's kernels zero a masked call's rows that see no key
     (:func:`attnforge.backends.sdpa.ask_mask_kernels`), asked for each dtype and head dims of ``shapes``: a padded
-    batch's first masked call would otherwise ask it (three probe calls, a cuDNN graph build among them). A device
-    that fails here leaves the question to that call."""
+    batch's first masked call would otherwise ask it (three probe calls, a cuDNN graph build among them), and for
+    a forward-and-backward shape the same with gradients (a padded training batch's first call). A device that fails
+    here leaves the question to that call."""
     import torch
 
     from attnforge.backends.sdpa import ask_mask_kernels
 
-    for dtype, head_dim, head_dim_v in sorted({(s.dtype, s.head_dim, s.dv) for s in shapes}):
+    for dtype, head_dim, head_dim_v, grad in sorted({(s.dtype, s.head_dim, s.dv, s.mode is Mode.FWD_BWD)
+                                                     for s in shapes}):
         try:
-            ask_mask_kernels(device, getattr(torch, dtype), head_dim, head_dim_v)
+            ask_mask_kernels(device, getattr(torch, dtype), head_dim, head_dim_v, grad=grad)
         except RuntimeError:
             return
 
