@@ -11,7 +11,16 @@ Per implementation: the step timed as ``models_e2e.py`` times it (``paired_ms``,
 tokens, one new token), where the 2026-11-29 figures read 0.985-0.988x with SDPA chosen on both sides; the
 profile adds the kernels' device time by name.
 
-Usage: ``python scripts/gpu/train_profile.py --out train_profile.json [--only llama3-8b] [--prefill] [--device cpu]``.
+``--padded``: ``models_e2e.py``'s padded forward instead (4 rows of 2048 tokens, row 1 left-padded by 292, no
+grad), where attention() takes FlashAttention-4's varlen kernel (2 calls, 0.51 ms against cuDNN's 1.59 ms on the
+H200, 2026-11-29) and still read 0.979-0.985x: each wait is listed with the Python frames that issued it
+(``waits_by_stack``), and ``device_idle_ms`` is the step's span on the device less the time a kernel ran (the
+device waiting on the host).
+
+``--rounds``: the paired rounds (5, as ``models_e2e.py``).
+
+Usage: ``python scripts/gpu/train_profile.py --out train_profile.json [--only llama3-8b] [--prefill | --padded]
+[--rounds 9] [--device cpu]``.
 """
 
 from __future__ import annotations
@@ -28,13 +37,47 @@ from _timing import paired_ms
 _WAITS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaMemcpyAsync", "cudaEventSynchronize")
 
 
+#: frames worth naming in a wait's stack: the code between the model and the device
+_OWN = ("attnforge", "transformers", "flash_attn", "cutlass", "tvm_ffi", "train_profile", "models_e2e")
+
+
+def _waits_by_stack(prof: Any) -> list[dict[str, Any]]:
+    """Each host call that waits on the device, grouped by the Python frames that issued it (the innermost
+    :data:`_OWN` frames first): where a sync in the step comes from."""
+    out = []
+    for e in prof.key_averages(group_by_stack_n=12):
+        if e.key not in _WAITS:
+            continue
+        frames = [f for f in (e.stack or []) if any(o in f for o in _OWN)][:6]
+        out.append({"call": e.key, "count": e.count, "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3),
+                    "frames": frames})
+    return sorted(out, key=lambda r: -r["self_cpu_ms"])
+
+
+def _device_idle_ms(prof: Any) -> float:
+    """The step's span on the device (first kernel's start to last kernel's end) less the time some kernel or
+    copy ran: the device waiting on the host."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+    if not spans:
+        return 0.0
+    busy, (lo, hi) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > hi:
+            busy, lo, hi = busy + hi - lo, a, b
+        else:
+            hi = max(hi, b)
+    busy += hi - lo
+    return round((spans[-1][1] - spans[0][0] - busy) / 1e3, 4) if spans else 0.0
+
+
 def _profile(torch: Any, step: Any) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if e2e.DEV == "cuda" else [])
     step()
     e2e._sync(torch)
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, with_stack=True) as prof:
         t0 = time.perf_counter()
         step()
         e2e._sync(torch)
@@ -43,22 +86,30 @@ def _profile(torch: Any, step: Any) -> dict[str, Any]:
     kernels = sum(e.self_device_time_total for e in ev if e.device_type.name == "CUDA") / 1e3 if acts[1:] else 0.0
     by_kernel = sorted(((e.key[:90], e.count, round(e.self_device_time_total / 1e3, 4)) for e in ev
                         if e.device_type.name == "CUDA" and e.self_device_time_total > 0), key=lambda r: -r[2])
-    return {"wall_ms": wall, "kernel_ms": kernels, "kernels": by_kernel[:25],
+    return {"wall_ms": wall, "kernel_ms": kernels, "device_idle_ms": _device_idle_ms(prof),
+            "kernels": by_kernel[:25],
             "waits": {e.key: [e.count, round(e.self_cpu_time_total / 1e3, 3)] for e in ev if e.key in _WAITS},
+            "waits_by_stack": _waits_by_stack(prof),
             "ops": {e.key: e.count for e in ev if e.key.startswith("aten::")}}
 
 
-def _one(torch: Any, name: str, *, prefill: bool = False) -> dict[str, Any]:
-    """One decoder's paired train step (``prefill``: generate's prefill), its profile per implementation, and
-    explain() of its fwd+bwd class."""
+def _one(torch: Any, name: str, *, prefill: bool = False, padded: bool = False, rounds: int = 5) -> dict[str, Any]:
+    """One decoder's paired train step (``prefill``: generate's prefill; ``padded``: the padded forward), its
+    profile per implementation, and explain() of its fwd+bwd class."""
     model, _ = e2e.decoder_model(torch, name)
     batch, seq = (2, 48) if e2e.SMALL else (4, 2048)
     ids = torch.randint(0, 2048, (batch, seq), device=e2e.DEV)
     kw = e2e._generate_inputs(torch, batch)[0]
+    mask = torch.ones_like(ids)
+    mask[1, : seq // 7] = 0  # models_e2e.py's padded row
 
     def step() -> None:
         if prefill:
             e2e._generate_run(torch, model, kw, 1)
+            return
+        if padded:
+            with torch.no_grad():
+                model(input_ids=ids, attention_mask=mask)
             return
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
@@ -66,7 +117,7 @@ def _one(torch: Any, name: str, *, prefill: bool = False) -> dict[str, Any]:
 
     impls = ("sdpa", "attnforge")
     use = {impl: (lambda impl=impl: model.set_attn_implementation(impl)) for impl in impls}
-    row: dict[str, Any] = {"step_ms": paired_ms(torch, step, use, reps=2)}
+    row: dict[str, Any] = {"step_ms": paired_ms(torch, step, use, rounds=rounds, reps=2)}
     for impl in impls:
         use[impl]()
         row[impl] = _profile(torch, step)
@@ -91,13 +142,16 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", help="cpu: a float32 dry run at tiny sizes")
     ap.add_argument("--only", default="llama3-8b,qwen2.5-7b")
-    ap.add_argument("--prefill", action="store_true", help="generate's padded prefill instead of a train step")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--prefill", action="store_true", help="generate's padded prefill instead of a train step")
+    mode.add_argument("--padded", action="store_true", help="models_e2e.py's padded forward instead of a train step")
+    ap.add_argument("--rounds", type=int, default=5, help="paired rounds (each: 2 timed steps per implementation)")
     args = ap.parse_args()
     import torch
 
     res = e2e.configure(torch, args.device)
     for name in [n for n in args.only.split(",") if n]:
-        res[name] = _one(torch, name, prefill=args.prefill)
+        res[name] = _one(torch, name, prefill=args.prefill, padded=args.padded, rounds=max(1, args.rounds))
         print(name, json.dumps(res[name], indent=1), flush=True)
     with open(args.out, "w") as fh:
         json.dump(res, fh, indent=1)
