@@ -66,7 +66,9 @@ def kernels(torch: object, q: object, k: object, v: object, *, mask: object, ope
     from attnforge.backends.sdpa import _zeroing_kernels
 
     doc: dict[str, object] = {"hidden_rows": int(hidden.sum()), "zeroing_kernels": {
-        d: sorted(_zeroing_kernels(q.device, q.dtype, d, d)) for d in (64, 128, 256)}}  # type: ignore[attr-defined]
+        d: {"fwd": sorted(_zeroing_kernels(q.device, q.dtype, d, d, False)),  # type: ignore[attr-defined]
+            "grad": sorted(_zeroing_kernels(q.device, q.dtype, d, d, True))}  # type: ignore[attr-defined]
+        for d in (64, 128, 256)}}
     forms = {"bool": mask, "additive_opened": opened, "additive_plain": plain}
     for form, m in forms.items():
         try:

@@ -298,3 +298,30 @@ def test_a_padded_training_call_on_the_gpu_has_the_references_gradients(name: st
     ref_grads = torch.autograd.grad(ref, leaves, upstream.double())
     for got, want in zip(grads, ref_grads, strict=True):
         assert float((got.double() - want).norm() / want.norm()) < 2e-2, sorted(zeroing)
+
+
+def test_a_padded_prefills_offsets_go_up_and_are_checked_without_a_sync() -> None:
+    """A left-padded prefill's varlen sequences: the mask's read back is the one sync; a host array goes up without
+    one (pinned memory, ``non_blocking``) and the varlen call's check of the offsets reads nothing back
+    (``torch.cuda.set_sync_debug_mode("error")`` raises on any sync)."""
+    import numpy as np
+
+    from attnforge.backends._base import host_to_device
+    from attnforge.dispatch import inputs
+
+    padding = torch.ones(4, 2048, dtype=torch.bool, device="cuda")
+    padding[1, :292] = False
+    seqs = inputs.prefill_sequences(padding)  # the mask's read: the one sync
+    assert seqs is not None
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        up = host_to_device(np.arange(9, dtype=np.int64), "cuda")
+        facts = inputs.check_offsets(seqs.cu_seqlens, seqs.cu_seqlens, rows_q=4 * 2048, rows_k=4 * 2048,
+                                     device=padding.device)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(up.cpu(), torch.arange(9))
+    assert facts[2:] == (seqs.longest, seqs.longest) == (2048, 2048)
+    assert seqs.cu_seqlens.cpu().tolist() == [0, 2048, 2048 + 292, 3 * 2048, 4 * 2048]
+    assert torch.equal(seqs.hidden_rows.cpu(), torch.arange(2048, 2048 + 292))

@@ -154,6 +154,23 @@ def records_grad(*tensors: Any) -> bool:
     return False
 
 
+def host_to_device(values: Any, device: Any) -> torch.Tensor:
+    """A host array (``numpy.ndarray``) as a tensor of its dtype on ``device``, copied up without waiting for the
+    device: on CUDA from pinned memory with ``non_blocking=True`` (torch's copy of pageable memory ends in a
+    ``cudaStreamSynchronize``, which stops the host until every queued kernel has run, so the device then idles
+    while the host queues the next ones); torch's pinned-memory allocator keeps the buffer until the copy is done.
+    Elsewhere a plain copy. Measured on an H200 (2026-11-30, docs/benchmarks.md "twentieth session",
+    ``train_profile.py --padded``): a Llama-3-8B-shaped 2-layer padded forward whose varlen route made two such
+    copies and one offsets read had 6.8 ms of device idle time against 3.7 for transformers' own call."""
+    import torch
+
+    host = torch.from_numpy(values)
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return host.to(dev)
+    return host.pin_memory().to(dev, non_blocking=True)
+
+
 def four_dims(t: torch.Tensor) -> torch.Tensor:
     """``t`` (a mask, or which rows see a key: broadcastable to ``[B, H, Sq, Sk]``) as a view with leading
     dimensions of size 1 up to four; itself when it has four."""

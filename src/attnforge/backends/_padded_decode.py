@@ -21,7 +21,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import KeptPerMask, four_dims
+from attnforge.backends._base import KeptPerMask, four_dims, host_to_device
 
 if TYPE_CHECKING:
     import torch
@@ -145,7 +145,7 @@ def padding_runs(m: torch.Tensor, *, b: int, hkv: int, k: torch.Tensor) -> tuple
     host[used_at:] = np.repeat(count, hkv)
     if int(host.max()) > np.iinfo(np.int32).max:
         return ()
-    both = torch.from_numpy(host.astype(np.int32)).to(k.device)  # the one copy up
+    both = host_to_device(host.astype(np.int32), k.device)  # the one copy up, queued without a sync
     return both[: n + 1], both[used_at:]
 
 

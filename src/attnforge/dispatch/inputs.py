@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from attnforge.backends._base import KeptPerMask
+from attnforge.backends._base import KeptPerMask, host_to_device
 from attnforge.errors import DispatchError
 
 _INF = math.inf
@@ -306,6 +306,17 @@ def check_offsets(cu_q: Any, cu_k: Any, *, rows_q: int, rows_k: int, device: Any
     return facts
 
 
+def keep_offsets(cu: Any, *, rows: int, longest: int) -> None:
+    """Keep the facts of self-attention offsets ``cu`` (int32 ``[n + 1]`` on the device, over ``rows`` packed rows,
+    its longest sequence ``longest``) made from values the host holds, as :func:`check_offsets` keeps what it reads:
+    its first call with ``cu`` as both offsets then reads nothing back (no device sync). Nothing is kept while
+    ``torch.compile`` traces."""
+    if torch.compiler.is_compiling():
+        return
+    lens = cu[1:] - cu[:-1]
+    _OFFSETS.put(cu, (rows, rows), (lens, lens, longest, longest))
+
+
 def _read_offsets(cu_q: Any, cu_k: Any, *, rows_q: int, rows_k: int) -> tuple[Any, Any, int, int]:
     """:func:`check_offsets`'s reading of the values (the one device sync)."""
     if cu_q.numel() != cu_k.numel() or cu_q.numel() < 1:
@@ -367,7 +378,9 @@ class PrefillSequences:
 def prefill_sequences(padding: Any) -> PrefillSequences | None:
     """The varlen sequences of a ``[B, S]`` bool padding mask (True: a real token; :class:`PrefillSequences`), or None
     where a row's real tokens are not one run that ends the row (left padding, or none). One copy of the mask to the
-    host (the one sync). The one rule for the transformers integration's padded prefill and for ``attnforge warmup``,
+    host (the one sync); the offsets and the padding rows go up in one copy queued without a sync
+    (:func:`~attnforge.backends._base.host_to_device`), and the offsets' facts are kept (:func:`keep_offsets`), so the
+    varlen call reads nothing back. The one rule for the transformers integration's padded prefill and for ``attnforge warmup``,
     which calls that varlen route ahead of time."""
     import numpy as np
     import torch
@@ -384,10 +397,16 @@ def prefill_sequences(padding: Any) -> PrefillSequences | None:
         return None
     starts = np.arange(b) * s
     bounds = np.unique(np.concatenate([starts, starts[real] + first[real], [b * s]]))
-    cu = torch.from_numpy(bounds.astype(np.int32)).to(padding.device)
+    padded = not bool(counts.min() == s)
+    hidden_at = np.flatnonzero(~rows.reshape(-1).astype(bool)) if padded else np.zeros(0, dtype=np.int64)
+    # the offsets and the padding rows' indices in one copy up, queued without a sync (host_to_device)
+    both = host_to_device(np.concatenate([bounds, hidden_at]).astype(np.int64), padding.device)
+    cu = both[: len(bounds)].to(torch.int32)
+    longest = int(np.diff(bounds).max())
+    keep_offsets(cu, rows=b * s, longest=longest)  # what check_offsets would read back: known here
     hidden = hidden_rows = None
-    if not bool(counts.min() == s):
+    if padded:
         hidden = (~padding)[:, :, None, None]
-        hidden_rows = torch.from_numpy(np.flatnonzero(~rows.reshape(-1).astype(bool))).to(padding.device)
-    return PrefillSequences(cu_seqlens=cu, longest=int(np.diff(bounds).max()), longest_real=int(counts.max()),
+        hidden_rows = both[len(bounds):]
+    return PrefillSequences(cu_seqlens=cu, longest=longest, longest_real=int(counts.max()),
                             hidden=hidden, hidden_rows=hidden_rows)
