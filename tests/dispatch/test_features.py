@@ -302,6 +302,13 @@ def test_paged_kv_equals_the_gathered_pages(kwargs: dict[str, Any], layout: str)
     ({"block_table": torch.tensor([[0, 9]], dtype=torch.int32)}, "outside"),
     ({"block_table": torch.tensor([0, 1], dtype=torch.int32)}, "2-D"),
     ({"block_table": torch.tensor([[0, 1]], dtype=torch.int32), "seqused_k": torch.tensor([99])}, "seqused_k"),
+    ({"block_table": torch.tensor([[-1, 1]], dtype=torch.int32)}, "outside"),
+    ({"block_table": torch.tensor([[0, 1]], dtype=torch.int32),
+      "seqused_k": torch.tensor([9], dtype=torch.int32)}, r"within 0\.\.8"),
+    ({"block_table": torch.tensor([[0, 1]], dtype=torch.int32),
+      "seqused_k": torch.tensor([-2], dtype=torch.int32)}, "got values -2..-2"),
+    ({"block_table": torch.tensor([[0, 1]], dtype=torch.int32),
+      "seqused_k": torch.tensor([3, 4], dtype=torch.int32)}, r"got \(2,\)"),
     ({"seqused_k": torch.tensor([3])}, "without block_table"),
     ({"block_table": torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)}, "rows"),
 ])

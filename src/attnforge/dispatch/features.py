@@ -584,6 +584,22 @@ def _varlen(q: Any, k: Any, v: Any, *, uses: set[str], opts: dict[str, Any], att
                     needs_grad=records_grad(q, k, v, sinks), scale=scale)
 
 
+def _page_facts(block_table: Any, seqused_k: Any) -> tuple[int, int, int, int]:
+    """The lowest and highest page index of ``block_table`` and the lowest and highest length of ``seqused_k`` (0
+    where a tensor is empty or None), read in one copy to the host: the paged call's one device sync (three before,
+    one per ``int()`` or ``bool()`` of a device value; a serving loop makes a paged call per layer and step)."""
+    import torch
+
+    parts = []
+    for t in (block_table, seqused_k):
+        if t is not None and t.numel():
+            parts += [t.min(), t.max()]
+        else:
+            parts += [torch.zeros((), dtype=torch.int32, device=block_table.device)] * 2
+    low, high, used_low, used_high = torch.stack(parts).tolist()
+    return low, high, used_low, used_high
+
+
 def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: str, precision: str,
            scale: float | None, uses: set[str], opts: dict[str, Any], causal: bool, alignment: str,
            enable_gqa: bool, sinks: Any, window: tuple[int | None, int | None] | None) -> Prepared:
@@ -601,14 +617,19 @@ def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: 
         raise DispatchError(f"q is a {type(q).__name__}, not a torch.Tensor", hint="pass torch tensors")
     check_index_tensor("block_table", block_table, dims=2, device=q.device, shape="[B, blocks]")
     pages = block_table.shape[1] * k.shape[1]
-    if block_table.numel() and (int(block_table.min()) < 0 or int(block_table.max()) >= k.shape[0]):
-        raise DispatchError(f"block_table points outside the {k.shape[0]} pages of the cache",
-                            hint=f"page indices are 0..{k.shape[0] - 1}")
     if seqused_k is not None:
         check_index_tensor("seqused_k", seqused_k, dims=1, device=q.device, shape="[B]")
-        if tuple(seqused_k.shape) != (block_table.shape[0],) or bool((seqused_k < 0).any() | (seqused_k > pages).any()):
+        if tuple(seqused_k.shape) != (block_table.shape[0],):
             raise DispatchError(f"seqused_k must be [B] ints within 0..{pages} (the keys in each sequence's pages)",
                                 cause=f"got {tuple(seqused_k.shape)}", hint="one filled length per row of block_table")
+    low, high, used_low, used_high = _page_facts(block_table, seqused_k)
+    if block_table.numel() and (low < 0 or high >= k.shape[0]):
+        raise DispatchError(f"block_table points outside the {k.shape[0]} pages of the cache",
+                            hint=f"page indices are 0..{k.shape[0] - 1}")
+    if seqused_k is not None and seqused_k.numel() and (used_low < 0 or used_high > pages):
+        raise DispatchError(f"seqused_k must be [B] ints within 0..{pages} (the keys in each sequence's pages)",
+                            cause=f"got values {used_low}..{used_high}",
+                            hint="one filled length per row of block_table")
     if q.dim() == 4 and block_table.shape[0] != q.shape[0]:
         raise DispatchError(f"block_table has {block_table.shape[0]} rows, q a batch of {q.shape[0]}",
                             hint="one block_table row per sequence of q")

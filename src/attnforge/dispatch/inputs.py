@@ -379,9 +379,9 @@ def prefill_sequences(padding: Any) -> PrefillSequences | None:
     """The varlen sequences of a ``[B, S]`` bool padding mask (True: a real token; :class:`PrefillSequences`), or None
     where a row's real tokens are not one run that ends the row (left padding, or none). One copy of the mask to the
     host (the one sync); the offsets and the padding rows go up in one copy queued without a sync
-    (:func:`~attnforge.backends._base.host_to_device`), and the offsets' facts are kept (:func:`keep_offsets`), so the
-    varlen call reads nothing back. The one rule for the transformers integration's padded prefill and for ``attnforge warmup``,
-    which calls that varlen route ahead of time."""
+    (:func:`~attnforge.backends._base.host_to_device`), and the offsets' facts are kept (:func:`keep_offsets`), so
+    the varlen call reads nothing back. The one rule for the transformers integration's padded prefill and for
+    ``attnforge warmup``, which calls that varlen route ahead of time."""
     import numpy as np
     import torch
 
