@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # make_d.sh: the two carries d1, d2 that take FA3 (source or wheel), FA4 and the HF stack to one machine in two calls
-# (no device time; run from the checkout's root after make_carry.sh). The tree is ~11.4 MB, so each batch stays
-# under ~55 MB:
+# (no device time; run from the checkout's root after make_carry.sh). The tree is ~15 MB (2026-11-30), so each batch
+# stays under ~52 MB (d1 50.1, d2 48.3 with the 17 MiB split):
 #   d1  c1's small files (FA3 source tree or wheel, FA4's small wheels, attnforge's deps) + the HF stack + the first
-#       14 MiB of the cu13 libs' xz tree                                          -> stage, setup, install FA3
+#       17 MiB of the cu13 libs' xz tree                                          -> stage, setup, install FA3
 #   d2  the rest of the cu13 libs' xz tree + its JOIN                             -> stage (join, re-zip), install FA4
 #   d3  diffusers' wheel alone (6.4 MB; the tree grew to ~13.5 MB, so d1 with it left 0.3 MB of a call's 64 MiB)
 #                                                                                 -> stage, setup (Wan, Flux)
@@ -14,7 +14,7 @@ rm -rf "$C"/d1 "$C"/d2 "$C"/d3; mkdir -p "$C"/d1 "$C"/d2 "$C"/d3
 find "$C"/c1 -maxdepth 1 -type f ! -name 'cu13.tree.tar.xz.part*' ! -name SHA256SUMS -exec cp {} "$C"/d1/ \;
 cp "$C"/c2/{huggingface_hub,tokenizers,safetensors,importlib_metadata}-*.whl "$C"/c3/transformers-*.whl "$C"/d1/
 cp "$C"/c3/diffusers-*.whl "$C"/d3/
-split -b 14M -d -a 1 "$XZ" "$C/d2/cu13.tree.tar.xz.part"   # part0 -> d1, the rest stay in d2
+split -b 17M -d -a 1 "$XZ" "$C/d2/cu13.tree.tar.xz.part"   # part0 -> d1, the rest stay in d2
 mv "$C"/d2/cu13.tree.tar.xz.part0 "$C"/d1/
 echo "JOIN cu13.tree.tar.xz $(sha256sum < "$XZ" | cut -d' ' -f1) $(cd "$C" && ls d1/cu13.tree.tar.xz.part* d2/cu13.tree.tar.xz.part* | xargs -n1 basename | tr '\n' ' ')" > "$C/d2/JOIN"
 for b in d1 d2 d3; do (cd "$C/$b" && sha256sum -- * > ../SHA256SUMS.$b && mv ../SHA256SUMS.$b SHA256SUMS); done

@@ -17,10 +17,13 @@ H200, 2026-11-29) and still read 0.979-0.985x: each wait is listed with the Pyth
 (``waits_by_stack``), and ``device_idle_ms`` is the step's span on the device less the time a kernel ran (the
 device waiting on the host).
 
+``--padded-train``: a train step on that padded batch (``labels``, the padding ignored), where a call autograd records
+leaves the rows that see no key to SDPA's kernels when the adapter's probe finds their gradients right.
+
 ``--rounds``: the paired rounds (5, as ``models_e2e.py``).
 
-Usage: ``python scripts/gpu/train_profile.py --out train_profile.json [--only llama3-8b] [--prefill | --padded]
-[--rounds 9] [--device cpu]``.
+Usage: ``python scripts/gpu/train_profile.py --out train_profile.json [--only llama3-8b]
+[--prefill | --padded | --padded-train] [--rounds 9] [--device cpu]``.
 """
 
 from __future__ import annotations
@@ -93,9 +96,11 @@ def _profile(torch: Any, step: Any) -> dict[str, Any]:
             "ops": {e.key: e.count for e in ev if e.key.startswith("aten::")}}
 
 
-def _one(torch: Any, name: str, *, prefill: bool = False, padded: bool = False, rounds: int = 5) -> dict[str, Any]:
-    """One decoder's paired train step (``prefill``: generate's prefill; ``padded``: the padded forward), its
-    profile per implementation, and explain() of its fwd+bwd class."""
+def _one(torch: Any, name: str, *, prefill: bool = False, padded: bool = False, padded_train: bool = False,
+         rounds: int = 5) -> dict[str, Any]:
+    """One decoder's paired train step (``prefill``: generate's prefill; ``padded``: the padded forward;
+    ``padded_train``: a train step on the padded batch), its profile per implementation, and explain() of its fwd+bwd
+    class."""
     model, _ = e2e.decoder_model(torch, name)
     batch, seq = (2, 48) if e2e.SMALL else (4, 2048)
     ids = torch.randint(0, 2048, (batch, seq), device=e2e.DEV)
@@ -110,6 +115,11 @@ def _one(torch: Any, name: str, *, prefill: bool = False, padded: bool = False, 
         if padded:
             with torch.no_grad():
                 model(input_ids=ids, attention_mask=mask)
+            return
+        if padded_train:
+            out = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+            out.loss.backward()
+            model.zero_grad(set_to_none=True)
             return
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
@@ -145,13 +155,15 @@ def main() -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--prefill", action="store_true", help="generate's padded prefill instead of a train step")
     mode.add_argument("--padded", action="store_true", help="models_e2e.py's padded forward instead of a train step")
+    mode.add_argument("--padded-train", action="store_true", help="a train step on models_e2e.py's padded batch")
     ap.add_argument("--rounds", type=int, default=5, help="paired rounds (each: 2 timed steps per implementation)")
     args = ap.parse_args()
     import torch
 
     res = e2e.configure(torch, args.device)
     for name in [n for n in args.only.split(",") if n]:
-        res[name] = _one(torch, name, prefill=args.prefill, padded=args.padded, rounds=max(1, args.rounds))
+        res[name] = _one(torch, name, prefill=args.prefill, padded=args.padded, padded_train=args.padded_train,
+                         rounds=max(1, args.rounds))
         print(name, json.dumps(res[name], indent=1), flush=True)
     with open(args.out, "w") as fh:
         json.dump(res, fh, indent=1)
