@@ -103,6 +103,27 @@ def test_a_mask_that_requires_grad_is_never_kept(preparations: list[int]) -> Non
     assert len(preparations) == 2
 
 
+def test_under_inference_mode_only_a_mask_attnforge_made_is_kept(preparations: list[int]) -> None:
+    """Under ``torch.inference_mode`` a mask has no version counter: a caller's is prepared again at every call (an
+    in-place change could not be seen), one attnforge's mask builder made and marked (``made_here``: only the model's
+    layers read it) once for every layer; the mark goes with the tensor."""
+    from attnforge.backends import _base
+
+    with torch.inference_mode():
+        theirs = _padding_mask()
+        ours = _base.made_here(_padding_mask())
+        for mask in (theirs, ours):
+            for layer in range(3):
+                out, ref = _run(mask, seed=layer)
+                torch.testing.assert_close(out, ref)
+    assert len(preparations) == 3 + 1
+    key = id(ours)
+    assert _base._MADE_HERE[key]() is ours
+    del ours, mask
+    gc.collect()
+    assert key not in _base._MADE_HERE
+
+
 def test_what_was_derived_from_a_mask_goes_with_it(preparations: list[int]) -> None:
     mask = _padding_mask()
     _run(mask)

@@ -218,6 +218,21 @@ def test_a_padded_generate_reads_its_padding_once_for_its_decode_steps(  # noqa:
     assert skip_checks == []  # transformers drops an all-visible padding mask before any mask function is asked
 
 
+@pytest.mark.parametrize("name", ["llama", "gemma2-softcap-sliding-window"])
+def test_a_padded_generate_under_inference_mode_gives_the_defaults_tokens(name: str) -> None:
+    """``generate`` under ``torch.inference_mode`` (a common way to serve): the masks the integration's builder makes
+    are attnforge's own (``made_here``), so what the layers derive from them is kept though an inference tensor has
+    no version counter; the tokens are the default's, for a padded batch and for a second one after it."""
+    default = "eager" if name.startswith("gemma2") else "sdpa"
+    for left_pad in (2, 3):
+        ids, mask = _inputs(length=6, left_pad=left_pad)
+        kwargs = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+        with torch.inference_mode():
+            want = tiny_model(name, default).eval().generate(ids, **kwargs)
+            got = tiny_model(name, "attnforge").eval().generate(ids, **kwargs)
+        assert got.tolist() == want.tolist()
+
+
 @settings(max_examples=200, deadline=None)
 @given(batch=st.integers(1, 3), kv_length=st.integers(1, 12), kv_offset=st.integers(0, 3), extra=st.integers(0, 3),
        q_shift=st.sampled_from([0, 0, 0, -1, 1]), seed=st.integers(0, 2**16), dtype=st.sampled_from(["bool", "long"]))

@@ -230,6 +230,37 @@ def first(result: Any) -> Any:
     return result[0] if isinstance(result, (tuple, list)) else result  # a tuple: faster than a union
 
 
+#: ``id`` -> a weak reference of each inference tensor attnforge made for a model's layers to read (:func:`made_here`)
+_MADE_HERE: dict[int, weakref.ref[Any]] = {}
+
+
+def made_here(t: torch.Tensor) -> torch.Tensor:
+    """Mark ``t``, a tensor attnforge itself made for a model's layers to read and that nothing writes after (a mask
+    the transformers integration's mask builder hands the model, varlen offsets made from a padding mask), so
+    :class:`KeptPerMask` keeps what is derived from it under ``torch.inference_mode`` too, where an inference tensor
+    has no version counter and a caller's own is never kept. Without this a model run under ``inference_mode`` (a
+    common way to serve) prepared each mask again in every layer and never took the padded prefill's varlen route.
+    The mark goes with the tensor. Returns ``t``."""
+    if t.is_inference():
+        key = id(t)
+
+        def forget(ref: weakref.ref[Any], key: int = key) -> None:
+            if _MADE_HERE.get(key) is ref:
+                del _MADE_HERE[key]
+
+        _MADE_HERE[key] = weakref.ref(t, forget)
+    return t
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """What :class:`KeptPerMask` compares an entry by: ``t``'s version counter; for an inference tensor (none) -1
+    where :func:`made_here` marked it, else None (not kept)."""
+    if not t.is_inference():
+        return t._version
+    ref = _MADE_HERE.get(id(t))
+    return -1 if ref is not None and ref() is t else None
+
+
 class KeptPerMask(Generic[_V]):
     """What an adapter derived from the last few masks (:data:`KEPT` of them, the newest first), so a model that
     passes one mask object to every layer (transformers builds it once per forward; Gemma-2 two, a sliding and a
@@ -237,10 +268,11 @@ class KeptPerMask(Generic[_V]):
     layer. An entry is found only for the same mask object (a weak reference: a new mask never matches a dead one's
     entry, and the entry is dropped with the mask), at the same version counter (an in-place change misses) and with
     the same preparation parameters; inference tensors (``torch.inference_mode``: no version counter) are never
-    kept. A write that does not bump the version counter (through ``.data``, or through numpy memory shared by
-    ``torch.from_numpy``) is not seen: a caller that writes so passes a new mask object (the exact math, the
-    correctness fallback, keeps nothing here). The callers keep nothing for masks that require grad, nor under
-    CUDA graph capture (a captured kernel has not run) or while ``torch.compile`` traces."""
+    kept, except those attnforge made itself for the model to read (:func:`made_here`). A write that does not bump
+    the version counter (through ``.data``, or through numpy memory shared by ``torch.from_numpy``) is not seen: a
+    caller that writes so passes a new mask object (the exact math, the correctness fallback, keeps nothing here).
+    The callers keep nothing for masks that require grad, nor under CUDA graph capture (a captured kernel has not
+    run) or while ``torch.compile`` traces."""
 
     __slots__ = ("_entries",)
 
@@ -251,18 +283,20 @@ class KeptPerMask(Generic[_V]):
         self._entries: list[tuple[Any, ...]] = []
 
     def get(self, mask: torch.Tensor, params: tuple[Any, ...]) -> _V | None:
-        if mask.is_inference():
+        version = _version(mask)
+        if version is None:
             return None  # an inference tensor has no version counter to check (torch.inference_mode): never kept
         for entry in self._entries:
-            if entry[0]() is mask and entry[1] == mask._version and entry[2] == params:
+            if entry[0]() is mask and entry[1] == version and entry[2] == params:
                 return entry[3]  # type: ignore[no-any-return]
         return None
 
     def put(self, mask: torch.Tensor, params: tuple[Any, ...], value: _V) -> None:
-        if mask.is_inference():
+        version = _version(mask)
+        if version is None:
             return
         ref = weakref.ref(mask, self._drop)
-        self._entries = [(ref, mask._version, params, value), *self._entries[: self.KEPT - 1]]
+        self._entries = [(ref, version, params, value), *self._entries[: self.KEPT - 1]]
 
     def _drop(self, ref: weakref.ref[Any]) -> None:
         """The caller's mask is gone: free what was derived from it."""

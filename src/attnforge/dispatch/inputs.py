@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from attnforge.backends._base import KeptPerMask, host_to_device
+from attnforge.backends._base import KeptPerMask, host_to_device, made_here
 from attnforge.errors import DispatchError
 
 _INF = math.inf
@@ -308,13 +308,14 @@ def check_offsets(cu_q: Any, cu_k: Any, *, rows_q: int, rows_k: int, device: Any
 
 def keep_offsets(cu: Any, *, rows: int, longest: int) -> None:
     """Keep the facts of self-attention offsets ``cu`` (int32 ``[n + 1]`` on the device, over ``rows`` packed rows,
-    its longest sequence ``longest``) made from values the host holds, as :func:`check_offsets` keeps what it reads:
-    its first call with ``cu`` as both offsets then reads nothing back (no device sync). Nothing is kept while
-    ``torch.compile`` traces."""
+    its longest sequence ``longest``) that attnforge made from values the host holds (``cu`` is marked its own:
+    :func:`~attnforge.backends._base.made_here`, kept under ``torch.inference_mode`` too), as :func:`check_offsets`
+    keeps what it reads: its first call with ``cu`` as both offsets then reads nothing back (no device sync).
+    Nothing is kept while ``torch.compile`` traces."""
     if torch.compiler.is_compiling():
         return
     lens = cu[1:] - cu[:-1]
-    _OFFSETS.put(cu, (rows, rows), (lens, lens, longest, longest))
+    _OFFSETS.put(made_here(cu), (rows, rows), (lens, lens, longest, longest))
 
 
 def _read_offsets(cu_q: Any, cu_k: Any, *, rows_q: int, rows_k: int) -> tuple[Any, Any, int, int]:

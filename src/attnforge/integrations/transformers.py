@@ -42,7 +42,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from attnforge.backends._base import KeptPerMask, records_grad
+from attnforge.backends._base import KeptPerMask, made_here, records_grad
 from attnforge.dispatch.inputs import PrefillSequences, prefill_sequences
 from attnforge.errors import DispatchError
 
@@ -287,7 +287,7 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
                 or torch.compiler.is_compiling()):
             return sdpa_mask(*args, **kwargs)
         if get("q_length") != 1:
-            mask = sdpa_mask(**kwargs)
+            mask = _made(sdpa_mask(**kwargs))
             if mask is not None and _plain_causal_prefill(kwargs, causal):
                 _PREFILL_PADDING.put(mask, (), padding)
             return mask
@@ -301,14 +301,20 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
             fn = get("mask_function")
             built = (_last_query_mask(kwargs) if fn is causal or (key[2] is not None and kv_length <= key[2]
                                                                    and _hides_no_key(kwargs)) else None)
-            return built if built is not None else sdpa_mask(**{**kwargs, "allow_is_causal_skip": False})
-        mask = sdpa_mask(**kwargs)
+            return built if built is not None else _made(sdpa_mask(**{**kwargs, "allow_is_causal_skip": False}))
+        mask = _made(sdpa_mask(**kwargs))
         local = key[2]
         if local is None or (isinstance(kv_length, int) and kv_length < local):  # the answer was the padding's
             _PADDED_DECODE[key] = (kv_length, mask is not None)
         return mask
 
     return build
+
+
+def _made(mask: Any) -> Any:
+    """``sdpa_mask``'s fresh mask (or None), marked as attnforge's own (:func:`~attnforge.backends._base.made_here`):
+    only the model's layers read it, so what they derive from it is kept under ``torch.inference_mode`` too."""
+    return made_here(mask) if mask is not None else None
 
 
 #: a padded prefill's mask, as built for ``"attnforge"`` (:func:`_mask_builder`) -> the 2D padding mask it was built
