@@ -287,6 +287,16 @@ def test_a_call_that_records_grad_leaves_the_rows_to_kernels_whose_gradients_are
     assert sdpa_module._zeroing_kernels(q.device, q.dtype, 8, 8, True) == frozenset({"EFFICIENT_ATTENTION", "MATH"})
 
 
+def test_the_gradient_probe_answers_under_inference_mode(mask_kernels: object) -> None:
+    """``attnforge warmup`` may ask the gradient question inside ``torch.inference_mode``: the probe's own tensors
+    record gradients there all the same, and its answer is the one asked outside."""
+    with torch.inference_mode():
+        inside = sdpa_module._zeroing_kernels(torch.device("cpu"), torch.float64, 8, 8, True)
+    sdpa_module._zeroing_kernels.cache_clear()
+    assert inside == sdpa_module._zeroing_kernels(torch.device("cpu"), torch.float64, 8, 8, True) == frozenset(
+        {"EFFICIENT_ATTENTION", "MATH"})
+
+
 class _NanGradient(torch.autograd.Function):
     """The identity forward; NaN in the gradient of the rows ``hidden`` marks (a kernel whose softmax gradient is
     not finite on a row that sees no key, as ``exp(-inf - -inf)`` gives)."""

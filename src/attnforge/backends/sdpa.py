@@ -13,6 +13,7 @@ leaves them to SDPA's kernels where those return zeros for them: :func:`_unseen_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
 from collections.abc import Callable
@@ -801,6 +802,16 @@ def _zeroing_kernels(device: Any, dtype: Any, d: int, dv: int, grad: bool) -> fr
         RuntimeError: the device's state (out of memory, a CUDA error: :func:`device_state`), not a refusal."""
     import torch
 
+    if grad:  # its own tensors record gradients even where the caller runs under torch.inference_mode
+        with torch.inference_mode(False), torch.enable_grad():
+            return _probe_kernels(device, dtype, d, dv, grad=True)
+    return _probe_kernels(device, dtype, d, dv, grad=False)
+
+
+def _probe_kernels(device: Any, dtype: Any, d: int, dv: int, *, grad: bool) -> frozenset[str]:
+    """:func:`_zeroing_kernels`'s probe calls, uncached."""
+    import torch
+
     gen = torch.Generator(device=device).manual_seed(0)
     q, k = (torch.randn(1, 2, _PROBE_ROWS, d, device=device, dtype=dtype, generator=gen) for _ in range(2))
     v = torch.randn(1, 2, _PROBE_ROWS, dv, device=device, dtype=dtype, generator=gen)
@@ -822,7 +833,7 @@ def _zeroing_kernels(device: Any, dtype: Any, d: int, dv: int, grad: bool) -> fr
     zeroing = []
     for name in _MASK_KERNELS.get(torch.device(device).type, ()):
         try:
-            with torch.enable_grad() if grad else torch.no_grad():
+            with torch.no_grad() if go is None else contextlib.nullcontext():
                 out = calls[name]()
                 grads = torch.autograd.grad(out, (q, k, v), go) if go is not None else ()
         except Exception as exc:  # any refusal (a missing op, a dtype, a head dim) leaves the kernel out
