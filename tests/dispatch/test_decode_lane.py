@@ -184,6 +184,21 @@ def test_no_lane_for_an_inference_mask_nor_a_settled_shape(lane_runs: list[bool]
     assert lane_runs == [True, False]  # it declined for good at the first settled meeting: not asked again
 
 
+def test_an_inference_mask_attnforge_made_gets_a_lane(lane_runs: list[bool]) -> None:
+    """Under ``torch.inference_mode`` a mask the transformers integration's builder made (``made_here``: only the
+    model's layers read it) gets its lane as a versioned one does: the next layers of the step run it; outputs are
+    the reference's."""
+    from attnforge.backends._base import made_here
+
+    with torch.inference_mode():
+        q, mask = _step(19)
+        made_here(mask)
+        k, v = _kv(19, seed=0)
+        for _layer in range(3):
+            _check(q, k, v, mask, scale=SCALE)
+    assert lane_runs == [True, True]
+
+
 def test_a_lane_keeps_no_bias_alive_after_its_mask(lane_runs: list[bool]) -> None:
     """The lane a thread keeps after its last decode step holds its bias weakly: once the step's mask is gone, so
     is the bias (a mask per head makes one of ``B x Hq x Sq x Sk`` elements)."""

@@ -252,9 +252,11 @@ def made_here(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _version(t: torch.Tensor) -> int | None:
-    """What :class:`KeptPerMask` compares an entry by: ``t``'s version counter; for an inference tensor (none) -1
-    where :func:`made_here` marked it, else None (not kept)."""
+def kept_version(t: torch.Tensor) -> int | None:
+    """The one rule for whether what is derived from mask ``t`` may be kept, and what to compare a kept entry by:
+    ``t``'s version counter (an in-place change bumps it); for an inference tensor (none) -1 where
+    :func:`made_here` marked it, else None (never kept: an in-place change could not be seen). :class:`KeptPerMask`,
+    the decode lanes and FlashAttention-4's padded decode route ask it."""
     if not t.is_inference():
         return t._version
     ref = _MADE_HERE.get(id(t))
@@ -283,7 +285,7 @@ class KeptPerMask(Generic[_V]):
         self._entries: list[tuple[Any, ...]] = []
 
     def get(self, mask: torch.Tensor, params: tuple[Any, ...]) -> _V | None:
-        version = _version(mask)
+        version = kept_version(mask)
         if version is None:
             return None  # an inference tensor has no version counter to check (torch.inference_mode): never kept
         for entry in self._entries:
@@ -292,7 +294,7 @@ class KeptPerMask(Generic[_V]):
         return None
 
     def put(self, mask: torch.Tensor, params: tuple[Any, ...], value: _V) -> None:
-        version = _version(mask)
+        version = kept_version(mask)
         if version is None:
             return
         ref = weakref.ref(mask, self._drop)

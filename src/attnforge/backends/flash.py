@@ -300,14 +300,15 @@ class FlashAttn4Adapter(FlashAttnAdapter):
     def _may_read(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> bool:
         """Whether the padded decode route may read this call's mask at all: a device the kernel runs on, no gradient
         recorded, not while ``torch.compile`` traces, not under CUDA graph capture (the runs' one host sync would
-        break it), not an inference-mode mask (its runs are never kept)."""
+        break it), not a mask whose runs would not be kept (an inference-mode mask attnforge did not make:
+        :func:`~attnforge.backends._base.kept_version`)."""
         import torch
 
-        from attnforge.backends._base import graph_capturing, records_grad
+        from attnforge.backends._base import graph_capturing, kept_version, records_grad
 
         return not (q.device.type not in self.caps.devices or records_grad(q, k, v, mask)
                     or torch.compiler.is_compiling() or (q.device.type == "cuda" and graph_capturing())
-                    or mask.is_inference())
+                    or kept_version(mask) is None)
 
     def leaves_to_exact(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, *,
                         causal: bool = False, **features: Any) -> bool:

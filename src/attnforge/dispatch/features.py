@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import records_grad
+from attnforge.backends._base import kept_version, records_grad
 from attnforge.backends.adapter import AttentionCall, BackendAdapter, required_features, supported_features
 from attnforge.backends.exact import EXACT
 from attnforge.dispatch.inputs import (
@@ -306,7 +306,7 @@ def lane_call(q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, dispatcher:
             or not _same_scale(scale, lane.scale) or not _same_scale(softcap, lane.softcap)):
         return None
     try:
-        if attn_mask._version != lane.version or _geometry(q, k, v) != lane.geometry:
+        if kept_version(attn_mask) != lane.version or _geometry(q, k, v) != lane.geometry:
             return None
     except (AttributeError, RuntimeError, TypeError):  # not tensors, nested shapes: attention() says what is wrong
         return None
@@ -333,9 +333,11 @@ def _offer_lane(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any
     import torch
 
     try:
-        if attn_mask.is_inference() or attn_mask.__class__ is not torch.Tensor:
-            return  # no version counter to check (torch.inference_mode), or a tensor subclass
-        version, geometry = attn_mask._version, _geometry(q, k, v)
+        if attn_mask.__class__ is not torch.Tensor:
+            return  # a tensor subclass
+        version, geometry = kept_version(attn_mask), _geometry(q, k, v)
+        if version is None:
+            return  # no version counter to check (torch.inference_mode, a mask attnforge did not make)
     except (AttributeError, RuntimeError, TypeError):
         return
     lanes = getattr(_LANES, "lanes", None)
