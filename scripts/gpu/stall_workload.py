@@ -5,7 +5,9 @@
 1-8, decode (Sq 1) to prefill (Sq 4096), Sq != Sk, causal or not, softcap, sliding windows, padded bool masks,
 varlen (packed sequences with ``cu_seqlens``), bf16 and fp16; forward, and forward + backward on some.
 
-Pass 1 runs every call once as a cold process meets it (first use of each class); pass 2 runs the same calls
+Pass 1 runs every call once as a cold process meets it (first use of each class; each call's row names the backend
+``explain()`` gives it afterwards and what it compiled or traced, and the summary adds them up by backend for the
+calls over 100 ms: where a restarted process's first calls spend their time); pass 2 runs the same calls
 again: its longest call is "the longest call after warm-up" (target: <= 100 ms for measurement, i.e. no call
 much longer than its kernel). Every output is compared with the exact math (``backend="exact"``, float32
 accumulation) on the same inputs. Compiles are counted in-process: Inductor FX-graph cache misses and hits
@@ -112,9 +114,44 @@ def build(torch: Any, spec: dict[str, Any], device: str) -> tuple[tuple[Any, ...
     return (q, k, v), kw
 
 
+def _compile_counts(torch: Any) -> dict[str, int]:
+    """CuTe DSL compiles, Inductor FX-graph cache misses and hits, and Dynamo graphs so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return {"cute": COMPILES["cute"], "fx_miss": counters["inductor"]["fxgraph_cache_miss"],
+            "fx_hit": counters["inductor"]["fxgraph_cache_hit"], "dynamo_graphs": counters["stats"]["unique_graphs"]}
+
+
+def _first_use_facts(torch: Any, attnforge: Any, qkv: tuple[Any, ...], kw: dict[str, Any],
+                     before: dict[str, int]) -> dict[str, Any]:
+    """The backend ``explain()`` names for the call now, and the compiles and traces since ``before``."""
+    try:
+        chosen = attnforge.explain(*(t.detach() for t in qkv), **kw).chosen
+    except Exception as exc:
+        chosen = f"explain raised {type(exc).__name__}"
+    now = _compile_counts(torch)
+    return {"chosen": chosen, **{key: now[key] - before[key] for key in now if now[key] != before[key]}}
+
+
+def _by_chosen(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per backend that served them: how many of ``rows``, their total and longest ms, and the compiles and traces
+    their calls made."""
+    out: dict[str, dict[str, float]] = {}
+    for r in rows:
+        agg = out.setdefault(str(r.get("chosen")), {"calls": 0, "total_ms": 0.0, "longest_ms": 0.0})
+        agg["calls"] += 1
+        agg["total_ms"] = round(agg["total_ms"] + r["ms"], 1)
+        agg["longest_ms"] = round(max(agg["longest_ms"], r["ms"]), 1)
+        for key in ("cute", "fx_miss", "fx_hit", "dynamo_graphs"):
+            if key in r:
+                agg[key] = agg.get(key, 0) + r[key]
+    return out
+
+
 def run_pass(torch: Any, attnforge: Any, calls: list[dict[str, Any]], device: str,
              check: bool) -> list[dict[str, Any]]:
     rows = []
+    before = _compile_counts(torch)
     for i, spec in enumerate(calls):
         (q, k, v), kw = build(torch, spec, device)
         if device == "cuda":
@@ -126,6 +163,9 @@ def run_pass(torch: Any, attnforge: Any, calls: list[dict[str, Any]], device: st
         if device == "cuda":
             torch.cuda.synchronize()
         row: dict[str, Any] = {"i": i, "ms": (time.perf_counter() - t0) * 1e3, "class": repr(class_of(spec))}
+        if not check:  # pass 1: what served the call and what it compiled or traced (where a first call's time went)
+            row.update(_first_use_facts(torch, attnforge, (q, k, v), kw, before))
+            before = _compile_counts(torch)
         if check:
             with torch.no_grad():
                 ref = attnforge.attention(q.detach().float(), k.detach().float(), v.detach().float(),
@@ -168,6 +208,7 @@ def main() -> int:
         "calls": len(calls), "classes": len(classes), "pass1_s": round(pass1_s, 2),
         "pass1_longest_ms": round(max(r["ms"] for r in first), 2),
         "pass1_over_100ms": sum(r["ms"] > 100 for r in first), "measurements_after_pass1_s": round(waited_s, 2),
+        "pass1_over_100ms_by_chosen": _by_chosen([r for r in first if r["ms"] > 100]),
         "pass2_longest_ms": round(longest["ms"], 2), "pass2_longest_class": longest["class"],
         "pass2_over_100ms": sum(r["ms"] > 100 for r in second),
         "wrong": [r for r in second if not r.get("ok", True)],
