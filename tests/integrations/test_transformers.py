@@ -233,6 +233,21 @@ def test_a_padded_generate_under_inference_mode_gives_the_defaults_tokens(name: 
         assert got.tolist() == want.tolist()
 
 
+def test_only_a_mask_in_fresh_memory_is_marked_attnforges_own() -> None:
+    """The builder marks ``sdpa_mask``'s mask as attnforge's own (kept under ``torch.inference_mode``) only where it
+    does not share the caller's padding mask's memory: a view of the padding mask is the caller's to change in place,
+    which an inference tensor's missing version counter would hide."""
+    from attnforge.backends import _base
+
+    with torch.inference_mode():
+        padding = torch.ones(2, 6, dtype=torch.bool)
+        view = padding[:, None, None, :]
+        fresh = padding[:, None, None, :].clone()
+        assert tf_integration._made(view, padding) is view and _base.kept_version(view) is None
+        assert tf_integration._made(fresh, padding) is fresh and _base.kept_version(fresh) == -1
+        assert tf_integration._made(None, padding) is None
+
+
 @settings(max_examples=200, deadline=None)
 @given(batch=st.integers(1, 3), kv_length=st.integers(1, 12), kv_offset=st.integers(0, 3), extra=st.integers(0, 3),
        q_shift=st.sampled_from([0, 0, 0, -1, 1]), seed=st.integers(0, 2**16), dtype=st.sampled_from(["bool", "long"]))

@@ -287,7 +287,7 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
                 or torch.compiler.is_compiling()):
             return sdpa_mask(*args, **kwargs)
         if get("q_length") != 1:
-            mask = _made(sdpa_mask(**kwargs))
+            mask = _made(sdpa_mask(**kwargs), padding)
             if mask is not None and _plain_causal_prefill(kwargs, causal):
                 _PREFILL_PADDING.put(mask, (), padding)
             return mask
@@ -301,8 +301,9 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
             fn = get("mask_function")
             built = (_last_query_mask(kwargs) if fn is causal or (key[2] is not None and kv_length <= key[2]
                                                                    and _hides_no_key(kwargs)) else None)
-            return built if built is not None else _made(sdpa_mask(**{**kwargs, "allow_is_causal_skip": False}))
-        mask = _made(sdpa_mask(**kwargs))
+            return built if built is not None else _made(sdpa_mask(**{**kwargs, "allow_is_causal_skip": False}),
+                                                             padding)
+        mask = _made(sdpa_mask(**kwargs), padding)
         local = key[2]
         if local is None or (isinstance(kv_length, int) and kv_length < local):  # the answer was the padding's
             _PADDED_DECODE[key] = (kv_length, mask is not None)
@@ -311,10 +312,19 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
     return build
 
 
-def _made(mask: Any) -> Any:
-    """``sdpa_mask``'s fresh mask (or None), marked as attnforge's own (:func:`~attnforge.backends._base.made_here`):
-    only the model's layers read it, so what they derive from it is kept under ``torch.inference_mode`` too."""
-    return made_here(mask) if mask is not None else None
+def _made(mask: Any, padding: Any) -> Any:
+    """``sdpa_mask``'s mask (or None), marked as attnforge's own (:func:`~attnforge.backends._base.made_here`) where
+    it is fresh memory: only the model's layers read it, so what they derive from it is kept under
+    ``torch.inference_mode`` too. A mask that shares the caller's ``padding`` mask's memory (a view of it: transformers
+    5.23's ``sdpa_mask`` builds none, a later one might) is the caller's to change in place, and stays unmarked."""
+    if mask is None or _shares_memory(mask, padding):
+        return mask
+    return made_here(mask)
+
+
+def _shares_memory(a: Any, b: Any) -> bool:
+    """Whether tensors ``a`` and ``b`` are views of one storage."""
+    return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
 
 
 #: a padded prefill's mask, as built for ``"attnforge"`` (:func:`_mask_builder`) -> the 2D padding mask it was built
