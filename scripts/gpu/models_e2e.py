@@ -39,6 +39,13 @@ MASK_VARIANT: dict[str, bool] = {"read_every_mask": False}
 #: timed decode rounds per implementation (``--decode-rounds``), after one untimed warm-up round
 DECODE_ROUNDS = 5
 LAYERS = 2
+#: --inference-mode: the forwards and generate under ``torch.inference_mode`` (a way servers run), not ``no_grad``
+GRAD_MODE: dict[str, bool] = {"inference_mode": False}
+
+
+def _no_grad(torch: Any) -> Any:
+    """The context the forwards and ``generate`` run in: ``torch.no_grad()``, or ``torch.inference_mode()``."""
+    return torch.inference_mode() if GRAD_MODE["inference_mode"] else torch.no_grad()
 
 
 def _warmup_decoder(cfg_kw: dict[str, Any], batch: int, seq: int) -> dict[str, Any]:
@@ -181,7 +188,7 @@ def _use(model: Any, impl: str, *, shared: int = 2) -> None:
 def _forward_and_train(torch: Any, model: Any, ids: Any, mask: Any, *, use: dict[str, Any],
                        res: dict[str, Any]) -> None:
     """The forward (unpadded and padded) and train-step figures of :func:`decoder`, the implementations paired."""
-    with torch.no_grad():
+    with _no_grad(torch):
         # an unpadded batch (packed or equal-length training data: no mask, plain causal attention) and the
         # left-padded one (a bool mask on every call); both implementations interleaved (paired_ms)
         for key, fn in (("fwd_ms", lambda: model(input_ids=ids)),
@@ -364,7 +371,7 @@ def _host_profile(torch: Any, fn: Any, top: int = 30) -> dict[str, list[dict[str
 
 def _generate_run(torch: Any, model: Any, kw: dict[str, Any], n: int, **extra: Any) -> Any:
     """Greedy ``generate`` of exactly ``n`` new tokens on ``kw`` (:func:`_generate_inputs`), without autograd."""
-    with torch.no_grad():
+    with _no_grad(torch):
         return model.generate(**kw, max_new_tokens=n, min_new_tokens=n, **extra)
 
 
@@ -582,6 +589,9 @@ def main() -> int:
                          "reading every mask's runs at its first call (SHARED=1), against its rule (SHARED=2)")
     ap.add_argument("--decode-only", action="store_true",
                     help="decoders: only generate (prefill and decode), no forward or train step (a short call)")
+    ap.add_argument("--inference-mode", action="store_true",
+                    help="decoders: the forwards and generate under torch.inference_mode, as servers run them, not "
+                         "no_grad (the train step keeps autograd)")
     ap.add_argument("--decode-rounds", type=int, default=DECODE_ROUNDS,
                     help="timed decode rounds per implementation, interleaved (the host's pace drifts between "
                          "rounds: 5 rounds moved a ratio by up to ~10%% between two H200 machines, 2026-11-28)")
@@ -589,6 +599,7 @@ def main() -> int:
     import torch
 
     FRESH_LENGTHS, DECODE_ROUNDS, DECODE_ONLY = args.fresh_lengths, max(1, args.decode_rounds), args.decode_only
+    GRAD_MODE["inference_mode"] = args.inference_mode
     results = configure(torch, args.device)
     WARMUP, DIAGNOSE, LAYERS = args.warmup, args.diagnose, max(2, args.layers)
     MASK_VARIANT["read_every_mask"] = args.read_every_mask
