@@ -323,5 +323,5 @@ def test_a_padded_prefills_offsets_go_up_and_are_checked_without_a_sync() -> Non
         torch.cuda.set_sync_debug_mode(0)
     assert torch.equal(up.cpu(), torch.arange(9))
     assert facts[2:] == (seqs.longest, seqs.longest) == (2048, 2048)
-    assert seqs.cu_seqlens.cpu().tolist() == [0, 2048, 2048 + 292, 3 * 2048, 4 * 2048]
+    assert seqs.cu_seqlens.cpu().tolist() == [0, 2048, 2048 + 292, 2 * 2048, 3 * 2048, 4 * 2048]
     assert torch.equal(seqs.hidden_rows.cpu(), torch.arange(2048, 2048 + 292))
