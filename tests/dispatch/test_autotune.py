@@ -215,6 +215,30 @@ def test_warmup_calls_each_shape_in_its_layout(store: RecordStore, mode: str) ->
         runtime.set_dispatcher(previous)
 
 
+def test_warmup_inside_inference_mode_warms_fwd_bwd_classes_too(store: RecordStore) -> None:
+    """A server's start-up may call ``attnforge.warmup`` inside ``torch.inference_mode``: its own tensors still record
+    the backward of a fwd+bwd shape (there a backward recorded nothing and every fwd+bwd class failed), and a
+    forward shape is warmed as outside."""
+    import dataclasses
+
+    from attnforge.dispatch.warmup import warmup
+    from attnforge.types.shapes import AttentionShape, Mode
+
+    clock = FakeClock()
+    fast, sdpa = Strided("fast", clock, 1.0), Strided("sdpa", clock, 3.0)
+    previous = runtime.set_dispatcher(runtime.Dispatcher({"fast": fast}, fallback=sdpa, records=store))
+    try:
+        shape = AttentionShape(batch=1, heads_q=4, heads_kv=4, head_dim=8, seqlen_q=16, seqlen_k=16, causal=True,
+                               mode=Mode.FWD_BWD, dtype="float32")
+        with torch.inference_mode():
+            report = warmup([shape, dataclasses.replace(shape, mode=Mode.FWD)], device="cpu",
+                            budget_s=0.02, rounds=1)
+            assert torch.is_inference_mode_enabled()  # the caller's mode is back
+        assert [c.error for c in report.classes] == ["", ""] and all(c.chosen for c in report.classes)
+    finally:
+        runtime.set_dispatcher(previous)
+
+
 def test_warmup_calls_a_long_causal_prefill_as_a_padded_prefills_varlen_call_too(
         store: RecordStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``padded_prefill_from`` (the transformers integration's varlen threshold), a causal forward shape that

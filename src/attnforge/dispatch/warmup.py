@@ -93,9 +93,23 @@ def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None 
     Returns:
         The report; a call that raises is an entry with its error, not an exception.
     """
+    import torch
+
     from attnforge.bench.run import random_inputs
     from attnforge.dispatch import runtime
 
+    # its own tensors, with autograd for fwd+bwd shapes, even where the caller warms up inside torch.inference_mode
+    # (a server's start-up may): there a backward recorded nothing and every fwd+bwd class failed
+    with torch.inference_mode(False), torch.enable_grad():
+        return _warmup(shapes, device=device, window=window, softcap=softcap, budget_s=budget_s, rounds=rounds,
+                       progress=progress, padded_prefill_from=padded_prefill_from, inputs=random_inputs,
+                       runtime=runtime)
+
+
+def _warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None, softcap: float | None,
+            budget_s: float, rounds: int, progress: Callable[[AttentionShape], None] | None,
+            padded_prefill_from: int | None, inputs: Any, runtime: Any) -> WarmupReport:
+    """:func:`warmup`'s body, in the grad mode it sets."""
     caches = compile_cache.ensure()
     before = compile_cache.count_artifacts(caches.folders)
     out: list[WarmedClass] = []
@@ -114,7 +128,7 @@ def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None 
                 packed_seen.add(packed)  # packed calls have no layout: one per shape, whatever layouts are warmed
                 variants.append({**variants[0], "varlen": True})
             for kw in variants:
-                out.append(_warm(shape, kw, device=device, inputs=random_inputs, runtime=runtime))
+                out.append(_warm(shape, kw, device=device, inputs=inputs, runtime=runtime))
     _ask_mask_kernels(shapes, device)
     return WarmupReport(classes=tuple(out), measuring=measuring, caches=caches,
                         compiled_files=compile_cache.count_artifacts(caches.folders) - before)
