@@ -854,16 +854,15 @@ def _probe_kernels(device: Any, dtype: Any, d: int, dv: int, *, grad: bool) -> f
 def _probe_reference_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
                            go: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The gradients of Q, K and V (float32) of the probe's call (:func:`_zeroing_kernels`) under upstream gradient
-    ``go``: float32 math with the rows that see no key opened to every key and their outputs zeroed, as the adapter
-    serves a row that sees no key when it does not leave it to the kernel (so those rows pass no gradient on)."""
+    ``go``: the exact math (:func:`~attnforge.backends.exact.exact_attention`, float32) under the bool mask
+    ``visible``, where a row that sees no key is zeros and passes no gradient on, as the adapter serves it when it
+    does not leave it to the kernel."""
     import torch
 
+    from attnforge.backends.exact import exact_attention
+
     qf, kf, vf = (t.detach().float().requires_grad_(True) for t in (q, k, v))
-    seen = visible.any(dim=-1, keepdim=True)
-    scores = (qf @ kf.transpose(-2, -1)) * qf.shape[-1] ** -0.5
-    probs = scores.masked_fill(~visible & seen, float("-inf")).softmax(dim=-1)
-    out = (probs @ vf) * seen
-    return torch.autograd.grad(out, (qf, kf, vf), go.float())
+    return torch.autograd.grad(exact_attention(qf, kf, vf, attn_mask=visible), (qf, kf, vf), go.float())
 
 
 def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
