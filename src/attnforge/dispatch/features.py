@@ -592,13 +592,12 @@ def _page_facts(block_table: Any, seqused_k: Any) -> tuple[int, int, int, int]:
     one per ``int()`` or ``bool()`` of a device value; a serving loop makes a paged call per layer and step)."""
     import torch
 
-    parts = []
-    for t in (block_table, seqused_k):
-        if t is not None and t.numel():
-            parts += [t.min(), t.max()]
-        else:
-            parts += [torch.zeros((), dtype=torch.int32, device=block_table.device)] * 2
-    low, high, used_low, used_high = torch.stack(parts).tolist()
+    pages, used = block_table.numel() > 0, seqused_k is not None and seqused_k.numel() > 0
+    parts = ([block_table.min(), block_table.max()] if pages else []) + ([seqused_k.min(), seqused_k.max()] if used
+                                                                          else [])
+    values = torch.stack(parts).tolist() if parts else []
+    low, high = values[:2] if pages else (0, 0)
+    used_low, used_high = values[-2:] if used else (0, 0)
     return low, high, used_low, used_high
 
 
