@@ -118,8 +118,9 @@ def _compile_counts(torch: Any) -> dict[str, int]:
     """CuTe DSL compiles, Inductor FX-graph cache misses and hits, and Dynamo graphs so far in this process."""
     from torch._dynamo.utils import counters
 
-    return {"cute": COMPILES["cute"], "fx_miss": counters["inductor"]["fxgraph_cache_miss"],
-            "fx_hit": counters["inductor"]["fxgraph_cache_hit"], "dynamo_graphs": counters["stats"]["unique_graphs"]}
+    return {"cute": COMPILES["cute"], "inductor_fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
+            "inductor_fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
+            "dynamo_unique_graphs": counters["stats"]["unique_graphs"]}
 
 
 def _first_use_facts(torch: Any, attnforge: Any, qkv: tuple[Any, ...], kw: dict[str, Any],
@@ -142,7 +143,7 @@ def _by_chosen(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         agg["calls"] += 1
         agg["total_ms"] = round(agg["total_ms"] + r["ms"], 1)
         agg["longest_ms"] = round(max(agg["longest_ms"], r["ms"]), 1)
-        for key in ("cute", "fx_miss", "fx_hit", "dynamo_graphs"):
+        for key in ("cute", "inductor_fxgraph_miss", "inductor_fxgraph_hit", "dynamo_unique_graphs"):
             if key in r:
                 agg[key] = agg.get(key, 0) + r[key]
     return out
@@ -190,8 +191,6 @@ def main() -> int:
     import torch
 
     _count_cute_compiles()
-    from torch._dynamo.utils import counters
-
     import attnforge
 
     small = args.device != "cuda"
@@ -212,9 +211,7 @@ def main() -> int:
         "pass2_longest_ms": round(longest["ms"], 2), "pass2_longest_class": longest["class"],
         "pass2_over_100ms": sum(r["ms"] > 100 for r in second),
         "wrong": [r for r in second if not r.get("ok", True)],
-        "compiles": {"cute": COMPILES["cute"], "inductor_fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
-                     "inductor_fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
-                     "dynamo_unique_graphs": counters["stats"]["unique_graphs"]},
+        "compiles": _compile_counts(torch),
         "pass1": first, "pass2": second}
     print(json.dumps({k: v for k, v in result.items() if k not in ("pass1", "pass2")}, indent=1))
     with open(args.out, "w") as fh:
