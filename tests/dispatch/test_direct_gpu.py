@@ -94,7 +94,9 @@ def test_fa4_direct_equals_the_public_function(hq: int, hkv: int, sq: int, sk: i
     want = fa4.module().flash_attn_func(qs, ks, vs, causal=causal)
     want = want[0] if isinstance(want, tuple) else want
     bound = bound_call(fa4, call, causal=causal, scale=None, bshd=True)
-    assert torch.equal(bound(qs, ks, vs), want)  # first call: _flash_attn_fwd, recording and checking the replay
+    assert torch.equal(bound(qs, ks, vs), want)  # first call: _flash_attn_fwd
+    assert torch.equal(bound(qs, ks, vs), want)  # second call (a binding records there, _fa4_direct.bind): recording
+    # and checking the replay
     assert getattr(bound, "replay", None) is not None, "the compiled call was not replayable (see _fa4_direct)"
     g = torch.Generator(device="cuda").manual_seed(9)
     qs2, ks2, vs2 = (torch.randn(t.transpose(1, 2).shape, device="cuda", dtype=t.dtype, generator=g).transpose(1, 2)
