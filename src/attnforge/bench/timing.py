@@ -13,12 +13,19 @@ median of the rounds' medians and keeps each round's median, so the spread betwe
 clock boost or thermal state changes) is measured, not hidden in one long run.
 
 *As the model sees it* (:attr:`TimerMethod.BACK_TO_BACK`, what measure-on-first-use uses, issue 30): a
-repetition is the wall time of a batch of calls issued back to back on the caller's own tensors between two
-synchronizes, divided by the batch's size. The host's cost per call (Python entry, argument checks, launch) is
-then in the figure whenever it exceeds the kernel's, as it is in a model that issues attention between other
-layers: a kernel shorter than its own launch is not chosen over SDPA because its CUDA-event time alone was
-shorter (docs/benchmarks.md: FA3's and FA4's Python entries cost 90-300 us of host time per call against 24-79
-us for SDPA). No L2 flush: consecutive calls of a layer do not start from a cold L2 either.
+repetition is a batch of calls issued back to back on the caller's own tensors, timed from the end of its first
+call to the end of its last (:class:`Marks`: CUDA events recorded between the calls on a GPU, the host clock where
+calls run synchronously) and divided by the calls after the first. Each timed call is issued while its predecessor
+runs, as a model issues attention between other layers, so a call costs the longer of its kernel and its host
+time (Python entry, argument checks, launch): a kernel shorter than its own launch is not chosen over SDPA because
+its CUDA-event time alone was shorter (docs/benchmarks.md: FA3's and FA4's Python entries cost 90-300 us of host
+time per call against 24-79 us for SDPA). The first call is left out because nothing ran before it: its whole host
+time would show as device idle time that a model, whose earlier layers keep the device busy, does not see. Timed
+from the batch's start instead (wall time between two synchronizes, until 2026-11-30), a two-call batch of a 1.6
+ms fwd+bwd carried half a call's host time: on an H200 (docs/benchmarks.md "twenty-first session", Flux-dev's
+fwd+bwd) SDPA, FA3 and FA4 read 2.4, 6.4 and 9.3 % over their CUDA-event times, in the order of their host costs,
+and the rounds' noise put a 12 % faster kernel inside the tie margin. No L2 flush: consecutive calls of a layer do
+not start from a cold L2 either.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from attnforge._compat import StrEnum
 
@@ -43,14 +50,65 @@ class TimerMethod(StrEnum):
     CUDA_EVENTS = "cuda-events"
     DO_BENCH = "triton-do_bench"
     PERF_COUNTER = "perf_counter"
-    BACK_TO_BACK = "back-to-back"  # wall time of a batch of calls between two synchronizes, per call
+    BACK_TO_BACK = "back-to-back"  # a batch of queued calls from the end of its first to the end of its last, per call
 
 
 #: the wall time one back-to-back batch aims at (ms): long enough that the two synchronizes around it weigh
 #: little (about 10 us each on an H100), short enough that a round holds several batches
 BATCH_MS = 2.0
+#: calls per back-to-back batch at least: the first, untimed, and two timed ones (so the host's pace between two
+#: calls is in the figure)
+MIN_BATCH = 3
 #: calls per back-to-back batch at most (a call the clock barely sees must not turn into thousands)
 MAX_BATCH = 64
+
+
+class Marks(Protocol):
+    """Points in the queued work, and the time between two of them: what a back-to-back batch is timed with.
+
+    ``mark()`` is taken where the host stands in its issuing; it is reached when the work queued before it is done
+    (a CUDA event on the stream's queue). ``ms_between(start, end)`` is read after the work is synchronized."""
+
+    def mark(self) -> Any: ...
+
+    def ms_between(self, start: Any, end: Any) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HostMarks:
+    """Marks of the host clock (seconds, monotonic): right where calls run synchronously (a CPU), since a call
+    has done its work when it returns."""
+
+    clock: Callable[[], float] = time.perf_counter
+
+    def mark(self) -> float:
+        return self.clock()
+
+    def ms_between(self, start: float, end: float) -> float:
+        return (end - start) * 1e3
+
+
+class CudaMarks:
+    """Marks as CUDA events recorded on the current stream (``torch.cuda.Event(enable_timing=True)``): a mark is
+    reached on the device when the work queued before it is done, so the time between two includes every moment
+    the device waited for the host to queue the next call."""
+
+    __slots__ = ()
+
+    def mark(self) -> Any:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record()
+        return event
+
+    def ms_between(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end))
+
+
+def marks_for(cuda: bool, clock: Callable[[], float] = time.perf_counter) -> Marks:
+    """:class:`CudaMarks` for work on a CUDA device, else :class:`HostMarks` of ``clock``."""
+    return CudaMarks() if cuda else HostMarks(clock)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,7 +235,8 @@ def flush_bytes(set_bytes: int, l2_bytes: int | None = None) -> int:
 
 
 def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], None] = lambda: None,
-            clock: Callable[[], float] = time.perf_counter, flush_bytes: int = 0) -> Timing:
+            clock: Callable[[], float] = time.perf_counter, flush_bytes: int = 0,
+            marks: Marks | None = None) -> Timing:
     """Time ``step`` the same way for every backend.
 
     1. The first call is timed alone (compile, JIT, autotuning, cuDNN plan building) and reported apart.
@@ -192,6 +251,7 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
         clock: seconds, monotonic (``time.perf_counter``; injected by tests).
         flush_bytes: with CUDA events, a buffer of this many bytes is zeroed before each repetition, outside
             the timed interval (an L2 flush, as ``triton.testing.do_bench`` does; :func:`flush_bytes`).
+        marks: what times a back-to-back batch (:func:`marks_for`); the host clock ``clock`` when None.
 
     Raises:
         Exception: whatever ``step`` raises (out of memory, unsupported input); the caller records it.
@@ -221,7 +281,7 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
         elif config.method is TimerMethod.BACK_TO_BACK:
             batch = batch_size(estimate_ms)
             reps = min(config.max_reps, max(config.min_reps, math.ceil(config.rep_ms / (estimate_ms * batch))))
-            times_ms = _back_to_back(step, counter, reps, batch, sync=sync, clock=clock)
+            times_ms = _back_to_back(step, counter, reps, batch, sync=sync, marks=marks or HostMarks(clock))
         else:
             times_ms = _wall(step, counter, reps, sync, clock)
     return summarize(times_ms, warmup_calls=warmup, first_call_s=first_call_s, input_sets=sets,
@@ -229,13 +289,15 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
 
 
 def paired(steps: dict[str, Step], *, pairs: int, sync: Callable[[], None] = lambda: None,
-           clock: Callable[[], float] = time.perf_counter, max_call_ms: float = 8.0) -> dict[str, Timing] | None:
+           clock: Callable[[], float] = time.perf_counter, max_call_ms: float = 8.0,
+           marks: Marks | None = None) -> dict[str, Timing] | None:
     """Time two or more routes against each other on live calls, as the model issues them, at a bounded cost:
     ``pairs`` interleaved rounds, each one back-to-back batch (:func:`batch_size`) of every step in turn; each
     round's per-call time is one entry of the result's ``rounds_ms`` (the noise :func:`attnforge.ranking.beats`
     weighs). One untimed call of each step first estimates the batch. The in-situ check of the dispatcher
     (:mod:`attnforge.dispatch.insitu`) runs this on the calling thread, so its cost is about
-    ``2 * pairs * len(steps) * BATCH_MS`` plus one call of each.
+    ``2 * pairs * len(steps) * BATCH_MS`` plus one call of each. ``marks`` time the batches (:func:`marks_for`;
+    the host clock ``clock`` when None).
 
     Returns:
         A :class:`Timing` per step, or None when one call takes longer than ``max_call_ms`` (the check would cost
@@ -254,7 +316,8 @@ def paired(steps: dict[str, Step], *, pairs: int, sync: Callable[[], None] = lam
     names = list(steps)
     for r in range(max(1, pairs)):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            per[name].extend(_back_to_back(steps[name], counter, 1, batch, sync=sync, clock=clock))
+            per[name].extend(_back_to_back(steps[name], counter, 1, batch, sync=sync,
+                                           marks=marks or HostMarks(clock)))
     return {name: per_call_rounds(times, first_call_s=estimates[name] / 1e3) for name, times in per.items()}
 
 
@@ -279,9 +342,8 @@ def per_call_rounds(times_ms: list[float], *, first_call_s: float) -> Timing:
 
 def batch_size(estimate_ms: float) -> int:
     """Calls per back-to-back batch for a call estimated at ``estimate_ms`` (wall time, host cost included):
-    enough to fill :data:`BATCH_MS`, at least 2 (so the host's pace between calls is in it), at most
-    :data:`MAX_BATCH`."""
-    return max(2, min(MAX_BATCH, math.ceil(BATCH_MS / max(estimate_ms, 1e-6))))
+    enough to fill :data:`BATCH_MS`, at least :data:`MIN_BATCH`, at most :data:`MAX_BATCH`."""
+    return max(MIN_BATCH, min(MAX_BATCH, math.ceil(BATCH_MS / max(estimate_ms, 1e-6))))
 
 
 def summarize(times_ms: list[float], *, warmup_calls: int, first_call_s: float, input_sets: int,
@@ -322,16 +384,19 @@ def _wall(step: Step, counter: _Rotation, reps: int, sync: Callable[[], None],
 
 
 def _back_to_back(step: Step, counter: _Rotation, reps: int, batch: int, *, sync: Callable[[], None],
-                  clock: Callable[[], float]) -> list[float]:
-    """Per repetition, the wall time of ``batch`` calls queued back to back between two synchronizes, per call."""
+                  marks: Marks) -> list[float]:
+    """Per repetition, ``batch`` calls queued back to back after a synchronize, timed from the end of the first
+    to the end of the last (``marks``), per timed call (``batch - 1`` of them; ``batch >= 2``)."""
     times = []
     sync()
     for _ in range(reps):
-        start = clock()
-        for _ in range(batch):
+        step(counter.next())  # untimed: nothing ran before it, so its host time would be device idle time
+        start = marks.mark()
+        for _ in range(batch - 1):
             step(counter.next())
+        end = marks.mark()
         sync()
-        times.append((clock() - start) * 1e3 / batch)
+        times.append(marks.ms_between(start, end) / (batch - 1))
     return times
 
 

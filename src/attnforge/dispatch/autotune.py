@@ -37,9 +37,10 @@ times it; a class measured without it is measured again by a later warm-up in th
 
 What is timed: exactly the route that will serve the call (:func:`attnforge.backends.bound.bound_call`, the same
 layout, strides, arguments and wrapper), as the model issues it: in interleaved rounds through the one harness
-(:func:`attnforge.bench.timing.measure`), each repetition the wall time of calls back to back between two
-synchronizes (:attr:`~attnforge.bench.timing.TimerMethod.BACK_TO_BACK`: the host's cost per call is in it, so a
-kernel shorter than its own launch does not beat SDPA), within ``budget_s`` of repetitions per class. The timing
+(:func:`attnforge.bench.timing.measure`), each repetition a batch of calls back to back, each timed call issued
+while its predecessor runs (:attr:`~attnforge.bench.timing.TimerMethod.BACK_TO_BACK`: the host's cost per call is
+in it where it exceeds the kernel's, so a kernel shorter than its own launch does not beat SDPA), within
+``budget_s`` of repetitions per class. The timing
 runs leave the caller's tensors untouched (backward runs on detached copies with ``autograd.grad``, so nothing
 accumulates in ``.grad``), and the output returned to the caller is computed afterwards by the route the policy
 then chooses.
@@ -326,7 +327,7 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     Returns:
         The new records (a candidate that raises while timed gets none; the policy treats it as before).
     """
-    from attnforge.bench.timing import TimerMethod, TimingConfig, combine_rounds, measure
+    from attnforge.bench.timing import TimerMethod, TimingConfig, combine_rounds, marks_for, measure
 
     names = candidates(decision, skip)
     # partial only where a candidate of this decision was left out (a CUDA-only backend is none on a CPU call)
@@ -337,6 +338,7 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     timing = TimingConfig(warmup_ms=share_ms / 4, rep_ms=share_ms, min_reps=3, max_reps=MAX_REPS,
                           method=TimerMethod.BACK_TO_BACK, rounds=config.rounds)
     sync = sync if sync is not None else device_sync(tensors[0].device.type == "cuda")
+    marks = marks_for(tensors[0].device.type == "cuda", config.clock)  # events on the current (worker's) stream
     steps = {n: step_of(bind(a), tensors, grad=call.needs_grad) for n, a in adapters.items()}
     rounds: dict[str, list[Any]] = {n: [] for n in adapters}
     deadline = float("inf")  # set after the first round, whose first calls may compile (FlexAttention, FA4's JIT)
@@ -351,7 +353,8 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
                 continue
             between()
             try:
-                rounds[name].append(measure(steps[name], sets=1, config=timing, sync=sync, clock=config.clock))
+                rounds[name].append(measure(steps[name], sets=1, config=timing, sync=sync, clock=config.clock,
+                                            marks=marks))
             except Exception:  # a candidate that raises is not measured; the policy keeps its own view of it
                 del rounds[name]
     records = _records(rounds, adapters, bhsd, call=call, device_key=device_key, combine=combine_rounds,

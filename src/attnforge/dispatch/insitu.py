@@ -261,14 +261,15 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
         fn, sdpa: the bound calls of the route's backend and of SDPA.
         clock: seconds, monotonic (the active autotune configuration's when None; a fake clock in tests).
     """
-    from attnforge.bench.timing import paired
+    from attnforge.bench.timing import marks_for, paired
 
     q = tensors[0]
     config = autotune.active(q.device.type) or autotune.DEFAULT
     steps = {route: autotune.step_of(fn, tensors, grad=call.needs_grad),
              FALLBACK: autotune.step_of(sdpa, tensors, grad=call.needs_grad)}
     sync = autotune.device_sync(q.device.type == "cuda")
-    timings = paired(steps, pairs=PAIRS, sync=sync, clock=clock or config.clock, max_call_ms=MAX_CALL_MS)
+    timings = paired(steps, pairs=PAIRS, sync=sync, clock=clock or config.clock, max_call_ms=MAX_CALL_MS,
+                     marks=marks_for(q.device.type == "cuda", clock or config.clock))
     if timings is None:
         return None
     return verdict(dispatcher, q, call=call, route=route, timings=timings)
