@@ -329,3 +329,34 @@ def test_a_padded_prefills_offsets_go_up_and_are_checked_without_a_sync() -> Non
     assert facts[2:] == (seqs.longest, seqs.longest) == (2048, 2048)
     assert seqs.cu_seqlens.cpu().tolist() == [0, 2048, 2048 + 292, 2 * 2048, 3 * 2048, 4 * 2048]
     assert torch.equal(seqs.hidden_rows.cpu(), torch.arange(2048, 2048 + 292))
+
+
+@pytest.mark.parametrize(("host_ms", "kernel_ms"), [(0.05, 1.0), (0.5, 0.1)], ids=["device-paced", "host-paced"])
+def test_back_to_back_timing_on_the_device_is_the_longer_of_kernel_and_host_time(host_ms: float,
+                                                                               kernel_ms: float) -> None:
+    """The back-to-back timing with CUDA events (:class:`attnforge.bench.timing.CudaMarks`): a call of a kernel of
+    known length (``torch.cuda._sleep``) after a host delay of known length (a busy wait) measures the longer of
+    the two, as a model issuing it between other layers sees it; timed from the batch's start it also held half a
+    call's host time (docs/benchmarks.md "twenty-first session")."""
+    import time
+
+    from attnforge.bench.timing import CudaMarks, TimerMethod, TimingConfig, measure
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    cycles = int(1_000_000 * kernel_ms / start.elapsed_time(end))  # the sleep's cycles for kernel_ms
+
+    def step(_i: int) -> None:
+        until = time.perf_counter() + host_ms / 1e3
+        while time.perf_counter() < until:  # busy: time.sleep overshoots by its timer slack
+            pass
+        torch.cuda._sleep(cycles)
+
+    config = TimingConfig(warmup_ms=2.0, rep_ms=40.0, min_reps=5, max_reps=50, method=TimerMethod.BACK_TO_BACK)
+    t = measure(step, sets=1, config=config, sync=torch.cuda.synchronize, marks=CudaMarks())
+    want = max(kernel_ms, host_ms)
+    assert want * 0.9 < t.median_ms < want * 1.25, (t.median_ms, want)
