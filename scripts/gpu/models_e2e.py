@@ -38,6 +38,10 @@ DEV, DT, SMALL, WARMUP, DIAGNOSE, FRESH_LENGTHS, DECODE_ONLY = "cuda", "bfloat16
 MASK_VARIANT: dict[str, bool] = {"read_every_mask": False}
 #: timed decode rounds per implementation (``--decode-rounds``), after one untimed warm-up round
 DECODE_ROUNDS = 5
+#: interleaved rounds of the forward, train-step, prefill and block figures (``--rounds``): with 5, two runs of a
+#: train step with SDPA on both sides read 0.984x and 1.007x (H200, docs/benchmarks.md "twentieth session"); a
+#: figure whose attention is a few % of the step needs more to tell a 1 % lead from the host's drift
+ROUNDS = {"rounds": 5}
 LAYERS = 2
 #: --inference-mode: the forwards and generate under ``torch.inference_mode`` (a way servers run), not ``no_grad``
 GRAD_MODE: dict[str, bool] = {"inference_mode": False}
@@ -193,7 +197,7 @@ def _forward_and_train(torch: Any, model: Any, ids: Any, mask: Any, *, use: dict
         # left-padded one (a bool mask on every call); both implementations interleaved (paired_ms)
         for key, fn in (("fwd_ms", lambda: model(input_ids=ids)),
                         ("fwd_padded_ms", lambda: model(input_ids=ids, attention_mask=mask))):
-            for impl, ms in paired_ms(torch, fn, use).items():
+            for impl, ms in paired_ms(torch, fn, use, rounds=ROUNDS["rounds"]).items():
                 res[f"{impl}_{key}"] = ms
 
     def step() -> None:
@@ -201,7 +205,7 @@ def _forward_and_train(torch: Any, model: Any, ids: Any, mask: Any, *, use: dict
         out.loss.backward()
         model.zero_grad(set_to_none=True)
 
-    for impl, ms in paired_ms(torch, step, use, reps=2).items():
+    for impl, ms in paired_ms(torch, step, use, reps=2, rounds=ROUNDS["rounds"]).items():
         res[f"{impl}_train_step_ms"] = ms
 
 
@@ -274,7 +278,7 @@ def _generate_paired(torch: Any, model: Any, batch: int, use: dict[str, Any]) ->
     ``generate`` over a left-padded batch of ``batch`` prompts, the implementations interleaved round by round
     (:func:`_timing.paired_ms`)."""
     kw, prompt, new = _generate_inputs(torch, batch)
-    t1 = paired_ms(torch, lambda: _generate_run(torch, model, kw, 1), use, reps=3)
+    t1 = paired_ms(torch, lambda: _generate_run(torch, model, kw, 1), use, reps=3, rounds=ROUNDS["rounds"])
     step, first = _decode_step_ms(torch, model, kw, new=new, use=use)
     return {f"{name}_generate": {"prefill_ms": t1[name], "prompt": prompt, "new_tokens": new,
                                  "decode_step_ms": step[name], "decode_tokens_per_s": batch / (step[name] / 1e3),
@@ -548,7 +552,7 @@ def _diffusion(torch: Any, model: Any, inputs: dict[str, Any], label: str, *, he
         got = model(**inputs).sample
         if DIAGNOSE:
             res["calls"] = _spy_calls(torch, lambda: model(**inputs))
-        for impl, ms in paired_ms(torch, lambda: model(**inputs), use, reps=2).items():
+        for impl, ms in paired_ms(torch, lambda: model(**inputs), use, reps=2, rounds=ROUNDS["rounds"]).items():
             res[f"{impl}_step_ms"] = ms
         use["default"]()
     res.update(_compare(got, ref))
@@ -592,6 +596,9 @@ def main() -> int:
     ap.add_argument("--inference-mode", action="store_true",
                     help="decoders: the forwards and generate under torch.inference_mode, as servers run them, not "
                          "no_grad (the train step keeps autograd)")
+    ap.add_argument("--rounds", type=int, default=ROUNDS["rounds"],
+                    help="interleaved rounds of the forward, train-step, prefill and block figures (9 reads a 1 %% "
+                         "lead; each round costs a few seconds a model)")
     ap.add_argument("--decode-rounds", type=int, default=DECODE_ROUNDS,
                     help="timed decode rounds per implementation, interleaved (the host's pace drifts between "
                          "rounds: 5 rounds moved a ratio by up to ~10%% between two H200 machines, 2026-11-28)")
@@ -599,6 +606,7 @@ def main() -> int:
     import torch
 
     FRESH_LENGTHS, DECODE_ROUNDS, DECODE_ONLY = args.fresh_lengths, max(1, args.decode_rounds), args.decode_only
+    ROUNDS["rounds"] = max(1, args.rounds)
     GRAD_MODE["inference_mode"] = args.inference_mode
     results = configure(torch, args.device)
     WARMUP, DIAGNOSE, LAYERS = args.warmup, args.diagnose, max(2, args.layers)
