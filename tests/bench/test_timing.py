@@ -161,4 +161,7 @@ def test_host_marks_time_calls_that_run_synchronously() -> None:
     config = TimingConfig(warmup_ms=1.0, rep_ms=40.0, min_reps=3, max_reps=100, method=TimerMethod.BACK_TO_BACK)
     t = measure(kernel.step, sets=1, config=config, clock=kernel.clock)  # marks default to HostMarks(clock)
     assert t.median_ms == pytest.approx(4.0)
-    assert isinstance(marks_for(False, kernel.clock), HostMarks)
+    import torch
+
+    assert isinstance(marks_for(torch.device("cpu"), kernel.clock), HostMarks)
+    assert marks_for(torch.device("cuda", 1)).device == torch.device("cuda", 1)  # type: ignore[attr-defined]

@@ -357,6 +357,6 @@ def test_back_to_back_timing_on_the_device_is_the_longer_of_kernel_and_host_time
         torch.cuda._sleep(cycles)
 
     config = TimingConfig(warmup_ms=2.0, rep_ms=40.0, min_reps=5, max_reps=50, method=TimerMethod.BACK_TO_BACK)
-    t = measure(step, sets=1, config=config, sync=torch.cuda.synchronize, marks=CudaMarks())
+    t = measure(step, sets=1, config=config, sync=torch.cuda.synchronize, marks=CudaMarks(torch.device("cuda")))
     want = max(kernel_ms, host_ms)
     assert want * 0.9 < t.median_ms < want * 1.25, (t.median_ms, want)

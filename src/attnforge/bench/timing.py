@@ -90,26 +90,31 @@ class HostMarks:
 
 
 class CudaMarks:
-    """Marks as CUDA events recorded on the current stream (``torch.cuda.Event(enable_timing=True)``): a mark is
-    reached on the device when the work queued before it is done, so the time between two includes every moment
-    the device waited for the host to queue the next call."""
+    """Marks as CUDA events (``torch.cuda.Event(enable_timing=True)``) recorded on ``device``'s current stream (the
+    worker's inside its stream scope; the tensors' device, not merely the current one): a mark is reached on the
+    device when the work queued before it is done, so the time between two includes every moment the device waited
+    for the host to queue the next call."""
 
-    __slots__ = ()
+    __slots__ = ("device",)
+
+    def __init__(self, device: Any = None) -> None:
+        self.device = device
 
     def mark(self) -> Any:
         import torch
 
         event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))
         return event
 
     def ms_between(self, start: Any, end: Any) -> float:
         return float(start.elapsed_time(end))
 
 
-def marks_for(cuda: bool, clock: Callable[[], float] = time.perf_counter) -> Marks:
-    """:class:`CudaMarks` for work on a CUDA device, else :class:`HostMarks` of ``clock``."""
-    return CudaMarks() if cuda else HostMarks(clock)
+def marks_for(device: Any, clock: Callable[[], float] = time.perf_counter) -> Marks:
+    """:class:`CudaMarks` on ``device`` (a ``torch.device``) when it is a CUDA device, else :class:`HostMarks` of
+    ``clock``."""
+    return CudaMarks(device) if getattr(device, "type", None) == "cuda" else HostMarks(clock)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -338,7 +338,7 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     timing = TimingConfig(warmup_ms=share_ms / 4, rep_ms=share_ms, min_reps=3, max_reps=MAX_REPS,
                           method=TimerMethod.BACK_TO_BACK, rounds=config.rounds)
     sync = sync if sync is not None else device_sync(tensors[0].device.type == "cuda")
-    marks = marks_for(tensors[0].device.type == "cuda", config.clock)  # events on the current (worker's) stream
+    marks = marks_for(tensors[0].device, config.clock)  # CUDA events on that device's current (the worker's) stream
     steps = {n: step_of(bind(a), tensors, grad=call.needs_grad) for n, a in adapters.items()}
     rounds: dict[str, list[Any]] = {n: [] for n in adapters}
     deadline = float("inf")  # set after the first round, whose first calls may compile (FlexAttention, FA4's JIT)

@@ -269,7 +269,7 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
              FALLBACK: autotune.step_of(sdpa, tensors, grad=call.needs_grad)}
     sync = autotune.device_sync(q.device.type == "cuda")
     timings = paired(steps, pairs=PAIRS, sync=sync, clock=clock or config.clock, max_call_ms=MAX_CALL_MS,
-                     marks=marks_for(q.device.type == "cuda", clock or config.clock))
+                     marks=marks_for(q.device, clock or config.clock))
     if timings is None:
         return None
     return verdict(dispatcher, q, call=call, route=route, timings=timings)
