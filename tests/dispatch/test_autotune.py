@@ -308,3 +308,15 @@ def test_warmup_asks_the_mask_kernels_question_for_each_dtype_and_head_dims(
         assert sdpa_module._zeroing_kernels.cache_info().misses == 3
     finally:
         sdpa_module._zeroing_kernels.cache_clear()
+
+
+def test_the_timed_work_is_waited_for_on_the_tensors_device() -> None:
+    """A call on ``cuda:1`` timed from a thread whose current device is ``cuda:0`` waits for ``cuda:1``, and its CUDA
+    marks are recorded there (no GPU needed: nothing is called)."""
+    from attnforge.bench.timing import HostMarks, marks_for
+
+    sync = autotune.device_sync(torch.device("cuda", 1))
+    assert sync.func is torch.cuda.synchronize and sync.args == (torch.device("cuda", 1),)  # type: ignore[attr-defined]
+    assert marks_for(torch.device("cuda", 1)).device == torch.device("cuda", 1)  # type: ignore[attr-defined]
+    assert autotune.device_sync(torch.device("cpu"))() is None
+    assert isinstance(marks_for(torch.device("cpu")), HostMarks)

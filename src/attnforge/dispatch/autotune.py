@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import os
 import time
 import uuid
@@ -337,7 +338,7 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     share_ms = config.budget_s * 1e3 / max(1, len(adapters) * config.rounds)
     timing = TimingConfig(warmup_ms=share_ms / 4, rep_ms=share_ms, min_reps=3, max_reps=MAX_REPS,
                           method=TimerMethod.BACK_TO_BACK, rounds=config.rounds)
-    sync = sync if sync is not None else device_sync(tensors[0].device.type == "cuda")
+    sync = sync if sync is not None else device_sync(tensors[0].device)
     marks = marks_for(tensors[0].device, config.clock)  # CUDA events on that device's current (the worker's) stream
     steps = {n: step_of(bind(a), tensors, grad=call.needs_grad) for n, a in adapters.items()}
     rounds: dict[str, list[Any]] = {n: [] for n in adapters}
@@ -415,10 +416,11 @@ def step_of(fn: Callable[..., Any], tensors: tuple[Any, Any, Any], *, grad: bool
     return fwd_bwd
 
 
-def device_sync(cuda: bool) -> Callable[[], None]:
-    """What waits for the timed work: the device's synchronize on a GPU, nothing on a CPU."""
-    if cuda:
+def device_sync(device: Any) -> Callable[[], None]:
+    """What waits for the timed work on ``device`` (a ``torch.device``): that GPU's synchronize (not the current
+    device's: a call on ``cuda:1`` timed from a thread whose current device is ``cuda:0``), nothing on a CPU."""
+    if getattr(device, "type", None) == "cuda":
         import torch
 
-        return torch.cuda.synchronize
+        return functools.partial(torch.cuda.synchronize, device)
     return lambda: None

@@ -245,7 +245,7 @@ def _timed(fn: Callable[..., Any], q: Any, k: Any, v: Any) -> tuple[float, Any]:
     from attnforge.bench.timing import timed_call
 
     config = autotune.active(q.device.type) or autotune.DEFAULT
-    return timed_call(lambda: fn(q, k, v), sync=autotune.device_sync(q.device.type == "cuda"), clock=config.clock)
+    return timed_call(lambda: fn(q, k, v), sync=autotune.device_sync(q.device), clock=config.clock)
 
 
 def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: AttentionCall, route: str,
@@ -267,7 +267,7 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
     config = autotune.active(q.device.type) or autotune.DEFAULT
     steps = {route: autotune.step_of(fn, tensors, grad=call.needs_grad),
              FALLBACK: autotune.step_of(sdpa, tensors, grad=call.needs_grad)}
-    sync = autotune.device_sync(q.device.type == "cuda")
+    sync = autotune.device_sync(q.device)
     timings = paired(steps, pairs=PAIRS, sync=sync, clock=clock or config.clock, max_call_ms=MAX_CALL_MS,
                      marks=marks_for(q.device, clock or config.clock))
     if timings is None:
