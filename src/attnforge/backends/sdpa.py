@@ -216,13 +216,14 @@ class SdpaAdapter(AdapterBase):
             kwargs["is_causal"] = True  # SDPA's own top-left causal
         else:
             compiling = torch.compiler.is_compiling()
+            mask_grad = attn_mask is not None and attn_mask.requires_grad
             # rows that see no key left to SDPA's kernels, which return zeros for them (and, where autograd records
             # the call, the right gradients: the probe asks each kernel)
             plain = (sq > DECODE_ROWS and q.device.type in _MASK_KERNELS and not capturing and not compiling
-                     and not (attn_mask is not None and attn_mask.requires_grad)  # the probe asks no mask's gradient
+                     and not mask_grad  # the probe asks no mask's gradient
                      and _unseen_rows_zeroed(q, v, self.kernel, grad=records_grad(q, k, v, attn_mask)))
             params = (sq, sk, causal, top_left, window, q.dtype, q.device, plain)
-            keep = (attn_mask is not None and not attn_mask.requires_grad and not compiling
+            keep = (attn_mask is not None and not mask_grad and not compiling
                     and not (q.device.type == "cpu" and _safe_softmax_on_cpu()) and not capturing)
             opened = _OPENED.get(attn_mask, params) if keep else None
             if opened is None:
