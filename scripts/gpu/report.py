@@ -192,6 +192,63 @@ def grid_section(doc: Any, name: str) -> str:
     return table + f"\nSummary (`{name}`): `{json.dumps(doc.get('summary'), default=str)[:3000]}`\n"
 
 
+def warmup_records(db: Path) -> list[dict[str, Any]]:
+    """The measurements of a check's home (``check-home/records.db``, the ``bench`` table the warm-up wrote), as
+    dicts; none when the file is missing or not a records database."""
+    import sqlite3
+
+    if not db.exists():
+        return []
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+            con.row_factory = sqlite3.Row
+            return [dict(r) for r in con.execute("SELECT * FROM bench")]
+    except sqlite3.Error:
+        return []
+
+
+def records_vs_grid_section(doc: Any, records: list[dict[str, Any]]) -> str:
+    """Per grid row, each route's warm-up record (ms, timed back to back as a model issues it) over the grid's
+    CUDA-event time of the same backend's public function (SDPA on bhsd, FA3/FA4 on bshd), and attention()'s grid
+    time over the record of the route its warm-up chose in each layout. A record far above its kernel holds host
+    time (the twenty-first session's Flux fwd+bwd: +2.4 / +6.4 / +9.3 %); attention() far above its own route's
+    record is a gap the grid sees and the warm-up did not (the twenty-second session's bshd D256 fwd+bwd, x1.17)."""
+    if not isinstance(doc, dict) or not doc.get("rows") or not records:
+        return "_not available: check/check.json with check-home/records.db_\n"
+
+    def key(*dims: Any) -> tuple[Any, ...]:
+        """(B, Hq, Hkv, Sq, Sk, D, causal, mode) with causal as a bool (the database holds 0/1)."""
+        return (*dims[:6], bool(dims[6]), dims[7])
+
+    latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in sorted(records, key=lambda r: r.get("id", 0)):
+        latest[(key(r["batch"], r["heads"], r["kv_heads"], r["seqlen_q"], r["seqlen_k"], r["head_dim"], r["causal"],
+                    r["mode"]), r["backend"], r.get("layout") or "bhsd")] = r
+    rows: list[list[str]] = []
+    ratios: dict[str, list[float]] = {"sdpa": [], "flash-attn-3": [], "flash-attn-4": []}
+    for row in doc["rows"]:
+        s, ms = row["shape"], row.get("ms", {})
+        k = key(s["b"], s["hq"], s["hkv"], s["sq"], s["sk"], s["d"], s["causal"],
+                "fwd" if row["mode"] == "fwd" else "fwd+bwd")
+        cells = []
+        for backend, layout in (("sdpa", "bhsd"), ("flash-attn-3", "bshd"), ("flash-attn-4", "bshd")):
+            rec = latest.get((k, backend, layout))
+            if rec and ms.get(backend):
+                ratios[backend].append(rec["ms"] / ms[backend])
+                cells.append(f"{rec['ms'] / ms[backend]:.3f}")
+            else:
+                cells.append("-")
+        for layout, name in (("bhsd", "attnforge"), ("bshd", "attnforge-bshd")):
+            chosen = [r for (kk, _b, lay), r in latest.items() if kk == k and lay == layout]
+            best = min(chosen, key=lambda r: r["ms"]) if chosen else None
+            cells.append(f"{ms[name] / best['ms']:.3f} ({best['backend']})" if best and ms.get(name) else "-")
+        rows.append([row["cell"], row["mode"], *cells])
+    table = md_table(["cell", "mode", "SDPA record/kernel", "FA3 record/kernel", "FA4 record/kernel",
+                      "attention()/fastest record bhsd", "attention()/fastest record bshd"], rows)
+    medians = ", ".join(f"{b} {sorted(v)[len(v) // 2]:.3f} ({len(v)} rows)" for b, v in ratios.items() if v)
+    return table + f"\nMedian record/kernel: {medians}\n"
+
+
 def overhead_section(doc: Any) -> str:
     if not isinstance(doc, dict) or not doc.get("rows"):
         return "_not available: overhead/overhead.json_\n"
@@ -274,6 +331,8 @@ def main() -> int:
         verify_section(("verify/verify-all.json", load_json(raw["verify-all.json"]))),
         "\n## Dispatch check without bench (fresh records: verify only)\n",
         grid_section(load_json(raw["check.json"]), "check/check.json"),
+        "\n## The warm-up's records against the grid's kernels\n",
+        records_vs_grid_section(load_json(raw["check.json"]), warmup_records(run / "check-home/records.db")),
         "\n## Bench: `attnforge bench --shapes grid`\n",
         bench_section(load_json(raw["bench-grid.json"])),
         "\n## Dispatch check after bench\n",
