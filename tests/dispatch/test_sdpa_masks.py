@@ -600,7 +600,42 @@ def test_a_decode_class_on_cuda_binds_the_decode_route_not_plain_sdpa() -> None:
     assert not isinstance(adapter.bind(_decode_call("cpu", 1), scale=None, bshd=False), sdpa_module._DecodeBound)
     causal = adapter.bind(_decode_call("cuda", 4, sk=4, causal=True), scale=None, bshd=False)
     assert getattr(causal, "keywords", None) == {"scale": None, "is_causal": True, "enable_gqa": True}
-    assert adapter.bind(_decode_call("cuda", 1, causal=True), scale=None, bshd=False) is None  # bottom-right
+    # bottom-right causal with one query row hides no key: the decode route, as without causal
+    assert isinstance(adapter.bind(_decode_call("cuda", 1, causal=True), scale=None, bshd=False),
+                      sdpa_module._DecodeBound)
+    assert adapter.bind(_decode_call("cuda", 4, causal=True), scale=None, bshd=False) is None  # a masked decode step
+    assert adapter.bind(_decode_call("cuda", 1100, causal=True), scale=None, bshd=False) is None  # rows see no key
+
+
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+@pytest.mark.parametrize(("sq", "sk"), [(1, 24), (17, 40), (24, 24)], ids=["decode", "chunk", "square"])
+def test_a_bottom_right_causal_route_is_bound_without_the_adapter_and_matches_the_reference(
+        bshd: bool, sq: int, sk: int) -> None:
+    """Bottom-right causal calls that need no per-call decision bind straight to SDPA: one query row at the end of
+    the keys (FlashAttention's callers pass ``causal=True`` on decode steps too) as the call without causal; a
+    chunked prefill (``DECODE_ROWS < Sq < Sk``) on the kept bottom-right mask; Sq == Sk as SDPA's ``is_causal``.
+    Nothing of the adapter runs per call (its ``__call__`` is never reached), and each answer is the float64
+    reference's, GQA and both layouts."""
+    adapter = registry.fallback()
+    call = AttentionCall(device_type="cpu", compute_capability=None, dtype="float64", batch=2, heads_q=4, heads_kv=2,
+                         seqlen_q=sq, seqlen_k=sk, head_dim=8, causal=True, needs_grad=False)
+    bound = adapter.bind(call, scale=0.5, bshd=bshd)
+    assert bound is not None
+    g = torch.Generator().manual_seed(sq)
+    q = torch.randn(2, 4, sq, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, sk, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    want = reference_attention(q, k, v, causal=True, scale=0.5)
+
+    def refused(*_a: object, **_k: object) -> None:
+        raise AssertionError("the adapter's __call__ ran for a bound route")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sdpa_module.SdpaAdapter, "__call__", refused)
+        if bshd:
+            got = bound(*(t.transpose(1, 2).contiguous() for t in (q, k, v))).transpose(1, 2)
+        else:
+            got = bound(q, k, v)
+    torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
