@@ -1018,7 +1018,7 @@ def _bottom_right_bound(seqlen_q: int, seqlen_k: int, kwargs: dict[str, Any]) ->
     mask (:func:`_bottom_right_additive`; every row sees a key, so none is zeroed), what :meth:`SdpaAdapter.__call__`
     runs for it without its per-call branches (~6 µs of host time a call on this machine's CPU, 2026-11-30).
     Takes and returns ``[B, H, S, D]``."""
-    sdpa = original_sdpa()
+    sdpa: Callable[..., torch.Tensor] = original_sdpa()
 
     def chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         mask, _seen = _bottom_right_additive(seqlen_q, seqlen_k, q.dtype, q.device)
