@@ -129,10 +129,12 @@ class SdpaAdapter(AdapterBase):
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor] | None:
         """The plain call as SDPA itself, for a route (:func:`attnforge.backends.bound.bound_call`): a
         ``functools.partial`` of the unpatched SDPA taking ``(q, k, v)`` ``[B, H, S, D]``, so nothing of the
-        adapter runs per call. Only unforced SDPA on calls whose causal mask SDPA's ``is_causal`` gives (Sq == Sk)
-        and whose heads need no repeat; None otherwise (``__call__`` serves). ``bshd``: the caller's tensors are
-        ``[B, S, H, D]``; the same call on their ``[B, H, S, D]`` views, the output viewed back (what the generic
-        bshd route does around ``__call__``, without ``__call__``: a diffusers model's SDPA-chosen calls)."""
+        adapter runs per call. Only unforced SDPA whose heads need no repeat, on calls without causal, with SDPA's own
+        ``is_causal`` (Sq == Sk), with one query row (bottom-right causal hides no key), or a chunked prefill
+        (``DECODE_ROWS < Sq < Sk``: :func:`_bottom_right_bound`); None otherwise (``__call__`` serves).
+        ``bshd``: the caller's tensors are ``[B, S, H, D]``; the same call on their ``[B, H, S, D]`` views, the
+        output viewed back (what the generic bshd route does around ``__call__``, without ``__call__``: a diffusers
+        model's SDPA-chosen calls)."""
         if self.kernel is not None:
             return None
         sq, sk = call.seqlen_q, call.seqlen_k
