@@ -97,11 +97,12 @@ def wall_ms(torch: Any, fn: Callable[[], Any], *, reps: int = 10, warmup: int = 
 
 
 def paired_ms(torch: Any, fn: Callable[[], Any], use: dict[str, Callable[[], Any]], *, rounds: int = 5,
-              reps: int = 3, warmup: int = 2) -> dict[str, float]:
+              reps: int = 3, warmup: int = 2, samples: dict[str, list[float]] | None = None) -> dict[str, float]:
     """Median wall ms of ``fn()`` under each setting of ``use`` (name -> a call that switches the model to it),
     the settings interleaved round by round (the order alternating), each call synchronised: a host whose pace
     drifts (an H100 host on 2026-11-28 moved one model's decode figure from 0.75x to 1.09x between two runs
-    timed one implementation after the other) shifts both sides alike."""
+    timed one implementation after the other) shifts both sides alike. ``samples``: filled with every timed
+    call's ms per setting, in order (``reps`` a round), for a figure whose spread needs reading."""
     import time
 
     def sync() -> None:
@@ -118,6 +119,8 @@ def paired_ms(torch: Any, fn: Callable[[], Any], use: dict[str, Callable[[], Any
             fn()
             sync()
             times[name].append((time.perf_counter() - start) * 1e3)
+    if samples is not None:
+        samples.update(times)
     return {name: median(t) for name, t in times.items()}
 
 

@@ -552,8 +552,15 @@ def _diffusion(torch: Any, model: Any, inputs: dict[str, Any], label: str, *, he
         got = model(**inputs).sample
         if DIAGNOSE:
             res["calls"] = _spy_calls(torch, lambda: model(**inputs))
-        for impl, ms in paired_ms(torch, lambda: model(**inputs), use, reps=2, rounds=ROUNDS["rounds"]).items():
+        samples: dict[str, list[float]] = {}
+        for impl, ms in paired_ms(torch, lambda: model(**inputs), use, reps=2, rounds=ROUNDS["rounds"],
+                                  samples=samples).items():
             res[f"{impl}_step_ms"] = ms
+            res[f"{impl}_step_ms_samples"] = [round(x, 4) for x in samples.get(impl, [])]
+        if DIAGNOSE:  # where a step's time goes on each side (Flux's step 0.952x on an H200 with FA3 chosen,
+            for impl, switch in use.items():  # 2026-11-30, while its attention calls were 2 x 0.43 ms of 9.3 ms)
+                switch()
+                res[f"{impl}_step_kernels"] = _kernels(torch, lambda: model(**inputs))
         use["default"]()
     res.update(_compare(got, ref))
     res["speedup_step_ms"] = res["default_step_ms"] / res["attnforge_step_ms"]
