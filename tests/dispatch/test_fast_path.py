@@ -489,3 +489,36 @@ def test_sdpa_style_defaults_keep_a_call_on_the_plain_path(a_b: tuple[Any, Fake,
         attnforge.attention(q, k, v, enable_gqa=False)
     attnforge.attention(q, k, v, causal=True, causal_alignment="top_left")  # causal: it aligns, the feature path
     assert took == [1, 1]
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_sdpas_is_causal_spelling_keeps_a_call_on_the_plain_path_where_it_means_causal(
+        a_b: tuple[Any, Fake, Fake], layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drop-in for ``F.scaled_dot_product_attention`` passes ``is_causal``: ``False`` asks for nothing, and ``True``
+    with Sq == Sk is causal in either alignment, so both stay on the plain path with the answers of ``causal=False``
+    / ``causal=True`` (one route each, remembered). With Sq != Sk top-left differs from bottom-right: the feature
+    path serves it, top-left as SDPA aligns it; ``causal=True`` with ``is_causal=False`` still disagrees."""
+    from attnforge.dispatch import features
+
+    _, a, _ = a_b
+    took = count_calls(monkeypatch, features, "attention")
+
+    def laid(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(t.transpose(1, 2).contiguous() for t in ts) if layout == "bshd" else ts
+
+    def back(t: torch.Tensor) -> torch.Tensor:
+        return t.transpose(1, 2) if layout == "bshd" else t
+
+    q, k, v = _qkv(hq=2, hkv=2)
+    for flag in (True, False):
+        for _ in range(3):
+            out = attnforge.attention(*laid(q, k, v), is_causal=flag, layout=layout)
+            _check(back(out), q, k, v, causal=flag)
+    assert took == [] and a.calls == 6
+    q, k, v = _qkv(hq=2, hkv=2, sq=4, sk=8)
+    out = attnforge.attention(*laid(q, k, v), is_causal=True, layout=layout)
+    top_left = torch.ones(4, 8, dtype=torch.bool).tril()
+    torch.testing.assert_close(back(out), reference_attention(q, k, v, attn_mask=top_left).to(q.dtype))
+    assert took == [1]
+    with pytest.raises(DispatchError, match="disagree"):
+        attnforge.attention(*laid(q, k, v), causal=True, is_causal=False, layout=layout)

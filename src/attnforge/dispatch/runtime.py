@@ -186,6 +186,12 @@ def attention(
             before a backend runs (:mod:`attnforge.dispatch.inputs`); a backend that raises on an accepted call
             is skipped for that call's signature (docs/features.md, "When a backend raises").
     """
+    if is_causal is not None and causal is False:  # SDPA's spelling (a drop-in for F.scaled_dot_product_attention)
+        if is_causal is False:
+            is_causal = None  # it asks for nothing
+        elif is_causal is True and _same_lengths(q, k, layout):
+            # top-left causal with Sq == Sk is bottom-right causal (and so is a window's alignment): the plain path
+            is_causal, causal, causal_alignment = None, True, "bottom_right"
     if causal_alignment == "top_left" and causal is False and window is None and is_causal is None:
         causal_alignment = "bottom_right"  # it aligns nothing here (SDPA-style callers pass it on every call)
     if enable_gqa is False and _same_heads(q, k, layout):
@@ -249,6 +255,17 @@ def _same_heads(q: Any, k: Any, layout: str) -> bool:
     False for anything else (validation says what is wrong)."""
     try:
         dim = 2 if layout == "bshd" else 1
+        return bool(q.dim() == 4 and k.dim() == 4 and q.shape[dim] == k.shape[dim])
+    except (AttributeError, IndexError, TypeError):
+        return False
+
+
+def _same_lengths(q: Any, k: Any, layout: str) -> bool:
+    """Whether 4-D ``q`` and ``k`` have as many positions (``Sq == Sk``; ``[B, H, S, D]``, or ``[B, S, H, D]`` with
+    ``layout="bshd"``): then top-left and bottom-right alignment agree, and ``is_causal=True`` is ``causal=True``.
+    False for anything else (validation says what is wrong)."""
+    try:
+        dim = 1 if layout == "bshd" else 2
         return bool(q.dim() == 4 and k.dim() == 4 and q.shape[dim] == k.shape[dim])
     except (AttributeError, IndexError, TypeError):
         return False
