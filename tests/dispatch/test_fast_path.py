@@ -522,3 +522,31 @@ def test_sdpas_is_causal_spelling_keeps_a_call_on_the_plain_path_where_it_means_
     assert took == [1]
     with pytest.raises(DispatchError, match="disagree"):
         attnforge.attention(*laid(q, k, v), causal=True, is_causal=False, layout=layout)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_flashattentions_defaults_keep_a_call_on_the_plain_path(a_b: tuple[Any, Fake, Fake], layout: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller translating FlashAttention's keywords passes ``window=(-1, -1)`` (unbounded: it hides no key) and
+    ``softcap=0.0`` (off) on every call: both stay on the plain path with plain causal's answers. A window that
+    hides keys or a softcap that caps goes down the feature path, and what validation refuses is still refused
+    (a float window side, a negative softcap), with the feature path's error, never a traceback of the check."""
+    from attnforge.dispatch import features
+
+    _, a, _ = a_b
+    took = count_calls(monkeypatch, features, "attention")
+
+    def laid(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(t.transpose(1, 2).contiguous() for t in ts) if layout == "bshd" else ts
+
+    q, k, v = _qkv(hq=2, hkv=2)
+    for window, softcap in (((-1, -1), 0.0), ((None, None), 0), ([-1, None], None), (None, 0.0)):
+        out = attnforge.attention(*laid(q, k, v), causal=True, window=window, softcap=softcap, layout=layout)
+        _check(out.transpose(1, 2) if layout == "bshd" else out, q, k, v, causal=True)
+    assert took == [] and a.calls == 4
+    attnforge.attention(*laid(q, k, v), causal=True, window=(2, -1), layout=layout)  # it hides keys
+    attnforge.attention(*laid(q, k, v), softcap=30.0, layout=layout)
+    assert took == [1, 1]
+    for bad in ({"window": (-1.0, -1)}, {"softcap": -1.0}, {"window": (-1, -1, -1)}):
+        with pytest.raises(DispatchError):
+            attnforge.attention(*laid(q, k, v), layout=layout, **bad)  # type: ignore[arg-type]

@@ -186,6 +186,10 @@ def attention(
             before a backend runs (:mod:`attnforge.dispatch.inputs`); a backend that raises on an accepted call
             is skipped for that call's signature (docs/features.md, "When a backend raises").
     """
+    if window is not None and _unbounded(window):
+        window = None  # FlashAttention's default window_size=(-1, -1): unbounded on both sides, it hides nothing
+    if softcap is not None and type(softcap) in (int, float) and softcap == 0:
+        softcap = None  # FlashAttention's default softcap=0.0: off
     if is_causal is not None and causal is False:  # SDPA's spelling (a drop-in for F.scaled_dot_product_attention)
         if is_causal is False:
             is_causal = None  # it asks for nothing
@@ -258,6 +262,14 @@ def _same_heads(q: Any, k: Any, layout: str) -> bool:
         return bool(q.dim() == 4 and k.dim() == 4 and q.shape[dim] == k.shape[dim])
     except (AttributeError, IndexError, TypeError):
         return False
+
+
+def _unbounded(window: Any) -> bool:
+    """Whether ``window`` is a pair whose sides are each None or the int -1 (unbounded: it hides no key), as
+    FlashAttention's callers pass ``window_size=(-1, -1)`` on every call. Anything else, well formed or not, is
+    left to validation and the feature path."""
+    return (type(window) in (tuple, list) and len(window) == 2
+            and all(side is None or (type(side) is int and side == -1) for side in window))
 
 
 def _same_lengths(q: Any, k: Any, layout: str) -> bool:
