@@ -487,7 +487,10 @@ def test_sdpa_style_defaults_keep_a_call_on_the_plain_path(a_b: tuple[Any, Fake,
     q, k, v = _qkv(hq=4, hkv=2)
     with pytest.raises(DispatchError):  # enable_gqa=False still refuses Hq != Hkv, as SDPA does
         attnforge.attention(q, k, v, enable_gqa=False)
-    attnforge.attention(q, k, v, causal=True, causal_alignment="top_left")  # causal: it aligns, the feature path
+    attnforge.attention(q, k, v, causal=True, causal_alignment="top_left")  # Sq == Sk: it aligns nothing
+    assert took == [1]
+    q, k, v = _qkv(hq=4, hkv=2, sq=4, sk=8)
+    attnforge.attention(q, k, v, causal=True, causal_alignment="top_left")  # causal, Sq != Sk: the feature path
     assert took == [1, 1]
 
 
@@ -514,12 +517,19 @@ def test_sdpas_is_causal_spelling_keeps_a_call_on_the_plain_path_where_it_means_
         for _ in range(3):
             out = attnforge.attention(*laid(q, k, v), is_causal=flag, layout=layout)
             _check(back(out), q, k, v, causal=flag)
-    assert took == [] and a.calls == 6
+    # a window: the feature path (twice), where with Sq == Sk top-left answers as bottom-right
+    out = attnforge.attention(*laid(q, k, v), causal=True, causal_alignment="top_left", window=(3, 0), layout=layout)
+    want = attnforge.attention(*laid(q, k, v), causal=True, window=(3, 0), layout=layout)
+    torch.testing.assert_close(out, want)
+    assert took == [1, 1]
+    out = attnforge.attention(*laid(q, k, v), causal=True, causal_alignment="top_left", layout=layout)
+    _check(back(out), q, k, v, causal=True)
+    assert took == [1, 1] and a.calls == 7  # top-left causal with Sq == Sk: the plain path, as causal=True
     q, k, v = _qkv(hq=2, hkv=2, sq=4, sk=8)
     out = attnforge.attention(*laid(q, k, v), is_causal=True, layout=layout)
     top_left = torch.ones(4, 8, dtype=torch.bool).tril()
     torch.testing.assert_close(back(out), reference_attention(q, k, v, attn_mask=top_left).to(q.dtype))
-    assert took == [1]
+    assert took == [1, 1, 1]
     with pytest.raises(DispatchError, match="disagree"):
         attnforge.attention(*laid(q, k, v), causal=True, is_causal=False, layout=layout)
 

@@ -298,6 +298,28 @@ def test_paged_kv_equals_the_gathered_pages(kwargs: dict[str, Any], layout: str)
     assert "does not support paged" in reasons["sdpa"]
 
 
+@pytest.mark.parametrize("kwargs", [{"is_causal": True}, {"causal": True, "causal_alignment": "top_left"}])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_a_paged_call_keeps_top_left_where_its_pools_dims_match_sq(kwargs: dict[str, Any], layout: str) -> None:
+    """attention() turns top-left causal into bottom-right where Sq == Sk, read from q's and k's shapes; a paged
+    call's k is a page pool ``[blocks, page_size, Hkv, D]`` whose dims there are not Sk. With Sq equal to the pool's
+    Hkv (bhsd) or page size (bshd), the call is still aligned top-left, as the gathered pages' reference."""
+    g = torch.Generator().manual_seed(7)
+    pool_k, pool_v = torch.randn(7, 4, 2, 8, generator=g), torch.randn(7, 4, 2, 8, generator=g)
+    block_table = torch.tensor([[5, 0, 3], [1, 6, 2]], dtype=torch.int32)
+    used = torch.tensor([10, 7], dtype=torch.int32)
+    sq = pool_k.shape[1] if layout == "bshd" else pool_k.shape[2]
+    q = torch.randn(2, 4, sq, 8, generator=g)
+    qi = q.transpose(1, 2) if layout == "bshd" else q
+    out = attnforge.attention(qi, pool_k, pool_v, block_table=block_table, seqused_k=used, layout=layout, **kwargs)
+    out = out.transpose(1, 2) if layout == "bshd" else out
+    for b in range(2):
+        k, v = (pool[block_table[b].long()].flatten(0, 1)[: used[b]].transpose(0, 1).unsqueeze(0)
+                for pool in (pool_k, pool_v))
+        want, _ = naive(q[b : b + 1], k, v, causal=True, top_left=True)
+        _close(out[b : b + 1], want)
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"block_table": torch.tensor([[0, 9]], dtype=torch.int32)}, "outside"),
     ({"block_table": torch.tensor([0, 1], dtype=torch.int32)}, "2-D"),

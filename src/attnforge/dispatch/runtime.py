@@ -193,12 +193,14 @@ def attention(
     if is_causal is not None and causal is False:  # SDPA's spelling (a drop-in for F.scaled_dot_product_attention)
         if is_causal is False:
             is_causal = None  # it asks for nothing
-        elif is_causal is True and _same_lengths(q, k, layout):
+        elif is_causal is True and _square(q, k, layout, cu_seqlens_q, cu_seqlens_k, block_table):
             # top-left causal with Sq == Sk is bottom-right causal (and so is a window's alignment): the plain path
             is_causal, causal, causal_alignment = None, True, "bottom_right"
-    if causal_alignment == "top_left" and causal is False and window is None and is_causal is None:
-        causal_alignment = "bottom_right"  # it aligns nothing here (SDPA-style callers pass it on every call)
-    if enable_gqa is False and _same_heads(q, k, layout):
+    if causal_alignment == "top_left" and is_causal is None and (
+            (causal is False and window is None) or _square(q, k, layout, cu_seqlens_q, cu_seqlens_k, block_table)):
+        # it aligns nothing here: no causal or window (SDPA-style callers pass it on every call), or Sq == Sk
+        causal_alignment = "bottom_right"
+    if enable_gqa is False and block_table is None and _same_heads(q, k, layout):  # a page pool: dims differ
         enable_gqa = True  # it refuses nothing here (SDPA's default, passed on by diffusers and patch_sdpa)
     if not (attn_mask is window is softcap is sinks is cu_seqlens_q is cu_seqlens_k is is_causal is block_table  # type: ignore[comparison-overlap]
             is seqused_k is None
@@ -272,10 +274,13 @@ def _unbounded(window: Any) -> bool:
             and all(side is None or (type(side) is int and side == -1) for side in window))
 
 
-def _same_lengths(q: Any, k: Any, layout: str) -> bool:
+def _square(q: Any, k: Any, layout: str, *packed: Any) -> bool:
     """Whether 4-D ``q`` and ``k`` have as many positions (``Sq == Sk``; ``[B, H, S, D]``, or ``[B, S, H, D]`` with
     ``layout="bshd"``): then top-left and bottom-right alignment agree, and ``is_causal=True`` is ``causal=True``.
-    False for anything else (validation says what is wrong)."""
+    False for a packed (varlen) or paged call (``packed``: its ``cu_seqlens_q``, ``cu_seqlens_k``, ``block_table``,
+    any not None), whose k holds other dimensions there, and for anything else (validation says what is wrong)."""
+    if any(t is not None for t in packed):
+        return False
     try:
         dim = 1 if layout == "bshd" else 2
         return bool(q.dim() == 4 and k.dim() == 4 and q.shape[dim] == k.shape[dim])
