@@ -38,7 +38,9 @@ from attnforge.dispatch import _op, features
 from attnforge.dispatch.autotune import AutotuneConfig, configured
 from attnforge.dispatch.dispatcher import _FORCED, Dispatcher, RecordSource
 from attnforge.dispatch.explanation import Explanation
+from attnforge.dispatch.inputs import check_softcap, check_window
 from attnforge.dispatch.inputs import validate as _validate
+from attnforge.errors import DispatchError
 
 __all__ = ["Dispatcher", "RecordSource", "attention", "autotune", "explain", "get_dispatcher", "refresh",
            "set_dispatcher", "use_backend"]
@@ -186,9 +188,9 @@ def attention(
             before a backend runs (:mod:`attnforge.dispatch.inputs`); a backend that raises on an accepted call
             is skipped for that call's signature (docs/features.md, "When a backend raises").
     """
-    if window is not None and _unbounded(window):
+    if window is not None and _checked(check_window, window) == (None, None):
         window = None  # FlashAttention's default window_size=(-1, -1): unbounded on both sides, it hides nothing
-    if softcap is not None and type(softcap) in (int, float) and softcap == 0:
+    if softcap is not None and _checked(check_softcap, softcap) is None:
         softcap = None  # FlashAttention's default softcap=0.0: off
     if is_causal is not None and causal is False:  # SDPA's spelling (a drop-in for F.scaled_dot_product_attention)
         if is_causal is False:
@@ -266,12 +268,18 @@ def _same_heads(q: Any, k: Any, layout: str) -> bool:
         return False
 
 
-def _unbounded(window: Any) -> bool:
-    """Whether ``window`` is a pair whose sides are each None or the int -1 (unbounded: it hides no key), as
-    FlashAttention's callers pass ``window_size=(-1, -1)`` on every call. Anything else, well formed or not, is
-    left to validation and the feature path."""
-    return (type(window) in (tuple, list) and len(window) == 2
-            and all(side is None or (type(side) is int and side == -1) for side in window))
+#: what :func:`_checked` gives for a refused value (equal to no checked one)
+_REFUSED = object()
+
+
+def _checked(check: Callable[[Any], Any], value: Any) -> Any:
+    """``check(value)`` (a rule of :mod:`attnforge.dispatch.inputs`: :func:`check_window` gives ``(None, None)`` for
+    a window that hides nothing, :func:`check_softcap` None for a softcap that is off), or :data:`_REFUSED` where the
+    value is refused: validation on the feature path then says why, as it would have."""
+    try:
+        return check(value)
+    except DispatchError:
+        return _REFUSED
 
 
 def _square(q: Any, k: Any, layout: str, *packed: Any) -> bool:
