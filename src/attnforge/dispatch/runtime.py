@@ -195,14 +195,14 @@ def attention(
     if is_causal is not None and causal is False:  # SDPA's spelling (a drop-in for F.scaled_dot_product_attention)
         if is_causal is False:
             is_causal = None  # it asks for nothing
-        elif is_causal is True and _square(q, k, layout, cu_seqlens_q, cu_seqlens_k, block_table):
+        elif is_causal is True and _same_size(q, k, layout, 2, cu_seqlens_q, cu_seqlens_k, block_table):
             # top-left causal with Sq == Sk is bottom-right causal (and so is a window's alignment): the plain path
             is_causal, causal, causal_alignment = None, True, "bottom_right"
-    if causal_alignment == "top_left" and is_causal is None and (
-            (causal is False and window is None) or _square(q, k, layout, cu_seqlens_q, cu_seqlens_k, block_table)):
+    if causal_alignment == "top_left" and is_causal is None and ((causal is False and window is None) or _same_size(
+            q, k, layout, 2, cu_seqlens_q, cu_seqlens_k, block_table)):
         # it aligns nothing here: no causal or window (SDPA-style callers pass it on every call), or Sq == Sk
         causal_alignment = "bottom_right"
-    if enable_gqa is False and block_table is None and _same_heads(q, k, layout):  # a page pool: dims differ
+    if enable_gqa is False and _same_size(q, k, layout, 1, block_table):
         enable_gqa = True  # it refuses nothing here (SDPA's default, passed on by diffusers and patch_sdpa)
     if not (attn_mask is window is softcap is sinks is cu_seqlens_q is cu_seqlens_k is is_causal is block_table  # type: ignore[comparison-overlap]
             is seqused_k is None
@@ -256,18 +256,6 @@ def attention(
     return dispatcher.serve(route, q, k, v, forced)
 
 
-def _same_heads(q: Any, k: Any, layout: str) -> bool:
-    """Whether 4-D ``q`` and ``k`` have as many heads (``[B, H, S, D]``, or ``[B, S, H, D]`` with ``layout="bshd"``):
-    then ``enable_gqa=False`` refuses nothing, and the call may take the plain path (a call with any argument off
-    its default goes through :func:`attnforge.dispatch.features.attention`, whose route is bound per call).
-    False for anything else (validation says what is wrong)."""
-    try:
-        dim = 2 if layout == "bshd" else 1
-        return bool(q.dim() == 4 and k.dim() == 4 and q.shape[dim] == k.shape[dim])
-    except (AttributeError, IndexError, TypeError):
-        return False
-
-
 #: what :func:`_checked` gives for a refused value (equal to no checked one)
 _REFUSED = object()
 
@@ -282,16 +270,19 @@ def _checked(check: Callable[[Any], Any], value: Any) -> Any:
         return _REFUSED
 
 
-def _square(q: Any, k: Any, layout: str, *packed: Any) -> bool:
-    """Whether 4-D ``q`` and ``k`` have as many positions (``Sq == Sk``; ``[B, H, S, D]``, or ``[B, S, H, D]`` with
-    ``layout="bshd"``): then top-left and bottom-right alignment agree, and ``is_causal=True`` is ``causal=True``.
-    False for a packed (varlen) or paged call (``packed``: its ``cu_seqlens_q``, ``cu_seqlens_k``, ``block_table``,
-    any not None), whose k holds other dimensions there, and for anything else (validation says what is wrong)."""
+def _same_size(q: Any, k: Any, layout: str, dim: int, *packed: Any) -> bool:
+    """Whether 4-D ``q`` and ``k`` are as long in ``dim`` of ``[B, H, S, D]`` (1: heads, 2: positions; dims 1 and 2
+    swap with ``layout="bshd"``): as many heads, ``enable_gqa=False`` refuses nothing; as many positions (Sq == Sk),
+    top-left and bottom-right alignment agree and ``is_causal=True`` is ``causal=True``. Either way the call may take
+    the plain path (a call with any argument off its default goes through
+    :func:`attnforge.dispatch.features.attention`). False for a packed (varlen) or paged call (``packed``: its
+    ``cu_seqlens_q``, ``cu_seqlens_k``, ``block_table``, any not None), whose k holds other dimensions there (a page
+    pool ``[blocks, page_size, Hkv, D]``), and for anything else (validation says what is wrong)."""
     if any(t is not None for t in packed):
         return False
     try:
-        dim = 1 if layout == "bshd" else 2
-        return bool(q.dim() == 4 and k.dim() == 4 and q.shape[dim] == k.shape[dim])
+        axis = 3 - dim if layout == "bshd" else dim
+        return bool(q.dim() == 4 and k.dim() == 4 and q.shape[axis] == k.shape[axis])
     except (AttributeError, IndexError, TypeError):
         return False
 
