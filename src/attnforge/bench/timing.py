@@ -320,10 +320,10 @@ def paired(steps: dict[str, Step], *, pairs: int, sync: Callable[[], None] = lam
     per: dict[str, list[float]] = {name: [] for name in steps}
     counter = _Rotation(1)
     names = list(steps)
+    marks = marks or HostMarks(clock)
     for r in range(max(1, pairs)):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            per[name].extend(_back_to_back(steps[name], counter, 1, batch, sync=sync,
-                                           marks=marks or HostMarks(clock)))
+            per[name].extend(_back_to_back(steps[name], counter, 1, batch, sync=sync, marks=marks))
     return {name: per_call_rounds(times, first_call_s=estimates[name] / 1e3) for name, times in per.items()}
 
 

@@ -264,12 +264,12 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
     from attnforge.bench.timing import marks_for, paired
 
     q = tensors[0]
-    config = autotune.active(q.device.type) or autotune.DEFAULT
+    clock = clock or (autotune.active(q.device.type) or autotune.DEFAULT).clock
     steps = {route: autotune.step_of(fn, tensors, grad=call.needs_grad),
              FALLBACK: autotune.step_of(sdpa, tensors, grad=call.needs_grad)}
     sync = autotune.device_sync(q.device)
-    timings = paired(steps, pairs=PAIRS, sync=sync, clock=clock or config.clock, max_call_ms=MAX_CALL_MS,
-                     marks=marks_for(q.device, clock or config.clock))
+    timings = paired(steps, pairs=PAIRS, sync=sync, clock=clock, max_call_ms=MAX_CALL_MS,
+                     marks=marks_for(q.device, clock))
     if timings is None:
         return None
     return verdict(dispatcher, q, call=call, route=route, timings=timings)
