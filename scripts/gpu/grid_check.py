@@ -106,6 +106,10 @@ class Row:
     chosen: str | None = None
     #: the choice after the timed calls (the in-situ check runs after 64 calls of a class and may revert it)
     chosen_after: str | None = None
+    #: the same for the bshd tensors' class (``layout="bshd"`` is a class of its own, decided and checked apart):
+    #: the 2026-11-30 runs read attention() on bshd 2-12 % under its bhsd twin in four fwd(+bwd) rows, same backend
+    chosen_bshd: str | None = None
+    chosen_bshd_after: str | None = None
     chosen_quantized: str | None = None
     best_exact: str | None = None
     ratio_to_best: float | None = None
@@ -242,13 +246,16 @@ def as_timed(torch: Any, fn: Callable[[], Any], grad: bool) -> Callable[[], Any]
 
 
 def profile_cell(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[..., Any]]], *,
-                 cell: Cell, mode: str, dtype: Any, dev: str = "cuda", calls: int = 5) -> dict[str, Any]:
+                 cell: Cell, mode: str, dtype: Any, dev: str = "cuda", calls: int = 5,
+                 settle: int = 0) -> dict[str, Any]:
     """Where a gap between ``attention()`` and a backend's public function lies: per candidate (each public
     function, attention() on bhsd and bshd, ``attention(backend=<the chosen one>)``), the device µs per call of
     every kernel and of every CUDA API call over ``calls`` calls (torch.profiler), and the wall ms per call.
 
     The candidates are timed as in :func:`measure` (forward, or forward + ``backward(ones_like(out))``); leaves'
-    ``.grad`` is reset before each candidate, so each profile sees the same accumulation."""
+    ``.grad`` is reset before each candidate, so each profile sees the same accumulation. ``settle``: calls each
+    attention() candidate makes before it is timed, past the in-situ check (64 calls of a class): the grid times
+    attention() in that steady state, a bare profile before it."""
     grad = mode == "fwdbwd"
     qb, kb, vb, qs, ks, vs = inputs(torch, cell, grad=grad, dtype=dtype, dev=dev)
     chosen = getattr(attnforge.explain(qb, kb, vb, causal=cell.causal), "chosen", None)
@@ -264,13 +271,14 @@ def profile_cell(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Call
     if chosen:
         cands[f"attnforge-forced-{chosen}-bshd"] = as_timed(torch, lambda: attnforge.attention(
             qs, ks, vs, causal=cell.causal, layout="bshd", backend=chosen), grad)
-    out: dict[str, Any] = {"cell": cell.name, "mode": mode, "chosen": chosen, "calls": calls, "candidates": {}}
+    out: dict[str, Any] = {"cell": cell.name, "mode": mode, "chosen": chosen, "calls": calls, "settle": settle,
+                           "candidates": {}}
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     for name, fn in cands.items():
         for t in (qb, kb, vb, qs, ks, vs):
             t.grad = None
         try:
-            for _ in range(3):
+            for _ in range(3 + (settle if name.startswith("attnforge") else 0)):
                 fn()
             sync()
             t0 = time.perf_counter()
@@ -301,6 +309,9 @@ def profile_cell(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Call
         print(f"profile {cell.name}/{mode} {name}: " + json.dumps(
             {k: v for k, v in out["candidates"][name].items() if k in ("wall_ms", "device_us_per_call", "error")}),
             flush=True)
+    out["chosen_after"] = getattr(attnforge.explain(qb, kb, vb, causal=cell.causal), "chosen", None)
+    out["chosen_bshd_after"] = getattr(attnforge.explain(qs, ks, vs, causal=cell.causal, layout="bshd"),
+                                       "chosen", None)
     return out
 
 
@@ -344,6 +355,8 @@ def measure(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[
             chosen = getattr(ex, "chosen", None)
             if prec == "exact":
                 row.chosen = chosen
+                row.chosen_bshd = getattr(attnforge.explain(qs, ks, vs, causal=cell.causal, layout="bshd"),
+                                          "chosen", None)
             else:
                 row.chosen_quantized = chosen
             with torch.no_grad():
@@ -375,6 +388,8 @@ def measure(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[
         row.tflops[n] = f / (m["median_ms"] * 1e-3) / 1e12
     if "attnforge" in cands:
         row.chosen_after = getattr(attnforge.explain(qb, kb, vb, causal=cell.causal), "chosen", None)
+        row.chosen_bshd_after = getattr(attnforge.explain(qs, ks, vs, causal=cell.causal, layout="bshd"),
+                                        "chosen", None)
     exact_ok = [n for n in backends if n in row.ms and n not in QUANTIZED | BASELINES
                 and row.errors.get(n, 1) < 2e-2]
     if exact_ok and "attnforge" in row.ms:
@@ -471,6 +486,9 @@ def main() -> int:
                          "the check times what a deployment gets after its warm-up step")
     ap.add_argument("--profile", default="",
                     help="CELL:MODE,...: instead of the check, profile those cells (profile_cell) into --out")
+    ap.add_argument("--profile-settle", type=int, default=0,
+                    help="calls each attention() candidate makes before its profile (100: past the in-situ check, "
+                         "the state the grid times)")
     args = ap.parse_args()
 
     import torch
@@ -493,7 +511,7 @@ def main() -> int:
             name, _, mode = item.partition(":")
             c = by_name[name] if args.device == "cuda" else shrink(by_name[name])
             profiles.append(profile_cell(torch, attnforge, backends, cell=c, mode=mode or "fwd", dtype=dtype,
-                                         dev=args.device))
+                                         dev=args.device, settle=args.profile_settle))
             with open(args.out, "w") as fh:
                 json.dump({"device": device, "torch": torch.__version__, "profiles": profiles}, fh, indent=1)
         return 0
