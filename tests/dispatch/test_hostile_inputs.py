@@ -316,16 +316,23 @@ def test_varlen_offsets_are_checked_and_a_huge_max_seqlen_is_exact(real: runtime
     assert real.demoted == {} and real.broken == {}
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sq=st.integers(1, 9), sk=st.integers(1, 9), group=st.sampled_from([1, 2]),
-       mask_dims=st.none() | st.integers(0, 4), bool_mask=st.booleans(), causal=st.sampled_from(["", "causal", "is"]),
+       mask_dims=st.none() | st.integers(0, 4), bool_mask=st.booleans(),
+       causal=st.sampled_from(["", "causal", "is", "top_left", "not_is"]),
        window=st.none() | st.tuples(st.none() | st.integers(-1, 12), st.none() | st.integers(-1, 12)),
        softcap=st.none() | st.sampled_from([0.0, 1.5, np.float32(4.0)]),
-       scale=st.none() | st.sampled_from([0.3, np.float64(1.0), 2]), huge=st.booleans())
+       scale=st.none() | st.sampled_from([0.3, np.float64(1.0), 2]), huge=st.booleans(),
+       layout=st.sampled_from(["bhsd", "bshd"]), gqa_flag=st.sampled_from([None, True, False]))
 def test_any_accepted_call_is_exact(  # noqa: PLR0917 - hypothesis draws
         real: runtime.Dispatcher, sq: int, sk: int, group: int, mask_dims: int | None,
                                     bool_mask: bool, causal: str, window: tuple[int | None, int | None] | None,
-                                    softcap: Any, scale: Any, huge: bool) -> None:
+                                    softcap: Any, scale: Any, huge: bool, layout: str, gqa_flag: bool | None) -> None:
+    """Every spelling of the same call gives the reference's answer: SDPA's (``is_causal``, ``is_causal=False``,
+    ``enable_gqa``), FlashAttention's (``causal``, ``window=(-1, -1)``, ``softcap=0.0``), top-left alignment, and
+    either layout; the plain path's rewrites of those spellings (Sq == Sk, no-op arguments) included."""
+    if gqa_flag is False and group > 1:
+        group = 1  # enable_gqa=False refuses a grouped call (its own test); here it must change nothing
     g = torch.Generator().manual_seed(sq * 100 + sk)
     hkv = 2
     q = torch.randn(B, hkv * group, sq, D, generator=g)
@@ -343,9 +350,26 @@ def test_any_accepted_call_is_exact(  # noqa: PLR0917 - hypothesis draws
         kwargs["causal"] = True
     elif causal == "is":
         kwargs["is_causal"] = True
-    out = attnforge.attention(q, k, v, **kwargs)
+    elif causal == "top_left":
+        kwargs["causal"], kwargs["causal_alignment"] = True, "top_left"
+    elif causal == "not_is":
+        kwargs["is_causal"] = False
+    if window is not None and causal in ("", "not_is") and torch.rand(1, generator=g).item() < 0.5:
+        kwargs["causal_alignment"] = "top_left"  # a window's alignment without causal
+    if gqa_flag is not None:
+        kwargs["enable_gqa"] = gqa_flag
+    causal_now = causal in ("causal", "is", "top_left")
+    top_left = causal in ("is", "top_left") or kwargs.get("causal_alignment") == "top_left"
+    args = (q, k, v) if layout == "bhsd" else tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
+    if layout == "bshd":
+        if "attn_mask" in kwargs:
+            return  # masks are [B, H, Sq, Sk] in both layouts; covered on bhsd
+        kwargs["layout"] = "bshd"
+    out = attnforge.attention(*args, **kwargs)
+    if layout == "bshd":
+        out = out.transpose(1, 2)
     sides = None if window is None else tuple(None if s is None or s == -1 else s for s in window)
-    want = reference(q, k, v, mask=kwargs.get("attn_mask"), causal=bool(causal), top_left=causal == "is",
+    want = reference(q, k, v, mask=kwargs.get("attn_mask"), causal=causal_now, top_left=top_left,
                      window=sides, softcap=float(softcap) if softcap else None,
                      scale=None if scale is None else float(scale))
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-4)
