@@ -281,9 +281,43 @@ def _fa4_modules(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, 
 
     def _flash_attn_fwd(q: Any, k: Any, v: Any, **kw: Any) -> Any:
         seen.append(("fwd", (q, k, v), kw))
-        out = reference_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=kw["causal"],
-                                  scale=kw["softmax_scale"]).transpose(1, 2).to(q.dtype)
-        return out, None, None, None, None
+        out, lse = reference_attention(q.transpose(1, 2).detach(), k.transpose(1, 2).detach(),
+                                       v.transpose(1, 2).detach(), causal=kw["causal"], scale=kw["softmax_scale"],
+                                       return_lse=True)
+        # interface.py:886-891: the lse [B, H, Sq] fp32 exists when an input requires grad or return_lse asks
+        wants_lse = kw["return_lse"] or any(t.requires_grad for t in (q, k, v))
+        return (out.transpose(1, 2).to(q.dtype), lse.float() if wants_lse else None, None, None, None)
+
+    def _flash_attn_bwd(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, softmax_scale: Any = None,  # noqa: PLR0917 - upstream signature
+                        causal: bool = False, softcap: float = 0.0, **kw: Any) -> Any:
+        seen.append(("bwd", (q, k, v, out, dout, lse), {"softmax_scale": softmax_scale, "causal": causal,
+                                                         "softcap": softcap, **kw}))
+        with torch.enable_grad():
+            leaves = [t.detach().double().transpose(1, 2).requires_grad_(True) for t in (q, k, v)]
+            ref = reference_attention(*leaves, causal=causal, scale=softmax_scale)
+            grads = torch.autograd.grad(ref, leaves, dout.double().transpose(1, 2))
+        return tuple(g.transpose(1, 2).to(t.dtype) for g, t in zip(grads, (q, k, v), strict=True))
+
+    class FlashAttnFunc(torch.autograd.Function):
+        """Upstream's FlashAttnFunc for a plain call (interface.py:3780-3915 @4.0.0b36)."""
+
+        @staticmethod
+        def forward(ctx: Any, q: Any, k: Any, v: Any, softmax_scale: Any, causal: bool,  # noqa: PLR0917 - autograd
+                    fwd_kw: dict[str, Any]) -> Any:
+            out, lse, *_ = _flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, **fwd_kw)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.softmax_scale, ctx.causal = softmax_scale, causal
+            return out, lse
+
+        @staticmethod
+        def backward(ctx: Any, dout: Any, dlse: Any) -> Any:
+            q, k, v, out, lse = ctx.saved_tensors
+            dq, dk, dv = _flash_attn_bwd(q, k, v, out, dout, lse, ctx.softmax_scale, ctx.causal, 0.0,
+                                         window_size_left=None, window_size_right=None, deterministic=False,
+                                         score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None,
+                                         aux_scalars=None, block_sparse_tensors=None, dlse=None,
+                                         learnable_sink=None)
+            return dq, dk, dv, None, None, None
 
     def flash_attn_func(q: Any, k: Any, v: Any, qv: Any = None, gather_kv_indices: Any = None,  # noqa: PLR0917 - upstream signature
                         softmax_scale: Any = None, causal: bool = False, window_size: Any = (None, None),
@@ -295,19 +329,19 @@ def _fa4_modules(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, 
                         gather_bwd_recompute_p: bool = False, gather_bwd_token_chunk: Any = None) -> Any:
         seen.append(("public", (), {}))
         aux_scalars = tuple(aux_scalars) if aux_scalars else None
-        out, lse, *_ = _flash_attn_fwd(
-            q, k, v, qv=qv, softmax_scale=softmax_scale, causal=causal, window_size_left=window_size[0],
-            window_size_right=window_size[1], learnable_sink=learnable_sink, softcap=softcap,
-            num_splits=num_splits, pack_gqa=pack_gqa, score_mod=score_mod, mask_mod=mask_mod,
-            aux_tensors=aux_tensors, aux_scalars=aux_scalars, block_sparse_tensors=block_sparse_tensors,
-            return_lse=return_lse, gather_kv_indices=gather_kv_indices,
-            gather_bwd_recompute_p=gather_bwd_recompute_p)
-        return out, lse
+        fwd_kw = {"qv": qv, "window_size_left": window_size[0], "window_size_right": window_size[1],
+                  "learnable_sink": learnable_sink, "softcap": softcap, "num_splits": num_splits,
+                  "pack_gqa": pack_gqa, "score_mod": score_mod, "mask_mod": mask_mod, "aux_tensors": aux_tensors,
+                  "aux_scalars": aux_scalars, "block_sparse_tensors": block_sparse_tensors,
+                  "return_lse": return_lse, "gather_kv_indices": gather_kv_indices,
+                  "gather_bwd_recompute_p": gather_bwd_recompute_p}
+        return FlashAttnFunc.apply(q, k, v, softmax_scale, causal, fwd_kw)
 
     cute = types.ModuleType("fake_fa4_cute")
     cute.flash_attn_func = flash_attn_func  # type: ignore[attr-defined]
     interface = types.ModuleType("fake_fa4_cute.interface")
     interface._flash_attn_fwd = _flash_attn_fwd  # type: ignore[attr-defined]
+    interface._flash_attn_bwd = _flash_attn_bwd  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "fake_fa4_cute", cute)
     monkeypatch.setitem(sys.modules, "fake_fa4_cute.interface", interface)
     monkeypatch.setattr(_fa4_direct, "INTERFACE", "fake_fa4_cute.interface")
@@ -340,13 +374,53 @@ def test_fa4_direct_forward_passes_what_flash_attn_func_passes(monkeypatch: pyte
     torch.testing.assert_close(out, want if bshd else want.transpose(1, 2))
 
 
-@pytest.mark.parametrize(("grad", "version_matches"), [(True, True), (False, False)],
-                         ids=["needs-grad", "other-version"])
-def test_fa4_keeps_flash_attn_func_for_grad_or_another_version(monkeypatch: pytest.MonkeyPatch, grad: bool,
-                                                              version_matches: bool) -> None:
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+@pytest.mark.parametrize(("causal", "scale"), [(False, None), (True, 0.3)], ids=["plain", "causal-scale"])
+def test_fa4_train_route_passes_what_flash_attn_funcs_forward_and_backward_pass(
+        monkeypatch: pytest.MonkeyPatch, bshd: bool, causal: bool, scale: float | None) -> None:
+    """A call that needs a gradient: the lean autograd.Function calls _flash_attn_fwd with FlashAttnFunc.forward's
+    keywords and _flash_attn_bwd with FlashAttnFunc.backward's arguments; output and gradients are the public
+    function's (upstream's FlashAttnFunc mirrored in the fake)."""
     seen = _fa4_modules(monkeypatch)
+    fa4 = _fa4(monkeypatch, version_matches=True)
+    q, k, v = _qkv(grad=True)
+    args = tuple(t.detach().transpose(1, 2).contiguous().requires_grad_(True) for t in (q, k, v)) if bshd else (q, k, v)
+    run = bound_call(fa4, _call(q, k, causal=causal, grad=True), causal=causal, scale=scale, bshd=bshd)
+    out = run(*args)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    got = torch.autograd.grad(out, args, dout)
+    assert [s[0] for s in seen] == ["fwd", "bwd"]  # flash_attn_func skipped, both directions
+    mine = list(seen)
+    seen.clear()
+    pub = tuple(t.detach().clone().requires_grad_(True) for t in args)
+    pub_bshd = pub if bshd else tuple(t.transpose(1, 2) for t in pub)
+    want_out, _ = sys.modules["fake_fa4_cute"].flash_attn_func(*pub_bshd, softmax_scale=scale, causal=causal)
+    want_out = want_out if bshd else want_out.transpose(1, 2)
+    want = torch.autograd.grad(want_out, pub, dout)
+    assert [s[0] for s in seen] == ["public", "fwd", "bwd"]
+    for (kind, got_t, got_kw), (_, want_t, want_kw) in zip(mine, seen[1:], strict=True):
+        assert got_kw == want_kw, kind
+        for a, b in zip(got_t, want_t, strict=True):
+            if isinstance(b, torch.Tensor):
+                assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b), kind
+            else:
+                assert a is b, kind
+    torch.testing.assert_close(out, want_out)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.stride() == w.stride()
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize(("grad", "version_matches", "has_bwd"),
+                         [(True, False, True), (False, False, True), (True, True, False)],
+                         ids=["needs-grad-other-version", "other-version", "needs-grad-no-bwd"])
+def test_fa4_keeps_flash_attn_func_for_another_version_or_without_its_backward(
+        monkeypatch: pytest.MonkeyPatch, grad: bool, version_matches: bool, has_bwd: bool) -> None:
+    seen = _fa4_modules(monkeypatch)
+    if not has_bwd:
+        monkeypatch.delattr(sys.modules["fake_fa4_cute.interface"], "_flash_attn_bwd")
     fa4 = _fa4(monkeypatch, version_matches=version_matches)
-    q, k, v = _qkv()
+    q, k, v = _qkv(grad=grad)
     bound_call(fa4, _call(q, k, causal=True, grad=grad), causal=True, scale=None)(q, k, v)
     assert [s[0] for s in seen] == ["public", "fwd"]
 
@@ -611,23 +685,27 @@ class _FakeFa4:
     def compile(self, causal: bool) -> Any:
         def kernel(*args: Any) -> None:  # causal is compiled in, as in the real kernels
             self.kernel_calls += 1
-            q, k, v, out, _lse, scale = args[:6]
-            ref = reference_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
-                                      scale=scale).transpose(1, 2)
-            out.copy_(ref + (self.kernel_calls if self.drift else 0))
+            q, k, v, out, lse, scale = args[:6]
+            ref, ref_lse = reference_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               causal=causal, scale=scale, return_lse=True)
+            out.copy_(ref.transpose(1, 2) + (self.kernel_calls if self.drift else 0))
+            if lse is not None and lse.dim() == 3:
+                lse.copy_(ref_lse)
 
         return kernel
 
     def __call__(self, q: Any, k: Any, v: Any, **kw: Any) -> Any:
         self.calls += 1
-        key = (q.dtype, q.shape[-1], kw["causal"], q.stride(), k.stride(), v.stride())
+        wants_lse = any(t.requires_grad for t in (q, k, v))  # interface.py:886-891
+        key = (q.dtype, q.shape[-1], kw["causal"], q.stride(), k.stride(), v.stride(), wants_lse)
         if key not in self.compile_cache:
             self.compile_cache[key] = self.compile(kw["causal"])
         out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
-        lse = torch.empty(1) if self.extra_tensor else None
+        lse = (torch.empty(q.shape[0], q.shape[2], q.shape[1]) if wants_lse  # [B, H, Sq] fp32
+               else torch.empty(1) if self.extra_tensor else None)
         self.compile_cache[key](q.detach(), k.detach(), v.detach(), out.detach(), lse, kw["softmax_scale"] or
                                 q.shape[-1] ** -0.5, None, None, None, None, None, None, None, None, None, self.aux)
-        return out, lse, None, None, None
+        return out, lse if wants_lse else None, None, None, None
 
 
 def _bshd(t: torch.Tensor) -> torch.Tensor:
@@ -652,6 +730,80 @@ def test_fa4_replays_the_recorded_compiled_call_checked_once() -> None:
     assert not torch.equal(first, out)
     replay = run.replay  # type: ignore[attr-defined]
     assert replay.args[15] is fake.aux  # the static arguments are the recorded objects
+
+
+def _reference_bwd(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *, softmax_scale: Any = None,  # noqa: PLR0917 - upstream signature
+                   causal: bool = False, **_kw: Any) -> Any:
+    """``_flash_attn_bwd`` on ``[B, S, H, D]`` tensors, by float64 autograd of the reference."""
+    with torch.enable_grad():
+        leaves = [t.detach().double().transpose(1, 2).requires_grad_(True) for t in (q, k, v)]
+        ref = reference_attention(*leaves, causal=causal, scale=softmax_scale)
+        grads = torch.autograd.grad(ref, leaves, dout.double().transpose(1, 2))
+    return tuple(g.transpose(1, 2).to(t.dtype) for g, t in zip(grads, (q, k, v), strict=True))
+
+
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+def test_fa4_train_route_replays_the_forward_with_a_fresh_lse_each_call(bshd: bool) -> None:
+    """A call that needs a gradient: its second call records the compiled call with the lse the forward returns,
+    checks out and lse against _flash_attn_fwd's, and later calls replay it, each with a fresh lse (the backward's
+    input), and gradients stay the reference's."""
+    fake = _FakeFa4()
+    run = _fa4_direct.bind(fake, scale=None, causal=True, bshd=bshd, bwd=_reference_bwd)
+
+    def inputs(**shape: int) -> tuple[torch.Tensor, ...]:
+        qkv = _qkv(**shape)
+        return tuple((_bshd(t) if bshd else t).requires_grad_(True) for t in qkv)
+
+    for _ in range(2):
+        run(*inputs())
+    assert (fake.calls, fake.kernel_calls) == (2, 3)  # the first call plain, the second recorded and checked
+    replay = run.replayer.replay  # type: ignore[attr-defined]
+    assert replay is not None and replay.lse_slot == 4 and replay.args[4] is None
+    lses = []
+    for _ in range(2):
+        q, k, v = inputs(sq=5, sk=7, d=8, hq=4, hkv=2)
+        out = run(q, k, v)
+        node = out.grad_fn if bshd else out.grad_fn.next_functions[0][0]  # bhsd: the output is a transposed view
+        lses.append(node.saved_tensors[4])
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert (fake.calls, fake.kernel_calls) == (2, 5)  # replayed: _flash_attn_fwd not called again
+    assert lses[0].data_ptr() != lses[1].data_ptr()  # a fresh lse per call, both alive
+    as_bhsd = (lambda t: t.transpose(1, 2)) if bshd else (lambda t: t)
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    want, want_lse = reference_attention(*(as_bhsd(t) for t in leaves), causal=True, return_lse=True)
+    torch.testing.assert_close(lses[1].double(), want_lse.double(), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out.double(), as_bhsd(want), atol=1e-5, rtol=1e-4)
+    wants = torch.autograd.grad(as_bhsd(want), leaves, torch.ones_like(out, dtype=torch.float64))
+    for g, w in zip((dq, dk, dv), wants, strict=True):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g.double(), w, atol=1e-5, rtol=1e-4)
+
+
+def test_fa4_train_replay_is_not_kept_when_its_lse_differs() -> None:
+    """The check compares the lse too: a compiled call whose replayed lse would differ is never replayed."""
+    fake = _FakeFa4()
+    run = _fa4_direct.Replayer(fake, _fa4_direct.forward_keywords(scale=None, causal=False), lse=True)
+    q, k, v = (_bshd(t).requires_grad_(True) for t in _qkv())
+    original = fake.compile
+
+    def shifted(causal: bool) -> Any:
+        kernel = original(causal)
+
+        def run_shifted(*args: Any) -> None:
+            kernel(*args)
+            if fake.kernel_calls > 1:
+                args[4].add_(1.0)  # the replay's lse is off, its out right
+
+        return run_shifted
+
+    fake.compile = shifted  # type: ignore[method-assign]
+    out, lse = run(q, k, v)
+    assert run.tried and run.replay is None
+    want, want_lse = reference_attention(*(t.detach().transpose(1, 2) for t in (q, k, v)), return_lse=True)
+    torch.testing.assert_close(lse.double(), want_lse.double(), atol=1e-5, rtol=1e-4)  # _flash_attn_fwd's, served
+    torch.testing.assert_close(out.double(), want.transpose(1, 2), atol=1e-5, rtol=1e-4)
+    run(q, k, v)
+    assert fake.calls == 2
 
 
 def test_fa4_other_strides_go_through_flash_attn_fwd() -> None:

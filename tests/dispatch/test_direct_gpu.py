@@ -106,6 +106,40 @@ def test_fa4_direct_equals_the_public_function(hq: int, hkv: int, sq: int, sk: i
     assert torch.equal(bound(qs2, ks2, vs2), want2)  # replayed on new tensors
 
 
+@pytest.mark.parametrize("bshd", [False, True], ids=["bhsd", "bshd"])
+@pytest.mark.parametrize(("hq", "hkv", "sq", "sk", "d", "causal"), CASES)
+def test_fa4_train_route_equals_the_public_function(hq: int, hkv: int, sq: int, sk: int, d: int,  # noqa: PLR0917
+                                                    causal: bool, bshd: bool) -> None:
+    """A call that needs a gradient: the lean autograd.Function (the forward replayed with its lse,
+    _flash_attn_bwd called directly) against flash_attn_func, on new tensors after the recording."""
+    fa4 = _usable("flash-attn-4")
+    if fa4.direct_entry() is None or fa4.direct_backward() is None:
+        pytest.skip("this FlashAttention-4 is not a version _fa4_direct mirrors")
+    q, k, v = _qkv(hq, hkv, sq, sk, d, grad=True)
+    call = _call(q, k, causal=causal, grad=True)
+    if fa4.unsupported_reasons(call):
+        pytest.skip("; ".join(fa4.unsupported_reasons(call)))
+    bound = bound_call(fa4, call, causal=causal, scale=None, bshd=bshd)
+    assert bound.__name__ in ("train_bshd", "train_bhsd"), "the train route is not the lean autograd.Function"
+    public = fa4.module().flash_attn_func
+    g = torch.Generator(device="cuda").manual_seed(9)
+    for i in range(3):  # the first call plain, the second recorded and checked, the third replayed
+        leaves = tuple(torch.randn(t.shape, device="cuda", dtype=t.dtype, generator=g).requires_grad_(True)
+                       for t in (q, k, v))
+        args = tuple(t.transpose(1, 2) for t in leaves) if bshd else leaves
+        out = bound(*args)
+        want = public(*(a if bshd else a.transpose(1, 2) for a in args), causal=causal)
+        want = want[0] if isinstance(want, tuple) else want
+        want = want if bshd else want.transpose(1, 2)
+        assert torch.equal(out, want), i  # the same kernel with the same arguments
+        dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=g)
+        got = torch.autograd.grad(out, leaves, dout)
+        expected = torch.autograd.grad(want, leaves, dout)
+        for a, b in zip(got, expected, strict=True):  # dq accumulates with reduce-adds: equal up to their order
+            torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+    assert bound.replayer.replay is not None, "the forward with its lse was not replayable (see _fa4_direct)"  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("softcap", [None, 50.0], ids=["plain", "softcap"])
 def test_fa4_padded_decode_steps_run_the_replayed_varlen_kernel(softcap: float | None) -> None:
     """Gemma-2-9B's padded decode step (``q [4, 16, 1, 256]``, K/V ``[4, 8, Sk, 256]`` slices of a longer cache,

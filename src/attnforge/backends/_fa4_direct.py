@@ -1,11 +1,12 @@
-"""FlashAttention-4's forward without its Python layers, for calls that need no gradient.
+"""FlashAttention-4 without its Python layers: the forward's recorded compiled call, and for calls that need a
+gradient one lean ``autograd.Function`` around it and ``_flash_attn_bwd``.
 
 ``flash_attn.cute.flash_attn_func`` runs ``FlashAttnFunc.apply``, whose forward calls
 ``flash_attn.cute.interface._flash_attn_fwd`` (input checks, the compile key, the compiled-kernel cache, the
 TVM-FFI call). When no gradient is needed the autograd node does nothing but cost host time, so the bound route
 calls ``_flash_attn_fwd`` itself with exactly the keywords ``FlashAttnFunc.forward`` passes it (vLLM:
 ``vllm/vllm_flash_attn/flash_attn_interface.py`` imports ``_flash_attn_fwd`` from the CuTe interface and calls
-it directly; docs/research/levers-2026-11-26.md §1). Calls that need a gradient keep the public function.
+it directly; docs/research/levers-2026-11-26.md §1). Calls that need a gradient: below.
 
 Replay (:class:`Replayer`): ``_flash_attn_fwd`` itself spends most of FA4's host time (input checks, a
 ~60-element compile key, the ``call_args`` list) before it calls the compiled TVM-FFI function it finds in
@@ -32,6 +33,19 @@ keeps no stale length. Measured on an H200 (2026-11-28, docs/benchmarks.md "nint
 ``decode_probe.py fa4_varlen_decode``, Gemma-2-9B's padded decode call): the replay matched ``_flash_attn_fwd``
 bit for bit, 19.4 µs of host time a call against 184.6 through ``_flash_attn_fwd``; no compile over 64 lengths.
 
+Calls that need a gradient (:func:`bind` with ``bwd``): one lean ``autograd.Function`` (:class:`_Fa4Function`) in
+place of ``FlashAttnFunc``. Its forward is the same replay, recorded with the ``lse`` that ``_flash_attn_fwd``
+allocates when an input requires grad (interface.py:886-891) as a second per-call output: the recorded call's slot
+that held the returned lse gets a fresh ``torch.empty`` of its shape each call, and the check compares out and lse bit
+for bit. Its backward calls ``_flash_attn_bwd`` with exactly what ``FlashAttnFunc.backward`` passes for a plain call
+(lines 3856-3915: q, k, v, out, dout, lse, the scale, causal, softcap 0.0, no window, not deterministic, no
+score/mask mods, aux or block-sparse tensors, no dlse, no sink). What it saves is the
+forward's Python work: without grad, ``flash_attn_func`` cost 83-116 µs of host time a call on an H200 and the replay
+14-16 µs (``overhead.py``, docs/benchmarks.md "twenty-third session"; with grad not yet measured). The backward's own
+Python work (139-205 µs against 42-78 µs for its
+compiled calls, ``scripts/gpu/fa4_bwd_probe.py``) stays: its dQ accumulates with bulk reduce-adds
+(``flash_bwd_sm90.py``), so a replay could not be checked bit for bit.
+
 Mirrored: the flash-attn-4 4.0.0b36 wheel (PyPI), ``flash_attn/cute/interface.py`` lines 3780-3840
 (``FlashAttnFunc.forward``: the keywords of its ``_flash_attn_fwd`` call at lines 3816-3837, and the MLA rewrite
 ``k is v and D == 512`` before it), line 678 (``_flash_attn_fwd``'s signature; it returns
@@ -45,6 +59,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from attnforge.backends._base import graph_capturing
 from attnforge.backends.bound import other_layout
@@ -75,6 +91,17 @@ def forward_keywords(*, scale: float | None, causal: bool) -> dict[str, Any]:
             "gather_bwd_recompute_p": False}
 
 
+def backward_keywords(*, scale: float | None, causal: bool) -> dict[str, Any]:
+    """The keywords ``FlashAttnFunc.backward`` passes ``_flash_attn_bwd`` after ``(q, k, v, out, dout, lse)`` for a
+    call that :func:`forward_keywords` describes (interface.py:3888-3909 @4.0.0b36: ``ctx.softmax_scale``,
+    ``ctx.causal``, ``ctx.softcap`` positionally, here by name; the window ``(None, None)``; ``dlse`` None, as
+    ``return_lse`` is False)."""
+    return {"softmax_scale": scale, "causal": causal, "softcap": 0.0, "window_size_left": None,
+            "window_size_right": None, "deterministic": False, "score_mod": None, "score_mod_bwd": None,
+            "mask_mod": None, "aux_tensors": None, "aux_scalars": None, "block_sparse_tensors": None, "dlse": None,
+            "learnable_sink": None}
+
+
 #: the alignment ``maybe_contiguous`` demands of q, k, v before it would copy them (cute_dsl_utils.py:87-99)
 ALIGN_BYTES = 16
 #: recording swaps ``_flash_attn_fwd.compile_cache`` for a moment: one recording at a time
@@ -93,6 +120,8 @@ class Replay:
         out_shape, out_dtype: the output ``torch.empty`` allocates.
         named: ``(slot, keyword)`` of each per-call tensor the call was given by name (varlen: ``cu_seqlens_q``,
             ``cu_seqlens_k``, ``seqused_k``); empty for a plain call.
+        lse_slot, lse_shape, lse_dtype: the returned lse's slot and its ``torch.empty`` (:class:`Replayer` with
+            ``lse=True``).
     """
 
     kernel: Callable[..., Any]
@@ -101,6 +130,11 @@ class Replay:
     out_shape: tuple[int, ...]
     out_dtype: Any
     named: tuple[tuple[int, str], ...] = ()
+    #: the slot of the lse the call allocates and returns (a call that needs a gradient), with its shape and dtype;
+    #: None when the call has none
+    lse_slot: int | None = None
+    lse_shape: tuple[int, ...] = ()
+    lse_dtype: Any = None
 
 
 class Replayer:
@@ -115,10 +149,13 @@ class Replayer:
     session"): Wan-2.1's self-attention through diffusers, bound per call, ran FlashAttention-4's kernel twice a
     call, the step 0.74x diffusers' default."""
 
-    __slots__ = ("calls", "fwd", "keywords", "record_at", "replay", "tried")
+    __slots__ = ("calls", "fwd", "keywords", "lse", "record_at", "replay", "tried")
 
-    def __init__(self, fwd: Callable[..., Any], keywords: dict[str, Any], *, record_at: int = 1) -> None:
+    def __init__(self, fwd: Callable[..., Any], keywords: dict[str, Any], *, record_at: int = 1,
+                 lse: bool = False) -> None:
         self.fwd, self.keywords, self.record_at = fwd, keywords, record_at
+        #: return ``(out, lse)``: the call needs a gradient, so ``_flash_attn_fwd`` allocates and returns the lse
+        self.lse = lse
         self.replay: Replay | None = None
         self.tried = False
         self.calls = 0
@@ -132,15 +169,17 @@ class Replayer:
             self.calls += 1
             if self.calls >= self.record_at:
                 return self._record(q, k, v, per_call)
-        return self.fwd(q, k, v, **per_call, **self.keywords)[0]
+        return self._served(self.fwd(q, k, v, **per_call, **self.keywords))
+
+    def _served(self, result: Any) -> Any:
+        """What the caller gets of ``_flash_attn_fwd``'s ``(out, lse, p, row_max, o_lo)``."""
+        return (result[0], result[1]) if self.lse else result[0]
 
     def _record(self, q: Any, k: Any, v: Any, per_call: dict[str, Any]) -> Any:
         """Run ``_flash_attn_fwd`` with its compile cache recording, and keep the replay if it reproduces the
-        output bit for bit (one synchronisation, so never while a CUDA graph captures)."""
-        import torch
-
+        output (and lse) bit for bit (one synchronisation, so never while a CUDA graph captures)."""
         if graph_capturing():
-            return self.fwd(q, k, v, **per_call, **self.keywords)[0]  # record on a later call
+            return self._served(self.fwd(q, k, v, **per_call, **self.keywords))  # record on a later call
         seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
         with _RECORDING:
             if self.tried:  # another thread recorded meanwhile
@@ -150,35 +189,40 @@ class Replayer:
             if cache is not None:
                 self.fwd.compile_cache = _Recorder(cache, seen)  # type: ignore[attr-defined]
             try:
-                out = self.fwd(q, k, v, **per_call, **self.keywords)[0]
+                result = self.fwd(q, k, v, **per_call, **self.keywords)
             finally:
                 if cache is not None:
                     self.fwd.compile_cache = cache  # type: ignore[attr-defined]
+        out, lse = result[0], (result[1] if self.lse else None)
         named = {n: t for n, t in per_call.items() if isinstance(t, torch.Tensor)}
-        replay = _replay_of(seen, (q, k, v), out, named)
-        if replay is not None:
+        replay = _replay_of(seen, (q, k, v), out, named, lse=lse)
+        if replay is not None and (lse is None) == (replay.lse_slot is None):
             try:
-                same = bool(torch.equal(_run(replay, q, k, v, per_call), out))
+                got = _run(replay, q, k, v, per_call)
+                same = (bool(torch.equal(got[0], out) and torch.equal(got[1], lse)) if lse is not None
+                        else bool(torch.equal(got, out)))
             except Exception:  # a replay that raises is not used; _flash_attn_fwd serves
                 same = False
             self.replay = replay if same else None
-        return out
+        return (out, lse) if self.lse else out
 
 
 def _run(replay: Replay, q: Any, k: Any, v: Any, per_call: dict[str, Any] | None = None) -> Any:
     """The recorded compiled call on new q, k, v (and the per-call tensors in their slots), into a fresh output (as
-    ``_flash_attn_fwd`` allocates it)."""
-    import torch
-
+    ``_flash_attn_fwd`` allocates it); ``(out, lse)`` when the call returns an lse (:attr:`Replay.lse_slot`)."""
     out = torch.empty(replay.out_shape, dtype=replay.out_dtype, device=q.device)
-    if not replay.named:
+    if not replay.named and replay.lse_slot is None:
         replay.kernel(q.detach(), k.detach(), v.detach(), out, *replay.args[4:])
         return out
     args = [q.detach(), k.detach(), v.detach(), out, *replay.args[4:]]
     for slot, name in replay.named:
         args[slot] = per_call[name]  # type: ignore[index]
+    if replay.lse_slot is None:
+        replay.kernel(*args)
+        return out
+    lse = args[replay.lse_slot] = torch.empty(replay.lse_shape, dtype=replay.lse_dtype, device=q.device)
     replay.kernel(*args)
-    return out
+    return out, lse
 
 
 class _Recorder:
@@ -205,13 +249,12 @@ class _Recorder:
 
 
 def _replay_of(seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]], qkv: tuple[Any, Any, Any],
-               out: Any, named: dict[str, Any] | None = None) -> Replay | None:
+               out: Any, named: dict[str, Any] | None = None, *, lse: Any = None) -> Replay | None:
     """The recorded call as a :class:`Replay`, or None when it cannot be replayed faithfully: not exactly one
     compiled call, keywords, slots 0-3 not the caller's q, k, v (uncopied) and the returned out, or any other
-    tensor among the arguments than the ``named`` per-call ones, each found once, as given (an lse, scheduler
-    buffers, a copied cu_seqlens: per-call state the replay would not renew)."""
-    import torch
-
+    tensor among the arguments than the ``named`` per-call ones, each found once, as given, and the returned
+    ``lse`` (when given) once (an lse nobody returned, scheduler buffers, a copied cu_seqlens: per-call state the
+    replay would not renew)."""
     named = named or {}
 
     if len(seen) != 1:
@@ -225,21 +268,26 @@ def _replay_of(seen: list[tuple[Any, tuple[Any, ...], dict[str, Any]]], qkv: tup
     if not out.is_contiguous():
         return None
     slots: list[tuple[int, str]] = []
+    lse_slot = None
     for slot, arg in enumerate(args[4:], start=4):
         if not isinstance(arg, torch.Tensor):
+            continue
+        if lse is not None and lse_slot is None and _same_tensor(arg, lse):
+            lse_slot = slot
             continue
         name = next((n for n, t in named.items() if _same_tensor(arg, t)), None)
         if name is None or any(n == name for _, n in slots):
             return None
         slots.append((slot, name))
-    if len(slots) != len(named):
+    if len(slots) != len(named) or (lse is not None and (lse_slot is None or not lse.is_contiguous())):
         return None  # a per-call tensor the call did not hand over as it was (copied): its slot is unknown
     q, k, v = qkv
     kept = list(args)
-    for slot in (0, 1, 2, 3, *(s for s, _ in slots)):
+    for slot in (0, 1, 2, 3, *(s for s, _ in slots), *(() if lse_slot is None else (lse_slot,))):
         kept[slot] = None  # filled per call: the recording's tensors (a K/V cache's storage) are not kept alive
     return Replay(kernel=kernel, args=tuple(kept), strides=(q.stride(), k.stride(), v.stride()),
-                  out_shape=tuple(out.shape), out_dtype=out.dtype, named=tuple(slots))
+                  out_shape=tuple(out.shape), out_dtype=out.dtype, named=tuple(slots), lse_slot=lse_slot,
+                  lse_shape=() if lse is None else tuple(lse.shape), lse_dtype=None if lse is None else lse.dtype)
 
 
 def _same_tensor(got: Any, want: Any) -> bool:
@@ -249,9 +297,30 @@ def _same_tensor(got: Any, want: Any) -> bool:
                 and got.dtype == want.dtype)
 
 
-def bind(fwd: Callable[..., Any], *, scale: float | None, causal: bool, bshd: bool) -> Callable[..., Any]:
-    """``fn(q, k, v)`` for a call that needs no gradient: the recorded compiled call (:class:`Replayer`), else
-    ``_flash_attn_fwd`` called directly.
+class _Fa4Function(torch.autograd.Function):
+    """``FlashAttnFunc`` for a plain call, without its Python layers: the forward's replay (out and lse), and
+    ``_flash_attn_bwd`` called as ``FlashAttnFunc.backward`` calls it (module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - autograd
+                run: Replayer, bwd: Callable[..., Any], keywords: dict[str, Any]) -> torch.Tensor:
+        out, lse = run(q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.bwd, ctx.keywords = bwd, keywords
+        return out  # type: ignore[no-any-return]
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
+        # one output (FlashAttnFunc returns out and lse, so its dout may be None): dout is always given here
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.bwd(q, k, v, out, dout, lse, **ctx.keywords)[:3]
+        return dq, dk, dv, None, None, None
+
+
+def bind(fwd: Callable[..., Any], *, scale: float | None, causal: bool, bshd: bool,
+         bwd: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """``fn(q, k, v)``: the recorded compiled call (:class:`Replayer`), else ``_flash_attn_fwd`` called directly;
+    with ``bwd``, inside :class:`_Fa4Function` (a call that needs a gradient).
 
     Args:
         fwd: ``flash_attn.cute.interface._flash_attn_fwd`` of a version in :data:`VERSIONS`.
@@ -259,11 +328,30 @@ def bind(fwd: Callable[..., Any], *, scale: float | None, causal: bool, bshd: bo
         causal: bottom-right causal.
         bshd: the caller's tensors are ``[B, S, H, D]``; else ``[B, H, S, D]``, handed over as
             ``transpose(1, 2)`` views, and the ``[B, Sq, Hq, Dv]`` output returned as a view the same way.
+        bwd: ``flash_attn.cute.interface._flash_attn_bwd`` of the same version, for a route that needs a gradient;
+            None for one that needs none.
 
     Returns:
-        The bound call; fp16/bf16 CUDA tensors in, the output in q's dtype and the caller's layout. Its second
-        call per binding records and checks the replay (one device synchronisation; the first runs
-        ``_flash_attn_fwd``); later calls allocate only the output and never synchronise.
+        The bound call; fp16/bf16 CUDA tensors in, the output in q's dtype and the caller's layout (with ``bwd``,
+        differentiable in q, k and v). Its second call per binding records and checks the replay (one device
+        synchronisation; the first runs ``_flash_attn_fwd``); later calls allocate only the output (and the lse)
+        and never synchronise.
     """
-    run = Replayer(fwd, forward_keywords(scale=scale, causal=causal), record_at=2)
-    return run if bshd else other_layout(run)
+    if bwd is None:
+        run = Replayer(fwd, forward_keywords(scale=scale, causal=causal), record_at=2)
+        return run if bshd else other_layout(run)
+    train = Replayer(fwd, forward_keywords(scale=scale, causal=causal), record_at=2, lse=True)
+    keywords = backward_keywords(scale=scale, causal=causal)
+    apply: Callable[..., torch.Tensor] = _Fa4Function.apply
+    if bshd:
+        def train_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return apply(q, k, v, train, bwd, keywords)
+
+        train_bshd.replayer = train  # type: ignore[attr-defined]
+        return train_bshd
+
+    def train_bhsd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), train, bwd, keywords).transpose(1, 2)
+
+    train_bhsd.replayer = train  # type: ignore[attr-defined]
+    return train_bhsd

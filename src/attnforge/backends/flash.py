@@ -202,8 +202,10 @@ class FlashAttn4Adapter(FlashAttnAdapter):
     """FlashAttention-4 (``flash_attn.cute``): ``window_size`` sides are None when unbounded, sinks are
     ``learnable_sink``, the lse is ``return_lse``.
 
-    Its bound route for a call that needs no gradient calls ``_flash_attn_fwd`` without the autograd node
-    (:mod:`attnforge.backends._fa4_direct`) when the installed version is one that module mirrors.
+    Its bound route calls ``_flash_attn_fwd`` without the autograd node when the installed version is one
+    :mod:`attnforge.backends._fa4_direct` mirrors; a call that needs a gradient gets that module's lean
+    ``autograd.Function`` (the forward's replay, ``_flash_attn_bwd`` called directly) in place of
+    ``FlashAttnFunc``.
 
     A mask (``attn_mask``) is served on a decode step only (``caps.mask_max_seqlen_q``): a padded batch's step is
     a varlen call with no mask (:mod:`attnforge.backends._padded_decode`), run by the recorded compiled call
@@ -233,6 +235,8 @@ class FlashAttn4Adapter(FlashAttnAdapter):
     VARLEN_REPLAYS: ClassVar[int] = 64
     varlen_replays: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
     mask_sharing: MaskSharing = field(default_factory=MaskSharing, repr=False)
+    #: ``_flash_attn_bwd`` beside the direct entry, looked up once (:meth:`direct_backward`)
+    _direct_bwd: list[Any] = field(default_factory=list, repr=False)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None, **features: Any) -> Any:
@@ -369,16 +373,31 @@ class FlashAttn4Adapter(FlashAttnAdapter):
         self.module()
         return getattr(importlib.import_module(_fa4_direct.INTERFACE), "_flash_attn_fwd", None)
 
+    def direct_backward(self) -> Any:
+        """``flash_attn.cute.interface._flash_attn_bwd`` where :meth:`direct_entry` found ``_flash_attn_fwd`` (a
+        mirrored version), else None; looked up once."""
+        if not self._direct_bwd:
+            import importlib
+
+            from attnforge.backends import _fa4_direct
+
+            found = self.direct_entry() is not None
+            self._direct_bwd.append(getattr(importlib.import_module(_fa4_direct.INTERFACE), "_flash_attn_bwd", None)
+                                    if found else None)
+        return self._direct_bwd[0]
+
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
-        """The plain call bound for a route: ``_flash_attn_fwd`` directly when no gradient is needed and the
-        version is mirrored (:func:`attnforge.backends._fa4_direct.bind`), else the public function."""
+        """The plain call bound for a route when the version is mirrored (:func:`attnforge.backends._fa4_direct.bind`):
+        ``_flash_attn_fwd`` directly when no gradient is needed, else the lean ``autograd.Function`` around it and
+        ``_flash_attn_bwd``; otherwise the public function."""
         from attnforge.backends import _fa4_direct
 
         dv = call.head_dim_v or call.head_dim
-        fwd = None if call.needs_grad or dv == _fa4_direct.MLA_HEAD_DIM else self.direct_entry()
-        if fwd is None:
+        fwd = None if dv == _fa4_direct.MLA_HEAD_DIM else self.direct_entry()
+        bwd = self.direct_backward() if fwd is not None and call.needs_grad else None
+        if fwd is None or (call.needs_grad and bwd is None):
             return self.bind_public(call, scale=scale, bshd=bshd)
-        return _fa4_direct.bind(fwd, scale=scale, causal=call.causal, bshd=bshd)
+        return _fa4_direct.bind(fwd, scale=scale, causal=call.causal, bshd=bshd, bwd=bwd)
 
 
 @dataclass(slots=True, kw_only=True)
