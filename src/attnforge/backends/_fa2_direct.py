@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from attnforge.backends.bound import other_layout
+from attnforge.backends.bound import differentiable, other_layout
 
 #: the flash-attn versions whose ``flash_attn_interface.py`` the mapping below was read from
 VERSIONS = frozenset({"2.8.3", "2.8.3.post1", "2.8.3.post2"})
@@ -52,26 +52,6 @@ def _lastdim(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-class _Fa2Function(torch.autograd.Function):
-    """One autograd node around ``fwd`` and ``bwd`` (no Python ``custom_op`` in between)."""
-
-    @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - autograd
-                native: Any, tail: tuple[Any, ...], grad_tail: tuple[Any, ...]) -> torch.Tensor:
-        q, k, v = _lastdim(q), _lastdim(k), _lastdim(v)
-        out, lse, _, rng_state = native.fwd(q, k, v, *tail)
-        ctx.save_for_backward(q, k, v, out, lse, rng_state)
-        ctx.native, ctx.grad_tail = native, grad_tail
-        return out  # type: ignore[no-any-return]
-
-    @staticmethod
-    def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
-        q, k, v, out, lse, rng_state = ctx.saved_tensors
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        ctx.native.bwd(_lastdim(dout), q, k, v, _lastdim(out), lse, dq, dk, dv, *ctx.grad_tail, rng_state)
-        return dq, dk, dv, None, None, None
-
-
 def bind(native: Any, *, scale: float, causal: bool, bshd: bool, needs_grad: bool) -> Callable[..., torch.Tensor]:
     """``fn(q, k, v)`` on the caller's tensors in their layout, calling ``flash_attn_2_cuda`` directly.
 
@@ -81,21 +61,31 @@ def bind(native: Any, *, scale: float, causal: bool, bshd: bool, needs_grad: boo
         causal: bottom-right causal.
         bshd: the caller's tensors are ``[B, S, H, D]``; else ``[B, H, S, D]`` (``transpose(1, 2)`` views both
             ways).
-        needs_grad: wrap the call in :class:`_Fa2Function` (else no autograd at all).
+        needs_grad: one autograd node around ``fwd`` and ``bwd`` (:func:`attnforge.backends.bound.differentiable`;
+            else no autograd at all).
 
     Returns:
         The bound call on fp16/bf16 CUDA tensors with ``D % 8 == 0``; the output in q's dtype and layout.
     """
     tail = forward_tail(scale=scale, causal=causal)
+    fwd = native.fwd
     if needs_grad:
-        apply: Callable[..., Any] = _Fa2Function.apply
         grad_tail = backward_tail(scale=scale, causal=causal)
 
-        def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return apply(q, k, v, native, tail, grad_tail)  # type: ignore[no-any-return]
-    else:
-        fwd = native.fwd
+        def forward(q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+            q, k, v = _lastdim(q), _lastdim(k), _lastdim(v)
+            out, lse, _, rng_state = fwd(q, k, v, *tail)
+            return out, (q, k, v, out, lse, rng_state)
 
-        def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return fwd(_lastdim(q), _lastdim(k), _lastdim(v), *tail)[0]  # type: ignore[no-any-return]
+        def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - saved tensors
+                     out: torch.Tensor, lse: torch.Tensor, rng_state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            native.bwd(_lastdim(dout), q, k, v, _lastdim(out), lse, dq, dk, dv, *grad_tail, rng_state)
+            return dq, dk, dv
+
+        return differentiable(forward, backward, bshd=bshd)
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return fwd(_lastdim(q), _lastdim(k), _lastdim(v), *tail)[0]  # type: ignore[no-any-return]
     return run if bshd else other_layout(run)

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from attnforge.backends.bound import differentiable
+
 #: ``m.def("fwd(...")``, hopper/flash_api_stable.cpp:1893-1927 @0251105a, verbatim
 FWD_SCHEMA = (
     "fwd(Tensor q, Tensor k, Tensor v, Tensor(k_new!)? k_new = None, Tensor(v_new!)? v_new = None,"
@@ -131,27 +133,6 @@ def _values(v: torch.Tensor) -> torch.Tensor:
     return v.contiguous() if v.stride(-1) != 1 and v.stride(-3) != 1 else v
 
 
-class _Fa3Function(torch.autograd.Function):
-    """One autograd node around the two ops (no Python ``custom_op`` in between)."""
-
-    @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - autograd
-                ops: Fa3Ops, tail: tuple[Any, ...], grad_tail: tuple[Any, ...]) -> torch.Tensor:
-        q, k, v = _lastdim(q), _lastdim(k), _values(v)
-        out, lse, _, _ = ops.fwd(q, k, v, *tail)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ops, ctx.grad_tail = ops, grad_tail
-        return out  # type: ignore[no-any-return]
-
-    @staticmethod
-    def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        ctx.ops.bwd(_lastdim(dout), _lastdim(q), _lastdim(k), _lastdim(v), _lastdim(out), lse, dq, dk, dv,
-                    *ctx.grad_tail)
-        return dq, dk, dv, None, None, None
-
-
 def bind(ops: Fa3Ops, *, scale: float, causal: bool, bshd: bool, needs_grad: bool,
          window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Callable[..., torch.Tensor]:
     """``fn(q, k, v)`` on the caller's tensors in their layout, calling the ops directly.
@@ -162,7 +143,8 @@ def bind(ops: Fa3Ops, *, scale: float, causal: bool, bshd: bool, needs_grad: boo
         causal: bottom-right causal.
         bshd: the caller's tensors are ``[B, S, H, D]``; else ``[B, H, S, D]``, handed to the op as
             ``transpose(1, 2)`` views, and the output ``[B, Sq, Hq, Dv]`` comes back as a view the same way.
-        needs_grad: wrap the op in :class:`_Fa3Function` (else no autograd at all).
+        needs_grad: one autograd node around the two ops (:func:`attnforge.backends.bound.differentiable`; else
+            no autograd at all).
         window, softcap: as :func:`forward_tail`.
 
     Returns:
@@ -184,16 +166,18 @@ def bind(ops: Fa3Ops, *, scale: float, causal: bool, bshd: bool, needs_grad: boo
             return out[0].transpose(1, 2)  # type: ignore[no-any-return]
 
         return forward_bhsd
-    apply: Callable[..., Any] = _Fa3Function.apply
     grad_tail = backward_tail(scale=scale, causal=causal, window=window, softcap=softcap)
-    if bshd:
-        def train_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return apply(q, k, v, ops, tail, grad_tail)  # type: ignore[no-any-return]
+    bwd = ops.bwd
 
-        return train_bshd
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        q, k, v = _lastdim(q), _lastdim(k), _values(v)
+        out, lse, _, _ = fwd(q, k, v, *tail)
+        return out, (q, k, v, out, lse)
 
-    def train_bhsd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), ops, tail, grad_tail)
-        return out.transpose(1, 2)  # type: ignore[no-any-return]
+    def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,  # noqa: PLR0917 - saved tensors
+                 lse: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        bwd(_lastdim(dout), _lastdim(q), _lastdim(k), _lastdim(v), _lastdim(out), lse, dq, dk, dv, *grad_tail)
+        return dq, dk, dv
 
-    return train_bhsd
+    return differentiable(forward, backward, bshd=bshd)

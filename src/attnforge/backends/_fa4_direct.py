@@ -33,17 +33,17 @@ keeps no stale length. Measured on an H200 (2026-11-28, docs/benchmarks.md "nint
 ``decode_probe.py fa4_varlen_decode``, Gemma-2-9B's padded decode call): the replay matched ``_flash_attn_fwd``
 bit for bit, 19.4 µs of host time a call against 184.6 through ``_flash_attn_fwd``; no compile over 64 lengths.
 
-Calls that need a gradient (:func:`bind` with ``bwd``): one lean ``autograd.Function`` (:class:`_Fa4Function`) in
-place of ``FlashAttnFunc``. Its forward is the same replay, recorded with the ``lse`` that ``_flash_attn_fwd``
-allocates when an input requires grad (interface.py:886-891) as a second per-call output: the recorded call's slot
-that held the returned lse gets a fresh ``torch.empty`` of its shape each call, and the check compares out and lse bit
-for bit. Its backward calls ``_flash_attn_bwd`` with exactly what ``FlashAttnFunc.backward`` passes for a plain call
-(lines 3856-3915: q, k, v, out, dout, lse, the scale, causal, softcap 0.0, no window, not deterministic, no
-score/mask mods, aux or block-sparse tensors, no dlse, no sink). What it saves is the
-forward's Python work: without grad, ``flash_attn_func`` cost 83-116 µs of host time a call on an H200 and the replay
-14-16 µs (``overhead.py``, docs/benchmarks.md "twenty-third session"; with grad not yet measured). The backward's own
-Python work (139-205 µs against 42-78 µs for its
-compiled calls, ``scripts/gpu/fa4_bwd_probe.py``) stays: its dQ accumulates with bulk reduce-adds
+Calls that need a gradient (:func:`bind` with ``bwd``): one lean ``autograd.Function``
+(:func:`attnforge.backends.bound.differentiable`) in place of ``FlashAttnFunc``. Its forward is the same replay,
+recorded with the ``lse`` that ``_flash_attn_fwd`` allocates when an input requires grad (interface.py:886-891) as a
+second per-call output: the recorded call's slot that held the returned lse gets a fresh ``torch.empty`` of its shape
+each call, and the check compares out and lse bit for bit. Its backward calls ``_flash_attn_bwd`` with exactly what
+``FlashAttnFunc.backward`` passes for a plain call (lines 3856-3915: q, k, v, out, dout, lse, the scale, causal,
+softcap 0.0, no window, not deterministic, no score/mask mods, aux or block-sparse tensors, no dlse, no sink). What
+it saves is the forward's Python work: without grad, ``flash_attn_func`` cost 83-116 µs of host time a call on an
+H200 and the replay 14-16 µs (``overhead.py``, docs/benchmarks.md "twenty-third session"; with grad not yet
+measured). The backward's own Python work (139-205 µs against 42-78 µs for its compiled calls,
+``scripts/gpu/fa4_bwd_probe.py``) stays: its dQ accumulates with bulk reduce-adds
 (``flash_bwd_sm90.py``), so a replay could not be checked bit for bit.
 
 Mirrored: the flash-attn-4 4.0.0b36 wheel (PyPI), ``flash_attn/cute/interface.py`` lines 3780-3840
@@ -63,7 +63,7 @@ from typing import Any
 import torch
 
 from attnforge.backends._base import graph_capturing
-from attnforge.backends.bound import other_layout
+from attnforge.backends.bound import differentiable, other_layout
 
 #: the flash-attn-4 versions whose ``interface.py`` the mapping below was read from
 VERSIONS = frozenset({"4.0.0b36"})
@@ -297,30 +297,11 @@ def _same_tensor(got: Any, want: Any) -> bool:
                 and got.dtype == want.dtype)
 
 
-class _Fa4Function(torch.autograd.Function):
-    """``FlashAttnFunc`` for a plain call, without its Python layers: the forward's replay (out and lse), and
-    ``_flash_attn_bwd`` called as ``FlashAttnFunc.backward`` calls it (module docstring)."""
-
-    @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - autograd
-                run: Replayer, bwd: Callable[..., Any], keywords: dict[str, Any]) -> torch.Tensor:
-        out, lse = run(q, k, v)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.bwd, ctx.keywords = bwd, keywords
-        return out  # type: ignore[no-any-return]
-
-    @staticmethod
-    def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
-        # one output (FlashAttnFunc returns out and lse, so its dout may be None): dout is always given here
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ctx.bwd(q, k, v, out, dout, lse, **ctx.keywords)[:3]
-        return dq, dk, dv, None, None, None
-
-
 def bind(fwd: Callable[..., Any], *, scale: float | None, causal: bool, bshd: bool,
          bwd: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """``fn(q, k, v)``: the recorded compiled call (:class:`Replayer`), else ``_flash_attn_fwd`` called directly;
-    with ``bwd``, inside :class:`_Fa4Function` (a call that needs a gradient).
+    with ``bwd``, inside one autograd node (:func:`attnforge.backends.bound.differentiable`; a call that needs a
+    gradient).
 
     Args:
         fwd: ``flash_attn.cute.interface._flash_attn_fwd`` of a version in :data:`VERSIONS`.
@@ -333,25 +314,24 @@ def bind(fwd: Callable[..., Any], *, scale: float | None, causal: bool, bshd: bo
 
     Returns:
         The bound call; fp16/bf16 CUDA tensors in, the output in q's dtype and the caller's layout (with ``bwd``,
-        differentiable in q, k and v). Its second call per binding records and checks the replay (one device
-        synchronisation; the first runs ``_flash_attn_fwd``); later calls allocate only the output (and the lse)
-        and never synchronise.
+        differentiable in q, k and v; its ``replayer`` attribute is the forward's :class:`Replayer`). Its second
+        call per binding records and checks the replay (one device synchronisation; the first runs
+        ``_flash_attn_fwd``); later calls allocate only the output (and the lse) and never synchronise.
     """
     if bwd is None:
         run = Replayer(fwd, forward_keywords(scale=scale, causal=causal), record_at=2)
         return run if bshd else other_layout(run)
     train = Replayer(fwd, forward_keywords(scale=scale, causal=causal), record_at=2, lse=True)
     keywords = backward_keywords(scale=scale, causal=causal)
-    apply: Callable[..., torch.Tensor] = _Fa4Function.apply
-    if bshd:
-        def train_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return apply(q, k, v, train, bwd, keywords)
 
-        train_bshd.replayer = train  # type: ignore[attr-defined]
-        return train_bshd
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        out, lse = train(q, k, v)
+        return out, (q, k, v, out, lse)
 
-    def train_bhsd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), train, bwd, keywords).transpose(1, 2)
+    def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,  # noqa: PLR0917 - saved tensors
+                 lse: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return bwd(q, k, v, out, dout, lse, **keywords)[:3]  # type: ignore[no-any-return]
 
-    train_bhsd.replayer = train  # type: ignore[attr-defined]
-    return train_bhsd
+    trained = differentiable(forward, backward, bshd=bshd)
+    trained.replayer = train  # type: ignore[attr-defined]
+    return trained

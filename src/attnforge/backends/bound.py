@@ -66,6 +66,58 @@ def bound_call(adapter: BackendAdapter, call: AttentionCall | None, *, causal: b
     return other_layout(functools.partial(adapter, causal=causal, scale=scale))
 
 
+@functools.cache
+def _direct_function() -> Any:
+    """The one ``torch.autograd.Function`` of the direct kernel entries (made on first use: this module imports no
+    torch at load)."""
+    import torch
+
+    class _DirectFunction(torch.autograd.Function):
+        """One autograd node around a kernel entry's own forward and backward: no Python ``custom_op``, no public
+        wrapper's ``autograd.Function`` in between (:func:`differentiable`)."""
+
+        @staticmethod
+        def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - autograd
+                    forward: Callable[..., Any], backward: Callable[..., Any]) -> torch.Tensor:
+            out, saved = forward(q, k, v)
+            ctx.save_for_backward(*saved)
+            ctx.backward = backward
+            return out  # type: ignore[no-any-return]
+
+        @staticmethod
+        def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
+            dq, dk, dv = ctx.backward(dout, *ctx.saved_tensors)
+            return dq, dk, dv, None, None
+
+    return _DirectFunction
+
+
+def differentiable(forward: Callable[..., Any], backward: Callable[..., Any], *,
+                   bshd: bool) -> Callable[..., torch.Tensor]:
+    """``fn(q, k, v)`` in the caller's layout, differentiable in q, k and v through one autograd node around a
+    kernel's forward and backward (the FlashAttention-2/3/4 direct entries' calls that need a gradient).
+
+    Args:
+        forward: ``(q, k, v) -> (out, saved)`` on ``[B, S, H, D]`` tensors: the output ``[B, Sq, Hq, Dv]`` and the
+            tensors the backward needs (saved for it by autograd).
+        backward: ``(dout, *saved) -> (dq, dk, dv)``, each in its input's shape.
+        bshd: the caller's tensors are ``[B, S, H, D]``; else ``[B, H, S, D]``, handed over as ``transpose(1, 2)``
+            views, and the output returned as a view the same way.
+    """
+    apply = _direct_function().apply
+    if bshd:
+        def train_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return apply(q, k, v, forward, backward)  # type: ignore[no-any-return]
+
+        return train_bshd
+
+    def train_bhsd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), forward,  # type: ignore[no-any-return]
+                     backward).transpose(1, 2)
+
+    return train_bhsd
+
+
 def other_layout(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """``fn`` (``(q, k, v)`` in one layout, the output in the same) for a caller of the other layout: ``[B, S, H, D]``
     tensors for a bhsd ``fn``, or ``[B, H, S, D]`` for a bshd one. Dimensions 1 and 2 swap on the way in and back
