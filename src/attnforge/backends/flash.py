@@ -235,8 +235,6 @@ class FlashAttn4Adapter(FlashAttnAdapter):
     VARLEN_REPLAYS: ClassVar[int] = 64
     varlen_replays: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
     mask_sharing: MaskSharing = field(default_factory=MaskSharing, repr=False)
-    #: ``_flash_attn_bwd`` beside the direct entry, looked up once (:meth:`direct_backward`)
-    _direct_bwd: list[Any] = field(default_factory=list, repr=False)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                  scale: float | None, **features: Any) -> Any:
@@ -375,16 +373,14 @@ class FlashAttn4Adapter(FlashAttnAdapter):
 
     def direct_backward(self) -> Any:
         """``flash_attn.cute.interface._flash_attn_bwd`` where :meth:`direct_entry` found ``_flash_attn_fwd`` (a
-        mirrored version), else None; looked up once."""
-        if not self._direct_bwd:
-            import importlib
+        mirrored version), else None. Asked when a route is bound, never per call."""
+        import importlib
 
-            from attnforge.backends import _fa4_direct
+        from attnforge.backends import _fa4_direct
 
-            found = self.direct_entry() is not None
-            self._direct_bwd.append(getattr(importlib.import_module(_fa4_direct.INTERFACE), "_flash_attn_bwd", None)
-                                    if found else None)
-        return self._direct_bwd[0]
+        if self.direct_entry() is None:
+            return None
+        return getattr(importlib.import_module(_fa4_direct.INTERFACE), "_flash_attn_bwd", None)
 
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
         """The plain call bound for a route when the version is mirrored (:func:`attnforge.backends._fa4_direct.bind`):
