@@ -292,11 +292,7 @@ def _fa4_modules(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, 
                         causal: bool = False, softcap: float = 0.0, **kw: Any) -> Any:
         seen.append(("bwd", (q, k, v, out, dout, lse), {"softmax_scale": softmax_scale, "causal": causal,
                                                          "softcap": softcap, **kw}))
-        with torch.enable_grad():
-            leaves = [t.detach().double().transpose(1, 2).requires_grad_(True) for t in (q, k, v)]
-            ref = reference_attention(*leaves, causal=causal, scale=softmax_scale)
-            grads = torch.autograd.grad(ref, leaves, dout.double().transpose(1, 2))
-        return tuple(g.transpose(1, 2).to(t.dtype) for g, t in zip(grads, (q, k, v), strict=True))
+        return _reference_bwd(q, k, v, out, dout, lse, softmax_scale=softmax_scale, causal=causal)
 
     class FlashAttnFunc(torch.autograd.Function):
         """Upstream's FlashAttnFunc for a plain call (interface.py:3780-3915 @4.0.0b36)."""
