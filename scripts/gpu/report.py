@@ -189,11 +189,12 @@ def grid_section(doc: Any, name: str) -> str:
         return fmt(first) if last in (None, first) else f"{fmt(first)} -> {last}"
 
     rows = [[r["cell"], r["mode"], choices(r, "chosen", "chosen_after"), choices(r, "chosen_bshd", "chosen_bshd_after"),
-             fmt(r.get("best_exact")), fmt(r.get("ratio_to_best")),
+             fmt(r.get("best_exact")), fmt(r.get("ratio_to_best")), fmt(r.get("ratio_to_best_on_bhsd")),
              fmt(r.get("ratio_bshd_to_best")), fmt(r.get("ratio_to_sdpa")), fmt(r.get("chosen_quantized")),
              fmt(r.get("ratio_quantized_to_sdpa")), fmt((r.get("first_use_s") or {}).get("attnforge"))]
             for r in doc["rows"]]
-    table = md_table(["cell", "mode", "chosen", "chosen bshd", "best exact", "attnforge/best", "bshd/best", "vs SDPA",
+    table = md_table(["cell", "mode", "chosen", "chosen bshd", "best exact", "attnforge/best",
+                      "attnforge/best on its bhsd tensors", "bshd/best", "vs SDPA",
                       "chosen (quantized)", "quantized vs SDPA", "first call (s)"], rows)
     return table + f"\nSummary (`{name}`): `{json.dumps(doc.get('summary'), default=str)[:3000]}`\n"
 
