@@ -200,22 +200,40 @@ def _forward_and_train(torch: Any, model: Any, ids: Any, mask: Any, *, use: dict
             for impl, ms in paired_ms(torch, fn, use, rounds=ROUNDS["rounds"]).items():
                 res[f"{impl}_{key}"] = ms
 
+    step = _train_step(model, ids)
+    samples: dict[str, list[float]] = {}
+    for impl, ms in paired_ms(torch, step, use, reps=2, rounds=ROUNDS["rounds"], samples=samples).items():
+        res[f"{impl}_train_step_ms"] = ms
+    res["train_step_samples_ms"] = samples  # every timed step, per implementation (a figure near 1.00 needs its spread)
+    if DIAGNOSE:  # where a train step's time goes: its host syncs (a sync makes host time add to device time) and
+        # its kernels, per implementation (the 2026-11-30 H200 run: attention()'s train step 0.7-0.9 ms slower than
+        # the session before with FA3 chosen in both, the default's unchanged)
+        for impl, switch in use.items():
+            switch()
+            res[f"{impl}_train_syncs"] = _syncs(torch, step)
+            res[f"{impl}_train_kernels"] = _kernels(torch, step, grad=True)
+
+
+def _train_step(model: Any, ids: Any) -> Any:
+    """One train step of ``model`` on ``ids`` (labels = inputs): forward, loss, backward, gradients cleared."""
     def step() -> None:
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         model.zero_grad(set_to_none=True)
 
-    for impl, ms in paired_ms(torch, step, use, reps=2, rounds=ROUNDS["rounds"]).items():
-        res[f"{impl}_train_step_ms"] = ms
+    return step
 
 
-def _kernels(torch: Any, fn: Any, top: int = 15) -> list[dict[str, Any]]:
-    """The GPU kernels of one ``fn()`` call (after a warm-up call) by total device time. Empty off CUDA."""
+def _kernels(torch: Any, fn: Any, top: int = 15, *, grad: bool = False) -> list[dict[str, Any]]:
+    """The GPU kernels of one ``fn()`` call (after a warm-up call) by total device time, under ``torch.no_grad()``
+    unless ``grad`` (a train step). Empty off CUDA."""
     if DEV != "cuda":
         return []
+    import contextlib
+
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.no_grad():
+    with contextlib.nullcontext() if grad else torch.no_grad():
         fn()
         _sync(torch)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
