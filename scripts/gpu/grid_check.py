@@ -268,8 +268,11 @@ def profile_cell(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Call
 
     The candidates are timed as in :func:`measure` (forward, or forward + ``backward(ones_like(out))``); leaves'
     ``.grad`` is reset before each candidate, so each profile sees the same accumulation. ``settle``: calls each
-    attention() candidate makes before it is timed, past the in-situ check (64 calls of a class): the grid times
-    attention() in that steady state, a bare profile before it."""
+    candidate makes before it is timed, past attention()'s in-situ check (64 calls of a class): the grid times
+    attention() in that steady state, a bare profile before it. Every candidate settles alike: on the H200
+    (2026-11-30, ``--profile-settle 100`` applied to attention()'s candidates alone, which ran last) the same
+    kernels read 4-8 % more device time for attention() than for the public functions profiled before them, while
+    the grid's interleaved rounds read them even: sustained load moves the clocks."""
     grad = mode == "fwdbwd"
     qb, kb, vb, qs, ks, vs = inputs(torch, cell, grad=grad, dtype=dtype, dev=dev)
     chosen = getattr(attnforge.explain(qb, kb, vb, causal=cell.causal), "chosen", None)
@@ -292,7 +295,7 @@ def profile_cell(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Call
         for t in (qb, kb, vb, qs, ks, vs):
             t.grad = None
         try:
-            for _ in range(3 + (settle if name.startswith("attnforge") else 0)):
+            for _ in range(3 + settle):  # every candidate alike: the settle calls also warm the device's clocks
                 fn()
             sync()
             t0 = time.perf_counter()

@@ -297,15 +297,18 @@ def _generate_paired(torch: Any, model: Any, batch: int, use: dict[str, Any]) ->
     (:func:`_timing.paired_ms`)."""
     kw, prompt, new = _generate_inputs(torch, batch)
     t1 = paired_ms(torch, lambda: _generate_run(torch, model, kw, 1), use, reps=3, rounds=ROUNDS["rounds"])
-    step, first = _decode_step_ms(torch, model, kw, new=new, use=use)
+    per_round: dict[str, list[float]] = {}
+    step, first = _decode_step_ms(torch, model, kw, new=new, use=use, per_round=per_round)
     return {f"{name}_generate": {"prefill_ms": t1[name], "prompt": prompt, "new_tokens": new,
                                  "decode_step_ms": step[name], "decode_tokens_per_s": batch / (step[name] / 1e3),
-                                 "first_round_decode_step_ms": first[name]}
+                                 "first_round_decode_step_ms": first[name],
+                                 "decode_step_ms_per_round": per_round.get(name, [])}
             for name in use}
 
 
 def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use: dict[str, Any],
-                    rounds: int | None = None) -> tuple[dict[str, float], dict[str, float]]:
+                    rounds: int | None = None,
+                    per_round: dict[str, list[float]] | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """Median ms of one decode step of ``generate`` (KV cache) per implementation, from a clock read between
     steps (a logits processor that synchronises and stamps), the implementations interleaved round by round:
     ``rounds x (new - 1)`` steps each. The difference of two generate runs (``t(1 + N) - t(1)``) moved one model's
@@ -316,7 +319,8 @@ def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use
     kernel that builds a graph per sequence length, cuDNN's attention, pays for it in every step then; with
     repeated lengths only in the warm-up round). Until 2026-11-28 the cuts were 8 tokens apart, so 7 of 8 lengths
     had been met in an earlier round. Second, the same median of the untimed warm-up round: a first request at
-    those lengths (it holds, without ``--fresh-lengths``, the graph builds the timed rounds no longer pay)."""
+    those lengths (it holds, without ``--fresh-lengths``, the graph builds the timed rounds no longer pay).
+    ``per_round``: filled with each timed round's median step per implementation."""
     import time
 
     from transformers import LogitsProcessor, LogitsProcessorList
@@ -348,8 +352,10 @@ def _decode_step_ms(torch: Any, model: Any, kw: dict[str, Any], *, new: int, use
             run_kw = dict(kw, input_ids=kw["input_ids"][:, :-cut], attention_mask=kw["attention_mask"][:, :-cut])
         _generate_run(torch, model, run_kw, 1 + new, logits_processor=LogitsProcessorList([clock]))
         # the first round warms both up
-        (steps if r else warm)[name] += [(b - a) * 1e3 for a, b in zip(clock.stamps[1:], clock.stamps[2:],
-                                                                        strict=False)]
+        timed = [(b - a) * 1e3 for a, b in zip(clock.stamps[1:], clock.stamps[2:], strict=False)]
+        (steps if r else warm)[name] += timed
+        if r and per_round is not None and timed:  # each timed round's median step: the figure's spread
+            per_round.setdefault(name, []).append(median(timed))
     return {name: median(t) for name, t in steps.items()}, {name: median(t) for name, t in warm.items()}
 
 
