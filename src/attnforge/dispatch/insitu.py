@@ -1,6 +1,11 @@
 """The in-situ check (issue 30): after a non-SDPA route has served :data:`SAMPLE_AFTER` calls of a shape class,
-it is timed once against plain SDPA on a live call, and the class reverts to SDPA when SDPA is faster beyond the
-noise (:func:`attnforge.ranking.beats`).
+it is timed once against plain SDPA on a live call, and the class reverts to SDPA unless the route is faster beyond
+the noise (:func:`attnforge.ranking.beats`): a tie goes to SDPA, as it does at first use
+(:mod:`attnforge.dispatch.policy`), so a route that only matches SDPA in the model never serves it with its higher
+host cost and its noisier timings. Why the tie rule: on an H200 (2026-11-30, docs/benchmarks.md "twenty-fourth
+session") a D64 causal fwd+bwd class on bshd tensors kept FlashAttention-3 after its check and ran 0.945x of SDPA
+in the grid (its timings spread 33 % round to round), under the old rule (revert only where SDPA wins beyond the
+noise).
 
 Why: a measurement taken once (bench, or first use) can mislead in the model: the host's pace at that moment,
 another layout, a kernel whose Python entry costs more than its run (docs/benchmarks.md: FA3's and FA4's entries
@@ -251,8 +256,8 @@ def _timed(fn: Callable[..., Any], q: Any, k: Any, v: Any) -> tuple[float, Any]:
 def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: AttentionCall, route: str,
           fn: Callable[..., Any], sdpa: Callable[..., Any],
           clock: Callable[[], float] | None = None) -> str | None:
-    """Time ``route`` against SDPA on the caller's tensors; when SDPA wins beyond the noise store both timings
-    and return the explain line of the revert, else None (nothing stored).
+    """Time ``route`` against SDPA on the caller's tensors; unless the route wins beyond the noise store both
+    timings and return the explain line of the revert, else None (nothing stored).
 
     Args:
         dispatcher: whose record source and device keys are used.
@@ -277,8 +282,9 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
 
 def verdict(dispatcher: Checked, q: Any, *, call: AttentionCall, route: str, timings: dict[str, Any]) -> str | None:
     """The check's outcome from the timings of ``route`` and SDPA (a :class:`~attnforge.bench.timing.Timing`
-    each): where SDPA is faster beyond the noise, both are stored as records of the class and the explain line of
-    the revert is returned; else None (nothing stored). ``q``: the call's query (its device)."""
+    each): unless the route is faster than SDPA beyond the noise, both are stored as records of the class (on which
+    the policy then keeps SDPA: a candidate must beat it beyond the noise) and the explain line of the revert is
+    returned; else None (nothing stored). ``q``: the call's query (its device)."""
     from attnforge.bench.flops import shape_flops, tflops
     from attnforge.ranking import LIVE_RUN_PREFIX, Measurement, beats
     from attnforge.records import BenchRecord
@@ -291,7 +297,8 @@ def verdict(dispatcher: Checked, q: Any, *, call: AttentionCall, route: str, tim
         return Measurement(backend=name, tflops=tflops(flops, t.median_ms), tflops_lo=tflops(flops, t.hi_ms),
                            tflops_hi=tflops(flops, t.lo_ms), noise=t.mad_ms / t.median_ms if t.median_ms else 0.0)
 
-    if not beats(measurement(FALLBACK), measurement(route)):
+    ours, sdpa = measurement(route), measurement(FALLBACK)
+    if beats(ours, sdpa):
         return None
     device_key = dispatcher._device(q.device).key
     versions = dispatcher.versions()
@@ -303,5 +310,6 @@ def verdict(dispatcher: Checked, q: Any, *, call: AttentionCall, route: str, tim
     if hasattr(store, "add_bench"):
         store.add_bench(records)
     dispatcher.take_records(device_key, records)  # every decision is dropped: the class decides again, on them
-    return (f"reverted from {route} by an in-situ check on live calls ({route} {timings[route].median_ms:.3f} ms, "
-            f"{FALLBACK} {timings[FALLBACK].median_ms:.3f} ms per call, {run_id})")
+    why = "" if beats(sdpa, ours) else f": not faster than {FALLBACK} beyond the noise"
+    return (f"reverted from {route} by an in-situ check on live calls{why} ({route} {timings[route].median_ms:.3f} "
+            f"ms, {FALLBACK} {timings[FALLBACK].median_ms:.3f} ms per call, {run_id})")
