@@ -370,7 +370,17 @@ def _generate_diagnosis(torch: Any, model: Any, batch: int) -> dict[str, Any]:
     return {"decode_calls": _spy_calls(torch, lambda: run(3)), "decode_paths": _paths(lambda: run(9)),
             "decode_syncs": _syncs(torch, lambda: run(3)),
             "decode_kernels": _kernels(torch, lambda: run(9), top=40),
-            "decode_host": _host_profile(torch, lambda: run(9))}
+            "decode_host": _host_profile(torch, lambda: run(9)),
+            "threads": _threads()}
+
+
+def _threads() -> list[str]:
+    """The names of the process's live Python threads (sorted): a busy background thread (a first-use measurement,
+    a compile) takes the GIL from a host-paced decode loop, which would slow every op of it alike; Gemma's decode on
+    the 2026-11-30 H200 host read every op's own time 1.3-1.6x longer under attention() than under eager."""
+    import threading
+
+    return sorted(t.name for t in threading.enumerate())
 
 
 def _host_profile(torch: Any, fn: Any, top: int = 30) -> dict[str, list[dict[str, Any]]]:
