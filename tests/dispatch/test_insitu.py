@@ -309,6 +309,22 @@ def test_a_long_call_faster_than_sdpa_keeps_its_route(tmp_path: Path) -> None:
     assert not [r for r in store.bench_records(CPU_KEY) if r.run_id.startswith("insitu-")]
 
 
+def test_a_long_call_that_ties_with_sdpa_reverts_on_its_live_calls(tmp_path: Path) -> None:
+    """The long calls' check under the tie rule: a route 1 % faster than SDPA over its three live slices each (under
+    the 2 % margin) reverts; every call was the caller's and right."""
+    store, fa, sdpa, gpu = _long_setup(tmp_path, fa_kernel_ms=11.9)
+    q, k, v = _qkv()
+    want = reference_attention(q, k, v).to(q.dtype)
+    calls = insitu.SAMPLE_AFTER + 2 * insitu.SLICES - 1
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for _ in range(calls):
+            torch.testing.assert_close(attnforge.attention(q, k, v), want)
+    assert (fa.calls, sdpa.calls) == (calls - insitu.SLICES, insitu.SLICES)  # each call served once, no extra one
+    explained = attnforge.explain(q, k, v)
+    assert explained.chosen == "sdpa" and "not faster than sdpa beyond the noise" in explained.basis[0]
+    assert {r.backend for r in store.bench_records(CPU_KEY) if r.run_id.startswith("insitu-")} == {"fa", "sdpa"}
+
+
 def test_a_long_calls_check_waits_out_a_capture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under CUDA graph capture a sliced call is served by the route, untimed; the check goes on after it."""
     _store, _fa, sdpa, gpu = _long_setup(tmp_path, fa_kernel_ms=17.0)
