@@ -163,5 +163,4 @@ def test_host_marks_time_calls_that_run_synchronously() -> None:
     assert t.median_ms == pytest.approx(4.0)
     import torch
 
-    assert isinstance(marks_for(torch.device("cpu"), kernel.clock), HostMarks)
-    assert marks_for(torch.device("cuda", 1)).device == torch.device("cuda", 1)  # type: ignore[attr-defined]
+    assert isinstance(marks_for(torch.device("cpu"), kernel.clock), HostMarks)  # cuda marks: test_autotune's
