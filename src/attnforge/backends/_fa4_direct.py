@@ -204,7 +204,7 @@ class Replayer:
             except Exception:  # a replay that raises is not used; _flash_attn_fwd serves
                 same = False
             self.replay = replay if same else None
-        return (out, lse) if self.lse else out
+        return self._served(result)
 
 
 def _run(replay: Replay, q: Any, k: Any, v: Any, per_call: dict[str, Any] | None = None) -> Any:
