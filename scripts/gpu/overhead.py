@@ -5,6 +5,8 @@
 Variants (each skipped, with the reason, where this machine lacks it):
 
 - ``sdpa``: ``F.scaled_dot_product_attention`` on [B, H, S, D];
+- ``sdpa_choice``: SDPA's kernel selector alone (``torch._fused_sdp_choice``); ``sdpa_op``: the kernel op it chose
+  (``torch._scaled_dot_product_{flash,efficient,cudnn}_attention``) called without the selector;
 - ``fa2_public`` / ``fa3_public`` / ``fa4_public``: ``flash_attn.flash_attn_func`` /
   ``flash_attn_interface.flash_attn_func`` / ``flash_attn.cute.flash_attn_func`` on [B, S, H, D];
 - ``fa2_direct`` / ``fa3_direct`` / ``fa4_direct``: the adapter's bound call (``attnforge.backends.bound.bound_call``:
@@ -76,6 +78,22 @@ def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool, devi
     skipped: dict[str, str] = {}
     notes: dict[str, Any] = {}
     fns["sdpa"] = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    # SDPA's selector alone, and the kernel op it picks called through torch's own binding without the selector
+    # (what a route that chose once per shape class would call): how much of SDPA's host cost is the choice
+    fns["sdpa_choice"] = lambda: torch._fused_sdp_choice(q, k, v, is_causal=causal)
+    choice = int(torch._fused_sdp_choice(q, k, v, is_causal=causal))
+    notes["sdpa_choice"] = choice
+    ops: dict[int, Callable[[], Any]] = {
+        1: lambda: torch._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False)[0],
+        2: lambda: torch._scaled_dot_product_efficient_attention(q, k, v, None, grad, 0.0, causal)[0],
+        3: lambda: torch._scaled_dot_product_cudnn_attention(q, k, v, None, grad, 0.0, causal, False)[0],
+    }
+    if choice in ops and device == "cuda":
+        fns["sdpa_op"] = ops[choice]
+        with torch.no_grad():
+            notes["sdpa_op_identical_to_sdpa"] = bool(torch.equal(fns["sdpa"](), fns["sdpa_op"]()))
+    else:
+        skipped["sdpa_op"] = "needs CUDA" if device != "cuda" else f"SDPA chose backend {choice} here"
     adapters = registry.adapters()
 
     def add(name: str, make: Callable[[], Callable[[], Any]]) -> None:
