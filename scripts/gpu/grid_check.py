@@ -288,6 +288,17 @@ def profile_cell(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Call
     if chosen:
         cands[f"attnforge-forced-{chosen}-bshd"] = as_timed(torch, lambda: attnforge.attention(
             qs, ks, vs, causal=cell.causal, layout="bshd", backend=chosen), grad)
+    # each FlashAttention route forced on both layouts, whether chosen or not: on the H200 (2026-11-30, the
+    # twenty-fifth session) the in-situ check timed FA3's route on bhsd fwd+bwd at 1k keys 30-38 % slower than SDPA
+    # (two sessions) while warm-up timed it 8-11 % faster and FA3's public function on the same bhsd views ran 8 %
+    # faster in the grid: these say whether the route or the check's timing is off
+    for name in ("flash-attn-3", "flash-attn-4"):
+        if name not in backends or outside_build(name, cell, mode, dtype):
+            continue
+        cands[f"attnforge-forced-{name}"] = as_timed(torch, lambda name=name: attnforge.attention(
+            qb, kb, vb, causal=cell.causal, backend=name), grad)
+        cands.setdefault(f"attnforge-forced-{name}-bshd", as_timed(torch, lambda name=name: attnforge.attention(
+            qs, ks, vs, causal=cell.causal, layout="bshd", backend=name), grad))
     out: dict[str, Any] = {"cell": cell.name, "mode": mode, "chosen": chosen, "calls": calls, "settle": settle,
                            "candidates": {}}
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
