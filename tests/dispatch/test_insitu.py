@@ -138,6 +138,39 @@ def test_a_route_that_only_ties_with_sdpa_in_the_model_reverts_too(tmp_path: Pat
     assert attnforge.explain(q, k, v).chosen == "sdpa"
 
 
+def test_a_short_calls_check_times_rounds_of_many_calls(tmp_path: Path) -> None:
+    """A 0.5 ms call (an MHA 1k fwd+bwd on an H200) is timed in batches that fill CHECK_BATCH_MS, ~16 calls a
+    round rather than bench's 2 ms batch of 4 (whose rounds spread 5-7 % on the H200 and tied an 8 % faster
+    route)."""
+    gpu = Gpu()
+    fa, sdpa = Kernel("fa", gpu, 0.01, 0.45), Kernel("sdpa", gpu, 0.03, 0.5)
+    _measured(tmp_path, fa, sdpa, sq=16, sk=16, sdpa_ms=0.6)
+    q, k, v = _qkv()
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for _ in range(insitu.SAMPLE_AFTER):
+            attnforge.attention(q, k, v)  # the check runs on the last one
+    assert sdpa.calls >= insitu.PAIRS * 16  # every round a full batch of >= 16 calls (bench's 2 ms batch: 4)
+    assert attnforge.explain(q, k, v).chosen == "fa"  # 10 % faster with quiet rounds: kept
+
+
+@pytest.mark.parametrize("kernel_ms", [0.05, 0.5, 3.9, 6.9, 7.5])
+def test_the_check_never_holds_its_call_100_ms(tmp_path: Path, kernel_ms: float) -> None:
+    """Issue 30: after warm-up no call waits more than 100 ms for measurement. The call that runs the check waits
+    for its extra calls; a call over MAX_CALL_MS (7.5 ms here) makes none (it is checked on its next live calls).
+    At the old limit of 8 ms a 7.5 ms call was checked in batches and waited ~105 ms."""
+    gpu = Gpu()
+    fa, sdpa = Kernel("fa", gpu, 0.01, kernel_ms * 0.9), Kernel("sdpa", gpu, 0.03, kernel_ms)
+    _measured(tmp_path, fa, sdpa, sq=16, sk=16, sdpa_ms=kernel_ms * 1.2)
+    q, k, v = _qkv()
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for _ in range(insitu.SAMPLE_AFTER - 1):
+            attnforge.attention(q, k, v)
+        start = gpu.clock()
+        attnforge.attention(q, k, v)  # the 64th call: the check starts on it
+        waited_ms = (gpu.clock() - start) * 1e3 - kernel_ms * 0.9  # beyond the call's own kernel
+    assert 0 <= waited_ms < 100.0
+
+
 def test_no_check_when_measuring_is_off_or_while_capturing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _store, _fa, sdpa, _gpu = _setup(tmp_path, host_ms=0.2)
     q, k, v = _qkv()

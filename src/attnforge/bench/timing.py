@@ -296,14 +296,14 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
 
 def paired(steps: dict[str, Step], *, pairs: int, sync: Callable[[], None] = lambda: None,
            clock: Callable[[], float] = time.perf_counter, max_call_ms: float = 8.0,
-           marks: Marks | None = None) -> dict[str, Timing] | None:
+           marks: Marks | None = None, batch_ms: float = BATCH_MS) -> dict[str, Timing] | None:
     """Time two or more routes against each other on live calls, as the model issues them, at a bounded cost:
-    ``pairs`` interleaved rounds, each one back-to-back batch (:func:`batch_size`) of every step in turn; each
-    round's per-call time is one entry of the result's ``rounds_ms`` (the noise :func:`attnforge.ranking.beats`
-    weighs). One untimed call of each step first estimates the batch. The in-situ check of the dispatcher
-    (:mod:`attnforge.dispatch.insitu`) runs this on the calling thread, so its cost is about
-    ``2 * pairs * len(steps) * BATCH_MS`` plus one call of each. ``marks`` time the batches (:func:`marks_for`;
-    the host clock ``clock`` when None).
+    ``pairs`` interleaved rounds, each one back-to-back batch (:func:`batch_size` for ``batch_ms``) of every step in
+    turn; each round's per-call time is one entry of the result's ``rounds_ms`` (the noise
+    :func:`attnforge.ranking.beats` weighs). One untimed call of each step first estimates the batch. The in-situ
+    check of the dispatcher (:mod:`attnforge.dispatch.insitu`) runs this on the calling thread, so its cost is about
+    ``pairs * len(steps) * (batch_ms + one call)`` plus one call of each. ``marks`` time the batches
+    (:func:`marks_for`; the host clock ``clock`` when None).
 
     Returns:
         A :class:`Timing` per step, or None when one call takes longer than ``max_call_ms`` (the check would cost
@@ -316,7 +316,7 @@ def paired(steps: dict[str, Step], *, pairs: int, sync: Callable[[], None] = lam
                  for name, step in steps.items()}
     if max(estimates.values()) > max_call_ms:
         return None
-    batch = batch_size(min(estimates.values()))
+    batch = batch_size(min(estimates.values()), target_ms=batch_ms)
     per: dict[str, list[float]] = {name: [] for name in steps}
     counter = _Rotation(1)
     names = list(steps)
@@ -346,10 +346,11 @@ def per_call_rounds(times_ms: list[float], *, first_call_s: float) -> Timing:
                                      method=TimerMethod.BACK_TO_BACK) for x in times_ms])
 
 
-def batch_size(estimate_ms: float) -> int:
+def batch_size(estimate_ms: float, *, target_ms: float = BATCH_MS) -> int:
     """Calls per back-to-back batch for a call estimated at ``estimate_ms`` (wall time, host cost included):
-    enough to fill :data:`BATCH_MS`, at least :data:`MIN_BATCH`, at most :data:`MAX_BATCH`."""
-    return max(MIN_BATCH, min(MAX_BATCH, math.ceil(BATCH_MS / max(estimate_ms, 1e-6))))
+    enough to fill ``target_ms`` (:data:`BATCH_MS` by default), at least :data:`MIN_BATCH`, at most
+    :data:`MAX_BATCH`."""
+    return max(MIN_BATCH, min(MAX_BATCH, math.ceil(target_ms / max(estimate_ms, 1e-6))))
 
 
 def summarize(times_ms: list[float], *, warmup_calls: int, first_call_s: float, input_sets: int,

@@ -12,7 +12,8 @@ another layout, a kernel whose Python entry costs more than its run (docs/benchm
 90-300 us of host time per call, SDPA's 24-79 us; issue 30's D256 forward, 0.68x of SDPA through
 ``attention()``). The check times the two routes as the model issues them: :func:`attnforge.bench.timing.paired`,
 a few interleaved back-to-back batches on the caller's own tensors (forward + backward on detached copies for a
-call that needs grad), on the calling thread, bounded (about ``2 * PAIRS * 2 * BATCH_MS`` ms). A call that takes
+call that needs grad), on the calling thread, bounded (about ``2 * PAIRS`` batches of :data:`CHECK_BATCH_MS` ms
+each, or of two calls where a call is longer than half that; under 100 ms). A call that takes
 more than :data:`MAX_CALL_MS` and needs no gradient (a diffusion model's) is checked on its class's next live calls
 instead, :data:`SLICES` served by SDPA and as many by the route, each timed between two syncs: no extra call at all
 (:class:`_Sampler`); such a call that needs a gradient is not checked. It never runs while ``torch.compile``
@@ -52,10 +53,19 @@ SAMPLE_AFTER = 64
 #: interleaved rounds of the check (each: one back-to-back batch of the route, one of SDPA)
 PAIRS = 3
 #: a call longer than this (ms) is checked in slices (:data:`SLICES`) instead of back-to-back batches, whose extra
-#: calls would be a stall
-MAX_CALL_MS = 8.0
+#: calls would be a stall: a call this long makes 14 extra calls (one estimate a side, then ``2 * PAIRS`` batches of
+#: two), 98 ms, under issue 30's 100 ms for any call after warm-up (at 8 ms, the limit until 2026-11-30: 112 ms)
+MAX_CALL_MS = 7.0
 #: live calls of the route and of SDPA each that a long call's check times: the check makes no call of its own
 SLICES = 3
+#: the wall time (ms) each of the check's back-to-back batches aims at: four times bench's
+#: (:data:`attnforge.bench.timing.BATCH_MS`), so a round of a 0.5 ms call averages ~16 calls, not 3. With 2 ms
+#: batches the check on an H200 (2026-11-30, docs/benchmarks.md "twenty-fifth session") timed an MHA 1k fwd+bwd
+#: class's FlashAttention-4 route 0.5425 against SDPA 0.5472 ms with its rounds 5-7 % apart, a tie, and reverted
+#: it, while the grid's longer rounds timed the same route 8 % faster. The check's cost stays under a long call's:
+#: ``2 * PAIRS`` batches of at most this plus one call (~50-80 ms for a 1-4 ms call), against 98 ms for a
+#: :data:`MAX_CALL_MS` call (two calls a batch, :data:`attnforge.bench.timing.MIN_BATCH`)
+CHECK_BATCH_MS = 8.0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -274,7 +284,7 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
              FALLBACK: autotune.step_of(sdpa, tensors, grad=call.needs_grad)}
     sync = autotune.device_sync(q.device)
     timings = paired(steps, pairs=PAIRS, sync=sync, clock=clock, max_call_ms=MAX_CALL_MS,
-                     marks=marks_for(q.device, clock))
+                     marks=marks_for(q.device, clock), batch_ms=CHECK_BATCH_MS)
     if timings is None:
         return None
     return verdict(dispatcher, q, call=call, route=route, timings=timings)
