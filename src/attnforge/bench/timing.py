@@ -58,7 +58,7 @@ class TimerMethod(StrEnum):
 BATCH_MS = 2.0
 #: calls per back-to-back batch at least: the first, untimed, and one timed call issued while the first runs (so
 #: the host's pace between two calls is in the figure). Not more: the in-situ check times three such batches of
-#: each of two routes on the calling thread for calls up to 8 ms (:mod:`attnforge.dispatch.insitu`), ~100 ms at two
+#: each of two routes on the calling thread for calls up to 7 ms (:mod:`attnforge.dispatch.insitu`), 98 ms at two
 MIN_BATCH = 2
 #: calls per back-to-back batch at most (a call the clock barely sees must not turn into thousands)
 MAX_BATCH = 64
