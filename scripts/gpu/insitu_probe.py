@@ -63,7 +63,7 @@ def _host_only_us(torch: Any, step: Callable[[int], object], calls: int, dev: st
 
 
 def probe_cell(torch: Any, cell: Any, *, dev: str, dtype: Any) -> dict[str, Any]:
-    from attnforge.bench.timing import BATCH_MS, TimerMethod, TimingConfig, batch_size, marks_for, measure, paired
+    from attnforge.bench.timing import BATCH_MS, batch_size, marks_for, measure, paired
     from attnforge.dispatch import autotune, insitu
 
     qb, kb, vb, qs, ks, vs = grid.inputs(torch, cell, grad=True, dtype=dtype, dev=dev)
@@ -92,9 +92,7 @@ def probe_cell(torch: Any, cell: Any, *, dev: str, dtype: Any) -> dict[str, Any]
                                  batch_ms=batch_ms)
                 res["routes"].setdefault(name, {})[label] = None if timings is None else {
                     n: {"median_ms": t.median_ms, "rounds_ms": list(t.rounds_ms)} for n, t in timings.items()}
-        share_ms = autotune.DEFAULT.budget_s * 1e3 / max(1, len(routes) * autotune.DEFAULT.rounds)
-        config = TimingConfig(warmup_ms=share_ms / 4, rep_ms=share_ms, min_reps=3, max_reps=autotune.MAX_REPS,
-                              method=TimerMethod.BACK_TO_BACK, rounds=autotune.DEFAULT.rounds)
+        config = autotune.round_timing(autotune.DEFAULT, len(routes))  # the warm-up's own rounds
         rounds: dict[str, list[float]] = {n: [] for n in routes}
         names = list(routes)
         for r in range(autotune.DEFAULT.rounds):
@@ -104,12 +102,7 @@ def probe_cell(torch: Any, cell: Any, *, dev: str, dtype: Any) -> dict[str, Any]
         for name, fn in routes.items():
             row = res["routes"].setdefault(name, {})
             row["warmup_harness_rounds_ms"] = rounds[name]
-            a = tensors
-
-            def grid_step(fn: Callable[..., Any] = fn, a: tuple[Any, Any, Any] = a) -> None:
-                o = fn(*a)
-                o.backward(torch.ones_like(o))
-
+            grid_step = grid.as_timed(torch, lambda fn=fn, a=tensors: fn(*a), True)  # the grid's own fwd+bwd call
             for _ in range(3):
                 grid_step()
             sync()

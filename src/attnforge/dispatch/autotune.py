@@ -58,7 +58,7 @@ import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from attnforge.backends._base import graph_capturing
 from attnforge.backends.adapter import AttentionCall, BackendAdapter
@@ -73,6 +73,10 @@ from attnforge.dispatch.policy import (
     shape_of_call,
 )
 from attnforge.records import BenchRecord
+
+if TYPE_CHECKING:
+    from attnforge.bench.timing import TimingConfig
+
 
 ENV = "ATTNFORGE_AUTOTUNE"
 _OFF = {"0", "false", "no", "off"}
@@ -304,6 +308,16 @@ def _mark_tuned(dispatcher: Tunable, call: AttentionCall, device_key: str,
     return key
 
 
+def round_timing(config: AutotuneConfig, candidates: int) -> TimingConfig:
+    """How :func:`tune` times one candidate in one round: back to back, host cost included, ``config.budget_s``
+    shared out over ``candidates`` x ``config.rounds`` rounds, a quarter of each share as warm-up."""
+    from attnforge.bench.timing import TimerMethod, TimingConfig
+
+    share_ms = config.budget_s * 1e3 / max(1, candidates * config.rounds)
+    return TimingConfig(warmup_ms=share_ms / 4, rep_ms=share_ms, min_reps=3, max_reps=MAX_REPS,
+                        method=TimerMethod.BACK_TO_BACK, rounds=config.rounds)
+
+
 def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionCall, decision: Decision,
          device_key: str, bind: Callable[[BackendAdapter], Callable[..., Any]], bhsd: tuple[Any, Any, Any],
          store: Any, config: AutotuneConfig = DEFAULT, versions: Mapping[str, str | None] | None = None,
@@ -328,16 +342,14 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     Returns:
         The new records (a candidate that raises while timed gets none; the policy treats it as before).
     """
-    from attnforge.bench.timing import TimerMethod, TimingConfig, combine_rounds, marks_for, measure
+    from attnforge.bench.timing import combine_rounds, marks_for, measure
 
     names = candidates(decision, skip)
     # partial only where a candidate of this decision was left out (a CUDA-only backend is none on a CPU call)
     _mark_tuned(dispatcher, call, device_key, partial=len(names) < len(candidates(decision)))
     special = {FALLBACK: dispatcher.fallback, EXACT: dispatcher.exact}
     adapters = {n: special[n] if n in special else dispatcher.adapters[n] for n in names}
-    share_ms = config.budget_s * 1e3 / max(1, len(adapters) * config.rounds)
-    timing = TimingConfig(warmup_ms=share_ms / 4, rep_ms=share_ms, min_reps=3, max_reps=MAX_REPS,
-                          method=TimerMethod.BACK_TO_BACK, rounds=config.rounds)
+    timing = round_timing(config, len(adapters))
     sync = sync if sync is not None else device_sync(tensors[0].device)
     marks = marks_for(tensors[0].device, config.clock)  # CUDA events on that device's current (the worker's) stream
     steps = {n: step_of(bind(a), tensors, grad=call.needs_grad) for n, a in adapters.items()}
