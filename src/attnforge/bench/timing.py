@@ -294,9 +294,9 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
                      method=config.method)
 
 
-def paired(steps: dict[str, Step], *, pairs: int, sync: Callable[[], None] = lambda: None,
-           clock: Callable[[], float] = time.perf_counter, max_call_ms: float = 8.0,
-           marks: Marks | None = None, batch_ms: float = BATCH_MS) -> dict[str, Timing] | None:
+def paired(steps: dict[str, Step], *, pairs: int, max_call_ms: float, sync: Callable[[], None] = lambda: None,
+           clock: Callable[[], float] = time.perf_counter, marks: Marks | None = None,
+           batch_ms: float = BATCH_MS) -> dict[str, Timing] | None:
     """Time two or more routes against each other on live calls, as the model issues them, at a bounded cost:
     ``pairs`` interleaved rounds, each one back-to-back batch (:func:`batch_size` for ``batch_ms``) of every step in
     turn; each round's per-call time is one entry of the result's ``rounds_ms`` (the noise
