@@ -123,12 +123,79 @@ def probe_cell(torch: Any, cell: Any, *, dev: str, dtype: Any) -> dict[str, Any]
     return out
 
 
+def live_cell(torch: Any, cell: Any, *, dev: str, dtype: Any) -> dict[str, Any]:
+    """The in-situ check as the grid meets it: ``attention()`` on the grid's leaves, forward +
+    ``backward(ones_like(out))``, 100 calls of a class (the check runs at its 64th), in this process's dispatcher.
+    The tie margin is set to 0 for this part alone (``ranking.K``, ``ranking.MIN_MARGIN``), so first use picks the
+    fastest candidate even by a hair and the check runs on it: what is measured is how the check times the route
+    inside a live call, not which route wins. ``bench.timing.paired`` is wrapped to keep, for each check, every
+    step's host µs per call (the Python wall time of issuing it), the rounds it timed and the grad mode it ran in."""
+    import attnforge
+    from attnforge import ranking
+    from attnforge.bench import timing
+
+    qb, kb, vb, qs, ks, vs = grid.inputs(torch, cell, grad=True, dtype=dtype, dev=dev)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    seen: list[dict[str, Any]] = []
+    real_paired = timing.paired
+
+    def spy(steps: dict[str, Any], **kw: Any) -> Any:
+        host: dict[str, list[float]] = {n: [] for n in steps}
+
+        def timed_host(name: str, step: Any) -> Any:
+            def run(i: int) -> object:
+                t0 = time.perf_counter()
+                out = step(i)
+                host[name].append((time.perf_counter() - t0) * 1e6)
+                return out
+            return run
+        res = real_paired({n: timed_host(n, s) for n, s in steps.items()}, **kw)
+        seen.append({"grad_enabled": torch.is_grad_enabled(), "batch_ms": kw.get("batch_ms"),
+                     "calls": {n: len(h) for n, h in host.items()},
+                     "host_us_median": {n: sorted(h)[len(h) // 2] if h else None for n, h in host.items()},
+                     "timings": None if res is None else {n: {"median_ms": t.median_ms, "rounds_ms": list(t.rounds_ms)}
+                                                          for n, t in res.items()}})
+        return res
+
+    saved = (ranking.K, ranking.MIN_MARGIN)
+    ranking.K, ranking.MIN_MARGIN = 0.0, 0.0
+    timing.paired = spy
+    out: dict[str, Any] = {"cell": cell.name, "layouts": {}}
+    try:
+        for layout, (q, k, v) in (("bhsd", (qb, kb, vb)), ("bshd", (qs, ks, vs))):
+            seen.clear()
+            step = grid.as_timed(torch, lambda q=q, k=k, v=v, lay=layout: attnforge.attention(
+                q, k, v, causal=cell.causal, layout=lay), True)
+            step()  # first use: measures the class (in-call), then serves
+            sync()
+            blocks = []
+            for n in (60, 10, 30):  # calls 2-61 (before the check), 62-71 (the check), 72-101 (after)
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    step()
+                sync()
+                blocks.append((time.perf_counter() - t0) / n * 1e3)
+            for t in (q, k, v):
+                t.grad = None
+            ex = attnforge.explain(q, k, v, causal=cell.causal, layout=layout)
+            out["layouts"][layout] = {"ms_per_call_before_check_during_after": blocks, "checks": list(seen),
+                                      "explain": str(ex)[:1500] if ex is not None else None}
+            print(f"{cell.name} {layout} live: " + json.dumps({"blocks": [round(b, 4) for b in blocks],
+                  "checks": [{"host": c["host_us_median"], "med": {n: round(t["median_ms"], 4) for n, t in
+                              (c["timings"] or {}).items()}} for c in seen]}), flush=True)
+    finally:
+        ranking.K, ranking.MIN_MARGIN = saved
+        timing.paired = real_paired
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--cells", default="mha-1k,mha-1k-causal,d64-2k-causal")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the flow at tiny sizes")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--live", action="store_true", help="also the check inside attention()'s live calls (live_cell)")
     args = ap.parse_args()
 
     import torch
@@ -137,11 +204,14 @@ def main() -> int:
     by_name = {c.name: c for c in grid.grid()}
     cells = [by_name[n] if args.device == "cuda" else grid.shrink(by_name[n]) for n in args.cells.split(",") if n]
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    rows = []
-    for cell in cells:
+    rows: list[dict[str, Any]] = []
+    live: list[dict[str, Any]] = []
+    for cell in cells:  # the live part first: the dispatcher's first use meets each class fresh
+        if args.live:
+            live.append(live_cell(torch, cell, dev=args.device, dtype=dtype))
         rows.append(probe_cell(torch, cell, dev=args.device, dtype=dtype))
         with open(args.out, "w") as fh:
-            json.dump({"device": device, "torch": torch.__version__, "rows": rows}, fh, indent=1)
+            json.dump({"device": device, "torch": torch.__version__, "rows": rows, "live": live}, fh, indent=1)
     return 0
 
 
