@@ -13,7 +13,8 @@ tensors, back to back in one process:
 - ``warmup_harness``: :func:`attnforge.bench.timing.measure` with the warm-up's configuration (1 s a class over the
   candidates, 5 interleaved rounds), every round's median;
 - ``grid_loop``: the grid's timing (``out.backward(ones_like(out))`` on leaves, 20 calls between two syncs);
-- ``host_only_us``: 20 fwd+bwd calls issued with the device kept busy by a long sleep kernel first, so the wall
+- ``host_only_us`` / ``device_only_ms``: 20 fwd+bwd calls issued with the device kept busy by a long sleep kernel
+  first (CUDA events around them give the device's own time a call, the host never behind it), so the wall
   time is the host's alone: a route whose host time per call exceeds its device time is host-bound, and a check of
   two or three calls per batch times its host.
 
@@ -48,18 +49,23 @@ def _bound(torch: Any, name: str, tensors: tuple[Any, Any, Any], *, causal: bool
     return bound_call(adapter, call, causal=causal, scale=None, bshd=bshd)
 
 
-def _host_only_us(torch: Any, step: Callable[[int], object], calls: int, dev: str) -> float | None:
-    """Wall µs per call of ``calls`` steps issued while the device runs a long sleep kernel queued before them."""
+def _host_only_us(torch: Any, step: Callable[[int], object], calls: int, dev: str) -> tuple[float | None, float | None]:
+    """Wall µs per call of ``calls`` steps issued while the device runs a long sleep kernel queued before them, and
+    the device's own ms per call for them (CUDA events around the queued steps: the device never waits for the
+    host inside them)."""
     if dev != "cuda":
-        return None
+        return None, None
     torch.cuda.synchronize()
     torch.cuda._sleep(int(2e9))  # ~1 s of device time at ~2 GHz: the steps queue behind it
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     t0 = time.perf_counter()
     for i in range(calls):
         step(i)
     host = (time.perf_counter() - t0) / calls * 1e6
+    end.record()
     torch.cuda.synchronize()
-    return round(host, 1)
+    return round(host, 1), start.elapsed_time(end) / calls
 
 
 def probe_cell(torch: Any, cell: Any, *, dev: str, dtype: Any) -> dict[str, Any]:
@@ -113,7 +119,7 @@ def probe_cell(torch: Any, cell: Any, *, dev: str, dtype: Any) -> dict[str, Any]
             row["grid_loop_ms"] = (time.perf_counter() - t0) / 20 * 1e3
             for t in tensors:
                 t.grad = None
-            row["host_only_us"] = _host_only_us(torch, steps[name], 20, dev)
+            row["host_only_us"], row["device_only_ms"] = _host_only_us(torch, steps[name], 20, dev)
             est = min(row.get("warmup_harness_rounds_ms") or [1.0])
             row["batch_2ms"], row["batch_8ms"] = batch_size(est), batch_size(est, target_ms=insitu.CHECK_BATCH_MS)
         out["layouts"][layout] = res
@@ -178,9 +184,14 @@ def live_cell(torch: Any, cell: Any, *, dev: str, dtype: Any) -> dict[str, Any]:
             for t in (q, k, v):
                 t.grad = None
             ex = attnforge.explain(q, k, v, causal=cell.causal, layout=layout)
+            from attnforge.dispatch import insitu
+            from attnforge.dispatch.runtime import get_dispatcher
+
+            lag = {k: [x.lagged, x.seen] for k, x in insitu.caller_lag(get_dispatcher()).items()}
             out["layouts"][layout] = {"ms_per_call_before_check_during_after": blocks, "checks": list(seen),
+                                      "caller_lag": lag,
                                       "explain": str(ex)[:1500] if ex is not None else None}
-            print(f"{cell.name} {layout} live: " + json.dumps({"blocks": [round(b, 4) for b in blocks],
+            print(f"{cell.name} {layout} live: " + json.dumps({"blocks": [round(b, 4) for b in blocks], "lag": lag,
                   "checks": [{"host": c["host_us_median"], "med": {n: round(t["median_ms"], 4) for n, t in
                               (c["timings"] or {}).items()}} for c in seen]}), flush=True)
     finally:

@@ -162,6 +162,8 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
             res[f"{impl}_generate"].update(_generate_diagnosis(torch, model, batch))
         if name == "llama3-8b" and not DECODE_ONLY:  # where a padded forward's time goes (issue 30 item 4)
             res[f"{impl}_fwd_kernels"] = _kernels(torch, lambda: model(input_ids=ids, attention_mask=mask))
+    if DIAGNOSE:
+        res["caller_lag"] = _caller_lag()
     valid = mask.bool()
     res["logits"] = _compare(logits["attnforge"][valid], logits[default][valid])
     res["attnforge_explain_padded"] = _explain_padded(torch, model, ids, mask)
@@ -178,6 +180,16 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
             res["attnforge-read-every-mask_generate"].update(_generate_diagnosis(torch, model, batch))
         _use(model, "attnforge")
     return res
+
+
+def _caller_lag() -> dict[str, list[int]]:
+    """Per class a non-SDPA route served so far in this process: at how many of its counted calls the device was
+    still busy with earlier work, of how many (:class:`attnforge.dispatch.insitu.CallerLag`): whether the model
+    calls attention() device-bound (a route's host cost hidden) or host-bound."""
+    from attnforge.dispatch import insitu
+    from attnforge.dispatch.runtime import get_dispatcher
+
+    return {k: [x.lagged, x.seen] for k, x in insitu.caller_lag(get_dispatcher()).items()}
 
 
 def _use(model: Any, impl: str, *, shared: int = 2) -> None:
@@ -596,6 +608,8 @@ def _diffusion(torch: Any, model: Any, inputs: dict[str, Any], label: str, *, he
                 switch()
                 res[f"{impl}_step_kernels"] = _kernels(torch, lambda: model(**inputs))
         use["default"]()
+    if DIAGNOSE:
+        res["caller_lag"] = _caller_lag()
     res.update(_compare(got, ref))
     res["speedup_step_ms"] = res["default_step_ms"] / res["attnforge_step_ms"]
     return res

@@ -419,3 +419,50 @@ def test_forget_feature_plans_drops_only_the_plans_it_picks() -> None:
     d.routes["r"] = "route"  # type: ignore[assignment]
     d.forget_feature_plans(lambda call: call == "a")
     assert list(d.feature_plans) == ["b"] and d.routes == {"r": "route"}
+
+
+class _QueueEvent:
+    """A CUDA event at the seam: ``record`` marks where the caller stands, ``query`` says whether the device got
+    there, from a script of the device's pace (True: caught up)."""
+
+    def __init__(self, pace: Iterator[bool]) -> None:
+        self.pace = pace
+        self.recorded = 0
+
+    def record(self, _stream: object = None) -> None:
+        self.recorded += 1
+
+    def query(self) -> bool:
+        return next(self.pace)
+
+
+@pytest.mark.parametrize(("pace", "lagged", "kind"), [
+    ([False] * 7, 7, "device-bound"), ([True] * 7, 0, "host-bound"), ([False, True] * 3 + [False], 4, "mixed")])
+def test_caller_lag_counts_the_calls_whose_device_was_still_busy(monkeypatch: pytest.MonkeyPatch,
+                                                                  pace: list[bool], lagged: int, kind: str) -> None:
+    script = iter(pace)
+    events: list[_QueueEvent] = []
+
+    def event() -> _QueueEvent:
+        events.append(_QueueEvent(script))
+        return events[-1]
+
+    monkeypatch.setattr(torch.cuda, "Event", event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    lag = insitu.CallerLag()
+    for _ in range(8):  # the first call only marks; each later one asks about its predecessor's mark
+        lag.note(torch.device("cuda", 0))
+    assert (lag.seen, lag.lagged) == (7, lagged)
+    assert len(events) == 2 and sum(e.recorded for e in events) == 8  # two events in turn, none made per call
+    assert f"{lagged} of 7 calls ({kind} caller)" in lag.describe()
+    assert insitu.CallerLag().describe() == "caller's pace not observed"
+
+
+def test_a_cpu_call_leaves_the_callers_pace_unobserved(tmp_path: Path) -> None:
+    _, fa, _, _ = _setup(tmp_path, host_ms=0.01)
+    q, k, v = _qkv()
+    with attnforge.autotune(budget_s=0.05, clock=Gpu().clock):
+        for _ in range(insitu.SAMPLE_AFTER // 2):  # counted calls of the fa route, before its check
+            attnforge.attention(q, k, v)
+    assert fa.calls >= insitu.SAMPLE_AFTER // 2
+    assert insitu.caller_lag(runtime.get_dispatcher()) == {}

@@ -77,6 +77,51 @@ class _State:
     mixed: set[str] = field(default_factory=set)
     #: class -> the explain line of a revert
     reverted: dict[str, str] = field(default_factory=dict)
+    #: class -> its caller's pace over the counted calls (:class:`CallerLag`)
+    lag: dict[str, CallerLag] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class CallerLag:
+    """Whether the device was still busy with earlier work when the caller made each counted call of a class: at
+    every call on a CUDA device an event is recorded on the current stream, and at the next call it is asked
+    whether the device has reached it (``torch.cuda.Event.query``). ``lagged`` of ``seen`` calls found it not
+    reached: the caller issues work faster than the device runs it (device-bound; a route's host cost hides behind
+    the queued work), where a caller whose device has caught up at every call is host-bound (each microsecond of
+    host time a route adds is a microsecond of the caller's step). Observed only, so far: on an H200 (2026-11-30,
+    docs/benchmarks.md "twenty-sixth session") the check's own back-to-back fwd+bwd calls at 1k keys spent 300-440
+    µs of host time a call against ~330 µs of FlashAttention-3's kernels, so it timed the host, not the device."""
+
+    seen: int = 0
+    lagged: int = 0
+    #: two events, recorded in turn (no event is created per call); None until the first CUDA call
+    events: list[Any] | None = None
+    turn: int = 0
+
+    def note(self, device: Any) -> None:
+        """Count this call (a CUDA one, outside a capture) and mark where the caller stands in the device's queue."""
+        import torch
+
+        if self.events is None:
+            self.events = [torch.cuda.Event(), torch.cuda.Event()]  # type: ignore[no-untyped-call]
+        else:
+            self.seen += 1
+            self.lagged += not self.events[self.turn].query()
+            self.turn ^= 1
+        self.events[self.turn].record(torch.cuda.current_stream(device))
+
+    def describe(self) -> str:
+        """For people: ``device busy at 63 of 63 calls (device-bound caller)``."""
+        if not self.seen:
+            return "caller's pace not observed"
+        kind = ("device-bound" if self.lagged == self.seen else "host-bound" if not self.lagged else "mixed")
+        return f"device still busy at {self.lagged} of {self.seen} calls ({kind} caller)"
+
+
+def caller_lag(dispatcher: Any) -> dict[str, CallerLag]:
+    """Per checked or counted class of ``dispatcher``: its caller's pace (:class:`CallerLag`)."""
+    state = _STATE.get(dispatcher)
+    return dict(state.lag) if state is not None else {}
 
 
 _STATE: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
@@ -185,6 +230,8 @@ class _Sampler:
         first = state.first.setdefault(key, self.call)
         if first is not self.call and first != self.call:
             state.mixed.add(key)
+        if q.is_cuda and not autotune.capturing():
+            state.lag.setdefault(key, CallerLag()).note(q.device)
         if n >= SAMPLE_AFTER and key not in state.checked:
             return self._check(q, k, v)
         return self.fn(q, k, v)
@@ -241,7 +288,9 @@ class _Sampler:
 
     def _conclude(self, reverted: str | None) -> None:
         if reverted is not None:
-            self.state.reverted[self.key] = reverted  # verdict() handed its records over: the class decides again
+            lag = self.state.lag.get(self.key)
+            # verdict() handed its records over: the class decides again
+            self.state.reverted[self.key] = f"{reverted}; {lag.describe()}" if lag is not None else reverted
             return
         # kept: this route passes its calls straight on from now (:attr:`done`), and nothing else is rebuilt. When every
         # route and decision was dropped here instead, Wan-2.1's next step on an H200 took 8 ms more (28.0 against
