@@ -187,7 +187,7 @@ def live_cell(torch: Any, cell: Any, *, dev: str, dtype: Any) -> dict[str, Any]:
             from attnforge.dispatch import insitu
             from attnforge.dispatch.runtime import get_dispatcher
 
-            lag = {k: [x.lagged, x.seen] for k, x in insitu.caller_lag(get_dispatcher()).items()}
+            lag = {k: [x.busy, x.seen] for k, x in insitu.caller_lag(get_dispatcher()).items()}
             out["layouts"][layout] = {"ms_per_call_before_check_during_after": blocks, "checks": list(seen),
                                       "caller_lag": lag,
                                       "explain": str(ex)[:1500] if ex is not None else None}

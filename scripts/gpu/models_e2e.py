@@ -183,13 +183,13 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
 
 
 def _caller_lag() -> dict[str, list[int]]:
-    """Per class a non-SDPA route served so far in this process: at how many of its counted calls the device was
-    still busy with earlier work, of how many (:class:`attnforge.dispatch.insitu.CallerLag`): whether the model
-    calls attention() device-bound (a route's host cost hidden) or host-bound."""
+    """Per class a non-SDPA route served so far in this process: of its counted calls, how many issued their
+    kernels while the device was still busy with the model's earlier work (their host time hidden), of how many
+    (:class:`attnforge.dispatch.insitu.CallerLag`)."""
     from attnforge.dispatch import insitu
     from attnforge.dispatch.runtime import get_dispatcher
 
-    return {k: [x.lagged, x.seen] for k, x in insitu.caller_lag(get_dispatcher()).items()}
+    return {k: [x.busy, x.seen] for k, x in insitu.caller_lag(get_dispatcher()).items()}
 
 
 def _use(model: Any, impl: str, *, shared: int = 2) -> None:

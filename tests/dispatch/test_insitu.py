@@ -436,10 +436,10 @@ class _QueueEvent:
         return next(self.pace)
 
 
-@pytest.mark.parametrize(("pace", "lagged", "kind"), [
-    ([False] * 7, 7, "device-bound"), ([True] * 7, 0, "host-bound"), ([False, True] * 3 + [False], 4, "mixed")])
-def test_caller_lag_counts_the_calls_whose_device_was_still_busy(monkeypatch: pytest.MonkeyPatch,
-                                                                  pace: list[bool], lagged: int, kind: str) -> None:
+@pytest.mark.parametrize(("pace", "busy", "kind"), [
+    ([False] * 8, 8, "device-bound"), ([True] * 8, 0, "host-bound"), ([False, True] * 4, 4, "mixed")])
+def test_caller_lag_counts_the_calls_issued_while_the_device_was_busy(monkeypatch: pytest.MonkeyPatch,
+                                                                     pace: list[bool], busy: int, kind: str) -> None:
     script = iter(pace)
     events: list[_QueueEvent] = []
 
@@ -450,11 +450,12 @@ def test_caller_lag_counts_the_calls_whose_device_was_still_busy(monkeypatch: py
     monkeypatch.setattr(torch.cuda, "Event", event)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     lag = insitu.CallerLag()
-    for _ in range(8):  # the first call only marks; each later one asks about its predecessor's mark
-        lag.note(torch.device("cuda", 0))
-    assert (lag.seen, lag.lagged) == (7, lagged)
-    assert len(events) == 2 and sum(e.recorded for e in events) == 8  # two events in turn, none made per call
-    assert f"{lagged} of 7 calls ({kind} caller)" in lag.describe()
+    for _ in range(8):
+        lag.enter(torch.device("cuda", 0))
+        lag.leave()
+    assert (lag.seen, lag.busy) == (8, busy)
+    assert len(events) == 1 and events[0].recorded == 8  # one event, none made per call
+    assert f"{busy} of 8 calls' issue ({kind} caller)" in lag.describe()
     assert insitu.CallerLag().describe() == "caller's pace not observed"
 
 

@@ -83,39 +83,39 @@ class _State:
 
 @dataclass(slots=True)
 class CallerLag:
-    """Whether the device was still busy with earlier work when the caller made each counted call of a class: at
-    every call on a CUDA device an event is recorded on the current stream, and at the next call it is asked
-    whether the device has reached it (``torch.cuda.Event.query``). ``lagged`` of ``seen`` calls found it not
-    reached: the caller issues work faster than the device runs it (device-bound; a route's host cost hides behind
-    the queued work), where a caller whose device has caught up at every call is host-bound (each microsecond of
-    host time a route adds is a microsecond of the caller's step). Observed only, so far: on an H200 (2026-11-30,
-    docs/benchmarks.md "twenty-sixth session") the check's own back-to-back fwd+bwd calls at 1k keys spent 300-440
-    µs of host time a call against ~330 µs of FlashAttention-3's kernels, so it timed the host, not the device."""
+    """Whether a class's counted calls issued their kernels while the device was still busy with the caller's
+    earlier work: at each call on a CUDA device an event is recorded on the current stream before the route runs,
+    and asked (``torch.cuda.Event.query``) once the route has issued its kernels. ``busy`` of ``seen`` calls found
+    it not reached yet: the route's host time overlapped queued device work (hidden, device-bound), where a call
+    that finds the device caught up added its host time to the caller's step (host-bound). Observed only, so far:
+    on an H200 (2026-11-30, docs/benchmarks.md "twenty-sixth session") the check's own back-to-back fwd+bwd calls
+    at 1k keys spent 300-520 µs of host time a call against 300-460 µs of FlashAttention-3's kernels, so it timed
+    the host, where a model's step may hide it."""
 
     seen: int = 0
-    lagged: int = 0
-    #: two events, recorded in turn (no event is created per call); None until the first CUDA call
-    events: list[Any] | None = None
-    turn: int = 0
+    busy: int = 0
+    #: recorded at each call's entry (one event, made at the first CUDA call)
+    event: Any = None
 
-    def note(self, device: Any) -> None:
-        """Count this call (a CUDA one, outside a capture) and mark where the caller stands in the device's queue."""
+    def enter(self, device: Any) -> None:
+        """Mark where the caller stands in ``device``'s queue before the route issues its work."""
         import torch
 
-        if self.events is None:
-            self.events = [torch.cuda.Event(), torch.cuda.Event()]  # type: ignore[no-untyped-call]
-        else:
-            self.seen += 1
-            self.lagged += not self.events[self.turn].query()
-            self.turn ^= 1
-        self.events[self.turn].record(torch.cuda.current_stream(device))
+        if self.event is None:
+            self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self.event.record(torch.cuda.current_stream(device))
+
+    def leave(self) -> None:
+        """The route has issued its work: count whether the device was still before the mark."""
+        self.seen += 1
+        self.busy += not self.event.query()
 
     def describe(self) -> str:
-        """For people: ``device busy at 63 of 63 calls (device-bound caller)``."""
+        """For people: ``device busy through 63 of 63 calls' issue (device-bound caller)``."""
         if not self.seen:
             return "caller's pace not observed"
-        kind = ("device-bound" if self.lagged == self.seen else "host-bound" if not self.lagged else "mixed")
-        return f"device still busy at {self.lagged} of {self.seen} calls ({kind} caller)"
+        kind = "device-bound" if self.busy == self.seen else "host-bound" if not self.busy else "mixed"
+        return f"device busy through {self.busy} of {self.seen} calls' issue ({kind} caller)"
 
 
 def caller_lag(dispatcher: Any) -> dict[str, CallerLag]:
@@ -230,11 +230,15 @@ class _Sampler:
         first = state.first.setdefault(key, self.call)
         if first is not self.call and first != self.call:
             state.mixed.add(key)
-        if q.is_cuda and not autotune.capturing():
-            state.lag.setdefault(key, CallerLag()).note(q.device)
         if n >= SAMPLE_AFTER and key not in state.checked:
             return self._check(q, k, v)
-        return self.fn(q, k, v)
+        if not q.is_cuda or autotune.capturing():
+            return self.fn(q, k, v)
+        lag = state.lag.get(key) or state.lag.setdefault(key, CallerLag())
+        lag.enter(q.device)
+        out = self.fn(q, k, v)
+        lag.leave()
+        return out
 
     def _check(self, q: Any, k: Any, v: Any) -> Any:
         """Serve this call and run the check (or start a long call's, :meth:`_slice`)."""
