@@ -69,7 +69,7 @@ def _host_only_us(torch: Any, step: Callable[[int], object], calls: int, dev: st
 
 
 def probe_cell(torch: Any, cell: Any, *, dev: str, dtype: Any) -> dict[str, Any]:
-    from attnforge.bench.timing import BATCH_MS, batch_size, marks_for, measure, paired
+    from attnforge.bench.timing import BATCH_MS, batch_size, hold_for, marks_for, measure, paired
     from attnforge.dispatch import autotune, insitu
 
     qb, kb, vb, qs, ks, vs = grid.inputs(torch, cell, grad=True, dtype=dtype, dev=dev)
@@ -104,7 +104,7 @@ def probe_cell(torch: Any, cell: Any, *, dev: str, dtype: Any) -> dict[str, Any]
         for r in range(autotune.DEFAULT.rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 rounds[name].append(measure(steps[name], sets=1, config=config, sync=sync, clock=clock,
-                                            marks=marks).median_ms)
+                                            marks=marks, hold=hold_for(tensors[0].device)).median_ms)
         for name, fn in routes.items():
             row = res["routes"].setdefault(name, {})
             row["warmup_harness_rounds_ms"] = rounds[name]

@@ -166,3 +166,80 @@ def test_host_marks_time_calls_that_run_synchronously() -> None:
     import torch
 
     assert isinstance(marks_for(torch.device("cpu"), kernel.clock), HostMarks)  # cuda marks: test_autotune's
+
+
+class HiccupKernel(QueuedKernel):
+    """:class:`QueuedKernel` whose host time per call cycles through ``host_ms`` (a host that stalls now and then),
+    and a :class:`~attnforge.bench.timing.Hold` of its own queue (a sleep kernel: device work, no host time)."""
+
+    def __init__(self, host_ms: list[float], kernel_ms: float) -> None:
+        super().__init__(host_ms[0], kernel_ms)
+        self.hosts = [h / 1e3 for h in host_ms]
+        self.calls = 0
+
+    def step(self, _i: int) -> None:
+        self.host_s = self.hosts[self.calls % len(self.hosts)]
+        self.calls += 1
+        super().step(_i)
+
+    def hold(self, ms: float) -> None:
+        self.device_free = max(self.device_free, self.now) + ms / 1e3
+
+
+#: the H200's FlashAttention-3 fwd+bwd route at 1k keys (docs/benchmarks.md "twenty-sixth session"): 0.466 ms of
+#: device time a call, its host time mostly under that, with a stall now and then
+HICCUPS = [0.25, 0.25, 0.25, 0.25, 1.05]
+
+
+def test_a_held_batch_times_the_device_where_host_stalls_left_a_back_to_back_batch_idle() -> None:
+    held_config = TimingConfig(warmup_ms=1.0, rep_ms=20.0, min_reps=3, max_reps=100, method=TimerMethod.HELD)
+    b2b_config = TimingConfig(warmup_ms=1.0, rep_ms=20.0, min_reps=3, max_reps=100, method=TimerMethod.BACK_TO_BACK)
+    k1, k2 = HiccupKernel(HICCUPS, 0.466), HiccupKernel(HICCUPS, 0.466)
+    held = measure(k1.step, sets=1, config=held_config, sync=k1.sync, clock=k1.clock, marks=k1, hold=k1)
+    b2b = measure(k2.step, sets=1, config=b2b_config, sync=k2.sync, clock=k2.clock, marks=k2)
+    # the host's mean (0.41 ms) stays under the device's: every repetition reads the device's time
+    assert held.median_ms == pytest.approx(0.466, rel=1e-6) and held.p80_ms == pytest.approx(0.466, rel=1e-6)
+    assert held.method is TimerMethod.HELD
+    assert b2b.p80_ms > 1.2 * 0.466  # back to back, a stall left the device idle inside some batches
+
+
+@pytest.mark.parametrize(("host_ms", "kernel_ms"), [(0.3, 1.7), (0.09, 0.05), (0.6, 0.43), (0.02, 0.05)])
+def test_a_held_call_costs_the_longer_of_its_device_and_host_time(host_ms: float, kernel_ms: float) -> None:
+    """As back to back (a kernel shorter than its launch measures its launch), without the interplay."""
+    config = TimingConfig(warmup_ms=1.0, rep_ms=20.0, min_reps=3, max_reps=100, method=TimerMethod.HELD)
+    kernel = HiccupKernel([host_ms], kernel_ms)
+    t = measure(kernel.step, sets=1, config=config, sync=kernel.sync, clock=kernel.clock, marks=kernel, hold=kernel)
+    assert t.median_ms == pytest.approx(max(host_ms, kernel_ms), rel=1e-6)
+
+
+def test_held_without_a_hold_times_back_to_back() -> None:
+    """A CPU has no queue to hold: the held method falls back to back-to-back batches, and says so."""
+    config = TimingConfig(warmup_ms=1.0, rep_ms=20.0, min_reps=3, max_reps=100, method=TimerMethod.HELD)
+    kernel = QueuedKernel(host_ms=0.09, kernel_ms=0.05)
+    t = measure(kernel.step, sets=1, config=config, sync=kernel.sync, clock=kernel.clock, marks=kernel)
+    assert t.median_ms == pytest.approx(0.09, rel=0.05) and t.method is TimerMethod.BACK_TO_BACK
+
+
+def test_paired_held_batches_count_the_device_alone_for_a_caller_that_hides_the_host() -> None:
+    """A route with a costly entry (0.2 ms of host time, a 0.05 ms kernel) against SDPA (0.03 / 0.07): where the
+    caller's host time counts it is slower, where the caller hides it (``host_counts=False``) it is faster."""
+    from attnforge.bench.timing import paired
+
+    gpu = HiccupKernel([0.2], 0.05)
+
+    def route(_i: int) -> None:
+        gpu.hosts, gpu.kernel_s = [0.2e-3], 0.05e-3
+        gpu.step(0)
+
+    def sdpa(_i: int) -> None:
+        gpu.hosts, gpu.kernel_s = [0.03e-3], 0.07e-3
+        gpu.step(0)
+
+    steps = {"fa": route, "sdpa": sdpa}
+    counted = paired(steps, pairs=3, max_call_ms=7.0, sync=gpu.sync, clock=gpu.clock, marks=gpu, hold=gpu)
+    hidden = paired(steps, pairs=3, max_call_ms=7.0, sync=gpu.sync, clock=gpu.clock, marks=gpu, hold=gpu,
+                    host_counts=False)
+    assert counted is not None and hidden is not None
+    assert counted["fa"].median_ms == pytest.approx(0.2) and counted["sdpa"].median_ms == pytest.approx(0.07)
+    assert hidden["fa"].median_ms == pytest.approx(0.05) and hidden["sdpa"].median_ms == pytest.approx(0.07)
+    assert counted["fa"].method is TimerMethod.HELD

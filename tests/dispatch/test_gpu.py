@@ -369,3 +369,36 @@ def test_back_to_back_timing_on_the_device_is_the_longer_of_kernel_and_host_time
     t = measure(step, sets=1, config=config, sync=torch.cuda.synchronize, marks=CudaMarks(torch.device("cuda")))
     want = max(sleep_ms(cycles, n=10), host_ms)
     assert want * 0.9 < t.median_ms < want * 1.25, (t.median_ms, want)
+
+
+def test_a_held_batch_times_sdpas_kernels_as_cuda_events_do() -> None:
+    """:attr:`attnforge.bench.timing.TimerMethod.HELD` on the device: the sleep kernel's calibration holds the queue
+    for about the time asked, and a held SDPA forward reads its CUDA-event kernel time (within 10 %), not less."""
+    from attnforge.bench.timing import (
+        TimerMethod,
+        TimingConfig,
+        hold_for,
+        marks_for,
+        measure,
+    )
+
+    dev = torch.device("cuda")
+    hold = hold_for(dev)
+    assert hold is not None
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    hold.hold(5.0)
+    end.record()
+    end.synchronize()
+    assert 4.0 < begin.elapsed_time(end) < 7.5
+    q = torch.randn(8, 16, 2048, 128, device=dev, dtype=torch.bfloat16)
+
+    def step(_i: int) -> object:
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    config = TimingConfig(warmup_ms=5.0, rep_ms=40.0, min_reps=5, max_reps=200, method=TimerMethod.HELD)
+    held = measure(step, sets=1, config=config, sync=torch.cuda.synchronize, marks=marks_for(dev), hold=hold)
+    events = measure(step, sets=1, config=TimingConfig(warmup_ms=5.0, rep_ms=40.0, min_reps=5, max_reps=200,
+                                                       method=TimerMethod.CUDA_EVENTS), sync=torch.cuda.synchronize)
+    assert held.method is TimerMethod.HELD
+    assert 0.9 * events.median_ms < held.median_ms < 1.1 * events.median_ms

@@ -467,3 +467,95 @@ def test_a_cpu_call_leaves_the_callers_pace_unobserved(tmp_path: Path) -> None:
             attnforge.attention(q, k, v)
     assert fa.calls >= insitu.SAMPLE_AFTER // 2
     assert insitu.caller_lag(runtime.get_dispatcher()) == {}
+
+
+class HeldGpu(Gpu):
+    """:class:`Gpu` seen through a held batch's seams: a clock that does not wait for the queue, a synchronize
+    that does, CUDA-event marks (reached when the work queued before them is done) and a hold (a sleep kernel:
+    device work, no host time)."""
+
+    def clock(self) -> float:
+        return self.now
+
+    def mark(self) -> float:
+        return max(self.now, self.free)
+
+    def ms_between(self, start: float, end: float) -> float:
+        return (end - start) * 1e3
+
+    def hold(self, ms: float) -> None:
+        self.free = max(self.free, self.now) + ms / 1e3
+
+    def sync(self) -> None:
+        self.now = max(self.now, self.free)
+
+
+@pytest.mark.parametrize(("busy", "reverted"), [(63, False), (60, False), (40, True), (5, True), (None, True)])
+def test_the_check_times_a_device_bound_callers_routes_by_device_time(tmp_path: Path, busy: int | None,
+                                                                       reverted: bool) -> None:
+    """FA's entry costs 0.2 ms of host time against its 0.05 ms kernel (SDPA: 0.03 / 0.07). A caller that kept the
+    device busy through >= 90 % of the class's counted calls hides that host time: the check times the kernels and
+    keeps FA. A host-bound caller, a mixed one, or one whose pace was not observed pays it: FA reverts."""
+    from attnforge.backends.bound import bound_call
+
+    _setup(tmp_path, host_ms=0.2)
+    dispatcher = runtime.get_dispatcher()
+    fa, sdpa = dispatcher.adapters["fa"], dispatcher.fallback
+    gpu = HeldGpu()
+    fa.gpu = sdpa.gpu = gpu  # type: ignore[attr-defined]
+    q, k, v = _qkv()
+    call = dispatcher.describe(q, k, causal=False, precision="exact", needs_grad=False)
+    pace = None if busy is None else insitu.CallerLag(seen=63, busy=busy)
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        line = insitu.check(dispatcher, (q, k, v), call=call, route="fa",
+                            fn=bound_call(fa, call, causal=False, scale=None, bshd=False),
+                            sdpa=bound_call(sdpa, call, causal=False, scale=None, bshd=False),
+                            clock=gpu.clock, pace=pace, marks=gpu, hold=gpu)
+    assert (line is not None) is reverted
+    if reverted:
+        assert "device time alone" not in line  # type: ignore[operator]
+
+
+def test_a_device_bound_callers_route_slower_on_the_device_reverts_and_says_how_it_was_timed(tmp_path: Path) -> None:
+    from attnforge.backends.bound import bound_call
+
+    _setup(tmp_path, host_ms=0.01)
+    dispatcher = runtime.get_dispatcher()
+    fa, sdpa = dispatcher.adapters["fa"], dispatcher.fallback
+    gpu = HeldGpu()
+    fa.gpu = sdpa.gpu = gpu  # type: ignore[attr-defined]
+    fa.kernel_ms = 0.09  # type: ignore[attr-defined]  # slower than SDPA's 0.07 on the device
+    q, k, v = _qkv()
+    call = dispatcher.describe(q, k, causal=False, precision="exact", needs_grad=False)
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        line = insitu.check(dispatcher, (q, k, v), call=call, route="fa",
+                            fn=bound_call(fa, call, causal=False, scale=None, bshd=False),
+                            sdpa=bound_call(sdpa, call, causal=False, scale=None, bshd=False),
+                            clock=gpu.clock, pace=insitu.CallerLag(seen=63, busy=63), marks=gpu, hold=gpu)
+    assert line is not None and "fa 0.090 ms, sdpa 0.070 ms per call, device time alone" in line
+
+
+@pytest.mark.parametrize("kernel_ms", [0.05, 0.5, 3.9, 6.9])
+def test_a_held_check_never_holds_its_call_100_ms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  kernel_ms: float) -> None:
+    """The 100 ms bound with held batches (a GPU's): each batch also waits out its hold, so they aim at 2 ms, and
+    a call near MAX_CALL_MS is held alone. Timed to the end of the device's queue."""
+    from attnforge.bench import timing
+
+    gpu = HeldGpu()
+    monkeypatch.setattr(timing, "hold_for", lambda device: gpu)
+    monkeypatch.setattr(timing, "marks_for", lambda device, clock=None: gpu)
+    monkeypatch.setattr(autotune, "device_sync", lambda device: gpu.sync)
+    fa, sdpa = Kernel("fa", gpu, 0.01, kernel_ms * 0.9), Kernel("sdpa", gpu, 0.03, kernel_ms)
+    _measured(tmp_path, fa, sdpa, sq=16, sk=16, sdpa_ms=kernel_ms * 1.2)
+    q, k, v = _qkv()
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for _ in range(insitu.SAMPLE_AFTER - 1):
+            attnforge.attention(q, k, v)
+        start = gpu.mark()
+        calls = sdpa.calls
+        attnforge.attention(q, k, v)  # the 64th call: the check starts on it
+        waited_ms = (gpu.mark() - start) * 1e3 - kernel_ms * 0.9
+    assert sdpa.calls > calls  # the check ran, held
+    assert 0 <= waited_ms < 100.0
+    assert attnforge.explain(q, k, v).chosen == "fa"  # 10 % faster on the device, host time under it: kept

@@ -26,6 +26,17 @@ ms fwd+bwd carried half a call's host time: on an H200 (docs/benchmarks.md "twen
 fwd+bwd) SDPA, FA3 and FA4 read 2.4, 6.4 and 9.3 % over their CUDA-event times, in the order of their host costs,
 and the rounds' noise put a 12 % faster kernel inside the tie margin. No L2 flush: consecutive calls of a layer do
 not start from a cold L2 either.
+
+*Held* (:attr:`TimerMethod.HELD`, measure-on-first-use's and the in-situ check's method on a GPU since 2026-11-30):
+the same batch, issued while a sleep kernel holds the device (:class:`Hold`), so the CUDA events around it time the
+device's own work without a gap, and the host clock times the issue alone. A call costs the longer of the two, the
+pace a caller issuing it back to back gets, without the interplay of the two: where a back-to-back batch's host
+time came near its device time, each host hiccup left the device idle and showed in the round. On an H200
+(docs/benchmarks.md "twenty-sixth session") FlashAttention-3's fwd+bwd route at 1k keys took 0.466 ms of device
+time a call (SDPA 0.509) and 276-445 µs of host time; back to back its rounds read 0.49-0.53 ms (noise 4 %,
+against SDPA's 1 %), so an 8 % faster kernel tied. A caller that keeps the device busy through a call's issue (a
+model's layers: :class:`attnforge.dispatch.insitu.CallerLag`) hides the host time entirely: the in-situ check
+times such a caller's routes by their device time alone (``host_counts=False``).
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ class TimerMethod(StrEnum):
     DO_BENCH = "triton-do_bench"
     PERF_COUNTER = "perf_counter"
     BACK_TO_BACK = "back-to-back"  # a batch of queued calls from the end of its first to the end of its last, per call
+    HELD = "held"  # a batch issued while a sleep kernel holds the device: per call the longer of device and host time
 
 
 #: the wall time one back-to-back batch aims at (ms): long enough that the two synchronizes around it weigh
@@ -115,6 +127,63 @@ def marks_for(device: Any, clock: Callable[[], float] = time.perf_counter) -> Ma
     """:class:`CudaMarks` on ``device`` (a ``torch.device``) when it is a CUDA device, else :class:`HostMarks` of
     ``clock``."""
     return CudaMarks(device) if getattr(device, "type", None) == "cuda" else HostMarks(clock)
+
+
+class Hold(Protocol):
+    """Device work queued ahead of a batch, so the batch is issued while the device is busy (:attr:`TimerMethod.HELD`).
+    ``hold(ms)`` queues about ``ms`` of it and returns at once."""
+
+    def hold(self, ms: float) -> None: ...
+
+
+#: the longest hold (ms): a batch whose issue outlasts it starts while the device waits (its figure then includes
+#: the host's pace, as a back-to-back batch's does)
+MAX_HOLD_MS = 40.0
+_CYCLES_PER_MS: dict[int, float] = {}
+
+
+class CudaSleep:
+    """:class:`Hold` on a CUDA device's current stream: ``torch.cuda._sleep`` (a kernel spinning a number of clock
+    cycles), its cycles per ms measured once per device and process with CUDA events (~1 ms)."""
+
+    __slots__ = ("cycles_per_ms", "device")
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.device = device
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in _CYCLES_PER_MS:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            stream = torch.cuda.current_stream(device)
+            torch.cuda._sleep(1000)  # type: ignore[no-untyped-call]  # the kernel's own first launch, untimed
+            begin.record(stream)
+            torch.cuda._sleep(1_000_000)  # type: ignore[no-untyped-call]
+            end.record(stream)
+            end.synchronize()
+            _CYCLES_PER_MS[index] = 1_000_000 / max(float(begin.elapsed_time(end)), 1e-3)
+        self.cycles_per_ms = _CYCLES_PER_MS[index]
+
+    def hold(self, ms: float) -> None:
+        import torch
+
+        with torch.cuda.device(self.device):
+            torch.cuda._sleep(int(min(ms, MAX_HOLD_MS) * self.cycles_per_ms))  # type: ignore[no-untyped-call]
+
+
+def hold_for(device: Any) -> Hold | None:
+    """:class:`CudaSleep` on ``device`` (a ``torch.device``) when it is a CUDA device and torch has the sleep
+    kernel, else None (a CPU: calls run synchronously, there is no queue to hold)."""
+    if getattr(device, "type", None) != "cuda":
+        return None
+    import torch
+
+    if not hasattr(torch.cuda, "_sleep"):
+        return None
+    try:
+        return CudaSleep(device)
+    except Exception:  # no hold: the batch is timed back to back, as before
+        return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -242,7 +311,7 @@ def flush_bytes(set_bytes: int, l2_bytes: int | None = None) -> int:
 
 def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], None] = lambda: None,
             clock: Callable[[], float] = time.perf_counter, flush_bytes: int = 0,
-            marks: Marks | None = None) -> Timing:
+            marks: Marks | None = None, hold: Hold | None = None) -> Timing:
     """Time ``step`` the same way for every backend.
 
     1. The first call is timed alone (compile, JIT, autotuning, cuDNN plan building) and reported apart.
@@ -258,6 +327,7 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
         flush_bytes: with CUDA events, a buffer of this many bytes is zeroed before each repetition, outside
             the timed interval (an L2 flush, as ``triton.testing.do_bench`` does; :func:`flush_bytes`).
         marks: what times a back-to-back batch (:func:`marks_for`); the host clock ``clock`` when None.
+        hold: for :attr:`TimerMethod.HELD` (:func:`hold_for`); without one a held method times back to back.
 
     Raises:
         Exception: whatever ``step`` raises (out of memory, unsupported input); the caller records it.
@@ -284,26 +354,36 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
         sync()
         if config.method is TimerMethod.CUDA_EVENTS:
             times_ms = _cuda_events(step, counter, reps, flush_bytes)
-        elif config.method is TimerMethod.BACK_TO_BACK:
+        elif config.method is TimerMethod.HELD and hold is not None:
+            batch = batch_size(estimate_ms, least=1)
+            # each repetition costs its hold as well: about twice its calls
+            reps = min(config.max_reps, max(config.min_reps, math.ceil(config.rep_ms / (2 * estimate_ms * batch))))
+            times_ms = held_times(_held(step, counter, reps, batch, hold_ms=next_hold_ms(estimate_ms, batch),
+                                        sync=sync, marks=marks or HostMarks(clock), hold=hold, clock=clock),
+                                  host_counts=True)
+        elif config.method in (TimerMethod.BACK_TO_BACK, TimerMethod.HELD):
             batch = batch_size(estimate_ms)
             reps = min(config.max_reps, max(config.min_reps, math.ceil(config.rep_ms / (estimate_ms * batch))))
             times_ms = _back_to_back(step, counter, reps, batch, sync=sync, marks=marks or HostMarks(clock))
         else:
             times_ms = _wall(step, counter, reps, sync, clock)
-    return summarize(times_ms, warmup_calls=warmup, first_call_s=first_call_s, input_sets=sets,
-                     method=config.method)
+    method = config.method if config.method is not TimerMethod.HELD or hold is not None else TimerMethod.BACK_TO_BACK
+    return summarize(times_ms, warmup_calls=warmup, first_call_s=first_call_s, input_sets=sets, method=method)
 
 
 def paired(steps: dict[str, Step], *, pairs: int, max_call_ms: float, sync: Callable[[], None] = lambda: None,
            clock: Callable[[], float] = time.perf_counter, marks: Marks | None = None,
-           batch_ms: float = BATCH_MS) -> dict[str, Timing] | None:
+           batch_ms: float = BATCH_MS, hold: Hold | None = None, host_counts: bool = True) -> dict[str, Timing] | None:
     """Time two or more routes against each other on live calls, as the model issues them, at a bounded cost:
     ``pairs`` interleaved rounds, each one back-to-back batch (:func:`batch_size` for ``batch_ms``) of every step in
     turn; each round's per-call time is one entry of the result's ``rounds_ms`` (the noise
     :func:`attnforge.ranking.beats` weighs). One untimed call of each step first estimates the batch. The in-situ
     check of the dispatcher (:mod:`attnforge.dispatch.insitu`) runs this on the calling thread, so its cost is about
     ``pairs * len(steps) * (batch_ms + one call)`` plus one call of each. ``marks`` time the batches
-    (:func:`marks_for`; the host clock ``clock`` when None).
+    (:func:`marks_for`; the host clock ``clock`` when None). With ``hold`` (:func:`hold_for`) each batch is held
+    (:attr:`TimerMethod.HELD`, its first call timed too): a call counts the longer of its device and host time, or
+    its device time alone with ``host_counts=False`` (a caller whose device stays busy through its calls' issue
+    hides their host time); each batch then also costs its hold, about its own host time.
 
     Returns:
         A :class:`Timing` per step, or None when one call takes longer than ``max_call_ms`` (the check would cost
@@ -316,15 +396,25 @@ def paired(steps: dict[str, Step], *, pairs: int, max_call_ms: float, sync: Call
                  for name, step in steps.items()}
     if max(estimates.values()) > max_call_ms:
         return None
-    batch = batch_size(min(estimates.values()), target_ms=batch_ms)
+    batch = batch_size(min(estimates.values()), target_ms=batch_ms, least=1 if hold is not None else MIN_BATCH)
     per: dict[str, list[float]] = {name: [] for name in steps}
+    held: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
     counter = _Rotation(1)
     names = list(steps)
     marks = marks or HostMarks(clock)
     for r in range(max(1, pairs)):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            per[name].extend(_back_to_back(steps[name], counter, 1, batch, sync=sync, marks=marks))
-    return {name: per_call_rounds(times, first_call_s=estimates[name] / 1e3) for name, times in per.items()}
+            if hold is not None:  # a route's first batch is held for its estimate, later ones for its last issue
+                last = held[name][-1][1] if held[name] else estimates[name]
+                held[name].extend(_held(steps[name], counter, 1, batch, hold_ms=next_hold_ms(last, batch),
+                                        sync=sync, marks=marks, hold=hold, clock=clock))
+            else:
+                per[name].extend(_back_to_back(steps[name], counter, 1, batch, sync=sync, marks=marks))
+    if hold is not None:
+        per = {name: held_times(timed, host_counts=host_counts) for name, timed in held.items()}
+    return {name: per_call_rounds(times, first_call_s=estimates[name] / 1e3,
+                                  method=TimerMethod.HELD if hold is not None else TimerMethod.BACK_TO_BACK)
+            for name, times in per.items()}
 
 
 def timed_call(fn: Callable[[], Any], *, sync: Callable[[], None] = lambda: None,
@@ -339,18 +429,19 @@ def timed_call(fn: Callable[[], Any], *, sync: Callable[[], None] = lambda: None
     return (clock() - start) * 1e3, out
 
 
-def per_call_rounds(times_ms: list[float], *, first_call_s: float) -> Timing:
-    """One back-to-back :class:`Timing` of per-call times, each time a round of its own (so their spread is the
-    noise :func:`attnforge.ranking.beats` weighs): :func:`paired`'s result, and a long call's in-situ check's."""
+def per_call_rounds(times_ms: list[float], *, first_call_s: float,
+                    method: TimerMethod = TimerMethod.BACK_TO_BACK) -> Timing:
+    """One :class:`Timing` of per-call times, each time a round of its own (so their spread is the noise
+    :func:`attnforge.ranking.beats` weighs): :func:`paired`'s result, and a long call's in-situ check's."""
     return combine_rounds([summarize([x], warmup_calls=0, first_call_s=first_call_s, input_sets=1,
-                                     method=TimerMethod.BACK_TO_BACK) for x in times_ms])
+                                     method=method) for x in times_ms])
 
 
-def batch_size(estimate_ms: float, *, target_ms: float = BATCH_MS) -> int:
+def batch_size(estimate_ms: float, *, target_ms: float = BATCH_MS, least: int = MIN_BATCH) -> int:
     """Calls per back-to-back batch for a call estimated at ``estimate_ms`` (wall time, host cost included):
-    enough to fill ``target_ms`` (:data:`BATCH_MS` by default), at least :data:`MIN_BATCH`, at most
-    :data:`MAX_BATCH`."""
-    return max(MIN_BATCH, min(MAX_BATCH, math.ceil(target_ms / max(estimate_ms, 1e-6))))
+    enough to fill ``target_ms`` (:data:`BATCH_MS` by default), at least ``least`` (:data:`MIN_BATCH`; 1 for a
+    held batch, whose first call is timed too), at most :data:`MAX_BATCH`."""
+    return max(least, min(MAX_BATCH, math.ceil(target_ms / max(estimate_ms, 1e-6))))
 
 
 def summarize(times_ms: list[float], *, warmup_calls: int, first_call_s: float, input_sets: int,
@@ -405,6 +496,49 @@ def _back_to_back(step: Step, counter: _Rotation, reps: int, batch: int, *, sync
         sync()
         times.append(marks.ms_between(start, end) / (batch - 1))
     return times
+
+
+#: a held batch's hold, as a multiple of the batch's estimated wall time (its first), then of the host time its last
+#: batch took to issue (each later one): long enough that the issue ends before the hold does
+HOLD_MARGIN = 1.5
+
+
+def _held(step: Step, counter: _Rotation, reps: int, batch: int, *, hold_ms: float, sync: Callable[[], None],
+          marks: Marks, hold: Hold, clock: Callable[[], float]) -> list[tuple[float, float]]:
+    """Per repetition, ``batch`` calls issued while ``hold`` keeps the device busy: the device's time per call
+    between two marks around them, and the host's time per call to issue them (:attr:`TimerMethod.HELD`,
+    :func:`held_times`). The hold covers the issue: ``hold_ms`` for the first repetition (:func:`next_hold_ms`),
+    then :data:`HOLD_MARGIN` times the host time the last one took (a call whose kernels outlast its issue holds
+    little)."""
+    out = []
+    for _ in range(reps):
+        sync()
+        hold.hold(hold_ms + 0.05)
+        start = marks.mark()
+        t0 = clock()
+        for _ in range(batch):
+            step(counter.next())
+        host_ms = (clock() - t0) * 1e3
+        end = marks.mark()
+        sync()
+        out.append((marks.ms_between(start, end) / batch, host_ms / batch))
+        hold_ms = next_hold_ms(host_ms / batch, batch)
+    return out
+
+
+def next_hold_ms(per_call_ms: float, batch: int) -> float:
+    """The hold for a batch of ``batch`` calls whose issue took ``per_call_ms`` a call last time (or whose wall time
+    estimates it, the first time): :data:`HOLD_MARGIN` times the batch's, at most :data:`MAX_HOLD_MS`."""
+    return min(HOLD_MARGIN * per_call_ms * batch, MAX_HOLD_MS)
+
+
+def held_times(timed: list[tuple[float, float]], *, host_counts: bool) -> list[float]:
+    """Per call times of held batches (``(device ms, host ms)`` per call, each batch's): the device's, raised to
+    the host's pace over all of them where ``host_counts`` and that is longer. A caller issuing the call back to
+    back goes at the slower of the two paces; the host's is taken over every batch, not each, since a stall in one
+    batch of four calls would read as that batch's pace while the caller's queue absorbs it."""
+    host = statistics.fmean(h for _, h in timed) if timed and host_counts else 0.0
+    return [max(device, host) for device, _ in timed]
 
 
 def _cuda_events(step: Step, counter: _Rotation, reps: int, flush: int = 0) -> list[float]:

@@ -37,10 +37,11 @@ times it; a class measured without it is measured again by a later warm-up in th
 
 What is timed: exactly the route that will serve the call (:func:`attnforge.backends.bound.bound_call`, the same
 layout, strides, arguments and wrapper), as the model issues it: in interleaved rounds through the one harness
-(:func:`attnforge.bench.timing.measure`), each repetition a batch of calls back to back, each timed call issued
-while its predecessor runs (:attr:`~attnforge.bench.timing.TimerMethod.BACK_TO_BACK`: the host's cost per call is
-in it where it exceeds the kernel's, so a kernel shorter than its own launch does not beat SDPA), within
-``budget_s`` of repetitions per class. The timing
+(:func:`attnforge.bench.timing.measure`), each repetition a batch of calls issued while a sleep kernel holds the
+device (:attr:`~attnforge.bench.timing.TimerMethod.HELD`: a call costs the longer of its device time and its host
+time, so a kernel shorter than its own launch does not beat SDPA, and a host hiccup does not show as device idle
+time in a call whose kernels outlast its issue; back to back on a CPU), within ``budget_s`` of repetitions per
+class. The timing
 runs leave the caller's tensors untouched (backward runs on detached copies with ``autograd.grad``, so nothing
 accumulates in ``.grad``), and the output returned to the caller is computed afterwards by the route the policy
 then chooses.
@@ -309,13 +310,15 @@ def _mark_tuned(dispatcher: Tunable, call: AttentionCall, device_key: str,
 
 
 def round_timing(config: AutotuneConfig, candidates: int) -> TimingConfig:
-    """How :func:`tune` times one candidate in one round: back to back, host cost included, ``config.budget_s``
-    shared out over ``candidates`` x ``config.rounds`` rounds, a quarter of each share as warm-up."""
+    """How :func:`tune` times one candidate in one round: held batches (:attr:`~attnforge.bench.timing.TimerMethod.
+    HELD`: each call the longer of its device and its host time; back to back where there is no queue to hold, a
+    CPU), ``config.budget_s`` shared out over ``candidates`` x ``config.rounds`` rounds, a quarter of each share as
+    warm-up."""
     from attnforge.bench.timing import TimerMethod, TimingConfig
 
     share_ms = config.budget_s * 1e3 / max(1, candidates * config.rounds)
     return TimingConfig(warmup_ms=share_ms / 4, rep_ms=share_ms, min_reps=3, max_reps=MAX_REPS,
-                        method=TimerMethod.BACK_TO_BACK, rounds=config.rounds)
+                        method=TimerMethod.HELD, rounds=config.rounds)
 
 
 def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionCall, decision: Decision,
@@ -342,7 +345,7 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     Returns:
         The new records (a candidate that raises while timed gets none; the policy treats it as before).
     """
-    from attnforge.bench.timing import combine_rounds, marks_for, measure
+    from attnforge.bench.timing import combine_rounds, hold_for, marks_for, measure
 
     names = candidates(decision, skip)
     # partial only where a candidate of this decision was left out (a CUDA-only backend is none on a CPU call)
@@ -352,6 +355,7 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     timing = round_timing(config, len(adapters))
     sync = sync if sync is not None else device_sync(tensors[0].device)
     marks = marks_for(tensors[0].device, config.clock)  # CUDA events on that device's current (the worker's) stream
+    hold = hold_for(tensors[0].device)  # a sleep kernel on the same stream, ahead of each batch
     steps = {n: step_of(bind(a), tensors, grad=call.needs_grad) for n, a in adapters.items()}
     rounds: dict[str, list[Any]] = {n: [] for n in adapters}
     deadline = float("inf")  # set after the first round, whose first calls may compile (FlexAttention, FA4's JIT)
@@ -367,7 +371,7 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
             between()
             try:
                 rounds[name].append(measure(steps[name], sets=1, config=timing, sync=sync, clock=config.clock,
-                                            marks=marks))
+                                            marks=marks, hold=hold))
             except Exception:  # a candidate that raises is not measured; the policy keeps its own view of it
                 del rounds[name]
     records = _records(rounds, adapters, bhsd, call=call, device_key=device_key, combine=combine_rounds,

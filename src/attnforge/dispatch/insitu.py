@@ -66,6 +66,18 @@ SLICES = 3
 #: ``2 * PAIRS`` batches of at most this plus one call (~50-80 ms for a 1-4 ms call), against 98 ms for a
 #: :data:`MAX_CALL_MS` call (two calls a batch, :data:`attnforge.bench.timing.MIN_BATCH`)
 CHECK_BATCH_MS = 8.0
+#: the calls each held batch aims at (ms) on a GPU (:attr:`attnforge.bench.timing.TimerMethod.HELD`): bench's, since
+#: a held batch costs its hold too (about its own host time) and its device time needs no long batch to average
+#: the host's hiccups out
+HELD_BATCH_MS = 2.0
+#: the share of a class's counted calls that must have found the device still busy when they had issued their
+#: work for the check to time device time alone. On an H200 (2026-11-30, docs/benchmarks.md "twenty-sixth
+#: session") Llama-3-8B's and Qwen2.5-7B's forward and train classes read 59-61 of 63, Flux-dev's and Wan-2.1's 62
+#: of 63 and 32 of 33, the grid's MHA 1k fwd+bwd loop 58 of 63; its causal one 5 of 63 and Qwen's GQA-7 train
+#: class 33 of 63 (host time counts there)
+DEVICE_BOUND = 0.9
+#: counted calls the pace needs before it can say device-bound
+PACE_CALLS = 16
 
 
 @dataclass(slots=True, kw_only=True)
@@ -87,10 +99,12 @@ class CallerLag:
     earlier work: at each call on a CUDA device an event is recorded on the current stream before the route runs,
     and asked (``torch.cuda.Event.query``) once the route has issued its kernels. ``busy`` of ``seen`` calls found
     it not reached yet: the route's host time overlapped queued device work (hidden, device-bound), where a call
-    that finds the device caught up added its host time to the caller's step (host-bound). Observed only, so far:
-    on an H200 (2026-11-30, docs/benchmarks.md "twenty-sixth session") the check's own back-to-back fwd+bwd calls
-    at 1k keys spent 300-520 µs of host time a call against 300-460 µs of FlashAttention-3's kernels, so it timed
-    the host, where a model's step may hide it."""
+    that finds the device caught up added its host time to the caller's step (host-bound). The check times a
+    device-bound caller's routes by their device time alone (:func:`device_bound`, :func:`check`): on an H200
+    (2026-11-30, docs/benchmarks.md "twenty-sixth session") its back-to-back fwd+bwd calls at 1k keys had spent
+    300-520 µs of host time a call against 300-470 µs of FlashAttention-3's kernels, so it timed the host and
+    reverted a route 8-16 % faster on the device, while the models' own calls kept the device busy through 59-62 of
+    63 calls' issue. The cost: an event recorded and asked on each counted call (64 a class, then none)."""
 
     seen: int = 0
     busy: int = 0
@@ -256,7 +270,8 @@ class _Sampler:
             # timed as a long run of that shape gets it (a decode step's cuDNN graph, built once here, untimed)
             if not self.call.features and self.key not in self.state.mixed and self.settle(q, k, v):
                 self.sdpa(q, k, v)
-            reverted = check(self.dispatcher, (q, k, v), call=self.call, route=self.name, fn=self.fn, sdpa=self.sdpa)
+            reverted = check(self.dispatcher, (q, k, v), call=self.call, route=self.name, fn=self.fn, sdpa=self.sdpa,
+                             pace=self.state.lag.get(self.key))
         except Exception:  # a failed check changes nothing: the route keeps serving
             reverted = None
         self._conclude(reverted)
@@ -317,10 +332,15 @@ def _timed(fn: Callable[..., Any], q: Any, k: Any, v: Any) -> tuple[float, Any]:
 
 
 def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: AttentionCall, route: str,
-          fn: Callable[..., Any], sdpa: Callable[..., Any],
-          clock: Callable[[], float] | None = None) -> str | None:
+          fn: Callable[..., Any], sdpa: Callable[..., Any], clock: Callable[[], float] | None = None,
+          pace: CallerLag | None = None, marks: Any = None, hold: Any = None) -> str | None:
     """Time ``route`` against SDPA on the caller's tensors; unless the route wins beyond the noise store both
     timings and return the explain line of the revert, else None (nothing stored).
+
+    On a GPU the batches are held (:attr:`~attnforge.bench.timing.TimerMethod.HELD`, :data:`HELD_BATCH_MS` each).
+    Where the caller kept the device busy through the issue of at least :data:`DEVICE_BOUND` of its class's counted
+    calls (``pace``), the routes are timed by their device time alone: that caller hides their host time.
+    Elsewhere a call costs the longer of its device and host time, as a caller issuing it back to back sees.
 
     Args:
         dispatcher: whose record source and device keys are used.
@@ -328,26 +348,41 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
         call: the call's description; route: the backend serving it.
         fn, sdpa: the bound calls of the route's backend and of SDPA.
         clock: seconds, monotonic (the active autotune configuration's when None; a fake clock in tests).
+        pace: the caller's pace over the class's counted calls (None: not observed).
+        marks, hold: the batches' marks and hold (:func:`attnforge.bench.timing.marks_for` and
+            :func:`~attnforge.bench.timing.hold_for` of the call's device when None; fakes in tests).
     """
-    from attnforge.bench.timing import marks_for, paired
+    from attnforge.bench.timing import hold_for, marks_for, paired
 
     q = tensors[0]
     clock = clock or (autotune.active(q.device.type) or autotune.DEFAULT).clock
     steps = {route: autotune.step_of(fn, tensors, grad=call.needs_grad),
              FALLBACK: autotune.step_of(sdpa, tensors, grad=call.needs_grad)}
     sync = autotune.device_sync(q.device)
+    hold = hold if hold is not None else hold_for(q.device)
+    hidden = hold is not None and device_bound(pace)
     timings = paired(steps, pairs=PAIRS, sync=sync, clock=clock, max_call_ms=MAX_CALL_MS,
-                     marks=marks_for(q.device, clock), batch_ms=CHECK_BATCH_MS)
+                     marks=marks if marks is not None else marks_for(q.device, clock), hold=hold,
+                     host_counts=not hidden, batch_ms=HELD_BATCH_MS if hold is not None else CHECK_BATCH_MS)
     if timings is None:
         return None
-    return verdict(dispatcher, q, call=call, route=route, timings=timings)
+    return verdict(dispatcher, q, call=call, route=route, timings=timings,
+                   basis="device time alone" if hidden else "")
 
 
-def verdict(dispatcher: Checked, q: Any, *, call: AttentionCall, route: str, timings: dict[str, Any]) -> str | None:
+def device_bound(pace: CallerLag | None) -> bool:
+    """Whether ``pace`` shows a caller that hides a call's host time: the device still busy with its earlier work
+    when at least :data:`DEVICE_BOUND` of at least :data:`PACE_CALLS` counted calls had issued theirs."""
+    return pace is not None and pace.seen >= PACE_CALLS and pace.busy >= DEVICE_BOUND * pace.seen
+
+
+def verdict(dispatcher: Checked, q: Any, *, call: AttentionCall, route: str, timings: dict[str, Any],
+            basis: str = "") -> str | None:
     """The check's outcome from the timings of ``route`` and SDPA (a :class:`~attnforge.bench.timing.Timing`
     each): unless the route is faster than SDPA beyond the noise, both are stored as records of the class (on which
     the policy then keeps SDPA: a candidate must beat it beyond the noise) and the explain line of the revert is
-    returned; else None (nothing stored). ``q``: the call's query (its device)."""
+    returned; else None (nothing stored). ``q``: the call's query (its device); ``basis``: what the timings
+    count, said on the line when given ("device time alone")."""
     from attnforge.bench.flops import shape_flops, tflops
     from attnforge.ranking import LIVE_RUN_PREFIX, Measurement, beats
     from attnforge.records import BenchRecord
@@ -374,5 +409,6 @@ def verdict(dispatcher: Checked, q: Any, *, call: AttentionCall, route: str, tim
         store.add_bench(records)
     dispatcher.take_records(device_key, records)  # every decision is dropped: the class decides again, on them
     why = "" if beats(sdpa, ours) else f": not faster than {FALLBACK} beyond the noise"
+    counted = f", {basis}" if basis else ""
     return (f"reverted from {route} by an in-situ check on live calls{why} ({route} {timings[route].median_ms:.3f} "
-            f"ms, {FALLBACK} {timings[FALLBACK].median_ms:.3f} ms per call, {run_id})")
+            f"ms, {FALLBACK} {timings[FALLBACK].median_ms:.3f} ms per call{counted}, {run_id})")
