@@ -384,6 +384,16 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
     b, hq, s, d = query.shape
     if s < PREFILL_VARLEN_MIN or tuple(padding.shape) != (b, s) or key.shape[0] != b:
         return None
+    hkv, dv = key.shape[1], value.shape[-1]
+    q = query.transpose(1, 2).reshape(b * s, hq, d)
+    k = key.transpose(1, 2).reshape(b * s, hkv, d)
+    v = value.transpose(1, 2).reshape(b * s, hkv, dv)
+    base = {name: val for name, val in features.items() if val is not None}
+    # decided before the mask is read: where no kernel serves the packed call (a slim FlashAttention-3 built without
+    # varlen, and no FlashAttention-4), the read is a sync for nothing; on an H200 (2026-11-30, docs/benchmarks.md
+    # "twenty-sixth session") a 2-layer Llama-3-8B's padded forward read 0.943-0.979x of transformers' SDPA so
+    if not _varlen_pays(q, k, v, base, masked=(query, key, value, mask, features)):
+        return None
     kept = _PREFILL_SEQUENCES.get(mask, ())
     if kept is None:
         kept = prefill_sequences(padding) or False
@@ -391,15 +401,8 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
     if not isinstance(kept, PrefillSequences) or kept.longest_real < PREFILL_VARLEN_MIN:
         return None
     seqs = kept
-    hkv, dv = key.shape[1], value.shape[-1]
-    q = query.transpose(1, 2).reshape(b * s, hq, d)
-    k = key.transpose(1, 2).reshape(b * s, hkv, d)
-    v = value.transpose(1, 2).reshape(b * s, hkv, dv)
-    call = {name: val for name, val in features.items() if val is not None}
-    call.update(causal=True, cu_seqlens_q=seqs.cu_seqlens, cu_seqlens_k=seqs.cu_seqlens,
+    call = dict(base, causal=True, cu_seqlens_q=seqs.cu_seqlens, cu_seqlens_k=seqs.cu_seqlens,
                 max_seqlen_q=seqs.longest, max_seqlen_k=seqs.longest)
-    if not _varlen_pays(q, k, v, call, masked=(query, key, value, mask, features)):
-        return None
     out = runtime.attention(q, k, v, **call)
     if seqs.hidden is None:
         return out.view(b, s, hq, dv)
@@ -409,27 +412,41 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
     return out.view(b * s, hq * dv).index_fill_(0, seqs.hidden_rows, 0).view(b, s, hq, dv)
 
 
-def _varlen_pays(q: Any, k: Any, v: Any, call: dict[str, Any], *, masked: tuple[Any, ...]) -> bool:
-    """Whether the packed call ``call`` (:func:`_padded_prefill`) is worth taking over the masked one: a kernel (not
-    the exact math) serves it, and plain SDPA's kernels serve the masked call, which compute the whole square (a
-    masked FlexAttention call skips the tiles its block mask hides already: a Gemma-2-9B-shaped decoder's padded
-    forward on an H200 ran 1.162x eager with FlashAttention-4's varlen kernel, 1.247x with Flex's masked one,
-    2026-11-29, docs/benchmarks.md "fifteenth session"). Asked of :func:`attnforge.explain` once per kind (heads,
-    head dims, dtype, device, the features present, whether a gradient is recorded, the length's power-of-two
-    bucket, as shape classes bucket it: what serves the masked call may differ by length, and the dispatcher's
-    generation), as :func:`_exact_only` asks."""
+#: the keywords a padded prefill's packed call adds to the caller's features (:func:`_padded_prefill`)
+_PACKED_KEYWORDS = ("causal", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+
+
+def _varlen_pays(q: Any, k: Any, v: Any, base: dict[str, Any], *, masked: tuple[Any, ...]) -> bool:
+    """Whether the packed call of ``q``, ``k``, ``v`` (``[B * S, H, D]``; ``base``: the caller's features, without the
+    varlen keywords) is worth taking over the masked one (:func:`_padded_prefill`): a kernel (not the exact math)
+    serves it, and plain SDPA's kernels serve the masked call, which compute the whole square (a masked
+    FlexAttention call skips the tiles its block mask hides already: a Gemma-2-9B-shaped decoder's padded forward on
+    an H200 ran 1.162x eager with FlashAttention-4's varlen kernel, 1.247x with Flex's masked one, 2026-11-29,
+    docs/benchmarks.md "fifteenth session"). Asked of :func:`attnforge.explain` once per kind (heads, head dims,
+    dtype, device, the features present, whether a gradient is recorded, the length's power-of-two bucket, as shape
+    classes bucket it: what serves the masked call may differ by length, and the dispatcher's generation), as
+    :func:`_exact_only` asks, on offsets of ``B`` whole rows of ``S`` (no mask read: the packed call's class is that
+    of its longest sequence's bucket, ``S``'s here)."""
     from attnforge.backends.exact import EXACT
     from attnforge.backends.sdpa import SDPA_KERNELS
     from attnforge.dispatch import runtime
 
+    query, key, value, mask, features = masked
     dispatcher = runtime.get_dispatcher()
+    b, _, s, _ = query.shape
     kind = (q.shape[1], k.shape[1], q.shape[-1], v.shape[-1], q.dtype, q.device, records_grad(q, k, v),
-            tuple(sorted(name for name, val in call.items() if val is not None and not (
-                name == "dropout_p" and not val))), masked[0].shape[2].bit_length(), dispatcher.generation)
+            tuple(sorted((*(name for name, val in base.items() if val is not None and not (
+                name == "dropout_p" and not val)), *_PACKED_KEYWORDS))), s.bit_length(), dispatcher.generation)
     pays = _VARLEN_PAYS.get(kind)
     if pays is None:
-        query, key, value, mask, features = masked
-        packed = _chosen(q, k, v, call)
+        import torch
+
+        from attnforge.dispatch.inputs import keep_offsets
+
+        rows = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=q.device)
+        keep_offsets(rows, rows=b * s, longest=s)  # known here: explain reads nothing back
+        packed = _chosen(q, k, v, dict(base, causal=True, cu_seqlens_q=rows, cu_seqlens_k=rows, max_seqlen_q=s,
+                                       max_seqlen_k=s))
         dense = _chosen(query, key, value, {"attn_mask": mask, **features})
         pays = _remember(_VARLEN_PAYS, kind, packed not in (None, EXACT) and dense in SDPA_KERNELS)
     return pays
