@@ -6,6 +6,8 @@
 #       + the first 24 MiB of the cu13 libs' xz tree                              -> stage, setup, install FA3
 #   d2  the rest of the cu13 libs' xz tree + its JOIN                             -> stage (join, re-zip), install FA4
 #   d3m the transformers and diffusers wheels                                     -> stage, setup (the five models)
+#   d5  d1 without the cu13 part, plus d3m's wheels (hard links, ~37 MiB): FA3 and the five models in one fresh call
+#       (no FA4)                                                                  -> stage, setup, install FA3, models
 #   d3  diffusers' wheel (6.4 MB) + the first 34 MiB of Ray's xz tree (when make_batches.sh fetched it)
 #                                                                                 -> stage, setup (Wan, Flux)
 #   d4  the rest of Ray's xz tree + JOIN-ray, Ray's dependencies, SageAttention's source tree
@@ -13,7 +15,7 @@
 set -euo pipefail
 C=$PWD/carry BC=$PWD/carry/build-cache
 XZ=$BC/nvidia_cutlass_dsl_libs_cu13-4.8.1.tree.tar.xz
-rm -rf "$C"/d1 "$C"/d2 "$C"/d3 "$C"/d4 "$C"/d3m "$C"/d1a; mkdir -p "$C"/d1 "$C"/d2 "$C"/d3 "$C"/d4 "$C"/d3m
+rm -rf "$C"/d1 "$C"/d2 "$C"/d3 "$C"/d4 "$C"/d3m "$C"/d5 "$C"/d1a; mkdir -p "$C"/d1 "$C"/d2 "$C"/d3 "$C"/d4 "$C"/d3m
 find "$C"/c1 -maxdepth 1 -type f ! -name 'cu13.tree.tar.xz.part*' ! -name SHA256SUMS -exec cp {} "$C"/d1/ \;
 cp "$C"/c2/{huggingface_hub,tokenizers,safetensors,importlib_metadata}-*.whl "$C"/d1/
 cp "$C"/c3/diffusers-*.whl "$C"/d3/
@@ -29,9 +31,11 @@ if [[ -f $RAYXZ ]]; then
     cp "$BC"/{msgpack,jsonschema,jsonschema_specifications,referencing,rpds_py,attrs,protobuf}-*.whl "$C"/d4/
     echo "JOIN ray-2.60.0.tree.tar.xz $(sha256sum < "$RAYXZ" | cut -d' ' -f1) $(cd "$C" && ls d3/ray.tree.tar.xz.part* d4/ray.tree.tar.xz.part* | xargs -n1 basename | tr '\n' ' ')" > "$C/d4/JOIN-ray"
 fi
-for b in d1 d2 d3 d4 d3m; do (cd "$C/$b" && rm -f SHA256SUMS && sha256sum -- * > ../SHA256SUMS.$b && mv ../SHA256SUMS.$b SHA256SUMS); done
+mkdir -p "$C"/d5
+for f in "$C"/d1/* "$C"/d3m/*; do case $(basename "$f") in cu13.tree.tar.xz.part*) ;; *) ln "$f" "$C/d5/" ;; esac; done
+for b in d1 d2 d3 d4 d3m d5; do (cd "$C/$b" && rm -f SHA256SUMS && sha256sum -- * > ../SHA256SUMS.$b && mv ../SHA256SUMS.$b SHA256SUMS); done
 tree_kib=$(git ls-files -z | du -ck --files0-from=- | tail -1 | cut -f1)
-for b in d1 d2 d3 d4 d3m; do
+for b in d1 d2 d3 d4 d3m d5; do
     kib=$(du -sk "$C/$b" | cut -f1)
     awk -v b="$b" -v x="$kib" -v t="$tree_kib" 'BEGIN { printf "%s: %.1f MiB on disk (+ tree %.1f = %.1f of 64 MiB)%s\n", b, x/1024, t/1024, (x+t)/1024, (x+t > 65536 ? ": too big to carry" : "") }'
 done
