@@ -154,14 +154,14 @@ class CudaSleep:
         self.device = device
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index not in _CYCLES_PER_MS:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            stream = torch.cuda.current_stream(device)
-            torch.cuda._sleep(1000)  # type: ignore[no-untyped-call]  # the kernel's own first launch, untimed
-            begin.record(stream)
-            torch.cuda._sleep(1_000_000)  # type: ignore[no-untyped-call]
-            end.record(stream)
-            end.synchronize()
-            _CYCLES_PER_MS[index] = 1_000_000 / max(float(begin.elapsed_time(end)), 1e-3)
+            with torch.cuda.device(index):  # the sleep kernel runs on the current device's current stream
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                torch.cuda._sleep(1000)  # type: ignore[no-untyped-call]  # the kernel's own first launch, untimed
+                begin.record()
+                torch.cuda._sleep(1_000_000)  # type: ignore[no-untyped-call]
+                end.record()
+                end.synchronize()
+                _CYCLES_PER_MS[index] = 1_000_000 / max(float(begin.elapsed_time(end)), 1e-3)
         self.cycles_per_ms = _CYCLES_PER_MS[index]
 
     def hold(self, ms: float) -> None:
