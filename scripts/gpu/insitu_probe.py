@@ -187,11 +187,11 @@ def live_cell(torch: Any, cell: Any, *, dev: str, dtype: Any) -> dict[str, Any]:
             from attnforge.dispatch import insitu
             from attnforge.dispatch.runtime import get_dispatcher
 
-            lag = {k: [x.busy, x.seen] for k, x in insitu.caller_lag(get_dispatcher()).items()}
+            pace = {k: [x.busy, x.seen] for k, x in insitu.caller_pace(get_dispatcher()).items()}
             out["layouts"][layout] = {"ms_per_call_before_check_during_after": blocks, "checks": list(seen),
-                                      "caller_lag": lag,
+                                      "caller_pace": pace,
                                       "explain": str(ex)[:1500] if ex is not None else None}
-            print(f"{cell.name} {layout} live: " + json.dumps({"blocks": [round(b, 4) for b in blocks], "lag": lag,
+            print(f"{cell.name} {layout} live: " + json.dumps({"blocks": [round(b, 4) for b in blocks], "pace": pace,
                   "checks": [{"host": c["host_us_median"], "med": {n: round(t["median_ms"], 4) for n, t in
                               (c["timings"] or {}).items()}} for c in seen]}), flush=True)
     finally:

@@ -163,7 +163,7 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
         if name == "llama3-8b" and not DECODE_ONLY:  # where a padded forward's time goes (issue 30 item 4)
             res[f"{impl}_fwd_kernels"] = _kernels(torch, lambda: model(input_ids=ids, attention_mask=mask))
     if DIAGNOSE:
-        res["caller_lag"] = _caller_lag()
+        res["caller_pace"] = _caller_pace()
     valid = mask.bool()
     res["logits"] = _compare(logits["attnforge"][valid], logits[default][valid])
     res["attnforge_explain_padded"] = _explain_padded(torch, model, ids, mask)
@@ -182,14 +182,14 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
     return res
 
 
-def _caller_lag() -> dict[str, list[int]]:
+def _caller_pace() -> dict[str, list[int]]:
     """Per class a non-SDPA route served so far in this process: of its counted calls, how many issued their
     kernels while the device was still busy with the model's earlier work (their host time hidden), of how many
-    (:class:`attnforge.dispatch.insitu.CallerLag`)."""
+    (:class:`attnforge.dispatch.insitu.CallerPace`)."""
     from attnforge.dispatch import insitu
     from attnforge.dispatch.runtime import get_dispatcher
 
-    return {k: [x.busy, x.seen] for k, x in insitu.caller_lag(get_dispatcher()).items()}
+    return {k: [x.busy, x.seen] for k, x in insitu.caller_pace(get_dispatcher()).items()}
 
 
 def _use(model: Any, impl: str, *, shared: int = 2) -> None:
@@ -609,7 +609,7 @@ def _diffusion(torch: Any, model: Any, inputs: dict[str, Any], label: str, *, he
                 res[f"{impl}_step_kernels"] = _kernels(torch, lambda: model(**inputs))
         use["default"]()
     if DIAGNOSE:
-        res["caller_lag"] = _caller_lag()
+        res["caller_pace"] = _caller_pace()
     res.update(_compare(got, ref))
     res["speedup_step_ms"] = res["default_step_ms"] / res["attnforge_step_ms"]
     return res

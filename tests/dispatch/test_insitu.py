@@ -450,9 +450,10 @@ class _QueueEvent:
 
 
 @pytest.mark.parametrize(("pace", "busy", "kind"), [
-    ([False] * 8, 8, "device-bound"), ([True] * 8, 0, "host-bound"), ([False, True] * 4, 4, "mixed")])
-def test_caller_lag_counts_the_calls_issued_while_the_device_was_busy(monkeypatch: pytest.MonkeyPatch,
-                                                                     pace: list[bool], busy: int, kind: str) -> None:
+    ([False] * 20, 20, "device-bound"), ([False] * 18 + [True] * 2, 18, "device-bound"),
+    ([True] * 20, 0, "host-bound"), ([False, True] * 10, 10, "mixed"), ([False] * 8, 8, "too few calls to tell")])
+def test_caller_pace_counts_the_calls_issued_while_the_device_was_busy(monkeypatch: pytest.MonkeyPatch,
+                                                                      pace: list[bool], busy: int, kind: str) -> None:
     script = iter(pace)
     events: list[_QueueEvent] = []
 
@@ -462,14 +463,15 @@ def test_caller_lag_counts_the_calls_issued_while_the_device_was_busy(monkeypatc
 
     monkeypatch.setattr(torch.cuda, "Event", event)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
-    lag = insitu.CallerLag()
-    for _ in range(8):
-        lag.enter(torch.device("cuda", 0))
-        lag.leave()
-    assert (lag.seen, lag.busy) == (8, busy)
-    assert len(events) == 1 and events[0].recorded == 8  # one event, none made per call
-    assert f"{busy} of 8 calls' issue ({kind} caller)" in lag.describe()
-    assert insitu.CallerLag().describe() == "caller's pace not observed"
+    caller = insitu.CallerPace()
+    for _ in pace:
+        caller.enter(torch.device("cuda", 0))
+        caller.leave()
+    assert (caller.seen, caller.busy) == (len(pace), busy)
+    assert len(events) == 1 and events[0].recorded == len(pace)  # one event, none made per call
+    assert f"{busy} of {len(pace)} calls' issue ({kind} caller)" in caller.describe()
+    assert caller.device_bound is (kind == "device-bound")
+    assert insitu.CallerPace().describe() == "caller's pace not observed"
 
 
 def test_a_cpu_call_leaves_the_callers_pace_unobserved(tmp_path: Path) -> None:
@@ -479,7 +481,7 @@ def test_a_cpu_call_leaves_the_callers_pace_unobserved(tmp_path: Path) -> None:
         for _ in range(insitu.SAMPLE_AFTER // 2):  # counted calls of the fa route, before its check
             attnforge.attention(q, k, v)
     assert fa.calls >= insitu.SAMPLE_AFTER // 2
-    assert insitu.caller_lag(runtime.get_dispatcher()) == {}
+    assert insitu.caller_pace(runtime.get_dispatcher()) == {}
 
 
 class HeldGpu(Gpu):
@@ -518,7 +520,7 @@ def test_the_check_times_a_device_bound_callers_routes_by_device_time(tmp_path: 
     fa.gpu = sdpa.gpu = gpu  # type: ignore[attr-defined]
     q, k, v = _qkv()
     call = dispatcher.describe(q, k, causal=False, precision="exact", needs_grad=False)
-    pace = None if busy is None else insitu.CallerLag(seen=63, busy=busy)
+    pace = None if busy is None else insitu.CallerPace(seen=63, busy=busy)
     with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
         line = insitu.check(dispatcher, (q, k, v), call=call, route="fa",
                             fn=bound_call(fa, call, causal=False, scale=None, bshd=False),
@@ -544,6 +546,6 @@ def test_a_device_bound_callers_route_slower_on_the_device_reverts_and_says_how_
         line = insitu.check(dispatcher, (q, k, v), call=call, route="fa",
                             fn=bound_call(fa, call, causal=False, scale=None, bshd=False),
                             sdpa=bound_call(sdpa, call, causal=False, scale=None, bshd=False),
-                            clock=gpu.clock, pace=insitu.CallerLag(seen=63, busy=63), marks=gpu, hold=gpu)
+                            clock=gpu.clock, pace=insitu.CallerPace(seen=63, busy=63), marks=gpu, hold=gpu)
     assert line is not None and "fa 0.090 ms, sdpa 0.070 ms per call, device time alone" in line
 

@@ -35,7 +35,7 @@ time came near its device time, each host hiccup left the device idle and showed
 (docs/benchmarks.md "twenty-sixth session") FlashAttention-3's fwd+bwd route at 1k keys took 0.466 ms of device
 time a call (SDPA 0.509) and 276-445 µs of host time; back to back its rounds read 0.49-0.53 ms (noise 4 %,
 against SDPA's 1 %), so an 8 % faster kernel tied. A caller that keeps the device busy through a call's issue (a
-model's layers: :class:`attnforge.dispatch.insitu.CallerLag`) hides the host time entirely: the in-situ check
+model's layers: :class:`attnforge.dispatch.insitu.CallerPace`) hides the host time entirely: the in-situ check
 times such a caller's routes by their device time alone (``host_counts=False``).
 """
 

@@ -89,18 +89,18 @@ class _State:
     mixed: set[str] = field(default_factory=set)
     #: class -> the explain line of a revert
     reverted: dict[str, str] = field(default_factory=dict)
-    #: class -> its caller's pace over the counted calls (:class:`CallerLag`)
-    lag: dict[str, CallerLag] = field(default_factory=dict)
+    #: class -> its caller's pace over the counted calls (:class:`CallerPace`)
+    pace: dict[str, CallerPace] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
-class CallerLag:
+class CallerPace:
     """Whether a class's counted calls issued their kernels while the device was still busy with the caller's
     earlier work: at each call on a CUDA device an event is recorded on the current stream before the route runs,
     and asked (``torch.cuda.Event.query``) once the route has issued its kernels. ``busy`` of ``seen`` calls found
     it not reached yet: the route's host time overlapped queued device work (hidden, device-bound), where a call
     that finds the device caught up added its host time to the caller's step (host-bound). The check times a
-    device-bound caller's routes by their device time alone (:func:`device_bound`, :func:`check`): on an H200
+    device-bound caller's routes by their device time alone (:attr:`device_bound`, :func:`check`): on an H200
     (2026-11-30, docs/benchmarks.md "twenty-sixth session") its back-to-back fwd+bwd calls at 1k keys had spent
     300-520 µs of host time a call against 300-470 µs of FlashAttention-3's kernels, so it timed the host and
     reverted a route 8-16 % faster on the device, while the models' own calls kept the device busy through 59-62 of
@@ -124,18 +124,25 @@ class CallerLag:
         self.seen += 1
         self.busy += not self.event.query()
 
+    @property
+    def device_bound(self) -> bool:
+        """Whether this caller hides a call's host time: the device still busy with its earlier work when at least
+        :data:`DEVICE_BOUND` of at least :data:`PACE_CALLS` counted calls had issued theirs."""
+        return self.seen >= PACE_CALLS and self.busy >= DEVICE_BOUND * self.seen
+
     def describe(self) -> str:
-        """For people: ``device busy through 63 of 63 calls' issue (device-bound caller)``."""
+        """For people: ``device busy through 61 of 63 calls' issue (device-bound caller)``."""
         if not self.seen:
             return "caller's pace not observed"
-        kind = "device-bound" if self.busy == self.seen else "host-bound" if not self.busy else "mixed"
+        kind = ("too few calls to tell" if self.seen < PACE_CALLS else "device-bound" if self.device_bound else
+                "host-bound" if self.busy <= (1 - DEVICE_BOUND) * self.seen else "mixed")
         return f"device busy through {self.busy} of {self.seen} calls' issue ({kind} caller)"
 
 
-def caller_lag(dispatcher: Any) -> dict[str, CallerLag]:
-    """Per checked or counted class of ``dispatcher``: its caller's pace (:class:`CallerLag`)."""
+def caller_pace(dispatcher: Any) -> dict[str, CallerPace]:
+    """Per checked or counted class of ``dispatcher``: its caller's pace (:class:`CallerPace`)."""
     state = _STATE.get(dispatcher)
-    return dict(state.lag) if state is not None else {}
+    return dict(state.pace) if state is not None else {}
 
 
 _STATE: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
@@ -248,10 +255,10 @@ class _Sampler:
             return self._check(q, k, v)
         if not q.is_cuda or autotune.capturing():
             return self.fn(q, k, v)
-        lag = state.lag.get(key) or state.lag.setdefault(key, CallerLag())
-        lag.enter(q.device)
+        pace = state.pace.get(key) or state.pace.setdefault(key, CallerPace())
+        pace.enter(q.device)
         out = self.fn(q, k, v)
-        lag.leave()
+        pace.leave()
         return out
 
     def _check(self, q: Any, k: Any, v: Any) -> Any:
@@ -271,7 +278,7 @@ class _Sampler:
             if not self.call.features and self.key not in self.state.mixed and self.settle(q, k, v):
                 self.sdpa(q, k, v)
             reverted = check(self.dispatcher, (q, k, v), call=self.call, route=self.name, fn=self.fn, sdpa=self.sdpa,
-                             pace=self.state.lag.get(self.key))
+                             pace=self.state.pace.get(self.key))
         except Exception:  # a failed check changes nothing: the route keeps serving
             reverted = None
         self._conclude(reverted)
@@ -307,9 +314,9 @@ class _Sampler:
 
     def _conclude(self, reverted: str | None) -> None:
         if reverted is not None:
-            lag = self.state.lag.get(self.key)
+            pace = self.state.pace.get(self.key)
             # verdict() handed its records over: the class decides again
-            self.state.reverted[self.key] = f"{reverted}; {lag.describe()}" if lag is not None else reverted
+            self.state.reverted[self.key] = f"{reverted}; {pace.describe()}" if pace is not None else reverted
             return
         # kept: this route passes its calls straight on from now (:attr:`done`), and nothing else is rebuilt. When every
         # route and decision was dropped here instead, Wan-2.1's next step on an H200 took 8 ms more (28.0 against
@@ -333,7 +340,7 @@ def _timed(fn: Callable[..., Any], q: Any, k: Any, v: Any) -> tuple[float, Any]:
 
 def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: AttentionCall, route: str,
           fn: Callable[..., Any], sdpa: Callable[..., Any], clock: Callable[[], float] | None = None,
-          pace: CallerLag | None = None, marks: Any = None, hold: Any = None) -> str | None:
+          pace: CallerPace | None = None, marks: Any = None, hold: Any = None) -> str | None:
     """Time ``route`` against SDPA on the caller's tensors; unless the route wins beyond the noise store both
     timings and return the explain line of the revert, else None (nothing stored).
 
@@ -360,7 +367,7 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
              FALLBACK: autotune.step_of(sdpa, tensors, grad=call.needs_grad)}
     sync = autotune.device_sync(q.device)
     hold = hold if hold is not None else hold_for(q.device)
-    hidden = hold is not None and device_bound(pace)
+    hidden = hold is not None and pace is not None and pace.device_bound
     timings = paired(steps, pairs=PAIRS, sync=sync, clock=clock, max_call_ms=MAX_CALL_MS,
                      marks=marks if marks is not None else marks_for(q.device, clock), hold=hold,
                      host_counts=not hidden, batch_ms=HELD_BATCH_MS if hold is not None else CHECK_BATCH_MS)
@@ -368,12 +375,6 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
         return None
     return verdict(dispatcher, q, call=call, route=route, timings=timings,
                    basis="device time alone" if hidden else "")
-
-
-def device_bound(pace: CallerLag | None) -> bool:
-    """Whether ``pace`` shows a caller that hides a call's host time: the device still busy with its earlier work
-    when at least :data:`DEVICE_BOUND` of at least :data:`PACE_CALLS` counted calls had issued theirs."""
-    return pace is not None and pace.seen >= PACE_CALLS and pace.busy >= DEVICE_BOUND * pace.seen
 
 
 def verdict(dispatcher: Checked, q: Any, *, call: AttentionCall, route: str, timings: dict[str, Any],
