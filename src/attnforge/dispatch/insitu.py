@@ -11,9 +11,12 @@ Why: a measurement taken once (bench, or first use) can mislead in the model: th
 another layout, a kernel whose Python entry costs more than its run (docs/benchmarks.md: FA3's and FA4's entries
 90-300 us of host time per call, SDPA's 24-79 us; issue 30's D256 forward, 0.68x of SDPA through
 ``attention()``). The check times the two routes as the model issues them: :func:`attnforge.bench.timing.paired`,
-a few interleaved back-to-back batches on the caller's own tensors (forward + backward on detached copies for a
-call that needs grad), on the calling thread, bounded (about ``2 * PAIRS`` batches of :data:`CHECK_BATCH_MS` ms
-each, or of two calls where a call is longer than half that; under 100 ms). A call that takes
+a few interleaved batches on the caller's own tensors (forward + backward on detached copies for a call that needs
+grad), on the calling thread, bounded (about ``2 * PAIRS`` batches of :data:`CHECK_BATCH_MS` ms each back to back, or
+of two calls where a call is longer than half that; on a GPU held batches of :data:`HELD_BATCH_MS` ms, each behind
+its hold: under 100 ms). On a GPU a call counts the longer of its device time and its host time, or its device time
+alone where the caller kept the device busy through the class's counted calls (:class:`CallerPace`: a model's
+layers hide a route's host time). A call that takes
 more than :data:`MAX_CALL_MS` and needs no gradient (a diffusion model's) is checked on its class's next live calls
 instead, :data:`SLICES` served by SDPA and as many by the route, each timed between two syncs: no extra call at all
 (:class:`_Sampler`); such a call that needs a gradient is not checked. It never runs while ``torch.compile``
