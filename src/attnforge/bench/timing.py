@@ -345,29 +345,30 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
     warmup = min(config.max_reps, max(1, math.ceil(config.warmup_ms / estimate_ms)))
     reps = min(config.max_reps, max(config.min_reps, math.ceil(config.rep_ms / estimate_ms)))
 
-    if config.method is TimerMethod.DO_BENCH:
+    # a held method with no queue to hold (a CPU) times back to back, and says so
+    method = TimerMethod.BACK_TO_BACK if config.method is TimerMethod.HELD and hold is None else config.method
+    if method is TimerMethod.DO_BENCH:
         times_ms = _do_bench(lambda: step(counter.next()), config)
         warmup = 0  # do_bench ran its own warm-up inside its budget
     else:
         for _ in range(warmup):
             step(counter.next())
         sync()
-        if config.method is TimerMethod.CUDA_EVENTS:
+        if method is TimerMethod.CUDA_EVENTS:
             times_ms = _cuda_events(step, counter, reps, flush_bytes)
-        elif config.method is TimerMethod.HELD and hold is not None:
+        elif method is TimerMethod.HELD and hold is not None:
             batch = batch_size(estimate_ms, least=1)
             # each repetition costs its hold as well: about twice its calls
             reps = min(config.max_reps, max(config.min_reps, math.ceil(config.rep_ms / (2 * estimate_ms * batch))))
             times_ms = held_times(_held(step, counter, reps, batch, hold_ms=next_hold_ms(estimate_ms, batch),
                                         sync=sync, marks=marks or HostMarks(clock), hold=hold, clock=clock),
                                   host_counts=True)
-        elif config.method in (TimerMethod.BACK_TO_BACK, TimerMethod.HELD):
+        elif method is TimerMethod.BACK_TO_BACK:
             batch = batch_size(estimate_ms)
             reps = min(config.max_reps, max(config.min_reps, math.ceil(config.rep_ms / (estimate_ms * batch))))
             times_ms = _back_to_back(step, counter, reps, batch, sync=sync, marks=marks or HostMarks(clock))
         else:
             times_ms = _wall(step, counter, reps, sync, clock)
-    method = config.method if config.method is not TimerMethod.HELD or hold is not None else TimerMethod.BACK_TO_BACK
     return summarize(times_ms, warmup_calls=warmup, first_call_s=first_call_s, input_sets=sets, method=method)
 
 
