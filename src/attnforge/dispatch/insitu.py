@@ -48,6 +48,7 @@ from typing import Any, Protocol
 
 from attnforge.backends.adapter import AttentionCall, BackendAdapter
 from attnforge.backends.exact import EXACT
+from attnforge.bench.timing import BATCH_MS
 from attnforge.dispatch import autotune
 from attnforge.dispatch.policy import FALLBACK, Decision, class_of_call, shape_of_call
 
@@ -72,7 +73,7 @@ CHECK_BATCH_MS = 8.0
 #: the calls each held batch aims at (ms) on a GPU (:attr:`attnforge.bench.timing.TimerMethod.HELD`): bench's, since
 #: a held batch costs its hold too (about its own host time) and its device time needs no long batch to average
 #: the host's hiccups out
-HELD_BATCH_MS = 2.0
+HELD_BATCH_MS = BATCH_MS
 #: the share of a class's counted calls that must have found the device still busy when they had issued their
 #: work for the check to time device time alone. On an H200 (2026-11-30, docs/benchmarks.md "twenty-sixth
 #: session") Llama-3-8B's and Qwen2.5-7B's forward and train classes read 59-61 of 63, Flux-dev's and Wan-2.1's 62
