@@ -401,9 +401,7 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
     if not isinstance(kept, PrefillSequences) or kept.longest_real < PREFILL_VARLEN_MIN:
         return None
     seqs = kept
-    call = dict(base, causal=True, cu_seqlens_q=seqs.cu_seqlens, cu_seqlens_k=seqs.cu_seqlens,
-                max_seqlen_q=seqs.longest, max_seqlen_k=seqs.longest)
-    out = runtime.attention(q, k, v, **call)
+    out = runtime.attention(q, k, v, **_packed_call(base, seqs.cu_seqlens, seqs.longest))
     if seqs.hidden is None:
         return out.view(b, s, hq, dv)
     if records_grad(q, k, v) or not out.is_contiguous():
@@ -412,8 +410,15 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
     return out.view(b * s, hq * dv).index_fill_(0, seqs.hidden_rows, 0).view(b, s, hq, dv)
 
 
-#: the keywords a padded prefill's packed call adds to the caller's features (:func:`_padded_prefill`)
-_PACKED_KEYWORDS = ("causal", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+def _packed_call(base: dict[str, Any], offsets: Any, longest: int) -> dict[str, Any]:
+    """A padded prefill's packed call (:func:`_padded_prefill`): the caller's features ``base`` and causal
+    self-attention over the sequences ``offsets`` (int32 ``[n + 1]``) mark, the longest ``longest`` long."""
+    return dict(base, causal=True, cu_seqlens_q=offsets, cu_seqlens_k=offsets, max_seqlen_q=longest,
+                max_seqlen_k=longest)
+
+
+#: the keywords a padded prefill's packed call adds to the caller's features
+_PACKED_KEYWORDS = tuple(_packed_call({}, None, 0))
 
 
 def _varlen_pays(q: Any, k: Any, v: Any, base: dict[str, Any], *, masked: tuple[Any, ...]) -> bool:
@@ -445,8 +450,7 @@ def _varlen_pays(q: Any, k: Any, v: Any, base: dict[str, Any], *, masked: tuple[
 
         rows = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=q.device)
         keep_offsets(rows, rows=b * s, longest=s)  # known here: explain reads nothing back
-        packed = _chosen(q, k, v, dict(base, causal=True, cu_seqlens_q=rows, cu_seqlens_k=rows, max_seqlen_q=s,
-                                       max_seqlen_k=s))
+        packed = _chosen(q, k, v, _packed_call(base, rows, s))
         dense = _chosen(query, key, value, {"attn_mask": mask, **features})
         pays = _remember(_VARLEN_PAYS, kind, packed not in (None, EXACT) and dense in SDPA_KERNELS)
     return pays
