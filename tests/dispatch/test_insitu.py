@@ -508,50 +508,42 @@ class HeldGpu(Gpu):
         self.now = max(self.now, self.free)
 
 
+def _held_check(tmp_path: Path, *, host_ms: float, kernel_ms: float, pace: insitu.CallerPace | None) -> str | None:
+    """:func:`insitu.check` of FA (``host_ms`` of host time, a ``kernel_ms`` kernel) against SDPA (0.03 / 0.07) in
+    held batches on :class:`HeldGpu`, for a caller of ``pace``: the revert's line, or None (kept)."""
+    from attnforge.backends.bound import bound_call
+
+    _setup(tmp_path, host_ms=host_ms)
+    dispatcher = runtime.get_dispatcher()
+    fa, sdpa = dispatcher.adapters["fa"], dispatcher.fallback
+    gpu = HeldGpu()
+    fa.gpu = sdpa.gpu = gpu  # type: ignore[attr-defined]
+    fa.kernel_ms = kernel_ms  # type: ignore[attr-defined]
+    q, k, v = _qkv()
+    call = dispatcher.describe(q, k, causal=False, precision="exact", needs_grad=False)
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        return insitu.check(dispatcher, (q, k, v), call=call, route="fa",
+                            fn=bound_call(fa, call, causal=False, scale=None, bshd=False),
+                            sdpa=bound_call(sdpa, call, causal=False, scale=None, bshd=False),
+                            clock=gpu.clock, pace=pace, marks=gpu, hold=gpu)
+
+
 @pytest.mark.parametrize(("busy", "reverted"), [(63, False), (60, False), (40, True), (5, True), (None, True)])
 def test_the_check_times_a_device_bound_callers_routes_by_device_time(tmp_path: Path, busy: int | None,
                                                                        reverted: bool) -> None:
     """FA's entry costs 0.2 ms of host time against its 0.05 ms kernel (SDPA: 0.03 / 0.07). A caller that kept the
     device busy through >= 90 % of the class's counted calls hides that host time: the check times the kernels and
     keeps FA. A host-bound caller, a mixed one, or one whose pace was not observed pays it: FA reverts."""
-    from attnforge.backends.bound import bound_call
-
-    _setup(tmp_path, host_ms=0.2)
-    dispatcher = runtime.get_dispatcher()
-    fa, sdpa = dispatcher.adapters["fa"], dispatcher.fallback
-    gpu = HeldGpu()
-    fa.gpu = sdpa.gpu = gpu  # type: ignore[attr-defined]
-    q, k, v = _qkv()
-    call = dispatcher.describe(q, k, causal=False, precision="exact", needs_grad=False)
     pace = None if busy is None else insitu.CallerPace(seen=63, busy=busy)
-    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
-        line = insitu.check(dispatcher, (q, k, v), call=call, route="fa",
-                            fn=bound_call(fa, call, causal=False, scale=None, bshd=False),
-                            sdpa=bound_call(sdpa, call, causal=False, scale=None, bshd=False),
-                            clock=gpu.clock, pace=pace, marks=gpu, hold=gpu)
+    line = _held_check(tmp_path, host_ms=0.2, kernel_ms=0.05, pace=pace)
     assert (line is not None) is reverted
     if reverted:
         assert "device time alone" not in line  # type: ignore[operator]
 
 
 def test_a_device_bound_callers_route_slower_on_the_device_reverts_and_says_how_it_was_timed(tmp_path: Path) -> None:
-    from attnforge.backends.bound import bound_call
-
-    _setup(tmp_path, host_ms=0.01)
-    dispatcher = runtime.get_dispatcher()
-    fa, sdpa = dispatcher.adapters["fa"], dispatcher.fallback
-    gpu = HeldGpu()
-    fa.gpu = sdpa.gpu = gpu  # type: ignore[attr-defined]
-    fa.kernel_ms = 0.09  # type: ignore[attr-defined]  # slower than SDPA's 0.07 on the device
-    q, k, v = _qkv()
-    call = dispatcher.describe(q, k, causal=False, precision="exact", needs_grad=False)
-    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
-        line = insitu.check(dispatcher, (q, k, v), call=call, route="fa",
-                            fn=bound_call(fa, call, causal=False, scale=None, bshd=False),
-                            sdpa=bound_call(sdpa, call, causal=False, scale=None, bshd=False),
-                            clock=gpu.clock, pace=insitu.CallerPace(seen=63, busy=63), marks=gpu, hold=gpu)
+    line = _held_check(tmp_path, host_ms=0.01, kernel_ms=0.09, pace=insitu.CallerPace(seen=63, busy=63))
     assert line is not None and "fa 0.090 ms, sdpa 0.070 ms per call, device time alone" in line
-
 
 
 @dataclass
