@@ -49,7 +49,7 @@ def _bound(torch: Any, name: str, tensors: tuple[Any, Any, Any], *, causal: bool
     return bound_call(adapter, call, causal=causal, scale=None, bshd=bshd)
 
 
-def _host_only_us(torch: Any, step: Callable[[int], object], calls: int, dev: str) -> tuple[float | None, float | None]:
+def _behind_sleep(torch: Any, step: Callable[[int], object], calls: int, dev: str) -> tuple[float | None, float | None]:
     """Wall µs per call of ``calls`` steps issued while the device runs a long sleep kernel queued before them, and
     the device's own ms per call for them (CUDA events around the queued steps: the device never waits for the
     host inside them)."""
@@ -119,7 +119,7 @@ def probe_cell(torch: Any, cell: Any, *, dev: str, dtype: Any) -> dict[str, Any]
             row["grid_loop_ms"] = (time.perf_counter() - t0) / 20 * 1e3
             for t in tensors:
                 t.grad = None
-            row["host_only_us"], row["device_only_ms"] = _host_only_us(torch, steps[name], 20, dev)
+            row["host_only_us"], row["device_only_ms"] = _behind_sleep(torch, steps[name], 20, dev)
             est = min(row.get("warmup_harness_rounds_ms") or [1.0])
             row["batch_2ms"], row["batch_8ms"] = batch_size(est), batch_size(est, target_ms=insitu.CHECK_BATCH_MS)
         out["layouts"][layout] = res
