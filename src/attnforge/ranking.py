@@ -2,7 +2,9 @@
 
 Per backend, a *measurement* is its median TFLOP/s over repeated interleaved rounds, the slowest and fastest
 round, and its *noise*: the median absolute deviation (MAD) of the rounds' medians relative to their median
-(:attr:`attnforge.bench.timing.Timing.mad_ms`). The rule (:func:`rank`, docs/dispatch-policy.md):
+(:attr:`attnforge.bench.timing.Timing.mad_ms`; measure-on-first-use and the in-situ check take out the drift common
+to a round's candidates first: :func:`attnforge.bench.timing.without_common_drift`). The rule (:func:`rank`,
+docs/dispatch-policy.md):
 
 1. The *top* is the backend with the highest median.
 2. ``a`` *beats* ``b`` (:func:`beats`) when ``a``'s median is faster than ``b``'s by more than the margin

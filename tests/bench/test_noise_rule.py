@@ -4,6 +4,7 @@ MAD)``; one slow round of three no longer hands a faster kernel's class to SDPA,
 from __future__ import annotations
 
 import dataclasses
+import math
 import sqlite3
 import statistics
 from pathlib import Path
@@ -230,3 +231,47 @@ def test_beats_is_never_true_both_ways_nor_within_min_margin(a: float, b: float,
     assert not beats(ma, ma)
     if a <= b * (1 + MIN_MARGIN):
         assert not beats(ma, mb)
+
+
+def _drifted(timings: dict[str, tuple[float, ...]]) -> dict[str, Timing]:
+    from attnforge.bench.timing import without_common_drift
+
+    return without_common_drift({n: timing(r) for n, r in timings.items()})
+
+
+@given(base=st.lists(st.floats(0.05, 50.0), min_size=2, max_size=5),
+       drift=st.lists(st.floats(0.5, 2.0), min_size=3, max_size=9))
+def test_a_drift_common_to_every_candidate_leaves_no_noise(base: list[float], drift: list[float]) -> None:
+    """Rounds that differ only by a factor every candidate shares (``t[n][r] = base[n] * drift[r]``) are
+    noise-free once the drift is out, however far the rounds spread; medians and spreads stay as measured."""
+    rounds = {f"b{i}": tuple(b * d for d in drift) for i, b in enumerate(base)}
+    out = _drifted(rounds)
+    for name, t in out.items():
+        assert t.mad_ms == pytest.approx(0.0, abs=1e-9 * t.median_ms)
+        assert (t.median_ms, t.lo_ms, t.hi_ms) == (timing(rounds[name]).median_ms, min(rounds[name]),
+                                                   max(rounds[name]))
+        assert t.drift_of == len(base)
+
+
+@given(noise=st.lists(st.floats(-0.05, 0.05), min_size=5, max_size=9), steady=st.floats(0.1, 10.0))
+def test_a_candidates_own_noise_weighs_about_as_before(noise: list[float], steady: float) -> None:
+    """Where one candidate's rounds move on their own and the other's do not, the pair's combined noise (what the
+    tie margin weighs) stays near the noisy one's raw MAD: the drift takes a share of it from each, and the
+    ``sqrt(n / (n - 1))`` factor gives it back."""
+    rounds = {"noisy": tuple(1.0 + e for e in noise), "steady": (steady,) * len(noise)}
+    raw = timing(rounds["noisy"]).mad_ms
+    assume(raw > 0.005)
+    out = _drifted(rounds)
+    combined = math.hypot(out["noisy"].mad_ms / out["noisy"].median_ms, out["steady"].mad_ms / steady)
+    assert combined == pytest.approx(raw / timing(rounds["noisy"]).median_ms, rel=0.15)
+
+
+@pytest.mark.parametrize("rounds", [
+    {"a": (1.0, 1.2, 0.9)},  # one candidate: nothing to share a drift with
+    {"a": (1.0, 1.2), "b": (2.0, 2.4)},  # two rounds are too few to tell a drift from noise
+    {"a": (1.0, 1.2, 0.9), "b": (2.0, 2.4)},  # a candidate left the rounds (it raised)
+    {"a": (1.0, 1.2, 0.9), "b": (2.0, 0.0, 1.8)},  # a round without a time
+])
+def test_the_drift_stays_in_where_the_rounds_cannot_be_matched(rounds: dict[str, tuple[float, ...]]) -> None:
+    out = _drifted(rounds)
+    assert all(t.drift == () and t.mad_ms == timing(rounds[n]).mad_ms for n, t in out.items())

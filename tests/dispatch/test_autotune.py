@@ -3,6 +3,7 @@ stores the result for this device, later calls reuse it, and the returned output
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -320,3 +321,39 @@ def test_the_timed_work_is_waited_for_on_the_tensors_device() -> None:
     assert marks_for(torch.device("cuda", 1)).device == torch.device("cuda", 1)  # type: ignore[attr-defined]
     assert autotune.device_sync(torch.device("cpu"))() is None
     assert isinstance(marks_for(torch.device("cpu")), HostMarks)
+
+
+def test_first_use_takes_the_drift_common_to_a_rounds_candidates_out_of_the_noise(
+        store: RecordStore, setup: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole round running slow (the GPU's clock, a neighbour) moves every candidate in it alike: it must not
+    hide a lead. On an H200 (docs/benchmarks.md "twenty-seventh session") warm-up read SDPA's rounds 600-642
+    TFLOP/s (noise 2.7 %) at 8k keys, and the margin that noise gave swallowed FA3's 5 % lead. Here every
+    candidate's round r runs ``DRIFT[r]`` times its cost (at the timer, the seam): the raw rounds' noise (6 %)
+    would tie ``fast`` (5 % ahead) with SDPA; without the common drift it wins."""
+    from attnforge.bench import timing as timing_mod
+
+    clock, slow, fast, sdpa = setup
+    slow.cost_ms, fast.cost_ms, sdpa.cost_ms = 5.0, 2.85, 3.0
+    drift = (1.0, 1.12, 0.94, 1.10, 0.96)
+    real_measure = timing_mod.measure
+    seen: dict[int, int] = {}
+
+    def drifting(step: Any, **kw: Any) -> Any:
+        t = real_measure(step, **kw)
+        r = seen[id(step)] = seen.get(id(step), -1) + 1
+        f = drift[r]
+        return dataclasses.replace(t, median_ms=t.median_ms * f, min_ms=t.min_ms * f, p20_ms=t.p20_ms * f,
+                                   p80_ms=t.p80_ms * f, rounds_ms=tuple(x * f for x in t.rounds_ms))
+
+    monkeypatch.setattr(timing_mod, "measure", drifting)
+    q, k, v = _qkv()
+    with attnforge.autotune(budget_s=0.5, rounds=len(drift), clock=clock, background=False):
+        attnforge.attention(q, k, v)
+    assert set(seen.values()) == {len(drift) - 1}  # every candidate timed in every round
+    records = {r.backend: r for r in store.bench_records(CPU_KEY)}
+    raw = timing_mod.Timing(median_ms=1.0, min_ms=1.0, p20_ms=1.0, p80_ms=1.0, reps=1, warmup_calls=0,
+                            first_call_s=0.0, input_sets=1, method=timing_mod.TimerMethod.HELD, rounds_ms=drift)
+    assert raw.mad_ms == pytest.approx(0.06)  # what each record's noise would read with the drift left in
+    assert all(r.ms_mad is not None and r.ms_mad / r.ms < 1e-6 for r in records.values())
+    assert (records["slow"].ms_hi, records["slow"].ms_lo) == pytest.approx((5.0 * 1.12, 5.0 * 0.94))  # as measured
+    assert attnforge.explain(q, k, v).chosen == "fast"

@@ -45,8 +45,8 @@ import functools
 import math
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from attnforge._compat import StrEnum
@@ -230,6 +230,8 @@ class Timing:
         input_sets: how many input sets the calls rotated through.
         method: the timer.
         rounds_ms: the median of each interleaved round (one entry for a single measurement).
+        drift: per round, the factor common to every candidate timed in that round (:func:`without_common_drift`;
+            empty where it was not taken out); drift_of: how many candidates it was taken over.
     """
 
     median_ms: float
@@ -242,6 +244,8 @@ class Timing:
     input_sets: int
     method: TimerMethod
     rounds_ms: tuple[float, ...] = ()
+    drift: tuple[float, ...] = ()
+    drift_of: int = 0
 
     @property
     def lo_ms(self) -> float:
@@ -257,11 +261,46 @@ class Timing:
     def mad_ms(self) -> float:
         """The median absolute deviation of the rounds' medians from their median, ms: the noise figure the
         "fastest" rule weighs (:func:`attnforge.ranking.beats`). One slow round of three does not move it
-        (rounds 1.00, 1.01, 1.30 ms give 0.01 ms); 0.0 with fewer than two rounds."""
+        (rounds 1.00, 1.01, 1.30 ms give 0.01 ms); 0.0 with fewer than two rounds. With :attr:`drift`, of the
+        rounds divided by it, times ``sqrt(n / (n - 1))`` for its ``n`` candidates (:func:`without_common_drift`)."""
         if len(self.rounds_ms) < 2:
             return 0.0
-        center = statistics.median(self.rounds_ms)
-        return statistics.median(abs(r - center) for r in self.rounds_ms)
+        rounds, scale = self.rounds_ms, 1.0
+        if self.drift and self.drift_of > 1:
+            rounds = tuple(r / f for r, f in zip(self.rounds_ms, self.drift, strict=True))
+            scale = math.sqrt(self.drift_of / (self.drift_of - 1))
+        center = statistics.median(rounds)
+        return scale * statistics.median(abs(r - center) for r in rounds)
+
+
+def without_common_drift(timings: Mapping[str, Timing]) -> dict[str, Timing]:
+    """The candidates' timings with the drift common to all of them in each round taken out of their noise.
+
+    Interleaved rounds time every candidate once per round, close together; what moves a whole round (the GPU's
+    clock, a neighbour, the host's pace) moves every candidate in it alike and says nothing about which one is
+    faster. Each candidate's round median over its own median is its relative round time; a round's *drift* is the
+    median of those over the candidates. :attr:`Timing.mad_ms` then weighs each round divided by its drift, times
+    ``sqrt(n / (n - 1))`` for ``n`` candidates: where the candidates' noise is their own, independent from round to
+    round, dividing by a factor taken partly from the candidate itself narrows its spread by about that much, so the
+    noise reads as before; where a round moves them all, the drift takes it out. Medians, slowest and fastest
+    rounds stay as measured.
+
+    Taken out only where at least two candidates have the same number (at least three) of positive round
+    medians; otherwise the timings come back unchanged.
+
+    Args:
+        timings: per candidate, its :func:`combine_rounds` result, rounds in the order they were timed.
+
+    Returns:
+        The same mapping with :attr:`Timing.drift` and :attr:`Timing.drift_of` set.
+    """
+    counts = {len(t.rounds_ms) for t in timings.values()}
+    if len(timings) < 2 or len(counts) != 1 or min(counts) < 3 or any(
+            r <= 0 for t in timings.values() for r in t.rounds_ms):
+        return dict(timings)
+    relative = [tuple(r / statistics.median(t.rounds_ms) for r in t.rounds_ms) for t in timings.values()]
+    drift = tuple(statistics.median(column) for column in zip(*relative, strict=True))
+    return {name: replace(t, drift=drift, drift_of=len(timings)) for name, t in timings.items()}
 
 
 def combine_rounds(rounds: list[Timing]) -> Timing:
@@ -378,8 +417,9 @@ def paired(steps: dict[str, Step], *, pairs: int, max_call_ms: float, sync: Call
     """Time two or more routes against each other on live calls, as the model issues them, at a bounded cost:
     ``pairs`` interleaved rounds, each one back-to-back batch (:func:`batch_size` for ``batch_ms``) of every step in
     turn; each round's per-call time is one entry of the result's ``rounds_ms`` (the noise
-    :func:`attnforge.ranking.beats` weighs). One untimed call of each step first estimates the batch. The in-situ
-    check of the dispatcher (:mod:`attnforge.dispatch.insitu`) runs this on the calling thread, so its cost is about
+    :func:`attnforge.ranking.beats` weighs, the drift common to the routes taken out: :func:`without_common_drift`).
+    One untimed call of each step first estimates the batch. The in-situ check of the dispatcher
+    (:mod:`attnforge.dispatch.insitu`) runs this on the calling thread, so its cost is about
     ``pairs * len(steps) * (batch_ms + one call)`` plus one call of each. ``marks`` time the batches
     (:func:`marks_for`; the host clock ``clock`` when None). With ``hold`` (:func:`hold_for`) each batch is held
     (:attr:`TimerMethod.HELD`, its first call timed too): a call counts the longer of its device and host time, or
@@ -413,9 +453,10 @@ def paired(steps: dict[str, Step], *, pairs: int, max_call_ms: float, sync: Call
                 per[name].extend(_back_to_back(steps[name], counter, 1, batch, sync=sync, marks=marks))
     if hold is not None:
         per = {name: held_times(timed, host_counts=host_counts) for name, timed in held.items()}
-    return {name: per_call_rounds(times, first_call_s=estimates[name] / 1e3,
-                                  method=TimerMethod.HELD if hold is not None else TimerMethod.BACK_TO_BACK)
-            for name, times in per.items()}
+    return without_common_drift({name: per_call_rounds(times, first_call_s=estimates[name] / 1e3,
+                                                       method=TimerMethod.HELD if hold is not None
+                                                       else TimerMethod.BACK_TO_BACK)
+                                 for name, times in per.items()})
 
 
 def timed_call(fn: Callable[[], Any], *, sync: Callable[[], None] = lambda: None,

@@ -345,7 +345,7 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     Returns:
         The new records (a candidate that raises while timed gets none; the policy treats it as before).
     """
-    from attnforge.bench.timing import combine_rounds, hold_for, marks_for, measure
+    from attnforge.bench.timing import combine_rounds, hold_for, marks_for, measure, without_common_drift
 
     names = candidates(decision, skip)
     # partial only where a candidate of this decision was left out (a CUDA-only backend is none on a CPU call)
@@ -374,17 +374,16 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
                                             marks=marks, hold=hold))
             except Exception:  # a candidate that raises is not measured; the policy keeps its own view of it
                 del rounds[name]
-    records = _records(rounds, adapters, bhsd, call=call, device_key=device_key, combine=combine_rounds,
-                       versions=versions or {})
+    timings = without_common_drift({n: combine_rounds(t) for n, t in rounds.items() if t})
+    records = _records(timings, adapters, bhsd, call=call, device_key=device_key, versions=versions or {})
     if records and store is not None and hasattr(store, "add_bench"):
         store.add_bench(records)
     dispatcher.take_records(device_key, records)  # kept in this process whether or not the store could write them
     return records
 
 
-def _records(rounds: Mapping[str, list[Any]], adapters: Mapping[str, BackendAdapter], bhsd: tuple[Any, Any, Any],
-             *, call: AttentionCall, device_key: str, combine: Callable[[list[Any]], Any],
-             versions: Mapping[str, str | None]) -> list[BenchRecord]:
+def _records(timings: Mapping[str, Any], adapters: Mapping[str, BackendAdapter], bhsd: tuple[Any, Any, Any],
+             *, call: AttentionCall, device_key: str, versions: Mapping[str, str | None]) -> list[BenchRecord]:
     from attnforge.bench.accuracy import output_error
     from attnforge.bench.flops import shape_flops, tflops
 
@@ -392,10 +391,7 @@ def _records(rounds: Mapping[str, list[Any]], adapters: Mapping[str, BackendAdap
     flops = shape_flops(shape)
     run_id = "autotune-" + uuid.uuid4().hex[:8]
     out = []
-    for name, timings in rounds.items():
-        if not timings:
-            continue
-        t = combine(timings)
+    for name, t in timings.items():
         error = None
         if quantizes(adapters[name]):
             try:
