@@ -584,3 +584,31 @@ def test_first_use_on_held_batches_sees_a_kernel_lead_that_host_stalls_hid(tmp_p
     assert measured["fa"].ms == pytest.approx(0.466, rel=1e-6) and measured["sdpa"].ms == pytest.approx(0.509, rel=1e-6)
     assert measured["fa"].ms_mad == pytest.approx(0.0, abs=1e-9)  # no round carries a stall
     assert attnforge.explain(q, k, v).chosen == "fa"
+
+
+def test_a_long_calls_check_takes_out_a_drift_both_sides_shared(tmp_path: Path) -> None:
+    """The device slowing and speeding up between live calls (clock, neighbours) moves SDPA's call and the route's
+    next to it alike: a route 5 % faster keeps the class although each side's slices spread 10-15 %, which with the
+    drift left in ties it (3 x the combined noise) and reverts it."""
+    drift = (1.0, 1.15, 0.9)
+    gpu = Gpu()
+
+    @dataclass
+    class Drifting(Kernel):
+        def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                     scale: float | None) -> torch.Tensor:
+            pair = min(sdpa.calls, len(drift) - 1)  # the route's slice i, then SDPA's slice i
+            self.calls += 1
+            self.gpu.now += self.host_ms / 1e3
+            self.gpu.free = max(self.gpu.free, self.gpu.now) + self.kernel_ms * drift[pair] / 1e3
+            return reference_attention(q, k, v, causal=causal, scale=scale).to(q.dtype)
+
+    fa, sdpa = Drifting("fa", gpu, 0.05, 11.4), Drifting("sdpa", gpu, 0.03, 12.0)
+    store = _measured(tmp_path, fa, sdpa, sq=16, sk=16, sdpa_ms=0.1)
+    q, k, v = _qkv()
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for _ in range(insitu.SAMPLE_AFTER + 2 * insitu.SLICES + 2):
+            attnforge.attention(q, k, v)
+    assert sdpa.calls == insitu.SLICES  # checked once, on live calls
+    assert attnforge.explain(q, k, v).chosen == "fa"
+    assert not [r for r in store.bench_records(CPU_KEY) if r.run_id.startswith("insitu-")]

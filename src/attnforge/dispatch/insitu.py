@@ -290,7 +290,7 @@ class _Sampler:
 
     def _slice(self, q: Any, k: Any, v: Any) -> Any:
         """A long call's check, one live call at a time: the next call on whichever backend has fewer timings
-        (SDPA first); after :data:`SLICES` of each, the verdict as :func:`check` gives it."""
+        (the route first at a tie); after :data:`SLICES` of each, the verdict as :func:`check` gives it."""
         slices = self.slices
         if slices is None or autotune.active(q.device.type) is None or autotune.capturing():
             return self.fn(q, k, v)  # off, or capturing: this call is not timed
@@ -305,10 +305,11 @@ class _Sampler:
             return self.fn(q, k, v)
         slices[name].append(ms)
         if min(len(t) for t in slices.values()) >= SLICES:
-            from attnforge.bench.timing import per_call_rounds
+            from attnforge.bench.timing import per_call_rounds, without_common_drift
 
             self.slices = None
-            timings = {n: per_call_rounds(t, first_call_s=t[0] / 1e3) for n, t in slices.items()}
+            # live call i of SDPA and of the route ran next to each other: a round, as paired() times them
+            timings = without_common_drift({n: per_call_rounds(t, first_call_s=t[0] / 1e3) for n, t in slices.items()})
             try:
                 reverted = verdict(self.dispatcher, q, call=self.call, route=self.name, timings=timings)
             except Exception:  # a failed check changes nothing: the route keeps serving
