@@ -124,6 +124,17 @@ def paired_ms(torch: Any, fn: Callable[[], Any], use: dict[str, Callable[[], Any
     return {name: median(t) for name, t in times.items()}
 
 
+def round_ratios(samples: dict[str, list[float]], *, base: str, new: str, reps: int) -> list[float]:
+    """Per interleaved round of :func:`paired_ms` (``reps`` samples each, in order), ``base``'s median over
+    ``new``'s: the two sides of a round ran next to each other, so what moved the round (the GPU's clock, the host's
+    pace) divides out. Their spread says whether a figure near 1.00 is above or below it: on an H200 (2026-11-30,
+    docs/benchmarks.md "twenty-seventh session") Qwen2.5-7B's train step read 0.991 and 1.013 in two runs whose
+    steps spread 45-54 ms."""
+    a, b = samples[base], samples[new]
+    rounds = min(len(a), len(b)) // max(1, reps)
+    return [median(a[r * reps:(r + 1) * reps]) / median(b[r * reps:(r + 1) * reps]) for r in range(rounds)]
+
+
 def median(values: list[float]) -> float:
     """The median these scripts report: the upper middle of the sorted values (one of them, never an average)."""
     return sorted(values)[len(values) // 2]

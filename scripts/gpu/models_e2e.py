@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from _timing import interleaved, median, paired_ms
+from _timing import interleaved, median, paired_ms, round_ratios
 
 DEV, DT, SMALL, WARMUP, DIAGNOSE, FRESH_LENGTHS, DECODE_ONLY = "cuda", "bfloat16", False, False, False, False, False
 #: --read-every-mask (main: a variant timed beside attnforge's rule)
@@ -209,13 +209,16 @@ def _forward_and_train(torch: Any, model: Any, ids: Any, mask: Any, *, use: dict
         # left-padded one (a bool mask on every call); both implementations interleaved (paired_ms)
         for key, fn in (("fwd_ms", lambda: model(input_ids=ids)),
                         ("fwd_padded_ms", lambda: model(input_ids=ids, attention_mask=mask))):
-            for impl, ms in paired_ms(torch, fn, use, rounds=ROUNDS["rounds"]).items():
+            samples: dict[str, list[float]] = {}
+            for impl, ms in paired_ms(torch, fn, use, rounds=ROUNDS["rounds"], samples=samples).items():
                 res[f"{impl}_{key}"] = ms
+            _round_spread(res, key, samples, default=next(iter(use)), reps=3)
 
     step = _train_step(model, ids)
-    samples: dict[str, list[float]] = {}
+    samples = {}
     for impl, ms in paired_ms(torch, step, use, reps=2, rounds=ROUNDS["rounds"], samples=samples).items():
         res[f"{impl}_train_step_ms"] = ms
+    _round_spread(res, "train_step_ms", samples, default=next(iter(use)), reps=2)
     res["train_step_samples_ms"] = samples  # every timed step, per implementation (a figure near 1.00 needs its spread)
     if DIAGNOSE:  # where a train step's time goes: its host syncs (a sync makes host time add to device time) and
         # its kernels, per implementation (the 2026-11-30 H200 run: attention()'s train step 0.7-0.9 ms slower than
@@ -224,6 +227,16 @@ def _forward_and_train(torch: Any, model: Any, ids: Any, mask: Any, *, use: dict
             switch()
             res[f"{impl}_train_syncs"] = _syncs(torch, step)
             res[f"{impl}_train_kernels"] = _kernels(torch, step, grad=True)
+
+
+def _round_spread(res: dict[str, Any], key: str, samples: dict[str, list[float]], *, default: str,
+                  reps: int) -> None:
+    """``res["round_speedups"][key]``: the default's time over attnforge's per interleaved round (their least, median
+    and most), beside the ratio of the two medians that ``speedup_<key>`` reports: where the rounds' ratios straddle
+    1.00 the figure cannot be told from it."""
+    ratios = round_ratios(samples, base=default, new="attnforge", reps=reps)
+    if ratios:
+        res.setdefault("round_speedups", {})[key] = [min(ratios), median(ratios), max(ratios)]
 
 
 def _train_step(model: Any, ids: Any) -> Any:
@@ -603,6 +616,7 @@ def _diffusion(torch: Any, model: Any, inputs: dict[str, Any], label: str, *, he
                                   samples=samples).items():
             res[f"{impl}_step_ms"] = ms
             res[f"{impl}_step_ms_samples"] = [round(x, 4) for x in samples.get(impl, [])]
+        _round_spread(res, "step_ms", samples, default="default", reps=2)
         if DIAGNOSE:  # where a step's time goes on each side (Flux's step 0.952x on an H200 with FA3 chosen,
             for impl, switch in use.items():  # 2026-11-30, while its attention calls were 2 x 0.43 ms of 9.3 ms)
                 switch()
@@ -687,6 +701,10 @@ def main() -> int:
         results["geomean_speedup"] = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
         results["min_speedup"] = min(speedups)
         print(f"geomean speedup over the defaults {results['geomean_speedup']:.3f}x, min {min(speedups):.3f}x")
+        for name, r in results.items():  # where a figure sits in its rounds' spread (least, median, most)
+            for key, (lo, mid, hi) in (r.get("round_speedups", {}).items() if isinstance(r, dict) else ()):
+                print(f"  {name} {key}: {r.get('speedup_' + key, float('nan')):.3f} (rounds {lo:.3f} / {mid:.3f} / "
+                      f"{hi:.3f}){'  straddles 1.00' if lo < 1.0 < hi else ''}")
         with open(args.out, "w") as fh:
             json.dump(results, fh, indent=1)
     return 0
