@@ -130,7 +130,7 @@ def round_ratios(samples: dict[str, list[float]], *, base: str, new: str, reps: 
     pace) divides out. Their spread says whether a figure near 1.00 is above or below it: on an H200 (2026-11-30,
     docs/benchmarks.md "twenty-seventh session") Qwen2.5-7B's train step read 0.991 and 1.013 in two runs whose
     steps spread 45-54 ms."""
-    a, b = samples[base], samples[new]
+    a, b = samples.get(base, []), samples.get(new, [])  # none where a side was not sampled
     rounds = min(len(a), len(b)) // max(1, reps)
     return [median(a[r * reps:(r + 1) * reps]) / median(b[r * reps:(r + 1) * reps]) for r in range(rounds)]
 
