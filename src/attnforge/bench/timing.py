@@ -285,8 +285,8 @@ def without_common_drift(timings: Mapping[str, Timing]) -> dict[str, Timing]:
     noise reads as before; where a round moves them all, the drift takes it out. Medians, slowest and fastest
     rounds stay as measured.
 
-    Taken out only where at least two candidates have the same number (at least three) of positive round
-    medians; otherwise the timings come back unchanged.
+    Taken out only where at least two candidates have the same number (at least three) of positive, finite round
+    medians; otherwise the timings come back unchanged (one candidate's NaN round must not reach the others' noise).
 
     Args:
         timings: per candidate, its :func:`combine_rounds` result, rounds in the order they were timed.
@@ -295,8 +295,8 @@ def without_common_drift(timings: Mapping[str, Timing]) -> dict[str, Timing]:
         The same mapping with :attr:`Timing.drift` and :attr:`Timing.drift_of` set.
     """
     counts = {len(t.rounds_ms) for t in timings.values()}
-    if len(timings) < 2 or len(counts) != 1 or min(counts) < 3 or any(
-            r <= 0 for t in timings.values() for r in t.rounds_ms):
+    if len(timings) < 2 or len(counts) != 1 or min(counts) < 3 or not all(
+            0 < r < math.inf for t in timings.values() for r in t.rounds_ms):  # NaN fails too
         return dict(timings)
     relative = [tuple(r / statistics.median(t.rounds_ms) for r in t.rounds_ms) for t in timings.values()]
     drift = tuple(statistics.median(column) for column in zip(*relative, strict=True))
