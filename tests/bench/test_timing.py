@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from attnforge.bench.timing import TimerMethod, TimingConfig, measure, rotation_sets, summarize
+from attnforge.bench.timing import TimerMethod, Timing, TimingConfig, measure, rotation_sets, summarize
 
 CONFIG = TimingConfig(warmup_ms=10.0, rep_ms=50.0, min_reps=3, max_reps=100, method=TimerMethod.PERF_COUNTER)
 
@@ -243,3 +245,41 @@ def test_paired_held_batches_count_the_device_alone_for_a_caller_that_hides_the_
     assert counted["fa"].median_ms == pytest.approx(0.2) and counted["sdpa"].median_ms == pytest.approx(0.07)
     assert hidden["fa"].median_ms == pytest.approx(0.05) and hidden["sdpa"].median_ms == pytest.approx(0.07)
     assert counted["fa"].method is TimerMethod.HELD
+
+
+def test_paired_takes_a_drift_both_routes_shared_out_of_their_noise() -> None:
+    """The in-situ check's rounds (:func:`paired`): the device running 10-15 % slow or fast from one round to the
+    next (its clock) moves both routes' batches in that round alike. The medians and spreads stay as timed; the noise
+    the tie margin weighs is the routes' own, none here, so a route 5 % faster beats SDPA instead of tying with it."""
+    from attnforge.bench.timing import paired
+    from attnforge.ranking import Measurement, beats
+
+    gpu = HiccupKernel([0.01], 0.1)
+    drift = (1.0, 1.15, 0.9, 1.1, 0.95)
+    held: list[float] = []
+    hold = gpu.hold
+
+    def counting_hold(ms: float) -> None:  # one hold a batch: a round is two batches (the estimates hold none)
+        held.append(ms)
+        hold(ms)
+
+    gpu.hold = counting_hold  # type: ignore[method-assign]
+
+    def at(kernel_ms: float) -> Callable[[int], object]:
+        def step(_i: int) -> None:
+            gpu.kernel_s = kernel_ms * drift[min(max(len(held) - 1, 0) // 2, len(drift) - 1)] / 1e3
+            gpu.step(0)
+        return step
+
+    timings = paired({"fa": at(0.095), "sdpa": at(0.1)}, pairs=len(drift), max_call_ms=7.0, sync=gpu.sync,
+                     clock=gpu.clock, marks=gpu, hold=gpu, host_counts=False)
+    assert timings is not None and len(held) == 2 * len(drift)
+    fa, sdpa = timings["fa"], timings["sdpa"]
+    assert fa.hi_ms / fa.lo_ms == pytest.approx(1.15 / 0.9, rel=1e-6)  # the rounds as timed
+    assert fa.mad_ms == pytest.approx(0.0, abs=1e-9) and sdpa.mad_ms == pytest.approx(0.0, abs=1e-9)
+
+    def measured(name: str, t: Timing) -> Measurement:
+        return Measurement(backend=name, tflops=1 / t.median_ms, tflops_lo=1 / t.hi_ms, tflops_hi=1 / t.lo_ms,
+                           noise=t.mad_ms / t.median_ms)
+
+    assert beats(measured("fa", fa), measured("sdpa", sdpa))

@@ -328,7 +328,7 @@ def test_first_use_takes_the_drift_common_to_a_rounds_candidates_out_of_the_nois
     """A whole round running slow (the GPU's clock, a neighbour) moves every candidate in it alike: it must not
     hide a lead. On an H200 (docs/benchmarks.md "twenty-seventh session") warm-up read SDPA's rounds 600-642
     TFLOP/s (noise 2.7 %) at 8k keys, and the margin that noise gave swallowed FA3's 5 % lead. Here every
-    candidate's round r runs ``DRIFT[r]`` times its cost (at the timer, the seam): the raw rounds' noise (6 %)
+    candidate's round r runs ``drift[r]`` times its cost (at the timer, the seam): the raw rounds' noise (6 %)
     would tie ``fast`` (5 % ahead) with SDPA; without the common drift it wins."""
     from attnforge.bench import timing as timing_mod
 
