@@ -210,7 +210,7 @@ def _forward_and_train(torch: Any, model: Any, ids: Any, mask: Any, *, use: dict
         for key, fn in (("fwd_ms", lambda: model(input_ids=ids)),
                         ("fwd_padded_ms", lambda: model(input_ids=ids, attention_mask=mask))):
             samples: dict[str, list[float]] = {}
-            for impl, ms in paired_ms(torch, fn, use, rounds=ROUNDS["rounds"], samples=samples).items():
+            for impl, ms in paired_ms(torch, fn, use, reps=3, rounds=ROUNDS["rounds"], samples=samples).items():
                 res[f"{impl}_{key}"] = ms
             _round_spread(res, key, samples, default=next(iter(use)), reps=3)
 
