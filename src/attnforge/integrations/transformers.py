@@ -381,18 +381,14 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
     if (padding is None or _FORCED.get() is not None or torch.compiler.is_compiling()
             or (query.is_cuda and torch.cuda.is_current_stream_capturing())):
         return None
-    b, hq, s, d = query.shape
+    b, hq, s, _ = query.shape
     if s < PREFILL_VARLEN_MIN or tuple(padding.shape) != (b, s) or key.shape[0] != b:
         return None
-    hkv, dv = key.shape[1], value.shape[-1]
-    q = query.transpose(1, 2).reshape(b * s, hq, d)
-    k = key.transpose(1, 2).reshape(b * s, hkv, d)
-    v = value.transpose(1, 2).reshape(b * s, hkv, dv)
     base = {name: val for name, val in features.items() if val is not None}
     # decided before the mask is read: where no kernel serves the packed call (a slim FlashAttention-3 built without
     # varlen, and no FlashAttention-4), the read is a sync for nothing; on an H200 (2026-11-30, docs/benchmarks.md
     # "twenty-sixth session") a 2-layer Llama-3-8B's padded forward read 0.943-0.979x of transformers' SDPA so
-    if not _varlen_pays(q, k, v, base, masked=(query, key, value, mask, features)):
+    if not _varlen_pays(query, key, value, mask=mask, features=features, base=base):
         return None
     kept = _PREFILL_SEQUENCES.get(mask, ())
     if kept is None:
@@ -401,6 +397,8 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
     if not isinstance(kept, PrefillSequences) or kept.longest_real < PREFILL_VARLEN_MIN:
         return None
     seqs = kept
+    q, k, v = _packed_views(query, key, value)
+    dv = v.shape[-1]
     out = runtime.attention(q, k, v, **_packed_call(base, seqs.cu_seqlens, seqs.longest))
     if seqs.hidden is None:
         return out.view(b, s, hq, dv)
@@ -408,6 +406,13 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
         return out.view(b, s, hq, dv).masked_fill(seqs.hidden, 0)
     # the kernel's fresh output, nothing recorded for backward: only the padding rows are written, not every row
     return out.view(b * s, hq * dv).index_fill_(0, seqs.hidden_rows, 0).view(b, s, hq, dv)
+
+
+def _packed_views(query: Any, key: Any, value: Any) -> tuple[Any, Any, Any]:
+    """A padded prefill's ``q [B, H, S, D]``, ``k``, ``v`` viewed ``[B * S, H, D]`` (:func:`_padded_prefill`: no copy
+    where their storage is ``[B, S, H, D]``)."""
+    b, _, s, _ = query.shape
+    return tuple(t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[-1]) for t in (query, key, value))
 
 
 def _packed_call(base: dict[str, Any], offsets: Any, longest: int) -> dict[str, Any]:
@@ -421,9 +426,11 @@ def _packed_call(base: dict[str, Any], offsets: Any, longest: int) -> dict[str, 
 _PACKED_KEYWORDS = tuple(_packed_call({}, None, 0))
 
 
-def _varlen_pays(q: Any, k: Any, v: Any, base: dict[str, Any], *, masked: tuple[Any, ...]) -> bool:
-    """Whether the packed call of ``q``, ``k``, ``v`` (``[B * S, H, D]``; ``base``: the caller's features, without the
-    varlen keywords) is worth taking over the masked one (:func:`_padded_prefill`): a kernel (not the exact math)
+def _varlen_pays(query: Any, key: Any, value: Any, *, mask: Any, features: dict[str, Any],
+                 base: dict[str, Any]) -> bool:
+    """Whether the packed call of ``query``, ``key``, ``value`` (``[B, H, S, D]``, viewed ``[B * S, H, D]``:
+    :func:`_packed_views`; ``base``: the caller's features without the varlen keywords) is worth taking over the
+    masked one (``mask``, ``features``: :func:`_padded_prefill`): a kernel (not the exact math)
     serves it, and plain SDPA's kernels serve the masked call, which compute the whole square (a masked
     FlexAttention call skips the tiles its block mask hides already: a Gemma-2-9B-shaped decoder's padded forward on
     an H200 ran 1.162x eager with FlashAttention-4's varlen kernel, 1.247x with Flex's masked one, 2026-11-29,
@@ -436,10 +443,9 @@ def _varlen_pays(q: Any, k: Any, v: Any, base: dict[str, Any], *, masked: tuple[
     from attnforge.backends.sdpa import SDPA_KERNELS
     from attnforge.dispatch import runtime
 
-    query, key, value, mask, features = masked
     dispatcher = runtime.get_dispatcher()
-    b, _, s, _ = query.shape
-    kind = (q.shape[1], k.shape[1], q.shape[-1], v.shape[-1], q.dtype, q.device, records_grad(q, k, v),
+    b, hq, s, d = query.shape
+    kind = (hq, key.shape[1], d, value.shape[-1], query.dtype, query.device, records_grad(query, key, value),
             tuple(sorted((*(name for name, val in base.items() if val is not None and not (
                 name == "dropout_p" and not val)), *_PACKED_KEYWORDS))), s.bit_length(), dispatcher.generation)
     pays = _VARLEN_PAYS.get(kind)
@@ -448,9 +454,9 @@ def _varlen_pays(q: Any, k: Any, v: Any, base: dict[str, Any], *, masked: tuple[
 
         from attnforge.dispatch.inputs import keep_offsets
 
-        rows = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=q.device)
+        rows = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=query.device)
         keep_offsets(rows, rows=b * s, longest=s)  # known here: explain reads nothing back
-        packed = _chosen(q, k, v, _packed_call(base, rows, s))
+        packed = _chosen(*_packed_views(query, key, value), _packed_call(base, rows, s))
         dense = _chosen(query, key, value, {"attn_mask": mask, **features})
         pays = _remember(_VARLEN_PAYS, kind, packed not in (None, EXACT) and dense in SDPA_KERNELS)
     return pays
