@@ -453,11 +453,25 @@ def gqa_decode_cell(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any
         "adapter": lambda: adapter(q, k, v, causal=False, scale=None),
         "flash_decode": lambda: sdpa_module._flash_decode(q, k, v, None),
         "met_unsettled": lambda: sdpa_module._MET.unsettled(q, k, v, None),
+        # the FlashAttention routes forced (their direct entries: split-KV with the query heads of a K/V head
+        # packed), on the caller's [B, H, S, D] tensors and on [B, S, H, D] ones: is any route's host + device time
+        # under SDPA's on this host-paced call (the 2026-11-30 grid: SDPA chosen, 0.947x SDPA)?
+        "attention_fa3": lambda: attnforge.attention(q, k, v, backend="flash-attn-3"),
+        "attention_fa3_bshd": lambda: attnforge.attention(qs, ks, vs, backend="flash-attn-3", layout="bshd"),
+        "attention_fa4": lambda: attnforge.attention(q, k, v, backend="flash-attn-4"),
+        "attention_fa4_bshd": lambda: attnforge.attention(qs, ks, vs, backend="flash-attn-4", layout="bshd"),
     }
+    qs, ks, vs = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     res: dict[str, Any] = {"q": list(q.shape), "k": list(k.shape)}
     want = variants["sdpa"]().float()
     for name, fn in variants.items():
-        got = fn()
+        try:
+            got = fn()
+        except Exception as exc:  # a backend this machine lacks (forced): reported, the other variants go on
+            res[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            continue
+        if name.endswith("_bshd") and isinstance(got, torch.Tensor):
+            got = got.transpose(1, 2)
         if isinstance(got, torch.Tensor):
             res[f"{name}_max_abs_diff"] = float((got.float() - want).abs().max())
         res[f"{name}_grid_ms"] = measure_ms(torch, fn, set_bytes=2 * k.numel() * k.element_size())["median_ms"]
