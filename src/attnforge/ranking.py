@@ -8,8 +8,10 @@ docs/dispatch-policy.md):
 
 1. The *top* is the backend with the highest median.
 2. ``a`` *beats* ``b`` (:func:`beats`) when ``a``'s median is faster than ``b``'s by more than the margin
-   ``max(MIN_MARGIN, K * sqrt(noise_a**2 + noise_b**2))`` (:func:`tie_margin`). Every backend the top does not
-   beat is *tied* with it: the measurements cannot tell them apart.
+   ``max(MIN_MARGIN, K * sqrt(noise_a**2 + noise_b**2))`` (:func:`tie_margin`), or by more than ``MIN_MARGIN``
+   with their rounds apart (:func:`apart`: ``a``'s slowest round faster than ``b``'s fastest by more than
+   ``max(MIN_MARGIN, K * the smaller noise)``), so that one candidate's wandering rounds cannot hide another's
+   steady lead. Every backend the top does not beat is *tied* with it: the measurements cannot tell them apart.
 3. Among the tied ones the lowest-overhead path wins (:func:`overhead_tier`): plain SDPA (``"sdpa"``, no kernel
    forced) before a forced SDPA kernel (``"sdpa-*"``), before everything else (external kernels, FlexAttention);
    then the higher median. So on a CPU, or wherever measurements are noise, plain SDPA stays unless a candidate
@@ -96,8 +98,25 @@ def tie_margin(a: Measurement, b: Measurement) -> float:
 
 def beats(a: Measurement, b: Measurement) -> bool:
     """Whether ``a`` is faster than ``b`` beyond the noise: its median TFLOP/s exceeds ``b``'s by more than
-    :func:`tie_margin`. Never true both ways, and never true of a measurement against itself."""
-    return a.tflops > b.tflops * (1.0 + tie_margin(a, b))
+    :func:`tie_margin`, or by more than :data:`MIN_MARGIN` with every round of ``a`` faster than every round of
+    ``b`` (:func:`apart`). Never true both ways, and never true of a measurement against itself."""
+    if a.tflops <= b.tflops * (1.0 + MIN_MARGIN):
+        return False
+    return a.tflops > b.tflops * (1.0 + tie_margin(a, b)) or apart(a, b)
+
+
+def apart(a: Measurement, b: Measurement) -> bool:
+    """Whether ``a``'s slowest round is faster than ``b``'s fastest by more than ``max(MIN_MARGIN, K * the
+    steadier one's noise)``: the rounds do not overlap, so no pairing of them puts ``b`` ahead.
+
+    The MAD margin of :func:`tie_margin` weighs both candidates' noise, so one backend whose rounds wander hides
+    another's steady lead: on an H200 (2026-11-30, docs/benchmarks.md "twenty-eighth session") the warm-up timed
+    the 16k causal forward's class on ``[B, H, S, D]`` tensors with plain SDPA at 594 TFLOP/s (rounds 524-635,
+    noise 7.1 %: a 21 % margin) and FlashAttention-3 steady near 700 (708 on ``[B, S, H, D]``, rounds 702-737); the
+    tie sent the class to SDPA, which the grid then timed at 0.855x FA3. Records with no rounds (``tflops_lo ==
+    tflops_hi == tflops``) are apart exactly when the medians are, so the rule adds nothing for them."""
+    gap = max(MIN_MARGIN, K * min(a.noise, b.noise))
+    return a.tflops_lo > b.tflops_hi * (1.0 + gap)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

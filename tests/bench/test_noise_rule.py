@@ -17,7 +17,7 @@ from attnforge.backends.registry import fallback
 from attnforge.bench.records import to_records
 from attnforge.bench.run import run_bench
 from attnforge.bench.timing import TimerMethod, Timing, TimingConfig
-from attnforge.ranking import MIN_MARGIN, Measurement, beats, fastest, overhead_tier, rank, tie_margin
+from attnforge.ranking import MIN_MARGIN, Measurement, apart, beats, fastest, overhead_tier, rank, tie_margin
 from attnforge.records import BenchRecord, RecordStore
 from attnforge.types.shapes import AttentionShape, Mode
 from attnforge.verify.device import current_device
@@ -278,3 +278,42 @@ def test_the_drift_stays_in_where_the_rounds_cannot_be_matched(rounds: dict[str,
     out = _drifted(rounds)
     assert all(t.drift == () for t in out.values())
     assert out["a"].mad_ms == timing(rounds["a"]).mad_ms
+
+
+# -- rounds apart: one candidate's wandering rounds do not hide another's steady lead -----------------------
+# docs/data/h200_2026-11-30i/call3-check-long-cells.log (H200, torch 2.11, 2026-11-30): the warm-up's lines for the 16k causal
+# forward's class (B1 H16 S16384 D128 bf16): plain SDPA on [B, H, S, D] tensors, and FlashAttention-3 on [B, S, H, D]
+# ones (its [B, H, S, D] figure is not printed: the line names the winner's rounds only; the grid then timed FA3 on
+# those tensors 17 % faster than SDPA)
+SDPA_16K = Measurement(backend="sdpa", tflops=594.4, tflops_lo=524.0, tflops_hi=635.4, noise=0.071)
+FA3_16K = Measurement(backend="flash-attn-3", tflops=708.2, tflops_lo=701.9, tflops_hi=737.2, noise=0.0005)
+
+
+def test_recorded_h200_16k_a_steady_lead_over_wandering_sdpa_rounds_wins() -> None:
+    assert tie_margin(FA3_16K, SDPA_16K) > FA3_16K.tflops / SDPA_16K.tflops - 1  # the MAD margin alone: a tie
+    assert apart(FA3_16K, SDPA_16K) and beats(FA3_16K, SDPA_16K) and not beats(SDPA_16K, FA3_16K)
+    r = rank([SDPA_16K, FA3_16K])
+    assert r.winner == "flash-attn-3" and r.tied == ("flash-attn-3",)
+
+
+def test_overlapping_rounds_inside_the_noise_stay_tied() -> None:
+    # FA3's slowest round (630) under SDPA's fastest (635.4): some pairing of rounds puts SDPA ahead
+    fa3 = dataclasses.replace(FA3_16K, tflops=660.0, tflops_lo=630.0, tflops_hi=690.0, noise=0.03)
+    assert not apart(fa3, SDPA_16K) and rank([SDPA_16K, fa3]).winner == "sdpa"
+    # apart, but by less than 3x the steadier candidate's noise (3 % here: a 9 % gap needed)
+    near = dataclasses.replace(fa3, tflops=700.0, tflops_lo=660.0, tflops_hi=740.0)
+    assert not apart(near, SDPA_16K) and rank([SDPA_16K, near]).winner == "sdpa"
+
+
+@given(st.floats(1.0, 1000.0), st.floats(1.0, 1000.0), st.floats(0.0, 0.3), st.floats(0.0, 0.3),
+       st.floats(0.0, 0.5), st.floats(0.0, 0.5), st.floats(0.0, 0.5), st.floats(0.0, 0.5))
+def test_rounds_apart_never_beat_both_ways_nor_within_min_margin(  # noqa: PLR0917 - hypothesis draws
+        a: float, b: float, na: float, nb: float, a_down: float, a_up: float, b_down: float, b_up: float) -> None:
+    ma = Measurement(backend="a", tflops=a, tflops_lo=a * (1 - a_down), tflops_hi=a * (1 + a_up), noise=na)
+    mb = Measurement(backend="b", tflops=b, tflops_lo=b * (1 - b_down), tflops_hi=b * (1 + b_up), noise=nb)
+    assert not (beats(ma, mb) and beats(mb, ma))
+    assert not beats(ma, ma)
+    if beats(ma, mb):
+        assert a > b * (1 + MIN_MARGIN)
+    if apart(ma, mb) and a > b * (1 + MIN_MARGIN):
+        assert beats(ma, mb)

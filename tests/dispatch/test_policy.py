@@ -74,7 +74,8 @@ def _decide(measured: list[Measurement], call: AttentionCall = CALL) -> Any:
     pytest.param([m("sdpa", 580), m("flash-attn-4", 671),
                   m("sageattention-2", 782, 0.25, noise=0.01, error=(0.038, 0.9993))],
                  "sageattention-2", None, id="issue-22-one-slow-round-does-not-hide-a-16pct-lead"),
-    pytest.param([m("sdpa", 600, 0.15), m("flash-attn-4", 650, 0.001),
+    # SDPA's rounds reach past Sage's (its fastest 750): neither the noise margin nor rounds apart separate them
+    pytest.param([m("sdpa", 600, 0.25, noise=0.15), m("flash-attn-4", 650, 0.001),
                   m("sageattention-2", 720, 0.001, error=(0.03, 0.9995))], "sdpa",
                  "not faster than sdpa beyond the noise", id="must-beat-every-exact-one-not-only-the-top"),
     pytest.param([m("sdpa", 600), m("sageattention-2", 741)], "sdpa", "error on this shape class was not measured",
