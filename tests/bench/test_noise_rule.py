@@ -281,10 +281,10 @@ def test_the_drift_stays_in_where_the_rounds_cannot_be_matched(rounds: dict[str,
 
 
 # -- rounds apart: one candidate's wandering rounds do not hide another's steady lead -----------------------
-# docs/data/h200_2026-11-30i/call3-check-long-cells.log (H200, torch 2.11, 2026-11-30): the warm-up's lines for the 16k causal
-# forward's class (B1 H16 S16384 D128 bf16): plain SDPA on [B, H, S, D] tensors, and FlashAttention-3 on [B, S, H, D]
-# ones (its [B, H, S, D] figure is not printed: the line names the winner's rounds only; the grid then timed FA3 on
-# those tensors 17 % faster than SDPA)
+# docs/data/h200_2026-11-30i/call3-check-long-cells.log (H200, torch 2.11, 2026-11-30): the warm-up's lines for the
+# 16k causal forward's class (B1 H16 S16384 D128 bf16): plain SDPA on [B, H, S, D] tensors, and FlashAttention-3 on
+# [B, S, H, D] ones (its [B, H, S, D] figure is not printed: the line names the winner's rounds only; the grid then
+# timed FA3 on those tensors 17 % faster than SDPA). FA3's noise: the line's "0.0%" (under 0.05 %)
 SDPA_16K = Measurement(backend="sdpa", tflops=594.4, tflops_lo=524.0, tflops_hi=635.4, noise=0.071)
 FA3_16K = Measurement(backend="flash-attn-3", tflops=708.2, tflops_lo=701.9, tflops_hi=737.2, noise=0.0005)
 
