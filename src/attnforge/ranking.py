@@ -147,8 +147,10 @@ class Ranking:
         text = (f"{m.tflops:.4g} TFLOP/s measured for this shape class (rounds {m.tflops_lo:.4g}-{m.tflops_hi:.4g},"
                 f" noise {m.noise:.1%})")
         if backend == self.winner and len(self.tied) > 1:
-            others = ", ".join(n for n in self.tied if n != backend)
-            text += f"; tied with {others} (no lead beyond the noise margin), the lower-overhead path wins"
+            # each tied one's own figures: a tie names what the margin swallowed (a steady lead or wandering rounds)
+            others = ", ".join(f"{n} ({o.tflops:.4g} TFLOP/s, rounds {o.tflops_lo:.4g}-{o.tflops_hi:.4g}, noise "
+                               f"{o.noise:.1%})" for n in self.tied if n != backend for o in (self.measurements[n],))
+            text += f"; tied with {others}: no lead beyond the noise margin, the lower-overhead path wins"
         return text
 
 

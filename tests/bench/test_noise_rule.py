@@ -300,6 +300,8 @@ def test_overlapping_rounds_inside_the_noise_stay_tied() -> None:
     # FA3's slowest round (630) under SDPA's fastest (635.4): some pairing of rounds puts SDPA ahead
     fa3 = dataclasses.replace(FA3_16K, tflops=660.0, tflops_lo=630.0, tflops_hi=690.0, noise=0.03)
     assert not apart(fa3, SDPA_16K) and rank([SDPA_16K, fa3]).winner == "sdpa"
+    # the tie names what the margin swallowed: the other's own figures, not only the winner's
+    assert "tied with flash-attn-3 (660 TFLOP/s, rounds 630-690, noise 3.0%)" in rank([SDPA_16K, fa3]).basis("sdpa")
     # apart, but by less than 3x the steadier candidate's noise (3 % here: a 9 % gap needed)
     near = dataclasses.replace(fa3, tflops=700.0, tflops_lo=660.0, tflops_hi=740.0)
     assert not apart(near, SDPA_16K) and rank([SDPA_16K, near]).winner == "sdpa"

@@ -174,8 +174,9 @@ def render_bench(out: Any, report: BenchReport, *, plot_path: Path | None, store
               f"(SDPA, no kernel forced); ±: the noise, the median absolute deviation of {report.timing.rounds} "
               "interleaved rounds relative to their median. "
               f"Timer: {report.timing.method.value}, median of repetitions after {report.timing.warmup_ms:g} ms "
-              "warm-up. A backend the top does not beat by more than max(2 %, 3 x their combined noise) is tied with "
-              "it; a tie goes to the lower-overhead path (plain SDPA, then a forced SDPA kernel, then other kernels).")
+              "warm-up. A backend the top does not beat (by more than max(2 %, 3 x their combined noise), or by more "
+              "than 2 % with every round faster than every round of the other) is tied with it; a tie goes to the "
+              "lower-overhead path (plain SDPA, then a forced SDPA kernel, then other kernels).")
     if unverified:
         out.print(f"* not verified on this device: run `attnforge verify {' '.join(sorted(unverified))}` "
                   "before the dispatcher will use them.")
