@@ -227,7 +227,7 @@ def _gate_reasons(name: str, adapters: Mapping[str, BackendAdapter], measured: M
     if unbeaten is not None:
         reasons.append(f"quantized: not faster than {unbeaten.backend} beyond the noise "
                        f"({m.tflops:.1f} vs {unbeaten.tflops:.1f} TFLOP/s, a lead of more than "
-                       f"{tie_margin(m, unbeaten):.1%} needed)")
+                       f"{tie_margin(m, unbeaten):.1%} needed, or every round faster than its fastest: rounds apart)")
     return reasons
 def _reasons(name: str, adapter: BackendAdapter, call: AttentionCall, verified: Mapping[str, VerifyRecord],
              broken: Mapping[str, str]) -> list[str]:
