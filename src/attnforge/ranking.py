@@ -144,14 +144,18 @@ class Ranking:
     def basis(self, backend: str) -> str:
         """Why ``backend`` stands where it does, for people."""
         m = self.measurements[backend]
-        text = (f"{m.tflops:.4g} TFLOP/s measured for this shape class (rounds {m.tflops_lo:.4g}-{m.tflops_hi:.4g},"
-                f" noise {m.noise:.1%})")
+        text = f"{m.tflops:.4g} TFLOP/s measured for this shape class ({_spread(m)})"
         if backend == self.winner and len(self.tied) > 1:
             # each tied one's own figures: a tie names what the margin swallowed (a steady lead or wandering rounds)
-            others = ", ".join(f"{n} ({o.tflops:.4g} TFLOP/s, rounds {o.tflops_lo:.4g}-{o.tflops_hi:.4g}, noise "
-                               f"{o.noise:.1%})" for n in self.tied if n != backend for o in (self.measurements[n],))
+            others = ", ".join(f"{n} ({self.measurements[n].tflops:.4g} TFLOP/s, {_spread(self.measurements[n])})"
+                               for n in self.tied if n != backend)
             text += f"; tied with {others}: no lead beyond the noise margin, the lower-overhead path wins"
         return text
+
+
+def _spread(m: Measurement) -> str:
+    """A measurement's slowest and fastest round and its noise, as :meth:`Ranking.basis` words them."""
+    return f"rounds {m.tflops_lo:.4g}-{m.tflops_hi:.4g}, noise {m.noise:.1%}"
 
 
 def rank(measurements: Iterable[Measurement]) -> Ranking:
