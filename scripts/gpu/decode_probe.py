@@ -447,6 +447,7 @@ def gqa_decode_cell(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any
     q = torch.randn(b, hq, 1, d, device=dev, dtype=dt)
     k, v = (torch.randn(b, hkv, sk, d, device=dev, dtype=dt) for _ in range(2))
     adapter = registry.fallback()
+    qs, ks, vs = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # the bshd variants' tensors
     variants: dict[str, Callable[[], Any]] = {
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
         "attention": lambda: attnforge.attention(q, k, v),
@@ -461,7 +462,6 @@ def gqa_decode_cell(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any
         "attention_fa4": lambda: attnforge.attention(q, k, v, backend="flash-attn-4"),
         "attention_fa4_bshd": lambda: attnforge.attention(qs, ks, vs, backend="flash-attn-4", layout="bshd"),
     }
-    qs, ks, vs = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     res: dict[str, Any] = {"q": list(q.shape), "k": list(k.shape)}
     want = variants["sdpa"]().float()
     for name, fn in variants.items():
