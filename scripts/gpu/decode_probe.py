@@ -486,6 +486,108 @@ def gqa_decode_cell(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any
     return res
 
 
+def sdpa_direct(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
+    """SDPA's public function against the kernel op it picks, called directly (what a route could call once the
+    class's choice is known): ``torch._fused_sdp_choice`` (SDPBackend: 1 flash, 2 memory-efficient, 3 cuDNN), then
+    ``torch._scaled_dot_product_{cudnn,flash,efficient}_attention`` with SDPA's arguments (torch 2.11's
+    ``scaled_dot_product_attention`` in aten/src/ATen/native/transformers/attention.cpp validates, chooses and calls
+    that op with ``compute_log_sumexp`` = grad recorded). Per case: the outputs (and gradients) compared bit for bit,
+    host µs a call (device kept busy), back-to-back wall µs, the grid's timing (L2 flushed), each interleaved over
+    rounds; and the choice, ``torch.compiler.is_compiling()`` and the grad check alone. ``attention()`` beside them
+    (no FlashAttention installed on that call: it serves SDPA). The grid's decode GQA cell lost 0.895x SDPA with
+    SDPA chosen on 2026-11-30 (attention() 43.2 host µs against SDPA's 37.3)."""
+    import torch.nn.functional as F  # noqa: N812
+    from _timing import measure_many_ms
+
+    import attnforge
+
+    cases = {  # name: (b, hq, hkv, sq, sk, d, causal, grad)
+        "decode_gqa": (8, 32, 8, 1, 4096, 128, False, False),
+        "mha_1k_causal": (8, 16, 16, 1024, 1024, 128, True, False),
+        "llama_prefill_2k": (1, 32, 8, 2048, 2048, 128, True, False),
+        "llama_train_2k": (1, 32, 8, 2048, 2048, 128, True, True),
+        "mha_1k_causal_train": (8, 16, 16, 1024, 1024, 128, True, True),
+        "flux_4608": (1, 24, 24, 4608, 4608, 128, False, False),
+    }
+    if small:
+        cases = {n: (1, 4, 2 if c[1] != c[2] else 4, min(c[3], 16), min(c[4], 64), 16, c[6], c[7])
+                 for n, c in cases.items()}
+    names = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}
+    res: dict[str, Any] = {}
+    for case, (b, hq, hkv, sq, sk, d, causal, grad) in cases.items():
+        torch.manual_seed(0)
+        q = torch.randn(b, hq, sq, d, device=dev, dtype=dt, requires_grad=grad)
+        k, v = (torch.randn(b, hkv, sk, d, device=dev, dtype=dt, requires_grad=grad) for _ in range(2))
+        gqa = hq != hkv
+        row: dict[str, Any] = {"shape": [b, hq, hkv, sq, sk, d], "causal": causal, "grad": grad}
+        choice = int(torch._fused_sdp_choice(q, k, v, None, 0.0, causal, scale=None, enable_gqa=gqa))
+        row["choice"] = names.get(choice, choice)
+
+        def direct(choice: int = choice, q: Any = q, k: Any = k, v: Any = v, causal: bool = causal) -> Any:
+            lse = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+            if choice == 3:
+                return torch._scaled_dot_product_cudnn_attention(q, k, v, None, lse, 0.0, causal, False,
+                                                                 scale=None)[0]
+            if choice == 1:
+                return torch._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=None)[0]
+            if choice == 2:
+                return torch._scaled_dot_product_efficient_attention(q, k, v, None, lse, 0.0, causal,
+                                                                     scale=None)[0]
+            raise RuntimeError(f"no direct op for choice {choice}")
+
+        variants: dict[str, Callable[[], Any]] = {
+            "sdpa": lambda q=q, k=k, v=v, causal=causal, gqa=gqa: F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, enable_gqa=gqa),
+            "direct": direct,
+            "attention": lambda q=q, k=k, v=v, causal=causal: attnforge.attention(q, k, v, causal=causal),
+        }
+        try:
+            want = variants["sdpa"]()
+            got = direct()
+            row["direct_equal"] = bool(torch.equal(want, got))
+            row["direct_max_abs_diff"] = float((want.float() - got.float()).abs().max())
+            if grad:
+                go = torch.randn_like(want)
+                gw = torch.autograd.grad(want, (q, k, v), go)
+                gd = torch.autograd.grad(got, (q, k, v), go)
+                row["direct_grads_equal"] = all(bool(torch.equal(a, c)) for a, c in zip(gw, gd, strict=True))
+                row["direct_grads_max_abs_diff"] = max(float((a.float() - c.float()).abs().max())
+                                                       for a, c in zip(gw, gd, strict=True))
+        except Exception as exc:  # a choice this op refuses: reported, the case goes on with SDPA alone
+            row["direct_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            del variants["direct"]
+        extras: dict[str, Callable[[], Any]] = {
+            "choice_alone": lambda q=q, k=k, v=v, causal=causal, gqa=gqa: torch._fused_sdp_choice(
+                q, k, v, None, 0.0, causal, scale=None, enable_gqa=gqa),
+            "is_compiling": torch.compiler.is_compiling,
+            "grad_check": lambda q=q, k=k, v=v: torch.is_grad_enabled() and (
+                q.requires_grad or k.requires_grad or v.requires_grad),
+        }
+        host = dict.fromkeys(list(variants) + list(extras), float("inf"))
+        wall = dict.fromkeys(variants, float("inf"))
+        calls = [(k, v, None)] * (200 if sq <= 16 else 50)
+        for fn in variants.values():
+            for _ in range(3):
+                fn()
+        for _ in range(5):  # interleaved rounds: the host's pace drifts
+            for name, fn in {**variants, **extras}.items():
+                got_us = _host_us_per_call(torch, lambda _k, _v, _m, fn=fn: fn(), calls)
+                if got_us is not None:
+                    host[name] = min(host[name], got_us)
+                if name in wall:
+                    wall[name] = min(wall[name], _best_loop_us(torch, fn, warm=2, n=len(calls), rounds=1))
+        row.update({f"{n}_host_us": (round(x, 2) if x < float("inf") else None) for n, x in host.items()})
+        row.update({f"{n}_us": round(x, 2) for n, x in wall.items()})
+        if not grad:
+            grid = measure_many_ms(torch, variants, set_bytes=2 * k.numel() * k.element_size())
+            row.update({f"{n}_grid_ms": g.get("median_ms") for n, g in grid.items()})
+            if "direct" in grid and grid["direct"].get("median_ms"):
+                row["sdpa_over_direct_grid"] = round(grid["sdpa"]["median_ms"] / grid["direct"]["median_ms"], 4)
+        res[case] = row
+        print(case, json.dumps(row), flush=True)
+    return res
+
+
 def _hot_path_layers(torch: Any, q: Any, k: Any, v: Any) -> dict[str, Any]:
     """Host µs per call of each layer of ``attention()``'s hot path for a call served before (the ninth session:
     attention() ~50 µs against plain SDPA's ~24 on the decode GQA cell, not in the adapter): the signature tuple
@@ -917,9 +1019,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--only", default="", help="comma-separated sections (efficient_breakdown, decode_kernels[_long], "
-                                                "adapter_steps, host_costs, calls, gemma_calls, fa4_varlen_decode, "
-                                                "gqa_decode_cell, prefill_first_calls, generate); default all")
+    ap.add_argument("--only", default="", help="comma-separated sections (efficient_breakdown, "
+                                                "decode_kernels[_long], adapter_steps, host_costs, calls, "
+                                                "gemma_calls, fa4_varlen_decode, gqa_decode_cell, sdpa_direct, "
+                                                "prefill_first_calls, generate); default all")
     args = ap.parse_args()
     import torch
 
@@ -939,6 +1042,7 @@ def main() -> int:
                      ("gemma_calls", lambda: gemma_calls(torch, args.device, dt, small)),
                      ("fa4_varlen_decode", lambda: fa4_varlen_decode(torch, args.device, dt, small)),
                      ("gqa_decode_cell", lambda: gqa_decode_cell(torch, args.device, dt, small)),
+                     ("sdpa_direct", lambda: sdpa_direct(torch, args.device, dt, small)),
                      ("prefill_first_calls", lambda: prefill_first_calls(torch, args.device, dt, small)),
                      ("generate", lambda: generate(torch))):
         if only is not None and name not in only:
