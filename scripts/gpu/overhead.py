@@ -13,7 +13,8 @@ Variants (each skipped, with the reason, where this machine lacks it):
   the route the dispatcher serves; FA2 ``flash_attn_2_cuda.fwd`` and FA3 ``torch.ops.flash_attn_3.fwd`` called
   positionally, FA4 ``_flash_attn_fwd`` without ``FlashAttnFunc.apply`` when no gradient is needed) on
   [B, S, H, D] (``*_direct_entry_found``: False means the installed version is not one mirrored, and this row
-  times the public function);
+  times the public function); with a ``--abi torch`` FA3 build, ``fa3_direct`` calls its lean entry and
+  ``fa3_ops``, the same route over ``torch.ops.flash_attn_3.fwd``, shows what the entry saves;
 - ``attention_fa2`` / ``attention_fa3`` / ``attention_fa4`` / ``attention_flex``: ``attnforge.attention(...,
   backend=...)`` (bshd for the FlashAttention family, bhsd for Flex): the dispatcher's hot path around the route;
 - ``attention``: ``attnforge.attention(q, k, v)`` on [B, H, S, D], its own choice (named in the output);
@@ -130,6 +131,24 @@ def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool, devi
             a = a[0] if isinstance(a, tuple) else a
             notes[f"{tag}_direct_identical_to_public"] = bool(torch.equal(a, b_))
         notes[f"{tag}_direct_entry_found"] = adapter.direct_entry() is not None  # type: ignore[attr-defined]
+        if tag == "fa3" and getattr(adapter.direct_entry(), "entry", None) is not None:  # type: ignore[attr-defined]
+            # a --abi torch build's lean entry (attnforge_fwd in flash_attn_3._C) serves fa3_direct; the same
+            # route over the registered ops, timed in the same rounds: what the lean entry saves
+            import dataclasses
+
+            from attnforge.backends import _fa3_direct
+
+            ops = dataclasses.replace(adapter.direct_entry(), entry=None)  # type: ignore[attr-defined]
+            notes["fa3_lean_entry"] = True
+
+            def over_ops(ops: Any = ops, grad: bool = grad) -> Callable[[], Any]:
+                bound = _fa3_direct.bind(ops, scale=qs.shape[-1] ** -0.5, causal=causal, bshd=True, needs_grad=grad)
+                return lambda: bound(qs, ks, vs)
+
+            add("fa3_ops", over_ops)
+            if "fa3_ops" in fns and "fa3_direct" in fns:
+                with torch.no_grad():
+                    notes["fa3_lean_identical_to_ops"] = bool(torch.equal(fns["fa3_ops"](), fns["fa3_direct"]()))
     add("attention_flex", lambda: lambda: attnforge.attention(q, k, v, causal=causal, backend="flex"))
     add("attention", lambda: lambda: attnforge.attention(q, k, v, causal=causal))
     notes["attention_chose"] = attnforge.explain(q, k, v, causal=causal).chosen

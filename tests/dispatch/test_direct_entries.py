@@ -14,6 +14,7 @@ public path hands it, and return the same output and gradients.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import types
 from typing import Any
@@ -149,15 +150,54 @@ def _caps(bid: str) -> Any:
                                support=dataclasses.replace(caps.support, dtypes=("float32",)))
 
 
-@pytest.fixture
-def fa3(monkeypatch: pytest.MonkeyPatch) -> FlashAttn3Adapter:
+#: the lean entry's calls (``attnforge_fwd`` / ``attnforge_bwd`` of :func:`_lean_module`)
+LEAN: list[str] = []
+
+
+def _lean_fwd(q: Any, k: Any, v: Any, scale: float, causal: bool, left: int, right: int,  # noqa: PLR0917 - the entry's
+              softcap: float) -> tuple[Any, Any]:
+    """``attnforge_fwd`` of a ``--abi torch`` build, transcribed from the catalog's C++
+    (``[[recipes.flash-attn-3.per_torch.also]]``) onto the test op: ``mha_fwd`` with 20 absent tensors, then the
+    scale, causal, the window, attention_chunk 0, the softcap, rotary interleaved, no scheduler metadata, one split,
+    pack_gqa unset, no SM margin; (out, lse). :func:`test_the_catalogs_lean_entry_compiles_and_maps_as_the_ops`
+    compiles the C++ itself."""
+    LEAN.append("fwd")
+    out, lse, *_ = getattr(torch.ops, NS).fwd.default(q, k, v, *([None] * 20), scale, causal, left, right, 0,
+                                                      softcap, True, None, 1, None, 0)
+    return out, lse
+
+
+def _lean_bwd(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, dq: Any, dk: Any, dv: Any,  # noqa: PLR0917 - the entry's
+              scale: float, causal: bool, left: int, right: int, softcap: float) -> None:
+    """``attnforge_bwd``, as :func:`_lean_fwd`: ``mha_bwd`` with 6 absent arguments, then the scale, causal, the
+    window, the softcap, not deterministic, no SM margin; dq, dk and dv filled in place."""
+    LEAN.append("bwd")
+    getattr(torch.ops, NS).bwd.default(dout, q, k, v, out, lse, dq, dk, dv, *([None] * 6), scale, causal, left,
+                                       right, softcap, False, 0)
+
+
+def _lean_module(version: int = _fa3_direct.ENTRY_VERSION) -> types.ModuleType:
+    module = types.ModuleType("fake_fa3_lean_C")
+    module.attnforge_entry = version  # type: ignore[attr-defined]
+    module.attnforge_fwd = _lean_fwd  # type: ignore[attr-defined]
+    module.attnforge_bwd = _lean_bwd  # type: ignore[attr-defined]
+    return module
+
+
+@pytest.fixture(params=["ops", "lean"])
+def fa3(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> FlashAttn3Adapter:
+    """FA3 over the test ops, called directly (``ops``) or through a ``--abi torch`` build's lean entry
+    (``lean``): both must hand the kernel what the public path hands it."""
     module = types.ModuleType("fake_fa3_public")
     module.flash_attn_func = _fa3_public  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "fake_fa3_public", module)
+    monkeypatch.setitem(sys.modules, "fake_fa3_lean_C", _lean_module())
     for seen in SEEN.values():
         seen.clear()
     PUBLIC.clear()
+    LEAN.clear()
     return FlashAttn3Adapter(name="flash-attn-3", caps=_caps("flash-attn-3"), op_namespace=NS,
+                             entry_module="fake_fa3_lean_C" if request.param == "lean" else None,
                              requirement=Requirement(modules=("fake_fa3_public",)))
 
 
@@ -210,6 +250,7 @@ def test_fa3_direct_forward_passes_what_the_public_entry_passes(fa3: FlashAttn3A
     assert got_args[23] == (scale if scale is not None else q.shape[-1] ** -0.5)
     assert got_args[24:36] == (causal, -1, -1, 0, 0.0, True, None, 1, None, 0)
     torch.testing.assert_close(out, want if bshd else want.transpose(1, 2))
+    assert (["fwd"] if fa3.entry_module else []) == LEAN
 
 
 @pytest.mark.parametrize(("window", "softcap"), [((3, -1), 0.0), ((2, 1), 0.0), ((-1, -1), 5.0), ((4, 0), 2.5)],
@@ -241,6 +282,7 @@ def test_fa3_direct_backward_matches_the_public_entry(fa3: FlashAttn3Adapter, bs
     _same_args(SEEN["bwd"][0], SEEN["bwd"][1])
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w)
+    assert (["fwd", "bwd"] if fa3.entry_module else []) == LEAN
     ref = reference_attention(q, k, v, causal=True)
     torch.testing.assert_close(got[0], torch.autograd.grad(ref.square().sum(), q)[0], atol=1e-5, rtol=1e-4)
 
@@ -281,6 +323,107 @@ def test_fa3_another_schema_keeps_the_public_function(fa3: FlashAttn3Adapter) ->
     out = bound_call(other, _call(q, k, causal=True, grad=False), causal=True, scale=None)(q, k, v)
     assert PUBLIC == ["fa3"]
     torch.testing.assert_close(out.double(), reference_attention(q, k, v, causal=True), atol=1e-5, rtol=1e-4)
+
+
+def test_a_lean_entry_of_another_version_or_over_other_ops_is_not_called(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lean entry serves only where its module says the version :func:`_fa3_direct.bind` calls and the ops'
+    schemas are the mirrored ones (it wraps the same ``mha_fwd``): another version keeps the ops."""
+    monkeypatch.setitem(sys.modules, "fake_fa3_lean_C", _lean_module())
+    ops = _fa3_direct.find_ops(NS, "fake_fa3_lean_C")
+    assert ops is not None and ops.entry is sys.modules["fake_fa3_lean_C"]
+    assert _fa3_direct.find_ops(OTHER_NS, "fake_fa3_lean_C") is None
+    assert _fa3_direct.find_ops(NS, "attnforge_no_such_module").entry is None  # type: ignore[union-attr]
+    monkeypatch.setitem(sys.modules, "fake_fa3_lean_C", _lean_module(_fa3_direct.ENTRY_VERSION + 1))
+    ops = _fa3_direct.find_ops(NS, "fake_fa3_lean_C")
+    assert ops is not None and ops.entry is None
+    LEAN.clear()
+    q, k, v = (t.transpose(1, 2) for t in _qkv())
+    _fa3_direct.bind(ops, scale=0.5, causal=True, bshd=True, needs_grad=False)(q, k, v)
+    assert LEAN == []
+
+
+_SINK_STUB = r"""
+#include <torch/extension.h>
+// mha_fwd / mha_bwd as flash_api.cpp declares them (lines 672-706, 1267-1290 @0251105a), each handing every argument
+// to the Python module attnforge_fa3_entry_sink (the test op behind it), so the catalog's C++ runs unchanged
+using OT = std::optional<at::Tensor>;
+using OI = std::optional<int64_t>;
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mha_fwd(
+    at::Tensor q, at::Tensor k, at::Tensor v, OT a3, OT a4, OT a5, OT a6, OT a7, OT a8, OT a9, OT a10, OT a11, OI a12,
+    OI a13, OT a14, OT a15, OT a16, OT a17, OT a18, OT a19, OT a20, OT a21, OT a22, std::optional<double> a23,
+    bool a24, int64_t a25, int64_t a26, int64_t a27, double a28, bool a29, OT a30, int64_t a31,
+    std::optional<bool> a32, int64_t a33) {
+    pybind11::gil_scoped_acquire gil;
+    pybind11::tuple r = pybind11::module_::import("attnforge_fa3_entry_sink").attr("fwd")(
+        q, k, v, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23,
+        a24, a25, a26, a27, a28, a29, a30, a31, a32, a33);
+    return {r[0].cast<at::Tensor>(), r[1].cast<at::Tensor>(), r[2].cast<at::Tensor>(), r[3].cast<at::Tensor>()};
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mha_bwd(
+    at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out, at::Tensor lse, OT dq, OT dk, OT dv,
+    OT a9, OT a10, OT a11, OT a12, OI a13, OI a14, std::optional<double> a15, bool a16, int64_t a17, int64_t a18,
+    double a19, bool a20, int64_t a21) {
+    pybind11::gil_scoped_acquire gil;
+    pybind11::tuple r = pybind11::module_::import("attnforge_fa3_entry_sink").attr("bwd")(
+        dout, q, k, v, out, lse, dq, dk, dv, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21);
+    return {r[0].cast<at::Tensor>(), r[1].cast<at::Tensor>(), r[2].cast<at::Tensor>(), r[3].cast<at::Tensor>(),
+            r[4].cast<at::Tensor>()};
+}
+"""
+
+
+@functools.cache
+def _compiled_entry(build_directory: str) -> Any:
+    """The catalog's lean-entry C++ over :data:`_SINK_STUB`, compiled once per process (``_C``, the build's name:
+    torch names a second load of one name apart)."""
+    from torch.utils.cpp_extension import load_inline
+
+    from attnforge.catalog import load_catalog
+
+    recipe = load_catalog().recipe("flash-attn-3")
+    assert recipe is not None
+    anchor = "TORCH_LIBRARY(flash_attn_3, m) {"
+    (block,) = [e.replace.removesuffix(anchor) for e in recipe.per_torch_also if e.find == anchor]
+    return load_inline("_C", cpp_sources=[_SINK_STUB + block], build_directory=build_directory, verbose=False)
+
+
+@pytest.mark.slow
+def test_the_catalogs_lean_entry_compiles_and_maps_as_the_ops(fa3: FlashAttn3Adapter,
+                                                              tmp_path_factory: pytest.TempPathFactory,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C++ the catalog's ``--abi torch`` edits add to flash_api.cpp, compiled for real (a pybind11 module named
+    ``_C``, as in the build) over stand-ins of ``mha_fwd`` / ``mha_bwd`` that pass every argument on to the test
+    ops: the forward and backward hand the kernel exactly what the public path hands it (every argument, defaults
+    included), with the GIL released around the call as the edit asks."""
+    sink = types.ModuleType("attnforge_fa3_entry_sink")
+    sink.fwd = getattr(torch.ops, NS).fwd.default  # type: ignore[attr-defined]
+    sink.bwd = getattr(torch.ops, NS).bwd.default  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "attnforge_fa3_entry_sink", sink)
+    build = tmp_path_factory.getbasetemp() / "fa3_entry"  # one for the session: the module is compiled once
+    build.mkdir(exist_ok=True)
+    module = _compiled_entry(str(build))
+    assert module.attnforge_entry == _fa3_direct.ENTRY_VERSION
+    monkeypatch.setitem(sys.modules, "fake_fa3_compiled_C", module)
+    adapter = dataclasses.replace(fa3, entry_module="fake_fa3_compiled_C", _direct=[])
+    q, k, v = _qkv(grad=True)
+    route = bound_call(adapter, _call(q, k, causal=True, grad=True), causal=True, scale=None, bshd=False)
+    out = route(q, k, v)
+    got = torch.autograd.grad(out.square().sum(), (q, k, v))
+    assert PUBLIC == [] and LEAN == []  # the compiled entry served, not the Python transcription
+    want_out = _fa3_public(*(t.transpose(1, 2) for t in (q, k, v)), causal=True)
+    want = torch.autograd.grad(want_out.square().sum(), (q, k, v))
+    _same_args(SEEN["fwd"][0], SEEN["fwd"][1])
+    _same_args(SEEN["bwd"][0], SEEN["bwd"][1])
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    SEEN["fwd"].clear()
+    x = (t.detach().transpose(1, 2) for t in _qkv(sq=7))
+    windowed = _fa3_direct.bind(adapter.direct_entry(), scale=0.4, causal=False, bshd=True, needs_grad=False,
+                                window=(4, 0), softcap=2.5)
+    qb, kb, vb = x
+    torch.testing.assert_close(windowed(qb, kb, vb), _fa3_public(qb, kb, vb, softmax_scale=0.4, window_size=(4, 0),
+                                                               softcap=2.5))
+    _same_args(SEEN["fwd"][0], SEEN["fwd"][1])
 
 
 def test_the_mirrored_schemas_are_the_registered_text() -> None:
@@ -453,12 +596,18 @@ def test_verify_runs_the_direct_entry_so_a_wrong_mapping_fails(fa3: FlashAttn3Ad
     assert good.ok, good.summary
     assert len(SEEN["fwd"]) == len(cases) and PUBLIC == []  # every case ran the op directly
 
-    right = _fa3_direct.forward_tail
+    if fa3.entry_module:  # the lean entry's mapping dropped causal
+        def lean_causal_dropped(q: Any, k: Any, v: Any, scale: float, _causal: bool, *rest: Any) -> Any:
+            return _lean_fwd(q, k, v, scale, False, *rest)
 
-    def causal_dropped(**kw: Any) -> tuple[Any, ...]:
-        return right(**{**kw, "causal": False})
+        monkeypatch.setattr(sys.modules[fa3.entry_module], "attnforge_fwd", lean_causal_dropped)
+    else:  # the ops' argument tail dropped causal
+        right = _fa3_direct.forward_tail
 
-    monkeypatch.setattr(_fa3_direct, "forward_tail", causal_dropped)
+        def causal_dropped(**kw: Any) -> tuple[Any, ...]:
+            return right(**{**kw, "causal": False})
+
+        monkeypatch.setattr(_fa3_direct, "forward_tail", causal_dropped)
     bad = verify_backend(dataclasses.replace(fa3, _direct=[]), device=current_device("cpu"), cases=cases,
                          tolerances=load_tolerances())
     assert not bad.ok

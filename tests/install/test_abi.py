@@ -130,7 +130,7 @@ def test_a_stable_abi_build_is_keyed_once_and_served_to_any_newer_torch(tmp_path
     recipe = catalog.recipe("flash-attn-3")
     assert recipe is not None and recipe.per_torch is not None
     with pytest.raises(BuildError, match="its binary uses the libtorch stable ABI"):
-        label_and_key(guard_wheel, dataclasses.replace(spec, edits=(recipe.per_torch,)),
+        label_and_key(guard_wheel, dataclasses.replace(spec, edits=recipe.per_torch_edits()),
                       source_sha256=result.source_sha256, snapshot=built_here, log_path=result.log_path)
 
 

@@ -36,7 +36,7 @@ def test_abi_torch_on_a_stable_abi_recipe_edits_the_build_tree_and_names_another
     # the plan offers it, with what the catalog's recipe says it saves (data with a source, not a literal in code)
     assert recipe.per_torch.gain and any("--abi torch binds it to this torch instead: " + recipe.per_torch.gain in n
                                          for n in plain.notes), plain.notes
-    assert bound.edits == (recipe.per_torch,)
+    assert bound.edits == recipe.per_torch_edits()
     assert not any("--abi torch binds it" in n for n in bound.notes)
     assert bound.build_root != plain.build_root  # a kept tree of one is never resumed as the other
     assert any("--abi torch: bound to torch 2.11.0+cu130" in n for n in bound.notes)
@@ -141,6 +141,7 @@ def test_a_per_torch_edit_is_checked_where_the_catalog_is_read(tmp_path: Path) -
     text = text.replace('find = "if torch_version >= target_version:"', 'find = ""\nfrom = 3', 1)
     text = text.replace("[recipes.flash-attn.slim]", '[recipes.flash-attn.per_torch]\nfile = "setup.py"\n'
                         'find = "x"\nreplace = "y"\nsources = ["here"]\n\n[recipes.flash-attn.slim]', 1)
+    text = text.replace('find = "py_limited_api=True,"', 'find = ""\nto = 1', 1)  # one of the edits made with it
     (data / "backends.toml").write_text(text)
     with pytest.raises(CatalogError) as err:
         load_catalog(data)
@@ -148,6 +149,25 @@ def test_a_per_torch_edit_is_checked_where_the_catalog_is_read(tmp_path: Path) -
     assert "recipes.flash-attn-3.per_torch.find: must not be empty" in problems
     assert "recipes.flash-attn-3.per_torch: unknown field(s) ['from']" in problems
     assert "recipes.flash-attn.per_torch: only a recipe with stable_abi_from" in problems
+    assert "recipes.flash-attn-3.per_torch.also[1].find: must not be empty" in problems
+    assert "recipes.flash-attn-3.per_torch.also[1]: unknown field(s) ['to']" in problems
+
+
+def test_abi_torch_on_fa3_adds_the_lean_entry_and_leaves_the_limited_api() -> None:
+    """FA3's ``--abi torch`` edits, in order: the binding one first, then the lean entry's (``flash_attn_3._C``
+    becomes a pybind11 module, so the build leaves ``py_limited_api`` and its wheel is tagged for the building
+    Python); the entry sets the version :mod:`attnforge.backends._fa3_direct` calls."""
+    from attnforge.backends import _fa3_direct
+
+    recipe = load_catalog().recipe("flash-attn-3")
+    assert recipe is not None and recipe.per_torch is not None
+    edits = recipe.per_torch_edits()
+    assert edits[0] == recipe.per_torch and len(edits) == 6
+    assert [e.file for e in edits].count("flash_api.cpp") == 2
+    entry = edits[-1].replace
+    assert f'm.attr("attnforge_entry") = {_fa3_direct.ENTRY_VERSION};' in entry
+    assert "PYBIND11_MODULE(_C, m)" in entry and entry.endswith(edits[-1].find)
+    assert any("py_limited_api=False" in e.replace for e in edits)
 
 
 @pytest.mark.parametrize(

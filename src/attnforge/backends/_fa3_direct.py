@@ -22,6 +22,15 @@ Mirrored upstream (github.com/Dao-AILab/flash-attention @0251105a, 2026-08-15):
 Pinned: :func:`find_ops` hands out the ops only when their registered schemas are exactly the mirrored ones
 (another FA3 build, older or newer, keeps the public function); tests/dispatch/test_direct_entries.py registers
 the mirrored schemas in a test namespace on CPU and checks the mapping against the public path.
+
+The lean entry: ``torch.ops`` parses every one of ``fwd``'s 34 arguments against the schema on each call (a CPU-only
+34-argument op with an empty kernel costs 9.6 µs a call that way, an 8-argument pybind11 function 2.0 µs:
+docs/benchmarks.md "2026-11-30 (twenty-ninth session)"). A build made with ``--abi torch`` carries the catalog's
+``[[recipes.flash-attn-3.per_torch.also]]`` edits: ``flash_attn_3._C`` becomes a pybind11 module whose
+``attnforge_fwd(q, k, v, scale, causal, left, right, softcap) -> (out, lse)`` and ``attnforge_bwd(dout, q, k, v, out,
+lse, dq, dk, dv, scale, causal, left, right, softcap)`` call ``mha_fwd`` / ``mha_bwd`` with the other arguments at
+what :func:`forward_tail` and :func:`backward_tail` pass. :func:`bind` calls it where the module says
+``attnforge_entry == ENTRY_VERSION`` (and the ops' schemas are the mirrored ones); else the ops.
 """
 
 from __future__ import annotations
@@ -58,23 +67,32 @@ BWD_SCHEMA = (
 )
 #: the namespace ``flash_attn_3._C`` registers its ops under (``STABLE_TORCH_LIBRARY(flash_attn_3, m)``)
 NAMESPACE = "flash_attn_3"
+#: the module that holds the lean entry in a build with the catalog's per-torch edits
+ENTRY_MODULE = "flash_attn_3._C"
+#: ``attnforge_entry`` of a module whose lean entry has the signatures :func:`bind` calls (the catalog's edit sets it)
+ENTRY_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Fa3Ops:
-    """The two registered ops (``OpOverload``s: ``.default``, no overload resolution per call)."""
+    """The two registered ops (``OpOverload``s: ``.default``, no overload resolution per call), and the build's
+    lean entry (the module with ``attnforge_fwd`` / ``attnforge_bwd``; None: the ops serve)."""
 
     fwd: Callable[..., Any]
     bwd: Callable[..., Any]
+    entry: Any = None
 
 
-def find_ops(namespace: str = NAMESPACE) -> Fa3Ops | None:
-    """FA3's ``fwd`` and ``bwd`` ops when their registered schemas are the mirrored ones, else None.
+def find_ops(namespace: str = NAMESPACE, entry_module: str | None = ENTRY_MODULE) -> Fa3Ops | None:
+    """FA3's ``fwd`` and ``bwd`` ops when their registered schemas are the mirrored ones, else None; with the lean
+    entry of ``entry_module`` (imported already) where it says ``attnforge_entry == ENTRY_VERSION``.
 
     Call after importing the package that registers them (``flash_attn_interface`` imports
     ``flash_attn_3._C``). A schema that differs in any argument, default or return (another FA3 version) gives
     None, and the adapter keeps the public function.
     """
+    import sys
+
     try:
         ns = getattr(torch.ops, namespace)
         fwd, bwd = ns.fwd.default, ns.bwd.default
@@ -83,7 +101,9 @@ def find_ops(namespace: str = NAMESPACE) -> Fa3Ops | None:
     for op, mirrored in ((fwd, FWD_SCHEMA), (bwd, BWD_SCHEMA)):
         if str(op._schema) != str(torch._C.parse_schema(f"{namespace}::{mirrored}")):
             return None
-    return Fa3Ops(fwd=fwd, bwd=bwd)
+    module = sys.modules.get(entry_module) if entry_module else None
+    entry = module if getattr(module, "attnforge_entry", None) == ENTRY_VERSION else None
+    return Fa3Ops(fwd=fwd, bwd=bwd, entry=entry)
 
 
 def forward_tail(*, scale: float, causal: bool, window: tuple[int, int] = (-1, -1),
@@ -152,8 +172,13 @@ def bind(ops: Fa3Ops, *, scale: float, causal: bool, bshd: bool, needs_grad: boo
         in q's dtype and the same layout. It allocates only the op's own outputs and never synchronises, so it
         can be captured in a CUDA graph.
     """
-    fwd = ops.fwd
-    tail = forward_tail(scale=scale, causal=causal, window=window, softcap=softcap)
+    if ops.entry is not None:  # the lean entry: the same tensors first, then (scale, causal, left, right, softcap)
+        fwd, bwd = ops.entry.attnforge_fwd, ops.entry.attnforge_bwd
+        tail = grad_tail = (float(scale), bool(causal), int(window[0]), int(window[1]), float(softcap))
+    else:
+        fwd, bwd = ops.fwd, ops.bwd
+        tail = forward_tail(scale=scale, causal=causal, window=window, softcap=softcap)
+        grad_tail = backward_tail(scale=scale, causal=causal, window=window, softcap=softcap)
     if not needs_grad:
         if bshd:
             def forward_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -166,12 +191,11 @@ def bind(ops: Fa3Ops, *, scale: float, causal: bool, bshd: bool, needs_grad: boo
             return out[0].transpose(1, 2)  # type: ignore[no-any-return]
 
         return forward_bhsd
-    grad_tail = backward_tail(scale=scale, causal=causal, window=window, softcap=softcap)
-    bwd = ops.bwd
 
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         q, k, v = _lastdim(q), _lastdim(k), _values(v)
-        out, lse, _, _ = fwd(q, k, v, *tail)
+        res = fwd(q, k, v, *tail)  # the ops: (out, lse, out_accum, lse_accum); the lean entry: (out, lse)
+        out, lse = res[0], res[1]
         return out, (q, k, v, out, lse)
 
     def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,  # noqa: PLR0917 - saved tensors
@@ -181,3 +205,4 @@ def bind(ops: Fa3Ops, *, scale: float, causal: bool, bshd: bool, needs_grad: boo
         return dq, dk, dv
 
     return differentiable(forward, backward, bshd=bshd)
+

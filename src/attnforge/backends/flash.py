@@ -172,17 +172,20 @@ class FlashAttn3Adapter(FlashAttnAdapter):
 
     Attributes:
         op_namespace: the ``torch.ops`` namespace of the ops (tests register the mirrored schemas in their own).
+        entry_module: the module holding a ``--abi torch`` build's lean entry (``attnforge_fwd`` /
+            ``attnforge_bwd``: :mod:`attnforge.backends._fa3_direct`), called instead of the ops where present.
     """
 
     op_namespace: str = "flash_attn_3"
+    entry_module: str | None = "flash_attn_3._C"
 
     def _find_direct(self) -> Any:
-        """The ops to call directly (:class:`~attnforge.backends._fa3_direct.Fa3Ops`), or None when the
-        installed build registers other schemas."""
+        """The ops to call directly (:class:`~attnforge.backends._fa3_direct.Fa3Ops`, with the build's lean entry
+        where it has one), or None when the installed build registers other schemas."""
         from attnforge.backends import _fa3_direct
 
         self.module()  # importing flash_attn_interface registers the ops (it imports flash_attn_3._C)
-        return _fa3_direct.find_ops(self.op_namespace)
+        return _fa3_direct.find_ops(self.op_namespace, self.entry_module)
 
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
         """The plain call bound for a route: the ops called directly, forward-only when ``call`` needs no

@@ -94,6 +94,12 @@ class Recipe:
     stable_abi_from: MajorMinor | None = None  # built with torch >= this, the binary uses the libtorch stable ABI
     #                                            and needs torch >= this (a fleet plans one build for those torches)
     per_torch: SourceEdit | None = None  # with stable_abi_from: the edit that binds a build to the building torch
+    per_torch_also: tuple[SourceEdit, ...] = ()  # made with it: what the bound build adds (FA3: a lean entry)
+
+    def per_torch_edits(self) -> tuple[SourceEdit, ...]:
+        """Every edit ``--abi torch`` makes in the laid-out tree, in order: the binding edit, then those that go with
+        it (``[[recipes.ID.per_torch.also]]``); none without a binding edit."""
+        return () if self.per_torch is None else (self.per_torch, *self.per_torch_also)
 
     def builds_stable_with(self, torch_version: str) -> bool | None:
         """Whether a build of this recipe against ``torch_version`` (``2.11.0+cu130``) uses the libtorch stable ABI
@@ -296,6 +302,7 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
             stable_abi_from=errors.parsed(errors.get(raw, "stable_abi_from", path, str), f"{path}.stable_abi_from",
                                           parse_major_minor, None) if "stable_abi_from" in raw else None,
             per_torch=_source_edit(errors, raw.get("per_torch"), f"{path}.per_torch"),
+            per_torch_also=_also_edits(errors, raw.get("per_torch"), f"{path}.per_torch.also"),
         )
         if out[rid].per_torch is not None and out[rid].stable_abi_from is None:
             errors.add(f"{path}.per_torch", "only a recipe with stable_abi_from builds for the stable ABI by default")
@@ -313,7 +320,7 @@ def _source_edit(errors: Collector, raw: Any, path: str) -> SourceEdit | None:
     if not isinstance(raw, Mapping):
         errors.add(path, "expected a table with file, find, replace and sources")
         return None
-    unknown = sorted(set(raw) - {"file", "find", "replace", "gain", "sources"})
+    unknown = sorted(set(raw) - {"file", "find", "replace", "gain", "sources", "also"})
     if unknown:
         errors.add(path, f"unknown field(s) {unknown}")
     texts = {key: errors.get(raw, key, path, str) for key in ("file", "find", "replace")}
@@ -326,6 +333,31 @@ def _source_edit(errors: Collector, raw: Any, path: str) -> SourceEdit | None:
     edit = SourceEdit(file=texts["file"], find=texts["find"], replace=texts["replace"])
     gain = errors.get(raw, "gain", path, str) if "gain" in raw else None
     return dataclasses.replace(edit, gain=gain) if gain else edit
+
+
+def _also_edits(errors: Collector, raw: Any, path: str) -> tuple[SourceEdit, ...]:
+    """``[[recipes.ID.per_torch.also]]``: further edits made with the binding one, each ``file``, ``find`` and
+    ``replace`` (non-empty strings; the binding edit's ``sources`` cover them)."""
+    items = raw.get("also", []) if isinstance(raw, Mapping) else []
+    if not isinstance(items, list):
+        errors.add(path, "expected an array of tables with file, find and replace")
+        return ()
+    out = []
+    for i, item in enumerate(items):
+        where = f"{path}[{i}]"
+        if not isinstance(item, Mapping):
+            errors.add(where, "expected a table with file, find and replace")
+            continue
+        unknown = sorted(set(item) - {"file", "find", "replace"})
+        if unknown:
+            errors.add(where, f"unknown field(s) {unknown}")
+        texts = {key: errors.get(item, key, where, str) for key in ("file", "find", "replace")}
+        for key, text in texts.items():
+            if key in item and not text:
+                errors.add(f"{where}.{key}", "must not be empty")
+        if all(texts.values()):
+            out.append(SourceEdit(file=texts["file"], find=texts["find"], replace=texts["replace"]))
+    return tuple(out)
 
 
 def parse_wheel_grammars(doc: Mapping[str, Any], errors: Collector) -> dict[str, WheelGrammar]:

@@ -163,10 +163,11 @@ def abi_check(snapshot: SystemSnapshot, recipe: Recipe, request: Request) -> Che
 
 
 def abi_edits(snapshot: SystemSnapshot, recipe: Recipe, request: Request) -> tuple[SourceEdit, ...]:
-    """The edits a build of ``request`` makes in its tree: the recipe's per-torch edit where ``--abi torch`` asks
-    a recipe that builds the stable ABI by itself to bind to the building torch; none otherwise."""
+    """The edits a build of ``request`` makes in its tree: the recipe's per-torch edits
+    (:meth:`~attnforge.catalog.recipes.Recipe.per_torch_edits`) where ``--abi torch`` asks a recipe that builds the
+    stable ABI by itself to bind to the building torch; none otherwise."""
     if request.abi is AbiKind.TORCH and recipe.per_torch is not None and builds_stable(snapshot, recipe):
-        return (recipe.per_torch,)
+        return recipe.per_torch_edits()
     return ()
 
 
