@@ -578,6 +578,7 @@ def sdpa_direct(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
                     wall[name] = min(wall[name], _best_loop_us(torch, fn, warm=2, n=len(calls), rounds=1))
         row.update({f"{n}_host_us": (round(x, 2) if x < float("inf") else None) for n, x in host.items()})
         row.update({f"{n}_us": round(x, 2) for n, x in wall.items()})
+        row.update(_route_layers(torch, q, k, v, causal=causal, grad=grad, calls=calls))
         if not grad:
             grid = measure_many_ms(torch, variants, set_bytes=2 * k.numel() * k.element_size())
             row.update({f"{n}_grid_ms": g.get("median_ms") for n, g in grid.items()})
@@ -586,6 +587,34 @@ def sdpa_direct(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any]:
         res[case] = row
         print(case, json.dumps(row), flush=True)
     return res
+
+
+def _route_layers(torch: Any, q: Any, k: Any, v: Any, *, causal: bool, grad: bool,
+                  calls: list[Any]) -> dict[str, Any]:
+    """The route ``attention(q, k, v, causal=causal)`` keeps for its signature (found or not, its steps), and the host
+    µs of the lookup, of :meth:`Dispatcher.serve` and of the route's first step called alone (best of 5 rounds):
+    where ``attention()``'s cost over SDPA's goes (the GQA train call cost 13 µs more than SDPA's, 2026-11-30)."""
+    from attnforge.dispatch import runtime
+
+    dispatcher = runtime.get_dispatcher()
+    sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, None,
+           "bhsd", "exact", None, grad and torch.is_grad_enabled())
+    route = dispatcher.routes.get(sig)
+    out: dict[str, Any] = {"route_found": route is not None, "routes_kept": len(dispatcher.routes)}
+    if route is None:
+        return out
+    out["route_steps"] = [f"{a.name}: {type(fn).__name__} {fn!r}"[:200] for a, fn in route[0]]
+    step = route[0][0][1]
+    fns = {"routes_get": lambda: dispatcher.routes.get(sig), "serve": lambda: dispatcher.serve(route, q, k, v, None),
+           "first_step": lambda: step(q, k, v)}
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(5):
+        for name, fn in fns.items():
+            got = _host_us_per_call(torch, lambda _k, _v, _m, fn=fn: fn(), calls)
+            if got is not None:
+                best[name] = min(best[name], got)
+    out.update({f"{n}_host_us": (round(x, 2) if x < float("inf") else None) for n, x in best.items()})
+    return out
 
 
 def _hot_path_layers(torch: Any, q: Any, k: Any, v: Any) -> dict[str, Any]:
