@@ -205,4 +205,3 @@ def bind(ops: Fa3Ops, *, scale: float, causal: bool, bshd: bool, needs_grad: boo
         return dq, dk, dv
 
     return differentiable(forward, backward, bshd=bshd)
-

@@ -313,24 +313,17 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
 
 
 def _source_edit(errors: Collector, raw: Any, path: str) -> SourceEdit | None:
-    """``[recipes.ID.per_torch]``: ``file``, ``find``, ``replace`` (non-empty strings), ``gain`` (optional) and
-    ``sources``."""
+    """``[recipes.ID.per_torch]``: ``file``, ``find``, ``replace`` (non-empty strings), ``gain`` (optional),
+    ``sources`` and ``also`` (:func:`_also_edits`)."""
     if raw is None:
         return None
     if not isinstance(raw, Mapping):
         errors.add(path, "expected a table with file, find, replace and sources")
         return None
-    unknown = sorted(set(raw) - {"file", "find", "replace", "gain", "sources", "also"})
-    if unknown:
-        errors.add(path, f"unknown field(s) {unknown}")
-    texts = {key: errors.get(raw, key, path, str) for key in ("file", "find", "replace")}
-    for key, text in texts.items():
-        if key in raw and not text:
-            errors.add(f"{path}.{key}", "must not be empty")
+    edit = _edit(errors, raw, path, {"gain", "sources", "also"})
     errors.str_list(raw, "sources", path, allow_empty=False)
-    if not all(texts.values()):
+    if edit is None:
         return None
-    edit = SourceEdit(file=texts["file"], find=texts["find"], replace=texts["replace"])
     gain = errors.get(raw, "gain", path, str) if "gain" in raw else None
     return dataclasses.replace(edit, gain=gain) if gain else edit
 
@@ -344,20 +337,26 @@ def _also_edits(errors: Collector, raw: Any, path: str) -> tuple[SourceEdit, ...
         return ()
     out = []
     for i, item in enumerate(items):
-        where = f"{path}[{i}]"
         if not isinstance(item, Mapping):
-            errors.add(where, "expected a table with file, find and replace")
-            continue
-        unknown = sorted(set(item) - {"file", "find", "replace"})
-        if unknown:
-            errors.add(where, f"unknown field(s) {unknown}")
-        texts = {key: errors.get(item, key, where, str) for key in ("file", "find", "replace")}
-        for key, text in texts.items():
-            if key in item and not text:
-                errors.add(f"{where}.{key}", "must not be empty")
-        if all(texts.values()):
-            out.append(SourceEdit(file=texts["file"], find=texts["find"], replace=texts["replace"]))
+            errors.add(f"{path}[{i}]", "expected a table with file, find and replace")
+        elif (edit := _edit(errors, item, f"{path}[{i}]", set())) is not None:
+            out.append(edit)
     return tuple(out)
+
+
+def _edit(errors: Collector, raw: Mapping[str, Any], path: str, more: set[str]) -> SourceEdit | None:
+    """One edit's ``file``, ``find`` and ``replace`` (non-empty strings; ``more``: the other fields its table may
+    hold), or None where any is missing or empty (each recorded in ``errors``)."""
+    unknown = sorted(set(raw) - {"file", "find", "replace"} - more)
+    if unknown:
+        errors.add(path, f"unknown field(s) {unknown}")
+    texts = {key: errors.get(raw, key, path, str) for key in ("file", "find", "replace")}
+    for key, text in texts.items():
+        if key in raw and not text:
+            errors.add(f"{path}.{key}", "must not be empty")
+    if not all(texts.values()):
+        return None
+    return SourceEdit(file=texts["file"], find=texts["find"], replace=texts["replace"])
 
 
 def parse_wheel_grammars(doc: Mapping[str, Any], errors: Collector) -> dict[str, WheelGrammar]:
