@@ -325,6 +325,24 @@ def test_fa3_another_schema_keeps_the_public_function(fa3: FlashAttn3Adapter) ->
     torch.testing.assert_close(out.double(), reference_attention(q, k, v, causal=True), atol=1e-5, rtol=1e-4)
 
 
+def test_explain_names_how_fa3_is_reached_once_looked_up(fa3: FlashAttn3Adapter) -> None:
+    """``serving_notes`` (explain()'s notes for the chosen backend) says nothing before the process looked for the
+    entry (it imports nothing), then which one a route calls: the lean entry, or the ops with the hint that
+    ``--abi torch`` adds it, or the public function for another build."""
+    q, k, _ = _qkv()
+    call = _call(q, k, causal=True, grad=False)
+    assert fa3.serving_notes(call) == ()
+    fa3.direct_entry()
+    (note,) = fa3.serving_notes(call)
+    if fa3.entry_module:
+        assert "lean entry (flash_attn_3._C.attnforge_fwd" in note
+    else:
+        assert "torch.ops.flash_attn_3.fwd" in note and "--abi torch" in note
+    other = dataclasses.replace(fa3, op_namespace=OTHER_NS, _direct=[])
+    other.direct_entry()
+    assert "public flash_attn_func" in other.serving_notes(call)[0]
+
+
 def test_a_lean_entry_of_another_version_or_over_other_ops_is_not_called(monkeypatch: pytest.MonkeyPatch) -> None:
     """The lean entry serves only where its module says the version :func:`_fa3_direct.bind` calls and the ops'
     schemas are the mirrored ones (it wraps the same ``mha_fwd``): another version keeps the ops."""

@@ -187,6 +187,22 @@ class FlashAttn3Adapter(FlashAttnAdapter):
         self.module()  # importing flash_attn_interface registers the ops (it imports flash_attn_3._C)
         return _fa3_direct.find_ops(self.op_namespace, self.entry_module)
 
+    def serving_notes(self, call: AttentionCall) -> tuple[str, ...]:
+        """How a bound route reaches FA3's kernels, once this process has looked (nothing before: this imports
+        nothing): the build's lean entry, the registered ops, or the public function."""
+        if not self._direct:
+            return ()
+        ops = self._direct[0]
+        if ops is None:
+            return ("FlashAttention-3 through its public flash_attn_func: the installed build registers other op "
+                    "schemas than attnforge's direct entry mirrors",)
+        if ops.entry is not None:
+            return ("FlashAttention-3 through its build's lean entry (flash_attn_3._C.attnforge_fwd / attnforge_bwd, "
+                    "an `--abi torch` build): the least host time a call",)
+        return ("FlashAttention-3 through torch.ops.flash_attn_3.fwd / bwd called directly; a build made with "
+                "`attnforge install flash-attn-3 --abi torch --source ...` adds a lean entry with less host time a "
+                "call (docs/slim-builds.md)",)
+
     def bind(self, call: AttentionCall, *, scale: float | None, bshd: bool) -> Callable[..., torch.Tensor]:
         """The plain call bound for a route: the ops called directly, forward-only when ``call`` needs no
         gradient (:func:`attnforge.backends._fa3_direct.bind`); the public function when the schemas differ.
