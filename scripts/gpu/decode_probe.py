@@ -597,8 +597,7 @@ def _route_layers(torch: Any, q: Any, k: Any, v: Any, *, causal: bool, grad: boo
     from attnforge.dispatch import runtime
 
     dispatcher = runtime.get_dispatcher()
-    sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, None,
-           "bhsd", "exact", None, grad and torch.is_grad_enabled())
+    sig = _signature(torch, q, k, v, causal=causal)
     route = dispatcher.routes.get(sig)
     out: dict[str, Any] = {"route_found": route is not None, "routes_kept": len(dispatcher.routes)}
     if route is None:
@@ -607,14 +606,30 @@ def _route_layers(torch: Any, q: Any, k: Any, v: Any, *, causal: bool, grad: boo
     step = route[0][0][1]
     fns = {"routes_get": lambda: dispatcher.routes.get(sig), "serve": lambda: dispatcher.serve(route, q, k, v, None),
            "first_step": lambda: step(q, k, v)}
+    out.update(_interleaved_host_us(torch, fns, calls, rounds=5))
+    return out
+
+
+def _signature(torch: Any, q: Any, k: Any, v: Any, *, causal: bool) -> tuple[Any, ...]:
+    """The exact signature :func:`attnforge.dispatch.runtime.attention` keys a plain bhsd call's route by (no scale,
+    exact precision, nothing forced), transcribed from its hot path."""
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, None,
+            "bhsd", "exact", None, grad)
+
+
+def _interleaved_host_us(torch: Any, fns: dict[str, Callable[[], Any]], calls: list[Any], *,
+                         rounds: int) -> dict[str, float | None]:
+    """``{"<name>_host_us": ...}``: host µs a call of each of ``fns`` (:func:`_host_us_per_call` over ``calls``), the
+    best of ``rounds`` rounds that each time every entry once (interleaved: the host's pace drifts); None where no
+    round could tell (off CUDA, or the device caught up)."""
     best = dict.fromkeys(fns, float("inf"))
-    for _ in range(5):
+    for _ in range(rounds):
         for name, fn in fns.items():
             got = _host_us_per_call(torch, lambda _k, _v, _m, fn=fn: fn(), calls)
             if got is not None:
                 best[name] = min(best[name], got)
-    out.update({f"{n}_host_us": (round(x, 2) if x < float("inf") else None) for n, x in best.items()})
-    return out
+    return {f"{n}_host_us": (round(x, 2) if x < float("inf") else None) for n, x in best.items()}
 
 
 def _hot_path_layers(torch: Any, q: Any, k: Any, v: Any) -> dict[str, Any]:
@@ -632,11 +647,9 @@ def _hot_path_layers(torch: Any, q: Any, k: Any, v: Any) -> dict[str, Any]:
 
     attnforge.attention(q, k, v)
     dispatcher = runtime.get_dispatcher()
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
     def signature() -> Any:
-        return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, False, None,
-                "bhsd", "exact", None, grad)
+        return _signature(torch, q, k, v, causal=False)
 
     route = dispatcher.routes.get(signature())
     if route is None:
@@ -657,14 +670,7 @@ def _hot_path_layers(torch: Any, q: Any, k: Any, v: Any) -> dict[str, Any]:
         "attention": lambda: attnforge.attention(q, k, v),
         "sdpa_again": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
     }
-    best = dict.fromkeys(variants, float("inf"))
-    calls = [(k, v, None)] * 200
-    for _ in range(7):
-        for name, fn in variants.items():
-            got = _host_us_per_call(torch, lambda _k, _v, _m, fn=fn: fn(), calls)
-            if got is not None:
-                best[name] = min(best[name], got)
-    out: dict[str, Any] = {f"{n}_host_us": (round(b, 2) if b < float("inf") else None) for n, b in best.items()}
+    out: dict[str, Any] = _interleaved_host_us(torch, variants, [(k, v, None)] * 200, rounds=7)
     out["bound_call_type"] = type(bound).__name__
     return out
 
