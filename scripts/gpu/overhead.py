@@ -136,16 +136,11 @@ def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool, devi
             # route over the registered ops, timed in the same rounds: what the lean entry saves
             import dataclasses
 
-            from attnforge.backends import _fa3_direct
-
             ops = dataclasses.replace(adapter.direct_entry(), entry=None)  # type: ignore[attr-defined]
             notes["fa3_lean_entry"] = True
-
-            def over_ops(ops: Any = ops, grad: bool = grad) -> Callable[[], Any]:
-                bound = _fa3_direct.bind(ops, scale=qs.shape[-1] ** -0.5, causal=causal, bshd=True, needs_grad=grad)
-                return lambda: bound(qs, ks, vs)
-
-            add("fa3_ops", over_ops)
+            # the adapter's own bound route (as fa3_direct), its direct entry the ops alone
+            add("fa3_ops", lambda fa3=adapter, ops=ops, call=call: direct(dataclasses.replace(fa3, _direct=[ops]),
+                                                                          call))
             if "fa3_ops" in fns and "fa3_direct" in fns:
                 with torch.no_grad():
                     notes["fa3_lean_identical_to_ops"] = bool(torch.equal(fns["fa3_ops"](), fns["fa3_direct"]()))
