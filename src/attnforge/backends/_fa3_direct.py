@@ -35,6 +35,7 @@ what :func:`forward_tail` and :func:`backward_tail` pass. :func:`bind` calls it 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -91,8 +92,6 @@ def find_ops(namespace: str = NAMESPACE, entry_module: str | None = ENTRY_MODULE
     ``flash_attn_3._C``). A schema that differs in any argument, default or return (another FA3 version) gives
     None, and the adapter keeps the public function.
     """
-    import sys
-
     try:
         ns = getattr(torch.ops, namespace)
         fwd, bwd = ns.fwd.default, ns.bwd.default
