@@ -144,6 +144,15 @@ def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool, devi
             if "fa3_ops" in fns and "fa3_direct" in fns:
                 with torch.no_grad():
                     notes["fa3_lean_identical_to_ops"] = bool(torch.equal(fns["fa3_ops"](), fns["fa3_direct"]()))
+            if grad and getattr(adapter.direct_entry(), "train", None) is not None:  # type: ignore[attr-defined]
+                # the build's C++ train node (attnforge_attn) serves fa3_direct; the same lean calls in the Python
+                # node (bound.differentiable), timed in the same rounds: what the C++ node saves
+                pynode = dataclasses.replace(adapter.direct_entry(), train=None)  # type: ignore[attr-defined]
+                notes["fa3_cpp_train_node"] = True
+                add("fa3_pynode", lambda fa3=adapter, ops=pynode, call=call: direct(
+                    dataclasses.replace(fa3, _direct=[ops]), call))
+                notes.update(_grad_gaps({n: fns[n] for n in ("fa3_direct", "fa3_pynode", "fa3_public") if n in fns},
+                                        (qs, ks, vs)))
     add("attention_flex", lambda: lambda: attnforge.attention(q, k, v, causal=causal, backend="flex"))
     add("attention", lambda: lambda: attnforge.attention(q, k, v, causal=causal))
     notes["attention_chose"] = attnforge.explain(q, k, v, causal=causal).chosen
@@ -192,6 +201,29 @@ def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool, devi
         add("attention_compiled", lambda: compiled(lambda a, b, c: attnforge.attention(a, b, c, causal=causal),
                                                    "attention_compiled"))
     return fns, skipped, notes
+
+
+def _grad_gaps(fns: dict[str, Callable[[], Any]], leaves: tuple[Any, ...]) -> dict[str, Any]:
+    """The largest |difference| of the output and of dq, dk, dv between ``fa3_direct`` (the C++ train node) and each
+    other route in ``fns`` (the loss: the output's sum in fp32, so each route gets the same dout). FA3's backward
+    accumulates dq with atomics (``deterministic=False``, as the public function calls it): equal to a few ulps, not
+    bit for bit."""
+    import torch
+
+    def run(fn: Callable[[], Any]) -> list[Any]:
+        out = fn()
+        out = out[0] if isinstance(out, tuple) else out
+        return [out.detach(), *torch.autograd.grad(out.float().sum(), leaves)]
+
+    if "fa3_direct" not in fns:
+        return {}
+    base = run(fns["fa3_direct"])
+    gaps: dict[str, Any] = {}
+    for name, fn in fns.items():
+        if name != "fa3_direct":
+            gaps[f"fa3_direct_vs_{name}_max_abs"] = [float((a.float() - b.float()).abs().max())
+                                                     for a, b in zip(base, run(fn), strict=True)]
+    return gaps
 
 
 def measure(shape: tuple[int, int, int, int], *, causal: bool, grad: bool, device: str, calls: int,

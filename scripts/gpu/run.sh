@@ -106,7 +106,7 @@ stage_install() {
     ensure_attnforge || return 1
     # AF_FA3_ABI=torch: FA3 bound to this torch (--abi torch: flash_api.cpp through the catalog's edit), not the
     # stable ABI its setup.py picks for torch >= 2.9 (4-7 us less host time a call, the eighteenth session)
-    local fa3=(flash-attn-3 --head-dim 64,128,256 --dtype bf16 ${AF_FA3_ABI:+--abi "$AF_FA3_ABI"})
+    local fa3=(flash-attn-3 --head-dim 64,128,256 --dtype bf16 --features split ${AF_FA3_ABI:+--abi "$AF_FA3_ABI"})
     python -c 'import flash_attn_interface' 2>/dev/null || {
         timed fa3-wheel 300 attnforge install "${fa3[@]}" --find-links "$WH" --offline -v \
         || timed fa3-source 560 attnforge install "${fa3[@]}" --source "$SRC/flash-attention#subdirectory=hopper" --offline -v; }
@@ -184,7 +184,7 @@ stage_layout() { ensure_attnforge && step layout "$(budget 150)" python "$S/layo
 # the FA3 request as `install` made it on this machine: from the carried source tree (keyed by its content hash)
 # when it was built here, else from the carried wheel
 fa3_request() {
-    local fa3=(flash-attn-3 --head-dim 64,128,256 --dtype bf16 --offline)
+    local fa3=(flash-attn-3 --head-dim 64,128,256 --dtype bf16 --features split --offline)
     if [[ -d $SRC/flash-attention/hopper ]]; then fa3+=(--source "$SRC/flash-attention#subdirectory=hopper")
     else fa3+=(--find-links "$WH"); fi
     printf '%s\n' "${fa3[@]}"

@@ -112,14 +112,14 @@ def _flash_attn_forward(q: Any, k: Any, v: Any, k_new: Any = None, v_new: Any = 
 class _Fa3Public(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: Any, k: Any, v: Any, softmax_scale: Any, causal: bool,  # noqa: PLR0917 - upstream signature
-                window_size: tuple[int, int], softcap: float) -> Any:
+                window_size: tuple[int, int], softcap: float, num_splits: int) -> Any:
         if softmax_scale is None:
             softmax_scale = q.shape[-1] ** (-0.5)
         out, lse, *_ = _flash_attn_forward(q, k, v, None, None, None, None, None, None, None, None, None, None,
                                            None, None, None, None, None, None, None, None, None, None,
                                            softmax_scale, causal=causal, window_size_left=window_size[0],
                                            window_size_right=window_size[1], attention_chunk=0,
-                                           softcap=softcap, num_splits=1, pack_gqa=None, sm_margin=0)
+                                           softcap=softcap, num_splits=num_splits, pack_gqa=None, sm_margin=0)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (softmax_scale, causal, window_size, softcap)
         return out
@@ -132,13 +132,13 @@ class _Fa3Public(torch.autograd.Function):
         dout, q, k, v, out = (_maybe_contiguous(x) for x in (dout, q, k, v, out))
         getattr(torch.ops, NS).bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, None, None, None, None, scale,
                                    causal, window[0], window[1], softcap, False, 0)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def _fa3_public(q: Any, k: Any, v: Any, softmax_scale: Any = None, causal: bool = False,  # noqa: PLR0917 - upstream
-                window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Any:
+                window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, num_splits: int = 1) -> Any:
     PUBLIC.append("fa3")
-    return _Fa3Public.apply(q, k, v, softmax_scale, causal, window_size, softcap)
+    return _Fa3Public.apply(q, k, v, softmax_scale, causal, window_size, softcap, num_splits)
 
 
 PUBLIC: list[str] = []
@@ -155,16 +155,22 @@ LEAN: list[str] = []
 
 
 def _lean_fwd(q: Any, k: Any, v: Any, scale: float, causal: bool, left: int, right: int,  # noqa: PLR0917 - the entry's
-              softcap: float) -> tuple[Any, Any]:
+              softcap: float, num_splits: int) -> tuple[Any, Any]:
     """``attnforge_fwd`` of a ``--abi torch`` build, transcribed from the catalog's C++
     (``[[recipes.flash-attn-3.per_torch.also]]``) onto the test op: ``mha_fwd`` with 20 absent tensors, then the
-    scale, causal, the window, attention_chunk 0, the softcap, rotary interleaved, no scheduler metadata, one split,
-    pack_gqa unset, no SM margin; (out, lse). :func:`test_the_catalogs_lean_entry_compiles_and_maps_as_the_ops`
+    scale, causal, the window, attention_chunk 0, the softcap, rotary interleaved, no scheduler metadata, the
+    splits asked (entry 1: always 1), pack_gqa unset, no SM margin; (out, lse). :func:`test_the_catalogs_lean_entry_compiles_and_maps_as_the_ops`
     compiles the C++ itself."""
     LEAN.append("fwd")
     out, lse, *_ = getattr(torch.ops, NS).fwd.default(q, k, v, *([None] * 20), scale, causal, left, right, 0,
-                                                      softcap, True, None, 1, None, 0)
+                                                      softcap, True, None, num_splits, None, 0)
     return out, lse
+
+
+def _lean_fwd_v1(q: Any, k: Any, v: Any, scale: float, causal: bool, left: int, right: int,  # noqa: PLR0917 - the entry's
+                 softcap: float) -> tuple[Any, Any]:
+    """``attnforge_fwd`` of entry 1: no ``num_splits`` (one split)."""
+    return _lean_fwd(q, k, v, scale, causal, left, right, softcap, 1)
 
 
 def _lean_bwd(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, dq: Any, dk: Any, dv: Any,  # noqa: PLR0917 - the entry's
@@ -176,28 +182,88 @@ def _lean_bwd(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, dq: Any, dk
                                        right, softcap, False, 0)
 
 
+def _lastdim(t: Any) -> Any:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class _LeanAttn(torch.autograd.Function):
+    """``attnforge_entry::Attn`` (the C++ node of ``attnforge_attn``), transcribed from the catalog's C++."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Any, k: Any, v: Any, *args: Any) -> Any:
+        *tail, bhsd = args
+        if bhsd:
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = _lastdim(q), _lastdim(k)
+        v = v.contiguous() if v.stride(-1) != 1 and v.stride(-3) != 1 else v
+        out, lse = _lean_fwd(q, k, v, *tail, 1)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = args
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dout: Any) -> Any:
+        q, k, v, out, lse = ctx.saved_tensors
+        *tail, bhsd = ctx.args
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        _lean_bwd(_lastdim(dout), *(_lastdim(t) for t in (q, k, v, out)), lse, dq, dk, dv, *tail)
+        if bhsd:
+            dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+        return dq, dk, dv, *([None] * len(ctx.args))
+
+
+def _lean_attn(q: Any, k: Any, v: Any, *args: Any) -> Any:
+    """``attnforge_attn(q, k, v, scale, causal, left, right, softcap, bhsd)`` (entry 2): the node, then the output's
+    transpose outside it for bhsd."""
+    LEAN.append("attn")
+    out = _LeanAttn.apply(q, k, v, *args)
+    return out.transpose(1, 2) if args[-1] else out
+
+
 def _lean_module(version: int = _fa3_direct.ENTRY_VERSION) -> types.ModuleType:
     module = types.ModuleType("fake_fa3_lean_C")
     module.attnforge_entry = version  # type: ignore[attr-defined]
-    module.attnforge_fwd = _lean_fwd  # type: ignore[attr-defined]
+    module.attnforge_fwd = _lean_fwd if version >= 2 else _lean_fwd_v1  # type: ignore[attr-defined]
     module.attnforge_bwd = _lean_bwd  # type: ignore[attr-defined]
+    if version >= 2:
+        module.attnforge_attn = _lean_attn  # type: ignore[attr-defined]
     return module
 
 
-@pytest.fixture(params=["ops", "lean"])
+def _train_calls(fa3: FlashAttn3Adapter) -> list[str]:
+    """What a train route's forward and backward call of the lean entry (:data:`LEAN`), per ``fa3``'s variant."""
+    if not fa3.entry_module:
+        return []
+    return ["attn", "fwd", "bwd"] if fa3.entry_module == "fake_fa3_lean_C" else ["fwd", "bwd"]
+
+
+def _forward_splits(fa3: FlashAttn3Adapter) -> int:
+    """``num_splits`` of a call that needs no gradient, per ``fa3``'s variant: 0 (FA3's split heuristic, as
+    ``flash_attn_func(..., num_splits=0)``), but 1 through entry 1, whose ``attnforge_fwd`` takes none."""
+    return 1 if fa3.entry_module == "fake_fa3_lean1_C" else 0
+
+
+def _train_node(fa3: FlashAttn3Adapter) -> str:
+    """The autograd node a train route records, per ``fa3``'s variant (entry 2: the C++ node's transcription)."""
+    return "_LeanAttnBackward" if fa3.entry_module == "fake_fa3_lean_C" else "_DirectFunctionBackward"
+
+
+@pytest.fixture(params=["ops", "lean", "lean-v1"])
 def fa3(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> FlashAttn3Adapter:
     """FA3 over the test ops, called directly (``ops``) or through a ``--abi torch`` build's lean entry
-    (``lean``): both must hand the kernel what the public path hands it."""
+    (``lean``; ``lean-v1``: a build's entry before its C++ train node, whose train route is the Python node): each
+    must hand the kernel what the public path hands it."""
     module = types.ModuleType("fake_fa3_public")
     module.flash_attn_func = _fa3_public  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "fake_fa3_public", module)
     monkeypatch.setitem(sys.modules, "fake_fa3_lean_C", _lean_module())
+    monkeypatch.setitem(sys.modules, "fake_fa3_lean1_C", _lean_module(1))
     for seen in SEEN.values():
         seen.clear()
     PUBLIC.clear()
     LEAN.clear()
     return FlashAttn3Adapter(name="flash-attn-3", caps=_caps("flash-attn-3"), op_namespace=NS,
-                             entry_module="fake_fa3_lean_C" if request.param == "lean" else None,
+                             entry_module={"lean": "fake_fa3_lean_C", "lean-v1": "fake_fa3_lean1_C"}.get(request.param),
                              requirement=Requirement(modules=("fake_fa3_public",)))
 
 
@@ -244,11 +310,11 @@ def test_fa3_direct_forward_passes_what_the_public_entry_passes(fa3: FlashAttn3A
     out = direct(*args)
     assert PUBLIC == []  # the public function was not called
     bshd_args = args if bshd else tuple(t.transpose(1, 2) for t in args)
-    want = _fa3_public(*bshd_args, softmax_scale=scale, causal=causal)
+    want = _fa3_public(*bshd_args, softmax_scale=scale, causal=causal, num_splits=_forward_splits(fa3))
     (got_args,), (want_args,) = SEEN["fwd"][:1], SEEN["fwd"][1:]
     _same_args(got_args, want_args)
     assert got_args[23] == (scale if scale is not None else q.shape[-1] ** -0.5)
-    assert got_args[24:36] == (causal, -1, -1, 0, 0.0, True, None, 1, None, 0)
+    assert got_args[24:36] == (causal, -1, -1, 0, 0.0, True, None, _forward_splits(fa3), None, 0)
     torch.testing.assert_close(out, want if bshd else want.transpose(1, 2))
     assert (["fwd"] if fa3.entry_module else []) == LEAN
 
@@ -261,7 +327,8 @@ def test_fa3_direct_maps_window_and_softcap_as_the_public_entry(fa3: FlashAttn3A
     ops = fa3.direct_entry()
     out = _fa3_direct.bind(ops, scale=0.4, causal=False, bshd=True, needs_grad=False, window=window,
                            softcap=softcap)(q, k, v)
-    want = _fa3_public(q, k, v, softmax_scale=0.4, causal=False, window_size=window, softcap=softcap)
+    want = _fa3_public(q, k, v, softmax_scale=0.4, causal=False, window_size=window, softcap=softcap,
+                       num_splits=_forward_splits(fa3))
     _same_args(SEEN["fwd"][0], SEEN["fwd"][1])
     torch.testing.assert_close(out, want)
 
@@ -282,7 +349,7 @@ def test_fa3_direct_backward_matches_the_public_entry(fa3: FlashAttn3Adapter, bs
     _same_args(SEEN["bwd"][0], SEEN["bwd"][1])
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w)
-    assert (["fwd", "bwd"] if fa3.entry_module else []) == LEAN
+    assert _train_calls(fa3) == LEAN
     ref = reference_attention(q, k, v, causal=True)
     torch.testing.assert_close(got[0], torch.autograd.grad(ref.square().sum(), q)[0], atol=1e-5, rtol=1e-4)
 
@@ -293,7 +360,7 @@ def test_fa3_forward_only_when_no_gradient_is_needed(fa3: FlashAttn3Adapter) -> 
     assert out.grad_fn is None  # no autograd node at all (a view of the op's output)
     q, k, v = _qkv(grad=True)
     out = bound_call(fa3, _call(q, k, causal=False, grad=True), causal=False, scale=None)(q, k, v)
-    assert type(out.grad_fn.next_functions[0][0]).__name__ == "_DirectFunctionBackward"  # one node under the view
+    assert type(out.grad_fn.next_functions[0][0]).__name__ == _train_node(fa3)  # one node under the view
 
 
 def test_the_bhsd_train_route_is_one_node_over_the_callers_leaves_and_a_plain_view(fa3: FlashAttn3Adapter) -> None:
@@ -305,7 +372,7 @@ def test_the_bhsd_train_route_is_one_node_over_the_callers_leaves_and_a_plain_vi
     route = bound_call(fa3, _call(q, k, causal=True, grad=True), causal=True, scale=None)
     out = route(q, k, v)
     node = out.grad_fn.next_functions[0][0]
-    assert type(node).__name__ == "_DirectFunctionBackward"
+    assert type(node).__name__ == _train_node(fa3)
     assert [type(f).__name__ for f, _ in node.next_functions[:3]] == ["AccumulateGrad"] * 3
     assert type(out.grad_fn).__name__ == "TransposeBackward0"
     got = torch.autograd.grad(out.square().sum(), (q, k, v))
@@ -336,6 +403,8 @@ def test_explain_names_how_fa3_is_reached_once_looked_up(fa3: FlashAttn3Adapter)
     (note,) = fa3.serving_notes(call)
     if fa3.entry_module:
         assert "lean entry (flash_attn_3._C.attnforge_fwd" in note
+        assert ("C++ autograd node" in note) is (fa3.entry_module == "fake_fa3_lean_C")
+        assert ("rebuilding it" in note) is (fa3.entry_module == "fake_fa3_lean1_C")
     else:
         assert "torch.ops.flash_attn_3.fwd" in note and "--abi torch" in note
     other = dataclasses.replace(fa3, op_namespace=OTHER_NS, _direct=[])
@@ -351,6 +420,10 @@ def test_a_lean_entry_of_another_version_or_over_other_ops_is_not_called(monkeyp
     assert ops is not None and ops.entry is sys.modules["fake_fa3_lean_C"]
     assert _fa3_direct.find_ops(OTHER_NS, "fake_fa3_lean_C") is None
     assert _fa3_direct.find_ops(NS, "attnforge_no_such_module").entry is None  # type: ignore[union-attr]
+    assert ops.train is _lean_attn
+    monkeypatch.setitem(sys.modules, "fake_fa3_lean_C", _lean_module(1))  # before the C++ train node
+    ops = _fa3_direct.find_ops(NS, "fake_fa3_lean_C")
+    assert ops is not None and ops.entry is sys.modules["fake_fa3_lean_C"] and ops.train is None
     monkeypatch.setitem(sys.modules, "fake_fa3_lean_C", _lean_module(_fa3_direct.ENTRY_VERSION + 1))
     ops = _fa3_direct.find_ops(NS, "fake_fa3_lean_C")
     assert ops is not None and ops.entry is None
@@ -411,8 +484,8 @@ def test_the_catalogs_lean_entry_compiles_and_maps_as_the_ops(fa3: FlashAttn3Ada
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The C++ the catalog's ``--abi torch`` edits add to flash_api.cpp, compiled for real (a pybind11 module named
     ``_C``, as in the build) over stand-ins of ``mha_fwd`` / ``mha_bwd`` that pass every argument on to the test
-    ops: the forward and backward hand the kernel exactly what the public path hands it (every argument, defaults
-    included), with the GIL released around the call as the edit asks."""
+    ops: the forward and backward (the C++ train node on either layout) hand the kernel exactly what the public path
+    hands it (every argument, defaults included), with the GIL released around the call as the edit asks."""
     sink = types.ModuleType("attnforge_fa3_entry_sink")
     sink.fwd = getattr(torch.ops, NS).fwd.default  # type: ignore[attr-defined]
     sink.bwd = getattr(torch.ops, NS).bwd.default  # type: ignore[attr-defined]
@@ -423,24 +496,34 @@ def test_the_catalogs_lean_entry_compiles_and_maps_as_the_ops(fa3: FlashAttn3Ada
     assert module.attnforge_entry == _fa3_direct.ENTRY_VERSION
     monkeypatch.setitem(sys.modules, "fake_fa3_compiled_C", module)
     adapter = dataclasses.replace(fa3, entry_module="fake_fa3_compiled_C", _direct=[])
-    q, k, v = _qkv(grad=True)
-    route = bound_call(adapter, _call(q, k, causal=True, grad=True), causal=True, scale=None, bshd=False)
-    out = route(q, k, v)
-    got = torch.autograd.grad(out.square().sum(), (q, k, v))
-    assert PUBLIC == [] and LEAN == []  # the compiled entry served, not the Python transcription
-    want_out = _fa3_public(*(t.transpose(1, 2) for t in (q, k, v)), causal=True)
-    want = torch.autograd.grad(want_out.square().sum(), (q, k, v))
-    _same_args(SEEN["fwd"][0], SEEN["fwd"][1])
-    _same_args(SEEN["bwd"][0], SEEN["bwd"][1])
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w)
+    for bshd, dims in ((False, {}), (True, {"hq": 6, "hkv": 2, "sq": 9, "sk": 4})):
+        for seen in SEEN.values():
+            seen.clear()
+        q, k, v = _qkv(grad=True, **dims)
+        route = bound_call(adapter, _call(q, k, causal=True, grad=True), causal=True, scale=None, bshd=bshd)
+        args = tuple(t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
+        out = route(*args)
+        node = out.grad_fn if bshd else out.grad_fn.next_functions[0][0]  # bhsd: the output's view outside it
+        assert "attnforge_entry::Attn" in node.name()  # the C++ train node, one over the caller's tensors
+        assert [type(f).__name__ for f, _ in node.next_functions[:3]] == (
+            ["TransposeBackward0"] * 3 if bshd else ["AccumulateGrad"] * 3)
+        got = torch.autograd.grad(out.square().sum(), (q, k, v))
+        assert PUBLIC == [] and LEAN == []  # the compiled entry served, not the Python transcription
+        want_out = _fa3_public(*(args if bshd else (t.transpose(1, 2) for t in args)), causal=True)
+        want = torch.autograd.grad(want_out.square().sum(), (q, k, v))
+        _same_args(SEEN["fwd"][0], SEEN["fwd"][1])
+        _same_args(SEEN["bwd"][0], SEEN["bwd"][1])
+        torch.testing.assert_close(out, want_out if bshd else want_out.transpose(1, 2))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+        PUBLIC.clear()
     SEEN["fwd"].clear()
     x = (t.detach().transpose(1, 2) for t in _qkv(sq=7))
     windowed = _fa3_direct.bind(adapter.direct_entry(), scale=0.4, causal=False, bshd=True, needs_grad=False,
                                 window=(4, 0), softcap=2.5)
     qb, kb, vb = x
     torch.testing.assert_close(windowed(qb, kb, vb), _fa3_public(qb, kb, vb, softmax_scale=0.4, window_size=(4, 0),
-                                                               softcap=2.5))
+                                                               softcap=2.5, num_splits=0))
     _same_args(SEEN["fwd"][0], SEEN["fwd"][1])
 
 
@@ -615,8 +698,10 @@ def test_verify_runs_the_direct_entry_so_a_wrong_mapping_fails(fa3: FlashAttn3Ad
     assert len(SEEN["fwd"]) == len(cases) and PUBLIC == []  # every case ran the op directly
 
     if fa3.entry_module:  # the lean entry's mapping dropped causal
+        lean_fwd = sys.modules[fa3.entry_module].attnforge_fwd
+
         def lean_causal_dropped(q: Any, k: Any, v: Any, scale: float, _causal: bool, *rest: Any) -> Any:
-            return _lean_fwd(q, k, v, scale, False, *rest)
+            return lean_fwd(q, k, v, scale, False, *rest)
 
         monkeypatch.setattr(sys.modules[fa3.entry_module], "attnforge_fwd", lean_causal_dropped)
     else:  # the ops' argument tail dropped causal

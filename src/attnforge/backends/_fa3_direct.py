@@ -29,8 +29,14 @@ docs/benchmarks.md "2026-11-30 (twenty-ninth session)"). A build made with ``--a
 ``[[recipes.flash-attn-3.per_torch.also]]`` edits: ``flash_attn_3._C`` becomes a pybind11 module whose
 ``attnforge_fwd(q, k, v, scale, causal, left, right, softcap) -> (out, lse)`` and ``attnforge_bwd(dout, q, k, v, out,
 lse, dq, dk, dv, scale, causal, left, right, softcap)`` call ``mha_fwd`` / ``mha_bwd`` with the other arguments at
-what :func:`forward_tail` and :func:`backward_tail` pass. :func:`bind` calls it where the module says
-``attnforge_entry == ENTRY_VERSION`` (and the ops' schemas are the mirrored ones); else the ops.
+what :func:`forward_tail` and :func:`backward_tail` pass. Since ``attnforge_entry`` 2 ``attnforge_fwd`` takes
+``num_splits`` last (0 for a call that needs no gradient: :func:`forward_tail`), and the module also has
+``attnforge_attn(q, k, v, scale, causal, left, right, softcap, bhsd) -> out``, the train route as one C++ autograd
+node (``torch::autograd::Function``) around the same two calls, with :func:`bind`'s own mapping (``maybe_contiguous``,
+V's rule, ``dq, dk, dv = empty_like``, bhsd inputs transposed inside the node and the output outside it): a Python
+``autograd.Function`` costs ~8 µs of host time a call more (H200, docs/benchmarks.md "2026-11-30 (twenty-ninth
+session)"). :func:`bind` calls the entry where the module's ``attnforge_entry`` is in :data:`ENTRY_VERSIONS` (and the
+ops' schemas are the mirrored ones); else the ops.
 """
 
 from __future__ import annotations
@@ -70,23 +76,30 @@ BWD_SCHEMA = (
 NAMESPACE = "flash_attn_3"
 #: the module that holds the lean entry in a build with the catalog's per-torch edits
 ENTRY_MODULE = "flash_attn_3._C"
-#: ``attnforge_entry`` of a module whose lean entry has the signatures :func:`bind` calls (the catalog's edit sets it)
-ENTRY_VERSION = 1
+#: ``attnforge_entry`` the catalog's edit sets now: ``attnforge_fwd``, ``attnforge_bwd`` and ``attnforge_attn``
+ENTRY_VERSION = 2
+#: the lean entries :func:`bind` calls: 1 has ``attnforge_fwd`` / ``attnforge_bwd`` (builds of 2026-11-30 before the
+#: C++ train node; its train route is the Python node), 2 adds ``attnforge_attn``
+ENTRY_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Fa3Ops:
-    """The two registered ops (``OpOverload``s: ``.default``, no overload resolution per call), and the build's
-    lean entry (the module with ``attnforge_fwd`` / ``attnforge_bwd``; None: the ops serve)."""
+    """The two registered ops (``OpOverload``s: ``.default``, no overload resolution per call), the build's
+    lean entry (the module with ``attnforge_fwd`` / ``attnforge_bwd``; None: the ops serve) with its
+    ``attnforge_entry`` version, and its C++ train node (``attnforge_attn``; None: a Python node serves a call that
+    needs a gradient)."""
 
     fwd: Callable[..., Any]
     bwd: Callable[..., Any]
     entry: Any = None
+    entry_version: int = 0
+    train: Callable[..., Any] | None = None
 
 
 def find_ops(namespace: str = NAMESPACE, entry_module: str | None = ENTRY_MODULE) -> Fa3Ops | None:
     """FA3's ``fwd`` and ``bwd`` ops when their registered schemas are the mirrored ones, else None; with the lean
-    entry of ``entry_module`` (imported already) where it says ``attnforge_entry == ENTRY_VERSION``.
+    entry of ``entry_module`` (imported already) where its ``attnforge_entry`` is one of :data:`ENTRY_VERSIONS`.
 
     Call after importing the package that registers them (``flash_attn_interface`` imports
     ``flash_attn_3._C``). A schema that differs in any argument, default or return (another FA3 version) gives
@@ -101,12 +114,15 @@ def find_ops(namespace: str = NAMESPACE, entry_module: str | None = ENTRY_MODULE
         if str(op._schema) != str(torch._C.parse_schema(f"{namespace}::{mirrored}")):
             return None
     module = sys.modules.get(entry_module) if entry_module else None
-    entry = module if getattr(module, "attnforge_entry", None) == ENTRY_VERSION else None
-    return Fa3Ops(fwd=fwd, bwd=bwd, entry=entry)
+    version = getattr(module, "attnforge_entry", None)
+    if version not in ENTRY_VERSIONS:
+        return Fa3Ops(fwd=fwd, bwd=bwd)
+    return Fa3Ops(fwd=fwd, bwd=bwd, entry=module, entry_version=version,  # type: ignore[arg-type]
+                  train=module.attnforge_attn if version >= 2 else None)  # type: ignore[union-attr]
 
 
 def forward_tail(*, scale: float, causal: bool, window: tuple[int, int] = (-1, -1),
-                 softcap: float = 0.0) -> tuple[Any, ...]:
+                 softcap: float = 0.0, num_splits: int = 1) -> tuple[Any, ...]:
     """The 31 positional arguments of ``fwd`` after ``q, k, v``, as ``FlashAttnFunc.forward`` passes them
     through ``_flash_attn_forward`` (hopper/flash_attn_interface.py:576-598 and 107-142 @0251105a).
 
@@ -115,6 +131,11 @@ def forward_tail(*, scale: float, causal: bool, window: tuple[int, int] = (-1, -
         causal: bottom-right causal.
         window: ``(left, right)``, -1 = unbounded.
         softcap: 0.0 = off.
+        num_splits: how many chunks of the keys one query block's work is split into: 1 (the public
+            ``flash_attn_func``'s default, kept for a call that needs a gradient) or 0 (FA3's own heuristic, ``num_splits_heuristic``
+            in hopper/heuristics.h: more than 1 only where the grid would leave SMs idle, e.g. a decode step;
+            ``flash_attn_with_kvcache``'s default, flash_attn_interface.py line 969). A build without the split
+            kernels (``FLASH_ATTENTION_DISABLE_SPLIT``) takes 0 as 1 (flash_api.cpp ``get_num_splits``).
     """
     return (None, None, None, None,  # k_new, v_new, q_v, out
             None, None, None, None, None,  # cu_seqlens_q/k/k_new, seqused_q/k
@@ -127,7 +148,7 @@ def forward_tail(*, scale: float, causal: bool, window: tuple[int, int] = (-1, -
             softcap,
             True,  # rotary_interleaved: _flash_attn_forward's default (line 90), not the op's
             None,  # scheduler_metadata
-            1,  # num_splits: FlashAttnFunc.forward's default (line 567)
+            num_splits,  # FlashAttnFunc.forward's default is 1 (line 567)
             None,  # pack_gqa
             0)  # sm_margin
 
@@ -162,8 +183,8 @@ def bind(ops: Fa3Ops, *, scale: float, causal: bool, bshd: bool, needs_grad: boo
         causal: bottom-right causal.
         bshd: the caller's tensors are ``[B, S, H, D]``; else ``[B, H, S, D]``, handed to the op as
             ``transpose(1, 2)`` views, and the output ``[B, Sq, Hq, Dv]`` comes back as a view the same way.
-        needs_grad: one autograd node around the two ops (:func:`attnforge.backends.bound.differentiable`; else
-            no autograd at all).
+        needs_grad: one autograd node around the two calls (the lean entry's C++ ``attnforge_attn`` where the build
+            has it, else :func:`attnforge.backends.bound.differentiable`); else no autograd at all.
         window, softcap: as :func:`forward_tail`.
 
     Returns:
@@ -171,13 +192,23 @@ def bind(ops: Fa3Ops, *, scale: float, causal: bool, bshd: bool, needs_grad: boo
         in q's dtype and the same layout. It allocates only the op's own outputs and never synchronises, so it
         can be captured in a CUDA graph.
     """
+    splits = 1 if needs_grad else 0  # a forward-only call: FA3's split heuristic (forward_tail)
     if ops.entry is not None:  # the lean entry: the same tensors first, then (scale, causal, left, right, softcap)
         fwd, bwd = ops.entry.attnforge_fwd, ops.entry.attnforge_bwd
         tail = grad_tail = (float(scale), bool(causal), int(window[0]), int(window[1]), float(softcap))
+        if ops.entry_version >= 2:  # its attnforge_fwd takes num_splits last (entry 1's passes 1)
+            tail = (*grad_tail, splits)
     else:
         fwd, bwd = ops.fwd, ops.bwd
-        tail = forward_tail(scale=scale, causal=causal, window=window, softcap=softcap)
+        tail = forward_tail(scale=scale, causal=causal, window=window, softcap=softcap, num_splits=splits)
         grad_tail = backward_tail(scale=scale, causal=causal, window=window, softcap=softcap)
+    if needs_grad and ops.train is not None:
+        train, swap = ops.train, not bshd
+
+        def train_route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return train(q, k, v, *grad_tail, swap)  # type: ignore[no-any-return]
+
+        return train_route
     if not needs_grad:
         if bshd:
             def forward_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

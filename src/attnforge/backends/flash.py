@@ -196,9 +196,15 @@ class FlashAttn3Adapter(FlashAttnAdapter):
         if ops is None:
             return ("FlashAttention-3 through its public flash_attn_func: the installed build registers other op "
                     "schemas than attnforge's direct entry mirrors",)
+        if ops.entry is not None and ops.train is not None:
+            return ("FlashAttention-3 through its build's lean entry (flash_attn_3._C.attnforge_fwd / attnforge_bwd, "
+                    "and attnforge_attn's C++ autograd node when a gradient is needed; an `--abi torch` build): the "
+                    "least host time a call",)
         if ops.entry is not None:
             return ("FlashAttention-3 through its build's lean entry (flash_attn_3._C.attnforge_fwd / attnforge_bwd, "
-                    "an `--abi torch` build): the least host time a call",)
+                    "an `--abi torch` build of before attnforge's C++ train node): a call that needs a gradient goes "
+                    "through a Python autograd node; rebuilding it (`attnforge install flash-attn-3 --abi torch "
+                    "--source ...`) adds the node (docs/slim-builds.md)",)
         return ("FlashAttention-3 through torch.ops.flash_attn_3.fwd / bwd called directly; a build made with "
                 "`attnforge install flash-attn-3 --abi torch --source ...` adds a lean entry with less host time a "
                 "call (docs/slim-builds.md)",)
