@@ -499,7 +499,7 @@ def warm(cells: tuple[Cell, ...], wanted: set[str], args: Any, t_start: float) -
                                       head_dim=c.d, causal=c.causal, dtype=args.dtype.removeprefix("torch."),
                                       mode=Mode.FWD_BWD if mode == "fwdbwd" else Mode.FWD, layout=layout)
                        for layout in (Layout.BHSD, Layout.BSHD)]
-    report = warmup(shapes, device=args.device)
+    report = warmup(shapes, device=args.device, rounds=args.warmup_rounds, budget_s=args.warmup_budget_s)
     for w in report.classes:
         print(f"warmup {w.shape_class} {w.shape.layout.value}: {w.chosen} ({w.basis}) {w.duration_s:.1f} s "
               f"{w.error}", flush=True)
@@ -519,6 +519,10 @@ def main() -> int:
     ap.add_argument("--warmup", action="store_true",
                     help="first `attnforge warmup` the chosen cells (attnforge.dispatch.warmup, the CLI's code), so "
                          "the check times what a deployment gets after its warm-up step")
+    ap.add_argument("--warmup-rounds", type=int, default=5,
+                    help="interleaved rounds per candidate in the warm-up (attnforge.autotune's rounds)")
+    ap.add_argument("--warmup-budget-s", type=float, default=1.0,
+                    help="the warm-up's timing budget per class, s (attnforge.autotune's budget_s)")
     ap.add_argument("--profile", default="",
                     help="CELL:MODE,...: instead of the check, profile those cells (profile_cell) into --out")
     ap.add_argument("--profile-settle", type=int, default=0,

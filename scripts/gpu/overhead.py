@@ -136,7 +136,7 @@ def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool, devi
             # route over the registered ops, timed in the same rounds: what the lean entry saves
             import dataclasses
 
-            ops = dataclasses.replace(adapter.direct_entry(), entry=None)  # type: ignore[attr-defined]
+            ops = dataclasses.replace(adapter.direct_entry(), entry=None, entry_version=0, train=None)  # type: ignore[attr-defined]
             notes["fa3_lean_entry"] = True
             # the adapter's own bound route (as fa3_direct), its direct entry the ops alone
             add("fa3_ops", lambda fa3=adapter, ops=ops, call=call: direct(dataclasses.replace(fa3, _direct=[ops]),

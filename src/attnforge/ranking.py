@@ -36,6 +36,7 @@ import math
 import operator
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from attnforge.records import SUPERSEDED_WITHIN, BenchRecord
 from attnforge.types.shapes import ShapeClass
@@ -88,6 +89,30 @@ class Measurement:
     tflops_hi: float
     noise: float
     error: OutputError | None = None
+
+
+def from_timing(backend: str, timing: Any, flops: float) -> Measurement:
+    """A :class:`Measurement` of ``backend`` from its :class:`~attnforge.bench.timing.Timing` (its median, slowest and
+    fastest round and MAD, in ms) of a call of ``flops`` floating-point operations."""
+    from attnforge.bench.flops import tflops
+
+    median = timing.median_ms
+    return Measurement(backend=backend, tflops=tflops(flops, median), tflops_lo=tflops(flops, timing.hi_ms),
+                       tflops_hi=tflops(flops, timing.lo_ms), noise=timing.mad_ms / median if median else 0.0)
+
+
+def contested(ranking: Ranking) -> bool:
+    """Whether the tie rule (step 3) handed the win to a lower-overhead path whose median trails the top's by more
+    than :data:`MIN_MARGIN`: the measurements could not tell a lead of that size from their noise, and more rounds
+    may (the warm-up times such a class again: :attr:`attnforge.dispatch.autotune.AutotuneConfig.contested_rounds`).
+    On an H200 (2026-11-30, docs/benchmarks.md "thirtieth session") five rounds of the warm-up tied plain SDPA
+    (rounds 551-647 TFLOP/s, noise 6.1 %) with FlashAttention-3 (648, noise 0.8 %) on the 8k-bucket forward of
+    Flux's attention, and the grid then timed SDPA at 0.93x FA3; fifteen rounds chose FA3 (0.99x the best)."""
+    if ranking.winner is None or len(ranking.tied) < 2:
+        return False
+    winner = ranking.measurements[ranking.winner]
+    top = max(ranking.measurements.values(), key=lambda m: m.tflops)
+    return top.tflops > winner.tflops * (1.0 + MIN_MARGIN)
 
 
 def tie_margin(a: Measurement, b: Measurement) -> float:

@@ -357,3 +357,62 @@ def test_first_use_takes_the_drift_common_to_a_rounds_candidates_out_of_the_nois
     assert all(r.ms_mad is not None and r.ms_mad / r.ms < 1e-6 for r in records.values())
     assert (records["slow"].ms_hi, records["slow"].ms_lo) == pytest.approx((5.0 * 1.12, 5.0 * 0.94))  # as measured
     assert attnforge.explain(q, k, v).chosen == "fast"
+
+
+@pytest.mark.parametrize("contested_rounds", [0, 10])
+def test_a_contested_class_gets_more_rounds_and_they_settle_it(
+        store: RecordStore, setup: Any, monkeypatch: pytest.MonkeyPatch, contested_rounds: int) -> None:
+    """Five rounds in which SDPA alone wanders (±15 %, its own noise, not a round's common drift) tie it with a
+    candidate steady 5 % ahead, and the tie goes to SDPA: the class is contested (:func:`attnforge.ranking.contested`).
+    With ``contested_rounds`` every candidate is timed in further rounds, where SDPA is steady; its noise then reads
+    ~0 and the lead beats it. On an H200 (docs/benchmarks.md "thirtieth session") five warm-up rounds tied SDPA
+    (noise 4.6-6.1 %) with FA3 7-12 % ahead on Flux's and the 16k forward; fifteen chose FA3."""
+    from attnforge.bench import timing as timing_mod
+
+    clock, slow, fast, sdpa = setup
+    slow.cost_ms, fast.cost_ms, sdpa.cost_ms = 5.0, 2.85, 3.0
+    wander = (1.0, 1.18, 0.85, 1.15, 0.88)  # SDPA's first five rounds; steady after them
+    real_measure = timing_mod.measure
+    rounds_of: dict[str, int] = {}
+
+    def measured(step: Any, **kw: Any) -> Any:
+        before = {a.name: a.calls for a in (slow, fast, sdpa)}
+        t = real_measure(step, **kw)
+        (name,) = [a.name for a in (slow, fast, sdpa) if a.calls != before[a.name]]
+        r = rounds_of[name] = rounds_of.get(name, 0) + 1
+        f = wander[r - 1] if name == "sdpa" and r <= len(wander) else 1.0
+        return dataclasses.replace(t, median_ms=t.median_ms * f, min_ms=t.min_ms * f, p20_ms=t.p20_ms * f,
+                                   p80_ms=t.p80_ms * f, rounds_ms=tuple(x * f for x in t.rounds_ms))
+
+    monkeypatch.setattr(timing_mod, "measure", measured)
+    q, k, v = _qkv()
+    with attnforge.autotune(budget_s=0.5, rounds=len(wander), clock=clock, background=False,
+                            contested_rounds=contested_rounds):
+        attnforge.attention(q, k, v)
+    chosen = attnforge.explain(q, k, v).chosen
+    if not contested_rounds:
+        assert set(rounds_of.values()) == {len(wander)}
+        assert chosen == "sdpa"  # tied: the lower-overhead path
+        return
+    assert len(set(rounds_of.values())) == 1 and rounds_of["sdpa"] > len(wander) + 3  # every candidate, more rounds
+    assert chosen == "fast"
+
+
+def test_contested_is_a_tie_given_away_over_more_than_the_floor() -> None:
+    """The recorded Flux-length forward (H200 warm-up, 2026-11-30): SDPA won a tie it trailed by 6 % (contested);
+    a tie within the 2 % floor, a clear win, and a tie the top wins itself are not contested."""
+    from attnforge.ranking import Measurement, contested, rank
+
+    def m(name: str, tflops: float, lo: float, hi: float, noise: float) -> Measurement:
+        return Measurement(backend=name, tflops=tflops, tflops_lo=lo, tflops_hi=hi, noise=noise)
+
+    flux = [m("sdpa", 610.0, 551.3, 647.4, 0.061), m("flash-attn-3", 647.6, 632.5, 656.9, 0.008),
+            m("flash-attn-4", 634.6, 632.5, 646.9, 0.0)]
+    assert rank(flux).winner == "sdpa" and contested(rank(flux))
+    close = [m("sdpa", 640.0, 600.0, 660.0, 0.03), m("flash-attn-3", 650.0, 620.0, 670.0, 0.03)]
+    assert rank(close).winner == "sdpa" and not contested(rank(close))
+    clear = [m("sdpa", 600.0, 598.0, 602.0, 0.002), m("flash-attn-3", 700.0, 698.0, 702.0, 0.002)]
+    assert rank(clear).winner == "flash-attn-3" and not contested(rank(clear))
+    top_tied = [m("sdpa", 660.0, 600.0, 700.0, 0.05), m("flash-attn-3", 640.0, 630.0, 650.0, 0.01)]
+    assert rank(top_tied).winner == "sdpa" and not contested(rank(top_tied))
+    assert not contested(rank([m("sdpa", 600.0, 600.0, 600.0, 0.0)]))

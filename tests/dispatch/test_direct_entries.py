@@ -159,8 +159,8 @@ def _lean_fwd(q: Any, k: Any, v: Any, scale: float, causal: bool, left: int, rig
     """``attnforge_fwd`` of a ``--abi torch`` build, transcribed from the catalog's C++
     (``[[recipes.flash-attn-3.per_torch.also]]``) onto the test op: ``mha_fwd`` with 20 absent tensors, then the
     scale, causal, the window, attention_chunk 0, the softcap, rotary interleaved, no scheduler metadata, the
-    splits asked (entry 1: always 1), pack_gqa unset, no SM margin; (out, lse). :func:`test_the_catalogs_lean_entry_compiles_and_maps_as_the_ops`
-    compiles the C++ itself."""
+    splits asked (entry 1: always 1), pack_gqa unset, no SM margin; (out, lse).
+    :func:`test_the_catalogs_lean_entry_compiles_and_maps_as_the_ops` compiles the C++ itself."""
     LEAN.append("fwd")
     out, lse, *_ = getattr(torch.ops, NS).fwd.default(q, k, v, *([None] * 20), scale, causal, left, right, 0,
                                                       softcap, True, None, num_splits, None, 0)

@@ -117,7 +117,7 @@ def find_ops(namespace: str = NAMESPACE, entry_module: str | None = ENTRY_MODULE
     version = getattr(module, "attnforge_entry", None)
     if version not in ENTRY_VERSIONS:
         return Fa3Ops(fwd=fwd, bwd=bwd)
-    return Fa3Ops(fwd=fwd, bwd=bwd, entry=module, entry_version=version,  # type: ignore[arg-type]
+    return Fa3Ops(fwd=fwd, bwd=bwd, entry=module, entry_version=version,
                   train=module.attnforge_attn if version >= 2 else None)  # type: ignore[union-attr]
 
 
@@ -132,9 +132,10 @@ def forward_tail(*, scale: float, causal: bool, window: tuple[int, int] = (-1, -
         window: ``(left, right)``, -1 = unbounded.
         softcap: 0.0 = off.
         num_splits: how many chunks of the keys one query block's work is split into: 1 (the public
-            ``flash_attn_func``'s default, kept for a call that needs a gradient) or 0 (FA3's own heuristic, ``num_splits_heuristic``
-            in hopper/heuristics.h: more than 1 only where the grid would leave SMs idle, e.g. a decode step;
-            ``flash_attn_with_kvcache``'s default, flash_attn_interface.py line 969). A build without the split
+            ``flash_attn_func``'s default, kept for a call that needs a gradient) or 0 (FA3's own heuristic,
+            ``num_splits_heuristic`` in hopper/heuristics.h: more than 1 only where the grid would leave SMs idle,
+            e.g. a decode step; ``flash_attn_with_kvcache``'s default, flash_attn_interface.py line 969). A build
+            without the split
             kernels (``FLASH_ATTENTION_DISABLE_SPLIT``) takes 0 as 1 (flash_api.cpp ``get_num_splits``).
     """
     return (None, None, None, None,  # k_new, v_new, q_v, out
@@ -195,9 +196,9 @@ def bind(ops: Fa3Ops, *, scale: float, causal: bool, bshd: bool, needs_grad: boo
     splits = 1 if needs_grad else 0  # a forward-only call: FA3's split heuristic (forward_tail)
     if ops.entry is not None:  # the lean entry: the same tensors first, then (scale, causal, left, right, softcap)
         fwd, bwd = ops.entry.attnforge_fwd, ops.entry.attnforge_bwd
-        tail = grad_tail = (float(scale), bool(causal), int(window[0]), int(window[1]), float(softcap))
-        if ops.entry_version >= 2:  # its attnforge_fwd takes num_splits last (entry 1's passes 1)
-            tail = (*grad_tail, splits)
+        grad_tail: tuple[Any, ...] = (float(scale), bool(causal), int(window[0]), int(window[1]), float(softcap))
+        # entry 2's attnforge_fwd takes num_splits last (entry 1's passes 1)
+        tail = (*grad_tail, splits) if ops.entry_version >= 2 else grad_tail
     else:
         fwd, bwd = ops.fwd, ops.bwd
         tail = forward_tail(scale=scale, causal=causal, window=window, softcap=softcap, num_splits=splits)

@@ -109,6 +109,11 @@ class AutotuneConfig:
             (:func:`attnforge.dispatch.inputs.memory_layout`) in this call's one; ``attnforge warmup`` sets it.
             Otherwise such a class is decided on the other layout's measurements, and no call waits for a
             measurement it already has one of (the in-situ check then times the route on the call's own tensors).
+        contested_rounds: further interleaved rounds of every candidate when the first ``rounds`` leave the class
+            contested (:func:`attnforge.ranking.contested`: a tie handed to a lower-overhead path more than 2 %
+            slower than the top), within another ``2 * budget_s``; ``attnforge warmup`` sets ten (a deploy step
+            may take that time: on an H200 fifteen rounds settled two classes five had tied, docs/benchmarks.md
+            "thirtieth session"), 0 measures no further.
     """
 
     budget_s: float = 1.0
@@ -117,6 +122,7 @@ class AutotuneConfig:
     background: bool = False
     compiling: bool = False
     layouts: bool = False
+    contested_rounds: int = 0
 
 
 
@@ -358,28 +364,44 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     hold = hold_for(tensors[0].device)  # a sleep kernel on the same stream, ahead of each batch
     steps = {n: step_of(bind(a), tensors, grad=call.needs_grad) for n, a in adapters.items()}
     rounds: dict[str, list[Any]] = {n: [] for n in adapters}
-    deadline = float("inf")  # set after the first round, whose first calls may compile (FlexAttention, FA4's JIT)
-    for r in range(config.rounds):
-        if r == 1:
-            deadline = config.clock() + 2 * config.budget_s  # past it, no further round starts
-        elif r and config.clock() > deadline:
-            break
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            if name not in rounds:
-                continue
-            between()
-            try:
-                rounds[name].append(measure(steps[name], sets=1, config=timing, sync=sync, clock=config.clock,
-                                            marks=marks, hold=hold))
-            except Exception:  # a candidate that raises is not measured; the policy keeps its own view of it
-                del rounds[name]
+
+    def timed(first: int, last: int, deadline: float) -> None:
+        """Rounds ``first`` to ``last - 1``, every candidate once in each (in a rotating order); no round starts
+        past ``deadline``."""
+        for r in range(first, last):
+            if r > first and config.clock() > deadline:
+                break
+            order = names[r % len(names):] + names[:r % len(names)]
+            for name in order:
+                if name not in rounds:
+                    continue
+                between()
+                try:
+                    rounds[name].append(measure(steps[name], sets=1, config=timing, sync=sync, clock=config.clock,
+                                                marks=marks, hold=hold))
+                except Exception:  # a candidate that raises is not measured; the policy keeps its own view of it
+                    del rounds[name]
+
+    timed(0, 1, float("inf"))  # the first round's first calls may compile (FlexAttention, FA4's JIT): no deadline
+    timed(1, config.rounds, config.clock() + 2 * config.budget_s)
     timings = without_common_drift({n: combine_rounds(t) for n, t in rounds.items() if t})
+    if config.contested_rounds > 0 and len(timings) > 1 and _contested(timings, call):
+        timed(config.rounds, config.rounds + config.contested_rounds, config.clock() + 2 * config.budget_s)
+        timings = without_common_drift({n: combine_rounds(t) for n, t in rounds.items() if t})
     records = _records(timings, adapters, bhsd, call=call, device_key=device_key, versions=versions or {})
     if records and store is not None and hasattr(store, "add_bench"):
         store.add_bench(records)
     dispatcher.take_records(device_key, records)  # kept in this process whether or not the store could write them
     return records
+
+
+def _contested(timings: Mapping[str, Any], call: AttentionCall) -> bool:
+    """Whether these timings leave ``call``'s class contested (:func:`attnforge.ranking.contested`)."""
+    from attnforge.bench.flops import shape_flops
+    from attnforge.ranking import contested, from_timing, rank
+
+    flops = shape_flops(shape_of_call(call))
+    return contested(rank(from_timing(name, t, flops) for name, t in timings.items()))
 
 
 def _records(timings: Mapping[str, Any], adapters: Mapping[str, BackendAdapter], bhsd: tuple[Any, Any, Any],

@@ -390,18 +390,13 @@ def verdict(dispatcher: Checked, q: Any, *, call: AttentionCall, route: str, tim
     returned; else None (nothing stored). ``q``: the call's query (its device); ``basis``: what the timings
     count, said on the line when given ("device time alone")."""
     from attnforge.bench.flops import shape_flops, tflops
-    from attnforge.ranking import LIVE_RUN_PREFIX, Measurement, beats
+    from attnforge.ranking import LIVE_RUN_PREFIX, beats, from_timing
     from attnforge.records import BenchRecord
 
     shape = shape_of_call(call)
     flops = shape_flops(shape)
 
-    def measurement(name: str) -> Measurement:
-        t = timings[name]
-        return Measurement(backend=name, tflops=tflops(flops, t.median_ms), tflops_lo=tflops(flops, t.hi_ms),
-                           tflops_hi=tflops(flops, t.lo_ms), noise=t.mad_ms / t.median_ms if t.median_ms else 0.0)
-
-    ours, sdpa = measurement(route), measurement(FALLBACK)
+    ours, sdpa = from_timing(route, timings[route], flops), from_timing(FALLBACK, timings[FALLBACK], flops)
     if beats(ours, sdpa):
         return None
     device_key = dispatcher._device(q.device).key

@@ -99,7 +99,8 @@ def use_backend(name: str) -> Iterator[None]:
 
 @contextmanager
 def autotune(*, budget_s: float = 1.0, rounds: int = 5, clock: Callable[[], float] = time.perf_counter,
-             background: bool = False, compiling: bool = False, layouts: bool = False) -> Iterator[AutotuneConfig]:
+             background: bool = False, compiling: bool = False, layouts: bool = False,
+             contested_rounds: int = 0) -> Iterator[AutotuneConfig]:
     """Measure unmeasured shape classes on first use inside this context, on any device (see
     :mod:`attnforge.dispatch.autotune`; on CUDA it is on by default, this sets the budget). ``ATTNFORGE_AUTOTUNE=0``
     still wins. Classes the process-wide dispatcher decided before the context are considered again; leaving the
@@ -116,9 +117,11 @@ def autotune(*, budget_s: float = 1.0, rounds: int = 5, clock: Callable[[], floa
         layouts: also measure a class measured only in the other memory layout (``[B, H, S, D]`` against
             ``[B, S, H, D]`` tensors or views) in the call's own; ``attnforge warmup`` sets it, the default decides
             such a class on the other layout's measurements so that no call waits.
+        contested_rounds: further rounds of a class the first ones leave contested (a tie handed to a
+            lower-overhead path more than 2 % slower than the top); ``attnforge warmup`` sets ten, the default none.
     """
     config = AutotuneConfig(budget_s=budget_s, rounds=max(1, rounds), clock=clock, background=background,
-                            compiling=compiling, layouts=layouts)
+                            compiling=compiling, layouts=layouts, contested_rounds=max(0, contested_rounds))
     with configured(config):
         get_dispatcher().forget_decisions()
         yield config

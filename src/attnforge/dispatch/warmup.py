@@ -31,6 +31,11 @@ from attnforge.dispatch import autotune
 from attnforge.dispatch.features import one_line
 from attnforge.types.shapes import AttentionShape, Layout, Mode
 
+#: further interleaved rounds of a class its first rounds leave contested (:func:`attnforge.ranking.contested`):
+#: a deploy step may spend them (H200, 2026-11-30, docs/benchmarks.md "thirtieth session": with fifteen rounds the
+#: warm-up chose FlashAttention-3 for the Flux-length and 16k forwards that five had tied to SDPA at 0.89-0.93x)
+CONTESTED_ROUNDS = 10
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WarmedClass:
@@ -114,7 +119,8 @@ def _warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None
     before = compile_cache.count_artifacts(caches.folders)
     out: list[WarmedClass] = []
     packed_seen: set[tuple[Any, ...]] = set()
-    with runtime.autotune(budget_s=budget_s, rounds=rounds, background=False, compiling=True, layouts=True):
+    with runtime.autotune(budget_s=budget_s, rounds=rounds, background=False, compiling=True, layouts=True,
+                          contested_rounds=CONTESTED_ROUNDS):
         measuring = autotune.active(device.split(":", maxsplit=1)[0]) is not None
         for shape in shapes:
             if progress is not None:
