@@ -172,6 +172,12 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
     for key in ("prefill_ms", "decode_tokens_per_s"):
         a, d = res["attnforge_generate"][key], res[f"{default}_generate"][key]
         res[f"speedup_{key}"] = (d / a) if key.endswith("_ms") else (a / d)
+    # the decode step's spread as the other figures': the default's median step over attnforge's per interleaved
+    # round (Gemma's decode on 2026-11-30 read 0.762x from two bimodal series whose slow rounds fell unevenly)
+    steps = [res[f"{impl}_generate"].get("decode_step_ms_per_round", []) for impl in (default, "attnforge")]
+    ratios = [d / a for d, a in zip(*steps, strict=False) if a > 0]
+    if ratios:
+        res.setdefault("round_speedups", {})["decode_tokens_per_s"] = [min(ratios), median(ratios), max(ratios)]
     if MASK_VARIANT["read_every_mask"]:  # not a speedup_ key: it is a variant, not what attnforge ships
         res["read_every_mask_decode_ratio"] = (res["attnforge-read-every-mask_generate"]["decode_tokens_per_s"]
                                                / res[f"{default}_generate"]["decode_tokens_per_s"])
