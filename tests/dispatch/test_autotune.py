@@ -398,6 +398,32 @@ def test_a_contested_class_gets_more_rounds_and_they_settle_it(
     assert chosen == "fast"
 
 
+def test_warmup_measures_a_contested_class_further(store: RecordStore, setup: Any,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``attnforge warmup`` (a deploy step) is where a contested class gets its further rounds
+    (:data:`attnforge.dispatch.warmup.CONTESTED_ROUNDS`); measure-on-first-use inside a call does not."""
+    from attnforge.dispatch.warmup import CONTESTED_ROUNDS, warmup
+    from attnforge.types.shapes import AttentionShape, Mode
+
+    seen: list[int] = []
+    real_tune = autotune.tune
+
+    def tune(*args: Any, **kw: Any) -> Any:
+        seen.append(kw["config"].contested_rounds)
+        return real_tune(*args, **kw)
+
+    monkeypatch.setattr(autotune, "tune", tune)
+    shape = AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=16, seqlen_k=16, causal=False,
+                           mode=Mode.FWD, dtype="float32")
+    warmup([shape], device="cpu", budget_s=0.02, rounds=1)
+    assert seen and set(seen) == {CONTESTED_ROUNDS} and CONTESTED_ROUNDS > 0
+    seen.clear()
+    q, k, v = (torch.randn(1, h, 64, 8) for h in (4, 2, 2))  # a class the warm-up did not measure
+    with attnforge.autotune(budget_s=0.02, rounds=1, background=False):
+        attnforge.attention(q, k, v)
+    assert seen == [0]
+
+
 def test_contested_is_a_tie_given_away_over_more_than_the_floor() -> None:
     """The recorded Flux-length forward (H200 warm-up, 2026-11-30): SDPA won a tie it trailed by 6 % (contested);
     a tie within the 2 % floor, a clear win, and a tie the top wins itself are not contested."""
