@@ -36,7 +36,6 @@ import math
 import operator
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from attnforge.records import SUPERSEDED_WITHIN, BenchRecord
 from attnforge.types.shapes import ShapeClass
@@ -89,16 +88,6 @@ class Measurement:
     tflops_hi: float
     noise: float
     error: OutputError | None = None
-
-
-def from_timing(backend: str, timing: Any, flops: float) -> Measurement:
-    """A :class:`Measurement` of ``backend`` from its :class:`~attnforge.bench.timing.Timing` (its median, slowest and
-    fastest round and MAD, in ms) of a call of ``flops`` floating-point operations."""
-    from attnforge.bench.flops import tflops
-
-    median = timing.median_ms
-    return Measurement(backend=backend, tflops=tflops(flops, median), tflops_lo=tflops(flops, timing.hi_ms),
-                       tflops_hi=tflops(flops, timing.lo_ms), noise=timing.mad_ms / median if median else 0.0)
 
 
 def contested(ranking: Ranking) -> bool:

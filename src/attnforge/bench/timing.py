@@ -47,9 +47,12 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from attnforge._compat import StrEnum
+
+if TYPE_CHECKING:
+    from attnforge.ranking import Measurement
 
 #: ``step(i)`` runs one call on input set ``i % sets``; it returns once the work is queued (GPU) or done.
 Step = Callable[[int], object]
@@ -271,6 +274,17 @@ class Timing:
             scale = math.sqrt(self.drift_of / (self.drift_of - 1))
         center = statistics.median(rounds)
         return scale * statistics.median(abs(r - center) for r in rounds)
+
+    def measurement(self, backend: str, flops: float) -> Measurement:
+        """This timing of ``backend`` on a call of ``flops`` floating-point operations as the "fastest" rule reads
+        it (:class:`attnforge.ranking.Measurement`): TFLOP/s of the median, the slowest and the fastest round, and
+        the noise (:attr:`mad_ms` relative to the median)."""
+        from attnforge.bench.flops import tflops
+        from attnforge.ranking import Measurement
+
+        median = self.median_ms
+        return Measurement(backend=backend, tflops=tflops(flops, median), tflops_lo=tflops(flops, self.hi_ms),
+                           tflops_hi=tflops(flops, self.lo_ms), noise=self.mad_ms / median if median else 0.0)
 
 
 def without_common_drift(timings: Mapping[str, Timing]) -> dict[str, Timing]:

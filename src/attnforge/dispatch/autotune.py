@@ -398,10 +398,10 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
 def _contested(timings: Mapping[str, Any], call: AttentionCall) -> bool:
     """Whether these timings leave ``call``'s class contested (:func:`attnforge.ranking.contested`)."""
     from attnforge.bench.flops import shape_flops
-    from attnforge.ranking import contested, from_timing, rank
+    from attnforge.ranking import contested, rank
 
     flops = shape_flops(shape_of_call(call))
-    return contested(rank(from_timing(name, t, flops) for name, t in timings.items()))
+    return contested(rank(t.measurement(name, flops) for name, t in timings.items()))
 
 
 def _records(timings: Mapping[str, Any], adapters: Mapping[str, BackendAdapter], bhsd: tuple[Any, Any, Any],

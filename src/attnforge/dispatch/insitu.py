@@ -390,13 +390,13 @@ def verdict(dispatcher: Checked, q: Any, *, call: AttentionCall, route: str, tim
     returned; else None (nothing stored). ``q``: the call's query (its device); ``basis``: what the timings
     count, said on the line when given ("device time alone")."""
     from attnforge.bench.flops import shape_flops, tflops
-    from attnforge.ranking import LIVE_RUN_PREFIX, beats, from_timing
+    from attnforge.ranking import LIVE_RUN_PREFIX, beats
     from attnforge.records import BenchRecord
 
     shape = shape_of_call(call)
     flops = shape_flops(shape)
 
-    ours, sdpa = from_timing(route, timings[route], flops), from_timing(FALLBACK, timings[FALLBACK], flops)
+    ours, sdpa = timings[route].measurement(route, flops), timings[FALLBACK].measurement(FALLBACK, flops)
     if beats(ours, sdpa):
         return None
     device_key = dispatcher._device(q.device).key
