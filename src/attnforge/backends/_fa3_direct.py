@@ -135,8 +135,8 @@ def forward_tail(*, scale: float, causal: bool, window: tuple[int, int] = (-1, -
             ``flash_attn_func``'s default, kept for a call that needs a gradient) or 0 (FA3's own heuristic,
             ``num_splits_heuristic`` in hopper/heuristics.h: more than 1 only where the grid would leave SMs idle,
             e.g. a decode step; ``flash_attn_with_kvcache``'s default, flash_attn_interface.py line 969). A build
-            without the split
-            kernels (``FLASH_ATTENTION_DISABLE_SPLIT``) takes 0 as 1 (flash_api.cpp ``get_num_splits``).
+            without the split kernels (``FLASH_ATTENTION_DISABLE_SPLIT``) takes 0 as 1 (flash_api.cpp
+            ``get_num_splits``).
     """
     return (None, None, None, None,  # k_new, v_new, q_v, out
             None, None, None, None, None,  # cu_seqlens_q/k/k_new, seqused_q/k
