@@ -421,6 +421,11 @@ def test_a_lean_entry_of_another_version_or_over_other_ops_is_not_called(monkeyp
     assert _fa3_direct.find_ops(OTHER_NS, "fake_fa3_lean_C") is None
     assert _fa3_direct.find_ops(NS, "attnforge_no_such_module").entry is None  # type: ignore[union-attr]
     assert ops.train is _lean_attn
+    without_node = _lean_module()
+    del without_node.attnforge_attn  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_fa3_lean_C", without_node)  # says 2, lacks the node: the Python node
+    ops = _fa3_direct.find_ops(NS, "fake_fa3_lean_C")
+    assert ops is not None and ops.entry is without_node and ops.train is None
     monkeypatch.setitem(sys.modules, "fake_fa3_lean_C", _lean_module(1))  # before the C++ train node
     ops = _fa3_direct.find_ops(NS, "fake_fa3_lean_C")
     assert ops is not None and ops.entry is sys.modules["fake_fa3_lean_C"] and ops.train is None
