@@ -136,7 +136,7 @@ def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool, devi
             # route over the registered ops, timed in the same rounds: what the lean entry saves
             import dataclasses
 
-            ops = dataclasses.replace(adapter.direct_entry(), entry=None, entry_version=0, train=None)  # type: ignore[attr-defined]
+            ops = dataclasses.replace(adapter.direct_entry(), entry=None)  # type: ignore[attr-defined]
             notes["fa3_lean_entry"] = True
             # the adapter's own bound route (as fa3_direct), its direct entry the ops alone
             add("fa3_ops", lambda fa3=adapter, ops=ops, call=call: direct(dataclasses.replace(fa3, _direct=[ops]),
@@ -147,7 +147,13 @@ def variants(shape: tuple[int, int, int, int], *, causal: bool, grad: bool, devi
             if grad and getattr(adapter.direct_entry(), "train", None) is not None:  # type: ignore[attr-defined]
                 # the build's C++ train node (attnforge_attn) serves fa3_direct; the same lean calls in the Python
                 # node (bound.differentiable), timed in the same rounds: what the C++ node saves
-                pynode = dataclasses.replace(adapter.direct_entry(), train=None)  # type: ignore[attr-defined]
+                import types
+
+                lean = adapter.direct_entry().entry  # type: ignore[attr-defined]
+                # the same entry without its node (Fa3Ops.train is then None)
+                no_node = types.SimpleNamespace(attnforge_entry=lean.attnforge_entry, attnforge_fwd=lean.attnforge_fwd,
+                                                attnforge_bwd=lean.attnforge_bwd)
+                pynode = dataclasses.replace(adapter.direct_entry(), entry=no_node)  # type: ignore[attr-defined]
                 notes["fa3_cpp_train_node"] = True
                 add("fa3_pynode", lambda fa3=adapter, ops=pynode, call=call: direct(
                     dataclasses.replace(fa3, _direct=[ops]), call))

@@ -97,7 +97,7 @@ def contested(ranking: Ranking) -> bool:
     On an H200 (2026-11-30, docs/benchmarks.md "thirtieth session") five rounds of the warm-up tied plain SDPA
     (rounds 551-647 TFLOP/s, noise 6.1 %) with FlashAttention-3 (648, noise 0.8 %) on the 8k-bucket forward of
     Flux's attention, and the grid then timed SDPA at 0.93x FA3; fifteen rounds chose FA3 (0.99x the best)."""
-    if ranking.winner is None or len(ranking.tied) < 2:
+    if ranking.winner is None:
         return False
     winner = ranking.measurements[ranking.winner]
     top = max(ranking.measurements.values(), key=lambda m: m.tflops)

@@ -85,16 +85,23 @@ ENTRY_VERSIONS = (1, 2)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Fa3Ops:
-    """The two registered ops (``OpOverload``s: ``.default``, no overload resolution per call), the build's
-    lean entry (the module with ``attnforge_fwd`` / ``attnforge_bwd``; None: the ops serve) with its
-    ``attnforge_entry`` version, and its C++ train node (``attnforge_attn``; None: a Python node serves a call that
-    needs a gradient)."""
+    """The two registered ops (``OpOverload``s: ``.default``, no overload resolution per call), and the build's
+    lean entry (the module with ``attnforge_fwd`` / ``attnforge_bwd``; None: the ops serve)."""
 
     fwd: Callable[..., Any]
     bwd: Callable[..., Any]
     entry: Any = None
-    entry_version: int = 0
-    train: Callable[..., Any] | None = None
+
+    @property
+    def entry_version(self) -> int:
+        """The lean entry's ``attnforge_entry`` (0 without one)."""
+        return int(getattr(self.entry, "attnforge_entry", 0)) if self.entry is not None else 0
+
+    @property
+    def train(self) -> Callable[..., Any] | None:
+        """The lean entry's C++ train node (``attnforge_attn``, entry 2); None: a Python node serves a call that
+        needs a gradient (no entry, entry 1, or a module that says 2 without the node: a hand-edited build)."""
+        return getattr(self.entry, "attnforge_attn", None) if self.entry_version >= 2 else None
 
 
 def find_ops(namespace: str = NAMESPACE, entry_module: str | None = ENTRY_MODULE) -> Fa3Ops | None:
@@ -115,11 +122,7 @@ def find_ops(namespace: str = NAMESPACE, entry_module: str | None = ENTRY_MODULE
             return None
     module = sys.modules.get(entry_module) if entry_module else None
     version = getattr(module, "attnforge_entry", None)
-    if version not in ENTRY_VERSIONS:
-        return Fa3Ops(fwd=fwd, bwd=bwd)
-    # a module that says 2 without the node (a hand-edited build) keeps the Python node rather than failing the bind
-    return Fa3Ops(fwd=fwd, bwd=bwd, entry=module, entry_version=version,
-                  train=getattr(module, "attnforge_attn", None) if version >= 2 else None)
+    return Fa3Ops(fwd=fwd, bwd=bwd, entry=module if version in ENTRY_VERSIONS else None)
 
 
 def forward_tail(*, scale: float, causal: bool, window: tuple[int, int] = (-1, -1),

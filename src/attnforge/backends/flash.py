@@ -196,7 +196,7 @@ class FlashAttn3Adapter(FlashAttnAdapter):
         if ops is None:
             return ("FlashAttention-3 through its public flash_attn_func: the installed build registers other op "
                     "schemas than attnforge's direct entry mirrors",)
-        if ops.entry is not None and ops.train is not None:
+        if ops.train is not None:  # the C++ node (entry 2)
             return ("FlashAttention-3 through its build's lean entry (flash_attn_3._C.attnforge_fwd / attnforge_bwd, "
                     "and attnforge_attn's C++ autograd node when a gradient is needed; an `--abi torch` build): the "
                     "least host time a call",)

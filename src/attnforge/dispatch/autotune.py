@@ -385,7 +385,7 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     timed(0, 1, float("inf"))  # the first round's first calls may compile (FlexAttention, FA4's JIT): no deadline
     timed(1, config.rounds, config.clock() + 2 * config.budget_s)
     timings = without_common_drift({n: combine_rounds(t) for n, t in rounds.items() if t})
-    if config.contested_rounds > 0 and len(timings) > 1 and _contested(timings, call):
+    if config.contested_rounds > 0 and _contested(timings, call):
         timed(config.rounds, config.rounds + config.contested_rounds, config.clock() + 2 * config.budget_s)
         timings = without_common_drift({n: combine_rounds(t) for n, t in rounds.items() if t})
     records = _records(timings, adapters, bhsd, call=call, device_key=device_key, versions=versions or {})
