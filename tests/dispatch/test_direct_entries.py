@@ -182,10 +182,6 @@ def _lean_bwd(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, dq: Any, dk
                                        right, softcap, False, 0)
 
 
-def _lastdim(t: Any) -> Any:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 class _LeanAttn(torch.autograd.Function):
     """``attnforge_entry::Attn`` (the C++ node of ``attnforge_attn``), transcribed from the catalog's C++."""
 
@@ -194,7 +190,7 @@ class _LeanAttn(torch.autograd.Function):
         *tail, bhsd = args
         if bhsd:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = _lastdim(q), _lastdim(k)
+        q, k = _maybe_contiguous(q), _maybe_contiguous(k)
         v = v.contiguous() if v.stride(-1) != 1 and v.stride(-3) != 1 else v
         out, lse = _lean_fwd(q, k, v, *tail, 1)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -206,7 +202,7 @@ class _LeanAttn(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         *tail, bhsd = ctx.args
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _lean_bwd(_lastdim(dout), *(_lastdim(t) for t in (q, k, v, out)), lse, dq, dk, dv, *tail)
+        _lean_bwd(_maybe_contiguous(dout), *(_maybe_contiguous(t) for t in (q, k, v, out)), lse, dq, dk, dv, *tail)
         if bhsd:
             dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
         return dq, dk, dv, *([None] * len(ctx.args))
