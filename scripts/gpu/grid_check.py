@@ -501,7 +501,8 @@ def warm(cells: tuple[Cell, ...], wanted: set[str], args: Any, t_start: float) -
                        for layout in (Layout.BHSD, Layout.BSHD)]
     report = warmup(shapes, device=args.device, rounds=args.warmup_rounds, budget_s=args.warmup_budget_s)
     for w in report.classes:
-        print(f"warmup {w.shape_class} {w.shape.layout.value}: {w.chosen} ({w.basis}) {w.duration_s:.1f} s "
+        again = " [contested: timed again]" if w.timed_again else ""
+        print(f"warmup {w.shape_class} {w.shape.layout.value}: {w.chosen} ({w.basis}){again} {w.duration_s:.1f} s "
               f"{w.error}", flush=True)
     print(f"warmup: {len(report.classes)} classes in {time.monotonic() - t_start:.0f} s, measuring="
           f"{report.measuring}, compiled files {report.compiled_files}", flush=True)

@@ -359,16 +359,20 @@ def test_first_use_takes_the_drift_common_to_a_rounds_candidates_out_of_the_nois
     assert attnforge.explain(q, k, v).chosen == "fast"
 
 
-@pytest.mark.parametrize("contested_rounds", [0, 10])
+@pytest.mark.parametrize("case", [(False, None, False), (False, 10, True), (True, None, True), (True, 0, False)],
+                         ids=["in-call", "in-call-10", "background", "background-0"])
 def test_a_contested_class_gets_more_rounds_and_they_settle_it(
-        store: RecordStore, setup: Any, monkeypatch: pytest.MonkeyPatch, contested_rounds: int) -> None:
+        store: RecordStore, setup: Any, monkeypatch: pytest.MonkeyPatch, case: tuple[bool, int | None, bool]) -> None:
     """Five rounds in which SDPA alone wanders (±15 %, its own noise, not a round's common drift) tie it with a
     candidate steady 5 % ahead, and the tie goes to SDPA: the class is contested (:func:`attnforge.ranking.contested`).
     With ``contested_rounds`` every candidate is timed in further rounds, where SDPA is steady; its noise then reads
     ~0 and the lead beats it. On an H200 (docs/benchmarks.md "thirtieth session") five warm-up rounds tied SDPA
-    (noise 4.6-6.1 %) with FA3 7-12 % ahead on Flux's and the 16k forward; fifteen chose FA3."""
+    (noise 4.6-6.1 %) with FA3 7-12 % ahead on Flux's and the 16k forward; fifteen chose FA3. By default a class
+    measured off the calling thread gets them (no call waits for them) and one measured inside its first call does
+    not; the dispatcher names the classes it timed again (:func:`attnforge.dispatch.autotune.timed_again`)."""
     from attnforge.bench import timing as timing_mod
 
+    background, contested_rounds, further = case  # off the calling thread; the rounds asked; timed again
     clock, slow, fast, sdpa = setup
     slow.cost_ms, fast.cost_ms, sdpa.cost_ms = 5.0, 2.85, 3.0
     wander = (1.0, 1.18, 0.85, 1.15, 0.88)  # SDPA's first five rounds; steady after them
@@ -386,23 +390,36 @@ def test_a_contested_class_gets_more_rounds_and_they_settle_it(
 
     monkeypatch.setattr(timing_mod, "measure", measured)
     q, k, v = _qkv()
-    with attnforge.autotune(budget_s=0.5, rounds=len(wander), clock=clock, background=False,
-                            contested_rounds=contested_rounds):
+    with attnforge.autotune(budget_s=0.5, rounds=len(wander), clock=clock, background=background,
+                            contested_rounds=contested_rounds) as config:
         attnforge.attention(q, k, v)
-    chosen = attnforge.explain(q, k, v).chosen
-    if not contested_rounds:
-        assert set(rounds_of.values()) == {len(wander)}
-        assert chosen == "sdpa"  # tied: the lower-overhead path
+    assert autotune.background_wait(timeout_s=30)
+    explained = attnforge.explain(q, k, v)
+    chosen = explained.chosen
+    again = autotune.timed_again(runtime.get_dispatcher())
+    if not further:
+        assert config.contested_rounds == 0 and set(rounds_of.values()) == {len(wander)}
+        assert chosen == "sdpa" and not again  # tied: the lower-overhead path
         return
+    assert config.contested_rounds == autotune.CONTESTED_ROUNDS
     assert len(set(rounds_of.values())) == 1 and rounds_of["sdpa"] > len(wander) + 3  # every candidate, more rounds
     assert chosen == "fast"
+    assert [(key[1], key[3]) for key in again] == [(explained.shape_class, "bhsd")]  # this class, in its layout
+
+
+def test_the_background_default_times_a_contested_class_again() -> None:
+    """``ATTNFORGE_AUTOTUNE=background``'s configuration (no call waits for a measurement) gets the warm-up's further
+    rounds; measure-on-first-use inside a call keeps none."""
+    assert autotune.DEFAULT_BACKGROUND.contested_rounds == autotune.CONTESTED_ROUNDS > 0
+    assert autotune.DEFAULT.contested_rounds == 0
 
 
 def test_warmup_measures_a_contested_class_further(store: RecordStore, setup: Any,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """``attnforge warmup`` (a deploy step) is where a contested class gets its further rounds
-    (:data:`attnforge.dispatch.warmup.CONTESTED_ROUNDS`); measure-on-first-use inside a call does not."""
-    from attnforge.dispatch.warmup import CONTESTED_ROUNDS, warmup
+    (:data:`attnforge.dispatch.autotune.CONTESTED_ROUNDS`); measure-on-first-use inside a call does not."""
+    from attnforge.dispatch.autotune import CONTESTED_ROUNDS
+    from attnforge.dispatch.warmup import warmup
     from attnforge.types.shapes import AttentionShape, Mode
 
     seen: list[int] = []
@@ -422,6 +439,24 @@ def test_warmup_measures_a_contested_class_further(store: RecordStore, setup: An
     with attnforge.autotune(budget_s=0.02, rounds=1, background=False):
         attnforge.attention(q, k, v)
     assert seen == [0]
+
+
+def test_warmup_says_which_classes_it_timed_again(store: RecordStore, setup: Any,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each warmed class says whether its first rounds left it contested and it was timed again
+    (``WarmedClass.timed_again``; ``attnforge warmup`` prints it beside the reason): the seam is the contest's
+    verdict (:func:`attnforge.dispatch.autotune._contested`, tested above on recorded timings), here true for causal
+    classes only."""
+    import dataclasses
+
+    from attnforge.dispatch.warmup import warmup
+    from attnforge.types.shapes import AttentionShape, Mode
+
+    monkeypatch.setattr(autotune, "_contested", lambda _timings, call: bool(call.causal))
+    shape = AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=16, seqlen_k=16, causal=False,
+                           mode=Mode.FWD, dtype="float32")
+    report = warmup([shape, dataclasses.replace(shape, causal=True)], device="cpu", budget_s=0.02, rounds=1)
+    assert [(c.shape.causal, c.timed_again, c.error) for c in report.classes] == [(False, False, ""), (True, True, "")]
 
 
 def test_contested_is_a_tie_given_away_over_more_than_the_floor() -> None:

@@ -98,7 +98,8 @@ def _json(report: Any) -> dict[str, Any]:
 
     return {"measuring": report.measuring, "compiled_files": report.compiled_files, "caches": report.caches,
             "classes": [{"shape": shape(c.shape), "features": list(c.features), "shape_class": c.shape_class,
-                         "chosen": c.chosen, "basis": c.basis, "duration_s": c.duration_s, "error": c.error}
+                         "chosen": c.chosen, "basis": c.basis, "duration_s": c.duration_s, "error": c.error,
+                         "timed_again": c.timed_again}
                         for c in report.classes]}
 
 
@@ -110,8 +111,9 @@ def _render(out: Any, report: Any) -> None:
         table.add_column(column)
     for c in report.classes:
         layout = "" if c.shape.layout.value == "bhsd" else f" ({c.shape.layout.value})"
+        why = c.basis + (" [dim](contested: timed again)[/dim]" if c.timed_again else "")
         table.add_row(c.shape.label + layout, ", ".join(c.features) or "-", c.shape_class,
-                      c.chosen or f"[red]{c.error}[/red]", c.basis, f"{c.duration_s:.2f}")
+                      c.chosen or f"[red]{c.error}[/red]", why, f"{c.duration_s:.2f}")
     out.print(table)
     if not report.measuring:
         out.print("[yellow]ATTNFORGE_AUTOTUNE=0: nothing was measured; unset it to warm up[/yellow]")

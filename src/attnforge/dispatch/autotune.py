@@ -111,9 +111,9 @@ class AutotuneConfig:
             measurement it already has one of (the in-situ check then times the route on the call's own tensors).
         contested_rounds: further interleaved rounds of every candidate when the first ``rounds`` leave the class
             contested (:func:`attnforge.ranking.contested`: a tie handed to a lower-overhead path more than 2 %
-            slower than the top), within another ``2 * budget_s``; ``attnforge warmup`` sets ten (a deploy step
-            may take that time: on an H200 fifteen rounds settled two classes five had tied, docs/benchmarks.md
-            "thirtieth session"), 0 measures no further.
+            slower than the top), within another ``2 * budget_s``; :data:`CONTESTED_ROUNDS` where no call waits
+            for them (``attnforge warmup``, a deploy step; measuring off the calling thread), 0 (measure-on-first-
+            use inside a call, which the call would wait for) measures no further.
     """
 
     budget_s: float = 1.0
@@ -127,15 +127,24 @@ class AutotuneConfig:
 
 
 
+#: further interleaved rounds of a class its first rounds leave contested (:func:`attnforge.ranking.contested`)
+#: where no call waits for them: H200, 2026-11-30, docs/benchmarks.md "thirtieth session": with fifteen rounds the
+#: warm-up chose FlashAttention-3 for the Flux-length and 16k forwards that five had tied to SDPA at 0.89-0.93x the
+#: best; with these ten ("thirty-first session") no class of those two cells went to SDPA in three warm-ups
+CONTESTED_ROUNDS = 10
+
 DEFAULT = AutotuneConfig()
-#: the default with ``ATTNFORGE_AUTOTUNE=background``
-DEFAULT_BACKGROUND = AutotuneConfig(background=True)
+#: the default with ``ATTNFORGE_AUTOTUNE=background``: no call waits for a measurement, so a contested class gets
+#: its further rounds as in the warm-up
+DEFAULT_BACKGROUND = AutotuneConfig(background=True, contested_rounds=CONTESTED_ROUNDS)
 _ACTIVE: contextvars.ContextVar[AutotuneConfig | None] = contextvars.ContextVar("attnforge_autotune", default=None)
 #: per dispatcher, the (device key, shape class, precision, memory layout) already measured in this process
 _TUNED: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str, str]]] = weakref.WeakKeyDictionary()
 #: per dispatcher, those of them measured without the candidates that compile on their first call: a later
 #: measurement that may compile (``attnforge warmup`` in the same process) measures them again
 _PARTIAL: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str, str]]] = weakref.WeakKeyDictionary()
+#: per dispatcher, those of them whose first rounds left them contested and were timed in further rounds
+_TIMED_AGAIN: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str, str]]] = weakref.WeakKeyDictionary()
 
 
 class Tunable(Protocol):
@@ -294,6 +303,13 @@ def provisional(decision: Decision) -> Decision:
     return dataclasses.replace(decision, order=order, basis=tuple(why.get(n, "") for n in order))
 
 
+def timed_again(dispatcher: Tunable) -> frozenset[tuple[str, str, str, str]]:
+    """The classes (device key, shape class, precision, memory layout) this dispatcher's measurements in this process
+    left contested and timed in further rounds (:attr:`AutotuneConfig.contested_rounds`): what the warm-up reports
+    per class, so a run can tell a settled tie from a class that never was one."""
+    return frozenset(_TIMED_AGAIN.get(dispatcher, ()))
+
+
 def pending(dispatcher: Tunable, call: AttentionCall, device_key: str) -> bool:
     """Whether the class of ``call`` is being measured off the calling thread now."""
     return background.WORKER.pending((id(dispatcher), *_tuned_key(call, device_key)))
@@ -388,6 +404,7 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     if config.contested_rounds > 0 and _contested(timings, call):
         timed(config.rounds, config.rounds + config.contested_rounds, config.clock() + 2 * config.budget_s)
         timings = without_common_drift({n: combine_rounds(t) for n, t in rounds.items() if t})
+        _TIMED_AGAIN.setdefault(dispatcher, set()).add(_tuned_key(call, device_key))
     records = _records(timings, adapters, bhsd, call=call, device_key=device_key, versions=versions or {})
     if records and store is not None and hasattr(store, "add_bench"):
         store.add_bench(records)

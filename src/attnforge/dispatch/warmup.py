@@ -31,11 +31,6 @@ from attnforge.dispatch import autotune
 from attnforge.dispatch.features import one_line
 from attnforge.types.shapes import AttentionShape, Layout, Mode
 
-#: further interleaved rounds of a class its first rounds leave contested (:func:`attnforge.ranking.contested`):
-#: a deploy step may spend them (H200, 2026-11-30, docs/benchmarks.md "thirtieth session": with fifteen rounds the
-#: warm-up chose FlashAttention-3 for the Flux-length and 16k forwards that five had tied to SDPA at 0.89-0.93x)
-CONTESTED_ROUNDS = 10
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WarmedClass:
@@ -48,6 +43,8 @@ class WarmedClass:
         basis: why (:class:`attnforge.dispatch.explanation.Explanation`'s first basis).
         duration_s: wall time of the warm-up of this call, compiles and measurement included.
         error: the error's first line when the call raised ("" otherwise).
+        timed_again: its first rounds left the class contested, and every candidate was timed in
+            :data:`~attnforge.dispatch.autotune.CONTESTED_ROUNDS` further rounds before it was decided.
     """
 
     shape: AttentionShape
@@ -57,6 +54,7 @@ class WarmedClass:
     basis: str
     duration_s: float
     error: str = ""
+    timed_again: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,7 +118,7 @@ def _warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None
     out: list[WarmedClass] = []
     packed_seen: set[tuple[Any, ...]] = set()
     with runtime.autotune(budget_s=budget_s, rounds=rounds, background=False, compiling=True, layouts=True,
-                          contested_rounds=CONTESTED_ROUNDS):
+                          contested_rounds=autotune.CONTESTED_ROUNDS):
         measuring = autotune.active(device.split(":", maxsplit=1)[0]) is not None
         for shape in shapes:
             if progress is not None:
@@ -161,6 +159,7 @@ def _ask_mask_kernels(shapes: Sequence[AttentionShape], device: str) -> None:
 def _warm(shape: AttentionShape, kw: dict[str, Any], *, device: str, inputs: Any, runtime: Any) -> WarmedClass:
     start = time.perf_counter()
     names = tuple(sorted(kw))
+    before = autotune.timed_again(runtime.get_dispatcher())
     try:
         q, k, v, dout = inputs(shape, 1, device)[0]
         if kw.get("varlen"):
@@ -177,7 +176,8 @@ def _warm(shape: AttentionShape, kw: dict[str, Any], *, device: str, inputs: Any
         return WarmedClass(shape=shape, features=names, shape_class=str(shape.shape_class), chosen=None, basis="",
                            duration_s=time.perf_counter() - start, error=one_line(exc))
     return WarmedClass(shape=shape, features=names, shape_class=explained.shape_class, chosen=explained.chosen,
-                       basis=explained.basis[0] if explained.basis else "", duration_s=time.perf_counter() - start)
+                       basis=explained.basis[0] if explained.basis else "", duration_s=time.perf_counter() - start,
+                       timed_again=bool(autotune.timed_again(runtime.get_dispatcher()) - before))
 
 
 def _padded_prefill(q: Any, k: Any, v: Any, kw: dict[str, Any]) -> tuple[Any, Any, Any, dict[str, Any]]:
