@@ -11,7 +11,7 @@ from typing import Any
 
 
 def measure_ms(torch: Any, fn: Callable[[], Any], *, set_bytes: int = 0,
-               flush: int | None = None) -> dict[str, float]:
+               flush: int | None = None) -> dict[str, Any]:
     """``fn`` timed: ``{"median_ms", "lo_ms", "hi_ms", "first_call_s"}`` (lo/hi: the spread of the rounds).
     ``flush``: bytes to overwrite before each repetition instead of what ``set_bytes`` calls for (0: no flush)."""
     from attnforge.bench import timing as t
@@ -36,9 +36,11 @@ def _harness(torch: Any, set_bytes: int, flush: int | None) -> tuple[Any, Callab
     return config, torch.cuda.synchronize, t.flush_bytes(set_bytes) if flush is None else flush
 
 
-def _summary(timing: Any) -> dict[str, float]:
+def _summary(timing: Any) -> dict[str, Any]:
+    """A timing as the scripts' JSON holds it; ``rounds_ms``: each interleaved round's median, in round order (what
+    :func:`round_ratios` pairs)."""
     return {"median_ms": timing.median_ms, "lo_ms": timing.lo_ms, "hi_ms": timing.hi_ms,
-            "first_call_s": timing.first_call_s}
+            "first_call_s": timing.first_call_s, "rounds_ms": list(timing.rounds_ms)}
 
 
 def measure_many_ms(torch: Any, fns: dict[str, Callable[[], Any]], *, set_bytes: int = 0,

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from _timing import first_call_s, measure_many_ms, waited_s
+from _timing import first_call_s, measure_many_ms, median, round_ratios, waited_s
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,19 @@ class Row:
     best_quantized: str | None = None
     ratio_quantized_to_best: float | None = None
     ratio_quantized_to_sdpa: float | None = None
+    #: per interleaved round, ``best_exact``'s median over attention()'s (bhsd) and plain SDPA's over attention()'s:
+    #: ``[least, median, most]`` (:func:`_timing.round_ratios`). The ratios above divide two medians taken over all
+    #: rounds; a round that ran slow for every side (the GPU's clock: the 2026-12-01 run's 16k fwd+bwd rows spread
+    #: 4-9 % with one route timed twice at 17.85 and 18.98 ms) divides out here
+    round_ratio_to_best: list[float] | None = None
+    round_ratio_to_sdpa: list[float] | None = None
+    #: each side's round medians (ms), in round order: what the round ratios pair
+    rounds_ms: dict[str, list[float]] = field(default_factory=dict)
+
+
+def _spread_of(ratios: list[float]) -> list[float] | None:
+    """``[least, median, most]`` of per-round ratios (None without any)."""
+    return [min(ratios), median(ratios), max(ratios)] if ratios else None
 
 
 def flops(c: Cell, mode: str) -> float:
@@ -412,6 +425,7 @@ def measure(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[
             row.failed[n] = m["error"]
             continue
         row.ms[n] = m["median_ms"]
+        row.rounds_ms[n] = m["rounds_ms"]
         row.spread[n] = (m["hi_ms"] - m["lo_ms"]) / m["median_ms"] if m["median_ms"] else 0.0
         row.tflops[n] = f / (m["median_ms"] * 1e-3) / 1e12
     if "attnforge" in cands:
@@ -430,8 +444,10 @@ def measure(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[
         if same:
             row.best_on_bhsd = min(same, key=lambda n: row.ms[n])
             row.ratio_to_best_on_bhsd = row.ms[row.best_on_bhsd] / row.ms["attnforge"]
+        row.round_ratio_to_best = _spread_of(round_ratios(row.rounds_ms, base=best, new="attnforge", reps=1))
         if "sdpa" in row.ms:
             row.ratio_to_sdpa = row.ms["sdpa"] / row.ms["attnforge"]
+            row.round_ratio_to_sdpa = _spread_of(round_ratios(row.rounds_ms, base="sdpa", new="attnforge", reps=1))
         if "sdpa-bshd" in row.ms and "attnforge-bshd" in row.ms:
             row.ratio_bshd_to_sdpa_bshd = row.ms["sdpa-bshd"] / row.ms["attnforge-bshd"]
     if cell.quantized and "attnforge-q" in row.ms:
@@ -463,6 +479,10 @@ def summarize(rows: list[Row], device: str, torch_version: str) -> dict[str, Any
         "chosen_is_fastest": sum(1 for r in rows if r.chosen and r.chosen == r.best_exact),
         "geomean_over_sdpa": math.exp(sum(map(math.log, vs_sdpa)) / len(vs_sdpa)) if vs_sdpa else None,
         "cells_ge_sdpa": sum(1 for x in vs_sdpa if x >= 1.0),
+        # the same two counts on the per-round ratios' medians (Row.round_ratio_to_best / _to_sdpa)
+        "cells_ge_0.97_round_median": sum(1 for r in rows
+                                          if r.round_ratio_to_best and r.round_ratio_to_best[1] >= 0.97),
+        "cells_ge_sdpa_round_median": sum(1 for r in rows if r.round_ratio_to_sdpa and r.round_ratio_to_sdpa[1] >= 1.0),
         "geomean_bshd_over_sdpa_bshd": (math.exp(sum(map(math.log, vs_sdpa_bshd)) / len(vs_sdpa_bshd))
                                         if vs_sdpa_bshd else None),
         "cells_bshd_ge_sdpa_bshd": sum(1 for x in vs_sdpa_bshd if x >= 1.0),
