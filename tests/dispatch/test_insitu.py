@@ -321,6 +321,35 @@ def _long_setup(tmp_path: Path, fa_kernel_ms: float) -> tuple[RecordStore, Kerne
     return _measured(tmp_path, fa, sdpa, sq=16, sk=16, sdpa_ms=0.1), fa, sdpa, gpu
 
 
+@pytest.mark.parametrize(("kernel_ms", "checked"), [(0.5, True), (2.5, False), (40.0, False)])
+def test_a_call_that_needs_a_gradient_is_checked_only_where_its_check_stays_short(
+        tmp_path: Path, kernel_ms: float, checked: bool) -> None:
+    """Issue 30: after warm-up no call waits more than 100 ms for measurement. A call that needs a gradient is checked
+    with forward and backward calls of both routes (on detached copies); where the live forward times the pair past
+    MAX_CALL_MS (forward x GRAD_CALLS: 2.5 ms x 3.5 = 8.75), the check makes no call at all and the route keeps the
+    class. Before, its estimate called each route once first: on an H200's Wan-2.1-720p fwd+bwd (~115 and ~137 ms a
+    call) the 64th call would have waited ~250 ms."""
+    gpu = Gpu()
+    fa, sdpa = Kernel("fa", gpu, 0.01, kernel_ms * 0.9), Kernel("sdpa", gpu, 0.03, kernel_ms)
+    _measured(tmp_path, fa, sdpa, sq=16, sk=16, sdpa_ms=kernel_ms * 1.2)
+    q, k, v = (t.requires_grad_(True) for t in _qkv())
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for _ in range(insitu.SAMPLE_AFTER - 1):
+            attnforge.attention(q, k, v)
+        assert attnforge.explain(q, k, v).chosen == "fa"
+        start, calls = (gpu.clock(), fa.calls, sdpa.calls), (fa.calls, sdpa.calls)
+        out = attnforge.attention(q, k, v)  # the 64th call: the check starts on it
+        waited_ms = (gpu.clock() - start[0]) * 1e3 - kernel_ms * 0.9  # beyond the call's own kernel
+    out.sum().backward()  # the live call's graph is the caller's, whether or not the check ran
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+    assert 0 <= waited_ms < 100.0
+    if checked:
+        assert sdpa.calls > calls[1]  # the check timed both routes
+    else:
+        assert (fa.calls, sdpa.calls) == (calls[0] + 1, calls[1])  # the live call alone
+    assert attnforge.explain(q, k, v).chosen == "fa"  # 10 % faster, or not checked: kept
+
+
 def test_a_long_call_is_checked_on_its_next_live_calls_with_no_call_of_its_own(tmp_path: Path) -> None:
     """Calls over MAX_CALL_MS (Wan-2.1's self-attention on an H200: a route that ran FA4's kernel twice, 17 ms against
     SDPA's 12): the check serves the class's next live calls alternately on SDPA and on the route, times each, and

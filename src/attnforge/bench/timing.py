@@ -442,15 +442,16 @@ def paired(steps: dict[str, Step], *, pairs: int, max_call_ms: float, sync: Call
 
     Returns:
         A :class:`Timing` per step, or None when one call takes longer than ``max_call_ms`` (the check would cost
-        too much, and a host cost is noise at that length anyway).
+        too much, and a host cost is noise at that length anyway): the estimates stop at the first such call.
 
     Raises:
         Exception: whatever a step raises.
     """
-    estimates = {name: timed_call(functools.partial(step, 0), sync=sync, clock=clock)[0]
-                 for name, step in steps.items()}
-    if max(estimates.values()) > max_call_ms:
-        return None
+    estimates: dict[str, float] = {}
+    for name, step in steps.items():
+        estimates[name] = timed_call(functools.partial(step, 0), sync=sync, clock=clock)[0]
+        if estimates[name] > max_call_ms:  # no further call: each would only add to the caller's wait
+            return None
     batch = batch_size(min(estimates.values()), target_ms=batch_ms, least=1 if hold is not None else MIN_BATCH)
     per: dict[str, list[float]] = {name: [] for name in steps}
     held: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
