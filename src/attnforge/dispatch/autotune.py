@@ -125,8 +125,6 @@ class AutotuneConfig:
     contested_rounds: int = 0
 
 
-
-
 #: further interleaved rounds of a class its first rounds leave contested (:func:`attnforge.ranking.contested`)
 #: where no call waits for them: H200, 2026-11-30, docs/benchmarks.md "thirtieth session": with fifteen rounds the
 #: warm-up chose FlashAttention-3 for the Flux-length and 16k forwards that five had tied to SDPA at 0.89-0.93x the
