@@ -12,7 +12,8 @@ from typing import Any
 
 def measure_ms(torch: Any, fn: Callable[[], Any], *, set_bytes: int = 0,
                flush: int | None = None) -> dict[str, Any]:
-    """``fn`` timed: ``{"median_ms", "lo_ms", "hi_ms", "first_call_s"}`` (lo/hi: the spread of the rounds).
+    """``fn`` timed: ``{"median_ms", "lo_ms", "hi_ms", "first_call_s", "rounds_ms"}`` (lo/hi: the spread of the
+    rounds; rounds_ms: each round's median).
     ``flush``: bytes to overwrite before each repetition instead of what ``set_bytes`` calls for (0: no flush)."""
     from attnforge.bench import timing as t
 

@@ -283,3 +283,26 @@ def test_paired_takes_a_drift_both_routes_shared_out_of_their_noise() -> None:
                            noise=t.mad_ms / t.median_ms)
 
     assert beats(measured("fa", fa), measured("sdpa", sdpa))
+
+
+def test_paired_stops_at_the_first_call_over_the_limit() -> None:
+    """The in-situ check's estimate (:func:`paired`): a route whose one call passes ``max_call_ms`` ends the check
+    before any other route is called, since each further call only adds to the caller's wait (a Wan-720p fwd+bwd
+    class on an H200: ~115 ms the route, ~137 ms SDPA)."""
+    from attnforge.bench.timing import paired
+
+    now = [0.0]
+    calls: list[str] = []
+
+    def step(name: str, ms: float) -> Callable[[int], object]:
+        def run(_i: int) -> None:
+            calls.append(name)
+            now[0] += ms / 1e3
+        return run
+
+    steps = {"fa": step("fa", 115.0), "sdpa": step("sdpa", 137.0)}
+    assert paired(steps, pairs=3, max_call_ms=7.0, clock=lambda: now[0]) is None
+    assert calls == ["fa"]
+    calls.clear()
+    short = paired({"fa": step("fa", 1.0), "sdpa": step("sdpa", 1.2)}, pairs=2, max_call_ms=7.0, clock=lambda: now[0])
+    assert short is not None and set(calls) == {"fa", "sdpa"} and calls[:2] == ["fa", "sdpa"]  # both estimated

@@ -401,10 +401,10 @@ def test_a_contested_class_gets_more_rounds_and_they_settle_it(
         assert config.contested_rounds == 0 and set(rounds_of.values()) == {len(wander)}
         assert chosen == "sdpa" and not again  # tied: the lower-overhead path
         return
-    assert config.contested_rounds == autotune.CONTESTED_ROUNDS
+    assert config.contested_rounds == (autotune.CONTESTED_ROUNDS if contested_rounds is None else contested_rounds)
     assert len(set(rounds_of.values())) == 1 and rounds_of["sdpa"] > len(wander) + 3  # every candidate, more rounds
     assert chosen == "fast"
-    assert [(key[1], key[3]) for key in again] == [(explained.shape_class, "bhsd")]  # this class, in its layout
+    assert [(key[1], key[3], n) for key, n in again.items()] == [(explained.shape_class, "bhsd", 1)]  # this class
 
 
 def test_the_background_default_times_a_contested_class_again() -> None:
@@ -453,10 +453,18 @@ def test_warmup_says_which_classes_it_timed_again(store: RecordStore, setup: Any
     from attnforge.types.shapes import AttentionShape, Mode
 
     monkeypatch.setattr(autotune, "_contested", lambda _timings, call: bool(call.causal))
-    shape = AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=16, seqlen_k=16, causal=False,
+    shape = AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=16, seqlen_k=16, causal=True,
                            mode=Mode.FWD, dtype="float32")
-    report = warmup([shape, dataclasses.replace(shape, causal=True)], device="cpu", budget_s=0.02, rounds=1)
-    assert [(c.shape.causal, c.timed_again, c.error) for c in report.classes] == [(False, False, ""), (True, True, "")]
+    # the contested class first: a later class is not reported for what an earlier one was timed again for
+    report = warmup([shape, dataclasses.replace(shape, causal=False)], device="cpu", budget_s=0.02, rounds=1)
+    assert [(c.shape.causal, c.timed_again, c.error) for c in report.classes] == [(True, True, ""), (False, False, "")]
+    # nor for a class the worker thread times again meanwhile (ATTNFORGE_AUTOTUNE=background): here, an entry that
+    # appears between the warm call's two readings
+    readings = iter([{}, {("cpu", "another class", "exact", "bhsd"): 1}])
+    monkeypatch.setattr(autotune, "timed_again", lambda dispatcher: next(readings))
+    report = warmup([dataclasses.replace(shape, causal=False, seqlen_q=64, seqlen_k=64)], device="cpu",
+                    budget_s=0.02, rounds=1)
+    assert [c.timed_again for c in report.classes] == [False]
 
 
 def test_contested_is_a_tie_given_away_over_more_than_the_floor() -> None:

@@ -326,9 +326,9 @@ def test_a_call_that_needs_a_gradient_is_checked_only_where_its_check_stays_shor
         tmp_path: Path, kernel_ms: float, checked: bool) -> None:
     """Issue 30: after warm-up no call waits more than 100 ms for measurement. A call that needs a gradient is checked
     with forward and backward calls of both routes (on detached copies); where the live forward times the pair past
-    MAX_CALL_MS (forward x GRAD_CALLS: 2.5 ms x 3.5 = 8.75), the check makes no call at all and the route keeps the
-    class. Before, its estimate called each route once first: on an H200's Wan-2.1-720p fwd+bwd (~115 and ~137 ms a
-    call) the 64th call would have waited ~250 ms."""
+    MAX_CALL_MS (forward x GRAD_COST_FACTOR: the route's 2.25 ms x 3.5 = 7.9), the check makes no call at all and
+    the route keeps the class. Before, its estimate called each route once first: on an H200's Wan-2.1-720p
+    fwd+bwd (~115 and ~137 ms a call) the 64th call would have waited ~250 ms."""
     gpu = Gpu()
     fa, sdpa = Kernel("fa", gpu, 0.01, kernel_ms * 0.9), Kernel("sdpa", gpu, 0.03, kernel_ms)
     _measured(tmp_path, fa, sdpa, sq=16, sk=16, sdpa_ms=kernel_ms * 1.2)

@@ -141,8 +141,9 @@ _TUNED: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str, str]]] = weakref
 #: per dispatcher, those of them measured without the candidates that compile on their first call: a later
 #: measurement that may compile (``attnforge warmup`` in the same process) measures them again
 _PARTIAL: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str, str]]] = weakref.WeakKeyDictionary()
-#: per dispatcher, those of them whose first rounds left them contested and were timed in further rounds
-_TIMED_AGAIN: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str, str]]] = weakref.WeakKeyDictionary()
+#: per dispatcher, those of them whose first rounds left them contested, with how often they were timed in further
+#: rounds (a class measured again, partial before, may be contested again)
+_TIMED_AGAIN: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str, str], int]] = weakref.WeakKeyDictionary()
 
 
 class Tunable(Protocol):
@@ -301,11 +302,11 @@ def provisional(decision: Decision) -> Decision:
     return dataclasses.replace(decision, order=order, basis=tuple(why.get(n, "") for n in order))
 
 
-def timed_again(dispatcher: Tunable) -> frozenset[tuple[str, str, str, str]]:
+def timed_again(dispatcher: Tunable) -> dict[tuple[str, str, str, str], int]:
     """The classes (device key, shape class, precision, memory layout) this dispatcher's measurements in this process
-    left contested and timed in further rounds (:attr:`AutotuneConfig.contested_rounds`): what the warm-up reports
-    per class, so a run can tell a settled tie from a class that never was one."""
-    return frozenset(_TIMED_AGAIN.get(dispatcher, ()))
+    left contested and timed in further rounds (:attr:`AutotuneConfig.contested_rounds`), each with how often: what
+    the warm-up reports per class, so a run can tell a settled tie from a class that never was one. A copy."""
+    return dict(_TIMED_AGAIN.get(dispatcher, {}))
 
 
 def pending(dispatcher: Tunable, call: AttentionCall, device_key: str) -> bool:
@@ -402,7 +403,9 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     if config.contested_rounds > 0 and _contested(timings, call):
         timed(config.rounds, config.rounds + config.contested_rounds, config.clock() + 2 * config.budget_s)
         timings = without_common_drift({n: combine_rounds(t) for n, t in rounds.items() if t})
-        _TIMED_AGAIN.setdefault(dispatcher, set()).add(_tuned_key(call, device_key))
+        again = _TIMED_AGAIN.setdefault(dispatcher, {})
+        key = _tuned_key(call, device_key)
+        again[key] = again.get(key, 0) + 1
     records = _records(timings, adapters, bhsd, call=call, device_key=device_key, versions=versions or {})
     if records and store is not None and hasattr(store, "add_bench"):
         store.add_bench(records)

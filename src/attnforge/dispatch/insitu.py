@@ -20,8 +20,8 @@ layers hide a route's host time). A call that takes
 more than :data:`MAX_CALL_MS` and needs no gradient (a diffusion model's) is checked on its class's next live calls
 instead, :data:`SLICES` served by SDPA and as many by the route, each timed between two syncs: no extra call at all
 (:class:`_Sampler`); a call that needs a gradient is not checked where its forward and backward would take that
-long (its live forward's time times :data:`GRAD_CALLS`): the check itself would run them. It never runs while
-``torch.compile`` traces or a CUDA graph captures (:func:`attnforge.dispatch.autotune.capturing`), nor when
+long (its live forward's time times :data:`GRAD_COST_FACTOR`): the check itself would run them. It never runs
+while ``torch.compile`` traces or a CUDA graph captures (:func:`attnforge.dispatch.autotune.capturing`), nor when
 measuring is off (``ATTNFORGE_AUTOTUNE=0``).
 
 A revert is written as two records of the class (``run_id`` ``insitu-...``, the route's and SDPA's live timings),
@@ -64,10 +64,10 @@ PAIRS = 3
 MAX_CALL_MS = 7.0
 #: live calls of the route and of SDPA each that a long call's check times: the check makes no call of its own
 SLICES = 3
-#: a forward's share of the call the check makes for a call that needs a gradient (forward and backward): the
-#: FLOP ratio of :data:`attnforge.bench.flops.BACKWARD_FACTOR` (FlashAttention-2 paper), against the live forward's
-#: time
-GRAD_CALLS = 1.0 + BACKWARD_FACTOR
+#: a call that needs a gradient: its forward and backward over its forward alone, the FLOP ratio of
+#: :data:`attnforge.bench.flops.BACKWARD_FACTOR` (FlashAttention-2 paper); the check's calls run both, the live call
+#: times the forward
+GRAD_COST_FACTOR = 1.0 + BACKWARD_FACTOR
 #: the wall time (ms) each of the check's back-to-back batches aims at: four times bench's
 #: (:data:`attnforge.bench.timing.BATCH_MS`), so a round of a 0.5 ms call averages ~16 calls, not 3. With 2 ms
 #: batches the check on an H200 (2026-11-30, docs/benchmarks.md "twenty-fifth session") timed an MHA 1k fwd+bwd
@@ -232,7 +232,7 @@ class _Sampler:
 
     The call is timed first, as it is served (the live call, on the route). One that needs a gradient is not
     checked where its forward and backward would take longer than :data:`MAX_CALL_MS` (the live forward's time times
-    :data:`GRAD_CALLS`): every call of its check would run both. One that needs none and takes longer than
+    :data:`GRAD_COST_FACTOR`): every call of its check would run both. One that needs none and takes longer than
     :data:`MAX_CALL_MS` (a diffusion model's attention: Wan-2.1's self-attention is 8-17 ms on an H200),
     back-to-back batches of extra calls would stall the caller, so the check times the class's next live calls
     instead, :data:`SLICES` on SDPA and as many on the route, alternating: each served call is the caller's, none
@@ -279,10 +279,11 @@ class _Sampler:
             return self.fn(q, k, v)  # off, or capturing: not now (the next call of the class asks again)
         self.state.checked.add(self.key)
         ms, out = _timed(self.fn, q, k, v)  # the live call, timed as served
-        if self.call.needs_grad and ms * GRAD_CALLS > MAX_CALL_MS:
+        if self.call.needs_grad and ms * GRAD_COST_FACTOR > MAX_CALL_MS:
             # the check's calls would run forward and backward: with its estimate alone, one call of each route, a
             # training step would wait beyond MAX_CALL_MS (Wan-2.1-720p on an H200, 2026-12-01: ~115 and ~137 ms a
-            # fwd+bwd call), so such a class is not checked, as a long call that needs a gradient never was
+            # fwd+bwd call), so such a class is not checked, as a long call that needs a gradient never was. One
+            # timed forward decides: a slow sample leaves the class unchecked for the process, which costs nothing
             self._conclude(None)
             return out
         if ms > MAX_CALL_MS:

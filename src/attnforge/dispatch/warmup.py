@@ -43,8 +43,9 @@ class WarmedClass:
         basis: why (:class:`attnforge.dispatch.explanation.Explanation`'s first basis).
         duration_s: wall time of the warm-up of this call, compiles and measurement included.
         error: the error's first line when the call raised ("" otherwise).
-        timed_again: its first rounds left the class contested, and every candidate was timed in
-            :data:`~attnforge.dispatch.autotune.CONTESTED_ROUNDS` further rounds before it was decided.
+        timed_again: its first rounds left the class contested, and every candidate was timed in up to
+            :data:`~attnforge.dispatch.autotune.CONTESTED_ROUNDS` further rounds (within another twice the budget)
+            before it was decided.
     """
 
     shape: AttentionShape
@@ -175,9 +176,12 @@ def _warm(shape: AttentionShape, kw: dict[str, Any], *, device: str, inputs: Any
     except Exception as exc:  # a shape this machine cannot run (out of memory): reported, the rest goes on
         return WarmedClass(shape=shape, features=names, shape_class=str(shape.shape_class), chosen=None, basis="",
                            duration_s=time.perf_counter() - start, error=one_line(exc))
+    after = autotune.timed_again(runtime.get_dispatcher())
+    # this call's class only: the worker thread may time another class again meanwhile (ATTNFORGE_AUTOTUNE=background)
+    again = any(n > before.get(key, 0) and key[1] == explained.shape_class for key, n in after.items())
     return WarmedClass(shape=shape, features=names, shape_class=explained.shape_class, chosen=explained.chosen,
                        basis=explained.basis[0] if explained.basis else "", duration_s=time.perf_counter() - start,
-                       timed_again=bool(autotune.timed_again(runtime.get_dispatcher()) - before))
+                       timed_again=again)
 
 
 def _padded_prefill(q: Any, k: Any, v: Any, kw: dict[str, Any]) -> tuple[Any, Any, Any, dict[str, Any]]:
