@@ -117,6 +117,30 @@ def test_a_kernel_that_is_faster_in_the_model_keeps_its_class_and_is_checked_onc
     assert not [r for r in store.bench_records(CPU_KEY) if r.run_id.startswith("insitu-")]  # nothing stored
 
 
+def test_each_memory_layout_of_a_class_is_checked_on_its_own_calls(tmp_path: Path) -> None:
+    """A class is measured and decided per memory layout (``[B, H, S, D]`` against ``[B, S, H, D]`` tensors: their
+    routes differ), so each layout's route is checked on its own SAMPLE_AFTER-th call. One check for both left the
+    second layout's route unchecked for the process; a model calls one layout, the grid and a mixed server both."""
+    _store, _fa, sdpa, gpu = _setup(tmp_path, host_ms=0.01)
+    q, k, v = _qkv()
+    qs, ks, vs = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for _ in range(insitu.SAMPLE_AFTER):
+            attnforge.attention(q, k, v)
+        checked = sdpa.calls
+        assert checked > 0  # the bhsd route's check
+        for _ in range(insitu.SAMPLE_AFTER - 1):
+            attnforge.attention(qs, ks, vs, layout="bshd")
+        assert sdpa.calls == checked  # counted apart: the bhsd calls did not count for it
+        attnforge.attention(qs, ks, vs, layout="bshd")
+        assert sdpa.calls > checked  # its own check, on its 64th call
+        for _ in range(insitu.SAMPLE_AFTER):
+            attnforge.attention(q, k, v)
+            attnforge.attention(qs, ks, vs, layout="bshd")
+    assert sdpa.calls <= 2 * checked  # and each layout once
+    assert attnforge.explain(q, k, v).chosen == "fa" == attnforge.explain(qs, ks, vs, layout="bshd").chosen
+
+
 @pytest.mark.parametrize("kernel_ms", [0.07, 0.0695])  # SDPA's own 0.07 ms; 0.7 % faster: under the 2 % margin
 def test_a_route_that_only_ties_with_sdpa_in_the_model_reverts_too(tmp_path: Path, kernel_ms: float) -> None:
     """A tie goes to SDPA, as at first use: a route not faster beyond the noise on live calls reverts (the H200's

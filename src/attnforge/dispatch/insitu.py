@@ -28,7 +28,7 @@ A revert is written as two records of the class (``run_id`` ``insitu-...``, the 
 which supersede every older record of the class, of any backend and at any length
 (:func:`attnforge.ranking.class_measurements`: a third backend measured before is unmeasured again, so it follows
 SDPA), so the decision persists across processes; ``explain()`` says
-so on SDPA's line. A class is checked once per process whatever the outcome.
+so on SDPA's line. A class is checked once per process and memory layout whatever the outcome.
 
 Where every sampled call had one shape (a fixed-size cache, a benchmark loop, a fixed resolution), SDPA is timed as
 a long run of that shape gets it (:meth:`~attnforge.backends._base.AdapterBase.settle_repeated`): its decode path
@@ -160,9 +160,11 @@ _STATE: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
 
 @functools.lru_cache(maxsize=4096)
 def _key(call: AttentionCall) -> str:
-    """The class a revert applies to; kept per call description (formatting the class costs ~6 µs, and a call with
-    features asks on every call: its route is bound per call)."""
-    return f"{class_of_call(call)}|{call.precision}|{call.device_type}"
+    """The class a revert applies to, in the call's memory layout (a class is measured and decided per layout:
+    :func:`attnforge.dispatch.policy.measurements`, and a revert's records carry the layout checked; one check for
+    both layouts left the other layout's route unchecked for the process); kept per call description (formatting the
+    class costs ~6 µs, and a call with features asks on every call: its route is bound per call)."""
+    return f"{class_of_call(call)}|{call.precision}|{call.device_type}|{call.layout}"
 
 
 def sampled(dispatcher: Checked, steps: tuple[tuple[BackendAdapter, Callable[..., Any]], ...], call: AttentionCall,
