@@ -138,6 +138,12 @@ def round_ratios(samples: dict[str, list[float]], *, base: str, new: str, reps: 
     return [median(a[r * reps:(r + 1) * reps]) / median(b[r * reps:(r + 1) * reps]) for r in range(rounds)]
 
 
+def ratio_spread(ratios: list[float]) -> list[float] | None:
+    """``[least, median, most]`` of per-round ratios (:func:`round_ratios`), the form the scripts' JSON reports a
+    figure's spread in; None without any."""
+    return [min(ratios), median(ratios), max(ratios)] if ratios else None
+
+
 def median(values: list[float]) -> float:
     """The median these scripts report: the upper middle of the sorted values (one of them, never an average)."""
     return sorted(values)[len(values) // 2]

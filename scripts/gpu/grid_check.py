@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from _timing import first_call_s, measure_many_ms, median, round_ratios, waited_s
+from _timing import first_call_s, measure_many_ms, ratio_spread, round_ratios, waited_s
 
 
 @dataclass(frozen=True)
@@ -133,11 +133,6 @@ class Row:
     round_ratio_to_sdpa: list[float] | None = None
     #: each side's round medians (ms), in round order: what the round ratios pair
     rounds_ms: dict[str, list[float]] = field(default_factory=dict)
-
-
-def _spread_of(ratios: list[float]) -> list[float] | None:
-    """``[least, median, most]`` of per-round ratios (None without any)."""
-    return [min(ratios), median(ratios), max(ratios)] if ratios else None
 
 
 def flops(c: Cell, mode: str) -> float:
@@ -444,10 +439,10 @@ def measure(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[
         if same:
             row.best_on_bhsd = min(same, key=lambda n: row.ms[n])
             row.ratio_to_best_on_bhsd = row.ms[row.best_on_bhsd] / row.ms["attnforge"]
-        row.round_ratio_to_best = _spread_of(round_ratios(row.rounds_ms, base=best, new="attnforge", reps=1))
+        row.round_ratio_to_best = ratio_spread(round_ratios(row.rounds_ms, base=best, new="attnforge", reps=1))
         if "sdpa" in row.ms:
             row.ratio_to_sdpa = row.ms["sdpa"] / row.ms["attnforge"]
-            row.round_ratio_to_sdpa = _spread_of(round_ratios(row.rounds_ms, base="sdpa", new="attnforge", reps=1))
+            row.round_ratio_to_sdpa = ratio_spread(round_ratios(row.rounds_ms, base="sdpa", new="attnforge", reps=1))
         if "sdpa-bshd" in row.ms and "attnforge-bshd" in row.ms:
             row.ratio_bshd_to_sdpa_bshd = row.ms["sdpa-bshd"] / row.ms["attnforge-bshd"]
     if cell.quantized and "attnforge-q" in row.ms:

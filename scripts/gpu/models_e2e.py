@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from _timing import interleaved, median, paired_ms, round_ratios
+from _timing import interleaved, median, paired_ms, ratio_spread, round_ratios
 
 DEV, DT, SMALL, WARMUP, DIAGNOSE, FRESH_LENGTHS, DECODE_ONLY = "cuda", "bfloat16", False, False, False, False, False
 #: --read-every-mask (main: a variant timed beside attnforge's rule)
@@ -174,10 +174,8 @@ def decoder(torch: Any, name: str) -> dict[str, Any]:
         res[f"speedup_{key}"] = (d / a) if key.endswith("_ms") else (a / d)
     # the decode step's spread as the other figures': the default's median step over attnforge's per interleaved
     # round (Gemma's decode on 2026-11-30 read 0.762x from two bimodal series whose slow rounds fell unevenly)
-    steps = [res[f"{impl}_generate"].get("decode_step_ms_per_round", []) for impl in (default, "attnforge")]
-    ratios = [d / a for d, a in zip(*steps, strict=False) if a > 0]
-    if ratios:
-        res.setdefault("round_speedups", {})["decode_tokens_per_s"] = [min(ratios), median(ratios), max(ratios)]
+    steps = {impl: res[f"{impl}_generate"].get("decode_step_ms_per_round", []) for impl in (default, "attnforge")}
+    _round_spread(res, "decode_tokens_per_s", steps, default=default, reps=1)
     if MASK_VARIANT["read_every_mask"]:  # not a speedup_ key: it is a variant, not what attnforge ships
         res["read_every_mask_decode_ratio"] = (res["attnforge-read-every-mask_generate"]["decode_tokens_per_s"]
                                                / res[f"{default}_generate"]["decode_tokens_per_s"])
@@ -240,9 +238,9 @@ def _round_spread(res: dict[str, Any], key: str, samples: dict[str, list[float]]
     """``res["round_speedups"][key]``: the default's time over attnforge's per interleaved round (their least, median
     and most), beside the ratio of the two medians that ``speedup_<key>`` reports: where the rounds' ratios straddle
     1.00 the figure cannot be told from it."""
-    ratios = round_ratios(samples, base=default, new="attnforge", reps=reps)
-    if ratios:
-        res.setdefault("round_speedups", {})[key] = [min(ratios), median(ratios), max(ratios)]
+    spread = ratio_spread(round_ratios(samples, base=default, new="attnforge", reps=reps))
+    if spread:
+        res.setdefault("round_speedups", {})[key] = spread
 
 
 def _train_step(model: Any, ids: Any) -> Any:
