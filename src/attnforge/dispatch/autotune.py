@@ -131,10 +131,16 @@ class AutotuneConfig:
 #: best; with these ten ("thirty-first session") no class of those two cells went to SDPA in three warm-ups
 CONTESTED_ROUNDS = 10
 
-DEFAULT = AutotuneConfig()
-#: the default with ``ATTNFORGE_AUTOTUNE=background``: no call waits for a measurement, so a contested class gets
-#: its further rounds as in the warm-up
-DEFAULT_BACKGROUND = AutotuneConfig(background=True, contested_rounds=CONTESTED_ROUNDS)
+
+def contested_rounds_for(*, background: bool) -> int:
+    """The further rounds a contested class gets unless asked otherwise: :data:`CONTESTED_ROUNDS` off the calling
+    thread, where no call waits for them; none inside a call's first use, which that call would wait for."""
+    return CONTESTED_ROUNDS if background else 0
+
+
+DEFAULT = AutotuneConfig(contested_rounds=contested_rounds_for(background=False))
+#: the default with ``ATTNFORGE_AUTOTUNE=background``
+DEFAULT_BACKGROUND = AutotuneConfig(background=True, contested_rounds=contested_rounds_for(background=True))
 _ACTIVE: contextvars.ContextVar[AutotuneConfig | None] = contextvars.ContextVar("attnforge_autotune", default=None)
 #: per dispatcher, the (device key, shape class, precision, memory layout) already measured in this process
 _TUNED: weakref.WeakKeyDictionary[Any, set[tuple[str, str, str, str]]] = weakref.WeakKeyDictionary()

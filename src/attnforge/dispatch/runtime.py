@@ -35,7 +35,7 @@ import torch
 
 from attnforge.backends._base import records_grad
 from attnforge.dispatch import _op, features
-from attnforge.dispatch.autotune import CONTESTED_ROUNDS, AutotuneConfig, configured
+from attnforge.dispatch.autotune import AutotuneConfig, configured, contested_rounds_for
 from attnforge.dispatch.dispatcher import _FORCED, Dispatcher, RecordSource
 from attnforge.dispatch.explanation import Explanation
 from attnforge.dispatch.inputs import check_softcap, check_window
@@ -118,11 +118,12 @@ def autotune(*, budget_s: float = 1.0, rounds: int = 5, clock: Callable[[], floa
             ``[B, S, H, D]`` tensors or views) in the call's own; ``attnforge warmup`` sets it, the default decides
             such a class on the other layout's measurements so that no call waits.
         contested_rounds: further rounds of a class the first ones leave contested (a tie handed to a
-            lower-overhead path more than 2 % slower than the top); None: ``CONTESTED_ROUNDS`` (ten) off the calling
-            thread, where no call waits for them, and none inside the first call (``attnforge warmup`` passes ten).
+            lower-overhead path more than 2 % slower than the top); None: the mode's default
+            (:func:`attnforge.dispatch.autotune.contested_rounds_for`: ten off the calling thread, none inside the
+            first call; ``attnforge warmup`` passes ten).
     """
     if contested_rounds is None:
-        contested_rounds = CONTESTED_ROUNDS if background else 0
+        contested_rounds = contested_rounds_for(background=background)
     config = AutotuneConfig(budget_s=budget_s, rounds=max(1, rounds), clock=clock, background=background,
                             compiling=compiling, layouts=layouts, contested_rounds=max(0, contested_rounds))
     with configured(config):
