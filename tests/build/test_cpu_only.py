@@ -124,3 +124,22 @@ def test_a_cpp_extension_takes_the_host_compilers_floors_not_nvccs() -> None:
     assert cuda.recipe.id == "torch-extension"
     failed = {c.name: c.text() for c in cuda.preflight.failures}
     assert "about 5 GiB" in failed["disk"] and "nvcc thread" in failed["ram"]
+
+
+def test_a_cpp_extensions_disk_floor_is_its_measured_size_not_a_whole_gib() -> None:
+    """CI's machine had 0.8 GiB free (stop 66) and the C++ fixture (build tree 4.3 MB, wheel 315 kB) was refused for
+    the 1 GiB that a whole-GiB field rounded its floor up to. The floor is a fraction now: 0.8 GiB builds, and a
+    disk below the floor is still refused, naming the floor."""
+    import dataclasses
+
+    def planned(free_gib: float):  # type: ignore[no-untyped-def]
+        snap = dataclasses.replace(CPU, platform=dataclasses.replace(CPU.platform,
+                                                                     disk_free_bytes=int(free_gib * 2**30)))
+        return plan_build(snap, load_catalog(), Request(backend="af-ext-fixture", from_source=True,
+                                                        source=path_source(EXT_PKG)))
+
+    fits = planned(0.8)
+    assert fits.recipe.id == "torch-cpp-extension"
+    assert fits.preflight.ok, [c.text() for c in fits.preflight.failures]
+    full = {c.name: c.text() for c in planned(0.1).preflight.failures}
+    assert "0.1 GiB free" in full["disk"] and "about 0.25 GiB" in full["disk"]

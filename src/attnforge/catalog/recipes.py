@@ -83,7 +83,7 @@ class Recipe:
     env: Mapping[str, str]
     nvcc_threads: int
     gb_per_nvcc_thread: int
-    min_free_disk_gb: int
+    min_free_disk_gb: float
     source_kinds: tuple[str, ...]
     sdist: str
     git_url: str
@@ -291,7 +291,7 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
             env=_str_table(errors, raw, "env", path),
             nvcc_threads=max(threads, 1),
             gb_per_nvcc_thread=max(gb, 1),
-            min_free_disk_gb=errors.get(raw, "min_free_disk_gb", path, int),
+            min_free_disk_gb=errors.get(raw, "min_free_disk_gb", path, float),
             source_kinds=kinds,
             sdist=errors.get(raw, "sdist", path, str),
             git_url=errors.get(raw, "git_url", path, str),
