@@ -356,6 +356,33 @@ def test_a_nested_tensor_is_refused_with_a_hint() -> None:
     assert err.value.hint and "cu_seqlens" in err.value.hint
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype")
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged])
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"is_causal": True}, {"enable_gqa": False},
+                                    {"window": (2, 0)}], ids=["plain", "causal", "is_causal", "no-gqa", "window"])
+@pytest.mark.parametrize("which", ["q", "k"])
+def test_a_nested_tensor_ragged_in_its_length_is_refused_on_every_path(
+        layout: torch.layout, kwargs: dict[str, object], which: str) -> None:
+    """Ragged in S (``[B, H, j, D]``): a strided nested tensor's ``.shape`` raises RuntimeError, and a jagged one's
+    unpacks into a nested int that passed the shape checks and failed later (AttributeError 'NestedIntNode' ...).
+    Both reached the caller as torch's internal errors, on the plain path and on SDPA's spelling of it."""
+    nt = torch.nested.nested_tensor([torch.randn(2, 3, 8), torch.randn(2, 5, 8)], layout=layout)
+    dense = torch.randn(2, 2, 4, 8)
+    q, k = (nt, dense) if which == "q" else (dense, nt)
+    with pytest.raises(DispatchError, match=f"{which} is a nested tensor") as err:
+        attnforge.attention(q, k, k, **kwargs)  # type: ignore[arg-type]
+    assert err.value.hint and "cu_seqlens" in err.value.hint
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype")
+def test_a_nested_mask_is_named_as_nested_not_as_a_wrong_dtype() -> None:
+    x = torch.randn(2, 2, 4, 8)
+    mask = torch.nested.nested_tensor([torch.zeros(4, 4), torch.zeros(4, 4)])
+    with pytest.raises(DispatchError, match="attn_mask is a nested tensor") as err:
+        attnforge.attention(x, x, x, attn_mask=mask)
+    assert err.value.hint and "to_padded_tensor" in err.value.hint
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"dropout_p": 1.0}, "dropout_p"),
     ({"window": (1, 2, 3)}, "window must be"),

@@ -47,8 +47,9 @@ def validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
         dtype = q.dtype
         ok = (b == kb == vb and d == kd and hkv == vh and sk == vs and hkv > 0 and hq % hkv == 0
               and dtype is k.dtype and dtype is v.dtype and q.device == k.device and q.device == v.device
-              and dtype in FLOATS and (scale is None or (scale.__class__ is float and 0.0 < scale < _INF)))
-    except (AttributeError, TypeError, ValueError):
+              and dtype in FLOATS and (scale is None or (scale.__class__ is float and 0.0 < scale < _INF))
+              and not (q.is_nested or k.is_nested or v.is_nested))  # a jagged one's shape unpacks (a nested int)
+    except (AttributeError, RuntimeError, TypeError, ValueError):  # RuntimeError: a strided nested tensor's shape
         ok = False
     if not ok:
         raise_for_input(q, k, v, layout, scale)
@@ -231,8 +232,11 @@ def check_mask(mask: Any, q: Any, k: Any) -> torch.Tensor:
 
     Returns :func:`mask_view` of it.
     """
-    if (not isinstance(mask, torch.Tensor) or getattr(mask, "is_nested", False)
-            or not (mask.dtype == torch.bool or mask.is_floating_point())):
+    if getattr(mask, "is_nested", False):
+        raise DispatchError("attn_mask is a nested tensor; attention() takes a dense mask",
+                            hint="pad it (torch.nested.to_padded_tensor(mask, 0.0)) to [B or 1, Hq or 1, Sq or 1, Sk],"
+                                 " or pass packed inputs with cu_seqlens instead of a mask")
+    if not isinstance(mask, torch.Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
         raise DispatchError("attn_mask must be a bool or floating-point tensor",
                             cause=f"got {getattr(mask, 'dtype', type(mask).__name__)}",
                             hint="True = attend (bool) or an additive float mask (0 / -inf); mask.bool()")

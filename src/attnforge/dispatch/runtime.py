@@ -255,7 +255,8 @@ def attention(
                      causal, scale, layout, precision, forced, needs_grad)
         route = dispatcher.routes.get(signature)
         key: tuple[Any, ...] | None = signature
-    except (AttributeError, TypeError):  # not tensors, or unhashable arguments: validation says why
+    except (AttributeError, RuntimeError, TypeError):  # not tensors (a strided nested tensor has no shape), or
+        # unhashable arguments: validation says why
         key = route = None
     if route is None:
         route = dispatcher.route(q, k, v, key, causal=causal, scale=scale, layout=layout, precision=precision,
@@ -290,7 +291,7 @@ def _same_size(q: Any, k: Any, layout: str, dim: int, *packed: Any) -> bool:
     try:
         axis = 3 - dim if layout == "bshd" else dim
         return bool(q.dim() == 4 and k.dim() == 4 and q.shape[axis] == k.shape[axis])
-    except (AttributeError, IndexError, TypeError):
+    except (AttributeError, IndexError, RuntimeError, TypeError):  # RuntimeError: a strided nested tensor's shape
         return False
 
 
