@@ -69,9 +69,19 @@ def test_report_without_records_says_what_to_run(cli_env: dict[str, str]) -> Non
     _clean(_run(cli_env, "report"), 2, "fleet verify")
 
 
-def test_fleet_install_of_an_unknown_backend_is_refused_before_any_node_is_asked(cli_env: dict[str, str]) -> None:
-    _clean(_run(cli_env, "install", "no-such-kernel", "--index-url", "file:///nowhere/simple",
-                "--address", f"127.0.0.1:{_free_port()}"), 2, "unknown backend")
+@pytest.mark.parametrize(("verb", "extra"), [("install", ("--index-url", "file:///nowhere/simple")),
+                                             ("plan", ()), ("build", ())])
+@pytest.mark.parametrize(("names", "words"), [(("no-such-kernel",), ("unknown backend",)),
+                                              (("flash-atn",), ("did you mean 'flash-attn'",)),
+                                              ((), ("name at least one backend",))])
+def test_fleet_bad_backend_names_are_refused_before_ray_or_any_node_is_asked(
+        cli_env: dict[str, str], verb: str, extra: tuple[str, ...], names: tuple[str, ...],
+        words: tuple[str, ...]) -> None:
+    """An address nobody answers: reaching for it would fail (exit 1) with a connection error, and without
+    ``--address`` plan and build started a local Ray (seconds and its banner) before saying the name was wrong."""
+    done = _run(cli_env, verb, *names, *extra, "--address", f"127.0.0.1:{_free_port()}")
+    _clean(done, 2, *words)
+    assert "Ray" not in done.stderr
 
 
 @pytest.mark.parametrize("answer", [pytest.param(None, id="silent"),

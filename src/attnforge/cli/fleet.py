@@ -15,7 +15,16 @@ from typing import Any
 
 import click
 
-from attnforge.cli._fleet import F, address_option, cluster, head_home, node_options, say, selected_nodes
+from attnforge.cli._fleet import (
+    F,
+    address_option,
+    check_backend_names,
+    cluster,
+    head_home,
+    node_options,
+    say,
+    selected_nodes,
+)
 from attnforge.cli._output import console, emit_json, json_option
 
 
@@ -53,10 +62,6 @@ def _requests(backends: Sequence[str], snapshots: Sequence[Any], opts: dict[str,
 
     names = {f for f in RequestArgs.__dataclass_fields__ if f in opts}
     args = RequestArgs(**{k: opts[k] for k in names})
-    if not backends and args.source is None:
-        from attnforge.errors import UsageError
-
-        raise UsageError("name at least one backend", hint="attnforge fleet plan flash-attn")
     return assemble_for_kinds(backends, args, snapshots, home=head_home(), on_note=lambda line: say(f"note: {line}"))
 
 
@@ -133,6 +138,7 @@ def _fleet_plan(backends: Sequence[str], snapshots: tuple[str, ...], opts: dict[
 def plan(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, ...], as_json: bool,
          **opts: Any) -> int:
     """The fewest artifacts that cover every machine kind: kinds x backends -> route, builds, expected time."""
+    check_backend_names(backends, opts.get("source"), example="attnforge fleet plan flash-attn")
     if snapshots:
         result, _ = _fleet_plan(backends, snapshots, opts)
     else:
@@ -202,6 +208,7 @@ def build(backends: tuple[str, ...], address: str | None, snapshots: tuple[str, 
     if snapshots:
         raise UsageError("fleet build runs on the cluster's nodes, not on --snapshot files",
                          hint="use `attnforge fleet plan --snapshot ...` to plan offline")
+    check_backend_names(backends, opts.get("source"), example="attnforge fleet build flash-attn")
     builders = Selection.parse(builder_labels)
     home = head_home()
     index = open_index(index_text or str(home / "fleet" / "index"), home=home)

@@ -9,7 +9,15 @@ from typing import Any
 
 import click
 
-from attnforge.cli._fleet import address_option, cluster, head_home, node_options, say, selected_nodes
+from attnforge.cli._fleet import (
+    address_option,
+    check_backend_names,
+    cluster,
+    head_home,
+    node_options,
+    say,
+    selected_nodes,
+)
 from attnforge.cli._output import console, emit_json, json_option
 
 
@@ -63,18 +71,10 @@ def install(backends: tuple[str, ...], index_url: str, source: str | None, addre
     """`attnforge install BACKEND --index-url URL` on every GPU node (hash-checked install, then verify); from a
     fleet directory index each node gets its kind's sub-index, from an index server the exact version its kind
     takes there; a server that falls back to PyPI is refused."""
-    from attnforge.catalog import load_catalog
-    from attnforge.errors import UsageError
     from attnforge.fleet.kind_index import refuse_fallback
     from attnforge.fleet.rollout import InstallArgv
-    from attnforge.provision import parse_requirement
 
-    if source is None:  # a --source build's name is free; else bad names exit 2 here, before any node is asked
-        if not backends:
-            raise UsageError("name at least one backend", hint="attnforge fleet install flash-attn --index-url URL")
-        catalog = load_catalog()
-        for text in backends:
-            catalog.backend(parse_requirement(text)[0])
+    check_backend_names(backends, source, example="attnforge fleet install flash-attn --index-url URL")
     refuse_fallback(index_url)  # a server that hands unknown projects to PyPI: exit 1 before any node is asked
     texts: list[str | None] = list(backends) or [None]
     return _rollout("install", [(t or str(source), InstallArgv(t, index_url, source=source, home=head_home()))
