@@ -120,3 +120,13 @@ def test_an_address_that_is_not_ray_fails_clearly_within_20_s(cli_env: dict[str,
     assert time.monotonic() - start <= 20
     _clean(done, 1, "does not answer as a Ray cluster")
     assert json.loads(done.stdout)["kind"] == "error"  # --json: JSON on stdout in this fault too
+
+
+@pytest.mark.parametrize("verb", ["install", "plan"])
+def test_fleet_takes_a_backend_alias_as_attnforge_plan_does(cli_env: dict[str, str], verb: str) -> None:
+    """``flash_attn`` and ``sageattention`` name catalog backends (``attnforge plan flash_attn`` takes them): the
+    early name check lets them through, so the command goes on to the cluster, here an address nobody answers."""
+    extra = ("--index-url", "file:///nowhere/simple") if verb == "install" else ()
+    done = _run(cli_env, verb, "flash_attn", "sageattention", *extra, "--address", f"127.0.0.1:{_free_port()}")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "unknown backend" not in done.stderr and "Traceback" not in done.stderr

@@ -77,9 +77,9 @@ def selected_nodes(ray: Any, opts: dict[str, Any] | None = None, *, fresh: bool 
 
 
 def check_backend_names(backends: tuple[str, ...], source: str | None, *, example: str) -> None:
-    """Refuse (exit 2) a fleet request without a backend, or with a name the catalog does not know, before Ray
-    starts (a local one takes seconds and prints its banner) or any node is asked. A ``--source`` build's name is
-    free. ``example``: the command the hint shows.
+    """Refuse (exit 2) a fleet request without a backend, or with a name the catalog does not know (an id or an
+    alias, as ``attnforge plan`` takes them), before Ray starts (a local one takes seconds and prints its banner)
+    or any node is asked. A ``--source`` build's name is free. ``example``: the command the hint shows.
 
     Raises:
         UsageError: no backend and no source; an unknown backend (the hint names the closest known one).
@@ -88,13 +88,13 @@ def check_backend_names(backends: tuple[str, ...], source: str | None, *, exampl
         return
     from attnforge.catalog import load_catalog
     from attnforge.errors import UsageError
-    from attnforge.provision import parse_requirement
+    from attnforge.install.inputs import catalog_requirement
 
     if not backends:
         raise UsageError("name at least one backend", hint=example)
     catalog = load_catalog()
     for text in backends:
-        catalog.backend(parse_requirement(text)[0])
+        catalog_requirement(text, catalog)  # an alias (flash_attn) is fine: each node's request takes it too
 
 
 def say(line: str) -> None:

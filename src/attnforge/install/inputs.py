@@ -197,15 +197,28 @@ def _name(args: RequestArgs, source: SourceSpec | None, catalog: Catalog, note: 
     if args.requirement is None and source is None:
         raise UsageError("name a backend or give --source",
                          hint="e.g. flash-attn, flash-attn==2.8.3, or --source ./causal-conv1d")
-    name, version = parse_requirement(args.requirement) if args.requirement else ("", "")
     if source is not None:  # any torch extension: a free name, from --name, the requirement or the source
+        name, version = parse_requirement(args.requirement) if args.requirement else ("", "")
         return args.name or name or name_from_source(source), version
+    return catalog_requirement(args.requirement or "", catalog, note)  # not None: checked above
+
+
+def catalog_requirement(text: str, catalog: Catalog, note: Callable[[str], None] = lambda _line: None,
+                        ) -> tuple[str, str]:
+    """``flash_attn==2.8.3`` -> (``flash-attn``, ``==2.8.3``): a requirement on a catalog backend, an alias taken as
+    its id with a ``note`` (``sageattention`` -> ``sageattention-2``; :func:`attnforge.resolve.sources.resolve_name`).
+
+    Raises:
+        UsageError: not ``NAME`` or ``NAME<specifier>``; a name that is neither an id nor an alias (the hint lists
+            the known ids and the closest one).
+    """
     from attnforge.resolve.sources import resolve_name
 
-    name, alias = resolve_name(name, catalog)  # sageattention -> sageattention-2, flash_attn -> flash-attn
+    name, version = parse_requirement(text)
+    name, alias = resolve_name(name, catalog)
     if alias:
         note(alias)
-    return catalog.backend(name).id, version  # UsageError (exit 2) listing the known ids
+    return catalog.backend(name).id, version
 
 
 def _snapshot(path: Path | None, home: Path, backend: Backend | None) -> SystemSnapshot:
