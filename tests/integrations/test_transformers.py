@@ -411,3 +411,51 @@ def test_flash_style_cu_seq_lens_are_varlen(served: list[tuple[int, ...]]) -> No
     assert got.shape == (1, 7, 2, 8)
     assert _max_diff(got, torch.cat(parts, dim=1)) <= 1e-6
     assert served[0] == (7, 2, 8)  # one packed varlen call
+
+
+#: model classes that compute attention in their own code in transformers 5.24 (measured 2026-12-01 over every
+#: causal LM class built tiny: on a left-padded batch XGLM's logits were 0.03 off eager, MPT crashed on a None mask
+#: and Falcon raised KeyError 'attnforge'), with a config small enough to build
+_UNROUTED = {
+    "xglm": ("XGLMConfig", "XGLMForCausalLM", {"vocab_size": VOCAB, "d_model": 32, "ffn_dim": 64, "num_layers": 2,
+                                               "attention_heads": 4}),
+    "mpt": ("MptConfig", "MptForCausalLM", {"vocab_size": VOCAB, "d_model": 32, "n_layers": 2, "n_heads": 4}),
+    "falcon": ("FalconConfig", "FalconForCausalLM", {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
+                                                     "num_attention_heads": 4}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_UNROUTED))
+def test_a_model_that_does_not_route_its_attention_refuses_attnforge_instead_of_computing_wrong(name: str) -> None:
+    """transformers lets any registered name through at load: such a model never called attnforge and got SDPA-style
+    masks in its own eager code. Refused at load, with what to use instead; ``set_attn_implementation`` on an eager
+    one is transformers' own refusal (it keeps eager)."""
+    config_cls, model_cls, kwargs = _UNROUTED[name]
+    config = getattr(transformers, config_cls)(**kwargs)
+    cls = getattr(transformers, model_cls)
+    assert not tf_integration.routes_attention(cls)
+    with pytest.raises(ValueError, match="computes attention in its own code") as err:
+        cls._from_config(config, attn_implementation="attnforge")
+    assert "patch_sdpa" in str(err.value)
+    model = cls._from_config(config, attn_implementation="eager")
+    model.set_attn_implementation("attnforge")  # transformers itself keeps such a model's implementation (a warning)
+    assert model.config._attn_implementation == "eager"
+
+
+def test_a_model_that_routes_without_the_flag_still_takes_attnforge() -> None:
+    """StableLM's class lacks ``_supports_attention_backend`` yet calls ``ALL_ATTENTION_FUNCTIONS``: it is served."""
+    cls = transformers.StableLmForCausalLM
+    assert not cls.is_backend_compatible() and tf_integration.routes_attention(cls)
+    config = transformers.StableLmConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)
+    model = cls._from_config(config, attn_implementation="attnforge").eval()
+    seen: list[int] = []
+    original = tf_integration.attention_forward
+    transformers.AttentionInterface.register("attnforge", lambda *a, **k: seen.append(1) or original(*a, **k))
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.randint(0, VOCAB, (2, 7)))
+    finally:
+        tf_integration.register()
+    assert len(seen) == 2  # one call a layer
+    assert all(tf_integration.routes_attention(getattr(transformers, MODELS[n][1])) for n in MODELS)

@@ -236,11 +236,61 @@ def register() -> None:
 
     Idempotent. Raises ImportError when transformers is not installed.
     """
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, PreTrainedModel
     from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask
 
     AttentionInterface.register(NAME, attention_forward)
     AttentionMaskInterface.register(NAME, _mask_builder(sdpa_mask, causal_mask_function))
+    current = PreTrainedModel.get_correct_attn_implementation
+    if not getattr(current, "_attnforge_checks", False):
+        PreTrainedModel.get_correct_attn_implementation = _refusing_unrouted(current)  # type: ignore[method-assign]
+
+
+def routes_attention(cls: type) -> bool:
+    """Whether a transformers model class computes its attention through transformers' ``AttentionInterface``
+    (so ``"attnforge"`` reaches :func:`attention_forward`): its ``is_backend_compatible()`` flag, or, since some
+    classes that route lack the flag (StableLM, Falcon-H1 in transformers 5.24), transformers' own reading of the
+    class's module (``_can_set_attn_implementation``: an ``*Attention*`` module class calls
+    ``ALL_ATTENTION_FUNCTIONS.get_interface(``, or there is none). True where transformers has no such reading or
+    the module's source cannot be read (a class defined in a notebook): no refusal on a guess."""
+    import inspect
+
+    if getattr(cls, "is_backend_compatible", lambda: True)():
+        return True
+    can_set = getattr(cls, "_can_set_attn_implementation", None)
+    try:
+        inspect.getsource(sys.modules[cls.__module__])
+    except (KeyError, OSError, TypeError):
+        return True
+    return can_set is None or bool(can_set())
+
+
+def _refusing_unrouted(original: Callable[..., str]) -> Callable[..., str]:
+    """transformers' ``get_correct_attn_implementation``, refusing ``"attnforge"`` (or ``"paged|attnforge"``) for a
+    model class that does not route its attention (:func:`routes_attention`). transformers lets any registered
+    name through; such a model (XGLM, MPT, Falcon, GPT-Neo, RoFormer ... in transformers 5.24) never calls
+    attnforge and gets the masks built for ``"attnforge"`` (SDPA's, bool or None) in its own code: wrong logits
+    (XGLM 0.03, MPT 0.6 off eager on a padded batch), a crash (MPT, ``None.to``) or a KeyError (Falcon).
+
+    Raises:
+        ValueError: transformers' own error type for an implementation a model does not support.
+    """
+    import functools
+
+    @functools.wraps(original)
+    def get_correct_attn_implementation(self: Any, requested_attention: str | None = None,
+                                        *args: Any, **kwargs: Any) -> str:
+        if NAME in (requested_attention or "").split("|") and not routes_attention(type(self)):
+            raise ValueError(
+                f'{type(self).__name__} computes attention in its own code, not through transformers\' '
+                f'AttentionInterface, so attn_implementation="{requested_attention}" would never reach attnforge '
+                'and its masks would be built for the wrong kernel. Load it with attn_implementation="sdpa" and '
+                'route its torch.nn.functional.scaled_dot_product_attention calls with attnforge.patch_sdpa(), '
+                'or use attn_implementation="eager"')
+        return original(self, requested_attention, *args, **kwargs)
+
+    get_correct_attn_implementation._attnforge_checks = True  # type: ignore[attr-defined]
+    return get_correct_attn_implementation
 
 
 #: per (batch size, device, local window) of a decode step's mask: the step's K/V length and whether its padding
