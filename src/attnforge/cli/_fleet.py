@@ -88,7 +88,7 @@ def check_backend_names(backends: tuple[str, ...], source: str | None, *, exampl
         return
     from attnforge.catalog import load_catalog
     from attnforge.errors import UsageError
-    from attnforge.install.inputs import catalog_requirement
+    from attnforge.provision import catalog_requirement
 
     if not backends:
         raise UsageError("name at least one backend", hint=example)

@@ -16,6 +16,7 @@ only through this package (``tests/test_architecture.py`` enforces it).
 from __future__ import annotations
 
 from attnforge.install.inputs import RequestArgs as RequestArgs
+from attnforge.install.inputs import catalog_requirement as catalog_requirement
 from attnforge.install.inputs import parse_requirement as parse_requirement
 
-__all__ = ["RequestArgs", "parse_requirement"]
+__all__ = ["RequestArgs", "catalog_requirement", "parse_requirement"]
