@@ -268,3 +268,18 @@ def test_the_model_benchmark_times_the_default_against_attnforge(monkeypatch: py
     with torch.no_grad():
         model(**inputs)
     assert served == [], "the benchmark leaves the model on its default"
+
+
+def test_set_attention_backend_that_reaches_no_module_warns_and_names_route(served: list[Any]) -> None:
+    """diffusers sets a backend only on processors that call ``dispatch_attention_fn``: on a UNet (``AttnProcessor2_0``
+    everywhere) ``set_attention_backend("attnforge")`` changed nothing and said nothing. It warns now; on Flux, whose
+    processors dispatch, it does not (``filterwarnings = error`` would fail the test)."""
+    model, inputs = _unet()
+    with pytest.warns(UserWarning, match=r"reached no attention module .*route\(model\)"):
+        model.set_attention_backend("attnforge")
+    with torch.no_grad():
+        model(**inputs)
+    assert served == []  # what the warning says: nothing went to attnforge
+    flux, _ = _flux()
+    flux.set_attention_backend("attnforge")
+    flux.set_attention_backend("native")

@@ -113,7 +113,36 @@ def register() -> Any:
     registry = dispatch._AttentionBackendRegistry
     if member not in registry._backends:
         registry.register(member, constraints=[dispatch._check_device, dispatch._check_shape])(attention_backend)
+    from diffusers.models.modeling_utils import ModelMixin
+
+    current = ModelMixin.set_attention_backend
+    if not getattr(current, "_attnforge_checks", False):
+        ModelMixin.set_attention_backend = _warning_when_unused(current)  # type: ignore[method-assign]
     return member
+
+
+def _warning_when_unused(original: Any) -> Any:
+    """diffusers' ``ModelMixin.set_attention_backend``, warning when ``"attnforge"`` reaches no module: diffusers
+    sets a backend only on processors that call ``dispatch_attention_fn`` and skips the others without a word (a
+    UNet's ``AttnProcessor2_0``: 0 attnforge calls in a forward, this CPU machine 2026-12-01), so the model would
+    run as before while its user believes otherwise. The warning names :func:`route`."""
+    import functools
+
+    @functools.wraps(original)
+    def set_attention_backend(self: Any, backend: str) -> None:
+        original(self, backend)
+        if str(backend).lower() != NAME:
+            return
+        if not any(hasattr(getattr(m, "processor", None), "_attention_backend") for m in self.modules()):
+            import warnings
+
+            warnings.warn(f'set_attention_backend("{NAME}") reached no attention module of this '
+                          f"{type(self).__name__}: its processors call scaled_dot_product_attention themselves, so "
+                          "it runs as before. Use attnforge.integrations.diffusers.route(model), or "
+                          "model.set_attn_processor(AttnforgeProcessor())", UserWarning, stacklevel=2)
+
+    set_attention_backend._attnforge_checks = True  # type: ignore[attr-defined]
+    return set_attention_backend
 
 
 class AttnforgeProcessor:
