@@ -258,11 +258,13 @@ def routes_attention(cls: type) -> bool:
     if getattr(cls, "is_backend_compatible", lambda: True)():
         return True
     can_set = getattr(cls, "_can_set_attn_implementation", None)
-    try:
+    if can_set is None or can_set():  # transformers reads the module once and keeps the answer on the class
+        return True
+    try:  # transformers also answers False where it cannot read the source: that is no evidence
         inspect.getsource(sys.modules[cls.__module__])
     except (KeyError, OSError, TypeError):
         return True
-    return can_set is None or bool(can_set())
+    return False
 
 
 def _refusing_unrouted(original: Callable[..., str]) -> Callable[..., str]:
