@@ -25,11 +25,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch.autograd import forward_ad
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnforge
 from attnforge.backends.adapter import FEATURES, AttentionCall
 from attnforge.dispatch import runtime
-from attnforge.dispatch.failures import CLASS_AFTER
+from attnforge.dispatch.failures import CLASS_AFTER, unrecorded_context
 from attnforge.errors import DispatchError
 from attnforge.records import RecordStore, VerifyRecord
 from tests.dispatch._measured import CPU_KEY, faster_records
@@ -511,3 +513,105 @@ def test_a_forced_backend_that_raises_reaches_the_caller_and_is_not_skipped(
         with pytest.raises(RuntimeError, match="invalid configuration"):
             attnforge.attention(q, k, v, backend="picky")
     assert fake.calls == 2 and dispatcher.demoted == {} and dispatcher.broken == {}
+
+
+# -- a failure inside what the signature does not hold is not remembered ---------------------------------------
+def _ours(caught: list[warnings.WarningMessage]) -> list[warnings.WarningMessage]:
+    """attnforge's warnings among those caught (torch adds its own deprecation warnings on first use)."""
+    return [w for w in caught if str(w.message).startswith("attnforge:")]
+
+
+def test_sdpa_raising_under_forward_ad_is_not_remembered_for_plain_calls(real: runtime.Dispatcher) -> None:
+    """torch 2.13's CPU SDPA kernel has no forward-AD formula: under ``torch.func.jvp`` it raises and the exact math
+    serves. That must not hand the plain calls of the same signature to the exact math for the rest of the process
+    (it did: every later call ran ~6x slower than SDPA)."""
+    q, k, v = _qkv()
+    tangent = torch.ones_like(q)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, dout = torch.func.jvp(lambda a: attnforge.attention(a, k, v), (q,), (tangent,))
+    caught = _ours(caught)
+    if not caught:
+        pytest.skip("this torch has a forward-AD formula for SDPA's CPU kernel: nothing raises")
+    assert "the call ran inside a torch.func transform" in str(caught[0].message)
+    assert "nothing is remembered" in str(caught[0].message)
+    want, dwant = torch.func.jvp(lambda a: attnforge.attention(a, k, v, backend="exact"), (q,), (tangent,))
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(dout, dwant)
+    assert real.demoted == {} and real.broken == {}
+    explanation = attnforge.explain(q, k, v)
+    assert explanation.chosen == "sdpa" and explanation.notes == ()
+    with forward_ad.dual_level():  # the same through the forward_ad API, outside torch.func
+        dual = forward_ad.make_dual(q, tangent)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            primal, dprimal = forward_ad.unpack_dual(attnforge.attention(dual, k, v))
+    assert "forward-mode AD" in str(_ours(caught)[0].message)
+    torch.testing.assert_close(primal, want)
+    torch.testing.assert_close(dprimal, dwant)
+    assert real.demoted == {} and attnforge.explain(q, k, v).chosen == "sdpa"
+
+
+def test_a_backend_without_a_batching_rule_stays_chosen_outside_vmap(picky: tuple[runtime.Dispatcher, Picky]) -> None:
+    """A kernel with no vmap batching rule raises on functorch's batched tensors (the seam: the fake checks what
+    the C++ dispatcher checks); the next backend serves the vmapped call and the plain calls keep the kernel."""
+    dispatcher, fake = picky
+    fake.fails = lambda q, k, mask, window: torch._C._functorch.is_batchedtensor(q)
+    q, k, v = _qkv()
+    qs, ks, vs = (torch.stack([t, t.flip(-1)]) for t in (q, k, v))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.vmap(attnforge.attention)(qs, ks, vs)
+    assert "the call ran inside a torch.func transform" in str(_ours(caught)[0].message)
+    for i in range(2):
+        torch.testing.assert_close(out[i].double(), reference(qs[i], ks[i], vs[i]), atol=2e-5, rtol=1e-4)
+    assert dispatcher.demoted == {} and dispatcher.broken == {}
+    before = fake.calls
+    attnforge.attention(q, k, v)
+    assert fake.calls == before + 1 and attnforge.explain(q, k, v).chosen == "picky"
+
+
+def test_a_backend_that_raises_on_fake_tensors_stays_chosen_for_real_ones(
+        picky: tuple[runtime.Dispatcher, Picky]) -> None:
+    """Under ``FakeTensorMode`` (shape propagation, memory estimates) a kernel with no fake implementation raises;
+    SDPA serves the fake call with the right shape, and real calls of the same sizes keep the kernel."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    dispatcher, fake = picky
+    fake.fails = lambda q, k, mask, window: isinstance(q, FakeTensor)
+    q, k, v = _qkv()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with FakeTensorMode() as mode:
+            out = attnforge.attention(*(mode.from_tensor(t) for t in (q, k, v)))
+    assert isinstance(out, FakeTensor) and out.shape == q.shape
+    assert "a Python dispatch mode (FakeTensorMode)" in str(_ours(caught)[0].message)
+    assert dispatcher.demoted == {} and dispatcher.broken == {}
+    before = fake.calls
+    torch.testing.assert_close(attnforge.attention(q, k, v).double(), reference(q, k, v), atol=2e-5, rtol=1e-4)
+    assert fake.calls == before + 1
+
+
+def test_unrecorded_context_names_each_case_and_nothing_outside() -> None:
+    q, k, v = _qkv()
+    assert unrecorded_context(q, k, v) is None
+    assert unrecorded_context(torch.nn.Parameter(q), k, v) is None
+    seen: list[str | None] = []
+    torch.vmap(lambda a: seen.append(unrecorded_context(a, k, v)) or a)(q)
+    torch.func.grad(lambda a: seen.append(unrecorded_context(a, k, v)) or a.sum())(q)
+    with forward_ad.dual_level():
+        seen.append(unrecorded_context(forward_ad.make_dual(q, q), k, v))
+    class Passthrough(TorchDispatchMode):  # a user's mode, as a profiler or a FLOP counter installs one
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough():
+        seen.append(unrecorded_context(q, k, v))
+
+    class Sub(torch.Tensor):
+        pass
+
+    seen.append(unrecorded_context(q.as_subclass(Sub), k, v))
+    assert seen == ["a torch.func transform (vmap, grad, jvp)"] * 2 + [
+        "forward-mode AD (torch.autograd.forward_ad.dual_level)", "a Python dispatch mode (Passthrough)",
+        "a tensor subclass (Sub)"]

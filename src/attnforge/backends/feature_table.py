@@ -69,6 +69,13 @@ process, with one warning line; other calls of the same shape class keep it. Onl
 signatures of one shape class is it skipped for the whole class. At most 256 signatures are remembered per
 backend. `attnforge.explain()` says so: `note: flash-attn-3 raised on this signature: <first line>; served by
 sdpa`. A forced backend (`backend=`, `use_backend`) is never skipped: its error reaches the caller.
+
+A call that ran inside something its signature does not hold is served by the next backend too, but nothing is
+remembered: a `torch.func` transform (`vmap`, `grad`, `jvp`), forward-mode AD (`torch.autograd.forward_ad`), a
+Python dispatch mode (`FakeTensorMode`, a profiler's or a FLOP counter's `TorchDispatchMode`) or a tensor subclass
+as q, k or v. The warning line says so. Before, one `torch.func.jvp` over `attention()` on a CPU (SDPA's CPU kernel
+has no forward-AD formula in torch 2.13) skipped SDPA for that signature, and every later plain call of it ran on
+the exact math, ~6x slower (36.6 against 6.4 µs a call on this repository's 2-core development machine).
 """
 
 _FEATURE_LEGEND = "\n".join(f"- `{name}`: {text}" for name, text in FEATURES.items())

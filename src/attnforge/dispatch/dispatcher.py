@@ -26,7 +26,13 @@ from attnforge.backends.exact import EXACT, ExactAdapter
 from attnforge.backends.registry import installed_versions
 from attnforge.dispatch import autotune, features, insitu
 from attnforge.dispatch.explanation import Explanation
-from attnforge.dispatch.failures import FailureMemory, class_key, failure_signature, without_skipped
+from attnforge.dispatch.failures import (
+    FailureMemory,
+    class_key,
+    failure_signature,
+    unrecorded_context,
+    without_skipped,
+)
 from attnforge.dispatch.inputs import check_flag, memory_layout
 from attnforge.dispatch.inputs import validate as _validate
 from attnforge.dispatch.policy import (
@@ -476,7 +482,7 @@ class Dispatcher:
         except Exception as exc:
             if forced or len(steps) == 1:
                 raise
-            self._demote(steps[0][0].name, exc, route)
+            self._demote(steps[0][0].name, exc, route, (q, k, v))
         last = len(steps) - 1
         for i in range(1, len(steps)):
             adapter, fn = steps[i]
@@ -487,7 +493,7 @@ class Dispatcher:
             except Exception as exc:
                 if i == last:
                     raise
-                self._demote(adapter.name, exc, route)
+                self._demote(adapter.name, exc, route, (q, k, v))
         raise AssertionError("unreachable: the last backend returned or raised")
 
     def forget_decisions(self) -> None:
@@ -506,10 +512,12 @@ class Dispatcher:
             for key in [key for key, plan in self.feature_plans.items() if which(plan.call)]:
                 del self.feature_plans[key]
 
-    def _demote(self, name: str, exc: Exception, route: Route) -> None:
+    def _demote(self, name: str, exc: Exception, route: Route, tensors: tuple[Any, Any, Any]) -> None:
         """Skip ``name`` for the signature of ``route``'s call, or its shape class (the rule and the warning:
-        :meth:`FailureMemory.demote`); the routes are rebuilt, and the plans when a class lost it."""
-        outcome = self.failures.demote(name, exc, route[1], *route[2])
+        :meth:`FailureMemory.demote`); the routes are rebuilt, and the plans when a class lost it. Nothing is
+        skipped where the call (``tensors``: its q, k, v) ran inside what its signature does not hold
+        (:func:`~attnforge.dispatch.failures.unrecorded_context`)."""
+        outcome = self.failures.demote(name, exc, route[1], *route[2], context=unrecorded_context(*tensors))
         if outcome is not None:
             with self._lock:
                 self._generation += 1

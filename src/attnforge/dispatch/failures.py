@@ -7,6 +7,11 @@ the route serves it; other calls of the same shape class keep it. Only once it r
 distinct signatures of one shape class is it skipped for the whole class (a kernel that fails on everything
 there would otherwise be tried, and raise, once per new signature). At most :data:`DEMOTED_MAX` signatures are
 remembered per backend, the oldest forgotten first (then tried again once). Thread-safe.
+
+A call made where the signature does not describe what the backend met (:func:`unrecorded_context`: inside a
+``torch.func`` transform, under forward-mode AD, under a Python dispatch mode, on a tensor subclass) is served by the
+next backend as well, but nothing is remembered: SDPA raising on ``torch.func.jvp`` (no forward-AD formula for its
+CPU kernel, torch 2.13) must not hand every later plain call of that signature to the exact math.
 """
 
 from __future__ import annotations
@@ -44,6 +49,31 @@ def failure_signature(call: AttentionCall | None, scale: float | None,
     return tuple(parts)
 
 
+def unrecorded_context(q: Any, k: Any, v: Any) -> str | None:
+    """What a failing call ran inside that its signature (:func:`failure_signature`) does not hold, or None.
+
+    A backend's failure there says nothing about the same signature outside it, so it is not remembered:
+    ``torch.func`` transforms (``vmap``, ``grad``, ``jvp``: functorch's interpreter stack), forward-mode AD
+    (``torch.autograd.forward_ad.dual_level``), a Python dispatch mode (``FakeTensorMode``, ``FlopCounterMode``,
+    a user's ``TorchDispatchMode``) and tensor subclasses (``DTensor``, a fake tensor) as q, k or v. Runs only
+    after a backend raised (never on the hot path)."""
+    import torch
+    from torch.autograd import forward_ad
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    if torch._C._are_functorch_transforms_active():
+        return "a torch.func transform (vmap, grad, jvp)"
+    if forward_ad._current_level >= 0:
+        return "forward-mode AD (torch.autograd.forward_ad.dual_level)"
+    mode = _get_current_dispatch_mode()
+    if mode is not None:
+        return f"a Python dispatch mode ({type(mode).__name__})"
+    for t in (q, k, v):
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            return f"a tensor subclass ({type(t).__name__})"
+    return None
+
+
 def class_key(call: AttentionCall | None) -> str:
     """The shape class a backend is skipped for after :data:`CLASS_AFTER` signatures of it: the bench class,
     features included (a backend that raises on windowed calls keeps the plain calls of the same sizes);
@@ -78,11 +108,17 @@ class FailureMemory:
             return {name: by_class[cls] for name, by_class in self.broken.items() if cls in by_class}
 
     def demote(self, name: str, exc: Exception, call: AttentionCall | None, scale: float | None,
-               opts: Mapping[str, Any] | None) -> str | None:
+               opts: Mapping[str, Any] | None, *, context: str | None = None) -> str | None:
         """Remember that ``name`` raised ``exc`` on a call (``call``, ``scale`` and feature keywords ``opts``,
         as a route holds them) and warn once, in one line naming what it is skipped for. Returns what
-        :meth:`record` returns."""
+        :meth:`record` returns. ``context``: what the call ran inside that its signature does not hold
+        (:func:`unrecorded_context`); then nothing is remembered, the warning says so, and None is returned."""
         error, cls = one_line(exc), class_key(call)
+        if context is not None:
+            warnings.warn(f"attnforge: attention backend {name!r} raised {error}; the call ran inside {context}, so"
+                          f" the next backend serves it and nothing is remembered (calls outside it keep {name!r})",
+                          RuntimeWarning, stacklevel=5)
+            return None
         outcome = self.record(name, error, failure_signature(call, scale, opts), cls)
         if outcome == "class":
             what = (f"it raised on {CLASS_AFTER} different call signatures of shape class {cls}, so it is skipped"
