@@ -220,6 +220,40 @@ def test_every_bad_argument_is_refused_with_a_hint(real: runtime.Dispatcher, cas
     assert real.demoted == {} and real.broken == {} and real.routes == {}
 
 
+SPARSE = [
+    pytest.param("q", {}, id="q"),
+    pytest.param("k", {"causal": True}, id="k-causal"),
+    pytest.param("v", {"layout": "bshd"}, id="v-bshd"),
+    pytest.param("attn_mask", {"attn_mask": _mask(SQ, SK)}, id="mask-bool"),
+    pytest.param("attn_mask", {"attn_mask": torch.zeros(SQ, SK)}, id="mask-float"),
+    pytest.param("sinks", {"sinks": torch.zeros(HQ)}, id="sinks"),
+    pytest.param("cu_seqlens_k", {**PACKED, **CU}, id="cu-seqlens-k"),
+    pytest.param("q", {"backend": "sdpa"}, id="q-forced"),
+]
+
+
+@pytest.mark.parametrize(("name", "case"), SPARSE)
+def test_a_sparse_argument_is_refused_with_a_hint_and_skips_no_backend(real: runtime.Dispatcher, name: str,
+                                                                      case: dict[str, Any]) -> None:
+    """A sparse COO tensor has a dense one's shape, dtype and device, so it passes validation and used to fail
+    inside a kernel (``reshape is not implemented for sparse tensors``), after SDPA had been skipped for the dense
+    calls of its signature. Now: a DispatchError naming the argument, and the dense calls keep SDPA."""
+    q, k, v, kwargs = _arguments(case)
+    if kwargs.get("layout") == "bshd":
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    dense = _call(q, k, v, kwargs)  # the signature's route is built and kept first, as in a running model
+    given = {"q": q, "k": k, "v": v, **kwargs}
+    given[name] = given[name].to_sparse()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(DispatchError, match=f"{name} is a sparse_coo tensor") as err:
+            attnforge.attention(**given)
+    assert err.value.hint == f"pass {name}.to_dense()"
+    assert _ours(caught) == [] and real.demoted == {} and real.broken == {}
+    torch.testing.assert_close(_call(q, k, v, kwargs), dense)
+    assert attnforge.explain(q, k, v, **{n: t for n, t in kwargs.items() if n != "backend"}).notes == ()
+
+
 # -- accepted calls: right answers, and no backend raises ------------------------------------------------
 def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
     out = attnforge.attention(q, k, v, **kwargs)

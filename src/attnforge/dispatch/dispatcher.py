@@ -33,7 +33,7 @@ from attnforge.dispatch.failures import (
     unrecorded_context,
     without_skipped,
 )
-from attnforge.dispatch.inputs import check_flag, memory_layout
+from attnforge.dispatch.inputs import check_flag, memory_layout, refuse_non_strided
 from attnforge.dispatch.inputs import validate as _validate
 from attnforge.dispatch.policy import (
     FALLBACK,
@@ -473,13 +473,16 @@ class Dispatcher:
         (docs/dispatch-policy.md): the first backend that does not raise serves the call; an unforced backend
         that raises is skipped for the call's signature (:meth:`_demote`) and the next one serves; the last
         one's error (the exact math's, or a forced backend's) reaches the caller, and so does running out of
-        memory (a fallback would need more still)."""
+        memory (a fallback would need more still). A sparse or MKL-DNN tensor among the call's arguments (whose
+        shape, dtype and device pass validation) is refused with :class:`DispatchError` once a backend raised on
+        it, and no backend is skipped."""
         steps = route[0]
         try:  # the first backend serves nearly every call: no loop on the hot path
             return steps[0][1](q, k, v)
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:
+            refuse_non_strided({"q": q, "k": k, "v": v, **(route[2][1] or {})})
             if forced or len(steps) == 1:
                 raise
             self._demote(steps[0][0].name, exc, route, (q, k, v))

@@ -12,6 +12,7 @@ import math
 import numbers
 import operator
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +108,19 @@ def refuse_nested_or_packed(q: Any, k: Any, v: Any, *, packed: bool) -> None:
                             " cu_seqlens_q and cu_seqlens_k (varlen)",
                             hint="pass cu_seqlens_q/cu_seqlens_k, or add the batch dimension: q.unsqueeze(0)"
                                  " (then layout='bshd')")
+
+
+def refuse_non_strided(tensors: Mapping[str, Any]) -> None:
+    """Raise the helpful error for a sparse (COO, CSR, ...) or MKL-DNN tensor among ``tensors`` (argument name ->
+    value; anything else is passed over). Such a tensor passes :func:`validate` (its shape, dtype and device are a
+    dense one's) and fails inside a kernel (``reshape is not implemented for sparse tensors``), so the dispatcher
+    asks this only after a backend raised (:meth:`attnforge.dispatch.dispatcher.Dispatcher.serve`), never on the
+    hot path. Nested tensors (``torch.jagged``) have their own error (:func:`refuse_nested_or_packed`)."""
+    for name, t in tensors.items():
+        layout = getattr(t, "layout", torch.strided)
+        if layout is not torch.strided and isinstance(layout, torch.layout) and not getattr(t, "is_nested", False):
+            raise DispatchError(f"{name} is a {str(layout).removeprefix('torch.')} tensor; attention() takes dense"
+                                " (strided) tensors", hint=f"pass {name}.to_dense()")
 
 
 def check_dtypes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -279,6 +293,8 @@ def check_index_tensor(name: str, t: Any, *, dims: int, device: Any, shape: str)
         raise DispatchError(f"{name} must be a {dims}-D int32 tensor {shape}", cause=f"got {got}", hint=hint)
     if t.device != device:
         raise DispatchError(f"{name} is on {t.device}, q on {device}", hint=f"{name}.to(q.device)")
+    if t.layout is not torch.strided:  # read by the host before any kernel runs: refused here, not after a raise
+        refuse_non_strided({name: t})
     return t
 
 

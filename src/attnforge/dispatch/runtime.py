@@ -192,7 +192,9 @@ def attention(
         DispatchError: bad shapes, dtypes, devices, layout, precision or feature arguments (nested tensors,
             numpy arrays and packed inputs without ``cu_seqlens`` included), each with a hint; an unknown forced
             backend; a forced backend that cannot serve the call (with its reasons). Every argument is checked
-            before a backend runs (:mod:`attnforge.dispatch.inputs`); a backend that raises on an accepted call
+            before a backend runs (:mod:`attnforge.dispatch.inputs`), except a sparse tensor's layout, refused
+            once a backend raised on it (it has a dense tensor's shape, dtype and device, and checking every call's
+            layout would cost the hot path); a backend that raises on an accepted call
             is skipped for that call's signature (docs/features.md, "When a backend raises").
     """
     if window is not None and _checked(check_window, window) == (None, None):
