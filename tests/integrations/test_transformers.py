@@ -459,3 +459,20 @@ def test_a_model_that_routes_without_the_flag_still_takes_attnforge() -> None:
         tf_integration.register()
     assert len(seen) == 2  # one call a layer
     assert all(tf_integration.routes_attention(getattr(transformers, MODELS[n][1])) for n in MODELS)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch internals imported by dynamo
+@pytest.mark.parametrize("name", ["llama", "qwen2-sliding-window", "gemma2-softcap-sliding-window", "gpt-oss-sinks"])
+def test_a_model_compiled_fullgraph_on_its_first_forward_matches_eager(name: str) -> None:
+    """``torch.compile(model, fullgraph=True)`` whose first forward in the process is the traced one (nothing
+    decided yet): every layer's masked call is one opaque op (``attnforge::attention_features``). It failed on the
+    first layer ("Unsupported context manager": the decision's records lock; for Gemma-2 also its exact-only
+    check's ContextVar and, for a padded batch, the kept padding's version counter)."""
+    ids, mask = _inputs()
+    eager, ours = tiny_model(name, "eager").eval(), tiny_model(name, "attnforge").eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        got = compiled(ids, attention_mask=mask).logits
+        want = eager(ids, attention_mask=mask).logits
+    assert _max_diff(got, want, mask) <= TOL

@@ -1,9 +1,16 @@
-"""``attnforge::attention`` as a ``torch.library`` custom op, so ``torch.compile`` sees one opaque node.
+"""``attnforge::attention`` (and ``attnforge::attention_features``) as ``torch.library`` custom ops, so
+``torch.compile`` sees one opaque node.
 
 The dispatcher (dict lookups, records, context variables, try/except fallback) is not traceable, and tracing
 it would graph-break on every call. Under ``torch.compile``, :func:`attnforge.attention` therefore validates
 its inputs in traced code and emits this op; the op's real implementation runs the dispatcher eagerly at run
 time (where :func:`attnforge.use_backend` is honoured), and its fake implementation gives the output's shape.
+
+``attnforge::attention_features`` does the same for a call with a mask, a window, a softcap or top-left causal
+alignment (transformers' call of every layer: a mask and a scale): its real implementation runs
+:func:`attnforge.dispatch.features.attention` eagerly. Traced instead, that path decides a class nobody decided yet
+inside the trace (the records' lock and SQLite reads), which Dynamo cannot follow: ``torch.compile(fullgraph=True)``
+of a tiny Llama with ``attn_implementation="attnforge"`` failed on its first layer ("Unsupported context manager").
 
 Backward: the op's autograd formula calls ``attnforge::attention_backward``, which recomputes the forward
 through the dispatcher with autograd on and differentiates it: correct for every backend, at the cost of one
@@ -107,3 +114,83 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _features_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - the ops' arguments
+                   attn_mask: torch.Tensor | None, sinks: torch.Tensor | None, causal: bool, causal_alignment: str,
+                   is_causal: bool | None, window: list[int] | None, softcap: float | None, scale: float | None,
+                   backend: str | None, precision: str) -> torch.Tensor:
+    """The feature path on ``[B, H, S, D]`` tensors, eagerly, on the process-wide dispatcher."""
+    from attnforge.dispatch import features
+    from attnforge.dispatch.dispatcher import _FORCED
+
+    out: torch.Tensor = features.attention(
+        q, k, v, dispatcher=_current(), layout="bhsd", backend=backend or _FORCED.get(), precision=precision,
+        scale=scale, attn_mask=attn_mask, dropout_p=0.0, causal=causal, causal_alignment=causal_alignment,
+        enable_gqa=True, window=None if window is None else (window[0], window[1]), softcap=softcap, sinks=sinks,
+        return_lse=False, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+        is_causal=is_causal, block_table=None, seqused_k=None)
+    return out
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::attention_features", mutates_args=())
+def attention_features_op(  # noqa: PLR0917 - op schema
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, sinks: torch.Tensor | None,
+        causal: bool, causal_alignment: str, is_causal: bool | None, window: list[int] | None,
+        softcap: float | None, scale: float | None, backend: str | None, precision: str) -> torch.Tensor:
+    """A call with features on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``: a mask ``[B or 1, Hq or 1, Sq or 1, Sk]``
+    (bool or additive float), sinks ``[Hq]``, window sides ``[left, right]`` (-1 unbounded), a softcap, top-left
+    alignment; returns a contiguous ``[B, Hq, Sq, Dv]``."""
+    return _features_call(q, k, v, attn_mask, sinks, causal, causal_alignment, is_causal, window, softcap, scale,
+                          backend, precision).contiguous()
+
+
+@attention_features_op.register_fake
+def _attention_features_fake(  # noqa: PLR0917 - op schema
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, sinks: torch.Tensor | None,
+        causal: bool, causal_alignment: str, is_causal: bool | None, window: list[int] | None,
+        softcap: float | None, scale: float | None, backend: str | None, precision: str) -> torch.Tensor:
+    return q.new_empty((*q.shape[:3], v.shape[3]))
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::attention_features_backward", mutates_args=())
+def attention_features_backward_op(  # noqa: PLR0917 - op schema
+    grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+        sinks: torch.Tensor | None, causal: bool, causal_alignment: str, is_causal: bool | None,
+        window: list[int] | None, softcap: float | None, scale: float | None, backend: str | None,
+        precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of :func:`attention_features_op` for q, k, v and the sinks (an empty tensor without sinks; never
+    the mask) by recomputing the forward."""
+    with _autograd_on(), torch.enable_grad():
+        qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
+        sd = None if sinks is None else sinks.detach().requires_grad_()
+        out = _features_call(qd, kd, vd, attn_mask, sd, causal, causal_alignment, is_causal, window, softcap, scale,
+                             backend, precision)
+        grads = torch.autograd.grad(out, (qd, kd, vd) if sd is None else (qd, kd, vd, sd), grad)
+    ds = grads[3].contiguous() if sd is not None else q.new_empty(0)
+    return grads[0].contiguous(), grads[1].contiguous(), grads[2].contiguous(), ds
+
+
+@attention_features_backward_op.register_fake
+def _attention_features_backward_fake(  # noqa: PLR0917 - op schema
+    grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+        sinks: torch.Tensor | None, causal: bool, causal_alignment: str, is_causal: bool | None,
+        window: list[int] | None, softcap: float | None, scale: float | None, backend: str | None,
+        precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    return dq, dk, dv, (q.new_empty(0) if sinks is None else torch.empty_like(sinks))
+
+
+def _features_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    q, k, v, attn_mask, sinks, *options = inputs
+    ctx.save_for_backward(q, k, v, attn_mask, sinks)
+    ctx.options = tuple(options)
+
+
+def _features_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    q, k, v, attn_mask, sinks = ctx.saved_tensors
+    dq, dk, dv, ds = attention_features_backward_op(grad.contiguous(), q, k, v, attn_mask, sinks, *ctx.options)
+    return (dq, dk, dv, None, None if sinks is None else ds) + (None,) * len(ctx.options)
+
+
+attention_features_op.register_autograd(_features_backward, setup_context=_features_setup_context)

@@ -217,6 +217,14 @@ def attention(
             is seqused_k is None
             and dropout_p == 0.0 and return_lse is False and enable_gqa is True and isinstance(causal, bool)
             and causal_alignment == "bottom_right"):
+        if (cu_seqlens_q is cu_seqlens_k is block_table is seqused_k is None
+                and dropout_p == 0.0 and return_lse is False and enable_gqa is True and causal.__class__ is bool
+                and (attn_mask is None or (isinstance(attn_mask, torch.Tensor) and not attn_mask.requires_grad))
+                and (sinks is None or isinstance(sinks, torch.Tensor)) and torch.compiler.is_compiling()):
+            # one opaque op, the feature path run eagerly inside it (its decision reads records: not traceable)
+            return _features_op(q, k, v, attn_mask=attn_mask, sinks=sinks, causal=causal,
+                                causal_alignment=causal_alignment, is_causal=is_causal, window=window,
+                                softcap=softcap, scale=scale, layout=layout, backend=backend, precision=precision)
         dispatcher = _DISPATCHER or get_dispatcher()
         # a mask and a scale (and a softcap: Gemma-2), nothing else (transformers' call of every layer): a repeat of
         # the previous call on the same mask object takes the lane its backend offered (features.lane_call), no
@@ -264,6 +272,25 @@ def attention(
         route = dispatcher.route(q, k, v, key, causal=causal, scale=scale, layout=layout, precision=precision,
                                  forced=forced)
     return dispatcher.serve(route, q, k, v, forced)
+
+
+def _features_op(q: Any, k: Any, v: Any, *, attn_mask: Any, sinks: Any, causal: bool, causal_alignment: str,
+                 is_causal: bool | None, window: Any, softcap: Any, scale: Any, layout: str, backend: str | None,
+                 precision: str) -> Any:
+    """A call with a mask, a window, a softcap, sinks or top-left alignment while ``torch.compile`` traces: q, k, v, the
+    window and the softcap checked in traced code (bad ones raise :class:`DispatchError` as in eager mode), then one
+    ``attnforge::attention_features`` op (:mod:`attnforge.dispatch._op`), whose real implementation serves the call
+    through :func:`attnforge.dispatch.features.attention` at run time (the mask is checked there)."""
+    qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+    sides = None
+    if window is not None:
+        left, right = check_window(window)
+        # -1 unbounded; a side past any sequence (10**30 is accepted) hides nothing either, and an op takes int64
+        sides = [-1 if side is None or side >= 1 << 62 else side for side in (left, right)]
+    out = _op.attention_features_op(qh, kh, vh, attn_mask, sinks, causal, causal_alignment, is_causal, sides,
+                                    check_softcap(softcap), None if scale is None else float(scale), backend,
+                                    precision)
+    return out.transpose(1, 2) if layout == "bshd" else out
 
 
 #: what :func:`_checked` gives for a refused value (equal to no checked one)

@@ -148,7 +148,7 @@ def _exact_only(query: Any, key: Any, value: Any, call: dict[str, Any]) -> bool:
     from attnforge.dispatch import runtime
     from attnforge.dispatch.dispatcher import _FORCED
 
-    if _FORCED.get() is not None or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _FORCED.get() is not None:  # Dynamo cannot trace a ContextVar's get
         return False
     dispatcher = runtime.get_dispatcher()
     mask = call.get("attn_mask")
@@ -429,9 +429,13 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
     from attnforge.dispatch import runtime
     from attnforge.dispatch.dispatcher import _FORCED
 
+    # torch.compile first: the kept padding's lookup reads the mask's version counter and is_inference(), which
+    # Dynamo cannot trace (fullgraph=True failed on a padded batch's first layer)
+    if torch.compiler.is_compiling() or _FORCED.get() is not None or (
+            query.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None
     padding = _PREFILL_PADDING.get(mask, ())
-    if (padding is None or _FORCED.get() is not None or torch.compiler.is_compiling()
-            or (query.is_cuda and torch.cuda.is_current_stream_capturing())):
+    if padding is None:
         return None
     b, hq, s, _ = query.shape
     if s < PREFILL_VARLEN_MIN or tuple(padding.shape) != (b, s) or key.shape[0] != b:
