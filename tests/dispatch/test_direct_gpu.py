@@ -280,3 +280,31 @@ def test_attention_under_reduce_overhead_compile_matches_eager() -> None:
                                         device="cuda", dtype=t.dtype))
             out = compiled(q, k, v).clone()
             torch.testing.assert_close(out, block(q, k, v), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("softcap", [None, 30.0], ids=["mask", "mask-softcap"])
+def test_a_masked_call_under_reduce_overhead_compile_matches_eager(softcap: float | None) -> None:
+    """A masked call (transformers' every layer; with Gemma-2's softcap) under ``torch.compile(mode="reduce-overhead",
+    fullgraph=True)`` is the ``attnforge::attention_features`` op, whose real implementation runs the feature path
+    eagerly inside Inductor's CUDA graph (since 2026-12-01): its warm-up runs decide and keep what the captured
+    replays then serve; replays with new values must match eager."""
+    torch._dynamo.reset()
+    q, k, v = _qkv(4, 2, 256, 256, 128, grad=False)
+    mask = torch.ones(4, 1, 256, 256, dtype=torch.bool, device="cuda").tril()
+    mask[1, ..., :40] = False  # left padding of the second sequence
+
+    def block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return attnforge.attention(q, k, v, attn_mask=mask, softcap=softcap) * 2
+
+    compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+        for _ in range(3):  # warm-up, record, replay
+            compiled(q, k, v, mask)
+        for seed in range(2):
+            with torch.no_grad():
+                for t in (q, k, v):
+                    t.copy_(torch.randn(t.shape, generator=torch.Generator(device="cuda").manual_seed(seed),
+                                        device="cuda", dtype=t.dtype))
+            out = compiled(q, k, v, mask).clone()
+            torch.testing.assert_close(out, block(q, k, v, mask), atol=0, rtol=0)
