@@ -217,10 +217,11 @@ def attention(
             is seqused_k is None
             and dropout_p == 0.0 and return_lse is False and enable_gqa is True and isinstance(causal, bool)
             and causal_alignment == "bottom_right"):
-        if (cu_seqlens_q is cu_seqlens_k is block_table is seqused_k is None
+        if (torch.compiler.is_compiling()  # first: an eager call asks nothing else here
+                and cu_seqlens_q is cu_seqlens_k is block_table is seqused_k is None
                 and dropout_p == 0.0 and return_lse is False and enable_gqa is True and causal.__class__ is bool
                 and (attn_mask is None or (isinstance(attn_mask, torch.Tensor) and not attn_mask.requires_grad))
-                and (sinks is None or isinstance(sinks, torch.Tensor)) and torch.compiler.is_compiling()
+                and (sinks is None or isinstance(sinks, torch.Tensor))
                 and not features.decided(q, k, v, dispatcher=_DISPATCHER, layout=layout, backend=backend,
                                          precision=precision, scale=scale, attn_mask=attn_mask, causal=causal,
                                          causal_alignment=causal_alignment, window=window, softcap=softcap,
