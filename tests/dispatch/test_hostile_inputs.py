@@ -586,6 +586,25 @@ def test_sdpa_raising_under_forward_ad_is_not_remembered_for_plain_calls(real: r
     assert real.demoted == {} and attnforge.explain(q, k, v).chosen == "sdpa"
 
 
+def test_sdpa_raising_inside_an_sdpa_kernel_context_keeps_sdpa_outside_it(real: runtime.Dispatcher) -> None:
+    """Inside ``sdpa_kernel(EFFICIENT_ATTENTION)`` a CPU SDPA has no kernel ("No viable backend"): the exact math
+    serves the call. Outside the context SDPA serves that signature again (it was skipped for the rest of the
+    process: the exact math, ~6x slower, for every later call)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _qkv()
+    attnforge.attention(q, k, v)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            out = attnforge.attention(q, k, v)
+    assert "the call ran inside an sdpa_kernel context" in str(_ours(caught)[0].message)
+    torch.testing.assert_close(out.double(), reference(q, k, v), atol=2e-5, rtol=1e-4)
+    assert real.demoted == {} and real.broken == {}
+    explanation = attnforge.explain(q, k, v)
+    assert explanation.chosen == "sdpa" and explanation.notes == ()
+
+
 def test_a_backend_without_a_batching_rule_stays_chosen_outside_vmap(picky: tuple[runtime.Dispatcher, Picky]) -> None:
     """A kernel with no vmap batching rule raises on functorch's batched tensors (the seam: the fake checks what
     the C++ dispatcher checks); the next backend serves the vmapped call and the plain calls keep the kernel."""
@@ -646,6 +665,10 @@ def test_unrecorded_context_names_each_case_and_nothing_outside() -> None:
         pass
 
     seen.append(unrecorded_context(q.as_subclass(Sub), k, v))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH, SDPBackend.FLASH_ATTENTION]):
+        seen.append(unrecorded_context(q, k, v))
     assert seen == ["a torch.func transform (vmap, grad, jvp)"] * 2 + [
         "forward-mode AD (torch.autograd.forward_ad.dual_level)", "a Python dispatch mode (Passthrough)",
-        "a tensor subclass (Sub)"]
+        "a tensor subclass (Sub)", "an sdpa_kernel context (SDPA's kernels restricted)"]

@@ -9,9 +9,10 @@ there would otherwise be tried, and raise, once per new signature). At most :dat
 remembered per backend, the oldest forgotten first (then tried again once). Thread-safe.
 
 A call made where the signature does not describe what the backend met (:func:`unrecorded_context`: inside a
-``torch.func`` transform, under forward-mode AD, under a Python dispatch mode, on a tensor subclass) is served by the
-next backend as well, but nothing is remembered: SDPA raising on ``torch.func.jvp`` (no forward-AD formula for its
-CPU kernel, torch 2.13) must not hand every later plain call of that signature to the exact math.
+``torch.func`` transform, under forward-mode AD, under a Python dispatch mode, inside an ``sdpa_kernel`` context, on a
+tensor subclass) is served by the next backend as well, but nothing is remembered: SDPA raising on ``torch.func.jvp``
+(no forward-AD formula for its CPU kernel, torch 2.13), or inside ``sdpa_kernel`` with none of the allowed kernels
+able to serve, must not hand every later plain call of that signature to the exact math.
 """
 
 from __future__ import annotations
@@ -55,11 +56,14 @@ def unrecorded_context(q: Any, k: Any, v: Any) -> str | None:
     A backend's failure there says nothing about the same signature outside it, so it is not remembered:
     ``torch.func`` transforms (``vmap``, ``grad``, ``jvp``: functorch's interpreter stack), forward-mode AD
     (``torch.autograd.forward_ad.dual_level``), a Python dispatch mode (``FakeTensorMode``, ``FlopCounterMode``,
-    a user's ``TorchDispatchMode``) and tensor subclasses (``DTensor``, a fake tensor) as q, k or v. Runs only
-    after a backend raised (never on the hot path)."""
+    a user's ``TorchDispatchMode``), an ``sdpa_kernel`` context that leaves out some of SDPA's kernels (SDPA
+    raises "No viable backend" there; outside it SDPA serves) and tensor subclasses (``DTensor``, a fake tensor)
+    as q, k or v. Runs only after a backend raised (never on the hot path)."""
     import torch
     from torch.autograd import forward_ad
     from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from attnforge.backends.sdpa_original import kernels_restricted
 
     if torch._C._are_functorch_transforms_active():
         return "a torch.func transform (vmap, grad, jvp)"
@@ -68,6 +72,8 @@ def unrecorded_context(q: Any, k: Any, v: Any) -> str | None:
     mode = _get_current_dispatch_mode()
     if mode is not None:
         return f"a Python dispatch mode ({type(mode).__name__})"
+    if kernels_restricted():
+        return "an sdpa_kernel context (SDPA's kernels restricted)"
     for t in (q, k, v):
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
             return f"a tensor subclass ({type(t).__name__})"
