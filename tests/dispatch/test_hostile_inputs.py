@@ -624,6 +624,31 @@ def test_a_backend_without_a_batching_rule_stays_chosen_outside_vmap(picky: tupl
     assert fake.calls == before + 1 and attnforge.explain(q, k, v).chosen == "picky"
 
 
+def test_a_backend_that_raises_inside_a_cuda_graph_capture_stays_chosen_outside_it(
+        picky: tuple[runtime.Dispatcher, Picky], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel that synchronises raises only while a CUDA graph captures (simulated at its seam,
+    ``torch.cuda.is_current_stream_capturing``, as tests/dispatch/test_capture.py does); the calls after the capture
+    keep it."""
+    dispatcher, fake = picky
+    capturing = {"on": False}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: capturing["on"])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["on"])
+    fake.fails = lambda q, k, mask, window: capturing["on"]
+    q, k, v = _qkv()
+    attnforge.attention(q, k, v)
+    capturing["on"] = True
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = attnforge.attention(q, k, v)
+    capturing["on"] = False
+    assert "the call ran inside a CUDA graph capture" in str(_ours(caught)[0].message)
+    torch.testing.assert_close(out.double(), reference(q, k, v), atol=2e-5, rtol=1e-4)
+    assert dispatcher.demoted == {} and dispatcher.broken == {}
+    before = fake.calls
+    attnforge.attention(q, k, v)
+    assert fake.calls == before + 1 and attnforge.explain(q, k, v).chosen == "picky"
+
+
 def test_a_backend_that_raises_on_fake_tensors_stays_chosen_for_real_ones(
         picky: tuple[runtime.Dispatcher, Picky]) -> None:
     """Under ``FakeTensorMode`` (shape propagation, memory estimates) a kernel with no fake implementation raises;

@@ -74,10 +74,10 @@ A call that ran inside something its signature does not hold is served by the ne
 remembered: a `torch.func` transform (`vmap`, `grad`, `jvp`), forward-mode AD (`torch.autograd.forward_ad`), a
 Python dispatch mode (`FakeTensorMode`, a profiler's or a FLOP counter's `TorchDispatchMode`), an `sdpa_kernel`
 context that leaves out some of SDPA's kernels (SDPA raises "No viable backend" where none of the allowed ones
-serves) or a tensor subclass as q, k or v. The warning line says so. Before, one `torch.func.jvp` over
-`attention()` on a CPU (SDPA's CPU kernel has no forward-AD formula in torch 2.13), or one call inside such an
-`sdpa_kernel` context, skipped SDPA for that signature, and every later plain call of it ran on the exact math,
-~6x slower (36.6 against 6.4 µs a call on this repository's 2-core development machine).
+serves), a CUDA graph capture or a tensor subclass as q, k or v. The warning line says so. Before, one
+`torch.func.jvp` over `attention()` on a CPU (SDPA's CPU kernel has no forward-AD formula in torch 2.13), or one
+call inside such an `sdpa_kernel` context, skipped SDPA for that signature, and every later plain call of it ran on
+the exact math, ~6x slower (36.6 against 6.4 µs a call on this repository's 2-core development machine).
 """
 
 _FEATURE_LEGEND = "\n".join(f"- `{name}`: {text}" for name, text in FEATURES.items())

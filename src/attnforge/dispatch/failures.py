@@ -57,12 +57,14 @@ def unrecorded_context(q: Any, k: Any, v: Any) -> str | None:
     ``torch.func`` transforms (``vmap``, ``grad``, ``jvp``: functorch's interpreter stack), forward-mode AD
     (``torch.autograd.forward_ad.dual_level``), a Python dispatch mode (``FakeTensorMode``, ``FlopCounterMode``,
     a user's ``TorchDispatchMode``), an ``sdpa_kernel`` context that leaves out some of SDPA's kernels (SDPA
-    raises "No viable backend" there; outside it SDPA serves) and tensor subclasses (``DTensor``, a fake tensor)
-    as q, k or v. Runs only after a backend raised (never on the hot path)."""
+    raises "No viable backend" there; outside it SDPA serves), a CUDA graph capture (a kernel that synchronises
+    raises only there) and tensor subclasses (``DTensor``, a fake tensor) as q, k or v. Runs only after a backend
+    raised (never on the hot path)."""
     import torch
     from torch.autograd import forward_ad
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+    from attnforge.backends._base import graph_capturing
     from attnforge.backends.sdpa_original import kernels_restricted
 
     if torch._C._are_functorch_transforms_active():
@@ -74,6 +76,8 @@ def unrecorded_context(q: Any, k: Any, v: Any) -> str | None:
         return f"a Python dispatch mode ({type(mode).__name__})"
     if kernels_restricted():
         return "an sdpa_kernel context (SDPA's kernels restricted)"
+    if graph_capturing():
+        return "a CUDA graph capture"
     for t in (q, k, v):
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
             return f"a tensor subclass ({type(t).__name__})"
