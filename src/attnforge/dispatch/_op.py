@@ -120,7 +120,10 @@ def _features_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: P
                    attn_mask: torch.Tensor | None, sinks: torch.Tensor | None, causal: bool, causal_alignment: str,
                    is_causal: bool | None, window: list[int] | None, softcap: float | None, scale: float | None,
                    backend: str | None, precision: str) -> torch.Tensor:
-    """The feature path on ``[B, H, S, D]`` tensors, eagerly, on the process-wide dispatcher."""
+    """The feature path on ``[B, H, S, D]`` tensors, eagerly, on the process-wide dispatcher. Every keyword is
+    passed, in :func:`attnforge.attention`'s order, as that function passes them: a call's plan is kept under a
+    signature of its keywords (:func:`attnforge.dispatch.features.signature`), so the op's calls and eager ones
+    share plans."""
     from attnforge.dispatch import features
     from attnforge.dispatch.dispatcher import _FORCED
 

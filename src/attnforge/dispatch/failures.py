@@ -8,11 +8,10 @@ distinct signatures of one shape class is it skipped for the whole class (a kern
 there would otherwise be tried, and raise, once per new signature). At most :data:`DEMOTED_MAX` signatures are
 remembered per backend, the oldest forgotten first (then tried again once). Thread-safe.
 
-A call made where the signature does not describe what the backend met (:func:`unrecorded_context`: inside a
-``torch.func`` transform, under forward-mode AD, under a Python dispatch mode, inside an ``sdpa_kernel`` context, on a
-tensor subclass) is served by the next backend as well, but nothing is remembered: SDPA raising on ``torch.func.jvp``
-(no forward-AD formula for its CPU kernel, torch 2.13), or inside ``sdpa_kernel`` with none of the allowed kernels
-able to serve, must not hand every later plain call of that signature to the exact math.
+A call made inside something the signature does not describe (:func:`unrecorded_context` lists what) is served
+by the next backend as well, but nothing is remembered: SDPA raising on ``torch.func.jvp`` (no forward-AD formula
+for its CPU kernel, torch 2.13), or inside ``sdpa_kernel`` with none of the allowed kernels able to serve, must not
+hand every later plain call of that signature to the exact math.
 """
 
 from __future__ import annotations
