@@ -289,8 +289,8 @@ def test_a_masked_call_under_reduce_overhead_compile_matches_eager(softcap: floa
     eagerly inside Inductor's CUDA graph (since 2026-12-01): its warm-up runs decide and keep what the captured
     replays then serve; replays with new values must match eager."""
     torch._dynamo.reset()
-    q, k, v = _qkv(4, 2, 256, 256, 128, grad=False)
-    mask = torch.ones(4, 1, 256, 256, dtype=torch.bool, device="cuda").tril()
+    q, k, v = _qkv(4, 2, 256, 256, 128, grad=False)  # q [2, 4, 256, 128]: 4 query heads, 2 K/V heads
+    mask = torch.ones(q.shape[0], 1, 256, 256, dtype=torch.bool, device="cuda").tril()  # [B, 1, Sq, Sk]
     mask[1, ..., :40] = False  # left padding of the second sequence
 
     def block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
