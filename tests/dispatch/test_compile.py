@@ -182,6 +182,25 @@ def test_a_bad_window_or_softcap_traced_is_refused_as_in_eager_mode() -> None:
             torch.compile(lambda a, b, c, kw=kwargs: attnforge.attention(a, b, c, **kw), backend="aot_eager")(q, k, v)
 
 
+@pytest.mark.parametrize("decided", [False, True], ids=["undecided", "decided"])
+def test_a_bad_mask_compiled_fullgraph_raises_the_dispatch_error(decided: bool) -> None:
+    """A mask that does not broadcast to ``[B, Hq, Sq, Sk]`` (the batch of another tensor), or an integer mask,
+    under ``torch.compile(fullgraph=True)``: the caller gets eager's :class:`DispatchError` and its hint, raised by
+    the op at run time. Checked while Dynamo traced, it was Dynamo's ``Unsupported`` ("Attempted to call a super()
+    attribute", "Observed exception"), the message lost."""
+    q, k, v, mask = _featured()
+    if decided:
+        attnforge.attention(q, k, v, attn_mask=mask)
+    for bad, words in ((torch.ones(4, 1, 6, 9, dtype=torch.bool), "does not broadcast"),
+                       (mask.int(), "bool or floating-point")):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda a, b, c, m: attnforge.attention(a, b, c, attn_mask=m), fullgraph=True,
+                                 backend="aot_eager")
+        with pytest.raises(DispatchError, match=words) as info:
+            compiled(q, k, v, bad)
+        assert info.value.hint
+
+
 def test_the_features_op_passes_torch_library_checks() -> None:
     q, k, v, mask = (t.requires_grad_() if t.is_floating_point() else t for t in _featured())
     sinks = torch.linspace(-1.0, 1.0, q.shape[1]).requires_grad_()
@@ -199,10 +218,12 @@ def test_the_features_op_passes_torch_library_checks() -> None:
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
 
 
-def test_a_decided_class_is_traced_and_an_undecided_one_is_the_op() -> None:
-    """The op costs Python per call at run time (the feature path runs eagerly in it: a masked decode call compiled
-    took 48 against 26 us traced, on a 2-core CPU host), so it is emitted only for a class nobody decided yet; once
-    an eager call decided the class, a new trace follows the decision inline."""
+def test_a_featured_call_is_the_op_also_once_an_eager_call_decided_its_class() -> None:
+    """Traced inline, a decided class's feature path read the device's name on a CUDA tensor
+    (``torch.cuda.get_device_name``: Dynamo's "torch.* op returned non-Tensor", a masked call under
+    ``torch.compile(mode="reduce-overhead", fullgraph=True)`` on an H200, 2026-12-01), and it traced the dispatcher's
+    state (its shape counts, its plans). The op runs that path eagerly, decided or not; the graph holds nothing else
+    of attnforge's, and the result is eager's."""
     q, k, v, mask = _featured()
     graphs: list[str] = []
 
@@ -218,6 +239,7 @@ def test_a_decided_class_is_traced_and_an_undecided_one_is_the_op() -> None:
     eager = fn(q, k, v, mask)  # decides the class
     torch._dynamo.reset()
     again = torch.compile(fn, fullgraph=True, backend=capture)(q, k, v, mask)
-    assert "attention_features" not in graphs[-1]
+    assert "attention_features" in graphs[-1]
+    assert "scaled_dot_product" not in graphs[-1]  # no backend traced inline
     torch.testing.assert_close(first, eager)
     torch.testing.assert_close(again, eager)

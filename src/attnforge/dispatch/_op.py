@@ -8,9 +8,11 @@ time (where :func:`attnforge.use_backend` is honoured), and its fake implementat
 
 ``attnforge::attention_features`` does the same for a call with a mask, a window, a softcap or top-left causal
 alignment (transformers' call of every layer: a mask and a scale): its real implementation runs
-:func:`attnforge.dispatch.features.attention` eagerly. Traced instead, that path decides a class nobody decided yet
-inside the trace (the records' lock and SQLite reads), which Dynamo cannot follow: ``torch.compile(fullgraph=True)``
-of a tiny Llama with ``attn_implementation="attnforge"`` failed on its first layer ("Unsupported context manager").
+:func:`attnforge.dispatch.features.attention` eagerly, whether or not the call's class was decided. Traced instead,
+that path decides a class nobody decided yet inside the trace (the records' lock and SQLite reads), which Dynamo
+cannot follow: ``torch.compile(fullgraph=True)`` of a tiny Llama with ``attn_implementation="attnforge"`` failed on
+its first layer ("Unsupported context manager"); for a decided class it read the CUDA device's name
+(``torch.cuda.get_device_name``, "torch.* op returned non-Tensor", H200, 2026-12-01).
 
 Backward: the op's autograd formula calls ``attnforge::attention_backward``, which recomputes the forward
 through the dispatcher with autograd on and differentiates it: correct for every backend, at the cost of one

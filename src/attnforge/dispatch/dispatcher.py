@@ -252,13 +252,6 @@ class Dispatcher:
             return (*plan, True)
         return (*plan, False)
 
-    def decided(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
-                forced: str | None, uses: frozenset[str], head_dim_v: int | None) -> bool:
-        """Whether the call class of bhsd ``q``/``k`` has its decision already (:meth:`_plan` would read no record
-        and take no lock for it): what ``torch.compile`` can trace through (:func:`attnforge.attention`)."""
-        return _plan_key(q, k, causal=causal, precision=precision, needs_grad=needs_grad, forced=forced, uses=uses,
-                         head_dim_v=head_dim_v) in self._plans
-
     def route(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: tuple[Any, ...] | None, *,
               causal: bool, scale: float | None, layout: str, precision: str, forced: str | None) -> Route:
         """Validate a plain call seen for the first time, decide it, and remember its route under ``key`` (the

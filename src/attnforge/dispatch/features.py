@@ -232,21 +232,6 @@ def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: 
     return out
 
 
-def decided(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: str | None, precision: str,
-            scale: float | None, **kwargs: Any) -> bool:
-    """Whether ``dispatcher`` (None: not built yet) holds the decision for this call's class, so that tracing the
-    call (``torch.compile``) reads no record and takes no lock; the arguments as :func:`attention` takes them.
-    Raises :class:`DispatchError` for bad input, as the call would."""
-    if dispatcher is None:
-        return False
-    call = prepare(q, k, v, layout=layout, precision=precision, scale=scale, **kwargs)
-    if call.empty:
-        return True  # the exact math's empty result: nothing is decided for it
-    qp, kp = call.probe
-    return bool(dispatcher.decided(qp, kp, causal=call.causal, precision=precision, needs_grad=call.needs_grad,
-                                   forced=backend, uses=call.uses, head_dim_v=call.head_dim_v))
-
-
 def _direct(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, layout: str) -> Any:
     """A remembered signature's output from its first backend called directly (``plan.direct``: unforced, nothing
     wrapping its step), or None when there is none or it raised: the whole route then

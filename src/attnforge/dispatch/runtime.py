@@ -221,14 +221,13 @@ def attention(
                 and cu_seqlens_q is cu_seqlens_k is block_table is seqused_k is None
                 and dropout_p == 0.0 and return_lse is False and enable_gqa is True and causal.__class__ is bool
                 and (attn_mask is None or (isinstance(attn_mask, torch.Tensor) and not attn_mask.requires_grad))
-                and (sinks is None or isinstance(sinks, torch.Tensor))
-                and not features.decided(q, k, v, dispatcher=_DISPATCHER, layout=layout, backend=backend,
-                                         precision=precision, scale=scale, attn_mask=attn_mask, causal=causal,
-                                         causal_alignment=causal_alignment, window=window, softcap=softcap,
-                                         sinks=sinks, is_causal=is_causal)):
-            # a class nobody decided yet: one opaque op, the feature path run eagerly inside it at run time (its
-            # decision reads records under a lock: not traceable). A decided class is traced (below): no Python
-            # per call at run time (a masked decode call compiled: 26 against 48 us on a 2-core CPU host)
+                and (sinks is None or isinstance(sinks, torch.Tensor))):
+            # one opaque op, the feature path run eagerly inside it at run time, decided or not: traced, that path
+            # decides under the records' lock ("Unsupported context manager" on a class nobody decided) and reads
+            # the device's name on a CUDA tensor (torch.cuda.get_device_name: "torch.* op returned non-Tensor",
+            # H200, torch 2.11, 2026-12-01, even for a class decided by an eager call). Its cost: Python per call at
+            # run time (a masked decode call compiled: 48 against 26 us traced on a 2-core CPU host); none in a
+            # CUDA graph's replay (mode="reduce-overhead")
             return _features_op(q, k, v, attn_mask=attn_mask, sinks=sinks, causal=causal,
                                 causal_alignment=causal_alignment, is_causal=is_causal, window=window,
                                 softcap=softcap, scale=scale, layout=layout, backend=backend, precision=precision)
