@@ -377,6 +377,50 @@ def test_the_bhsd_train_route_is_one_node_over_the_callers_leaves_and_a_plain_vi
         torch.testing.assert_close(g, w.to(g.dtype), atol=1e-5, rtol=1e-4)
 
 
+# Dynamo's handling of any autograd.Function instantiates it (torch 2.13: "should not be instantiated")
+@pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")
+def test_the_train_node_skips_functions_python_apply_and_keeps_its_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The direct entries' autograd node is entered through torch's C++ ``apply``, not ``Function.apply``'s Python
+    layer (~1 us of host time a call on a CPU, more on a slow GPU host: FA4's train route measured SDPA + 8-11.5 us,
+    H200, 2026-12-01). Same output and gradients; under a ``torch.func`` transform ``Function.apply`` still serves
+    (and raises: the node has no ``setup_context``, and the dispatcher then serves the call elsewhere), and while
+    ``torch.compile`` traces it is ``Function.apply`` that Dynamo follows, without a graph break."""
+    import torch._functorch.utils as functorch_utils
+
+    from attnforge.backends import bound
+
+    class Node(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+            ctx.save_for_backward(k)
+            ctx.scale = scale
+            return q * k.sum() * scale + v
+
+        @staticmethod
+        def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
+            (k,) = ctx.saved_tensors
+            return dout * k.sum() * ctx.scale, None, dout, None
+
+    python_layer: list[int] = []
+    unwrap = functorch_utils.unwrap_dead_wrappers
+    monkeypatch.setattr(functorch_utils, "unwrap_dead_wrappers",
+                        lambda args: python_layer.append(1) or unwrap(args))  # Function.apply's own step
+    apply = bound._lean_apply(Node)
+    q, k, v = (torch.randn(2, 3, requires_grad=True) for _ in range(3))
+    out = apply(q, k, v, 0.5)
+    assert python_layer == []  # torch's C++ apply, not the Python layer
+    assert type(out.grad_fn).__name__ == "NodeBackward"
+    want = Node.apply(q, k, v, 0.5)
+    assert python_layer == [1]  # the seam sees Function.apply's layer
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), (q, v)), torch.autograd.grad(want.sum(), (q, v)))
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda x: apply(x, k.detach(), v.detach(), 0.5).sum())(q.detach())
+    monkeypatch.undo()
+    compiled = torch.compile(lambda a, b, c: apply(a, b, c, 0.5), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v), want)
+
+
 def test_fa3_another_schema_keeps_the_public_function(fa3: FlashAttn3Adapter) -> None:
     assert _fa3_direct.find_ops(NS) is not None
     assert _fa3_direct.find_ops(OTHER_NS) is None
