@@ -20,7 +20,10 @@ class AttnforgeError(Exception):
     exit_code: int = 1
 
     def __init__(self, message: str, *, cause: str | None = None, hint: str | None = None) -> None:
-        super().__init__(message)
+        # not super().__init__(message): torch.compile's Dynamo cannot trace that call ("Attempted to call a super()
+        # attribute"), so a traced check could neither raise nor catch an attnforge error (torch 2.11-2.13); ``args``
+        # (what pickling and repr read) set here instead, a message passed by keyword included
+        self.args = (message,)
         self.message = message
         self.cause = cause
         self.hint = hint

@@ -201,6 +201,39 @@ def test_a_bad_mask_compiled_fullgraph_raises_the_dispatch_error(decided: bool) 
         assert info.value.hint
 
 
+BAD_TRACED = [
+    pytest.param(lambda q, k, v: attnforge.attention(q, k[:, :3], v[:, :3]), "not a multiple", id="heads"),
+    pytest.param(lambda q, k, v: attnforge.attention(q, k.double(), v), "dtypes differ", id="dtypes"),
+    pytest.param(lambda q, k, v: attnforge.attention(q[0], k, v), "cu_seqlens", id="three-dims"),
+    pytest.param(lambda q, k, v: attnforge.attention(q, k, v, scale=-1.0), "scale", id="scale"),
+    pytest.param(lambda q, k, v: attnforge.attention(q, k, v, layout="sbhd"), "layout", id="layout"),
+    pytest.param(lambda q, k, v: attnforge.attention(q, k, v, window=(-5, 0)), "window", id="window"),
+    pytest.param(lambda q, k, v: attnforge.attention(q, k, v, window="left"), "window", id="window-type"),
+    pytest.param(lambda q, k, v: attnforge.attention(q, k, v, causal=True, softcap=float("nan")), "softcap",
+                 id="softcap"),
+    # the model's code after the call traces on (the refusal's stand-in output has the call's shape)
+    pytest.param(lambda q, k, v: attnforge.attention(q, k[:, :3], v[:, :3]).transpose(1, 2).reshape(2, 6, -1)
+                 @ torch.ones(64, 3), "not a multiple", id="heads-then-a-projection"),
+]
+
+
+@pytest.mark.parametrize(("fn", "words"), BAD_TRACED)
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
+def test_a_bad_call_compiled_fullgraph_raises_eagers_dispatch_error(fn: Any, words: str, grad: bool) -> None:
+    """Bad arguments under ``torch.compile(fullgraph=True)``: the caller gets the :class:`DispatchError` (message and
+    hint) that eager mode raises, when the compiled code runs (``attnforge::refuse``). Raised while Dynamo traced,
+    it was Dynamo's ``Unsupported`` ("Attempted to call a super() attribute that is not a function or method": the
+    error's own ``__init__``; "Missing richcompare_impl override": a refused window's sentinel)."""
+    q, k, v = (torch.randn(2, 4, 6, 16, requires_grad=grad), torch.randn(2, 4, 9, 16), torch.randn(2, 4, 9, 16))
+    with pytest.raises(DispatchError, match=words) as eager:
+        fn(q, k, v)
+    torch._dynamo.reset()
+    with pytest.raises(DispatchError, match=words) as compiled:
+        torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert (compiled.value.message, compiled.value.hint) == (eager.value.message, eager.value.hint)
+    assert compiled.value.hint
+
+
 def test_the_features_op_passes_torch_library_checks() -> None:
     q, k, v, mask = (t.requires_grad_() if t.is_floating_point() else t for t in _featured())
     sinks = torch.linspace(-1.0, 1.0, q.shape[1]).requires_grad_()

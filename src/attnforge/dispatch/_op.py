@@ -66,6 +66,32 @@ def _attention_fake(  # noqa: PLR0917 - op schema
     return q.new_empty((*q.shape[:3], v.shape[3]))
 
 
+@torch.library.custom_op(f"{_NAMESPACE}::refuse", mutates_args=())
+def refuse_op(q: torch.Tensor, v: torch.Tensor, message: str, cause: str, hint: str) -> torch.Tensor:
+    """A call that ``torch.compile`` traced and validation refused: raises its :class:`DispatchError` when the
+    compiled code runs, where the caller can catch it (raised while Dynamo traces, it was Dynamo's ``Unsupported``
+    under ``fullgraph=True``, the message lost). ``cause`` and ``hint``: "" for none."""
+    from attnforge.errors import DispatchError
+
+    raise DispatchError(message, cause=cause or None, hint=hint or None)
+
+
+@refuse_op.register_fake
+def _refuse_fake(q: torch.Tensor, v: torch.Tensor, message: str, cause: str, hint: str) -> torch.Tensor:
+    # the output the call would have had (q's shape with v's head dim, either layout), so the model's code after the
+    # call traces on to the end of the graph and the op raises when the graph runs
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+def refused(q: Any, v: Any, error: Any) -> Any:
+    """Inside a ``torch.compile`` trace: the :class:`DispatchError` ``error`` that validating a call raised, as
+    :func:`refuse_op` raising it at run time; re-raised where q or v is not a tensor with dimensions (nothing to
+    shape an output by)."""
+    if not (isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() and v.dim()):
+        raise error
+    return refuse_op(q.detach(), v.detach(), error.message, error.cause or "", error.hint or "")
+
+
 @torch.library.custom_op(f"{_NAMESPACE}::attention_backward", mutates_args=())
 def attention_backward_op(  # noqa: PLR0917 - op schema
     grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

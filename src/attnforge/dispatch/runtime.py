@@ -256,7 +256,10 @@ def attention(
             is_causal=is_causal, block_table=block_table,
             seqused_k=seqused_k)
     if torch.compiler.is_compiling():
-        qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+        try:
+            qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+        except DispatchError as exc:  # raised when the compiled code runs, as eager raises it (_op.refuse_op)
+            return _op.refused(q, v, exc)
         needs_grad = records_grad(q, k, v)
         scale = None if scale is None else float(scale)  # a numpy scale passed validation; the op takes a float
         out: torch.Tensor = _op.attention_op(qh, kh, vh, causal, scale, backend, precision, needs_grad)
@@ -284,23 +287,28 @@ def _features_op(q: Any, k: Any, v: Any, *, attn_mask: Any, sinks: Any, causal: 
                  is_causal: bool | None, window: Any, softcap: Any, scale: Any, layout: str, backend: str | None,
                  precision: str) -> Any:
     """A call with a mask, a window, a softcap, sinks or top-left alignment while ``torch.compile`` traces: q, k, v, the
-    window and the softcap checked in traced code (bad ones raise :class:`DispatchError` as in eager mode), then one
-    ``attnforge::attention_features`` op (:mod:`attnforge.dispatch._op`), whose real implementation serves the call
-    through :func:`attnforge.dispatch.features.attention` at run time (the mask is checked there)."""
-    qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
-    sides = None
-    if window is not None:
-        left, right = check_window(window)
-        # -1 unbounded; a side past any sequence (10**30 is accepted) hides nothing either, and an op takes int64
-        sides = [-1 if side is None or side >= 1 << 62 else side for side in (left, right)]
+    window and the softcap checked in traced code, then one ``attnforge::attention_features`` op
+    (:mod:`attnforge.dispatch._op`), whose real implementation serves the call through
+    :func:`attnforge.dispatch.features.attention` at run time (the mask is checked there). A bad argument raises its
+    :class:`DispatchError` when the compiled code runs, as in eager mode (``attnforge::refuse``)."""
+    try:
+        qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+        sides = None
+        if window is not None:
+            left, right = check_window(window)
+            # -1 unbounded; a side past any sequence (10**30 is accepted) hides nothing either; an op takes int64
+            sides = [-1 if side is None or side >= 1 << 62 else side for side in (left, right)]
+        checked_softcap = check_softcap(softcap)
+    except DispatchError as exc:  # raised when the compiled code runs, as eager raises it (_op.refuse_op)
+        return _op.refused(q, v, exc)
     out = _op.attention_features_op(qh, kh, vh, attn_mask, sinks, causal, causal_alignment, is_causal, sides,
-                                    check_softcap(softcap), None if scale is None else float(scale), backend,
-                                    precision)
+                                    checked_softcap, None if scale is None else float(scale), backend, precision)
     return out.transpose(1, 2) if layout == "bshd" else out
 
 
-#: what :func:`_checked` gives for a refused value (equal to no checked one)
-_REFUSED = object()
+#: what :func:`_checked` gives for a refused value: equal to no checked one, and a constant torch.compile's Dynamo can
+#: compare (an ``object()`` sentinel compared with ``==`` was "Missing richcompare_impl override" under fullgraph)
+_REFUSED = ("refused",)
 
 
 def _checked(check: Callable[[Any], Any], value: Any) -> Any:
