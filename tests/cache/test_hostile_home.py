@@ -261,3 +261,29 @@ def test_repair_finds_damage_that_a_lookup_by_key_does_not_read(attnforge_home: 
         fh.write(b"\xff" * page_size)
     moved = store.repair(1_800_000_000.0)
     assert moved is not None and moved.exists() and not store.path.exists()
+
+
+@pytest.mark.parametrize("db_first", [False, True], ids=["no-cache-db-yet", "a-cache-db-without-its-table-yet"])
+def test_a_reader_meeting_a_writers_first_entry_does_not_call_the_index_damaged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_first: bool) -> None:
+    """A reader takes no lock. In a fresh home a writer may make ``cache.db``, its table and the first entry while a
+    reader looks: the reader counted that entry after finding no table (or no file) and called the index damaged
+    ("it has no table of entries while 1 artifacts lie", one of eight concurrent installs, 2026-12-01). Here the
+    writer's first entry is made at the moment the reader counts the entries on disk."""
+    home = tmp_path / "home"
+    wheel = make_wheel(tmp_path / "dist")
+    writer = Store(home)
+    if db_first:  # a writer's connection made the file, not yet its table
+        home.mkdir(parents=True)
+        sqlite3.connect(writer.db_path).close()
+    real = Store.entry_dirs
+    made: list[str] = []
+
+    def entry_dirs(self: Store) -> list[Path]:
+        if self is not writer and not made:
+            made.append(writer.put(wheel, inputs_for(wheel), provenance={"host": "test"}).entry.key)
+        return real(self)
+
+    monkeypatch.setattr(Store, "entry_dirs", entry_dirs)
+    entries = Store(home).list()
+    assert [e.key for e in entries] == made

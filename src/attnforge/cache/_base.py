@@ -24,7 +24,7 @@ from pathlib import Path
 
 import filelock
 
-from attnforge._system.statedb import file_problem, schema_problem
+from attnforge._system.statedb import DamagedDatabaseError, file_problem, schema_problem
 from attnforge.cache._db import check_root, connect_read_only, damaged_db, db_error, is_disk_problem, writable
 from attnforge.cache._files import CopyFn, copy_hashed
 from attnforge.errors import CacheError
@@ -223,12 +223,16 @@ class StoreBase:
                 index (a missing, empty or foreign file) while entries lie on disk.
             sqlite3.Error: it is not a database at all (the caller turns it into :func:`db_error`).
         """
+        # the entries on disk counted first: an entry appears only once the table exists (Store.put), so entries
+        # seen before the table was looked for mean a table is missing; counted after, a reader (no lock) could
+        # count the first entry a writer made since it looked ("no table of entries while 1 artifacts lie" in
+        # eight concurrent installs into a fresh home, 2026-12-01)
+        on_disk = sum(1 for d in self.entry_dirs() if (d / "provenance.json").is_file())  # debris has none
         problem = schema_problem(conn, ours=("artifacts",), version=0)
         if problem is not None:
             raise damaged_db(self.db_path, problem)
         if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'artifacts'").fetchone() is not None:
             return True
-        on_disk = sum(1 for d in self.entry_dirs() if (d / "provenance.json").is_file())  # debris has none
         if on_disk:
             state = "has no table of entries" if self.db_path.exists() else "is missing"
             raise damaged_db(self.db_path, f"it {state} while {on_disk} artifacts lie in {self.artifacts_dir}")
@@ -261,21 +265,35 @@ class StoreBase:
         check_root(self.root, write=False)
         self._check_db_file()
         try:
-            if not self.db_path.exists():
-                conn = sqlite3.connect(":memory:")  # no cache yet: an empty one, without creating a file
-                conn.row_factory = sqlite3.Row
-            elif self.read_only:
-                conn = connect_read_only(self.db_path)
-            else:
-                conn = self._open_for_reading()
+            conn, empty = self._reading_connection()
             try:
-                if not self.check_index(conn):
+                try:
+                    ready = self.check_index(conn)
+                except DamagedDatabaseError:
+                    if not (empty and self.db_path.exists()):
+                        raise
+                    # a writer made cache.db, its table and a first entry since this reader found no file (it takes
+                    # no lock): the file is read after all, and the entry is not taken for one without a table
+                    conn.close()
+                    conn, _ = self._reading_connection()
+                    ready = self.check_index(conn)
+                if not ready:
                     conn.execute(_EMPTY_TABLE)  # a new store, or a writer created the file but not yet its table
                 yield conn
             finally:
                 conn.close()
         except sqlite3.Error as exc:
             raise db_error(exc, self.db_path, doing) from None
+
+    def _reading_connection(self) -> tuple[sqlite3.Connection, bool]:
+        """A connection for :meth:`reader`, and whether it is an empty in-memory one (no ``cache.db`` yet)."""
+        if not self.db_path.exists():
+            conn = sqlite3.connect(":memory:")  # no cache yet: an empty one, without creating a file
+            conn.row_factory = sqlite3.Row
+            return conn, True
+        if self.read_only:
+            return connect_read_only(self.db_path), False
+        return self._open_for_reading(), False
 
     def _open_for_reading(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.db_path, timeout=60.0)
