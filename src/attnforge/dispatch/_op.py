@@ -14,6 +14,10 @@ cannot follow: ``torch.compile(fullgraph=True)`` of a tiny Llama with ``attn_imp
 its first layer ("Unsupported context manager"); for a decided class it read the CUDA device's name
 (``torch.cuda.get_device_name``, "torch.* op returned non-Tensor", H200, 2026-12-01).
 
+``attnforge::refuse`` stands in for a call whose traced validation refused it: it raises that
+:class:`~attnforge.errors.DispatchError` when the compiled code runs (raised during the trace, it was Dynamo's
+``Unsupported`` under ``fullgraph=True``), and its fake gives the refused call's output shape.
+
 Backward: the op's autograd formula calls ``attnforge::attention_backward``, which recomputes the forward
 through the dispatcher with autograd on and differentiates it: correct for every backend, at the cost of one
 extra forward per backward (like activation checkpointing). Eager calls do not use the op and differentiate
