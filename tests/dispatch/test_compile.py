@@ -151,6 +151,21 @@ def _featured_call(case: dict[str, Any], q: torch.Tensor, k: torch.Tensor, v: to
     return attnforge.attention(q, k, v, **kwargs)
 
 
+def _compiled_matches_eager(fn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: torch.Tensor) -> None:
+    """``fn(q, k, v, extra)`` traced with no graph break, compiled with ``fullgraph=True``: its output and the gradients
+    of q, k and v are eager's."""
+    explained = torch._dynamo.explain(fn)(q, k, v, extra)
+    assert explained.graph_break_count == 0
+    torch._dynamo.reset()
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v, extra)
+    eager = fn(q, k, v, extra)
+    torch.testing.assert_close(out, eager)
+    got = torch.autograd.grad(out.square().sum(), (q, k, v))
+    want = torch.autograd.grad(eager.square().sum(), (q, k, v))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("case", FEATURED)
 def test_a_featured_call_first_traced_compiles_fullgraph_and_matches_eager(case: dict[str, Any]) -> None:
     """Nothing decided or recorded (a fresh dispatcher): the first call of the class is the traced one. The feature
@@ -162,16 +177,56 @@ def test_a_featured_call_first_traced_compiles_fullgraph_and_matches_eager(case:
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> Any:
         return _featured_call(case, q, k, v, mask)
 
-    explained = torch._dynamo.explain(fn)(q, k, v, mask)
-    assert explained.graph_break_count == 0
-    torch._dynamo.reset()
-    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v, mask)
-    eager = fn(q, k, v, mask)
-    torch.testing.assert_close(out, eager)
-    got = torch.autograd.grad(out.square().sum(), (q, k, v))
-    want = torch.autograd.grad(eager.square().sum(), (q, k, v))
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+    _compiled_matches_eager(fn, q, k, v, mask)
+
+
+def _packed(grad: bool) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(15, 4, 16, generator=g, requires_grad=grad)
+    k, v = (torch.randn(15, 2, 16, generator=g, requires_grad=grad) for _ in range(2))
+    return q, k, v, torch.tensor([0, 5, 8, 15], dtype=torch.int32)  # sequences of 5, 3 and 7
+
+
+@pytest.mark.parametrize("kwargs", [
+    pytest.param({"max_seqlen_q": 7, "max_seqlen_k": 7}, id="max-given"),
+    pytest.param({"window": (2, 0), "softcap": 5.0, "scale": 0.3}, id="window-softcap"),
+])
+def test_a_varlen_call_first_traced_compiles_fullgraph_and_matches_eager(kwargs: dict[str, Any]) -> None:
+    """Packed sequences (``cu_seqlens``: padding-free training, a serving batch) traced on the class's first call
+    with ``fullgraph=True``: traced, the feature path decided the class under the records' lock ("Unsupported
+    context manager"), and a class decided by an eager call was traced through the dispatcher's state. The call is the
+    ``attnforge::attention_varlen`` op, which checks the offsets at run time; forward and gradients are eager's."""
+    q, k, v, cu = _packed(grad=True)
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+        return attnforge.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, **kwargs)
+
+    _compiled_matches_eager(fn, q, k, v, cu)
+
+
+def test_the_varlen_op_is_kept_out_of_cuda_graphs_and_the_masked_one_is_not() -> None:
+    """A packed call reads its offsets on the host, which a CUDA graph capture forbids: its op carries
+    ``torch.Tag.cudagraph_unsafe``, so Inductor's ``mode="reduce-overhead"`` runs it outside its graphs (where it ran
+    eagerly before, at a graph break); the masked calls' op stays capturable (its feature path is capture-safe)."""
+    unsafe = torch.Tag.cudagraph_unsafe
+    assert unsafe in torch.ops.attnforge.attention_varlen.default.tags
+    assert unsafe in torch.ops.attnforge.attention_varlen_backward.default.tags
+    assert unsafe not in torch.ops.attnforge.attention_features.default.tags
+    assert unsafe not in torch.ops.attnforge.attention_features_backward.default.tags
+
+
+def test_bad_offsets_compiled_fullgraph_raise_eagers_dispatch_error() -> None:
+    """Offsets that do not describe the packed tensors, or one of the two missing, under ``fullgraph=True``: eager's
+    :class:`DispatchError` when the compiled code runs (the op checks them, as eager mode does)."""
+    q, k, v, cu = _packed(grad=False)
+    short = torch.tensor([0, 5, 8, 14], dtype=torch.int32)
+    for call, words in ((lambda a, b, c: attnforge.attention(a, b, c, cu_seqlens_q=short, cu_seqlens_k=short),
+                         "do not describe"),
+                        (lambda a, b, c: attnforge.attention(a, b, c, cu_seqlens_q=cu), "needs both")):
+        torch._dynamo.reset()
+        with pytest.raises(DispatchError, match=words) as info:
+            torch.compile(call, fullgraph=True, backend="aot_eager")(q, k, v)
+        assert info.value.hint
 
 
 def test_a_bad_window_or_softcap_traced_is_refused_as_in_eager_mode() -> None:
@@ -249,6 +304,11 @@ def test_the_features_op_passes_torch_library_checks() -> None:
     want = torch.autograd.grad(eager.square().sum(), (q, k, v, sinks))
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+    pq, pk, pv, cu = _packed(grad=True)  # packed sequences: the offsets and longest lengths after the other options
+    torch.library.opcheck(torch.ops.attnforge.attention_varlen.default,
+                          (pq, pk, pv, None, None, True, "bottom_right", None, None, None, None, None, "exact", cu, cu,
+                           7, 7),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
 def test_a_featured_call_is_the_op_also_once_an_eager_call_decided_its_class() -> None:

@@ -14,6 +14,9 @@ cannot follow: ``torch.compile(fullgraph=True)`` of a tiny Llama with ``attn_imp
 its first layer ("Unsupported context manager"); for a decided class it read the CUDA device's name
 (``torch.cuda.get_device_name``, "torch.* op returned non-Tensor", H200, 2026-12-01).
 
+``attnforge::attention_varlen`` is the same for packed sequences (``cu_seqlens``), tagged
+``torch.Tag.cudagraph_unsafe``: it reads the offsets on the host, so Inductor keeps it out of its CUDA graphs.
+
 ``attnforge::refuse`` stands in for a call whose traced validation refused it: it raises that
 :class:`~attnforge.errors.DispatchError` when the compiled code runs (raised during the trace, it was Dynamo's
 ``Unsupported`` under ``fullgraph=True``), and its fake gives the refused call's output shape.
@@ -151,11 +154,13 @@ attention_op.register_autograd(_backward, setup_context=_setup_context)
 def _features_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - the ops' arguments
                    attn_mask: torch.Tensor | None, sinks: torch.Tensor | None, causal: bool, causal_alignment: str,
                    is_causal: bool | None, window: list[int] | None, softcap: float | None, scale: float | None,
-                   backend: str | None, precision: str) -> torch.Tensor:
-    """The feature path on ``[B, H, S, D]`` tensors, eagerly, on the process-wide dispatcher. Every keyword is
-    passed, in :func:`attnforge.attention`'s order, as that function passes them: a call's plan is kept under a
-    signature of its keywords (:func:`attnforge.dispatch.features.signature`), so the op's calls and eager ones
-    share plans."""
+                   backend: str | None, precision: str, cu_seqlens_q: torch.Tensor | None = None,
+                   cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
+                   max_seqlen_k: int | None = None) -> torch.Tensor:
+    """The feature path on ``[B, H, S, D]`` tensors (packed ``[total, H, D]`` ones with ``cu_seqlens_q/k``),
+    eagerly, on the process-wide dispatcher. Every keyword is passed, in :func:`attnforge.attention`'s order, as
+    that function passes them: a call's plan is kept under a signature of its keywords
+    (:func:`attnforge.dispatch.features.signature`), so the op's calls and eager ones share plans."""
     from attnforge.dispatch import features
     from attnforge.dispatch.dispatcher import _FORCED
 
@@ -163,69 +168,79 @@ def _features_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: P
         q, k, v, dispatcher=_current(), layout="bhsd", backend=backend or _FORCED.get(), precision=precision,
         scale=scale, attn_mask=attn_mask, dropout_p=0.0, causal=causal, causal_alignment=causal_alignment,
         enable_gqa=True, window=None if window is None else (window[0], window[1]), softcap=softcap, sinks=sinks,
-        return_lse=False, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-        is_causal=is_causal, block_table=None, seqused_k=None)
+        return_lse=False, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k, is_causal=is_causal, block_table=None, seqused_k=None)
     return out
 
 
-@torch.library.custom_op(f"{_NAMESPACE}::attention_features", mutates_args=())
-def attention_features_op(  # noqa: PLR0917 - op schema
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, sinks: torch.Tensor | None,
-        causal: bool, causal_alignment: str, is_causal: bool | None, window: list[int] | None,
-        softcap: float | None, scale: float | None, backend: str | None, precision: str) -> torch.Tensor:
-    """A call with features on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``: a mask ``[B or 1, Hq or 1, Sq or 1, Sk]``
-    (bool or additive float), sinks ``[Hq]``, window sides ``[left, right]`` (-1 unbounded), a softcap, top-left
-    alignment; returns a contiguous ``[B, Hq, Sq, Dv]``."""
-    return _features_call(q, k, v, attn_mask, sinks, causal, causal_alignment, is_causal, window, softcap, scale,
-                          backend, precision).contiguous()
+#: Inductor keeps an op with this tag out of its CUDA graphs (``mode="reduce-overhead"``): a packed call reads its
+#: offsets on the host, which a capture forbids (torch >= 2.8 has the tag; without it nothing is marked)
+_CUDAGRAPH_UNSAFE = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
 
 
-@attention_features_op.register_fake
-def _attention_features_fake(  # noqa: PLR0917 - op schema
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, sinks: torch.Tensor | None,
-        causal: bool, causal_alignment: str, is_causal: bool | None, window: list[int] | None,
-        softcap: float | None, scale: float | None, backend: str | None, precision: str) -> torch.Tensor:
-    return q.new_empty((*q.shape[:3], v.shape[3]))
+def _features_ops(name: str, tags: tuple[Any, ...]) -> Any:
+    """The op ``attnforge::<name>`` serving a call with features (:func:`_features_call`) and its backward op
+    ``attnforge::<name>_backward``, both with ``tags``; returns the forward op."""
+
+    @torch.library.custom_op(f"{_NAMESPACE}::{name}", mutates_args=(), tags=tags)
+    def forward_op(  # noqa: PLR0917 - op schema
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+            sinks: torch.Tensor | None, causal: bool, causal_alignment: str, is_causal: bool | None,
+            window: list[int] | None, softcap: float | None, scale: float | None, backend: str | None,
+            precision: str, cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+            max_seqlen_q: int | None = None, max_seqlen_k: int | None = None) -> torch.Tensor:
+        return _features_call(q, k, v, attn_mask, sinks, causal, causal_alignment, is_causal, window, softcap, scale,
+                              backend, precision, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k).contiguous()
+
+    @forward_op.register_fake
+    def _fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *options: Any, **named: Any) -> torch.Tensor:
+        return q.new_empty((*q.shape[:-1], v.shape[-1]))  # the options as the op's schema has them
+
+    @torch.library.custom_op(f"{_NAMESPACE}::{name}_backward", mutates_args=(), tags=tags)
+    def backward_op(  # noqa: PLR0917 - op schema
+        grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+            sinks: torch.Tensor | None, causal: bool, causal_alignment: str, is_causal: bool | None,
+            window: list[int] | None, softcap: float | None, scale: float | None, backend: str | None,
+            precision: str, cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+            max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        # q, k, v and the sinks' gradients (an empty tensor without sinks; never the mask's or the offsets') by
+        # recomputing the forward
+        with _autograd_on(), torch.enable_grad():
+            qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
+            sd = None if sinks is None else sinks.detach().requires_grad_()
+            out = _features_call(qd, kd, vd, attn_mask, sd, causal, causal_alignment, is_causal, window, softcap,
+                                 scale, backend, precision, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+            grads = torch.autograd.grad(out, (qd, kd, vd) if sd is None else (qd, kd, vd, sd), grad)
+        ds = grads[3].contiguous() if sd is not None else q.new_empty(0)
+        return grads[0].contiguous(), grads[1].contiguous(), grads[2].contiguous(), ds
+
+    @backward_op.register_fake
+    def _backward_fake(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: PLR0917 - op
+                       attn_mask: torch.Tensor | None, sinks: torch.Tensor | None, *options: Any,
+                       **named: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+        return dq, dk, dv, (q.new_empty(0) if sinks is None else torch.empty_like(sinks))
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        q, k, v, attn_mask, sinks, *options = inputs
+        ctx.save_for_backward(q, k, v, attn_mask, sinks)
+        ctx.options = tuple(options)
+
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        q, k, v, attn_mask, sinks = ctx.saved_tensors
+        dq, dk, dv, ds = backward_op(grad.contiguous(), q, k, v, attn_mask, sinks, *ctx.options)
+        return (dq, dk, dv, None, None if sinks is None else ds) + (None,) * len(ctx.options)
+
+    forward_op.register_autograd(backward, setup_context=setup_context)
+    return forward_op
 
 
-@torch.library.custom_op(f"{_NAMESPACE}::attention_features_backward", mutates_args=())
-def attention_features_backward_op(  # noqa: PLR0917 - op schema
-    grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
-        sinks: torch.Tensor | None, causal: bool, causal_alignment: str, is_causal: bool | None,
-        window: list[int] | None, softcap: float | None, scale: float | None, backend: str | None,
-        precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of :func:`attention_features_op` for q, k, v and the sinks (an empty tensor without sinks; never
-    the mask) by recomputing the forward."""
-    with _autograd_on(), torch.enable_grad():
-        qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
-        sd = None if sinks is None else sinks.detach().requires_grad_()
-        out = _features_call(qd, kd, vd, attn_mask, sd, causal, causal_alignment, is_causal, window, softcap, scale,
-                             backend, precision)
-        grads = torch.autograd.grad(out, (qd, kd, vd) if sd is None else (qd, kd, vd, sd), grad)
-    ds = grads[3].contiguous() if sd is not None else q.new_empty(0)
-    return grads[0].contiguous(), grads[1].contiguous(), grads[2].contiguous(), ds
-
-
-@attention_features_backward_op.register_fake
-def _attention_features_backward_fake(  # noqa: PLR0917 - op schema
-    grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
-        sinks: torch.Tensor | None, causal: bool, causal_alignment: str, is_causal: bool | None,
-        window: list[int] | None, softcap: float | None, scale: float | None, backend: str | None,
-        precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-    return dq, dk, dv, (q.new_empty(0) if sinks is None else torch.empty_like(sinks))
-
-
-def _features_setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    q, k, v, attn_mask, sinks, *options = inputs
-    ctx.save_for_backward(q, k, v, attn_mask, sinks)
-    ctx.options = tuple(options)
-
-
-def _features_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-    q, k, v, attn_mask, sinks = ctx.saved_tensors
-    dq, dk, dv, ds = attention_features_backward_op(grad.contiguous(), q, k, v, attn_mask, sinks, *ctx.options)
-    return (dq, dk, dv, None, None if sinks is None else ds) + (None,) * len(ctx.options)
-
-
-attention_features_op.register_autograd(_features_backward, setup_context=_features_setup_context)
+#: a call with features on ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``: a mask ``[B or 1, Hq or 1, Sq or 1, Sk]`` (bool or
+#: additive float), sinks ``[Hq]``, window sides ``[left, right]`` (-1 unbounded), a softcap, top-left alignment;
+#: returns a contiguous ``[B, Hq, Sq, Dv]``. Captured in Inductor's CUDA graphs like any op
+attention_features_op = _features_ops("attention_features", ())
+#: the same for packed ``[total_q, Hq, D]`` / ``[total_k, Hkv, D]`` sequences with int32 ``cu_seqlens_q/k`` ``[batch +
+#: 1]`` (varlen), checked at run time (their last values read on the host): returns a contiguous ``[total_q, Hq,
+#: Dv]``; kept out of CUDA graphs (:data:`_CUDAGRAPH_UNSAFE`)
+attention_varlen_op = _features_ops("attention_varlen", _CUDAGRAPH_UNSAFE)

@@ -38,7 +38,7 @@ from attnforge.dispatch import _op, features
 from attnforge.dispatch.autotune import AutotuneConfig, configured, contested_rounds_for
 from attnforge.dispatch.dispatcher import _FORCED, Dispatcher, RecordSource
 from attnforge.dispatch.explanation import Explanation
-from attnforge.dispatch.inputs import check_softcap, check_window
+from attnforge.dispatch.inputs import check_scale, check_softcap, check_window
 from attnforge.dispatch.inputs import validate as _validate
 from attnforge.errors import DispatchError
 
@@ -218,10 +218,12 @@ def attention(
             and dropout_p == 0.0 and return_lse is False and enable_gqa is True and isinstance(causal, bool)
             and causal_alignment == "bottom_right"):
         if (torch.compiler.is_compiling()  # first: an eager call asks nothing else here
-                and cu_seqlens_q is cu_seqlens_k is block_table is seqused_k is None
+                and block_table is seqused_k is None
                 and dropout_p == 0.0 and return_lse is False and enable_gqa is True and causal.__class__ is bool
                 and (attn_mask is None or (isinstance(attn_mask, torch.Tensor) and not attn_mask.requires_grad))
-                and (sinks is None or isinstance(sinks, torch.Tensor))):
+                and (sinks is None or isinstance(sinks, torch.Tensor))
+                and all(cu is None or isinstance(cu, torch.Tensor) for cu in (cu_seqlens_q, cu_seqlens_k))
+                and all(m is None or m.__class__ is int for m in (max_seqlen_q, max_seqlen_k))):
             # one opaque op, the feature path run eagerly inside it at run time, decided or not: traced, that path
             # decides under the records' lock ("Unsupported context manager" on a class nobody decided) and reads
             # the device's name on a CUDA tensor (torch.cuda.get_device_name: "torch.* op returned non-Tensor",
@@ -230,7 +232,8 @@ def attention(
             # CUDA graph's replay (mode="reduce-overhead")
             return _features_op(q, k, v, attn_mask=attn_mask, sinks=sinks, causal=causal,
                                 causal_alignment=causal_alignment, is_causal=is_causal, window=window,
-                                softcap=softcap, scale=scale, layout=layout, backend=backend, precision=precision)
+                                softcap=softcap, scale=scale, layout=layout, backend=backend, precision=precision,
+                                varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
         dispatcher = _DISPATCHER or get_dispatcher()
         # a mask and a scale (and a softcap: Gemma-2), nothing else (transformers' call of every layer): a repeat of
         # the previous call on the same mask object takes the lane its backend offered (features.lane_call), no
@@ -285,14 +288,20 @@ def attention(
 
 def _features_op(q: Any, k: Any, v: Any, *, attn_mask: Any, sinks: Any, causal: bool, causal_alignment: str,
                  is_causal: bool | None, window: Any, softcap: Any, scale: Any, layout: str, backend: str | None,
-                 precision: str) -> Any:
-    """A call with a mask, a window, a softcap, sinks or top-left alignment while ``torch.compile`` traces: q, k, v, the
-    window and the softcap checked in traced code, then one ``attnforge::attention_features`` op
-    (:mod:`attnforge.dispatch._op`), whose real implementation serves the call through
-    :func:`attnforge.dispatch.features.attention` at run time (the mask is checked there). A bad argument raises its
-    :class:`DispatchError` when the compiled code runs, as in eager mode (``attnforge::refuse``)."""
+                 precision: str, varlen: tuple[Any, Any, int | None, int | None]) -> Any:
+    """A call with a mask, a window, a softcap, sinks, top-left alignment or packed sequences while ``torch.compile``
+    traces: q, k, v (dense ones), the window, the softcap and the scale checked in traced code, then one
+    ``attnforge::attention_features`` op (:mod:`attnforge.dispatch._op`), whose real implementation serves the call
+    through :func:`attnforge.dispatch.features.attention` at run time (the mask and packed sequences' offsets are
+    checked there). A bad argument raises its :class:`DispatchError` when the compiled code runs, as in eager mode
+    (``attnforge::refuse``). ``varlen``: ``cu_seqlens_q``, ``cu_seqlens_k``, ``max_seqlen_q``, ``max_seqlen_k``."""
+    packed = varlen[0] is not None or varlen[1] is not None
     try:
-        qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+        if packed:  # [total, H, D]: no layout to swap; the offsets are checked at run time, on the host
+            qh, kh, vh = q, k, v
+            scale = check_scale(scale)
+        else:
+            qh, kh, vh = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
         sides = None
         if window is not None:
             left, right = check_window(window)
@@ -301,9 +310,10 @@ def _features_op(q: Any, k: Any, v: Any, *, attn_mask: Any, sinks: Any, causal: 
         checked_softcap = check_softcap(softcap)
     except DispatchError as exc:  # raised when the compiled code runs, as eager raises it (_op.refuse_op)
         return _op.refused(q, v, exc)
-    out = _op.attention_features_op(qh, kh, vh, attn_mask, sinks, causal, causal_alignment, is_causal, sides,
-                                    checked_softcap, None if scale is None else float(scale), backend, precision)
-    return out.transpose(1, 2) if layout == "bshd" else out
+    op = _op.attention_varlen_op if packed else _op.attention_features_op
+    out = op(qh, kh, vh, attn_mask, sinks, causal, causal_alignment, is_causal, sides, checked_softcap,
+             None if scale is None else float(scale), backend, precision, *varlen)
+    return out.transpose(1, 2) if layout == "bshd" and not packed else out
 
 
 #: what :func:`_checked` gives for a refused value: equal to no checked one, and a constant torch.compile's Dynamo can
