@@ -282,6 +282,35 @@ def test_attention_under_reduce_overhead_compile_matches_eager() -> None:
             torch.testing.assert_close(out, block(q, k, v), atol=0, rtol=0)
 
 
+def test_a_varlen_call_under_reduce_overhead_compile_matches_eager() -> None:
+    """Packed sequences under ``torch.compile(mode="reduce-overhead", fullgraph=True)``: the
+    ``attnforge::attention_varlen`` op reads its offsets on the host, which a capture forbids, so it carries
+    ``torch.Tag.cudagraph_unsafe`` and Inductor runs it outside its CUDA graphs (since 2026-12-01, the tag CPU-tested
+    only); replays with new values must match eager."""
+    torch._dynamo.reset()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(600, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(600, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    cu = torch.tensor([0, 200, 350, 600], dtype=torch.int32, device="cuda")
+
+    def block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+        return attnforge.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=250, max_seqlen_k=250,
+                                   causal=True) * 2
+
+    compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+        for _ in range(3):  # warm-up, record, replay
+            compiled(q, k, v, cu)
+        for seed in range(2):
+            with torch.no_grad():
+                for t in (q, k, v):
+                    t.copy_(torch.randn(t.shape, generator=torch.Generator(device="cuda").manual_seed(seed),
+                                        device="cuda", dtype=t.dtype))
+            out = compiled(q, k, v, cu).clone()
+            torch.testing.assert_close(out, block(q, k, v, cu), atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("softcap", [None, 30.0], ids=["mask", "mask-softcap"])
 def test_a_masked_call_under_reduce_overhead_compile_matches_eager(softcap: float | None) -> None:
     """A masked call (transformers' every layer; with Gemma-2's softcap) under ``torch.compile(mode="reduce-overhead",
