@@ -257,6 +257,26 @@ def test_a_mask_first_prepared_inside_capture_serves_eager_calls_right() -> None
     torch.testing.assert_close(static_out, eager, atol=0, rtol=0)
 
 
+def _replays_match_eager(block: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any) -> None:
+    """``block(q, k, v, *rest)`` compiled with ``mode="reduce-overhead", fullgraph=True``: after its warm-up, record
+    and replay, new values in q, k and v (the same buffers: a replay that skipped attention would be stale) give
+    eager's output exactly."""
+    compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+    with warnings.catch_warnings():
+        # Inductor's graph partitions may hold an empty CUDA graph (no kernel before the op): torch warns, the
+        # replays below are what must hold (seen on an H200, torch 2.11, docs/benchmarks.md 2026-11-27)
+        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+        for _ in range(3):  # warm-up, record, replay
+            compiled(q, k, v, *rest)
+        for seed in range(2):
+            with torch.no_grad():
+                for t in (q, k, v):
+                    t.copy_(torch.randn(t.shape, generator=torch.Generator(device="cuda").manual_seed(seed),
+                                        device="cuda", dtype=t.dtype))
+            out = compiled(q, k, v, *rest).clone()
+            torch.testing.assert_close(out, block(q, k, v, *rest), atol=0, rtol=0)
+
+
 def test_attention_under_reduce_overhead_compile_matches_eager() -> None:
     """``torch.compile(mode="reduce-overhead")`` captures the graph around the ``attnforge::attention`` op in a
     CUDA graph after its warm-up runs; replays must match eager."""
@@ -266,20 +286,7 @@ def test_attention_under_reduce_overhead_compile_matches_eager() -> None:
     def block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return attnforge.attention(q, k, v, causal=True) * 2
 
-    compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
-    with warnings.catch_warnings():
-        # Inductor's graph partitions may hold an empty CUDA graph (no kernel before the op): torch warns, the
-        # replays below are what must hold (seen on an H200, torch 2.11, docs/benchmarks.md 2026-11-27)
-        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
-        for _ in range(3):  # warm-up, record, replay
-            compiled(q, k, v)
-        for seed in range(2):  # new values in the same buffers: a replay that skipped attention would be stale
-            with torch.no_grad():
-                for t in (q, k, v):
-                    t.copy_(torch.randn(t.shape, generator=torch.Generator(device="cuda").manual_seed(seed),
-                                        device="cuda", dtype=t.dtype))
-            out = compiled(q, k, v).clone()
-            torch.testing.assert_close(out, block(q, k, v), atol=0, rtol=0)
+    _replays_match_eager(block, q, k, v)
 
 
 def test_a_varlen_call_under_reduce_overhead_compile_matches_eager() -> None:
@@ -297,18 +304,7 @@ def test_a_varlen_call_under_reduce_overhead_compile_matches_eager() -> None:
         return attnforge.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=250, max_seqlen_k=250,
                                    causal=True) * 2
 
-    compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
-        for _ in range(3):  # warm-up, record, replay
-            compiled(q, k, v, cu)
-        for seed in range(2):
-            with torch.no_grad():
-                for t in (q, k, v):
-                    t.copy_(torch.randn(t.shape, generator=torch.Generator(device="cuda").manual_seed(seed),
-                                        device="cuda", dtype=t.dtype))
-            out = compiled(q, k, v, cu).clone()
-            torch.testing.assert_close(out, block(q, k, v, cu), atol=0, rtol=0)
+    _replays_match_eager(block, q, k, v, cu)
 
 
 @pytest.mark.parametrize("softcap", [None, 30.0], ids=["mask", "mask-softcap"])
@@ -325,15 +321,4 @@ def test_a_masked_call_under_reduce_overhead_compile_matches_eager(softcap: floa
     def block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return attnforge.attention(q, k, v, attn_mask=mask, softcap=softcap) * 2
 
-    compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
-        for _ in range(3):  # warm-up, record, replay
-            compiled(q, k, v, mask)
-        for seed in range(2):
-            with torch.no_grad():
-                for t in (q, k, v):
-                    t.copy_(torch.randn(t.shape, generator=torch.Generator(device="cuda").manual_seed(seed),
-                                        device="cuda", dtype=t.dtype))
-            out = compiled(q, k, v, mask).clone()
-            torch.testing.assert_close(out, block(q, k, v, mask), atol=0, rtol=0)
+    _replays_match_eager(block, q, k, v, mask)
