@@ -291,7 +291,8 @@ def _features_op(q: Any, k: Any, v: Any, *, attn_mask: Any, sinks: Any, causal: 
                  precision: str, varlen: tuple[Any, Any, int | None, int | None]) -> Any:
     """A call with a mask, a window, a softcap, sinks, top-left alignment or packed sequences while ``torch.compile``
     traces: q, k, v (dense ones), the window, the softcap and the scale checked in traced code, then one
-    ``attnforge::attention_features`` op (:mod:`attnforge.dispatch._op`), whose real implementation serves the call
+    ``attnforge::attention_features`` op (``attnforge::attention_varlen`` for packed sequences, kept out of CUDA
+    graphs; :mod:`attnforge.dispatch._op`), whose real implementation serves the call
     through :func:`attnforge.dispatch.features.attention` at run time (the mask and packed sequences' offsets are
     checked there). A bad argument raises its :class:`DispatchError` when the compiled code runs, as in eager mode
     (``attnforge::refuse``). ``varlen``: ``cu_seqlens_q``, ``cu_seqlens_k``, ``max_seqlen_q``, ``max_seqlen_k``."""
