@@ -42,7 +42,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from attnforge.backends._base import KeptPerMask, made_here, records_grad
+from attnforge.backends._base import KeptPerMask, graph_capturing, made_here, records_grad
 from attnforge.dispatch.inputs import PrefillSequences, prefill_sequences
 from attnforge.errors import DispatchError
 
@@ -431,8 +431,7 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
 
     # torch.compile first: the kept padding's lookup reads the mask's version counter and is_inference(), which
     # Dynamo cannot trace (fullgraph=True failed on a padded batch's first layer)
-    if torch.compiler.is_compiling() or _FORCED.get() is not None or (
-            query.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if torch.compiler.is_compiling() or _FORCED.get() is not None or (query.is_cuda and graph_capturing()):
         return None
     padding = _PREFILL_PADDING.get(mask, ())
     if padding is None:
