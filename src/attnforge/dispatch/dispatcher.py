@@ -94,16 +94,6 @@ class _Device:
     compute_capability: tuple[int, int] | None
 
 
-def _plan_key(q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
-              forced: str | None, uses: frozenset[str], head_dim_v: int | None) -> tuple[Any, ...]:
-    """The call class a decision is kept for: everything ``unsupported_reasons`` looks at; ``(n - 1).bit_length()``
-    is bench's S bucket; the memory layout, whose measurements the decision reads."""
-    _, hq, sq, d = q.shape
-    _, hkv, sk, _ = k.shape
-    return (q.device, q.dtype, d, causal, hq // hkv, (sq - 1).bit_length(), (sk - 1).bit_length(),
-            (sq > sk) - (sq < sk), needs_grad, precision, forced, uses, head_dim_v, memory_layout(k))
-
-
 class Dispatcher:
     """The selection state of one process: adapters, records, cached decisions, broken backends.
 
@@ -234,8 +224,12 @@ class Dispatcher:
         whether it was decided just now (only then may measure-on-first-use run for it)."""
         if forced is not None and forced.__class__ is not str:
             self.adapter(forced)  # raises: not a backend name (and unhashable as a key)
-        key = _plan_key(q, k, causal=causal, precision=precision, needs_grad=needs_grad, forced=forced, uses=uses,
-                        head_dim_v=head_dim_v)
+        _, hq, sq, d = q.shape
+        _, hkv, sk, _ = k.shape
+        # the call class: everything unsupported_reasons looks at; (n - 1).bit_length() is bench's S bucket; the
+        # memory layout, whose measurements the decision reads
+        key = (q.device, q.dtype, d, causal, hq // hkv, (sq - 1).bit_length(), (sk - 1).bit_length(),
+               (sq > sk) - (sq < sk), needs_grad, precision, forced, uses, head_dim_v, memory_layout(k))
         plan = self._plans.get(key)
         if plan is None:
             generation = self._generation
