@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # make_d.sh: the carries that take FA3 (source or wheel), FA4, the HF stack, Ray and SageAttention to one machine, one
 # batch a call (no device time; run from the checkout's root after make_carry.sh). A call takes 64 MiB with the tree,
-# counted in disk blocks; the tree is ~18 MiB on disk (2026-11-30), so each batch stays under ~44 MiB:
+# counted in disk blocks; the tree is ~22 MiB on disk (2026-12-01), so each batch stays under ~44 MiB:
 #   d1  c1's small files (FA3 source tree or wheel, FA4's small wheels, attnforge's deps) + the HF stack's small wheels
-#       + the first 24 MiB of the cu13 libs' xz tree                              -> stage, setup, install FA3
+#       + the first 23 MiB of the cu13 libs' xz tree                              -> stage, setup, install FA3
 #   d2  the rest of the cu13 libs' xz tree + its JOIN                             -> stage (join, re-zip), install FA4
 #   d3m the transformers and diffusers wheels                                     -> stage, setup (the five models)
 #   d5  d1 without the cu13 part, plus d3m's wheels (hard links, ~37 MiB): FA3 and the five models in one fresh call
@@ -20,7 +20,7 @@ find "$C"/c1 -maxdepth 1 -type f ! -name 'cu13.tree.tar.xz.part*' ! -name SHA256
 cp "$C"/c2/{huggingface_hub,tokenizers,safetensors,importlib_metadata}-*.whl "$C"/d1/
 cp "$C"/c3/diffusers-*.whl "$C"/d3/
 cp "$C"/c3/transformers-*.whl "$C"/c3/diffusers-*.whl "$C"/d3m/
-split -b 24M -d -a 1 "$XZ" "$C/d2/cu13.tree.tar.xz.part"   # part0 -> d1, the rest stay in d2
+split -b 23M -d -a 1 "$XZ" "$C/d2/cu13.tree.tar.xz.part"   # part0 -> d1, the rest stay in d2
 mv "$C"/d2/cu13.tree.tar.xz.part0 "$C"/d1/
 echo "JOIN cu13.tree.tar.xz $(sha256sum < "$XZ" | cut -d' ' -f1) $(cd "$C" && ls d1/cu13.tree.tar.xz.part* d2/cu13.tree.tar.xz.part* | xargs -n1 basename | tr '\n' ' ')" > "$C/d2/JOIN"
 RAYXZ=$BC/ray-2.60.0.tree.tar.xz
