@@ -466,14 +466,14 @@ def gqa_decode_cell(torch: Any, dev: str, dt: Any, small: bool) -> dict[str, Any
     want = variants["sdpa"]().float()
     for name, fn in variants.items():
         try:
-            # attention()'s route settles the decode shape after _MetShapes.SETTLED meetings (then SDPA's choice, or
-            # cuDNN's op called directly where that choice is cuDNN): timed settled, as a model's repeated step runs
+            # attention()'s route settles the decode shape after _MetShapes.SETTLED meetings (then SDPA's own choice):
+            # timed settled, as a model's repeated step runs
             for _ in range(sdpa_module._MetShapes.SETTLED + 2 if name == "attention" else 1):
                 got = fn()
         except Exception as exc:  # a backend this machine lacks (forced): reported, the other variants go on
             res[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
             continue
-        if name == "attention":  # which call the settled route makes: cuDNN's op itself (_direct) or SDPA
+        if name == "attention":  # the route's bound call (and a direct op where one was bound, the 2026-12-01 try)
             from attnforge.dispatch import runtime
 
             steps = [route[0][0][1] for route in runtime.get_dispatcher().routes.values()]

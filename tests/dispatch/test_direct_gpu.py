@@ -322,27 +322,3 @@ def test_a_masked_call_under_reduce_overhead_compile_matches_eager(softcap: floa
         return attnforge.attention(q, k, v, attn_mask=mask, softcap=softcap) * 2
 
     _replays_match_eager(block, q, k, v, mask)
-
-
-def test_a_settled_decode_route_calls_cudnns_op_bit_equal_to_sdpa() -> None:
-    """The grid's decode GQA cell (``q [8, 32, 1, 128]``, K/V ``[8, 8, 4096, 128]``, bf16): once its shape settles,
-    the SDPA route asks SDPA's choice once and, where it is cuDNN (H100/H200, torch 2.11), calls cuDNN's op itself,
-    bit-equal to SDPA; inside an ``sdpa_kernel`` context SDPA serves. Skipped where SDPA does not choose cuDNN."""
-    from attnforge.backends import sdpa as sdpa_module
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-    k, v = (torch.randn(8, 8, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    if torch._fused_sdp_choice(q, k, v, enable_gqa=True) != sdpa_module._CUDNN_CHOICE:
-        pytest.skip("SDPA does not choose cuDNN's kernel for this call here")
-    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    with torch.no_grad():
-        bound = registry.fallback().bind(_call(q, k, causal=False, grad=False), scale=None, bshd=False)
-        assert isinstance(bound, sdpa_module._DecodeBound)
-        for _ in range(sdpa_module._MetShapes.SETTLED + 3):
-            got = bound(q, k, v)
-        assert bound._direct is not None and bound._direct is not sdpa_module._UNASKED
-        assert torch.equal(got, want)
-        with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):
-            assert torch.equal(bound(q, k, v), want)
-        assert torch.equal(attnforge.attention(q, k, v), want)

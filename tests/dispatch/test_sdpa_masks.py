@@ -677,64 +677,6 @@ def test_the_bound_decode_route_serves_the_decode_path_until_settled_then_sdpa(
     assert decoded == [1, 1, 1, 1]
 
 
-@pytest.mark.parametrize("case", ["cudnn", "flash", "unequal", "grad"])
-def test_a_settled_decode_route_calls_cudnns_op_itself_only_where_sdpa_would(
-        case: str, efficient_kernel: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Once settled, the bound decode route asks SDPA's choice once (``torch._fused_sdp_choice``, faked at the seam);
-    where it is cuDNN and the op's output equals SDPA's bit for bit, later calls go to
-    ``torch._scaled_dot_product_cudnn_attention`` with SDPA's arguments (``attn_bias=None, compute_log_sumexp=False,
-    dropout_p=0.0, is_causal=False, return_debug_mask=False, scale``), except inside an ``sdpa_kernel`` context, which
-    gets SDPA. SDPA choosing another kernel, an op whose output differs, or a call that records a gradient keep
-    SDPA on every call. The answers are the reference's throughout."""
-    monkeypatch.setattr(sdpa_module, "_MET", sdpa_module._MetShapes())
-    monkeypatch.setattr(sdpa_module._MetShapes, "SETTLED", 3)
-    monkeypatch.setattr(sdpa_module, "_CUDNN_DEVICES", frozenset({"cpu"}))
-    asked: list[tuple[object, ...]] = []
-    served: list[tuple[object, ...]] = []
-
-    def choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: object = None, dropout_p: float = 0.0,
-               is_causal: bool = False, *, scale: float | None = None, enable_gqa: bool = False) -> int:
-        asked.append((q.shape, k.shape, attn_mask, dropout_p, is_causal, scale, enable_gqa))
-        return 1 if case == "flash" else 3
-
-    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: object, compute_log_sumexp: bool,  # noqa: PLR0917 - the op's schema
-           dropout_p: float = 0.0, is_causal: bool = False, return_debug_mask: bool = False, *,
-           scale: float | None = None) -> tuple[torch.Tensor, ...]:
-        served.append((attn_bias, compute_log_sumexp, dropout_p, is_causal, return_debug_mask, scale))
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
-        return (out + 1 if case == "unequal" else out, torch.empty(0))
-
-    monkeypatch.setattr(torch, "_fused_sdp_choice", choice, raising=False)
-    monkeypatch.setattr(torch, "_scaled_dot_product_cudnn_attention", op, raising=False)
-    grad = case == "grad"
-    call = AttentionCall(device_type="cpu", compute_capability=None, dtype="float64", batch=2, heads_q=4, heads_kv=2,
-                         seqlen_q=1, seqlen_k=24, head_dim=8, causal=False, needs_grad=grad)
-    bound = registry.fallback().bind(call, scale=0.5, bshd=False)
-    assert isinstance(bound, sdpa_module._DecodeBound)
-    q, k, v = _qkv()
-    step = q[:, :, :1].clone().requires_grad_(grad)
-    want = reference_attention(step.detach(), k, v, causal=False, scale=0.5)
-    for _ in range(6):
-        torch.testing.assert_close(bound(step, k, v), want)
-    if case == "grad":
-        assert asked == served == []
-        return
-    assert asked == [(step.shape, k.shape, None, 0.0, False, 0.5, True)]  # asked once, on the first settled call
-    if case == "flash":
-        assert served == []
-        return
-    checked = [(None, False, 0.0, False, False, 0.5)]  # the one call that compared it with SDPA's output
-    if case == "unequal":
-        assert served == checked
-        return
-    assert served == checked * 4  # the check, then the three settled calls after it
-    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
-        torch.testing.assert_close(bound(step, k, v), want)
-    assert len(served) == 4  # the user's kernel choice: SDPA served it
-    torch.testing.assert_close(bound(step, k, v), want)
-    assert len(served) == 5 and len(asked) == 1
-
-
 @pytest.mark.parametrize("mask_shape", ["b1qk", "bhqk", "qk", "bh1k"])
 @pytest.mark.parametrize("groups", [1, 4])
 @pytest.mark.parametrize("grad", [False, True])

@@ -383,30 +383,19 @@ class _DecodeBound:
     Why: the grid's decode GQA cell (``q [8, 32, 1, 128]``, K/V ``[8, 8, 4096, 128]``, bf16) on an H200, torch
     2.11, 2026-11-28 (twelfth session, ``scripts/gpu/decode_probe.py gqa_decode_cell``, host µs a call with the
     device kept busy, best of 7 interleaved rounds): this route 41.5, the adapter bound as a partial 52.4, plain SDPA
-    42.6; ``attention()`` 45.8, i.e. +3.2 µs over SDPA (+10.3 through the adapter in the tenth session).
+    42.6; ``attention()`` 45.8, i.e. +3.2 µs over SDPA (+10.3 through the adapter in the tenth session)."""
 
-    A settled call that SDPA gives cuDNN's kernel calls that kernel's op itself (:func:`_cudnn_direct`), without
-    SDPA's kernel choice on every call: the rest of that gap (the 2026-12-01 grid's decode GQA row read 0.885x SDPA on
-    a slow host: attention()'s few µs of Python show whole on a call timed alone)."""
-
-    __slots__ = ("_adapter", "_direct", "_kwargs", "_sdpa", "_settled")
+    __slots__ = ("_adapter", "_kwargs", "_sdpa", "_settled")
 
     def __init__(self, adapter: SdpaAdapter, kwargs: dict[str, Any]) -> None:
         self._adapter = adapter
         self._kwargs = kwargs
         self._sdpa: Callable[..., torch.Tensor] = original_sdpa()
         self._settled: tuple[Any, ...] | None = None
-        #: the settled strides' direct cuDNN call, None where SDPA serves them, :data:`_UNASKED` before it is asked
-        self._direct: Any = _UNASKED
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         strides = (q.stride(), k.stride(), v.stride())
         if strides == self._settled:
-            direct = self._direct
-            if direct is _UNASKED:
-                direct = self._direct = _cudnn_direct(self._sdpa, q, k, v, self._kwargs)
-            if direct is not None and direct is not _UNASKED and not kernels_restricted():
-                return direct(q, k, v)[0]  # type: ignore[no-any-return]
             return self._sdpa(q, k, v, **self._kwargs)
         # what SdpaAdapter.__call__ does for the route's calls (no features, not causal, GQA native); of _run's
         # condition for the decode path only the process's state varies between them, asked here with the count
@@ -417,57 +406,6 @@ class _DecodeBound:
             if met >= _MetShapes.SETTLED:  # the next call of these strides is served as settled
                 self._settled = strides
         return self._adapter._run(self._sdpa, q, k, v, self._kwargs, unsettled=unsettled)
-
-
-#: :attr:`_DecodeBound._direct` before :func:`_cudnn_direct` was asked (or while it could not be: capture, tracing)
-_UNASKED = ("unasked",)
-#: ``torch._fused_sdp_choice``'s answer for cuDNN's kernel (``SDPBackend.CUDNN_ATTENTION``, torch >= 2.5)
-_CUDNN_CHOICE = 3
-#: the device types whose settled decode calls may call cuDNN's op directly (tests add "cpu", with fakes of the op)
-_CUDNN_DEVICES = frozenset({"cuda"})
-
-
-def _cudnn_direct(sdpa: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  kwargs: dict[str, Any]) -> Any:
-    """SDPA's call of cuDNN's kernel, made directly for a settled decode route's calls: ``fn(q, k, v)[0]`` is the
-    output ``[B, Hq, Sq, Dv]`` of ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]`` tensors with these strides, dtypes and
-    device; None where SDPA keeps serving; :data:`_UNASKED` where it cannot be asked now (inside CUDA graph capture,
-    while torch.compile traces, or inside an ``sdpa_kernel`` context: the next settled call asks again).
-
-    What it skips: SDPA's kernel choice on every call (``_fused_sdp_choice``'s checks, ~1.5 µs of host time a call on
-    an H200's host, torch 2.11, 2026-12-01, docs/benchmarks.md "thirty-third session", call 5). What it calls:
-    ``torch._scaled_dot_product_cudnn_attention(q, k, v, attn_bias=None, compute_log_sumexp=False, dropout_p=0.0,
-    is_causal=False, return_debug_mask=False, scale=scale)``, the op SDPA calls for a call that needs no gradient once
-    ``_fused_sdp_choice`` says cuDNN (aten/src/ATen/native/transformers/attention.cpp, ``scaled_dot_product_attention``:
-    ``compute_logsumexp`` is ``should_compute_logsumexp``, false without grad). Taken only when, for this call,
-    SDPA's own choice is cuDNN and the op's output equals SDPA's bit for bit (asked once, on the call's tensors: one
-    more kernel and a synchronisation, once per route and strides); the caller asks :func:`kernels_restricted` on
-    each call, so an ``sdpa_kernel`` context still gets SDPA. Measured bit-equal on the grid's decode GQA cell (H200,
-    torch 2.11, 2026-12-01, call 5: ``cudnn equal True 0.0``)."""
-    import torch
-
-    if (q.device.type not in _CUDNN_DEVICES or kwargs.keys() - {"scale", "enable_gqa"}
-            or records_grad(q, k, v)):
-        return None
-    if kernels_restricted() or graph_capturing() or torch.compiler.is_compiling():
-        return _UNASKED
-    op = getattr(torch, "_scaled_dot_product_cudnn_attention", None)
-    choice = getattr(torch, "_fused_sdp_choice", None)
-    if op is None or choice is None:
-        return None
-    scale = kwargs.get("scale")
-
-    def direct(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:  # positional: the binding parses no names
-        return op(q, k, v, None, False, 0.0, False, False, scale=scale)
-
-    try:
-        if choice(q, k, v, scale=scale, enable_gqa=bool(kwargs.get("enable_gqa", False))) != _CUDNN_CHOICE:
-            return None
-        if not torch.equal(direct(q, k, v)[0], sdpa(q, k, v, **kwargs)):
-            return None
-    except (RuntimeError, TypeError, ValueError):  # another torch's signature, or the op refused these tensors
-        return None
-    return direct
 
 
 def _cudnn_free_decode() -> bool:
