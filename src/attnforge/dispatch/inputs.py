@@ -48,7 +48,7 @@ def validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
         dtype = q.dtype
         ok = (b == kb == vb and d == kd and hkv == vh and sk == vs and hkv > 0 and hq % hkv == 0
               and dtype is k.dtype and dtype is v.dtype and q.device == k.device and q.device == v.device
-              and dtype in FLOATS and (scale is None or (scale.__class__ is float and 0.0 < scale < _INF))
+              and dtype in FLOATS and (scale is None or (isinstance(scale, float) and 0.0 < scale < _INF))
               and not (q.is_nested or k.is_nested or v.is_nested))  # a jagged one's shape unpacks (a nested int)
     except (AttributeError, RuntimeError, TypeError, ValueError):  # RuntimeError: a strided nested tensor's shape
         ok = False

@@ -219,11 +219,16 @@ def attention(
             and causal_alignment == "bottom_right"):
         if (torch.compiler.is_compiling()  # first: an eager call asks nothing else here
                 and block_table is seqused_k is None
-                and dropout_p == 0.0 and return_lse is False and enable_gqa is True and causal.__class__ is bool
+                # isinstance, no generator: torch 2.11's Dynamo read ``causal.__class__ is bool`` and ``all(... for
+                # ...)`` here as False and traced the feature path inline (H200, 2026-12-01: a masked and a varlen
+                # call under reduce-overhead failed on torch.cuda.get_device_name and on reading the offsets)
+                and dropout_p == 0.0 and return_lse is False and enable_gqa is True and isinstance(causal, bool)
                 and (attn_mask is None or (isinstance(attn_mask, torch.Tensor) and not attn_mask.requires_grad))
                 and (sinks is None or isinstance(sinks, torch.Tensor))
-                and all(cu is None or isinstance(cu, torch.Tensor) for cu in (cu_seqlens_q, cu_seqlens_k))
-                and all(m is None or m.__class__ is int for m in (max_seqlen_q, max_seqlen_k))):
+                and (cu_seqlens_q is None or isinstance(cu_seqlens_q, torch.Tensor))
+                and (cu_seqlens_k is None or isinstance(cu_seqlens_k, torch.Tensor))
+                and (max_seqlen_q is None or (isinstance(max_seqlen_q, int) and not isinstance(max_seqlen_q, bool)))
+                and (max_seqlen_k is None or (isinstance(max_seqlen_k, int) and not isinstance(max_seqlen_k, bool)))):
             # one opaque op, the feature path run eagerly inside it at run time, decided or not: traced, that path
             # decides under the records' lock ("Unsupported context manager" on a class nobody decided) and reads
             # the device's name on a CUDA tensor (torch.cuda.get_device_name: "torch.* op returned non-Tensor",
