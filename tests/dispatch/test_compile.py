@@ -336,3 +336,34 @@ def test_a_featured_call_is_the_op_also_once_an_eager_call_decided_its_class() -
     assert "scaled_dot_product" not in graphs[-1]  # no backend traced inline
     torch.testing.assert_close(first, eager)
     torch.testing.assert_close(again, eager)
+
+
+@pytest.mark.parametrize("case", ["warmup", "recording", "other-stream", "cpu", "no-trees"])
+def test_an_ops_real_run_in_cudagraph_warmup_keeps_nothing_as_under_capture(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside the warm-up of ``mode="reduce-overhead"``'s CUDA graph trees (the device's manager ``in_warmup``, the
+    current stream its stream: torch/_inductor/cudagraph_trees.py, faked at that seam), an op's real run sees
+    ``graph_capturing()`` True, so it keeps nothing it made (the warm-up's pool admits outputs only: "Detected 3
+    tensor(s) in the cudagraph pool not tracked as outputs", H200, torch 2.11, 2026-12-01); recording (a real capture
+    answers for itself), another stream, a CPU tensor or no trees module loaded change nothing, and the flag is
+    gone after the scope."""
+    import sys
+    import types
+
+    from attnforge.backends import _base
+
+    stream = object()
+    manager = types.SimpleNamespace(in_warmup=case != "recording", stream=stream)
+    trees = types.ModuleType("torch._inductor.cudagraph_trees")
+    trees.get_manager = lambda index, create_if_none_exists=True: manager if index == 0 else None  # type: ignore[attr-defined]
+    if case == "no-trees":
+        monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees", raising=False)
+    else:
+        monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", trees)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda index=None: object() if case == "other-stream" else stream)
+    t = types.SimpleNamespace(device=torch.device("cpu" if case == "cpu" else "cuda", 0))
+    assert not _base.graph_capturing()
+    with _base.cudagraph_warmup(t):
+        assert _base.graph_capturing() is (case == "warmup")
+    assert not _base.graph_capturing()

@@ -7,10 +7,12 @@ backend on first use and remembers the answer, after pointing the JIT compile ca
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -179,12 +181,60 @@ def four_dims(t: torch.Tensor) -> torch.Tensor:
 
 def graph_capturing() -> bool:
     """True while a CUDA graph captures on the current stream: what a captured kernel writes exists only once the
-    graph replays, and nothing may synchronise. A capture needs CUDA initialized in this process, which is asked
-    first: ``torch.cuda.is_available()`` reads the environment on every call (~1 µs of the 2.3 this took on an
-    H200's host, 2026-11-28, ``decode_probe.py host_costs``), and every decode step's layers ask this."""
+    graph replays, and nothing may synchronise; and while an attnforge op runs in the warm-up of
+    ``torch.compile``'s CUDA graphs (:func:`cudagraph_warmup`), where nothing made may be kept either. A capture
+    needs CUDA initialized in this process, which is asked first: ``torch.cuda.is_available()`` reads the
+    environment on every call (~1 µs of the 2.3 this took on an H200's host, 2026-11-28, ``decode_probe.py
+    host_costs``), and every decode step's layers ask this."""
     import torch
 
-    return bool(torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())  # type: ignore[no-untyped-call]
+    return bool(torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()) or _WARMING.get()  # type: ignore[no-untyped-call]
+
+
+#: set by :func:`cudagraph_warmup` around an op's real implementation run by Inductor's CUDA graph trees' warm-up
+_WARMING: contextvars.ContextVar[bool] = contextvars.ContextVar("attnforge_cudagraph_warmup", default=False)
+
+
+@contextlib.contextmanager
+def cudagraph_warmup(t: Any) -> Iterator[None]:
+    """Around the real implementation of an attnforge op (:mod:`attnforge.dispatch._op`) on ``t``'s device: inside
+    the warm-up of ``torch.compile(mode="reduce-overhead")``'s CUDA graph trees, :func:`graph_capturing` is True,
+    so what the call prepares is made for the call and kept nowhere, as under capture.
+
+    Why: the warm-up runs the compiled code eagerly with every allocation in the graphs' private memory pool, then
+    checks that each live block of the pool is an output; a mask's derivations kept for the next layer (a bool
+    mask's additive form, its rows that see a key) failed that check: "Detected 3 tensor(s) in the cudagraph pool
+    not tracked as outputs" (H200, torch 2.11, 2026-12-01, a masked call under ``mode="reduce-overhead"``). Asked
+    of ``torch._inductor.cudagraph_trees``' manager of the device (its ``in_warmup`` state and its stream, the one
+    the warm-up runs on: torch/_inductor/cudagraph_trees.py, ``CUDAGraphTreeManager.run_eager`` and
+    ``_use_cuda_memory_pool_manager``, torch 2.11-2.13); where that module is not loaded, or is another shape,
+    nothing changes."""
+    if not _in_cudagraph_warmup(t):
+        yield
+        return
+    token = _WARMING.set(True)
+    try:
+        yield
+    finally:
+        _WARMING.reset(token)
+
+
+def _in_cudagraph_warmup(t: Any) -> bool:
+    import sys
+
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    device = getattr(t, "device", None)
+    if trees is None or getattr(device, "type", None) != "cuda":
+        return False
+    try:
+        import torch
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        manager = trees.get_manager(index, create_if_none_exists=False)
+        return bool(manager is not None and manager.in_warmup
+                    and torch.cuda.current_stream(index) == manager.stream)
+    except Exception:  # another torch's internals: then this is not a warm-up it can see
+        return False
 
 
 def kept_outside_capture(maxsize: int) -> Callable[[Callable[..., T]], Callable[..., T]]:

@@ -17,6 +17,9 @@ its first layer ("Unsupported context manager"); for a decided class it read the
 ``attnforge::attention_varlen`` is the same for packed sequences (``cu_seqlens``), tagged
 ``torch.Tag.cudagraph_unsafe``: it reads the offsets on the host, so Inductor keeps it out of its CUDA graphs.
 
+Each real implementation runs inside :func:`attnforge.backends._base.cudagraph_warmup`: in the warm-up of
+``mode="reduce-overhead"``'s CUDA graphs it keeps nothing it made (the warm-up's memory pool admits outputs only).
+
 ``attnforge::refuse`` stands in for a call whose traced validation refused it: it raises that
 :class:`~attnforge.errors.DispatchError` when the compiled code runs (raised during the trace, it was Dynamo's
 ``Unsupported`` under ``fullgraph=True``), and its fake gives the refused call's output shape.
@@ -34,6 +37,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from attnforge.backends._base import cudagraph_warmup
 
 _NAMESPACE = "attnforge"
 
@@ -61,8 +66,9 @@ def attention_op(  # noqa: PLR0917 - op schema
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
                  backend: str | None, precision: str, needs_grad: bool) -> torch.Tensor:
     """Dispatch ``[B, Hq, Sq, D]`` / ``[B, Hkv, Sk, D]``; returns a contiguous ``[B, Hq, Sq, D]``."""
-    out: torch.Tensor = _current().run(q, k, v, causal=causal, scale=scale, backend=backend, precision=precision,
-                                       needs_grad=needs_grad)
+    with cudagraph_warmup(q):
+        out: torch.Tensor = _current().run(q, k, v, causal=causal, scale=scale, backend=backend,
+                                           precision=precision, needs_grad=needs_grad)
     return out.contiguous()
 
 
@@ -105,7 +111,7 @@ def attention_backward_op(  # noqa: PLR0917 - op schema
                           scale: float | None, backend: str | None,
                           precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of :func:`attention_op` for q, k, v by recomputing the forward with autograd on."""
-    with _autograd_on(), torch.enable_grad():
+    with _autograd_on(), torch.enable_grad(), cudagraph_warmup(q):
         qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
         out = _current().run(qd, kd, vd, causal=causal, scale=scale, backend=backend,
                              precision=precision, needs_grad=True)
@@ -164,12 +170,14 @@ def _features_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: P
     from attnforge.dispatch import features
     from attnforge.dispatch.dispatcher import _FORCED
 
-    out: torch.Tensor = features.attention(
-        q, k, v, dispatcher=_current(), layout="bhsd", backend=backend or _FORCED.get(), precision=precision,
-        scale=scale, attn_mask=attn_mask, dropout_p=0.0, causal=causal, causal_alignment=causal_alignment,
-        enable_gqa=True, window=None if window is None else (window[0], window[1]), softcap=softcap, sinks=sinks,
-        return_lse=False, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k, is_causal=is_causal, block_table=None, seqused_k=None)
+    with cudagraph_warmup(q):
+        out: torch.Tensor = features.attention(
+            q, k, v, dispatcher=_current(), layout="bhsd", backend=backend or _FORCED.get(), precision=precision,
+            scale=scale, attn_mask=attn_mask, dropout_p=0.0, causal=causal, causal_alignment=causal_alignment,
+            enable_gqa=True, window=None if window is None else (window[0], window[1]), softcap=softcap,
+            sinks=sinks, return_lse=False, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, is_causal=is_causal, block_table=None,
+            seqused_k=None)
     return out
 
 
