@@ -223,7 +223,7 @@ def _in_cudagraph_warmup(t: Any) -> bool:
     import sys
 
     trees = sys.modules.get("torch._inductor.cudagraph_trees")
-    device = getattr(t, "device", None)
+    device: Any = getattr(t, "device", None)
     if trees is None or getattr(device, "type", None) != "cuda":
         return False
     try:
