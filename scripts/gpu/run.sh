@@ -254,13 +254,14 @@ stage_route() { ensure_attnforge && step route "$(budget 300)" python "$S/prebui
 # the GPU-marked tests of the suite (they skip on CI's CPU machine): the dispatcher and FlexAttention's features
 stage_pytest() {
     ensure_attnforge || return 1
-    # PYTEST_ARGS narrows it (a path::test[id], --deselect ...; `-k` cannot hold `<`), PYTEST_TB=long for a traceback
+    # PYTEST_ARGS narrows it (a path::test[id], --deselect ...; `-k` cannot hold `<`), PYTEST_TB=long for a traceback;
+    # PYTEST_K is one -k expression with spaces ("reduce_overhead or capture": PYTEST_ARGS is split on them)
     # its own ATTNFORGE_HOME: the tests' guard against writing the user's real home reads any change there, and a
     # build running beside the tests (call 1's FA3 source build) writes /tmp/afhome (the 2026-11-29 eighteenth run)
     mkdir -p "$RUN/pytest-home"
     # shellcheck disable=SC2086
     ATTNFORGE_HOME=$RUN/pytest-home step pytest-gpu "$(budget "${PYTEST_S:-150}")" python -m pytest -v --tb="${PYTEST_TB:-short}" -rf -p no:cacheprovider \
-        -p no:logging -m gpu -W ignore::DeprecationWarning ${PYTEST_ARGS:-tests/dispatch/test_gpu.py tests/dispatch/test_flex_gpu.py}
+        -p no:logging -m gpu -W ignore::DeprecationWarning ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-tests/dispatch/test_gpu.py tests/dispatch/test_flex_gpu.py}
 }
 # mask_reuse.py: four layers sharing one padded mask, SDPA direct vs attention() (kept vs redone mask preparation),
 # in a home with no records and first-use measurement off, so the SDPA adapter serves as it does a masked call
