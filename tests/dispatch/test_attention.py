@@ -202,6 +202,54 @@ def test_a_backend_that_raises_is_marked_broken_warned_once_and_never_used_again
     assert "note: bad raised on this signature" in str(exp) and "forced" not in str(exp)
 
 
+@dataclass
+class _CompileCacheMiss(FakeAdapter):
+    """A backend whose compile lookup opens ``lock`` (FlashAttention-4's cache: a lock file in a folder it made once,
+    at import): FileNotFoundError while that folder is missing, as FA4 raised on an H200 on 2026-12-01."""
+
+    lock: Path = Path()
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None) -> torch.Tensor:
+        if not self.lock.parent.is_dir():
+            self.calls += 1
+            raise FileNotFoundError(2, "No such file or directory", str(self.lock))
+        return super().__call__(q, k, v, causal=causal, scale=scale)
+
+
+@pytest.mark.parametrize("inside", [True, False], ids=["cache-folder", "elsewhere"])
+def test_a_compile_cache_folder_removed_while_running_is_made_again_and_the_call_served(
+        store: RecordStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inside: bool) -> None:
+    """The chosen backend misses a file of its compile cache because the folder was removed while the process ran
+    (a cleaned cache; FA4 makes its folders once, at import): the folder is made again and the same backend serves
+    the call, with no warning and nothing skipped. A missing file anywhere else is a backend failure as before: the
+    next backend serves, the folder is not made."""
+    cache = tmp_path / "compile" / "flash-attn-cute"
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(cache))
+    lock = (cache if inside else tmp_path / "elsewhere") / "3f2a" / "fwd" / "9c1d.lock"
+    miss, good = _CompileCacheMiss("miss", lock=lock), FakeAdapter("good")
+    _verify(store, "miss", "good")
+    d = _dispatcher(store, miss, good)
+    q, k, v = _qkv()
+    record_faster(store, ["miss", "good"], q, k, causal=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = d.run(q, k, v, causal=True, scale=None, backend=None, precision="exact", needs_grad=False)
+        again = d.run(q, k, v, causal=True, scale=None, backend=None, precision="exact", needs_grad=False)
+    torch.testing.assert_close(out, reference_attention(q, k, v, causal=True, scale=None).float())
+    torch.testing.assert_close(again, out)
+    chosen = d.explain(q, k, causal=True, precision="exact", needs_grad=False, backend=None).chosen
+    if inside:
+        assert lock.parent.is_dir()
+        assert (miss.calls, good.calls) == (3, 0) and chosen == "miss" and caught == []
+    else:
+        assert not lock.parent.exists()
+        assert (miss.calls, good.calls) == (1, 2) and chosen == "good"
+        assert [str(w.message).split(";")[0] for w in caught] == [
+            "attnforge: attention backend 'miss' raised FileNotFoundError: [Errno 2] No such file or directory: "
+            f"'{lock}'"]
+
+
 def test_records_are_read_once_until_refresh(store: RecordStore) -> None:
     a = FakeAdapter("a")
     d = _dispatcher(store, a)

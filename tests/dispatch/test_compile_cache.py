@@ -86,3 +86,33 @@ def test_a_second_process_compiles_nothing_it_compiled_before(cli_env: dict[str,
     assert str(first["dir"]).startswith(env["ATTNFORGE_HOME"])
     assert isinstance(first["new"], int) and first["new"] > 0  # compiled, and the files landed under the home
     assert second["new"] == 0  # read back from the cache: nothing compiled again
+
+
+def test_recreate_folder_makes_only_a_missing_compile_cache_folder_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FA4's folder as FA4 read it at import (its module's ``CUTE_DSL_CACHE_DIR``, which a later home no longer
+    names in the environment) and the variables' folders are made again when a lookup misses them; an existing
+    folder, a path outside every cache, or another error are left alone (False)."""
+    import sys
+    import types
+
+    imported = tmp_path / "first-home" / "compile" / "flash-attn-cute"
+    fa4 = types.ModuleType("flash_attn.cute.cache_utils")
+    fa4.CUTE_DSL_CACHE_DIR = str(imported)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.cache_utils", fa4)
+    env = {cc.INDUCTOR_DIR: str(tmp_path / "home" / "compile" / "inductor")}
+
+    def miss(path: Path) -> FileNotFoundError:
+        return FileNotFoundError(2, "No such file or directory", str(path))
+
+    lock = imported / "fp" / "fwd" / "k.lock"
+    assert cc.recreate_folder(miss(lock), env)
+    assert lock.parent.is_dir()
+    assert not cc.recreate_folder(miss(lock), env)  # there now: a second miss is the backend's own
+    inductor = tmp_path / "home" / "compile" / "inductor" / "fx" / "ab.lock"
+    assert cc.recreate_folder(miss(inductor), env)
+    outside = tmp_path / "elsewhere" / "x.lock"
+    assert not cc.recreate_folder(miss(outside), env)
+    assert not outside.parent.exists()
+    assert not cc.recreate_folder(PermissionError(13, "denied", str(lock)), env)
+    assert not cc.recreate_folder(FileNotFoundError("no filename"), env)

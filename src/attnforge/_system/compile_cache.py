@@ -19,7 +19,10 @@ the count unchanged (issue 30's "0 compiles, counted, not assumed").
 
 from __future__ import annotations
 
+import getpass
 import os
+import sys
+import tempfile
 import threading
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
@@ -135,6 +138,37 @@ def ensure(environ: MutableMapping[str, str] | None = None) -> CompileCaches:
             env[FA4_ENABLED] = _OURS[FA4_ENABLED] = "1"
             settings.insert(0, CacheSetting(variable=FA4_ENABLED, value="1", source=Source.ATTNFORGE))
         return CompileCaches(settings=tuple(settings), note="; ".join(notes))
+
+
+def recreate_folder(exc: BaseException, environ: Mapping[str, str] | None = None) -> bool:
+    """Make again the folder of a compile cache file that ``exc`` (a :class:`FileNotFoundError`) did not find, when
+    that folder is inside a compile cache and is missing; True when it made it (the caller may try once more), False
+    for anything else. Never raises.
+
+    Why: FlashAttention-4 makes its cache's folders once, when ``flash_attn.cute`` is imported
+    (``JITPersistentCache.__init__``, flash_attn/cute/cache_utils.py, 4.0.0b36), and opens a lock file in them at each
+    compile lookup; once the folder was removed while the process ran (a cleaned cache, a removed home), every later
+    lookup raised FileNotFoundError until the process restarted (H200, 2026-12-01: the GPU suite's FA4 capture test,
+    after pytest removed the home of the test that first imported FA4). The folders asked: the two variables' (as set
+    now), and FA4's own as it read it at import (``CUTE_DSL_CACHE_DIR``, else its default under the temp dir)."""
+    try:
+        if not isinstance(exc, FileNotFoundError) or not exc.filename:
+            return False
+        env = os.environ if environ is None else environ
+        path = Path(os.fsdecode(exc.filename)).absolute()
+        roots = [Path(v).absolute() for v in (env.get(FA4_DIR), env.get(INDUCTOR_DIR)) if v]
+        fa4 = sys.modules.get("flash_attn.cute.cache_utils")
+        if fa4 is not None:
+            own = getattr(fa4, "CUTE_DSL_CACHE_DIR", None)
+            roots.append(Path(own).absolute() if own else
+                         Path(tempfile.gettempdir(), getpass.getuser(), "flash_attention_cute_dsl_cache"))
+        folder = path.parent
+        if folder.is_dir() or not any(folder.is_relative_to(root) for root in roots):
+            return False
+        folder.mkdir(parents=True, exist_ok=True)
+        return True
+    except Exception:  # an odd filename, an unwritable folder, no user name: nothing made, the caller's error stands
+        return False
 
 
 def count_artifacts(folders: tuple[Path, ...] | None = None, environ: Mapping[str, str] | None = None) -> int:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
+from attnforge._system.compile_cache import recreate_folder
 from attnforge.backends._base import records_grad
 from attnforge.backends.adapter import (
     ROUTING_ONLY,
@@ -473,15 +474,21 @@ class Dispatcher:
         (docs/dispatch-policy.md): the first backend that does not raise serves the call; an unforced backend
         that raises is skipped for the call's signature (:meth:`_demote`) and the next one serves; the last
         one's error (the exact math's, or a forced backend's) reaches the caller, and so does running out of
-        memory (a fallback would need more still). A sparse or MKL-DNN tensor among the call's arguments (whose
-        shape, dtype and device pass validation) is refused with :class:`DispatchError` once a backend raised on
-        it, and no backend is skipped."""
+        memory (a fallback would need more still). A first backend that missed a file of a compile cache whose
+        folder was removed while the process ran gets the call once more, the folder made again
+        (:func:`attnforge._system.compile_cache.recreate_folder`). A sparse or MKL-DNN tensor among the call's
+        arguments (whose shape, dtype and device pass validation) is refused with :class:`DispatchError` once a
+        backend raised on it, and no backend is skipped."""
         steps = route[0]
         try:  # the first backend serves nearly every call: no loop on the hot path
             return steps[0][1](q, k, v)
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:
+            if isinstance(exc, FileNotFoundError) and recreate_folder(exc):
+                # a compile cache's folder removed while the process ran, made again: the same call once more (a
+                # second miss finds the folder there and takes the rule below)
+                return self.serve(route, q, k, v, forced)
             refuse_non_strided({"q": q, "k": k, "v": v, **(route[2][1] or {})})
             if forced or len(steps) == 1:
                 raise
