@@ -345,8 +345,9 @@ def _same_size(q: Any, k: Any, layout: str, dim: int, *packed: Any) -> bool:
     :func:`attnforge.dispatch.features.attention`). False for a packed (varlen) or paged call (``packed``: its
     ``cu_seqlens_q``, ``cu_seqlens_k``, ``block_table``, any not None), whose k holds other dimensions there (a page
     pool ``[blocks, page_size, Hkv, D]``), and for anything else (validation says what is wrong)."""
-    if any(t is not None for t in packed):
-        return False
+    for t in packed:  # a loop, not any() over a generator: traced under torch.compile (see attention()'s op test)
+        if t is not None:
+            return False
     try:
         axis = 3 - dim if layout == "bshd" else dim
         return bool(q.dim() == 4 and k.dim() == 4 and q.shape[axis] == k.shape[axis])
