@@ -5,6 +5,7 @@ that compiles nothing it compiled before leaves the artifact count unchanged (re
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,70 @@ def test_recreate_folder_makes_only_a_missing_compile_cache_folder_again(
     assert not outside.parent.exists()
     assert not cc.recreate_folder(PermissionError(13, "denied", str(lock)), env)
     assert not cc.recreate_folder(FileNotFoundError("no filename"), env)
+
+
+class _Fa4Cache:
+    """FA4 4.0.0b36's ``JITPersistentCache`` where it touches the disk (flash_attn/cute/cache_utils.py lines 173-290):
+    the folder made once, in ``__init__``, and a lock file opened in it (``os.open`` with ``O_CREAT``) at every lookup
+    that misses memory."""
+
+    def __init__(self, cache_path: Path) -> None:
+        cache_path.mkdir(parents=True, exist_ok=True)
+        self.cache_path = cache_path
+
+    def _lock_path(self, sha256_hex: str) -> Path:
+        return self.cache_path / f"{sha256_hex}.lock"
+
+    def lookup(self, sha256_hex: str) -> bool:
+        fd = os.open(str(self._lock_path(sha256_hex)), os.O_RDONLY | os.O_CREAT)
+        os.close(fd)
+        return (self.cache_path / f"{sha256_hex}.o").exists()
+
+
+def test_fa4_caches_make_a_removed_folder_again_on_every_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder removed while the process ran (a cleaned cache, a removed home): FA4's lookup raised
+    FileNotFoundError from then on (H200, 2026-12-01); once attnforge imported FA4 through an adapter, every cache of
+    the interface module makes its folder again first, whoever calls FA4. Wrapped once; a cache in memory only (no
+    ``cache_path``) and a module that is no FA4 are left alone."""
+    import shutil
+    import sys
+    import types
+
+    from attnforge.backends._base import AdapterBase, Requirement
+
+    interface = types.ModuleType(cc.FA4_INTERFACE)
+    folder = tmp_path / "home" / "compile" / "flash-attn-cute" / "fp"
+
+    def fwd() -> None: ...
+
+    def bwd() -> None: ...
+
+    def combine() -> None: ...
+
+    fwd.compile_cache = _Fa4Cache(folder / "fwd")  # type: ignore[attr-defined]
+    bwd.compile_cache = _Fa4Cache(folder / "bwd")  # type: ignore[attr-defined]
+    combine.compile_cache = {}  # type: ignore[attr-defined]  # FA4's in-memory cache: no folder
+    interface._flash_attn_fwd, interface._flash_attn_bwd, interface.combine = fwd, bwd, combine  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, cc.FA4_INTERFACE, interface)
+
+    shutil.rmtree(tmp_path / "home")
+    with pytest.raises(FileNotFoundError):  # FA4 as it is: the lookup fails until the process restarts
+        fwd.compile_cache.lookup("ab")  # type: ignore[attr-defined]
+
+    adapter = AdapterBase(name="flash-attn-4", caps=None, requirement=Requirement(  # type: ignore[arg-type]
+        modules=(cc.FA4_INTERFACE,)))  # module() reads no capability
+    assert adapter.module() is interface  # the adapter's import makes the caches keep their folders
+    assert cc.keep_fa4_folders() == 0  # once: nothing left to change
+    assert fwd.compile_cache.lookup("ab") is False  # type: ignore[attr-defined]  # a miss, not an error
+    assert (folder / "fwd" / "ab.lock").exists()
+    shutil.rmtree(tmp_path / "home")
+    assert bwd.compile_cache.lookup("cd") is False  # type: ignore[attr-defined]  # removed again: made again
+    assert fwd.compile_cache.lookup("ab") is False  # type: ignore[attr-defined]
+    assert combine.compile_cache == {}  # type: ignore[attr-defined]
+
+
+def test_keep_fa4_folders_without_fa4_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.delitem(sys.modules, cc.FA4_INTERFACE, raising=False)
+    assert cc.keep_fa4_folders() == 0

@@ -19,6 +19,7 @@ the count unchanged (issue 30's "0 compiles, counted, not assumed").
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import sys
@@ -169,6 +170,50 @@ def recreate_folder(exc: BaseException, environ: Mapping[str, str] | None = None
         return True
     except Exception:  # an odd filename, an unwritable folder, no user name: nothing made, the caller's error stands
         return False
+
+
+#: the module whose functions carry FA4's compile caches (``_flash_attn_fwd.compile_cache`` ...)
+FA4_INTERFACE = "flash_attn.cute.interface"
+_KEPT = "_attnforge_keeps_folder"
+
+
+def keep_fa4_folders() -> int:
+    """Make every persistent compile cache of an imported FlashAttention-4 make its folder again, when missing, before
+    it opens a lock file there; returns how many caches it changed this call. Idempotent; never raises; does nothing
+    when ``flash_attn.cute.interface`` is not imported or FA4's cache is in memory only.
+
+    Why: FA4 makes each cache's folder once, when its module is imported (``JITPersistentCache.__init__``), and opens
+    ``<folder>/<key hash>.lock`` at every lookup that misses its in-memory cache (``_try_load_from_storage``,
+    ``_try_export_to_storage`` through ``_lock_path``: flash_attn/cute/cache_utils.py, flash-attn-4 4.0.0b36, lines
+    173-290). A folder removed while the process ran (a cleaned cache, a removed home) made every such lookup raise
+    FileNotFoundError until the process restarted, on every path that calls FA4: the dispatcher's route, the padded
+    decode lane, the first-use measurement, FA4's public function (H200, 2026-12-01: 14 of the GPU suite's FA4 tests
+    after pytest removed the home of the test that first imported FA4). Wrapping each instance's ``_lock_path`` costs
+    one ``mkdir`` per lookup that reaches the disk (it then loads or compiles a kernel: milliseconds to seconds), none
+    on a call FA4 finds in memory. A version without these attributes is left as it is (duck-typed)."""
+    module = sys.modules.get(FA4_INTERFACE)
+    if module is None:
+        return 0
+    changed = 0
+    try:
+        for value in list(vars(module).values()):
+            cache = getattr(value, "compile_cache", None)
+            folder = getattr(cache, "cache_path", None)
+            lock_path = getattr(cache, "_lock_path", None)
+            if not isinstance(folder, Path) or not callable(lock_path) or getattr(cache, _KEPT, False):
+                continue
+
+            def keeping(key_hash: str, _folder: Path = folder, _lock_path: object = lock_path) -> object:
+                with contextlib.suppress(OSError):  # not writable now: FA4's own open then says why, as before
+                    _folder.mkdir(parents=True, exist_ok=True)
+                return _lock_path(key_hash)  # type: ignore[operator]
+
+            cache._lock_path = keeping  # type: ignore[union-attr]
+            setattr(cache, _KEPT, True)
+            changed += 1
+    except Exception:  # another FA4's internals: its caches stay as they are
+        return changed
+    return changed
 
 
 def count_artifacts(folders: tuple[Path, ...] | None = None, environ: Mapping[str, str] | None = None) -> int:

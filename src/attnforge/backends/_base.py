@@ -20,6 +20,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from attnforge._system.compile_cache import ensure as ensure_compile_caches
+from attnforge._system.compile_cache import keep_fa4_folders
 from attnforge.backends.adapter import AttentionCall
 from attnforge.backends.capabilities import Capabilities
 
@@ -97,6 +98,7 @@ class AdapterBase:
         if found is None:
             ensure_compile_caches()  # FA4 reads its cache variables at import
             found = self._modules[index] = importlib.import_module(self.requirement.modules[index])
+            keep_fa4_folders()  # FA4's caches make a removed folder again (compile_cache.keep_fa4_folders)
         return found
 
 
@@ -109,6 +111,7 @@ def _check_requirement(req: Requirement) -> str | None:
             importlib.import_module(name)
         except Exception as exc:  # ImportError, OSError (ABI), RuntimeError: any of them means "not usable"
             return f"{name} does not import: {type(exc).__name__}: {exc}"
+    keep_fa4_folders()  # after the imports: FA4's caches make a removed folder again
     if req.version_spec and req.distributions:
         spec = SpecifierSet(req.version_spec)
         for dist, text in installed_versions(req.distributions):  # the first one installed is checked
