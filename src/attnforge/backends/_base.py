@@ -240,12 +240,46 @@ def _in_cudagraph_warmup(t: Any) -> bool:
         return False
 
 
+def made_for_autograd(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` run with ``torch.inference_mode`` off, for the caches that keep tensors across calls: what it makes is
+    a normal tensor, which an ``inference_mode`` call reads as well as one that records gradients (an inference
+    tensor could serve only the former). Costs a context switch on a cache miss only."""
+    @functools.wraps(fn)
+    def make(*args: Any, **kwargs: Any) -> T:
+        import torch
+
+        with torch.inference_mode(False):
+            return fn(*args, **kwargs)
+
+    return make
+
+
+def narrowed(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A float tensor (an additive mask, logits) cast to ``dtype`` with its finite values kept finite: clamped to
+    ``dtype``'s range first where ``t``'s dtype is wider, so ``torch.finfo(torch.float32).min`` (transformers'
+    hiding value) cast to bfloat16 stays a finite hiding value and does not become ``-inf``. The difference
+    shows in a row every key of which is hidden by a finite value: softmax spreads it evenly over the keys (the
+    exact math does), while an all ``-inf`` row sees no key (zeros). Infinities and NaN pass as they are."""
+    import torch
+
+    if t.dtype == dtype:
+        return t
+    info = torch.finfo(dtype)
+    if torch.finfo(t.dtype).max > info.max:
+        t = torch.where(t.isinf(), t, t.clamp(info.min, info.max))
+    return t.to(dtype)
+
+
 def kept_outside_capture(maxsize: int) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """``functools.lru_cache(maxsize)`` for a function that makes device tensors from hashable arguments, bypassed
     inside CUDA graph capture: what a captured kernel writes exists only once the graph replays, so a kept copy
-    made there would hand garbage to eager calls (it is made anew, uncached, instead)."""
+    made there would hand garbage to eager calls (it is made anew, uncached, instead).
+
+    What it keeps is made outside ``torch.inference_mode`` (:func:`made_for_autograd`): a tensor first made under
+    ``inference_mode`` would be an inference tensor, and a later call that records gradients through it fails
+    ("Inference tensors cannot be saved for backward")."""
     def wrap(fn: Callable[..., T]) -> Callable[..., T]:
-        cached = functools.lru_cache(maxsize=maxsize)(fn)
+        cached = functools.lru_cache(maxsize=maxsize)(made_for_autograd(fn))
 
         @functools.wraps(fn)
         def call(*args: Any) -> T:

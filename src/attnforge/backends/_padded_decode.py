@@ -21,7 +21,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import KeptPerMask, four_dims, host_to_device
+from attnforge.backends._base import KeptPerMask, four_dims, host_to_device, made_for_autograd
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +57,8 @@ def varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
                   read: bool = True) -> VarlenDecode | None:
     """The decode call ``q [B, Hq, 1, D]``, ``k [B, Hkv, Sk, D]``, ``v [B, Hkv, Sk, Dv]`` under the caller's ``mask`` as
     varlen sequences, or None where it is not one: another query length, K and V of other strides, a K/V layout
-    whose rows are not whole multiples of its row stride (8-element aligned), a mask of another dtype than bool or
+    whose rows are not whole multiples of its row stride (8-element aligned) or that repeats them (an expanded K/V,
+    stride 0 over batch or heads), a mask of another dtype than bool or
     q's or another shape than ``[B or 1, 1, 1, Sk]`` (after :func:`four_dims`), or a row that does not see exactly
     one run of keys (a row that sees none too: the kernels differ on what they return for it). The runs are read
     once per mask object and K/V layout (one host sync), never under CUDA graph capture or while ``torch.compile``
@@ -69,8 +70,8 @@ def varlen_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     rs = k.stride(2)
     if (sq != 1 or hq % hkv or k.stride() != v.stride() or rs <= 0 or rs % 8 or k.stride(0) % rs
             or k.stride(1) % rs or mask.dtype not in (torch.bool, q.dtype) or k.stride(-1) != 1
-            or v.stride(-1) != 1):
-        return None
+            or v.stride(-1) != 1 or (b > 1 and k.stride(0) <= 0) or (hkv > 1 and k.stride(1) <= 0)):
+        return None  # (an expanded K/V, stride 0 over batch or heads, would make overlapping sequences)
     m = four_dims(mask)
     if m.shape[1] != 1 or m.shape[2] != 1 or m.shape[0] not in (1, b) or m.shape[3] != sk:
         return None
@@ -210,6 +211,7 @@ class MaskSharing:
 
 
 @functools.lru_cache(maxsize=64)
+@made_for_autograd  # kept across calls: a normal tensor, not an inference one (see made_for_autograd)
 def query_starts(n: int, device: Any) -> torch.Tensor:
     """``cu_seqlens_q`` of ``n`` varlen sequences of one query row each: ``0, 1, ..., n`` (int32)."""
     import torch

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import device_state, kept_outside_capture, records_grad
+from attnforge.backends._base import device_state, kept_outside_capture, narrowed, records_grad
 from attnforge.backends.adapter import FEATURES, AttentionCall
 
 if TYPE_CHECKING:
@@ -227,13 +227,13 @@ def _masked_logits(raw: Any, *, scale: float, softcap: float | None, visible: An
         else:
             logits = raw if last == 1.0 else raw.mul_(last)
         if logits.dtype != accum:  # a float64 mask with float32 logits
-            logits = logits.to(accum)
+            logits = narrowed(logits, accum)
     else:
         logits = raw * scale
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
         if additive:
-            logits = logits + attn_mask.to(accum)
+            logits = logits + narrowed(attn_mask, accum)
     if attn_mask is not None and not additive:
         visible = attn_mask if visible is None else visible & attn_mask
     if visible is not None:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import AdapterBase, four_dims, graph_capturing, records_grad
+from attnforge.backends._base import AdapterBase, four_dims, graph_capturing, made_for_autograd, narrowed, records_grad
 from attnforge.backends.adapter import AttentionCall, required_features
 from attnforge.backends.exact import visible_bounds
 
@@ -157,6 +157,7 @@ class FlexAdapter(AdapterBase):
         return mask
 
 
+@made_for_autograd  # kept across calls: normal tensors, which a call recording gradients can use
 def _build_block_mask(seqlen_q: int, seqlen_k: int, device: Any, *, offset: int, left: int | None,
                       right: int | None) -> Any:
     from torch.nn.attention.flex_attention import create_block_mask
@@ -180,7 +181,7 @@ def _as_4d(mask: torch.Tensor, batch: int, heads: int, seqlen_q: int, seqlen_k: 
     import torch
 
     if mask.dtype == torch.float64:
-        mask = mask.float()
+        mask = narrowed(mask, torch.float32)
     return four_dims(mask).expand(batch, heads, seqlen_q, seqlen_k)
 
 

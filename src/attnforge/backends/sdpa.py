@@ -29,6 +29,8 @@ from attnforge.backends._base import (
     four_dims,
     graph_capturing,
     kept_outside_capture,
+    made_for_autograd,
+    narrowed,
     records_grad,
 )
 from attnforge.backends._padded_decode import varlen_decode
@@ -284,7 +286,7 @@ class SdpaAdapter(AdapterBase):
         visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=q.device)
         mask = attn_mask
         if mask is not None and mask.dtype not in (torch.bool, q.dtype):
-            mask = mask.to(q.dtype)  # SDPA takes additive masks in q's dtype only
+            mask = narrowed(mask, q.dtype)  # SDPA takes additive masks in q's dtype only
         if visible is not None:
             if mask is None or mask.dtype == torch.bool:
                 mask = visible if mask is None else mask & visible
@@ -1057,6 +1059,7 @@ def _aligned_additive(cond: torch.Tensor, dtype: torch.dtype, *, hide: bool) -> 
 
 
 @functools.lru_cache(maxsize=16)
+@made_for_autograd
 def _additive_values(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``-inf`` and ``0`` as 0-dim tensors of ``dtype`` on ``device``: an additive mask in one ``torch.where``."""
     import torch
