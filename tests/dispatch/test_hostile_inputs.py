@@ -192,6 +192,26 @@ BAD = [
                   "seqused_k": torch.tensor([[8], [8]], dtype=torch.int32)}, "1-D int32", id="paged-seqused-2d"),
     pytest.param({**POOL, "block_table": torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
                   "q": np.zeros((B, HQ, 1, D), dtype=np.float32)}, "not a torch.Tensor", id="paged-numpy-q"),
+    # K and V pools that do not pair page for page (an IndexError or a bmm's RuntimeError inside a backend before)
+    pytest.param({**POOL, "v": (5, 4, HKV, D), "block_table": torch.tensor([[0, 5], [2, 3]], dtype=torch.int32)},
+                 "pools differ", id="paged-v-fewer-pages"),
+    pytest.param({**POOL, "v": (6, 2, HKV, D), "block_table": torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)},
+                 "pools differ", id="paged-v-other-page-size"),
+    # numbers past float's range and values that are not one number (an OverflowError or a RuntimeError before)
+    pytest.param({"scale": 10**400}, "scale must be positive", id="scale-huge-int"),
+    pytest.param({"softcap": 10**400}, "softcap must be positive", id="softcap-huge-int"),
+    pytest.param({"dropout_p": 10**400}, "dropout_p", id="dropout-huge-int"),
+    pytest.param({"dropout_p": torch.zeros(2)}, "dropout_p", id="dropout-two-element-tensor"),
+    pytest.param({"dropout_p": torch.tensor(0.0)}, "dropout_p", id="dropout-tensor"),
+    pytest.param({"dropout_p": False}, "dropout_p", id="dropout-bool"),
+    pytest.param({"sinks": "nested"}, "sinks must be", id="sinks-nested"),
+    # the packed path checks the words the dense one does
+    pytest.param({**PACKED, **CU, "precision": "bogus"}, "unknown precision", id="varlen-precision-unknown"),
+    pytest.param({**PACKED, **CU, "layout": ["bhsd"]}, "unknown layout", id="varlen-layout-list"),
+    # an empty name is not "no backend"
+    pytest.param({"backend": ""}, "unknown attention backend", id="backend-empty-string"),
+    pytest.param({"q": (0, HQ, SQ, D), "k": (0, HKV, SK, D), "v": (0, HKV, SK, D), "backend": "nope"},
+                 "unknown attention backend", id="backend-unknown-on-an-empty-call"),
 ]
 
 
@@ -203,6 +223,10 @@ def _arguments(case: dict[str, Any]) -> tuple[Any, Any, Any, dict[str, Any]]:
     if kwargs.pop("numpy", None) == "bshd":
         q, k, v = (t.transpose(1, 2).numpy() for t in (q, k, v))
         kwargs["layout"] = "bshd"
+    if kwargs.get("sinks") == "nested":
+        with warnings.catch_warnings():  # "The PyTorch API of nested tensors is in prototype stage"
+            warnings.simplefilter("ignore", UserWarning)
+            kwargs["sinks"] = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(2)])
     given = {name: kwargs.pop(name) for name in ("q", "k", "v") if name in kwargs}
     given = {name: torch.randn(*t) if isinstance(t, tuple) else t for name, t in given.items()}
     return given.get("q", q), given.get("k", k), given.get("v", v), kwargs
@@ -697,3 +721,134 @@ def test_unrecorded_context_names_each_case_and_nothing_outside() -> None:
     assert seen == ["a torch.func transform (vmap, grad, jvp)"] * 2 + [
         "forward-mode AD (torch.autograd.forward_ad.dual_level)", "a Python dispatch mode (Passthrough)",
         "a tensor subclass (Sub)", "an sdpa_kernel context (SDPA's kernels restricted)"]
+
+
+# -- state kept across calls: made under inference_mode, read by a call that records gradients -------------------
+@pytest.mark.parametrize("backend", [None, "sdpa", "sdpa-math", "exact"])
+@pytest.mark.parametrize(("sq", "sk", "kwargs"), [
+    pytest.param(3, 7, {"causal": True}, id="causal-sq<sk"),
+    pytest.param(7, 3, {"causal": True}, id="causal-sq>sk"),
+    pytest.param(5, 7, {"window": (2, 0)}, id="window"),
+    pytest.param(5, 7, {"attn_mask": torch.rand(SQ, SK) > 0.3}, id="bool-mask"),
+])
+def test_a_call_under_inference_mode_leaves_nothing_that_breaks_a_later_training_call(
+        real: runtime.Dispatcher, backend: str | None, sq: int, sk: int, kwargs: dict[str, Any]) -> None:
+    """A bottom-right causal mask first made under ``torch.inference_mode`` was kept as an inference tensor; the
+    next call of that shape that recorded gradients failed in SDPA ("Inference tensors cannot be saved for
+    backward"): SDPA was skipped for it, or the error reached the caller when SDPA was forced. What is kept across
+    calls is made outside inference mode now (``_base.made_for_autograd``)."""
+    q, k, v = _qkv(sq=sq, sk=sk)
+    with torch.inference_mode():
+        before = attnforge.attention(q, k, v, backend=backend, **kwargs)
+    leaf = q.clone().requires_grad_()
+    out = attnforge.attention(leaf, k, v, backend=backend, **kwargs)
+    out.sum().backward()
+    torch.testing.assert_close(out.detach(), before)
+    assert leaf.grad is not None and bool(torch.isfinite(leaf.grad).all())
+    assert real.demoted == {} and real.broken == {}
+
+
+def test_flex_block_masks_made_under_inference_mode_are_normal_tensors() -> None:
+    from attnforge.backends import flex
+
+    with torch.inference_mode():
+        block = flex._build_block_mask(4, 8, "cpu", offset=4, left=None, right=0)
+    assert not block.kv_num_blocks.is_inference() and not block.kv_indices.is_inference()
+
+
+# -- inputs whose strides repeat elements: expanded (stride 0) tensors on the packed and paged paths -------------
+def test_expanded_packed_and_paged_inputs_are_served_and_explained(real: runtime.Dispatcher) -> None:
+    """``explain`` and the packed (varlen) and paged paths stood the call in for the decision with ``as_strided``
+    views that assumed contiguous rows: an input expanded from fewer elements than a row failed with "setStorage
+    ... out of bounds". The stand-ins are views of one real row now."""
+    one = torch.randn(1, dtype=torch.float64)
+    q, k = one.expand(17, HQ, D), one.expand(17, HKV, D)
+    cu = _cu(0, 5, 17)
+    out = attnforge.attention(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    torch.testing.assert_close(out, one.expand_as(out))  # every value is the one value: so is every average
+    assert attnforge.explain(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cu).chosen is not None
+    pool = one.expand(6, 4, HKV, D)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    qd = one.expand(B, HQ, 1, D)
+    torch.testing.assert_close(attnforge.attention(qd, pool, pool, block_table=table), one.expand(B, HQ, 1, D))
+    assert attnforge.explain(qd, pool, pool, block_table=table).chosen is not None
+    assert real.demoted == {} and real.broken == {}
+
+
+# -- calls with zero elements: explain says what runs ----------------------------------------------------------
+@pytest.mark.parametrize("case", [
+    pytest.param({"q": (0, HQ, D), "k": (0, HKV, D), "v": (0, HKV, D), "cu_seqlens_q": _cu(0),
+                  "cu_seqlens_k": _cu(0)}, id="varlen-no-sequence"),
+    pytest.param({"q": (0, HQ, D), "k": (0, HKV, D), "v": (0, HKV, D), "cu_seqlens_q": _cu(0, 0),
+                  "cu_seqlens_k": _cu(0, 0)}, id="varlen-empty-sequence"),
+    pytest.param({"q": (0, HQ, SQ, D), "k": (0, HKV, SK, D), "v": (0, HKV, SK, D)}, id="dense-no-batch"),
+    pytest.param({"v": (B, HKV, SK, 0)}, id="dense-dv-zero"),
+    pytest.param({"q": (0, HQ, SQ, D), "k": (0, HKV, SK, D), "v": (0, HKV, SK, D), "backend": "sdpa"},
+                 id="dense-forced"),
+])
+def test_explain_of_a_call_with_zero_elements_names_the_exact_math(real: runtime.Dispatcher,
+                                                                  case: dict[str, Any]) -> None:
+    """An empty packed call's explain raised IndexError (its stand-ins were the 3-D inputs); an empty dense one
+    named SDPA, while the exact math serves every call with zero elements."""
+    q, k, v, kwargs = _arguments(case)
+    out = attnforge.attention(q, k, v, **kwargs)
+    assert out.numel() == 0 or not out.any()
+    explanation = attnforge.explain(q, k, v, **kwargs)
+    assert explanation.chosen == "exact" and explanation.order == ("exact",) and not explanation.forced
+    assert "zero elements" in str(explanation)
+
+
+# -- a cached signature never admits a value that only compares equal to a valid one -----------------------------
+@pytest.mark.parametrize(("valid", "bad", "message"), [
+    pytest.param({"scale": 1.0}, {"scale": True}, "scale must be positive", id="scale"),
+    pytest.param({"softcap": 1.0}, {"softcap": True}, "softcap must be positive", id="softcap"),
+    pytest.param({"window": (1, 0)}, {"window": (True, 0)}, "window must be", id="window"),
+    pytest.param({"dropout_p": 0.0}, {"dropout_p": False}, "dropout_p", id="dropout"),
+    pytest.param({"dropout_p": 0.0, "attn_mask": _mask(SQ, SK)}, {"dropout_p": False, "attn_mask": _mask(SQ, SK)},
+                 "dropout_p", id="dropout-with-mask"),
+    pytest.param({"scale": 1.0, "softcap": 2.0}, {"scale": True, "softcap": 2.0}, "scale must be positive",
+                 id="scale-with-softcap"),
+])
+def test_a_bad_value_equal_to_a_valid_one_is_refused_after_the_valid_call(
+        real: runtime.Dispatcher, valid: dict[str, Any], bad: dict[str, Any], message: str) -> None:
+    """``True == 1.0`` and they hash alike, so the route or plan kept for ``scale=1.0`` served ``scale=True``
+    (and ``softcap=True``, ``window=(True, 0)``, ``dropout_p=False``) without validation. The signatures hold each
+    value's class now."""
+    q, k, v = _qkv()
+    for _ in range(2):  # the second call is served from the kept route or plan
+        attnforge.attention(q, k, v, **valid)
+    with pytest.raises(DispatchError, match=message):
+        attnforge.attention(q, k, v, **bad)
+
+
+def test_the_dynamic_plan_of_a_class_tells_more_queries_than_keys_from_fewer() -> None:
+    """A dynamic class's plan (more than DYNAMIC_AFTER shapes) was shared by Sq < Sk and Sq > Sk calls of the same
+    buckets; under bottom-right causal alignment the first Sq - Sk rows of the latter see no key, which some
+    backends refuse, so a plan decided on Sq < Sk must not serve them."""
+    from attnforge.dispatch.features import dynamic_signature, signature
+
+    def key(sq: int, sk: int) -> Any:
+        q, k, v = _qkv(sq=sq, sk=sk)
+        sig = signature(q, k, v, layout="bhsd", backend=None, precision="exact", scale=None,
+                        kwargs={"causal": True, "softcap": 2.0})
+        return dynamic_signature(sig, layout="bhsd")
+
+    assert key(6, 7) != key(7, 6)  # one bucket (5..8) for every length here
+    assert key(6, 7) == key(5, 7) and key(7, 6) == key(7, 5)
+
+
+# -- an additive mask wider than q's dtype keeps its finite hiding values finite ---------------------------------
+@pytest.mark.parametrize("backend", [None, "sdpa", "sdpa-math", "exact"])
+def test_a_float32_mask_of_finfo_min_on_bfloat16_inputs_hides_as_the_exact_math(real: runtime.Dispatcher,
+                                                                              backend: str | None) -> None:
+    """transformers hides keys with ``torch.finfo(dtype).min``; a float32 mask of it cast to bfloat16 became
+    ``-inf``, so a row with every key hidden that way returned zeros through SDPA where the exact math (and the
+    float64 reference) return the mean of v."""
+    q, k, v = (t.to(torch.bfloat16) for t in _qkv())
+    mask = torch.zeros(SQ, SK)
+    mask[1] = torch.finfo(torch.float32).min
+    out = attnforge.attention(q, k, v, attn_mask=mask, backend=backend).double()
+    want = reference(q, k, v, mask=mask)
+    torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out[:, :, 1], v.double().repeat_interleave(HQ // HKV, 1).mean(2), atol=2e-2,
+                               rtol=2e-2)

@@ -172,7 +172,8 @@ def _features_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: P
 
     with cudagraph_warmup(q):
         out: torch.Tensor = features.attention(
-            q, k, v, dispatcher=_current(), layout="bhsd", backend=backend or _FORCED.get(), precision=precision,
+            q, k, v, dispatcher=_current(), layout="bhsd", backend=_FORCED.get() if backend is None else backend,
+            precision=precision,
             scale=scale, attn_mask=attn_mask, dropout_p=0.0, causal=causal, causal_alignment=causal_alignment,
             enable_gqa=True, window=None if window is None else (window[0], window[1]), softcap=softcap,
             sinks=sinks, return_lse=False, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,

@@ -223,8 +223,8 @@ class Dispatcher:
               head_dim_v: int | None = None) -> tuple[Decision, tuple[BackendAdapter, ...], bool]:
         """The decision for the call class of bhsd ``q``/``k`` (cached per class), its adapters in order, and
         whether it was decided just now (only then may measure-on-first-use run for it)."""
-        if forced is not None and forced.__class__ is not str:
-            self.adapter(forced)  # raises: not a backend name (and unhashable as a key)
+        if forced is not None and (forced.__class__ is not str or not forced):
+            self.adapter(forced)  # raises: not a backend name (unhashable as a key), or "" (not "no backend")
         _, hq, sq, d = q.shape
         _, hkv, sk, _ = k.shape
         # the call class: everything unsupported_reasons looks at; (n - 1).bit_length() is bench's S bucket; the
@@ -278,6 +278,8 @@ class Dispatcher:
         bound to its causal flag, scale, shapes and the caller's layout; a zero-sized call's route is the exact
         math: no kernel ever sees one (SIGFPE in some)."""
         if features.is_empty(q, k) or v.shape[3] == 0:
+            if forced is not None:
+                self.adapter(forced)  # an unknown name is refused here too
             exact = bound_call(self.exact, None, causal=causal, scale=scale, bshd=bshd)
             return ((self.exact, exact),), None, (scale, None)
         dv = v.shape[3] if v.shape[3] != q.shape[3] else None
@@ -438,13 +440,25 @@ class Dispatcher:
 
     def explain(self, q: torch.Tensor, k: torch.Tensor, *, causal: bool, precision: str, needs_grad: bool,
                 backend: str | None, uses: frozenset[str] = frozenset(), head_dim_v: int | None = None,
-                scale: float | None = None, opts: Mapping[str, Any] | None = None) -> Explanation:
+                scale: float | None = None, opts: Mapping[str, Any] | None = None,
+                empty: bool = False) -> Explanation:
         """The decision for bhsd tensors, as an :class:`Explanation` (see :func:`explain`), less the backends
-        that raised on the signature of a call with ``scale`` and feature keywords ``opts`` (as :meth:`_bind`)."""
-        forced = backend or _FORCED.get()
+        that raised on the signature of a call with ``scale`` and feature keywords ``opts`` (as :meth:`_bind`).
+        ``empty``: the call has zero elements (as :meth:`_plain_route` and ``features._serve`` see it), so the
+        exact math serves it whatever is forced: the explanation says so."""
+        forced = _FORCED.get() if backend is None else backend
         call = self.describe(q, k, causal=causal, precision=precision, needs_grad=needs_grad, uses=uses,
                              head_dim_v=head_dim_v)
         dev_key = self._device(q.device).key
+        if forced is not None:
+            self.adapter(forced)  # raises for an unknown name ("" too: it is not "no backend")
+        if empty or features.is_empty(q, k) or head_dim_v == 0:
+            return Explanation(call=call, device=dev_key, shape_class=str(class_of_call(call)), chosen=EXACT,
+                               forced=False, order=(EXACT,),
+                               basis=("the call has zero elements: no kernel sees one, the exact math returns its "
+                                      "empty (or zero) result",), rejected=(),
+                               notes=(f"backend={forced!r} is not run for a call with zero elements",) if forced
+                               else ())
         decision = forced_decision(call, forced, self.adapter(forced)) if forced else self._decide(call, dev_key)
         skipped = {} if forced else self.failures.skipped(failure_signature(call, scale, opts))
         order, basis, rejected, notes = without_skipped(decision, skipped, None if forced else EXACT)
@@ -463,7 +477,7 @@ class Dispatcher:
         Raises:
             DispatchError: a forced backend is unknown or cannot serve the call.
         """
-        forced = backend or _FORCED.get()
+        forced = _FORCED.get() if backend is None else backend
         route = self._plain_route(q, k, v, causal=causal, scale=scale, precision=precision,
                                   needs_grad=needs_grad, forced=forced, bshd=False)
         out: torch.Tensor = self.serve(route, q, k, v, forced)

@@ -28,6 +28,7 @@ from attnforge.dispatch.inputs import (
     check_flag,
     check_heads,
     check_index_tensor,
+    check_layout_and_precision,
     check_mask,
     check_max_seqlen,
     check_offsets,
@@ -390,17 +391,28 @@ def signature(q: Any, k: Any, v: Any, *, layout: str, backend: str | None, preci
         grad = records_grad(q, k, v)
         key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                None if mask is None else (mask.shape, mask.dtype, mask.device), grad, layout, backend, precision,
-               scale, tuple(kwargs), *[None if val is mask else val for val in kwargs.values()])
+               scale, scale.__class__, tuple(kwargs),
+               *[None if val is mask else _typed(val) for val in kwargs.values()])
         hash(key)
     except (AttributeError, RuntimeError, TypeError, ValueError):  # nested shapes, unhashable windows, ...
         return None
     return key
 
 
+def _typed(value: Any) -> Any:
+    """``value`` with its class (a tuple's, element by element) for a signature: ``True == 1`` and ``False == 0.0``
+    hash alike, so without it ``softcap=True``, ``window=(True, 0)`` or ``dropout_p=False`` would reuse the plan of
+    an equal valid call instead of being refused."""
+    if value.__class__ is tuple:
+        return tuple((part.__class__, part) for part in value)
+    return value.__class__, value
+
+
 def dynamic_signature(key: tuple[Any, ...], *, layout: str) -> tuple[Any, ...] | None:
     """The class-level form of an exact :func:`signature`: the same call at any sequence lengths of the same
     power-of-two buckets (:func:`attnforge.types.shapes.bucket`, the shape class's), with Sq == Sk or not as the
-    signature has it (and V's length == K's), the mask's last two dimensions named where they are Sk and Sq rather
+    signature has it, and Sq > Sk too (under causal alignment bottom-right its first rows see no key, which some
+    backends refuse; and V's length == K's), the mask's last two dimensions named where they are Sk and Sq rather
     than sized. A dynamic shape class (a decode loop: a new Sk every step) reuses the plan decided for it under this
     key, for every length (:meth:`~attnforge.dispatch.dispatcher.Dispatcher.feature_route` stores it once the class
     is dynamic, when the decision no longer depends on the exact shape). None for a zero-sized call.
@@ -426,7 +438,7 @@ def dynamic_signature(key: tuple[Any, ...], *, layout: str) -> tuple[Any, ...] |
                 dims[-i] = name
         mask = (tuple(dims), *mask[1:])
     return ("dynamic", sized(q_shape, sq), sized(k_shape, sk), sized(v_shape, v_shape[s]), *key[3:9], mask,
-            *key[10:], sq == sk, v_shape[s] == sk)
+            *key[10:], (sq > sk) - (sq < sk), v_shape[s] == sk)
 
 
 def _same_window(template: Prepared, window: Any, key: tuple[Any, ...], *, layout: str) -> bool:
@@ -494,6 +506,7 @@ def prepare(
                       scale=scale, uses=uses, opts=opts, causal=causal, alignment=causal_alignment,
                       enable_gqa=enable_gqa, sinks=sinks, window=sides)
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        check_layout_and_precision(layout, precision)
         return _varlen(q, k, v, uses=uses, opts=opts, attn_mask=attn_mask, causal=causal,
                        alignment=causal_alignment, enable_gqa=enable_gqa, sinks=sinks, cu_q=cu_seqlens_q,
                        cu_k=cu_seqlens_k, max_q=max_seqlen_q, max_k=max_seqlen_k, window=sides, scale=scale)
@@ -528,6 +541,8 @@ def _serve(dispatcher: Any, call: Prepared, *, scale: float | None, backend: str
     the one rule for plain and featured calls); ``keys``: the call's :func:`signature` and
     :func:`dynamic_signature`, to remember its plan."""
     if call.empty:  # no kernel ever sees a zero-sized input; the exact math returns the right empty/zero result
+        if backend is not None:
+            dispatcher.adapter(backend)  # an unknown name is refused here too
         return dispatcher.exact(call.q, call.k, call.v, causal=call.causal, scale=scale, **call.opts)
     route = dispatcher.feature_route(call, scale=scale, forced=backend, precision=precision, key=keys[0],
                                      dynamic_key=keys[1])
@@ -579,11 +594,21 @@ def _varlen(q: Any, k: Any, v: Any, *, uses: set[str], opts: dict[str, Any], att
         uses.add("dv")
     empty = batch == 0 or q.shape[0] == 0 or k.shape[0] == 0 or q.shape[1] == 0
     # bhsd stand-ins that describe the call to the decision (zero strides over q's and k's first elements)
-    probe = None if empty else (q.as_strided((batch, q.shape[1], max_q, q.shape[2]), (0, 0, 0, 1)),
-                                k.as_strided((batch, k.shape[1], max_k, k.shape[2]), (0, 0, 0, 1)))
-    return Prepared(q=q, k=k, v=v, probe=probe or (q, k), empty=empty or not max_q or not max_k,
+    if empty:  # no row to stand for the rest: zero-element bhsd stand-ins of the call's sizes
+        probe = (q.new_zeros(()).expand(batch, q.shape[1], max_q, q.shape[2]),
+                 k.new_zeros(()).expand(batch, k.shape[1], max_k, k.shape[2]))
+    else:
+        probe = (_rows_as_bhsd(q[0], batch, max_q), _rows_as_bhsd(k[0], batch, max_k))
+    return Prepared(q=q, k=k, v=v, probe=probe, empty=empty or not max_q or not max_k,
                     uses=frozenset(uses), head_dim_v=dv, opts=opts, causal=causal,
                     needs_grad=records_grad(q, k, v, sinks), scale=scale)
+
+
+def _rows_as_bhsd(row: Any, batch: int, seqlen: int) -> Any:
+    """One token's ``[H, D]`` row as a ``[batch, H, seqlen, D]`` stand-in (zero strides over batch and sequence, the
+    row's own over heads and D): a view, valid whatever the tensor's strides (an expanded or sliced input too,
+    where ``as_strided`` with assumed strides read past its storage)."""
+    return row.unsqueeze(0).unsqueeze(2).expand(batch, row.shape[0], seqlen, row.shape[1])
 
 
 def _page_facts(block_table: Any, seqused_k: Any) -> tuple[int, int, int, int]:
@@ -614,6 +639,11 @@ def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: 
             raise DispatchError(f"paged {name} must be a page pool [num_blocks, page_size, Hkv, D]",
                                 cause=f"got {getattr(t, 'shape', type(t).__name__)}",
                                 hint="k and v are the page pools; block_table says which pages each sequence uses")
+    if k.shape[:3] != v.shape[:3]:
+        raise DispatchError("the paged k and v pools differ in pages, page size or K/V heads",
+                            cause=f"k {tuple(k.shape)}, v {tuple(v.shape)}",
+                            hint="k and v are [num_blocks, page_size, Hkv, D] and [num_blocks, page_size, Hkv, Dv]: "
+                                 "one page of v for each page of k")
     if not isinstance(q, torch.Tensor):
         raise DispatchError(f"q is a {type(q).__name__}, not a torch.Tensor", hint="pass torch tensors")
     check_index_tensor("block_table", block_table, dims=2, device=q.device, shape="[B, blocks]")
@@ -636,7 +666,7 @@ def _paged(q: Any, k: Any, v: Any, *, block_table: Any, seqused_k: Any, layout: 
                             hint="one block_table row per sequence of q")
     # checked as dense calls: q in its layout against a [B, Hkv, pages, D] view of the pool's first page rows
     probe_k, probe_v = (
-        t.as_strided((block_table.shape[0], t.shape[2], pages, t.shape[3]), (0, t.shape[3], 0, 1)) if t.numel()
+        _rows_as_bhsd(t[0, 0], block_table.shape[0], pages) if t.numel()
         else t.new_zeros((block_table.shape[0], t.shape[2], pages, t.shape[3])) for t in (k, v))
     if layout == "bshd":
         probe_k, probe_v = probe_k.transpose(1, 2), probe_v.transpose(1, 2)

@@ -26,6 +26,16 @@ _INF = math.inf
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 
+def check_layout_and_precision(layout: Any, precision: Any) -> None:
+    """Refuse a ``layout`` other than ``"bhsd"``/``"bshd"`` and a ``precision`` other than ``"exact"``/
+    ``"allow_quantized"`` (every call: :func:`validate` for dense and paged ones, the varlen path for packed ones,
+    where the layout is moot but a wrong word is still a caller's mistake)."""
+    if layout != "bhsd" and layout != "bshd":  # noqa: PLR1714 - a list is not hashable: `in` on a set would raise
+        raise DispatchError(f"unknown layout {layout!r}", hint="use layout='bhsd' ([B, H, S, D]) or 'bshd'")
+    if precision != "exact" and precision != "allow_quantized":  # noqa: PLR1714
+        raise DispatchError(f"unknown precision {precision!r}", hint="use 'exact' or 'allow_quantized'")
+
+
 def validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
              scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q, k, v)`` as ``[B, H, S, D]`` views, or a :class:`DispatchError` naming the problem.
@@ -38,9 +48,9 @@ def validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
         except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
             raise_for_input(q, k, v, layout)
     elif layout != "bhsd":
-        raise DispatchError(f"unknown layout {layout!r}", hint="use layout='bhsd' ([B, H, S, D]) or 'bshd'")
+        check_layout_and_precision(layout, precision)
     if precision != "exact" and precision != "allow_quantized":  # noqa: PLR1714 - fast path
-        raise DispatchError(f"unknown precision {precision!r}", hint="use 'exact' or 'allow_quantized'")
+        check_layout_and_precision(layout, precision)
     try:
         b, hq, _, d = q.shape
         kb, hkv, sk, kd = k.shape
@@ -139,7 +149,10 @@ def _real(value: Any) -> float | None:
     """``value`` as a float when it is a Python or numpy real number (not a bool, a string or a tensor)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past float's range (10**400): infinite, which every check refuses
+        return math.inf if value > 0 else -math.inf  # type: ignore[operator] # an int, here
 
 
 def _got(value: Any) -> str:
@@ -274,9 +287,11 @@ def mask_view(mask: torch.Tensor) -> torch.Tensor:
 
 def check_sinks(sinks: Any, q: Any) -> Any:
     """The ``[Hq]`` float sinks on q's device, or the error that says what they must be."""
-    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point() or tuple(sinks.shape) != (q.shape[1],):
+    if (not isinstance(sinks, torch.Tensor) or sinks.is_nested or not sinks.is_floating_point()
+            or tuple(sinks.shape) != (q.shape[1],)):
         raise DispatchError(f"sinks must be a float tensor of shape [Hq] = [{q.shape[1]}]",
-                            cause=f"got {getattr(sinks, 'shape', type(sinks).__name__)}",
+                            cause="got a nested tensor" if getattr(sinks, "is_nested", False)
+                            else f"got {getattr(sinks, 'shape', type(sinks).__name__)}",
                             hint="one logit per query head, e.g. torch.zeros(Hq)")
     if sinks.device != q.device:
         raise DispatchError(f"sinks are on {sinks.device}, q on {q.device}", hint="sinks.to(q.device)")

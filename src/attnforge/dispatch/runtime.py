@@ -215,14 +215,16 @@ def attention(
         enable_gqa = True  # it refuses nothing here (SDPA's default, passed on by diffusers and patch_sdpa)
     if not (attn_mask is window is softcap is sinks is cu_seqlens_q is cu_seqlens_k is is_causal is block_table  # type: ignore[comparison-overlap]
             is seqused_k is None
-            and dropout_p == 0.0 and return_lse is False and enable_gqa is True and isinstance(causal, bool)
-            and causal_alignment == "bottom_right"):
+            # a float: False == 0.0, and a tensor's == is a tensor; anything else is checked on the feature path
+            and isinstance(dropout_p, float) and dropout_p == 0.0 and return_lse is False and enable_gqa is True
+            and isinstance(causal, bool) and causal_alignment == "bottom_right"):
         if (torch.compiler.is_compiling()  # first: an eager call asks nothing else here
                 and block_table is seqused_k is None
                 # isinstance, no generator: torch 2.11's Dynamo read ``causal.__class__ is bool`` and ``all(... for
                 # ...)`` here as False and traced the feature path inline (H200, 2026-12-01: a masked and a varlen
                 # call under reduce-overhead failed on torch.cuda.get_device_name and on reading the offsets)
-                and dropout_p == 0.0 and return_lse is False and enable_gqa is True and isinstance(causal, bool)
+                and isinstance(dropout_p, float) and dropout_p == 0.0 and return_lse is False and enable_gqa is True
+                and isinstance(causal, bool)
                 and (attn_mask is None or (isinstance(attn_mask, torch.Tensor) and not attn_mask.requires_grad))
                 and (sinks is None or isinstance(sinks, torch.Tensor))
                 and (cu_seqlens_q is None or isinstance(cu_seqlens_q, torch.Tensor))
@@ -246,9 +248,9 @@ def attention(
         # fullgraph would fail). Either causal alignment: without causal or a window it changes nothing (patch_sdpa
         # passes top-left)
         lane = (attn_mask is not None and window is sinks is cu_seqlens_q is cu_seqlens_k is is_causal  # type: ignore[comparison-overlap]
-                is block_table is seqused_k is None and dropout_p == 0.0 and causal is False and return_lse is False
-                and enable_gqa is True and causal_alignment in ("bottom_right", "top_left")
-                and layout == "bhsd" and backend is None
+                is block_table is seqused_k is None and isinstance(dropout_p, float) and dropout_p == 0.0
+                and causal is False and return_lse is False and enable_gqa is True
+                and causal_alignment in ("bottom_right", "top_left") and layout == "bhsd" and backend is None
                 and precision == "exact" and not torch.compiler.is_compiling() and _FORCED.get() is None)
         if lane:
             served = features.lane_call(q, k, v, attn_mask, scale=scale, softcap=softcap, dispatcher=dispatcher)
@@ -260,8 +262,8 @@ def attention(
             softcap=softcap,
             sinks=sinks, return_lse=return_lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, layout=layout,
-            backend=backend or (None if torch.compiler.is_compiling() else _FORCED.get()), precision=precision,
-            is_causal=is_causal, block_table=block_table,
+            backend=backend if backend is not None or torch.compiler.is_compiling() else _FORCED.get(),
+            precision=precision, is_causal=is_causal, block_table=block_table,
             seqused_k=seqused_k)
     if torch.compiler.is_compiling():
         try:
@@ -273,13 +275,14 @@ def attention(
         out: torch.Tensor = _op.attention_op(qh, kh, vh, causal, scale, backend, precision, needs_grad)
         return out.transpose(1, 2) if layout == "bshd" else out
     dispatcher = _DISPATCHER or get_dispatcher()
-    forced = backend or _FORCED.get()
+    forced = _FORCED.get() if backend is None else backend
     # the hot path: the exact signature of a call served before names its route (see the module docstring)
     try:
         # records_grad(q, k, v), inlined: this line runs on every call (~130 ns less than the call)
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        # scale's class too: True == 1.0 (and hashes alike), so scale=True would reuse a route bound to scale=1.0
         signature = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
-                     causal, scale, layout, precision, forced, needs_grad)
+                     causal, scale, scale.__class__, layout, precision, forced, needs_grad)
         route = dispatcher.routes.get(signature)
         key: tuple[Any, ...] | None = signature
     except (AttributeError, RuntimeError, TypeError):  # not tensors (a strided nested tensor has no shape), or
@@ -370,4 +373,4 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float |
     qp, kp = call.probe
     return get_dispatcher().explain(qp, kp, causal=call.causal, precision=precision, needs_grad=call.needs_grad,
                                     backend=backend, uses=call.uses, head_dim_v=call.head_dim_v,
-                                    scale=call.scale, opts=call.opts)
+                                    scale=call.scale, opts=call.opts, empty=call.empty)
