@@ -45,7 +45,12 @@ float32-accumulating math in torch, which supports all of them. Nothing is dropp
 - **attn_mask**: bool (True = attend) or additive float, broadcastable to `[B, Hq, Sq, Sk]` on q's device (SDPA's
   rule); a `[Sk]` or scalar mask is passed on as a `[1, Sk]` view (SDPA's kernels need two dimensions).
 - **scale** and **softcap** are finite Python or numpy numbers, scale > 0, softcap >= 0 (0 or None: off);
-  `dropout_p` in [0, 1); `causal`, `is_causal`, `enable_gqa`, `return_lse` are bools.
+  `dropout_p` a number in [0, 1); `causal`, `is_causal`, `enable_gqa`, `return_lse` are bools. A bool is not a
+  number here (`scale=True` is refused, even after a `scale=1.0` call), nor is a tensor; an int past float's range
+  is refused as infinite.
+- **additive masks** wider than q's dtype (a float32 mask on bfloat16 inputs) keep their finite values finite:
+  `torch.finfo(torch.float32).min` hides a key as a large negative logit, not as `-inf`, so a row hidden
+  everywhere by it averages v as the exact math does.
 - **softcap** `c`: logits become `c * tanh(logits / c)` after scaling, before masks (Gemma 2).
 - **sinks** `[Hq]`: one extra logit per head in the softmax denominator that carries no value (GPT-OSS `s_aux`).
 - **lse**: float32 `log(sum exp(logits) [+ exp(sink)])`, `[B, Hq, Sq]` (`[Hq, total_q]` for varlen).
@@ -55,7 +60,8 @@ float32-accumulating math in torch, which supports all of them. Nothing is dropp
   makes it reproducible); applied whenever `dropout_p > 0`, as SDPA does.
 - **varlen**: packed `[total, H, D]` with int32 `cu_seqlens_q/k` `[batch + 1]` on q's device: they start at 0,
   never decrease and end at the packed rows; `max_seqlen_q/k` None or at least the longest sequence;
-  **paged KV**: page pools `[num_blocks, page_size, Hkv, D]`, int32 `block_table [B, blocks]` and `seqused_k [B]`.
+  **paged KV**: page pools `[num_blocks, page_size, Hkv, D]` (v's pool pairs k's page for page; only its head
+  dim may differ), int32 `block_table [B, blocks]` and `seqused_k [B]`.
 - Nested (jagged) tensors, numpy arrays and lists are refused with a hint (pass `values()` and `offsets()` as
   varlen; `torch.as_tensor` for arrays). Every refusal is a `DispatchError` with a hint, raised before any backend
   runs (`attnforge/dispatch/inputs.py`).
