@@ -12,7 +12,9 @@ and the runtime reads through :class:`attnforge.dispatch.state.RuntimeRecords`, 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
+import shutil
 import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -24,7 +26,7 @@ from attnforge._system.statedb import (
     DamagedDatabaseError,
     SqliteKind,
     can_write,
-    connect_shared,
+    connect_reading,
     file_problem,
     home_problem,
     move_aside,
@@ -262,11 +264,8 @@ class RecordStore:
         if not self.path.exists():
             yield None
             return
-        try:
-            if can_write(self.path):
-                conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s)
-            else:  # a shared read-only home: no lock, no -shm, nothing written
-                conn = connect_shared(self.path, timeout_s=self._busy_timeout_s)
+        try:  # read-only where the home cannot be written or the disk refuses a write (full): reads still work
+            conn = connect_reading(self.path, timeout_s=self._busy_timeout_s)
             try:
                 self._check_schema(conn)
                 yield conn
@@ -276,15 +275,17 @@ class RecordStore:
             raise self.error(exc, doing) from None
 
     @contextmanager
-    def _writer(self, doing: str) -> Iterator[sqlite3.Connection]:
-        """One transaction on a writable records.db (created, and its schema brought up to date, here)."""
+    def _writer(self, doing: str, *, lost: str = "the records were not saved") -> Iterator[sqlite3.Connection]:
+        """One transaction on a writable records.db (created, and its schema brought up to date, here); a failure
+        says ``lost`` first."""
         self._check_file()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise self.error(exc, doing) from None
+            raise self.error(exc, doing, lost=lost) from None
         if not can_write(self.path):
-            raise self.error(PermissionError(13, "this user cannot write it (a read-only or shared home)"), doing)
+            raise self.error(PermissionError(errno.EACCES, "this user cannot write it (a read-only or shared home)"),
+                             doing, lost=lost)
         try:
             conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s)
             try:
@@ -301,14 +302,15 @@ class RecordStore:
             finally:
                 conn.close()
         except sqlite3.Error as exc:
-            raise self.error(exc, doing) from None
+            raise self.error(exc, doing, lost=lost) from None
 
     def _check_file(self) -> None:
         why = home_problem(self.path)
         if why is not None:
-            err = CacheError(f"the attnforge home {self.path.parent} cannot hold records.db", cause=why,
-                             hint="point ATTNFORGE_HOME at a directory (e.g. `export ATTNFORGE_HOME=$HOME/.af`)")
-            err.exit_code = 2  # ATTNFORGE_HOME names a file: bad input
+            err = CacheError(f"the attnforge home {self.path.parent} cannot be used: it cannot hold records.db",
+                             cause=why, hint="point ATTNFORGE_HOME at a real directory (e.g. `export ATTNFORGE_HOME="
+                             "$HOME/.af`), or unset it to use the user cache dir")
+            err.exit_code = 2  # ATTNFORGE_HOME names a file or a symlink loop: bad input
             raise err
         problem = file_problem(self.path)
         if problem is not None:
@@ -322,29 +324,42 @@ class RecordStore:
         """The error for a records.db that is not a sound records database of this attnforge."""
         return DamagedDatabaseError(f"the records database {self.path} is damaged", cause=why, hint=RECOVERY)
 
-    def error(self, exc: BaseException, doing: str) -> CacheError:
-        """The user-facing error for a SQLite or OS failure while ``doing`` something with records.db."""
+    def error(self, exc: BaseException, doing: str, *, lost: str = "") -> CacheError:
+        """The user-facing error for a SQLite or OS failure while ``doing`` something with records.db, ``lost`` (what
+        a failed write cost: "the records were not saved") first. SQLite reports a full disk under a WAL database as a
+        "disk I/O error" (its ``-shm`` file cannot grow): the free space decides which it was."""
         kind = sqlite_kind(exc)
         text = getattr(exc, "strerror", None) or str(exc)
         if kind is SqliteKind.DAMAGED:
             return self.damaged(f"{type(exc).__name__}: {text}")
+        first = f"{lost}: " if lost else ""
         if kind is SqliteKind.LOCKED:
-            return CacheError(f"the records database {self.path} is locked; could not {doing}",
+            return CacheError(f"{first}the records database {self.path} is locked; could not {doing}",
                               cause=f"another process held it for over {self._busy_timeout_s:g} s: {text}",
                               hint="wait for the running `attnforge bench` or `verify` to finish, then retry")
-        return CacheError(f"could not {doing} in {self.path}", cause=text,
-                          hint="point ATTNFORGE_HOME at a directory you can write to (a read-only home is still "
-                          "read: doctor and attention() use its records)" if kind is SqliteKind.DISK else
-                          "free space there, or point ATTNFORGE_HOME at a bigger disk")
+        if kind is SqliteKind.FULL or self._disk_full():
+            return CacheError(f"{first}not enough disk space to {doing} in {self.path}", cause=text,
+                              hint="free space there, or point ATTNFORGE_HOME at a bigger disk (the records already "
+                              "there are still read)")
+        return CacheError(f"{first}could not {doing} in {self.path}", cause=text,
+                          hint="point ATTNFORGE_HOME at a directory you can write to, on a sound disk (a read-only "
+                          "home is still read: doctor and attention() use its records)")
+
+    def _disk_full(self) -> bool:
+        """Whether the disk under records.db has less than a SQLite page cache's worth of room (1 MiB) left."""
+        try:
+            return shutil.disk_usage(self.path.parent).free < 2**20
+        except OSError:
+            return False
 
     def check_writable(self) -> None:
         """Raise the error a write would raise, before a long job whose results go here (``verify``,
-        ``bench``); creates ``records.db`` with its schema when there is none.
+        ``bench``, ``warmup``); creates ``records.db`` with its schema when there is none.
 
         Raises:
             CacheError: the home cannot be written, or records.db is damaged (it names the file and the fix).
         """
-        with self._writer("store records"):
+        with self._writer("store records", lost="the results could not be saved, so nothing was run"):
             pass
 
     def read_or_empty(self, device_key: str) -> tuple[dict[str, VerifyRecord], list[BenchRecord], CacheError | None]:

@@ -9,6 +9,8 @@ newer attnforge). Both stores ask the same questions here:
 - :func:`schema_problem`: is an open database one of ours (its tables, ``PRAGMA user_version``)?
 - :func:`sqlite_kind`: what does a ``sqlite3`` error mean (disk full, disk or permissions, locked, damaged)?
 - :func:`connect_read_only`: a connection that writes nothing, takes no lock and creates no file;
+- :func:`connect_reading`: a reader's connection that still reads where a write would fail (a read-only home, a
+  full disk);
 - :func:`move_aside`: a damaged file renamed out of the way (never deleted), with its ``-wal``/``-shm``.
 
 Facts: SQLite's URI parameters ``mode=ro`` and ``immutable=1`` (https://www.sqlite.org/uri.html); the error
@@ -67,13 +69,15 @@ def sqlite_kind(exc: BaseException) -> SqliteKind:
 
 
 def file_problem(db: Path) -> str | None:
-    """Why ``db`` cannot be a database file (a directory, a socket, unreadable metadata), or None (a regular
-    file, or nothing there yet)."""
+    """Why ``db`` cannot be a database file (a directory, a socket, a symlink loop, unreadable metadata), or None (a
+    regular file, or nothing there yet)."""
     try:
         st = os.stat(db)
     except FileNotFoundError:
         return None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"it is a symlink loop ({exc.strerror})"
         return f"it cannot be read ({exc.strerror or exc})"
     if stat.S_ISDIR(st.st_mode):
         return "it is a directory, not a database file"
@@ -83,11 +87,18 @@ def file_problem(db: Path) -> str | None:
 
 
 def home_problem(db: Path) -> str | None:
-    """Why the directory of ``db`` can never hold it (it, or a directory above it, is a file), or None (it is
-    a directory, or does not exist yet and can be created)."""
+    """Why the directory of ``db`` can never hold it (it, or a directory above it, is a file or a symlink loop, or
+    cannot be reached), or None (it is a directory, or does not exist yet and can be created)."""
     for parent in db.parents:
-        if parent.exists():
-            return None if parent.is_dir() else f"{parent} is a file, not a directory"
+        try:
+            st = os.stat(parent)
+        except (FileNotFoundError, NotADirectoryError):  # not there yet, or under a file (found further up)
+            continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return f"{parent} is a symlink loop (its links point back at themselves: {exc.strerror})"
+            return f"{parent} cannot be reached ({exc.strerror or exc})"
+        return None if stat.S_ISDIR(st.st_mode) else f"{parent} is a file, not a directory"
     return None
 
 
@@ -135,6 +146,28 @@ def connect_shared(db: Path, *, timeout_s: float) -> sqlite3.Connection:
     except sqlite3.OperationalError as exc:
         conn.close()
         if sqlite_kind(exc) is SqliteKind.LOCKED:
+            raise
+        return connect_read_only(db, timeout_s=timeout_s)
+    return conn
+
+
+def connect_reading(db: Path, *, timeout_s: float) -> sqlite3.Connection:
+    """A reader's connection to an existing ``db`` that works wherever the file can be read: a normal one where this
+    user may write it (it sees a running writer's WAL), else :func:`connect_shared`; a normal open that the disk
+    refuses (no room for the ``-shm`` file on a full disk, an I/O error, a sidecar that cannot be opened) is read
+    immutable instead (:func:`connect_read_only`). A damaged or locked file still raises.
+
+    Raises:
+        sqlite3.Error: the file is not a database, is locked past ``timeout_s``, or cannot be read at all.
+    """
+    if not can_write(db):
+        return connect_shared(db, timeout_s=timeout_s)
+    conn = sqlite3.connect(db, timeout=timeout_s)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the WAL index now
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if sqlite_kind(exc) not in (SqliteKind.DISK, SqliteKind.FULL):
             raise
         return connect_read_only(db, timeout_s=timeout_s)
     return conn

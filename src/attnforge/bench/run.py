@@ -33,7 +33,8 @@ from attnforge.types.shapes import AttentionShape, Mode
 from attnforge.verify.causes import headline
 from attnforge.verify.device import DeviceInfo
 
-#: The share of free GPU memory the rotating input sets of one shape may take.
+#: The share of free device memory (the host's available memory on a CPU) the rotating input sets of one shape may
+#: take.
 INPUT_MEMORY_SHARE = 0.25
 
 
@@ -260,25 +261,64 @@ def _run_shape(shape: AttentionShape, *, adapters: Mapping[str, BackendAdapter],
         else:
             runnable.append(name)
     if runnable:
-        try:
-            sets = rotation_sets(set_bytes=set_bytes(shape), l2_bytes=device.l2_cache_bytes,
-                                 budget_bytes=_input_budget(device))
-            inputs = make_inputs(shape, sets, device.torch_device)
-        except Exception as exc:  # out of memory for the inputs themselves: every runnable cell is an error
-            detail = headline(exc)
-            cells.update({n: BenchCell(backend=n, status=CellStatus.ERROR, detail=detail) for n in runnable})
-            runnable = []
-        cells.update(_time_rounds({n: adapters[n] for n in runnable}, inputs, shape=shape, device=device,
-                                  timing=timing, progress=progress, clock=clock, calls=calls))
-        for name in runnable:
-            if name in quantized and cells[name].status is CellStatus.OK:
-                cells[name] = _with_error(cells[name], adapters[name], inputs[0], shape)
+        inputs, failure = _shape_inputs(shape, device, make_inputs)
+        if failure is not None:  # the shape's own inputs: every runnable cell says so, no backend is blamed
+            cells.update({n: BenchCell(backend=n, status=CellStatus.ERROR, detail=failure) for n in runnable})
+        else:
+            cells.update(_time_rounds({n: adapters[n] for n in runnable}, inputs, shape=shape, device=device,
+                                      timing=timing, progress=progress, clock=clock, calls=calls))
+            for name in runnable:
+                if name in quantized and cells[name].status is CellStatus.OK:
+                    cells[name] = _with_error(cells[name], adapters[name], inputs[0], shape)
         inputs = []
         _release(device)
     base = cells.get(baseline)
     base_ms = base.ms if base is not None and base.status is CellStatus.OK else None
     ordered = tuple(cells[n].with_ratio(base_ms) for n in adapters)
     return BenchRow(shape=shape, flops=shape_flops(shape), cells=ordered)
+
+
+def _shape_inputs(shape: AttentionShape, device: DeviceInfo,
+                  make_inputs: InputFactory) -> tuple[list[tuple[Any, ...]], str | None]:
+    """The rotating input sets of ``shape``, or none and why they cannot be made: a shape whose one input set
+    exceeds the device's free memory is refused before anything is allocated (on a CPU an allocation past the free
+    memory can succeed and the kernel's OOM killer then takes the process down, which reads as a crash of the
+    backend); one whose allocation fails says "does not fit" too."""
+    need = set_bytes(shape)
+    try:
+        free = _free_bytes(device)
+    except Exception as exc:  # the device's memory cannot be read (a CUDA error): the shape cannot run
+        return [], f"its inputs could not be made: {headline(exc)}"
+    if free is not None and need > free:
+        return [], (f"does not fit: one input set of this shape takes {_gib(need)}, the {device.type.value} has "
+                    f"{_gib(free)} free; try a smaller --seqlen or --batch")
+    budget = None if free is None else int(free * INPUT_MEMORY_SHARE)
+    sets = rotation_sets(set_bytes=need, l2_bytes=device.l2_cache_bytes, budget_bytes=budget)
+    try:
+        return make_inputs(shape, sets, device.torch_device), None
+    except Exception as exc:
+        return [], _failure(exc) if _out_of_memory(exc) else f"its inputs could not be made: {headline(exc)}"
+
+
+def _failure(exc: BaseException) -> str:
+    """A cell's error text: the exception's first meaningful line; an allocation that failed says the shape does not
+    fit and what to try."""
+    if _out_of_memory(exc):
+        return f"does not fit: {headline(exc)}; try a smaller --seqlen or --batch"
+    return headline(exc)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation that failed: torch's CUDA ``OutOfMemoryError``, Python's ``MemoryError``, or
+    torch's CPU allocator ("DefaultCPUAllocator: can't allocate memory")."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return "can't allocate memory" in text or "out of memory" in text
+
+
+def _gib(size_bytes: int) -> str:
+    return f"{size_bytes / 2**30:.3g} GiB"
 
 
 def _time_rounds(adapters: Mapping[str, BackendAdapter], inputs: Sequence[tuple[Any, ...]], *,
@@ -304,7 +344,7 @@ def _time_rounds(adapters: Mapping[str, BackendAdapter], inputs: Sequence[tuple[
                 done[name].append(measure(steps[name], sets=len(inputs), config=per_round, sync=sync, clock=clock))
             except Exception as exc:  # a backend may raise anything; the cell records it
                 _release(device)
-                failed[name] = BenchCell(backend=name, status=CellStatus.ERROR, detail=headline(exc))
+                failed[name] = BenchCell(backend=name, status=CellStatus.ERROR, detail=_failure(exc))
     out: dict[str, BenchCell] = dict(failed)
     flops = shape_flops(shape)
     for name in names:
@@ -314,7 +354,7 @@ def _time_rounds(adapters: Mapping[str, BackendAdapter], inputs: Sequence[tuple[
         try:
             peak = _peak_memory(steps[name], device, sync)
         except Exception as exc:
-            out[name] = BenchCell(backend=name, status=CellStatus.ERROR, detail=headline(exc))
+            out[name] = BenchCell(backend=name, status=CellStatus.ERROR, detail=_failure(exc))
             continue
         out[name] = BenchCell(backend=name, status=CellStatus.OK, ms=result.median_ms,
                               tflops=tflops(flops, result.median_ms), peak_mem_bytes=peak, timing=result)
@@ -329,7 +369,7 @@ def _with_error(cell: BenchCell, adapter: BackendAdapter, inputs: tuple[Any, ...
     try:
         error = output_error(adapter, inputs, causal=shape.causal)
     except Exception as exc:  # a backend may raise anything; the cell records it
-        return BenchCell(backend=cell.backend, status=CellStatus.ERROR, detail=f"error check: {headline(exc)}")
+        return BenchCell(backend=cell.backend, status=CellStatus.ERROR, detail=f"error check: {_failure(exc)}")
     return dataclasses.replace(cell, error=error)
 
 
@@ -357,13 +397,20 @@ def _peak_memory(step: Callable[[int], object], device: DeviceInfo, sync: Callab
     return peak
 
 
-def _input_budget(device: DeviceInfo) -> int | None:
-    if device.type is not DeviceType.CUDA:
-        return None
-    import torch
+def _free_bytes(device: DeviceInfo) -> int | None:
+    """Bytes free on ``device`` for the inputs: the GPU's free memory, or the host's available memory on a CPU
+    (None where it cannot be read)."""
+    if device.type is DeviceType.CUDA:
+        import torch
 
-    free, _total = torch.cuda.mem_get_info()
-    return int(free * INPUT_MEMORY_SHARE)
+        free, _total = torch.cuda.mem_get_info()
+        return int(free)
+    import psutil
+
+    try:
+        return int(psutil.virtual_memory().available)
+    except (OSError, RuntimeError):  # no /proc/meminfo (a sandbox): no bound, as before
+        return None
 
 
 def _release(device: DeviceInfo) -> None:

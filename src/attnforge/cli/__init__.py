@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from attnforge import __version__
-from attnforge.cli._output import emit_error, emit_unexpected, set_output_mode
+from attnforge.cli._output import emit_error, emit_os_error, emit_unexpected, set_output_mode
 from attnforge.errors import AttnforgeError, UsageError
 from attnforge.fetch.deadline import DEFAULT_BUDGET_S, NetDeadline, budget_from, command_deadline
 
@@ -169,14 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AttnforgeError as exc:
         emit_error(exc)
         return exc.exit_code
-    except OSError as exc:  # a full or read-only disk under any verb: a message, not a traceback
-        from attnforge.provision.cache import disk_error
-
-        error = disk_error(exc)
-        if error is None:
-            raise
-        emit_error(error)
-        return error.exit_code
+    except OSError as exc:  # a full, read-only or unwritable disk, a file in a folder's place: never a traceback
+        return emit_os_error(exc)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM during a build (signum 15: exit 143)
         click.echo(f"interrupted: {exc}" if str(exc) else "interrupted", err=True)
         return 128 + int(getattr(exc, "signum", 2))

@@ -100,37 +100,22 @@ def emit_error(exc: AttnforgeError) -> None:
 def emit_unexpected(exc: BaseException, *, argv: list[str]) -> int:
     """Report an exception nothing else caught: ``error: internal error ...``, a log with the traceback, exit 1.
 
-    A file-system or database fault (``OSError``, ``sqlite3.Error``) is named as such with the path involved; the
-    traceback goes to ``$ATTNFORGE_HOME/logs/internal-error-*.log`` (or the temp dir when that is unusable), and
-    to stderr under ``-v``.
+    A file-system fault (``OSError``) is :func:`emit_os_error`'s; a database fault (``sqlite3.Error``) is named as
+    such. The traceback goes to ``$ATTNFORGE_HOME/logs/internal-error-*.log`` (or the temp dir when that is
+    unusable), and to stderr under ``-v``.
     """
-    import os
     import sqlite3
     import traceback
 
     from attnforge import __version__
-    from attnforge._system.paths import home_dir
 
+    if isinstance(exc, OSError):  # a file-system fault, not a bug: named with its path and the fix
+        return emit_os_error(exc)
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     log = _write_crash_log(f"attnforge {__version__}\nargv: {argv}\n\n{text}")
     where = f"; the traceback is in {log}" if log else ""
-    home = home_dir(os.environ)
-    if isinstance(exc, OSError) and home.exists() and not home.is_dir():
-        err: AttnforgeError = UsageError(
-            f"ATTNFORGE_HOME={home} is not a directory",
-            cause=f"{type(exc).__name__}: {exc.strerror or exc}",
-            hint="point ATTNFORGE_HOME at a directory (it is created when missing), or unset it to use the "
-                 "user cache dir",
-        )
-    elif isinstance(exc, OSError):
-        path = exc.filename or "a file attnforge needed"
-        err = AttnforgeError(
-            f"cannot use {path}: {exc.strerror or exc}",
-            cause=f"{type(exc).__name__} (errno {exc.errno})",
-            hint="check that the path exists, is a directory where one is expected, is writable and has free "
-                 f"space; ATTNFORGE_HOME=DIR moves attnforge's state elsewhere{where}",
-        )
-    elif isinstance(exc, sqlite3.Error):
+    err: AttnforgeError
+    if isinstance(exc, sqlite3.Error):
         err = AttnforgeError(
             f"attnforge's database under ATTNFORGE_HOME could not be used: {exc}",
             cause=type(exc).__name__,
@@ -146,6 +131,96 @@ def emit_unexpected(exc: BaseException, *, argv: list[str]) -> int:
         click.echo(text.rstrip(), err=True)
     emit_error(err)
     return err.exit_code
+
+
+def emit_os_error(exc: OSError) -> int:
+    """Report a file-system fault that reached the command line (:func:`os_error`); returns its exit code. Under
+    ``-v`` the traceback goes to stderr too (no log file: the disk may be the problem)."""
+    import traceback
+
+    if _Mode.verbose:
+        click.echo("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip(), err=True)
+    err = os_error(exc)
+    emit_error(err)
+    return err.exit_code
+
+
+def os_error(exc: OSError) -> AttnforgeError:
+    """The user-facing error for an ``OSError`` under any verb, never an internal error: a full or read-only disk
+    (:func:`attnforge.provision.cache.disk_error`); ``ATTNFORGE_HOME`` that is a file or a symlink loop (bad input,
+    exit 2); a path under it this user may not write ("ATTNFORGE_HOME ... is not writable"); a file where a folder
+    is needed, or a folder where a file is; else the path and the OS's reason. Each names the path and a fix."""
+    import errno
+    import os
+
+    from attnforge._system.paths import home_dir
+    from attnforge.provision.cache import disk_error
+
+    disk = disk_error(exc)
+    if disk is not None:
+        return disk
+    home = Path(os.path.abspath(home_dir(os.environ)))
+    path = _os_error_path(exc)
+    in_home = path is not None and (path == home or home in path.parents)
+    why = exc.strerror or str(exc)
+    cause = f"{type(exc).__name__} (errno {exc.errno})"
+    elsewhere = "point ATTNFORGE_HOME at another folder (e.g. `export ATTNFORGE_HOME=$HOME/.af`), or unset it"
+    if os.path.exists(home) and not os.path.isdir(home):
+        return UsageError(f"ATTNFORGE_HOME={home} is not a directory", cause=cause,
+                          hint="point ATTNFORGE_HOME at a directory (it is created when missing), or unset it to use "
+                               "the user cache dir")
+    if exc.errno == errno.ELOOP:
+        if in_home:
+            return UsageError(f"ATTNFORGE_HOME={home} cannot be used: {path} is a symlink loop (its links point back "
+                              "at themselves)", cause=cause,
+                              hint=f"`ls -l {home}` shows where it points: make it a real folder, or {elsewhere}")
+        return AttnforgeError(f"cannot use {path}: it is a symlink loop", cause=cause,
+                              hint=f"`ls -l {path}` shows where it points: remove or fix the link")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        if in_home:
+            return AttnforgeError(f"ATTNFORGE_HOME {home} is not writable: {path}: {why}", cause=cause,
+                                  hint=f"set ATTNFORGE_HOME to a writable folder (e.g. `export ATTNFORGE_HOME=$HOME/"
+                                       f".af`), or give this user write access to {home}")
+        return AttnforgeError(f"cannot use {path or 'a file attnforge needed'}: {why}", cause=cause,
+                              hint="give this user access to it, or choose a path this user can write")
+    blocker = _file_in_the_way(path) if exc.errno in (errno.ENOTDIR, errno.EEXIST) else None
+    if blocker is not None:
+        return AttnforgeError(f"{blocker} is a file where attnforge needs a folder", cause=f"{cause}: {why}: {path}",
+                              hint=f"move it aside (`mv {blocker} {blocker}.bad`) and run the command again"
+                                   + (f", or {elsewhere}" if in_home else ""))
+    if exc.errno == errno.EISDIR and path is not None:
+        return AttnforgeError(f"{path} is a folder where attnforge needs a file", cause=cause,
+                              hint=f"move it aside (`mv {path} {path}.bad`) and run the command again")
+    return AttnforgeError(
+        f"cannot use {path or 'a file attnforge needed'}: {why}", cause=cause,
+        hint="check that the path exists, is a directory where one is expected, is writable and has free space; "
+             "ATTNFORGE_HOME=DIR moves attnforge's state elsewhere",
+    )
+
+
+def _os_error_path(exc: OSError) -> Path | None:
+    """The absolute path an ``OSError`` names (None for a file descriptor or no name); not resolved: a symlink loop
+    has no resolution."""
+    import os
+
+    name = exc.filename
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
+    return Path(os.path.abspath(name)) if isinstance(name, (str, os.PathLike)) else None
+
+
+def _file_in_the_way(path: Path | None) -> Path | None:
+    """The first of ``path`` and its parents that is there and is not a folder (a file where a folder must be)."""
+    import os
+    import stat
+
+    for candidate in ([] if path is None else [path, *path.parents]):
+        try:
+            st = os.stat(candidate)
+        except OSError:
+            continue
+        return None if stat.S_ISDIR(st.st_mode) else candidate
+    return None
 
 
 def _write_crash_log(text: str) -> str | None:
@@ -168,6 +243,31 @@ def _write_crash_log(text: str) -> str | None:
         except OSError:
             continue
     return None
+
+
+def require_torch(verb: str) -> None:
+    """Import torch for a verb that runs kernels (``verify``, ``bench``, ``warmup``); when it does not import, say so
+    and how to install it, instead of an internal error.
+
+    Raises:
+        AttnforgeError: torch is not installed in this interpreter, or its import fails (the error's one line).
+    """
+    try:
+        import torch  # noqa: F401 - imported for its side effect: the check
+    except Exception as exc:  # any failure of the import (a missing CUDA library is an OSError)
+        from attnforge.report.doctor import torch_cuda_hint
+        from attnforge.verify.causes import headline
+
+        missing = isinstance(exc, ModuleNotFoundError) and exc.name == "torch"
+        python = sys.executable
+        raise AttnforgeError(
+            f"`attnforge {verb}` needs torch, and torch "
+            + (f"is not installed in {python}" if missing else f"fails to import in {python}: {headline(exc)}"),
+            cause=None if missing else f"{type(exc).__name__} while importing torch",
+            hint=f"install the torch build that matches your CUDA driver into this interpreter, e.g. `{python} -m "
+                 f"{torch_cuda_hint()}` (`pip install torch` on a machine without a GPU); `attnforge doctor` says "
+                 "what this machine has",
+        ) from None
 
 
 def snapshot_option(f: Any) -> Any:

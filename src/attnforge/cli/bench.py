@@ -11,7 +11,7 @@ import click
 
 from attnforge.bench.run import BenchCell, BenchReport, CellStatus
 from attnforge.bench.stability import DEFAULT_MAX_NOISE
-from attnforge.cli._output import console, emit_json, json_option
+from attnforge.cli._output import console, emit_json, json_option, require_torch
 from attnforge.cli._types import FiniteFloat, timeout_type
 from attnforge.ranking import Ranking
 
@@ -64,6 +64,7 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
     Without BACKENDS, every backend `attnforge verify` passed on this device is measured; SDPA with no kernel
     forced (`sdpa`) is always measured as the baseline. Results are stored for the dispatcher.
     """
+    require_torch("bench")
     from attnforge._system.interrupt import sigterm_interrupts
     from attnforge.bench import ShapeSet, to_records
     from attnforge.bench.isolated import crash_records

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from attnforge.bench.report import device_json
-from attnforge.cli._output import console, emit_json, json_option, verbose
+from attnforge.cli._output import console, emit_json, json_option, require_torch, verbose
 from attnforge.cli._types import timeout_type
 from attnforge.verify.check import BackendVerification, CaseStatus, details_json
 from attnforge.verify.run import VerifyReport
@@ -32,6 +32,7 @@ def command(backends: tuple[str, ...], device: str | None, seed: int, timeout_s:
     Without BACKENDS, every installed backend with a path on this device is verified. Exit 0 when every
     verified backend passed, 1 when one failed. Verdicts are stored for `attnforge doctor` and the dispatcher.
     """
+    require_torch("verify")
     from attnforge.backends.registry import adapters
     from attnforge.catalog import load_catalog
     from attnforge.catalog.tolerances import load_tolerances

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
 
-from attnforge.cli._output import console, emit_json, json_option
+from attnforge.cli._output import console, emit_json, json_option, require_torch
 from attnforge.cli._types import timeout_type
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -45,18 +47,22 @@ def command(*, model_config: Path | None, shape_set: str | None, batch: int | No
     waits for a first use: every verified candidate is compiled into the compile caches under ATTNFORGE_HOME
     and timed as the model issues it; the results are the records attention() reads.
 
-    Exit 0 when every class was warmed, 1 when a call failed or measuring is off (ATTNFORGE_AUTOTUNE=0).
+    Exit 0 when every class was warmed and its records saved, 1 when a call failed, measuring is off
+    (ATTNFORGE_AUTOTUNE=0) or the records could not be saved.
     """
+    require_torch("warmup")
     from attnforge.bench import ShapeSet
     from attnforge.bench.select import choose_shapes
     from attnforge.dispatch.warmup import warmup
     from attnforge.errors import UsageError
+    from attnforge.records import open_records
     from attnforge.types.device import DeviceType
     from attnforge.verify.device import current_device
 
     if model_config is None and shape_set is None:
         raise UsageError("warmup needs either --model config.json or --shapes",
                          hint="attnforge warmup --model path/to/config.json")
+    open_records().check_writable()  # before the work: its measurements are the records (names the file and the fix)
     dev = current_device(device)
     dtype_name = _DTYPES[dtype] if dtype else ("bfloat16" if dev.type is DeviceType.CUDA else "float32")
     window = softcap = padded_prefill_from = None
@@ -79,15 +85,37 @@ def command(*, model_config: Path | None, shape_set: str | None, batch: int | No
         chosen = [Layout.BHSD, Layout.BSHD] if layout == "both" else [Layout.BSHD]
         shapes = [dataclasses.replace(s, layout=lay) for s in shapes for lay in chosen]
     out = console(stderr=True)
-    with out.status("warming up", spinner="dots") as status:
+    with out.status("warming up", spinner="dots") as status, _state_problems() as problems:
         report = warmup(shapes, device=dev.torch_device, window=window, softcap=softcap, budget_s=budget_s,
                         rounds=rounds, progress=None if as_json else lambda s: status.update(s.label),
                         padded_prefill_from=padded_prefill_from)
     if as_json:
-        emit_json("warmup", _json(report))
+        emit_json("warmup", {**_json(report), "records_saved": not problems, "records_problems": problems})
     else:
         _render(console(), report)
-    return 0 if report.measuring and all(not c.error for c in report.classes) else 1
+    for problem in problems:  # the runtime went on without its records (disk full mid-run): the warm-up is lost
+        click.echo(f"error: the measurements of this warm-up were not saved: {problem}", err=True)
+    return 0 if report.measuring and all(not c.error for c in report.classes) and not problems else 1
+
+
+@contextmanager
+def _state_problems() -> Iterator[list[str]]:
+    """The runtime's :class:`~attnforge.dispatch.state.StateWarning` texts while the body runs (records.db could not
+    be read or written: the runtime never raises, it warns once and keeps measurements in the process), recorded
+    instead of printed; every other warning is shown as usual."""
+    import warnings
+
+    from attnforge.dispatch.state import StateWarning
+
+    problems: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StateWarning)  # recorded, never raised (an "error" filter included)
+        yield problems
+    for w in caught:
+        if issubclass(w.category, StateWarning):
+            problems.append(str(w.message).removeprefix("attnforge: "))
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
 def _json(report: Any) -> dict[str, Any]:
