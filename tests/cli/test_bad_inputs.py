@@ -193,3 +193,55 @@ def test_a_bad_columns_is_ignored_with_a_note_and_the_output_still_printed(
     assert "this machine" in out  # COLUMNS=-5 once printed nothing at all
     assert "internal error" not in err
     assert ("is not a width in columns" in err) is bool(columns.strip())
+
+
+@pytest.mark.parametrize("line", ["doctor", "cache list --json", "warmup --shapes 1x8x128x64"])
+def test_an_unknown_autotune_setting_is_a_usage_error_naming_the_accepted_values(
+    line: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ATTNFORGE_AUTOTUNE=banana`` was read as the default without a word; now every verb refuses it (exit 2),
+    while ``--help`` and ``--version`` still work."""
+    monkeypatch.setenv("ATTNFORGE_AUTOTUNE", " Banana ")
+    code = main(line.split())
+    captured = capsys.readouterr()
+    text = captured.out if "--json" in line else captured.err
+    assert code == 2, text
+    assert "ATTNFORGE_AUTOTUNE='banana' is not a setting" in text and "background" in text
+    assert main(["--version"]) == 0 and main(["doctor", "--help"]) == 0
+
+
+@pytest.mark.parametrize(("value", "want"), [("", "default"), (" OFF ", "off"), ("0", "off"), ("yes", "on"),
+                                             ("1", "on"), ("Background", "background")])
+def test_the_autotune_setting_reads_every_accepted_spelling(value: str, want: str) -> None:
+    from attnforge.dispatch.autotune_env import setting
+
+    assert setting({"ATTNFORGE_AUTOTUNE": value}) == want
+
+
+def test_attention_warns_once_for_an_unknown_autotune_setting_and_serves(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The runtime never raises over the setting: one warning, then the default (a forward pass is not taken down)."""
+    import warnings
+
+    import torch
+
+    import attnforge
+    from attnforge.dispatch import autotune_env, runtime
+    from attnforge.records import RecordStore
+
+    monkeypatch.setenv("ATTNFORGE_AUTOTUNE", "sometimes")
+    monkeypatch.setattr(autotune_env, "_WARNED", set())
+    previous = runtime.set_dispatcher(runtime.Dispatcher(records=RecordStore(tmp_path / "home")))
+    try:
+        q = torch.randn(1, 2, 3, 8)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                out = attnforge.attention(q, q, q)
+                assert out.shape == q.shape
+        assert autotune_env.lenient() == "default"
+    finally:
+        runtime.set_dispatcher(previous)
+    ours = [w for w in caught if "ATTNFORGE_AUTOTUNE" in str(w.message)]
+    assert len(ours) == 1 and "'sometimes' is not a setting" in str(ours[0].message)

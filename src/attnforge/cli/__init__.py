@@ -16,6 +16,7 @@ import click
 
 from attnforge import __version__
 from attnforge.cli._output import emit_error, emit_os_error, emit_unexpected, set_output_mode
+from attnforge.dispatch.autotune_env import setting as autotune_setting
 from attnforge.errors import AttnforgeError, UsageError
 from attnforge.fetch.deadline import DEFAULT_BUDGET_S, NetDeadline, budget_from, command_deadline
 
@@ -152,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # one network deadline for the whole command; its "waiting for ..." lines go to stderr
         deadline = NetDeadline(budget_s=budget_from(os.environ), on_wait=_say_waiting)
+        if own and not {"--help", "-h", "--version"} & set(own):  # help and version work whatever the setting
+            autotune_setting(os.environ)  # a typo in ATTNFORGE_AUTOTUNE: a usage error now, not a silent default
         with command_deadline(deadline):
             result: Any = cli.main(args=args, prog_name="attnforge", standalone_mode=False)
     except click.exceptions.Exit as exc:

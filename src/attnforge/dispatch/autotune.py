@@ -52,7 +52,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
-import os
 import time
 import uuid
 import weakref
@@ -64,7 +63,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from attnforge.backends._base import graph_capturing
 from attnforge.backends.adapter import AttentionCall, BackendAdapter
 from attnforge.backends.exact import EXACT
-from attnforge.dispatch import background
+from attnforge.dispatch import autotune_env, background
 from attnforge.dispatch.policy import (
     FALLBACK,
     Decision,
@@ -79,11 +78,9 @@ if TYPE_CHECKING:
     from attnforge.bench.timing import TimingConfig
 
 
-ENV = "ATTNFORGE_AUTOTUNE"
-_OFF = {"0", "false", "no", "off"}
-_ON = {"1", "true", "yes", "on"}
+ENV = autotune_env.ENV
 #: the variable's value that measures off the calling thread (opt-in: see the module docstring)
-BACKGROUND = "background"
+BACKGROUND = autotune_env.BACKGROUND
 #: timed repetitions per candidate and round at most: the budget is an estimate, this bounds a bad one
 MAX_REPS = 200
 
@@ -193,15 +190,15 @@ def quiet() -> AbstractContextManager[None]:
 def active(device_type: str = "cuda") -> AutotuneConfig | None:
     """The configuration measuring a call on ``device_type`` now, or None when it is off (the module
     docstring's rules: the variable's 0 first, then a context, then the variable's 1, then on for CUDA)."""
-    env = os.environ.get(ENV, "").strip().lower()
-    if env in _OFF:
+    env = autotune_env.lenient()  # an unknown value: one warning, then the default (never an error here)
+    if env == "off":
         return None
     config = _ACTIVE.get()
     if config is not None:
         return config
-    if env == BACKGROUND and device_type == "cuda":
+    if env == "background" and device_type == "cuda":
         return DEFAULT_BACKGROUND
-    if env in _ON or device_type == "cuda":
+    if env == "on" or device_type == "cuda":
         return DEFAULT
     return None
 
