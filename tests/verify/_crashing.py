@@ -73,3 +73,14 @@ class SoftcapBrokenAdapter(SdpaMathAdapter):
         if features:
             raise RuntimeError("torch._dynamo.exc.Unsupported: softcap")
         return sdpa_math(q, k, v, causal=causal, scale=scale)
+
+
+@dataclass
+class UnbuildableAdapter(SdpaMathAdapter):
+    """Pickles in the parent, raises when the child rebuilds it: a Python exception in the bench's own code in the
+    child (as an UnboundLocalError of run_bench once did), not the backend's kernel crashing."""
+
+    name: str = "unbuildable"
+
+    def __setstate__(self, state: Any) -> None:
+        raise ValueError("this adapter cannot be rebuilt in a child")

@@ -218,3 +218,23 @@ def test_a_stopped_bench_keeps_the_backends_it_finished(
     assert "bench stopped:" in err and "stored in" in err and "not measured: hang" in err
     assert {r.backend for r in store.bench_records(key)} == {"sdpa"}
     assert "hang" not in store.latest_verify(key)  # stopped by the user: not a verdict on the backend
+
+
+def test_a_python_exception_in_the_bench_child_is_an_error_cell_not_a_crash_record() -> None:
+    """The child's own code raising (a harness fault) used to be taken for the backend's crash: a failed verify
+    record, and doctor then called the backend unverified. Now: error cells naming the exception, no crash."""
+    from attnforge.bench.grid import ShapeSet
+    from attnforge.bench.isolated import bench_in_children, crash_records
+    from attnforge.bench.select import choose_shapes, choose_timing
+    from tests.verify._crashing import UnbuildableAdapter
+
+    device = current_device("cpu")
+    shapes = choose_shapes(ShapeSet.DEFAULT, device=device, dtype="float32", causal="off", mode="fwd",
+                           batch=None, heads_q=None, heads_kv=None, head_dims=(32,), seqlens=(64,), seqlen_k=None)
+    got = bench_in_children(shapes, adapters={"unbuildable": UnbuildableAdapter()}, baseline="unbuildable",
+                            device=device, timing=choose_timing(device, "auto"), isolation=Isolation(timeout_s=60),
+                            runner=SubprocessRunner(), environ=dict(os.environ))
+    cells = [row.cells[0] for row in got.report.rows]
+    assert cells and all(c.status.value == "error" for c in cells)
+    assert all("raised ValueError: this adapter cannot be rebuilt in a child" in (c.detail or "") for c in cells)
+    assert got.crashes == {} and crash_records(got, device) == []

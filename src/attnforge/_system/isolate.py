@@ -43,12 +43,16 @@ class ChildOutcome:
         failure: None when the child finished; else ``"SIGSEGV"``, ``"SIGABRT"``, ``"hang (no result within
             60 s)"``, ``"exit status 3"``.
         output_tail: the last lines of the child's stderr (a Python traceback, a CUDA message).
+        raised: the one line of a Python exception that ended the child (``"UnboundLocalError: ..."``), or None:
+            the caller's own code failed in the child, which is not the child's kernel crashing (a signal, an
+            abort, a hang).
     """
 
     items: tuple[Any, ...]
     current: Any
     failure: str | None
     output_tail: str = ""
+    raised: str | None = None
 
 
 def run_in_child(target: str, payload: Any, *, runner: Runner, python: str = sys.executable,
@@ -64,12 +68,13 @@ def run_in_child(target: str, payload: Any, *, runner: Runner, python: str = sys
         items = _read_all(folder / "items")
         steps = _read_all(folder / "steps")
         output = done.stderr + _text(folder / "output")
+        raised = _text(folder / "raised").strip() or None
     finished = done.returncode == 0
     current = steps[-1] if steps and len(steps) > len(items) else None
     tail = "\n".join(output.strip().splitlines()[-6:])
     return ChildOutcome(items=tuple(items), current=None if finished else current,
                         failure=None if finished else describe_exit(done.returncode, output, timeout_s),
-                        output_tail=tail)
+                        output_tail=tail, raised=None if finished else raised)
 
 
 def describe_exit(returncode: int, stderr: str, timeout_s: float) -> str:
@@ -145,9 +150,13 @@ def main(argv: Sequence[str]) -> int:
     func = resolve(target)
     with (folder / "items").open("ab") as items, (folder / "steps").open("ab") as steps:
         results: Iterator[Any] = func(payload, _announcer(steps))
-        for item in results:
-            pickle.dump(item, items)
-            items.flush()
+        try:
+            for item in results:
+                pickle.dump(item, items)
+                items.flush()
+        except Exception as exc:  # the caller's code raised (ChildOutcome.raised); the traceback goes to output
+            (folder / "raised").write_text(f"{type(exc).__name__}: {exc}"[:500], encoding="utf-8")
+            raise
     return 0
 
 

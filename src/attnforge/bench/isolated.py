@@ -3,7 +3,8 @@
 Each backend runs :func:`attnforge.bench.run.run_bench` one shape at a time in its own child; the parent merges
 the rows and the ratios to the baseline. A backend that kills its child (a signal, an abort) or hangs gets error
 cells naming the signal and the shape, and a failed verify record, so doctor shows it and the dispatcher never
-picks it.
+picks it. A Python exception that ends the child is the bench's own fault (``run_bench`` turns a backend's
+exceptions into error cells): error cells, no verify record.
 """
 
 from __future__ import annotations
@@ -130,7 +131,11 @@ def _run_child(job: _Job, *, isolation: Isolation, runner: Runner, environ: Mapp
     got = run_in_child("attnforge.bench.isolated:child_rows", job, runner=runner, python=isolation.python,
                        env=environ, timeout_s=isolation.timeout_s)
     done = [p for p in got.items if isinstance(p, PairedCell)]
-    if got.failure is not None:
+    if got.raised is not None:  # the bench's own code raised in the child: error cells, never the backend's crash
+        text = f"not measured: the bench's child process raised {got.raised}"
+        done += [PairedCell(cell=BenchCell(backend=job.name, status=CellStatus.ERROR, detail=text))
+                 for _ in range(len(job.shapes) - len(done))]
+    elif got.failure is not None:
         shape = got.current if isinstance(got.current, AttentionShape) else None
         text = (crash_text(got.failure, shape.dtype, shape.head_dim, caps) + f" ({shape.label})"
                 if shape is not None else f"{got.failure} before the first shape")
