@@ -16,17 +16,19 @@ from pathlib import Path
 
 from attnforge.catalog.failures import Condition, FailureCatalog, FailureSignature, load_failures
 from attnforge.diagnose.extract import FailureSite, LogLine, find_failure
-from attnforge.diagnose.logfacts import LogFacts, full_module, log_facts, printable
+from attnforge.diagnose.logfacts import MAX_LINE_CHARS, LogFacts, clipped, full_module, log_facts, printable
 from attnforge.errors import UsageError
 from attnforge.probe.snapshot import SystemSnapshot
 
-_SUCCESS = re.compile(r"^\s*(?:Successfully built |attnforge: built )", re.MULTILINE)
+_SUCCESS = re.compile(r"^[ \t]*(?:Successfully built |attnforge: built )", re.MULTILINE)  # \s would span lines
 _CONTEXT_LINES = 2
 _EXCERPT_LINES = 20
 _ERRORISH = re.compile(r"\berror\b|fatal|killed|not found|exhausted|no module named", re.IGNORECASE)
 _SOURCE_EXT = r"\.(?:cu|cuh|cpp|cc|cxx|c|h|hpp|hxx|inl)"
-_LOCATION = re.compile(  # a Windows path keeps its drive letter and its spaces ("C:\Program Files\...")
-    rf"(?P<file>[A-Za-z]:[\\/][^:()\n\"'<>|*?]*?{_SOURCE_EXT}|[^\s:()]+{_SOURCE_EXT})"
+# A Windows path keeps its drive letter and its spaces ("C:\Program Files\..."); any other file name starts where
+# a token starts (the look-behind), so a long run of path characters is scanned once, not once per character.
+_LOCATION = re.compile(
+    rf"(?P<file>[A-Za-z]:[\\/][^:()\n\"'<>|*?]{{0,4096}}?{_SOURCE_EXT}|(?<![^\s:()])[^\s:()]{{1,4096}}{_SOURCE_EXT})"
     r"(?::(?P<line>\d+)(?::\d+)?:|\((?P<line2>\d+)\):)\s+(?:fatal )?error"
 )
 
@@ -106,7 +108,9 @@ def diagnose_text(
 
     Signatures are tried first on the first ``FAILED:`` block (the compiler's words), then on the rest of the
     log without wrapper lines. Among the signatures that match one region, the highest ``priority`` wins, then
-    the earliest line. Signatures with ``when`` conditions apply only when the snapshot shows them.
+    the earliest line. Signatures with ``when`` conditions apply only when the snapshot shows them. A line longer
+    than :data:`~attnforge.diagnose.logfacts.MAX_LINE_CHARS` is read as its first and last half of that (the
+    notes say so); an empty log is "no failure" ("the log is empty: nothing to diagnose").
 
     Args:
         text: the log.
@@ -121,6 +125,25 @@ def diagnose_text(
     Raises:
         CatalogError: the packaged signatures are malformed.
     """
+    if not text.strip():
+        return Diagnosis(
+            known=False, signature=None, title="no failure", stage=None,
+            cause="the log is empty: nothing to diagnose", fix=(), evidence=(), location=None,
+            failed_target=None, log_path=log_path,
+        )
+    text, cut = clipped(text)
+    found = _diagnose(text, snapshot=snapshot, log_path=log_path, name=name, failures=failures, machine=machine)
+    if cut:
+        note = (f"{cut} line(s) longer than {MAX_LINE_CHARS // 1024} KiB were read as their first and last "
+                f"{MAX_LINE_CHARS // 2048} KiB")
+        found = dataclasses.replace(found, notes=(*found.notes, note))
+    return found
+
+
+def _diagnose(
+    text: str, *, snapshot: SystemSnapshot | object | None, log_path: str | None, name: str | None,
+    failures: FailureCatalog | None, machine: SystemSnapshot | None,
+) -> Diagnosis:
     catalog = failures or load_failures()
     snap = snapshot if isinstance(snapshot, SystemSnapshot) else None
     site = find_failure(text)

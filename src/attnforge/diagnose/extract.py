@@ -31,11 +31,11 @@ WRAPPER_PATTERNS = tuple(re.compile(p) for p in (
     r"Failed to build ",
     r"Could not build wheels for",
     r"ERROR: Failed building wheel",
-    r"error: command '.*ninja.*' failed",
+    r"error: command '(?=[^'\n]*ninja)[^'\n]*' failed",  # one pass to the quote (.*ninja.* is quadratic)
     r"Precompiled wheel not found",  # FA2's wheel-URL guess: chained noise (KB-03)
     r"Guessing wheel URL",
     r"HTTP Error 404",
-    r"^\s*\S*\s*exit code: \d+",
+    r"^\s*(?:\S+\s*)?exit code: \d+",
     r"^\s*attnforge: ",  # attnforge's own header and footer lines in its logs
 ))
 

@@ -14,7 +14,7 @@ _PACKAGE = (
     re.compile(r"Building wheel for (?P<name>[A-Za-z0-9][\w.-]*) \("),
     re.compile(r"Failed (?:building wheel for|to build) (?P<name>[A-Za-z0-9][\w.-]*)"),
     re.compile(r"attnforge: build(?:ing)? (?P<name>[A-Za-z0-9][\w.-]*)"),
-    re.compile(r"^\s*Collecting (?P<name>[A-Za-z0-9][\w.-]*?)(?:[=<>!~\[ ]|$)", re.MULTILINE),
+    re.compile(r"^[ \t]*Collecting (?P<name>[A-Za-z0-9][\w.-]*?)(?:[=<>!~\[ ]|$)", re.MULTILINE),
 )
 _TORCH = (
     re.compile(r"torch\.__version__\s*[=:]\s*['\"]?(?P<v>\d+\.\d+[\w.+-]*)"),
@@ -26,15 +26,18 @@ _NVCC_RELEASE = re.compile(r"Cuda compilation tools, release (?P<v>\d+\.\d+)"
                            r"|The CUDA compiler identification is NVIDIA (?P<cmake>\d+\.\d+)")
 #: The nvcc a command line invoked, or CUDA_HOME as a build script printed it: the version is in the folder name
 #: (``/usr/local/cuda-12.4/bin/nvcc``, ``C:\Program Files\NVIDIA GPU Computing Toolkit\CUDA\v12.4\bin\nvcc``).
+#: A POSIX path starts where a run of path characters starts (the look-behind) and a Windows path stops at the next
+#: ``:``, so each run is scanned once: a lazy scan from every ``/`` of a long run would be quadratic.
+_PATH_CHAR = r"[^\s'\":;=,()\[\]]"
 _CUDA_PATH = (
-    re.compile(r"(?P<home>/[^\s'\":;]*?/cuda-(?P<v>\d+\.\d+))/bin/nvcc\b"),
-    re.compile(r"(?P<home>[A-Za-z]:\\[^\n\"';]*?\\CUDA\\v(?P<v>\d+\.\d+))\\bin\\nvcc", re.IGNORECASE),
-    re.compile(r"CUDA_HOME\s*[=:]\s*['\"]?(?P<home>/[^\s'\":;]*?/cuda-(?P<v>\d+\.\d+))/?(?=['\"\s]|$)",
+    re.compile(rf"(?<!{_PATH_CHAR})(?P<home>/{_PATH_CHAR}*?/cuda-(?P<v>\d+\.\d+))/bin/nvcc\b"),
+    re.compile(r"(?P<home>[A-Za-z]:\\[^\n\"';:]*?\\CUDA\\v(?P<v>\d+\.\d+))\\bin\\nvcc", re.IGNORECASE),
+    re.compile(rf"CUDA_HOME[ \t]*[=:][ \t]*['\"]?(?P<home>/{_PATH_CHAR}*?/cuda-(?P<v>\d+\.\d+))/?(?=['\"\s]|$)",
                re.MULTILINE),
 )
 #: The host compiler's version line: ``gcc --version``, ``gcc -v``, CMake's identification, clang's banner.
 _HOST_COMPILER = (
-    re.compile(r"^\s*(?:gcc|g\+\+|c\+\+|cc)(?:-\d+)? \([^)\n]*\) (?P<v>\d+\.\d+(?:\.\d+)?)", re.MULTILINE),
+    re.compile(r"^[ \t]*(?:gcc|g\+\+|c\+\+|cc)(?:-\d+)? \([^)\n]*\) (?P<v>\d+\.\d+(?:\.\d+)?)", re.MULTILINE),
     re.compile(r"\bgcc version (?P<v>\d+\.\d+(?:\.\d+)?)"),
     re.compile(r"The CXX compiler identification is GNU (?P<v>\d+\.\d+(?:\.\d+)?)"),
 )
@@ -110,6 +113,32 @@ def printable(text: str) -> tuple[str, int]:
 
     clean = _UNPRINTABLE.sub(count, no_ansi.replace("\r", "\n"))
     return clean, dropped + escapes
+
+
+#: The longest line the signatures read: a longer one keeps its first and last half of this (the compiler's words
+#: open a line; a command's output file closes it). Patterns run in linear time, so this bounds the work and the
+#: evidence shown, not a backtracking blow-up.
+MAX_LINE_CHARS = 32 * 1024
+_CUT = " [... {n} characters left out ...] "
+
+
+def clipped(text: str, max_line_chars: int = MAX_LINE_CHARS) -> tuple[str, int]:
+    """``text`` with every line longer than ``max_line_chars`` cut to its first and last ``max_line_chars // 2``
+    characters, a marker saying how many were left out in between.
+
+    Returns:
+        The text and how many lines were cut.
+    """
+    if len(text) <= max_line_chars:
+        return text, 0
+    half = max_line_chars // 2
+    lines = text.split("\n")
+    cut = 0
+    for i, line in enumerate(lines):
+        if len(line) > max_line_chars:
+            lines[i] = line[:half] + _CUT.format(n=len(line) - 2 * half) + line[-half:]
+            cut += 1
+    return ("\n".join(lines), cut) if cut else (text, 0)
 
 
 def full_module(module: str, text: str) -> str:
