@@ -29,6 +29,7 @@ _UV_SPELLING: dict[str, str | None] = {
     "--force-reinstall": "--reinstall",
     "--disable-pip-version-check": None,
     "--no-input": None,
+    "-y": None,  # `uv pip uninstall` never asks
 }
 
 

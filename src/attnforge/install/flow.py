@@ -10,6 +10,7 @@ The resolver, the builder and the verifier are injected (:class:`Planner`, :clas
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from attnforge.fetch.download import check_digest, stream
 from attnforge.install.guards import interpreter_lock, scratch_dir
 from attnforge.install.keys import prebuilt_wheel_inputs, store_built
 from attnforge.install.overlap import warning as overlap_warning
-from attnforge.install.pip import PipInstallResult, install_requirements, pip_install
+from attnforge.install.pip import PipInstallResult, install_requirements, pip_install, uninstall
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import (
     BuildSpec,
@@ -176,7 +177,11 @@ def install(
         CacheError: a fetched wheel fails its hash check, or the disk is full.
         BuildError: the source build failed (with its log path).
         InstallError: pip failed, the artifact would change torch, or it would overwrite another
-            distribution's files (without ``allow_overlap``; the artifact stays cached for the next try).
+            distribution's files (without ``allow_overlap``; the artifact stays cached for the next try);
+            or its requirements could not be installed: the artifact is removed again when this run added it
+            (else the message says it is installed without them). A wheel that can no longer be fetched
+            (gone from its find-links folder or index) is not an error while the plan has another candidate:
+            the next one is used, and a warning says so.
     """
     run = _Run(store=store, planner=planner, builder=builder, snapshot=snapshot, fetch_index=fetch_index,
                require_hashes=require_hashes)
@@ -204,10 +209,13 @@ def install(
                                                 installer=pip.installer))
         if pip.missing_requirements:
             start = time.perf_counter()
-            done = install_requirements(
-                pip.missing_requirements, runner=runner, python=python, find_links=request.find_links,
-                index_urls=request.index_urls, offline=request.offline, scratch=scratch_dir(store),
-            )
+            try:
+                done = install_requirements(
+                    pip.missing_requirements, runner=runner, python=python, find_links=request.find_links,
+                    index_urls=request.index_urls, offline=request.offline, scratch=scratch_dir(store),
+                )
+            except InstallError as exc:
+                raise _requirements_failed(exc, pip, runner=runner, python=python) from None
             run.timings_s["requirements"] = time.perf_counter() - start
             if done:
                 run.warnings.append("also installed its requirements (torch pinned): " + ", ".join(done))
@@ -222,6 +230,27 @@ def install(
         verification=verification, warnings=tuple(run.warnings), timings_s=run.timings_s,
         hash_source=run.hash_source if action == Action.WHEEL else None,
     )
+
+
+def _requirements_failed(exc: InstallError, pip: PipInstallResult, *, runner: Runner, python: str) -> InstallError:
+    """The error for requirements that could not be installed after the artifact was: the artifact is removed
+    again when this run added it (nothing else was there, and it replaced no other distribution's files), so the
+    environment is as it was; otherwise the message says it is installed without its requirements."""
+    what = f"{pip.name} {pip.version}"
+    cause = f"{exc.message}: {exc.cause}" if exc.cause else exc.message
+    fix = f"{exc.hint}; then run the install again" if exc.hint else "run the install again"
+    if pip.previous_version is None and not pip.overlaps:
+        left = uninstall(pip.name, runner=runner, python=python)
+        if left is None:
+            return InstallError(f"{what} was not installed: its requirements could not be installed "
+                                f"(it was removed again from {python})", cause=cause, hint=fix)
+        cause = f"{cause}; removing it again failed: {left}"
+    elif pip.previous_version is not None:
+        cause = f"{cause}; it replaced {pip.name} {pip.previous_version}, which attnforge cannot put back"
+    else:
+        cause = f"{cause}; it was left in place: it replaced files of another distribution (--allow-overlap)"
+    return InstallError(f"{what} is installed in {python}, but its requirements are not: it will not import "
+                        "until they are", cause=cause, hint=fix)
 
 
 def _chosen(plan: Plan) -> Candidate:
@@ -257,7 +286,10 @@ def _obtain(run: _Run, request: Request, plan: Plan, chosen: Candidate) -> tuple
             )
         return _obtain(run, request, plan, _chosen(plan))
     if chosen.kind is CandidateKind.WHEEL and (chosen.wheel is not None or run.fetch_index is not None):
-        path, key = _from_wheel(run, chosen.wheel, request)
+        try:
+            path, key = _from_wheel(run, chosen.wheel, request)
+        except _UnfetchableError as gone:
+            return _next_candidate(run, request, plan, chosen, gone)
         return plan, Action.WHEEL, path, key
     if chosen.kind is CandidateKind.SOURCE and chosen.build is not None:
         spec = chosen.build
@@ -275,6 +307,31 @@ def _obtain(run: _Run, request: Request, plan: Plan, chosen: Candidate) -> tuple
                                 wanted_version=request.version)
         return plan, Action.BUILT, store.get(entry.key), entry.key
     raise InstallError(f"the plan chose {chosen.kind.value} without the details to act on it: {chosen}")
+
+
+class _UnfetchableError(InstallError):
+    """The planned wheel could not be fetched: gone from its folder or index since it was listed, or unreachable."""
+
+
+def _next_candidate(run: _Run, request: Request, plan: Plan, chosen: Candidate,
+                    gone: _UnfetchableError) -> tuple[Plan, str, Path, str]:
+    """Obtain the plan's next accepted candidate after ``chosen``, which could not be fetched (kept in the plan as
+    rejected, with why); an :class:`InstallError` naming both when there is none."""
+    why = f"could not be fetched: {gone.message}" + (f" ({gone.cause})" if gone.cause else "")
+    rest = Plan(request=plan.request, candidates=tuple(
+        dataclasses.replace(c, accepted=False, reasons=(*c.reasons, why)) if c is chosen else c
+        for c in plan.candidates))
+    following = rest.chosen
+    if following is None:
+        raise InstallError(
+            f"{chosen.description} {why}, and the plan has nothing else to install {request.backend} with",
+            cause=gone.cause,
+            hint=gone.hint or "run the command again (the listing is read afresh), or `attnforge plan "
+                 f"{request.backend}` to see every candidate",
+        )
+    run.warnings.append(f"{chosen.description} {why}; used the plan's next candidate instead: "
+                        f"{following.description}")
+    return _obtain(run, request, rest, following)
 
 
 def _from_cache(chosen: Candidate, run: _Run) -> Path | None:
@@ -300,7 +357,10 @@ def _from_wheel(run: _Run, ref: WheelRef | None, request: Request) -> tuple[Path
         if ref is None:
             assert run.fetch_index is not None  # checked by the caller  # noqa: S101
             _refuse_unhashed(run, f"package index: {request.backend}{request.version}")
-            local = run.fetch_index(request, Path(tmp))
+            try:
+                local = run.fetch_index(request, Path(tmp))
+            except InstallError as exc:
+                raise _UnfetchableError(exc.message, cause=exc.cause, hint=exc.hint) from None
             # pip download checks no hash unless given one: the hash below is only what arrived
             ref = WheelRef(filename=local.name, url=f"package index: {local.name}", sha256=None)
         else:
@@ -344,7 +404,8 @@ def _fetch(ref: WheelRef, request: Request, into: Path) -> Path:
     if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and ref.url[1:3] in (":\\", ":/")):
         source = Path(urllib.request.url2pathname(parsed.path)) if parsed.scheme == "file" else Path(ref.url)
         if not source.is_file():
-            raise InstallError(f"wheel {ref.filename} not found at {source}")
+            raise _UnfetchableError(f"wheel {ref.filename} is no longer at {source}",
+                                    hint=f"`attnforge plan {request.backend}` lists its folder afresh")
         shutil.copyfile(source, target)
         return target
     if request.offline:
@@ -354,7 +415,10 @@ def _fetch(ref: WheelRef, request: Request, into: Path) -> Path:
         )
     if parsed.scheme not in ("http", "https"):
         raise InstallError(f"cannot fetch {ref.url}: unsupported URL scheme {parsed.scheme!r}")
-    stream(ref.url, target)  # a progress bar on a terminal; InstallError on failure
+    try:
+        stream(ref.url, target)  # a progress bar on a terminal
+    except InstallError as exc:
+        raise _UnfetchableError(exc.message, cause=exc.cause, hint=exc.hint) from None
     return target
 
 

@@ -96,6 +96,8 @@ class PipInstallResult:
         duration_s: wall time of pip itself.
         overlaps: files of other distributions the install replaced (only with ``allow_overlap``).
         installer: the pip frontend that installed it (the interpreter's pip, or uv).
+        previous_version: the version of the same distribution that was there before (None: this install
+            added it, so removing it again restores the environment).
     """
 
     wheel: str
@@ -107,6 +109,7 @@ class PipInstallResult:
     duration_s: float
     overlaps: tuple[Overlap, ...] = ()
     installer: Installer | None = None
+    previous_version: str | None = None
 
 
 def check_requirements(meta: WheelMetadata, installed: Mapping[str, str | None]) -> tuple[str, ...]:
@@ -216,7 +219,7 @@ def pip_install(
             lines are the cause), or torch's version changed anyway.
     """
     meta = read_wheel_metadata(wheel)
-    names = sorted({"torch", *(_req_name(r) for r in meta.requires_dist)} - {""})
+    names = sorted({"torch", canonicalize_name(meta.name), *(_req_name(r) for r in meta.requires_dist)} - {""})
     before = installed_versions(python, names, runner)
     missing = check_requirements(meta, before)
     installer = installer_for(python, runner=runner)
@@ -241,8 +244,22 @@ def pip_install(
     return PipInstallResult(
         wheel=str(wheel), python=python, name=meta.name, version=meta.version,
         torch_version=after.get("torch"), missing_requirements=missing, duration_s=done.duration_s,
-        overlaps=overlaps, installer=installer,
+        overlaps=overlaps, installer=installer, previous_version=before.get(canonicalize_name(meta.name)),
     )
+
+
+def uninstall(name: str, *, runner: Runner, python: str = sys.executable, timeout_s: float = 300) -> str | None:
+    """Remove the distribution ``name`` from ``python`` (``pip uninstall -y``): the roll-back of an install this
+    run made. The torch stack is never removed.
+
+    Returns:
+        None when it was removed, else why not (the installer's last lines).
+    """
+    if canonicalize_name(name) in PROTECTED:
+        return f"{name} is part of the torch stack, which attnforge never removes"
+    installer = installer_for(python, runner=runner)
+    done = runner.run(installer.argv("uninstall", "-y", "--disable-pip-version-check", name), timeout_s=timeout_s)
+    return None if done.ok else _tail(done)
 
 
 def _req_name(text: str) -> str:
