@@ -8,7 +8,9 @@ An export directory is served as is by any static file server or bucket::
 
 so ``pip install --index-url file://DIR/simple NAME`` (or ``uv pip install``) installs from it, and
 ``attnforge cache import DIR`` recovers full cache entries (keys, provenance, logs) from it. Exporting into a
-directory that already holds an export adds to it and rewrites the index from everything there.
+directory that already holds an export adds to it and rewrites the index from everything there; a PEP 503 index
+that was there before keeps its projects and links (the pages are merged: attnforge writes only the links into its
+own ``artifacts/``). The store's own directory is never an export's destination.
 Source of the index format: PEP 503 (https://peps.python.org/pep-0503/).
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
+import html.parser
 import os
 import stat
 import uuid
@@ -30,7 +33,7 @@ from urllib.parse import quote
 import filelock
 from packaging.utils import canonicalize_name
 
-from attnforge._system.files import refuse_symlinked_dir, write_atomic
+from attnforge._system.files import open_nofollow, refuse_symlinked_dir, write_atomic
 from attnforge._system.statedb import DamagedDatabaseError
 from attnforge.cache._db import check_root
 from attnforge.cache._files import (
@@ -98,11 +101,13 @@ def export(store: Store, dest: Path, *, lock_timeout_s: float = EXPORT_LOCK_TIME
     symlink inside ``dest`` is followed (a planted one stops the export with a message instead).
 
     Raises:
+        UsageError: ``dest`` is the store's own directory, inside it, or holds it where the export writes.
         CacheError: the disk under ``dest`` is full (files already copied stay valid; the index is rewritten
             only after every copy succeeded), a symlink was planted in ``dest``, or the export lock is held by
             another export (or owned by another user) for longer than ``lock_timeout_s``.
     """
     dest = Path(dest).absolute()
+    _refuse_the_store(store, dest)
     for part in (dest, dest / "artifacts", dest / "simple"):
         refuse_symlinked_dir(part)
     try:
@@ -144,6 +149,20 @@ def export(store: Store, dest: Path, *, lock_timeout_s: float = EXPORT_LOCK_TIME
         dest=str(dest), index_url=(dest / "simple").as_uri(), exported=tuple(exported),
         already=tuple(already), projects=tuple(projects), skipped=(*skipped, *dupes), errors=tuple(errors),
     )
+
+
+def _refuse_the_store(store: Store, dest: Path) -> None:
+    """Refuse an export into the store (``$ATTNFORGE_HOME``) or over it: its ``artifacts/`` are the store's own
+    entries, which an export would replace, and its index pages would land in the cache."""
+    home, target = store.root.resolve(), dest.resolve()
+    written = (target, target / "artifacts", target / "simple")
+    if target == home or home in target.parents or any(w == home or w in home.parents for w in written[1:]):
+        raise UsageError(
+            f"cannot export into {dest}: it is the attnforge cache ({home}) or overlaps it",
+            cause="an export writes artifacts/ and simple/ into its destination, which would overwrite the "
+                  "cache's own entries",
+            hint="export into a directory outside ATTNFORGE_HOME, e.g. `attnforge cache export ./wheelhouse`",
+        )
 
 
 def _already_exported(target: Path, filename: str, sha256: str) -> bool:
@@ -205,7 +224,9 @@ def write_index(dest: Path) -> tuple[list[str], list[str]]:
 
     Two different entries with the same wheel file name (e.g. built for different archs without a local
     version label) cannot both be in one index, since pip picks among links by file name: the newest wins and
-    the others are reported.
+    the others are reported. The pages of an index that was there before are merged, not replaced: its projects
+    stay on the root page and its links (those not into ``artifacts/``) on each project page, unless one has the
+    file name of an exported wheel (reported too).
     """
     by_project: dict[str, dict[str, tuple[str, dict[str, Any]]]] = defaultdict(dict)
     skipped: list[str] = []
@@ -231,11 +252,68 @@ def write_index(dest: Path) -> tuple[list[str], list[str]]:
         ]
         refuse_symlinked_dir(simple / project)
         (simple / project).mkdir(exist_ok=True)
+        for text, attrs in _anchors(simple / project / "index.html"):
+            if attrs.get("href", "").startswith(_OWN_HREF):
+                continue  # a link of an earlier export: written again above from artifacts/
+            if text in files:
+                skipped.append(f"{project}: the index's own link to {text} was replaced by the exported one")
+                continue
+            links.append(_anchor(text, attrs))
         write_atomic(simple / project / "index.html", _page(f"Links for {project}", links).encode())
     projects = sorted(by_project)
     root_links = [f'<a href="{quote(n)}/">{html.escape(n)}</a><br/>' for n in projects]
+    root_links += [_anchor(text, attrs) for text, attrs in _anchors(simple / "index.html")
+                   if canonicalize_name(text) not in by_project]  # the projects of an index that was there
     write_atomic(simple / "index.html", _page("Simple index", root_links).encode())
     return projects, skipped
+
+
+#: Where the links of an exported wheel point (``simple/<project>/`` -> ``artifacts/<digest>/``).
+_OWN_HREF = "../../artifacts/"
+#: The largest index page read back to merge with (PyPI's largest project pages are a few MB).
+_MAX_PAGE_BYTES = 64 * 1024 * 1024
+
+
+class _AnchorParser(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: list[tuple[str, dict[str, str]]] = []
+        self._open: dict[str, str] | None = None
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._open, self._text = {k: v or "" for k, v in attrs}, []
+
+    def handle_data(self, data: str) -> None:
+        if self._open is not None:
+            self._text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "a" and self._open is not None:
+            self.found.append(("".join(self._text).strip(), self._open))
+            self._open = None
+
+
+def _anchors(page: Path) -> list[tuple[str, dict[str, str]]]:
+    """(text, attributes) of every link of an existing PEP 503 page; none when there is no such regular file."""
+    if regular_file_problem(page, _MAX_PAGE_BYTES) is not None:
+        return []
+    try:
+        with open_nofollow(page) as f:
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    parser = _AnchorParser()
+    parser.feed(text)
+    parser.close()
+    return [(t, attrs) for t, attrs in parser.found if t and attrs.get("href")]
+
+
+def _anchor(text: str, attrs: dict[str, str]) -> str:
+    """A link as PEP 503 writes it, with every attribute it had (``data-requires-python`` and the like)."""
+    rendered = "".join(f' {name}="{html.escape(value)}"' for name, value in attrs.items())
+    return f"<a{rendered}>{html.escape(text)}</a><br/>"
 
 
 def _page(title: str, links: list[str]) -> str:

@@ -67,6 +67,20 @@ _INSERT = (
 )
 
 
+#: The fewest hex digits a key prefix must have (``attnforge cache list`` shows 12).
+_MIN_PREFIX = 4
+#: How many candidates a too-short or ambiguous prefix lists.
+_SHOWN_CANDIDATES = 8
+
+
+def _candidates(rows: builtins.list[sqlite3.Row]) -> str:
+    """``give more digits of one of: sha256:0a1b2c3d4e5f (x.whl), ...`` for the rows a prefix matched."""
+    shown = ", ".join(f"{str(r['key'])[:19]} ({r['filename']})" for r in rows[:_SHOWN_CANDIDATES])
+    left = len(rows) - _SHOWN_CANDIDATES
+    more = f", and {left} more (`attnforge cache list`)" if left > 0 else ""
+    return f"give more digits of one of: {shown}{more}"
+
+
 class Store(StoreBase):
     """The artifact store rooted at one directory (constructor arguments: :class:`StoreBase`)."""
 
@@ -282,17 +296,21 @@ class Store(StoreBase):
                 return CacheKey(t)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-        if len(t) < 4 or any(c not in "0123456789abcdef" for c in t):
+        if not t or any(c not in "0123456789abcdef" for c in t):
             raise UsageError(
                 f"not a cache key or key prefix: {text!r}", hint="copy a key from `attnforge cache list`"
             )
         with self.reader() as conn:
-            rows = conn.execute("SELECT key FROM artifacts WHERE key LIKE ?", (f"sha256:{t}%",)).fetchall()
+            rows = conn.execute("SELECT key, filename FROM artifacts WHERE key LIKE ? ORDER BY key",
+                                (f"sha256:{t}%",)).fetchall()
+        if len(t) < _MIN_PREFIX:
+            raise UsageError(f"the key prefix {text!r} is too short: give at least {_MIN_PREFIX} hex digits",
+                             hint=_candidates(rows) if rows else "copy a key from `attnforge cache list`")
         if len(rows) == 1:
             return CacheKey.parse(rows[0]["key"])
         if not rows:
             raise CacheError(f"no cache entry starts with {text!r}", hint="see `attnforge cache list`")
-        raise UsageError(f"{text!r} matches {len(rows)} entries", hint="give more digits of the key")
+        raise UsageError(f"the key prefix {text!r} matches {len(rows)} entries", hint=_candidates(rows))
 
     # -- removing -------------------------------------------------------------------------------------------
 

@@ -36,14 +36,16 @@ def parse_duration_s(text: str) -> float:
 
 
 def parse_size_bytes(text: str) -> int:
-    """``"20GB"`` -> 20000000000 (decimal units; ``GiB`` and friends are binary).
+    """``"20GB"`` -> 20000000000 (decimal units; ``GiB`` and friends are binary); ``"0"`` needs no unit.
 
     Raises:
-        UsageError: not a number followed by a size unit.
+        UsageError: not a number followed by a size unit (a bare number other than 0 is ambiguous).
     """
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b)\s*", text.lower())
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b)?\s*", text.lower())
+    if match is not None and match.group(2) is None and float(match.group(1)) == 0:
+        return 0
     if match is None or match.group(2) not in _SIZE_BYTES:
-        raise UsageError(f"not a size: {text!r}", hint="write it like 20GB, 500MB or 8GiB")
+        raise UsageError(f"not a size: {text!r}", hint="write it like 20GB, 500MB or 8GiB (0 needs no unit)")
     return int(float(match.group(1)) * _SIZE_BYTES[match.group(2)])
 
 
@@ -166,10 +168,14 @@ def rm(key: str, as_json: bool) -> int:
 @click.option("--older-than", "older_than", default=None, metavar="AGE",
               help="Remove entries not used for AGE (30d, 12h, 2w).")
 @click.option("--max-size", "max_size", default=None, metavar="SIZE",
-              help="Then remove least recently used entries until the cache holds at most SIZE (20GB, 8GiB).")
+              help="Then remove least recently used entries until the cache holds at most SIZE (20GB, 8GiB; "
+                   "0 removes every entry).")
 @json_option
 def prune(older_than: str | None, max_size: str | None, as_json: bool) -> int:
-    """Free space: old entries, then least recently used ones over a size budget; also clears debris."""
+    """Free space: old entries, then least recently used ones over a size budget; also clears debris.
+
+    `--max-size 0` empties the cache (the store keeps no pinned entries).
+    """
     older_s = parse_duration_s(older_than) if older_than is not None else None
     max_bytes = parse_size_bytes(max_size) if max_size is not None else None
     from attnforge.provision.cache import prune as run_prune

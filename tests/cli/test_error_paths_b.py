@@ -1,0 +1,110 @@
+"""Edges of `cache prune`/`cache show`, `cargo-env --crate-version` and `diagnose` on an empty log."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from attnforge.cache import CacheKey, Store
+from attnforge.cli import main
+from tests.cache.conftest import inputs_for, put_wheels
+from tests.cache.wheelmaker import make_wheel
+from tests.conftest import REPO
+
+CPU_SNAPSHOT = REPO / "tests" / "fixtures" / "snapshots" / "cpu_dev_torch2.13_cpu.json"
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    code = main([*argv, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else {}
+
+
+def test_prune_max_size_0_empties_the_cache(
+    attnforge_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = put_wheels(Store(attnforge_home), tmp_path)
+    code, doc = run_json(capsys, "cache", "prune", "--max-size", "0")
+    assert code == 0
+    assert sorted(e["key"] for e in doc["removed"]) == sorted(keys)
+    assert doc["kept_bytes"] == 0
+    assert Store(attnforge_home).list() == []
+
+
+def test_a_bare_size_other_than_0_asks_for_a_unit(attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cache", "prune", "--max-size", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "error: not a size: '5'" in err and "0 needs no unit" in err
+
+
+def test_the_prune_help_says_what_0_does(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cache", "prune", "--help"]) == 0
+    assert "0 removes every entry" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_too_short_key_prefix_lists_the_entries_it_matches(
+    attnforge_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = put_wheels(Store(attnforge_home), tmp_path)
+    prefix = keys[0][7:9]
+    assert main(["cache", "show", prefix]) == 2
+    err = capsys.readouterr().err
+    assert f"error: the key prefix '{prefix}' is too short: give at least 4 hex digits" in err
+    assert f"hint: give more digits of one of: {keys[0][:19]} (af_pure_fixture-0.0-py3-none-any.whl)" in err
+    assert "Traceback" not in err
+
+
+def test_an_ambiguous_key_prefix_lists_its_candidates(
+    attnforge_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two entries whose keys share their first 4 hex digits (inputs found by trying glibc versions: ~300 tries)."""
+    wheel = make_wheel(tmp_path / "dist")
+    seen: dict[str, Any] = {}
+    for i in range(20_000):
+        inputs = inputs_for(wheel, glibc=f"2.{i}")
+        head = CacheKey.of(inputs).digest[:4]
+        if head in seen:
+            pair = (seen[head], inputs)
+            break
+        seen[head] = inputs
+    else:
+        pytest.fail("no two keys with the same first 4 digits")
+    store = Store(attnforge_home)
+    keys = sorted(store.put(wheel, inputs).entry.key for inputs in pair)
+    assert main(["cache", "show", keys[0][7:11]]) == 2
+    err = capsys.readouterr().err
+    assert f"error: the key prefix '{keys[0][7:11]}' matches 2 entries" in err
+    assert all(key[:19] in err for key in keys), err
+    code, doc = run_json(capsys, "cache", "show", keys[1][:24])  # enough digits: the one entry
+    assert code == 0 and doc["key"] == keys[1]
+
+
+@pytest.mark.parametrize("version", ["latest", "../../etc", "", "0.9.1-mine"])
+def test_cargo_env_refuses_a_crate_version_that_is_not_one(
+    version: str, capsys: pytest.CaptureFixture[str], attnforge_home: Path
+) -> None:
+    code = main(["cargo-env", "candle-flash-attn", "--crate-version", version, "--print",
+                 "--snapshot", str(CPU_SNAPSHOT)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"error: not a crate version: {version!r}" in err
+    assert "hint: give the version Cargo.lock pins, e.g. --crate-version 0.9.1" in err
+    assert not (attnforge_home / "cargo").exists(), "nothing was planned or created"
+
+
+def test_diagnose_an_empty_log_says_so_and_exits_like_no_failure(
+    tmp_path: Path, cli_env: dict[str, str], attnforge_argv: list[str]
+) -> None:
+    log = tmp_path / "empty.log"
+    log.write_text("\n  \n", encoding="utf-8")
+    argv = [*attnforge_argv, "diagnose", str(log), "--snapshot", str(CPU_SNAPSHOT)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=cli_env, timeout=120)
+    assert done.returncode == 0, done.stderr  # as for a log that shows no failure (the documented exit codes)
+    assert "the log is empty: nothing to diagnose" in done.stdout
+    done = subprocess.run([*argv, "--json"], capture_output=True, text=True, env=cli_env, timeout=120)
+    doc = json.loads(done.stdout)
+    assert (done.returncode, doc["known"], doc["cause"]) == (0, False, "the log is empty: nothing to diagnose")
