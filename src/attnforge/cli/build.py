@@ -7,6 +7,7 @@ module renders progress events and the result.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 from pathlib import Path
@@ -87,7 +88,8 @@ def run_build(
         click.echo(f"error: {failure.message}", err=True)
         click.echo(f"log: {failure.log_path}", err=True)
         return 1
-    result, wheel, key = built.result, built.wheel, built.cache_key
+    # the executor's wheel is the staging copy, removed once stored: the result names the wheel that exists
+    result, wheel, key = dataclasses.replace(built.result, wheel=built.wheel), built.wheel, built.cache_key
     if as_json:
         emit_json("build", {"ok": True, "result": result, "spec": spec, "cache_key": key, "wheel": wheel})
         return 0
