@@ -232,7 +232,7 @@ def cache_inputs(plan: CargoEnv, cpu_arch: str) -> CacheKeyInputs:
 
     ``source_sha256`` is the crate's Cargo.lock checksum (sha256 of the .crate file) when there is one; a git
     or path crate has none, and the key text stands in for it (so two different trees of the same version
-    share an entry: pass --crate-version with a suffix to keep them apart).
+    share an entry: pass --crate-version with a suffix of your own to keep them apart, 0.9.1+mytree).
     """
     source = plan.checksum if plan.checksum and re.fullmatch(r"[0-9a-f]{64}", plan.checksum) else (
         hashlib.sha256(str(plan.key).encode()).hexdigest())

@@ -45,7 +45,8 @@ def shell_lines(env: dict[str, str], shell: str) -> list[str]:
 @click.option("--store", "store_only", is_flag=True,
               help="Store the library of a build that ran outside attnforge into the artifact cache.")
 @click.option("--compute-cap", default=None, help="Target compute capability, e.g. 9.0 (default: GPU 0).")
-@click.option("--crate-version", default=None, help="The crate version (default: from Cargo.lock).")
+@click.option("--crate-version", default=None,
+              help="The crate version, e.g. 0.9.1 or 0.9.1+mytree (default: from Cargo.lock).")
 @click.option("--cargo-lock", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="The Cargo.lock to read the crate version from (default: searched upwards from here).")
 @snapshot_option
@@ -67,6 +68,8 @@ def command(  # noqa: PLR0917 - click passes every option as a positional argume
 
     if command and (print_only or store_only):
         raise UsageError("--print and --store run no command", hint="drop them, or drop the command after --")
+    if crate_version is not None:
+        crate_version = _crate_version(crate_version)
     command = command[1:] if command[:1] == ("--",) else command
     version, checksum = locked_version(crate, crate_version=crate_version, cargo_lock=cargo_lock, cwd=Path.cwd())
     cc = None
@@ -92,6 +95,22 @@ def command(  # noqa: PLR0917 - click passes every option as a positional argume
     else:
         _summary(result)
     return result.returncode if result.returncode is not None else 0
+
+
+def _crate_version(text: str) -> str:
+    """``--crate-version`` as given, when it reads as a version (PEP 440, which takes Cargo's ``0.9.0-alpha.4`` as
+    ``0.9.0a4``): it names the kernel directory and the cache entry, so ``latest`` or a path is refused.
+
+    Raises:
+        UsageError: it is not a version.
+    """
+    from attnforge.types.versions import parse_version
+
+    if not text.strip() or parse_version(text) is None:
+        raise UsageError(f"not a crate version: {text!r}",
+                         hint="give the version Cargo.lock pins, e.g. --crate-version 0.9.1 (a tree of your own: "
+                              "0.9.1+mytree), or leave it out to read it from Cargo.lock")
+    return text.strip()
 
 
 def _summary(result: CargoEnvResult) -> None:
