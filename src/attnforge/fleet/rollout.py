@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnforge.fleet import FleetError
 from attnforge.fleet.cluster import on_node, task_failure
 from attnforge.fleet.kinds import Node, kind_of
 
@@ -88,6 +89,10 @@ def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str] | Callable
     cluster). With ``gpu`` a node without a GPU is ``skipped`` with the reason (:func:`gpu_gap`); with
     ``hold_gpu`` (verify, bench) each task also asks Ray for ``num_gpus=1``, so Ray hands it one GPU
     (``CUDA_VISIBLE_DEVICES``) and runs no other GPU task on it meanwhile (a bench times its GPU alone).
+
+    Raises:
+        FleetError: every node was skipped (or none was selected): nothing would run anywhere, which is not a
+            success (each node's reason is the cause). Ray is not asked anything then.
     """
     from attnforge.fleet.cluster import as_completed, waiting_line
 
@@ -105,6 +110,13 @@ def run_on_nodes(ray: Any, nodes: Sequence[Node], argv: Sequence[str] | Callable
             on_event(f"node {node.node_id[:12]} ({node.address}): {mine}")
         else:
             todo.append((i, node, list(mine)))
+    if not todo and all(r.status == "skipped" for r in runs.values()):
+        raise FleetError(
+            "no selected node can run this command: " + (f"all {len(nodes)} were skipped" if nodes else "none"),
+            cause="; ".join(f"node {r.node_id[:12]} ({r.address}): {r.message}" for r in runs.values()) or None,
+            hint="select GPU nodes Ray grants a GPU on (`attnforge fleet probe` lists each node's GPUs; "
+                 "`--nodes` picks them; a worker started with `ray start --num-gpus N` offers its GPUs)",
+        )
     refs = [on_node(ray, node_command, n.node_id, num_cpus=1 if n.cpus >= 1 else 0, num_gpus=1 if hold_gpu else 0,
                     max_retries=1).remote(a, timeout_s) for _, n, a in todo]
     for j in as_completed(ray, refs, timeout_s=timeout_s + 60,
