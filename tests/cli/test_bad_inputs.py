@@ -245,3 +245,12 @@ def test_attention_warns_once_for_an_unknown_autotune_setting_and_serves(
         runtime.set_dispatcher(previous)
     ours = [w for w in caught if "ATTNFORGE_AUTOTUNE" in str(w.message)]
     assert len(ours) == 1 and "'sometimes' is not a setting" in str(ours[0].message)
+
+
+@pytest.mark.parametrize(("verb", "version"), [("verify", 2), ("bench", 3), ("doctor", 1), ("plan", 1)])
+def test_the_json_help_names_the_schema_version_the_verb_prints(verb: str, version: int,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """verify printed schema_version 2 and bench 3 while their --json help said 1."""
+    assert main([verb, "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"Print machine-readable JSON (schema_version {version})." in help_text

@@ -278,8 +278,14 @@ def snapshot_option(f: Any) -> Any:
     )(f)
 
 
-def json_option(f: Any) -> Any:
-    return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema_version 1).")(f)
+def json_option(f: Any = None, *, version: int = JSON_SCHEMA_VERSION) -> Any:
+    """``--json``, its help naming the ``schema_version`` the command prints: ``@json_option`` for the envelope's
+    (:data:`JSON_SCHEMA_VERSION`), ``@json_option(version=N)`` for a document with its own (verify, bench)."""
+    def apply(fn: Any) -> Any:
+        return click.option("--json", "as_json", is_flag=True,
+                            help=f"Print machine-readable JSON (schema_version {version}).")(fn)
+
+    return apply if f is None else apply(f)
 
 
 def load_or_probe(snapshot_path: Path | None) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from attnforge.bench.report import SCHEMA_VERSION as REPORT_SCHEMA_VERSION
 from attnforge.bench.run import BenchCell, BenchReport, CellStatus
 from attnforge.bench.stability import DEFAULT_MAX_NOISE
 from attnforge.cli._output import console, emit_json, json_option, require_torch
@@ -54,7 +55,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
               default=DEFAULT_MAX_NOISE, show_default=True,
               help="Cells whose rounds spread more (0.5: ±50 %), or whose baseline moved by more between the "
                    "children (a factor of 1.5), are shown as noisy and not stored; a large value stores everything.")
-@json_option
+@json_option(version=REPORT_SCHEMA_VERSION)
 def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | None, batch: int | None,
             heads_q: int | None, heads_kv: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...],
             seqlen_k: int | None, dtype: str | None, causal: str, mode: str, device: str | None, timer: str,

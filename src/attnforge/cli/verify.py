@@ -17,6 +17,11 @@ from attnforge.verify.run import VerifyReport
 SHOWN_FAILURES = 3
 
 
+#: the verify document's own version (overrides the envelope's 1): 2 renamed each case's ``heads``/``kv_heads``
+#: to ``heads_q``/``heads_kv`` (readers take both: :func:`attnforge.types.shapes.current_head_keys`)
+SCHEMA_VERSION = 2
+
+
 @click.command("verify")
 @click.argument("backends", nargs=-1)
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
@@ -24,7 +29,7 @@ SHOWN_FAILURES = 3
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the random shapes and inputs.")
 @click.option("--timeout", "timeout_s", type=timeout_type(), default=900, show_default=True,
               help="Seconds each backend may run in its own child process before it counts as hung.")
-@json_option
+@json_option(version=SCHEMA_VERSION)
 def command(backends: tuple[str, ...], device: str | None, seed: int, timeout_s: float, as_json: bool) -> int:
     """Prove attention backends work here: their native modules import, and their output matches a float64
     reference (TF32 off) over random shapes, dtypes, head dims, causal on/off and GQA.
@@ -55,10 +60,6 @@ def command(backends: tuple[str, ...], device: str | None, seed: int, timeout_s:
         render_verify(console(), report, store_path=str(store.path))
     return 0 if report.ok else 1
 
-
-#: the verify document's own version (overrides the envelope's 1): 2 renamed each case's ``heads``/``kv_heads``
-#: to ``heads_q``/``heads_kv`` (readers take both: :func:`attnforge.types.shapes.current_head_keys`)
-SCHEMA_VERSION = 2
 
 
 def verify_json(report: VerifyReport) -> dict[str, Any]:
