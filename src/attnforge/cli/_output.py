@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import click
 
@@ -278,6 +279,13 @@ def snapshot_option(f: Any) -> Any:
     )(f)
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+@overload
+def json_option(f: _F) -> _F: ...
+@overload
+def json_option(*, version: int = JSON_SCHEMA_VERSION) -> Callable[[_F], _F]: ...
 def json_option(f: Any = None, *, version: int = JSON_SCHEMA_VERSION) -> Any:
     """``--json``, its help naming the ``schema_version`` the command prints: ``@json_option`` for the envelope's
     (:data:`JSON_SCHEMA_VERSION`), ``@json_option(version=N)`` for a document with its own (verify, bench)."""
