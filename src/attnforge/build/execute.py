@@ -143,10 +143,13 @@ def execute(
     # absolute: pip runs in the project dir, so a relative --wheel-dir would land elsewhere
     build_root = (Path(spec.build_root).expanduser() if spec.build_root else home / "build").absolute()
     build_root.mkdir(parents=True, exist_ok=True)
+    # before the compile: a home that cannot take the wheel fails now (an OSError the CLI names), not after hours
+    (home / "staging").mkdir(parents=True, exist_ok=True)
     _remove_abandoned_scratch(build_root)
     log_path = _new_log_path(home, spec)
     scratch = Path(tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-", dir=build_root))
     work: Path | None = None
+    keep_scratch = False
     with log_path.open("w", encoding="utf-8", errors="replace") as log:
         try:
             if on_windows:
@@ -185,7 +188,17 @@ def execute(
                     log.flush()
                     raise _failure(spec, log_path, outcome.returncode, snapshot)
                 reporter.report(PhaseEvent(phase=Phase.STAGE, detail=wheels[0].name))
-                staged = _stage(wheels[0], home)
+                try:
+                    staged = _stage(wheels[0], home)
+                except OSError as exc:  # a full disk, a staging folder gone: the built wheel is kept, and named
+                    kept = _keep_wheel(wheels[0], build_root)
+                    keep_scratch = kept == wheels[0]  # it could not be moved out: the scratch folder stays
+                    log.write(f"attnforge: built {wheels[0].name} but could not stage it ({exc}); kept at {kept}\n")
+                    raise BuildError(
+                        f"built {wheels[0].name} but could not stage it under {home / 'staging'}: "
+                        f"{exc.strerror or exc}", cause=f"{type(exc).__name__} (errno {exc.errno})",
+                        hint=f"the wheel is kept at {kept}: free space or fix {home / 'staging'} and run the command "
+                             f"again, or `pip install {kept}` now") from exc
             duration = time.monotonic() - started
             log.write(f"attnforge: built {staged.name} in {duration:.1f} s\n")
             reporter.report(PhaseEvent(phase=Phase.DONE, detail=str(staged)))
@@ -204,7 +217,8 @@ def execute(
                 log.write(f"attnforge: interrupted ({type(exc).__name__}); cleaning up\n")
             raise
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            if not keep_scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
             if work is not None and not keep_build_dir:
                 shutil.rmtree(work, ignore_errors=True)
 
@@ -336,6 +350,17 @@ def _stage(wheel: Path, home: Path) -> Path:
     final = target_dir / wheel.name
     os.replace(partial, final)
     return final
+
+
+def _keep_wheel(wheel: Path, build_root: Path) -> Path:
+    """Move a built wheel that could not be staged out of the scratch folder (removed when the build ends) to
+    ``build_root``; where even that fails, the wheel stays where it is (the caller then keeps the scratch)."""
+    kept = build_root / wheel.name
+    try:
+        os.replace(wheel, kept)
+    except OSError:
+        return wheel
+    return kept
 
 
 def _remove_abandoned_scratch(build_root: Path) -> None:

@@ -165,14 +165,19 @@ def store_built(store: Store, spec: BuildSpec, *, wheel: Path, log_path: Path | 
 
     The wheel is first checked against the request's version specifier ``wanted_version`` (a source's version is
     known only once built) and labelled with the torch it was built against (:func:`~attnforge.install.guards.
-    pinned_to_torch`); ``owned_dir`` (the builder's staging directory) is removed afterwards, stored or not.
+    pinned_to_torch`); ``owned_dir`` (the builder's staging directory) is removed afterwards when the wheel was
+    stored or refused; where the store could not take it (a full disk, a read-only cache) it is kept, and the
+    error names the wheel: a build of minutes or hours is not thrown away.
 
     Raises:
         BuildError: the built version does not satisfy ``wanted_version`` (nothing is stored).
-        CacheError: the disk is full or the store cannot be written.
+        CacheError: the disk is full or the store cannot be written (the hint says where the wheel is kept).
+        OSError: the same, where the store did not name it (the wheel is kept too).
     """
     from attnforge.cache._files import remove_tree
+    from attnforge.errors import CacheError
 
+    keep = False
     try:
         check_built_version(wheel, wanted_version, log_path=log_path)
         labelled, inputs = label_and_key(wheel, spec, source_sha256=source_sha256, snapshot=snapshot,
@@ -180,6 +185,14 @@ def store_built(store: Store, spec: BuildSpec, *, wheel: Path, log_path: Path | 
         origin = {"origin": "source-build", "source": spec.source.location, "notes": list(spec.notes),
                   "capabilities": spec.capabilities.to_json() if spec.capabilities else None}
         return store.put(labelled, inputs, log_path=log_path, provenance=origin).entry
+    except CacheError as exc:
+        keep = True
+        kept = f"the built wheel is kept at {wheel} (`pip install {wheel}` installs it without the cache)"
+        exc.hint = f"{exc.hint}; {kept}" if exc.hint else kept
+        raise
+    except OSError:
+        keep = True
+        raise
     finally:
-        if owned_dir is not None:
+        if owned_dir is not None and not keep:
             remove_tree(owned_dir)
