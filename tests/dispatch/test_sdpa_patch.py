@@ -66,6 +66,64 @@ def test_nested_patches_restore_in_order() -> None:
     assert F.scaled_dot_product_attention is ORIGINAL
 
 
+def test_patches_ended_out_of_order_put_the_original_back_once_the_last_ends() -> None:
+    """Two threads' ``with patch_sdpa():`` blocks overlap in any order: A enters, B enters, A leaves, B leaves.
+    B had recorded the patched function as what it replaced and put it back, and the original was forgotten, so
+    SDPA stayed patched for good and a call left to SDPA (inside ``sdpa_kernel``) recursed without end."""
+    a, b = attnforge.patch_sdpa(), attnforge.patch_sdpa()
+    a.restore()
+    assert F.scaled_dot_product_attention is not ORIGINAL and original_sdpa() is ORIGINAL  # b still routes
+    b.restore()
+    assert F.scaled_dot_product_attention is ORIGINAL and original_sdpa() is ORIGINAL
+    q, k, v = _qkv()
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
+        torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v), ORIGINAL(q, k, v))
+
+
+def test_overlapping_patches_in_threads_leave_sdpa_as_it_was() -> None:
+    import threading
+
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with attnforge.patch_sdpa():
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def second() -> None:
+        a_in.wait(10)
+        with attnforge.patch_sdpa():
+            b_in.set()
+            a_out.wait(10)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert F.scaled_dot_product_attention is ORIGINAL and original_sdpa() is ORIGINAL
+
+
+def test_a_function_another_library_installed_over_a_patch_is_put_back_in_reverse_order() -> None:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:  # another library's patch, calling what it replaced
+        return inner(*args, **kwargs)
+
+    outer = attnforge.patch_sdpa()
+    inner = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = wrapper
+    try:
+        with attnforge.patch_sdpa():
+            assert F.scaled_dot_product_attention is not wrapper
+        assert F.scaled_dot_product_attention is wrapper
+        q, k, v = _qkv()
+        torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v), ORIGINAL(q, k, v))
+    finally:
+        F.scaled_dot_product_attention = inner
+        outer.restore()
+    assert F.scaled_dot_product_attention is ORIGINAL and original_sdpa() is ORIGINAL
+
+
 @pytest.mark.parametrize(("kwargs", "shapes", "routed"), [
     pytest.param({}, {}, True, id="plain"),
     pytest.param({"is_causal": True}, {}, True, id="causal-square"),

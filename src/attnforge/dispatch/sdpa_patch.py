@@ -72,22 +72,35 @@ def _routed(  # noqa: PLR0917 - the signature of F.scaled_dot_product_attention
 
 
 class SdpaPatch:
-    """An installed patch; :meth:`restore` (or leaving the ``with`` block) puts back what it replaced."""
+    """An installed patch; :meth:`restore` (or leaving the ``with`` block) ends it (see :func:`patch_sdpa`)."""
 
     def __init__(self, replaced: Callable[..., Any]) -> None:
         self.replaced = replaced
         self.active = True
 
     def restore(self) -> None:
-        """Put back the function this patch replaced (idempotent)."""
+        """End this patch (idempotent). The last active patch to end puts back the original function; a patch
+        ended while later ones are active leaves the routing in place for them, whatever the order the patches
+        end in (two threads' ``with patch_sdpa():`` blocks overlap in any order). Restored in reverse order, a
+        patch also puts back a function another library installed over an earlier patch."""
         import torch.nn.functional as F  # noqa: N812 - the name everyone uses
 
         with _LOCK:
             if not self.active:
                 return
-            F.scaled_dot_product_attention = self.replaced
             self.active = False
-            sdpa_original.release(self.replaced)
+            last = bool(_ACTIVE) and _ACTIVE[-1] is self
+            _ACTIVE.remove(self)
+            current = F.scaled_dot_product_attention
+            if not _ACTIVE:
+                original = original_sdpa()
+                if current is _routed:
+                    F.scaled_dot_product_attention = original
+                    sdpa_original.release(original)
+                # else another library installed its function over ours (and may call it): the original stays
+                # held, so the routing it reaches ends in the original, never back in itself
+            elif last and current is _routed and self.replaced is not _routed:
+                F.scaled_dot_product_attention = self.replaced  # another library's function, over an earlier patch
 
     def __enter__(self) -> SdpaPatch:
         return self
@@ -97,12 +110,17 @@ class SdpaPatch:
         self.restore()
 
 
+#: the patches installed and not yet restored, oldest first (under ``_LOCK``)
+_ACTIVE: list[SdpaPatch] = []
+
+
 def patch_sdpa() -> SdpaPatch:
     """Route servable ``F.scaled_dot_product_attention`` calls through :func:`attnforge.attention`.
 
     Use as a function (``p = patch_sdpa()`` ... ``p.restore()``) or a context manager
-    (``with patch_sdpa(): model(x)``). Patches nest; restore them in reverse order. Process-wide, not per
-    thread: every thread sees the patched function while it is installed.
+    (``with patch_sdpa(): model(x)``). Process-wide, not per thread: every thread sees the patched function while
+    any patch is installed. Patches nest and may end in any order (two threads' blocks overlapping): SDPA is
+    routed while one is active, and the original is back once the last one ends.
 
     Returns:
         The installed :class:`SdpaPatch`.
@@ -111,6 +129,9 @@ def patch_sdpa() -> SdpaPatch:
 
     with _LOCK:
         current = F.scaled_dot_product_attention
-        sdpa_original.hold(current)
+        if not _ACTIVE and current is not _routed:
+            sdpa_original.hold(current)
         F.scaled_dot_product_attention = _routed
-    return SdpaPatch(current)
+        patch = SdpaPatch(current)
+        _ACTIVE.append(patch)
+    return patch
