@@ -852,3 +852,26 @@ def test_a_float32_mask_of_finfo_min_on_bfloat16_inputs_hides_as_the_exact_math(
     torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(out[:, :, 1], v.double().repeat_interleave(HQ // HKV, 1).mean(2), atol=2e-2,
                                rtol=2e-2)
+
+
+# -- torch.autocast: the inputs SDPA's autocast rule would give its kernel --------------------------------------
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"attn_mask": _mask(SQ, SK)}, {"softcap": 2.0}])
+def test_under_autocast_mixed_dtypes_are_served_in_the_autocast_dtype_as_sdpa_does(
+        real: runtime.Dispatcher, kwargs: dict[str, Any]) -> None:
+    """A model under ``torch.autocast`` whose RoPE left q and k in float32 beside a bfloat16 v: SDPA casts all
+    three to bfloat16; attention() refused them ("q, k, v dtypes differ"), which took the forward pass down through
+    ``attn_implementation="attnforge"``."""
+    q, k, v = _qkv()
+    v = v.to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = _call(q, k, v, kwargs)
+        explanation = attnforge.explain(q, k, v, **kwargs)
+        both = _call(q, k, v.float(), kwargs)  # uniform float32 under autocast: bfloat16 too, as SDPA gives
+    assert out.dtype == torch.bfloat16 and both.dtype == torch.bfloat16
+    assert explanation.call.dtype == "bfloat16"
+    features = {("mask" if n == "attn_mask" else n): val for n, val in kwargs.items()}
+    want = reference(*(t.to(torch.bfloat16) for t in (q, k, v)), **features)
+    torch.testing.assert_close(out.double(), want, atol=3e-2, rtol=3e-2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # float64 is left alone, as SDPA leaves it
+        assert _call(q.double(), k.double(), v.double(), kwargs).dtype == torch.float64
+    assert real.demoted == {} and real.broken == {}

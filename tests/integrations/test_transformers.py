@@ -64,6 +64,19 @@ def test_logits_match_eager_with_and_without_left_padding(name: str, served: lis
 
 
 @pytest.mark.parametrize("name", list(MODELS))
+def test_logits_under_autocast_match_the_default(name: str) -> None:
+    """Under ``torch.autocast("cpu", bfloat16)`` RoPE leaves q and k in float32 beside a bfloat16 v; the forward
+    pass raised "q, k, v dtypes differ" through attnforge while SDPA casts all three (review, 2026-12-02)."""
+    ids, mask = _inputs()
+    default = "eager" if name in EXACT_ONLY else "sdpa"  # Gemma-2 and GPT-OSS have no SDPA path in transformers
+    sdpa, ours = tiny_model(name, default).eval(), tiny_model(name, "attnforge").eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), _serving(name):
+        want, got = sdpa(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+    assert got.dtype == want.dtype
+    assert _max_diff(got.float(), want.float(), mask) <= 0.05
+
+
+@pytest.mark.parametrize("name", list(MODELS))
 def test_training_step_gradients_match_eager(name: str, served: list[tuple[int, ...]]) -> None:
     ids, mask = _inputs()
     # padded positions attend to nothing and their outputs are meaningless: no loss predicted from them (the
