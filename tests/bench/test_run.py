@@ -112,3 +112,18 @@ def test_records_round_trip_and_answer_which_backend_is_fastest(tmp_path: Path) 
         cls = row.shape.shape_class
         assert fastest(back, cls).winner == row.best
         assert fastest(back, cls, among={"sdpa-math"}).winner == "sdpa-math"
+
+
+def test_fwd_bwd_inputs_of_an_mla_shape_give_dout_the_outputs_shape() -> None:
+    """Dv != D (DeepSeek-V2/V3's MLA): dout had q's shape, so every fwd+bwd cell of such a model failed in
+    autograd ("Mismatch in shape: grad_output[0]"), in bench, warmup and ``attnforge warmup --model``."""
+    from attnforge.bench.run import random_inputs
+    from attnforge.dispatch.warmup import warmup
+    from attnforge.types.shapes import AttentionShape, Mode
+
+    shape = AttentionShape(batch=1, heads_q=4, heads_kv=4, seqlen_q=8, seqlen_k=8, head_dim=12, head_dim_v=6,
+                           causal=True, mode=Mode.FWD_BWD, dtype="float32")
+    (q, _k, v, dout), = random_inputs(shape, 1, "cpu")
+    assert dout.shape == (*q.shape[:3], v.shape[-1])
+    report = warmup([shape], device="cpu", budget_s=0.01, rounds=1)
+    assert [c.error for c in report.classes] == [""] and report.classes[0].chosen

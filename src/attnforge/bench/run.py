@@ -159,7 +159,8 @@ InputFactory = Callable[[AttentionShape, int, str], list[tuple[Any, ...]]]
 def random_inputs(shape: AttentionShape, sets: int, device: str) -> list[tuple[Any, ...]]:
     """``sets`` independent standard-normal ``(q, k, v, dout)`` in ``shape.dtype`` on ``device``.
 
-    ``q [B, Hq, Sq, D]``, ``k, v [B, Hkv, Sk, D]``; ``dout [B, Hq, Sq, D]`` for fwd+bwd (else None), and
+    ``q [B, Hq, Sq, D]``, ``k [B, Hkv, Sk, D]``, ``v [B, Hkv, Sk, Dv]``; ``dout [B, Hq, Sq, Dv]`` (the output's
+    shape; Dv != D in MLA models) for fwd+bwd (else None), and
     q/k/v require grad then. Never zeros: kernels that skip work on zero blocks would look fast.
     """
     import torch
@@ -172,7 +173,7 @@ def random_inputs(shape: AttentionShape, sets: int, device: str) -> list[tuple[A
         kv_shape = (shape.batch, shape.heads_kv, shape.seqlen_k, shape.head_dim)
         k = torch.randn(kv_shape, device=device, dtype=dtype)
         v = torch.randn(*kv_shape[:3], shape.dv, device=device, dtype=dtype)
-        dout = torch.randn_like(q) if grad else None
+        dout = torch.randn(*q.shape[:3], shape.dv, device=device, dtype=dtype) if grad else None  # the output's
         out.append((q.requires_grad_(grad), k.requires_grad_(grad), v.requires_grad_(grad), dout))
     return out
 
