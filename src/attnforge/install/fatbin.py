@@ -99,7 +99,12 @@ def cuobjdump_targets(path: Path, *, tool: str = CUOBJDUMP) -> list[Target] | No
 
 
 def wheel_targets(wheel: Path, *, use_cuobjdump: bool = True) -> dict[str, list[Target]]:
-    """``{member: targets}`` for every native module in the wheel that holds GPU code."""
+    """``{member: targets}`` for every native module in the wheel that holds GPU code.
+
+    Raises:
+        OSError / zipfile.BadZipFile / zlib.error / EOFError: the wheel cannot be read (callers turn these into
+            :func:`attnforge.install.wheelfile.unreadable`).
+    """
     out: dict[str, list[Target]] = {}
     with zipfile.ZipFile(wheel) as zf, tempfile.TemporaryDirectory(prefix="attnforge-fatbin-") as tmp:
         for info in zf.infolist():

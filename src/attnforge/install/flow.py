@@ -31,6 +31,7 @@ from attnforge.install.guards import interpreter_lock, scratch_dir
 from attnforge.install.keys import prebuilt_wheel_inputs, store_built
 from attnforge.install.overlap import warning as overlap_warning
 from attnforge.install.pip import PipInstallResult, install_requirements, pip_install, uninstall
+from attnforge.install.wheelfile import UNREADABLE, read_wheel_metadata, unreadable
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import (
     BuildSpec,
@@ -372,6 +373,7 @@ def _from_wheel(run: _Run, ref: WheelRef | None, request: Request) -> tuple[Path
         if ref.sha256 is None:
             run.warnings.append(f"{ref.filename} has no published sha256; its hash {sha} was recorded on first "
                                 "use (later installs are checked against it; this one could not be)")
+        read_wheel_metadata(local)  # a damaged or mislabelled file is refused before anything opens its binaries
         _refuse_missing_archs(local, tuple(archs))
         inputs = prebuilt_wheel_inputs(wheel=local, sha256=sha, archs=tuple(archs), snapshot=snapshot)
         provenance = {"origin": ref.url, "source": ref.source or "find-links/index", "url": ref.url,
@@ -423,13 +425,20 @@ def _fetch(ref: WheelRef, request: Request, into: Path) -> Path:
 
 
 def _refuse_missing_archs(wheel: Path, archs: tuple[ComputeCapability, ...]) -> None:
-    """Refuse a wheel whose fatbins hold no SASS or compatible PTX for a target GPU, listing what they hold."""
+    """Refuse a wheel whose fatbins hold no SASS or compatible PTX for a target GPU, listing what they hold.
+
+    ``wheel`` was read by :func:`read_wheel_metadata` first: a file that is no zip never gets here.
+    """
     if not archs:
         return
     from attnforge.catalog import load_catalog
     from attnforge.install.fatbin import arch_problems, wheel_targets
 
-    problems = arch_problems(wheel_targets(wheel), archs, load_catalog().tools.runs_on)
+    try:
+        modules = wheel_targets(wheel)
+    except UNREADABLE as exc:  # a member damaged past its METADATA
+        raise unreadable(wheel, exc) from None
+    problems = arch_problems(modules, archs, load_catalog().tools.runs_on)
     if problems:
         raise InstallError(
             f"{wheel.name} has no GPU code for this machine; it was not installed",
