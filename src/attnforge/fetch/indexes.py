@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html.parser
 import os
+import re
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
@@ -110,6 +111,31 @@ def list_index(index_url: str, project: str, *, client: HttpClient | None = None
     return parse_simple_page(page, shown(page_url))
 
 
+def check_index_url(index: str) -> str:
+    """The scheme of the ``--index-url`` ``index``: ``file``, ``http`` or ``https``.
+
+    Raises:
+        UsageError: it cannot be parsed (``http://[::1``, a port that is no number), has another scheme, or is an
+            ``http(s)`` URL that names no host (``http://``).
+    """
+    def refused(cause: str) -> UsageError:
+        # the URL as typed, without ``user:password@`` (``shown`` needs a URL that parses)
+        typed = re.sub(r"//[^/@]*@", "//", index)
+        return UsageError(f"not an index URL: {typed}", cause=cause,
+                          hint="give a PEP 503 index as https://HOST/simple, http://HOST/simple or file:///PATH")
+
+    try:
+        parts = urllib.parse.urlsplit(index)
+        _ = parts.port  # a port that is not a number raises ValueError here
+    except ValueError as exc:
+        raise refused(str(exc)) from None
+    if parts.scheme not in ("file", "http", "https"):
+        raise refused(f"unknown scheme {parts.scheme!r}" if parts.scheme else "it has no scheme")
+    if parts.scheme != "file" and not parts.hostname:
+        raise refused("it names no host")
+    return parts.scheme
+
+
 def list_wheels(
     find_links: Sequence[str],
     index_urls: Sequence[str],
@@ -121,16 +147,14 @@ def list_wheels(
     """Wheels of ``projects`` from every find-links dir and index, with a problem line per place that failed.
 
     Raises:
-        UsageError: a find-links directory does not exist, or an index URL has an unknown scheme.
+        UsageError: a find-links directory does not exist, or an index URL is not one (:func:`check_index_url`).
     """
+    schemes = [check_index_url(index) for index in index_urls]  # every one refused before any is fetched
     wheels: list[WheelRef] = []
     problems: list[str] = []
     for d in find_links:
         wheels.extend(list_find_links(d))
-    for index in index_urls:
-        scheme = urllib.parse.urlsplit(index).scheme
-        if scheme not in ("file", "http", "https"):
-            raise UsageError(f"not an index URL: {shown(index)}", hint="use https://..., http://... or file:///...")
+    for index, scheme in zip(index_urls, schemes, strict=True):
         if offline and scheme != "file":
             problems.append(f"--offline: skipped the index {shown(index)}")
             continue
