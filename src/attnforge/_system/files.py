@@ -23,12 +23,19 @@ def read_user_file(path: Path, *, what: str, hint: str) -> str:
         hint: what the user can do instead.
 
     Raises:
-        UsageError: the file is missing or cannot be read (the OS's reason is the cause).
+        UsageError: the file is missing or cannot be read (the OS's reason is the cause), or is not UTF-8 text.
     """
     try:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot read {what} {path}", cause=exc.strerror, hint=hint) from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"cannot read {what} {path}", cause=not_utf8(exc), hint=hint) from None
+
+
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """Why a file is not text (the cause of every "not UTF-8" error): the first byte that is not UTF-8, and where."""
+    return f"it is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from attnforge._system.files import not_utf8
 from attnforge.errors import CatalogError
 from attnforge.types.versions import parse_major_minor
 
@@ -160,7 +161,7 @@ def read_toml(path: Path) -> dict[str, Any]:
     """Parse one TOML file.
 
     Raises:
-        CatalogError: the file is missing or is not valid TOML (line and column in the cause).
+        CatalogError: the file is missing or is not valid TOML (line and column in the cause; not UTF-8 included).
     """
     try:
         with path.open("rb") as fh:
@@ -169,6 +170,9 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise CatalogError(f"cannot read catalog file {path}", cause=exc.strerror) from None
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError(f"{path.name} is not valid TOML", cause=str(exc)) from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 only (tomllib decodes the bytes itself)
+        raise CatalogError(f"{path.name} is not valid TOML", cause=f"{path}: {not_utf8(exc)}",
+                           hint="TOML files are UTF-8: save it as UTF-8 text") from None
 
 
 #: The packaged data files (``catalog/data/*.toml``).
