@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from attnforge import __version__
-from attnforge.cli._output import emit_error, emit_os_error, emit_unexpected, set_output_mode
+from attnforge.cli._output import discard_stdout, emit_error, emit_os_error, emit_unexpected, set_output_mode
 from attnforge.dispatch.autotune_env import setting as autotune_setting
 from attnforge.errors import AttnforgeError, UsageError
 from attnforge.fetch.deadline import DEFAULT_BUDGET_S, NetDeadline, budget_from, command_deadline
@@ -37,8 +37,33 @@ VERBS: dict[str, str] = {
 }
 
 
+#: The exit code of a command whose reader closed the pipe first (``attnforge doctor | head -1``): 128 + SIGPIPE,
+#: what a shell reports for any program that SIGPIPE ends (``yes | head``), so a ``set -o pipefail`` script sees a
+#: command cut short, not one that did all its work. Help and version output (``attnforge --help | head``) lose
+#: nothing that matters and exit 0. Nothing is printed: the reader left on purpose.
+PIPE_CLOSED_EXIT = 141
+
+
+class _PipeClosedError(Exception):
+    """stdout's reader went away (``BrokenPipeError``), raised past click: click would turn it into a silent
+    ``sys.exit(1)``, which :func:`main` cannot tell from a failure."""
+
+
 class LazyGroup(click.Group):
-    """A group whose sub-commands are imported on first use."""
+    """A group whose sub-commands are imported on first use; a closed pipe leaves it as :class:`_PipeClosedError`."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:  # the top-level --help and --version print here
+            return super().make_context(info_name, args, parent, **extra)
+        except BrokenPipeError:
+            raise _PipeClosedError from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:  # every verb (and its --help) runs here
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise _PipeClosedError from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [v for v in VERBS if _module_exists(VERBS[v])]
@@ -124,7 +149,8 @@ def _environment_help(rows: Sequence[EnvVar], width: int = 108) -> str:
 
 
 EPILOG = "\b\nEnvironment:\n" + _environment_help(ENVIRONMENT) + (
-    "\n\n\b\nExit codes: 0 ok, 1 not possible on this machine (every reason is printed), 2 bad usage or input."
+    "\n\n\b\nExit codes: 0 ok, 1 not possible on this machine (every reason is printed), 2 bad usage or input,"
+    f"\n{PIPE_CLOSED_EXIT} stdout's reader went away first (`attnforge doctor | head -1`), as a shell reports SIGPIPE."
 )
 
 
@@ -141,10 +167,28 @@ def cli(verbose: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command line and return its exit code: 0 ok, 1 not possible here, 2 bad usage or input."""
+    """Run one command line and return its exit code: 0 ok, 1 not possible here, 2 bad usage or input
+    (:data:`PIPE_CLOSED_EXIT` when stdout's reader went away first)."""
     args, verbose = _split_verbose(list(sys.argv[1:] if argv is None else argv))
     own = args[: args.index("--")] if "--" in args else args
     set_output_mode(as_json="--json" in own, verbose=verbose)
+    try:
+        return _run_command(args, own)
+    except (_PipeClosedError, BrokenPipeError):  # from the verb, or from printing its error or help below
+        discard_stdout()
+        return 0 if _HELP & set(own) or not own else PIPE_CLOSED_EXIT
+
+
+#: The options that print help or the version and nothing else.
+_HELP = frozenset({"--help", "-h", "--version", "-V"})
+
+
+def _run_command(args: list[str], own: list[str]) -> int:
+    """The command line ``args`` run by click, every error turned into ``error:``/``hint:`` and an exit code.
+
+    Raises:
+        _PipeClosedError / BrokenPipeError: stdout's reader went away (:func:`main` ends the command quietly).
+    """
     from attnforge._system.paths import leave_deleted_cwd
 
     moved = leave_deleted_cwd()
@@ -159,13 +203,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             result: Any = cli.main(args=args, prog_name="attnforge", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
+    except (_PipeClosedError, BrokenPipeError):  # not an OSError of the disk's, nor a bug: main's
+        raise
     except click.exceptions.Abort as exc:
         signum = getattr(exc.__cause__, "signum", None)  # SIGTERM during a build: exit 143, no traceback
         click.echo("aborted" if signum is None else f"interrupted: {exc.__cause__}", err=True)
         return 130 if signum is None else 128 + int(signum)
     except click.ClickException as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `attnforge` (or `attnforge cache`): the help
-            click.echo(exc.format_message())
+            try:
+                click.echo(exc.format_message())
+            except BrokenPipeError:
+                discard_stdout()  # help only: nothing of worth was lost
             return 0
         emit_error(_usage_error(exc, own))
         return 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -40,11 +42,13 @@ def verbose() -> bool:
 
 
 def console(*, stderr: bool = False) -> Any:
-    """A rich console; colour only on a terminal, plain text in CI logs and pipes."""
+    """A rich console; colour only on a terminal, plain text in CI logs and pipes.
+
+    A closed stream (``attnforge doctor >&-`` in a cron job: Python's ``sys.stdout`` is None) is no error, as for
+    pip: rich then writes nowhere, and the command runs and exits as it would with its output read.
+    """
     import os
     import shutil
-
-    from rich.console import Console
 
     from attnforge.cli._types import columns_from_env
 
@@ -54,9 +58,33 @@ def console(*, stderr: bool = False) -> Any:
         _Mode.warned_columns = True
         click.echo(f"note: {bad}", err=True)
     width = columns
-    if not stream.isatty() and width is None:  # CI logs and pipes: wide enough for the doctor table
+    if not _on_terminal(stream) and width is None:  # CI logs and pipes: wide enough for the doctor table
         width = max(shutil.get_terminal_size(fallback=(160, 24)).columns, 160)
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)  # rich skips a bad COLUMNS too
+    return _console_type()(stderr=stderr, highlight=False, soft_wrap=False, width=width)  # rich skips a bad COLUMNS
+
+
+@functools.cache
+def _console_type() -> Any:
+    """rich's ``Console``, but a pipe whose reader went away raises ``BrokenPipeError`` to
+    :func:`attnforge.cli.main`, which ends every command alike (rich's own ``on_broken_pipe`` exits 1 on the spot,
+    which no caller can tell from a failure)."""
+    from rich.console import Console
+
+    class PipeAwareConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # drop the rest of the buffer
+            raise BrokenPipeError(errno.EPIPE, "the reader of the pipe went away")
+
+    return PipeAwareConsole
+
+
+def _on_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal; False for a closed one (None when the descriptor was closed at start-up,
+    a file object closed since)."""
+    try:
+        return stream is not None and bool(stream.isatty())
+    except ValueError:  # I/O operation on closed file
+        return False
 
 
 def emit_json(kind: str, payload: Any) -> None:
@@ -68,6 +96,23 @@ def emit_json(kind: str, payload: Any) -> None:
     else:
         doc["result"] = body
     click.echo(json.dumps(doc, indent=2))
+
+
+def discard_stdout() -> None:
+    """Point stdout's descriptor at the null device: Python flushes ``sys.stdout`` at exit, and the bytes the closed
+    pipe refused would fail again there ("Exception ignored ... BrokenPipeError"). The recipe of Python's own
+    documentation (``signal``, "Note on SIGPIPE"); a stream with no descriptor (a test's capture) is left alone."""
+    import os
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # None, or io.UnsupportedOperation (both an OSError and a ValueError)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def emit_error(exc: AttnforgeError) -> None:
@@ -85,7 +130,10 @@ def emit_error(exc: AttnforgeError) -> None:
             error["problems"] = list(problems)
         if log_path:
             error["log"] = str(log_path)
-        emit_json("error", {"error": error})
+        try:
+            emit_json("error", {"error": error})
+        except BrokenPipeError:  # stdout's reader went away: the error still goes to stderr, with its exit code
+            discard_stdout()
     click.echo(f"error: {exc.message}", err=True)
     for p in problems:
         click.echo(f"  - {p}", err=True)
@@ -95,7 +143,8 @@ def emit_error(exc: AttnforgeError) -> None:
         click.echo(f"log: {log_path}", err=True)
     if exc.hint:
         click.echo(f"hint: {exc.hint}", err=True)
-    sys.stderr.flush()
+    if sys.stderr is not None:  # closed (``2>&-``): click.echo wrote nothing either
+        sys.stderr.flush()
 
 
 def emit_unexpected(exc: BaseException, *, argv: list[str]) -> int:
