@@ -69,12 +69,16 @@ class ShapeSet(StrEnum):
 
 
 def shrink_for_cpu(shape: AttentionShape) -> AttentionShape:
-    """The same structure at CPU size: lengths / ``CPU_DIVISOR`` (Sq = 1 stays 1), at most 4 heads, B1."""
+    """The same structure at CPU size: lengths / ``CPU_DIVISOR`` but at least 8 (a length under 8 stays: never
+    longer than the model allows, ``max_position_embeddings: 1`` included), at most 4 heads, B1."""
     ratio = max(1, shape.heads_q // shape.heads_kv)
     heads = max(ratio, min(shape.heads_q, CPU_MAX_HEADS))
     return replace(shape, batch=1, heads_q=heads, heads_kv=max(1, heads // ratio),
-                   seqlen_q=1 if shape.seqlen_q == 1 else max(8, shape.seqlen_q // CPU_DIVISOR),
-                   seqlen_k=max(8, shape.seqlen_k // CPU_DIVISOR))
+                   seqlen_q=_cpu_length(shape.seqlen_q), seqlen_k=_cpu_length(shape.seqlen_k))
+
+
+def _cpu_length(length: int) -> int:
+    return min(length, max(8, length // CPU_DIVISOR))
 
 
 def real_grid(*, dtype: str, modes: Iterable[Mode] = (Mode.FWD, Mode.FWD_BWD), cpu: bool = False,
@@ -159,16 +163,26 @@ def model_shapes(
                          hint="pass a Hugging Face config: attnforge bench --shapes model --model config.json; "
                               "or the sizes: --batch 2 --heads 32 --kv-heads 8 --head-dim 128 --seqlen 4096")
     hkv = heads_q if heads_kv is None else heads_kv
-    sizes = {"--batch": batch, "--heads": heads_q, "--kv-heads": hkv, "--seqlen-k": seqlen_k or 1,
-             **{f"--head-dim {d}": d for d in head_dims}, **{f"--seqlen {s}": s for s in seqlens}}
-    bad = [name for name, value in sizes.items() if value <= 0]
-    if bad:
-        raise UsageError(f"sizes must be positive: {', '.join(bad)}")
+    check_positive([("--batch", batch), ("--heads", heads_q), ("--kv-heads", hkv), ("--seqlen-k", seqlen_k),
+                    *(("--head-dim", d) for d in head_dims), *(("--seqlen", s) for s in seqlens)])
     if heads_q % hkv:
         raise UsageError(f"--heads {heads_q} is not a multiple of --kv-heads {hkv}",
                          hint="grouped-query attention shares each K/V head among heads/kv-heads query heads")
     return [
-        AttentionShape(batch=batch, heads_q=heads_q, heads_kv=hkv, head_dim=d, seqlen_q=s, seqlen_k=seqlen_k or s,
-                   causal=causal, mode=mode, dtype=dtype)
+        AttentionShape(batch=batch, heads_q=heads_q, heads_kv=hkv, head_dim=d, seqlen_q=s,
+                       seqlen_k=s if seqlen_k is None else seqlen_k, causal=causal, mode=mode, dtype=dtype)
         for mode in modes for causal in causals for d in head_dims for s in seqlens
     ]
+
+
+def check_positive(sizes: Iterable[tuple[str, int | None]]) -> None:
+    """Refuse a size the user gave (``("--batch", 0)``) that is not positive; None is "not given". 0 is refused
+    like -5: no option reads 0 as "the default".
+
+    Raises:
+        UsageError: naming every such option with its value.
+    """
+    bad = [f"{flag} {value}" for flag, value in sizes if value is not None and value <= 0]
+    if bad:
+        raise UsageError(f"sizes must be positive: {', '.join(bad)}",
+                         hint="give each size as a whole number of 1 or more, or leave the option out")

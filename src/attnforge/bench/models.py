@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from attnforge._system.files import read_user_file
-from attnforge.bench.grid import shrink_for_cpu
+from attnforge.bench.grid import check_positive, shrink_for_cpu
 from attnforge.errors import UsageError
 from attnforge.types.shapes import AttentionShape, Mode
 
@@ -79,8 +80,14 @@ def read_model_config(path: Path) -> ModelAttention:
         head_dim_v = _int(cfg, "v_head_dim", path) or head_dim
     else:
         hidden = _int(cfg, "hidden_size", path)
-        head_dim = (_int(cfg, "head_dim", path) or _int(cfg, "attention_head_dim", path)
-                    or (hidden // heads_q if hidden else 0))
+        head_dim = _int(cfg, "head_dim", path) or _int(cfg, "attention_head_dim", path) or 0
+        if not head_dim and hidden:
+            if hidden % heads_q:
+                raise UsageError(f"{path}: inconsistent attention sizes: hidden_size {hidden} is not a multiple of "
+                                 f"num_attention_heads {heads_q}, and no head_dim says what each head has",
+                                 hint="add the model's head_dim to the config (it is hidden_size / "
+                                      "num_attention_heads only when that divides)")
+            head_dim = hidden // heads_q
         head_dim_v = head_dim
     if head_dim <= 0 or heads_q % heads_kv:
         raise UsageError(f"{path}: inconsistent attention sizes (heads {heads_q}, kv heads {heads_kv}, "
@@ -88,8 +95,10 @@ def read_model_config(path: Path) -> ModelAttention:
                                                        "num_key_value_heads; head_dim or hidden_size is needed")
     window = _int(cfg, "sliding_window", path) if cfg.get("use_sliding_window", True) is not False else None
     softcap = cfg.get("attn_logit_softcapping")
-    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or softcap < 0):
-        raise UsageError(f"{path}: attn_logit_softcapping must be a non-negative number, got {softcap!r}")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not math.isfinite(softcap) or softcap < 0):  # json reads NaN and Infinity
+        raise UsageError(f"{path}: attn_logit_softcapping must be a finite non-negative number, got {softcap!r}",
+                         hint="set it to the model's logit softcap (Gemma 2: 50.0), or to null or 0 for none")
     diffusers = "_diffusers_version" in doc or ("attention_head_dim" in cfg and "hidden_size" not in cfg)
     name = cfg.get("model_type") or doc.get("model_type") or doc.get("_class_name") or path.stem
     return ModelAttention(name=str(name), heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
@@ -99,11 +108,18 @@ def read_model_config(path: Path) -> ModelAttention:
 
 
 def model_config_shapes(model: ModelAttention, *, dtype: str, batch: int, seqlens: tuple[int, ...],
-                        modes: tuple[Mode, ...], cpu: bool) -> list[AttentionShape]:
-    """The model's shape classes (module docstring); shrunk for a CPU like every other set.
+                        modes: tuple[Mode, ...], cpu: bool,
+                        causals: tuple[bool, ...] = (False, True)) -> list[AttentionShape]:
+    """The model's shape classes (module docstring); shrunk for a CPU like every other set; each class once.
 
     Prefill lengths longer than ``sliding_window`` are kept at the window (what a sliding-window layer attends).
+    ``causals`` keeps the classes whose mask is one of them (``--causal off``: a decoder's decode step only); the
+    model decides which mask each class has.
+
+    Raises:
+        UsageError: ``batch`` or a length of ``seqlens`` is not positive.
     """
+    check_positive([("--batch", batch), *(("--seqlen", s) for s in seqlens)])
     cap = min(x for x in (model.max_positions, model.sliding_window, 1 << 20) if x)
     lengths = sorted({min(s, cap) for s in (seqlens or PREFILL_SEQLENS)})
     context = min(DECODE_CONTEXT, cap)
@@ -120,7 +136,10 @@ def model_config_shapes(model: ModelAttention, *, dtype: str, batch: int, seqlen
         if context > CHUNK:
             out.append(shape(CHUNK, context, Mode.FWD))
         out.append(shape(1, context, Mode.FWD))
-    return [shrink_for_cpu(s) for s in out] if cpu else out
+    if cpu:
+        out = [shrink_for_cpu(s) for s in out]
+    # a tiny max_position_embeddings (or the CPU's shrinking) can make two classes one: prefill S1 is decode S1
+    return [s for s in dict.fromkeys(out) if s.causal in causals]
 
 
 def _int(cfg: dict[str, Any], key: str, path: Path) -> int | None:

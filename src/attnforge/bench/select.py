@@ -49,7 +49,8 @@ def choose_shapes(
     by ``--batch --heads --head-dim --seqlen``; ``grid`` and ``diffusion`` are shrunk on a CPU.
 
     Raises:
-        UsageError: model-only options with a grid, a missing model size, or a filter that leaves nothing.
+        UsageError: model-only options with a grid, a missing or non-positive model size, or a filter
+            (``--head-dim``/``--seqlen``, ``--causal`` with ``--model``) that leaves nothing.
     """
     causals, modes = _CAUSAL[causal], _MODES[mode]
     cpu = device.type is DeviceType.CPU
@@ -62,8 +63,14 @@ def choose_shapes(
             raise UsageError(f"{', '.join(clash)} cannot be combined with --model (the config sets them)",
                              hint="keep --model with --batch/--seqlen, or drop --model and give the sizes")
 
-        return model_config_shapes(read_model_config(model_config), dtype=dtype, batch=batch or 1,
-                                   seqlens=tuple(seqlens), modes=modes, cpu=cpu)
+        model = read_model_config(model_config)
+        shapes = model_config_shapes(model, dtype=dtype, batch=1 if batch is None else batch,
+                                     seqlens=tuple(seqlens), modes=modes, cpu=cpu, causals=causals)
+        if not shapes:
+            runs = "full (non-causal)" if not model.causal else "causal prefill and non-causal decode"
+            raise UsageError(f"--causal {causal} leaves no shape class of {model_config}: {model.name} runs {runs} "
+                             "attention", hint="drop --causal (with --model the config decides each class's mask)")
+        return shapes
     if shape_set is ShapeSet.MODEL:
         return model_shapes(batch=batch, heads_q=heads_q, heads_kv=heads_kv, head_dims=head_dims, seqlens=seqlens,
                             seqlen_k=seqlen_k, dtype=dtype, causals=causals, modes=modes)

@@ -73,7 +73,10 @@ def command(*, model_config: Path | None, shape_set: str | None, batch: int | No
         model = read_model_config(model_config)
         window, softcap = model.sliding_window, model.softcap
         padded_prefill_from = PREFILL_VARLEN_MIN  # a decoder's left-padded prompts (its integration's varlen route)
-    shapes = choose_shapes(ShapeSet(shape_set or "model"), device=dev, dtype=dtype_name, causal="on", mode=mode,
+    # a model's config decides each class's mask (causal prefill, full decode; full for a diffusers transformer);
+    # sizes given by hand are a decoder's causal prefill
+    causal = "both" if model_config is not None else "on"
+    shapes = choose_shapes(ShapeSet(shape_set or "model"), device=dev, dtype=dtype_name, causal=causal, mode=mode,
                            batch=batch if batch is not None or model_config is None else 1, heads_q=heads_q,
                            heads_kv=heads_kv, head_dims=head_dims, seqlens=seqlens, seqlen_k=seqlen_k,
                            model_config=model_config)
