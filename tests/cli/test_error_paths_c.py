@@ -125,3 +125,12 @@ def test_an_error_under_json_into_a_closed_pipe_keeps_its_exit_code_and_stderr(c
     assert done.returncode == 2
     assert "error: unknown backend 'no-such-backend'" in done.stderr and "hint: " in done.stderr
     assert "Exception ignored" not in done.stderr
+
+
+def test_plan_model_reads_a_config_as_bench_and_warmup_do(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """plan --model read its config with its own wording (the OS error inline, no cause line)."""
+    bad = tmp_path / "config.json"
+    bad.write_bytes(b"\xff\xfe{}")
+    assert main(["plan", "flash-attn-3", "--model", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read the model config" in err and "it is not UTF-8 text (byte 0xff at offset 0)" in err

@@ -34,7 +34,7 @@ def stream(
     Raises:
         InstallError: the download failed (the partial file is removed).
     """
-    show = sys.stderr.isatty() if progress is None else progress
+    show = (sys.stderr is not None and sys.stderr.isatty()) if progress is None else progress  # 2>&-: None
     digest = hashlib.sha256()
     try:
         with (client or HttpClient()).open(url) as resp, target.open("wb") as out:

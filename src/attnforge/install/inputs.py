@@ -333,11 +333,14 @@ def model_head_dims(path: Path) -> tuple[str, ...]:
     """
     import json
 
+    from attnforge._system.files import read_user_file
+
+    hint = "give the model's config.json (Hugging Face format)"
+    text = read_user_file(path, what="the model config", hint=hint)  # missing, unreadable, not UTF-8: one wording
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read the model config {path}: {exc}",
-                         hint="give the model's config.json (Hugging Face format)") from None
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"cannot read the model config {path}: {exc}", hint=hint) from None
     for cfg in (doc, doc.get("text_config") if isinstance(doc, dict) else None):
         dims = _config_dims(cfg) if isinstance(cfg, dict) else None
         if dims:
