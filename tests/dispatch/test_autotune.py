@@ -390,8 +390,9 @@ def test_a_contested_class_gets_more_rounds_and_they_settle_it(
 
     monkeypatch.setattr(timing_mod, "measure", measured)
     q, k, v = _qkv()
-    with attnforge.autotune(budget_s=0.5, rounds=len(wander), clock=clock, background=background,
-                            contested_rounds=contested_rounds) as config:
+    with attnforge.autotune(  # noqa: SIM117 - quiet() must end before autotune() waits for the worker
+            budget_s=0.5, rounds=len(wander), clock=clock, background=background,
+            contested_rounds=contested_rounds) as config:
         # the worker waits for this call (its provisional SDPA call would otherwise overlap the worker's first
         # measurement: the spy above counts calls and the fake clock across threads; flaky under load, 2026-12-02)
         with autotune.quiet():
