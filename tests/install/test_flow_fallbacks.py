@@ -18,24 +18,11 @@ from attnforge.install.flow import Action, InstallResult, install
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import CachedArtifact, CandidateKind, Plan, Request
 from tests.cache.wheelmaker import make_wheel
-from tests.conftest import REPO
 from tests.install.helpers import OrderedPlanner, make_project, pip_wheel_builder
-from tests.venvs import nested_venv
 
 pytestmark = pytest.mark.integration
 
-SNAPSHOT = REPO / "tests" / "fixtures" / "snapshots" / "cpu_dev_torch2.13_cpu.json"
 MISSING_REQUIREMENT = "af-not-on-this-machine"
-
-
-@pytest.fixture
-def snapshot() -> SystemSnapshot:
-    return SystemSnapshot.load(SNAPSHOT)
-
-
-@pytest.fixture
-def python(tmp_path: Path) -> str:
-    return nested_venv(tmp_path / "venv")
 
 
 def imported(python: str) -> str:
