@@ -24,8 +24,8 @@ from pathlib import Path
 
 import filelock
 
-from attnforge._system.statedb import DamagedDatabaseError, file_problem, schema_problem
-from attnforge.cache._db import check_root, connect_read_only, damaged_db, db_error, is_disk_problem, writable
+from attnforge._system.statedb import DamagedDatabaseError, connect_reading, file_problem, schema_problem
+from attnforge.cache._db import check_root, connect_read_only, damaged_db, db_error, writable
 from attnforge.cache._files import CopyFn, copy_hashed
 from attnforge.errors import CacheError
 
@@ -296,15 +296,10 @@ class StoreBase:
         return self._open_for_reading(), False
 
     def _open_for_reading(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.db_path, timeout=60.0)
+        """The reader's rule of both state databases (:func:`~attnforge._system.statedb.connect_reading`: a full
+        disk's refused open is read immutable), with rows by column name."""
+        conn = connect_reading(self.db_path, timeout_s=60.0)
         conn.row_factory = sqlite3.Row
-        try:
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the WAL index now
-        except sqlite3.OperationalError as exc:
-            conn.close()
-            if not is_disk_problem(exc):
-                raise
-            return connect_read_only(self.db_path)  # e.g. no room for the -shm file on a full disk
         return conn
 
     @property
