@@ -25,6 +25,7 @@ Usage (on the GPU machine, after ``attnforge verify``; run.sh's ``check`` stage,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -527,6 +528,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--cells", default="")
+    ap.add_argument("--modes", default="",
+                    help="fwd,fwdbwd: only these modes of the chosen cells (warm-up included); Wan-720p's fwd+bwd row "
+                         "alone did not fit a call after its fwd row in three sessions")
+    ap.add_argument("--skip", default="",
+                    help="backends not timed (e.g. sdpa-efficient,sdpa-flash: 2-5x the best at >= 16k tokens, "
+                         "~1 s a fwd+bwd call at Wan-720p's 32760 tokens); the JSON names them under each row's failed")
     ap.add_argument("--grid", choices=("bench", "unseen", "all"), default="bench",
                     help="bench: bench's grid + diffusion; unseen: UNSEEN (shapes bench never measured); all: both")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the flow at tiny sizes")
@@ -553,10 +560,18 @@ def main() -> int:
     t_start = time.monotonic()
     dtype = getattr(torch, args.dtype)
     wanted = {n for n in args.cells.split(",") if n}
+    modes = {m for m in args.modes.split(",") if m}
+    if modes - {"fwd", "fwdbwd"}:
+        ap.error(f"--modes takes fwd and fwdbwd, not {sorted(modes - {'fwd', 'fwdbwd'})}")
     backends = direct_backends(torch)
+    skipped = {n for n in args.skip.split(",") if n}
+    for name in skipped:
+        backends.pop(name, None)
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     rows: list[Row] = []
     cells = {"bench": grid(), "unseen": UNSEEN, "all": grid() + UNSEEN}[args.grid]
+    if modes:
+        cells = tuple(dataclasses.replace(c, modes=tuple(m for m in c.modes if m in modes)) for c in cells)
     if args.warmup:
         warm(cells, wanted, args, t_start)
     if args.profile:
@@ -578,8 +593,11 @@ def main() -> int:
                 print(f"budget spent: stopping before {cell.name}/{mode}")
                 break
             c = cell if args.device == "cuda" else shrink(cell)
+            t_row = time.monotonic()
             row = measure(torch, attnforge, backends, cell=c, mode=mode, dtype=dtype, dev=args.device)
+            row.failed.update(dict.fromkeys(sorted(skipped), "skipped (--skip)"))
             rows.append(row)
+            print(f"# {cell.name}/{mode}: {time.monotonic() - t_row:.0f} s", flush=True)
             print(f"{cell.name:22s} {mode:7s} chosen={row.chosen} best={row.best_exact} "
                   f"ratio={row.ratio_to_best} on_bhsd={row.ratio_to_best_on_bhsd} vs_sdpa={row.ratio_to_sdpa} "
                   f"bshd_vs_sdpa_bshd={row.ratio_bshd_to_sdpa_bshd} "
