@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     runtime.set_dispatcher(None)
     chosen = attnforge.explain(q, k, v).chosen
     assert chosen is not None
-    adapter = runtime.get_dispatcher()._adapter(chosen)
+    adapter = runtime.get_dispatcher().adapter(chosen)
     real = _measure({"real": {
         f"{chosen} adapter directly": lambda: adapter(q, k, v, causal=False, scale=None),
         f"attention() -> {chosen}": lambda: attnforge.attention(q, k, v),
