@@ -103,3 +103,20 @@ def test_measuring_off_is_said_and_fails(attnforge_home: Path, tmp_path: Path, m
 def test_it_needs_a_model_or_shapes(attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["warmup", "--device", "cpu"]) == 2
     assert "--model" in capsys.readouterr().err
+
+
+def test_a_sliding_window_models_long_prefill_is_warmed_whole_and_with_its_window(
+        attnforge_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A prompt longer than a sliding-window model's window is an ``S x S`` call whose window hides keys: warm-up
+    warms that class (and its windowed variant), not one cut to the window's length (which no layer calls). On a
+    CPU the lengths shrink (4096 -> 64) and the window does not, so the window here is 32."""
+    runtime.set_dispatcher(runtime.Dispatcher({}, records=RecordStore(attnforge_home)))
+    mistral = {**LLAMA, "model_type": "mistral", "sliding_window": 32}
+    argv = ["warmup", "--model", _config(tmp_path, mistral), "--device", "cpu", "--mode", "fwd", "--budget", "0.02",
+            "--rounds", "1", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    windowed = [c["shape"] for c in doc["classes"] if "window" in c["features"]]
+    assert [(s["seqlen_q"], s["seqlen_k"]) for s in windowed] == [(64, 64)]
+    plain = {(c["shape"]["seqlen_q"], c["shape"]["seqlen_k"]) for c in doc["classes"] if not c["features"]}
+    assert (64, 64) in plain and all(sk <= 64 for _, sk in plain)

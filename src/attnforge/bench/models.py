@@ -112,7 +112,11 @@ def model_config_shapes(model: ModelAttention, *, dtype: str, batch: int, seqlen
                         causals: tuple[bool, ...] = (False, True)) -> list[AttentionShape]:
     """The model's shape classes (module docstring); shrunk for a CPU like every other set; each class once.
 
-    Prefill lengths longer than ``sliding_window`` are kept at the window (what a sliding-window layer attends).
+    Prefill lengths are capped by ``max_position_embeddings`` only: a sliding-window layer's prefill of ``S > W``
+    tokens is still an ``S x S`` call (its window is a feature of the call, which :func:`attnforge.dispatch.warmup`
+    adds on the causal classes longer than the window), and a Gemma-2 global layer attends all ``S``. The decode
+    step's keys are capped by the window too: a sliding-window layer's cache keeps its last ``W`` keys
+    (transformers' ``DynamicSlidingWindowLayer``).
     ``causals`` keeps the classes whose mask is one of them (``--causal off``: a decoder's decode step only); the
     model decides which mask each class has.
 
@@ -120,9 +124,9 @@ def model_config_shapes(model: ModelAttention, *, dtype: str, batch: int, seqlen
         UsageError: ``batch`` or a length of ``seqlens`` is not positive.
     """
     check_positive([("--batch", batch), *(("--seqlen", s) for s in seqlens)])
-    cap = min(x for x in (model.max_positions, model.sliding_window, 1 << 20) if x)
+    cap = min(x for x in (model.max_positions, 1 << 20) if x)
     lengths = sorted({min(s, cap) for s in (seqlens or PREFILL_SEQLENS)})
-    context = min(DECODE_CONTEXT, cap)
+    context = min(x for x in (DECODE_CONTEXT, cap, model.sliding_window) if x)
 
     def shape(sq: int, sk: int, mode: Mode) -> AttentionShape:
         return AttentionShape(batch=batch, heads_q=model.heads_q, heads_kv=model.heads_kv, head_dim=model.head_dim,
