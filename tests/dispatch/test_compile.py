@@ -367,3 +367,58 @@ def test_an_ops_real_run_in_cudagraph_warmup_keeps_nothing_as_under_capture(
     with _base.cudagraph_warmup(t):
         assert _base.graph_capturing() is (case == "warmup")
     assert not _base.graph_capturing()
+
+
+# -- torch.autocast: a compiled call casts q, k, v as an eager one does -----------------------------------------
+def _autocast_case(case: str) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
+    """float32 q, k, v (q, k float32 beside a bfloat16 v for ``"mixed"``: what RoPE leaves under autocast) and the
+    call's keywords."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = torch.randn(1, 4, 5, 16, generator=g), torch.randn(1, 2, 7, 16, generator=g), torch.randn(
+        1, 2, 7, 16, generator=g)
+    kwargs: dict[str, Any] = {"causal": {"causal": True}, "masked": {"attn_mask": torch.rand(
+        1, 1, 5, 7, generator=g) > 0.3}}.get(case, {})
+    return (q, k, v.to(torch.bfloat16) if case == "mixed" else v), kwargs
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "masked", "mixed"])
+def test_a_compiled_call_under_autocast_casts_as_eager_does(case: str) -> None:
+    """Under ``torch.autocast("cpu", bfloat16)`` eager attention() casts q, k, v to bfloat16 (SDPA's autocast rule);
+    compiled, the cast was skipped: the op computed in float32 (a float32 output), and mixed q, k, v (RoPE's) were
+    refused ("q, k, v dtypes differ") where SDPA and eager serve them."""
+    (q, k, v), kwargs = _autocast_case(case)
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attnforge.attention(q, k, v, **kwargs)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = fn(q, k, v)
+        out = torch.compile(fn, backend="aot_eager")(q, k, v)
+    assert eager.dtype == out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, eager, atol=1e-2, rtol=1e-2)
+    want = reference_attention(*(t.to(torch.bfloat16) for t in (q, k, v)), **kwargs)  # the inputs eager computes on
+    torch.testing.assert_close(out.double(), want, atol=3e-2, rtol=3e-2)
+
+
+def test_a_compiled_fullgraph_call_under_autocast_trains_as_eager_and_is_guarded_on_autocast() -> None:
+    """RoPE's mixed q, k (float32) and v (bfloat16) under autocast, with ``fullgraph=True`` (no graph break for the
+    cast): output and gradients are eager's (bfloat16 output, each gradient in its input's dtype); the same compiled
+    function called with autocast off refuses them as eager does (Dynamo guards the graph on the autocast state)."""
+    (q, k, v), _ = _autocast_case("mixed")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attnforge.attention(q, k, v, causal=True)
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager, out = fn(q, k, v), compiled(q, k, v)
+    assert eager.dtype == out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, eager, atol=1e-2, rtol=1e-2)
+    got = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+    want = torch.autograd.grad(eager.float().square().sum(), (q, k, v))
+    for g, w, t in zip(got, want, (q, k, v), strict=True):
+        assert g.dtype == w.dtype == t.dtype
+        torch.testing.assert_close(g.float(), w.float(), atol=3e-2, rtol=3e-2)
+    with pytest.raises(DispatchError, match="dtypes differ"):  # autocast off: refused, as eager refuses them
+        compiled(q, k, v)
