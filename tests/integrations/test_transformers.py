@@ -76,6 +76,19 @@ def test_logits_under_autocast_match_the_default(name: str) -> None:
     assert _max_diff(got.float(), want.float(), mask) <= 0.05
 
 
+def test_a_compiled_llama_under_autocast_matches_the_default() -> None:
+    """The same Llama compiled (``fullgraph=True``, Dynamo's ``aot_eager``) under ``torch.autocast("cpu",
+    bfloat16)``: the traced call skipped attention()'s autocast cast and raised "q, k, v dtypes differ" on RoPE's
+    float32 q, k beside a bfloat16 v (review, 2026-12-02)."""
+    ids, mask = _inputs()
+    sdpa, ours = tiny_model("llama", "sdpa").eval(), tiny_model("llama", "attnforge").eval()
+    compiled = torch.compile(ours, backend="aot_eager", fullgraph=True)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), _serving("llama"):
+        want, got = sdpa(ids, attention_mask=mask).logits, compiled(ids, attention_mask=mask).logits
+    assert got.dtype == want.dtype
+    assert _max_diff(got.float(), want.float(), mask) <= 0.05
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_training_step_gradients_match_eager(name: str, served: list[tuple[int, ...]]) -> None:
     ids, mask = _inputs()
