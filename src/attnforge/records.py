@@ -4,9 +4,11 @@
 ``$ATTNFORGE_HOME/records.db``, keyed by a *device key* so results from one GPU/torch never steer another.
 
 The state is optional (docs/reliability.md, "The runtime's state is optional"): a home that cannot be written
-is read through a read-only connection (a shared team home is supported); a damaged, foreign or newer file is
-refused with a :class:`~attnforge.errors.CacheError` naming it and the recovery (``attnforge cache repair``),
-and the runtime reads through :class:`attnforge.dispatch.state.RuntimeRecords`, which never raises.
+is read through a read-only connection (a shared team home is supported); a damaged or foreign file is refused
+with a :class:`~attnforge.errors.CacheError` naming it and the recovery (``attnforge cache repair``), a newer
+attnforge's file with a :class:`~attnforge._system.statedb.NewerDatabaseError` naming the upgrade (it is never
+written, moved aside or migrated down here), and the runtime reads through
+:class:`attnforge.dispatch.state.RuntimeRecords`, which never raises.
 """
 
 from __future__ import annotations
@@ -249,8 +251,9 @@ class RecordStore:
         busy_timeout_s: how long a call waits for another process's write lock (the runtime waits less).
 
     Every method raises :class:`~attnforge.errors.CacheError` (never a ``sqlite3`` error) when the file is
-    damaged, foreign, newer, locked or cannot be written; readers of a home this user cannot write open the
-    file read-only and create nothing.
+    damaged, foreign, newer (:class:`~attnforge._system.statedb.NewerDatabaseError`: nothing is written into it),
+    locked or cannot be written; readers of a home this user cannot write open the file read-only and create
+    nothing.
     """
 
     def __init__(self, home: Path, *, busy_timeout_s: float = 30.0) -> None:
@@ -317,7 +320,7 @@ class RecordStore:
             raise self.damaged(problem)
 
     def _check_schema(self, conn: sqlite3.Connection) -> None:
-        if (problem := schema_problem(conn, ours=_TABLES, version=SCHEMA_VERSION)) is not None:
+        if (problem := schema_problem(conn, self.path, ours=_TABLES, version=SCHEMA_VERSION)) is not None:
             raise self.damaged(problem)
 
     def damaged(self, why: str) -> CacheError:
@@ -357,7 +360,8 @@ class RecordStore:
         ``bench``, ``warmup``); creates ``records.db`` with its schema when there is none.
 
         Raises:
-            CacheError: the home cannot be written, or records.db is damaged (it names the file and the fix).
+            CacheError: the home cannot be written, or records.db is damaged or newer (it names the file and the
+                fix).
         """
         with self._writer("store records", lost="the results could not be saved, so nothing was run"):
             pass
@@ -375,6 +379,7 @@ class RecordStore:
         starts an empty one; returns where it went, or None when the file is sound or absent.
 
         Raises:
+            NewerDatabaseError: a newer attnforge wrote it: it is left where it is, as it is.
             CacheError: it is damaged but cannot be moved (read-only home).
         """
         try:  # every page, as cache repair checks cache.db: a lookup by key reads only the index's pages

@@ -196,3 +196,31 @@ def test_a_verify_row_whose_details_are_not_what_a_release_writes_is_damage(
     monkeypatch.setenv("ATTNFORGE_HOME", str(tmp_path / "home"))
     found = _serve_all()
     assert len(found) == 1 and "cannot be read" in str(found[0].message), [str(w.message) for w in found]
+
+
+def test_attention_serves_from_a_home_whose_records_db_a_newer_attnforge_wrote(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newer attnforge's records.db (a team home, an older venv beside a newer one) is not damage: attention()
+    serves exactly as SDPA, warns once with the upgrade fix (not `cache repair`, which would move the newer
+    release's records aside), and its first-use records are kept in the process, never written into that file."""
+    from attnforge.records import SCHEMA_VERSION
+
+    home = HOMES["records-newer-schema"](tmp_path / "home")
+    before = (home / "records.db").read_bytes()
+    monkeypatch.setenv("ATTNFORGE_HOME", str(home))
+    found = _serve_all()
+    records = state.runtime_records()
+    rec = BenchRecord(device_key="cpu|torch-x", backend="sdpa", backend_version=None, dtype="float32", mode="fwd",
+                      causal=False, batch=1, heads_q=2, heads_kv=2, head_dim=16, seqlen_q=8, seqlen_k=8, ms=1.0,
+                      tflops=1.0, peak_mem_bytes=None, run_id="t")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records.add_bench([rec])
+        assert [r.run_id for r in records.bench_records("cpu|torch-x")] == ["t"]  # kept in the process
+    assert not [w for w in caught if issubclass(w.category, state.StateWarning)]  # warned once per process
+    assert len(found) == 1, [str(w.message) for w in found]
+    text = str(found[0].message)
+    assert f"written by a newer attnforge (schema 99; this one reads up to {SCHEMA_VERSION})" in text, text
+    assert "pip install -U attnforge" in text and "cache repair" not in text and "damaged" not in text, text
+    assert (home / "records.db").read_bytes() == before
+    assert sorted(p.name for p in home.iterdir()) == ["records.db"]

@@ -2,16 +2,19 @@
 written, and told apart from a damaged or foreign file before anything is read from or written into them.
 
 The state directory may be a shared read-only team home, owned by another user, or damaged (a truncated or
-garbled file, a directory where the file should be, another program's SQLite database, a file written by a
-newer attnforge). Both stores ask the same questions here:
+garbled file, a directory where the file should be, another program's SQLite database), or shared with a newer
+attnforge (a file at a schema this one does not know: :class:`NewerDatabaseError`, never damage). Both stores ask
+the same questions here:
 
 - :func:`file_problem`: is the path a regular file at all?
-- :func:`schema_problem`: is an open database one of ours (its tables, ``PRAGMA user_version``)?
+- :func:`schema_problem`: is an open database one of ours (its tables), and not a newer one (``PRAGMA
+  user_version``)?
 - :func:`sqlite_kind`: what does a ``sqlite3`` error mean (disk full, disk or permissions, locked, damaged)?
 - :func:`connect_read_only`: a connection that writes nothing, takes no lock and creates no file;
 - :func:`connect_reading`: a reader's connection that still reads where a write would fail (a read-only home, a
   full disk);
-- :func:`move_aside`: a damaged file renamed out of the way (never deleted), with its ``-wal``/``-shm``.
+- :func:`move_aside`: a damaged file renamed out of the way (never deleted), with its ``-wal``/``-shm``; never a
+  newer one.
 
 Facts: SQLite's URI parameters ``mode=ro`` and ``immutable=1`` (https://www.sqlite.org/uri.html); the error
 texts are those of ``sqlite3_errstr`` (https://www.sqlite.org/rescode.html).
@@ -28,6 +31,7 @@ from collections.abc import Collection
 from pathlib import Path
 from urllib.parse import quote
 
+from attnforge import __version__
 from attnforge._compat import StrEnum
 from attnforge.errors import CacheError
 
@@ -39,8 +43,37 @@ SIDECARS = ("-wal", "-shm", "-journal")
 
 
 class DamagedDatabaseError(CacheError):
-    """A state database that is not a sound one of this attnforge (damaged, foreign, newer, a directory): the
-    CLI names the file and ``attnforge cache repair``; ``repair`` moves exactly these aside."""
+    """A state database that is not a sound one of this attnforge (damaged, foreign, a directory): the CLI names
+    the file and ``attnforge cache repair``; ``repair`` moves exactly these aside. A newer attnforge's file is
+    not damage (:class:`NewerDatabaseError`)."""
+
+
+#: the fix for a state database a newer attnforge wrote, said wherever it is met
+NEWER_FIX = "upgrade attnforge (pip install -U attnforge) or use another ATTNFORGE_HOME"
+
+
+class NewerDatabaseError(CacheError):
+    """A state database written by a newer attnforge (its ``PRAGMA user_version`` above the one this attnforge
+    knows): another release's data, not damage. This attnforge never moves it aside, writes, migrates or deletes
+    it: ``cache repair`` leaves it in place, readers refuse it, the runtime serves as from an empty home. Not a
+    :class:`DamagedDatabaseError`, so no ``except DamagedDatabaseError`` takes it for damage.
+
+    Attributes:
+        path: the file; found: its ``user_version``; known: the newest this attnforge reads.
+    """
+
+    path: Path | None = None
+    found: int = 0
+    known: int = 0
+
+    @classmethod
+    def of(cls, db: Path, *, found: int, known: int) -> NewerDatabaseError:
+        """The error for ``db`` at schema ``found`` where this attnforge reads up to ``known``."""
+        err = cls(f"{db} was written by a newer attnforge (schema {found}; this one reads up to {known})",
+                  cause=f"attnforge {__version__} does not know that schema, so it leaves the file as it is "
+                  "(moving it aside would lose the newer release's data)", hint=NEWER_FIX)
+        err.path, err.found, err.known = db, found, known
+        return err
 
 
 class SqliteKind(StrEnum):
@@ -102,20 +135,22 @@ def home_problem(db: Path) -> str | None:
     return None
 
 
-def schema_problem(conn: sqlite3.Connection, *, ours: Collection[str], version: int) -> str | None:
-    """Why the database open on ``conn`` is not one attnforge may read or write, or None.
+def schema_problem(conn: sqlite3.Connection, db: Path, *, ours: Collection[str], version: int) -> str | None:
+    """Why the database ``db`` open on ``conn`` is damage (another program's), or None; a newer attnforge's file
+    is raised, never returned: it is not damage, and no caller may move it aside.
 
     Args:
         ours: the store's table names; a database with tables but none of these is another program's.
         version: the newest ``PRAGMA user_version`` this attnforge knows (0: files from before versions).
 
     Raises:
+        NewerDatabaseError: its ``user_version`` is above ``version`` (checked first: nothing else is read).
         sqlite3.Error: the file is not a database or is malformed (the caller classifies it).
     """
-    tables = sorted(str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
     found = int(conn.execute("PRAGMA user_version").fetchone()[0])
     if found > version:
-        return f"it was written by a newer attnforge (schema version {found}; this one reads up to {version})"
+        raise NewerDatabaseError.of(db, found=found, known=version)
+    tables = sorted(str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
     tables = [t for t in tables if not t.startswith("sqlite_")]
     if tables and not set(tables) & set(ours):
         return f"it is not an attnforge database (its tables: {', '.join(tables[:6])})"

@@ -8,7 +8,8 @@ Every first connection checks that ``cache.db`` is the index of what lies on dis
 check_index`): a directory in its place, garbage, another program's database, or a missing or empty index
 while entries lie in ``ROOT/artifacts`` is a damaged database (hint: ``attnforge cache repair``), never an
 empty store. So ``cache list`` does not show an empty store, ``install`` does not rebuild what is on disk,
-and no writer treats the unindexed entries as debris to delete.
+and no writer treats the unindexed entries as debris to delete. One a newer attnforge wrote is not damage: readers
+and writers alike refuse it with the upgrade as the fix, and nothing here changes it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ CREATE TABLE IF NOT EXISTS artifacts (
 );
 CREATE INDEX IF NOT EXISTS artifacts_name ON artifacts(name);
 """
+#: ``PRAGMA user_version`` of cache.db (never set so far: 0); a newer one is refused, never moved aside or written
+SCHEMA_VERSION = 0
 #: The table as a connection-private, empty stand-in (readers never write the database).
 _EMPTY_TABLE = _SCHEMA.split(";", maxsplit=1)[0].replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE")
 
@@ -219,8 +222,9 @@ class StoreBase:
         side effect of a look-up. So ``install`` stops with that hint instead of rebuilding what is on disk.
 
         Raises:
-            DamagedDatabaseError: it is another program's database or from a newer attnforge, or it has no
-                index (a missing, empty or foreign file) while entries lie on disk.
+            NewerDatabaseError: a newer attnforge wrote it (no reader or writer here uses it; nothing is moved).
+            DamagedDatabaseError: it is another program's database, or it has no index (a missing, empty or
+                foreign file) while entries lie on disk.
             sqlite3.Error: it is not a database at all (the caller turns it into :func:`db_error`).
         """
         # the entries on disk counted first: an entry appears only once the table exists (Store.put), so entries
@@ -228,7 +232,7 @@ class StoreBase:
         # count the first entry a writer made since it looked ("no table of entries while 1 artifacts lie" in
         # eight concurrent installs into a fresh home, 2026-12-01)
         on_disk = sum(1 for d in self.entry_dirs() if (d / "provenance.json").is_file())  # debris has none
-        problem = schema_problem(conn, ours=("artifacts",), version=0)
+        problem = schema_problem(conn, self.db_path, ours=("artifacts",), version=SCHEMA_VERSION)
         if problem is not None:
             raise damaged_db(self.db_path, problem)
         if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'artifacts'").fetchone() is not None:

@@ -6,7 +6,8 @@ was computed from, the file name, its sha256 and size, and the facts recorded at
 an index that can be rebuilt (:func:`repair`, ``attnforge cache repair``): a damaged, foreign or empty
 database is moved aside (never deleted) and every entry whose key is the hash of its recorded inputs and whose
 file still hashes to its recorded sha256 is indexed again; one that fails goes to quarantine with the reason.
-Nothing is rebuilt or downloaded.
+Nothing is rebuilt or downloaded. A ``cache.db`` a newer attnforge wrote is not damage: it is left as it is, and
+nothing is indexed or quarantined (the newer release's index is the one that counts).
 
 A row-less entry directory is not debris when it is complete (``Store.remove_debris_locked`` keeps it): a
 writer that died between the rename and the commit, or a lost index, leaves exactly that, and a FlashAttention
@@ -58,6 +59,8 @@ def repair(store: Store) -> RepairResult:
     """Make ``cache.db`` the index of the entries on disk, under the writer lock.
 
     Raises:
+        NewerDatabaseError: a newer attnforge wrote ``cache.db``: it is left as it is, and nothing is indexed
+            or quarantined.
         CacheError: the cache cannot be written (read-only home, another owner, a bad lock file) or the
             database is locked or on a failing disk (those are not damage: nothing is moved).
     """
@@ -86,7 +89,8 @@ def repair(store: Store) -> RepairResult:
 
 def _move_damaged_db(store: Store) -> tuple[Path | None, str | None]:
     """Move ``cache.db`` aside when it is damaged, foreign, empty while entries lie on disk, or fails
-    ``PRAGMA quick_check``; returns where it went and why (None, None when it is sound or absent)."""
+    ``PRAGMA quick_check``; returns where it went and why (None, None when it is sound or absent). A newer
+    attnforge's file raises :class:`~attnforge._system.statedb.NewerDatabaseError` before anything is moved."""
     try:
         with store.reader("check the cache database") as conn:
             quick = [str(r[0]) for r in conn.execute("PRAGMA quick_check").fetchall()]

@@ -34,7 +34,7 @@ import filelock
 from packaging.utils import canonicalize_name
 
 from attnforge._system.files import open_nofollow, refuse_symlinked_dir, write_atomic
-from attnforge._system.statedb import DamagedDatabaseError
+from attnforge._system.statedb import DamagedDatabaseError, NewerDatabaseError
 from attnforge.cache._db import check_root
 from attnforge.cache._files import (
     copy_hashed,
@@ -393,7 +393,7 @@ def import_(store: Store, source: Path) -> ImportResult:
                 follow_symlinks=False,
             )
         except (CacheError, UsageError) as exc:
-            if "disk space" in exc.message or isinstance(exc, DamagedDatabaseError):
+            if "disk space" in exc.message or isinstance(exc, (DamagedDatabaseError, NewerDatabaseError)):
                 raise
             rejected.append(f"{folder}: {exc.message}; quarantined in "
                             f"{_quarantine_import(store, folder, exc.message)}")

@@ -14,7 +14,14 @@ from attnforge.cli._output import console, emit_json, json_option
 from attnforge.errors import UsageError
 
 if TYPE_CHECKING:
-    from attnforge.provision.cache import Entry, ExportResult, ImportResult, RepairResult, VerifyReport
+    from attnforge.provision.cache import (
+        Entry,
+        ExportResult,
+        ImportResult,
+        NewerDatabaseError,
+        RepairResult,
+        VerifyReport,
+    )
 
 _DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SIZE_BYTES = {
@@ -245,33 +252,45 @@ def repair(as_json: bool) -> int:
 
     A damaged, foreign or empty cache.db is moved aside (never deleted) and every artifact whose key and
     sha256 still check out is indexed again: nothing is rebuilt. Artifacts that fail go to quarantine.
-    A damaged records.db is moved aside too (verify and bench results are re-measurable). Exit code 1 when
-    an artifact was quarantined.
+    A damaged records.db is moved aside too (verify and bench results are re-measurable). A database a newer
+    attnforge wrote is not damage: it is left in place, unchanged, and named with the fix (upgrade attnforge,
+    or use another ATTNFORGE_HOME). Exit code 1 when an artifact was quarantined or a newer database was left
+    in place: what repair could not make right here.
     """
     from attnforge.provision.cache import repair as run_repair
 
     repaired = run_repair()
-    result, records_moved = repaired.cache, repaired.records_moved_to
+    result, records_moved, newer = repaired.cache, repaired.records_moved_to, repaired.left_in_place
     if as_json:
-        emit_json("cache.repair", {"result": result,
-                                   "records_moved_to": None if records_moved is None else str(records_moved)})
+        emit_json("cache.repair", {
+            "result": result, "records_moved_to": None if records_moved is None else str(records_moved),
+            "left_in_place": [{"path": str(e.path), "schema_version": e.found, "reads_up_to": e.known,
+                               "message": e.message, "hint": e.hint} for e in newer]})
     else:
-        _print_repair(console(), result, records_moved)
-    return 1 if result.quarantined else 0
+        _print_repair(console(), result, records_moved, newer)
+    return 1 if newer or (result is not None and result.quarantined) else 0
 
 
-def _print_repair(out: Any, result: RepairResult, records_moved: Path | None) -> None:
-    if result.database_moved_to is not None:
+def _print_repair(out: Any, result: RepairResult | None, records_moved: Path | None,
+                  newer: tuple[NewerDatabaseError, ...]) -> None:
+    if result is not None and result.database_moved_to is not None:
         out.print(f"cache.db was damaged ({result.damage}); moved to {result.database_moved_to}")
-    elif result.damage is not None:
+    elif result is not None and result.damage is not None:
         out.print(f"cache.db was missing ({result.damage}); a new one was created")
-    out.print(f"indexed {len(result.indexed)} artifacts from disk, {result.kept} already indexed, "
-              f"{len(result.quarantined)} quarantined, in {result.root}")
-    for line in result.quarantined:
-        out.print(f"[red]quarantined[/red] {line}")
+    if result is not None:
+        out.print(f"indexed {len(result.indexed)} artifacts from disk, {result.kept} already indexed, "
+                  f"{len(result.quarantined)} quarantined, in {result.root}")
+        for line in result.quarantined:
+            out.print(f"[red]quarantined[/red] {line}")
     if records_moved is not None:
         out.print(f"records.db was damaged; moved to {records_moved} (run `attnforge verify` and "
                   "`attnforge bench` to measure again)")
+    from rich.markup import escape
+
+    for exc in newer:  # one line each, unwrapped: the path and the versions are read together
+        out.print(f"[yellow]left in place[/yellow], unchanged: {escape(exc.message)}", soft_wrap=True)
+    if newer:
+        out.print(f"hint: {newer[0].hint}", soft_wrap=True)
 
 
 def _emit(kind: str, result: Any, as_json: bool, render: Callable[[Any, Any], None]) -> None:

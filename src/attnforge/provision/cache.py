@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnforge._system.statedb import NewerDatabaseError as NewerDatabaseError  # noqa: PLC0414 - repair names it
 from attnforge.cache import Store
 from attnforge.cache.entry import Entry as Entry  # noqa: PLC0414 - the values verbs render
 from attnforge.cache.key import CacheKeyInputs
@@ -124,20 +125,26 @@ def verify(environ: Mapping[str, str] | None = None) -> VerifyReport:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Repaired:
-    """``cache repair``: the artifact index rebuilt, and where a damaged ``records.db`` went.
+    """``cache repair``: the artifact index rebuilt, where a damaged ``records.db`` went, and which database a
+    newer attnforge wrote (left as it is).
 
     Attributes:
-        cache: what :func:`attnforge.cache.repair.repair` did.
-        records_moved_to: where a damaged ``records.db`` was moved (None: it was sound, or absent).
+        cache: what :func:`attnforge.cache.repair.repair` did (None: ``cache.db`` is a newer attnforge's, so
+            nothing was indexed, moved or quarantined).
+        records_moved_to: where a damaged ``records.db`` was moved (None: it was sound, absent, or newer).
+        left_in_place: each state database a newer attnforge wrote, with its schema, ours and the fix; this
+            attnforge never moves, writes or migrates such a file.
     """
 
-    cache: RepairResult
+    cache: RepairResult | None
     records_moved_to: Path | None
+    left_in_place: tuple[NewerDatabaseError, ...] = ()
 
 
 def repair(environ: Mapping[str, str] | None = None) -> Repaired:
     """Rebuild ``cache.db`` from the artifacts on disk (nothing is rebuilt or downloaded), then move a damaged
-    ``records.db`` aside (verify and bench results can be measured again).
+    ``records.db`` aside (verify and bench results can be measured again). A database a newer attnforge wrote is
+    left as it is and named in ``left_in_place``; the other one is still repaired.
 
     Raises:
         CacheError: the cache cannot be written, or its database is locked or on a failing disk.
@@ -146,8 +153,18 @@ def repair(environ: Mapping[str, str] | None = None) -> Repaired:
     from attnforge.records import open_records
 
     store = open_store(environ)
-    result = run(store)
-    return Repaired(cache=result, records_moved_to=open_records(environ).repair(store.now()))
+    newer: list[NewerDatabaseError] = []
+    result: RepairResult | None = None
+    records_moved: Path | None = None
+    try:
+        result = run(store)
+    except NewerDatabaseError as exc:
+        newer.append(exc)
+    try:
+        records_moved = open_records(environ).repair(store.now())
+    except NewerDatabaseError as exc:
+        newer.append(exc)
+    return Repaired(cache=result, records_moved_to=records_moved, left_in_place=tuple(newer))
 
 
 def disk_error(exc: OSError) -> CacheError | None:
