@@ -83,6 +83,8 @@ CREATE TABLE IF NOT EXISTS bench (
 );
 CREATE INDEX IF NOT EXISTS bench_device ON bench(device_key, backend);
 """
+#: :data:`_SCHEMA`'s statements, run one by one inside the writer's transaction
+_SCHEMA_STATEMENTS = tuple(f"{part.strip()};" for part in _SCHEMA.split(";") if part.strip())
 #: ``PRAGMA user_version`` of records.db: 0 before versions were written (read as 1), 1 since; a newer one is refused
 SCHEMA_VERSION = 1
 _TABLES = ("verify", "bench")
@@ -290,17 +292,24 @@ class RecordStore:
             raise self.error(PermissionError(errno.EACCES, "this user cannot write it (a read-only or shared home)"),
                              doing, lost=lost)
         try:
-            conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s)
+            # autocommit: the transaction is ours (BEGIN IMMEDIATE below), so nothing commits behind it
+            conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
             try:
                 self._check_schema(conn)
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.executescript(_SCHEMA)
-                have = _columns(conn, "bench")
-                for name, decl in _BENCH_ADDED:
-                    if name not in have:
-                        conn.execute(f"ALTER TABLE bench ADD COLUMN {name} {decl}")
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                with conn:
+                conn.execute("PRAGMA journal_mode=WAL")  # not inside a transaction
+                conn.execute("BEGIN IMMEDIATE")  # the write lock, then the version read again under it: a newer
+                # attnforge that migrated the file while this one waited (the busy timeout) must not be written
+                # into, nor its user_version set back (review, 2026-12-02: it was, after a 2 s wait)
+                with conn:  # commits at the end, rolls back on an error (the caller's included)
+                    found = self._check_schema(conn)
+                    for statement in _SCHEMA_STATEMENTS:  # executescript would COMMIT first
+                        conn.execute(statement)
+                    have = _columns(conn, "bench")
+                    for name, decl in _BENCH_ADDED:
+                        if name not in have:
+                            conn.execute(f"ALTER TABLE bench ADD COLUMN {name} {decl}")
+                    if found < SCHEMA_VERSION:
+                        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                     yield conn
             finally:
                 conn.close()
@@ -319,9 +328,11 @@ class RecordStore:
         if problem is not None:
             raise self.damaged(problem)
 
-    def _check_schema(self, conn: sqlite3.Connection) -> None:
+    def _check_schema(self, conn: sqlite3.Connection) -> int:
+        """The file's ``user_version`` once it is a sound records.db of this attnforge (else raises)."""
         if (problem := schema_problem(conn, self.path, ours=_TABLES, version=SCHEMA_VERSION)) is not None:
             raise self.damaged(problem)
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
     def damaged(self, why: str) -> CacheError:
         """The error for a records.db that is not a sound records database of this attnforge."""

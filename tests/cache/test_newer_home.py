@@ -196,3 +196,38 @@ def test_the_cache_writers_refuse_a_newer_cache_db_and_store_nothing(
         assert code == 1, out + err
         _says_newer(err, home.store.db_path, found, CACHE_SCHEMA_VERSION)
     assert home.state() == before  # nothing stored, removed or quarantined
+
+
+def test_a_writer_waiting_on_a_newer_attnforges_migration_neither_writes_nor_sets_the_version_back(
+        tmp_path: Path) -> None:
+    """A newer attnforge migrates records.db (schema up, in one transaction) while this one waits to write: once the
+    migration commits, this writer must find the newer schema under its write lock and refuse, not insert its row
+    and set ``user_version`` back (review, 2026-12-02: it waited the lock out, then did both). Two real processes."""
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    store = RecordStore(tmp_path)
+    store.add_verify(VerifyRecord(device_key=DEVICE, backend="sdpa", backend_version=None, ok=True, summary="ok"))
+    newer = RECORDS_SCHEMA_VERSION + 1
+    with subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sqlite3, sys, time
+        c = sqlite3.connect({str(store.path)!r}, isolation_level=None)
+        c.execute("BEGIN IMMEDIATE")
+        c.execute("ALTER TABLE verify ADD COLUMN newer_col TEXT")
+        c.execute("PRAGMA user_version = {newer}")
+        print("migrating", flush=True)
+        time.sleep(1.5)
+        c.execute("COMMIT")
+    """)], stdout=subprocess.PIPE, text=True) as migrating:
+        assert migrating.stdout is not None and migrating.stdout.readline().strip() == "migrating"
+        t0 = time.monotonic()
+        with pytest.raises(NewerDatabaseError, match="newer attnforge"):
+            store.add_verify(VerifyRecord(device_key=DEVICE, backend="flex", backend_version=None, ok=True,
+                                          summary="ok"))
+        assert time.monotonic() - t0 > 0.5  # it did wait for the migration (the test raced nothing otherwise)
+        assert migrating.wait(timeout=30) == 0
+    with contextlib.closing(sqlite3.connect(store.path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == newer
+        assert [r[0] for r in conn.execute("SELECT backend FROM verify")] == ["sdpa"]
