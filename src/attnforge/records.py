@@ -32,6 +32,7 @@ from attnforge._system.statedb import (
     file_problem,
     home_problem,
     move_aside,
+    reject_newer,
     schema_problem,
     sqlite_kind,
 )
@@ -269,6 +270,7 @@ class RecordStore:
         if not self.path.exists():
             yield None
             return
+        reject_newer(self.path, version=SCHEMA_VERSION)  # before a read-write open could checkpoint its WAL
         try:  # read-only where the home cannot be written or the disk refuses a write (full): reads still work
             conn = connect_reading(self.path, timeout_s=self._busy_timeout_s)
             try:
@@ -291,6 +293,7 @@ class RecordStore:
         if not can_write(self.path):
             raise self.error(PermissionError(errno.EACCES, "this user cannot write it (a read-only or shared home)"),
                              doing, lost=lost)
+        reject_newer(self.path, version=SCHEMA_VERSION)  # before a read-write open could checkpoint its WAL
         try:
             # autocommit: the transaction is ours (BEGIN IMMEDIATE below), so nothing commits behind it
             conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)

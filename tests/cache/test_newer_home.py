@@ -231,3 +231,47 @@ def test_a_writer_waiting_on_a_newer_attnforges_migration_neither_writes_nor_set
     with contextlib.closing(sqlite3.connect(store.path)) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == newer
         assert [r[0] for r in conn.execute("SELECT backend FROM verify")] == ["sdpa"]
+
+
+#: a newer attnforge's writes left in an uncheckpointed ``-wal``: argv database path, schema version
+_NEWER_WITH_A_WAL = """
+import os, sqlite3, sys
+c = sqlite3.connect(sys.argv[1], isolation_level=None)
+c.execute("PRAGMA journal_mode=WAL")
+c.execute("PRAGMA wal_autocheckpoint=0")
+c.execute(f"PRAGMA user_version = {int(sys.argv[2])}")
+c.execute("CREATE TABLE IF NOT EXISTS newer_things (x)")
+c.execute("INSERT INTO newer_things VALUES ('the newer release data')")
+os._exit(0)
+"""
+
+
+def _newer_with_a_wal(db: Path, version: int) -> None:
+    """``db`` at schema ``version`` with its last rows still in an uncheckpointed ``-wal``, as a newer attnforge
+    killed mid-run (or still running) leaves it: a real process ends without closing its connection."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", _NEWER_WITH_A_WAL, str(db), str(version)], check=True)
+    assert db.with_name(db.name + "-wal").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv", [["cache", "repair"], ["cache", "list"], ["doctor", "--json"],
+                                  ["verify", "sdpa-math"]])
+def test_a_newer_database_with_an_uncheckpointed_wal_keeps_its_bytes_and_its_wal(
+        argv: list[str], home: Home, capsys: pytest.CaptureFixture[str]) -> None:
+    """A read-write open (a reader's or a writer's) checkpointed the newer file's WAL into it and deleted the
+    ``-wal`` when it closed, before the version check refused the file (review, 2026-12-02). The version is now read
+    through a read-only connection first; only SQLite's ``-shm`` index may be rebuilt."""
+    _newer_with_a_wal(home.records, RECORDS_SCHEMA_VERSION + 1)
+    _newer_with_a_wal(home.store.db_path, CACHE_SCHEMA_VERSION + 1)
+
+    def files() -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted(home.root.iterdir())
+                if p.name.startswith(("records.db", "cache.db")) and not p.name.endswith("-shm")}
+
+    before = files()
+    assert {"records.db-wal", "cache.db-wal"} <= before.keys()
+    _, out, err = _cli(capsys, *argv)
+    assert "Traceback" not in out + err
+    assert files() == before, argv

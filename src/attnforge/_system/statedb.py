@@ -10,6 +10,7 @@ the same questions here:
 - :func:`schema_problem`: is an open database one of ours (its tables), and not a newer one (``PRAGMA
   user_version``)?
 - :func:`sqlite_kind`: what does a ``sqlite3`` error mean (disk full, disk or permissions, locked, damaged)?
+- :func:`reject_newer`: is the file a newer attnforge's (asked read-only, before any read-write open)?
 - :func:`connect_read_only`: a connection that writes nothing, takes no lock and creates no file;
 - :func:`connect_reading`: a reader's connection that still reads where a write would fail (a read-only home, a
   full disk);
@@ -184,6 +185,33 @@ def connect_shared(db: Path, *, timeout_s: float) -> sqlite3.Connection:
             raise
         return connect_read_only(db, timeout_s=timeout_s)
     return conn
+
+
+def reject_newer(db: Path, *, version: int) -> None:
+    """Raise :class:`NewerDatabaseError` when ``db``'s ``PRAGMA user_version`` is above ``version``, read through a
+    read-only connection (``mode=ro``) before any read-write open: a newer attnforge's file keeps its bytes and its
+    ``-wal`` (the last read-write connection to close checkpoints the WAL into the file and deletes it; review,
+    2026-12-02). Nothing there yet, or a file this open cannot read, is left to the caller's own open, which
+    classifies it; the read-write check under the write lock stays the guard against a migration that races this one.
+
+    Raises:
+        NewerDatabaseError: the file is a newer attnforge's.
+    """
+    if not db.is_file():
+        return
+    # with no -wal the file holds everything: read it immutable (no lock, no sidecar made); with one, the version
+    # may be in it, so mode=ro, which reads the WAL (SQLite may make the -shm index: it holds no data)
+    wal = db.with_name(db.name + "-wal").exists()
+    try:
+        conn = connect_read_only(db, immutable=not wal)
+        try:
+            found = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return
+    if found > version:
+        raise NewerDatabaseError.of(db, found=found, known=version)
 
 
 def connect_reading(db: Path, *, timeout_s: float) -> sqlite3.Connection:

@@ -25,7 +25,13 @@ from pathlib import Path
 
 import filelock
 
-from attnforge._system.statedb import DamagedDatabaseError, connect_reading, file_problem, schema_problem
+from attnforge._system.statedb import (
+    DamagedDatabaseError,
+    connect_reading,
+    file_problem,
+    reject_newer,
+    schema_problem,
+)
 from attnforge.cache._db import check_root, connect_read_only, damaged_db, db_error, writable
 from attnforge.cache._files import CopyFn, copy_hashed
 from attnforge.errors import CacheError
@@ -166,6 +172,7 @@ class StoreBase:
         check_root(self.root, write=True)
         if not self._schema_ready:
             self._check_db_file()
+            reject_newer(self.db_path, version=SCHEMA_VERSION)  # before a read-write open could checkpoint its WAL
         conn = sqlite3.connect(self.db_path, timeout=60.0)
         conn.row_factory = sqlite3.Row
         if not self._schema_ready:
@@ -302,6 +309,7 @@ class StoreBase:
     def _open_for_reading(self) -> sqlite3.Connection:
         """The reader's rule of both state databases (:func:`~attnforge._system.statedb.connect_reading`: a full
         disk's refused open is read immutable), with rows by column name."""
+        reject_newer(self.db_path, version=SCHEMA_VERSION)  # before a read-write open could checkpoint its WAL
         conn = connect_reading(self.db_path, timeout_s=60.0)
         conn.row_factory = sqlite3.Row
         return conn
