@@ -875,3 +875,13 @@ def test_under_autocast_mixed_dtypes_are_served_in_the_autocast_dtype_as_sdpa_do
     with torch.autocast("cpu", dtype=torch.bfloat16):  # float64 is left alone, as SDPA leaves it
         assert _call(q.double(), k.double(), v.double(), kwargs).dtype == torch.float64
     assert real.demoted == {} and real.broken == {}
+
+
+def test_meta_tensors_under_autocast_are_served_as_without_it() -> None:
+    """Meta tensors (shape propagation, ``torch.device("meta")`` model init) under a CPU autocast: asking whether
+    autocast is on for the "meta" device raised torch's "unknown device type for autocast" RuntimeError; SDPA
+    returns a meta tensor there, and so does attention() without autocast."""
+    q = torch.empty(1, 2, 4, 8, device="meta")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attnforge.attention(q, q, q)
+    assert out.device.type == "meta" and out.shape == q.shape

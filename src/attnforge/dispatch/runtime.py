@@ -311,7 +311,10 @@ def _autocast_inputs(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
     import torch
 
     device = getattr(getattr(q, "device", None), "type", None)
-    if device is None or not torch.is_autocast_enabled(device):
+    try:
+        if device is None or not torch.is_autocast_enabled(device):
+            return q, k, v
+    except RuntimeError:  # a device type autocast does not know ("meta"): nothing is cast there, as SDPA does
         return q, k, v
     dtype = torch.get_autocast_dtype(device)
     lower = (torch.float32, torch.float16, torch.bfloat16)
