@@ -124,6 +124,15 @@ def build(job: BuildJob, *, reporter: Reporter, keep_build_dir: bool = False, la
     spec, snapshot = job.spec, job.snapshot
     if cache and snapshot is None:  # refused before an hour of compiling, not after it
         raise ValueError("a build is cached with the snapshot of the machine that built it")
+    if cache:  # the store's own problems (a newer attnforge's or a damaged cache.db, a bad lock file), said before an
+        # hour of compiling, not after it (review, 2026-12-02); the same check cache import makes
+        from attnforge.cache import Store
+        from attnforge.cache._db import check_root
+
+        store = Store(job.home)
+        check_root(store.root, write=True)
+        with store.writer(), store.reader("store the built wheel"):
+            pass
     result = execute(spec, home=job.home, reporter=reporter, keep_build_dir=keep_build_dir, snapshot=job.snapshot,
                      launcher=launcher or launch)
     wheel, key = result.wheel, None
