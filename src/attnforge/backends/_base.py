@@ -146,6 +146,18 @@ def device_state(exc: BaseException) -> bool:
         str(exc).startswith("CUDA error"))
 
 
+def callers_own(exc: BaseException) -> bool:
+    """Whether an exception out of a backend's call is the caller's own control flow, not the backend failing:
+    ``torch.utils.checkpoint``'s signal that a recomputation has every tensor it needs (``_StopRecomputationError``,
+    raised by the saved-tensor hooks of non-reentrant activation checkpointing, ``use_reentrant=False``, so the
+    recomputed forward stops early). It reaches the caller as it is: no other backend tries the call and nothing is
+    remembered. Taken for a failure, it skipped SDPA for the call's signature and ran the exact math inside the
+    stopped recomputation, whose hooks then raised "Unexpected state: target_frame.early_stop is set" (2026-12-02).
+    By name: the class is private to torch."""
+    cls = type(exc)
+    return cls.__name__ == "_StopRecomputationError" and cls.__module__ == "torch.utils.checkpoint"
+
+
 def records_grad(*tensors: Any) -> bool:
     """Whether autograd records a call on ``tensors`` (grad mode on and one of them requires grad; None entries
     ignored): the one rule for "this call needs a backward"."""

@@ -44,13 +44,15 @@ float32-accumulating math in torch, which supports all of them. Nothing is dropp
   `(10**30, 0)` is exact and never reaches a kernel. `attn_mask`, `causal` and `window` all apply together.
 - **attn_mask**: bool (True = attend) or additive float, broadcastable to `[B, Hq, Sq, Sk]` on q's device (SDPA's
   rule); a `[Sk]` or scalar mask is passed on as a `[1, Sk]` view (SDPA's kernels need two dimensions).
-- **scale** and **softcap** are finite Python or numpy numbers, scale > 0, softcap >= 0 (0 or None: off);
-  `dropout_p` a number in [0, 1); `causal`, `is_causal`, `enable_gqa`, `return_lse` are bools. A bool is not a
-  number here (`scale=True` is refused, even after a `scale=1.0` call), nor is a tensor; an int past float's range
-  is refused as infinite.
+- **scale** and **softcap** are finite Python or numpy numbers, scale > 0, softcap >= 0 (0 or None: off) and at
+  most float32's largest (a larger softcap is infinite in float32 math: NaN logits); `dropout_p` a number in [0, 1);
+  `causal`, `is_causal`, `enable_gqa`, `return_lse` are bools. A bool is not a number here (`scale=True` is
+  refused, even after a `scale=1.0` call), nor is a tensor; an int past float's range is refused as infinite.
 - **additive masks** wider than q's dtype (a float32 mask on bfloat16 inputs) keep their finite values finite:
   `torch.finfo(torch.float32).min` hides a key as a large negative logit, not as `-inf`, so a row hidden
-  everywhere by it averages v as the exact math does.
+  everywhere by it averages v as the exact math does. On a CPU they keep their precision too (SDPA gets them in
+  float32); CUDA's SDPA kernels take them in q's dtype. A mask that requires grad (a learned bias) gets its
+  gradient: the call goes only to a backend with a backward pass.
 - **softcap** `c`: logits become `c * tanh(logits / c)` after scaling, before masks (Gemma 2).
 - **sinks** `[Hq]`: one extra logit per head in the softmax denominator that carries no value (GPT-OSS `s_aux`).
 - **lse**: float32 `log(sum exp(logits) [+ exp(sink)])`, `[B, Hq, Sq]` (`[Hq, total_q]` for varlen).
@@ -84,6 +86,9 @@ serves), a CUDA graph capture or a tensor subclass as q, k or v. The warning lin
 `torch.func.jvp` over `attention()` on a CPU (SDPA's CPU kernel has no forward-AD formula in torch 2.13), or one
 call inside such an `sdpa_kernel` context, skipped SDPA for that signature, and every later plain call of it ran on
 the exact math, ~6x slower (36.6 against 6.4 µs a call on this repository's 2-core development machine).
+
+Non-reentrant activation checkpointing (`torch.utils.checkpoint`, `use_reentrant=False`) stops a recomputation by
+raising from inside the backend's call; that signal reaches the caller as it is, and no backend is skipped for it.
 """
 
 _FEATURE_LEGEND = "\n".join(f"- `{name}`: {text}" for name, text in FEATURES.items())

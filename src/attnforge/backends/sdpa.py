@@ -66,6 +66,20 @@ def _safe_softmax_on_cpu() -> bool:
     return loose_version(torch.__version__).release[:2] >= (2, 5)
 
 
+def _additive_dtype(q: torch.Tensor) -> torch.dtype:
+    """The dtype SDPA gets a caller's additive mask of another dtype in, beside ``q``: float32 on CPU where q is in
+    half precision, else q's own. SDPA takes a float32 mask beside any q (``validate_sdpa_input``: "bool or float
+    or ... query dtype"), and its CPU kernels (math, flash) add it to float32 logits, so the mask keeps its
+    precision there, as in the exact math; cast to bfloat16, a float32 ALiBi-like bias of -500 + small offsets lost
+    them (bfloat16's spacing at 500 is 4; the output was off by up to 1.1, 2026-12-02). CUDA's memory-efficient
+    kernel takes q's dtype only ("invalid dtype for bias - should match query's dtype")."""
+    import torch
+
+    if q.device.type == "cpu" and q.dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    return q.dtype
+
+
 #: for a caller's mask, the mask as SDPA gets it (additive, in q's dtype, the rows that see no key opened) and those
 #: rows (``[B or 1, H or 1, Sq, 1]`` bool): a model passes one mask object to every layer (transformers builds it
 #: once per forward; Gemma-2 two, a sliding and a full one, alternating by layer), so the pass over all
@@ -286,7 +300,7 @@ class SdpaAdapter(AdapterBase):
         visible = visible_keys(sq, sk, causal=causal, top_left=top_left, window=window, device=q.device)
         mask = attn_mask
         if mask is not None and mask.dtype not in (torch.bool, q.dtype):
-            mask = narrowed(mask, q.dtype)  # SDPA takes additive masks in q's dtype only
+            mask = narrowed(mask, _additive_dtype(q))
         if visible is not None:
             if mask is None or mask.dtype == torch.bool:
                 mask = visible if mask is None else mask & visible
@@ -696,7 +710,9 @@ def _decode_bias(mask: torch.Tensor, seen: torch.Tensor | None, *, b: int, hkv: 
     elif m.dtype == torch.bool:  # the kept values are made outside capture only
         out.zero_().masked_fill_(~src, float("-inf"))
     else:
-        out.copy_(src)
+        # narrowed: a float32 mask's finite hiding value (transformers' finfo.min) stays finite in bfloat16/float16,
+        # where a plain cast made it -inf and a row it hides entirely zeros instead of the exact math's mean of v
+        out.copy_(narrowed(src, dtype))
         if seen is not None:
             s = four_dims(seen)
             s5 = s.reshape(s.shape[0], hkv, g, s.shape[2], 1) if s.shape[1] > 1 else s.reshape(

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from attnforge._system.compile_cache import recreate_folder
-from attnforge.backends._base import records_grad
+from attnforge.backends._base import callers_own, records_grad
 from attnforge.backends.adapter import (
     ROUTING_ONLY,
     AttentionCall,
@@ -499,6 +499,8 @@ class Dispatcher:
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:
+            if callers_own(exc):
+                raise  # activation checkpointing stopping its recomputation: not a failure of the backend
             if isinstance(exc, FileNotFoundError) and recreate_folder(exc):
                 # a compile cache's folder removed while the process ran, made again: the same call once more (a
                 # second miss finds the folder there and takes the rule below)
@@ -515,7 +517,7 @@ class Dispatcher:
             except torch.OutOfMemoryError:
                 raise
             except Exception as exc:
-                if i == last:
+                if i == last or callers_own(exc):
                     raise
                 self._demote(adapter.name, exc, route, (q, k, v))
         raise AssertionError("unreachable: the last backend returned or raised")

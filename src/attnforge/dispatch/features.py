@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import kept_version, records_grad
+from attnforge.backends._base import callers_own, kept_version, records_grad
 from attnforge.backends.adapter import AttentionCall, BackendAdapter, required_features, supported_features
 from attnforge.backends.exact import EXACT
 from attnforge.dispatch.inputs import (
@@ -249,7 +249,9 @@ def _direct(plan: Any, q: Any, k: Any, v: Any, attn_mask: Any, *, layout: str) -
         return adapter(q, k, v, causal=t.causal, scale=t.scale, **opts)
     except torch.OutOfMemoryError:
         raise
-    except Exception:  # the route runs it again and handles it as any raising backend
+    except Exception as exc:  # the route runs it again and handles it as any raising backend
+        if callers_own(exc):
+            raise  # activation checkpointing stopping its recomputation
         return None
 
 
@@ -317,7 +319,9 @@ def lane_call(q: Any, k: Any, v: Any, attn_mask: Any, *, scale: Any, dispatcher:
         out = lane.run(q, k, v, attn_mask)
     except torch.OutOfMemoryError:
         raise
-    except Exception:  # as features._direct: attention() serves it, with the rule for a raising backend
+    except Exception as exc:  # as features._direct: attention() serves it, with the rule for a raising backend
+        if callers_own(exc):
+            raise  # activation checkpointing stopping its recomputation
         lane.run = None
         return None
     if out is None and getattr(lane.run, "retired", False):
@@ -388,7 +392,7 @@ def signature(q: Any, k: Any, v: Any, *, layout: str, backend: str | None, preci
             return None
         if not (q.__class__ is k.__class__ is v.__class__ is torch.Tensor) or torch.compiler.is_compiling():
             return None
-        grad = records_grad(q, k, v)
+        grad = records_grad(q, k, v, mask)  # a mask that requires grad (a learned bias) needs a backward too
         key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                None if mask is None else (mask.shape, mask.dtype, mask.device), grad, layout, backend, precision,
                scale, scale.__class__, tuple(kwargs),
@@ -519,8 +523,11 @@ def prepare(
     _window(sides, qh.shape[2], kh.shape[2], uses=uses, opts=opts)
     dv = _shared_features(qh, vh, uses=uses, opts=opts, causal=causal, alignment=causal_alignment, sinks=sinks,
                           square=qh.shape[2] == kh.shape[2])
+    # a mask that requires grad (a learned bias, T5's position bias) needs a backend with a backward pass as q does:
+    # flex on CPU, which has none, raised inside Inductor for such a call
     return Prepared(q=qh, k=kh, v=vh, probe=(qh, kh), empty=is_empty(qh, kh) or vh.shape[3] == 0, uses=frozenset(uses),
-                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=records_grad(q, k, v, sinks), scale=scale)
+                    head_dim_v=dv, opts=opts, causal=causal, needs_grad=records_grad(q, k, v, sinks, attn_mask),
+                    scale=scale)
 
 
 def _window(sides: tuple[int | None, int | None] | None, seqlen_q: int, seqlen_k: int, *, uses: set[str],

@@ -194,13 +194,18 @@ def check_dropout(dropout_p: Any) -> float:
     return p
 
 
+#: the largest float32: a softcap past it is infinite in the float32 math of the kernels and the exact fallback
+#: (``c * tanh(x / c)`` became ``inf * 0 = NaN`` for every logit)
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def check_softcap(softcap: Any) -> float | None:
-    """``softcap`` as a finite positive float, None when off (None or 0)."""
+    """``softcap`` as a positive float within float32's range, None when off (None or 0)."""
     if softcap is None:
         return None
     value = _real(softcap)
-    if value is None or not 0.0 <= value < _INF:
-        raise DispatchError(f"softcap must be positive and finite (0 or None: off), got {_got(softcap)}",
+    if value is None or not 0.0 <= value <= _FLOAT32_MAX:
+        raise DispatchError(f"softcap must be positive and finite in float32 (0 or None: off), got {_got(softcap)}",
                             hint="pass a float such as 50.0 (Gemma 2), or None (or 0) to turn it off")
     return value or None
 
