@@ -124,15 +124,17 @@ def build(job: BuildJob, *, reporter: Reporter, keep_build_dir: bool = False, la
     spec, snapshot = job.spec, job.snapshot
     if cache and snapshot is None:  # refused before an hour of compiling, not after it
         raise ValueError("a build is cached with the snapshot of the machine that built it")
-    if cache:  # the store's own problems (a newer attnforge's or a damaged cache.db, a bad lock file), said before an
-        # hour of compiling, not after it (review, 2026-12-02); the same check cache import makes
+    if cache and (job.home / "cache.db").exists():
+        # the store's own problems (a newer attnforge's or a damaged cache.db, a bad lock file), said before an hour
+        # of compiling, not after it (review, 2026-12-02); the same check cache import makes. A home this user cannot
+        # write is the build's own first error (it stages there), said as the build says it
         from attnforge.cache import Store
-        from attnforge.cache._db import check_root
+        from attnforge.cache._db import writable
 
         store = Store(job.home)
-        check_root(store.root, write=True)
-        with store.writer(), store.reader("store the built wheel"):
-            pass
+        if writable(store.root):
+            with store.writer(), store.reader("store the built wheel"):
+                pass
     result = execute(spec, home=job.home, reporter=reporter, keep_build_dir=keep_build_dir, snapshot=job.snapshot,
                      launcher=launcher or launch)
     wheel, key = result.wheel, None
