@@ -42,6 +42,9 @@ class ModelAttention:
         softcap: ``attn_logit_softcapping`` (None: off).
         causal: decoder self-attention (False for a diffusers transformer: full attention).
         name: ``model_type`` or the file name.
+        global_layers: a sliding-window model that also has full-attention layers (Gemma-2/3, Cohere2, GPT-OSS,
+            Qwen2 below ``max_window_layers``; :func:`read_model_config`), whose decode steps attend the whole context
+            there; False where every layer slides (Mistral) or none does.
     """
 
     name: str
@@ -53,6 +56,7 @@ class ModelAttention:
     max_positions: int | None
     softcap: float | None = None
     causal: bool = True
+    global_layers: bool = False
 
 
 def read_model_config(path: Path) -> ModelAttention:
@@ -100,11 +104,33 @@ def read_model_config(path: Path) -> ModelAttention:
         raise UsageError(f"{path}: attn_logit_softcapping must be a finite non-negative number, got {softcap!r}",
                          hint="set it to the model's logit softcap (Gemma 2: 50.0), or to null or 0 for none")
     diffusers = "_diffusers_version" in doc or ("attention_head_dim" in cfg and "hidden_size" not in cfg)
+    model_type = str(cfg.get("model_type") or doc.get("model_type") or "")
     name = cfg.get("model_type") or doc.get("model_type") or doc.get("_class_name") or path.stem
     return ModelAttention(name=str(name), heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
                           head_dim_v=head_dim_v, sliding_window=window,
                           max_positions=_int(cfg, "max_position_embeddings", path),
-                          softcap=float(softcap) if softcap else None, causal=not diffusers)
+                          softcap=float(softcap) if softcap else None, causal=not diffusers,
+                          global_layers=window is not None and _has_global_layers(cfg, model_type))
+
+
+#: model types whose configs alternate sliding-window and full-attention layers even where config.json lists no
+#: ``layer_types`` (transformers' configuration_gemma2.py / configuration_gemma3.py / configuration_cohere2.py /
+#: configuration_gpt_oss.py build it: every other layer for Gemma-2 and GPT-OSS, one in ``sliding_window_pattern``
+#: for Gemma-3 and Cohere2)
+ALTERNATING = frozenset({"gemma2", "gemma3", "gemma3_text", "cohere2", "gpt_oss"})
+
+
+def _has_global_layers(cfg: dict[str, Any], model_type: str) -> bool:
+    """Whether a sliding-window config also has full-attention layers: ``layer_types`` says so, the model type
+    alternates (:data:`ALTERNATING`), or Qwen2's ``max_window_layers`` keeps its first layers full (transformers'
+    configuration_qwen2.py: ``sliding_attention`` only from layer ``max_window_layers`` on)."""
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        return "full_attention" in types
+    if model_type in ALTERNATING:
+        return True
+    first_sliding = cfg.get("max_window_layers")
+    return isinstance(first_sliding, int) and not isinstance(first_sliding, bool) and first_sliding > 0
 
 
 def model_config_shapes(model: ModelAttention, *, dtype: str, batch: int, seqlens: tuple[int, ...],
@@ -114,9 +140,10 @@ def model_config_shapes(model: ModelAttention, *, dtype: str, batch: int, seqlen
 
     Prefill lengths are capped by ``max_position_embeddings`` only: a sliding-window layer's prefill of ``S > W``
     tokens is still an ``S x S`` call (its window is a feature of the call, which :func:`attnforge.dispatch.warmup`
-    adds on the causal classes longer than the window), and a Gemma-2 global layer attends all ``S``. The decode
-    step's keys are capped by the window too: a sliding-window layer's cache keeps its last ``W`` keys
-    (transformers' ``DynamicSlidingWindowLayer``).
+    adds on the causal classes longer than the window), and a Gemma-2 global layer attends all ``S``. A sliding
+    layer's decode step sees at most ``W`` keys (its cache keeps its last ``W``: transformers'
+    ``DynamicSlidingWindowLayer``); a model with full-attention layers too (``global_layers``) is also warmed at the
+    whole context.
     ``causals`` keeps the classes whose mask is one of them (``--causal off``: a decoder's decode step only); the
     model decides which mask each class has.
 
@@ -126,7 +153,11 @@ def model_config_shapes(model: ModelAttention, *, dtype: str, batch: int, seqlen
     check_positive([("--batch", batch), *(("--seqlen", s) for s in seqlens)])
     cap = min(x for x in (model.max_positions, 1 << 20) if x)
     lengths = sorted({min(s, cap) for s in (seqlens or PREFILL_SEQLENS)})
-    context = min(x for x in (DECODE_CONTEXT, cap, model.sliding_window) if x)
+    full = min(DECODE_CONTEXT, cap)
+    # the decode step's keys: the whole context on full-attention layers, the window on sliding ones (both where a
+    # model has both: GPT-OSS's window is 128, its global layers decode over the whole context)
+    windowed = {min(full, model.sliding_window)} if model.sliding_window else set()
+    contexts = sorted(windowed | ({full} if model.global_layers or not model.sliding_window else set()))
 
     def shape(sq: int, sk: int, mode: Mode) -> AttentionShape:
         return AttentionShape(batch=batch, heads_q=model.heads_q, heads_kv=model.heads_kv, head_dim=model.head_dim,
@@ -137,9 +168,10 @@ def model_config_shapes(model: ModelAttention, *, dtype: str, batch: int, seqlen
     if not model.causal:  # a diffusion transformer: full attention over its token count, no cache
         out = [dataclasses.replace(s, causal=False) for s in out]
     elif Mode.FWD in modes:
-        if context > CHUNK:
-            out.append(shape(CHUNK, context, Mode.FWD))
-        out.append(shape(1, context, Mode.FWD))
+        for context in contexts:
+            if context > CHUNK:
+                out.append(shape(CHUNK, context, Mode.FWD))
+            out.append(shape(1, context, Mode.FWD))
     if cpu:
         out = [shrink_for_cpu(s) for s in out]
     # a tiny max_position_embeddings (or the CPU's shrinking) can make two classes one: prefill S1 is decode S1
