@@ -275,3 +275,15 @@ def test_a_newer_database_with_an_uncheckpointed_wal_keeps_its_bytes_and_its_wal
     _, out, err = _cli(capsys, *argv)
     assert "Traceback" not in out + err
     assert files() == before, argv
+
+
+def test_an_export_from_a_newer_cache_db_makes_nothing_at_its_destination(
+        home: Home, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The export read the store only after making ``DEST/artifacts`` and its lock file, which it then left behind
+    (review, 2026-12-02)."""
+    found = _newer(home, "cache")["cache.db"]
+    dest = tmp_path / "export"
+    code, out, err = _cli(capsys, "cache", "export", str(dest))
+    assert code == 1
+    _says_newer(out + err, home.store.db_path, found, CACHE_SCHEMA_VERSION)
+    assert not dest.exists()

@@ -102,7 +102,8 @@ def export(store: Store, dest: Path, *, lock_timeout_s: float = EXPORT_LOCK_TIME
 
     Raises:
         UsageError: ``dest`` is the store's own directory, inside it, or holds it where the export writes.
-        CacheError: the disk under ``dest`` is full (files already copied stay valid; the index is rewritten
+        CacheError: the store's ``cache.db`` cannot be read (nothing is made under ``dest``); the disk under
+            ``dest`` is full (files already copied stay valid; the index is rewritten
             only after every copy succeeded), a symlink was planted in ``dest``, or the export lock is held by
             another export (or owned by another user) for longer than ``lock_timeout_s``.
     """
@@ -110,6 +111,9 @@ def export(store: Store, dest: Path, *, lock_timeout_s: float = EXPORT_LOCK_TIME
     _refuse_the_store(store, dest)
     for part in (dest, dest / "artifacts", dest / "simple"):
         refuse_symlinked_dir(part)
+    # the store's entries before anything is made under dest: a cache.db that cannot be read (damaged, a newer
+    # attnforge's) left an empty export directory and its lock file behind (review, 2026-12-02)
+    entries = store.list()
     try:
         (dest / "artifacts").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -120,7 +124,7 @@ def export(store: Store, dest: Path, *, lock_timeout_s: float = EXPORT_LOCK_TIME
     skipped: list[str] = []
     errors: list[str] = []
     with _export_lock(dest, lock_timeout_s):
-        for entry in store.list():
+        for entry in entries:
             try:
                 path = store.get(entry.key)  # re-hashes; a corrupt entry is quarantined, not exported
             except CacheError as exc:
