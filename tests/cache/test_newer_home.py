@@ -141,7 +141,11 @@ def test_doctor_reports_without_the_newer_records_and_names_the_fix(
     before = home.state()
     code, out, err = _cli(capsys, "doctor", "--json", "--snapshot", str(CPU_SNAPSHOT))
     assert code == 1  # the CPU snapshot's verdict: only the CPU fallback runs there
-    assert json.loads(out)["kind"] == "doctor"
+    doc = json.loads(out)
+    assert doc["kind"] == "doctor"
+    assert doc["records_problem"]["path"] == str(home.records)  # a JSON reader sees it too, not only stderr
+    _says_newer(doc["records_problem"]["message"] + " " + doc["records_problem"]["hint"], home.records, found,
+                RECORDS_SCHEMA_VERSION)
     assert err.startswith("warning:"), err
     _says_newer(err, home.records, found, RECORDS_SCHEMA_VERSION)
     assert home.state() == before

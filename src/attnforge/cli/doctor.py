@@ -36,7 +36,12 @@ def command(as_json: bool, snapshot_path: Path | None) -> int:
                            build_blockers=build_blockers(snapshot, catalog))
     caches = ensure(dict(os.environ))  # what attention() in a process started from here would use
     if as_json:
-        emit_json("doctor", {"device_key": key, "report": report, "snapshot": snapshot, "compile_caches": caches})
+        # the records' problem in the document too (a JSON reader never sees the stderr warning): null when none
+        records_problem = None if problem is None else {
+            "message": problem.message, "cause": problem.cause, "hint": problem.hint,
+            "path": str(open_records().path)}
+        emit_json("doctor", {"device_key": key, "report": report, "snapshot": snapshot, "compile_caches": caches,
+                             "records_problem": records_problem})
     else:
         from attnforge.report.render import render_doctor
 
