@@ -665,3 +665,34 @@ def test_a_long_calls_check_takes_out_a_drift_both_sides_shared(tmp_path: Path) 
     assert sdpa.calls == insitu.SLICES  # checked once, on live calls
     assert attnforge.explain(q, k, v).chosen == "fa"
     assert not [r for r in store.bench_records(CPU_KEY) if r.run_id.startswith("insitu-")]
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_the_check_waits_outside_an_activation_checkpointed_forward(tmp_path: Path, reentrant: bool) -> None:
+    """The 64th call of a class inside ``torch.utils.checkpoint`` (non-reentrant: its forward runs under saved-tensor
+    hooks and is recomputed in the backward): the check's own forward and backward calls there made the backward
+    raise ``CheckpointError`` ("A different number of tensors was saved during the original forward and
+    recomputation", 2026-12-02). The check now waits for a call outside such a region; the gradients are the exact
+    math's either way."""
+    gpu = Gpu()
+    fa, sdpa = Kernel("fa", gpu, 0.01, 0.45), Kernel("sdpa", gpu, 0.03, 0.5)
+    _measured(tmp_path, fa, sdpa, sq=16, sk=16, sdpa_ms=0.6)
+    q, k, v = (t.requires_grad_(True) for t in _qkv())
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for _ in range(insitu.SAMPLE_AFTER - 1):  # the first one measures the class (first use, on this thread)
+            attnforge.attention(q, k, v)
+        before = sdpa.calls
+        out = torch.utils.checkpoint.checkpoint(attnforge.attention, q, k, v, use_reentrant=reentrant)
+        out.sum().backward()
+        grads = [t.grad for t in (q, k, v)]
+        inside = sdpa.calls - before
+        attnforge.attention(q, k, v)  # outside (or the reentrant mode's own calls, outside any hooks): checked
+    if not reentrant:
+        assert inside == 0  # deferred
+    assert sdpa.calls > before
+    for t in (q, k, v):
+        t.grad = None
+    reference_attention(q, k, v, causal=False, scale=None).sum().backward()
+    for got, want in zip(grads, (q.grad, k.grad, v.grad), strict=True):
+        assert got is not None and want is not None
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -205,10 +205,24 @@ def active(device_type: str = "cuda") -> AutotuneConfig | None:
 
 def capturing() -> bool:
     """True while ``torch.compile`` traces or a CUDA graph captures on the current stream: nothing may be
-    timed or synchronised then."""
+    timed or synchronised then; or while saved-tensor hooks record this thread's forward (the non-reentrant
+    ``torch.utils.checkpoint``, ``save_on_cpu``): nothing may be measured, checked or decided anew then, since a
+    checkpointed forward is recomputed in the backward and must save the same tensors again (the in-situ check's
+    forward and backward inside it raised ``CheckpointError``: "A different number of tensors was saved during the
+    original forward and recomputation", 2026-12-02); the class is measured on a call outside such a region."""
     import torch
 
-    return torch.compiler.is_compiling() or graph_capturing()
+    return torch.compiler.is_compiling() or graph_capturing() or _saving_tensors()
+
+
+def _saving_tensors() -> bool:
+    """Whether saved-tensor default hooks are set on this thread (torch's private query; False where it is gone)."""
+    import torch
+
+    try:
+        return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+    except (AttributeError, TypeError, RuntimeError):
+        return False
 
 
 def candidates(decision: Decision, skip: Collection[str] = ()) -> list[str]:
