@@ -631,3 +631,24 @@ def test_the_exact_math_without_grad_equals_its_general_path(softcap: float | No
         assert fast[1, :, 0].abs().max() == 0
     (grad,) = torch.autograd.grad(general.sum(), q)
     assert torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("kwargs", [{"softcap": 5.0}, {"sinks": "zeros"}, {"softcap": 5.0, "return_lse": True},
+                                    {"window": (3, 0), "softcap": 2.0}, {"attn_mask": "bool"}])
+def test_a_bshd_calls_output_is_contiguous_bshd_as_flash_attn_funcs_is(kwargs: dict[str, Any]) -> None:
+    """A ``layout="bshd"`` caller (flash-attn's convention) reshapes the output with ``out.view(B, S, -1)``: the exact
+    math for a softcap or sinks returned a transposed bhsd view, which ``view`` refuses (2026-12-02)."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 16, h, 8, generator=g) for h in (4, 2, 2))
+    extra = dict(kwargs)
+    if extra.get("sinks") == "zeros":
+        extra["sinks"] = torch.zeros(4)
+    if extra.get("attn_mask") == "bool":
+        extra["attn_mask"] = torch.ones(16, 16, dtype=torch.bool).tril()
+    got = attnforge.attention(q, k, v, layout="bshd", **extra)
+    out = got[0] if isinstance(got, tuple) else got
+    assert out.shape == (2, 16, 4, 8) and out.is_contiguous()
+    flat = out.view(2, 16, -1)  # raised "view size is not compatible with input tensor's size and stride"
+    want = attnforge.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **extra)
+    want = (want[0] if isinstance(want, tuple) else want).transpose(1, 2)
+    torch.testing.assert_close(flat, want.reshape(2, 16, -1))

@@ -229,7 +229,12 @@ def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: 
             _offer_lane(plan, q, k, v, kwargs["attn_mask"], scale=scale, softcap=kwargs.get("softcap"),
                         dispatcher=dispatcher, generation=generation)
     if layout == "bshd" and "varlen" not in call.uses:
-        return (out[0].transpose(1, 2), out[1]) if "lse" in call.uses else out.transpose(1, 2)
+        # contiguous, as flash_attn_func's output is (a bshd caller's next step is often ``out.view(B, S, -1)``):
+        # a backend that computed bhsd (the exact math for a softcap or sinks, Flex) gave a transposed view, which
+        # ``view`` refuses (2026-12-02); a no-op where the backend wrote bshd already
+        if "lse" in call.uses:
+            return out[0].transpose(1, 2).contiguous(), out[1]
+        return out.transpose(1, 2).contiguous()
     return out
 
 
