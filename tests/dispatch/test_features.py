@@ -652,3 +652,24 @@ def test_a_bshd_calls_output_is_contiguous_bshd_as_flash_attn_funcs_is(kwargs: d
     want = attnforge.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **extra)
     want = (want[0] if isinstance(want, tuple) else want).transpose(1, 2)
     torch.testing.assert_close(flat, want.reshape(2, 16, -1))
+
+
+@pytest.mark.parametrize("case", ["dv-differs", "exact", "compiled", "compiled-softcap"])
+def test_every_bshd_route_returns_contiguous_bshd(case: str) -> None:
+    """The plain route on SDPA's math for Dv != D and a forced exact math transposed a bhsd output back without a copy,
+    and a compiled bshd call returned the op's bhsd output transposed: ``out.view(B, S, -1)`` raised in each
+    (review, 2026-12-02)."""
+    g = torch.Generator().manual_seed(6)
+    q, k = torch.randn(2, 8, 4, 64, generator=g), torch.randn(2, 8, 4, 64, generator=g)
+    v = torch.randn(2, 8, 4, 16 if case == "dv-differs" else 64, generator=g)
+    kwargs: dict[str, Any] = {"softcap": 3.0} if case == "compiled-softcap" else {}
+    if case == "exact":
+        kwargs["backend"] = "exact"
+
+    def flat(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attnforge.attention(q, k, v, layout="bshd", **kwargs).view(2, 8, -1)
+
+    fn = torch.compile(flat, backend="aot_eager", fullgraph=True) if case.startswith("compiled") else flat
+    got = fn(q, k, v)
+    want = attnforge.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kwargs).transpose(1, 2)
+    torch.testing.assert_close(got, want.reshape(2, 8, -1))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -693,6 +694,96 @@ def test_the_check_waits_outside_an_activation_checkpointed_forward(tmp_path: Pa
     for t in (q, k, v):
         t.grad = None
     reference_attention(q, k, v, causal=False, scale=None).sum().backward()
+    for got, want in zip(grads, (q.grad, k.grad, v.grad), strict=True):
+        assert got is not None and want is not None
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_checkpoint_error_in_a_recomputation_skips_no_backend(tmp_path: Path) -> None:
+    """A recomputation that saves other tensors than its forward (here: the forward forced to SDPA by
+    ``use_backend``, the recomputation outside it, on "fa" that saves one tensor more) raises torch's
+    ``CheckpointError`` from inside the backend's call: the caller's step failing, not the backend. Taken for a
+    backend's failure (it is a RuntimeError), fa and then SDPA were skipped for the signature, down to the exact math
+    for the rest of the process (review, 2026-12-02)."""
+    from torch.utils.checkpoint import CheckpointError, checkpoint, set_checkpoint_early_stop
+
+    @dataclass
+    class Saving(Kernel):
+        def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                     scale: float | None) -> torch.Tensor:
+            out = super().__call__(q, k, v, causal=causal, scale=scale)
+            return out * torch.ones_like(out)  # one more saved tensor than SDPA's fake
+
+    gpu = Gpu()
+    fa, sdpa = Saving("fa", gpu, 0.01, 0.05), Kernel("sdpa", gpu, 0.03, 0.07)
+    store = _measured(tmp_path, fa, sdpa, sq=16, sk=16, sdpa_ms=0.1)
+    shape = AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=16, seqlen_k=16, causal=False,
+                           mode=Mode.FWD_BWD, dtype="float32")
+    store.add_bench([BenchRecord.measured(shape, device_key=CPU_KEY, backend=name, backend_version=None, ms=ms,
+                                          tflops=1e-3 / ms, run_id="bench") for name, ms in (("fa", 0.05),
+                                                                                             ("sdpa", 0.1))])
+    q, k, v = (t.requires_grad_(True) for t in _qkv())
+    assert attnforge.explain(q, k, v).chosen == "fa"
+    with set_checkpoint_early_stop(False):
+        with attnforge.use_backend("sdpa"):
+            out = checkpoint(attnforge.attention, q, k, v, use_reentrant=False)
+        with pytest.raises(CheckpointError):
+            out.sum().backward()
+    assert runtime.get_dispatcher().failures.demoted == {}
+    assert attnforge.explain(q, k, v).chosen == "fa"
+
+
+@pytest.mark.parametrize("features", [False, True])
+def test_a_checkpointed_forwards_recomputation_takes_its_forwards_backend_whatever_was_decided_between(
+        tmp_path: Path, features: bool) -> None:
+    """A class decided anew between a checkpointed forward and its recomputation (here the records change and the
+    decisions are dropped, as a measurement landing from a call outside the region does): the recomputation went to
+    the new choice, which saves other tensors, and the backward raised ``CheckpointError`` ("A different number of
+    tensors was saved", review 2026-12-02). It now takes the forward's backend; the gradients are the exact math's."""
+    from torch.utils.checkpoint import checkpoint
+
+    @dataclass
+    class Saving(Kernel):
+        def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                     scale: float | None, **opts: Any) -> torch.Tensor:
+            self.calls += 1
+            out = reference_attention(q, k, v, causal=causal, scale=scale, **opts).to(q.dtype)
+            return out * torch.ones_like(out)  # one more saved tensor than SDPA's fake
+
+        features = frozenset({"softcap"})  # attnforge.backends.adapter.supported_features reads it
+
+    gpu = Gpu()
+    fa, sdpa = Saving("fa", gpu, 0.01, 0.05), Kernel("sdpa", gpu, 0.03, 0.07)
+    store = _measured(tmp_path, fa, sdpa, sq=16, sk=16, sdpa_ms=0.1)
+
+    def timed(fa_ms: float, run: str) -> None:
+        shape = AttentionShape(batch=1, heads_q=4, heads_kv=2, head_dim=8, seqlen_q=16, seqlen_k=16, causal=False,
+                               mode=Mode.FWD_BWD, dtype="float32")
+        store.add_bench([BenchRecord.measured(shape, device_key=CPU_KEY, backend=name, backend_version=None, ms=ms,
+                                              tflops=1e-3 / ms, run_id=run) for name, ms in (("fa", fa_ms),
+                                                                                             ("sdpa", 0.1))])
+
+    timed(0.05, "bench")
+    q, k, v = (t.requires_grad_(True) for t in _qkv())
+    kwargs: dict[str, Any] = {"softcap": 30.0} if features else {}
+    dispatcher = runtime.get_dispatcher()
+    assert attnforge.explain(q, k, v, **kwargs).chosen == "fa"
+    out = checkpoint(lambda a, b, c: attnforge.attention(a, b, c, **kwargs), q, k, v, use_reentrant=False)
+    served = fa.calls
+    # the class decides anew: SDPA measured faster now (a softcap, which SDPA lacks: fa verified no longer)
+    if features:
+        store.add_verify(VerifyRecord(device_key=CPU_KEY, backend="fa", backend_version=None, ok=False,
+                                      summary="failed"))
+    else:
+        timed(0.5, "bench-2")
+    dispatcher.refresh()
+    assert attnforge.explain(q, k, v, **kwargs).chosen == ("exact" if features else "sdpa")
+    out.sum().backward()
+    assert fa.calls == served + 1  # the recomputation: on the forward's backend
+    grads = [t.grad for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    reference_attention(q, k, v, causal=False, scale=None, **kwargs).sum().backward()
     for got, want in zip(grads, (q.grad, k.grad, v.grad), strict=True):
         assert got is not None and want is not None
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

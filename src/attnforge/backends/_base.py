@@ -153,9 +153,13 @@ def callers_own(exc: BaseException) -> bool:
     recomputed forward stops early). It reaches the caller as it is: no other backend tries the call and nothing is
     remembered. Taken for a failure, it skipped SDPA for the call's signature and ran the exact math inside the
     stopped recomputation, whose hooks then raised "Unexpected state: target_frame.early_stop is set" (2026-12-02).
-    By name: the class is private to torch."""
+    Also its ``CheckpointError`` (a recomputation that saved other tensors than its forward, raised by the same
+    hooks): the caller's checkpointed step failing, not the backend; taken for a backend's failure (a
+    ``RuntimeError``), it skipped healthy backends for the signature, down to the exact math (review, 2026-12-02).
+    By name: ``_StopRecomputationError`` is private to torch."""
     cls = type(exc)
-    return cls.__name__ == "_StopRecomputationError" and cls.__module__ == "torch.utils.checkpoint"
+    return cls.__module__ == "torch.utils.checkpoint" and cls.__name__ in ("_StopRecomputationError",
+                                                                             "CheckpointError")
 
 
 def records_grad(*tensors: Any) -> bool:

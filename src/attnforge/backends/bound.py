@@ -63,7 +63,7 @@ def bound_call(adapter: BackendAdapter, call: AttentionCall | None, *, causal: b
     if native is not None:
         return functools.partial(native, causal=causal, scale=scale)
 
-    return other_layout(functools.partial(adapter, causal=causal, scale=scale))
+    return other_layout(functools.partial(adapter, causal=causal, scale=scale), contiguous=True)
 
 
 @functools.cache
@@ -152,10 +152,18 @@ def differentiable(forward: Callable[..., Any], backward: Callable[..., Any], *,
     return train_bhsd
 
 
-def other_layout(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def other_layout(fn: Callable[..., torch.Tensor], *, contiguous: bool = False) -> Callable[..., torch.Tensor]:
     """``fn`` (``(q, k, v)`` in one layout, the output in the same) for a caller of the other layout: ``[B, S, H, D]``
     tensors for a bhsd ``fn``, or ``[B, H, S, D]`` for a bshd one. Dimensions 1 and 2 swap on the way in and back
-    on the way out: views, no copy."""
+    on the way out: views, no copy. ``contiguous`` (a bshd caller's, flash-attn's convention: ``out.view(B, S, -1)``
+    follows): the output made contiguous, a no-op where ``fn`` wrote it bshd already (SDPA's flash and cuDNN
+    kernels on the views), a copy where it wrote bhsd (the math for ``Dv != D``, the exact math)."""
+
+    if contiguous:
+        def call_contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2).contiguous()
+
+        return call_contiguous
 
     def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)

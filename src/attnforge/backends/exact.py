@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import device_state, kept_outside_capture, narrowed, records_grad
+from attnforge.backends._base import callers_own, device_state, kept_outside_capture, narrowed, records_grad
 from attnforge.backends.adapter import FEATURES, AttentionCall
 
 if TYPE_CHECKING:
@@ -278,8 +278,8 @@ def _logits(grouped: Any, k: Any, accum: Any, *, alpha: float = 1.0) -> tuple[An
             out = torch.baddbmm(_zeros(accum, grouped.device).expand(b * h, r, sk), a, bt, beta=0.0, alpha=alpha,
                                 out_dtype=accum)
         except (NotImplementedError, RuntimeError, TypeError) as exc:  # no such kernel here: the plain one below
-            if device_state(exc):
-                raise  # the device's state, not a missing kernel: the caller's to handle, the kernel stays on
+            if device_state(exc) or callers_own(exc):
+                raise  # the device's state (or a checkpoint's error), not a missing kernel: the kernel stays on
             _SCALED_MATMUL[device] = False
         else:
             _SCALED_MATMUL[device] = _MIXED_MATMUL[device] = True
@@ -287,8 +287,8 @@ def _logits(grouped: Any, k: Any, accum: Any, *, alpha: float = 1.0) -> tuple[An
     try:
         out = torch.bmm(a, bt, out_dtype=accum)
     except (NotImplementedError, RuntimeError, TypeError) as exc:  # no such kernel on this device or torch
-        if device_state(exc):
-            raise  # the device's state, not a missing kernel: the caller's to handle, the kernel stays on
+        if device_state(exc) or callers_own(exc):
+            raise  # the device's state (or a checkpoint's error), not a missing kernel: the kernel stays on
         _MIXED_MATMUL[device] = False
         return torch.matmul(grouped.to(accum), k.to(accum).transpose(-1, -2)), False
     _MIXED_MATMUL[device] = True

@@ -88,7 +88,13 @@ call inside such an `sdpa_kernel` context, skipped SDPA for that signature, and 
 the exact math, ~6x slower (36.6 against 6.4 µs a call on this repository's 2-core development machine).
 
 Non-reentrant activation checkpointing (`torch.utils.checkpoint`, `use_reentrant=False`) stops a recomputation by
-raising from inside the backend's call; that signal reaches the caller as it is, and no backend is skipped for it.
+raising from inside the backend's call; that signal reaches the caller as it is, and no backend is skipped for it
+(nor for its `CheckpointError`). Inside such a region (saved-tensor hooks on the thread: the forward and its
+recomputation in the backward) nothing is measured or checked in situ, and the recomputation is served by the backend
+that served its forward, whatever was decided in between: it must save what the forward saved (a class decided anew
+in between, or the in-situ check's own calls inside the region, made the backward raise `CheckpointError`,
+2026-12-02). A class met only inside such regions keeps the decision its records give (first use does not measure
+it there); `attnforge warmup` measures it ahead.
 """
 
 _FEATURE_LEGEND = "\n".join(f"- `{name}`: {text}" for name, text in FEATURES.items())

@@ -176,7 +176,7 @@ class SdpaAdapter(AdapterBase):
             bound = _DecodeBound(self, kwargs)  # a decode step: __call__'s decode path until its shape settles
         else:
             bound = functools.partial(original_sdpa(), **kwargs)
-        return other_layout(bound) if bshd else bound
+        return other_layout(bound, contiguous=True) if bshd else bound
 
     def settle_repeated(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> bool:
         """An unmasked decode call (``q [B, Hq, Sq, D]``, Sq <= :data:`DECODE_ROWS`, CUDA, SDPA choosing) whose

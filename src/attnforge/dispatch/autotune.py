@@ -209,14 +209,17 @@ def capturing() -> bool:
     ``torch.utils.checkpoint``, ``save_on_cpu``): nothing may be measured, checked or decided anew then, since a
     checkpointed forward is recomputed in the backward and must save the same tensors again (the in-situ check's
     forward and backward inside it raised ``CheckpointError``: "A different number of tensors was saved during the
-    original forward and recomputation", 2026-12-02); the class is measured on a call outside such a region."""
+    original forward and recomputation", 2026-12-02); the class is measured on a call outside such a region, and
+    one met only inside them keeps the decision its records give (``attnforge warmup`` measures it ahead). The
+    recomputation itself is served as its forward was (:meth:`attnforge.dispatch.dispatcher.Dispatcher.pinned`)."""
     import torch
 
-    return torch.compiler.is_compiling() or graph_capturing() or _saving_tensors()
+    return torch.compiler.is_compiling() or graph_capturing() or saving_tensors()
 
 
-def _saving_tensors() -> bool:
-    """Whether saved-tensor default hooks are set on this thread (torch's private query; False where it is gone)."""
+def saving_tensors() -> bool:
+    """Whether saved-tensor default hooks are set on this thread (the non-reentrant ``torch.utils.checkpoint``'s
+    forward and recomputation, ``save_on_cpu``): torch's private query; False where it is gone."""
     import torch
 
     try:

@@ -127,6 +127,9 @@ class Dispatcher:
         #: the decided backends per exact signature of a call with features (:func:`features.attention` reads it;
         #: the route itself is bound per call: its keywords hold the caller's mask)
         self.feature_plans: dict[tuple[Any, ...], FeaturePlan] = {}
+        #: what served each signature's last call inside an activation-checkpointed forward (:meth:`pinned`): its
+        #: recomputation in the backward gets the same, whatever was decided in between
+        self.pins: dict[tuple[Any, ...], Any] = {}
         self._versions: dict[str, str | None] | None = None
         self._generation = 0  # bumped whenever plans and routes are dropped
         self.exact: BackendAdapter = ExactAdapter()
@@ -482,6 +485,22 @@ class Dispatcher:
                                   needs_grad=needs_grad, forced=forced, bshd=False)
         out: torch.Tensor = self.serve(route, q, k, v, forced)
         return out
+
+    def pinned(self, key: tuple[Any, ...], served: Any) -> Any:
+        """For a call under saved-tensor hooks (the non-reentrant ``torch.utils.checkpoint``'s forward or its
+        recomputation; the caller asks :func:`attnforge.dispatch.autotune.saving_tensors` first): in the forward,
+        ``served`` (the route or plan about to serve the call of signature ``key``) is kept and returned; in the
+        recomputation (inside the backward), the one its forward kept. A recomputation must save the tensors its
+        forward saved: a class decided anew in between (a measurement landing, an in-situ revert made by a call
+        outside the region, another layer's first use) sent it to another backend, and the backward raised
+        ``CheckpointError`` (review, 2026-12-02). Several forwards before their backwards (gradient accumulation,
+        pipeline schedules) keep the latest forward's: the same unless the decision changed between them."""
+        if torch._C._current_graph_task_id() != -1:  # inside a backward: the recomputation
+            return self.pins.get(key, served)
+        if len(self.pins) >= ROUTES_MAX:
+            self.pins.clear()
+        self.pins[key] = served
+        return served
 
     def serve(self, route: Route, q: Any, k: Any, v: Any, forced: str | None) -> Any:
         """Run ``route`` on the caller's tensors. The one rule for plain and featured calls alike

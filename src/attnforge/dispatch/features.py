@@ -204,6 +204,15 @@ def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: 
     key = signature(q, k, v, layout=layout, backend=backend, precision=precision, scale=scale, kwargs=kwargs)
     plans = dispatcher.feature_plans
     plan = plans.get(key) if key is not None else None
+    # a checkpointed forward or its recomputation (:meth:`Dispatcher.pinned`): the recomputation takes the plan its
+    # forward took, whatever was decided in between
+    import torch
+
+    from attnforge.dispatch.autotune import saving_tensors
+
+    pinning = key is not None and torch.is_grad_enabled() and saving_tensors()
+    if pinning and torch._C._current_graph_task_id() != -1:
+        plan = dispatcher.pinned(key, plan)
     dynamic = None
     if plan is None and key is not None:  # a new length of a dynamic class: its class-level plan, if any
         dynamic = dynamic_signature(key, layout=layout)
@@ -228,6 +237,8 @@ def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: 
         if plan is not None and plan.direct is not None:
             _offer_lane(plan, q, k, v, kwargs["attn_mask"], scale=scale, softcap=kwargs.get("softcap"),
                         dispatcher=dispatcher, generation=generation)
+    if pinning and key is not None and (kept := plans.get(key)) is not None:
+        dispatcher.pinned(key, kept)  # the forward's (a no-op in the recomputation)
     if layout == "bshd" and "varlen" not in call.uses:
         # contiguous, as flash_attn_func's output is (a bshd caller's next step is often ``out.view(B, S, -1)``):
         # a backend that computed bhsd (the exact math for a softcap or sinks, Flex) gave a transposed view, which

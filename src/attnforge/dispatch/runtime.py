@@ -35,7 +35,7 @@ import torch
 
 from attnforge.backends._base import records_grad
 from attnforge.dispatch import _op, features
-from attnforge.dispatch.autotune import AutotuneConfig, configured, contested_rounds_for
+from attnforge.dispatch.autotune import AutotuneConfig, configured, contested_rounds_for, saving_tensors
 from attnforge.dispatch.dispatcher import _FORCED, Dispatcher, RecordSource
 from attnforge.dispatch.explanation import Explanation
 from attnforge.dispatch.inputs import check_scale, check_softcap, check_window
@@ -282,7 +282,8 @@ def attention(
         needs_grad = records_grad(q, k, v)
         scale = None if scale is None else float(scale)  # a numpy scale passed validation; the op takes a float
         out: torch.Tensor = _op.attention_op(qh, kh, vh, causal, scale, backend, precision, needs_grad)
-        return out.transpose(1, 2) if layout == "bshd" else out
+        # a bshd caller gets contiguous bshd, as in eager (flash-attn's convention; the op's output is bhsd)
+        return out.transpose(1, 2).contiguous() if layout == "bshd" else out
     dispatcher = _DISPATCHER or get_dispatcher()
     forced = _FORCED.get() if backend is None else backend
     # the hot path: the exact signature of a call served before names its route (see the module docstring)
@@ -300,6 +301,8 @@ def attention(
     if route is None:
         route = dispatcher.route(q, k, v, key, causal=causal, scale=scale, layout=layout, precision=precision,
                                  forced=forced)
+    if key is not None and needs_grad and saving_tensors():  # a checkpointed forward or its recomputation
+        route = dispatcher.pinned(key, route)
     return dispatcher.serve(route, q, k, v, forced)
 
 
@@ -353,7 +356,7 @@ def _features_op(q: Any, k: Any, v: Any, *, attn_mask: Any, sinks: Any, causal: 
     op = _op.attention_varlen_op if packed else _op.attention_features_op
     out = op(qh, kh, vh, attn_mask, sinks, causal, causal_alignment, is_causal, sides, checked_softcap,
              None if scale is None else float(scale), backend, precision, *varlen)
-    return out.transpose(1, 2) if layout == "bshd" and not packed else out
+    return out.transpose(1, 2).contiguous() if layout == "bshd" and not packed else out
 
 
 #: what :func:`_checked` gives for a refused value: equal to no checked one, and a constant torch.compile's Dynamo can
