@@ -712,7 +712,8 @@ def _decode_bias(mask: torch.Tensor, seen: torch.Tensor | None, *, b: int, hkv: 
     else:
         # narrowed: a float32 mask's finite hiding value (transformers' finfo.min) stays finite in bfloat16/float16,
         # where a plain cast made it -inf and a row it hides entirely zeros instead of the exact math's mean of v
-        out.copy_(narrowed(src, dtype))
+        # (on the mask's own, unexpanded elements: the narrowing's few kernels run on them, not on the expansion)
+        out.copy_(narrowed(m5, dtype).expand(out.shape))
         if seen is not None:
             s = four_dims(seen)
             s5 = s.reshape(s.shape[0], hkv, g, s.shape[2], 1) if s.shape[1] > 1 else s.reshape(
