@@ -133,7 +133,7 @@ def build(job: BuildJob, *, reporter: Reporter, keep_build_dir: bool = False, la
 
         store = Store(job.home)
         if writable(store.root):
-            with store.writer(), store.reader("store the built wheel"):
+            with store.reader("store the built wheel"):  # a reader: no wait on another process's cache.lock
                 pass
     result = execute(spec, home=job.home, reporter=reporter, keep_build_dir=keep_build_dir, snapshot=job.snapshot,
                      launcher=launcher or launch)
