@@ -89,17 +89,23 @@ def test_diffusers_and_softcap_configs(tmp_path: Path) -> None:
     pytest.param({"model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 28}, True,
                  id="qwen2-first-layers-full"),
     pytest.param({"model_type": "mistral"}, False, id="mistral-every-layer-slides"),
+    pytest.param({"model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 28, "num_hidden_layers": 28},
+                 None, id="qwen2-no-layer-slides"),
+    pytest.param({"model_type": "llama", "layer_types": ["full_attention"] * 2}, None, id="layer-types-none-slides"),
 ])
 def test_a_model_with_full_layers_beside_its_window_is_warmed_at_the_whole_context(
-        tmp_path: Path, extra: dict[str, object], global_layers: bool) -> None:
+        tmp_path: Path, extra: dict[str, object], global_layers: bool | None) -> None:
     """GPT-OSS-20B's window is 128 keys and every other layer attends the whole context: its full layers' decode
     step and chunked prefill at 4096 keys were never warmed, only the window's (2026-12-02)."""
     # trimmed from openai/gpt-oss-20b config.json (64 heads of 64, 8 KV heads, sliding_window 128)
     cfg = {"hidden_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
            "sliding_window": 128, "max_position_embeddings": 131072, **extra}
     model = read_model_config(_write(tmp_path, cfg))
-    assert model.global_layers is global_layers
     shapes = model_config_shapes(model, dtype="bfloat16", batch=1, seqlens=(), modes=(Mode.FWD,), cpu=False)
     decode = {(s.seqlen_q, s.seqlen_k) for s in shapes if s.seqlen_q < s.seqlen_k}
     window = {(1, 128)}  # 128 keys: no chunked prefill below 512
+    if global_layers is None:  # no layer slides: no window at all (none warmed)
+        assert model.sliding_window is None and decode == {(512, 4096), (1, 4096)}
+        return
+    assert model.global_layers is global_layers
     assert decode == (window | {(512, 4096), (1, 4096)} if global_layers else window)

@@ -98,6 +98,8 @@ def read_model_config(path: Path) -> ModelAttention:
                          f"head dim {head_dim})", hint="num_attention_heads must be a multiple of "
                                                        "num_key_value_heads; head_dim or hidden_size is needed")
     window = _int(cfg, "sliding_window", path) if cfg.get("use_sliding_window", True) is not False else None
+    if window is not None and not _has_sliding_layers(cfg):
+        window = None  # a window no layer uses
     softcap = cfg.get("attn_logit_softcapping")
     if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
                                 or not math.isfinite(softcap) or softcap < 0):  # json reads NaN and Infinity
@@ -118,6 +120,19 @@ def read_model_config(path: Path) -> ModelAttention:
 #: configuration_gpt_oss.py build it: every other layer for Gemma-2 and GPT-OSS, one in ``sliding_window_pattern``
 #: for Gemma-3 and Cohere2)
 ALTERNATING = frozenset({"gemma2", "gemma3", "gemma3_text", "cohere2", "gpt_oss"})
+
+
+def _has_sliding_layers(cfg: dict[str, Any]) -> bool:
+    """Whether any layer uses the config's sliding window: ``layer_types`` lists one, or Qwen2's
+    ``max_window_layers`` leaves layers to slide (transformers' configuration_qwen2.py: layers from
+    ``max_window_layers`` on slide, so none where it is at least ``num_hidden_layers``)."""
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        return "sliding_attention" in types
+    first, layers = cfg.get("max_window_layers"), cfg.get("num_hidden_layers")
+    if isinstance(first, int) and isinstance(layers, int) and not isinstance(first, bool) and layers > 0:
+        return first < layers
+    return True
 
 
 def _has_global_layers(cfg: dict[str, Any], model_type: str) -> bool:
