@@ -31,6 +31,10 @@ does. It never goes to transformers' SDPA function, which ignores sinks and refu
 attnforge's exact math would serve (softcap or sinks with no verified kernel for them, :func:`_exact_only`) goes
 there too: the framework's default is faster than that fallback.
 
+A model transformers runs only eagerly for a reason other than softcap or sinks (PegasusX, NLLB-MoE ...:
+:func:`takes_sdpa_masks`) gets eager's masks, which its own code relies on; a model that computes attention in its own
+code (:func:`routes_attention`) is refused at load.
+
 Contract of the registered function (runtime-anchors.md §2.2): ``fn(module, query, key, value,
 attention_mask, **kwargs) -> (attn_output, attn_weights)``, with q/k/v ``[B, H, S, D]`` in and the output
 ``[B, S, H, Dv]``.
@@ -183,14 +187,18 @@ def _needs_eager(attention_mask: Any, kwargs: dict[str, Any]) -> bool:
 
 def _varlen(query: Any, key: Any, value: Any, *, causal: bool, features: dict[str, Any],
             kwargs: dict[str, Any]) -> Any:
-    """Packed sequences (batch 1) with FlashAttention-style ``cu_seq_lens``: ``[1, Sq, H, Dv]`` out."""
+    """Packed sequences with FlashAttention-style ``cu_seq_lens``, which index the ``B`` rows flattened (``[B * Sq]``
+    tokens, as transformers' FlashAttention path reads them: ``DataCollatorWithFlattening`` packs one row, a
+    padding-free batch may have several): ``[B, Sq, H, Dv]`` out. Until 2026-12-03 row 0 alone was passed, and a
+    batch of several rows raised "cu_seqlens do not describe the packed tensors"."""
     from attnforge.dispatch import runtime
 
+    q, k, v = _packed_views(query, key, value)
     out = runtime.attention(
-        query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), causal=causal,
+        q, k, v, causal=causal,
         cu_seqlens_q=kwargs["cu_seq_lens_q"], cu_seqlens_k=kwargs.get("cu_seq_lens_k", kwargs["cu_seq_lens_q"]),
         max_seqlen_q=kwargs.get("max_length_q"), max_seqlen_k=kwargs.get("max_length_k"), **features)
-    return out.unsqueeze(0).contiguous()
+    return out.reshape(query.shape[0], query.shape[2], *out.shape[1:]).contiguous()
 
 
 def model_eager_function(module: Any) -> Callable[..., Any]:
@@ -252,19 +260,68 @@ def routes_attention(cls: type) -> bool:
     classes that route lack the flag (StableLM, Falcon-H1 in transformers 5.24), transformers' own reading of the
     class's module (``_can_set_attn_implementation``: an ``*Attention*`` module class calls
     ``ALL_ATTENTION_FUNCTIONS.get_interface(``, or there is none). True where transformers has no such reading or
-    the module's source cannot be read (a class defined in a notebook): no refusal on a guess."""
-    import inspect
+    the module's source cannot be read (a class defined in a notebook): no refusal on a guess.
 
+    False, whatever the flag says, where the module picks attention classes by implementation name (a dict indexed
+    by ``config._attn_implementation`` that holds an ``"eager"`` and an ``"sdpa"`` class: GIT's text layers, SAM's
+    and DeepSeek-OCR-2's SAM vision encoder in transformers 5.24): those layers compute attention in their own code,
+    and the lookup raised ``KeyError: 'attnforge'`` at load (2026-12-03)."""
+    source = _module_source(cls)
+    if source is not None and _picks_attention_classes_by_name(source):
+        return False
     if getattr(cls, "is_backend_compatible", lambda: True)():
         return True
     can_set = getattr(cls, "_can_set_attn_implementation", None)
     if can_set is None or can_set():  # transformers reads the module once and keeps the answer on the class
         return True
-    try:  # transformers also answers False where it cannot read the source: that is no evidence
-        inspect.getsource(sys.modules[cls.__module__])
+    return source is None  # transformers also answers False where it cannot read the source: that is no evidence
+
+
+def _module_source(cls: type) -> str | None:
+    """The source of the module that defines ``cls``; None where it cannot be read (a class defined in a notebook)."""
+    import inspect
+
+    try:
+        return inspect.getsource(sys.modules[cls.__module__])
     except (KeyError, OSError, TypeError):
+        return None
+
+
+#: a dict indexed by the implementation name (``GIT_SELF_ATTENTION_CLASSES[config._attn_implementation]``); the
+#: interfaces transformers registers names in (``ALL_ATTENTION_FUNCTIONS``, ``ALL_MASK_ATTENTION_FUNCTIONS``) aside
+_BY_NAME = r"\b(\w+)\[\s*[\w.]*\._attn_implementation\s*\]"
+
+
+def _picks_attention_classes_by_name(source: str) -> bool:
+    """Whether a modeling module's ``source`` indexes anything but transformers' registries by the implementation
+    name (:data:`_BY_NAME`)."""
+    import re
+
+    return any(found not in {"ALL_ATTENTION_FUNCTIONS", "ALL_MASK_ATTENTION_FUNCTIONS"}
+               for found in re.findall(_BY_NAME, source))
+
+
+def takes_sdpa_masks(cls: type) -> bool:
+    """Whether a transformers model class runs right on the masks transformers builds for ``"sdpa"`` (bool, or None
+    for a plainly causal or bidirectional call), which :func:`register` builds for ``"attnforge"``: its
+    ``_supports_sdpa`` flag, or, where transformers refuses SDPA for it, a refusal for a feature
+    :func:`attnforge.attention` serves: the class's module passes ``softcap=`` or ``s_aux=`` to its attention
+    (Gemma 2, GPT-OSS, VaultGemma, MiMo-V2-Flash ... in transformers 5.24).
+
+    Any other refusal is the model's own code relying on eager's masks: PegasusX's, BigBirdPegasus's and NLLB-MoE's
+    decoder self-attention modules say ``is_causal=False`` and rely on the causal mask, which SDPA's mask builder
+    skips for an unpadded batch (so they attended to later tokens), and NLLB-MoE's router reads the mask as eager's
+    additive one. Through ``"attnforge"`` they got SDPA's masks: logits 0.005-0.06 off eager, padded or not
+    (2026-12-03). Such a model gets eager's masks instead (:func:`_refusing_unrouted`, :func:`_mask_builder`), built
+    whole (an unpadded encoder's too, which eager skips: Splinter's self-attention module has no ``is_causal``, so a
+    missing mask read as causal). False too where the module's source cannot be read: eager's masks are right for any
+    model."""
+    import re
+
+    if getattr(cls, "_supports_sdpa", False):
         return True
-    return False
+    source = _module_source(cls)
+    return source is not None and re.search(r"\b(?:softcap|s_aux)\s*=", source) is not None
 
 
 def _refusing_unrouted(original: Callable[..., str]) -> Callable[..., str]:
@@ -274,6 +331,10 @@ def _refusing_unrouted(original: Callable[..., str]) -> Callable[..., str]:
     attnforge and gets the masks built for ``"attnforge"`` (SDPA's, bool or None) in its own code: wrong logits
     (XGLM 0.03, MPT 0.6 off eager on a padded batch), a crash (MPT, ``None.to``) or a KeyError (Falcon).
 
+    A model class that routes but does not take SDPA's masks (:func:`takes_sdpa_masks`) gets eager's: its config's
+    class is noted in :data:`_EAGER_MASKS`, which :func:`_mask_builder` reads (the config is what transformers hands
+    the mask function; its class, unlike the object, survives ``copy.deepcopy(model)``).
+
     Raises:
         ValueError: transformers' own error type for an implementation a model does not support.
     """
@@ -282,18 +343,26 @@ def _refusing_unrouted(original: Callable[..., str]) -> Callable[..., str]:
     @functools.wraps(original)
     def get_correct_attn_implementation(self: Any, requested_attention: str | None = None,
                                         *args: Any, **kwargs: Any) -> str:
-        if NAME in (requested_attention or "").split("|") and not routes_attention(type(self)):
+        if NAME not in (requested_attention or "").split("|"):
+            return original(self, requested_attention, *args, **kwargs)
+        if not routes_attention(type(self)):
             raise ValueError(
                 f'{type(self).__name__} computes attention in its own code, not through transformers\' '
                 f'AttentionInterface, so attn_implementation="{requested_attention}" would never reach attnforge '
                 'and its masks would be built for the wrong kernel. Load it with attn_implementation="sdpa" and '
                 'route its torch.nn.functional.scaled_dot_product_attention calls with attnforge.patch_sdpa(), '
                 'or use attn_implementation="eager"')
+        config = getattr(self, "config", None)
+        if config is not None and not takes_sdpa_masks(type(self)):
+            _EAGER_MASKS.add(type(config))
         return original(self, requested_attention, *args, **kwargs)
 
     get_correct_attn_implementation._attnforge_checks = True  # type: ignore[attr-defined]
     return get_correct_attn_implementation
 
+
+#: config classes of the model classes that get eager's masks through ``"attnforge"`` (:func:`takes_sdpa_masks`)
+_EAGER_MASKS: set[type] = set()
 
 #: per (batch size, device, local window) of a decode step's mask: the step's K/V length and whether its padding
 #: mask hid keys (:func:`_mask_builder`)
@@ -301,9 +370,10 @@ _PADDED_DECODE: dict[tuple[Any, str, Any], tuple[Any, bool]] = {}
 
 
 def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> Callable[..., Any]:
-    """transformers' ``sdpa_mask`` for ``"attnforge"``, except where a decode step (``q_length == 1``) continues a
-    padded batch's ``generate``: its mask is built without asking whether it could be skipped. To skip a mask (None:
-    no mask), ``sdpa_mask`` first reads whether the padding mask hides any key
+    """transformers' ``sdpa_mask`` for ``"attnforge"`` (its ``eager_mask`` for a model that relies on eager's masks,
+    whose config's class :data:`_EAGER_MASKS` holds: :func:`takes_sdpa_masks`), except where a decode step
+    (``q_length == 1``) continues a padded batch's ``generate``: its mask is built without asking whether it could be
+    skipped. To skip a mask (None: no mask), ``sdpa_mask`` first reads whether the padding mask hides any key
     (``masking_utils._ignore_causal_mask_sdpa``: a sum and a host sync, on every step and for each kind of mask).
     A padded batch's answer is the same on every step of its ``generate``, so only its first decode step asks; a
     step continues the last one of its batch size, device and window when its one query is the last key (a dynamic
@@ -332,6 +402,13 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
         import torch
 
         get = kwargs.get
+        if type(get("config")) in _EAGER_MASKS:  # a model that relies on eager's masks (takes_sdpa_masks)
+            from transformers.masking_utils import eager_mask
+
+            # built whole: a skipped bidirectional mask (None) is "nothing hidden" to eager's function, which reads no
+            # is_causal, but causal to attention_forward for a module without one (Splinter, ALIGN's and CLAP's text
+            # encoders in transformers 5.24: hidden states 0.03-0.6 off eager, 2026-12-03)
+            return eager_mask(*args, **{**kwargs, "allow_is_bidirectional_skip": False})
         padding = get("attention_mask")
         # transformers passes keywords (masking_utils' mask_interface calls): anything else is passed through, as is
         # a traced call (sdpa_mask reads no values then, and the state here is nothing to guard a graph on)
@@ -464,10 +541,9 @@ def _padded_prefill(query: Any, key: Any, value: Any, mask: Any, features: dict[
 
 
 def _packed_views(query: Any, key: Any, value: Any) -> tuple[Any, Any, Any]:
-    """A padded prefill's ``q [B, H, S, D]``, ``k``, ``v`` viewed ``[B * S, H, D]`` (:func:`_padded_prefill`: no copy
-    where their storage is ``[B, S, H, D]``)."""
-    b, _, s, _ = query.shape
-    return tuple(t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[-1]) for t in (query, key, value))
+    """``q [B, H, Sq, D]``, ``k``, ``v [B, H, Sk, D]`` each viewed ``[B * S, H, D]``, its rows flattened
+    (:func:`_padded_prefill`, :func:`_varlen`: no copy where their storage is ``[B, S, H, D]``, or ``B`` is 1)."""
+    return tuple(t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[-1]) for t in (query, key, value))
 
 
 def _packed_call(base: dict[str, Any], offsets: Any, longest: int) -> dict[str, Any]:
