@@ -146,6 +146,17 @@ def device_state(exc: BaseException) -> bool:
         str(exc).startswith("CUDA error"))
 
 
+def saving_tensors() -> bool:
+    """Whether saved-tensor default hooks are set on this thread (the non-reentrant ``torch.utils.checkpoint``'s
+    forward and recomputation, ``save_on_cpu``): torch's private query; False where it is gone."""
+    import torch
+
+    try:
+        return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+    except (AttributeError, TypeError, RuntimeError):
+        return False
+
+
 def callers_own(exc: BaseException) -> bool:
     """Whether an exception out of a backend's call is the caller's own control flow, not the backend failing:
     ``torch.utils.checkpoint``'s signal that a recomputation has every tensor it needs (``_StopRecomputationError``,

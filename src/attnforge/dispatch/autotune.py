@@ -60,7 +60,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from attnforge.backends._base import graph_capturing
+from attnforge.backends._base import graph_capturing, saving_tensors
 from attnforge.backends.adapter import AttentionCall, BackendAdapter
 from attnforge.backends.exact import EXACT
 from attnforge.dispatch import autotune_env, background
@@ -215,17 +215,6 @@ def capturing() -> bool:
     import torch
 
     return torch.compiler.is_compiling() or graph_capturing() or saving_tensors()
-
-
-def saving_tensors() -> bool:
-    """Whether saved-tensor default hooks are set on this thread (the non-reentrant ``torch.utils.checkpoint``'s
-    forward and recomputation, ``save_on_cpu``): torch's private query; False where it is gone."""
-    import torch
-
-    try:
-        return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
-    except (AttributeError, TypeError, RuntimeError):
-        return False
 
 
 def candidates(decision: Decision, skip: Collection[str] = ()) -> list[str]:

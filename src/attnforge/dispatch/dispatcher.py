@@ -488,7 +488,7 @@ class Dispatcher:
 
     def pinned(self, key: tuple[Any, ...], served: Any) -> Any:
         """For a call under saved-tensor hooks (the non-reentrant ``torch.utils.checkpoint``'s forward or its
-        recomputation; the caller asks :func:`attnforge.dispatch.autotune.saving_tensors` first): in the forward,
+        recomputation; the caller asks :func:`attnforge.backends._base.saving_tensors` first): in the forward,
         ``served`` (the route or plan about to serve the call of signature ``key``) is kept and returned; in the
         recomputation (inside the backward), the one its forward kept. A recomputation must save the tensors its
         forward saved: a class decided anew in between (a measurement landing, an in-situ revert made by a call

@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from attnforge.backends._base import callers_own, kept_version, records_grad
+from attnforge.backends._base import callers_own, kept_version, records_grad, saving_tensors
 from attnforge.backends.adapter import AttentionCall, BackendAdapter, required_features, supported_features
 from attnforge.backends.exact import EXACT
 from attnforge.dispatch.inputs import (
@@ -207,8 +207,6 @@ def attention(q: Any, k: Any, v: Any, *, dispatcher: Any, layout: str, backend: 
     # a checkpointed forward or its recomputation (:meth:`Dispatcher.pinned`): the recomputation takes the plan its
     # forward took, whatever was decided in between
     import torch
-
-    from attnforge.dispatch.autotune import saving_tensors
 
     pinning = key is not None and torch.is_grad_enabled() and saving_tensors()
     if pinning and torch._C._current_graph_task_id() != -1:

@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from attnforge.backends._base import records_grad
+from attnforge.backends._base import records_grad, saving_tensors
 from attnforge.dispatch import _op, features
-from attnforge.dispatch.autotune import AutotuneConfig, configured, contested_rounds_for, saving_tensors
+from attnforge.dispatch.autotune import AutotuneConfig, configured, contested_rounds_for
 from attnforge.dispatch.dispatcher import _FORCED, Dispatcher, RecordSource
 from attnforge.dispatch.explanation import Explanation
 from attnforge.dispatch.inputs import check_scale, check_softcap, check_window
