@@ -201,6 +201,20 @@ def test_any_dense_call_matches_the_definition(  # noqa: PLR0917 - hypothesis dr
     _close(again.transpose(1, 2) if layout == "bshd" else again, want, dtype, "repeat")
 
 
+def _packed_features(g: torch.Generator, hq: int, dtype: torch.dtype, *, causal: str, window: Window,
+                     softcap: float | None, use_sinks: bool, lse: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The varlen and paged tests' feature keywords: attention()'s, and the reference's for the same call (``causal``:
+    "" off, else its alignment; sinks drawn from ``g`` in ``dtype``)."""
+    kwargs: dict[str, Any] = {"softcap": softcap, "window": window, "return_lse": lse}
+    feats: dict[str, Any] = {"softcap": softcap, "window": window, "causal": bool(causal),
+                             "top_left": causal == "top_left"}
+    if causal:
+        kwargs["causal"], kwargs["causal_alignment"] = True, causal
+    if use_sinks:
+        kwargs["sinks"] = feats["sinks"] = torch.randn(hq, generator=g, dtype=dtype)
+    return kwargs, feats
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lens=st.lists(st.tuples(st.sampled_from([0, 1, 2, 5]), st.sampled_from([0, 1, 3, 6])), min_size=1, max_size=4),
        hkv=st.integers(1, 2), group=st.sampled_from([1, 2, 4]), d=st.sampled_from([1, 5, 16]),
@@ -218,13 +232,8 @@ def test_varlen_with_empty_sequences_matches_each_sequence_alone(  # noqa: PLR09
     k = torch.randn(sum(lens_k), hkv, d, generator=g, dtype=dtype)
     v = torch.randn(sum(lens_k), hkv, dv, generator=g, dtype=dtype)
     cu_q, cu_k = (torch.tensor([0, *np.cumsum(n).tolist()], dtype=torch.int32) for n in (lens_q, lens_k))
-    kwargs: dict[str, Any] = {"softcap": softcap, "window": window, "return_lse": lse}
-    feats: dict[str, Any] = {"softcap": softcap, "window": window, "causal": bool(causal),
-                             "top_left": causal == "top_left"}
-    if causal:
-        kwargs["causal"], kwargs["causal_alignment"] = True, causal
-    if use_sinks:
-        kwargs["sinks"] = feats["sinks"] = torch.randn(hq, generator=g, dtype=dtype)
+    kwargs, feats = _packed_features(g, hq, dtype, causal=causal, window=window, softcap=softcap,
+                                     use_sinks=use_sinks, lse=lse)
     got = attnforge.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kwargs)
     out, got_lse = got if lse else (got, None)
     outs, lses = [], []
@@ -259,13 +268,8 @@ def test_paged_kv_with_one_token_pages_and_unused_pages_matches_the_gathered_key
     table = torch.randperm(pool, generator=g)[: batch * blocks].view(batch, blocks).to(torch.int32)
     lengths = torch.randint(0, blocks * page + 1, (batch,), generator=g, dtype=torch.int32) if used else None
     q = torch.randn(batch, hq, sq, d, generator=g)
-    kwargs: dict[str, Any] = {"softcap": softcap, "window": window, "return_lse": lse}
-    feats: dict[str, Any] = {"softcap": softcap, "window": window, "causal": bool(causal),
-                             "top_left": causal == "top_left"}
-    if causal:
-        kwargs["causal"], kwargs["causal_alignment"] = True, causal
-    if use_sinks:
-        kwargs["sinks"] = feats["sinks"] = torch.randn(hq, generator=g)
+    kwargs, feats = _packed_features(g, hq, torch.float32, causal=causal, window=window, softcap=softcap,
+                                     use_sinks=use_sinks, lse=lse)
     got = attnforge.attention(q.transpose(1, 2) if layout == "bshd" else q, k_pool, v_pool, block_table=table,
                               seqused_k=lengths, layout=layout, **kwargs)
     out, got_lse = got if lse else (got, None)
