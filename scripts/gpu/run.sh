@@ -184,7 +184,8 @@ stage_layout() { ensure_attnforge && step layout "$(budget 150)" python "$S/layo
 # the FA3 request as `install` made it on this machine: from the carried source tree (keyed by its content hash)
 # when it was built here, else from the carried wheel
 fa3_request() {
-    local fa3=(flash-attn-3 --head-dim 64,128,256 --dtype bf16 --features split --offline)
+    # the request install made (AF_FA3_ABI=torch: the build bound to this torch): another request is another build
+    local fa3=(flash-attn-3 --head-dim 64,128,256 --dtype bf16 --features split --offline ${AF_FA3_ABI:+--abi "$AF_FA3_ABI"})
     if [[ -d $SRC/flash-attention/hopper ]]; then fa3+=(--source "$SRC/flash-attention#subdirectory=hopper")
     else fa3+=(--find-links "$WH"); fi
     printf '%s\n' "${fa3[@]}"
