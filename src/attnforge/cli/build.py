@@ -67,13 +67,7 @@ def run_build(
     """
     from attnforge.provision.build import BuildFailure, BuildJob, NullReporter, build
 
-    err = console(stderr=True)
-    if quiet:
-        reporter: Any = NullReporter()
-    elif err.is_terminal and not as_json:
-        reporter = RichReporter(err, spec)
-    else:
-        reporter = PlainReporter(lambda line: click.echo(line, err=True))
+    reporter = NullReporter() if quiet else progress_reporter(spec.name, as_json=as_json)
     try:
         with reporter if isinstance(reporter, RichReporter) else _nothing():
             built = build(BuildJob(spec=spec, home=home, snapshot=snapshot, wanted_version=wanted_version),
@@ -84,7 +78,7 @@ def run_build(
             return 1
         from attnforge.cli.diagnose import render_diagnosis
 
-        render_diagnosis(err, failure.diagnosis)
+        render_diagnosis(console(stderr=True), failure.diagnosis)
         click.echo(f"error: {failure.message}", err=True)
         click.echo(f"log: {failure.log_path}", err=True)
         return 1
@@ -110,6 +104,16 @@ def run_build(
         out.print(f"build tree kept at {result.build_dir}", soft_wrap=True)
     out.print(f"install it with: {shlex.join(built.install_argv())}", soft_wrap=True, markup=False)
     return 0
+
+
+def progress_reporter(name: str, *, as_json: bool) -> RichReporter | PlainReporter:
+    """How a source build shows its progress on stderr (``build``, and ``install`` when its plan builds): a live bar
+    on a terminal (enter it as a context manager: it appears at the build's first event and goes at the end), one
+    line per event in logs, pipes and under ``--json`` (stdout keeps the JSON alone)."""
+    err = console(stderr=True)
+    if err.is_terminal and not as_json:
+        return RichReporter(err, name)
+    return PlainReporter(lambda line: click.echo(line, err=True))
 
 
 def unsupported_compiler_warning(spec: BuildSpec) -> str | None:
@@ -162,7 +166,7 @@ class PlainReporter:
 class RichReporter:
     """A live progress bar on a terminal: steps, elapsed, ETA, current file, and a heartbeat when silent."""
 
-    def __init__(self, out: Any, spec: BuildSpec) -> None:
+    def __init__(self, out: Any, name: str) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
         self._out = out
@@ -171,18 +175,22 @@ class RichReporter:
             TextColumn("{task.fields[clock]}"), TextColumn("[dim]{task.fields[file]}"),
             console=out, transient=False,
         )
-        self._task = self._progress.add_task(f"{spec.name}: starting", total=None, clock="", file="")
+        self._task = self._progress.add_task(f"{name}: starting", total=None, clock="", file="")
         self._started = time.monotonic()
-        self._name = spec.name
+        self._name = name
+        self._live = False
 
     def __enter__(self) -> RichReporter:
-        self._progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
+        if self._live:
+            self._progress.stop()
 
     def report(self, event: BuildEvent) -> None:
+        if not self._live:  # at the build's first event: an install served from the cache shows no bar
+            self._progress.start()
+            self._live = True
         if isinstance(event, PhaseEvent):
             self._progress.update(self._task, description=f"{self._name}: {event.phase.value}")
             if event.detail:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnforge._system.runner import Runner
 from attnforge.build.frontend import installer_for
@@ -21,6 +22,9 @@ from attnforge.errors import InstallError
 from attnforge.install.flow import BuiltWheel, IndexFetcher, Planner, Verifier, VerifyOutcome
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.types import BuildSpec, CachedArtifact, CandidateKind, Plan, Request, WheelRef
+
+if TYPE_CHECKING:
+    from attnforge.build.progress import Reporter
 
 #: The module run in a fresh interpreter to verify a new install (a library entry point, not the CLI).
 VERIFY_CHILD = "attnforge.verify.child"
@@ -53,15 +57,16 @@ def resolver_planner(
     return plan
 
 
-def source_builder(spec: BuildSpec, *, home: Path) -> BuiltWheel:
-    """``attnforge.build.execute``: the source build with its log.
+def source_builder(spec: BuildSpec, *, home: Path, reporter: Reporter | None = None) -> BuiltWheel:
+    """``attnforge.build.execute``: the source build with its log; ``reporter`` takes its progress events (phases,
+    ninja's ``[n/N]`` steps, heartbeats: :mod:`attnforge.build.progress`), none reported when None.
 
     Raises:
         BuildError: the build failed (``BuildFailure`` carries its log path and diagnosis).
     """
     from attnforge.build import execute
 
-    result = execute(spec, home=home)
+    result = execute(spec, home=home, reporter=reporter)
     return BuiltFiles(wheel_path=result.wheel, log_path=result.log_path, source_sha256=result.source_sha256,
                       owned_dir=result.wheel.parent)
 

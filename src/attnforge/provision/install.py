@@ -4,6 +4,7 @@ real collaborators of :mod:`attnforge.install.defaults`)."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -14,13 +15,15 @@ from attnforge.install.flow import InstallResult as InstallResult  # noqa: PLC04
 from attnforge.install.inputs import RequestArgs
 
 if TYPE_CHECKING:
+    from attnforge.build.progress import Reporter
     from attnforge.catalog.slim import Capabilities
 
 
 def install(args: RequestArgs, *, verify: bool = True, allow_overlap: bool = False, require_hashes: bool = False,
             on_note: Callable[[str], None] | None = None, runner: Runner | None = None,
-            python: str = sys.executable) -> InstallResult:
-    """Get ``args`` working in ``python``.
+            python: str = sys.executable, reporter: Reporter | None = None) -> InstallResult:
+    """Get ``args`` working in ``python``; a source build reports its progress (phases, ninja's ``[n/N]`` steps,
+    heartbeats while the compiler is silent: :mod:`attnforge.build.progress`) to ``reporter`` (none when None).
 
     Raises:
         UsageError: bad input (see :func:`attnforge.install.inputs.assemble`).
@@ -36,12 +39,13 @@ def install(args: RequestArgs, *, verify: bool = True, allow_overlap: bool = Fal
     from attnforge.resolve.torch_checks import torch_cuda
 
     wanted = assemble(args, on_note=on_note)
+    builder = source_builder if reporter is None else functools.partial(source_builder, reporter=reporter)
     runner = runner or SubprocessRunner()
     catalog, snapshot = wanted.catalog, wanted.snapshot
     try:
         return run_install(
             wanted.request, snapshot=snapshot, store=Store(wanted.home), planner=wanted.planner,
-            builder=source_builder, verifier=subprocess_verifier(runner, catalog) if verify else None,
+            builder=builder, verifier=subprocess_verifier(runner, catalog) if verify else None,
             runner=runner, python=python, fetch_index=index_fetcher(catalog, runner),
             allow_overlap=allow_overlap, require_hashes=require_hashes,
         )
