@@ -8,10 +8,12 @@ docs/dispatch-policy.md):
 
 1. The *top* is the backend with the highest median.
 2. ``a`` *beats* ``b`` (:func:`beats`) when ``a``'s median is faster than ``b``'s by more than the margin
-   ``max(MIN_MARGIN, K * sqrt(noise_a**2 + noise_b**2))`` (:func:`tie_margin`), or by more than ``MIN_MARGIN``
-   with their rounds apart (:func:`apart`: ``a``'s slowest round faster than ``b``'s fastest by more than
-   ``max(MIN_MARGIN, K * the smaller noise)``), so that one candidate's wandering rounds cannot hide another's
-   steady lead. Every backend the top does not beat is *tied* with it: the measurements cannot tell them apart.
+   ``max(MIN_MARGIN, K * sqrt(noise_a**2 + noise_b**2))`` (:func:`tie_margin`; each noise weighed by
+   :func:`rounds_factor` of its round count, 1 up to three rounds, so that more rounds can settle a tie), or by more
+   than ``MIN_MARGIN`` with their rounds apart (:func:`apart`: ``a``'s slowest round faster than ``b``'s fastest
+   by more than ``max(MIN_MARGIN, K * the smaller noise)``), so that one candidate's wandering rounds cannot hide
+   another's steady lead. Every backend the top does not beat is *tied* with it: the measurements cannot tell them
+   apart.
 3. Among the tied ones the lowest-overhead path wins (:func:`overhead_tier`): plain SDPA (``"sdpa"``, no kernel
    forced) before a forced SDPA kernel (``"sdpa-*"``), before everything else (external kernels, FlexAttention);
    then the higher median. So on a CPU, or wherever measurements are noise, plain SDPA stays unless a candidate
@@ -47,6 +49,10 @@ PLAIN_SDPA = "sdpa"
 MIN_MARGIN = 0.02
 #: how many combined noise figures (MADs) a lead must exceed: three, so one slow round of three never decides
 K = 3.0
+#: a median's standard error over ``n`` rounds is about ``SE_PER_MAD / sqrt(n)`` times the rounds' MAD: the MAD
+#: estimates a normal spread as ``sigma / 1.4826``, and a median of ``n`` draws varies by ``1.2533 * sigma / sqrt(n)``
+#: (its asymptotic efficiency against the mean; Hampel et al., *Robust Statistics*, 1986, §2.3)
+SE_PER_MAD = 1.4826 * 1.2533
 
 
 def overhead_tier(backend: str) -> int:
@@ -80,6 +86,9 @@ class Measurement:
         noise: the rounds' MAD relative to their median (0.01 = 1 %); for records without a stored MAD, half their
             relative spread ``(hi - lo) / (2 * median)`` (:func:`class_measurements`).
         error: the output error where it was measured (quantized backends), else None.
+        rounds: how many interleaved rounds the median and the noise were taken over (the fewest of the class's
+            records), None where that was not recorded (records from before it was stored): the margin then reads
+            the noise as it did before (:func:`rounds_factor`).
     """
 
     backend: str
@@ -88,6 +97,7 @@ class Measurement:
     tflops_hi: float
     noise: float
     error: OutputError | None = None
+    rounds: int | None = None
 
 
 def contested(ranking: Ranking) -> bool:
@@ -106,8 +116,25 @@ def contested(ranking: Ranking) -> bool:
 
 def tie_margin(a: Measurement, b: Measurement) -> float:
     """The relative lead of one median over the other that the noise of both can explain:
-    ``max(MIN_MARGIN, K * sqrt(a.noise**2 + b.noise**2))`` (0.02 <= result)."""
-    return max(MIN_MARGIN, K * math.hypot(a.noise, b.noise))
+    ``max(MIN_MARGIN, K * sqrt((a.noise * f_a)**2 + (b.noise * f_b)**2))`` (0.02 <= result), ``f`` the
+    :func:`rounds_factor` of each one's rounds: 1 up to three rounds (the rule as it was tuned), narrower as rounds
+    accumulate, so that the further rounds of a contested class can settle it."""
+    return max(MIN_MARGIN, K * math.hypot(a.noise * rounds_factor(a.rounds), b.noise * rounds_factor(b.rounds)))
+
+
+def rounds_factor(rounds: int | None) -> float:
+    """What a noise figure (the rounds' MAD) counts for in :func:`tie_margin` when the median was taken over
+    ``rounds`` rounds: ``min(1, SE_PER_MAD / sqrt(rounds))``, the median's standard error per MAD, never above 1 (so
+    three rounds or fewer, and records that did not store their rounds, weigh the MAD as the rule always did): 0.83
+    at five rounds (measure-on-first-use), 0.48 at fifteen (a contested class after its ten further rounds).
+
+    Without it more rounds could not settle a tie, since the MAD does not shrink with them: on an H200 (2026-12-02,
+    docs/benchmarks.md "thirty-eighth session") the warm-up timed the 16k forward's ``[B, S, H, D]`` class with
+    FlashAttention-3 at 682.9 TFLOP/s against plain SDPA's 643.4 (+6.1 %, noise 1.6 % each), a margin of 6.8 %
+    after fifteen rounds as after five; the class went to SDPA and the grid timed it at 0.934x FA3."""
+    if rounds is None or rounds < 1:
+        return 1.0
+    return min(1.0, SE_PER_MAD / math.sqrt(rounds))
 
 
 def beats(a: Measurement, b: Measurement) -> bool:
@@ -318,5 +345,8 @@ def _mean(name: str, recs: list[BenchRecord]) -> Measurement:
     errors = [OutputError(r.rel_l1, r.cosine) for r in recs if r.rel_l1 is not None and r.cosine is not None]
     # the worst of the class's shapes: the largest relative L1, the smallest cosine
     error = OutputError(max(e.rel_l1 for e in errors), min(e.cosine for e in errors)) if errors else None
+    # the fewest rounds of the class's shapes, or None where a record did not store them: the wider margin
+    counts = [r.rounds for r in recs if r.rounds is not None]
+    rounds = min(counts) if len(counts) == len(recs) else None
     return Measurement(backend=name, tflops=mean([r.tflops for r in recs]), tflops_lo=mean(lo), tflops_hi=mean(hi),
-                       noise=mean(noise), error=error)
+                       noise=mean(noise), error=error, rounds=rounds)

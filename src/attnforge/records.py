@@ -80,7 +80,8 @@ CREATE TABLE IF NOT EXISTS bench (
     rel_l1 REAL,
     cosine REAL,
     ms_mad REAL,
-    layout TEXT NOT NULL DEFAULT 'bhsd'
+    layout TEXT NOT NULL DEFAULT 'bhsd',
+    rounds INTEGER
 );
 CREATE INDEX IF NOT EXISTS bench_device ON bench(device_key, backend);
 """
@@ -92,7 +93,7 @@ _TABLES = ("verify", "bench")
 #: columns added to ``bench`` after its first release: ``records.db`` files from before get them on open
 _BENCH_ADDED = (("head_dim_v", "INTEGER"), ("features", "TEXT NOT NULL DEFAULT ''"), ("ms_lo", "REAL"),
                 ("ms_hi", "REAL"), ("rel_l1", "REAL"), ("cosine", "REAL"),
-                ("ms_mad", "REAL"), ("layout", "TEXT NOT NULL DEFAULT 'bhsd'"))
+                ("ms_mad", "REAL"), ("layout", "TEXT NOT NULL DEFAULT 'bhsd'"), ("rounds", "INTEGER"))
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VerifyRecord:
     """The outcome of ``attnforge verify`` for one backend on one device.
@@ -129,6 +130,9 @@ class BenchRecord(Dims):
         layout: the memory layout of the timed tensors (:class:`attnforge.types.shapes.Layout`'s value; ``"bhsd"``
             for records from before it was stored, and for packed calls): a kernel's speed depends on it (H200,
             2026-11-29: FA3 on MHA 1k fwd+bwd 0.960x SDPA on ``[B, H, S, D]`` tensors, 1.080x on ``[B, S, H, D]``).
+        rounds: how many interleaved rounds ``ms`` and ``ms_mad`` were taken over (the "fastest" rule narrows its
+            margin as they accumulate: :func:`attnforge.ranking.rounds_factor`); None for records from before it
+            was stored.
     """
 
     device_key: str
@@ -150,6 +154,7 @@ class BenchRecord(Dims):
     cosine: float | None = None
     ms_mad: float | None = None
     layout: str = Layout.BHSD.value
+    rounds: int | None = None
 
     @classmethod
     def measured(cls, shape: AttentionShape, *, device_key: str, backend: str, backend_version: str | None,
@@ -168,6 +173,7 @@ class BenchRecord(Dims):
             features=",".join(sorted(f.value for f in shape.features)),
             ms_lo=timing.lo_ms if timing else None, ms_hi=timing.hi_ms if timing else None,
             ms_mad=timing.mad_ms if timing else None,
+            rounds=len(getattr(timing, "rounds_ms", ())) or None if timing else None,
             rel_l1=error.rel_l1 if error else None, cosine=error.cosine if error else None,
             layout=shape.layout.value)
 
@@ -209,7 +215,7 @@ _FEATURES = frozenset(f.value for f in Feature)
 #: the ``bench`` fields by the Python type a row must give them (SQLite stores any value in any column: a text in a
 #: REAL column comes back as a str); None is allowed in the optional ones only
 _INTS = ("batch", "heads_q", "heads_kv", "head_dim", "seqlen_q", "seqlen_k")
-_OPTIONAL_INTS = ("head_dim_v", "peak_mem_bytes")
+_OPTIONAL_INTS = ("head_dim_v", "peak_mem_bytes", "rounds")
 _REALS = ("ms", "tflops")
 _OPTIONAL_REALS = ("ms_lo", "ms_hi", "rel_l1", "cosine", "ms_mad")
 _TEXTS = ("device_key", "backend", "dtype", "mode", "run_id")

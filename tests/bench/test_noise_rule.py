@@ -4,6 +4,7 @@ MAD)``; one slow round of three no longer hands a faster kernel's class to SDPA,
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import sqlite3
 import statistics
@@ -17,7 +18,17 @@ from attnforge.backends.registry import fallback
 from attnforge.bench.records import to_records
 from attnforge.bench.run import run_bench
 from attnforge.bench.timing import TimerMethod, Timing, TimingConfig
-from attnforge.ranking import MIN_MARGIN, Measurement, apart, beats, fastest, overhead_tier, rank, tie_margin
+from attnforge.ranking import (
+    MIN_MARGIN,
+    Measurement,
+    apart,
+    beats,
+    fastest,
+    overhead_tier,
+    rank,
+    rounds_factor,
+    tie_margin,
+)
 from attnforge.records import BenchRecord, RecordStore
 from attnforge.types.shapes import AttentionShape, Mode
 from attnforge.verify.device import current_device
@@ -59,7 +70,7 @@ def record(backend: str, shape: AttentionShape, flops: float, rounds_ms: tuple[f
                        heads_kv=shape.heads_kv, head_dim=shape.head_dim, seqlen_q=shape.seqlen_q,
                        seqlen_k=shape.seqlen_k, ms=t.median_ms, tflops=flops / t.median_ms / 1e9,
                        peak_mem_bytes=None, run_id="r1", ms_lo=t.lo_ms, ms_hi=t.hi_ms,
-                       ms_mad=t.mad_ms if with_mad else None)
+                       ms_mad=t.mad_ms if with_mad else None, rounds=len(rounds_ms) if with_mad else None)
 
 
 def records(rounds: dict[str, tuple[float, ...]], shape: AttentionShape = PREFILL, flops: float = PREFILL_FLOPS, *,
@@ -319,3 +330,71 @@ def test_rounds_apart_never_beat_both_ways_nor_within_min_margin(  # noqa: PLR09
         assert a > b * (1 + MIN_MARGIN)
     if apart(ma, mb) and a > b * (1 + MIN_MARGIN):
         assert beats(ma, mb)
+
+
+# -- more rounds narrow the margin: a contested class's further rounds can settle it -------------------------
+# docs/data/h200_2026-12-02-s38/call3-check-16k-wan720p-quantized.json (its check.log, the warm-up's line; H200,
+# torch 2.11, 2026-12-02): the 16k forward's class (B1 H24 S16384 D128 bf16) on [B, S, H, D] tensors after five
+# rounds and the ten further rounds of a contested class: FA3 682.9 TFLOP/s (rounds 632.8-715.9, noise 1.6 %), plain
+# SDPA 643.4 (rounds 568.6-659.3, noise 1.6 %). The class went to SDPA; the grid then timed attention() on those
+# tensors at 5.45 ms against FA3's 5.10 (0.934x the best)
+SDPA_16K_BSHD = Measurement(backend="sdpa", tflops=643.4, tflops_lo=568.6, tflops_hi=659.3, noise=0.016, rounds=15)
+FA3_16K_BSHD = Measurement(backend="flash-attn-3", tflops=682.9, tflops_lo=632.8, tflops_hi=715.9, noise=0.016,
+                           rounds=15)
+
+
+def test_recorded_h200_16k_bshd_fifteen_rounds_settle_a_six_percent_lead() -> None:
+    lead = FA3_16K_BSHD.tflops / SDPA_16K_BSHD.tflops - 1  # 6.1 %
+    unknown = [dataclasses.replace(m, rounds=None) for m in (SDPA_16K_BSHD, FA3_16K_BSHD)]
+    assert tie_margin(*unknown) == pytest.approx(3 * math.hypot(0.016, 0.016)) and tie_margin(*unknown) > lead
+    assert rank(unknown).winner == "sdpa"  # the rule as it decided on the H200: the MAD alone, a tie
+    assert tie_margin(FA3_16K_BSHD, SDPA_16K_BSHD) < lead
+    r = rank([SDPA_16K_BSHD, FA3_16K_BSHD])
+    assert r.winner == "flash-attn-3" and r.tied == ("flash-attn-3",)
+
+
+def test_the_margin_narrows_with_rounds_and_never_below_min_margin() -> None:
+    a = Measurement(backend="flash-attn-3", tflops=100.0, tflops_lo=95.0, tflops_hi=105.0, noise=0.02)
+    b = Measurement(backend="sdpa", tflops=100.0, tflops_lo=95.0, tflops_hi=105.0, noise=0.02)
+    margins = [tie_margin(dataclasses.replace(a, rounds=n), dataclasses.replace(b, rounds=n))
+               for n in (None, 1, 2, 3, 4, 5, 9, 15, 50, 10**6)]
+    assert margins[:4] == [pytest.approx(3 * math.hypot(0.02, 0.02))] * 4  # three rounds or fewer: as tuned
+    assert all(x >= y for x, y in itertools.pairwise(margins))  # never wider with more rounds
+    assert margins[5] < margins[3] and margins[-1] == MIN_MARGIN
+    assert rounds_factor(5) == pytest.approx(1.4826 * 1.2533 / math.sqrt(5))
+
+
+def test_a_class_ranks_by_the_fewest_rounds_of_its_records() -> None:
+    rounds = {"sdpa": (1.00, 1.03, 0.97, 1.02, 0.98), "flash-attn-3": (0.945, 0.975, 0.915, 0.965, 0.925)}
+    recs = records(rounds)
+    assert [r.rounds for r in recs] == [5, 5]
+    assert fastest(recs, PREFILL.shape_class).measurements["sdpa"].rounds == 5
+    mixed = [*recs, dataclasses.replace(recs[0], seqlen_k=4000, rounds=None)]  # another shape of the class
+    assert fastest(mixed, PREFILL.shape_class).measurements["sdpa"].rounds is None
+
+
+ROUNDS = st.one_of(st.none(), st.integers(1, 100))
+
+
+@given(st.floats(1.0, 1e3), st.floats(0.5, 2.0), st.tuples(st.floats(0.0, 0.2), ROUNDS),
+       st.tuples(st.floats(0.0, 0.2), ROUNDS))
+def test_beats_is_never_true_both_ways_whatever_the_rounds(
+        tflops: float, ratio: float, side_a: tuple[float, int | None], side_b: tuple[float, int | None]) -> None:
+    (noise_a, rounds_a), (noise_b, rounds_b) = side_a, side_b
+    a = Measurement(backend="flash-attn-3", tflops=tflops, tflops_lo=tflops * 0.9, tflops_hi=tflops * 1.1,
+                    noise=noise_a, rounds=rounds_a)
+    b = Measurement(backend="sdpa", tflops=tflops * ratio, tflops_lo=tflops * ratio * 0.9,
+                    tflops_hi=tflops * ratio * 1.1, noise=noise_b, rounds=rounds_b)
+    assert not (beats(a, b) and beats(b, a))
+    more = dataclasses.replace(a, rounds=(rounds_a or 3) * 2), dataclasses.replace(b, rounds=(rounds_b or 3) * 2)
+    assert tie_margin(*more) <= tie_margin(a, b) + 1e-12  # more rounds never widen the margin
+
+
+def test_a_records_db_from_before_rounds_opens_and_stores_them(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "records.db")
+    conn.executescript(_SCHEMA_BEFORE_MS_MAD)
+    conn.close()
+    store = RecordStore(tmp_path)
+    assert [r.rounds for r in store.bench_records("k")] == [None, None]
+    store.add_bench([record("flash-attn-3", PREFILL, PREFILL_FLOPS, PREFILL_ROUNDS["flash-attn-3"])])
+    assert store.bench_records("k")[-1].rounds == 3

@@ -401,6 +401,10 @@ def test_a_contested_class_gets_more_rounds_and_they_settle_it(
     explained = attnforge.explain(q, k, v)
     chosen = explained.chosen
     again = autotune.timed_again(runtime.get_dispatcher())
+    # each record keeps how many rounds it was taken over: the ranking's margin narrows with them
+    # (attnforge.ranking.rounds_factor)
+    stored = {r.backend: r.rounds for r in store.bench_records(CPU_KEY) if r.backend in rounds_of}
+    assert stored and stored == {n: rounds_of[n] for n in stored}
     if not further:
         assert config.contested_rounds == 0 and set(rounds_of.values()) == {len(wander)}
         assert chosen == "sdpa" and not again  # tied: the lower-overhead path

@@ -284,7 +284,8 @@ class Timing:
 
         median = self.median_ms
         return Measurement(backend=backend, tflops=tflops(flops, median), tflops_lo=tflops(flops, self.hi_ms),
-                           tflops_hi=tflops(flops, self.lo_ms), noise=self.mad_ms / median if median else 0.0)
+                           tflops_hi=tflops(flops, self.lo_ms), noise=self.mad_ms / median if median else 0.0,
+                           rounds=len(self.rounds_ms) or None)
 
 
 def without_common_drift(timings: Mapping[str, Timing]) -> dict[str, Timing]:
