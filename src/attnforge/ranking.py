@@ -195,8 +195,10 @@ class Ranking:
 
 
 def _spread(m: Measurement) -> str:
-    """A measurement's slowest and fastest round and its noise, as :meth:`Ranking.basis` words them."""
-    return f"rounds {m.tflops_lo:.4g}-{m.tflops_hi:.4g}, noise {m.noise:.1%}"
+    """A measurement's slowest and fastest round and its noise, as :meth:`Ranking.basis` words them, with the round
+    count where it is known (the margin narrows as rounds accumulate: :func:`rounds_factor`)."""
+    count = f"{m.rounds} " if m.rounds is not None else ""
+    return f"{count}rounds {m.tflops_lo:.4g}-{m.tflops_hi:.4g}, noise {m.noise:.1%}"
 
 
 def rank(measurements: Iterable[Measurement]) -> Ranking:

@@ -351,6 +351,10 @@ def test_recorded_h200_16k_bshd_fifteen_rounds_settle_a_six_percent_lead() -> No
     assert tie_margin(FA3_16K_BSHD, SDPA_16K_BSHD) < lead
     r = rank([SDPA_16K_BSHD, FA3_16K_BSHD])
     assert r.winner == "flash-attn-3" and r.tied == ("flash-attn-3",)
+    tie = rank(unknown).basis("sdpa")  # what explain() and warmup print: the round count where it is known
+    assert "tied with flash-attn-3 (682.9 TFLOP/s, rounds 632.8-715.9, noise 1.6%)" in tie, tie
+    counted = rank([SDPA_16K_BSHD, dataclasses.replace(FA3_16K_BSHD, tflops=650.0)]).basis("sdpa")
+    assert "643.4 TFLOP/s measured for this shape class (15 rounds 568.6-659.3, noise 1.6%)" in counted, counted
 
 
 def test_the_margin_narrows_with_rounds_and_never_below_min_margin() -> None:

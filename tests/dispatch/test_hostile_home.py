@@ -154,7 +154,8 @@ def test_a_shared_read_only_home_is_read_and_its_writes_are_kept_in_the_process(
     assert {p.name: p.stat().st_mtime_ns for p in home.iterdir()} == before  # nothing was written
 
 
-@pytest.mark.parametrize("column", ["layout", "features", "mode", "tflops", "ms", "ms_lo", "ms_mad", "seqlen_q", "rounds"])
+@pytest.mark.parametrize("column", ["layout", "features", "mode", "tflops", "ms", "ms_lo", "ms_mad", "seqlen_q",
+                                    "rounds"])
 def test_a_row_with_a_value_no_release_writes_is_damage_not_a_crash(
         column: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A bench row of this device whose layout, feature or mode no release writes, or a text in a numeric column
