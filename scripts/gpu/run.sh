@@ -107,7 +107,8 @@ stage_install() {
     # AF_FA3_ABI=torch: FA3 bound to this torch (--abi torch: flash_api.cpp through the catalog's edit), not the
     # stable ABI its setup.py picks for torch >= 2.9 (4-7 us less host time a call, the eighteenth session)
     local fa3=(flash-attn-3 --head-dim 64,128,256 --dtype bf16 --features split ${AF_FA3_ABI:+--abi "$AF_FA3_ABI"})
-    python -c 'import flash_attn_interface' 2>/dev/null || {
+    # AF_SKIP_FA3=1: not FA3 in this call (SageAttention's source build alone on every core, the thirty-eighth session)
+    [[ ${AF_SKIP_FA3:-0} == 1 ]] || python -c 'import flash_attn_interface' 2>/dev/null || {
         timed fa3-wheel 300 attnforge install "${fa3[@]}" --find-links "$WH" --offline -v \
         || timed fa3-source 560 attnforge install "${fa3[@]}" --source "$SRC/flash-attention#subdirectory=hopper" --offline -v; }
     [[ ${AF_SKIP_SAGE:-0} == 1 ]] || python -c 'import sageattention' 2>/dev/null || {
