@@ -49,9 +49,10 @@ PLAIN_SDPA = "sdpa"
 MIN_MARGIN = 0.02
 #: how many combined noise figures (MADs) a lead must exceed: three, so one slow round of three never decides
 K = 3.0
-#: a median's standard error over ``n`` rounds is about ``SE_PER_MAD / sqrt(n)`` times the rounds' MAD: the MAD
-#: estimates a normal spread as ``sigma / 1.4826``, and a median of ``n`` draws varies by ``1.2533 * sigma / sqrt(n)``
-#: (its asymptotic efficiency against the mean; Hampel et al., *Robust Statistics*, 1986, §2.3)
+#: a median's standard error over ``n`` rounds is about ``SE_PER_MAD / sqrt(n)`` times the rounds' MAD: for normal
+#: noise the MAD is ``sigma / 1.4826`` (its consistency factor) and the median of ``n`` draws has the asymptotic
+#: standard error ``sqrt(pi / 2) * sigma / sqrt(n)`` = ``1.2533 * sigma / sqrt(n)`` (standard results of robust
+#: statistics, e.g. Huber and Ronchetti, *Robust Statistics*, 2nd ed., 2009)
 SE_PER_MAD = 1.4826 * 1.2533
 
 
