@@ -161,9 +161,9 @@ class BenchRecord(Dims):
                  ms: float, tflops: float, run_id: str, created_at: str = "", peak_mem_bytes: int | None = None,
                  timing: Any = None, error: Any = None) -> BenchRecord:
         """The record of ``backend`` measured on ``shape`` (the inverse of :attr:`shape`), for ``bench`` and
-        measure-on-first-use alike: ``timing`` gives the rounds' spread (``lo_ms``, ``hi_ms``, ``mad_ms`` of
-        :class:`attnforge.bench.timing.Timing`), ``error`` a quantized backend's output error (``rel_l1``,
-        ``cosine`` of :class:`attnforge.ranking.OutputError`); None where not measured."""
+        measure-on-first-use alike: ``timing`` gives the rounds' spread and count (``lo_ms``, ``hi_ms``, ``mad_ms``,
+        ``round_count`` of :class:`attnforge.bench.timing.Timing`), ``error`` a quantized backend's output error
+        (``rel_l1``, ``cosine`` of :class:`attnforge.ranking.OutputError`); None where not measured."""
         return cls(
             device_key=device_key, backend=backend, backend_version=backend_version, dtype=shape.dtype,
             mode=shape.mode.value, causal=shape.causal, batch=shape.batch, heads_q=shape.heads_q,
@@ -173,7 +173,7 @@ class BenchRecord(Dims):
             features=",".join(sorted(f.value for f in shape.features)),
             ms_lo=timing.lo_ms if timing else None, ms_hi=timing.hi_ms if timing else None,
             ms_mad=timing.mad_ms if timing else None,
-            rounds=len(getattr(timing, "rounds_ms", ())) or None if timing else None,
+            rounds=timing.round_count if timing else None,
             rel_l1=error.rel_l1 if error else None, cosine=error.cosine if error else None,
             layout=shape.layout.value)
 

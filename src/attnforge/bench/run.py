@@ -94,7 +94,7 @@ class BenchCell:
         lo_ms, hi_ms = (t.lo_ms, t.hi_ms) if t is not None else (self.ms, self.ms)
         return Measurement(backend=self.backend, tflops=tflops(flops, self.ms), tflops_lo=tflops(flops, hi_ms),
                            tflops_hi=tflops(flops, lo_ms), noise=self.noise, error=self.error,
-                           rounds=len(t.rounds_ms) or None if t is not None else None)
+                           rounds=t.round_count if t is not None else None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

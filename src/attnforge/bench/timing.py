@@ -261,6 +261,12 @@ class Timing:
         return max(self.rounds_ms, default=self.median_ms)
 
     @property
+    def round_count(self) -> int | None:
+        """How many rounds the median and :attr:`mad_ms` were taken over, None without rounds (what the "fastest"
+        rule narrows its margin by: :func:`attnforge.ranking.rounds_factor`)."""
+        return len(self.rounds_ms) or None
+
+    @property
     def mad_ms(self) -> float:
         """The median absolute deviation of the rounds' medians from their median, ms: the noise figure the
         "fastest" rule weighs (:func:`attnforge.ranking.beats`). One slow round of three does not move it
@@ -285,7 +291,7 @@ class Timing:
         median = self.median_ms
         return Measurement(backend=backend, tflops=tflops(flops, median), tflops_lo=tflops(flops, self.hi_ms),
                            tflops_hi=tflops(flops, self.lo_ms), noise=self.mad_ms / median if median else 0.0,
-                           rounds=len(self.rounds_ms) or None)
+                           rounds=self.round_count)
 
 
 def without_common_drift(timings: Mapping[str, Timing]) -> dict[str, Timing]:
