@@ -7,6 +7,7 @@ module renders progress events and the result.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shlex
 import time
@@ -69,7 +70,7 @@ def run_build(
 
     reporter = NullReporter() if quiet else progress_reporter(spec.name, as_json=as_json)
     try:
-        with reporter if isinstance(reporter, RichReporter) else _nothing():
+        with reporter if isinstance(reporter, RichReporter) else contextlib.nullcontext():
             built = build(BuildJob(spec=spec, home=home, snapshot=snapshot, wanted_version=wanted_version),
                           reporter=reporter, keep_build_dir=keep_build_dir, launcher=launcher, cache=cache)
     except BuildFailure as failure:
@@ -133,14 +134,6 @@ def _clock(seconds: float | None) -> str:
         return "--"
     s = int(seconds)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
-class _nothing:  # noqa: N801 - a null context manager that reads like a keyword
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 class PlainReporter:
