@@ -97,7 +97,8 @@ def test_sageattention2_on_the_rtx5090_gets_the_vcvars_environment_and_the_windo
     env, captured = launcher.env, parse_set_output(SET_14_39.read_bytes().decode("utf-8"))
     # the resolver's decisions
     assert env["TORCH_CUDA_ARCH_LIST"] == "12.0"
-    assert env["MAX_JOBS"] == str(spec.max_jobs)
+    assert env["EXT_PARALLEL"] == "4"  # the extensions side by side, the jobs shared: 2 + 3 + 2 + 2 <= 9
+    assert (spec.max_jobs, env["MAX_JOBS"]) == (9, "3")
     # windows_build_env's
     assert env["DISTUTILS_USE_SDK"] == "1"
     assert env["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] == "1"

@@ -226,12 +226,12 @@ def execute(
 def build_environment(spec: BuildSpec, base: Mapping[str, str]) -> dict[str, str]:
     """The build's complete environment: ``base``, then ``spec.env``, then what the spec's fields imply.
 
-    ``MAX_JOBS`` and ``NVCC_THREADS`` come from ``spec.max_jobs`` / ``spec.nvcc_threads`` and ``CUDA_HOME``
-    from ``spec.toolkit`` unless ``spec.env`` already sets them (``spec.env`` is the resolver's final word).
+    ``MAX_JOBS`` and ``NVCC_THREADS`` (and the recipe's ``parallel_env``) come from :meth:`BuildSpec.job_env` and
+    ``CUDA_HOME`` from ``spec.toolkit`` unless ``spec.env`` already sets them (its word is final).
     """
     env = dict(base)
     env.update(spec.env)
-    implied = {"MAX_JOBS": str(spec.max_jobs), "NVCC_THREADS": str(spec.nvcc_threads)}
+    implied = spec.job_env()
     if spec.toolkit is not None:
         implied["CUDA_HOME"] = spec.toolkit.path
     for key, value in implied.items():

@@ -138,7 +138,7 @@ def windows_environment(
     if "NVCC_APPEND_FLAGS" in spec_env:
         theirs = spec_env["NVCC_APPEND_FLAGS"].split()
         spec_env["NVCC_APPEND_FLAGS"] = " ".join(ours + [f for f in theirs if f not in ours])
-    implied = {"MAX_JOBS": str(spec.max_jobs), "NVCC_THREADS": str(spec.nvcc_threads), "CUDA_HOME": toolkit}
+    implied = {**spec.job_env(), "CUDA_HOME": toolkit}
     implied = {k: v for k, v in implied.items() if k not in spec_env}
     env = merge_env(plan.full_env(base, captured), spec_env, implied)
     env.setdefault("PYTHONUNBUFFERED", "1")  # setup.py prints reach the log as they happen

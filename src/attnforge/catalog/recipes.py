@@ -95,6 +95,8 @@ class Recipe:
     #                                            and needs torch >= this (a fleet plans one build for those torches)
     per_torch: SourceEdit | None = None  # with stable_abi_from: the edit that binds a build to the building torch
     per_torch_also: tuple[SourceEdit, ...] = ()  # made with it: what the bound build adds (FA3: a lean entry)
+    parallel_env: str = ""  # setup.py's variable for building extension modules side by side (EXT_PARALLEL)
+    extension_units: tuple[int, ...] = ()  # translation units of each extension module (parallel_env's sizing)
 
     def per_torch_edits(self) -> tuple[SourceEdit, ...]:
         """Every edit ``--abi torch`` makes in the laid-out tree, in order: the binding edit, then those that go with
@@ -252,6 +254,8 @@ _RECIPE_FIELDS = {
     "slim",
     "stable_abi_from",
     "per_torch",
+    "parallel_env",
+    "extension_units",
 }
 _SOURCE_KINDS = ("pypi-sdist", "git", "path", "url")
 _GRAMMAR_FIELDS = {"distribution", "label", "torch_match", "archs", "example", "sources"}
@@ -271,6 +275,12 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
                 errors.add(f"{path}.source_kinds[{i}]", f"expected one of {_SOURCE_KINDS}, got {k!r}")
         threads = errors.get(raw, "nvcc_threads", path, int)
         gb = errors.get(raw, "gb_per_nvcc_thread", path, int)
+        units = errors.get(raw, "extension_units", path, list, [])
+        for i, u in enumerate(units):
+            if not isinstance(u, int) or isinstance(u, bool) or u <= 0:
+                errors.add(f"{path}.extension_units[{i}]", f"expected a positive int, got {u!r}")
+        if raw.get("parallel_env") and not units:
+            errors.add(f"{path}.extension_units", "parallel_env needs the extension modules' translation units")
         for key, value in (("nvcc_threads", threads), ("gb_per_nvcc_thread", gb)):
             if key in raw and value <= 0:
                 errors.add(f"{path}.{key}", "must be positive")
@@ -303,6 +313,8 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
                                           parse_major_minor, None) if "stable_abi_from" in raw else None,
             per_torch=_source_edit(errors, raw.get("per_torch"), f"{path}.per_torch"),
             per_torch_also=_also_edits(errors, raw.get("per_torch"), f"{path}.per_torch.also"),
+            parallel_env=errors.get(raw, "parallel_env", path, str, ""),
+            extension_units=tuple(u for u in units if isinstance(u, int) and not isinstance(u, bool) and u > 0),
         )
         if out[rid].per_torch is not None and out[rid].stable_abi_from is None:
             errors.add(f"{path}.per_torch", "only a recipe with stable_abi_from builds for the stable ABI by default")

@@ -91,7 +91,7 @@ def size_task(spec: BuildSpec, *, gib_per_thread: int, node_cpus: float, node_me
     want = max(1, spec.max_jobs * spec.nvcc_threads)
     cpus = max(1, min(want, int(node_cpus))) if node_cpus >= 1 else want
     if cpus < want:
-        env = {**spec.env, "MAX_JOBS": str(cpus), "NVCC_THREADS": "1"}
+        env = {**spec.env, **spec.job_env(jobs=cpus, threads=1)}
         spec = dataclasses.replace(spec, env=env, max_jobs=cpus, nvcc_threads=1,
                                    notes=(*spec.notes, f"fleet: the node has {cpus} CPU(s) for Ray: MAX_JOBS={cpus}"))
     memory = cpus * gib_per_thread * GIB

@@ -25,8 +25,8 @@ from attnforge.catalog import Catalog
 from attnforge.catalog.recipes import Recipe
 from attnforge.fleet.kinds import KindGroup, Node, WheelKey, glibc_key
 from attnforge.fleet.requests import KindRequest
+from attnforge.install.keys import build_flags
 from attnforge.probe.snapshot import SystemSnapshot
-from attnforge.provision.build import NOT_IN_KEY
 from attnforge.resolve.buildspec import build_recipe, plan_build
 from attnforge.resolve.cpu_only import cpu_only_source
 from attnforge.resolve.resolver import resolve
@@ -278,7 +278,7 @@ def artifact_key(request: Request, spec: BuildSpec, wheel: WheelKey, source_dige
     """``sha256:`` of everything that changes the built binary, known before the build.
 
     The backend, version, source, the wheel key, the archs, the build variables that change the bytes (every
-    variable of ``spec.env`` except :data:`attnforge.provision.build.NOT_IN_KEY`, and the edits of the build tree)
+    variable of ``spec.env`` but the speed-only ones, and the edits of the build tree: :func:`build_flags`)
     and nvcc's version; and
     ``source_digest`` (the tree sha256 of a local source directory) when the caller knows it.
     """
@@ -286,8 +286,7 @@ def artifact_key(request: Request, spec: BuildSpec, wheel: WheelKey, source_dige
         "backend": request.backend, "version": spec.version or request.version,
         "source": to_jsonable(spec.source), "wheel": to_jsonable(wheel),
         "archs": [str(cc) for cc in spec.archs],
-        "flags": sorted([*(f"{k}={v}" for k, v in spec.env.items() if k not in NOT_IN_KEY),
-                         *(e.key_flag() for e in spec.edits)]),
+        "flags": sorted(build_flags(spec)),
         "nvcc": spec.toolkit.version if spec.toolkit else None, "source_digest": source_digest,
     }
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

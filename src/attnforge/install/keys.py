@@ -27,6 +27,13 @@ NOT_IN_KEY = frozenset({
 })
 
 
+def build_flags(spec: BuildSpec) -> tuple[str, ...]:
+    """What of ``spec`` changes the bytes built, as key flags: every ``spec.env`` variable but :data:`NOT_IN_KEY` and
+    the recipe's ``parallel_env`` (how many extensions build at once), then the build tree's edits."""
+    skip = NOT_IN_KEY | {spec.parallel_env}
+    return (*(f"{k}={v}" for k, v in spec.env.items() if k not in skip), *(e.key_flag() for e in spec.edits))
+
+
 def toolchain_of(snapshot: SystemSnapshot, spec: BuildSpec | None) -> tuple[tuple[str, str], ...]:
     """The compilers that shaped a build: the spec's nvcc and the snapshot's host C++ compiler."""
     tools: dict[str, str] = {}
@@ -64,8 +71,7 @@ def built_wheel_inputs(
     abi = AbiKind.TORCH
     if target is not None:
         abi, torch_version, cxx11_abi = target.abi, target.torch, target.cxx11_abi
-    flags = tuple(f"{k}={v}" for k, v in spec.env.items() if k not in NOT_IN_KEY)
-    flags += tuple(e.key_flag() for e in spec.edits)
+    flags = build_flags(spec)
     if spec.allow_unsupported_compiler:  # on Windows the flag reaches nvcc at build time, not via spec.env
         flags = (*flags, "nvcc:-allow-unsupported-compiler")
     return CacheKeyInputs(

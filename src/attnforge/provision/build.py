@@ -98,9 +98,10 @@ def with_options(spec: BuildSpec, *, jobs: int | None, use_sccache: bool, name: 
     env = dict(spec.env)
     changes: dict[str, Any] = {}
     if jobs is not None:
-        env["MAX_JOBS"], env["NVCC_THREADS"] = str(jobs), "1"
+        env.update(spec.job_env(jobs=jobs, threads=1))
         changes.update(max_jobs=jobs, nvcc_threads=1,
-                       notes=(*spec.notes, f"--jobs {jobs}: MAX_JOBS={jobs} NVCC_THREADS=1"))
+                       notes=(*spec.notes, f"--jobs {jobs}: MAX_JOBS={env['MAX_JOBS']} NVCC_THREADS=1"
+                              + (f" {spec.parallel_env}={env[spec.parallel_env]}" if spec.parallel_env else "")))
     if use_sccache:
         changes["use_sccache"] = True
     if name:

@@ -20,7 +20,7 @@ from attnforge.catalog.toolchain import format_major_minor
 from attnforge.errors import ResolveError, UsageError
 from attnforge.probe.snapshot import SystemSnapshot
 from attnforge.resolve.cpu_only import cpu_only_source
-from attnforge.resolve.jobs import size_jobs
+from attnforge.resolve.jobs import job_env, size_jobs
 from attnforge.resolve.preflight import Preflight, abi_edits, builds_stable, run_preflight
 from attnforge.resolve.types import BuildSpec, Request, SourceKind, SourceSpec
 from attnforge.types.cc import format_cc
@@ -244,8 +244,8 @@ def _spec(
     slim = slim_plan(recipe, request, archs=pre.archs, max_jobs=sizing.max_jobs)
     if slim is not None:
         env.update(slim.env)
-    env["MAX_JOBS"] = str(sizing.max_jobs)
-    env["NVCC_THREADS"] = str(sizing.nvcc_threads)
+    env.update(job_env(jobs=sizing.max_jobs, threads=sizing.nvcc_threads, parallel_env=recipe.parallel_env,
+                       units=recipe.extension_units))
     if pre.toolkit is not None:
         env["CUDA_HOME"] = pre.toolkit.path
         env["CUDA_PATH"] = pre.toolkit.path
@@ -263,6 +263,10 @@ def _spec(
     leaf = _leaf(name, version, pre, source, ','.join([*(slim.env if slim else ()), *(e.digest() for e in edits)]))
     notes = [c.reason for c in pre.checks if c.name == "archs"]
     notes.append(sizing.note)
+    if recipe.parallel_env:
+        notes.append(f"{len(recipe.extension_units)} extension modules ({'+'.join(map(str, recipe.extension_units))} "
+                     f"translation units) built side by side: {recipe.parallel_env}={env[recipe.parallel_env]}, "
+                     f"MAX_JOBS={env['MAX_JOBS']} each, at most {sizing.max_jobs} compiles at once")
     if not recipe.arch_env and recipe.targets:  # the C++-only recipe has neither
         notes.append(
             f"{recipe.id} fixes its archs in setup.py ({', '.join(str(t) for t in recipe.targets)}); "
@@ -310,6 +314,8 @@ def _spec(
         slim=slim if slim is not None and slim.env else None,
         edits=edits,
         abi=request.abi,
+        parallel_env=recipe.parallel_env,
+        extension_units=recipe.extension_units,
     )
 
 

@@ -60,3 +60,37 @@ def size_jobs(*, cores: int, ram_available_bytes: int, gib_per_thread: int, max_
         f"{jobs * threads} x {gib_per_thread} GiB = {jobs * threads * gib_per_thread} GiB <= "
         f"{ram_available_bytes / GIB:.0f} GiB available",
     )
+
+
+
+def job_env(*, jobs: int, threads: int, parallel_env: str = "", units: tuple[int, ...] = ()) -> dict[str, str]:
+    """The variables that bound a build's compile processes to ``jobs`` in all.
+
+    Args:
+        jobs: compile processes the build may run at once (sized by :func:`size_jobs`, ``--jobs`` or a fleet node).
+        threads: nvcc ``--threads`` per process (``NVCC_THREADS``).
+        parallel_env: the variable through which the recipe's ``setup.py`` builds several extension modules at once
+            (SageAttention's ``EXT_PARALLEL``), each with its own ``MAX_JOBS`` ninja jobs; "" when it has none.
+        units: the translation units of each extension module the recipe builds (SageAttention on Hopper:
+            ``(2, 8, 2, 2)``, from its setup.py).
+
+    Returns:
+        ``MAX_JOBS`` and ``NVCC_THREADS``, and with ``parallel_env`` that variable: ``p = min(len(units), jobs)``
+        extensions at once, and the largest ``MAX_JOBS`` for which the ``p`` biggest extensions together run at most
+        ``jobs`` compile processes (an extension runs ``min(its units, MAX_JOBS)``), so the memory rule of
+        :func:`size_jobs` still holds. Each extension has long translation units (160-260 s each for SageAttention at
+        sm_90a on the 2-core CI machine): one extension at a time leaves most cores idle.
+    """
+    jobs = max(jobs, 1)
+    env = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(max(threads, 1))}
+    if parallel_env and units:
+        sizes = sorted((max(u, 1) for u in units), reverse=True)
+        together = min(len(sizes), jobs)
+
+        def running(each: int) -> int:
+            return sum(min(u, each) for u in sizes[:together])
+
+        each = max([m for m in range(1, sizes[0] + 1) if running(m) <= jobs], default=1)
+        env[parallel_env] = str(together)
+        env["MAX_JOBS"] = str(each)
+    return env

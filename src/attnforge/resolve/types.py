@@ -12,6 +12,7 @@ from attnforge._compat import StrEnum
 from attnforge.catalog.recipes import SourceEdit
 from attnforge.catalog.slim import Capabilities, SlimPlan, SlimRequest
 from attnforge.probe.snapshot import CudaToolkit
+from attnforge.resolve.jobs import job_env
 from attnforge.types.binary import AbiKind
 from attnforge.types.cc import ComputeCapability
 
@@ -106,7 +107,8 @@ class BuildSpec:
         version: version being built when known.
         source: where the source comes from.
         archs: target compute capabilities, e.g. ``((9, 0),)``.
-        max_jobs: ninja parallelism (``MAX_JOBS``).
+        max_jobs: compile processes at once in all (``MAX_JOBS``; with ``parallel_env``, split over the extension
+            modules built side by side: :meth:`job_env`).
         nvcc_threads: nvcc ``--threads`` (``NVCC_THREADS``); jobs x threads <= cores.
         env: the variables to set on top of the user's environment (arch list in the backend's format,
             ``FLASH_ATTENTION_FORCE_BUILD=TRUE``, ``MAX_JOBS``, ``NVCC_THREADS``, ``CUDA_HOME``, ...).
@@ -124,6 +126,8 @@ class BuildSpec:
         edits: text replacements made in the laid-out tree before the build (``--abi torch``'s
             :attr:`~attnforge.catalog.recipes.Recipe.per_torch`); part of the cache key and the build tree's name.
         abi: the ABI ``--abi`` asked for (None: any); a built binary of another ABI is refused, not cached.
+        parallel_env: the recipe's variable for building extension modules side by side (``EXT_PARALLEL``; "" none).
+        extension_units: the translation units of each extension module the recipe builds (``parallel_env``'s sizing).
     """
 
     name: str
@@ -144,6 +148,15 @@ class BuildSpec:
     slim: SlimPlan | None = None
     edits: tuple[SourceEdit, ...] = ()
     abi: AbiKind | None = None
+    parallel_env: str = ""
+    extension_units: tuple[int, ...] = ()
+
+    def job_env(self, *, jobs: int | None = None, threads: int | None = None) -> dict[str, str]:
+        """``MAX_JOBS``, ``NVCC_THREADS`` (and ``parallel_env``) for ``jobs`` processes in all (default
+        ``max_jobs``) of ``threads`` nvcc threads (default ``nvcc_threads``): :func:`attnforge.resolve.jobs.job_env`."""
+        return job_env(jobs=self.max_jobs if jobs is None else jobs,
+                       threads=self.nvcc_threads if threads is None else threads,
+                       parallel_env=self.parallel_env, units=self.extension_units)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
