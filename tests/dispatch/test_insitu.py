@@ -787,3 +787,127 @@ def test_a_checkpointed_forwards_recomputation_takes_its_forwards_backend_whatev
     for got, want in zip(grads, (q.grad, k.grad, v.grad), strict=True):
         assert got is not None and want is not None
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+
+# -- an undecided check pools more rounds (the H200's 16k forward, 2026-12-02, docs/benchmarks.md "thirty-ninth
+# session": FlashAttention-3 4.49 against SDPA 5.04 ms over three rounds, noise 3.6 % each, reverted as a tie after
+# first use had timed it 9 % faster over 14 rounds; attention() then ran 0.94x the best)
+
+# those rounds, anti-phased so that no drift common to both explains them: a 12 % lead within three rounds' noise
+FA3_16K = [4.332, 4.492, 4.652]
+SDPA_16K = [5.223, 5.043, 4.863]
+
+
+def _verdict(tmp_path: Path, fa: list[float], sdpa: list[float]) -> tuple[str | insitu.Undecided | None, RecordStore]:
+    """:func:`insitu.verdict` of per-call round times of "fa" and SDPA (ms), on the class of :func:`_setup`."""
+    from attnforge.bench.timing import per_call_rounds, without_common_drift
+
+    store, *_ = _setup(tmp_path, host_ms=0.01)
+    dispatcher = runtime.get_dispatcher()
+    q, k, _v = _qkv()
+    call = dispatcher.describe(q, k, causal=False, precision="exact", needs_grad=False)
+    timings = without_common_drift({n: per_call_rounds(r, first_call_s=r[0] / 1e3)
+                                    for n, r in (("fa", fa), ("sdpa", sdpa))})
+    return insitu.verdict(dispatcher, q, call=call, route="fa", timings=timings), store
+
+
+def _live(store: RecordStore) -> list[BenchRecord]:
+    return [r for r in store.bench_records(CPU_KEY) if r.run_id.startswith("insitu-")]
+
+
+def test_a_lead_within_three_rounds_noise_is_undecided_not_reverted(tmp_path: Path) -> None:
+    outcome, store = _verdict(tmp_path, FA3_16K, SDPA_16K)
+    assert outcome is insitu.UNDECIDED
+    assert not _live(store)  # nothing stored: the class keeps its route until more rounds decide
+
+
+def test_the_same_lead_over_more_rounds_keeps_the_route(tmp_path: Path) -> None:
+    rounds = insitu.MAX_ROUNDS // len(FA3_16K)
+    outcome, store = _verdict(tmp_path, FA3_16K * rounds, SDPA_16K * rounds)
+    assert outcome is None and not _live(store)
+
+
+@pytest.mark.parametrize("lead", [0.0, 0.015])
+def test_a_lead_no_rounds_could_make_count_reverts_at_once(tmp_path: Path, lead: float) -> None:
+    """Under MIN_MARGIN (2 %) a lead never beats, however many rounds: no reason to time more."""
+    fa = [x / (1 + lead) for x in SDPA_16K[::-1]]
+    outcome, store = _verdict(tmp_path, fa, SDPA_16K)
+    assert isinstance(outcome, str) and "not faster than sdpa beyond the noise" in outcome
+    assert {r.backend for r in _live(store)} == {"fa", "sdpa"}
+
+
+def test_a_tie_after_max_rounds_goes_to_sdpa_with_every_round_stored(tmp_path: Path) -> None:
+    wide_fa = [4.0, 4.8, 5.6] * (insitu.MAX_ROUNDS // 3)  # 4.8 against 5.04: 5 %, noise ~17 %
+    wide_sdpa = [5.84, 5.04, 4.24] * (insitu.MAX_ROUNDS // 3)
+    outcome, store = _verdict(tmp_path, wide_fa, wide_sdpa)
+    assert isinstance(outcome, str) and "not faster than sdpa beyond the noise" in outcome
+    assert {r.rounds for r in _live(store)} == {insitu.MAX_ROUNDS}
+
+
+def test_sdpa_faster_beyond_the_noise_reverts_at_once(tmp_path: Path) -> None:
+    outcome, _store = _verdict(tmp_path, SDPA_16K, [x * 0.8 for x in FA3_16K])
+    assert isinstance(outcome, str) and "beyond the noise" not in outcome
+
+
+@dataclass
+class Wobbly(Kernel):
+    """A kernel whose time steps through ``levels`` (factors), one step per call: live calls that each are a round."""
+
+    levels: tuple[float, ...] = (1.0,)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                 scale: float | None) -> torch.Tensor:
+        base = self.kernel_ms
+        self.kernel_ms = base * self.levels[self.calls % len(self.levels)]
+        try:
+            return super().__call__(q, k, v, causal=causal, scale=scale)
+        finally:
+            self.kernel_ms = base
+
+
+def test_a_long_calls_undecided_check_times_more_live_calls_and_keeps_a_faster_route(tmp_path: Path) -> None:
+    """Long calls (each live call a round): a route 12 % faster whose calls wobble +-4 % around SDPA's opposite
+    wobble ties over three slices a side, so the check serves more live calls alternately, pooled, until the lead
+    stands beyond the noise; the route keeps the class, nothing is stored, every call was the caller's and right."""
+    gpu = Gpu()
+    fa = Wobbly("fa", gpu, 0.01, 10.7, levels=(0.965, 1.0, 1.035))
+    sdpa = Wobbly("sdpa", gpu, 0.03, 12.0, levels=(1.035, 1.0, 0.965))
+    store = _measured(tmp_path, fa, sdpa, sq=16, sk=16, sdpa_ms=20.0)
+    q, k, v = _qkv()
+    want = reference_attention(q, k, v).to(q.dtype)
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for _ in range(insitu.SAMPLE_AFTER + 2 * insitu.MAX_ROUNDS + 20):
+            torch.testing.assert_close(attnforge.attention(q, k, v), want)
+    assert insitu.SLICES < sdpa.calls <= insitu.MAX_ROUNDS  # more than one check's slices, never past the cap
+    assert attnforge.explain(q, k, v).chosen == "fa" and not _live(store)
+
+
+def test_a_short_calls_undecided_check_is_taken_again_later_with_its_rounds_pooled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short calls: an undecided check leaves the route serving and the class counted again; the next check after
+    SAMPLE_AFTER more calls pools its rounds with the first one's (paired is the seam: it returns the H200's rounds)."""
+    from attnforge.bench import timing
+
+    seen: list[int] = []
+
+    def replay(steps: dict[str, Any], **_kw: Any) -> dict[str, Any]:
+        seen.append(len(seen))
+        return {n: timing.per_call_rounds(r, first_call_s=0.0) for n, r in (("fa", FA3_16K), ("sdpa", SDPA_16K))}
+
+    monkeypatch.setattr(timing, "paired", replay)
+    store, fa, _sdpa, gpu = _setup(tmp_path, host_ms=0.01)
+    q, k, v = _qkv()
+    with attnforge.autotune(budget_s=0.05, clock=gpu.clock, background=False):
+        for _ in range(insitu.SAMPLE_AFTER):
+            attnforge.attention(q, k, v)
+        assert seen == [0] and attnforge.explain(q, k, v).chosen == "fa" and not _live(store)  # undecided
+        for _ in range(insitu.SAMPLE_AFTER - 1):
+            attnforge.attention(q, k, v)
+        assert seen == [0]  # counted again from zero
+        for _ in range(10 * insitu.SAMPLE_AFTER):
+            attnforge.attention(q, k, v)
+    # 3 rounds undecided, 6 and 9 too (the margin narrows with the rounds), then kept: no further check
+    assert 2 <= len(seen) <= insitu.MAX_ROUNDS // insitu.PAIRS
+    assert attnforge.explain(q, k, v).chosen == "fa" and not _live(store)
+    assert fa.calls >= 11 * insitu.SAMPLE_AFTER

@@ -1,11 +1,17 @@
 """The in-situ check (issue 30): after a non-SDPA route has served :data:`SAMPLE_AFTER` calls of a shape class,
-it is timed once against plain SDPA on a live call, and the class reverts to SDPA unless the route is faster beyond
+it is timed against plain SDPA on a live call, and the class reverts to SDPA unless the route is faster beyond
 the noise (:func:`attnforge.ranking.beats`): a tie goes to SDPA, as it does at first use
 (:mod:`attnforge.dispatch.policy`), so a route that only matches SDPA in the model never serves it with its higher
 host cost and its noisier timings. Why the tie rule: on an H200 (2026-11-30, docs/benchmarks.md "twenty-fourth
 session") a D64 causal fwd+bwd class on bshd tensors kept FlashAttention-3 after its check and ran 0.945x of SDPA
 in the grid (its timings spread 33 % round to round), under the old rule (revert only where SDPA wins beyond the
-noise).
+noise). A tie is only final when more rounds could not settle it: where the route leads by more than
+:data:`attnforge.ranking.MIN_MARGIN` but within the noise of the rounds so far, the class is checked again after
+another :data:`SAMPLE_AFTER` calls (a long call's on its next live calls), the rounds pooled, until one side wins
+beyond the noise or :data:`MAX_ROUNDS` rounds leave it tied (then SDPA). With three rounds a lead of 12 % was a
+tie: on an H200 (2026-12-02, docs/benchmarks.md "thirty-ninth session") the 16k forward's class on ``[B, H, S,
+D]`` tensors reverted FlashAttention-3 (4.49 against 5.04 ms, noise 3.6 % each: a 15 % margin) after first use had
+timed it 9 % faster over 14 rounds, and ``attention()`` ran 0.94x the best from then on.
 
 Why: a measurement taken once (bench, or first use) can mislead in the model: the host's pace at that moment,
 another layout, a kernel whose Python entry costs more than its run (docs/benchmarks.md: FA3's and FA4's entries
@@ -28,7 +34,7 @@ A revert is written as two records of the class (``run_id`` ``insitu-...``, the 
 which supersede every older record of the class, of any backend and at any length
 (:func:`attnforge.ranking.class_measurements`: a third backend measured before is unmeasured again, so it follows
 SDPA), so the decision persists across processes; ``explain()`` says
-so on SDPA's line. A class is checked once per process and memory layout whatever the outcome.
+so on SDPA's line. A class is checked once per process and memory layout, unless its check is undecided (above).
 
 Where every sampled call had one shape (a fixed-size cache, a benchmark loop, a fixed resolution), SDPA is timed as
 a long run of that shape gets it (:meth:`~attnforge.backends._base.AdapterBase.settle_repeated`): its decode path
@@ -64,6 +70,11 @@ PAIRS = 3
 MAX_CALL_MS = 7.0
 #: live calls of the route and of SDPA each that a long call's check times: the check makes no call of its own
 SLICES = 3
+#: rounds a check may pool (checks of :data:`PAIRS` rounds, or :data:`SLICES` live calls a side) while the route's
+#: lead is within their noise: first use's five rounds and the ten further ones it gives a contested class
+#: (:data:`attnforge.dispatch.autotune.CONTESTED_ROUNDS`), after which a tie goes to SDPA. Fifteen rounds weigh
+#: each noise at 0.48 of three rounds' (:func:`attnforge.ranking.rounds_factor`)
+MAX_ROUNDS = 15
 #: a call that needs a gradient: its forward and backward over its forward alone, the FLOP ratio of
 #: :data:`attnforge.bench.flops.BACKWARD_FACTOR` (FlashAttention-2 paper); the check's calls run both, the live call
 #: times the forward
@@ -101,6 +112,22 @@ class _State:
     reverted: dict[str, str] = field(default_factory=dict)
     #: class -> its caller's pace over the counted calls (:class:`CallerPace`)
     pace: dict[str, CallerPace] = field(default_factory=dict)
+    #: class -> per backend, the per-call ms of each round its undecided checks timed (pooled by the next)
+    pooled: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+
+class Undecided:
+    """A check whose rounds leave the route ahead of SDPA by more than :data:`attnforge.ranking.MIN_MARGIN` but
+    within their noise, with fewer than :data:`MAX_ROUNDS` rounds: the class is checked again, the rounds pooled."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNDECIDED"
+
+
+#: the outcome of an undecided check (:class:`Undecided`)
+UNDECIDED = Undecided()
 
 
 @dataclass(slots=True)
@@ -296,10 +323,16 @@ class _Sampler:
             # timed as a long run of that shape gets it (a decode step's cuDNN graph, built once here, untimed)
             if not self.call.features and self.key not in self.state.mixed and self.settle(q, k, v):
                 self.sdpa(q, k, v)
+            pooled = self.state.pooled.setdefault(self.key, {})
             reverted = check(self.dispatcher, (q, k, v), call=self.call, route=self.name, fn=self.fn, sdpa=self.sdpa,
-                             pace=self.state.pace.get(self.key))
+                             pace=self.state.pace.get(self.key), pooled=pooled)
         except Exception:  # a failed check changes nothing: the route keeps serving
             reverted = None
+        if reverted is UNDECIDED:  # checked again after another SAMPLE_AFTER calls, its rounds pooled
+            self.state.checked.discard(self.key)
+            self.state.counts[self.key] = 0
+            return out
+        self.state.pooled.pop(self.key, None)
         self._conclude(reverted)
         return out
 
@@ -319,21 +352,24 @@ class _Sampler:
             self._conclude(None)
             return self.fn(q, k, v)
         slices[name].append(ms)
-        if min(len(t) for t in slices.values()) >= SLICES:
+        timed = min(len(t) for t in slices.values())
+        if timed >= SLICES and timed % SLICES == 0 and len(slices[FALLBACK]) == len(slices[self.name]):
             from attnforge.bench.timing import per_call_rounds, without_common_drift
 
-            self.slices = None
             # live call i of SDPA and of the route ran next to each other: a round, as paired() times them
             timings = without_common_drift({n: per_call_rounds(t, first_call_s=t[0] / 1e3) for n, t in slices.items()})
             try:
                 reverted = verdict(self.dispatcher, q, call=self.call, route=self.name, timings=timings)
             except Exception:  # a failed check changes nothing: the route keeps serving
                 reverted = None
+            if reverted is UNDECIDED:  # SLICES more live calls a side, pooled with these
+                return out
+            self.slices = None
             self._conclude(reverted)
         return out
 
-    def _conclude(self, reverted: str | None) -> None:
-        if reverted is not None:
+    def _conclude(self, reverted: str | Undecided | None) -> None:
+        if isinstance(reverted, str):
             pace = self.state.pace.get(self.key)
             # verdict() handed its records over: the class decides again
             self.state.reverted[self.key] = f"{reverted}; {pace.describe()}" if pace is not None else reverted
@@ -360,9 +396,10 @@ def _timed(fn: Callable[..., Any], q: Any, k: Any, v: Any) -> tuple[float, Any]:
 
 def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: AttentionCall, route: str,
           fn: Callable[..., Any], sdpa: Callable[..., Any], clock: Callable[[], float] | None = None,
-          pace: CallerPace | None = None, marks: Any = None, hold: Any = None) -> str | None:
-    """Time ``route`` against SDPA on the caller's tensors; unless the route wins beyond the noise store both
-    timings and return the explain line of the revert, else None (nothing stored).
+          pace: CallerPace | None = None, marks: Any = None, hold: Any = None,
+          pooled: dict[str, list[float]] | None = None) -> str | Undecided | None:
+    """Time ``route`` against SDPA on the caller's tensors (:data:`PAIRS` rounds, with ``pooled``'s earlier ones):
+    :func:`verdict` on them.
 
     On a GPU the batches are held (:attr:`~attnforge.bench.timing.TimerMethod.HELD`, :data:`HELD_BATCH_MS` each).
     Where the caller kept the device busy through the issue of at least :data:`DEVICE_BOUND` of its class's counted
@@ -378,6 +415,11 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
         pace: the caller's pace over the class's counted calls (None: not observed).
         marks, hold: the batches' marks and hold (:func:`attnforge.bench.timing.marks_for` and
             :func:`~attnforge.bench.timing.hold_for` of the call's device when None; fakes in tests).
+        pooled: per backend, the per-call ms of the rounds of this class's earlier undecided checks; this check's
+            rounds are added to it (in place) and the verdict is taken on them all.
+
+    Returns:
+        The explain line of a revert (both timings stored), :data:`UNDECIDED`, or None (kept; nothing stored).
     """
     from attnforge.bench.timing import hold_for, marks_for, paired
 
@@ -393,19 +435,29 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
                      host_counts=not hidden, batch_ms=HELD_BATCH_MS if hold is not None else CHECK_BATCH_MS)
     if timings is None:
         return None
+    if pooled is not None:
+        from attnforge.bench.timing import per_call_rounds, without_common_drift
+
+        for name, timing in timings.items():
+            pooled.setdefault(name, []).extend(timing.rounds_ms)
+        if len({len(r) for r in pooled.values()}) == 1:  # paired rounds, as each check timed them
+            timings = without_common_drift({name: per_call_rounds(pooled[name], first_call_s=t.first_call_s,
+                                                                  method=t.method) for name, t in timings.items()})
     return verdict(dispatcher, q, call=call, route=route, timings=timings,
                    basis="device time alone" if hidden else "")
 
 
 def verdict(dispatcher: Checked, q: Any, *, call: AttentionCall, route: str, timings: dict[str, Any],
-            basis: str = "") -> str | None:
+            basis: str = "") -> str | Undecided | None:
     """The check's outcome from the timings of ``route`` and SDPA (a :class:`~attnforge.bench.timing.Timing`
-    each): unless the route is faster than SDPA beyond the noise, both are stored as records of the class (on which
-    the policy then keeps SDPA: a candidate must beat it beyond the noise) and the explain line of the revert is
-    returned; else None (nothing stored). ``q``: the call's query (its device); ``basis``: what the timings
-    count, said on the line when given ("device time alone")."""
+    each): None (nothing stored) where the route is faster than SDPA beyond the noise; :data:`UNDECIDED` where it
+    leads by more than :data:`~attnforge.ranking.MIN_MARGIN` but within the noise and fewer than :data:`MAX_ROUNDS`
+    rounds were timed (more rounds narrow the margin: :func:`attnforge.ranking.rounds_factor`); otherwise both are
+    stored as records of the class (on which the policy then keeps SDPA: a candidate must beat it beyond the noise)
+    and the explain line of the revert is returned. ``q``: the call's query (its device); ``basis``: what the
+    timings count, said on the line when given ("device time alone")."""
     from attnforge.bench.flops import shape_flops, tflops
-    from attnforge.ranking import LIVE_RUN_PREFIX, beats
+    from attnforge.ranking import LIVE_RUN_PREFIX, MIN_MARGIN, beats
     from attnforge.records import BenchRecord
 
     shape = shape_of_call(call)
@@ -414,6 +466,9 @@ def verdict(dispatcher: Checked, q: Any, *, call: AttentionCall, route: str, tim
     ours, sdpa = timings[route].measurement(route, flops), timings[FALLBACK].measurement(FALLBACK, flops)
     if beats(ours, sdpa):
         return None
+    settled = beats(sdpa, ours) or ours.tflops <= sdpa.tflops * (1.0 + MIN_MARGIN)  # no more rounds would win it
+    if not settled and (ours.rounds or 0) < MAX_ROUNDS:
+        return UNDECIDED
     device_key = dispatcher._device(q.device).key
     versions = dispatcher.versions()
     run_id = LIVE_RUN_PREFIX + uuid.uuid4().hex[:8]
