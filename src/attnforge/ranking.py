@@ -239,24 +239,40 @@ _shape_key: Callable[[BenchRecord], tuple[object, ...]] = operator.attrgetter(*S
 
 
 def class_measurements(records: Iterable[BenchRecord], shape_class: ShapeClass,
-                       among: Collection[str] | None = None) -> dict[str, Measurement]:
+                       among: Collection[str] | None = None, quantized: Collection[str] = ()) -> dict[str, Measurement]:
     """Per backend, the mean over the newest records of ``shape_class`` (TFLOP/s, so batch and heads compare).
+
+    A live check's records (``run_id`` :data:`LIVE_RUN_PREFIX`) supersede the older records of the class, at whatever
+    length they were taken, of the backends on the checked route's side: the exact backends when it timed an exact
+    route against SDPA, the quantized ones (and SDPA) when it timed a quantized route. A backend of that side it did
+    not time is unmeasured again, not compared across lengths. The other side's records stand: an exact route's
+    revert says nothing about a quantized kernel, which only ``allow_quantized`` calls may take and whose own class
+    key is checked apart. (Until 2026-12-02 a revert superseded every backend: on an H200, docs/benchmarks.md
+    "thirty-ninth session", the 16k forward's FlashAttention-3 revert left SageAttention, timed 13 % faster than
+    SDPA at first use, unmeasured, and the ``allow_quantized`` calls ran SDPA at 0.97x of it.)
 
     Args:
         records: as :meth:`attnforge.records.RecordStore.bench_records` returns them (oldest first).
         shape_class: the call's class.
         among: only these backends (e.g. the verified ones); None for all.
+        quantized: the backends whose kernels quantize Q/K/V (:func:`attnforge.dispatch.policy.quantizes`).
     """
+    pool = [r for r in latest(records)  # newest last
+            if r.tflops > 0 and (among is None or r.backend in among) and r.shape.shape_class == shape_class]
+    timed: dict[str, set[str]] = {}  # per live run, the backends it timed
+    for r in pool:
+        if r.run_id.startswith(LIVE_RUN_PREFIX):
+            timed.setdefault(r.run_id, set()).add(r.backend)
     per: dict[str, list[BenchRecord]] = {}
     live = None
-    for r in latest(records):  # newest last
-        if r.tflops > 0 and (among is None or r.backend in among) and r.shape.shape_class == shape_class:
-            if r.run_id.startswith(LIVE_RUN_PREFIX) and r.run_id != live:
-                # a live check supersedes every older record of the class, of every backend and at whatever length
-                # they were taken: a backend it did not time is unmeasured again, not compared across lengths
-                per.clear()
-                live = r.run_id
-            per.setdefault(r.backend, []).append(r)
+    for r in pool:
+        if r.run_id.startswith(LIVE_RUN_PREFIX) and r.run_id != live:
+            names = timed[r.run_id]
+            side = any(n in quantized for n in names)
+            for name in [n for n in per if n in names or (n in quantized) == side]:
+                del per[name]
+            live = r.run_id
+        per.setdefault(r.backend, []).append(r)
     return {name: _mean(name, recs) for name, recs in per.items()}
 
 

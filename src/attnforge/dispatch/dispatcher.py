@@ -44,6 +44,7 @@ from attnforge.dispatch.policy import (
     failure_class,
     forced_decision,
     measurements,
+    quantizes,
 )
 from attnforge.dispatch.state import runtime_records
 from attnforge.errors import DispatchError
@@ -413,7 +414,8 @@ class Dispatcher:
     def _decide(self, call: AttentionCall, dev_key: str) -> Decision:
         verified, bench = self._records_for(dev_key)
         shape_class = class_of_call(call)
-        measured = measurements(self._family_records(dev_key, bench, shape_class), shape_class, call.layout)
+        quantized = [name for name, adapter in self.adapters.items() if quantizes(adapter)]
+        measured = measurements(self._family_records(dev_key, bench, shape_class), shape_class, call.layout, quantized)
         tflops = {name: m.tflops for name, m in measured.items()}
         broken = self.failures.broken_in(class_key(call))
         seen = len(self._shapes_seen.get(failure_class(dataclasses.replace(call, causal=False)), ()))

@@ -13,13 +13,14 @@ SDPA by the catalog's ``priority`` (they serve a call only where SDPA cannot: a 
 raised). PyTorch SDPA (unforced) needs no verify record.
 
 A quantized backend (SageAttention) is eligible only under ``precision="allow_quantized"`` *and* where it was
-measured faster than every measured exact backend beyond the noise *and* its recorded error on the class stays
+measured faster beyond the noise than the exact route that would serve the call without it (the winner of the
+exact backends' ranking) *and* its recorded error on the class stays
 within :func:`quantized_gate` (``[gate.quantized]`` in ``catalog/data/tolerances.toml``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -59,21 +60,23 @@ def class_of_call(call: AttentionCall) -> ShapeClass:
     return shape_of_call(call).shape_class
 
 
-def measurements(records: Iterable[BenchRecord], shape_class: ShapeClass, layout: str = Layout.BHSD.value) -> Evidence:
+def measurements(records: Iterable[BenchRecord], shape_class: ShapeClass, layout: str = Layout.BHSD.value,
+                 quantized: Collection[str] = ()) -> Evidence:
     """Per backend, what bench (or measure-on-first-use) stored for ``shape_class`` in the memory ``layout`` of
     the call (:func:`attnforge.dispatch.inputs.memory_layout`); when nothing was stored in that layout, what was
     stored in the other (``evidence.layout`` says which; a kernel's speed depends on the layout: on an H200,
     2026-11-29, FA3 ran MHA 1k fwd+bwd at 0.960x SDPA on ``[B, H, S, D]`` tensors and 1.080x on ``[B, S, H, D]``,
     and one decision served both); when nothing was stored for the class, the measured classes that bracket it
-    (``bracket``, :func:`attnforge.ranking.bracketing`)."""
+    (``bracket``, :func:`attnforge.ranking.bracketing`). ``quantized``: the backends that quantize Q/K/V (a live
+    check supersedes only its own side's records: :func:`attnforge.ranking.class_measurements`)."""
     records = list(records)
     own = [r for r in records if r.layout == layout]
-    evidence = Evidence(class_measurements(own, shape_class))
+    evidence = Evidence(class_measurements(own, shape_class, quantized=quantized))
     if evidence:
         evidence.layout = layout
         return evidence
     if len(own) < len(records):  # none in the call's layout: what the other one says (all the class's records)
-        evidence = Evidence(class_measurements(records, shape_class))
+        evidence = Evidence(class_measurements(records, shape_class, quantized=quantized))
         if evidence:
             evidence.layout = next(r.layout for r in records if r.layout != layout)
             return evidence
@@ -148,18 +151,28 @@ def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, prior
     """
     eligible: list[str] = []
     rejected: list[Rejection] = []
+    gated: list[str] = []  # quantized backends: eligible only past the gate, against the exact route that would serve
     for name, adapter in adapters.items():
         reasons = _reasons(name, adapter, call, verified, broken)
-        if not reasons and quantizes(adapter):
-            reasons = _gate_reasons(name, adapters, measured, gate or quantized_gate())
         if reasons:
             rejected.append(Rejection(backend=name, reasons=tuple(reasons)))
+        elif quantizes(adapter):
+            gated.append(name)
         else:
             eligible.append(name)
     if FALLBACK in broken:
         rejected.append(Rejection(backend=FALLBACK, reasons=(f"raised at run time: {broken[FALLBACK]}",)))
     else:
         eligible.append(FALLBACK)
+    if gated:
+        serving = rank(measured[n] for n in eligible if n in measured).winner
+        for name in gated:
+            reasons = _gate_reasons(name, measured, gate or quantized_gate(),
+                                    against=measured.get(serving) if serving is not None else None)
+            if reasons:
+                rejected.append(Rejection(backend=name, reasons=tuple(reasons)))
+            else:
+                eligible.append(name)
     ranking = rank(measured[n] for n in eligible if n in measured)
     bracket: tuple[Bracket, Bracket] | None = getattr(measured, "bracket", None)
     lead = _interpolated(eligible, bracket) if not ranking.order else None
@@ -209,9 +222,14 @@ def compiles_per_variant(adapter: BackendAdapter) -> bool:
     return bool(getattr(getattr(adapter, "caps", None), "jit_per_variant", False))
 
 
-def _gate_reasons(name: str, adapters: Mapping[str, BackendAdapter], measured: Mapping[str, Measurement],
-                  gate: DispatchGate) -> list[str]:
-    """Why a quantized backend may not serve this class: not measured, too inaccurate, or not faster."""
+def _gate_reasons(name: str, measured: Mapping[str, Measurement], gate: DispatchGate, *,
+                  against: Measurement | None) -> list[str]:
+    """Why a quantized backend may not serve this class: not measured, too inaccurate, or not faster beyond the
+    noise than ``against``, the exact route that would serve it (the winner of the exact backends' ranking; None:
+    none measured). Against the winner, not every exact backend: on an H200 (2026-12-02, docs/benchmarks.md
+    "thirty-ninth session") the 16k forward's exact class went to SDPA after FlashAttention-3 tied with it, and
+    SageAttention, 14.6 % faster than SDPA beyond the noise, was refused for not beating FlashAttention-3's
+    tied timing: the ``allow_quantized`` calls ran SDPA, the slowest of the three."""
     m = measured.get(name)
     if m is None:
         return ["quantized: not measured for this shape class (run: attnforge bench on your shapes)"]
@@ -222,8 +240,7 @@ def _gate_reasons(name: str, adapters: Mapping[str, BackendAdapter], measured: M
     elif error.rel_l1 > gate.max_rel_l1 or error.cosine < gate.min_cosine:
         reasons.append(f"quantized: error on this shape class rel L1 {error.rel_l1:.3g} / cosine {error.cosine:.5f} is "
                        f"outside rel L1 <= {gate.max_rel_l1:g}, cosine >= {gate.min_cosine:g}")
-    exact = [e for n, e in measured.items() if n != name and not (n in adapters and quantizes(adapters[n]))]
-    unbeaten = max((e for e in exact if not beats(m, e)), key=lambda e: e.tflops, default=None)
+    unbeaten = against if against is not None and not beats(m, against) else None
     if unbeaten is not None:
         reasons.append(f"quantized: not faster than {unbeaten.backend} beyond the noise "
                        f"({m.tflops:.1f} vs {unbeaten.tflops:.1f} TFLOP/s, a lead of more than "
