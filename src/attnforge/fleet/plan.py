@@ -25,8 +25,8 @@ from attnforge.catalog import Catalog
 from attnforge.catalog.recipes import Recipe
 from attnforge.fleet.kinds import KindGroup, Node, WheelKey, glibc_key
 from attnforge.fleet.requests import KindRequest
-from attnforge.install.keys import build_flags
 from attnforge.probe.snapshot import SystemSnapshot
+from attnforge.provision.build import build_flags
 from attnforge.resolve.buildspec import build_recipe, plan_build
 from attnforge.resolve.cpu_only import cpu_only_source
 from attnforge.resolve.resolver import resolve

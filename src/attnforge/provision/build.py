@@ -19,7 +19,7 @@ from attnforge.build import BuildFailure as BuildFailure  # noqa: PLC0414 - what
 from attnforge.build import BuildResult
 from attnforge.build import NullReporter as NullReporter  # noqa: PLC0414 - the silent reporter, for verbs
 from attnforge.install.inputs import RequestArgs
-from attnforge.install.keys import NOT_IN_KEY as NOT_IN_KEY  # noqa: PLC0414 - the build variables no key holds
+from attnforge.install.keys import build_flags as build_flags  # noqa: PLC0414 - what of a spec a key holds
 from attnforge.resolve.types import BuildSpec
 
 if TYPE_CHECKING:
