@@ -226,6 +226,8 @@ def test_a_padded_generate_reads_its_padding_once_for_its_decode_steps(  # noqa:
     default = "eager" if name.startswith("gemma2") else "sdpa"
     over = {} if window is None else {"sliding_window": window}
     want = tiny_model(name, default, **over).eval().generate(ids, **kwargs)
+    if name.startswith("gemma2"):  # served by attnforge, as with FlexAttention verified: SDPA's masks, not eager's
+        monkeypatch.setattr(tf_integration, "_exact_only", lambda *a, **k: False)
     skip_checks.clear()
     made: list[bool] = []
     real = tf_integration._last_query_mask
@@ -242,6 +244,58 @@ def test_a_padded_generate_reads_its_padding_once_for_its_decode_steps(  # noqa:
     got = tiny_model(name, "attnforge", **over).eval().generate(ids, **{**kwargs, "attention_mask": full})
     assert got.tolist() == want.tolist()
     assert skip_checks == []  # transformers drops an all-visible padding mask before any mask function is asked
+
+
+def test_a_model_served_by_its_eager_function_gets_eager_masks_and_no_skip_check(
+        skip_checks: list[int], served: list[tuple[int, ...]]) -> None:
+    """Where every attention call of a model went to its own eager function (Gemma-2's softcap with FlexAttention not
+    verified: exact-only), its masks are then built as eager's: ``sdpa_mask``'s skip check reads the padding mask on
+    the host, two syncs a mask, for a skip eager's function cannot use (on an H200, 2026-12-02,
+    ``gemma_padded_probe.py``: the padded forward 0.988x eager with the check, 1.001x without). The first forward
+    asks (nothing is known yet); later forwards and decode steps do not; the logits and tokens are eager's; a model
+    whose calls attnforge serves (Llama) keeps the check on every forward."""
+    name = "gemma2-softcap-sliding-window"
+    ids, mask = _inputs(length=6, left_pad=2)
+    eager, ours = tiny_model(name, "eager").eval(), tiny_model(name, "attnforge").eval()
+    with torch.no_grad():
+        want = eager(ids, attention_mask=mask).logits
+        assert torch.equal(ours(ids, attention_mask=mask).logits, want)
+        first = len(skip_checks)
+        assert first > 0 and tf_integration.eager_served(ours.config)
+        for _ in range(3):
+            assert torch.equal(ours(ids, attention_mask=mask).logits, want)
+        assert len(skip_checks) == first  # no further read of the padding mask
+        kwargs = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+        assert ours.generate(ids, **kwargs).tolist() == eager.generate(ids, **kwargs).tolist()
+    assert len(skip_checks) == first and served == []
+    llama = tiny_model("llama", "attnforge").eval()
+    with torch.no_grad():
+        for _ in range(2):
+            before = len(skip_checks)
+            llama(ids, attention_mask=mask)
+            assert len(skip_checks) > before  # attnforge serves it: the skip may pay, it is asked
+    assert not tf_integration.eager_served(llama.config) and served
+
+
+def test_one_call_attnforge_serves_takes_a_model_off_eager_masks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager's masks only while every call went to the eager function: the first call served by attnforge (a kernel
+    for softcap verified, here ``_exact_only`` answering False) takes the model back to SDPA's masks, as does a new
+    dispatcher generation (records or verification changed)."""
+    from attnforge.dispatch import runtime
+
+    name = "gemma2-softcap-sliding-window"
+    ids, mask = _inputs(length=6, left_pad=2)
+    ours = tiny_model(name, "attnforge").eval()
+    with torch.no_grad():
+        ours(ids, attention_mask=mask)
+        assert tf_integration.eager_served(ours.config)
+        runtime.set_dispatcher(None)  # a new dispatcher: another generation
+        assert not tf_integration.eager_served(ours.config)
+        ours(ids, attention_mask=mask)
+        assert tf_integration.eager_served(ours.config)
+        monkeypatch.setattr(tf_integration, "_exact_only", lambda *a, **k: False)
+        ours(ids, attention_mask=mask)
+    assert not tf_integration.eager_served(ours.config)
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma2-softcap-sliding-window"])

@@ -114,10 +114,62 @@ def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signa
         call = {"causal": causal, **features}
     if ((features["softcap"] or features["sinks"] is not None) and kwargs.get("position_bias") is None
             and _exact_only(query, key, value, call)):
+        _note_route(module, eager=True)
         return _eager(module, query, given_key, given_value, attention_mask, dropout=dropout, scaling=scaling,
                       is_causal=is_causal, **kwargs)
+    _note_route(module, eager=False)
     out = runtime.attention(query, key, value, **call)
     return out.transpose(1, 2).contiguous(), None
+
+
+#: per model config (by ``id``, with a weak reference to it): the dispatcher and its generation it was seen under
+#: and whether every attention call of the model since then was handed to its eager function (:func:`_note_route`)
+_EAGER_SERVED: dict[int, tuple[Any, tuple[int, int], bool]] = {}
+
+
+def _note_route(module: Any, *, eager: bool) -> None:
+    """Record where a call of ``module``'s model went: handed to its eager function (``eager``) or to
+    :func:`attnforge.attention`. One call that was not keeps the model off eager's masks for the dispatcher's
+    generation (:func:`eager_served`); a new generation (records or verification changed) asks again."""
+    import weakref
+
+    import torch
+
+    from attnforge.dispatch import runtime
+
+    config = getattr(module, "config", None)
+    if config is None or torch.compiler.is_compiling():  # the dispatcher's lock is not Dynamo's to trace
+        return
+    dispatcher = runtime.get_dispatcher()
+    generation = (id(dispatcher), dispatcher.generation)
+    held = _EAGER_SERVED.get(id(config))
+    if held is None or held[0]() is not config or held[1] != generation:
+        if len(_EAGER_SERVED) >= _EXACT_ONLY_KEPT:
+            _EAGER_SERVED.clear()
+        try:
+            _EAGER_SERVED[id(config)] = (weakref.ref(config), generation, eager)
+        except TypeError:  # a config that takes no weak reference: nothing remembered
+            return
+    elif held[2] and not eager:
+        _EAGER_SERVED[id(config)] = (held[0], generation, False)
+
+
+def eager_served(config: Any) -> bool:
+    """Whether every attention call of the model of ``config`` went to its own eager function so far in the
+    dispatcher's generation (Gemma-2's softcap calls with no FlexAttention verified and no FlashAttention-4 route,
+    :func:`_exact_only`): its masks are then built as eager's (:func:`_mask_builder`). False while ``torch.compile``
+    traces (the custom op serves every call then)."""
+    import torch
+
+    from attnforge.dispatch import runtime
+
+    if torch.compiler.is_compiling():
+        return False
+    held = _EAGER_SERVED.get(id(config))
+    if held is None or not held[2] or held[0]() is not config:
+        return False
+    dispatcher = runtime.get_dispatcher()
+    return held[1] == (id(dispatcher), dispatcher.generation)
 
 
 #: per kind of call (:func:`_exact_only`): the backend attnforge chooses for it ("" where explain raised)
@@ -402,12 +454,17 @@ def _mask_builder(sdpa_mask: Callable[..., Any], causal: Callable[..., Any]) -> 
         import torch
 
         get = kwargs.get
-        if type(get("config")) in _EAGER_MASKS:  # a model that relies on eager's masks (takes_sdpa_masks)
+        config = get("config")
+        if type(config) in _EAGER_MASKS or (config is not None and eager_served(config)):
             from transformers.masking_utils import eager_mask
 
             # built whole: a skipped bidirectional mask (None) is "nothing hidden" to eager's function, which reads no
             # is_causal, but causal to attention_forward for a module without one (Splinter, ALIGN's and CLAP's text
-            # encoders in transformers 5.24: hidden states 0.03-0.6 off eager, 2026-12-03)
+            # encoders in transformers 5.24: hidden states 0.03-0.6 off eager, 2026-12-03). A model whose calls all
+            # went to its eager function (eager_served) gets eager's masks too: sdpa_mask's skip check reads the
+            # padding mask on the host (two syncs a mask), for a skip that eager's function cannot use (H200,
+            # 2026-12-02, gemma_padded_probe.py: Gemma-2's padded forward 0.988x eager with the check, 1.001x
+            # without; docs/benchmarks.md "thirty-ninth session")
             return eager_mask(*args, **{**kwargs, "allow_is_bidirectional_skip": False})
         padding = get("attention_mask")
         # transformers passes keywords (masking_utils' mask_interface calls): anything else is passed through, as is
