@@ -31,9 +31,9 @@ while ``torch.compile`` traces or a CUDA graph captures (:func:`attnforge.dispat
 measuring is off (``ATTNFORGE_AUTOTUNE=0``).
 
 A revert is written as two records of the class (``run_id`` ``insitu-...``, the route's and SDPA's live timings),
-which supersede every older record of the class, of any backend and at any length
-(:func:`attnforge.ranking.class_measurements`: a third backend measured before is unmeasured again, so it follows
-SDPA), so the decision persists across processes; ``explain()`` says
+which supersede every older record of the class of the backends on the route's side (exact or quantized), at any
+length (:func:`attnforge.ranking.class_measurements`: a third backend of that side measured before is unmeasured
+again, so it follows SDPA), so the decision persists across processes; ``explain()`` says
 so on SDPA's line. A class is checked once per process and memory layout, unless its check is undecided (above).
 
 Where every sampled call had one shape (a fixed-size cache, a benchmark loop, a fixed resolution), SDPA is timed as
