@@ -74,6 +74,7 @@ def test_jobs_and_a_small_fleet_node_split_again(catalog: Catalog) -> None:
     node = size_task(spec, gib_per_thread=5, node_cpus=3, node_memory_bytes=64 * GIB)
     assert node.num_cpus == 3
     assert (node.spec.env["EXT_PARALLEL"], node.spec.env["MAX_JOBS"]) == ("3", "1")
+    assert node.spec.notes[-1].endswith("MAX_JOBS=1")  # the note says what the build gets
 
 
 def test_how_many_build_at_once_is_not_in_the_cache_key(catalog: Catalog) -> None:
