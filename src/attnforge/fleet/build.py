@@ -92,8 +92,8 @@ def size_task(spec: BuildSpec, *, gib_per_thread: int, node_cpus: float, node_me
     cpus = max(1, min(want, int(node_cpus))) if node_cpus >= 1 else want
     if cpus < want:
         env = {**spec.env, **spec.job_env(jobs=cpus, threads=1)}
-        spec = dataclasses.replace(spec, env=env, max_jobs=cpus, nvcc_threads=1,
-                                   notes=(*spec.notes, f"fleet: the node has {cpus} CPU(s) for Ray: MAX_JOBS={env['MAX_JOBS']}"))
+        note = f"fleet: the node has {cpus} CPU(s) for Ray: MAX_JOBS={env['MAX_JOBS']}"
+        spec = dataclasses.replace(spec, env=env, max_jobs=cpus, nvcc_threads=1, notes=(*spec.notes, note))
     memory = cpus * gib_per_thread * GIB
     memory = min(memory, int(node_memory_bytes * 0.9)) if node_memory_bytes > 0 else 0  # 0: nothing to reserve
     return Sizing(num_cpus=cpus, memory_bytes=memory, spec=spec)
