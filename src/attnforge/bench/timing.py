@@ -475,10 +475,18 @@ def paired(steps: dict[str, Step], *, pairs: int, max_call_ms: float, sync: Call
                 per[name].extend(_back_to_back(steps[name], counter, 1, batch, sync=sync, marks=marks))
     if hold is not None:
         per = {name: held_times(timed, host_counts=host_counts) for name, timed in held.items()}
-    return without_common_drift({name: per_call_rounds(times, first_call_s=estimates[name] / 1e3,
-                                                       method=TimerMethod.HELD if hold is not None
-                                                       else TimerMethod.BACK_TO_BACK)
-                                 for name, times in per.items()})
+    return paired_rounds(per, first_call_s={name: ms / 1e3 for name, ms in estimates.items()},
+                         method=TimerMethod.HELD if hold is not None else TimerMethod.BACK_TO_BACK)
+
+
+def paired_rounds(rounds: Mapping[str, list[float]], *, first_call_s: Mapping[str, float],
+                  method: TimerMethod = TimerMethod.BACK_TO_BACK) -> dict[str, Timing]:
+    """Per candidate, the :class:`Timing` of its per-call times, each a round of its own (:func:`per_call_rounds`),
+    round ``i`` of every candidate timed next to the others' (so the drift common to them is taken out:
+    :func:`without_common_drift`): :func:`paired`'s result, a long call's in-situ check's live slices, and the
+    pooled rounds of undecided in-situ checks (:mod:`attnforge.dispatch.insitu`)."""
+    return without_common_drift({name: per_call_rounds(times, first_call_s=first_call_s[name], method=method)
+                                 for name, times in rounds.items()})
 
 
 def timed_call(fn: Callable[[], Any], *, sync: Callable[[], None] = lambda: None,

@@ -354,10 +354,10 @@ class _Sampler:
         slices[name].append(ms)
         timed = min(len(t) for t in slices.values())
         if timed >= SLICES and timed % SLICES == 0 and len(slices[FALLBACK]) == len(slices[self.name]):
-            from attnforge.bench.timing import per_call_rounds, without_common_drift
+            from attnforge.bench.timing import paired_rounds
 
             # live call i of SDPA and of the route ran next to each other: a round, as paired() times them
-            timings = without_common_drift({n: per_call_rounds(t, first_call_s=t[0] / 1e3) for n, t in slices.items()})
+            timings = paired_rounds(slices, first_call_s={n: t[0] / 1e3 for n, t in slices.items()})
             try:
                 reverted = verdict(self.dispatcher, q, call=self.call, route=self.name, timings=timings)
             except Exception:  # a failed check changes nothing: the route keeps serving
@@ -436,13 +436,13 @@ def check(dispatcher: Checked, tensors: tuple[Any, Any, Any], *, call: Attention
     if timings is None:
         return None
     if pooled is not None:
-        from attnforge.bench.timing import per_call_rounds, without_common_drift
+        from attnforge.bench.timing import paired_rounds
 
         for name, timing in timings.items():
             pooled.setdefault(name, []).extend(timing.rounds_ms)
         if len({len(r) for r in pooled.values()}) == 1:  # paired rounds, as each check timed them
-            timings = without_common_drift({name: per_call_rounds(pooled[name], first_call_s=t.first_call_s,
-                                                                  method=t.method) for name, t in timings.items()})
+            timings = paired_rounds(pooled, first_call_s={n: t.first_call_s for n, t in timings.items()},
+                                    method=next(iter(timings.values())).method)
     return verdict(dispatcher, q, call=call, route=route, timings=timings,
                    basis="device time alone" if hidden else "")
 
