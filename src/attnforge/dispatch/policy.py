@@ -164,16 +164,18 @@ def decide(call: AttentionCall, adapters: Mapping[str, BackendAdapter], *, prior
         rejected.append(Rejection(backend=FALLBACK, reasons=(f"raised at run time: {broken[FALLBACK]}",)))
     else:
         eligible.append(FALLBACK)
-    if gated:
-        serving = rank(measured[n] for n in eligible if n in measured).winner
-        for name in gated:
-            reasons = _gate_reasons(name, measured, gate or quantized_gate(),
-                                    against=measured.get(serving) if serving is not None else None)
-            if reasons:
-                rejected.append(Rejection(backend=name, reasons=tuple(reasons)))
-            else:
-                eligible.append(name)
     ranking = rank(measured[n] for n in eligible if n in measured)
+    admitted = []
+    for name in gated:  # against the exact route that would serve: the exact ranking's winner
+        reasons = _gate_reasons(name, measured, gate or quantized_gate(),
+                                against=ranking.measurements.get(ranking.winner) if ranking.winner else None)
+        if reasons:
+            rejected.append(Rejection(backend=name, reasons=tuple(reasons)))
+        else:
+            admitted.append(name)
+    if admitted:
+        eligible.extend(admitted)
+        ranking = rank(measured[n] for n in eligible if n in measured)
     bracket: tuple[Bracket, Bracket] | None = getattr(measured, "bracket", None)
     lead = _interpolated(eligible, bracket) if not ranking.order else None
     unmeasured = sorted((n for n in eligible if n not in ranking.measurements and n not in (FALLBACK, lead)),
