@@ -3,7 +3,7 @@
 On the H200 (2026-12-02, docs/benchmarks.md "thirty-eighth session") ``attnforge install sageattention-2 --source``
 ran 315 s and 560 s without printing a line before its time limit cut it: nobody could tell a slow compile from a
 hung one, nor how far it got. A source build inside ``install`` now reports its phases, ninja's ``[n/N]`` steps and
-the heartbeats of a silent compiler on stderr (:func:`attnforge.cli.build.progress_reporter`), and stdout keeps the
+the heartbeats of a silent compiler on stderr (:func:`attnforge.cli.build.build_progress`), and stdout keeps the
 JSON alone.
 """
 

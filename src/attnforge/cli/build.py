@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import shlex
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +69,9 @@ def run_build(
     """
     from attnforge.provision.build import BuildFailure, BuildJob, NullReporter, build
 
-    reporter = NullReporter() if quiet else progress_reporter(spec.name, as_json=as_json)
+    progress = contextlib.nullcontext(NullReporter()) if quiet else build_progress(spec.name, as_json=as_json)
     try:
-        with reporter if isinstance(reporter, RichReporter) else contextlib.nullcontext():
+        with progress as reporter:
             built = build(BuildJob(spec=spec, home=home, snapshot=snapshot, wanted_version=wanted_version),
                           reporter=reporter, keep_build_dir=keep_build_dir, launcher=launcher, cache=cache)
     except BuildFailure as failure:
@@ -107,14 +108,17 @@ def run_build(
     return 0
 
 
-def progress_reporter(name: str, *, as_json: bool) -> RichReporter | PlainReporter:
-    """How a source build shows its progress on stderr (``build``, and ``install`` when its plan builds): a live bar
-    on a terminal (enter it as a context manager: it appears at the build's first event and goes at the end), one
-    line per event in logs, pipes and under ``--json`` (stdout keeps the JSON alone)."""
+@contextlib.contextmanager
+def build_progress(name: str, *, as_json: bool) -> Iterator[RichReporter | PlainReporter]:
+    """How a source build shows its progress on stderr (``build``, and ``install`` when its plan builds), for the
+    ``with`` block that builds: a live bar on a terminal (it appears at the build's first event and goes at the
+    block's end), one line per event in logs, pipes and under ``--json`` (stdout keeps the JSON alone)."""
     err = console(stderr=True)
     if err.is_terminal and not as_json:
-        return RichReporter(err, name)
-    return PlainReporter(lambda line: click.echo(line, err=True))
+        with RichReporter(err, name) as bar:
+            yield bar
+    else:
+        yield PlainReporter(lambda line: click.echo(line, err=True))
 
 
 def unsupported_compiler_warning(spec: BuildSpec) -> str | None:

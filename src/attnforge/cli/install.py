@@ -8,7 +8,6 @@ Exit codes: 0 installed (and verified, unless --no-verify), 1 not possible here 
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -33,13 +32,12 @@ if TYPE_CHECKING:
 def command(*, no_verify: bool, allow_overlap: bool, require_hashes: bool, as_json: bool, **params: Any) -> int:
     """Get REQUIREMENT (a backend, optionally with a version) working in this interpreter: from the cache, a
     hash-checked wheel, or a build (the plan is the one `attnforge plan` shows for the same arguments)."""
-    from attnforge.cli.build import RichReporter, progress_reporter, unsupported_compiler_warning
+    from attnforge.cli.build import build_progress, unsupported_compiler_warning
     from attnforge.provision.install import install
 
     args = request_args(params)
     # a source build takes minutes to hours: its progress on stderr, as `attnforge build` shows it
-    reporter = progress_reporter(args.requirement or args.name or "build", as_json=as_json)
-    with reporter if isinstance(reporter, RichReporter) else contextlib.nullcontext():
+    with build_progress(args.requirement or args.name or "build", as_json=as_json) as reporter:
         result = install(args, verify=not no_verify, allow_overlap=allow_overlap, require_hashes=require_hashes,
                          on_note=lambda line: click.echo(f"note: {line}", err=True), reporter=reporter)
     built = result.plan.chosen.build if result.action == "built" and result.plan.chosen else None

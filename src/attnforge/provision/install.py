@@ -39,13 +39,13 @@ def install(args: RequestArgs, *, verify: bool = True, allow_overlap: bool = Fal
     from attnforge.resolve.torch_checks import torch_cuda
 
     wanted = assemble(args, on_note=on_note)
-    builder = source_builder if reporter is None else functools.partial(source_builder, reporter=reporter)
     runner = runner or SubprocessRunner()
     catalog, snapshot = wanted.catalog, wanted.snapshot
     try:
         return run_install(
             wanted.request, snapshot=snapshot, store=Store(wanted.home), planner=wanted.planner,
-            builder=builder, verifier=subprocess_verifier(runner, catalog) if verify else None,
+            builder=functools.partial(source_builder, reporter=reporter),
+            verifier=subprocess_verifier(runner, catalog) if verify else None,
             runner=runner, python=python, fetch_index=index_fetcher(catalog, runner),
             allow_overlap=allow_overlap, require_hashes=require_hashes,
         )
