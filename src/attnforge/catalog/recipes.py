@@ -275,9 +275,11 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
                 errors.add(f"{path}.source_kinds[{i}]", f"expected one of {_SOURCE_KINDS}, got {k!r}")
         threads = errors.get(raw, "nvcc_threads", path, int)
         gb = errors.get(raw, "gb_per_nvcc_thread", path, int)
-        units = errors.get(raw, "extension_units", path, list, [])
-        for i, u in enumerate(units):
-            if not isinstance(u, int) or isinstance(u, bool) or u <= 0:
+        units: list[int] = []
+        for i, u in enumerate(errors.get(raw, "extension_units", path, list, [])):
+            if isinstance(u, int) and not isinstance(u, bool) and u > 0:
+                units.append(u)
+            else:
                 errors.add(f"{path}.extension_units[{i}]", f"expected a positive int, got {u!r}")
         if raw.get("parallel_env") and not units:
             errors.add(f"{path}.extension_units", "parallel_env needs the extension modules' translation units")
@@ -314,7 +316,7 @@ def parse_recipes(doc: Mapping[str, Any], errors: Collector) -> dict[str, Recipe
             per_torch=_source_edit(errors, raw.get("per_torch"), f"{path}.per_torch"),
             per_torch_also=_also_edits(errors, raw.get("per_torch"), f"{path}.per_torch.also"),
             parallel_env=errors.get(raw, "parallel_env", path, str, ""),
-            extension_units=tuple(u for u in units if isinstance(u, int) and not isinstance(u, bool) and u > 0),
+            extension_units=tuple(units),
         )
         if out[rid].per_torch is not None and out[rid].stable_abi_from is None:
             errors.add(f"{path}.per_torch", "only a recipe with stable_abi_from builds for the stable ABI by default")
