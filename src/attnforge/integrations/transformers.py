@@ -125,7 +125,7 @@ def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signa
 
 #: per model config (by ``id``, with a weak reference to it): the dispatcher and its generation it was seen under
 #: and whether every attention call of the model since then was handed to its eager function (:func:`_note_route`)
-_EAGER_SERVED: dict[int, tuple[weakref.ref[Any], tuple[int, int], bool]] = {}
+_EAGER_SERVED: dict[int, tuple[weakref.ref[Any], tuple[weakref.ref[Any], int], bool]] = {}
 
 
 def _note_route(module: Any, *, eager: bool) -> None:
@@ -156,9 +156,10 @@ def _note_route(module: Any, *, eager: bool) -> None:
     _EAGER_SERVED[id(config)] = (ref, token, eager)
 
 
-def _served_token() -> tuple[int, int] | None:
-    """The dispatcher an :data:`_EAGER_SERVED` answer holds for, and its generation; None while ``torch.compile``
-    traces (the custom op serves every call then)."""
+def _served_token() -> tuple[weakref.ref[Any], int] | None:
+    """The dispatcher an :data:`_EAGER_SERVED` answer holds for (a weak reference: a new dispatcher may reuse a freed
+    one's ``id``, as the suite's showed, and starts at generation 0 too) and its generation; None while
+    ``torch.compile`` traces (the custom op serves every call then)."""
     import torch
 
     from attnforge.dispatch import runtime
@@ -166,7 +167,7 @@ def _served_token() -> tuple[int, int] | None:
     if torch.compiler.is_compiling():
         return None
     dispatcher = runtime.get_dispatcher()
-    return id(dispatcher), dispatcher.generation
+    return weakref.ref(dispatcher), dispatcher.generation
 
 
 def eager_served(config: Any) -> bool:
