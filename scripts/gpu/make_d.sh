@@ -12,10 +12,15 @@
 #                                                                                 -> stage, setup (Wan, Flux)
 #   d4  the rest of Ray's xz tree + JOIN-ray, Ray's dependencies, SageAttention's source tree
 #                                                                                 -> stage, fleet, install Sage
+#   d1s d1 without the HF stack and setuptools, with SageAttention's tree and the first 27,500,000 bytes of the cu13 libs' xz tree (q0): the
+#       tree grew to ~24.7 MiB on disk (2026-12-02), d1 (43 MB) and d2 (42 MB) no longer fit beside it
+#                                                                                 -> stage, setup, install FA3
+#   e2  the rest of the cu13 libs' xz tree (q1) + its JOIN                        -> stage (join, re-zip), install FA4
+# d5 also takes SageAttention's tree, so a d1s -> e2 -> d5 machine has FA3, FA4, Sage's source and the five models.
 set -euo pipefail
 C=$PWD/carry BC=$PWD/carry/build-cache
 XZ=$BC/nvidia_cutlass_dsl_libs_cu13-4.8.1.tree.tar.xz
-rm -rf "$C"/d1 "$C"/d2 "$C"/d3 "$C"/d4 "$C"/d3m "$C"/d5 "$C"/d1a; mkdir -p "$C"/d1 "$C"/d2 "$C"/d3 "$C"/d4 "$C"/d3m
+rm -rf "$C"/d1 "$C"/d2 "$C"/d3 "$C"/d4 "$C"/d3m "$C"/d5 "$C"/d1a "$C"/d1s "$C"/e2; mkdir -p "$C"/d1 "$C"/d2 "$C"/d3 "$C"/d4 "$C"/d3m
 find "$C"/c1 -maxdepth 1 -type f ! -name 'cu13.tree.tar.xz.part*' ! -name SHA256SUMS -exec cp {} "$C"/d1/ \;
 cp "$C"/c2/{huggingface_hub,tokenizers,safetensors,importlib_metadata}-*.whl "$C"/d1/
 cp "$C"/c3/diffusers-*.whl "$C"/d3/
@@ -33,9 +38,16 @@ if [[ -f $RAYXZ ]]; then
 fi
 mkdir -p "$C"/d5
 for f in "$C"/d1/* "$C"/d3m/*; do case $(basename "$f") in cu13.tree.tar.xz.part*) ;; *) ln "$f" "$C/d5/" ;; esac; done
-for b in d1 d2 d3 d4 d3m d5; do (cd "$C/$b" && rm -f SHA256SUMS && sha256sum -- * > ../SHA256SUMS.$b && mv ../SHA256SUMS.$b SHA256SUMS); done
+ln "$C"/c3/SageAttention.tar.gz "$C"/d5/
+mkdir -p "$C"/d1s "$C"/e2
+for f in "$C"/d1/*; do case $(basename "$f") in cu13.tree.tar.xz.part*|huggingface_hub-*|tokenizers-*|safetensors-*|setuptools-*) ;; *) ln "$f" "$C/d1s/" ;; esac; done
+ln "$C"/c3/SageAttention.tar.gz "$C"/d1s/
+head -c 27500000 "$XZ" > "$C"/d1s/cu13.tree.tar.xz.q0
+tail -c +27500001 "$XZ" > "$C"/e2/cu13.tree.tar.xz.q1
+echo "JOIN cu13.tree.tar.xz $(sha256sum < "$XZ" | cut -d' ' -f1) cu13.tree.tar.xz.q0 cu13.tree.tar.xz.q1" > "$C/e2/JOIN"
+for b in d1 d2 d3 d4 d3m d5 d1s e2; do (cd "$C/$b" && rm -f SHA256SUMS && sha256sum -- * > ../SHA256SUMS.$b && mv ../SHA256SUMS.$b SHA256SUMS); done
 tree_kib=$(git ls-files -z | du -ck --files0-from=- | tail -1 | cut -f1)
-for b in d1 d2 d3 d4 d3m d5; do
+for b in d1 d2 d3 d4 d3m d5 d1s e2; do
     kib=$(du -sk "$C/$b" | cut -f1)
     awk -v b="$b" -v x="$kib" -v t="$tree_kib" 'BEGIN { printf "%s: %.1f MiB on disk (+ tree %.1f = %.1f of 64 MiB)%s\n", b, x/1024, t/1024, (x+t)/1024, (x+t > 65536 ? ": too big to carry" : "") }'
 done
