@@ -181,6 +181,56 @@ def test_exact_only_calls_go_to_the_models_eager_function(name: str, served: lis
     assert len(served) == 2
 
 
+def test_exact_only_asks_again_for_a_new_dispatcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hand-off's answer is kept per kind of call for one dispatcher: a new dispatcher (``runtime.refresh``, a
+    reloaded home) starts at generation 0 as the old one did, so its calls must be asked of explain again, not read
+    from the old one's answer (which could hand a call to eager that a newly verified kernel would serve)."""
+    from attnforge.dispatch import runtime
+
+    q = torch.randn(1, 2, 5, 8)
+    k = v = torch.randn(1, 2, 5, 8)
+    call = {"causal": True, "softcap": 50.0, "scale": None, "dropout_p": 0.0, "sinks": None}
+    tf_integration._EXACT_ONLY.clear()
+    old = runtime.set_dispatcher(None)
+    try:
+        first = runtime.get_dispatcher()
+        monkeypatch.setattr(runtime, "explain", lambda *a, **kw: type("Explained", (), {"chosen": "exact"})())
+        assert tf_integration._exact_only(q, k, v, call)
+        runtime.set_dispatcher(None)
+        second = runtime.get_dispatcher()
+        assert second is not first and second.generation == first.generation
+        monkeypatch.setattr(runtime, "explain", lambda *a, **kw: type("Explained", (), {"chosen": "flex"})())
+        assert not tf_integration._exact_only(q, k, v, call)
+    finally:
+        runtime.set_dispatcher(old)
+        tf_integration._EXACT_ONLY.clear()
+
+
+def test_varlen_pays_asks_again_for_a_new_dispatcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The padded prefill's "is the packed call worth it" answer is kept per kind for one dispatcher too: a new one at
+    the same generation is asked again (here the old one's kernel for the packed call is gone: the exact math)."""
+    from attnforge.dispatch import runtime
+
+    q = k = v = torch.randn(2, 2, 16, 8)
+    mask = torch.ones(2, 1, 16, 16, dtype=torch.bool)
+    answers: dict[str, str] = {}
+    monkeypatch.setattr(tf_integration, "_chosen",
+                        lambda q, k, v, call: answers["dense" if "attn_mask" in call else "packed"])
+    monkeypatch.setattr(tf_integration, "_VARLEN_PAYS", {})
+    base = {"scale": None, "dropout_p": 0.0, "softcap": None, "sinks": None}
+    old = runtime.set_dispatcher(None)
+    try:
+        first = runtime.get_dispatcher()
+        answers.update(packed="flash-attn-4", dense="sdpa")
+        assert tf_integration._varlen_pays(q, k, v, mask=mask, features=base, base=base)
+        runtime.set_dispatcher(None)
+        assert runtime.get_dispatcher() is not first
+        answers.update(packed="exact", dense="sdpa")
+        assert not tf_integration._varlen_pays(q, k, v, mask=mask, features=base, base=base)
+    finally:
+        runtime.set_dispatcher(old)
+
+
 @pytest.fixture
 def skip_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The query length of every time transformers reads a padding mask to see whether it may skip building the
