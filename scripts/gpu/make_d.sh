@@ -12,7 +12,8 @@
 #                                                                                 -> stage, setup (Wan, Flux)
 #   d4  the rest of Ray's xz tree + JOIN-ray, Ray's dependencies, SageAttention's source tree
 #                                                                                 -> stage, fleet, install Sage
-#   d1s d1 without the HF stack and setuptools, with SageAttention's tree and the first 27,500,000 bytes of the cu13 libs' xz tree (q0): the
+#   d1s d1 without the HF stack and setuptools, with SageAttention's tree and the first part of the cu13 libs' xz tree (q0,
+#       split so d1s and e2 weigh the same: 37.9 MiB each on 2026-12-03): the
 #       tree grew to ~24.7 MiB on disk (2026-12-02), d1 (43 MB) and d2 (42 MB) no longer fit beside it
 #                                                                                 -> stage, setup, install FA3
 #   e2  the rest of the cu13 libs' xz tree (q1) + its JOIN                        -> stage (join, re-zip), install FA4
@@ -42,8 +43,10 @@ ln "$C"/c3/SageAttention.tar.gz "$C"/d5/
 mkdir -p "$C"/d1s "$C"/e2
 for f in "$C"/d1/*; do case $(basename "$f") in cu13.tree.tar.xz.part*|huggingface_hub-*|tokenizers-*|safetensors-*|setuptools-*) ;; *) ln "$f" "$C/d1s/" ;; esac; done
 ln "$C"/c3/SageAttention.tar.gz "$C"/d1s/
-head -c 27500000 "$XZ" > "$C"/d1s/cu13.tree.tar.xz.q0
-tail -c +27500001 "$XZ" > "$C"/e2/cu13.tree.tar.xz.q1
+# the split that leaves d1s and e2 the same size (each needs the tree beside it): q0 = (xz - d1s's other files) / 2
+others=$(du -cb "$C"/d1s/* | tail -1 | cut -f1); q0=$(( ($(stat -c %s "$XZ") - others) / 2 ))
+head -c "$q0" "$XZ" > "$C"/d1s/cu13.tree.tar.xz.q0
+tail -c +$(( q0 + 1 )) "$XZ" > "$C"/e2/cu13.tree.tar.xz.q1
 echo "JOIN cu13.tree.tar.xz $(sha256sum < "$XZ" | cut -d' ' -f1) cu13.tree.tar.xz.q0 cu13.tree.tar.xz.q1" > "$C/e2/JOIN"
 for b in d1 d2 d3 d4 d3m d5 d1s e2; do (cd "$C/$b" && rm -f SHA256SUMS && sha256sum -- * > ../SHA256SUMS.$b && mv ../SHA256SUMS.$b SHA256SUMS); done
 tree_kib=$(git ls-files -z | du -ck --files0-from=- | tail -1 | cut -f1)
