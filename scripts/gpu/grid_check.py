@@ -134,6 +134,36 @@ class Row:
     round_ratio_to_sdpa: list[float] | None = None
     #: each side's round medians (ms), in round order: what the round ratios pair
     rounds_ms: dict[str, list[float]] = field(default_factory=dict)
+    #: the in-situ checks that ran inside this row's timed rounds (:func:`_log_insitu`): route, layout, verdict
+    #: (None: kept; a string: reverted; "undecided"), seconds. A check times SDPA on live calls once per class (after
+    #: 64 calls), so a round holding one runs slower for attention() alone (the forty-second session's D256 fwd+bwd
+    #: row: rounds 1.100 / 1.204 / 1.230 ms against FA3's public 1.123-1.125; the cause not yet shown)
+    insitu_checks: list[dict[str, Any]] = field(default_factory=list)
+
+
+#: every in-situ check of the process, in order (:func:`_log_insitu`)
+INSITU_LOG: list[dict[str, Any]] = []
+
+
+def _log_insitu() -> None:
+    """Wrap ``attnforge.dispatch.insitu.check`` (looked up by name at each call) so each check is logged."""
+    from attnforge.dispatch import insitu
+
+    real = insitu.check
+    if getattr(real, "logged", False):
+        return
+
+    def check(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        reverted = real(*args, **kwargs)
+        call = kwargs.get("call")
+        verdict = reverted if reverted is None or isinstance(reverted, str) else "undecided"
+        INSITU_LOG.append({"route": kwargs.get("route"), "layout": str(getattr(call, "layout", None)),
+                           "verdict": verdict, "s": round(time.perf_counter() - t0, 4)})
+        return reverted
+
+    check.logged = True  # type: ignore[attr-defined]
+    insitu.check = check
 
 
 def flops(c: Cell, mode: str) -> float:
@@ -414,8 +444,10 @@ def measure(torch: Any, attnforge: Any, backends: dict[str, tuple[str, Callable[
             for t in (qb, kb, vb, qs, ks, vs):
                 t.grad = None
 
+    logged = len(INSITU_LOG)
     timed_all = measure_many_ms(torch, {n: fn for n, fn in cands.items() if n not in row.failed},
                                 set_bytes=set_bytes, after=reset_grads)
+    row.insitu_checks = INSITU_LOG[logged:]
     for n, m in timed_all.items():
         if "error" in m:
             row.failed[n] = m["error"]
@@ -557,6 +589,7 @@ def main() -> int:
 
     import attnforge
 
+    _log_insitu()
     t_start = time.monotonic()
     dtype = getattr(torch, args.dtype)
     wanted = {n for n in args.cells.split(",") if n}
