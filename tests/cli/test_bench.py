@@ -115,6 +115,34 @@ def test_model_config_measures_the_models_shape_classes_small_on_cpu(
     assert all(r["best"] == "sdpa" for r in doc["rows"])  # only the baseline ran
 
 
+# trimmed from google/gemma-2-9b's config.json on the Hugging Face Hub
+GEMMA2 = {"model_type": "gemma2", "hidden_size": 3584, "num_attention_heads": 16, "num_key_value_heads": 8,
+          "head_dim": 256, "attn_logit_softcapping": 50.0, "sliding_window": 4096, "max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize(("config", "said"), [
+    pytest.param(GEMMA2, ("a logit softcap of 50 on every call", "a 4096-token sliding window"), id="gemma2"),
+    pytest.param(LLAMA, (), id="llama"),
+])
+def test_model_config_says_which_features_bench_does_not_time(
+        attnforge_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], config: dict[str, object],
+        said: tuple[str, ...]) -> None:
+    """bench times a model's plain shape classes; a config whose calls carry a softcap or a window says so and
+    points at ``attnforge warmup --model`` (the records of a plain class do not serve a softcap call), on stderr,
+    the JSON on stdout unchanged; a config with neither says nothing."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    assert main(["bench", "--max-noise", "1e6", "--device", "cpu", "--shapes", "model", "--model", str(path),
+                 "--mode", "fwd", "--json"]) == 0
+    out, err = capsys.readouterr()
+    jsonschema.validate(json.loads(out), load_schema())
+    if said:
+        assert all(part in err for part in said), err
+        assert f"attnforge warmup --model {path}" in err
+    else:
+        assert "note:" not in err
+
+
 @pytest.mark.slow
 def test_grid_and_diffusion_sets_on_cpu_keep_their_structure(attnforge_home: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -86,6 +86,8 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
     shapes = choose_shapes(ShapeSet(shape_set), device=dev, dtype=dtype_name, causal=causal, mode=mode,
                            batch=batch, heads_q=heads_q, heads_kv=heads_kv, head_dims=head_dims, seqlens=seqlens,
                            seqlen_k=seqlen_k, model_config=model_config)
+    if model_config is not None and (note := _unbenched_features(model_config)):
+        click.echo(note, err=True)
     quantized = [n for n in chosen if (e := catalog.backends.get(n)) is not None and e.quantized]
     versions = backend_versions(list(chosen), catalog)
     out = console(stderr=True)
@@ -236,3 +238,25 @@ def _slowest_first_calls(report: BenchReport) -> dict[str, float]:
             if cell.timing is not None:
                 slowest[cell.backend] = max(slowest.get(cell.backend, 0.0), cell.timing.first_call_s)
     return {n: s for n, s in slowest.items() if s >= 1.0}
+
+
+def _unbenched_features(model_config: Path) -> str | None:
+    """A note for a ``--model`` config whose attention calls carry features bench does not time (bench times the
+    plain shape classes): a logit softcap (every call of the model: Gemma-2's ``attn_logit_softcapping``) or a
+    sliding window (its prefill calls longer than the window). A feature is part of a call's shape class
+    (:class:`attnforge.types.shapes.ShapeClass`), so those calls do not read bench's records; ``attnforge warmup
+    --model`` measures the classes with their features (:func:`attnforge.dispatch.warmup.warmup`). None when the
+    config has neither."""
+    from attnforge.bench.models import read_model_config
+
+    model = read_model_config(model_config)
+    said = []
+    if model.softcap:
+        said.append(f"a logit softcap of {model.softcap:g} on every call")
+    if model.sliding_window:
+        said.append(f"a {model.sliding_window}-token sliding window on its calls longer than that")
+    if not said:
+        return None
+    return (f"note: {model.name}'s attention carries {' and '.join(said)}; bench times the shape classes without "
+            f"them, and such calls do not read these records (a feature is part of the shape class). "
+            f"hint: attnforge warmup --model {model_config} measures the classes the model calls, with their features")
