@@ -156,9 +156,15 @@ def _note_route(module: Any, *, eager: bool) -> None:
     _EAGER_SERVED[id(config)] = (ref, token, eager)
 
 
+def _token(dispatcher: Any) -> tuple[weakref.ref[Any], int]:
+    """What an answer kept for ``dispatcher`` holds for: a weak reference to it (a new dispatcher may reuse a freed
+    one's ``id``, as the suite's showed, and starts at generation 0 too) and its generation (its records and
+    decisions). The key part of :data:`_EAGER_SERVED`, :data:`_EXACT_ONLY` and :data:`_VARLEN_PAYS`."""
+    return weakref.ref(dispatcher), dispatcher.generation
+
+
 def _served_token() -> tuple[weakref.ref[Any], int] | None:
-    """The dispatcher an :data:`_EAGER_SERVED` answer holds for (a weak reference: a new dispatcher may reuse a freed
-    one's ``id``, as the suite's showed, and starts at generation 0 too) and its generation; None while
+    """The process dispatcher's :func:`_token`, which an :data:`_EAGER_SERVED` answer holds for; None while
     ``torch.compile`` traces (the custom op serves every call then)."""
     import torch
 
@@ -166,8 +172,7 @@ def _served_token() -> tuple[weakref.ref[Any], int] | None:
 
     if torch.compiler.is_compiling():
         return None
-    dispatcher = runtime.get_dispatcher()
-    return weakref.ref(dispatcher), dispatcher.generation
+    return _token(runtime.get_dispatcher())
 
 
 def eager_served(config: Any) -> bool:
@@ -198,9 +203,8 @@ def _exact_only(query: Any, key: Any, value: Any, call: dict[str, Any]) -> bool:
 
     Asked of :func:`attnforge.explain` once per kind of call: the head counts and head dims, one query row or more,
     dtype, device, the mask's rank and dtype, which features are present, whether a gradient is recorded, and the
-    dispatcher (a weak reference: a new one may reuse a freed one's ``id`` and starts at generation 0 too) with its
-    generation (its records and decisions): what the backends' capabilities and verify records turn on, not the
-    lengths, which grow every decode step. Never for a forced backend (``attnforge.use_backend``: the
+    dispatcher with its generation (:func:`_token`): what the backends' capabilities and verify records turn on, not
+    the lengths, which grow every decode step. Never for a forced backend (``attnforge.use_backend``: the
     caller asked for it), nor while ``torch.compile`` traces (the custom op serves then).
 
     A masked decode call whose chosen backend's route would leave it to the exact math all the same (the route's
@@ -223,7 +227,7 @@ def _exact_only(query: Any, key: Any, value: Any, call: dict[str, Any]) -> bool:
     kind = (query.shape[1], key.shape[1], query.shape[-1], value.shape[-1], query.shape[2] == 1, query.dtype,
             query.device, None if mask is None else (mask.dim(), mask.dtype), call.get("causal"),
             "window" in call, bool(call.get("dropout_p")), call.get("softcap") is not None,
-            call.get("sinks") is not None, grad, weakref.ref(dispatcher), dispatcher.generation)
+            call.get("sinks") is not None, grad, _token(dispatcher))
     chosen = _EXACT_ONLY.get(kind)
     if chosen is None:
         chosen = _remember(_EXACT_ONLY, kind, _chosen(query, key, value, call) or "")
@@ -635,9 +639,9 @@ def _varlen_pays(query: Any, key: Any, value: Any, *, mask: Any, features: dict[
     an H200 ran 1.162x eager with FlashAttention-4's varlen kernel, 1.247x with Flex's masked one, 2026-11-29,
     docs/benchmarks.md "fifteenth session"). Asked of :func:`attnforge.explain` once per kind (heads, head dims,
     dtype, device, the features present, whether a gradient is recorded, the length's power-of-two bucket, as shape
-    classes bucket it: what serves the masked call may differ by length, and the dispatcher with its generation), as
-    :func:`_exact_only` asks, on offsets of ``B`` whole rows of ``S`` (no mask read: the packed call's class is that
-    of its longest sequence's bucket, ``S``'s here)."""
+    classes bucket it: what serves the masked call may differ by length, and the dispatcher with its generation,
+    :func:`_token`), as :func:`_exact_only` asks, on offsets of ``B`` whole rows of ``S`` (no mask read: the packed
+    call's class is that of its longest sequence's bucket, ``S``'s here)."""
     from attnforge.backends.exact import EXACT
     from attnforge.backends.sdpa import SDPA_KERNELS
     from attnforge.dispatch import runtime
@@ -646,8 +650,7 @@ def _varlen_pays(query: Any, key: Any, value: Any, *, mask: Any, features: dict[
     b, hq, s, d = query.shape
     kind = (hq, key.shape[1], d, value.shape[-1], query.dtype, query.device, records_grad(query, key, value),
             tuple(sorted((*(name for name, val in base.items() if val is not None and not (
-                name == "dropout_p" and not val)), *_PACKED_KEYWORDS))), s.bit_length(), weakref.ref(dispatcher),
-            dispatcher.generation)
+                name == "dropout_p" and not val)), *_PACKED_KEYWORDS))), s.bit_length(), _token(dispatcher))
     pays = _VARLEN_PAYS.get(kind)
     if pays is None:
         import torch
