@@ -199,6 +199,8 @@ BAD = [
                  "pools differ", id="paged-v-other-page-size"),
     # numbers past float's range and values that are not one number (an OverflowError or a RuntimeError before)
     pytest.param({"scale": 10**400}, "scale must be positive", id="scale-huge-int"),
+    # finite in Python, infinite in the kernels' float32 math: every output NaN, silently (a CPU fuzz, 2026-12-03)
+    pytest.param({"scale": 1e39}, "finite in float32", id="scale-past-float32"),
     pytest.param({"softcap": 10**400}, "softcap must be positive", id="softcap-huge-int"),
     pytest.param({"dropout_p": 10**400}, "dropout_p", id="dropout-huge-int"),
     pytest.param({"dropout_p": torch.zeros(2)}, "dropout_p", id="dropout-two-element-tensor"),

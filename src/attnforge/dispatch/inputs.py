@@ -21,7 +21,9 @@ import torch
 from attnforge.backends._base import KeptPerMask, host_to_device, made_here
 from attnforge.errors import DispatchError
 
-_INF = math.inf
+#: the largest float32: a scale or softcap past it is infinite in the float32 math of the kernels and the exact
+#: fallback (a softcap's ``c * tanh(x / c)`` became ``inf * 0 = NaN`` for every logit; a scale's logits inf - inf)
+_FLOAT32_MAX = 3.4028234663852886e38
 #: the dtypes attention takes (docs/features.md); FlashAttention-3's float8 goes through its own backend only
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
@@ -58,7 +60,7 @@ def validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
         dtype = q.dtype
         ok = (b == kb == vb and d == kd and hkv == vh and sk == vs and hkv > 0 and hq % hkv == 0
               and dtype is k.dtype and dtype is v.dtype and q.device == k.device and q.device == v.device
-              and dtype in FLOATS and (scale is None or (isinstance(scale, float) and 0.0 < scale < _INF))
+              and dtype in FLOATS and (scale is None or (isinstance(scale, float) and 0.0 < scale <= _FLOAT32_MAX))
               and not (q.is_nested or k.is_nested or v.is_nested))  # a jagged one's shape unpacks (a nested int)
     except (AttributeError, RuntimeError, TypeError, ValueError):  # RuntimeError: a strided nested tensor's shape
         ok = False
@@ -162,14 +164,16 @@ def _got(value: Any) -> str:
 def check_scale(scale: Any) -> float | None:
     """The softmax scale as a finite positive float, None for ``1/sqrt(D)``.
 
-    Refuses inf and nan (they turn every output into NaN), zero and negative scales (no backend is verified
-    for them), and what is not a number.
+    Refuses inf and nan (they turn every output into NaN), a scale past float32's largest value (infinite in the
+    float32 math of the kernels and of the exact fallback: every output NaN, silently, until a CPU fuzz found it on
+    2026-12-03; :func:`check_softcap` has the same bound), zero and negative scales (no backend is verified for
+    them), and what is not a number.
     """
     if scale is None:
         return None
     value = _real(scale)
-    if value is None or not 0.0 < value < _INF:
-        raise DispatchError(f"scale must be positive and finite, got {_got(scale)}",
+    if value is None or not 0.0 < value <= _FLOAT32_MAX:
+        raise DispatchError(f"scale must be positive and finite in float32, got {_got(scale)}",
                             hint="pass a float such as 1 / math.sqrt(D), or None for 1/sqrt(D)")
     return value
 
@@ -194,9 +198,6 @@ def check_dropout(dropout_p: Any) -> float:
     return p
 
 
-#: the largest float32: a softcap past it is infinite in the float32 math of the kernels and the exact fallback
-#: (``c * tanh(x / c)`` became ``inf * 0 = NaN`` for every logit)
-_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def check_softcap(softcap: Any) -> float | None:

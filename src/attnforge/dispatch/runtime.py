@@ -156,7 +156,7 @@ def attention(
             it combines with ``causal`` and ``window`` (all of them apply; SDPA itself refuses both at once).
         dropout_p: dropout probability in [0, 1) on the attention weights, applied when > 0 (as SDPA: pass 0
             in eval).
-        scale: softmax scale, a finite number > 0 (Python or numpy); None means ``1/sqrt(D)``.
+        scale: softmax scale, a number > 0 and at most float32's largest (Python or numpy); None means ``1/sqrt(D)``.
         causal: mask future keys, aligned as ``causal_alignment`` says (bottom-right by default).
         is_causal: SDPA's argument with SDPA's meaning: ``is_causal=True`` is ``causal=True,
             causal_alignment="top_left"``; passing ``causal=True`` as well is an error unless
