@@ -543,6 +543,47 @@ def test_flash_style_cu_seq_lens_are_varlen(served: list[tuple[int, ...]]) -> No
     assert served[0] == (7, 2, 8)  # one packed varlen call
 
 
+@pytest.mark.parametrize("forced", [None, "exact"])
+def test_packed_cu_seq_lens_keep_sequences_apart_in_masked_layers(forced: str | None) -> None:
+    """A packed row (``DataCollatorWithFlattening``'s ``position_ids`` and ``cu_seq_lens``) through GPT-OSS, whose
+    sliding layers' masks are built without ``position_ids``: the mask spans both sequences, the ``cu_seq_lens`` beside
+    it say where each ends. Every layer keeps the sequences apart, as its full layers' varlen calls do; until
+    2026-12-03 a masked call dropped the ``cu_seq_lens`` and the second sequence's logits were 0.05-0.17 off (a CPU
+    fuzz of the integration). Unforced, the sinks' calls go to the model's eager function, with the mask narrowed."""
+    import contextlib
+
+    ids, _ = _inputs(batch=1, length=11)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5]])
+    cu = torch.tensor([0, 5, 11], dtype=torch.int32)
+    eager, ours = tiny_model("gpt-oss-sinks", "eager").eval(), tiny_model("gpt-oss-sinks", "attnforge").eval()
+    assert "sliding_attention" in ours.config.layer_types
+    with torch.no_grad():
+        separate = torch.cat([eager(ids[:, :5], use_cache=False).logits, eager(ids[:, 5:], use_cache=False).logits],
+                             dim=1)
+        with attnforge.use_backend(forced) if forced else contextlib.nullcontext():
+            got = ours(ids, position_ids=positions, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=6,
+                       max_length_k=6, use_cache=False).logits
+    assert _max_diff(got, separate) <= TOL
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_a_masked_call_with_cu_seq_lens_sees_its_own_sequence_only(additive: bool) -> None:
+    """A mask (bool or additive) beside ``cu_seq_lens``: both apply, each sequence alone under the mask's window."""
+    from transformers.masking_utils import sliding_window_causal_mask_function
+
+    q, k, v = (torch.randn(1, 2, 7, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    mask = _mask(7, sliding_window_causal_mask_function(3))
+    if additive:
+        mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    module = torch.nn.Module().eval()
+    got, _ = tf_integration.attention_forward(module, q, k, v, mask, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                                              max_length_q=4, max_length_k=4)
+    parts = [tf_integration.attention_forward(module, q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], None,
+                                              sliding_window=3)[0] for a, b in ((0, 3), (3, 7))]
+    assert _max_diff(got, torch.cat(parts, dim=1)) <= 1e-6
+
+
 #: model classes that compute attention in their own code in transformers 5.24 (measured 2026-12-01 over every
 #: causal LM class built tiny: on a left-padded batch XGLM's logits were 0.03 off eager, MPT crashed on a None mask
 #: and Falcon raised KeyError 'attnforge'), with a config small enough to build

@@ -20,6 +20,7 @@ no mask, causal module, Sq > 1         ``causal=True``, keys past Sq cut off as 
 ``s_aux`` (GPT-OSS)                    ``sinks``
 ``dropout``, ``scaling``               ``dropout_p``, ``scale``
 ``cu_seq_lens_q/k``, no mask           varlen (``cu_seqlens_q/k``, ``max_seqlen_q/k``)
+``cu_seq_lens_q/k`` and a mask         the mask narrowed to the packed sequences (:func:`_within_sequences`)
 ``position_bias`` (T5-style)           an additive ``attn_mask`` (transformers' ``create_position_bias_mask``)
 a paged cache (continuous batching)    the cache is updated first, as transformers' SDPA function does
 =====================================  ==========================================================================
@@ -78,6 +79,8 @@ def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signa
     Raises:
         DispatchError: the call needs the eager path and the model's modeling file has none.
     """
+    if kwargs.get("cu_seq_lens_q") is not None and attention_mask is not None:
+        attention_mask = _within_sequences(attention_mask, query, key, kwargs)
     if _needs_eager(attention_mask, kwargs):
         return _eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                       is_causal=is_causal, **kwargs)
@@ -266,6 +269,36 @@ def _varlen(query: Any, key: Any, value: Any, *, causal: bool, features: dict[st
         cu_seqlens_q=kwargs["cu_seq_lens_q"], cu_seqlens_k=kwargs.get("cu_seq_lens_k", kwargs["cu_seq_lens_q"]),
         max_seqlen_q=kwargs.get("max_length_q"), max_seqlen_k=kwargs.get("max_length_k"), **features)
     return out.reshape(query.shape[0], query.shape[2], *out.shape[1:]).contiguous()
+
+
+def _within_sequences(mask: Any, query: Any, key: Any, kwargs: dict[str, Any]) -> Any:
+    """``mask`` (``[B or 1, H or 1, Sq, Sk]``, bool or additive) narrowed to the packed sequences ``cu_seq_lens_q/k``
+    describe (over the ``B`` rows flattened, as :func:`_varlen` reads them): a query sees a key only within its own
+    sequence. A model that builds a layer's mask without ``position_ids`` (GPT-OSS's sliding-window layers, transformers
+    5.24) hands a packed row (``DataCollatorWithFlattening``) a mask that spans its sequences, with the ``cu_seq_lens``
+    beside it; its unmasked layers take the varlen call and keep the sequences apart, so the masked ones must too
+    (found by a CPU fuzz, 2026-12-03: the second sequence's logits 0.05-0.17 off, the ``cu_seq_lens`` dropped). No host
+    sync: the sequence of each position comes from ``searchsorted`` on the mask's device. A mask that is not a tensor
+    (a flex ``BlockMask``) is left as it is."""
+    import torch
+
+    cu_q = kwargs["cu_seq_lens_q"]
+    cu_k = kwargs.get("cu_seq_lens_k")
+    if not (isinstance(mask, torch.Tensor) and mask.dim() == 4 and isinstance(cu_q, torch.Tensor)
+            and (cu_k is None or isinstance(cu_k, torch.Tensor))):
+        return mask  # what is not a tensor is attnforge.attention's to refuse (the varlen call's checks)
+    batch, q_len, kv_len, device = query.shape[0], query.shape[2], key.shape[2], mask.device
+
+    def sequence_of(offsets: Any, length: int) -> Any:
+        positions = torch.arange(batch * length, device=device)
+        return (torch.searchsorted(offsets.to(device=device, dtype=torch.int64), positions, right=True) - 1).view(
+            batch, length)
+
+    same = sequence_of(cu_q, q_len)[:, None, :, None] == sequence_of(cu_q if cu_k is None else cu_k,
+                                                                     kv_len)[:, None, None, :]
+    if mask.dtype == torch.bool:
+        return mask & same
+    return mask.masked_fill(~same, torch.finfo(mask.dtype).min)
 
 
 def model_eager_function(module: Any) -> Callable[..., Any]:
