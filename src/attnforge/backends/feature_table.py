@@ -45,7 +45,8 @@ float32-accumulating math in torch, which supports all of them. Nothing is dropp
 - **attn_mask**: bool (True = attend) or additive float, broadcastable to `[B, Hq, Sq, Sk]` on q's device (SDPA's
   rule); a `[Sk]` or scalar mask is passed on as a `[1, Sk]` view (SDPA's kernels need two dimensions).
 - **scale** and **softcap** are finite Python or numpy numbers, scale > 0, softcap >= 0 (0 or None: off) and at
-  most float32's largest (a larger softcap is infinite in float32 math: NaN logits); `dropout_p` a number in [0, 1);
+  most float32's largest, each (larger, either is infinite in float32 math: NaN logits; a scale of 1e39 gave
+  all-NaN output until 2026-12-03); `dropout_p` a number in [0, 1);
   `causal`, `is_causal`, `enable_gqa`, `return_lse` are bools. A bool is not a number here (`scale=True` is
   refused, even after a `scale=1.0` call), nor is a tensor; an int past float's range is refused as infinite.
 - **additive masks** wider than q's dtype (a float32 mask on bfloat16 inputs) keep their finite values finite:
