@@ -146,24 +146,43 @@ INSITU_LOG: list[dict[str, Any]] = []
 
 
 def _log_insitu() -> None:
-    """Wrap ``attnforge.dispatch.insitu.check`` (looked up by name at each call) so each check is logged."""
+    """Wrap ``attnforge.dispatch.insitu.check`` and ``verdict`` (each looked up by name at each call) so each check is
+    logged: a short call's check (``check``, its extra calls timed back to back) and a long call's (``verdict`` alone,
+    reached after its live calls were timed in slices, SDPA serving half of them: ``"slices": True``; the
+    forty-third session's Wan and HunyuanVideo bshd rows ran 3-4 % over FA3's own call in every round after warm-up,
+    with no ``check`` logged)."""
     from attnforge.dispatch import insitu
 
-    real = insitu.check
+    real, real_verdict = insitu.check, insitu.verdict
     if getattr(real, "logged", False):
         return
+    inside: list[bool] = []
 
-    def check(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        reverted = real(*args, **kwargs)
+    def log(kwargs: dict[str, Any], reverted: Any, t0: float, *, slices: bool) -> None:
         call = kwargs.get("call")
         verdict = reverted if reverted is None or isinstance(reverted, str) else "undecided"
         INSITU_LOG.append({"route": kwargs.get("route"), "layout": str(getattr(call, "layout", None)),
-                           "verdict": verdict, "s": round(time.perf_counter() - t0, 4)})
+                           "verdict": verdict, "s": round(time.perf_counter() - t0, 4), "slices": slices})
+
+    def check(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        inside.append(True)
+        try:
+            reverted = real(*args, **kwargs)
+        finally:
+            inside.pop()
+        log(kwargs, reverted, t0, slices=False)
+        return reverted
+
+    def verdict(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        reverted = real_verdict(*args, **kwargs)
+        if not inside:  # a long call's check: its live calls were the slices
+            log(kwargs, reverted, t0, slices=True)
         return reverted
 
     check.logged = True  # type: ignore[attr-defined]
-    insitu.check = check
+    insitu.check, insitu.verdict = check, verdict
 
 
 def flops(c: Cell, mode: str) -> float:
