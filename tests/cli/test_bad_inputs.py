@@ -88,6 +88,20 @@ def test_bad_input_is_an_error_with_a_hint(
     check(code, capsys.readouterr().err, expected)
 
 
+@pytest.mark.parametrize("argv", [["cache", "export", ""], ["cache", "export", "  "], ["cache", "import", ""]])
+def test_an_empty_path_is_a_usage_error_not_the_current_directory(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """click reads "" as the current directory: `cache export ""` wrote artifacts/ and simple/ where the shell stood,
+    exit 0 (a CLI fuzz, 2026-12-03)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    code = main(argv)
+    check(code, capsys.readouterr().err, 2)
+    assert list(cwd.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "line",
     ["doctor --snapshot {BAD} --json", "plan no-such-backend --json --snapshot " + CPU_SNAPSHOT,

@@ -1,4 +1,4 @@
-"""Numbers the command line reads: option types and the numeric environment variables, checked at the door.
+"""Numbers and paths the command line reads: option types and the numeric environment variables, checked at the door.
 
 ``click.FloatRange(min=1)`` lets ``nan`` through (every comparison with NaN is false) and ``inf`` too; they then
 surfaced deep inside as ``ValueError: cannot convert float NaN to integer`` (issue 31, item 9). Every numeric
@@ -76,3 +76,14 @@ def columns_from_env(environ: Mapping[str, str]) -> tuple[int | None, str | None
     if raw.isdigit() and 0 < int(raw) <= 10_000:
         return int(raw), None
     return None, f"COLUMNS={raw!r} is not a width in columns (1..10000); ignored"
+
+
+class NamedPath(click.Path):
+    """``click.Path`` that refuses an empty or blank value: click reads ``""`` as ``Path("")``, the current directory,
+    so ``attnforge cache export ""`` wrote ``artifacts/`` and ``simple/`` into wherever the shell stood, exit 0
+    (a CLI fuzz, 2026-12-03). ``.`` still names the current directory."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail(f"{value!r} names no path (use . for the current directory)", param, ctx)
+        return super().convert(value, param, ctx)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from attnforge.cli._output import console, emit_json, json_option
+from attnforge.cli._types import NamedPath
 from attnforge.errors import UsageError
 
 if TYPE_CHECKING:
@@ -202,7 +203,7 @@ def prune(older_than: str | None, max_size: str | None, as_json: bool) -> int:
 
 
 @command.command("export")
-@click.argument("dest", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("dest", type=NamedPath(path_type=Path, file_okay=False))
 @json_option
 def export(dest: Path, as_json: bool) -> int:
     """Write every entry and a PEP 503 index into DEST (serve it from any static file server or bucket).
@@ -217,7 +218,7 @@ def export(dest: Path, as_json: bool) -> int:
 
 
 @command.command("import")
-@click.argument("source", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.argument("source", type=NamedPath(path_type=Path, file_okay=False, exists=True))
 @json_option
 def import_(source: Path, as_json: bool) -> int:
     """Merge an export directory or another cache into this one; every file's hash and key are checked.
