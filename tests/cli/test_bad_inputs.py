@@ -224,6 +224,26 @@ def test_an_unknown_autotune_setting_is_a_usage_error_naming_the_accepted_values
     assert main(["--version"]) == 0 and main(["doctor", "--help"]) == 0
 
 
+@pytest.mark.parametrize("value", ["banana", "disabled"])
+def test_an_unknown_wheel_sources_setting_is_a_usage_error(value: str, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Anything but an on or off spelling was read as on (``disabled`` still asked GitHub; a CLI fuzz, 2026-12-03)."""
+    monkeypatch.setenv("ATTNFORGE_WHEEL_SOURCES", value)
+    snapshot = str(REPO / "tests" / "fixtures" / "snapshots" / "h200_torch2.11_cu130.json")
+    code = main(["plan", "flash-attn", "--offline", "--snapshot", snapshot])
+    err = capsys.readouterr().err
+    check(code, err, 2)
+    assert "ATTNFORGE_WHEEL_SOURCES" in err
+
+
+@pytest.mark.parametrize(("value", "on"), [("", True), (" ON ", True), ("1", True), ("false", False), ("0", False),
+                                           ("Off", False), ("no", False)])
+def test_the_wheel_sources_setting_reads_every_accepted_spelling(value: str, on: bool) -> None:
+    from attnforge.fetch.listings import wheel_sources_on
+
+    assert wheel_sources_on({"ATTNFORGE_WHEEL_SOURCES": value}) is on
+
+
 @pytest.mark.parametrize(("value", "want"), [("", "default"), (" OFF ", "off"), ("0", "off"), ("yes", "on"),
                                              ("1", "on"), ("Background", "background")])
 def test_the_autotune_setting_reads_every_accepted_spelling(value: str, want: str) -> None:

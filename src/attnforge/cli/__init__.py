@@ -110,7 +110,8 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
            "index pages, downloads' answers); a host or proxy that timed out is not asked again",
            default=f"{DEFAULT_BUDGET_S:g}"),
     EnvVar(name="ATTNFORGE_WHEEL_SOURCES", meaning="off: do not ask the known prebuilt-wheel sources (GitHub "
-           "releases, per-CUDA indexes); plan and install use the cache, --find-links and --index-url only",
+           "releases, per-CUDA indexes); plan and install use the cache, --find-links and --index-url only "
+           "(off, 0, false, no; on, 1, true, yes; anything else is a usage error)",
            default="on"),
     EnvVar(name="ATTNFORGE_EXTRA_WHEEL_SOURCES", meaning="a wheel_sources.toml of a team's own sources, added to "
            "the shipped ones (an equal id replaces one)"),

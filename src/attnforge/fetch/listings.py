@@ -173,6 +173,28 @@ def _page(url: str, etag: str | None, fetcher: HttpClient) -> tuple[int, str, st
     return 200, answer.body.decode("utf-8", errors="replace"), answer.headers.get("ETag") or answer.headers.get("etag")
 
 
+#: the spellings of ``ATTNFORGE_WHEEL_SOURCES`` (unset or empty: on), as ``ATTNFORGE_AUTOTUNE`` reads its own
+_SOURCES_OFF = frozenset({"0", "false", "no", "off"})
+_SOURCES_ON = frozenset({"", "1", "true", "yes", "on"})
+
+
+def wheel_sources_on(environ: Mapping[str, str]) -> bool:
+    """Whether ``ATTNFORGE_WHEEL_SOURCES`` lets attnforge ask the known prebuilt-wheel sources.
+
+    Raises:
+        UsageError: any other value (``disabled`` and ``false`` were read as on until 2026-12-03: a CLI fuzz).
+    """
+    text = environ.get("ATTNFORGE_WHEEL_SOURCES", "").strip().lower()
+    if text in _SOURCES_OFF:
+        return False
+    if text in _SOURCES_ON:
+        return True
+    from attnforge.errors import UsageError
+
+    raise UsageError(f"ATTNFORGE_WHEEL_SOURCES={environ['ATTNFORGE_WHEEL_SOURCES']!r} is neither on nor off",
+                     hint="set it to off (or 0, false, no) to skip the prebuilt-wheel sources, or unset it")
+
+
 def known_source_wheels(
     backend: str,
     snapshot: SystemSnapshot,
@@ -186,7 +208,7 @@ def known_source_wheels(
     from attnforge.resolve.sources import load_wheel_sources
 
     env = os.environ if environ is None else environ
-    if from_source or env.get("ATTNFORGE_WHEEL_SOURCES", "").lower() in ("off", "0", "no"):
+    if from_source or not wheel_sources_on(env):
         return Listing(wheels=())
     ws = load_wheel_sources()
     extra = env.get("ATTNFORGE_EXTRA_WHEEL_SOURCES")
