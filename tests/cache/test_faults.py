@@ -375,6 +375,10 @@ def test_list_prune_rm_work_on_a_full_disk(small_tmpfs: Path, tmp_path: Path, fr
     _fill(small_tmpfs, free_kib * 1024)
     listed = cli(home, "cache", "list")
     assert listed.returncode == 0 and "2 entries" in listed.stdout, listed.stdout + listed.stderr
+    # a prune that removes nothing opened a write transaction all the same: "disk I/O error", exit 1, while the
+    # disk-full message itself recommends this very command (a CLI fuzz, 2026-12-03)
+    nothing = cli(home, "cache", "prune", "--max-size", "20GB")
+    assert nothing.returncode == 0 and "freed 0" in nothing.stdout, nothing.stdout + nothing.stderr
     removed = cli(home, "cache", "rm", keys[0])
     assert removed.returncode == 0, removed.stdout + removed.stderr
     pruned = cli(home, "cache", "prune", "--max-size", "0B")

@@ -328,7 +328,10 @@ class Store(StoreBase):
     def delete_locked(self, entries: builtins.list[Entry]) -> None:
         """Remove ``entries``; the caller holds :meth:`writer` (``prune`` does). Rows first, then files. On a full
         disk (no room for SQLite's journal) the files go first to make room: a row whose file is gone is never
-        installed (:meth:`get` finds the file missing)."""
+        installed (:meth:`get` finds the file missing). No entries: nothing opened (a write transaction for
+        nothing failed on a full disk, where ``cache prune`` is the advice)."""
+        if not entries:
+            return
         keys = [(e.key,) for e in entries]
         try:
             with self._db(raw=True) as conn:
