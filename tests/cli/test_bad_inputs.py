@@ -88,6 +88,17 @@ def test_bad_input_is_an_error_with_a_hint(
     check(code, capsys.readouterr().err, expected)
 
 
+@pytest.mark.parametrize("option", ["--dtype", "--head-dim"])
+def test_a_slim_option_that_names_nothing_is_a_usage_error(option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--dtype ""`` asked for a slim build of every dtype that dropped FA3's optional features, silently; ``--head-dim
+    ""`` was ignored (a CLI fuzz, 2026-12-03)."""
+    snapshot = str(REPO / "tests" / "fixtures" / "snapshots" / "h200_torch2.11_cu130.json")
+    code = main(["plan", "flash-attn-3", "--offline", "--snapshot", snapshot, option, ""])
+    err = capsys.readouterr().err
+    check(code, err, 2)
+    assert f"{option} '' names nothing" in err
+
+
 @pytest.mark.parametrize("argv", [["cache", "export", ""], ["cache", "export", "  "], ["cache", "import", ""]])
 def test_an_empty_path_is_a_usage_error_not_the_current_directory(
     argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

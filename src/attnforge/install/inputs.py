@@ -315,10 +315,17 @@ def slim_request(args: RequestArgs) -> SlimRequest | None:
 
     from_model = model_head_dims(args.model_config) if args.model_config is not None else ()
     dims, pairs = parse_head_dims((*args.head_dims, *from_model))
+    dtypes = parse_dtypes(args.dtypes)
+    # an option given with nothing in it (``--dtype ""``): a slim build of every dtype dropped the optional
+    # features silently, and ``--head-dim ""`` was ignored (a CLI fuzz, 2026-12-03)
+    for option, given, parsed in (("--dtype", args.dtypes, dtypes), ("--head-dim", args.head_dims, dims or pairs)):
+        if given and not parsed:
+            raise UsageError(f"{option} {' '.join(map(repr, given))} names nothing",
+                             hint=f"write e.g. {option} {'bf16' if option == '--dtype' else '64,128'}, or leave it out")
     wanted = [t.strip() for v in args.features for t in v.split(",") if t.strip()]
-    if not (dims or pairs or args.dtypes or args.no_backward or wanted):
+    if not (dims or pairs or dtypes or args.no_backward or wanted):
         return None
-    return SlimRequest(head_dims=dims, head_dim_pairs=pairs, dtypes=parse_dtypes(args.dtypes),
+    return SlimRequest(head_dims=dims, head_dim_pairs=pairs, dtypes=dtypes,
                        backward=not args.no_backward, features=tuple(dict.fromkeys(wanted)))
 
 
