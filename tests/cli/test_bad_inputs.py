@@ -22,8 +22,10 @@ def files(tmp: Path) -> dict[str, str]:
     (tmp / "blob.bin").write_bytes(bytes(range(256)) * 4)
     (tmp / "empty").write_text("")
     (tmp / "dir").mkdir()
+    (tmp / "loop-a").symlink_to(tmp / "loop-b")
+    (tmp / "loop-b").symlink_to(tmp / "loop-a")
     return {"BAD": str(tmp / "bad.json"), "LIST": str(tmp / "list.json"), "BLOB": str(tmp / "blob.bin"),
-            "DIR": str(tmp / "dir"), "EMPTY": str(tmp / "empty")}
+            "DIR": str(tmp / "dir"), "EMPTY": str(tmp / "empty"), "LOOP": str(tmp / "loop-a")}
 
 
 # argv (with {BAD}-style placeholders), expected exit code
@@ -65,6 +67,10 @@ CASES: list[tuple[str, int]] = [
     ("cache import " + MISSING, 2),
     ("cache import {BLOB}", 2),
     ("cache prune --max-size lots", 2),
+    # a symlink loop: Path.resolve() raised RuntimeError, an internal error (a CLI fuzz, 2026-12-03)
+    ("cache export {LOOP}", 2),
+    ("plan --source {LOOP} --offline", 2),
+    ("build --source {LOOP} --snapshot " + CPU_SNAPSHOT, 2),
     ("cache prune --older-than yesterday", 2),
     ("cargo-env no-such-crate", 2),
     ("cargo-env candle-flash-attn --compute-cap x --print --crate-version 0.9.1 --snapshot " + CPU_SNAPSHOT, 2),

@@ -1,6 +1,6 @@
-"""Files: reading one the user named (a path that cannot be read is bad input, not a crash), and writing and
-reading state safely in directories others may share (atomic, exclusive temp files, no symlink followed): the
-store (:mod:`attnforge.cache`) and the probe memo (:mod:`attnforge.probe.memo`) use the same primitives."""
+"""Files: reading (and resolving) one the user named (a path that cannot be read is bad input, not a crash), and
+writing and reading state safely in directories others may share (atomic, exclusive temp files, no symlink followed):
+the store (:mod:`attnforge.cache`) and the probe memo (:mod:`attnforge.probe.memo`) use the same primitives."""
 
 from __future__ import annotations
 
@@ -31,6 +31,23 @@ def read_user_file(path: Path, *, what: str, hint: str) -> str:
         raise UsageError(f"cannot read {what} {path}", cause=exc.strerror, hint=hint) from None
     except UnicodeDecodeError as exc:
         raise UsageError(f"cannot read {what} {path}", cause=not_utf8(exc), hint=hint) from None
+
+
+def resolve_user_path(path: Path, *, what: str, hint: str) -> Path:
+    """``path`` made absolute with its links followed (``Path.resolve()``).
+
+    Raises:
+        UsageError: ``path`` or a folder above it is a symlink loop (``resolve()`` raises ``RuntimeError`` for one
+            on Python 3.11-3.12 and ``OSError`` on 3.13; both surfaced as internal errors of ``cache export`` and
+            ``--source`` until a CLI fuzz found them, 2026-12-03), or cannot be resolved at all.
+    """
+    try:
+        return path.expanduser().resolve()
+    except RuntimeError:
+        raise UsageError(f"cannot use {what} {path}: it is a symlink loop",
+                         cause="its links point back at themselves", hint=hint) from None
+    except OSError as exc:
+        raise UsageError(f"cannot use {what} {path}", cause=exc.strerror, hint=hint) from None
 
 
 def not_utf8(exc: UnicodeDecodeError) -> str:

@@ -112,8 +112,10 @@ def parse_source(text: str) -> SourceSpec:
         return SourceSpec(kind=SourceKind.URL, location=body, subdirectory=subdirectory)
     if not body:
         raise UsageError(f"--source {text!r} names no path or URL", hint="write e.g. --source ./flash-attention")
-    return SourceSpec(kind=SourceKind.PATH, location=str(Path(body).expanduser().resolve()),
-                      subdirectory=subdirectory)
+    from attnforge._system.files import resolve_user_path
+
+    location = resolve_user_path(Path(body), what="--source", hint="give a source tree or an sdist archive")
+    return SourceSpec(kind=SourceKind.PATH, location=str(location), subdirectory=subdirectory)
 
 
 def _subdirectory(text: str, fragment: str) -> str | None:

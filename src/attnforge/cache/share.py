@@ -158,7 +158,11 @@ def export(store: Store, dest: Path, *, lock_timeout_s: float = EXPORT_LOCK_TIME
 def _refuse_the_store(store: Store, dest: Path) -> None:
     """Refuse an export into the store (``$ATTNFORGE_HOME``) or over it: its ``artifacts/`` are the store's own
     entries, which an export would replace, and its index pages would land in the cache."""
-    home, target = store.root.resolve(), dest.resolve()
+    from attnforge._system.files import resolve_user_path
+
+    hint = "export into a real directory outside ATTNFORGE_HOME, e.g. `attnforge cache export ./wheelhouse`"
+    home = resolve_user_path(store.root, what="ATTNFORGE_HOME", hint="point ATTNFORGE_HOME at a real directory")
+    target = resolve_user_path(dest, what="the export destination", hint=hint)
     written = (target, target / "artifacts", target / "simple")
     if target == home or home in target.parents or any(w == home or w in home.parents for w in written[1:]):
         raise UsageError(
