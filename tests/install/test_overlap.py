@@ -283,9 +283,13 @@ def test_an_overlapping_wheel_is_refused_then_allowed(venv_python: str, tmp_path
 def test_a_package_of_the_base_interpreter_is_not_overwritten_by_a_venv_install(
     venv_python: str, tmp_path: Path
 ) -> None:
-    """The venv sees the system's click, but pip installs into the venv's own site-packages."""
+    """The venv sees the base interpreter's click; pip installs into the venv's own site-packages and overwrites
+    none of click's files, but the venv's copy would shadow click there: said as a shadow, never as an overwrite
+    (until 2026-12-03 nothing was said, and a wheel shipping torch's files broke such a venv's torch)."""
     wheel = write_wheel(tmp_path / "dist", name="af-shadow", version="1", files={"click/__init__.py": ""})
-    assert installed_overlaps(wheel, name="af-shadow", python=venv_python, runner=SubprocessRunner()) == ()
+    found = installed_overlaps(wheel, name="af-shadow", python=venv_python, runner=SubprocessRunner())
+    assert found, "the base interpreter's click is on the venv's sys.path"
+    assert all(o.shadowed_in is not None and o.files == ("click/__init__.py",) for o in found)
 
 
 @pytest.mark.integration
@@ -312,3 +316,33 @@ def test_the_install_flow_keeps_the_refused_wheel_cached_and_warns_when_allowed(
                            "installing it replaced 1 of af-overlap-a's files")
     assert note.endswith(f"reinstalling restores them: `{venv_python} -m pip install --force-reinstall --no-deps "
                          "af-overlap-a==1.0`")
+
+
+def test_a_distribution_in_another_site_directory_on_sys_path_is_found_as_shadowed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A --system-site-packages venv sees its base interpreter's torch in another site directory: a wheel that ships
+    ``torch/__init__.py`` installed into the venv shadows it, pip overwrites nothing, and the overlap check (absolute
+    paths only) passed it; the install said "torch unchanged" and torch no longer imported (a CLI fuzz, 2026-12-03).
+    Here the other site directory is a PYTHONPATH entry holding a distribution "victim", and the real script runs in
+    this interpreter."""
+    import sys
+
+    other = tmp_path / "other-site"
+    (other / "victim").mkdir(parents=True)
+    (other / "victim" / "__init__.py").write_text("")
+    info = other / "victim-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: victim\nVersion: 1.0\n")
+    (info / "RECORD").write_text("victim/__init__.py,,\nvictim-1.0.dist-info/METADATA,,\n"
+                                 "victim-1.0.dist-info/RECORD,,\n")
+    monkeypatch.setenv("PYTHONPATH", str(other))
+    wheel = write_wheel(tmp_path, name="w", version="1", files={"victim/__init__.py": "", "w/__init__.py": ""})
+    found = installed_overlaps(wheel, name="w", python=sys.executable, runner=SubprocessRunner())
+    [shadow] = [o for o in found if o.distribution == "victim"]
+    assert shadow == Overlap(distribution="victim", version="1.0", files=("victim/__init__.py",),
+                             shadowed_in=str(other.resolve()))
+    err = refusal(found, name="w", version="1", installer=Installer(kind="pip", python=sys.executable),
+                  protected=frozenset({"victim"}))
+    assert err.message == "refusing to install w 1: it would shadow files of victim 1.0"
+    assert f"victim 1.0 installed in {other.resolve()}: installing it puts copies of 1 of victim's files" in (
+        err.cause or "")

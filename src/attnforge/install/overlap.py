@@ -43,7 +43,12 @@ EXAMPLES = 3
 # files there. Prints the interpreter's install roots and, per installed distribution, the absolute paths in its
 # RECORD that start with one of those (a coarse filter; the exact match is made by the caller). RECORD is read
 # as text and only lines naming one of the parts are parsed: the whole check took 0.4 s against the dev machine's
-# 148 distributions (torch's 14.6k-line RECORD included), interpreter start-up included.
+# 148 distributions (torch's 14.6k-line RECORD included), interpreter start-up included. A distribution installed
+# in another site directory on sys.path (a --system-site-packages venv's base interpreter, the user site) whose
+# files sit at the same path under it as the wheel's under the install root is listed too, its paths mapped onto
+# the root, with "shadowed_in": its directory. Python imports the first copy on sys.path, so the wheel's would hide
+# (or be hidden by) that distribution's: a wheel shipping torch/__init__.py broke such a venv's torch, and the
+# install said "torch unchanged" (a CLI fuzz, 2026-12-03).
 _OWNERS_SCRIPT = """
 import csv, importlib.metadata as m, json, os, sys, sysconfig
 wanted = json.loads(sys.argv[1])
@@ -51,6 +56,9 @@ paths = sysconfig.get_paths()
 roots = {s: os.path.realpath(paths[s]) for s in wanted if s in paths}
 prefixes = tuple(os.path.join(roots[s], p) for s, parts in wanted.items() if s in roots for p in parts)
 needles = {os.path.basename(p) for parts in wanted.values() for p in parts}
+libs = {s: os.path.realpath(paths[s]) for s in ("purelib", "platlib") if s in paths}
+lib_parts = {p for s in libs for p in wanted.get(s, ())}
+site_dirs = {os.path.realpath(p) for p in sys.path if p}
 owners = []
 for dist in m.distributions():
     try:
@@ -62,10 +70,17 @@ for dist in m.distributions():
             lines = [line for line in text.splitlines() if any(n in line for n in needles)]
             rels = [row[0] for row in csv.reader(lines) if row]
         hits = [f for f in (os.path.normpath(os.path.join(base, r)) for r in rels) if f.startswith(prefixes)]
+        shadow = []
+        if lib_parts and base in site_dirs and base not in libs.values():
+            mine = [r for r in rels if r.replace(os.sep, "/").split("/", 1)[0] in lib_parts]
+            shadow = [os.path.normpath(os.path.join(root, r)) for root in set(libs.values()) for r in mine]
     except Exception:
         continue
+    name, version = dist.metadata["Name"] or "", dist.version or ""
     if hits:
-        owners.append({"name": dist.metadata["Name"] or "", "version": dist.version or "", "files": hits})
+        owners.append({"name": name, "version": version, "files": hits})
+    if shadow:
+        owners.append({"name": name, "version": version, "files": shadow, "shadowed_in": base})
 print(json.dumps({"roots": roots, "owners": owners}))
 """
 
@@ -90,6 +105,9 @@ class InstalledOwner:
     name: str
     version: str
     files: tuple[str, ...]
+    #: the other site directory the distribution is installed in, its paths here mapped onto the install root
+    #: (the wheel's copies would shadow them on sys.path); None for files in the install root itself
+    shadowed_in: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,11 +118,14 @@ class Overlap:
         distribution: the other distribution's name, as its metadata spells it.
         version: its installed version.
         files: the shared files, as :attr:`Target.label` names them (``flash_attn/cute/__init__.py``), sorted.
+        shadowed_in: where the other distribution's copies are when they sit in another site directory on
+            ``sys.path`` (the wheel's would shadow them rather than overwrite them); None in the install root.
     """
 
     distribution: str
     version: str
     files: tuple[str, ...]
+    shadowed_in: str | None = None
 
 
 def install_targets(names: Iterable[str], *, root_is_purelib: bool) -> tuple[Target, ...]:
@@ -172,7 +193,8 @@ def find_overlaps(
             continue
         shared = sorted({by_path[f].label for f in map(os.path.normpath, owner.files) if f in by_path})
         if shared:
-            found.append(Overlap(distribution=owner.name, version=owner.version, files=tuple(shared)))
+            found.append(Overlap(distribution=owner.name, version=owner.version, files=tuple(shared),
+                                 shadowed_in=owner.shadowed_in))
     return tuple(sorted(found, key=lambda o: (-len(o.files), canonicalize_name(o.distribution))))
 
 
@@ -203,7 +225,8 @@ def installed_overlaps(wheel: Path, *, name: str, python: str, runner: Runner) -
         raw = json.loads(done.stdout.strip().splitlines()[-1])
         roots = {str(k): str(v) for k, v in raw["roots"].items()}
         owners = [
-            InstalledOwner(name=str(o["name"]), version=str(o["version"]), files=tuple(map(str, o["files"])))
+            InstalledOwner(name=str(o["name"]), version=str(o["version"]), files=tuple(map(str, o["files"])),
+                           shadowed_in=None if o.get("shadowed_in") is None else str(o["shadowed_in"]))
             for o in raw["owners"]
         ]
     except (TypeError, ValueError, KeyError, IndexError, AttributeError):
@@ -221,8 +244,15 @@ def describe(overlap: Overlap, *, name: str, version: str, installed: bool) -> s
     common = posixpath.commonpath(files) if len(files) > 1 else ""
     where = files[0] if len(files) == 1 else f"{common}/" if common else "files"
     examples = ", ".join(files[:EXAMPLES]) + (", ..." if len(files) > EXAMPLES else "")
-    verb = "installing it replaced" if installed else "installing it replaces"
     them = "it" if len(files) == 1 else "them"
+    if overlap.shadowed_in is not None:
+        verb = "installing it put" if installed else "installing it puts"
+        return (
+            f"{name} {version} ships {where} which {overlap.distribution} {overlap.version} installed in "
+            f"{overlap.shadowed_in}: {verb} copies of {len(files)} of {overlap.distribution}'s files ({examples}) in "
+            f"another site directory on sys.path, and Python imports whichever comes first"
+        )
+    verb = "installing it replaced" if installed else "installing it replaces"
     return (
         f"{name} {version} ships {where} which {overlap.distribution} {overlap.version} installed: {verb} "
         f"{len(files)} of {overlap.distribution}'s files ({examples}), and uninstalling either one later "
@@ -253,8 +283,9 @@ def refusal(
     guarded = [o for o in overlaps if canonicalize_name(o.distribution) in protected]
     if guarded:
         torch = ", ".join(f"{o.distribution} {o.version}" for o in guarded)
+        action = "shadow" if all(o.shadowed_in for o in guarded) else "overwrite"
         return InstallError(
-            f"refusing to install {name} {version}: it would overwrite files of {torch}",
+            f"refusing to install {name} {version}: it would {action} files of {torch}",
             cause="; ".join(describe(o, name=name, version=version, installed=False) for o in guarded),
             hint="attnforge never changes the torch stack, not even with --allow-overlap; a wheel that ships "
             "torch's own files is broken or mislabelled: get another build of it",
