@@ -284,10 +284,12 @@ def _within_sequences(mask: Any, query: Any, key: Any, kwargs: dict[str, Any]) -
 
     cu_q = kwargs["cu_seq_lens_q"]
     cu_k = kwargs.get("cu_seq_lens_k")
-    if not (isinstance(mask, torch.Tensor) and mask.dim() == 4 and isinstance(cu_q, torch.Tensor)
+    batch, q_len, kv_len = query.shape[0], query.shape[2], key.shape[2]
+    if not (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[-2] in (1, q_len)
+            and mask.shape[-1] in (1, kv_len) and isinstance(cu_q, torch.Tensor)
             and (cu_k is None or isinstance(cu_k, torch.Tensor))):
-        return mask  # what is not a tensor is attnforge.attention's to refuse (the varlen call's checks)
-    batch, q_len, kv_len, device = query.shape[0], query.shape[2], key.shape[2], mask.device
+        return mask  # what does not fit the call is attnforge.attention's to refuse, with its own words
+    device = mask.device
 
     def sequence_of(offsets: Any, length: int) -> Any:
         positions = torch.arange(batch * length, device=device)
