@@ -346,3 +346,6 @@ def test_a_distribution_in_another_site_directory_on_sys_path_is_found_as_shadow
     assert err.message == "refusing to install w 1: it would shadow files of victim 1.0"
     assert f"victim 1.0 installed in {other.resolve()}: installing it puts copies of 1 of victim's files" in (
         err.cause or "")
+    unguarded = refusal(found, name="w", version="1", installer=Installer(kind="pip", python=sys.executable))
+    assert unguarded.message == "refusing to install w 1: it would shadow files of victim 1.0"
+    assert "--allow-overlap" in (unguarded.hint or "") and "force-reinstall" not in (unguarded.hint or "")

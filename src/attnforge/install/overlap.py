@@ -291,6 +291,13 @@ def refusal(
             "torch's own files is broken or mislabelled: get another build of it",
         )
     others = ", ".join(f"{o.distribution} {o.version}" for o in overlaps)
+    if all(o.shadowed_in for o in overlaps):  # nothing is overwritten: reinstalling the others would not undo it
+        return InstallError(
+            f"refusing to install {name} {version}: it would shadow files of {others}",
+            cause="; ".join(describe(o, name=name, version=version, installed=False) for o in overlaps),
+            hint="install into an environment that does not see them (a venv without --system-site-packages), or "
+            "rerun with --allow-overlap to install it anyway",
+        )
     restore = restore_command(overlaps, installer=installer)
     uninstall = shlex.join(installer.argv("uninstall", *(o.distribution for o in overlaps)))
     return InstallError(
