@@ -14,11 +14,10 @@ import warnings
 from collections.abc import Mapping
 from typing import Literal
 
+from attnforge._system.switches import OFF, ON
 from attnforge.errors import UsageError
 
 ENV = "ATTNFORGE_AUTOTUNE"
-OFF = frozenset({"0", "false", "no", "off"})
-ON = frozenset({"1", "true", "yes", "on"})
 #: the variable's value that measures off the calling thread (opt-in: see :mod:`attnforge.dispatch.autotune`)
 BACKGROUND = "background"
 

@@ -198,8 +198,6 @@ def check_dropout(dropout_p: Any) -> float:
     return p
 
 
-
-
 def check_softcap(softcap: Any) -> float | None:
     """``softcap`` as a positive float within float32's range, None when off (None or 0)."""
     if softcap is None:

@@ -173,21 +173,18 @@ def _page(url: str, etag: str | None, fetcher: HttpClient) -> tuple[int, str, st
     return 200, answer.body.decode("utf-8", errors="replace"), answer.headers.get("ETag") or answer.headers.get("etag")
 
 
-#: the spellings of ``ATTNFORGE_WHEEL_SOURCES`` (unset or empty: on), as ``ATTNFORGE_AUTOTUNE`` reads its own
-_SOURCES_OFF = frozenset({"0", "false", "no", "off"})
-_SOURCES_ON = frozenset({"", "1", "true", "yes", "on"})
-
-
 def wheel_sources_on(environ: Mapping[str, str]) -> bool:
     """Whether ``ATTNFORGE_WHEEL_SOURCES`` lets attnforge ask the known prebuilt-wheel sources.
 
     Raises:
         UsageError: any other value (``disabled`` and ``false`` were read as on until 2026-12-03: a CLI fuzz).
     """
+    from attnforge._system.switches import OFF, ON
+
     text = environ.get("ATTNFORGE_WHEEL_SOURCES", "").strip().lower()
-    if text in _SOURCES_OFF:
+    if text in OFF:
         return False
-    if text in _SOURCES_ON:
+    if not text or text in ON:  # unset or empty: on
         return True
     from attnforge.errors import UsageError
 
