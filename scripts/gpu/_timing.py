@@ -61,8 +61,7 @@ def measure_many_ms(torch: Any, fns: dict[str, Callable[[], Any]], *, set_bytes:
     rounds: dict[str, list[Any]] = {n: [] for n in names}
     errors: dict[str, str] = {}
     for r in range(config.rounds):
-        shift = r % len(names) if names else 0
-        for name in names[shift:] + names[:shift]:
+        for name in t.round_order(names, r, config.rounds):
             if name in errors:
                 continue
             try:

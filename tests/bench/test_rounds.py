@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attnforge.backends.adapter import AttentionCall
 from attnforge.bench.records import to_records
 from attnforge.bench.run import run_bench
-from attnforge.bench.timing import TimerMethod, TimingConfig
+from attnforge.bench.timing import TimerMethod, TimingConfig, round_order
 from attnforge.ranking import fastest
 from attnforge.types.shapes import AttentionShape, Mode
 from attnforge.verify.device import current_device
@@ -85,3 +87,20 @@ def test_ties_within_the_spread_go_to_plain_sdpa_and_records_agree(costs: dict[s
     assert row.best == best
     assert set(row.ranking.tied) == tied
     assert fastest(to_records(report), SHAPE.shape_class).winner == best  # the stored spread gives the same answer
+
+
+@given(n=st.integers(min_value=1, max_value=24), rounds=st.integers(min_value=1, max_value=15))
+def test_round_order_times_every_candidate_once_a_round(n: int, rounds: int) -> None:
+    names = [f"b{i}" for i in range(n)]
+    for r in range(rounds):
+        assert sorted(round_order(names, r, rounds)) == sorted(names)
+
+
+def test_round_order_spreads_a_long_list_over_early_middle_and_late_places() -> None:
+    # the GPU check's fourteen candidates in three rounds: attention() is listed tenth (index 10)
+    names = [f"b{i}" for i in range(14)]
+    places = [round_order(names, r, 3).index("b10") for r in range(3)]
+    assert min(places) <= 4 and max(places) >= 9  # one place a round gave 10, 9, 8: always late
+    # a short list alternates as before (bench's and first use's few candidates)
+    assert [round_order(["a", "b"], r, 3) for r in range(3)] == [["a", "b"], ["b", "a"], ["a", "b"]]
+    assert round_order([], 0, 3) == []

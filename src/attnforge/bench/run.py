@@ -26,7 +26,7 @@ from attnforge.backends.adapter import AttentionCall, BackendAdapter
 from attnforge.backends.bound import bound_call
 from attnforge.bench.flops import FORMULA, shape_flops, tflops
 from attnforge.bench.grid import to_call
-from attnforge.bench.timing import Timing, TimingConfig, combine_rounds, measure, rotation_sets
+from attnforge.bench.timing import Timing, TimingConfig, combine_rounds, measure, rotation_sets, round_order
 from attnforge.ranking import Measurement, OutputError, Ranking, rank
 from attnforge.types.device import DeviceType
 from attnforge.types.shapes import AttentionShape, Mode
@@ -337,7 +337,7 @@ def _time_rounds(adapters: Mapping[str, BackendAdapter], inputs: Sequence[tuple[
     failed: dict[str, BenchCell] = {}
     names = list(adapters)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in round_order(names, r, rounds):
             if name in failed:
                 continue
             if progress is not None:

@@ -45,7 +45,7 @@ import functools
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -432,6 +432,22 @@ def measure(step: Step, *, sets: int, config: TimingConfig, sync: Callable[[], N
     return summarize(times_ms, warmup_calls=warmup, first_call_s=first_call_s, input_sets=sets, method=method)
 
 
+def round_order(names: Sequence[str], r: int, rounds: int) -> list[str]:
+    """The order in which round ``r`` (0-based) of ``rounds`` interleaved rounds times its candidates: ``names``
+    rotated by ``max(1, len(names) // rounds)`` places a round. With no more candidates than about twice the rounds
+    that is one place a round (bench's and first use's two to five candidates alternate as before); with many, each
+    candidate runs early, midway and late across the rounds. One place a round put a candidate listed late (the GPU
+    check's ``attention()``, tenth of fourteen) at places 10, 9 and 8 in its three rounds, always after the same
+    neighbours: a bias by position (a device whose clocks sink under sustained load: the same FA3 kernels read 4-8 %
+    slower for the candidates profiled last, H200, docs/benchmarks.md "2026-11-30") that the rounds could not
+    average out. Every harness that interleaves rounds orders them here."""
+    n = len(names)
+    if n == 0:
+        return []
+    shift = (r * max(1, n // max(1, rounds))) % n
+    return [*names[shift:], *names[:shift]]
+
+
 def paired(steps: dict[str, Step], *, pairs: int, max_call_ms: float, sync: Callable[[], None] = lambda: None,
            clock: Callable[[], float] = time.perf_counter, marks: Marks | None = None,
            batch_ms: float = BATCH_MS, hold: Hold | None = None, host_counts: bool = True) -> dict[str, Timing] | None:
@@ -466,7 +482,7 @@ def paired(steps: dict[str, Step], *, pairs: int, max_call_ms: float, sync: Call
     names = list(steps)
     marks = marks or HostMarks(clock)
     for r in range(max(1, pairs)):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in round_order(names, r, max(1, pairs)):
             if hold is not None:  # a route's first batch is held for its estimate, later ones for its last issue
                 last = held[name][-1][1] if held[name] else estimates[name]
                 held[name].extend(_held(steps[name], counter, 1, batch, hold_ms=next_hold_ms(last, batch),

@@ -375,7 +375,7 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
     Returns:
         The new records (a candidate that raises while timed gets none; the policy treats it as before).
     """
-    from attnforge.bench.timing import combine_rounds, hold_for, marks_for, measure, without_common_drift
+    from attnforge.bench.timing import combine_rounds, hold_for, marks_for, measure, round_order, without_common_drift
 
     names = candidates(decision, skip)
     # partial only where a candidate of this decision was left out (a CUDA-only backend is none on a CPU call)
@@ -395,8 +395,7 @@ def tune(dispatcher: Tunable, tensors: tuple[Any, Any, Any], *, call: AttentionC
         for r in range(first, last):
             if r > first and config.clock() > deadline:
                 break
-            order = names[r % len(names):] + names[:r % len(names)]
-            for name in order:
+            for name in round_order(names, r, config.rounds):
                 if name not in rounds:
                     continue
                 between()
