@@ -194,6 +194,33 @@ def flops(c: Cell, mode: str) -> float:
                            mode=Mode.FWD_BWD if mode == "fwdbwd" else Mode.FWD)
 
 
+def fa3_entry_calls(torch: Any) -> dict[str, tuple[str, Callable[..., Any]]]:
+    """Diagnostic baselines (never "the best"): the lean entry an ``--abi torch`` FA3 build carries
+    (``flash_attn_3._C``, src/attnforge/backends/_fa3_direct.py), called here without ``attention()`` around it, on
+    bhsd tensors as ``attention()`` calls it: ``-entry`` its C++ autograd node (``attnforge_attn``, one split, the
+    train route, and a forward with no gradient), ``-entry-splits0`` its forward with FA3's split heuristic (the
+    route of a call that needs no gradient; forward only). The forty-third and forty-fourth sessions' Wan and
+    HunyuanVideo bhsd rows ran 2-3 % over FA3's public function on the same views in every round, the D256
+    fwd+bwd row 6 %, while the bshd rows through FA4 matched FA4's own: these two say whether the entry or what
+    ``attention()`` adds around it is the part."""
+    import sys
+
+    entry = sys.modules.get("flash_attn_3._C")
+    if entry is None or not hasattr(entry, "attnforge_attn"):
+        return {}
+
+    def train_node(q: Any, k: Any, v: Any, causal: bool) -> Any:
+        return entry.attnforge_attn(q, k, v, q.shape[-1] ** -0.5, causal, -1, -1, 0.0, True)
+
+    def forward_splits0(q: Any, k: Any, v: Any, causal: bool) -> Any:
+        if torch.is_grad_enabled() and q.requires_grad:
+            raise RuntimeError("forward only (no autograd node)")
+        a = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return entry.attnforge_fwd(*a, q.shape[-1] ** -0.5, causal, -1, -1, 0.0, 0)[0].transpose(1, 2)
+
+    return {"flash-attn-3-entry": ("bhsd", train_node), "flash-attn-3-entry-splits0": ("bhsd", forward_splits0)}
+
+
 def direct_backends(torch: Any) -> dict[str, tuple[str, Callable[..., Any]]]:
     """name -> (layout, fn(q, k, v, causal) -> out) for every backend importable here, each called directly."""
     import torch.nn.functional as F  # noqa: N812
@@ -246,6 +273,7 @@ def direct_backends(torch: Any) -> dict[str, tuple[str, Callable[..., Any]]]:
 
         out["flash-attn-3"] = ("bshd", bshd_out(fa3.flash_attn_func))
         out["flash-attn-3-on-bhsd"] = ("bhsd", on_bhsd_views(bshd_out(fa3.flash_attn_func)))
+        out.update(fa3_entry_calls(torch))
     except Exception as exc:
         print(f"flash-attn-3 not importable: {exc}")
     try:
@@ -270,7 +298,7 @@ def direct_backends(torch: Any) -> dict[str, tuple[str, Callable[..., Any]]]:
 
 QUANTIZED = {"sageattention-2"}
 #: baselines only, never "the best backend" (plain SDPA on bshd views: what attention() on bshd is held to)
-BASELINES = {"sdpa-bshd"}
+BASELINES = {"sdpa-bshd", "flash-attn-3-entry", "flash-attn-3-entry-splits0"}
 
 
 def outside_build(name: str, cell: Cell, mode: str, dtype: Any) -> str | None:
@@ -279,7 +307,9 @@ def outside_build(name: str, cell: Cell, mode: str, dtype: Any) -> str | None:
         from attnforge.cache.capabilities import backend_capabilities
     except ImportError:
         return None
-    caps = backend_capabilities(name.removesuffix("-on-bhsd"))  # the same build, called on views
+    # the same build, called on views or through its lean entry
+    base = "flash-attn-3" if name.startswith("flash-attn-3-entry") else name.removesuffix("-on-bhsd")
+    caps = backend_capabilities(base)
     if caps is None:
         return None
     why = caps.outside(dtype=str(dtype).removeprefix("torch."), head_dim=cell.d, backward=mode == "fwdbwd")
