@@ -120,3 +120,30 @@ def test_a_sliding_window_models_long_prefill_is_warmed_whole_and_with_its_windo
     assert [(s["seqlen_q"], s["seqlen_k"]) for s in windowed] == [(64, 64)]
     plain = {(c["shape"]["seqlen_q"], c["shape"]["seqlen_k"]) for c in doc["classes"] if not c["features"]}
     assert (64, 64) in plain and all(sk <= 64 for _, sk in plain)
+
+
+class Quantizing(Kernel):
+    """A verified quantizing backend at the kernel seam (SageAttention's capabilities: allow_quantized only)."""
+
+    caps = type("Caps", (), {"quantized": True, "features": frozenset(), "priority": 10})()
+
+    def unsupported_reasons(self, call: AttentionCall) -> list[str]:
+        return [] if call.precision == "allow_quantized" else ["quantizes Q/K/V: only with allow_quantized"]
+
+
+@pytest.mark.parametrize("precision", [None, "allow_quantized"])
+def test_precision_says_which_calls_a_model_makes(attnforge_home: Path, tmp_path: Path, precision: str | None,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``--precision allow_quantized`` warms the classes a model calling ``attention(precision="allow_quantized")``
+    makes, its quantized candidates timed with the rest; the default warms exact calls and never calls them."""
+    key = current_device("cpu").key
+    store = RecordStore(attnforge_home)
+    store.add_verify(VerifyRecord(device_key=key, backend="sage", backend_version=None, ok=True, summary="ok"))
+    runtime.set_dispatcher(runtime.Dispatcher({"sage": Quantizing()}, records=store))
+    argv = ["warmup", "--shapes", "model", "--batch", "1", "--heads", "2", "--head-dim", "16", "--seqlen", "16",
+            "--device", "cpu", "--mode", "fwd", "--budget", "0.02", "--rounds", "1", "--json"]
+    assert main(argv + (["--precision", precision] if precision else [])) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["precision"] == (precision or "exact") and not any(c["error"] for c in doc["classes"])
+    timed = {r.backend for r in store.bench_records(key)}
+    assert ("sage" in timed) is (precision == "allow_quantized")

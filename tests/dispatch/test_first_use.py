@@ -222,6 +222,30 @@ def test_a_quantized_kernel_is_measured_on_first_use_and_gated_by_its_error(stor
     assert attnforge.explain(q, k, v).chosen == "sdpa"  # never without allow_quantized
 
 
+@pytest.mark.parametrize("precision", ["exact", "allow_quantized"])
+def test_warmup_with_a_models_precision_times_its_quantized_candidates(store: RecordStore, precision: str) -> None:
+    """``attnforge warmup --precision allow_quantized``: a model that calls ``attention(precision="allow_quantized")``
+    gets its quantized classes compiled and timed ahead, SageAttention among the candidates; an exact warm-up never
+    calls it, so the model's first quantized call paid its first use (0.96-1.81 s on an H200, 2026-12-03)."""
+    from attnforge.dispatch.warmup import warmup
+    from attnforge.types.shapes import AttentionShape, Mode
+
+    clock = FakeClock()
+    sage, sdpa = Timed("sage", clock, 0.5, quantized=True), Timed("sdpa", clock, 1.0)
+    _use(store, sdpa, sage)
+    shape = AttentionShape(batch=1, heads_q=2, heads_kv=2, head_dim=8, seqlen_q=32, seqlen_k=32, causal=False,
+                           mode=Mode.FWD, dtype="float32")
+    report = warmup([shape], device="cpu", budget_s=0.02, rounds=1, precision=precision)
+    assert [c.error for c in report.classes] == [""]
+    timed = {r.backend for r in store.bench_records(CPU_KEY)}
+    if precision == "exact":
+        assert sage.calls == 0 and "sage" not in timed  # its class's first quantized call would time it
+    else:  # timed on the real clock, where both fakes cost alike: which one wins is not asserted
+        assert sage.calls > 1 and {"sage", "sdpa"} <= timed
+    q, k, v = _qkv(hq=2, hkv=2)
+    assert attnforge.explain(q, k, v).chosen == "sdpa"  # an exact call never gets it
+
+
 def test_plain_sdpa_raising_is_one_rule_with_the_featured_path(store: RecordStore) -> None:
     clock = FakeClock()
     sdpa = Timed("sdpa", clock, 1.0, raises=True)

@@ -38,11 +38,14 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 @click.option("--budget", "budget_s", type=timeout_type(min_s=0.01), default=1.0, show_default=True,
               help="Seconds of timed repetitions per shape class, all candidates together.")
 @click.option("--rounds", type=click.IntRange(1, 20), default=5, show_default=True)
+@click.option("--precision", type=click.Choice(["exact", "allow_quantized"]), default="exact", show_default=True,
+              help="The precision the model's attention() calls pass: allow_quantized also compiles and times "
+                   "SageAttention's quantized kernels for them.")
 @json_option
 def command(*, model_config: Path | None, shape_set: str | None, batch: int | None, heads_q: int | None,
             heads_kv: int | None, head_dims: tuple[int, ...], seqlens: tuple[int, ...], seqlen_k: int | None,
             dtype: str | None, mode: str, layout: str, device: str | None, budget_s: float, rounds: int,
-            as_json: bool) -> int:
+            precision: str, as_json: bool) -> int:
     """Compile and measure, now, the shape classes a model will call attention with, so that serving never
     waits for a first use: every verified candidate is compiled into the compile caches under ATTNFORGE_HOME
     and timed as the model issues it; the results are the records attention() reads.
@@ -91,9 +94,10 @@ def command(*, model_config: Path | None, shape_set: str | None, batch: int | No
     with out.status("warming up", spinner="dots") as status, _state_problems() as problems:
         report = warmup(shapes, device=dev.torch_device, window=window, softcap=softcap, budget_s=budget_s,
                         rounds=rounds, progress=None if as_json else lambda s: status.update(s.label),
-                        padded_prefill_from=padded_prefill_from)
+                        padded_prefill_from=padded_prefill_from, precision=precision)
     if as_json:
-        emit_json("warmup", {**_json(report), "records_saved": not problems, "records_problems": problems})
+        emit_json("warmup", {**_json(report), "precision": precision, "records_saved": not problems,
+                             "records_problems": problems})
     else:
         _render(console(), report)
     for problem in problems:  # the runtime went on without its records (disk full mid-run): the warm-up is lost

@@ -78,7 +78,7 @@ class WarmupReport:
 def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None = None,
            softcap: float | None = None, budget_s: float = 1.0, rounds: int = 5,
            progress: Callable[[AttentionShape], None] | None = None,
-           padded_prefill_from: int | None = None) -> WarmupReport:
+           padded_prefill_from: int | None = None, precision: str = "exact") -> WarmupReport:
     """Compile and measure every shape's class now (module docstring).
 
     Args:
@@ -93,6 +93,11 @@ def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None 
             ``Sq == Sk`` at least that long is also warmed as such a varlen call (:func:`_padded_prefill`), so the
             first padded prompt compiles nothing (FlashAttention-4 compiles its varlen kernel on its first call:
             seconds). None: not warmed.
+        precision: the ``precision`` the model's calls pass to :func:`attnforge.attention`: ``"allow_quantized"``
+            warms the classes SageAttention's int8/fp8 kernels may serve (their candidates timed beside the exact
+            ones, their kernels compiled). After an exact warm-up alone, a quantized class's first call took 0.96-1.81 s
+            on an H200 (2026-12-03, docs/benchmarks.md "forty-fourth session": its first use timed SageAttention,
+            whose kernels compile on their first calls, while the call waited), and 8 ms once those were built.
 
     Returns:
         The report; a call that raises is an entry with its error, not an exception.
@@ -107,12 +112,12 @@ def warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None 
     with torch.inference_mode(False), torch.enable_grad():
         return _warmup(shapes, device=device, window=window, softcap=softcap, budget_s=budget_s, rounds=rounds,
                        progress=progress, padded_prefill_from=padded_prefill_from, inputs=random_inputs,
-                       runtime=runtime)
+                       runtime=runtime, precision=precision)
 
 
 def _warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None, softcap: float | None,
             budget_s: float, rounds: int, progress: Callable[[AttentionShape], None] | None,
-            padded_prefill_from: int | None, inputs: Any, runtime: Any) -> WarmupReport:
+            padded_prefill_from: int | None, inputs: Any, runtime: Any, precision: str = "exact") -> WarmupReport:
     """:func:`warmup`'s body, in the grad mode it sets."""
     caches = compile_cache.ensure()
     before = compile_cache.count_artifacts(caches.folders)
@@ -133,7 +138,7 @@ def _warmup(shapes: Sequence[AttentionShape], *, device: str, window: int | None
                 packed_seen.add(packed)  # packed calls have no layout: one per shape, whatever layouts are warmed
                 variants.append({**variants[0], "varlen": True})
             for kw in variants:
-                out.append(_warm(shape, kw, device=device, inputs=inputs, runtime=runtime))
+                out.append(_warm(shape, kw, device=device, inputs=inputs, runtime=runtime, precision=precision))
     _ask_mask_kernels(shapes, device)
     return WarmupReport(classes=tuple(out), measuring=measuring, caches=caches,
                         compiled_files=compile_cache.count_artifacts(caches.folders) - before)
@@ -157,9 +162,12 @@ def _ask_mask_kernels(shapes: Sequence[AttentionShape], device: str) -> None:
             return
 
 
-def _warm(shape: AttentionShape, kw: dict[str, Any], *, device: str, inputs: Any, runtime: Any) -> WarmedClass:
+def _warm(shape: AttentionShape, kw: dict[str, Any], *, device: str, inputs: Any, runtime: Any,
+          precision: str = "exact") -> WarmedClass:
     start = time.perf_counter()
     names = tuple(sorted(kw))
+    if precision != "exact":
+        kw = {**kw, "precision": precision}
     before = autotune.timed_again(runtime.get_dispatcher())
     try:
         q, k, v, dout = inputs(shape, 1, device)[0]
