@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from packaging.version import Version
 
 import attnforge
 from attnforge.errors import DispatchError
@@ -591,9 +592,14 @@ _UNROUTED = {
     "xglm": ("XGLMConfig", "XGLMForCausalLM", {"vocab_size": VOCAB, "d_model": 32, "ffn_dim": 64, "num_layers": 2,
                                                "attention_heads": 4}),
     "mpt": ("MptConfig", "MptForCausalLM", {"vocab_size": VOCAB, "d_model": 32, "n_layers": 2, "n_heads": 4}),
-    "falcon": ("FalconConfig", "FalconForCausalLM", {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
-                                                     "num_attention_heads": 4}),
 }
+#: Falcon computed attention in its own code up to transformers 5.24 and routes it through ``AttentionInterface``
+#: since 5.25, without the ``_supports_attention_backend`` flag (both checked below, each where it holds)
+_FALCON_ROUTES = Version(transformers.__version__) >= Version("5.25")
+_FALCON = ("FalconConfig", "FalconForCausalLM", {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
+                                                 "num_attention_heads": 4})
+if not _FALCON_ROUTES:
+    _UNROUTED["falcon"] = _FALCON
 
 
 @pytest.mark.parametrize("name", sorted(_UNROUTED))
@@ -613,22 +619,41 @@ def test_a_model_that_does_not_route_its_attention_refuses_attnforge_instead_of_
     assert model.config._attn_implementation == "eager"
 
 
-def test_a_model_that_routes_without_the_flag_still_takes_attnforge() -> None:
-    """StableLM's class lacks ``_supports_attention_backend`` yet calls ``ALL_ATTENTION_FUNCTIONS``: it is served."""
-    cls = transformers.StableLmForCausalLM
+_ROUTED_WITHOUT_FLAG = {
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", {"vocab_size": VOCAB, "hidden_size": 32,
+                                                           "intermediate_size": 64, "num_hidden_layers": 2,
+                                                           "num_attention_heads": 4, "num_key_value_heads": 2}),
+    "falcon": _FALCON,
+}
+
+
+@pytest.mark.parametrize("name", [
+    "stablelm",
+    pytest.param("falcon", marks=pytest.mark.skipif(not _FALCON_ROUTES, reason="routes since transformers 5.25")),
+])
+def test_a_model_that_routes_without_the_flag_still_takes_attnforge(name: str) -> None:
+    """StableLM's class (and Falcon's since transformers 5.25) lacks ``_supports_attention_backend`` yet calls
+    ``ALL_ATTENTION_FUNCTIONS``: it is served, one call a layer, with the default's logits (left padding too)."""
+    config_cls, model_cls, kwargs = _ROUTED_WITHOUT_FLAG[name]
+    cls = getattr(transformers, model_cls)
     assert not cls.is_backend_compatible() and tf_integration.routes_attention(cls)
-    config = transformers.StableLmConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2)
-    model = cls._from_config(config, attn_implementation="attnforge").eval()
+    torch.manual_seed(0)
+    model = cls._from_config(getattr(transformers, config_cls)(**kwargs), attn_implementation="attnforge").eval()
+    # its own config: _from_config sets the implementation on the config object it is given
+    default = cls._from_config(getattr(transformers, config_cls)(**kwargs), attn_implementation="sdpa").eval()
+    default.load_state_dict(model.state_dict())
+    ids, mask = _inputs(length=7)
     seen: list[int] = []
     original = tf_integration.attention_forward
     transformers.AttentionInterface.register("attnforge", lambda *a, **k: seen.append(1) or original(*a, **k))
     try:
         with torch.no_grad():
-            model(input_ids=torch.randint(0, VOCAB, (2, 7)))
+            got = model(input_ids=ids, attention_mask=mask).logits
+            want = default(input_ids=ids, attention_mask=mask).logits
     finally:
         tf_integration.register()
     assert len(seen) == 2  # one call a layer
+    assert _max_diff(got, want, mask.bool()) < 1e-4
     assert all(tf_integration.routes_attention(getattr(transformers, MODELS[n][1])) for n in MODELS)
 
 
