@@ -502,16 +502,44 @@ def test_a_decode_bias_from_a_float32_mask_of_finfo_min_hides_as_the_exact_math(
     assert got[1].abs().amax() > 0.1  # the mean of v, not zeros
 
 
-@pytest.mark.parametrize("softcap", [1e39, 1e300, 10**50])
+@pytest.mark.parametrize("softcap", [1e39, 1e300, 10**50, 1e-40, 1e-46])
 def test_a_softcap_past_float32s_range_is_refused_not_nan(softcap: float) -> None:
     """``softcap=1e300`` passed the check (finite) and is infinite in float32: ``c * tanh(x / c)`` gave
-    ``inf * 0 = NaN`` for every logit of a float32 or half call, silently."""
+    ``inf * 0 = NaN`` for every logit of a float32 or half call, silently. Under float32's smallest normal a softcap is
+    0 or subnormal there: ``1e-46`` gave NaN rows from the exact math and zeros from Flex (CPU fuzz, 2026-12-03)."""
     q, k, v = (torch.randn(1, 2, 3, 8) for _ in range(3))
-    with pytest.raises(DispatchError, match="softcap must be positive and finite in float32") as err:
+    with pytest.raises(DispatchError, match="softcap must be positive and a normal float32 number") as err:
         attnforge.attention(q, k, v, softcap=softcap)
     assert err.value.hint
     largest = float(torch.finfo(torch.float32).max)  # still served, and right
     _close(attnforge.attention(q, k, v, softcap=largest), reference(q, k, v, softcap=largest)[0], torch.float32)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_scale_over_a_softcap_past_float32s_range_is_refused_not_nan(grad: bool) -> None:
+    """Each in range, ``scale=1e30, softcap=1e-10`` multiply the logits by ``scale / softcap = 1e40``, infinite in the
+    kernels' float32 (and in the exact math's without a gradient): a logit of 0 became ``inf * 0 = NaN``, whole rows
+    NaN without a gradient and right with one (CPU fuzz, 2026-12-03). Refused alike on both paths; a quotient at
+    float32's largest is still served, and right."""
+    q, k, v = (torch.randn(1, 2, 3, 8, requires_grad=grad) for _ in range(3))
+    with torch.no_grad():
+        q[0, 0, 0] = 0.0  # a row of logits 0
+    with pytest.raises(DispatchError, match="past float32's largest") as err:
+        attnforge.attention(q, k, v, scale=1e30, softcap=1e-10)
+    assert err.value.hint
+    out = attnforge.attention(q, k, v, scale=1e28, softcap=1e-10)  # 1e38: inside float32
+    _close(out.detach(), reference(q.detach(), k.detach(), v.detach(), scale=1e28, softcap=1e-10)[0], torch.float32)
+
+
+def test_a_float8_mask_is_refused_with_a_hint() -> None:
+    """A float8 additive mask passed validation (any floating dtype) and raised torch's "Promotion for Float8 Types is
+    not supported" from the exact math's ``mask + logits`` with a softcap (CPU fuzz, 2026-12-03)."""
+    q, k, v = (torch.randn(1, 2, 3, 8) for _ in range(3))
+    mask = torch.zeros(1, 1, 3, 3).to(torch.float8_e4m3fn)
+    for kwargs in ({}, {"softcap": 30.0}):
+        with pytest.raises(DispatchError, match="bool or floating-point tensor") as err:
+            attnforge.attention(q, k, v, attn_mask=mask, **kwargs)
+        assert "mask.to(q.dtype)" in (err.value.hint or "")
 
 
 @dataclasses.dataclass

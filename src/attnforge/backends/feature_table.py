@@ -42,11 +42,14 @@ float32-accumulating math in torch, which supports all of them. Nothing is dropp
 - **window** `(left, right)` of ints: query `i` sees keys `i' - left .. i' + right`, `i'` aligned as above; None
   or -1 leaves a side unbounded (< -1 is refused); a side >= max(Sq, Sk) hides no key and is made unbounded, so
   `(10**30, 0)` is exact and never reaches a kernel. `attn_mask`, `causal` and `window` all apply together.
-- **attn_mask**: bool (True = attend) or additive float, broadcastable to `[B, Hq, Sq, Sk]` on q's device (SDPA's
-  rule); a `[Sk]` or scalar mask is passed on as a `[1, Sk]` view (SDPA's kernels need two dimensions).
+- **attn_mask**: bool (True = attend) or additive float16/bfloat16/float32/float64 (no float8: no type promotion
+  takes it), broadcastable to `[B, Hq, Sq, Sk]` on q's device (SDPA's rule); a `[Sk]` or scalar mask is passed on
+  as a `[1, Sk]` view (SDPA's kernels need two dimensions).
 - **scale** and **softcap** are finite Python or numpy numbers, scale > 0, softcap >= 0 (0 or None: off) and at
   most float32's largest, each (larger, either is infinite in float32 math: NaN logits; a scale of 1e39 gave
-  all-NaN output until 2026-12-03); `dropout_p` a number in [0, 1);
+  all-NaN output until 2026-12-03); a softcap at least float32's smallest normal (1.2e-38: below, it is 0 or
+  subnormal there), and `scale / softcap`, the one factor the kernels multiply the logits by, at most float32's
+  largest too (`scale=1e30, softcap=1e-10` gave NaN rows); `dropout_p` a number in [0, 1);
   `causal`, `is_causal`, `enable_gqa`, `return_lse` are bools. A bool is not a number here (`scale=True` is
   refused, even after a `scale=1.0` call), nor is a tensor; an int past float's range is refused as infinite.
 - **additive masks** wider than q's dtype (a float32 mask on bfloat16 inputs) keep their finite values finite:

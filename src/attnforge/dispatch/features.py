@@ -35,6 +35,7 @@ from attnforge.dispatch.inputs import (
     check_scale,
     check_sinks,
     check_softcap,
+    check_softcap_scale,
     check_window,
     mask_view,
     refuse_nested_or_packed,
@@ -510,6 +511,7 @@ def prepare(
         opts["dropout_p"] = dropout_p
     sides = check_window(window) if window is not None else None
     softcap = check_softcap(softcap)
+    check_softcap_scale(softcap, scale)
     if softcap:
         uses.add("softcap")
         opts["softcap"] = softcap

@@ -24,6 +24,9 @@ from attnforge.errors import DispatchError
 #: the largest float32: a scale or softcap past it is infinite in the float32 math of the kernels and the exact
 #: fallback (a softcap's ``c * tanh(x / c)`` became ``inf * 0 = NaN`` for every logit; a scale's logits inf - inf)
 _FLOAT32_MAX = 3.4028234663852886e38
+#: the smallest normal float32: a softcap under it is 0 or subnormal in float32 (the kernels divided by 0: NaN rows in
+#: the exact math, zeros from Flex, CPU fuzz 2026-12-03)
+_FLOAT32_TINY = 1.1754943508222875e-38
 #: the dtypes attention takes (docs/features.md); FlashAttention-3's float8 goes through its own backend only
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
@@ -199,14 +202,27 @@ def check_dropout(dropout_p: Any) -> float:
 
 
 def check_softcap(softcap: Any) -> float | None:
-    """``softcap`` as a positive float within float32's range, None when off (None or 0)."""
+    """``softcap`` as a positive float within float32's normal range, None when off (None or 0)."""
     if softcap is None:
         return None
     value = _real(softcap)
-    if value is None or not 0.0 <= value <= _FLOAT32_MAX:
-        raise DispatchError(f"softcap must be positive and finite in float32 (0 or None: off), got {_got(softcap)}",
+    if value is None or not (value == 0.0 or _FLOAT32_TINY <= value <= _FLOAT32_MAX):
+        raise DispatchError("softcap must be positive and a normal float32 number (1.2e-38 to 3.4e38; 0 or None: "
+                            f"off), got {_got(softcap)}",
                             hint="pass a float such as 50.0 (Gemma 2), or None (or 0) to turn it off")
     return value or None
+
+
+def check_softcap_scale(softcap: float | None, scale: float | None) -> None:
+    """Refuse a softcap and a scale whose quotient ``scale / softcap`` is past float32's largest: every kernel (and
+    the exact math without a gradient) multiplies the logits by that one factor in float32, where it is infinite and
+    a logit of 0 became ``inf * 0 = NaN`` (whole rows NaN, silently: CPU fuzz, 2026-12-03). ``scale`` None is
+    ``1/sqrt(D) <= 1``, which no checked softcap can push past it. Both as :func:`check_softcap` and
+    :func:`check_scale` return them."""
+    if softcap and scale is not None and scale / softcap > _FLOAT32_MAX:
+        raise DispatchError(f"scale / softcap = {scale / softcap:.3g} is past float32's largest (3.4e38): the kernels "
+                            "multiply the logits by it in float32",
+                            hint="a smaller scale or a larger softcap (Gemma 2: scale 1/sqrt(D), softcap 50.0)")
 
 
 def check_window(window: Any) -> tuple[int | None, int | None]:
@@ -267,10 +283,14 @@ def check_mask(mask: Any, q: Any, k: Any) -> torch.Tensor:
         raise DispatchError("attn_mask is a nested tensor; attention() takes a dense mask",
                             hint="pad it (torch.nested.to_padded_tensor(mask, 0.0)) to [B or 1, Hq or 1, Sq or 1, Sk],"
                                  " or pass packed inputs with cu_seqlens instead of a mask")
-    if not isinstance(mask, torch.Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
-        raise DispatchError("attn_mask must be a bool or floating-point tensor",
+    if not isinstance(mask, torch.Tensor) or not (mask.dtype == torch.bool or mask.dtype in FLOATS):
+        # float8 too: no type promotion takes it (the exact math's mask + logits raised "Promotion for Float8 Types
+        # is not supported" past validation, CPU fuzz 2026-12-03)
+        raise DispatchError("attn_mask must be a bool or floating-point tensor (float16, bfloat16, float32 or "
+                            "float64)",
                             cause=f"got {getattr(mask, 'dtype', type(mask).__name__)}",
-                            hint="True = attend (bool) or an additive float mask (0 / -inf); mask.bool()")
+                            hint="True = attend (bool) or an additive float mask (0 / -inf): mask.bool(), or "
+                                 "mask.to(q.dtype)")
     full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     dims = tuple(mask.shape)
     fits = len(dims) <= 4 and all(m in (1, f) for m, f in zip(dims[::-1], full[::-1], strict=False))

@@ -38,7 +38,7 @@ from attnforge.dispatch import _op, features
 from attnforge.dispatch.autotune import AutotuneConfig, configured, contested_rounds_for
 from attnforge.dispatch.dispatcher import _FORCED, Dispatcher, RecordSource
 from attnforge.dispatch.explanation import Explanation
-from attnforge.dispatch.inputs import check_scale, check_softcap, check_window
+from attnforge.dispatch.inputs import check_scale, check_softcap, check_softcap_scale, check_window
 from attnforge.dispatch.inputs import validate as _validate
 from attnforge.errors import DispatchError
 
@@ -351,6 +351,7 @@ def _features_op(q: Any, k: Any, v: Any, *, attn_mask: Any, sinks: Any, causal: 
             # -1 unbounded; a side past any sequence (10**30 is accepted) hides nothing either; an op takes int64
             sides = [-1 if side is None or side >= 1 << 62 else side for side in (left, right)]
         checked_softcap = check_softcap(softcap)
+        check_softcap_scale(checked_softcap, None if scale is None else float(scale))
     except DispatchError as exc:  # raised when the compiled code runs, as eager raises it (_op.refuse_op)
         return _op.refused(q, v, exc)
     op = _op.attention_varlen_op if packed else _op.attention_features_op
