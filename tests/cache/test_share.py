@@ -176,6 +176,35 @@ def test_import_of_a_directory_that_is_not_an_export_is_bad_input(store: Store, 
         import_(store, tmp_path / "random")
 
 
+@pytest.mark.parametrize("how", ["itself", "a-link", "its-artifacts-linked"])
+def test_importing_the_cache_into_itself_is_refused_and_loses_nothing(store: Store, wheel: Path, tmp_path: Path,
+                                                                      how: str) -> None:
+    """``cache import $ATTNFORGE_HOME`` stored each entry over its own folder: an entry whose row was lost (what
+    ``cache verify`` calls unindexed) was removed before it was read, lost for ``cache repair`` too (CLI fuzz,
+    2026-12-03). Refused by any path to the store; the entry is still there for repair."""
+    import sqlite3
+
+    key = store.put(wheel, inputs_for(wheel)).entry.key
+    folder = next(p for p in (store.root / "artifacts").iterdir() if (p / wheel.name).exists())
+    with sqlite3.connect(store.root / "cache.db") as db:
+        db.execute("DELETE FROM artifacts")
+    source = store.root
+    if how == "a-link":
+        source = tmp_path / "link"
+        source.symlink_to(store.root)
+    elif how == "its-artifacts-linked":
+        source = tmp_path / "other"
+        source.mkdir()
+        (source / "artifacts").symlink_to(store.root / "artifacts")
+    with pytest.raises(UsageError, match="the attnforge cache itself") as err:
+        import_(store, source)
+    assert "cache repair" in (err.value.hint or "")
+    assert (folder / wheel.name).read_bytes() == wheel.read_bytes()  # nothing moved or removed
+    from attnforge.cache.repair import repair
+
+    assert repair(store).indexed == (key,) and [e.key for e in store.list()] == [key]
+
+
 def test_a_copied_export_still_imports(store: Store, wheel: Path, tmp_path: Path) -> None:
     """An export is relocatable: it is what gets uploaded to a bucket and downloaded elsewhere."""
     key = store.put(wheel, inputs_for(wheel)).entry.key

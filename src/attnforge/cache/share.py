@@ -173,6 +173,23 @@ def _refuse_the_store(store: Store, dest: Path) -> None:
         )
 
 
+def _refuse_the_store_as_source(store: Store, source: Path) -> None:
+    """Refuse an import whose source is the store itself (``$ATTNFORGE_HOME``, by any path or link to it): each of its
+    entries would be stored over its own folder, and an entry without its row (what ``cache verify`` calls
+    unindexed) was removed before it was read, lost for ``cache repair`` too (CLI fuzz, 2026-12-03)."""
+    from attnforge._system.files import resolve_user_path
+
+    home = resolve_user_path(store.root, what="ATTNFORGE_HOME", hint="point ATTNFORGE_HOME at a real directory")
+    artifacts = (source / "artifacts").resolve() if (source / "artifacts").exists() else None
+    if source == home or (artifacts is not None and artifacts == (home / "artifacts").resolve()):
+        raise UsageError(
+            f"cannot import {source}: it is the attnforge cache itself ({home})",
+            cause="an import stores each entry of its source into the cache, here over the entry's own folder",
+            hint="`attnforge cache repair` indexes the cache's own entries that lost their rows; import takes an "
+                 "export directory or another ATTNFORGE_HOME",
+        )
+
+
 def _already_exported(target: Path, filename: str, sha256: str) -> bool:
     if regular_file_problem(target / filename, MAX_WHEEL_BYTES) is not None:
         return False
@@ -371,6 +388,7 @@ def import_(store: Store, source: Path) -> ImportResult:
     with store.writer(), store.reader("import into the cache"):
         pass  # a bad lock file or a damaged cache.db is the store's problem, said once, not each entry's
     source = Path(source).resolve()
+    _refuse_the_store_as_source(store, source)
     if not (source / "artifacts").is_dir():
         raise UsageError(
             f"{source} is not an attnforge export or cache",
