@@ -169,6 +169,44 @@ def test_repair_indexes_only_artifacts_whose_key_and_hash_check_out(
     assert len(reasons) == 1 and "repair:" in reasons[0]
 
 
+def _crafted_entry(store: Store, tmp_path: Path, *, version: str, filename: str | None = None) -> Path:
+    """An entry folder whose key is the hash of its recorded inputs (so only the field under test is wrong): a
+    hand-edited or hostile provenance.json."""
+    import hashlib
+
+    from attnforge.cache.key import CacheKey, CacheKeyInputs
+
+    wheel = make_wheel(tmp_path / f"crafted-{len(version)}-{filename is None}", name="af-evil", version="1.0.0")
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    inputs = CacheKeyInputs(name="af-evil", version=version, source_sha256=sha, python_tag="py3", platform_tag="any")
+    key = CacheKey.of(inputs)
+    folder = store.artifacts_dir / key.digest
+    folder.mkdir(parents=True)
+    (folder / wheel.name).write_bytes(wheel.read_bytes())
+    doc = {"schema": 1, "key": str(key), "inputs": inputs.to_json(), "filename": filename or wheel.name,
+           "sha256": sha, "size_bytes": wheel.stat().st_size, "created_at": "2026-12-03T00:00:00+00:00", "details": {}}
+    (folder / "provenance.json").write_text(json.dumps(doc))
+    return folder
+
+
+def test_repair_quarantines_a_bad_version_or_file_name_and_indexes_the_rest(
+        filled: tuple[Store, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A recorded version that is not a version (``packaging``'s InvalidVersion) or a file name with a NUL byte
+    (``os.lstat``'s ValueError) crashed ``cache repair`` ("internal error") on every run, the good entries left
+    without rows (CLI fuzz, 2026-12-03): each is now that entry's problem, quarantined with its reason."""
+    store, keys = filled
+    bad = [_crafted_entry(store, tmp_path, version="not a version!"),
+           _crafted_entry(store, tmp_path, version="1.0.0", filename="af_evil-1.0.0-py3-none-any\x00.whl")]
+    _clear(store.db_path)
+    code, text = _cli(capsys, "cache", "repair")
+    assert code == 1 and "internal error" not in text, text
+    assert "indexed 2 artifacts" in text and "2 quarantined" in text, text
+    assert sorted(e.key for e in Store(store.root).list()) == sorted(keys)
+    assert not any(folder.exists() for folder in bad)
+    reasons = " ".join(p.read_text() for p in store.quarantine_dir.rglob("reason.txt"))
+    assert "is not a version" in reasons and "NUL" in reasons
+
+
 def test_a_cache_lock_that_is_a_directory_is_named_with_the_fix(
         filled: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]) -> None:
     store, keys = filled

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from attnforge import __version__
 from attnforge._system.files import open_nofollow
@@ -51,7 +51,11 @@ def check_wheel_name(filename: str, inputs: CacheKeyInputs) -> None:
         raise UsageError(f"not a wheel file name: {filename}", cause=str(exc)) from None
     if canonicalize_name(name) != inputs.name:
         raise UsageError(f"wheel {filename} is {name}, but the cache key says {inputs.name}")
-    if version.public != Version(inputs.version).public:
+    try:
+        recorded = Version(inputs.version)
+    except InvalidVersion:  # a hand-edited provenance.json: its entry is refused, not the whole repair or import
+        raise UsageError(f"the cache key's version {inputs.version!r} is not a version (PEP 440)") from None
+    if version.public != recorded.public:
         raise UsageError(f"wheel {filename} is version {version}, but the cache key says {inputs.version}")
 
 
@@ -94,6 +98,8 @@ def regular_file_problem(path: Path, limit_bytes: int) -> str | None:
         return f"{path.name} is missing"
     except OSError as exc:
         return f"{path.name} cannot be read ({exc.strerror or exc})"
+    except ValueError:  # a NUL in a name read from a provenance.json: no file can have it
+        return f"{path.name!r} is not a file name (it holds a NUL byte)"
     if stat.S_ISLNK(st.st_mode):
         return f"{path.name} is a symlink (to {os.readlink(path)!r}); symlinks are never followed"
     if not stat.S_ISREG(st.st_mode):
