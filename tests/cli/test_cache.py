@@ -132,10 +132,26 @@ def test_sizes(text: str, size: int) -> None:
     assert parse_size_bytes(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "20", "GB", "-1GB", "20XB"])
+@pytest.mark.parametrize("text", ["", "20", "GB", "-1GB", "20XB",
+                                  # a float made this infinite (OverflowError, an internal error) and 0.5b zero: a
+                                  # prune to 0 bytes, every entry removed (CLI fuzz, 2026-12-03)
+                                  "9" * 400 + "GB", "0.5b", "0.0001kB", "9223372036854775808B"])
 def test_bad_sizes(text: str) -> None:
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError) as err:
         parse_size_bytes(text)
+    assert len(err.value.message) < 200 and err.value.hint
+
+
+def test_sizes_are_exact_decimals() -> None:
+    assert parse_size_bytes("1.001kB") == 1001 and parse_size_bytes("0") == 0 and parse_size_bytes("1b") == 1
+    assert parse_size_bytes("9223372036854775807B") == 2**63 - 1
+
+
+def test_a_time_no_calendar_holds_is_shown_not_a_crash() -> None:
+    """A row's timestamp edited to 1e300 crashed ``cache list`` and ``cache show`` with OverflowError."""
+    from attnforge.cli.cache import _iso
+
+    assert _iso(1e300) == "invalid time 1e+300" and _iso(0.0) == "1970-01-01T00:00:00+00:00"
 
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["people", "json"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
+from decimal import Decimal
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,8 @@ _SIZE_BYTES = {
     "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
+#: SQLite's integers (the sizes the store sums) end below 2**63
+_MAX_SIZE_BYTES = 2**63
 
 
 def parse_duration_s(text: str) -> float:
@@ -50,11 +53,16 @@ def parse_size_bytes(text: str) -> int:
         UsageError: not a number followed by a size unit (a bare number other than 0 is ambiguous).
     """
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b)?\s*", text.lower())
-    if match is not None and match.group(2) is None and float(match.group(1)) == 0:
+    if match is not None and match.group(2) is None and Decimal(match.group(1)) == 0:
         return 0
     if match is None or match.group(2) not in _SIZE_BYTES:
         raise UsageError(f"not a size: {text!r}", hint="write it like 20GB, 500MB or 8GiB (0 needs no unit)")
-    return int(float(match.group(1)) * _SIZE_BYTES[match.group(2)])
+    # exact decimal arithmetic: a float made 400 nines infinite (OverflowError) and 0.5b zero (an emptied cache)
+    value = Decimal(match.group(1)) * _SIZE_BYTES[match.group(2)]
+    if value >= _MAX_SIZE_BYTES or 0 < value < 1:
+        raise UsageError(f"not a size a disk holds: {text[:40]!r}",
+                         hint="write it like 20GB, 500MB or 8GiB, at least 1B (0: remove everything)")
+    return int(value)
 
 
 def entry_json(entry: Entry) -> dict[str, Any]:
@@ -77,7 +85,12 @@ def entry_json(entry: Entry) -> dict[str, Any]:
 
 
 def _iso(seconds: float) -> str:
-    return _dt.datetime.fromtimestamp(seconds, tz=_dt.timezone.utc).isoformat(timespec="seconds")
+    """UTC ISO 8601; a time no calendar holds (a row edited by hand: ``1e300``) as ``invalid time <value>``, not a
+    crash of ``cache list`` and ``cache show`` (CLI fuzz, 2026-12-03)."""
+    try:
+        return _dt.datetime.fromtimestamp(seconds, tz=_dt.timezone.utc).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return f"invalid time {seconds!r}"
 
 
 def _size(size_bytes: int) -> str:
