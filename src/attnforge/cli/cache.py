@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from decimal import Decimal
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
