@@ -184,3 +184,27 @@ def test_bad_input_exits_2_with_a_message(attnforge_home: Path, capsys: pytest.C
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("where", ["missing-folder", "read-only-folder"])
+def test_a_plot_that_cannot_be_written_is_refused_before_any_measurement(
+        attnforge_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """``bench --plot /nonexistent/x.png`` measured for minutes and then exited 2, its table never printed (CLI fuzz,
+    2026-12-03): the folder is checked first, and nothing is measured or stored."""
+    import os
+
+    from attnforge.bench import run as bench_run
+
+    folder = tmp_path / "plots"
+    if where == "read-only-folder":
+        folder.mkdir()
+        real_access = os.access
+        # as a non-root user sees a read-only folder (root's access() says writable to every mode bit)
+        monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == folder else real_access(p, mode))
+    measured: list[int] = []
+    monkeypatch.setattr(bench_run, "run_bench", lambda *a, **k: measured.append(1))
+    assert main(["bench", "sdpa-math", *TINY, "--plot", str(folder / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the plot" in err and "hint:" in err
+    assert measured == [] and RecordStore(attnforge_home).bench_records(current_device("cpu").key) == []

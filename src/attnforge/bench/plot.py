@@ -19,6 +19,28 @@ from attnforge.errors import UsageError
 PANEL_SIZE_IN = (4.2, 3.2)
 
 
+def check_plot_path(path: Path) -> None:
+    """Refuse, before any measurement, a ``--plot`` that :func:`write_plot` could not write: matplotlib missing, or a
+    folder that does not exist or cannot be written. ``bench --plot /nonexistent/x.png`` measured for minutes and
+    then failed, its table never printed (CLI fuzz, 2026-12-03).
+
+    Raises:
+        UsageError: what is wrong, with the fix.
+    """
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib", hint="pip install 'attnforge[plot]'")
+    folder = Path(path).absolute().parent
+    if not folder.is_dir():
+        raise UsageError(f"cannot write the plot to {path}: {folder} is not a directory",
+                         hint="give a path in an existing folder, e.g. --plot ./bench.png")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write the plot to {path}: {folder} is not writable",
+                         hint="give a path in a folder you can write, e.g. --plot ./bench.png")
+
+
 def write_plot(report: BenchReport, path: Path) -> Path:
     """Write the report's TFLOP/s curves to ``path`` as a PNG.
 

@@ -80,6 +80,10 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
     catalog = load_catalog()
     store = open_records()
     store.check_writable()  # before the work: the cells are stored there (names the file and the fix)
+    if plot_path is not None:  # and the plot's folder, before the work too
+        from attnforge.bench.plot import check_plot_path
+
+        check_plot_path(plot_path)
     verified = sorted(n for n, r in store.latest_verify(dev.key).items() if r.ok)
     chosen, baseline = choose_backends(backends, verified)
     dtype_name = _DTYPES[dtype] if dtype else ("bfloat16" if dev.type is DeviceType.CUDA else "float32")
