@@ -50,6 +50,11 @@ def test_gemma_head_dim_wins_over_hidden_size(tmp_path: Path) -> None:
                  "inconsistent attention sizes", id="heads-not-a-multiple"),
     pytest.param({"hidden_size": 4096, "num_attention_heads": "32"}, "must be a positive integer", id="string"),
     pytest.param({"num_attention_heads": 32}, "inconsistent attention sizes", id="no-head-dim"),
+    # sizes no model has: warmup --model allocated until the machine ran out (CLI fuzz, 2026-12-03)
+    pytest.param({"num_attention_heads": 10**9, "head_dim": 10**9}, "larger than any model's", id="huge-heads"),
+    pytest.param({"num_attention_heads": 8, "head_dim": 10**9}, "larger than any model's", id="huge-head-dim"),
+    pytest.param({"num_attention_heads": 8, "hidden_size": 10**12}, "larger than any model's", id="huge-hidden"),
+    pytest.param({"num_attention_heads": 4096, "head_dim": 4096}, "wider than any model's", id="too-wide"),
 ])
 def test_bad_configs_say_what_is_wrong(tmp_path: Path, doc: object, message: str) -> None:
     with pytest.raises(UsageError, match=message):

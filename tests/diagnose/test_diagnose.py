@@ -284,3 +284,28 @@ def test_diagnose_cli_reads_the_logs_nvcc(capsys: pytest.CaptureFixture[str]) ->
                                                                   "h200_torch2.11_cu130.json")]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "compute_120 needs CUDA >= 12.8, and the nvcc that ran is 12.4" in out
+
+
+def test_a_log_past_the_read_limit_is_read_up_to_it_and_says_so(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``diagnose /dev/zero`` read without end (CLI fuzz, 2026-12-03): a log is read up to
+    :data:`attnforge.diagnose.MAX_LOG_READ_BYTES`, its failure still found there, and the note says what was left."""
+    import attnforge.diagnose as diagnose
+
+    real = (LOGS / "af_ext_fixture_ulimit_v_800000.log").read_bytes()
+    log = tmp_path / "long.log"
+    log.write_bytes(real + b"x" * 4096)
+    monkeypatch.setattr(diagnose, "MAX_LOG_READ_BYTES", len(real) + 10)
+    d = diagnose_file(log, name="af_ext_fixture")
+    assert d.known and d.signature == "out-of-memory"  # the failure is in the part read
+    assert any("only the first" in n for n in d.notes)
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_an_endless_file_given_as_a_model_config_is_refused() -> None:
+    from attnforge._system.files import read_user_file
+    from attnforge.errors import UsageError
+
+    with pytest.raises(UsageError, match="longer than 64 MiB") as err:
+        read_user_file(Path("/dev/zero"), what="the model config", hint="pass a config.json")
+    assert err.value.hint == "pass a config.json"

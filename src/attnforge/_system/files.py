@@ -14,21 +14,33 @@ from typing import BinaryIO
 from attnforge.errors import CacheError, UsageError
 
 
-def read_user_file(path: Path, *, what: str, hint: str) -> str:
-    """The text of ``path`` (UTF-8).
+#: the most :func:`read_user_file` reads: a model config or a lock file is kilobytes (a Cargo.lock of a large
+#: workspace ~1 MB); ``/dev/zero`` given for one was read until memory ran out (CLI fuzz, 2026-12-03)
+MAX_USER_FILE_BYTES = 64 << 20
+
+
+def read_user_file(path: Path, *, what: str, hint: str, limit_bytes: int = MAX_USER_FILE_BYTES) -> str:
+    """The text of ``path`` (UTF-8), at most ``limit_bytes`` of it.
 
     Args:
         path: the file the user gave.
         what: how the message names it (``"the model config"``), followed by the path.
         hint: what the user can do instead.
+        limit_bytes: a longer file (or an endless one: a device, a FIFO) is refused.
 
     Raises:
-        UsageError: the file is missing or cannot be read (the OS's reason is the cause), or is not UTF-8 text.
+        UsageError: the file is missing or cannot be read (the OS's reason is the cause), is not UTF-8 text, or is
+            longer than ``limit_bytes``.
     """
     try:
-        return path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            data = f.read(limit_bytes + 1)
     except OSError as exc:
         raise UsageError(f"cannot read {what} {path}", cause=exc.strerror, hint=hint) from None
+    if len(data) > limit_bytes:
+        raise UsageError(f"cannot read {what} {path}: it is longer than {limit_bytes >> 20} MiB", hint=hint)
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"cannot read {what} {path}", cause=not_utf8(exc), hint=hint) from None
 

@@ -93,6 +93,9 @@ def read_model_config(path: Path) -> ModelAttention:
                                       "num_attention_heads only when that divides)")
             head_dim = hidden // heads_q
         head_dim_v = head_dim
+    if head_dim * heads_q > _MAX_WIDTH:
+        raise UsageError(f"{path}: {heads_q} heads of {head_dim} is wider than any model's (at most {_MAX_WIDTH})",
+                         hint="is this the model's config.json? its attention sizes are read from it")
     if head_dim <= 0 or heads_q % heads_kv:
         raise UsageError(f"{path}: inconsistent attention sizes (heads {heads_q}, kv heads {heads_kv}, "
                          f"head dim {head_dim})", hint="num_attention_heads must be a multiple of "
@@ -193,10 +196,24 @@ def model_config_shapes(model: ModelAttention, *, dtype: str, batch: int, seqlen
     return [s for s in dict.fromkeys(out) if s.causal in causals]
 
 
+#: the largest attention size a config may give (heads, head dims): 2**16, hundreds of times any published model's
+#: (Llama-3.1-405B: 128 heads of 128; DeepSeek-V3: 128 heads, head dim 192). Unbounded, ``num_attention_heads`` and
+#: ``head_dim`` of 10**9 made ``warmup --model`` allocate until the machine ran out (CLI fuzz, 2026-12-03)
+_MAX_SIZE = 1 << 16
+#: ``heads * head_dim`` (a query row's width), and ``hidden_size``, at most this (2**20: 64x Llama-3.1-405B's 16384)
+_MAX_WIDTH = 1 << 20
+_SIZES = frozenset({"num_attention_heads", "num_key_value_heads", "head_dim", "attention_head_dim", "qk_nope_head_dim",
+                    "qk_rope_head_dim", "v_head_dim"})
+
+
 def _int(cfg: dict[str, Any], key: str, path: Path) -> int | None:
     value = cfg.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise UsageError(f"{path}: {key} must be a positive integer, got {value!r}")
+    limit = _MAX_SIZE if key in _SIZES else _MAX_WIDTH if key == "hidden_size" else None
+    if limit is not None and value > limit:
+        raise UsageError(f"{path}: {key} is {value}, larger than any model's (at most {limit})"[:200],
+                         hint="is this the model's config.json? its attention sizes are read from it")
     return value

@@ -77,6 +77,11 @@ class Diagnosis:
     notes: tuple[str, ...] = ()
 
 
+#: the most of a log :func:`diagnose_file` reads: a verbose FlashAttention build writes tens of MB, and the first
+#: ``FAILED:`` block it looks for comes early; ``diagnose /dev/zero`` read without end (CLI fuzz, 2026-12-03)
+MAX_LOG_READ_BYTES = 256 << 20
+
+
 def diagnose_file(
     path: Path, *, snapshot: SystemSnapshot | object | None = None, name: str | None = None,
     failures: FailureCatalog | None = None, machine: SystemSnapshot | None = None,
@@ -87,13 +92,19 @@ def diagnose_file(
         UsageError: the file cannot be read.
     """
     try:
-        raw = Path(path).read_text(encoding="utf-8", errors="replace")
+        with Path(path).open("rb") as f:
+            data = f.read(MAX_LOG_READ_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"cannot read the log {path}", cause=exc.strerror,
                          hint="give the path of a build log, e.g. one under $ATTNFORGE_HOME/logs") from None
+    cut = len(data) > MAX_LOG_READ_BYTES
+    raw = data[:MAX_LOG_READ_BYTES].decode("utf-8", errors="replace")
     text, dropped = printable(raw.replace("\ufffd", ""))
     found = diagnose_text(text, snapshot=snapshot, log_path=str(path), name=name, failures=failures,
                           machine=machine)
+    if cut:
+        found = dataclasses.replace(found, notes=(*found.notes, f"only the first {MAX_LOG_READ_BYTES >> 20} MiB of "
+                                                                "the log were read"))
     if dropped or "\ufffd" in raw:
         note = f"{dropped + raw.count(chr(0xFFFD))} unprintable characters of the log were left out"
         found = dataclasses.replace(found, notes=(*found.notes, note))
