@@ -290,7 +290,7 @@ def test_a_log_past_the_read_limit_is_read_up_to_it_and_says_so(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """``diagnose /dev/zero`` read without end (CLI fuzz, 2026-12-03): a log is read up to
     :data:`attnforge.diagnose.MAX_LOG_READ_BYTES`, its failure still found there, and the note says what was left."""
-    import attnforge.diagnose as diagnose
+    from attnforge import diagnose
 
     real = (LOGS / "af_ext_fixture_ulimit_v_800000.log").read_bytes()
     log = tmp_path / "long.log"

@@ -13,7 +13,6 @@ from typing import BinaryIO
 
 from attnforge.errors import CacheError, UsageError
 
-
 #: the most :func:`read_user_file` reads: a model config or a lock file is kilobytes (a Cargo.lock of a large
 #: workspace ~1 MB); ``/dev/zero`` given for one was read until memory ran out (CLI fuzz, 2026-12-03)
 MAX_USER_FILE_BYTES = 64 << 20
