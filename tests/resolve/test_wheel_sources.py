@@ -60,6 +60,33 @@ def test_bad_fields_are_all_reported() -> None:
     assert "sources.a.kind" in text and "sources.b.repo" in text and "sources.b.implied.torch_match" in text
 
 
+@pytest.mark.parametrize("index", ["http://[::1", "https://[::1/x", "http://127.0.0.1:99999/simple", "http://h:x/",
+                                   "https://", "ftp://mirror/simple", "simple"])
+def test_an_index_that_is_not_a_url_is_reported_by_the_files_check(index: str) -> None:
+    """``http://[::1`` passed as "a URL" (it starts like one) and raised ValueError from ``urlsplit`` when ``plan``
+    listed the source, an internal error (CLI fuzz, 2026-12-03): the file's own check names it."""
+    doc = {"schema_version": 1, "sources": {"t": {"kind": "pep503", "index": index, "backends": ["x"],
+                                                   "distributions": ["x"], "covers": "", "sources": ["s"]}}}
+    errors = Collector("t.toml")
+    parse_wheel_sources(doc, errors)
+    with pytest.raises(CatalogError) as err:
+        errors.finish()
+    assert "sources.t.index" in "\n".join(err.value.problems)
+
+
+def test_an_index_with_a_cuda_tag_or_a_port_is_a_url() -> None:
+    doc = {"schema_version": 1, "sources": {f"t{i}": {"kind": "pep503", "index": index, "backends": ["x"],
+                                                       "distributions": ["x"], "covers": "", "sources": ["s"],
+                                                       "grammars": []}
+                                             for i, index in enumerate(["https://download.pytorch.org/whl/{cuda_tag}",
+                                                                        "http://127.0.0.1:8080/simple",
+                                                                        "http://[::1]:3141/root/pypi/+simple/",
+                                                                        "file:///srv/wheels/simple"])}}
+    errors = Collector("t.toml")
+    parse_wheel_sources(doc, errors)
+    errors.finish()
+
+
 @pytest.mark.parametrize(
     ("typed", "backend", "noted"),
     [

@@ -103,7 +103,7 @@ def parse_wheel_sources(doc: Mapping[str, Any], errors: Collector) -> WheelSourc
         index = errors.get(raw, "index", path, str, default="")
         if kind is SourceKind.GITHUB_RELEASES and repo.count("/") != 1:
             errors.add(f"{path}.repo", f"expected owner/name, got {repo!r}")
-        if kind is not SourceKind.GITHUB_RELEASES and not index.startswith(("https://", "http://", "file:")):
+        if kind is not SourceKind.GITHUB_RELEASES and not _is_url(index):
             errors.add(f"{path}.index", f"expected a URL, got {index!r}")
         implied = {str(k): str(v) for k, v in errors.get(raw, "implied", path, dict, default={}).items()}
         if implied.get("torch_match", "none") not in {m.value for m in TorchMatch}:
@@ -178,6 +178,21 @@ def resolve_name(typed: str, catalog: Catalog, ws: WheelSources | None = None) -
     if target is None or target not in catalog.backends:
         return typed, None
     return target, f"{typed!r} means the catalog backend {target} ({catalog.backends[target].display_name})"
+
+
+def _is_url(text: str) -> bool:
+    """Whether ``text`` is an http(s) or file URL that parses, port included (``http://[::1`` raised ValueError
+    from ``urlsplit`` at plan time, an internal error, after this check had passed it: CLI fuzz, 2026-12-03)."""
+    import urllib.parse
+
+    if not text.startswith(("https://", "http://", "file:")):
+        return False
+    try:
+        parts = urllib.parse.urlsplit(text.replace("{cuda_tag}", "cu130"))
+        _ = parts.port  # raises ValueError for a port that is not one (99999, "x")
+    except ValueError:
+        return False
+    return parts.scheme == "file" or bool(parts.hostname)
 
 
 # -- per-CUDA index URLs -----------------------------------------------------------------------------------
