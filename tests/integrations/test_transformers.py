@@ -544,6 +544,74 @@ def test_flash_style_cu_seq_lens_are_varlen(served: list[tuple[int, ...]]) -> No
     assert served[0] == (7, 2, 8)  # one packed varlen call
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_packed_rows_handed_to_eager_keep_their_sequences_apart(causal: bool) -> None:
+    """A packed row with ``cu_seq_lens`` and no mask, with ``output_attentions=True`` (the model's eager function
+    serves it): eager got a plain causal mask over the whole row, and a token of the second sequence put 0.71 of its
+    weight on the first's keys (logits 0.48 off, CPU fuzz 2026-12-03). Its mask now keeps the sequences apart, as the
+    varlen call does; a non-causal (encoder) row too."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    class Module(torch.nn.Module):
+        is_causal = causal
+        num_key_value_groups = 1
+    eager_module = Module().eval()
+    tf_integration._EAGER_BY_CLASS[Module] = eager_attention_forward
+    q, k, v = (torch.randn(1, 2, 7, 8, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+               for i in range(3))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    got, weights = tf_integration.attention_forward(eager_module, q, k, v, None, scaling=8 ** -0.5, cu_seq_lens_q=cu,
+                                                    cu_seq_lens_k=cu, max_length_q=4, max_length_k=4,
+                                                    output_attentions=True)
+    parts = [attnforge.attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], causal=causal).transpose(1, 2)
+             for a, b in ((0, 3), (3, 7))]
+    assert weights is not None and float(weights[..., 3:, :3].abs().max()) == 0.0  # nothing across the boundary
+    assert _max_diff(got, torch.cat(parts, dim=1)) <= 1e-6  # eager's softmax runs in float32
+
+
+def test_a_model_on_eager_masks_attends_to_every_key_where_it_passes_no_mask() -> None:
+    """BridgeTower runs only eagerly in transformers; its cross-modal layers' self-attention modules say
+    ``is_causal=True`` and its image stream passes no mask, which eager reads as every key seen. attnforge read the
+    module's flag and served the image tokens causal: image features 0.37 off eager (CPU fuzz, 2026-12-03)."""
+    import copy
+
+    text = {"vocab_size": VOCAB, "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1,
+            "intermediate_size": 128, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    config = transformers.BridgeTowerConfig(text_config=text, vision_config={"hidden_size": 64, "num_hidden_layers": 1,
+                                                                             "image_size": 32, "patch_size": 8},
+                                            hidden_size=64, num_attention_heads=4, num_hidden_layers=1)
+    ids, pixels = torch.randint(3, VOCAB, (2, 6)), torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    out = {}
+    for impl in ("eager", "attnforge"):
+        torch.manual_seed(0)
+        model = transformers.BridgeTowerModel._from_config(copy.deepcopy(config), attn_implementation=impl).eval()
+        with torch.no_grad():
+            out[impl] = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels)
+    for name in ("text_features", "image_features", "pooler_output"):
+        assert _max_diff(out["attnforge"][name], out["eager"][name]) < 1e-5, name
+
+
+@pytest.mark.parametrize(("snippet", "edits"), [
+    ("attention_mask = torch.cat([attention_mask, block_bias.to(attention_mask.dtype)], dim=-1)", True),
+    ("attention_mask = F.pad(attention_mask, (0, 4), value=0.0)", True),
+    ("attention_mask = torch.cat((attention_mask, cls_padding), dim=1)", True),
+    ("attn_weights = attn_weights + attention_mask", False),
+    ("if attention_mask.dtype == torch.bool:", False),
+])
+def test_a_module_that_edits_its_mask_as_an_additive_one_gets_eagers_masks(snippet: str, edits: bool) -> None:
+    """DeepSeek-V4 (transformers 5.25) passes ``s_aux=``, which let it take SDPA's bool masks, yet appends its
+    compressor's 0 / -inf bias to the mask it is given as to an additive one: the bool cast flipped which compressed
+    slots were seen, logits 0.33 off eager (CPU fuzz, 2026-12-03)."""
+    import re
+
+    assert (re.search(tf_integration._EDITS_THE_MASK, snippet) is not None) is edits
+    cls = getattr(transformers, "DeepseekV4ForCausalLM", None)
+    if cls is not None:
+        assert not tf_integration.takes_sdpa_masks(cls)
+    assert tf_integration.takes_sdpa_masks(transformers.GptOssForCausalLM)  # sinks, and a mask it only adds
+    assert tf_integration.takes_sdpa_masks(transformers.Gemma2ForCausalLM)
+
+
 @pytest.mark.parametrize("forced", [None, "exact"])
 def test_packed_cu_seq_lens_keep_sequences_apart_in_masked_layers(forced: str | None) -> None:
     """A packed row (``DataCollatorWithFlattening``'s ``position_ids`` and ``cu_seq_lens``) through GPT-OSS, whose

@@ -79,8 +79,17 @@ def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signa
     Raises:
         DispatchError: the call needs the eager path and the model's modeling file has none.
     """
-    if kwargs.get("cu_seq_lens_q") is not None and attention_mask is not None:
-        attention_mask = _within_sequences(attention_mask, query, key, kwargs)
+    if kwargs.get("cu_seq_lens_q") is not None:
+        if attention_mask is None and _needs_eager(None, kwargs):
+            # packed rows handed to the eager function (output_attentions): its mask must keep the sequences apart,
+            # as the varlen call does; a plain causal one spanned them (logits 0.48 off, CPU fuzz 2026-12-03)
+            import torch
+
+            attention_mask = _plain_mask(module, query, key, is_causal)
+            if attention_mask is None:
+                attention_mask = torch.ones(1, 1, query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
+        if attention_mask is not None:
+            attention_mask = _within_sequences(attention_mask, query, key, kwargs)
     if _needs_eager(attention_mask, kwargs):
         return _eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                       is_causal=is_causal, **kwargs)
@@ -89,7 +98,7 @@ def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signa
     cache = kwargs.get("cache")
     if cache is not None:  # a paged cache: the new keys go in first (transformers' sdpa_attention_forward)
         key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
-    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    causal = _causal(module, is_causal)
     q_len, kv_len = query.shape[2], key.shape[2]
     features: dict[str, Any] = {"scale": scaling, "dropout_p": dropout,
                                 "softcap": kwargs.get("softcap"), "sinks": kwargs.get("s_aux")}
@@ -323,17 +332,35 @@ def model_eager_function(module: Any) -> Callable[..., Any]:
                         hint='load the model with attn_implementation="eager"')
 
 
+def _causal(module: Any, is_causal: bool | None) -> bool:
+    """Whether a call without a mask is causal: transformers' SDPA function's rule (``is_causal``, else the module's
+    ``is_causal``, else True), except for a model that gets eager's masks (:data:`_EAGER_MASKS`): its eager function
+    reads no ``is_causal`` and attends to every key where the model passes no mask. BridgeTower's image stream (its
+    modules say ``is_causal=True``, and it passes no mask) was served causal, image features 0.37 off eager (CPU
+    fuzz, 2026-12-03)."""
+    if type(getattr(module, "config", None)) in _EAGER_MASKS:
+        return False
+    return bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+
+
+def _plain_mask(module: Any, query: Any, key: Any, is_causal: bool | None) -> Any:
+    """The bool causal mask ``[1, 1, Sq, Sk]`` (top-left) that transformers' sdpa mask builder skipped for a plainly
+    causal call (None: the call is not causal, or has one query row)."""
+    import torch
+
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if not _causal(module, is_causal) or q_len <= 1:
+        return None
+    rows = torch.arange(q_len, device=query.device)[:, None]
+    return (torch.arange(kv_len, device=query.device)[None, :] <= rows)[None, None]
+
+
 def _eager(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *, dropout: float,
            scaling: float | None, is_causal: bool | None, **kwargs: Any) -> tuple[Any, Any]:
     """The model's own eager function, given the additive mask transformers' ``eager_mask`` would have built."""
     import torch
 
-    mask = attention_mask
-    q_len, kv_len = query.shape[2], key.shape[2]
-    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
-    if mask is None and causal and q_len > 1:  # the sdpa mask skipped a plain causal mask (top-left)
-        rows = torch.arange(q_len, device=query.device)[:, None]
-        mask = (torch.arange(kv_len, device=query.device)[None, :] <= rows)[None, None]
+    mask = attention_mask if attention_mask is not None else _plain_mask(module, query, key, is_causal)
     if mask is not None and mask.dtype == torch.bool:
         mask = torch.where(mask, torch.zeros((), dtype=query.dtype, device=mask.device),
                            torch.finfo(query.dtype).min)
@@ -423,7 +450,16 @@ def takes_sdpa_masks(cls: type) -> bool:
     if getattr(cls, "_supports_sdpa", False):
         return True
     source = _module_source(cls)
-    return source is not None and re.search(r"\b(?:softcap|s_aux)\s*=", source) is not None
+    return (source is not None and re.search(r"\b(?:softcap|s_aux)\s*=", source) is not None
+            and re.search(_EDITS_THE_MASK, source) is None)
+
+
+#: a modeling module that pads, extends or casts the 4-D mask it is given, as eager's additive one: DeepSeek-V4's
+#: compressed layers append their ``block_bias`` (0 / -inf) with ``torch.cat([attention_mask,
+#: block_bias.to(attention_mask.dtype)])`` and pad with ``value=0.0``; on SDPA's bool mask that flipped which
+#: compressed slots are seen (logits 0.33 off eager, transformers 5.25, CPU fuzz 2026-12-03). Such a module gets
+#: eager's masks whatever it passes (a false match costs speed only: eager's masks are right for any model)
+_EDITS_THE_MASK = r"(?:F\.pad|torch\.cat)\(\s*[\[(]?\s*attention_mask\b|\.to\(\s*attention_mask\.dtype\s*\)"
 
 
 def _refusing_unrouted(original: Callable[..., str]) -> Callable[..., str]:
