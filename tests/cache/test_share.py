@@ -211,3 +211,36 @@ def test_a_copied_export_still_imports(store: Store, wheel: Path, tmp_path: Path
     export(store, tmp_path / "out")
     shutil.copytree(tmp_path / "out", tmp_path / "moved")
     assert import_(Store(tmp_path / "fresh"), tmp_path / "moved").imported == (key,)
+
+
+@pytest.mark.parametrize("junk", [
+    pytest.param({"schema": 1, "inputs": [1, 2], "filename": "x.whl"}, id="inputs-a-list"),
+    pytest.param({"schema": 1, "inputs": {"kind": "wheel"}, "filename": "x.whl"}, id="no-name"),
+    pytest.param({"schema": 1, "inputs": {"kind": "wheel", "name": "a"}}, id="no-filename"),
+    pytest.param({"schema": 1, "inputs": {"kind": "wheel", "name": 5}, "filename": "x.whl", "sha256": "0"},
+                 id="name-an-int"),
+    pytest.param({"schema": 1, "inputs": {"kind": "wheel", "name": "zz"}, "filename": 5, "sha256": "0"},
+                 id="filename-an-int"),
+    pytest.param("same-file-name-newer-no-wheel", id="same-file-name-newer-no-wheel"),
+])
+def test_an_export_over_a_folder_no_export_wrote_indexes_only_real_wheels(store: Store, wheel: Path, tmp_path: Path,
+                                                                           junk: object) -> None:
+    """A destination's ``artifacts/`` may hold folders no export of ours wrote: a ``provenance.json`` with a list for
+    ``inputs`` or without ``filename`` crashed ``cache export`` after the artifacts were copied (no index), and one
+    naming a wheel it does not hold, newer than the real one, took its place in the index: a link to a missing file,
+    exit 0 (CLI fuzz, 2026-12-03). Each such folder is left out of the index and said; the real wheel is linked."""
+    store.put(wheel, inputs_for(wheel))
+    out = tmp_path / "out"
+    (out / "artifacts" / "junk").mkdir(parents=True)
+    if junk == "same-file-name-newer-no-wheel":
+        junk = {"schema": 1, "key": "sha256:" + "0" * 64, "inputs": {"kind": "wheel", "name": "af-pure-fixture"},
+                "filename": wheel.name, "sha256": "0" * 64, "created_at": "2999-01-01T00:00:00+00:00"}
+    (out / "artifacts" / "junk" / "provenance.json").write_text(json.dumps(junk))
+    result = export(store, out)
+    assert any(s.startswith("junk: not in the index") for s in result.skipped)
+    for page in (out / "simple").rglob("index.html"):
+        for href in links(page):
+            if not href.endswith("/"):
+                target = Path(unquote(urljoin(page.as_uri(), href.partition("#")[0]).removeprefix("file://")))
+                assert target.is_file() and "junk" not in target.parts, href
+    assert any(wheel.name in href for page in (out / "simple").rglob("index.html") for href in links(page))

@@ -256,7 +256,10 @@ def write_index(dest: Path) -> tuple[list[str], list[str]]:
     by_project: dict[str, dict[str, tuple[str, dict[str, Any]]]] = defaultdict(dict)
     skipped: list[str] = []
     for digest_dir, doc in _exported_entries(dest):
-        if doc["inputs"].get("kind") != ArtifactKind.WHEEL.value:
+        why = _not_indexable(dest / "artifacts" / digest_dir, doc)
+        if why is not None:
+            if why:
+                skipped.append(f"{digest_dir}: not in the index: {why}")
             continue
         name = canonicalize_name(doc["inputs"]["name"])
         previous = by_project[name].get(doc["filename"])
@@ -291,6 +294,31 @@ def write_index(dest: Path) -> tuple[list[str], list[str]]:
                    if canonicalize_name(text) not in by_project]  # the projects of an index that was there
     write_atomic(simple / "index.html", _page("Simple index", root_links).encode())
     return projects, skipped
+
+
+def _not_indexable(folder: Path, doc: dict[str, Any]) -> str | None:
+    """Why the entry ``folder`` (its ``provenance.json`` read as ``doc``) gets no link in the index: ``""`` for an
+    artifact that is not a wheel, a reason for a provenance whose fields are not what an export writes or whose wheel
+    is not there, None for a wheel to link. The destination may hold folders no export of ours wrote: a
+    ``provenance.json`` with a list for ``inputs`` or without ``filename`` crashed ``cache export`` after it had
+    copied the artifacts, and one naming a missing wheel got a link to it, exit 0 (CLI fuzz, 2026-12-03)."""
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, dict):
+        return "its provenance.json has no inputs object"
+    if inputs.get("kind") != ArtifactKind.WHEEL.value:
+        return ""
+    filename, sha256, key = doc.get("filename"), doc.get("sha256"), doc.get("key")
+    fields = (inputs.get("name"), filename, sha256, key)
+    if not all(isinstance(f, str) and f for f in fields) or not isinstance(doc.get("created_at", ""), str):
+        return "its provenance.json lacks a field an export writes (name, filename, sha256, key, created_at)"
+    name, digest = str(filename), str(sha256)  # strings, checked above
+    if "/" in name or "\\" in name or name in (".", "..") or len(digest) != 64 or not all(
+            c in "0123456789abcdef" for c in digest):
+        return f"its provenance.json names {name!r} with sha256 {digest[:16]!r}..., not a wheel of an export"
+    problem = regular_file_problem(folder / name, MAX_WHEEL_BYTES)
+    if problem is not None:
+        return problem
+    return None
 
 
 #: Where the links of an exported wheel point (``simple/<project>/`` -> ``artifacts/<digest>/``).
