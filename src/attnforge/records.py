@@ -31,6 +31,7 @@ from attnforge._system.statedb import (
     connect_reading,
     file_problem,
     home_problem,
+    lacking_columns,
     move_aside,
     reject_newer,
     schema_problem,
@@ -407,7 +408,8 @@ class RecordStore:
                 if conn is None:
                     return None
                 quick = [str(r[0]) for r in conn.execute("PRAGMA quick_check").fetchall()]
-            if quick == ["ok"]:
+                lacking = lacking_columns(conn, _SCHEMA, optional=frozenset(dict(_BENCH_ADDED)))
+            if quick == ["ok"] and not lacking:
                 return None
         except DamagedDatabaseError:
             pass

@@ -73,6 +73,9 @@ DB_DAMAGE: dict[str, Callable[[Path], None]] = {
     "directory": _directory,
     "foreign": _foreign,
     "deleted": _clear,
+    # a column dropped (another program, a hand edit): quick_check passes it, so repair kept it while every read said
+    # "damaged, run cache repair", and verify crashed on the missing key (CLI fuzz, 2026-12-03)
+    "lacks-a-column": lambda db: _sqlite(db, "ALTER TABLE artifacts DROP COLUMN has_log"),
 }
 
 
@@ -235,9 +238,19 @@ def test_a_store_folder_that_is_a_file_is_named_with_the_fix(
         assert code == 1 and f"{attnforge_home / folder} is not a directory" in text and "hint:" in text, text
 
 
+@pytest.mark.parametrize("damage", ["garbage", "verify-lacks-a-column", "bench-lacks-a-column"])
 def test_repair_moves_a_damaged_records_db_aside_and_records_work_again(
-        attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    HOMES["records-garbage"](attnforge_home)
+        attnforge_home: Path, capsys: pytest.CaptureFixture[str], damage: str) -> None:
+    """A records.db whose table lacks a column passed ``PRAGMA quick_check``: repair kept it while every read said
+    "damaged, run cache repair" (CLI fuzz, 2026-12-03). A column a later version added (``_BENCH_ADDED``) is no
+    damage: an older file is read without it and migrated on its next write."""
+    if damage == "garbage":
+        HOMES["records-garbage"](attnforge_home)
+    else:
+        table = damage.split("-", maxsplit=1)[0]
+        RecordStore(attnforge_home).add_verify(VerifyRecord(device_key="k", backend="sdpa", backend_version=None,
+                                                            ok=True, summary="ok"))
+        _sqlite(attnforge_home / "records.db", f"DROP TABLE {table}", f"CREATE TABLE {table} (id INTEGER)")
     code, text = _cli(capsys, "cache", "repair")
     assert code == 0 and "records.db was damaged; moved to" in text, text
     assert len(list(attnforge_home.glob("records.db.damaged-*"))) == 1
@@ -325,3 +338,17 @@ def test_a_reader_meeting_a_writers_first_entry_does_not_call_the_index_damaged(
     monkeypatch.setattr(Store, "entry_dirs", entry_dirs)
     entries = Store(home).list()
     assert [e.key for e in entries] == made
+
+
+def test_repair_keeps_a_records_db_from_before_a_column_was_added(
+        attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A records.db written before ``rounds`` and ``layout`` were added to its bench table is an older file, not a
+    damaged one: repair leaves it, and its rows are still read."""
+    store = RecordStore(attnforge_home)
+    store.add_verify(VerifyRecord(device_key="k", backend="sdpa", backend_version=None, ok=True, summary="ok"))
+    _sqlite(attnforge_home / "records.db", "ALTER TABLE bench DROP COLUMN rounds",
+            "ALTER TABLE bench DROP COLUMN layout")
+    code, text = _cli(capsys, "cache", "repair")
+    assert code == 0 and "records.db was damaged" not in text, text
+    assert not list(attnforge_home.glob("records.db.damaged-*"))
+    assert list(RecordStore(attnforge_home).latest_verify("k")) == ["sdpa"]

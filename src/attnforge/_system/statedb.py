@@ -158,6 +158,27 @@ def schema_problem(conn: sqlite3.Connection, db: Path, *, ours: Collection[str],
     return None
 
 
+def lacking_columns(conn: sqlite3.Connection, schema: str, *, optional: frozenset[str] = frozenset()) -> list[str]:
+    """``table.column`` of every column ``schema`` (its ``CREATE TABLE`` statements) gives a table that the database
+    open on ``conn`` has without it (a table it lacks whole is not counted: a store creates its tables on its first
+    write); ``optional``: columns a later version added, which an older file may lack. ``PRAGMA quick_check`` passes
+    such a file, so ``cache repair`` kept a ``cache.db`` or ``records.db`` whose every read said "damaged, run cache
+    repair" (CLI fuzz, 2026-12-03)."""
+    model = sqlite3.connect(":memory:")
+    try:
+        model.executescript(schema)
+        tables = [str(r[0]) for r in model.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        want = {t: [str(r[1]) for r in model.execute(f"PRAGMA table_info({t})")] for t in tables}
+    finally:
+        model.close()
+    out: list[str] = []
+    for table, columns in want.items():
+        have = {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")}
+        if have:
+            out += [f"{table}.{c}" for c in columns if c not in have and c not in optional]
+    return out
+
+
 def connect_read_only(db: Path, *, timeout_s: float = 60.0, immutable: bool = True) -> sqlite3.Connection:
     """A read-only connection that writes nothing.
 

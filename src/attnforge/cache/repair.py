@@ -20,7 +20,8 @@ import datetime as _dt
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnforge._system.statedb import DamagedDatabaseError, move_aside
+from attnforge._system.statedb import DamagedDatabaseError, lacking_columns, move_aside
+from attnforge.cache._base import INDEX_SCHEMA
 from attnforge.cache._files import sha256_file
 from attnforge.cache._provenance import (
     BUILD_LOG,
@@ -94,9 +95,11 @@ def _move_damaged_db(store: Store) -> tuple[Path | None, str | None]:
     try:
         with store.reader("check the cache database") as conn:
             quick = [str(r[0]) for r in conn.execute("PRAGMA quick_check").fetchall()]
-        if quick == ["ok"]:
+            lacking = lacking_columns(conn, INDEX_SCHEMA)
+        if quick == ["ok"] and not lacking:
             return None, None
-        damage = "PRAGMA quick_check: " + "; ".join(quick)[:500]
+        damage = ("PRAGMA quick_check: " + "; ".join(quick)[:500] if quick != ["ok"]
+                  else f"its tables lack the columns {', '.join(lacking)}"[:500])
     except DamagedDatabaseError as exc:
         damage = exc.cause or exc.message
     dest = None

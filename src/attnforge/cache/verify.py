@@ -21,6 +21,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnforge._system.statedb import lacking_columns
+from attnforge.cache._base import INDEX_SCHEMA
+from attnforge.cache._db import damaged_db
 from attnforge.cache._provenance import PROVENANCE, provenance_problem
 from attnforge.cache.entry import Entry, entry_from_row
 from attnforge.cache.store import Store
@@ -55,6 +58,9 @@ def verify(store: Store) -> VerifyReport:
             recover the artifacts).
     """
     with store.reader("verify the cache") as conn:
+        lacking = lacking_columns(conn, INDEX_SCHEMA)
+        if lacking:  # SELECT * reads such a table, and each row then failed on a missing key (an internal error)
+            raise damaged_db(store.db_path, f"its tables lack the columns {', '.join(lacking)}"[:500])
         rows = conn.execute("SELECT * FROM artifacts ORDER BY created_at").fetchall()
         quick = [str(r[0]) for r in conn.execute("PRAGMA quick_check").fetchall()]
     ok: list[str] = []
