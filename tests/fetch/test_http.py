@@ -129,6 +129,18 @@ def test_a_proxy_that_never_answers_is_named_and_remembered(
     assert len(black_hole.accepted) == 1
 
 
+@pytest.mark.parametrize("proxy", ["http://[::1", "http://proxy.example:99999", "http://:3128"])
+def test_a_proxy_that_is_not_a_url_is_a_usage_error_with_a_hint(
+    proxy: str, no_proxies: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HTTPS_PROXY=http://[::1`` raised ValueError from ``urlsplit`` on every request: an internal error of ``plan``
+    and ``install`` (CLI fuzz, 2026-12-03). It is the environment's error, said with the variable to fix."""
+    monkeypatch.setenv("HTTPS_PROXY", proxy)
+    with pytest.raises(UsageError, match="HTTPS_PROXY names is not a URL") as err:
+        HttpClient(deadline=_deadline()).get("https://api.github.example/repos/a/b/releases")
+    assert "HTTPS_PROXY" in (err.value.hint or "")
+
+
 def test_no_proxy_is_honoured_as_pip_does(
     black_hole: BlackHole, no_proxies: None, monkeypatch: pytest.MonkeyPatch, served: str
 ) -> None:

@@ -32,7 +32,22 @@ def proxy_for(url: str) -> str | None:
     proxy = urllib.request.getproxies().get(parts.scheme)
     if not proxy or not parts.hostname or urllib.request.proxy_bypass(parts.hostname):
         return None
-    return proxy if "://" in proxy else f"http://{proxy}"
+    proxy = proxy if "://" in proxy else f"http://{proxy}"
+    try:  # a proxy that does not parse (HTTPS_PROXY=http://[::1) raised ValueError from every request: an internal
+        # error of plan and install (CLI fuzz, 2026-12-03)
+        named = urllib.parse.urlsplit(proxy)
+        _ = named.port
+    except ValueError as exc:
+        named = None
+        why = str(exc)
+    if named is None or not named.hostname:
+        from attnforge.errors import UsageError
+
+        variable = f"{parts.scheme.upper()}_PROXY"
+        raise UsageError(f"the proxy {variable} names is not a URL: {proxy[:80]!r}",
+                         cause=why if named is None else "it names no host",
+                         hint=f"set {variable} to a proxy URL such as http://proxy.example:3128, or unset it")
+    return proxy
 
 
 def first_hop(url: str) -> str:
