@@ -155,14 +155,17 @@ def test_a_spent_budget_falls_back_to_the_cached_listing_with_its_age(
     assert "used the listing fetched 2026-11-20T08:00:00+00:00" in line and "days old" in line
 
 
+@pytest.mark.parametrize("api", ["notaurl", "http://[::1", "https://api.example:99999"])
 def test_a_github_api_url_that_is_not_a_url_skips_the_sources_with_a_clear_line(
-    hole: BlackHole, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    hole: BlackHole, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], api: str
 ) -> None:
-    monkeypatch.setenv("GITHUB_API_URL", "notaurl")
+    """``http://[::1`` and a port past 65535 raised ValueError from ``urlsplit``: an internal error of ``plan`` (CLI
+    fuzz, 2026-12-03), where ``notaurl`` was a line."""
+    monkeypatch.setenv("GITHUB_API_URL", api)
     rc, _, out, _ = _run(capsys, "plan", "flash-attn", "--snapshot", H200, "--json")
     problems = json.loads(out)["listing_problems"]
     assert rc == 0
-    assert any("GITHUB_API_URL='notaurl' is not an http(s):// URL" in p and p.endswith("skipped") for p in problems)
+    assert any(f"GITHUB_API_URL={api!r} is not an http(s):// URL" in p and p.endswith("skipped") for p in problems)
 
 
 def test_a_bad_network_budget_is_bad_input(monkeypatch: pytest.MonkeyPatch,

@@ -131,7 +131,11 @@ def github_api(env: Mapping[str, str]) -> str:
         FetchError: ``GITHUB_API_URL`` is not an http(s) URL (the source is skipped with that line).
     """
     api = (env.get("GITHUB_API_URL") or GITHUB_API).rstrip("/")
-    parts = urllib.parse.urlsplit(api)
+    try:
+        parts = urllib.parse.urlsplit(api)
+        _ = parts.port
+    except ValueError:  # http://[::1 or a port past 65535: an internal error of plan until 2026-12-03 (CLI fuzz)
+        parts = urllib.parse.urlsplit("")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise FetchError(f"GITHUB_API_URL={api!r} is not an http(s):// URL (e.g. https://api.github.com, or "
                          "https://HOST/api/v3 for GitHub Enterprise)")
