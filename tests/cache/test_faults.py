@@ -327,6 +327,39 @@ def test_a_read_only_home_lists_exports_and_verifies(filled: Store, tmp_path: Pa
     assert not (filled.root / "cache.db-shm").exists() or (filled.root / "cache.db-shm") in before
 
 
+@needs_root
+def test_a_read_only_home_reads_the_rows_a_killed_writer_left_in_its_wal(tmp_path: Path) -> None:
+    """A writer killed before its checkpoint leaves ``cache.db-wal`` holding its committed rows; read through a
+    read-only home (immutable) they were missed: ``cache list`` said the cache is empty, exit 0, and ``cache verify``
+    called every entry unindexed (CLI fuzz, 2026-12-03)."""
+    store = Store(tmp_path / "home")
+    first = make_wheel(tmp_path / "first", name="af-first")
+    keys = [store.put(first, inputs_for(first)).entry.key]  # the schema and a row, checkpointed at close
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1]); c.execute('select count(*) from artifacts')"
+        ".fetchall(); print('holding', flush=True); time.sleep(120)"), str(store.db_path)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        wheel = make_wheel(tmp_path / "dist")
+        keys.append(store.put(wheel, inputs_for(wheel)).entry.key)  # its connection closes, the holder's keeps the WAL
+    finally:
+        holder.kill()  # as a crash: no checkpoint
+        holder.communicate()
+    assert (store.root / "cache.db-wal").stat().st_size > 0
+    for path in [store.root, *store.root.rglob("*")]:
+        os.chmod(path, 0o555 if path.is_dir() else 0o444)
+    try:
+        listed = cli(store.root, "cache", "list", "--json", unprivileged=True)
+        assert listed.returncode == 0, listed.stderr
+        assert sorted(e["key"] for e in json.loads(listed.stdout)["entries"]) == sorted(keys)
+        verified = cli(store.root, "cache", "verify", unprivileged=True)
+        assert verified.returncode == 0 and "unindexed" not in verified.stdout, verified.stdout + verified.stderr
+    finally:
+        for path in [store.root, *store.root.rglob("*")]:
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+
 @pytest.mark.parametrize("verb", [["cache", "list"], ["cache", "verify"], ["cache", "prune", "--older-than", "1d"],
                                   ["cache", "export", "OUT"], ["cache", "rm", "abcd"], ["verify"]])
 def test_a_home_that_is_a_file_is_a_clean_error(tmp_path: Path, verb: list[str]) -> None:

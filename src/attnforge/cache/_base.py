@@ -28,6 +28,7 @@ import filelock
 from attnforge._system.statedb import (
     DamagedDatabaseError,
     connect_reading,
+    connect_shared,
     file_problem,
     reject_newer,
     schema_problem,
@@ -305,6 +306,11 @@ class StoreBase:
             conn.row_factory = sqlite3.Row
             return conn, True
         if self.read_only:
+            # a writer that was killed leaves its -wal (uncheckpointed rows): an immutable read missed them, and a
+            # read-only home's cache looked empty (CLI fuzz, 2026-12-03); mode=ro reads them where SQLite can use
+            # the WAL index the writer left (connect_shared), else immutable as before
+            if self.db_path.with_name(self.db_path.name + "-wal").exists():
+                return connect_shared(self.db_path, timeout_s=60.0), False
             return connect_read_only(self.db_path), False
         return self._open_for_reading(), False
 
