@@ -6,6 +6,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attnforge.catalog import Catalog
 from attnforge.fetch.indexes import list_find_links
@@ -399,3 +401,33 @@ def test_a_wheelhouse_sdist_does_not_hide_a_cached_wheel(catalog: Catalog) -> No
     request = Request(backend="flash-attn", source=parse_source("/wheelhouse/flash_attn-2.8.3.tar.gz"))
     plan = resolve(snapshot(H200), catalog, request, cached=[_cached(source_sha256="c" * 64)])
     assert plan.chosen is not None and plan.chosen.kind is CandidateKind.CACHE
+
+
+_VERSIONS = st.builds(lambda a, b, c: f"{a}.{b}.{c}", st.integers(0, 4), st.integers(0, 4), st.integers(0, 4))
+_CLAUSES = st.tuples(st.sampled_from([">=", ">", "<", "<=", "==", "!=", "~="]), _VERSIONS).map(lambda t: t[0] + t[1])
+
+
+@given(clauses=st.lists(_CLAUSES, min_size=1, max_size=3))
+def test_a_spec_called_empty_admits_no_version(clauses: list[str]) -> None:
+    """``flash-attn>=3,<2`` was planned as any request (CLI fuzz, 2026-12-03); :func:`_no_version_fits` refuses such
+    a spec, and what it calls empty admits none of the versions around its bounds."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    from attnforge.resolve.resolver import _no_version_fits
+
+    spec = SpecifierSet(",".join(clauses))
+    if _no_version_fits(spec):
+        probes = [Version(f"{a}.{b}.{c}") for a in range(6) for b in range(6) for c in range(6)]
+        assert not any(spec.contains(v, prereleases=True) for v in probes)
+
+
+@pytest.mark.parametrize(("text", "empty"), [(">=3,<2", True), (">2,<=2", True), ("==2.8.3,<2.8", True),
+                                             (">=2,<=2", False), (">=2.8,<3", False), ("~=2.8", False),
+                                             ("!=2.8.3,<3", False), ("==2.*,<3", False)])
+def test_no_version_fits(text: str, empty: bool) -> None:
+    from packaging.specifiers import SpecifierSet
+
+    from attnforge.resolve.resolver import _no_version_fits
+
+    assert _no_version_fits(SpecifierSet(text)) is empty

@@ -134,11 +134,41 @@ def resolve(
 def _check_version_text(version: str) -> None:
     if version.strip():
         try:
-            SpecifierSet(version)
+            spec = SpecifierSet(version)
         except InvalidSpecifier:
             raise UsageError(
                 f"not a version specifier: {version!r}", hint="write e.g. ==2.8.3 or >=2.8"
             ) from None
+        if _no_version_fits(spec):
+            raise UsageError(f"no version fits {version!r}: its lower bound is above its upper bound",
+                             hint="write e.g. >=2.8,<3 (pip would say: no matching distribution)")
+
+
+def _no_version_fits(spec: SpecifierSet) -> bool:
+    """Whether ``spec``'s bounds exclude every version: its highest lower bound (``>=``, ``>``, ``==``, ``~=``) above
+    its lowest upper bound (``<``, ``<=``, ``==``), or equal where either is strict. ``flash-attn>=3,<2`` was planned
+    as a request like any other, its candidates then refused one by one (CLI fuzz, 2026-12-03). Only these plain
+    bounds are read (a ``!=`` or a wildcard never makes this True), so a spec it calls empty is empty."""
+    lower: tuple[Version, bool] | None = None  # (version, strict)
+    upper: tuple[Version, bool] | None = None
+    for s in spec:
+        if s.operator == "===" or s.version.endswith(".*"):
+            continue
+        try:
+            v = Version(s.version)
+        except InvalidVersion:
+            continue
+        if s.operator in (">=", ">", "==", "~="):
+            cand = (v, s.operator == ">")
+            if lower is None or cand[0] > lower[0] or (cand[0] == lower[0] and cand[1]):
+                lower = cand
+        if s.operator in ("<", "<=", "=="):
+            cand = (v, s.operator == "<")
+            if upper is None or cand[0] < upper[0] or (cand[0] == upper[0] and cand[1]):
+                upper = cand
+    if lower is None or upper is None:
+        return False
+    return lower[0] > upper[0] or (lower[0] == upper[0] and (lower[1] or upper[1]))
 
 
 def _stable_abi(match: TorchMatch, *, built_abi: str | None = None, prebuilt: bool = True) -> bool | None:
