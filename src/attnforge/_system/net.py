@@ -18,6 +18,8 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from attnforge._system.urls import url_problem
+
 
 def lookup_host(host: str) -> object:
     """The addresses of ``host`` (``socket.getaddrinfo``): the real lookup :class:`HostLookup` guards."""
@@ -33,19 +35,12 @@ def proxy_for(url: str) -> str | None:
     if not proxy or not parts.hostname or urllib.request.proxy_bypass(parts.hostname):
         return None
     proxy = proxy if "://" in proxy else f"http://{proxy}"
-    try:  # a proxy that does not parse (HTTPS_PROXY=http://[::1) raised ValueError from every request: an internal
-        # error of plan and install (CLI fuzz, 2026-12-03)
-        named = urllib.parse.urlsplit(proxy)
-        _ = named.port
-    except ValueError as exc:
-        named = None
-        why = str(exc)
-    if named is None or not named.hostname:
+    problem = url_problem(proxy)  # HTTPS_PROXY=http://[::1 raised ValueError from every request until 2026-12-03
+    if problem is not None:
         from attnforge.errors import UsageError
 
         variable = f"{parts.scheme.upper()}_PROXY"
-        raise UsageError(f"the proxy {variable} names is not a URL: {proxy[:80]!r}",
-                         cause=why if named is None else "it names no host",
+        raise UsageError(f"the proxy {variable} names is not a URL: {proxy[:80]!r}", cause=problem,
                          hint=f"set {variable} to a proxy URL such as http://proxy.example:3128, or unset it")
     return proxy
 

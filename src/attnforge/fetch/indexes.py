@@ -20,6 +20,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from attnforge._system.urls import url_problem
 from attnforge.errors import UsageError
 from attnforge.fetch.http import FetchError, HttpClient, HttpStatusError, shown
 from attnforge.resolve.types import Request, SourceKind, SourceSpec, WheelRef
@@ -124,16 +125,10 @@ def check_index_url(index: str) -> str:
         return UsageError(f"not an index URL: {typed}", cause=cause,
                           hint="give a PEP 503 index as https://HOST/simple, http://HOST/simple or file:///PATH")
 
-    try:
-        parts = urllib.parse.urlsplit(index)
-        _ = parts.port  # a port that is not a number raises ValueError here
-    except ValueError as exc:
-        raise refused(str(exc)) from None
-    if parts.scheme not in ("file", "http", "https"):
-        raise refused(f"unknown scheme {parts.scheme!r}" if parts.scheme else "it has no scheme")
-    if parts.scheme != "file" and not parts.hostname:
-        raise refused("it names no host")
-    return parts.scheme
+    problem = url_problem(index, ("file", "http", "https"))
+    if problem is not None:
+        raise refused(problem)
+    return urllib.parse.urlsplit(index).scheme
 
 
 def list_wheels(

@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import re
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from attnforge._system.files import write_atomic
+from attnforge._system.urls import url_problem
 from attnforge.fetch.http import FetchError, HttpClient
 from attnforge.fetch.indexes import Listing, parse_simple_page
 from attnforge.probe.snapshot import SystemSnapshot
@@ -131,12 +131,7 @@ def github_api(env: Mapping[str, str]) -> str:
         FetchError: ``GITHUB_API_URL`` is not an http(s) URL (the source is skipped with that line).
     """
     api = (env.get("GITHUB_API_URL") or GITHUB_API).rstrip("/")
-    try:
-        parts = urllib.parse.urlsplit(api)
-        _ = parts.port
-    except ValueError:  # http://[::1 or a port past 65535: an internal error of plan until 2026-12-03 (CLI fuzz)
-        parts = urllib.parse.urlsplit("")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if url_problem(api, ("http", "https")) is not None:
         raise FetchError(f"GITHUB_API_URL={api!r} is not an http(s):// URL (e.g. https://api.github.com, or "
                          "https://HOST/api/v3 for GitHub Enterprise)")
     return api

@@ -17,6 +17,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from attnforge._compat import StrEnum
+from attnforge._system.urls import url_problem
 from attnforge.catalog import Catalog
 from attnforge.catalog._check import Collector
 from attnforge.catalog.recipes import TorchMatch
@@ -181,18 +182,10 @@ def resolve_name(typed: str, catalog: Catalog, ws: WheelSources | None = None) -
 
 
 def _is_url(text: str) -> bool:
-    """Whether ``text`` is an http(s) or file URL that parses, port included (``http://[::1`` raised ValueError
-    from ``urlsplit`` at plan time, an internal error, after this check had passed it: CLI fuzz, 2026-12-03)."""
-    import urllib.parse
-
-    if not text.startswith(("https://", "http://", "file:")):
-        return False
-    try:
-        parts = urllib.parse.urlsplit(text.replace("{cuda_tag}", "cu130"))
-        _ = parts.port  # raises ValueError for a port that is not one (99999, "x")
-    except ValueError:
-        return False
-    return parts.scheme == "file" or bool(parts.hostname)
+    """Whether ``text`` is an http(s) or file URL that parses, port included
+    (:func:`attnforge._system.urls.url_problem`; ``{cuda_tag}`` read as a tag)."""
+    return text.startswith(("https://", "http://", "file:")) and url_problem(
+        text.replace("{cuda_tag}", "cu130"), ("file", "http", "https")) is None
 
 
 # -- per-CUDA index URLs -----------------------------------------------------------------------------------
