@@ -56,9 +56,9 @@ CREATE INDEX IF NOT EXISTS artifacts_name ON artifacts(name);
 """
 #: ``PRAGMA user_version`` of cache.db (never set so far: 0); a newer one is refused, never moved aside or written
 SCHEMA_VERSION = 0
-#: The table as a connection-private, empty stand-in (readers never write the database).
 #: the index's schema, public for ``cache repair`` (a file whose tables lack a column of it is damage)
 INDEX_SCHEMA = _SCHEMA
+#: The table as a connection-private, empty stand-in (readers never write the database).
 _EMPTY_TABLE = _SCHEMA.split(";", maxsplit=1)[0].replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE")
 
 
