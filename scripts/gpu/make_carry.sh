@@ -25,9 +25,11 @@ PINS=(flash-attn-4==4.0.0b36 quack-kernels==0.6.5 apache-tvm-ffi==0.1.15.post2 t
       setuptools==84.2.1)
 python3 -m pip download -q "${P[@]}" "${PINS[@]}" 2>&1 | grep -v '^WARNING: Location' || true
 CU13=nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
-if [[ ! -f $BC/nvidia_cutlass_dsl_libs_cu13-4.8.1.tree.tar.xz ]]; then  # ~6 min on 2 cores
+if [[ ! -f $BC/nvidia_cutlass_dsl_libs_cu13-4.8.1.tree.tar.xz ]]; then  # ~4 min on 2 cores
+    # x86 BCJ filter + preset 9e: 61.0 MB where -6 gave 66.1 (2026-12-03); the tree had grown to 26.2 MiB and d1s + e2
+    # (each beside it, 64 MiB a call) no longer fit two calls. Python's lzma (rezip.py) reads the filter chain
     t=$(mktemp -d); unzip -q "$BC/$CU13" -d "$t"
-    tar cf - -C "$t" . | xz -T0 -6 > "$BC/nvidia_cutlass_dsl_libs_cu13-4.8.1.tree.tar.xz"; rm -rf "$t"
+    tar cf - -C "$t" . | xz -T0 --x86 --lzma2=preset=9e > "$BC/nvidia_cutlass_dsl_libs_cu13-4.8.1.tree.tar.xz"; rm -rf "$t"
 fi
 if [[ ! -f $BC/flash-attention.tar.gz && -n ${FA_REPO:-} ]]; then
     t=$(mktemp -d); mkdir -p "$t/flash-attention/csrc/cutlass" "$t/SageAttention"
