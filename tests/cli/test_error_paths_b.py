@@ -108,3 +108,23 @@ def test_diagnose_an_empty_log_says_so_and_exits_like_no_failure(
     done = subprocess.run([*argv, "--json"], capture_output=True, text=True, env=cli_env, timeout=120)
     doc = json.loads(done.stdout)
     assert (done.returncode, doc["known"], doc["cause"]) == (0, False, "the log is empty: nothing to diagnose")
+
+
+def test_a_prefix_that_matches_only_a_damaged_row_says_so(
+    attnforge_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A row whose key column is not a key (found by a CLI fuzz, 2026-12-03): `cache show` / `cache rm` of a prefix it
+    matched stopped with an internal error (ValueError: not a cache key); `cache verify` moves such a row aside."""
+    import sqlite3
+
+    keys = put_wheels(Store(attnforge_home), tmp_path)
+    with sqlite3.connect(attnforge_home / "cache.db") as conn:
+        conn.execute("UPDATE artifacts SET key = ? WHERE key = ?", (keys[0][:11], keys[0]))
+    conn.close()
+    for verb in ("show", "rm"):
+        assert main(["cache", verb, keys[0][7:11]]) == 1
+        err = capsys.readouterr().err
+        assert f"error: the only row that starts with '{keys[0][7:11]}' is damaged: '{keys[0][:11]}'" in err
+        assert "cache verify` moves it aside" in err and "internal error" not in err
+    assert main(["cache", "show", keys[1][7:19]]) == 0  # the healthy entry is still found by its prefix
+    assert keys[1] in capsys.readouterr().out

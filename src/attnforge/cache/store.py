@@ -73,6 +73,14 @@ _MIN_PREFIX = 4
 _SHOWN_CANDIDATES = 8
 
 
+def _parsed_key(text: object) -> CacheKey | None:
+    """A row's key, or None where the row's key column is not one (a damaged row)."""
+    try:
+        return CacheKey.parse(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
 def _candidates(rows: builtins.list[sqlite3.Row]) -> str:
     """``give more digits of one of: sha256:0a1b2c3d4e5f (x.whl), ...`` for the rows a prefix matched."""
     shown = ", ".join(f"{str(r['key'])[:19]} ({r['filename']})" for r in rows[:_SHOWN_CANDIDATES])
@@ -306,11 +314,18 @@ class Store(StoreBase):
         if len(t) < _MIN_PREFIX:
             raise UsageError(f"the key prefix {text!r} is too short: give at least {_MIN_PREFIX} hex digits",
                              hint=_candidates(rows) if rows else "copy a key from `attnforge cache list`")
-        if len(rows) == 1:
-            return CacheKey.parse(rows[0]["key"])
-        if not rows:
+        # a row whose key is not a key (a damaged row: `cache verify` moves it aside) is no entry to name
+        named = [(key, row) for key, row in ((_parsed_key(row["key"]), row) for row in rows) if key is not None]
+        if len(named) == 1:
+            return named[0][0]
+        if not named and rows:
+            raise CacheError(f"the only row that starts with {text!r} is damaged: {str(rows[0]['key'])[:80]!r}",
+                             hint="`attnforge cache verify` moves it aside; `attnforge cache repair` then rebuilds "
+                                  "the rows from the files on disk")
+        if not named:
             raise CacheError(f"no cache entry starts with {text!r}", hint="see `attnforge cache list`")
-        raise UsageError(f"the key prefix {text!r} matches {len(rows)} entries", hint=_candidates(rows))
+        raise UsageError(f"the key prefix {text!r} matches {len(named)} entries",
+                         hint=_candidates([row for _, row in named]))
 
     # -- removing -------------------------------------------------------------------------------------------
 
