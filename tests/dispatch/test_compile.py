@@ -266,6 +266,10 @@ BAD_TRACED = [
     pytest.param(lambda q, k, v: attnforge.attention(q, k, v, window="left"), "window", id="window-type"),
     pytest.param(lambda q, k, v: attnforge.attention(q, k, v, causal=True, softcap=float("nan")), "softcap",
                  id="softcap"),
+    # GQA turned off with Hq != Hkv (found by a runtime fuzz, 2026-12-03: Dynamo's "Observed exception", or
+    # "Unsupported context manager" as a process's first call)
+    pytest.param(lambda q, k, v: attnforge.attention(q, k[:, :2], v[:, :2], enable_gqa=False), "enable_gqa=False",
+                 id="gqa-off"),
     # the model's code after the call traces on (the refusal's stand-in output has the call's shape)
     pytest.param(lambda q, k, v: attnforge.attention(q, k[:, :3], v[:, :3]).transpose(1, 2).reshape(2, 6, -1)
                  @ torch.ones(64, 3), "not a multiple", id="heads-then-a-projection"),

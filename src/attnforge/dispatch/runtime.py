@@ -38,7 +38,7 @@ from attnforge.dispatch import _op, features
 from attnforge.dispatch.autotune import AutotuneConfig, configured, contested_rounds_for
 from attnforge.dispatch.dispatcher import _FORCED, Dispatcher, RecordSource
 from attnforge.dispatch.explanation import Explanation
-from attnforge.dispatch.inputs import check_scale, check_softcap, check_softcap_scale, check_window
+from attnforge.dispatch.inputs import check_heads, check_scale, check_softcap, check_softcap_scale, check_window
 from attnforge.dispatch.inputs import validate as _validate
 from attnforge.errors import DispatchError
 
@@ -250,6 +250,14 @@ def attention(
                                 causal_alignment=causal_alignment, is_causal=is_causal, window=window,
                                 softcap=softcap, scale=scale, layout=layout, backend=backend, precision=precision,
                                 varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+        if torch.compiler.is_compiling() and enable_gqa is False and block_table is None:
+            # Hq != Hkv here (as many heads turned it True above): eager's refusal, raised when the compiled code runs
+            # (traced, the feature path's check was Dynamo's "Observed exception")
+            try:
+                qh, kh, _ = _validate(q, k, v, layout=layout, precision=precision, scale=scale)
+                check_heads(qh.shape[1], kh.shape[1], enable_gqa=False)
+            except DispatchError as exc:
+                return _op.refused(q, v, exc)
         dispatcher = _DISPATCHER or get_dispatcher()
         # a mask and a scale (and a softcap: Gemma-2), nothing else (transformers' call of every layer): a repeat of
         # the previous call on the same mask object takes the lane its backend offered (features.lane_call), no
