@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import types
 import typing
 from collections.abc import Mapping
@@ -24,6 +25,19 @@ class DecodeError(ValueError):
         super().__init__(f"{path or '<root>'}: {problem}")
         self.path = path
         self.problem = problem
+
+
+def loads(text: str | bytes) -> Any:
+    """``json.loads``, with a document nested deeper than Python's parser recurses (``[[[...`` a few thousand deep)
+    refused as any invalid JSON is.
+
+    Raises:
+        ValueError: not JSON (``json.JSONDecodeError``), or nested too deeply (the parser's ``RecursionError``).
+    """
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
 
 
 def to_jsonable(value: Any) -> Any:

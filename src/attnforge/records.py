@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from attnforge import _serde
 from attnforge._system.statedb import (
     DamagedDatabaseError,
     SqliteKind,
@@ -439,7 +440,7 @@ class RecordStore:
         out: dict[str, VerifyRecord] = {}
         try:
             for r in rows:
-                details = json.loads(r[5])
+                details = _serde.loads(r[5])
                 # what the dispatcher reads of it (features.py: the failed features): a dict, a list of names
                 if not isinstance(details, dict) or not isinstance(details.get("failed_features", []), list):
                     raise ValueError(f"details of {r[1]!r} are not a mapping with a list of failed features")

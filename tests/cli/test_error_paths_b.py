@@ -128,3 +128,37 @@ def test_a_prefix_that_matches_only_a_damaged_row_says_so(
         assert "cache verify` moves it aside" in err and "internal error" not in err
     assert main(["cache", "show", keys[1][7:19]]) == 0  # the healthy entry is still found by its prefix
     assert keys[1] in capsys.readouterr().out
+
+
+DEEP_JSON = "[" * 5000 + "]" * 5000
+
+
+@pytest.mark.parametrize("argv", [
+    ("doctor", "--snapshot", "{deep}"),
+    ("plan", "flash-attn", "--offline", "--model", "{deep}"),
+    ("warmup", "--device", "cpu", "--model", "{deep}"),
+], ids=["doctor-snapshot", "plan-model", "warmup-model"])
+def test_json_nested_too_deeply_is_a_bad_input_not_an_internal_error(
+        argv: tuple[str, ...], attnforge_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A JSON input nested thousands deep (found by a CLI fuzz, 2026-12-03): Python's parser raises RecursionError,
+    which each command reported as an internal error (exit 1); now the file's own "not valid" error."""
+    deep = tmp_path / "deep.json"
+    deep.write_text(DEEP_JSON)
+    code = main([a.format(deep=deep) for a in argv])
+    err = capsys.readouterr().err
+    assert code in (1, 2) and "internal error" not in err and "nested too deeply" in err, err
+
+
+def test_a_provenance_nested_too_deeply_is_one_bad_entry_not_a_failed_verify(
+        attnforge_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One entry's provenance.json nested thousands deep: `cache verify` names that entry (the others are checked)
+    and `cache export` goes on; each stopped the whole command with an internal error (RecursionError)."""
+    keys = put_wheels(Store(attnforge_home), tmp_path)
+    (attnforge_home / "artifacts" / keys[0][7:] / "provenance.json").write_text(DEEP_JSON)
+    assert main(["cache", "verify"]) == 1
+    captured = capsys.readouterr()
+    assert "internal error" not in captured.err and "nested too deeply" in captured.out + captured.err
+    main(["cache", "export", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert "internal error" not in captured.err, captured.err
+    assert any((tmp_path / "out").rglob(f"*{keys[1][7:19]}*")) or any((tmp_path / "out").rglob("*.whl"))

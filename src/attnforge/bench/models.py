@@ -14,12 +14,12 @@ backward (training).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnforge import _serde
 from attnforge._system.files import read_user_file
 from attnforge.bench.grid import check_positive, shrink_for_cpu
 from attnforge.errors import UsageError
@@ -68,8 +68,8 @@ def read_model_config(path: Path) -> ModelAttention:
     raw = read_user_file(path, what="the model config",
                          hint="pass a Hugging Face config.json (e.g. from the model's repository)")
     try:
-        doc = json.loads(raw)
-    except json.JSONDecodeError as exc:
+        doc = _serde.loads(raw)
+    except ValueError as exc:
         raise UsageError(f"{path} is not JSON: {exc}", hint="pass a Hugging Face config.json") from None
     if not isinstance(doc, dict):
         raise UsageError(f"{path} is not a JSON object", hint="pass a Hugging Face config.json")

@@ -7,12 +7,12 @@ head dim ``D`` in one dtype (given in its ``shapes`` text) and triton's do_bench
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnforge import _serde
 from attnforge.bench.run import BenchReport, CellStatus
 from attnforge.errors import UsageError
 from attnforge.types.shapes import AttentionShape, Mode
@@ -65,8 +65,8 @@ def load_reference(path: Path, *, heads_q: int | None = None, head_dim: int | No
         UsageError: the file is unreadable, not JSON, or a row or the shape text cannot be read.
     """
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        doc = _serde.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read the reference benchmark {path}", cause=str(exc)) from None
     text = str(doc.get("shapes", ""))
     heads_q = heads_q or _grab(r"H=(\d+)", text, "heads")

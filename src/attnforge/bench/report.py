@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from importlib import metadata, resources
 from typing import Any
 
+from attnforge import _serde
 from attnforge.bench.run import BenchCell, BenchReport, BenchRow
 from attnforge.catalog import Catalog
 from attnforge.probe.backends import installed_distribution
@@ -104,7 +104,7 @@ def _num(value: float | None) -> float | None:
 def load_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of the ``--json`` document, shipped with the package."""
     text = resources.files("attnforge.bench").joinpath(SCHEMA_RESOURCE).read_text(encoding="utf-8")
-    schema: dict[str, Any] = json.loads(text)
+    schema: dict[str, Any] = _serde.loads(text)
     return schema
 
 

@@ -10,12 +10,12 @@ compiler is never wrapped twice.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnforge import _serde
 from attnforge._system.runner import Runner
 
 
@@ -70,7 +70,7 @@ def read_counts(runner: Runner, sccache: Path, env: Mapping[str, str]) -> Sccach
 def parse_stats(text: str) -> SccacheStats | None:
     """Parse ``sccache --show-stats --stats-format=json`` (sccache 0.7 and later); None if it does not fit."""
     try:
-        stats = json.loads(text)["stats"]
+        stats = _serde.loads(text)["stats"]
         return SccacheStats(
             compile_requests=int(stats["compile_requests"]),
             hits=sum(int(v) for v in stats["cache_hits"]["counts"].values()),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import stat
 import zipfile
@@ -14,7 +13,7 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from attnforge import __version__
+from attnforge import __version__, _serde
 from attnforge._system.files import open_nofollow
 from attnforge.cache.key import CacheKey, CacheKeyInputs
 from attnforge.errors import UsageError
@@ -81,7 +80,7 @@ def read_provenance(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
     try:
         with open_nofollow(path) as f:
             data = f.read(MAX_PROVENANCE_BYTES + 1)
-        doc = json.loads(data)
+        doc = _serde.loads(data)
     except (OSError, ValueError) as exc:
         return None, f"{PROVENANCE} is unreadable ({exc})"
     if not isinstance(doc, dict) or doc.get("schema") != PROVENANCE_SCHEMA:

@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from attnforge import _serde
 from attnforge.cache._provenance import PROVENANCE
 from attnforge.catalog.slim import Capabilities
 
@@ -75,7 +76,7 @@ def backend_capabilities(backend_id: str) -> Capabilities | None:
 
 def _from_text(text: str | None) -> Capabilities | None:
     try:
-        return _parsed(json.loads(text)) if text else None
+        return _parsed(_serde.loads(text)) if text else None
     except ValueError:
         return None
 
@@ -84,7 +85,7 @@ def _from_direct_url(text: str | None) -> Capabilities | None:
     if not text:
         return None
     try:
-        url = json.loads(text).get("url", "")
+        url = _serde.loads(text).get("url", "")
     except (ValueError, AttributeError):
         return None
     parsed = urllib.parse.urlparse(str(url))
@@ -92,7 +93,7 @@ def _from_direct_url(text: str | None) -> Capabilities | None:
         return None
     provenance = Path(urllib.request.url2pathname(parsed.path)).parent / PROVENANCE
     try:
-        doc = json.loads(provenance.read_text(encoding="utf-8"))
+        doc = _serde.loads(provenance.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return provenance_capabilities(doc) if isinstance(doc, Mapping) else None

@@ -8,13 +8,13 @@ entry is and where its files lie (``ROOT/artifacts/<digest>/``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnforge import _serde
 from attnforge.cache._provenance import BUILD_LOG
 from attnforge.cache.key import ArtifactKind, CacheKey, CacheKeyInputs
 from attnforge.errors import CacheError
@@ -91,9 +91,9 @@ def entry_from_row(row: sqlite3.Row, *, artifacts_dir: Path, db_path: Path) -> E
         CacheError: the row cannot be read at all (the database was damaged).
     """
     try:
-        inputs = CacheKeyInputs.from_json(json.loads(row["inputs"]))
+        inputs = CacheKeyInputs.from_json(_serde.loads(row["inputs"]))
         key = CacheKey.parse(str(row["key"]))
-        extra = json.loads(row["provenance"])
+        extra = _serde.loads(row["provenance"])
         filename = str(row["filename"])
         if not isinstance(extra, dict) or "/" in filename or "\\" in filename or filename in ("", ".", ".."):
             raise ValueError("bad provenance or file name")

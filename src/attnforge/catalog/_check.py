@@ -170,6 +170,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise CatalogError(f"cannot read catalog file {path}", cause=exc.strerror) from None
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError(f"{path.name} is not valid TOML", cause=str(exc)) from None
+    except RecursionError:  # arrays or inline tables nested thousands deep: tomllib recurses per level
+        raise CatalogError(f"{path.name} is not valid TOML", cause=f"{path}: nested too deeply to read") from None
     except UnicodeDecodeError as exc:  # TOML is UTF-8 only (tomllib decodes the bytes itself)
         raise CatalogError(f"{path.name} is not valid TOML", cause=f"{path}: {not_utf8(exc)}",
                            hint="TOML files are UTF-8: save it as UTF-8 text") from None

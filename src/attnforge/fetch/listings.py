@@ -24,6 +24,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from attnforge import _serde
 from attnforge._system.files import write_atomic
 from attnforge._system.urls import url_problem
 from attnforge.fetch.http import FetchError, HttpClient
@@ -151,7 +152,7 @@ def _github_pages(url: str, etag: str | None, token: str | None, fetcher: HttpCl
     releases: list[Any] = []
     for page in range(MAX_PAGES):
         try:
-            doc = json.loads(body)
+            doc = _serde.loads(body)
         except ValueError:
             raise FetchError(f"{url}: the answer is not JSON") from None
         if not isinstance(doc, list):
@@ -250,7 +251,7 @@ class ListingCache:
 
     def load(self, key: str) -> dict[str, object] | None:
         try:
-            doc = json.loads(self._file(key).read_text(encoding="utf-8"))
+            doc = _serde.loads(self._file(key).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         return doc if isinstance(doc, dict) and doc.get("key") == key else None

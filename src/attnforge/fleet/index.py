@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import filelock
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from attnforge import _serde
 from attnforge._system.files import write_atomic
 from attnforge.cache.key import CacheKey, CacheKeyInputs
 from attnforge.fetch.http import FetchError, HttpClient, HttpStatusError, basic_auth
@@ -114,7 +115,7 @@ class DirIndex:
     def published(self, key: str) -> Published | None:
         """The artifact of ``key`` when its record exists and the wheel it names is intact."""
         try:
-            doc = json.loads((self.root / ".fleet" / "keys" / f"{_hex(key)}.json").read_text(encoding="utf-8"))
+            doc = _serde.loads((self.root / ".fleet" / "keys" / f"{_hex(key)}.json").read_text(encoding="utf-8"))
             wheel = self.root / doc["path"]
             if sha256_file(wheel) != doc["sha256"]:
                 return None
@@ -128,7 +129,7 @@ class DirIndex:
         Raises:
             OSError, ValueError, KeyError: ``key`` was not published here.
         """
-        doc = json.loads((self.root / ".fleet" / "keys" / f"{_hex(key)}.json").read_text(encoding="utf-8"))
+        doc = _serde.loads((self.root / ".fleet" / "keys" / f"{_hex(key)}.json").read_text(encoding="utf-8"))
         return str(doc["path"])
 
     def publish(self, key: str, wheel: Path, inputs: CacheKeyInputs, log_path: Path | None) -> Published:
@@ -194,7 +195,7 @@ class ServerIndex:
     def published(self, key: str) -> Published | None:
         """The artifact of ``key`` when it was recorded here and the server still lists its file."""
         try:
-            doc = json.loads((self.state / f"{_hex(key)}.json").read_text(encoding="utf-8"))
+            doc = _serde.loads((self.state / f"{_hex(key)}.json").read_text(encoding="utf-8"))
             project = canonicalize_name(parse_wheel_filename(doc["filename"])[0])
             with self._open(f"{self.simple_url}{project}/") as resp:
                 page = resp.read().decode("utf-8", "replace")

@@ -28,6 +28,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from attnforge import _serde
 from attnforge._system.files import write_atomic
 from attnforge.fleet import FleetError
 from attnforge.fleet.index import DirIndex, Published
@@ -54,7 +55,7 @@ def publish_kinds(index: DirIndex, wheels: Mapping[str, Sequence[Published]]) ->
     for kind, published in wheels.items():
         record = index.root / ".fleet" / "kinds" / f"{kind}.json"
         try:
-            entries: dict[str, dict[str, str]] = json.loads(record.read_text(encoding="utf-8"))
+            entries: dict[str, dict[str, str]] = _serde.loads(record.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             entries = {}
         for p in published:

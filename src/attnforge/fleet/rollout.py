@@ -9,7 +9,6 @@ leaves mid-way is reported lost and the others finish.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnforge import _serde
 from attnforge.fleet import FleetError
 from attnforge.fleet.cluster import on_node, task_failure
 from attnforge.fleet.kinds import Node, kind_of
@@ -150,7 +150,7 @@ def _base(node: Node) -> dict[str, Any]:
 
 def _json(text: str) -> Any:
     try:
-        return json.loads(text)
+        return _serde.loads(text)
     except ValueError:
         return None
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from attnforge import _serde
 from attnforge._system.files import write_atomic
 from attnforge.errors import AttnforgeError, UsageError
 from attnforge.fleet.kinds import Node
@@ -46,7 +47,7 @@ def save_nodes(home: Path, nodes: Sequence[Node], *, known: Sequence[Node] | Non
         if digest is None:
             text = n.snapshot.to_json(indent=None)
             digest = digests[id(n.snapshot)] = snapshot_digest(text)
-            snapshots.setdefault(digest, json.loads(text))
+            snapshots.setdefault(digest, _serde.loads(text))
         docs.append({"node_id": n.node_id, "address": n.address, "cpus": n.cpus, "memory_bytes": n.memory_bytes,
                      "gpus": n.gpus, "head": n.head, "fingerprint": n.fingerprint, "snapshot": digest})
     path = fleet_dir(home) / "nodes.json"
@@ -57,7 +58,7 @@ def save_nodes(home: Path, nodes: Sequence[Node], *, known: Sequence[Node] | Non
 
 def snapshot_digest(text: str) -> str:
     """sha256 (16 hex digits) of a snapshot's JSON without its ``created_at``: two probes of one machine agree."""
-    doc = json.loads(text)
+    doc = _serde.loads(text)
     doc.pop("created_at", None)
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -65,7 +66,7 @@ def snapshot_digest(text: str) -> str:
 def load_nodes(home: Path) -> list[Node]:
     """The remembered nodes; none when there is no (readable) record, or one of an older schema (re-probed)."""
     try:
-        doc = json.loads((home / "fleet" / "nodes.json").read_text(encoding="utf-8"))
+        doc = _serde.loads((home / "fleet" / "nodes.json").read_text(encoding="utf-8"))
         if doc.get("schema_version") != 2:
             return []
         snapshots = {k: SystemSnapshot.from_json(json.dumps(v)) for k, v in doc["snapshots"].items()}
@@ -96,7 +97,7 @@ def load_records(home: Path, verb: str) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = _serde.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read {path}", cause=str(exc), hint=f"run `attnforge fleet {verb}` again") from None
     return doc if isinstance(doc, dict) else None

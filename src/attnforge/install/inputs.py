@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnforge import _serde
 from attnforge.errors import UsageError
 from attnforge.resolve.types import CachedArtifact, Plan, Request, SourceKind, SourceSpec, WheelRef
 from attnforge.types.binary import AbiKind
@@ -338,14 +339,13 @@ def model_head_dims(path: Path) -> tuple[str, ...]:
     Raises:
         UsageError: unreadable, not JSON, or no head dim in it.
     """
-    import json
 
     from attnforge._system.files import read_user_file
 
     hint = "give the model's config.json (Hugging Face format)"
     text = read_user_file(path, what="the model config", hint=hint)  # missing, unreadable, not UTF-8: one wording
     try:
-        doc = json.loads(text)
+        doc = _serde.loads(text)
     except ValueError as exc:
         raise UsageError(f"cannot read the model config {path}: {exc}", hint=hint) from None
     for cfg in (doc, doc.get("text_config") if isinstance(doc, dict) else None):

@@ -5,10 +5,10 @@ Kept apart from the collectors so tests can feed them real recorded outputs (tes
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
+from attnforge import _serde
 from attnforge.probe.snapshot import GpuInfo, VisualStudio
 from attnforge.types.cc import ComputeCapability
 
@@ -110,8 +110,8 @@ def python_dev_json(text: str) -> dict[str, Any] | None:
     """The JSON line printed by :data:`attnforge.probe.windows.PYTHON_DEV_SCRIPT`; None if it is not there."""
     for line in reversed(text.strip().splitlines()):
         try:
-            data = json.loads(line)
-        except json.JSONDecodeError:
+            data = _serde.loads(line)
+        except ValueError:
             continue
         if isinstance(data, dict) and "include_dir" in data:
             return data
@@ -158,7 +158,7 @@ def vswhere_json(text: str) -> list[VisualStudio]:
     Raises:
         ValueError: not vswhere's JSON array.
     """
-    data: Any = json.loads(text)
+    data: Any = _serde.loads(text)
     if not isinstance(data, list):
         raise ValueError("vswhere output is not a JSON array")
     out = []

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnforge import _serde
 from attnforge._serde import DecodeError, from_jsonable, to_jsonable
 from attnforge.errors import ProbeError
 from attnforge.types.cc import ComputeCapability
@@ -337,8 +338,8 @@ class SystemSnapshot:
             ProbeError: not JSON, a newer schema version, or a field that does not fit (its dotted path named).
         """
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
+            data = _serde.loads(text)
+        except ValueError as exc:
             raise ProbeError("the snapshot is not valid JSON", cause=str(exc),
                              hint="write one with: attnforge probe --json > machine.json") from None
         if not isinstance(data, dict):
