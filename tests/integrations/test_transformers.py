@@ -740,3 +740,44 @@ def test_a_model_compiled_fullgraph_on_its_first_forward_matches_eager(name: str
         got = compiled(ids, attention_mask=mask).logits
         want = eager(ids, attention_mask=mask).logits
     assert _max_diff(got, want, mask) <= TOL
+
+
+_DSA = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 16,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 4,
+        "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "kv_lora_rank": 16,
+        "q_lora_rank": 16, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8, "v_head_dim": 8, "head_dim": 4,
+        "index_topk": 4, "index_head_dim": 8, "index_n_heads": 2, "first_k_dense_replace": 1,
+        "max_position_embeddings": 64, "pad_token_id": 0}
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v32", "glm_moe_dsa"])
+def test_a_sparse_attention_model_keeps_its_top_k_keys(model_type: str) -> None:
+    """DeepSeek Sparse Attention (its indexer keeps 4 of 12 keys a query): the model folds the top-k into the mask only
+    for "eager" and "sdpa" and passes ``indices`` to any other implementation; attnforge folds them in the same way
+    (found by an integration fuzz, 2026-12-03: handed to the eager function, which reads no ``indices``, every key
+    was attended, logits 0.11 off)."""
+    import copy
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if model_type not in transformers.models.auto.configuration_auto.CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type}")
+    cfg = AutoConfig.for_model(model_type, **_DSA)
+    ids, mask = _inputs(length=12)
+    ids = ids % 120 + 3
+    logits, tokens = {}, {}
+    for impl in ("sdpa", "attnforge"):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl).eval()
+        with torch.no_grad():
+            logits[impl] = model(input_ids=ids, attention_mask=mask).logits
+            tokens[impl] = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False,
+                                          pad_token_id=0).tolist()
+    assert _max_diff(logits["attnforge"], logits["sdpa"], mask) <= TOL
+    assert tokens["attnforge"] == tokens["sdpa"]
+
+
+def test_indices_that_are_not_top_k_keys_are_refused() -> None:
+    q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
+    with pytest.raises(DispatchError, match="sparse-attention"):
+        tf_integration.attention_forward(torch.nn.Module(), q, k, v, None, indices=torch.zeros(2, 6))

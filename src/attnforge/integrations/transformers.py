@@ -79,6 +79,9 @@ def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signa
     Raises:
         DispatchError: the call needs the eager path and the model's modeling file has none.
     """
+    if kwargs.get("indices") is not None:  # a DSA model's top-k keys (DeepSeek-V3.2): folded into the mask
+        attention_mask = _with_selected_keys(module, query, key, attention_mask, kwargs["indices"], is_causal)
+        kwargs = {name: val for name, val in kwargs.items() if name != "indices"}
     if kwargs.get("cu_seq_lens_q") is not None:
         if attention_mask is None and _needs_eager(None, kwargs):
             # packed rows handed to the eager function (output_attentions): its mask must keep the sequences apart,
@@ -353,6 +356,38 @@ def _plain_mask(module: Any, query: Any, key: Any, is_causal: bool | None) -> An
         return None
     rows = torch.arange(q_len, device=query.device)[:, None]
     return (torch.arange(kv_len, device=query.device)[None, :] <= rows)[None, None]
+
+
+def _with_selected_keys(module: Any, query: Any, key: Any, attention_mask: Any, indices: Any,
+                        is_causal: bool | None) -> Any:
+    """The mask of a call that carries ``indices``, the ``[B, Sq, topk]`` keys each query of a DeepSeek Sparse
+    Attention model keeps (its lightning indexer's choice, FlashMLA's sparse argument), with every other key hidden,
+    as the model's own code folds them in for ``"eager"`` and ``"sdpa"`` (transformers 5.25:
+    ``models/deepseek_v32/modeling_deepseek_v32.py`` lines 431-443, the same in glm_moe_dsa, hy_v4, axk2 and
+    dots3_note). For any other implementation the model passes ``indices`` and the unselected mask; handed to the
+    model's eager function, which reads no ``indices``, every key was attended (logits 0.08-0.12 off SDPA's, CPU
+    fuzz 2026-12-03).
+
+    Raises:
+        DispatchError: ``indices`` is not a ``[B, Sq, topk]`` integer tensor.
+    """
+    import torch
+
+    batch, q_len, kv_len = query.shape[0], query.shape[2], key.shape[2]
+    if (not isinstance(indices, torch.Tensor) or indices.dim() != 3 or tuple(indices.shape[:2]) != (batch, q_len)
+            or indices.is_floating_point() or indices.is_complex()):
+        raise DispatchError(f"indices of shape {tuple(getattr(indices, 'shape', ()))} are not the [B={batch}, "
+                            f"Sq={q_len}, topk] keys of a sparse-attention call",
+                            hint="attnforge folds DeepSeek Sparse Attention's top-k indices into the mask; load the "
+                                 "model with attn_implementation='sdpa' for any other use of indices")
+    hidden = (indices.new_ones((batch, q_len, kv_len), dtype=torch.bool)
+              .scatter(-1, indices.long(), False).unsqueeze(1))  # [B, 1, Sq, Sk]; True: not selected
+    mask = attention_mask if attention_mask is not None else _plain_mask(module, query, key, is_causal)
+    if mask is None:
+        return ~hidden
+    if mask.dtype == torch.bool:
+        return mask & ~hidden
+    return mask.masked_fill(hidden, torch.finfo(query.dtype).min)
 
 
 def _eager(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *, dropout: float,
