@@ -80,7 +80,8 @@ def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signa
         DispatchError: the call needs the eager path and the model's modeling file has none.
     """
     if kwargs.get("indices") is not None:  # a DSA model's top-k keys (DeepSeek-V3.2): folded into the mask
-        attention_mask = _with_selected_keys(module, query, key, attention_mask, kwargs["indices"], is_causal)
+        attention_mask = _with_selected_keys(module, query, key, attention_mask, indices=kwargs["indices"],
+                                             is_causal=is_causal)
         kwargs = {name: val for name, val in kwargs.items() if name != "indices"}
     if kwargs.get("cu_seq_lens_q") is not None:
         if attention_mask is None and _needs_eager(None, kwargs):
@@ -358,7 +359,7 @@ def _plain_mask(module: Any, query: Any, key: Any, is_causal: bool | None) -> An
     return (torch.arange(kv_len, device=query.device)[None, :] <= rows)[None, None]
 
 
-def _with_selected_keys(module: Any, query: Any, key: Any, attention_mask: Any, indices: Any,
+def _with_selected_keys(module: Any, query: Any, key: Any, attention_mask: Any, *, indices: Any,
                         is_causal: bool | None) -> Any:
     """The mask of a call that carries ``indices``, the ``[B, Sq, topk]`` keys each query of a DeepSeek Sparse
     Attention model keeps (its lightning indexer's choice, FlashMLA's sparse argument), with every other key hidden,
