@@ -781,3 +781,46 @@ def test_indices_that_are_not_top_k_keys_are_refused() -> None:
     q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
     with pytest.raises(DispatchError, match="sparse-attention"):
         tf_integration.attention_forward(torch.nn.Module(), q, k, v, None, indices=torch.zeros(2, 6))
+
+
+def test_gemma4_kv_shared_layers_keep_their_last_queries_causal() -> None:
+    """Gemma 4 slices its KV-shared layers' queries to the last ``logits_to_keep`` positions after its masks were made
+    (transformers turns that off for "sdpa" alone when a mask was skipped): those queries are the last of the keys,
+    bottom-right causal (found by an integration fuzz, 2026-12-03: taken for an empty static cache's top-left
+    alignment, logits 0.31 off)."""
+    import copy
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if "gemma4_text" not in transformers.models.auto.configuration_auto.CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no Gemma 4")
+    cfg = AutoConfig.for_model(
+        "gemma4_text", vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, global_head_dim=8, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=128, sliding_window=64, num_kv_shared_layers=2, max_position_embeddings=128,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
+    ids = torch.randint(3, 120, (2, 12), generator=torch.Generator().manual_seed(0))
+    logits = {}
+    for impl in ("sdpa", "attnforge"):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl).eval()
+        with torch.no_grad():
+            logits[impl] = model(input_ids=ids, logits_to_keep=3).logits
+    assert _max_diff(logits["attnforge"], logits["sdpa"]) <= TOL
+
+
+def test_no_mask_with_fewer_queries_than_keys_aligns_by_where_the_queries_are() -> None:
+    """No mask, Sq < Sk, causal: positions of the queries alone (an empty static cache's prefill: the first Sq keys
+    exist, top-left as transformers' SDPA function runs it); positions of every key (queries sliced from the end
+    after the masks were made): bottom-right."""
+    import torch.nn.functional as F  # noqa: N812
+
+    q, k, v = (torch.randn(1, 2, n, 8, generator=torch.Generator().manual_seed(i)) for i, n in enumerate((3, 8, 8)))
+    module = torch.nn.Module().eval()
+    top_left, _ = tf_integration.attention_forward(module, q, k, v, None, position_ids=torch.arange(3)[None])
+    want = F.scaled_dot_product_attention(q, k[:, :, :3], v[:, :, :3], is_causal=True).transpose(1, 2)
+    assert _max_diff(top_left, want) <= 1e-6
+    bottom_right, _ = tf_integration.attention_forward(module, q, k, v, None, position_ids=torch.arange(8)[None])
+    mask = torch.ones(3, 8, dtype=torch.bool).tril(diagonal=5)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
+    assert _max_diff(bottom_right, want) <= 1e-6
