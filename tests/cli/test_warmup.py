@@ -147,3 +147,35 @@ def test_precision_says_which_calls_a_model_makes(attnforge_home: Path, tmp_path
     assert doc["precision"] == (precision or "exact") and not any(c["error"] for c in doc["classes"])
     timed = {r.backend for r in store.bench_records(key)}
     assert ("sage" in timed) is (precision == "allow_quantized")
+
+
+def test_a_config_from_a_pipe_is_read_once(attnforge_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """``--model <(cat config.json)`` or ``/dev/stdin``: a pipe gives its bytes once, and warmup read the config twice
+    (its window and softcap, then its shape classes), so the second read called a valid config "not JSON" (found by a
+    CLI fuzz, 2026-12-03). Measuring off ends the run right after the config was used."""
+    import os
+    import threading
+
+    monkeypatch.setenv("ATTNFORGE_AUTOTUNE", "0")
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+
+    done = threading.Event()
+
+    def write_once() -> None:
+        with fifo.open("w", encoding="utf-8") as fh:
+            fh.write(json.dumps(LLAMA))
+        while not done.is_set():  # any later reader gets nothing, as from a pipe (no hang)
+            with fifo.open("w", encoding="utf-8"):
+                pass
+
+    writer = threading.Thread(target=write_once, daemon=True)
+    writer.start()
+    code = main(["warmup", "--model", str(fifo), "--device", "cpu", "--mode", "fwd"])
+    captured = capsys.readouterr()
+    done.set()
+    os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # lets the writer's waiting open return
+    writer.join(timeout=5)
+    assert "not JSON" not in captured.err, captured.err
+    assert code == 1 and "ATTNFORGE_AUTOTUNE=0" in captured.out

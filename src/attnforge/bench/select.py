@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnforge.backends.adapter import BackendAdapter
 from attnforge.bench.grid import ShapeSet, cpu_grid, diffusion_grid, model_shapes, paper_grid, real_grid
@@ -12,6 +13,9 @@ from attnforge.errors import UsageError
 from attnforge.types.device import DeviceType
 from attnforge.types.shapes import AttentionShape, Mode
 from attnforge.verify.device import DeviceInfo
+
+if TYPE_CHECKING:
+    from attnforge.bench.models import ModelAttention
 
 _CAUSAL = {"both": (False, True), "on": (True,), "off": (False,)}
 _MODES = {"both": (Mode.FWD, Mode.FWD_BWD), "fwd": (Mode.FWD,), "fwd+bwd": (Mode.FWD_BWD,)}
@@ -41,12 +45,14 @@ def choose_backends(names: Sequence[str], verified: Sequence[str]) -> tuple[dict
 def choose_shapes(
     shape_set: ShapeSet, *, device: DeviceInfo, dtype: str, causal: str, mode: str, batch: int | None,
     heads_q: int | None, heads_kv: int | None, head_dims: Sequence[int], seqlens: Sequence[int],
-    seqlen_k: int | None, model_config: Path | None = None,
+    seqlen_k: int | None, model_config: Path | None = None, model: ModelAttention | None = None,
 ) -> list[AttentionShape]:
     """The shapes for ``--shapes``, restricted by ``--head-dim``/``--seqlen`` when given.
 
     ``model`` takes a Hugging Face ``--model config.json`` (:mod:`attnforge.bench.models`) or the sizes given
-    by ``--batch --heads --head-dim --seqlen``; ``grid`` and ``diffusion`` are shrunk on a CPU.
+    by ``--batch --heads --head-dim --seqlen``; ``grid`` and ``diffusion`` are shrunk on a CPU. ``model``: the
+    config as the caller read it already (a config read twice from a pipe, ``<(...)`` or ``/dev/stdin``, was empty the
+    second time).
 
     Raises:
         UsageError: model-only options with a grid, a missing or non-positive model size, or a filter
@@ -63,7 +69,7 @@ def choose_shapes(
             raise UsageError(f"{', '.join(clash)} cannot be combined with --model (the config sets them)",
                              hint="keep --model with --batch/--seqlen, or drop --model and give the sizes")
 
-        model = read_model_config(model_config)
+        model = model or read_model_config(model_config)
         shapes = model_config_shapes(model, dtype=dtype, batch=1 if batch is None else batch,
                                      seqlens=tuple(seqlens), modes=modes, cpu=cpu, causals=causals)
         if not shapes:

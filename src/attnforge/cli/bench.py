@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -13,6 +13,9 @@ from attnforge.bench.report import SCHEMA_VERSION as REPORT_SCHEMA_VERSION
 from attnforge.bench.run import BenchCell, BenchReport, CellStatus
 from attnforge.bench.stability import DEFAULT_MAX_NOISE
 from attnforge.cli._output import console, emit_json, json_option, require_torch
+
+if TYPE_CHECKING:
+    from attnforge.bench.models import ModelAttention
 from attnforge.cli._types import FiniteFloat, timeout_type
 from attnforge.ranking import Ranking
 
@@ -87,10 +90,15 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
     verified = sorted(n for n, r in store.latest_verify(dev.key).items() if r.ok)
     chosen, baseline = choose_backends(backends, verified)
     dtype_name = _DTYPES[dtype] if dtype else ("bfloat16" if dev.type is DeviceType.CUDA else "float32")
+    model = None
+    if model_config is not None and ShapeSet(shape_set) is ShapeSet.MODEL:  # read once: a pipe reads empty twice
+        from attnforge.bench.models import read_model_config
+
+        model = read_model_config(model_config)
     shapes = choose_shapes(ShapeSet(shape_set), device=dev, dtype=dtype_name, causal=causal, mode=mode,
                            batch=batch, heads_q=heads_q, heads_kv=heads_kv, head_dims=head_dims, seqlens=seqlens,
-                           seqlen_k=seqlen_k, model_config=model_config)
-    if model_config is not None and (note := _unbenched_features(model_config)):
+                           seqlen_k=seqlen_k, model_config=model_config, model=model)
+    if model is not None and model_config is not None and (note := _unbenched_features(model, model_config)):
         click.echo(note, err=True)
     quantized = [n for n in chosen if (e := catalog.backends.get(n)) is not None and e.quantized]
     versions = backend_versions(list(chosen), catalog)
@@ -244,16 +252,13 @@ def _slowest_first_calls(report: BenchReport) -> dict[str, float]:
     return {n: s for n, s in slowest.items() if s >= 1.0}
 
 
-def _unbenched_features(model_config: Path) -> str | None:
+def _unbenched_features(model: ModelAttention, model_config: Path) -> str | None:
     """A note for a ``--model`` config whose attention calls carry features bench does not time (bench times the
     plain shape classes): a logit softcap (every call of the model: Gemma-2's ``attn_logit_softcapping``) or a
     sliding window (its prefill calls longer than the window). A feature is part of a call's shape class
     (:class:`attnforge.types.shapes.ShapeClass`), so those calls do not read bench's records; ``attnforge warmup
     --model`` measures the classes with their features (:func:`attnforge.dispatch.warmup.warmup`). None when the
     config has neither."""
-    from attnforge.bench.models import read_model_config
-
-    model = read_model_config(model_config)
     said = []
     if model.softcap:
         said.append(f"a logit softcap of {model.softcap:g} on every call")

@@ -68,7 +68,7 @@ def command(*, model_config: Path | None, shape_set: str | None, batch: int | No
     open_records().check_writable()  # before the work: its measurements are the records (names the file and the fix)
     dev = current_device(device)
     dtype_name = _DTYPES[dtype] if dtype else ("bfloat16" if dev.type is DeviceType.CUDA else "float32")
-    window = softcap = padded_prefill_from = None
+    window = softcap = padded_prefill_from = model = None
     if model_config is not None:
         from attnforge.bench.models import read_model_config
         from attnforge.integrations.transformers import PREFILL_VARLEN_MIN
@@ -82,7 +82,7 @@ def command(*, model_config: Path | None, shape_set: str | None, batch: int | No
     shapes = choose_shapes(ShapeSet(shape_set or "model"), device=dev, dtype=dtype_name, causal=causal, mode=mode,
                            batch=batch if batch is not None or model_config is None else 1, heads_q=heads_q,
                            heads_kv=heads_kv, head_dims=head_dims, seqlens=seqlens, seqlen_k=seqlen_k,
-                           model_config=model_config)
+                           model_config=model_config, model=model)
     if layout != "bhsd":
         import dataclasses
 
