@@ -91,7 +91,9 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
     chosen, baseline = choose_backends(backends, verified)
     dtype_name = _DTYPES[dtype] if dtype else ("bfloat16" if dev.type is DeviceType.CUDA else "float32")
     model = None
-    if model_config is not None and ShapeSet(shape_set) is ShapeSet.MODEL:  # read once: a pipe reads empty twice
+    # read once (a pipe reads empty the second time); sizes given beside --model are choose_shapes' usage error first
+    if (model_config is not None and ShapeSet(shape_set) is ShapeSet.MODEL
+            and heads_q is None and heads_kv is None and seqlen_k is None and not head_dims):
         from attnforge.bench.models import read_model_config
 
         model = read_model_config(model_config)
