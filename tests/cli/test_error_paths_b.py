@@ -162,3 +162,35 @@ def test_a_provenance_nested_too_deeply_is_one_bad_entry_not_a_failed_verify(
     captured = capsys.readouterr()
     assert "internal error" not in captured.err, captured.err
     assert any((tmp_path / "out").rglob(f"*{keys[1][7:19]}*")) or any((tmp_path / "out").rglob("*.whl"))
+
+
+@pytest.mark.parametrize("argv", [("doctor", "--snapshot", "/dev/zero"), ("plan", "flash-attn", "--offline")],
+                         ids=["snapshot", "extra-wheel-sources"])
+def test_an_endless_input_file_is_refused_not_read_until_memory_runs_out(
+        argv: tuple[str, ...], attnforge_home: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``/dev/zero`` as a snapshot or as a team's wheel sources file (found by a CLI fuzz, 2026-12-03: read whole, 23
+    GiB before the OOM killer); now refused past 64 MiB, as a model config or a lock file is."""
+    monkeypatch.setenv("ATTNFORGE_EXTRA_WHEEL_SOURCES", "/dev/zero")
+    monkeypatch.delenv("ATTNFORGE_WHEEL_SOURCES", raising=False)  # on (the suite turns them off), --offline
+    assert main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert "64 MiB" in err and "internal error" not in err, err
+
+
+def test_a_looping_link_in_a_find_links_folder_leaves_its_wheels_listed(tmp_path: Path) -> None:
+    """One looping symlink beside the wheels (found by a CLI fuzz, 2026-12-03): the folder was "unreadable" (ELOOP
+    from the entry's is_file(), blamed on the folder)."""
+    from attnforge.fetch.indexes import list_find_links
+
+    wheel = make_wheel(tmp_path / "links")
+    (tmp_path / "links" / "loop").symlink_to(tmp_path / "links" / "loop")
+    (tmp_path / "links" / "loop.whl").symlink_to(tmp_path / "links" / "loop.whl")
+    assert [w.filename for w in list_find_links(str(tmp_path / "links"))] == [wheel.name]
+
+
+def test_a_source_that_is_a_device_is_named_as_such(attnforge_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--source /dev/zero`` (found by a CLI fuzz, 2026-12-03): "has no subdirectory None"."""
+    assert main(["build", "flash-attn", "--offline", "--arch", "9.0", "--source", "/dev/zero"]) == 2
+    err = capsys.readouterr().err
+    assert "/dev/zero is neither a folder nor an sdist archive" in err and "None" not in err

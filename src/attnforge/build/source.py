@@ -75,6 +75,8 @@ def local_source_problem(source: SourceSpec) -> str | None:
     if path.is_file():
         kinds = ", ".join(_ARCHIVE_SUFFIXES)
         return None if is_archive(path) else f"{path} is a file but not an sdist archive ({kinds})"
+    if not path.is_dir():  # a device, a FIFO, a socket (/dev/zero: "has no subdirectory None", CLI fuzz 2026-12-03)
+        return f"{path} is neither a folder nor an sdist archive"
     tree = path / source.subdirectory if source.subdirectory else path
     if not tree.is_dir():
         return f"{path} has no subdirectory {source.subdirectory}"

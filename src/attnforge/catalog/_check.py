@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from attnforge._system.files import not_utf8
+from attnforge._system.files import MAX_USER_FILE_BYTES, not_utf8
 from attnforge.errors import CatalogError
 from attnforge.types.versions import parse_major_minor
 
@@ -165,7 +165,11 @@ def read_toml(path: Path) -> dict[str, Any]:
     """
     try:
         with path.open("rb") as fh:
-            return tomllib.load(fh)
+            data = fh.read(MAX_USER_FILE_BYTES + 1)  # a team's sources file may be anything: /dev/zero was read whole
+        if len(data) > MAX_USER_FILE_BYTES:
+            raise CatalogError(f"{path.name} is not a catalog file",
+                               cause=f"{path}: longer than {MAX_USER_FILE_BYTES >> 20} MiB")
+        return tomllib.loads(data.decode("utf-8"))
     except OSError as exc:
         raise CatalogError(f"cannot read catalog file {path}", cause=exc.strerror) from None
     except tomllib.TOMLDecodeError as exc:

@@ -42,7 +42,9 @@ def list_find_links(directory: str) -> list[WheelRef]:
     """
     path = Path(directory).expanduser()
     try:
-        entries = sorted(e.name for e in os.scandir(path) if e.is_file() and e.name.endswith(".whl"))
+        # the name first: is_file() follows a link and raises for a loop, which blamed the whole folder (CLI fuzz,
+        # 2026-12-03: one looping link, not even a .whl, made a folder of good wheels "unreadable")
+        entries = sorted(e.name for e in os.scandir(path) if e.name.endswith(".whl") and _is_file(e))
     except OSError as exc:
         raise UsageError(
             f"cannot read --find-links directory {directory}",
@@ -50,6 +52,14 @@ def list_find_links(directory: str) -> list[WheelRef]:
             hint="pass a directory that holds .whl files",
         ) from None
     return [WheelRef(filename=name, url=str(path / name)) for name in entries]
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    """Whether a folder entry is a file (following a link); False for a link that loops or leads nowhere."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
 
 
 class _Anchors(html.parser.HTMLParser):

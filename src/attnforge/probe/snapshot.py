@@ -14,7 +14,8 @@ from pathlib import Path
 
 from attnforge import _serde
 from attnforge._serde import DecodeError, from_jsonable, to_jsonable
-from attnforge.errors import ProbeError
+from attnforge._system.files import read_user_file
+from attnforge.errors import ProbeError, UsageError
 from attnforge.types.cc import ComputeCapability
 
 #: Bump when a field changes meaning or is removed; adding a field with a default keeps the version.
@@ -363,9 +364,8 @@ class SystemSnapshot:
         Raises:
             ProbeError: the file is missing or unreadable, or its content is not a snapshot.
         """
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:  # a binary file is not a snapshot either
-            raise ProbeError(f"cannot read snapshot {path}", cause=getattr(exc, "strerror", None) or str(exc),
-                             hint="write one with: attnforge probe --json > machine.json") from None
+        try:  # bounded: /dev/zero given as a snapshot was read until memory ran out (CLI fuzz, 2026-12-03)
+            text = read_user_file(path, what="snapshot", hint="write one with: attnforge probe --json > machine.json")
+        except UsageError as exc:  # missing, unreadable, endless, not UTF-8 (a binary file is not a snapshot either)
+            raise ProbeError(exc.message, cause=exc.cause, hint=exc.hint) from None
         return cls.from_json(text)
