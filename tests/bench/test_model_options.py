@@ -94,6 +94,18 @@ def test_a_non_finite_softcap_is_refused(tmp_path: Path, value: str) -> None:
     assert info.value.hint
 
 
+@pytest.mark.parametrize("value", [1e308, 1e-300])
+def test_a_softcap_attention_refuses_is_refused_when_the_config_is_read(tmp_path: Path, value: float) -> None:
+    """A softcap past float32's range (found by a CLI fuzz, 2026-12-03): the config was accepted and every class of
+    ``warmup --model`` failed with attention()'s DispatchError; now one usage error naming the config's field."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"num_attention_heads": 8, "head_dim": 64, "attn_logit_softcapping": value}),
+                    encoding="utf-8")
+    with pytest.raises(UsageError, match="attn_logit_softcapping: softcap must be positive and a normal") as info:
+        read_model_config(path)
+    assert info.value.hint
+
+
 @pytest.mark.parametrize("cpu", [False, True], ids=["gpu-sizes", "cpu-sizes"])
 def test_one_position_gives_each_class_once_and_no_longer_than_the_model(tmp_path: Path, cpu: bool) -> None:
     model = read_model_config(_config(tmp_path, {**DECODER, "max_position_embeddings": 1}))
