@@ -289,6 +289,16 @@ def test_builtin_backend(catalog: Catalog) -> None:
     assert not resolve(snapshot(CPU), catalog, Request(backend="sdpa-flash")).viable
 
 
+def test_a_builtin_backends_version_is_torchs(catalog: Catalog) -> None:
+    """``sdpa-flash>=99`` (found by a CLI fuzz, 2026-12-03: accepted, and `install` said "nothing to do")."""
+    torch_version = snapshot(H200).torch.version  # type: ignore[union-attr]
+    refused = resolve(snapshot(H200), catalog, Request(backend="sdpa-flash", version=">=99"))
+    assert not refused.viable
+    assert f"comes with torch {torch_version}, which is not >=99" in refused.candidates[0].reasons[0]
+    major_minor = ".".join(torch_version.split("+")[0].split(".")[:2])
+    assert resolve(snapshot(H200), catalog, Request(backend="sdpa-flash", version=f"=={major_minor}.*")).viable
+
+
 def test_flash_attn_3_not_on_rtx5090(catalog: Catalog) -> None:
     text = _source(resolve(snapshot(RTX5090), catalog, Request(backend="flash-attn-3")))
     assert "12.0" in text

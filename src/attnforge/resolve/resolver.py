@@ -74,7 +74,7 @@ def resolve(
     _check_version_text(request.version)
     backend = catalog.backends.get(request.backend)
     if backend is not None and backend.builtin:
-        return Plan(request=request, candidates=(_builtin(snapshot, backend),))
+        return Plan(request=request, candidates=(_builtin(snapshot, backend, request.version),))
     candidates: list[Candidate] = [_installed(snapshot, backend, request, catalog)]
     distributions = _distributions(catalog, backend, request)
     tags = supported_tags(snapshot.platform)
@@ -242,11 +242,16 @@ def _rejected(
 
 
 # -- installed -----------------------------------------------------------------------------------------------
-def _builtin(snapshot: SystemSnapshot, backend: Backend) -> Candidate:
+def _builtin(snapshot: SystemSnapshot, backend: Backend, version: str = "") -> Candidate:
+    """A backend that comes with torch: its version is torch's, so a version specifier is torch's to meet
+    (``sdpa-math>=99`` was accepted, and `install` said "nothing to do": CLI fuzz, 2026-12-03)."""
     desc = f"{backend.display_name} ({backend.install})"
     t = snapshot.torch
     if t is None:
         return _rejected(CandidateKind.INSTALLED, desc, ["torch is not installed"])
+    if version.strip() and not SpecifierSet(version).contains(t.version, prereleases=True):
+        return _rejected(CandidateKind.INSTALLED, desc,
+                         [f"comes with torch {t.version}, which is not {version.strip()} (its version is torch's)"])
     if backend.family != "sdpa" or backend.support.min_cc > (0, 0):
         reasons = [] if t.cuda_version else [f"torch {t.version} is a CPU build"]
         reasons += [
