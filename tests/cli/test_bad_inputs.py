@@ -43,6 +43,8 @@ CASES: list[tuple[str, int]] = [
     ("plan flash-attn==not.a.version! --snapshot " + CPU_SNAPSHOT, 2),
     ("plan flash-attn>=3,<2 --snapshot " + CPU_SNAPSHOT, 2),  # no version fits (planned as any request before)
     ("plan flash-attn==2.8.3,<2.8 --snapshot " + CPU_SNAPSHOT, 2),
+    ("plan flash-attn==2.8.3,!=2.8.3 --snapshot " + CPU_SNAPSHOT, 2),  # a pin its own clauses refuse (CLI fuzz)
+    ("plan flash-attn===2.8.3,==2.8.4 --snapshot " + CPU_SNAPSHOT, 2),
     ("plan flash-attn --arch 99x --snapshot " + CPU_SNAPSHOT, 2),
     ("plan flash-attn --arch sm_ --snapshot " + CPU_SNAPSHOT, 2),
     ("plan flash-attn --snapshot {EMPTY}", 2),

@@ -139,16 +139,23 @@ def _check_version_text(version: str) -> None:
             raise UsageError(
                 f"not a version specifier: {version!r}", hint="write e.g. ==2.8.3 or >=2.8"
             ) from None
-        if _no_version_fits(spec):
-            raise UsageError(f"no version fits {version!r}: its lower bound is above its upper bound",
+        why = _no_version_fits(spec)
+        if why:
+            raise UsageError(f"no version fits {version!r}: {why}",
                              hint="write e.g. >=2.8,<3 (pip would say: no matching distribution)")
 
 
-def _no_version_fits(spec: SpecifierSet) -> bool:
-    """Whether ``spec``'s bounds exclude every version: its highest lower bound (``>=``, ``>``, ``==``, ``~=``) above
-    its lowest upper bound (``<``, ``<=``, ``==``), or equal where either is strict. ``flash-attn>=3,<2`` was planned
-    as a request like any other, its candidates then refused one by one (CLI fuzz, 2026-12-03). Only these plain
-    bounds are read (a ``!=`` or a wildcard never makes this True), so a spec it calls empty is empty."""
+def _no_version_fits(spec: SpecifierSet) -> str | None:
+    """Why ``spec`` excludes every version, or None: a pin (``==V`` without a wildcard, ``===V``) that the spec's
+    other clauses refuse (``==2.8.3,!=2.8.3``: any version that fits is V, or V with a local label, which the same
+    clauses refuse, PEP 440), or its highest lower bound (``>=``, ``>``, ``==``, ``~=``) above its lowest upper bound
+    (``<``, ``<=``, ``==``), or equal where either is strict. ``flash-attn>=3,<2`` was planned as a request like any
+    other, its candidates then refused one by one (CLI fuzz, 2026-12-03). Only these clauses are read (a ``!=``
+    alone or a wildcard never gives a reason), so a spec it calls empty is empty."""
+    for s in spec:
+        pinned = s.operator == "===" or (s.operator == "==" and not s.version.endswith(".*"))
+        if pinned and not spec.contains(s.version, prereleases=True):
+            return f"it pins {s.version} and refuses it"
     lower: tuple[Version, bool] | None = None  # (version, strict)
     upper: tuple[Version, bool] | None = None
     for s in spec:
@@ -167,8 +174,10 @@ def _no_version_fits(spec: SpecifierSet) -> bool:
             if upper is None or cand[0] < upper[0] or (cand[0] == upper[0] and cand[1]):
                 upper = cand
     if lower is None or upper is None:
-        return False
-    return lower[0] > upper[0] or (lower[0] == upper[0] and (lower[1] or upper[1]))
+        return None
+    if lower[0] > upper[0] or (lower[0] == upper[0] and (lower[1] or upper[1])):
+        return "its lower bound is above its upper bound"
+    return None
 
 
 def _stable_abi(match: TorchMatch, *, built_abi: str | None = None, prebuilt: bool = True) -> bool | None:
