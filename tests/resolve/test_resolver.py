@@ -414,7 +414,8 @@ def test_a_wheelhouse_sdist_does_not_hide_a_cached_wheel(catalog: Catalog) -> No
 
 
 _VERSIONS = st.builds(lambda a, b, c: f"{a}.{b}.{c}", st.integers(0, 4), st.integers(0, 4), st.integers(0, 4))
-_CLAUSES = st.tuples(st.sampled_from([">=", ">", "<", "<=", "==", "!=", "~=", "==="]), _VERSIONS).map(lambda t: t[0] + t[1])
+_OPERATORS = st.sampled_from([">=", ">", "<", "<=", "==", "!=", "~=", "==="])
+_CLAUSES = st.tuples(_OPERATORS, _VERSIONS).map(lambda t: t[0] + t[1])
 
 
 @given(clauses=st.lists(_CLAUSES, min_size=1, max_size=3))
