@@ -23,6 +23,7 @@ from attnforge import _serde
 from attnforge._system.files import read_user_file
 from attnforge.bench.grid import check_positive, shrink_for_cpu
 from attnforge.errors import UsageError
+from attnforge.types.floats import normal_float32
 from attnforge.types.shapes import AttentionShape, Mode
 
 #: prefill lengths timed when ``--seqlen`` is not given (capped by ``max_position_embeddings``)
@@ -108,14 +109,10 @@ def read_model_config(path: Path) -> ModelAttention:
                                 or not math.isfinite(softcap) or softcap < 0):  # json reads NaN and Infinity
         raise UsageError(f"{path}: attn_logit_softcapping must be a finite non-negative number, got {softcap!r}",
                          hint="set it to the model's logit softcap (Gemma 2: 50.0), or to null or 0 for none")
-    if softcap:  # attention()'s own rule (a normal float32 number), here once rather than in every class (CLI fuzz)
-        from attnforge.dispatch.inputs import check_softcap
-        from attnforge.errors import DispatchError
-
-        try:
-            check_softcap(float(softcap))
-        except DispatchError as exc:
-            raise UsageError(f"{path}: attn_logit_softcapping: {exc.message}", hint=exc.hint) from None
+    if softcap and not normal_float32(float(softcap)):  # attention()'s rule, here once rather than per class
+        raise UsageError(f"{path}: attn_logit_softcapping: softcap must be positive and a normal float32 number "
+                         f"(1.2e-38 to 3.4e38; 0 or null: off), got {softcap!r}",
+                         hint="set it to the model's logit softcap (Gemma 2: 50.0), or to null or 0 for none")
     diffusers = "_diffusers_version" in doc or ("attention_head_dim" in cfg and "hidden_size" not in cfg)
     model_type = str(cfg.get("model_type") or doc.get("model_type") or "")
     name = cfg.get("model_type") or doc.get("model_type") or doc.get("_class_name") or path.stem

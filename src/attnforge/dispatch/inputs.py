@@ -20,13 +20,8 @@ import torch
 
 from attnforge.backends._base import KeptPerMask, host_to_device, made_here
 from attnforge.errors import DispatchError
+from attnforge.types.floats import FLOAT32_MAX, normal_float32
 
-#: the largest float32: a scale or softcap past it is infinite in the float32 math of the kernels and the exact
-#: fallback (a softcap's ``c * tanh(x / c)`` became ``inf * 0 = NaN`` for every logit; a scale's logits inf - inf)
-_FLOAT32_MAX = 3.4028234663852886e38
-#: the smallest normal float32: a softcap under it is 0 or subnormal in float32 (the kernels divided by 0: NaN rows in
-#: the exact math, zeros from Flex, CPU fuzz 2026-12-03)
-_FLOAT32_TINY = 1.1754943508222875e-38
 #: the dtypes attention takes (docs/features.md); FlashAttention-3's float8 goes through its own backend only
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
@@ -63,7 +58,7 @@ def validate(q: Any, k: Any, v: Any, *, layout: str, precision: str,
         dtype = q.dtype
         ok = (b == kb == vb and d == kd and hkv == vh and sk == vs and hkv > 0 and hq % hkv == 0
               and dtype is k.dtype and dtype is v.dtype and q.device == k.device and q.device == v.device
-              and dtype in FLOATS and (scale is None or (isinstance(scale, float) and 0.0 < scale <= _FLOAT32_MAX))
+              and dtype in FLOATS and (scale is None or (isinstance(scale, float) and 0.0 < scale <= FLOAT32_MAX))
               and not (q.is_nested or k.is_nested or v.is_nested))  # a jagged one's shape unpacks (a nested int)
     except (AttributeError, RuntimeError, TypeError, ValueError):  # RuntimeError: a strided nested tensor's shape
         ok = False
@@ -175,7 +170,7 @@ def check_scale(scale: Any) -> float | None:
     if scale is None:
         return None
     value = _real(scale)
-    if value is None or not 0.0 < value <= _FLOAT32_MAX:
+    if value is None or not 0.0 < value <= FLOAT32_MAX:
         raise DispatchError(f"scale must be positive and finite in float32, got {_got(scale)}",
                             hint="pass a float such as 1 / math.sqrt(D), or None for 1/sqrt(D)")
     return value
@@ -206,7 +201,7 @@ def check_softcap(softcap: Any) -> float | None:
     if softcap is None:
         return None
     value = _real(softcap)
-    if value is None or not (value == 0.0 or _FLOAT32_TINY <= value <= _FLOAT32_MAX):
+    if value is None or not (value == 0.0 or normal_float32(value)):
         raise DispatchError("softcap must be positive and a normal float32 number (1.2e-38 to 3.4e38; 0 or None: "
                             f"off), got {_got(softcap)}",
                             hint="pass a float such as 50.0 (Gemma 2), or None (or 0) to turn it off")
@@ -219,7 +214,7 @@ def check_softcap_scale(softcap: float | None, scale: float | None) -> None:
     a logit of 0 became ``inf * 0 = NaN`` (whole rows NaN, silently: CPU fuzz, 2026-12-03). ``scale`` None is
     ``1/sqrt(D) <= 1``, which no checked softcap can push past it. Both as :func:`check_softcap` and
     :func:`check_scale` return them."""
-    if softcap and scale is not None and scale / softcap > _FLOAT32_MAX:
+    if softcap and scale is not None and scale / softcap > FLOAT32_MAX:
         raise DispatchError(f"scale / softcap = {scale / softcap:.3g} is past float32's largest (3.4e38): the kernels "
                             "multiply the logits by it in float32",
                             hint="a smaller scale or a larger softcap (Gemma 2: scale 1/sqrt(D), softcap 50.0)")
