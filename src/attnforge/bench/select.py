@@ -42,6 +42,13 @@ def choose_backends(names: Sequence[str], verified: Sequence[str]) -> tuple[dict
     return chosen, FALLBACK
 
 
+def sizes_beside_model(*, heads_q: int | None, heads_kv: int | None, seqlen_k: int | None,
+                       head_dims: Sequence[int]) -> list[str]:
+    """The size flags given that a ``--model`` config sets itself (:func:`choose_shapes` refuses them beside it)."""
+    return [flag for flag, value in (("--heads", heads_q), ("--kv-heads", heads_kv), ("--seqlen-k", seqlen_k),
+                                     ("--head-dim", head_dims or None)) if value is not None]
+
+
 def choose_shapes(
     shape_set: ShapeSet, *, device: DeviceInfo, dtype: str, causal: str, mode: str, batch: int | None,
     heads_q: int | None, heads_kv: int | None, head_dims: Sequence[int], seqlens: Sequence[int],
@@ -63,8 +70,7 @@ def choose_shapes(
     if shape_set is ShapeSet.MODEL and model_config is not None:
         from attnforge.bench.models import model_config_shapes, read_model_config
 
-        clash = [flag for flag, value in (("--heads", heads_q), ("--kv-heads", heads_kv), ("--seqlen-k", seqlen_k),
-                                          ("--head-dim", head_dims or None)) if value is not None]
+        clash = sizes_beside_model(heads_q=heads_q, heads_kv=heads_kv, seqlen_k=seqlen_k, head_dims=head_dims)
         if clash:
             raise UsageError(f"{', '.join(clash)} cannot be combined with --model (the config sets them)",
                              hint="keep --model with --batch/--seqlen, or drop --model and give the sizes")

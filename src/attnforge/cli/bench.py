@@ -13,11 +13,11 @@ from attnforge.bench.report import SCHEMA_VERSION as REPORT_SCHEMA_VERSION
 from attnforge.bench.run import BenchCell, BenchReport, CellStatus
 from attnforge.bench.stability import DEFAULT_MAX_NOISE
 from attnforge.cli._output import console, emit_json, json_option, require_torch
+from attnforge.cli._types import FiniteFloat, timeout_type
+from attnforge.ranking import Ranking
 
 if TYPE_CHECKING:
     from attnforge.bench.models import ModelAttention
-from attnforge.cli._types import FiniteFloat, timeout_type
-from attnforge.ranking import Ranking
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -73,7 +73,7 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
     from attnforge.bench import ShapeSet, to_records
     from attnforge.bench.isolated import crash_records
     from attnforge.bench.report import backend_versions, report_json
-    from attnforge.bench.select import choose_backends, choose_shapes, choose_timing
+    from attnforge.bench.select import choose_backends, choose_shapes, choose_timing, sizes_beside_model
     from attnforge.catalog import load_catalog
     from attnforge.records import BenchRecord, open_records
     from attnforge.types.device import DeviceType
@@ -93,7 +93,7 @@ def command(*, backends: tuple[str, ...], shape_set: str, model_config: Path | N
     model = None
     # read once (a pipe reads empty the second time); sizes given beside --model are choose_shapes' usage error first
     if (model_config is not None and ShapeSet(shape_set) is ShapeSet.MODEL
-            and heads_q is None and heads_kv is None and seqlen_k is None and not head_dims):
+            and not sizes_beside_model(heads_q=heads_q, heads_kv=heads_kv, seqlen_k=seqlen_k, head_dims=head_dims)):
         from attnforge.bench.models import read_model_config
 
         model = read_model_config(model_config)
