@@ -121,11 +121,11 @@ def attention_forward(  # noqa: PLR0917 - transformers' AttentionInterface signa
         call: dict[str, Any] = {"attn_mask": mask, **features}
     else:
         causal = causal and q_len > 1  # one query row sees every cached key: no mask at all
-        # the last Sq queries of Sk positions, sliced after the model made its positions and masks (Gemma 4's
-        # KV-shared layers with logits_to_keep > 1, which transformers keeps from "sdpa" alone when a mask was
-        # skipped): bottom-right, as eager's sliced mask (top-left was 0.31 off its logits, CPU fuzz 2026-12-03)
-        sliced = getattr(kwargs.get("position_ids"), "shape", (None,))[-1] == kv_len
-        if causal and kv_len > q_len and not sliced:  # an empty static cache: only the first Sq keys exist (top-left)
+        # an empty static cache: only the first Sq keys exist (top-left alignment). Unless the positions cover every
+        # key: the last Sq queries, sliced after the model made its positions and masks (Gemma 4's KV-shared layers
+        # with logits_to_keep > 1, which transformers keeps from "sdpa" alone when a mask was skipped), bottom-right
+        # as eager's sliced mask (top-left was 0.31 off its logits, CPU fuzz 2026-12-03)
+        if causal and kv_len > q_len and getattr(kwargs.get("position_ids"), "shape", (None,))[-1] != kv_len:
             key, value, kv_len = key[:, :, :q_len], value[:, :, :q_len], q_len
         window = kwargs.get("sliding_window")
         if causal and window is not None and kv_len > window:
